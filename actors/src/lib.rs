@@ -1,0 +1,1 @@
+//! Placeholder: the supervision toolkit lands with the actors issue.
