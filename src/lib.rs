@@ -1,1 +1,7 @@
+//! kernelvisor: an actor-model node agent and control plane for running compute kernels on GPU
+//! clusters, compatible with Backend.AI's agent RPC (callosum over ZeroMQ with CurveZMQ).
+//!
+//! See `README.md` and `docs/` for the architecture; the supervision toolkit is the `actors` crate.
 
+pub mod manager;
+pub mod rpc;

@@ -1,0 +1,381 @@
+//! `AgentPool`: one persistent ZeroMQ peer per agent, with ping health checks (seed 000, as an actor).
+//!
+//! - An entry is created on first use: a DEALER, CURVE when the agent has a public key, TCP
+//!   keepalive, and callosum's PING/PONG handshake. Concurrent first callers share one handshake.
+//! - Any number of callers share the entry's [`Peer`]; replies are routed by request id.
+//! - Connection errors (timeouts, I/O) count toward `failure_threshold`; FAILURE replies never do.
+//!   At the threshold the entry is unhealthy and refuses calls with [`AgentConnectionUnavailable`].
+//! - Every `health_check_interval` each entry is pinged: an answer heals it, a connection error
+//!   marks it unhealthy; one unhealthy for longer than `recovery_timeout` is closed and evicted,
+//!   so the next call reconnects from scratch (e.g. after the agent restarted).
+//! - [`Invalidate`] marks an entry unhealthy (the registry calls it when an agent is lost).
+
+mod error;
+mod spec;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use futures::future::{LocalBoxFuture, Shared};
+use futures::FutureExt;
+use rmpv::Value;
+
+pub use error::{AgentCallError, AgentConnectionUnavailable};
+pub use spec::PoolSpec;
+
+use crate::rpc::codec::Call;
+use crate::rpc::curve::{CurveKey, KeyPair};
+use crate::rpc::peer::{ConnectError, Peer, PeerOptions};
+use crate::rpc::socket::ClientCurve;
+
+/// Where an agent's RPC endpoint is and which key it proves itself with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentEndpoint {
+    /// `tcp://host:port`.
+    pub addr: String,
+    /// The agent's CURVE public key; `None` for an unauthenticated agent.
+    pub public_key: Option<CurveKey>,
+}
+
+type Connecting = Shared<LocalBoxFuture<'static, Result<Peer, ConnectError>>>;
+
+enum Conn {
+    Connecting(Connecting),
+    Ready(Peer),
+}
+
+struct Entry {
+    conn: Conn,
+    /// Distinguishes this entry from a later one for the same agent, so late results of an
+    /// evicted entry's calls do not touch its successor.
+    generation: u64,
+    healthy: bool,
+    failure_count: u32,
+    unhealthy_since: Option<Instant>,
+    probing: bool,
+}
+
+/// The pool actor. Start it with [`AgentPool::new`] + `Actor::start`.
+pub struct AgentPool {
+    spec: PoolSpec,
+    zmq: zmq::Context,
+    keypair: Option<KeyPair>,
+    directory: HashMap<String, AgentEndpoint>,
+    entries: HashMap<String, Entry>,
+    next_generation: u64,
+}
+
+impl AgentPool {
+    /// A pool with `spec`; `keypair` is the manager's CURVE key pair, needed for agents that
+    /// have a public key.
+    pub fn new(spec: PoolSpec, keypair: Option<KeyPair>) -> Self {
+        AgentPool { spec, zmq: zmq::Context::new(), keypair, directory: HashMap::new(), entries: HashMap::new(), next_generation: 0 }
+    }
+
+    fn unavailable(agent_id: &str, reason: impl Into<String>) -> AgentConnectionUnavailable {
+        AgentConnectionUnavailable { agent_id: agent_id.to_owned(), reason: reason.into() }
+    }
+
+    /// Returns the entry's connection, ready or being made (creating the entry on first use) and its generation.
+    fn acquire(&mut self, agent_id: &str, ctx: &mut Context<Self>) -> Result<(Conn, u64), AgentConnectionUnavailable> {
+        if let Some(e) = self.entries.get(agent_id) {
+            if !e.healthy {
+                return Err(Self::unavailable(agent_id, "connection unhealthy"));
+            }
+            let conn = match &e.conn {
+                Conn::Ready(p) => Conn::Ready(p.clone()),
+                Conn::Connecting(c) => Conn::Connecting(c.clone()),
+            };
+            return Ok((conn, e.generation));
+        }
+        let endpoint = self.directory.get(agent_id).ok_or_else(|| Self::unavailable(agent_id, "unknown agent"))?;
+        let curve = match (&endpoint.public_key, &self.keypair) {
+            (Some(server_key), Some(keypair)) => Some(ClientCurve { keypair: keypair.clone(), server_key: *server_key }),
+            (Some(_), None) => return Err(Self::unavailable(agent_id, "agent requires CURVE but the manager has no key pair")),
+            (None, _) => None,
+        };
+        let opts = PeerOptions {
+            endpoint: endpoint.addr.clone(),
+            curve,
+            keepalive: Some(self.spec.keepalive),
+            handshake_timeout: self.spec.handshake_timeout,
+        };
+        let zmq = self.zmq.clone();
+        let connecting: Connecting = FutureExt::shared(FutureExt::boxed_local(async move { Peer::connect(&zmq, &opts).await }));
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.entries.insert(
+            agent_id.to_owned(),
+            Entry { conn: Conn::Connecting(connecting.clone()), generation, healthy: true, failure_count: 0, unhealthy_since: None, probing: false },
+        );
+        let id = agent_id.to_owned();
+        ctx.spawn(connecting.clone().into_actor(self).map(move |res, act, _| {
+            let current = act.entries.get(&id).map(|e| e.generation) == Some(generation);
+            match res {
+                Ok(peer) if current => {
+                    tracing::debug!(agent_id = %id, "agent connection established");
+                    act.entries.get_mut(&id).expect("current entry").conn = Conn::Ready(peer);
+                }
+                Ok(peer) => peer.close(),
+                Err(e) => {
+                    tracing::warn!(agent_id = %id, error = %e, "agent connection failed");
+                    if current {
+                        act.entries.remove(&id);
+                    }
+                }
+            }
+        }));
+        Ok((Conn::Connecting(connecting), generation))
+    }
+
+    fn record(&mut self, agent_id: &str, generation: u64, connection_error: bool) {
+        let threshold = self.spec.failure_threshold;
+        let Some(e) = self.entries.get_mut(agent_id).filter(|e| e.generation == generation) else { return };
+        if connection_error {
+            e.failure_count += 1;
+            if e.failure_count >= threshold && e.healthy {
+                tracing::warn!(agent_id, failures = e.failure_count, "agent connection marked unhealthy");
+                e.healthy = false;
+                e.unhealthy_since.get_or_insert_with(Instant::now);
+            }
+        } else {
+            e.failure_count = 0;
+            e.healthy = true;
+            e.unhealthy_since = None;
+        }
+    }
+
+    fn evict(&mut self, agent_id: &str) {
+        if let Some(e) = self.entries.remove(agent_id) {
+            if let Conn::Ready(peer) = e.conn {
+                peer.close();
+            }
+        }
+    }
+
+    /// Pings every ready entry once; resolves when every ping has answered or timed out.
+    fn sweep(&mut self) -> impl ActorFuture<Self, Output = SweepReport> {
+        let timeout = self.spec.ping_timeout;
+        let mut probes = Vec::new();
+        for (id, e) in self.entries.iter_mut() {
+            if let (Conn::Ready(peer), false) = (&e.conn, e.probing) {
+                e.probing = true;
+                let (id, peer, generation) = (id.clone(), peer.clone(), e.generation);
+                probes.push(async move {
+                    let ping = Call { args: vec![Value::from("health-check")], kwargs: vec![] };
+                    let res = peer.call("ping", &ping, timeout).await;
+                    // Any answer from the server, even a FAILURE, proves the connection works.
+                    (id, generation, res.err().filter(|e| e.is_connection_error()))
+                });
+            }
+        }
+        futures::future::join_all(probes).into_actor(self).map(|results, act, _| {
+            let mut report = SweepReport::default();
+            let now = Instant::now();
+            for (id, generation, err) in results {
+                let recovery = act.spec.recovery_timeout;
+                let Some(e) = act.entries.get_mut(&id).filter(|e| e.generation == generation) else { continue };
+                e.probing = false;
+                report.pinged += 1;
+                match err {
+                    None => {
+                        if !e.healthy {
+                            tracing::info!(agent_id = %id, "agent connection recovered");
+                        }
+                        e.healthy = true;
+                        e.failure_count = 0;
+                        e.unhealthy_since = None;
+                        report.healthy += 1;
+                    }
+                    Some(err) => {
+                        tracing::debug!(agent_id = %id, error = %err, "health check failed");
+                        e.healthy = false;
+                        let since = *e.unhealthy_since.get_or_insert(now);
+                        if now.duration_since(since) > recovery {
+                            tracing::info!(agent_id = %id, ?recovery, "evicting unrecoverable agent connection");
+                            act.evict(&id);
+                            report.evicted += 1;
+                        }
+                    }
+                }
+            }
+            report
+        })
+    }
+}
+
+impl Actor for AgentPool {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.spec.health_check_interval, |act, ctx| {
+            ctx.spawn(act.sweep().map(|_, _, _| ()));
+        });
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        let ids: Vec<String> = self.entries.keys().cloned().collect();
+        ids.iter().for_each(|id| self.evict(id));
+    }
+}
+
+/// Adds or updates an agent's endpoint. A changed endpoint closes the old connection.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct RegisterAgent {
+    /// The agent's id.
+    pub agent_id: String,
+    /// Where it listens.
+    pub endpoint: AgentEndpoint,
+}
+
+impl Handler<RegisterAgent> for AgentPool {
+    type Result = ();
+    fn handle(&mut self, msg: RegisterAgent, _: &mut Context<Self>) {
+        if self.directory.get(&msg.agent_id) != Some(&msg.endpoint) {
+            self.evict(&msg.agent_id);
+        }
+        self.directory.insert(msg.agent_id, msg.endpoint);
+    }
+}
+
+/// Calls `method(*args, **kwargs)` on an agent and waits up to `timeout` for its value.
+///
+/// Errors: [`AgentCallError::Unavailable`] without sending (unknown agent, unhealthy entry,
+/// failed handshake); [`AgentCallError::Call`] after sending.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Value, AgentCallError>")]
+pub struct AgentCall {
+    /// The agent to call.
+    pub agent_id: String,
+    /// callosum method name, e.g. `ping`, `gather_hwinfo`.
+    pub method: String,
+    /// Positional arguments.
+    pub args: Vec<Value>,
+    /// Keyword arguments.
+    pub kwargs: Vec<(String, Value)>,
+    /// Reply deadline; on expiry a CANCEL is sent and the call counts as a connection error.
+    pub timeout: Duration,
+}
+
+impl AgentCall {
+    /// A call with positional arguments only.
+    pub fn new(agent_id: impl Into<String>, method: impl Into<String>, args: Vec<Value>, timeout: Duration) -> Self {
+        AgentCall { agent_id: agent_id.into(), method: method.into(), args, kwargs: Vec::new(), timeout }
+    }
+}
+
+impl Handler<AgentCall> for AgentPool {
+    type Result = ResponseActFuture<Self, Result<Value, AgentCallError>>;
+
+    fn handle(&mut self, msg: AgentCall, ctx: &mut Context<Self>) -> Self::Result {
+        let (conn, generation) = match self.acquire(&msg.agent_id, ctx) {
+            Ok(found) => found,
+            Err(e) => return Box::pin(fut::ready(Err(e.into()))),
+        };
+        let AgentCall { agent_id, method, args, kwargs, timeout } = msg;
+        let id = agent_id.clone();
+        let call = async move {
+            let peer = match conn {
+                Conn::Ready(peer) => peer,
+                Conn::Connecting(c) => c.await.map_err(|e| AgentCallError::Unavailable(Self::unavailable(&agent_id, e.to_string())))?,
+            };
+            let call = Call { args, kwargs };
+            peer.call(&method, &call, timeout).await.map_err(|source| AgentCallError::Call { agent_id, source })
+        };
+        Box::pin(call.into_actor(self).map(move |res, act, _| {
+            match &res {
+                Ok(_) => act.record(&id, generation, false),
+                Err(AgentCallError::Call { source, .. }) => act.record(&id, generation, source.is_connection_error()),
+                // The handshake's own outcome is handled where the entry is created.
+                Err(AgentCallError::Unavailable(_)) => {}
+            }
+            res
+        }))
+    }
+}
+
+/// Marks an agent's entry unhealthy now (e.g. its heartbeats stopped); the health check heals
+/// or evicts it. No-op without an entry.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Invalidate {
+    /// The agent.
+    pub agent_id: String,
+}
+
+impl Handler<Invalidate> for AgentPool {
+    type Result = ();
+    fn handle(&mut self, msg: Invalidate, _: &mut Context<Self>) {
+        if let Some(e) = self.entries.get_mut(&msg.agent_id) {
+            e.healthy = false;
+            e.unhealthy_since.get_or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// A snapshot of one entry, for tests, metrics and the CLI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryState {
+    /// Whether the handshake finished.
+    pub connected: bool,
+    /// Whether calls are accepted.
+    pub healthy: bool,
+    /// Consecutive connection errors.
+    pub failure_count: u32,
+}
+
+/// Reads an agent's entry; `None` when there is none (never used, or evicted).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Option<EntryState>")]
+pub struct InspectEntry {
+    /// The agent.
+    pub agent_id: String,
+}
+
+impl Handler<InspectEntry> for AgentPool {
+    type Result = Option<EntryState>;
+    fn handle(&mut self, msg: InspectEntry, _: &mut Context<Self>) -> Self::Result {
+        self.entries.get(&msg.agent_id).map(|e| EntryState {
+            connected: matches!(e.conn, Conn::Ready(_)),
+            healthy: e.healthy,
+            failure_count: e.failure_count,
+        })
+    }
+}
+
+/// What one health-check sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Entries pinged.
+    pub pinged: usize,
+    /// Entries that answered.
+    pub healthy: usize,
+    /// Entries evicted for exceeding the recovery timeout.
+    pub evicted: usize,
+}
+
+/// Runs a health-check sweep now, resolving when it is done (the periodic sweep runs regardless).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "SweepReport")]
+pub struct SweepNow;
+
+impl Handler<SweepNow> for AgentPool {
+    type Result = ResponseActFuture<Self, SweepReport>;
+    fn handle(&mut self, _: SweepNow, _: &mut Context<Self>) -> Self::Result {
+        Box::pin(self.sweep())
+    }
+}
+
+/// Closes every connection (100 ms linger each) and stops the pool.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ClosePool;
+
+impl Handler<ClosePool> for AgentPool {
+    type Result = ();
+    fn handle(&mut self, _: ClosePool, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,36 @@
+//! `PoolSpec`: the agent pool's timing and failure policy (seed 000's `AgentPoolSpec`).
+
+use std::time::Duration;
+
+use crate::rpc::socket::Keepalive;
+
+/// Timing and failure policy of the [`super::AgentPool`]; defaults are seed 000's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSpec {
+    /// Period of the health-check sweep that pings every entry (default 30 s).
+    pub health_check_interval: Duration,
+    /// How long a health-check ping may take (default 5 s).
+    pub ping_timeout: Duration,
+    /// Consecutive connection errors (timeouts, I/O) that make an entry unhealthy (default 3).
+    /// Business errors (FAILURE replies) never count.
+    pub failure_threshold: u32,
+    /// How long an entry may stay unhealthy before the sweep evicts it (default 60 s).
+    pub recovery_timeout: Duration,
+    /// How long a new connection waits for callosum's PONG (default 5 s).
+    pub handshake_timeout: Duration,
+    /// TCP keepalive of every DEALER (default idle 60 s, interval 20 s, 3 probes).
+    pub keepalive: Keepalive,
+}
+
+impl Default for PoolSpec {
+    fn default() -> Self {
+        PoolSpec {
+            health_check_interval: Duration::from_secs(30),
+            ping_timeout: Duration::from_secs(5),
+            failure_threshold: 3,
+            recovery_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(5),
+            keepalive: Keepalive::default(),
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The agent's RPC dispatch table: method name → async handler.
+//!
+//! Later issues extend it with `register` (kernel lifecycle, execute, …). A handler gets the
+//! decoded [`Call`] and returns a msgpack value or an [`ErrorMeta`] that crosses the wire as
+//! FAILURE with a stable name (`KernelNotFound`, `ResourceExhausted`, …).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use rmpv::Value;
+
+use super::codec::{Call, ErrorMeta};
+
+/// What a handler returns: the RESULT value, or a FAILURE.
+pub type HandlerResult = Result<Value, ErrorMeta>;
+
+/// A registered handler. Handlers run on the RPC server's arbiter, each in its own task, so
+/// they may hold `!Send` state across awaits; blocking work belongs in `spawn_blocking`.
+pub type Handler = Arc<dyn Fn(Call) -> LocalBoxFuture<'static, HandlerResult> + Send + Sync>;
+
+impl ErrorMeta {
+    /// A user-level error with a stable `name` (the Python exception type upstream) and a
+    /// description; no traceback.
+    pub fn new(name: impl Into<String>, repr: impl Into<String>) -> Self {
+        ErrorMeta { name: name.into(), repr: repr.into(), traceback: String::new() }
+    }
+}
+
+/// Method name → handler, plus the agent id that an `agent_id` kwarg must name.
+#[derive(Clone, Default)]
+pub struct Dispatcher {
+    methods: HashMap<String, Handler>,
+    agent_id: Option<String>,
+}
+
+impl Dispatcher {
+    /// An empty table. With `agent_id`, calls whose `agent_id` kwarg names another agent fail
+    /// with `AgentIdMismatch` (Backend.AI passes it to most methods; ours is accepted and dropped).
+    pub fn new(agent_id: Option<String>) -> Self {
+        Dispatcher { methods: HashMap::new(), agent_id }
+    }
+
+    /// Registers `handler` under `method`, replacing any earlier one.
+    pub fn register<F, Fut>(&mut self, method: &str, handler: F) -> &mut Self
+    where
+        F: Fn(Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + 'static,
+    {
+        self.methods.insert(method.to_owned(), Arc::new(move |call| handler(call).boxed_local()));
+        self
+    }
+
+    /// Makes `alias` call the handler registered as `target` (e.g. `reset_instance` → `reset_agent`).
+    ///
+    /// Panics if `target` is not registered: a wiring mistake caught at start-up.
+    pub fn alias(&mut self, alias: &str, target: &str) -> &mut Self {
+        let h = self.methods.get(target).unwrap_or_else(|| panic!("alias {alias} → unknown method {target}")).clone();
+        self.methods.insert(alias.to_owned(), h);
+        self
+    }
+
+    /// The registered method names, sorted.
+    pub fn methods(&self) -> Vec<&str> {
+        let mut m: Vec<&str> = self.methods.keys().map(String::as_str).collect();
+        m.sort_unstable();
+        m
+    }
+
+    /// Looks `method` up and checks the `agent_id` kwarg, returning the handler and the call
+    /// with that kwarg removed.
+    ///
+    /// Errors (sent as FAILURE): `UnknownMethod` naming the method; `AgentIdMismatch`.
+    pub fn resolve(&self, method: &str, mut call: Call) -> Result<(Handler, Call), ErrorMeta> {
+        let handler = self
+            .methods
+            .get(method)
+            .ok_or_else(|| ErrorMeta::new("UnknownMethod", format!("unknown RPC method '{method}'")))?;
+        if let Some(v) = call.take_kwarg("agent_id") {
+            if let (Some(ours), Some(theirs)) = (&self.agent_id, v.as_str()) {
+                if ours != theirs {
+                    return Err(ErrorMeta::new(
+                        "AgentIdMismatch",
+                        format!("call addressed to agent '{theirs}' reached agent '{ours}'"),
+                    ));
+                }
+            }
+        }
+        Ok((handler.clone(), call))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_methods_aliases_and_agent_id() {
+        let mut d = Dispatcher::new(Some("a1".into()));
+        d.register("reset_agent", |_| async { Ok(Value::Nil) }).alias("reset_instance", "reset_agent");
+        assert_eq!(d.methods(), vec!["reset_agent", "reset_instance"]);
+        let err = d.resolve("nope", Call::default()).err().unwrap();
+        assert_eq!((err.name.as_str(), err.repr.as_str()), ("UnknownMethod", "unknown RPC method 'nope'"));
+        let mine = Call { args: vec![], kwargs: vec![("agent_id".into(), Value::from("a1"))] };
+        let (_, call) = d.resolve("reset_instance", mine).unwrap();
+        assert!(call.kwargs.is_empty(), "our agent_id kwarg is dropped before the handler");
+        let theirs = Call { args: vec![], kwargs: vec![("agent_id".into(), Value::from("a2"))] };
+        assert_eq!(d.resolve("reset_agent", theirs).err().unwrap().name, "AgentIdMismatch");
+    }
+}

@@ -1,0 +1,21 @@
+//! The callosum-compatible RPC layer over ZeroMQ (`docs/wire-protocol.md`).
+//!
+//! - [`codec`]: the wire format as pure functions.
+//! - [`curve`] and [`zap`]: CurveZMQ keys, certificate files, and the ZAP handler.
+//! - [`socket`]: socket options (LINGER, CURVE, TCP keepalive).
+//! - [`dispatch`] and [`server`]: the agent's ROUTER endpoint and its method table.
+//! - [`peer`]: one persistent DEALER connection, shared by concurrent callers.
+
+pub mod codec;
+pub mod curve;
+pub mod dispatch;
+pub mod peer;
+pub mod server;
+pub mod socket;
+pub mod zap;
+
+pub use codec::{Call, ErrorMeta};
+pub use curve::{CurveKey, KeyPair};
+pub use dispatch::Dispatcher;
+pub use peer::{CallError, Peer, PeerOptions};
+pub use server::{RpcServer, ServerCurve};

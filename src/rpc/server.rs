@@ -1,0 +1,328 @@
+//! `RpcServer`: the agent's callosum-compatible ROUTER endpoint, as an actor.
+//!
+//! One I/O loop owns the socket; every FUNCTION runs in its own task, so a slow handler never
+//! delays a `ping`. Replies come back to the loop through a channel. CANCEL aborts the running
+//! handler and answers CANCELLED. Frames that are not callosum messages are dropped and counted;
+//! a message whose header decodes but whose body does not gets an ERROR reply. Nothing a peer
+//! sends stops the loop.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::AbortHandle;
+use futures::{FutureExt, SinkExt, StreamExt};
+use tmq::{FromZmqSocket, Multipart};
+use tokio::sync::mpsc;
+
+use super::codec::{self, Call, CodecError, ErrorMeta, Frames, Message, MsgType, OrderKey};
+use super::curve::{CurveKey, KeyPair};
+use super::dispatch::Dispatcher;
+use super::socket;
+use super::zap::ZapHandler;
+
+/// CURVE settings of the server: its key pair and the client keys it admits, each with the
+/// user id ZAP reports (`manager` for the manager's key).
+#[derive(Clone, Debug)]
+pub struct ServerCurve {
+    /// The agent's key pair (`rpc-auth-agent-keypair`).
+    pub keypair: KeyPair,
+    /// Admitted client public keys (`rpc-auth-manager-public-key`) with their user ids.
+    pub allowed_clients: Vec<(CurveKey, String)>,
+}
+
+/// Counters of the RPC endpoint, shared with whoever reports them (metrics, tests).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// FUNCTION messages received.
+    pub requests: AtomicU64,
+    /// Replies of type FAILURE sent (handler errors, unknown methods).
+    pub failures: AtomicU64,
+    /// Replies of type ERROR sent (undecodable bodies, unsupported extensions, handler panics).
+    pub errors: AtomicU64,
+    /// Handlers cancelled by a CANCEL.
+    pub cancelled: AtomicU64,
+    /// Frame sets dropped because they were not callosum messages.
+    pub malformed_frames: AtomicU64,
+}
+
+impl ServerStats {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads a counter.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcServerError {
+    /// Binding the ROUTER (or the ZAP endpoint) failed, e.g. the address is in use.
+    #[error("cannot bind RPC endpoint {endpoint}: {source}")]
+    Bind {
+        /// The `tcp://host:port` endpoint.
+        endpoint: String,
+        /// libzmq's error.
+        source: zmq::Error,
+    },
+}
+
+/// The agent's RPC server actor. Stop it (or drop its address) to close the socket.
+pub struct RpcServer {
+    socket: Option<zmq::Socket>,
+    endpoint: String,
+    dispatcher: Arc<Dispatcher>,
+    stats: Arc<ServerStats>,
+    // Keeps the ZAP thread alive as long as the server; dropped after the socket.
+    _zap: Option<ZapHandler>,
+}
+
+impl RpcServer {
+    /// Binds a ROUTER at `endpoint` (`tcp://host:port`; port 0 picks a free one). With `curve`,
+    /// starts a ZAP handler admitting only the allowed client keys; without, the endpoint is
+    /// unauthenticated and a warning is logged.
+    pub fn bind(endpoint: &str, curve: Option<ServerCurve>, dispatcher: Dispatcher) -> Result<Self, RpcServerError> {
+        let bind_err = |source| RpcServerError::Bind { endpoint: endpoint.to_owned(), source };
+        // One context per server: ZAP's inproc endpoint is per context.
+        let ctx = zmq::Context::new();
+        let zap = match &curve {
+            Some(c) => Some(ZapHandler::start(&ctx, c.allowed_clients.clone()).map_err(bind_err)?),
+            None => {
+                tracing::warn!(endpoint, "RPC endpoint is UNAUTHENTICATED: no CURVE keys configured");
+                None
+            }
+        };
+        let sock = socket::router(&ctx, endpoint, curve.as_ref().map(|c| &c.keypair)).map_err(bind_err)?;
+        let bound = sock
+            .get_last_endpoint()
+            .map_err(bind_err)?
+            .unwrap_or_else(|_| endpoint.to_owned());
+        tracing::info!(endpoint = %bound, curve = curve.is_some(), methods = ?dispatcher.methods(), "RPC server bound");
+        Ok(RpcServer {
+            socket: Some(sock),
+            endpoint: bound,
+            dispatcher: Arc::new(dispatcher),
+            stats: Arc::default(),
+            _zap: zap,
+        })
+    }
+
+    /// The bound endpoint, `tcp://host:port` with the real port.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> Arc<ServerStats> {
+        self.stats.clone()
+    }
+}
+
+impl Actor for RpcServer {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let sock = self.socket.take().expect("RpcServer started twice");
+        match tmq::router::Router::from_zmq_socket(sock) {
+            Ok(router) => {
+                let io = serve(router, self.dispatcher.clone(), self.stats.clone());
+                // Spawned in the actor's context: stopping the actor drops the loop and the socket.
+                ctx.spawn(io.into_actor(self).map(|_, _, ctx| ctx.stop()));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot register the RPC socket with the runtime");
+                ctx.stop();
+            }
+        }
+    }
+}
+
+/// Asks the server to stop; in-flight handlers are aborted.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+impl Handler<Shutdown> for RpcServer {
+    type Result = ();
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+/// Identifies a running request: callosum's `(peer, (meth, okey, seq))`.
+type RequestKey = (Vec<u8>, String, OrderKey, u32);
+
+/// An outgoing frame set; replies to FUNCTIONs carry their key so a cancelled one is dropped.
+struct Outgoing {
+    key: Option<RequestKey>,
+    frames: Multipart,
+}
+
+/// Running handlers; aborts whatever is left when the loop ends.
+#[derive(Default)]
+struct Running(HashMap<RequestKey, AbortHandle>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.values().for_each(AbortHandle::abort);
+    }
+}
+
+fn frames_of(peer: &[u8], kind: &[u8], header: &[u8], body: &[u8]) -> Multipart {
+    vec![peer.to_vec(), kind.to_vec(), header.to_vec(), body.to_vec()].into()
+}
+
+fn reply_frames(peer: &[u8], msg: &Message) -> Multipart {
+    let (h, b) = codec::encode_message(msg);
+    frames_of(peer, codec::UPPER, &h, &b)
+}
+
+async fn serve(router: tmq::router::Router, dispatcher: Arc<Dispatcher>, stats: Arc<ServerStats>) {
+    let (mut sink, mut stream) = router.split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let mut running = Running::default();
+    loop {
+        tokio::select! {
+            incoming = stream.next() => match incoming {
+                Some(Ok(frames)) => on_frames(frames, &dispatcher, &stats, &tx, &mut running),
+                Some(Err(e)) => tracing::warn!(error = %e, "RPC socket receive error"),
+                None => break,
+            },
+            Some(out) = rx.recv() => {
+                // Batch what is ready so one flush serves many replies under load.
+                let mut next = Some(out);
+                while let Some(out) = next.take() {
+                    if let Some(key) = &out.key {
+                        if running.0.remove(key).is_none() {
+                            // Cancelled meanwhile: CANCELLED was already sent.
+                            next = rx.try_recv().ok();
+                            continue;
+                        }
+                    }
+                    if let Err(e) = sink.feed(out.frames).await {
+                        tracing::warn!(error = %e, "RPC socket send error");
+                    }
+                    next = rx.try_recv().ok();
+                }
+                if let Err(e) = sink.flush().await {
+                    tracing::warn!(error = %e, "RPC socket flush error");
+                }
+            }
+        }
+    }
+    tracing::info!("RPC server loop ended");
+}
+
+fn on_frames(
+    frames: Multipart,
+    dispatcher: &Arc<Dispatcher>,
+    stats: &Arc<ServerStats>,
+    tx: &mpsc::UnboundedSender<Outgoing>,
+    running: &mut Running,
+) {
+    let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
+    let Some((peer, rest)) = parts.split_first() else { return };
+    let send = |key, frames| {
+        let _ = tx.send(Outgoing { key, frames });
+    };
+    match codec::classify(rest) {
+        Ok(Frames::Ping(h, b)) => send(None, frames_of(peer, codec::PONG, h, b)),
+        Ok(Frames::Upper(h, b)) => on_message(peer, h, b, dispatcher, stats, tx, running),
+        Ok(Frames::Pong) | Err(_) => {
+            ServerStats::bump(&stats.malformed_frames);
+            let reason = codec::classify(rest).err().map(|e| e.to_string()).unwrap_or_else(|| "unexpected PONG".into());
+            tracing::debug!(%reason, "dropped malformed frames");
+        }
+    }
+}
+
+fn on_message(
+    peer: &[u8],
+    header: &[u8],
+    body: &[u8],
+    dispatcher: &Arc<Dispatcher>,
+    stats: &Arc<ServerStats>,
+    tx: &mpsc::UnboundedSender<Outgoing>,
+    running: &mut Running,
+) {
+    let send = |key, msg: &Message| {
+        let _ = tx.send(Outgoing { key, frames: reply_frames(peer, msg) });
+    };
+    let header = match codec::decode_header(header) {
+        Ok(h) => h,
+        Err(e) => {
+            // Without a header there is no (meth, okey, seq) to reply to.
+            ServerStats::bump(&stats.malformed_frames);
+            tracing::debug!(error = %e, "dropped message with undecodable header");
+            return;
+        }
+    };
+    let reply_error = |e: String| {
+        ServerStats::bump(&stats.errors);
+        tracing::debug!(method = %header.method, error = %e, "RPC ERROR reply");
+        send(None, &Message::error(&header, ErrorMeta::new("RPCInternalError", e)));
+    };
+    let msg = match codec::decode_body(&header, body) {
+        Ok(m) => m,
+        Err(CodecError::Body(e)) | Err(CodecError::Header(e)) | Err(CodecError::Frames(e)) => return reply_error(e),
+    };
+    let key: RequestKey = (peer.to_vec(), header.method.clone(), header.okey.clone(), header.seq);
+    match header.msg_type {
+        MsgType::Function => {
+            ServerStats::bump(&stats.requests);
+            let call = match Call::decode(msg.payload.as_deref().unwrap_or_default()) {
+                Ok(c) => c,
+                Err(e) => return reply_error(format!("bad call payload: {e}")),
+            };
+            let (handler, call) = match dispatcher.resolve(&header.method, call) {
+                Ok(found) => found,
+                Err(failure) => {
+                    ServerStats::bump(&stats.failures);
+                    return send(None, &Message::failure(&header, failure));
+                }
+            };
+            let (tx, stats2, peer2, header2) = (tx.clone(), stats.clone(), peer.to_vec(), header.clone());
+            let key2 = key.clone();
+            let task = async move {
+                let reply = match AssertUnwindSafe(handler(call)).catch_unwind().await {
+                    Ok(Ok(value)) => Message::result(&header2, codec::to_msgpack(&value)),
+                    Ok(Err(failure)) => {
+                        ServerStats::bump(&stats2.failures);
+                        Message::failure(&header2, failure)
+                    }
+                    Err(panic) => {
+                        ServerStats::bump(&stats2.errors);
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        tracing::error!(method = %header2.method, panic = %what, "RPC handler panicked");
+                        Message::error(&header2, ErrorMeta::new("HandlerPanicked", format!("handler of '{}' panicked: {what}", header2.method)))
+                    }
+                };
+                let _ = tx.send(Outgoing { key: Some(key2), frames: reply_frames(&peer2, &reply) });
+            };
+            let (task, abort) = futures::future::abortable(task);
+            running.0.insert(key, abort);
+            actix_rt::spawn(task);
+        }
+        MsgType::Cancel => {
+            // As callosum: a CANCEL for nothing running is ignored.
+            if let Some(abort) = running.0.remove(&key) {
+                abort.abort();
+                ServerStats::bump(&stats.cancelled);
+                send(None, &Message::cancelled(&header));
+            }
+        }
+        other => {
+            ServerStats::bump(&stats.malformed_frames);
+            tracing::debug!(?other, "dropped a message type a server does not accept");
+        }
+    }
+}

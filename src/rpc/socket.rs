@@ -1,0 +1,85 @@
+//! ZeroMQ socket construction with the options callosum and seed 000 prescribe.
+//!
+//! Sockets are made with the `zmq` crate (system libzmq, which has CURVE) and handed to `tmq`
+//! for async I/O (`docs/wire-protocol.md`). Options that must precede `bind`/`connect` are set here.
+
+use std::time::Duration;
+
+use super::curve::{CurveKey, KeyPair};
+
+/// callosum's `LINGER` for every socket, in ms: pending frames get 100 ms on close, no more.
+pub const LINGER_MS: i32 = 100;
+
+/// TCP keepalive for the manager's persistent DEALERs (seed 000: idle 60 s, interval 20 s, 3 probes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Idle time before the first probe, in seconds.
+    pub idle_secs: i32,
+    /// Interval between probes, in seconds.
+    pub interval_secs: i32,
+    /// Unanswered probes before the connection is dropped.
+    pub count: i32,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive { idle_secs: 60, interval_secs: 20, count: 3 }
+    }
+}
+
+/// The client side of CURVE: our key pair and the server's public key.
+#[derive(Clone, Debug)]
+pub struct ClientCurve {
+    /// Our (the manager's) key pair.
+    pub keypair: KeyPair,
+    /// The agent's public key.
+    pub server_key: CurveKey,
+}
+
+/// Makes a ROUTER bound at `endpoint` (`tcp://host:port`). With `curve`, it is a CURVE server
+/// in ZAP domain `local` whose clients a [`super::zap::ZapHandler`] in `ctx` must admit.
+///
+/// Errors: the address is in use or invalid, or libzmq lacks CURVE.
+pub fn router(ctx: &zmq::Context, endpoint: &str, curve: Option<&KeyPair>) -> Result<zmq::Socket, zmq::Error> {
+    let sock = ctx.socket(zmq::ROUTER)?;
+    sock.set_linger(LINGER_MS)?;
+    if let Some(pair) = curve {
+        sock.set_zap_domain("local")?;
+        sock.set_curve_server(true)?;
+        sock.set_curve_secretkey(&pair.secret.0)?;
+    }
+    sock.bind(endpoint)?;
+    Ok(sock)
+}
+
+/// Makes a DEALER connected to `endpoint`, with CURVE client keys and TCP keepalive when given.
+///
+/// The connection itself is made in the background by libzmq; the callosum PING/PONG handshake
+/// ([`super::peer::Peer::connect`]) is what proves it works.
+pub fn dealer(
+    ctx: &zmq::Context,
+    endpoint: &str,
+    curve: Option<&ClientCurve>,
+    keepalive: Option<Keepalive>,
+    reconnect_ivl: Option<Duration>,
+) -> Result<zmq::Socket, zmq::Error> {
+    let sock = ctx.socket(zmq::DEALER)?;
+    sock.set_linger(LINGER_MS)?;
+    if let Some(c) = curve {
+        sock.set_zap_domain("local")?;
+        sock.set_curve_serverkey(&c.server_key.0)?;
+        sock.set_curve_publickey(&c.keypair.public.0)?;
+        sock.set_curve_secretkey(&c.keypair.secret.0)?;
+    }
+    if let Some(k) = keepalive {
+        sock.set_tcp_keepalive(1)?;
+        sock.set_tcp_keepalive_idle(k.idle_secs)?;
+        sock.set_tcp_keepalive_intvl(k.interval_secs)?;
+        sock.set_tcp_keepalive_cnt(k.count)?;
+    }
+    if let Some(ivl) = reconnect_ivl {
+        sock.set_reconnect_ivl(ivl.as_millis().min(i32::MAX as u128) as i32)?;
+    }
+    sock.connect(endpoint)?;
+    Ok(sock)
+}
