@@ -3,5 +3,8 @@
 //!
 //! See `README.md` and `docs/` for the architecture; the supervision toolkit is the `actors` crate.
 
+pub mod agent;
+pub mod config;
 pub mod manager;
 pub mod rpc;
+pub mod signals;

@@ -1,1 +1,60 @@
-fn main() {}
+//! The `kernelvisor` binary: `agent`, `manager`, `keygen`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use kernelvisor::config::{AgentConfig, ManagerConfig};
+use kernelvisor::rpc::curve::{write_certificates, KeyPair};
+
+/// Node agent and control plane for running compute kernels on GPU clusters.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent daemon on this node.
+    Agent {
+        /// Path of agent.toml.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run the manager.
+    Manager {
+        /// Path of manager.toml.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Write a CURVE key pair as DIR/NAME.key and DIR/NAME.key_secret (zmq.auth format).
+    Keygen {
+        /// Base name of the certificate files.
+        name: String,
+        /// Directory to write into (created if missing).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Agent { config } => {
+            let config = AgentConfig::load(&config)?;
+            config.logging.init()?;
+            actix_rt::System::new().block_on(kernelvisor::agent::run(config))
+        }
+        Command::Manager { config } => {
+            let config = ManagerConfig::load(&config)?;
+            config.logging.init()?;
+            actix_rt::System::new().block_on(kernelvisor::manager::run(config))
+        }
+        Command::Keygen { name, dir } => {
+            let (public, secret) = write_certificates(&dir, &name, &KeyPair::generate()?)?;
+            println!("{}\n{}", public.display(), secret.display());
+            Ok(())
+        }
+    }
+}
