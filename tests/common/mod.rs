@@ -1,0 +1,110 @@
+//! Helpers shared by the integration tests: servers on free loopback ports, CURVE keys, pools.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use rmpv::Value;
+
+use kernelvisor::manager::pool::{AgentEndpoint, AgentPool, PoolSpec, RegisterAgent};
+use kernelvisor::rpc::curve::{CurveKey, KeyPair};
+use kernelvisor::rpc::server::ServerStats;
+use kernelvisor::rpc::{Dispatcher, ErrorMeta, RpcServer, ServerCurve};
+
+/// A started server: its address, endpoint and counters.
+pub struct TestServer {
+    pub addr: Addr<RpcServer>,
+    pub endpoint: String,
+    pub stats: std::sync::Arc<ServerStats>,
+}
+
+/// The foundation's methods plus test ones: `sleep(secs)` and `fail()`.
+pub fn dispatcher() -> Dispatcher {
+    let mut d = Dispatcher::new(Some("test-agent".into()));
+    kernelvisor::agent::methods::register(&mut d, "test-agent");
+    d.register("sleep", |call| async move {
+        let secs = call.arg(0, "secs").and_then(Value::as_f64).unwrap_or(1.0);
+        actix_rt::time::sleep(Duration::from_secs_f64(secs)).await;
+        Ok(Value::from("slept"))
+    })
+    .register("fail", |_| async { Err(ErrorMeta::new("KernelNotFound", "no such kernel")) });
+    d
+}
+
+/// Binds and starts a server at `endpoint` (use `tcp://127.0.0.1:0` for a free port).
+pub fn start_server(endpoint: &str, curve: Option<ServerCurve>) -> TestServer {
+    let server = RpcServer::bind(endpoint, curve, dispatcher()).expect("bind");
+    let (endpoint, stats) = (server.endpoint().to_owned(), server.stats());
+    TestServer { addr: server.start(), endpoint, stats }
+}
+
+/// Manager and agent key pairs, with the agent's CURVE server settings admitting the manager.
+pub struct Keys {
+    pub manager: KeyPair,
+    pub agent: KeyPair,
+}
+
+impl Keys {
+    pub fn new() -> Self {
+        Keys { manager: KeyPair::generate().unwrap(), agent: KeyPair::generate().unwrap() }
+    }
+
+    pub fn server_curve(&self) -> ServerCurve {
+        ServerCurve { keypair: self.agent.clone(), allowed_clients: vec![(self.manager.public, "manager".into())] }
+    }
+
+    /// Writes all four certificate files into `dir`.
+    pub fn write(&self, dir: &std::path::Path) {
+        kernelvisor::rpc::curve::write_certificates(dir, "manager", &self.manager).unwrap();
+        kernelvisor::rpc::curve::write_certificates(dir, "agent", &self.agent).unwrap();
+    }
+}
+
+/// A pool with test-sized intervals, knowing `agent_id` at `endpoint`.
+pub async fn pool_for(agent_id: &str, endpoint: &str, agent_key: Option<CurveKey>, manager: Option<KeyPair>, spec: PoolSpec) -> Addr<AgentPool> {
+    let pool = AgentPool::new(spec, manager).start();
+    let endpoint = AgentEndpoint { addr: endpoint.to_owned(), public_key: agent_key };
+    pool.send(RegisterAgent { agent_id: agent_id.into(), endpoint }).await.unwrap();
+    pool
+}
+
+/// Short intervals for tests.
+pub fn fast_spec() -> PoolSpec {
+    PoolSpec {
+        health_check_interval: Duration::from_millis(200),
+        ping_timeout: Duration::from_millis(300),
+        failure_threshold: 3,
+        recovery_timeout: Duration::from_millis(800),
+        handshake_timeout: Duration::from_secs(2),
+        ..PoolSpec::default()
+    }
+}
+
+/// Polls `check` every 50 ms until it returns true; panics with `what` after `limit`.
+/// (A liveness bound for the test, not a performance assertion.)
+pub async fn wait_until<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The Python interpreter of the venv that has callosum (`KV_PYTHON`, else `.venv/bin/python`).
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("KV_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    assert!(p.exists(), "{} not found: run `just setup` (it installs callosum into .venv)", p.display());
+    p
+}
+
+/// Path of a file under `tests/interop/`.
+pub fn interop_script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(name)
+}
