@@ -278,3 +278,21 @@ async fn peer_timeout_sends_cancel_to_the_server() {
     wait_until(Duration::from_secs(5), "server-side cancellation", || async { ServerStats::get(&server.stats.cancelled) == 1 }).await;
     assert_eq!(peer.call("ping", &Call { args: vec![Value::from(1)], kwargs: vec![] }, Duration::from_secs(2)).await.unwrap(), Value::from(1));
 }
+
+#[actix_rt::test]
+async fn a_panicking_handler_gets_an_error_reply_and_the_server_survives() {
+    let server = start_server(LOCAL, None);
+    let pool = pool_for("a1", &server.endpoint, None, None, fast_spec()).await;
+    for after_await in [false, true] {
+        let err = pool.send(AgentCall::new("a1", "panic", vec![Value::from(after_await)], Duration::from_secs(5))).await.unwrap().unwrap_err();
+        match err {
+            AgentCallError::Call { source: CallError::Remote(meta), .. } => {
+                assert_eq!(meta.name, "HandlerPanicked");
+                assert!(meta.repr.contains("deliberate handler panic"), "{meta:?}");
+            }
+            other => panic!("expected an ERROR reply, got {other}"),
+        }
+    }
+    assert_eq!(pool.send(ping("a1", Value::from("alive"), Duration::from_secs(5))).await.unwrap().unwrap(), Value::from("alive"));
+    assert_eq!(ServerStats::get(&server.stats.errors), 2);
+}

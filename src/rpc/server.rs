@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::codec::{self, Call, CodecError, ErrorMeta, Frames, Message, MsgType, OrderKey};
 use super::curve::{CurveKey, KeyPair};
-use super::dispatch::Dispatcher;
+use super::dispatch::{Dispatcher, HandlerResult};
 use super::socket;
 use super::zap::ZapHandler;
 
@@ -286,27 +286,16 @@ fn on_message(
                     return send(None, &Message::failure(&header, failure));
                 }
             };
-            let (tx, stats2, peer2, header2) = (tx.clone(), stats.clone(), peer.to_vec(), header.clone());
-            let key2 = key.clone();
+            // Most handlers (ping, health) finish without waiting: answer those inline and
+            // spawn a task only for the ones that await, saving a task and a channel hop.
+            let mut work = AssertUnwindSafe(handler(call)).catch_unwind().boxed_local();
+            if let Some(outcome) = (&mut work).now_or_never() {
+                return send(None, &reply_for(&header, outcome, stats));
+            }
+            let (tx, stats, peer, key2) = (tx.clone(), stats.clone(), peer.to_vec(), key.clone());
             let task = async move {
-                let reply = match AssertUnwindSafe(handler(call)).catch_unwind().await {
-                    Ok(Ok(value)) => Message::result(&header2, codec::to_msgpack(&value)),
-                    Ok(Err(failure)) => {
-                        ServerStats::bump(&stats2.failures);
-                        Message::failure(&header2, failure)
-                    }
-                    Err(panic) => {
-                        ServerStats::bump(&stats2.errors);
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
-                        tracing::error!(method = %header2.method, panic = %what, "RPC handler panicked");
-                        Message::error(&header2, ErrorMeta::new("HandlerPanicked", format!("handler of '{}' panicked: {what}", header2.method)))
-                    }
-                };
-                let _ = tx.send(Outgoing { key: Some(key2), frames: reply_frames(&peer2, &reply) });
+                let reply = reply_for(&header, work.await, &stats);
+                let _ = tx.send(Outgoing { key: Some(key2), frames: reply_frames(&peer, &reply) });
             };
             let (task, abort) = futures::future::abortable(task);
             running.0.insert(key, abort);
@@ -323,6 +312,27 @@ fn on_message(
         other => {
             ServerStats::bump(&stats.malformed_frames);
             tracing::debug!(?other, "dropped a message type a server does not accept");
+        }
+    }
+}
+
+/// Turns a handler's outcome (value, failure, or panic) into the reply message.
+fn reply_for(header: &codec::Header, outcome: std::thread::Result<HandlerResult>, stats: &ServerStats) -> Message {
+    match outcome {
+        Ok(Ok(value)) => Message::result(header, codec::to_msgpack(&value)),
+        Ok(Err(failure)) => {
+            ServerStats::bump(&stats.failures);
+            Message::failure(header, failure)
+        }
+        Err(panic) => {
+            ServerStats::bump(&stats.errors);
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(method = %header.method, panic = %what, "RPC handler panicked");
+            Message::error(header, ErrorMeta::new("HandlerPanicked", format!("handler of '{}' panicked: {what}", header.method)))
         }
     }
 }

@@ -19,7 +19,7 @@ pub struct TestServer {
     pub stats: std::sync::Arc<ServerStats>,
 }
 
-/// The foundation's methods plus test ones: `sleep(secs)` and `fail()`.
+/// The foundation's methods plus test ones: `sleep(secs)`, `fail()`, `panic(after_await)`.
 pub fn dispatcher() -> Dispatcher {
     let mut d = Dispatcher::new(Some("test-agent".into()));
     kernelvisor::agent::methods::register(&mut d, "test-agent");
@@ -28,7 +28,13 @@ pub fn dispatcher() -> Dispatcher {
         actix_rt::time::sleep(Duration::from_secs_f64(secs)).await;
         Ok(Value::from("slept"))
     })
-    .register("fail", |_| async { Err(ErrorMeta::new("KernelNotFound", "no such kernel")) });
+    .register("fail", |_| async { Err(ErrorMeta::new("KernelNotFound", "no such kernel")) })
+    .register("panic", |call| async move {
+        if call.arg(0, "after_await").and_then(Value::as_bool).unwrap_or(false) {
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("deliberate handler panic")
+    });
     d
 }
 
