@@ -63,7 +63,7 @@ fn serve(sock: zmq::Socket, allowed: Vec<(CurveKey, String)>, stop: Arc<AtomicBo
     while !stop.load(Ordering::Relaxed) {
         let frames = match sock.recv_multipart(0) {
             Ok(f) => f,
-            Err(zmq::Error::EAGAIN) => continue,
+            Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
             Err(zmq::Error::ETERM) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "ZAP receive failed");

@@ -1,0 +1,72 @@
+//! Config files and `kernelvisor keygen`: samples parse, mistakes name their key, and the
+//! certificate files are readable by pyzmq's `zmq.auth.load_certificate`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use kernelvisor::config::{AgentConfig, ManagerConfig};
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn sample_configs_parse_with_documented_defaults() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let agent = AgentConfig::load(&root.join("configs/agent.toml")).unwrap();
+    assert_eq!(agent.agent.rpc_listen_addr.zmq_endpoint(), "tcp://0.0.0.0:6011");
+    let manager = ManagerConfig::load(&root.join("configs/manager.toml")).unwrap();
+    assert_eq!(manager.agent_pool.spec(), kernelvisor::manager::pool::PoolSpec::default());
+    AgentConfig::load(&root.join("configs/dev/agent.toml")).unwrap();
+    ManagerConfig::load(&root.join("configs/dev/manager.toml")).unwrap();
+}
+
+#[test]
+fn unknown_keys_and_bad_values_are_errors_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = write(dir.path(), "a.toml", "[agent]\nid = \"a\"\nrpc-listen-adr = { host = \"x\", port = 1 }\n");
+    let err = AgentConfig::load(&typo).unwrap_err().to_string();
+    assert!(err.contains("rpc-listen-adr"), "{err}");
+    let bad_port = write(dir.path(), "b.toml", "[agent]\nid = \"a\"\nrpc-listen-addr = { host = \"x\", port = 70000 }\n");
+    let err = AgentConfig::load(&bad_port).unwrap_err().to_string();
+    assert!(err.contains("port") && err.contains("70000"), "{err}");
+    let half_curve = write(dir.path(), "c.toml", "[agent]\nid = \"a\"\nrpc-auth-agent-keypair = \"k\"\n");
+    let err = AgentConfig::load(&half_curve).unwrap_err().to_string();
+    assert!(err.contains("rpc-auth-manager-public-key"), "{err}");
+    let negative = write(dir.path(), "m.toml", "[agent-pool]\nhealth-check-interval = -1\n");
+    let err = ManagerConfig::load(&negative).unwrap_err().to_string();
+    assert!(err.contains("health-check-interval") && err.contains("positive"), "{err}");
+    let zero = write(dir.path(), "n.toml", "[agent-pool]\nfailure-threshold = 0\n");
+    let err = ManagerConfig::load(&zero).unwrap_err().to_string();
+    assert!(err.contains("agent-pool.failure-threshold"), "{err}");
+    let unknown_section = write(dir.path(), "o.toml", "[agent-pol]\n");
+    assert!(ManagerConfig::load(&unknown_section).unwrap_err().to_string().contains("agent-pol"));
+}
+
+#[test]
+fn keygen_writes_certificates_pyzmq_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+        .args(["keygen", "manager", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ours = kernelvisor::rpc::curve::load_keypair(&dir.path().join("manager.key_secret")).unwrap();
+    let script = "import sys, zmq.auth\npub, sec = zmq.auth.load_certificate(sys.argv[1])\npub2, none = zmq.auth.load_certificate(sys.argv[2])\nassert none is None and pub == pub2\nprint(pub.decode(), sec.decode())";
+    let py = Command::new(common::python())
+        .args(["-c", script])
+        .arg(dir.path().join("manager.key_secret"))
+        .arg(dir.path().join("manager.key"))
+        .output()
+        .unwrap();
+    assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+    let stdout = String::from_utf8(py.stdout).unwrap();
+    let (public, secret) = stdout.trim().split_once(' ').unwrap();
+    assert_eq!(public, ours.public.to_z85());
+    assert_eq!(secret, ours.secret.to_z85());
+}
