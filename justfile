@@ -32,9 +32,11 @@ setup:
 build: setup
     cargo build --workspace --all-targets
 
-# Every test: unit, property, actors, RPC over real ZeroMQ, callosum interop.
+# Every test: unit, property, actors, RPC over real ZeroMQ, callosum interop, doctests, examples.
 test-all: setup
-    KV_PYTHON="{{venv}}/bin/python" cargo test --workspace --all-targets -- --test-threads 2
+    cargo test -p actors --doc
+    cargo run --quiet -p actors --example two_level_tree > /dev/null
+    KV_PYTHON="{{venv}}/bin/python" cargo test --workspace --lib --bins --tests --examples -- --test-threads 2
 
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup
