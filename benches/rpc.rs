@@ -6,6 +6,7 @@
 //! - pooled throughput with 64 concurrent callers sharing one peer;
 //! - per-call connection (new context + socket, connect, callosum handshake, call, close), the
 //!   pattern seed 000 replaced.
+//!
 //! Ends with one JSON line of the CURVE figures.
 
 use std::time::{Duration, Instant};

@@ -233,10 +233,13 @@ fn on_frames(
     match codec::classify(rest) {
         Ok(Frames::Ping(h, b)) => send(None, frames_of(peer, codec::PONG, h, b)),
         Ok(Frames::Upper(h, b)) => on_message(peer, h, b, dispatcher, stats, tx, running),
-        Ok(Frames::Pong) | Err(_) => {
+        Ok(Frames::Pong) => {
             ServerStats::bump(&stats.malformed_frames);
-            let reason = codec::classify(rest).err().map(|e| e.to_string()).unwrap_or_else(|| "unexpected PONG".into());
-            tracing::debug!(%reason, "dropped malformed frames");
+            tracing::debug!("dropped an unexpected PONG");
+        }
+        Err(e) => {
+            ServerStats::bump(&stats.malformed_frames);
+            tracing::debug!(reason = %e, "dropped malformed frames");
         }
     }
 }
