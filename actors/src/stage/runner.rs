@@ -58,6 +58,25 @@ impl Runner {
             .take()
             .expect("the runner holds its chain between messages")
     }
+
+    /// Lends the chain to `work` and puts it back when done; atomic, so no other message
+    /// sees the runner without its chain.
+    fn with_chain<R, Fut>(
+        &mut self,
+        work: impl FnOnce(StageChain) -> Fut,
+    ) -> AtomicResponse<Self, R>
+    where
+        R: 'static,
+        Fut: std::future::Future<Output = (StageChain, R)> + 'static,
+    {
+        let lent = work(self.take_chain());
+        AtomicResponse::new(Box::pin(lent.into_actor(self).map(
+            |(chain, result), act, _| {
+                act.chain = Some(chain);
+                result
+            },
+        )))
+    }
 }
 
 impl Actor for Runner {
@@ -91,17 +110,10 @@ impl Handler<SetupChain> for Runner {
     type Result = AtomicResponse<Self, Result<(), SetupError>>;
 
     fn handle(&mut self, _: SetupChain, _ctx: &mut Context<Self>) -> Self::Result {
-        let mut chain = self.take_chain();
-        let setup = async move {
+        self.with_chain(|mut chain| async move {
             let result = chain.setup().await;
             (chain, result)
-        };
-        AtomicResponse::new(Box::pin(setup.into_actor(self).map(
-            |(chain, result), act, _| {
-                act.chain = Some(chain);
-                result
-            },
-        )))
+        })
     }
 }
 
@@ -109,17 +121,10 @@ impl Handler<TeardownChain> for Runner {
     type Result = AtomicResponse<Self, Result<(), TeardownError>>;
 
     fn handle(&mut self, _: TeardownChain, _ctx: &mut Context<Self>) -> Self::Result {
-        let mut chain = self.take_chain();
-        let teardown = async move {
+        self.with_chain(|mut chain| async move {
             let result = chain.teardown().await;
             (chain, result)
-        };
-        AtomicResponse::new(Box::pin(teardown.into_actor(self).map(
-            |(chain, result), act, _| {
-                act.chain = Some(chain);
-                result
-            },
-        )))
+        })
     }
 }
 
