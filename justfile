@@ -32,17 +32,71 @@ setup:
 build: setup
     cargo build --workspace --all-targets
 
-# Every test: unit, property, actors, RPC over real ZeroMQ, callosum interop, doctests, examples.
-test-all: setup
+# Every test: unit, property, actors, RPC over real ZeroMQ, callosum interop, the kernel
+# lifecycle on the real Docker engine (with test-only failure injection), doctests, examples.
+test-all: setup docker test-image
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
-    KV_PYTHON="{{venv}}/bin/python" cargo test --workspace --lib --bins --tests --examples -- --test-threads 2
+    KV_PYTHON="{{venv}}/bin/python" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
+
+# Make sure a Docker engine answers; when none does, install `docker.io` and start `dockerd` in
+# the background (log in /tmp/dockerd.log), waiting up to 30 s for it.
+docker:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    docker info >/dev/null 2>&1 && exit 0
+    sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+    if ! command -v dockerd >/dev/null; then
+      echo "docker: installing docker.io"
+      $sudo_ apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq docker.io >/dev/null
+    fi
+    echo "docker: starting dockerd (log: /tmp/dockerd.log)"
+    $sudo_ sh -c 'nohup dockerd >/tmp/dockerd.log 2>&1 &'
+    for _ in $(seq 30); do
+      docker info >/dev/null 2>&1 && exit 0
+      sleep 1
+    done
+    echo "docker: no engine answered within 30 s; see /tmp/dockerd.log" >&2
+    exit 1
+
+# Build the local image `kernelvisor-test:latest` the Docker backend tests use, when missing:
+# busybox with one symlink per applet, a `work` user (uid 1000). Its command evals
+# `$KERNEL_CMD` (default `sleep infinity`), so a test can choose what PID 1 does (OOM, exit).
+# KV_TEST_IMAGE_VERSION in its env marks the recipe version; an older image is rebuilt.
+test-image:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    version=2
+    docker image inspect -f '{{{{json .Config.Env}}' kernelvisor-test:latest 2>/dev/null | grep -q "KV_TEST_IMAGE_VERSION=$version" && exit 0
+    sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+    if [ ! -x /bin/busybox ]; then
+      echo "test-image: installing busybox-static"
+      $sudo_ apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq busybox-static >/dev/null
+    fi
+    root=$(mktemp -d); trap '$sudo_ rm -rf "$root"' EXIT
+    mkdir -p "$root"/{bin,etc,tmp,home/work}
+    chmod 1777 "$root/tmp"
+    cp /bin/busybox "$root/bin/busybox"
+    for applet in $(/bin/busybox --list); do
+      [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
+    done
+    printf 'root:x:0:0:root:/root:/bin/sh\nwork:x:1000:1000:work:/home/work:/bin/sh\n' > "$root/etc/passwd"
+    printf 'root:x:0:\nwork:x:1000:\n' > "$root/etc/group"
+    $sudo_ chown -R 0:0 "$root"
+    $sudo_ chown 1000:1000 "$root/home/work"
+    $sudo_ tar -C "$root" --numeric-owner -c . | docker import \
+      -c 'CMD ["sh","-c","eval \"${KERNEL_CMD:-exec sleep infinity}\""]' -c 'ENV PATH=/bin' \
+      -c "ENV KV_TEST_IMAGE_VERSION=$version" -c 'WORKDIR /home/work' \
+      - kernelvisor-test:latest >/dev/null
+    echo "test-image: built kernelvisor-test:latest"
 
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup
     cargo bench --bench {{name}}
 
 # Generate dev keys and run an agent plus a manager that health-checks it (Ctrl+C stops both).
-run: setup
+run: setup docker test-image
     cargo build --release
     ./scripts/dev-run.sh

@@ -70,3 +70,33 @@ fn keygen_writes_certificates_pyzmq_reads() {
     assert_eq!(public, ours.public.to_z85());
     assert_eq!(secret, ours.secret.to_z85());
 }
+
+#[test]
+fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sample = AgentConfig::load(&root.join("configs/agent.toml")).unwrap();
+    assert_eq!(sample.container.port_range, [30000, 31000]);
+    assert_eq!(sample.resource.reserved_mem.0, 1 << 30);
+    assert_eq!(sample.container.default_shmem.0, 64 << 20);
+    assert_eq!(sample.agent.on_shutdown, kernelvisor::config::OnShutdown::Preserve);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write(dir.path(), "ok.toml", "[agent]\nid = \"a\"\nbackend = \"dummy\"\non-shutdown = \"terminate\"\n[resource]\nreserved-mem = 268435456\nmem = \"2g\"\n[container]\nscratch-size = \"512m\"\n");
+    let c = AgentConfig::load(&ok).unwrap();
+    assert_eq!(c.agent.backend, kernelvisor::config::BackendKind::Dummy);
+    assert_eq!(c.resource.mem.unwrap().0, 2 << 30);
+    assert_eq!(c.container.scratch_size.unwrap().0, 512 << 20);
+    for (text, key) in [
+        ("[container]\nport-range = [31000, 30000]\n", "container.port-range"),
+        ("[resource]\nreserved-mem = \"lots\"\n", "reserved-mem"),
+        ("[resource]\nreserved-cpu = -1\n", "resource.reserved-cpu"),
+        ("[agent]\nkernel-creation-concurrency = 0\n", "kernel-creation-concurrency"),
+        ("[container]\nscratch-rooot = \"/x\"\n", "scratch-rooot"),
+        ("[agent]\non-shutdown = \"explode\"\n", "explode"),
+    ] {
+        let text = if text.starts_with("[agent]") { format!("{}\nid = \"a\"\n", text.trim_end()) } else { format!("[agent]\nid = \"a\"\n{text}") };
+        let p = write(dir.path(), "bad.toml", &text);
+        let err = AgentConfig::load(&p).unwrap_err().to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}

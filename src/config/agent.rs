@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::common::{ConfigError, HostPort, LoggingConfig};
+use super::common::{ByteSize, ConfigError, HostPort, LoggingConfig, Seconds};
 
 /// The whole agent config file.
 #[derive(Clone, Debug, Deserialize)]
@@ -12,9 +12,114 @@ use super::common::{ConfigError, HostPort, LoggingConfig};
 pub struct AgentConfig {
     /// `[agent]`.
     pub agent: AgentSection,
+    /// `[container]`.
+    #[serde(default)]
+    pub container: ContainerSection,
+    /// `[resource]`.
+    #[serde(default)]
+    pub resource: ResourceSection,
+    /// `[dummy]`: delays of the simulated backend.
+    #[serde(default)]
+    pub dummy: DummySection,
     /// `[logging]`.
     #[serde(default)]
     pub logging: LoggingConfig,
+}
+
+/// Which container engine runs kernels.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The local Docker engine (bollard, the default socket or `DOCKER_HOST`).
+    #[default]
+    Docker,
+    /// Kernels simulated in memory (scale tests, hosts without an engine).
+    Dummy,
+}
+
+/// What a graceful shutdown (SIGTERM/SIGINT) does with running kernels (seed 001).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnShutdown {
+    /// Detach: containers keep serving; the next start re-attaches them.
+    #[default]
+    Preserve,
+    /// Destroy every kernel (seed 003, scenario 2).
+    Terminate,
+}
+
+/// `[container]`: how kernel containers are made (Backend.AI's names where they exist).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ContainerSection {
+    /// Inclusive host port range for service ports (default `[30000, 31000]`).
+    pub port_range: [u16; 2],
+    /// Seconds a released host port rests before reuse (default 10), so a client of the old
+    /// kernel does not reach the new one.
+    pub port_reuse_cooldown: Seconds,
+    /// Host address published ports bind to (default `0.0.0.0`).
+    pub bind_host: String,
+    /// Parent of every kernel's scratch directory `<scratch-root>/<kernel-id>` (default
+    /// `./var/scratches`).
+    pub scratch_root: PathBuf,
+    /// Size quota of a kernel's scratch `work/` directory; when set, it is a tmpfs of this
+    /// size (Backend.AI's `scratch-type = "memory"`; needs root). Default: none.
+    pub scratch_size: Option<ByteSize>,
+    /// Root under which vfolder host paths must lie; without it, kernels cannot mount vfolders.
+    pub vfolder_root: Option<PathBuf>,
+    /// Maximum processes per container (default 4096).
+    pub pids_limit: i64,
+    /// `/dev/shm` size when a kernel's `resource_opts.shmem` is absent (default 64 MiB).
+    pub default_shmem: ByteSize,
+}
+
+impl Default for ContainerSection {
+    fn default() -> Self {
+        ContainerSection {
+            port_range: [30000, 31000],
+            port_reuse_cooldown: Seconds(std::time::Duration::from_secs(10)),
+            bind_host: "0.0.0.0".into(),
+            scratch_root: PathBuf::from("var/scratches"),
+            scratch_size: None,
+            vfolder_root: None,
+            pids_limit: 4096,
+            default_shmem: ByteSize(64 << 20),
+        }
+    }
+}
+
+/// `[resource]`: what part of the node kernels may use.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ResourceSection {
+    /// Cores kept for the host (default 1; may be fractional).
+    pub reserved_cpu: f64,
+    /// Memory kept for the host (default `"1g"`).
+    pub reserved_mem: ByteSize,
+    /// Overrides the detected core count (e.g. a dummy agent pretending to be large).
+    pub cpu: Option<f64>,
+    /// Overrides the detected memory size.
+    pub mem: Option<ByteSize>,
+}
+
+impl Default for ResourceSection {
+    fn default() -> Self {
+        ResourceSection { reserved_cpu: 1.0, reserved_mem: ByteSize(1 << 30), cpu: None, mem: None }
+    }
+}
+
+/// `[dummy]`: simulated engine delays in seconds (all default 0).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct DummySection {
+    /// Image pull.
+    pub pull_delay: f64,
+    /// Container create.
+    pub create_delay: f64,
+    /// Container start.
+    pub start_delay: f64,
+    /// Container removal.
+    pub remove_delay: f64,
 }
 
 /// `[agent]`: identity, RPC endpoint and its keys.
@@ -34,6 +139,19 @@ pub struct AgentSection {
     /// Directory for the agent's state (store, outbox); default `./var/agent`.
     #[serde(default = "default_var_base_path")]
     pub var_base_path: PathBuf,
+    /// Container engine (default `docker`).
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// Kernels set up at once; more wait their turn (default 8).
+    #[serde(default = "default_creation_concurrency")]
+    pub kernel_creation_concurrency: usize,
+    /// What SIGTERM/SIGINT does with running kernels (default `preserve`).
+    #[serde(default)]
+    pub on_shutdown: OnShutdown,
+}
+
+fn default_creation_concurrency() -> usize {
+    8
 }
 
 fn default_rpc_listen_addr() -> HostPort {
@@ -61,6 +179,25 @@ impl AgentConfig {
             (Some(_), None) => Err(ConfigError::Invalid("agent.rpc-auth-agent-keypair", "required when rpc-auth-manager-public-key is set".into())),
             (None, Some(_)) => Err(ConfigError::Invalid("agent.rpc-auth-manager-public-key", "required when rpc-auth-agent-keypair is set".into())),
             _ => Ok(()),
+        }?;
+        if a.kernel_creation_concurrency == 0 {
+            return Err(ConfigError::Invalid("agent.kernel-creation-concurrency", "must be at least 1".into()));
         }
+        let [lo, hi] = self.container.port_range;
+        if lo == 0 || lo > hi {
+            return Err(ConfigError::Invalid("container.port-range", format!("[{lo}, {hi}] is not a range of ports")));
+        }
+        let r = &self.resource;
+        if !(r.reserved_cpu.is_finite() && r.reserved_cpu >= 0.0) {
+            return Err(ConfigError::Invalid("resource.reserved-cpu", "must be a non-negative number of cores".into()));
+        }
+        if r.cpu.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+            return Err(ConfigError::Invalid("resource.cpu", "must be a positive number of cores".into()));
+        }
+        let d = &self.dummy;
+        if [d.pull_delay, d.create_delay, d.start_delay, d.remove_delay].iter().any(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(ConfigError::Invalid("dummy", "delays must be non-negative seconds".into()));
+        }
+        Ok(())
     }
 }

@@ -108,3 +108,45 @@ impl LoggingConfig {
         Ok(())
     }
 }
+
+/// A size in bytes, written as an integer (`268435456`) or a string with a binary suffix
+/// (`"256m"`, `"1G"`, `"512k"`; k/m/g/t = 2^10/2^20/2^30/2^40), as Backend.AI's `BinarySize`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// Parses `"256m"`-style text (see the type's docs).
+    ///
+    /// Errors: an empty, negative or non-numeric value, or an unknown suffix.
+    pub fn parse(text: &str) -> Result<ByteSize, String> {
+        let t = text.trim();
+        let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
+        let (digits, shift) = match t.chars().last() {
+            Some(c @ ('k' | 'K' | 'm' | 'M' | 'g' | 'G' | 't' | 'T')) => {
+                let shift = match c.to_ascii_lowercase() { 'k' => 10, 'm' => 20, 'g' => 30, _ => 40 };
+                (&t[..t.len() - 1], shift)
+            }
+            _ => (t, 0),
+        };
+        let n: f64 = digits.trim().parse().map_err(|_| format!("`{text}` is not a size (e.g. 268435456, \"256m\", \"1g\")"))?;
+        if !(n.is_finite() && n >= 0.0) {
+            return Err(format!("`{text}` is not a non-negative size"));
+        }
+        Ok(ByteSize((n * (1u64 << shift) as f64) as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Text(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}

@@ -8,8 +8,8 @@ mod agent;
 mod common;
 mod manager;
 
-pub use agent::{AgentConfig, AgentSection};
-pub use common::{ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
+pub use agent::{AgentConfig, AgentSection, BackendKind, ContainerSection, DummySection, OnShutdown, ResourceSection};
+pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{ManagerConfig, ManagerSection, PoolSection, StaticAgent};
 
 use std::path::Path;

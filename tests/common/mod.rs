@@ -114,3 +114,4 @@ pub fn python() -> PathBuf {
 pub fn interop_script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(name)
 }
+pub mod agent;

@@ -1,4 +1,7 @@
-//! The agent's RPC methods of the foundation: `ping`, `health`, `gather_hwinfo`.
+//! The agent's RPC methods: the node methods here (`ping`, `health`, `gather_hwinfo`), the
+//! kernel lifecycle in [`kernels`].
+
+pub mod kernels;
 
 use std::time::Instant;
 

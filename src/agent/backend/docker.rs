@@ -1,0 +1,534 @@
+//! [`DockerBackend`]: the local Docker engine through bollard.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bollard::container::{
+    Config, CreateContainerOptions, KillContainerOptions, ListContainersOptions, LogOutput,
+    LogsOptions, RemoveContainerOptions, RestartContainerOptions, StartContainerOptions,
+};
+use bollard::errors::Error as DockerError;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::image::CreateImageOptions;
+use bollard::models::{
+    ContainerStateStatusEnum, DeviceRequest, HostConfig, PortBinding, PortMap, PortTypeEnum,
+};
+use bollard::system::EventsOptions;
+use bollard::Docker;
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
+
+use super::{
+    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecOutput,
+    ImageInfo, PortMapping, PullProgress,
+};
+
+/// The local Docker engine (its default socket, or `DOCKER_HOST`), API version negotiated.
+#[derive(Clone, Debug)]
+pub struct DockerBackend {
+    docker: Docker,
+}
+
+impl DockerBackend {
+    /// Connects to the local engine and negotiates the API version with it.
+    ///
+    /// Errors: [`BackendError::Engine`] when no engine answers.
+    pub async fn connect() -> Result<DockerBackend, BackendError> {
+        let docker = Docker::connect_with_local_defaults().map_err(engine)?;
+        let docker = docker.negotiate_version().await.map_err(engine)?;
+        Ok(DockerBackend { docker })
+    }
+
+    /// The bollard client, for what the trait does not cover.
+    pub fn client(&self) -> &Docker {
+        &self.docker
+    }
+}
+
+fn engine(e: DockerError) -> BackendError {
+    BackendError::Engine(e.to_string())
+}
+
+fn status(e: &DockerError) -> Option<u16> {
+    match e {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// Maps a 404 to [`BackendError::ContainerNotFound`], anything else to `Engine`.
+fn container_err(id: &str) -> impl Fn(DockerError) -> BackendError + '_ {
+    move |e| match status(&e) {
+        Some(404) => BackendError::ContainerNotFound(id.to_owned()),
+        _ => engine(e),
+    }
+}
+
+/// `Ok(None)` for a 404.
+fn optional<T>(r: Result<T, DockerError>) -> Result<Option<T>, DockerError> {
+    match r {
+        Err(e) if status(&e) == Some(404) => Ok(None),
+        r => r.map(Some),
+    }
+}
+
+/// `reference` with `:latest` when it names neither a tag nor a digest (the engine would
+/// otherwise pull every tag).
+fn with_tag(reference: &str) -> String {
+    let last = reference.rsplit('/').next().unwrap_or(reference);
+    if reference.contains('@') || last.contains(':') {
+        reference.to_owned()
+    } else {
+        format!("{reference}:latest")
+    }
+}
+
+/// Published TCP ports from the engine's port map, one per (container, host) port pair.
+fn port_mappings(ports: Option<PortMap>) -> Vec<PortMapping> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (key, bindings) in ports.unwrap_or_default() {
+        let Some(container_port) = key.strip_suffix("/tcp").and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        for b in bindings.unwrap_or_default() {
+            if let Some(host_port) = b.host_port.and_then(|p| p.parse().ok()) {
+                if seen.insert((container_port, host_port)) {
+                    out.push(PortMapping {
+                        container_port,
+                        host_port,
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by_key(|p| (p.container_port, p.host_port));
+    out
+}
+
+/// The exit code in a container list's status text (`Exited (137) 5 seconds ago`).
+fn listed_exit_code(status: &str) -> Option<i64> {
+    status
+        .strip_prefix("Exited (")?
+        .split(')')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Appends an output chunk, merging it into the previous one of the same stream.
+fn push_chunk(console: &mut Vec<(&'static str, Vec<u8>)>, chunk: LogOutput) {
+    let (stream, bytes) = match chunk {
+        LogOutput::StdErr { message } => ("stderr", message),
+        LogOutput::StdOut { message } | LogOutput::Console { message } => ("stdout", message),
+        LogOutput::StdIn { .. } => return,
+    };
+    match console.last_mut() {
+        Some((last, buf)) if *last == stream => buf.extend_from_slice(&bytes),
+        _ => console.push((stream, bytes.to_vec())),
+    }
+}
+
+/// SIGKILLs the host process `pid` and all its descendants (found through `/proc`, collected
+/// before killing so none is reparented away first).
+fn kill_tree(pid: i32) {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(p);
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        tree.extend(children.get(&tree[i]).into_iter().flatten());
+        i += 1;
+    }
+    for p in tree {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+}
+
+#[async_trait]
+impl ContainerBackend for DockerBackend {
+    fn kind(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError> {
+        let image = optional(self.docker.inspect_image(reference).await).map_err(engine)?;
+        Ok(image.map(|i| ImageInfo {
+            id: i.id.unwrap_or_default(),
+            reference: reference.to_owned(),
+            labels: i.config.and_then(|c| c.labels).unwrap_or_default(),
+        }))
+    }
+
+    async fn pull_image(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<ImageInfo, BackendError> {
+        let options = CreateImageOptions {
+            from_image: with_tag(reference),
+            ..Default::default()
+        };
+        let mut pull = self.docker.create_image(Some(options), None, None);
+        while let Some(item) = pull.next().await {
+            match item {
+                Ok(info) => progress(PullProgress {
+                    status: info.status.unwrap_or_default(),
+                    current: info.progress_detail.as_ref().and_then(|d| d.current),
+                    total: info.progress_detail.and_then(|d| d.total),
+                }),
+                // The engine answered: the registry is unreachable or has no such image.
+                Err(
+                    e @ (DockerError::DockerResponseServerError { .. }
+                    | DockerError::DockerStreamError { .. }),
+                ) => return Err(BackendError::ImageNotFound(format!("{reference}: {e}"))),
+                Err(e) => return Err(engine(e)),
+            }
+        }
+        self.inspect_image(reference)
+            .await?
+            .ok_or_else(|| BackendError::ImageNotFound(reference.to_owned()))
+    }
+
+    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, BackendError> {
+        let port_key = |p: &PortMapping| format!("{}/tcp", p.container_port);
+        let port_bindings: PortMap = spec
+            .ports
+            .iter()
+            .map(|p| {
+                let binding = PortBinding {
+                    host_ip: Some(spec.port_bind_host.clone()),
+                    host_port: Some(p.host_port.to_string()),
+                };
+                (port_key(p), Some(vec![binding]))
+            })
+            .collect();
+        let device_requests = (!spec.gpu_device_ids.is_empty()).then(|| {
+            vec![DeviceRequest {
+                driver: Some("nvidia".to_owned()),
+                device_ids: Some(spec.gpu_device_ids.clone()),
+                capabilities: Some(vec![vec!["gpu".to_owned()]]),
+                ..Default::default()
+            }]
+        });
+        let binds = spec
+            .binds
+            .iter()
+            .map(|b| {
+                format!(
+                    "{}:{}:{}",
+                    b.host_path,
+                    b.container_path,
+                    if b.read_only { "ro" } else { "rw" }
+                )
+            })
+            .collect();
+        let host_config = HostConfig {
+            memory: spec.memory_bytes,
+            memory_swap: spec.memory_bytes,
+            nano_cpus: spec.nano_cpus,
+            pids_limit: spec.pids_limit,
+            shm_size: spec.shm_size,
+            binds: Some(binds),
+            port_bindings: Some(port_bindings),
+            device_requests,
+            privileged: Some(false),
+            ..Default::default()
+        };
+        let config = Config {
+            image: Some(spec.image.clone()),
+            env: Some(spec.env.clone()),
+            labels: Some(spec.labels.clone()),
+            exposed_ports: Some(
+                spec.ports
+                    .iter()
+                    .map(|p| (port_key(p), HashMap::new()))
+                    .collect(),
+            ),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let options = (!spec.name.is_empty()).then(|| CreateContainerOptions {
+            name: spec.name.clone(),
+            platform: None,
+        });
+        match self.docker.create_container(options, config).await {
+            Ok(created) => Ok(created.id),
+            Err(e) if status(&e) == Some(404) => {
+                Err(BackendError::ImageNotFound(spec.image.clone()))
+            }
+            Err(e) => Err(engine(e)),
+        }
+    }
+
+    async fn start_container(&self, id: &str) -> Result<(), BackendError> {
+        self.docker
+            .start_container(id, None::<StartContainerOptions<String>>)
+            .await
+            .map_err(container_err(id))
+    }
+
+    async fn inspect_container(&self, id: &str) -> Result<Option<ContainerState>, BackendError> {
+        let Some(c) = optional(self.docker.inspect_container(id, None).await).map_err(engine)?
+        else {
+            return Ok(None);
+        };
+        let state = c.state.unwrap_or_default();
+        let exited = matches!(
+            state.status,
+            Some(ContainerStateStatusEnum::EXITED | ContainerStateStatusEnum::DEAD)
+        );
+        Ok(Some(ContainerState {
+            id: c.id.unwrap_or_else(|| id.to_owned()),
+            running: state.running.unwrap_or(false) || state.restarting.unwrap_or(false),
+            exit_code: if exited { state.exit_code } else { None },
+            oom_killed: state.oom_killed.unwrap_or(false),
+            labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
+            ports: port_mappings(c.network_settings.and_then(|n| n.ports)),
+        }))
+    }
+
+    async fn remove_container(&self, id: &str) -> Result<(), BackendError> {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            ..Default::default()
+        };
+        optional(self.docker.remove_container(id, Some(options)).await).map_err(engine)?;
+        Ok(())
+    }
+
+    async fn restart_container(&self, id: &str, timeout: Duration) -> Result<(), BackendError> {
+        let options = RestartContainerOptions {
+            t: timeout.as_secs() as isize,
+        };
+        self.docker
+            .restart_container(id, Some(options))
+            .await
+            .map_err(container_err(id))
+    }
+
+    async fn signal_container(&self, id: &str, signal: &str) -> Result<(), BackendError> {
+        let options = KillContainerOptions { signal };
+        self.docker
+            .kill_container(id, Some(options))
+            .await
+            .map_err(container_err(id))
+    }
+
+    async fn list_containers(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<ContainerState>, BackendError> {
+        let filters = HashMap::from([("label".to_owned(), vec![format!("{key}={value}")])]);
+        let options = ListContainersOptions {
+            all: true,
+            filters,
+            ..Default::default()
+        };
+        let listed = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(engine)?;
+        Ok(listed
+            .into_iter()
+            .map(|c| {
+                let state = c.state.unwrap_or_default();
+                let mut ports: Vec<_> = c
+                    .ports
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|p| p.typ == Some(PortTypeEnum::TCP))
+                    .filter_map(|p| {
+                        Some(PortMapping {
+                            container_port: p.private_port,
+                            host_port: p.public_port?,
+                        })
+                    })
+                    .collect();
+                ports.sort_by_key(|p| (p.container_port, p.host_port));
+                ports.dedup();
+                ContainerState {
+                    id: c.id.unwrap_or_default(),
+                    running: state == "running" || state == "restarting",
+                    exit_code: c.status.as_deref().and_then(listed_exit_code),
+                    oom_killed: false,
+                    labels: c.labels.unwrap_or_default(),
+                    ports,
+                }
+            })
+            .collect())
+    }
+
+    async fn exec(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, BackendError> {
+        let options = CreateExecOptions {
+            cmd: Some(cmd),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            ..Default::default()
+        };
+        let exec_id = self
+            .docker
+            .create_exec(id, options)
+            .await
+            .map_err(container_err(id))?
+            .id;
+        let mut console = Vec::new();
+        let collect = async {
+            if let StartExecResults::Attached { mut output, .. } =
+                self.docker.start_exec(&exec_id, None).await?
+            {
+                while let Some(chunk) = output.try_next().await? {
+                    push_chunk(&mut console, chunk);
+                }
+            }
+            Ok::<_, DockerError>(())
+        };
+        let finished = match timeout {
+            Some(t) => tokio::time::timeout(t, collect).await.ok(),
+            None => Some(collect.await),
+        };
+        let mut info = self.docker.inspect_exec(&exec_id).await.map_err(engine)?;
+        let exit_code = match finished {
+            Some(result) => {
+                result.map_err(engine)?;
+                // The output can end a moment before the engine records the exit code.
+                for _ in 0..100 {
+                    if info.running != Some(true) && info.exit_code.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    info = self.docker.inspect_exec(&exec_id).await.map_err(engine)?;
+                }
+                info.exit_code
+            }
+            // It ended just as the timeout expired.
+            None if info.running == Some(false) => info.exit_code,
+            None => {
+                if let Some(pid) = info.pid.filter(|&p| p > 0) {
+                    kill_tree(pid as i32);
+                }
+                None
+            }
+        };
+        let console = console
+            .into_iter()
+            .map(|(stream, bytes)| (stream, String::from_utf8_lossy(&bytes).into_owned()))
+            .collect();
+        Ok(ExecOutput { exit_code, console })
+    }
+
+    async fn logs(&self, id: &str) -> Result<String, BackendError> {
+        let options = LogsOptions::<String> {
+            stdout: true,
+            stderr: true,
+            tail: "all".to_owned(),
+            ..Default::default()
+        };
+        let mut text = Vec::new();
+        let mut logs = self.docker.logs(id, Some(options));
+        while let Some(chunk) = logs.try_next().await.map_err(container_err(id))? {
+            text.extend_from_slice(&chunk.into_bytes());
+        }
+        Ok(String::from_utf8_lossy(&text).into_owned())
+    }
+
+    /// The engine's `die` events from the moment of this call (replayed from then when the
+    /// stream is first polled later), each with the container's attributes as `labels`: its
+    /// labels plus the engine's `exitCode`, `image` and `name`. Ends after the first error.
+    fn exits(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> BoxStream<'static, Result<ContainerExit, BackendError>> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let filters = HashMap::from([
+            ("type".to_owned(), vec!["container".to_owned()]),
+            ("event".to_owned(), vec!["die".to_owned()]),
+            ("label".to_owned(), vec![format!("{key}={value}")]),
+        ]);
+        let options = EventsOptions {
+            since: Some(format!("{}.{:09}", now.as_secs(), now.subsec_nanos())),
+            until: None,
+            filters,
+        };
+        let mut failed = false;
+        self.docker
+            .events(Some(options))
+            .map(|event| {
+                let actor = event.map_err(engine)?.actor.unwrap_or_default();
+                Ok(ContainerExit {
+                    container_id: actor.id.unwrap_or_default(),
+                    labels: actor.attributes.unwrap_or_default(),
+                })
+            })
+            .take_while(move |item| {
+                let go = !failed;
+                failed |= item.is_err();
+                futures::future::ready(go)
+            })
+            .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_and_exit_codes() {
+        assert_eq!(with_tag("busybox"), "busybox:latest");
+        assert_eq!(with_tag("localhost:5000/a/b"), "localhost:5000/a/b:latest");
+        assert_eq!(with_tag("a/b:1.0"), "a/b:1.0");
+        assert_eq!(with_tag("a@sha256:00"), "a@sha256:00");
+        assert_eq!(listed_exit_code("Exited (137) 5 seconds ago"), Some(137));
+        assert_eq!(listed_exit_code("Up 3 minutes"), None);
+    }
+
+    #[test]
+    fn ports_are_parsed_and_deduplicated() {
+        let binding = |port: &str| PortBinding {
+            host_ip: Some("0.0.0.0".into()),
+            host_port: Some(port.into()),
+        };
+        let map = PortMap::from([
+            (
+                "8080/tcp".into(),
+                Some(vec![binding("30000"), binding("30000")]),
+            ),
+            ("53/udp".into(), Some(vec![binding("30001")])),
+            ("22/tcp".into(), None),
+        ]);
+        assert_eq!(
+            port_mappings(Some(map)),
+            vec![PortMapping {
+                container_port: 8080,
+                host_port: 30000
+            }]
+        );
+    }
+}

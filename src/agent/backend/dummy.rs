@@ -1,0 +1,548 @@
+//! [`DummyBackend`]: containers simulated in memory, for scale tests and for agents on hosts
+//! without an engine. Nothing runs: a "container" is a record with a state, and `exec` echoes.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::broadcast;
+
+use super::{
+    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecOutput,
+    ImageInfo, PullProgress,
+};
+
+/// How long each simulated operation takes (all zero by default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DummyDelays {
+    /// `pull_image`.
+    pub pull: Duration,
+    /// `create_container`.
+    pub create: Duration,
+    /// `start_container` (and the start half of `restart_container`).
+    pub start: Duration,
+    /// `remove_container`.
+    pub remove: Duration,
+}
+
+/// An in-memory engine. Every image reference is present unless [`forget_image`]d; containers
+/// are created stopped, run once started, and exit only through [`kill`], a terminating
+/// signal, a restart or a removal, each of which publishes a [`ContainerExit`] on [`exits`].
+///
+/// [`forget_image`]: DummyBackend::forget_image
+/// [`kill`]: DummyBackend::kill
+/// [`exits`]: ContainerBackend::exits
+#[derive(Debug)]
+pub struct DummyBackend {
+    delays: DummyDelays,
+    state: Mutex<State>,
+    exits: broadcast::Sender<ContainerExit>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    containers: HashMap<String, Container>,
+    missing_images: HashSet<String>,
+}
+
+#[derive(Debug)]
+struct Container {
+    name: String,
+    spec: ContainerSpec,
+    running: bool,
+    exit_code: Option<i64>,
+    oom_killed: bool,
+}
+
+impl State {
+    /// The container with this id or name.
+    fn find(&mut self, id: &str) -> Result<(&String, &mut Container), BackendError> {
+        self.containers
+            .iter_mut()
+            .find(|(cid, c)| *cid == id || c.name == id)
+            .ok_or_else(|| BackendError::ContainerNotFound(id.to_owned()))
+    }
+}
+
+impl Container {
+    fn state(&self, id: &str) -> ContainerState {
+        ContainerState {
+            id: id.to_owned(),
+            running: self.running,
+            exit_code: self.exit_code,
+            oom_killed: self.oom_killed,
+            labels: self.spec.labels.clone(),
+            ports: self.spec.ports.clone(),
+        }
+    }
+
+    /// Marks it exited; the event to publish (the labels plus Docker's `exitCode`, `image`
+    /// and `name` attributes), or `None` when it was not running.
+    fn exit(&mut self, id: &str, exit_code: i64, oom: bool) -> Option<ContainerExit> {
+        if !self.running {
+            return None;
+        }
+        (self.running, self.exit_code, self.oom_killed) = (false, Some(exit_code), oom);
+        let mut labels = self.spec.labels.clone();
+        labels.insert("exitCode".to_owned(), exit_code.to_string());
+        labels.insert("image".to_owned(), self.spec.image.clone());
+        labels.insert("name".to_owned(), self.name.clone());
+        Some(ContainerExit {
+            container_id: id.to_owned(),
+            labels,
+        })
+    }
+}
+
+/// The exit code of a process killed by `signal` (`"SIGKILL"`, `"KILL"` or `"9"`);
+/// `Some(None)` for a signal the simulated process ignores, `None` for an unknown signal.
+fn signal_exit_code(signal: &str) -> Option<Option<i64>> {
+    // (name, number, ends the process)
+    const SIGNALS: [(&str, i64, bool); 10] = [
+        ("HUP", 1, true),
+        ("INT", 2, true),
+        ("QUIT", 3, true),
+        ("KILL", 9, true),
+        ("USR1", 10, true),
+        ("USR2", 12, false),
+        ("TERM", 15, true),
+        ("CHLD", 17, false),
+        ("CONT", 18, false),
+        ("WINCH", 28, false),
+    ];
+    let name = signal.strip_prefix("SIG").unwrap_or(signal);
+    let number = name.parse::<i64>().ok();
+    let &(_, n, ends) = SIGNALS
+        .iter()
+        .find(|&&(s, n, _)| s == name || Some(n) == number)?;
+    Some(ends.then_some(128 + n))
+}
+
+/// A Docker-like id: 64 lowercase hex digits.
+fn new_id() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+impl DummyBackend {
+    /// An empty engine whose operations take `delays`.
+    pub fn new(delays: DummyDelays) -> DummyBackend {
+        DummyBackend {
+            delays,
+            state: Mutex::default(),
+            exits: broadcast::channel(1024).0,
+        }
+    }
+
+    /// Makes `reference` absent and unpullable ([`BackendError::ImageNotFound`] from
+    /// `pull_image` and `create_container`).
+    pub fn forget_image(&self, reference: &str) {
+        self.state().missing_images.insert(reference.to_owned());
+    }
+
+    /// Simulates the container's main process exiting with `exit_code` (`oom`: killed by the
+    /// OOM killer): marks it exited and publishes the exit. No-op unless it is running.
+    pub fn kill(&self, id: &str, exit_code: i64, oom: bool) {
+        let exit = self
+            .state()
+            .find(id)
+            .ok()
+            .and_then(|(id, c)| c.exit(id, exit_code, oom));
+        self.publish(exit);
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish(&self, exit: Option<ContainerExit>) {
+        if let Some(exit) = exit {
+            let _ = self.exits.send(exit); // no subscriber: nobody to tell
+        }
+    }
+}
+
+#[async_trait]
+impl ContainerBackend for DummyBackend {
+    fn kind(&self) -> &'static str {
+        "dummy"
+    }
+
+    /// Present unless forgotten; the id is a stable hash of the reference, no labels.
+    async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError> {
+        if self.state().missing_images.contains(reference) {
+            return Ok(None);
+        }
+        let mut h = DefaultHasher::new();
+        reference.hash(&mut h);
+        let h = h.finish();
+        let id = format!("sha256:{h:016x}{h:016x}{h:016x}{h:016x}");
+        Ok(Some(ImageInfo {
+            id,
+            reference: reference.to_owned(),
+            labels: HashMap::new(),
+        }))
+    }
+
+    /// Waits `delays.pull`, then reports one `Pull complete` line.
+    async fn pull_image(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<ImageInfo, BackendError> {
+        tokio::time::sleep(self.delays.pull).await;
+        let image = self.inspect_image(reference).await?;
+        let image = image.ok_or_else(|| BackendError::ImageNotFound(reference.to_owned()))?;
+        progress(PullProgress {
+            status: "Pull complete".to_owned(),
+            current: None,
+            total: None,
+        });
+        Ok(image)
+    }
+
+    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, BackendError> {
+        tokio::time::sleep(self.delays.create).await;
+        let mut state = self.state();
+        if state.missing_images.contains(&spec.image) {
+            return Err(BackendError::ImageNotFound(spec.image.clone()));
+        }
+        let id = new_id();
+        let name = if spec.name.is_empty() {
+            id[..12].to_owned()
+        } else {
+            spec.name.clone()
+        };
+        if state.containers.values().any(|c| c.name == name) {
+            return Err(BackendError::Engine(format!(
+                "container name {name:?} is already in use"
+            )));
+        }
+        let container = Container {
+            name,
+            spec: spec.clone(),
+            running: false,
+            exit_code: None,
+            oom_killed: false,
+        };
+        state.containers.insert(id.clone(), container);
+        Ok(id)
+    }
+
+    /// Waits `delays.start`; starting a running container is a no-op (as with Docker).
+    async fn start_container(&self, id: &str) -> Result<(), BackendError> {
+        tokio::time::sleep(self.delays.start).await;
+        let mut state = self.state();
+        let (_, c) = state.find(id)?;
+        if !c.running {
+            (c.running, c.exit_code, c.oom_killed) = (true, None, false);
+        }
+        Ok(())
+    }
+
+    async fn inspect_container(&self, id: &str) -> Result<Option<ContainerState>, BackendError> {
+        Ok(self.state().find(id).ok().map(|(id, c)| c.state(id)))
+    }
+
+    /// Waits `delays.remove`; a running container exits with 137 first (as with Docker).
+    async fn remove_container(&self, id: &str) -> Result<(), BackendError> {
+        tokio::time::sleep(self.delays.remove).await;
+        let exit = {
+            let mut state = self.state();
+            let Ok((id, _)) = state.find(id) else {
+                return Ok(());
+            };
+            let id = id.clone();
+            let mut c = state.containers.remove(&id).expect("found above");
+            c.exit(&id, 137, false)
+        };
+        self.publish(exit);
+        Ok(())
+    }
+
+    /// A running container exits with 143 (stopped by SIGTERM), then runs again after
+    /// `delays.start`.
+    async fn restart_container(&self, id: &str, _timeout: Duration) -> Result<(), BackendError> {
+        let exit = {
+            let mut state = self.state();
+            let (id, c) = state.find(id)?;
+            c.exit(id, 143, false)
+        };
+        self.publish(exit);
+        self.start_container(id).await
+    }
+
+    /// `HUP`, `INT`, `QUIT`, `KILL`, `USR1` and `TERM` end the container (exit 128 + signal
+    /// number); `USR2`, `CHLD`, `CONT` and `WINCH` are ignored; others are an `Engine` error,
+    /// as is signalling a container that is not running.
+    async fn signal_container(&self, id: &str, signal: &str) -> Result<(), BackendError> {
+        let exit = {
+            let mut state = self.state();
+            let (id, c) = state.find(id)?;
+            if !c.running {
+                return Err(BackendError::Engine(format!(
+                    "container {id} is not running"
+                )));
+            }
+            match signal_exit_code(signal) {
+                None => return Err(BackendError::Engine(format!("invalid signal: {signal}"))),
+                Some(None) => None,
+                Some(Some(code)) => c.exit(id, code, false),
+            }
+        };
+        self.publish(exit);
+        Ok(())
+    }
+
+    async fn list_containers(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<ContainerState>, BackendError> {
+        let state = self.state();
+        Ok(state
+            .containers
+            .iter()
+            .filter(|(_, c)| c.spec.labels.get(key).is_some_and(|v| v == value))
+            .map(|(id, c)| c.state(id))
+            .collect())
+    }
+
+    /// A simulation: exits 0 at once, its stdout the last element of `cmd` (the code, for
+    /// `[runtime, "-c", code]`) plus a newline. `Engine` error when the container is not
+    /// running or `cmd` is empty.
+    async fn exec(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        _timeout: Option<Duration>,
+    ) -> Result<ExecOutput, BackendError> {
+        let mut state = self.state();
+        let (id, c) = state.find(id)?;
+        if !c.running {
+            return Err(BackendError::Engine(format!(
+                "container {id} is not running"
+            )));
+        }
+        let last = cmd
+            .last()
+            .ok_or_else(|| BackendError::Engine("no exec command specified".to_owned()))?;
+        Ok(ExecOutput {
+            exit_code: Some(0),
+            console: vec![("stdout", format!("{last}\n"))],
+        })
+    }
+
+    /// Always empty: nothing runs.
+    async fn logs(&self, id: &str) -> Result<String, BackendError> {
+        self.state().find(id).map(|_| String::new())
+    }
+
+    /// Exits published after this call. When the subscriber falls more than 1024 exits
+    /// behind, it gets one `Engine` error and the stream ends.
+    fn exits(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> BoxStream<'static, Result<ContainerExit, BackendError>> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        stream::unfold(Some(self.exits.subscribe()), move |rx| {
+            let (key, value) = (key.clone(), value.clone());
+            async move {
+                let mut rx = rx?;
+                loop {
+                    match rx.recv().await {
+                        Ok(exit) if exit.labels.get(&key) == Some(&value) => {
+                            return Some((Ok(exit), Some(rx)))
+                        }
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let e =
+                                BackendError::Engine(format!("exit stream lagged by {n} events"));
+                            return Some((Err(e), None));
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::labels;
+    use super::*;
+
+    fn spec(name: &str, kernel: &str) -> ContainerSpec {
+        ContainerSpec {
+            name: name.to_owned(),
+            image: "python:3.12".to_owned(),
+            labels: HashMap::from([
+                (labels::AGENT_ID.to_owned(), "agent-1".to_owned()),
+                (labels::KERNEL_ID.to_owned(), kernel.to_owned()),
+            ]),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn create_start_list_inspect() {
+        let b = DummyBackend::new(DummyDelays::default());
+        let id = b.create_container(&spec("k1", "kernel-1")).await.unwrap();
+        assert_eq!(id.len(), 64);
+        let state = b.inspect_container(&id).await.unwrap().unwrap();
+        assert!(!state.running && state.exit_code.is_none());
+        assert!(
+            b.create_container(&spec("k1", "kernel-x")).await.is_err(),
+            "name in use"
+        );
+
+        b.start_container(&id).await.unwrap();
+        b.start_container("k1").await.unwrap(); // by name; already running
+        assert!(b.inspect_container(&id).await.unwrap().unwrap().running);
+
+        b.create_container(&spec("k2", "kernel-2")).await.unwrap();
+        assert_eq!(
+            b.list_containers(labels::AGENT_ID, "agent-1")
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        let listed = b
+            .list_containers(labels::KERNEL_ID, "kernel-1")
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].id, id);
+        assert!(listed[0].running);
+        assert!(b
+            .list_containers(labels::AGENT_ID, "agent-2")
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(matches!(
+            b.start_container("nope").await,
+            Err(BackendError::ContainerNotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn images_and_exec() {
+        let b = DummyBackend::new(DummyDelays::default());
+        let lines = Mutex::new(Vec::new());
+        let image = b
+            .pull_image("python:3.12", &|p| lines.lock().unwrap().push(p.status))
+            .await
+            .unwrap();
+        assert!(image.id.starts_with("sha256:"));
+        assert_eq!(lines.into_inner().unwrap(), ["Pull complete"]);
+
+        b.forget_image("gone:1");
+        assert!(b.inspect_image("gone:1").await.unwrap().is_none());
+        assert!(matches!(
+            b.pull_image("gone:1", &|_| {}).await,
+            Err(BackendError::ImageNotFound(_))
+        ));
+        let missing = ContainerSpec {
+            image: "gone:1".into(),
+            ..spec("k", "x")
+        };
+        assert!(matches!(
+            b.create_container(&missing).await,
+            Err(BackendError::ImageNotFound(_))
+        ));
+
+        let id = b.create_container(&spec("k", "kernel-k")).await.unwrap();
+        assert!(
+            b.exec(&id, vec!["sh".into()], None).await.is_err(),
+            "not running"
+        );
+        b.start_container(&id).await.unwrap();
+        let out = b
+            .exec(
+                &id,
+                vec!["python".into(), "-c".into(), "print(1)".into()],
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            ExecOutput {
+                exit_code: Some(0),
+                console: vec![("stdout", "print(1)\n".into())]
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn exits_are_published_and_filtered() {
+        let b = DummyBackend::new(DummyDelays::default());
+        let mut exits = b.exits(labels::KERNEL_ID, "kernel-1");
+        let id1 = b.create_container(&spec("k1", "kernel-1")).await.unwrap();
+        let id2 = b.create_container(&spec("k2", "kernel-2")).await.unwrap();
+        b.kill(&id1, 1, false); // not running: no exit
+        for id in [&id1, &id2] {
+            b.start_container(id).await.unwrap();
+        }
+        b.kill(&id2, 1, false); // other label
+        b.kill(&id1, 137, true);
+        let exit = exits.next().await.unwrap().unwrap();
+        assert_eq!(exit.container_id, id1);
+        assert_eq!(exit.labels[labels::KERNEL_ID], "kernel-1");
+        assert_eq!(exit.labels["exitCode"], "137");
+        let state = b.inspect_container(&id1).await.unwrap().unwrap();
+        assert!(!state.running && state.oom_killed && state.exit_code == Some(137));
+
+        b.start_container(&id1).await.unwrap();
+        b.signal_container(&id1, "SIGWINCH").await.unwrap(); // ignored
+        assert!(b.signal_container(&id1, "SIGBOGUS").await.is_err());
+        b.signal_container(&id1, "SIGINT").await.unwrap();
+        assert_eq!(
+            exits.next().await.unwrap().unwrap().labels["exitCode"],
+            "130"
+        );
+        assert!(
+            b.signal_container(&id1, "SIGKILL").await.is_err(),
+            "not running"
+        );
+    }
+
+    #[tokio::test]
+    async fn remove_is_idempotent() {
+        let b = DummyBackend::new(DummyDelays {
+            remove: Duration::from_millis(5),
+            ..Default::default()
+        });
+        let mut exits = b.exits(labels::AGENT_ID, "agent-1");
+        let id = b.create_container(&spec("k1", "kernel-1")).await.unwrap();
+        b.start_container(&id).await.unwrap();
+        b.remove_container(&id).await.unwrap();
+        assert_eq!(
+            exits.next().await.unwrap().unwrap().labels["exitCode"],
+            "137"
+        );
+        b.remove_container(&id).await.unwrap();
+        assert!(b.inspect_container(&id).await.unwrap().is_none());
+        assert!(b
+            .list_containers(labels::AGENT_ID, "agent-1")
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(matches!(
+            b.logs(&id).await,
+            Err(BackendError::ContainerNotFound(_))
+        ));
+        // The name is free again.
+        b.create_container(&spec("k1", "kernel-1")).await.unwrap();
+    }
+}

@@ -1,0 +1,207 @@
+//! Container backends: the agent's view of a container engine.
+//!
+//! [`ContainerBackend`] is everything the kernel stages, the RPC methods and the exit watcher
+//! need from an engine. Two implementations: [`docker::DockerBackend`] (the local Docker
+//! engine through bollard) and [`dummy::DummyBackend`] (containers simulated in memory with
+//! configurable delays, for scale tests and for agents on hosts without an engine).
+
+pub mod docker;
+pub mod dummy;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+/// Labels every kernel container carries (Backend.AI's names); the second source of truth
+/// after the agent's store (seed 001).
+pub mod labels {
+    /// The kernel id.
+    pub const KERNEL_ID: &str = "ai.backend.kernel-id";
+    /// The session id.
+    pub const SESSION_ID: &str = "ai.backend.session-id";
+    /// The agent that created the container: a container without this agent's id here is
+    /// never touched.
+    pub const AGENT_ID: &str = "ai.backend.agent-id";
+    /// The owner as JSON: `{"user_id", "project_id", "access_key"}`.
+    pub const OWNER: &str = "ai.backend.owner";
+    /// The service ports as JSON (see `ServicePort`).
+    pub const SERVICE_PORTS: &str = "ai.backend.service-ports";
+    /// On an image: the interpreter `execute` runs code with (`<path> -c <code>`); `sh` when absent.
+    pub const RUNTIME_PATH: &str = "ai.backend.runtime-path";
+}
+
+/// An engine error, classified for the kernel's error names.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The image is neither local nor pullable (no registry reachable, unknown name).
+    #[error("image not found: {0}")]
+    ImageNotFound(String),
+    /// No such container.
+    #[error("container not found: {0}")]
+    ContainerNotFound(String),
+    /// The engine refused the request or could not be reached.
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// A local image.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ImageInfo {
+    /// The engine's id (`sha256:…`).
+    pub id: String,
+    /// The reference it was asked for.
+    pub reference: String,
+    /// The image's labels (e.g. [`labels::RUNTIME_PATH`]).
+    pub labels: HashMap<String, String>,
+}
+
+/// One step of an image pull, as the engine reports it.
+#[derive(Clone, Debug)]
+pub struct PullProgress {
+    /// The engine's status line (`Downloading`, `Pull complete`, …).
+    pub status: String,
+    /// Bytes done and total of the current layer, when known.
+    pub current: Option<i64>,
+    /// See `current`.
+    pub total: Option<i64>,
+}
+
+/// A bind mount of a host path into the container.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Bind {
+    /// Absolute host path.
+    pub host_path: String,
+    /// Absolute path in the container.
+    pub container_path: String,
+    /// Read-only when `true`.
+    pub read_only: bool,
+}
+
+/// A container port published on a host port.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PortMapping {
+    /// TCP port inside the container.
+    pub container_port: u16,
+    /// TCP port on the host.
+    pub host_port: u16,
+}
+
+/// Everything needed to create a kernel's container.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerSpec {
+    /// Container name (unique on the engine).
+    pub name: String,
+    /// Image reference or id.
+    pub image: String,
+    /// `KEY=VALUE` pairs.
+    pub env: Vec<String>,
+    /// Labels (see [`labels`]).
+    pub labels: HashMap<String, String>,
+    /// Memory limit in bytes (no swap beyond it); `None` = unlimited.
+    pub memory_bytes: Option<i64>,
+    /// CPU limit in billionths of a core (Docker's `NanoCpus`); `None` = unlimited.
+    pub nano_cpus: Option<i64>,
+    /// Maximum number of processes.
+    pub pids_limit: Option<i64>,
+    /// Size of `/dev/shm` in bytes.
+    pub shm_size: Option<i64>,
+    /// Bind mounts (scratch, vfolders).
+    pub binds: Vec<Bind>,
+    /// Published ports, bound on `port_bind_host`.
+    pub ports: Vec<PortMapping>,
+    /// Host address the published ports bind to.
+    pub port_bind_host: String,
+    /// GPU indexes passed as Docker device requests (driver `nvidia`); empty for none.
+    pub gpu_device_ids: Vec<String>,
+}
+
+/// A container's state as the engine reports it.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerState {
+    /// The engine's id.
+    pub id: String,
+    /// `true` while running (or restarting).
+    pub running: bool,
+    /// The exit code once exited.
+    pub exit_code: Option<i64>,
+    /// The kernel was killed by the OOM killer.
+    pub oom_killed: bool,
+    /// Its labels.
+    pub labels: HashMap<String, String>,
+    /// Published ports as the engine bound them.
+    pub ports: Vec<PortMapping>,
+}
+
+/// A container exited (the engine's `die` event).
+#[derive(Clone, Debug)]
+pub struct ContainerExit {
+    /// The engine's container id.
+    pub container_id: String,
+    /// Its labels at exit.
+    pub labels: HashMap<String, String>,
+}
+
+/// What `exec` produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExecOutput {
+    /// Exit code; `None` when it did not finish within the timeout (it was killed).
+    pub exit_code: Option<i64>,
+    /// Output chunks in arrival order: (`"stdout"` | `"stderr"`, text).
+    pub console: Vec<(&'static str, String)>,
+}
+
+/// The agent's view of a container engine. Every call is cancel-safe; a container that is
+/// already gone is `Ok` for [`remove_container`](ContainerBackend::remove_container), so
+/// teardown is idempotent.
+#[async_trait]
+pub trait ContainerBackend: Send + Sync + 'static {
+    /// `"docker"` or `"dummy"`.
+    fn kind(&self) -> &'static str;
+
+    /// The local image `reference`, or `None` when absent.
+    async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError>;
+
+    /// Pulls `reference`, reporting each progress line.
+    ///
+    /// Errors: [`BackendError::ImageNotFound`] when no registry has it (or none is reachable).
+    async fn pull_image(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<ImageInfo, BackendError>;
+
+    /// Creates (does not start) a container; returns its id.
+    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, BackendError>;
+
+    /// Starts a created container.
+    async fn start_container(&self, id: &str) -> Result<(), BackendError>;
+
+    /// The container's state, or `None` when it does not exist.
+    async fn inspect_container(&self, id: &str) -> Result<Option<ContainerState>, BackendError>;
+
+    /// Kills and removes the container with its anonymous volumes; `Ok` if already gone.
+    async fn remove_container(&self, id: &str) -> Result<(), BackendError>;
+
+    /// Restarts the container (stop with `timeout`, then start).
+    async fn restart_container(&self, id: &str, timeout: Duration) -> Result<(), BackendError>;
+
+    /// Sends `signal` (e.g. `"SIGINT"`) to the container's main process.
+    async fn signal_container(&self, id: &str, signal: &str) -> Result<(), BackendError>;
+
+    /// Every container (running or not) whose label `key` equals `value`.
+    async fn list_containers(&self, key: &str, value: &str) -> Result<Vec<ContainerState>, BackendError>;
+
+    /// Runs `cmd` in the running container, collecting its output; after `timeout` the
+    /// process is killed and `exit_code` is `None`.
+    async fn exec(&self, id: &str, cmd: Vec<String>, timeout: Option<Duration>) -> Result<ExecOutput, BackendError>;
+
+    /// The container's stdout and stderr so far.
+    async fn logs(&self, id: &str) -> Result<String, BackendError>;
+
+    /// Exits of containers whose label `key` equals `value`, as they happen. The stream ends
+    /// when the engine connection drops; the caller resubscribes and reconciles.
+    fn exits(&self, key: &str, value: &str) -> BoxStream<'static, Result<ContainerExit, BackendError>>;
+}

@@ -1,0 +1,50 @@
+//! What every kernel actor and RPC method shares: the agent's identity and config, the
+//! container backend, the node's allocators, the store and the event bus.
+
+use std::sync::{Arc, Mutex};
+
+use super::backend::ContainerBackend;
+use super::events::EventBus;
+use super::resources::{PortPool, SlotAllocator};
+use super::store::Store;
+use crate::config::AgentConfig;
+
+/// Shared agent state, behind an `Arc`. The allocators are the only mutable parts; each is
+/// locked only for an allocation or a release, never across an await.
+pub struct AgentContext {
+    /// `[agent] id`.
+    pub agent_id: String,
+    /// The whole config.
+    pub config: AgentConfig,
+    /// The container engine.
+    pub backend: Arc<dyn ContainerBackend>,
+    /// Resource slots (capacity net of reservations).
+    pub slots: Mutex<SlotAllocator>,
+    /// Host ports of `[container] port-range`.
+    pub ports: Mutex<PortPool>,
+    /// The kernel registry's rows.
+    pub store: Store,
+    /// Where status transitions are published.
+    pub events: EventBus,
+}
+
+impl AgentContext {
+    /// The slot capacity from the host (or `[resource] cpu`/`mem`) minus `reserved-cpu` /
+    /// `reserved-mem`, and the GPUs NVML reports (none without NVML).
+    pub fn detect_slots(config: &AgentConfig) -> SlotAllocator {
+        let r = &config.resource;
+        let mut sys = sysinfo::System::new();
+        sys.refresh_memory();
+        let cores = r.cpu.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
+        let mem = r.mem.map_or_else(|| sys.total_memory(), |m| m.0);
+        let cpu_millis = ((cores - r.reserved_cpu).max(0.0) * 1000.0).round() as u64;
+        let gpus = match nvml_wrapper::Nvml::init().and_then(|n| n.device_count()) {
+            Ok(count) => (0..count).map(|i| i.to_string()).collect(),
+            Err(e) => {
+                tracing::info!(error = %e, "NVML not available: no cuda.device slots");
+                Vec::new()
+            }
+        };
+        SlotAllocator::new(cpu_millis, mem.saturating_sub(r.reserved_mem.0), gpus)
+    }
+}

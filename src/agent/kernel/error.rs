@@ -1,0 +1,92 @@
+//! Kernel errors with the stable names that cross the wire as FAILURE (Backend.AI's exception
+//! names where they exist).
+
+use actors::SetupError;
+
+use crate::agent::backend::BackendError;
+use crate::agent::resources::{PortsExhausted, SlotError};
+use crate::rpc::ErrorMeta;
+
+/// Why a kernel operation failed. [`KernelError::name`] is the FAILURE name.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum KernelError {
+    /// No kernel with this id on this agent (`KernelNotFound`).
+    #[error("kernel not found: {0}")]
+    NotFound(String),
+    /// The spec is malformed or unsafe (`InvalidKernelConfig`): unknown slot, negative memory,
+    /// traversal in a vfolder, duplicate kernel id, …
+    #[error("invalid kernel config: {0}")]
+    InvalidConfig(String),
+    /// Not enough slots or host ports (`ResourceExhausted`).
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
+    /// The image is not local and cannot be pulled (`ImageNotFound`).
+    #[error("image not found: {0}")]
+    ImageNotFound(String),
+    /// The kernel is not in a state that allows the operation (`KernelNotRunning`).
+    #[error("kernel {0} is {1}")]
+    NotRunning(String, &'static str),
+    /// The container engine failed (`ContainerEngineError`).
+    #[error("container engine: {0}")]
+    Engine(String),
+    /// A stage failed during creation; `name` is the inner error's name, the message names the
+    /// stage (`stage `ports`: resource exhausted: …`).
+    #[error("stage `{stage}` failed: {source}")]
+    Stage {
+        /// The failing stage.
+        stage: &'static str,
+        /// What went wrong there.
+        source: Box<KernelError>,
+    },
+}
+
+impl KernelError {
+    /// The stable FAILURE name; a stage failure carries its cause's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelError::NotFound(_) => "KernelNotFound",
+            KernelError::InvalidConfig(_) => "InvalidKernelConfig",
+            KernelError::ResourceExhausted(_) => "ResourceExhausted",
+            KernelError::ImageNotFound(_) => "ImageNotFound",
+            KernelError::NotRunning(..) => "KernelNotRunning",
+            KernelError::Engine(_) => "ContainerEngineError",
+            KernelError::Stage { source, .. } => source.name(),
+        }
+    }
+
+    /// As a FAILURE for the wire.
+    pub fn to_meta(&self) -> ErrorMeta {
+        ErrorMeta::new(self.name(), self.to_string())
+    }
+
+    /// From a failed [`StageChain::setup`](actors::StageChain::setup): the stage and its
+    /// cause, recovered from the provisioner's boxed error.
+    pub fn from_setup(e: &SetupError) -> KernelError {
+        let source = e.failed.source.downcast_ref::<KernelError>().cloned().unwrap_or_else(|| KernelError::Engine(e.failed.source.to_string()));
+        KernelError::Stage { stage: e.failed.stage, source: Box::new(source) }
+    }
+}
+
+impl From<BackendError> for KernelError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::ImageNotFound(i) => KernelError::ImageNotFound(i),
+            other => KernelError::Engine(other.to_string()),
+        }
+    }
+}
+
+impl From<SlotError> for KernelError {
+    fn from(e: SlotError) -> Self {
+        match e {
+            SlotError::Invalid(m) => KernelError::InvalidConfig(m),
+            e @ SlotError::Exhausted(..) => KernelError::ResourceExhausted(e.to_string()),
+        }
+    }
+}
+
+impl From<PortsExhausted> for KernelError {
+    fn from(e: PortsExhausted) -> Self {
+        KernelError::ResourceExhausted(e.to_string())
+    }
+}

@@ -1,0 +1,35 @@
+//! `image`: the local image, or a pull reported as `PULLING`.
+
+use actors::{BoxError, Provisioner};
+
+use crate::agent::backend::ImageInfo;
+use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
+
+/// Resolves the kernel's image reference. Teardown keeps the image (it is a cache).
+pub struct ImageStage(pub KernelHandle);
+
+impl Provisioner for ImageStage {
+    type Spec = String;
+    type Resource = ImageInfo;
+
+    fn name(&self) -> &'static str {
+        "image"
+    }
+
+    async fn setup(&self, reference: String) -> Result<ImageInfo, BoxError> {
+        let backend = &self.0.ctx.backend;
+        if let Some(image) = backend.inspect_image(&reference).await.map_err(KernelError::from)? {
+            return Ok(image);
+        }
+        self.0.set_status(KernelStatus::Pulling);
+        let kernel_id = self.0.id.clone();
+        let progress = move |p: crate::agent::backend::PullProgress| {
+            tracing::debug!(%kernel_id, status = %p.status, current = ?p.current, total = ?p.total, "pulling");
+        };
+        Ok(backend.pull_image(&reference, &progress).await.map_err(KernelError::from)?)
+    }
+
+    async fn teardown(&self, _image: ImageInfo) -> Result<(), BoxError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,77 @@
+//! Start-up recovery (seed 001): rebuild every kernel actor from the store and the containers'
+//! labels, re-reserve what they hold, clean up kernels caught mid-creation by a crash, and
+//! report containers with this agent's id that nobody knows as dangling.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use actix::Addr;
+
+use super::backend::labels;
+use super::context::AgentContext;
+use super::events::AgentEvent;
+use super::kernel::stages::scratch::{remove_scratch, scratch_path};
+use super::kernel::KernelStatus;
+use super::registry::{Adopt, DestroyKernel, KernelRegistry, Reconcile};
+
+/// What recovery did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Kernels re-attached (their containers are then checked: dead ones are torn down).
+    pub reattached: usize,
+    /// Kernels caught mid-creation or mid-teardown, now cleaned up.
+    pub cleaned: usize,
+    /// Containers with this agent's id and no live kernel: reported, not touched.
+    pub dangling: usize,
+}
+
+/// Runs recovery before the agent serves RPC.
+///
+/// Errors: the store or the engine cannot be read (the agent must not start blind).
+pub async fn recover(ctx: &Arc<AgentContext>, registry: &Addr<KernelRegistry>) -> anyhow::Result<RecoveryReport> {
+    let records = ctx.store.live_kernels().await?;
+    // Only containers carrying this agent's id: anything else is never touched.
+    let containers = ctx.backend.list_containers(labels::AGENT_ID, &ctx.agent_id).await?;
+    let mut report = RecoveryReport::default();
+    let known: HashSet<String> = records.iter().map(|r| r.kernel_id.clone()).collect();
+    for rec in records {
+        let id = rec.kernel_id.clone();
+        match rec.resources {
+            Some(resources) => {
+                ctx.slots.lock().expect("slots lock").reserve_exact(&resources.slots);
+                ctx.ports.lock().expect("ports lock").reserve_exact(&resources.ports);
+                registry.send(Adopt { kernel_id: id.clone(), session_id: rec.session_id.clone(), config: rec.config, resources }).await??;
+                if rec.status == KernelStatus::Terminating {
+                    registry.send(DestroyKernel { kernel_id: id.clone(), reason: "user-requested".into(), suppress_events: false }).await??;
+                    report.cleaned += 1;
+                } else {
+                    report.reattached += 1;
+                }
+            }
+            None => {
+                // Caught mid-creation: whatever exists of it goes; slots and ports were only
+                // in the dead process's memory.
+                for c in containers.iter().filter(|c| c.labels.get(labels::KERNEL_ID) == Some(&id)) {
+                    ctx.backend.remove_container(&c.id).await?;
+                }
+                let c = &ctx.config.container;
+                remove_scratch(&scratch_path(&c.scratch_root, &id)?, c.scratch_size.is_some())?;
+                ctx.store.set_terminated(&id, "agent-restarted-during-creation", None).await?;
+                ctx.events.emit(AgentEvent::KernelTerminated { kernel_id: id.clone(), session_id: rec.session_id, reason: "agent-restarted-during-creation".into(), exit_code: None });
+                tracing::info!(agent_id = %ctx.agent_id, kernel_id = %id, "cleaned up a kernel interrupted during creation");
+                report.cleaned += 1;
+            }
+        }
+    }
+    for c in &containers {
+        let kernel_id = c.labels.get(labels::KERNEL_ID).cloned().unwrap_or_default();
+        if !known.contains(&kernel_id) {
+            tracing::warn!(agent_id = %ctx.agent_id, %kernel_id, container_id = %c.id, "dangling container: carries this agent's id but no live kernel");
+            ctx.events.emit(AgentEvent::KernelDangling { kernel_id, session_id: c.labels.get(labels::SESSION_ID).cloned().unwrap_or_default(), container_id: c.id.clone() });
+            report.dangling += 1;
+        }
+    }
+    // Containers that died while the agent was away: their kernels tear down now.
+    registry.send(Reconcile).await?;
+    Ok(report)
+}

@@ -1,0 +1,357 @@
+//! The kernel registry: the agent's index of kernel actors (id → actor and shared facts).
+//! The actors themselves are children of a one_for_one `kernels` [`Supervisor`]; the
+//! registry adds them, routes operations and engine exits to them, and forgets them when
+//! they stop.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use actix::prelude::*;
+use ::actors::{AddChild, ChildSpec, RestartType, Shutdown, Supervisor};
+use futures::future::join_all;
+use tokio::sync::{oneshot, Semaphore};
+
+use super::context::AgentContext;
+use super::kernel::actor::{ContainerDied, Detach, KernelGone, Restart, Setup, Terminate};
+use super::kernel::config::check_kernel_id;
+use super::kernel::{chain, Kernel, KernelConfig, KernelError, KernelHandle, KernelInfo, KernelResources, KernelStatus};
+use crate::config::OnShutdown;
+
+/// Creates the kernels of one session; all or nothing: if one fails, the others are
+/// destroyed and the first error is returned.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Vec<KernelInfo>, KernelError>")]
+pub struct CreateKernels {
+    /// Session id.
+    pub session_id: String,
+    /// `(kernel id, config)` per kernel.
+    pub kernels: Vec<(String, KernelConfig)>,
+}
+
+/// Destroys a kernel; replies once every stage is torn down.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<(), KernelError>")]
+pub struct DestroyKernel {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Reported in `kernel_terminated` (default `user-requested`).
+    pub reason: String,
+    /// No `kernel_terminated` event.
+    pub suppress_events: bool,
+}
+
+/// Restarts a kernel's container.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<KernelInfo, KernelError>")]
+pub struct RestartKernel(pub String);
+
+/// The facts of one kernel.
+#[derive(Debug, Message)]
+#[rtype(result = "Option<KernelInfo>")]
+pub struct GetKernel(pub String);
+
+/// The facts of every kernel the agent holds.
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<KernelInfo>")]
+pub struct ListKernels;
+
+/// A container carrying this agent's id exited (from the exit watcher).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ContainerExited(pub String);
+
+/// Asks every `RUNNING` kernel to check its container (after the engine's event stream was
+/// re-subscribed, or on `sync_kernel_registry`): exits missed meanwhile are handled.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Reconcile;
+
+/// `reset_agent`: destroys every kernel without termination events; replies with how many.
+#[derive(Debug, Message)]
+#[rtype(result = "usize")]
+pub struct ResetAgent;
+
+/// Graceful agent shutdown: detach (`preserve`) or destroy (`terminate`) every kernel.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ShutdownKernels(pub OnShutdown);
+
+/// Recovery: re-attaches a kernel that was `RUNNING` before the restart, owning `resources`
+/// again (its slots and ports already re-reserved by the caller).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<(), KernelError>")]
+pub struct Adopt {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Session id.
+    pub session_id: String,
+    /// Its config.
+    pub config: KernelConfig,
+    /// Its resources from the store.
+    pub resources: KernelResources,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Attached(String, Addr<Kernel>);
+
+struct Entry {
+    addr: Option<Addr<Kernel>>,
+    handle: KernelHandle,
+}
+
+/// The agent's kernel index.
+pub struct KernelRegistry {
+    ctx: Arc<AgentContext>,
+    kernels_sup: Addr<Supervisor>,
+    kernels: HashMap<String, Entry>,
+    creation: Arc<Semaphore>,
+}
+
+impl KernelRegistry {
+    /// A registry adding kernel actors to `kernels_sup`; at most
+    /// `[agent] kernel-creation-concurrency` set up at once.
+    pub fn new(ctx: Arc<AgentContext>, kernels_sup: Addr<Supervisor>) -> KernelRegistry {
+        let creation = Arc::new(Semaphore::new(ctx.config.agent.kernel_creation_concurrency));
+        KernelRegistry { ctx, kernels_sup, kernels: HashMap::new(), creation }
+    }
+
+    fn handle_for(&self, kernel_id: &str, session_id: &str, config: KernelConfig) -> KernelHandle {
+        let info = KernelInfo::new(kernel_id, session_id, Arc::new(config));
+        KernelHandle { id: kernel_id.to_owned(), session_id: session_id.to_owned(), info: Arc::new(Mutex::new(info)), ctx: self.ctx.clone() }
+    }
+
+    /// Adds a kernel actor as a temporary child of the `kernels` supervisor (new, or rebuilt
+    /// from `resources`) and resolves to its address.
+    fn spawn(sup: Addr<Supervisor>, handle: KernelHandle, resources: Option<KernelResources>, me: Addr<KernelRegistry>) -> impl std::future::Future<Output = Result<Addr<Kernel>, KernelError>> {
+        let (tx, rx) = oneshot::channel();
+        let tx = Mutex::new(Some(tx));
+        let resources = Mutex::new(resources);
+        let gone = me.clone().recipient();
+        let id = handle.id.clone();
+        let spec = ChildSpec::actor(id.clone(), move |ctx: &mut Context<Kernel>, _exit| {
+            let chain = match resources.lock().expect("lock").take() {
+                Some(r) => chain::rebuild(&handle, r).expect("a kernel chain adopts its own stages"),
+                None => chain::build(&handle),
+            };
+            if let Some(tx) = tx.lock().expect("lock").take() {
+                let _ = tx.send(ctx.address());
+            }
+            Kernel::new(handle.clone(), chain, gone.clone())
+        })
+        .restart(RestartType::Temporary)
+        // Long enough for a teardown that removes a container.
+        .shutdown(Shutdown::millis(60_000));
+        async move {
+            sup.send(AddChild(spec)).await.map_err(|e| KernelError::Engine(e.to_string()))?.map_err(|e| KernelError::Engine(e.to_string()))?;
+            let addr = rx.await.map_err(|_| KernelError::Engine(format!("kernel actor {id} failed to start")))?;
+            me.do_send(Attached(id, addr.clone()));
+            Ok(addr)
+        }
+    }
+}
+
+impl Actor for KernelRegistry {
+    type Context = Context<Self>;
+}
+
+impl Handler<Attached> for KernelRegistry {
+    type Result = ();
+    fn handle(&mut self, Attached(id, addr): Attached, _: &mut Context<Self>) {
+        if let Some(e) = self.kernels.get_mut(&id) {
+            e.addr = Some(addr);
+        }
+    }
+}
+
+impl Handler<KernelGone> for KernelRegistry {
+    type Result = ();
+    fn handle(&mut self, KernelGone(id): KernelGone, _: &mut Context<Self>) {
+        self.kernels.remove(&id);
+    }
+}
+
+impl Handler<CreateKernels> for KernelRegistry {
+    type Result = ResponseActFuture<Self, Result<Vec<KernelInfo>, KernelError>>;
+
+    fn handle(&mut self, msg: CreateKernels, ctx: &mut Context<Self>) -> Self::Result {
+        let checked = (|| {
+            let mut seen = std::collections::HashSet::new();
+            for (id, _) in &msg.kernels {
+                check_kernel_id(id)?;
+                if self.kernels.contains_key(id) || !seen.insert(id.as_str()) {
+                    return Err(KernelError::InvalidConfig(format!("duplicate kernel id {id}")));
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = checked {
+            return Box::pin(fut::ready(Err(e)));
+        }
+        let me = ctx.address();
+        let handles: Vec<KernelHandle> = msg
+            .kernels
+            .into_iter()
+            .map(|(id, config)| {
+                let handle = self.handle_for(&id, &msg.session_id, config);
+                // Entered now so that a concurrent request with the same id is refused.
+                self.kernels.insert(id, Entry { addr: None, handle: handle.clone() });
+                handle
+            })
+            .collect();
+        let (store, creation, sup) = (self.ctx.store.clone(), self.creation.clone(), self.kernels_sup.clone());
+        Box::pin(
+            async move {
+                // Per kernel: record it (before any resource exists, so a crash is cleaned up on
+                // the next start), start its actor, set it up under the concurrency limit.
+                let setups = handles.into_iter().map(|handle| {
+                    let (store, creation, sup, me) = (store.clone(), creation.clone(), sup.clone(), me.clone());
+                    async move {
+                        let refused = match store.insert_kernel(&handle.id, &handle.session_id, &handle.info().config).await {
+                            Ok(true) => None,
+                            Ok(false) => Some(KernelError::InvalidConfig(format!("duplicate kernel id {}", handle.id))),
+                            Err(e) => Some(KernelError::Engine(format!("store: {e}"))),
+                        };
+                        if let Some(e) = refused {
+                            me.do_send(KernelGone(handle.id.clone()));
+                            return Err(e);
+                        }
+                        let addr = KernelRegistry::spawn(sup, handle, None, me).await?;
+                        let _permit = creation.acquire_owned().await.expect("the semaphore is never closed");
+                        let info = addr.send(Setup).await.map_err(|e| KernelError::Engine(e.to_string()))??;
+                        Ok((addr, info))
+                    }
+                });
+                let mut ok = Vec::new();
+                let mut first_error = None;
+                for r in join_all(setups).await {
+                    match r {
+                        Ok(x) => ok.push(x),
+                        Err(e) => first_error = first_error.or(Some(e)),
+                    }
+                }
+                if let Some(e) = first_error {
+                    // All or nothing: the kernels that did come up go too.
+                    let stop = || Terminate { reason: "session-creation-failed".into(), exit_code: None, suppress_events: false };
+                    join_all(ok.iter().map(|(a, _)| a.send(stop()))).await;
+                    return Err(e);
+                }
+                Ok(ok.into_iter().map(|(_, info)| info).collect())
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+impl Handler<Adopt> for KernelRegistry {
+    type Result = ResponseFuture<Result<(), KernelError>>;
+
+    fn handle(&mut self, a: Adopt, ctx: &mut Context<Self>) -> Self::Result {
+        let handle = self.handle_for(&a.kernel_id, &a.session_id, a.config);
+        let r = &a.resources;
+        handle.update(|i| {
+            i.status = KernelStatus::Running;
+            i.container_id = Some(r.container.id.clone());
+            i.host_ports = r.ports.clone();
+            i.service_ports = r.service_ports.clone();
+            i.gpus = r.slots.gpus.clone();
+            i.runtime_path = r.image.labels.get(crate::agent::backend::labels::RUNTIME_PATH).cloned();
+        });
+        self.kernels.insert(a.kernel_id.clone(), Entry { addr: None, handle: handle.clone() });
+        let spawned = KernelRegistry::spawn(self.kernels_sup.clone(), handle, Some(a.resources), ctx.address());
+        Box::pin(async move { spawned.await.map(|_| ()) })
+    }
+}
+
+impl KernelRegistry {
+    fn addr_of(&self, kernel_id: &str) -> Result<Addr<Kernel>, KernelError> {
+        let entry = self.kernels.get(kernel_id).ok_or_else(|| KernelError::NotFound(kernel_id.to_owned()))?;
+        entry.addr.clone().ok_or_else(|| KernelError::NotRunning(kernel_id.to_owned(), entry.handle.info().status.as_str()))
+    }
+}
+
+impl Handler<DestroyKernel> for KernelRegistry {
+    type Result = ResponseFuture<Result<(), KernelError>>;
+
+    fn handle(&mut self, d: DestroyKernel, _: &mut Context<Self>) -> Self::Result {
+        let addr = self.addr_of(&d.kernel_id);
+        Box::pin(async move {
+            // A kernel that stopped meanwhile is gone: that is what was asked.
+            let _ = addr?.send(Terminate { reason: d.reason, exit_code: None, suppress_events: d.suppress_events }).await;
+            Ok(())
+        })
+    }
+}
+
+impl Handler<RestartKernel> for KernelRegistry {
+    type Result = ResponseFuture<Result<KernelInfo, KernelError>>;
+
+    fn handle(&mut self, RestartKernel(id): RestartKernel, _: &mut Context<Self>) -> Self::Result {
+        let addr = self.addr_of(&id);
+        Box::pin(async move { addr?.send(Restart).await.map_err(|_| KernelError::NotFound(id))? })
+    }
+}
+
+impl Handler<GetKernel> for KernelRegistry {
+    type Result = Option<KernelInfo>;
+    fn handle(&mut self, GetKernel(id): GetKernel, _: &mut Context<Self>) -> Option<KernelInfo> {
+        self.kernels.get(&id).map(|e| e.handle.info())
+    }
+}
+
+impl Handler<ListKernels> for KernelRegistry {
+    type Result = MessageResult<ListKernels>;
+    fn handle(&mut self, _: ListKernels, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.kernels.values().map(|e| e.handle.info()).collect())
+    }
+}
+
+impl Handler<ContainerExited> for KernelRegistry {
+    type Result = ();
+    fn handle(&mut self, ContainerExited(container_id): ContainerExited, _: &mut Context<Self>) {
+        let hit = self.kernels.values().find(|e| e.handle.info().container_id.as_deref() == Some(&container_id));
+        if let Some(addr) = hit.and_then(|e| e.addr.clone()) {
+            addr.do_send(ContainerDied);
+        }
+    }
+}
+
+impl Handler<Reconcile> for KernelRegistry {
+    type Result = ();
+    fn handle(&mut self, _: Reconcile, _: &mut Context<Self>) {
+        for e in self.kernels.values() {
+            if let (Some(addr), KernelStatus::Running) = (&e.addr, e.handle.info().status) {
+                addr.do_send(ContainerDied);
+            }
+        }
+    }
+}
+
+impl Handler<ResetAgent> for KernelRegistry {
+    type Result = ResponseFuture<usize>;
+    fn handle(&mut self, _: ResetAgent, _: &mut Context<Self>) -> Self::Result {
+        let addrs: Vec<_> = self.kernels.values().filter_map(|e| e.addr.clone()).collect();
+        Box::pin(async move {
+            let n = addrs.len();
+            join_all(addrs.iter().map(|a| a.send(Terminate { reason: "agent-reset".into(), exit_code: None, suppress_events: true }))).await;
+            n
+        })
+    }
+}
+
+impl Handler<ShutdownKernels> for KernelRegistry {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, ShutdownKernels(mode): ShutdownKernels, _: &mut Context<Self>) -> Self::Result {
+        let addrs: Vec<_> = self.kernels.values().filter_map(|e| e.addr.clone()).collect();
+        Box::pin(async move {
+            match mode {
+                OnShutdown::Preserve => {
+                    join_all(addrs.iter().map(|a| a.send(Detach))).await;
+                }
+                OnShutdown::Terminate => {
+                    join_all(addrs.iter().map(|a| a.send(Terminate { reason: "agent-shutdown".into(), exit_code: None, suppress_events: false }))).await;
+                }
+            }
+        })
+    }
+}

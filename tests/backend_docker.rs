@@ -1,0 +1,306 @@
+//! `DockerBackend` against the real local Docker engine, with the local image
+//! `kernelvisor-test:latest` (`just test-image`). Fails, never skips, when the engine is
+//! unreachable. Every container carries `kernelvisor.test-run=<run id>` and is removed by a
+//! guard, also when a test fails.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kernelvisor::agent::backend::docker::DockerBackend;
+use kernelvisor::agent::backend::{
+    BackendError, Bind, ContainerBackend, ContainerSpec, PortMapping,
+};
+
+const IMAGE: &str = "kernelvisor-test:latest";
+const RUN_LABEL: &str = "kernelvisor.test-run";
+
+/// A connected backend plus this test's run id; removes the run's containers when dropped.
+struct Run {
+    backend: DockerBackend,
+    id: String,
+}
+
+impl Run {
+    async fn new() -> Run {
+        let backend = DockerBackend::connect().await.unwrap_or_else(|e| {
+            panic!("no Docker engine answers ({e}); start one with `just docker`")
+        });
+        let image = backend.inspect_image(IMAGE).await.expect("inspect image");
+        assert!(
+            image.is_some(),
+            "{IMAGE} is missing; build it with `just test-image`"
+        );
+        Run {
+            backend,
+            id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+        }
+    }
+
+    fn spec(&self, name: &str) -> ContainerSpec {
+        ContainerSpec {
+            name: format!("kv-test-{}-{name}", self.id),
+            image: IMAGE.to_owned(),
+            labels: HashMap::from([(RUN_LABEL.to_owned(), self.id.clone())]),
+            port_bind_host: "127.0.0.1".to_owned(),
+            ..Default::default()
+        }
+    }
+
+    async fn started(&self, spec: &ContainerSpec) -> String {
+        let id = self.backend.create_container(spec).await.expect("create");
+        self.backend.start_container(&id).await.expect("start");
+        id
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let (backend, run) = (self.backend.clone(), self.id.clone());
+        // Drop cannot await: clean up on a runtime of its own.
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for c in backend
+                    .list_containers(RUN_LABEL, &run)
+                    .await
+                    .unwrap_or_default()
+                {
+                    if let Err(e) = backend.remove_container(&c.id).await {
+                        eprintln!("cleanup: cannot remove {}: {e}", c.id);
+                    }
+                }
+            })
+        });
+        let _ = cleanup.join();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+#[tokio::test]
+async fn lifecycle_limits_ports_binds_exec() {
+    let run = Run::new().await;
+    let b = &run.backend;
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("f"), "bound\n").unwrap();
+    let port = PortMapping {
+        container_port: 8080,
+        host_port: free_port(),
+    };
+    let spec = ContainerSpec {
+        memory_bytes: Some(64 << 20),
+        nano_cpus: Some(500_000_000),
+        pids_limit: Some(64),
+        shm_size: Some(8 << 20),
+        env: vec!["KV_GREETING=hello".into()],
+        binds: vec![Bind {
+            host_path: data.path().to_str().unwrap().to_owned(),
+            container_path: "/mnt/data".into(),
+            read_only: true,
+        }],
+        ports: vec![port],
+        ..run.spec("life")
+    };
+    let id = b.create_container(&spec).await.expect("create");
+    let state = b
+        .inspect_container(&id)
+        .await
+        .unwrap()
+        .expect("created container");
+    assert!(!state.running && state.exit_code.is_none());
+
+    b.start_container(&id).await.expect("start");
+    b.start_container(&id)
+        .await
+        .expect("starting a running container is a no-op");
+    let state = b.inspect_container(&id).await.unwrap().unwrap();
+    assert!(state.running);
+    assert_eq!(state.id, id);
+    assert_eq!(state.labels[RUN_LABEL], run.id);
+    assert_eq!(state.ports, spec.ports);
+
+    // The engine's own view of the limits.
+    let inspect = b.client().inspect_container(&id, None).await.unwrap();
+    let host = inspect.host_config.unwrap();
+    assert_eq!(host.memory, Some(64 << 20));
+    assert_eq!(host.memory_swap, Some(64 << 20));
+    assert_eq!(host.nano_cpus, Some(500_000_000));
+    assert_eq!(host.pids_limit, Some(64));
+    assert_eq!(host.shm_size, Some(8 << 20));
+    assert_eq!(host.privileged, Some(false));
+    assert!(host.device_requests.unwrap_or_default().is_empty());
+    let bindings = &host.port_bindings.unwrap()["8080/tcp"];
+    let binding = &bindings.as_ref().unwrap()[0];
+    assert_eq!(binding.host_ip.as_deref(), Some("127.0.0.1"));
+    assert_eq!(binding.host_port, Some(spec.ports[0].host_port.to_string()));
+    assert!(inspect
+        .config
+        .unwrap()
+        .exposed_ports
+        .unwrap()
+        .contains_key("8080/tcp"));
+
+    let listed = b.list_containers(RUN_LABEL, &run.id).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].running && listed[0].id == id && listed[0].ports == spec.ports);
+
+    // Exec: exit code, both streams, env, the read-only bind.
+    let out = b
+        .exec(&id, sh("echo hi; echo err >&2; exit 3"), None)
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, Some(3));
+    let text = |stream| {
+        out.console
+            .iter()
+            .filter(|(s, _)| *s == stream)
+            .map(|(_, t)| t.as_str())
+            .collect::<String>()
+    };
+    assert_eq!(
+        (text("stdout"), text("stderr")),
+        ("hi\n".to_owned(), "err\n".to_owned())
+    );
+    let out = b
+        .exec(
+            &id,
+            sh("echo $KV_GREETING; cat /mnt/data/f; touch /mnt/data/g"),
+            None,
+        )
+        .await
+        .unwrap();
+    // The engine copies stdout and stderr on separate goroutines, so chunks of the two streams
+    // may interleave in any order; compare each stream's whole text.
+    let stdout: String = out
+        .console
+        .iter()
+        .filter(|(s, _)| *s == "stdout")
+        .map(|(_, t)| t.as_str())
+        .collect();
+    assert_eq!(stdout, "hello\nbound\n");
+    assert_ne!(out.exit_code, Some(0), "the bind is read-only: {out:?}");
+
+    // Exec timeout: killed, returned promptly, the process tree gone.
+    let started = Instant::now();
+    let out = b
+        .exec(
+            &id,
+            sh("echo before; sleep 30; echo after"),
+            Some(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(out.exit_code, None);
+    assert_eq!(out.console, [("stdout", "before\n".to_owned())]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ps = b
+        .exec(&id, vec!["ps".into(), "-o".into(), "args".into()], None)
+        .await
+        .unwrap();
+    assert!(
+        !ps.console.iter().any(|(_, t)| t.contains("sleep 30")),
+        "left behind: {ps:?}"
+    );
+
+    assert_eq!(b.logs(&id).await.unwrap(), "");
+    b.restart_container(&id, Duration::from_secs(1))
+        .await
+        .expect("restart");
+    assert!(b.inspect_container(&id).await.unwrap().unwrap().running);
+
+    b.remove_container(&id).await.expect("remove");
+    assert!(b.inspect_container(&id).await.unwrap().is_none());
+    b.remove_container(&id)
+        .await
+        .expect("removing a removed container is Ok");
+}
+
+#[tokio::test]
+async fn signal_is_reported_as_exit() {
+    let run = Run::new().await;
+    let b = &run.backend;
+    let mut exits = b.exits(RUN_LABEL, &run.id);
+    let id = run.started(&run.spec("exit")).await;
+    b.signal_container(&id, "SIGKILL").await.expect("signal");
+
+    let exit = tokio::time::timeout(Duration::from_secs(10), exits.next())
+        .await
+        .expect("no exit event within 10 s")
+        .expect("stream ended")
+        .expect("stream error");
+    assert_eq!(exit.container_id, id);
+    assert_eq!(exit.labels[RUN_LABEL], run.id);
+    assert_eq!(exit.labels["exitCode"], "137");
+
+    let state = b.inspect_container(&id).await.unwrap().unwrap();
+    assert!(!state.running && state.exit_code == Some(137) && !state.oom_killed);
+    let listed = b.list_containers(RUN_LABEL, &run.id).await.unwrap();
+    assert_eq!((listed[0].running, listed[0].exit_code), (false, Some(137)));
+    assert!(matches!(
+        b.signal_container(&id, "SIGKILL").await,
+        Err(BackendError::Engine(_))
+    ));
+}
+
+#[tokio::test]
+async fn missing_things_are_classified() {
+    let run = Run::new().await;
+    let b = &run.backend;
+    let image = b.inspect_image(IMAGE).await.unwrap().unwrap();
+    assert!(image.id.starts_with("sha256:") && image.reference == IMAGE);
+    assert!(b
+        .inspect_image("kernelvisor-test:no-such-tag")
+        .await
+        .unwrap()
+        .is_none());
+
+    let ghost = format!("kv-test-{}-ghost", run.id);
+    assert!(b.inspect_container(&ghost).await.unwrap().is_none());
+    assert!(matches!(
+        b.start_container(&ghost).await,
+        Err(BackendError::ContainerNotFound(_))
+    ));
+    assert!(matches!(
+        b.exec(&ghost, sh("true"), None).await,
+        Err(BackendError::ContainerNotFound(_))
+    ));
+    b.remove_container(&ghost)
+        .await
+        .expect("removing a missing container is Ok");
+
+    let spec = ContainerSpec {
+        image: "kernelvisor-test:no-such-tag".into(),
+        ..run.spec("noimage")
+    };
+    assert!(matches!(
+        b.create_container(&spec).await,
+        Err(BackendError::ImageNotFound(_))
+    ));
+    // A registry nobody listens on.
+    let pulled = b
+        .pull_image("127.0.0.1:1/kernelvisor-none:1", &|_| {})
+        .await;
+    assert!(
+        matches!(pulled, Err(BackendError::ImageNotFound(_))),
+        "{pulled:?}"
+    );
+}
