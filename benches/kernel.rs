@@ -73,7 +73,7 @@ fn main() {
     let agent_id = format!("bench-agent-{}", std::process::id());
     let d = dir.path().display();
     let toml = format!(
-        "[agent]\nid = \"{agent_id}\"\nrpc-listen-addr = {{ host = \"127.0.0.1\", port = 0 }}\nvar-base-path = \"{d}/var\"\n\
+        "[agent]\nid = \"{agent_id}\"\nrpc-listen-addr = {{ host = \"127.0.0.1\", port = 0 }}\nservice-addr = {{ host = \"127.0.0.1\", port = 0 }}\nvar-base-path = \"{d}/var\"\n\
          [container]\nport-range = [31900, 31999]\nscratch-root = \"{d}/scratches\"\n[resource]\nreserved-cpu = 0\nreserved-mem = 0\n[logging]\nlevel = \"warn\"\n"
     );
     std::fs::write(dir.path().join("agent.toml"), toml).unwrap();

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::backend::ContainerBackend;
 use super::events::EventBus;
+use super::metrics::AgentMetrics;
 use super::resources::{PortPool, SlotAllocator};
 use super::store::Store;
 use crate::config::AgentConfig;
@@ -26,6 +27,8 @@ pub struct AgentContext {
     pub store: Store,
     /// Where status transitions are published.
     pub events: EventBus,
+    /// The agent's Prometheus metrics.
+    pub metrics: Arc<AgentMetrics>,
 }
 
 impl AgentContext {

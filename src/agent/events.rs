@@ -1,11 +1,12 @@
 //! Agent events (Backend.AI's names) and the in-process bus they are published on.
 //!
-//! Kernel actors publish every status transition here; subscribers (the durable event sender
-//! of the agent-level actors, tests) each get every event in order. The bus itself keeps
-//! nothing: durability is the event sender's job.
+//! Kernel actors publish every status transition here. With a manager configured, every event
+//! also goes to the outbox writer (outbox.rs), which makes it durable before the event sender
+//! (event_sender.rs) delivers it; subscribers (tests) each get every event in order. The wire
+//! encoding is in `docs/events.md`.
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 /// One event about this agent or one of its kernels.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -70,6 +71,19 @@ pub enum AgentEvent {
 }
 
 impl AgentEvent {
+    /// The kernel it is about; `None` for agent events.
+    pub fn kernel_id(&self) -> Option<&str> {
+        match self {
+            AgentEvent::AgentStarted | AgentEvent::AgentTerminated { .. } => None,
+            AgentEvent::KernelPreparing { kernel_id, .. }
+            | AgentEvent::KernelPulling { kernel_id, .. }
+            | AgentEvent::KernelCreating { kernel_id, .. }
+            | AgentEvent::KernelStarted { kernel_id, .. }
+            | AgentEvent::KernelTerminated { kernel_id, .. }
+            | AgentEvent::KernelDangling { kernel_id, .. } => Some(kernel_id),
+        }
+    }
+
     /// The event's wire name (`kernel_started`, …).
     pub fn name(&self) -> &'static str {
         match self {
@@ -85,26 +99,40 @@ impl AgentEvent {
     }
 }
 
-/// Fan-out of [`AgentEvent`]s to every subscriber. A subscriber that falls more than 4096
-/// events behind loses the oldest (it sees `Lagged`), so subscribers must keep up.
+/// Fan-out of [`AgentEvent`]s: to the outbox writer when there is one (nothing lost), and to
+/// every subscriber (one that falls more than 4096 events behind loses the oldest: it sees
+/// `Lagged`).
 #[derive(Clone, Debug)]
-pub struct EventBus(broadcast::Sender<AgentEvent>);
+pub struct EventBus {
+    subscribers: broadcast::Sender<AgentEvent>,
+    outbox: Option<mpsc::UnboundedSender<AgentEvent>>,
+}
 
 impl Default for EventBus {
     fn default() -> Self {
-        EventBus(broadcast::channel(4096).0)
+        EventBus { subscribers: broadcast::channel(4096).0, outbox: None }
     }
 }
 
 impl EventBus {
-    /// Publishes `event` to the current subscribers (none is fine).
+    /// A bus that also feeds the outbox writer through `outbox`.
+    pub fn with_outbox(outbox: mpsc::UnboundedSender<AgentEvent>) -> Self {
+        EventBus { outbox: Some(outbox), ..EventBus::default() }
+    }
+
+    /// Publishes `event` to the outbox writer and the current subscribers (none is fine).
     pub fn emit(&self, event: AgentEvent) {
-        tracing::debug!(event = event.name(), ?event, "event");
-        let _ = self.0.send(event);
+        tracing::debug!(event = event.name(), kernel_id = event.kernel_id(), ?event, "event");
+        if let Some(outbox) = &self.outbox {
+            if outbox.send(event.clone()).is_err() {
+                tracing::warn!(event = event.name(), kernel_id = event.kernel_id(), "event emitted after the outbox writer stopped: not delivered");
+            }
+        }
+        let _ = self.subscribers.send(event);
     }
 
     /// A new subscriber, seeing events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<AgentEvent> {
-        self.0.subscribe()
+        self.subscribers.subscribe()
     }
 }

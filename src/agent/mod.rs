@@ -1,49 +1,73 @@
 //! The agent daemon: runs kernels on the node's container engine and serves the manager's RPC.
 //!
 //! ```text
-//! Agent
-//! ├─ Store            SQLite: the kernel registry's rows (store.rs)
-//! ├─ kernels          one_for_one Supervisor; one Kernel actor per kernel (kernel/)
-//! ├─ KernelRegistry   kernel index; routes operations and exits (registry.rs)
-//! ├─ exit watcher     engine events → ContainerExited (watcher.rs)
-//! └─ RpcServer        callosum over ZeroMQ, CURVE (rpc/ + methods/)
+//! AgentSupervisor (rest_for_one, at most 5 restarts in 60 s)
+//! ├─ outbox-writer    events → durable SQLite outbox (outbox.rs)        ┐ with a [manager]
+//! ├─ event-sender     outbox → manager's event intake, until acked      ┘ section only
+//! ├─ kernels          KernelRegistry + one_for_one Supervisor of Kernel actors (registry.rs, kernel/)
+//! ├─ watcher          engine events → ContainerExited (watcher.rs)
+//! ├─ stats            node / container / GPU sampling → gauges (stats/)
+//! ├─ metrics          Prometheus text on [agent] service-addr /metrics (metrics_server.rs)
+//! ├─ heartbeat        every heartbeat-interval to the manager (heartbeat.rs)
+//! └─ rpc              callosum over ZeroMQ, CURVE (rpc/ + methods/)
 //! ```
-//! Start: store → backend → recovery (recovery.rs) → watcher → RPC. Stop: the reverse; kernels
-//! are detached (`on-shutdown = "preserve"`) or destroyed (`"terminate"`).
+//! The store (store.rs) is opened before the tree and closed after it. Children start in this
+//! order and stop in reverse (SIGTERM/SIGINT); a child that fails restarts with every child
+//! after it, each of which depends on those before it (the RPC methods and the watcher on the
+//! registry, the registry's events on the outbox). Restarting `kernels` detaches the kernels
+//! and adopts them again from the store, as an agent restart does (recovery.rs). On the final
+//! shutdown kernels are detached (`on-shutdown = "preserve"`) or destroyed (`"terminate"`).
 
 pub mod backend;
 pub mod context;
+pub mod event_sender;
 pub mod events;
+pub mod heartbeat;
 pub mod hwinfo;
 pub mod kernel;
 pub mod methods;
+pub mod metrics;
+pub mod metrics_server;
+pub mod outbox;
 pub mod recovery;
 pub mod registry;
 pub mod resources;
+pub mod stats;
 pub mod store;
 pub mod watcher;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Actor, Addr};
-use actors::{Root, Supervisor};
+use actors::{ChildSpec, Intensity, Root, Shutdown, StopSignal, Strategy, Supervisor};
+use tokio::sync::{mpsc, watch, Notify};
 
 use self::backend::{docker::DockerBackend, dummy::{DummyBackend, DummyDelays}, ContainerBackend};
 use self::context::AgentContext;
+use self::event_sender::EventSender;
 use self::events::{AgentEvent, EventBus};
+use self::metrics::AgentMetrics;
+use self::metrics_server::MetricsServer;
+use self::outbox::{Outbox, OutboxWriter};
 use self::registry::{KernelRegistry, ShutdownKernels};
 use self::resources::PortPool;
 use self::store::Store;
 use crate::config::{AgentConfig, BackendKind, OnShutdown};
 use crate::rpc::curve::{load_certificate, load_keypair};
-use crate::rpc::{Dispatcher, RpcServer, ServerCurve};
+use crate::rpc::socket::ClientCurve;
+use crate::rpc::{Dispatcher, PeerOptions, RpcServer, ServerCurve};
 
 /// Builds the agent's RPC server from its config (bound, not yet started), with the node
 /// methods plus whatever `extra` registers.
 ///
 /// Errors: unreadable key files, or the RPC address cannot be bound.
 pub fn rpc_server(config: &AgentConfig, extra: impl FnOnce(&mut Dispatcher)) -> anyhow::Result<RpcServer> {
+    rpc_server_at(config, &config.agent.rpc_listen_addr.zmq_endpoint(), extra)
+}
+
+fn rpc_server_at(config: &AgentConfig, endpoint: &str, extra: impl FnOnce(&mut Dispatcher)) -> anyhow::Result<RpcServer> {
     let a = &config.agent;
     let curve = match (&a.rpc_auth_manager_public_key, &a.rpc_auth_agent_keypair) {
         (Some(manager_key), Some(keypair)) => Some(ServerCurve {
@@ -55,7 +79,7 @@ pub fn rpc_server(config: &AgentConfig, extra: impl FnOnce(&mut Dispatcher)) -> 
     let mut dispatcher = Dispatcher::new(Some(a.id.clone()));
     methods::register(&mut dispatcher, &a.id);
     extra(&mut dispatcher);
-    Ok(RpcServer::bind(&a.rpc_listen_addr.zmq_endpoint(), curve, dispatcher)?)
+    Ok(RpcServer::bind(endpoint, curve, dispatcher)?)
 }
 
 /// The container backend `[agent] backend` names.
@@ -72,26 +96,56 @@ pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn Con
     })
 }
 
-/// A running agent (inside an actix system).
+/// The kernel registry and the supervisor of its kernel actors: the `kernels` child's state.
+struct Kernels {
+    registry: Addr<KernelRegistry>,
+    supervisor: Root,
+    recovery: recovery::RecoveryReport,
+}
+
+impl Kernels {
+    /// Fresh allocators, a registry, and the kernels of the store adopted again.
+    async fn start(ctx: &Arc<AgentContext>) -> anyhow::Result<Kernels> {
+        let c = &ctx.config.container;
+        *ctx.slots.lock().expect("slot allocator lock") = AgentContext::detect_slots(&ctx.config);
+        *ctx.ports.lock().expect("port pool lock") = PortPool::new(c.port_range[0], c.port_range[1], c.port_reuse_cooldown.0);
+        let supervisor = Supervisor::build("kernels").start();
+        let registry = KernelRegistry::new(ctx.clone(), supervisor.addr()).start();
+        let recovery = recovery::recover(ctx, &registry).await?;
+        tracing::info!(agent_id = %ctx.agent_id, backend = ctx.backend.kind(), ?recovery, "kernels recovered");
+        Ok(Kernels { registry, supervisor, recovery })
+    }
+}
+
+/// Takes what `Agent::start` prepared for a child's first start; later starts make their own.
+type FirstStart<T> = Arc<Mutex<Option<T>>>;
+
+fn first<T>(slot: &FirstStart<T>) -> Option<T> {
+    slot.lock().expect("first-start slot lock").take()
+}
+
+/// A running agent (inside an actix system): the agent supervisor's tree.
 pub struct Agent {
     /// Shared state (tests read the allocators and subscribe to events through it).
     pub ctx: Arc<AgentContext>,
-    /// The kernel registry.
-    pub registry: Addr<KernelRegistry>,
     /// What start-up recovery did.
     pub recovery: recovery::RecoveryReport,
-    kernels: Root,
-    server: Addr<RpcServer>,
+    registry: watch::Receiver<Option<Addr<KernelRegistry>>>,
+    root: Root,
+    store: Store,
     endpoint: String,
-    watcher: tokio::task::JoinHandle<()>,
+    metrics_addr: std::net::SocketAddr,
+    final_shutdown: Arc<AtomicBool>,
+    on_shutdown: Arc<Mutex<OnShutdown>>,
 }
 
 impl Agent {
-    /// Opens the store, connects the backend, recovers the kernels of a previous run, starts
-    /// the exit watcher and then serves RPC. `backend` overrides `[agent] backend` (tests).
+    /// Opens the store, connects the backend, recovers the kernels of a previous run, binds
+    /// the RPC and metrics endpoints, then starts the agent supervisor's children in order.
+    /// `backend` overrides `[agent] backend` (tests).
     ///
-    /// Errors: the store, the engine or the RPC address is unusable, or recovery cannot read
-    /// the store or the engine.
+    /// Errors: the store, the engine, the RPC or metrics address, or a key file is unusable,
+    /// or recovery cannot read the store or the engine.
     pub async fn start(config: AgentConfig, backend: Option<Arc<dyn ContainerBackend>>) -> anyhow::Result<Agent> {
         let a = &config.agent;
         let store = Store::open(&a.var_base_path.join("agent.db")).await?;
@@ -100,27 +154,201 @@ impl Agent {
             Some(b) => b,
             None => connect_backend(&config).await?,
         };
+        let metrics = Arc::new(AgentMetrics::new(&a.id));
+        let (events, outbox_rx) = match &config.manager {
+            Some(_) => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                (EventBus::with_outbox(tx), Some(rx))
+            }
+            None => {
+                tracing::info!(agent_id = %a.id, "no [manager] section: running standalone (events are not sent)");
+                (EventBus::default(), None)
+            }
+        };
         let c = &config.container;
         let ctx = Arc::new(AgentContext {
             agent_id: a.id.clone(),
             slots: Mutex::new(AgentContext::detect_slots(&config)),
             ports: Mutex::new(PortPool::new(c.port_range[0], c.port_range[1], c.port_reuse_cooldown.0)),
             backend,
-            store,
-            events: EventBus::default(),
+            store: store.clone(),
+            events,
+            metrics: metrics.clone(),
             config: config.clone(),
         });
-        let kernels = Supervisor::build("kernels").start();
-        let registry = KernelRegistry::new(ctx.clone(), kernels.addr()).start();
-        let recovery = recovery::recover(&ctx, &registry).await?;
-        tracing::info!(agent_id = %a.id, backend = ctx.backend.kind(), ?recovery, pruned, "kernels recovered");
-        let watcher = actix_rt::spawn(watcher::watch_exits(ctx.clone(), registry.clone()));
-        let server = rpc_server(&config, |d| methods::kernels::register(d, ctx.clone(), registry.clone()))?;
+
+        // What can fail for a reason the operator must fix is done here, so start() reports it.
+        let kernels = Kernels::start(&ctx).await?;
+        let recovery = kernels.recovery.clone();
+        let (registry_tx, registry_rx) = watch::channel(Some(kernels.registry.clone()));
+        let registry_tx = Arc::new(registry_tx);
+        let server = rpc_server(&config, |d| {
+            methods::kernels::register(d, ctx.clone(), kernels.registry.clone());
+            d.observe(metrics.clone());
+        })?;
         let endpoint = server.endpoint().to_owned();
-        let server = server.start();
+        let metrics_server = MetricsServer::bind(&a.service_addr, metrics.clone())?;
+        let metrics_addr = metrics_server.addr();
+        let manager_peer = match &config.manager {
+            Some(m) => Some(PeerOptions {
+                endpoint: m.event_addr.zmq_endpoint(),
+                curve: match (&a.rpc_auth_manager_public_key, &a.rpc_auth_agent_keypair) {
+                    (Some(manager), Some(pair)) => Some(ClientCurve { keypair: load_keypair(pair)?, server_key: load_certificate(manager)?.public }),
+                    _ => None,
+                },
+                keepalive: Some(Default::default()),
+                handshake_timeout: m.event_ack_timeout.0.min(Duration::from_secs(5)),
+            }),
+            None => None,
+        };
+        let identity = heartbeat::Identity {
+            region: a.region.clone(),
+            rpc_addr: endpoint.clone(),
+            public_key: match &a.rpc_auth_agent_keypair {
+                Some(pair) => Some(load_keypair(pair)?.public.to_z85()),
+                None => None,
+            },
+        };
+
+        let final_shutdown = Arc::new(AtomicBool::new(false));
+        let on_shutdown = Arc::new(Mutex::new(a.on_shutdown));
+        let mut tree = Supervisor::build("agent").strategy(Strategy::RestForOne).intensity(Intensity::new(5, 60));
+
+        if let (Some(m), Some(rx), Some(peer)) = (&config.manager, outbox_rx, manager_peer.clone()) {
+            let outbox = Outbox::new(&store, m.outbox_max_events);
+            let appended = Arc::new(Notify::new());
+            let rx = Arc::new(tokio::sync::Mutex::new(rx));
+            let writer = Arc::new(OutboxWriter { outbox: outbox.clone(), metrics: metrics.clone(), appended: appended.clone() });
+            tree = tree.child(
+                ChildSpec::task("outbox-writer", move |stop: StopSignal| {
+                    let (writer, rx) = (writer.clone(), rx.clone());
+                    async move {
+                        writer.run(&mut *rx.lock().await, stop.requested()).await;
+                        Ok::<_, String>(())
+                    }
+                })
+                .shutdown(Shutdown::millis(10_000)),
+            );
+            let sender = Arc::new(EventSender { agent_id: a.id.clone(), peer, config: m.clone(), outbox, appended, metrics: metrics.clone() });
+            let grace = m.event_ack_timeout.0 + Duration::from_secs(2);
+            tree = tree.child(
+                ChildSpec::task("event-sender", move |stop: StopSignal| {
+                    let sender = sender.clone();
+                    async move {
+                        sender.run(stop.requested()).await;
+                        Ok::<_, String>(())
+                    }
+                })
+                .shutdown(Shutdown::Graceful(grace)),
+            );
+        }
+
+        let first_kernels: FirstStart<Kernels> = Arc::new(Mutex::new(Some(kernels)));
+        {
+            let (ctx, final_shutdown, on_shutdown, registry_tx) = (ctx.clone(), final_shutdown.clone(), on_shutdown.clone(), registry_tx.clone());
+            tree = tree.child(
+                ChildSpec::task("kernels", move |stop: StopSignal| {
+                    let (ctx, first_kernels, final_shutdown, on_shutdown, registry_tx) =
+                        (ctx.clone(), first_kernels.clone(), final_shutdown.clone(), on_shutdown.clone(), registry_tx.clone());
+                    async move {
+                        let k = match first(&first_kernels) {
+                            Some(k) => k,
+                            None => Kernels::start(&ctx).await.map_err(|e| format!("{e:#}"))?,
+                        };
+                        registry_tx.send_replace(Some(k.registry.clone()));
+                        stop.requested().await;
+                        let last = final_shutdown.load(Ordering::SeqCst);
+                        // A restart detaches (the next start adopts the kernels again).
+                        let mode = if last { *on_shutdown.lock().expect("on-shutdown lock") } else { OnShutdown::Preserve };
+                        let _ = k.registry.send(ShutdownKernels(mode)).await;
+                        if last {
+                            ctx.events.emit(AgentEvent::AgentTerminated { reason: "shutdown".into() });
+                        }
+                        k.supervisor.shutdown().await;
+                        Ok::<_, String>(())
+                    }
+                })
+                .shutdown(Shutdown::Infinity),
+            );
+        }
+
+        let current_registry = {
+            let rx = registry_rx.clone();
+            move || rx.borrow().clone().expect("the kernels child starts before its dependants")
+        };
+        {
+            let (ctx, current_registry) = (ctx.clone(), current_registry.clone());
+            tree = tree.child(ChildSpec::task("watcher", move |stop: StopSignal| {
+                let (ctx, registry) = (ctx.clone(), current_registry());
+                async move {
+                    tokio::select! {
+                        _ = watcher::watch_exits(ctx, registry) => Err("the kernel registry stopped".to_owned()),
+                        _ = stop.requested() => Ok(()),
+                    }
+                }
+            }));
+        }
+        {
+            let (ctx, current_registry) = (ctx.clone(), current_registry.clone());
+            let intervals = config.stats.clone();
+            tree = tree.child(ChildSpec::task("stats", move |stop: StopSignal| {
+                let sampler = stats::sampler::StatsSampler::new(ctx.clone(), current_registry(), intervals.clone());
+                async move {
+                    sampler.run(stop.requested()).await;
+                    Ok::<_, String>(())
+                }
+            }));
+        }
+        {
+            let first_server: FirstStart<MetricsServer> = Arc::new(Mutex::new(Some(metrics_server)));
+            let metrics = metrics.clone();
+            // A restart binds the port the first start got (it may have been 0).
+            let addr = crate::config::HostPort { host: metrics_addr.ip().to_string(), port: metrics_addr.port() };
+            tree = tree.child(ChildSpec::task("metrics", move |stop: StopSignal| {
+                let server = first(&first_server).map(Ok).unwrap_or_else(|| MetricsServer::bind(&addr, metrics.clone()));
+                async move { server?.run(stop.requested()).await }
+            }));
+        }
+        {
+            let (ctx, current_registry) = (ctx.clone(), current_registry.clone());
+            let interval = config.manager.as_ref().map_or(Duration::from_secs(20), |m| m.heartbeat_interval.0);
+            tree = tree.child(ChildSpec::task("heartbeat", move |stop: StopSignal| {
+                let run = heartbeat::run(ctx.clone(), current_registry(), identity.clone(), manager_peer.clone(), interval, async move { stop.requested().await });
+                async move {
+                    run.await;
+                    Ok::<_, String>(())
+                }
+            }));
+        }
+        {
+            let first_server: FirstStart<RpcServer> = Arc::new(Mutex::new(Some(server)));
+            let (ctx, config, metrics, endpoint) = (ctx.clone(), config.clone(), metrics.clone(), endpoint.clone());
+            tree = tree.child(ChildSpec::task("rpc", move |stop: StopSignal| {
+                let server = first(&first_server).map(Ok).unwrap_or_else(|| {
+                    let registry = current_registry();
+                    rpc_server_at(&config, &endpoint, |d| {
+                        methods::kernels::register(d, ctx.clone(), registry);
+                        d.observe(metrics.clone());
+                    })
+                });
+                async move {
+                    let server = server.map_err(|e| format!("{e:#}"))?.start();
+                    stop.requested().await;
+                    let _ = server.send(crate::rpc::server::Shutdown).await;
+                    Ok::<_, String>(())
+                }
+            }));
+        }
+
+        let root = tree.start();
         ctx.events.emit(AgentEvent::AgentStarted);
-        tracing::info!(agent_id = %a.id, %endpoint, "agent started");
-        Ok(Agent { ctx, registry, recovery, kernels, server, endpoint, watcher })
+        tracing::info!(agent_id = %a.id, %endpoint, metrics = %metrics_addr, pruned, "agent started");
+        Ok(Agent { ctx, recovery, registry: registry_rx, root, store, endpoint, metrics_addr, final_shutdown, on_shutdown })
+    }
+
+    /// The kernel registry (a new one after the `kernels` child restarted).
+    pub fn registry(&self) -> Addr<KernelRegistry> {
+        self.registry.borrow().clone().expect("the registry is published at start")
     }
 
     /// The RPC endpoint actually bound (`tcp://host:port`).
@@ -128,16 +356,20 @@ impl Agent {
         &self.endpoint
     }
 
-    /// Stops in reverse order: RPC, then the kernels (detached or destroyed per `mode`), the
-    /// watcher, the kernels supervisor and the store.
+    /// The metrics endpoint actually bound (`/metrics` is served there).
+    pub fn metrics_addr(&self) -> std::net::SocketAddr {
+        self.metrics_addr
+    }
+
+    /// Stops the tree in reverse order (RPC, heartbeat, metrics, stats, watcher, kernels —
+    /// detached or destroyed per `mode` — then the event sender's last delivery attempt and
+    /// the outbox writer), then closes the store.
     pub async fn shutdown(self, mode: OnShutdown) {
-        let _ = self.server.send(crate::rpc::server::Shutdown).await;
-        let _ = self.registry.send(ShutdownKernels(mode)).await;
-        self.watcher.abort();
-        self.ctx.events.emit(AgentEvent::AgentTerminated { reason: "shutdown".into() });
-        self.kernels.shutdown().await;
-        self.ctx.store.close().await;
-        tracing::info!(agent_id = %self.ctx.agent_id, ?mode, "agent stopped");
+        *self.on_shutdown.lock().expect("on-shutdown lock") = mode;
+        self.final_shutdown.store(true, Ordering::SeqCst);
+        let exit = self.root.shutdown().await;
+        self.store.close().await;
+        tracing::info!(agent_id = %self.ctx.agent_id, ?mode, ?exit, "agent stopped");
     }
 }
 
@@ -145,8 +377,21 @@ impl Agent {
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mode = config.agent.on_shutdown;
     let agent = Agent::start(config, None).await?;
-    crate::signals::wait_for_shutdown().await;
-    tracing::info!(agent_id = %agent.ctx.agent_id, "agent shutting down");
-    agent.shutdown(mode).await;
-    Ok(())
+    let supervisor = agent.root.addr();
+    let gave_up = async {
+        while supervisor.connected() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    };
+    tokio::select! {
+        _ = crate::signals::wait_for_shutdown() => {
+            tracing::info!(agent_id = %agent.ctx.agent_id, "agent shutting down");
+            agent.shutdown(mode).await;
+            Ok(())
+        }
+        _ = gave_up => {
+            agent.store.close().await;
+            anyhow::bail!("the agent supervisor gave up: a child kept failing (see the log above)")
+        }
+    }
 }

@@ -37,7 +37,7 @@ pub struct Store {
     pool: SqlitePool,
 }
 
-fn now() -> f64 {
+pub(crate) fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
 }
 
@@ -157,6 +157,11 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(r.rows_affected())
+    }
+
+    /// The connection pool, for the other tables of the agent's database (the outbox).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     /// Closes the pool (waits for in-flight queries).

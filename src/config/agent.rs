@@ -21,6 +21,11 @@ pub struct AgentConfig {
     /// `[dummy]`: delays of the simulated backend.
     #[serde(default)]
     pub dummy: DummySection,
+    /// `[manager]`: where events and heartbeats go. Absent: the agent runs standalone.
+    pub manager: Option<AgentManagerSection>,
+    /// `[stats]`: sampling intervals.
+    #[serde(default)]
+    pub stats: StatsSection,
     /// `[logging]`.
     #[serde(default)]
     pub logging: LoggingConfig,
@@ -122,6 +127,73 @@ pub struct DummySection {
     pub remove_delay: f64,
 }
 
+/// `[manager]`: the manager's event intake, which takes the agent's events and heartbeats
+/// over callosum RPC with CURVE (`docs/events.md`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AgentManagerSection {
+    /// The manager's event intake (default port 6021). Authenticated with the key pair and
+    /// manager public key of `[agent]` when those are set.
+    pub event_addr: HostPort,
+    /// Seconds between heartbeats (default 20; the manager's timeout is 40).
+    #[serde(default = "default_heartbeat_interval")]
+    pub heartbeat_interval: Seconds,
+    /// Most events kept while the manager is unreachable (default 100000); beyond it, older
+    /// states of kernels with a newer pending state are dropped first, then new events, with
+    /// a warning and `kernelvisor_outbox_dropped_events_total`.
+    #[serde(default = "default_outbox_max_events")]
+    pub outbox_max_events: u64,
+    /// Events sent per batch, at most (default 256).
+    #[serde(default = "default_event_batch_size")]
+    pub event_batch_size: u32,
+    /// Seconds to wait for the manager's ack of a batch before resending it (default 10).
+    #[serde(default = "default_event_ack_timeout")]
+    pub event_ack_timeout: Seconds,
+    /// Longest wait, in seconds, between delivery attempts; the wait starts at 0.2 s and
+    /// doubles after each failure (default 30).
+    #[serde(default = "default_event_retry_max")]
+    pub event_retry_max: Seconds,
+}
+
+fn default_heartbeat_interval() -> Seconds {
+    Seconds(std::time::Duration::from_secs(20))
+}
+
+fn default_outbox_max_events() -> u64 {
+    100_000
+}
+
+fn default_event_batch_size() -> u32 {
+    256
+}
+
+fn default_event_ack_timeout() -> Seconds {
+    Seconds(std::time::Duration::from_secs(10))
+}
+
+fn default_event_retry_max() -> Seconds {
+    Seconds(std::time::Duration::from_secs(30))
+}
+
+/// `[stats]`: how often the stats sampler reads the node, the containers and the GPUs.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct StatsSection {
+    /// Seconds between node samples (procfs; default 5).
+    pub node_interval: Seconds,
+    /// Seconds between container samples (cgroup files; default 5).
+    pub container_interval: Seconds,
+    /// Seconds between GPU samples (NVML; default 5).
+    pub gpu_interval: Seconds,
+}
+
+impl Default for StatsSection {
+    fn default() -> Self {
+        let five = Seconds(std::time::Duration::from_secs(5));
+        StatsSection { node_interval: five, container_interval: five, gpu_interval: five }
+    }
+}
+
 /// `[agent]`: identity, RPC endpoint and its keys.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -148,6 +220,21 @@ pub struct AgentSection {
     /// What SIGTERM/SIGINT does with running kernels (default `preserve`).
     #[serde(default)]
     pub on_shutdown: OnShutdown,
+    /// Where Prometheus scrapes `/metrics` (default `0.0.0.0:6003`, Backend.AI's
+    /// `service-addr`; port 0 picks a free one).
+    #[serde(default = "default_service_addr")]
+    pub service_addr: HostPort,
+    /// The region reported in heartbeats (default `local`).
+    #[serde(default = "default_region")]
+    pub region: String,
+}
+
+fn default_service_addr() -> HostPort {
+    HostPort { host: "0.0.0.0".into(), port: 6003 }
+}
+
+fn default_region() -> String {
+    "local".into()
 }
 
 fn default_creation_concurrency() -> usize {
@@ -193,6 +280,14 @@ impl AgentConfig {
         }
         if r.cpu.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
             return Err(ConfigError::Invalid("resource.cpu", "must be a positive number of cores".into()));
+        }
+        if let Some(m) = &self.manager {
+            if m.event_batch_size == 0 {
+                return Err(ConfigError::Invalid("manager.event-batch-size", "must be at least 1".into()));
+            }
+            if m.outbox_max_events == 0 {
+                return Err(ConfigError::Invalid("manager.outbox-max-events", "must be at least 1".into()));
+            }
         }
         let d = &self.dummy;
         if [d.pull_delay, d.create_delay, d.start_delay, d.remove_delay].iter().any(|s| !(s.is_finite() && *s >= 0.0)) {

@@ -8,7 +8,7 @@ mod agent;
 mod common;
 mod manager;
 
-pub use agent::{AgentConfig, AgentSection, BackendKind, ContainerSection, DummySection, OnShutdown, ResourceSection};
+pub use agent::{AgentConfig, AgentManagerSection, AgentSection, BackendKind, ContainerSection, DummySection, OnShutdown, ResourceSection, StatsSection};
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{ManagerConfig, ManagerSection, PoolSection, StaticAgent};
 

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
@@ -29,18 +30,53 @@ impl ErrorMeta {
     }
 }
 
+/// Told about every request a [`Dispatcher`] resolved or refused (metrics: seed 002's
+/// `backendai_rpc_requests`, `…_failure_requests`, `…_request_duration_seconds`).
+pub trait RequestObserver: Send + Sync + 'static {
+    /// `method` finished after `duration`; `failure` is the FAILURE/ERROR name when it failed
+    /// (`UnknownMethod`, a handler's error name, `HandlerPanicked`, `CancelledError`).
+    fn observe(&self, method: &str, duration: Duration, failure: Option<&str>);
+}
+
+/// Reports a request when dropped: after its handler's future finished, or when it was
+/// dropped unfinished (cancelled, or unwinding from a panic).
+struct Observed {
+    observer: Arc<dyn RequestObserver>,
+    method: Arc<str>,
+    started: Instant,
+    outcome: Option<Option<String>>,
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        let failure = match &self.outcome {
+            Some(f) => f.as_deref(),
+            None if std::thread::panicking() => Some("HandlerPanicked"),
+            None => Some("CancelledError"),
+        };
+        self.observer.observe(&self.method, self.started.elapsed(), failure);
+    }
+}
+
 /// Method name → handler, plus the agent id that an `agent_id` kwarg must name.
 #[derive(Clone, Default)]
 pub struct Dispatcher {
     methods: HashMap<String, Handler>,
     agent_id: Option<String>,
+    observer: Option<Arc<dyn RequestObserver>>,
 }
 
 impl Dispatcher {
     /// An empty table. With `agent_id`, calls whose `agent_id` kwarg names another agent fail
     /// with `AgentIdMismatch` (Backend.AI passes it to most methods; ours is accepted and dropped).
     pub fn new(agent_id: Option<String>) -> Self {
-        Dispatcher { methods: HashMap::new(), agent_id }
+        Dispatcher { methods: HashMap::new(), agent_id, observer: None }
+    }
+
+    /// Reports every request to `observer` from now on.
+    pub fn observe(&mut self, observer: Arc<dyn RequestObserver>) -> &mut Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Registers `handler` under `method`, replacing any earlier one.
@@ -73,7 +109,35 @@ impl Dispatcher {
     /// with that kwarg removed.
     ///
     /// Errors (sent as FAILURE): `UnknownMethod` naming the method; `AgentIdMismatch`.
-    pub fn resolve(&self, method: &str, mut call: Call) -> Result<(Handler, Call), ErrorMeta> {
+    pub fn resolve(&self, method: &str, call: Call) -> Result<(Handler, Call), ErrorMeta> {
+        let resolved = self.lookup(method, call);
+        let Some(observer) = &self.observer else { return resolved };
+        match resolved {
+            Ok((handler, call)) => {
+                let (observer, method): (_, Arc<str>) = (observer.clone(), method.into());
+                let observed: Handler = Arc::new(move |call| {
+                    let mut guard = Observed { observer: observer.clone(), method: method.clone(), started: Instant::now(), outcome: None };
+                    let work = handler(call);
+                    async move {
+                        let result = work.await;
+                        guard.outcome = Some(result.as_ref().err().map(|e| e.name.clone()));
+                        drop(guard);
+                        result
+                    }
+                    .boxed_local()
+                });
+                Ok((observed, call))
+            }
+            Err(failure) => {
+                // Unknown names are not used as labels: a caller could mint unbounded series.
+                let label = if self.methods.contains_key(method) { method } else { "(unknown)" };
+                observer.observe(label, Duration::ZERO, Some(&failure.name));
+                Err(failure)
+            }
+        }
+    }
+
+    fn lookup(&self, method: &str, mut call: Call) -> Result<(Handler, Call), ErrorMeta> {
         let handler = self
             .methods
             .get(method)

@@ -16,6 +16,6 @@ pub mod zap;
 
 pub use codec::{Call, ErrorMeta};
 pub use curve::{CurveKey, KeyPair};
-pub use dispatch::Dispatcher;
+pub use dispatch::{Dispatcher, RequestObserver};
 pub use peer::{CallError, Peer, PeerOptions};
 pub use server::{RpcServer, ServerCurve};

@@ -52,7 +52,7 @@ impl AgentFixture {
     pub fn config_toml(&self, agent_extra: &str) -> String {
         let d = self.dir.path().display();
         format!(
-            "[agent]\nid = \"{id}\"\nrpc-listen-addr = {{ host = \"127.0.0.1\", port = {port} }}\nvar-base-path = \"{d}/var\"\n{agent_extra}\n\
+            "[agent]\nid = \"{id}\"\nrpc-listen-addr = {{ host = \"127.0.0.1\", port = {port} }}\nservice-addr = {{ host = \"127.0.0.1\", port = 0 }}\nvar-base-path = \"{d}/var\"\n{agent_extra}\n\
              [container]\nport-range = [{lo}, {hi}]\nport-reuse-cooldown = 0.1\nbind-host = \"127.0.0.1\"\nscratch-root = \"{d}/scratches\"\nvfolder-root = \"{d}/vfolders\"\n\
              [resource]\nreserved-cpu = 0\nreserved-mem = 0\n\n[logging]\nlevel = \"warn\"\n",
             id = self.agent_id,

@@ -300,6 +300,7 @@ impl ContainerBackend for DockerBackend {
             oom_killed: state.oom_killed.unwrap_or(false),
             labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
             ports: port_mappings(c.network_settings.and_then(|n| n.ports)),
+            pid: state.pid.filter(|&p| p > 0).map(|p| p as u32),
         }))
     }
 
@@ -372,6 +373,7 @@ impl ContainerBackend for DockerBackend {
                     oom_killed: false,
                     labels: c.labels.unwrap_or_default(),
                     ports,
+                    pid: None,
                 }
             })
             .collect())
@@ -454,6 +456,46 @@ impl ContainerBackend for DockerBackend {
         }
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
+
+    async fn stats(&self, id: &str) -> Result<Option<super::EngineStats>, BackendError> {
+        use bollard::container::{MemoryStatsStats, StatsOptions};
+        let options = StatsOptions { stream: false, one_shot: true };
+        let mut stream = self.docker.stats(id, Some(options));
+        let Some(stats) = optional(stream.next().await.transpose()).map_err(engine)?.flatten() else {
+            return Ok(None);
+        };
+        let m = &stats.memory_stats;
+        // The stats API does not report swap (bollard has no field for it).
+        let (rss, cache, swap, inactive) = match m.stats {
+            Some(MemoryStatsStats::V1(v1)) => (v1.total_rss, v1.total_cache, 0, v1.total_inactive_file),
+            Some(MemoryStatsStats::V2(v2)) => (v2.anon, v2.file, 0, v2.inactive_file),
+            None => (0, 0, 0, 0),
+        };
+        let io = |op: &str| {
+            stats.blkio_stats.io_service_bytes_recursive.iter().flatten().filter(|e| e.op.eq_ignore_ascii_case(op)).map(|e| e.value).sum()
+        };
+        let (rx, tx) = stats
+            .networks
+            .iter()
+            .flatten()
+            .filter(|(name, _)| name.as_str() != "lo")
+            .fold((0, 0), |(rx, tx), (_, n)| (rx + n.rx_bytes, tx + n.tx_bytes));
+        Ok(Some(super::EngineStats {
+            cgroup: crate::agent::stats::cgroup::ContainerSample {
+                cpu_used_ns: stats.cpu_stats.cpu_usage.total_usage,
+                mem_usage_bytes: m.usage.unwrap_or(0).saturating_sub(inactive),
+                mem_rss_bytes: rss,
+                mem_cache_bytes: cache,
+                mem_swap_bytes: swap,
+                mem_limit_bytes: m.limit.filter(|&l| l < 1 << 62),
+                io_read_bytes: io("read"),
+                io_write_bytes: io("write"),
+            },
+            net_rx_bytes: rx,
+            net_tx_bytes: tx,
+        }))
+    }
+
 
     /// The engine's `die` events from the moment of this call (replayed from then when the
     /// stream is first polled later), each with the container's attributes as `labels`: its

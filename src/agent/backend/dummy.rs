@@ -76,6 +76,7 @@ impl Container {
             oom_killed: self.oom_killed,
             labels: self.spec.labels.clone(),
             ports: self.spec.ports.clone(),
+            pid: None,
         }
     }
 

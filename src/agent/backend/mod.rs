@@ -133,6 +133,9 @@ pub struct ContainerState {
     pub labels: HashMap<String, String>,
     /// Published ports as the engine bound them.
     pub ports: Vec<PortMapping>,
+    /// The host pid of its init process while running (where its cgroup and network
+    /// namespace are found); `None` when not running or not known (listings, dummy).
+    pub pid: Option<u32>,
 }
 
 /// A container exited (the engine's `die` event).
@@ -204,4 +207,23 @@ pub trait ContainerBackend: Send + Sync + 'static {
     /// Exits of containers whose label `key` equals `value`, as they happen. The stream ends
     /// when the engine connection drops; the caller resubscribes and reconciles.
     fn exits(&self, key: &str, value: &str) -> BoxStream<'static, Result<ContainerExit, BackendError>>;
+
+    /// The engine's own statistics of a running container, for when its cgroup files cannot
+    /// be read (the stats sampler's fallback; Docker's stats API is slow: ~1 s per call).
+    /// `None`: the engine has none (gone, or the dummy backend).
+    async fn stats(&self, id: &str) -> Result<Option<EngineStats>, BackendError> {
+        let _ = id;
+        Ok(None)
+    }
+}
+
+/// A container's statistics as the engine reports them (cumulative counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    /// The cgroup figures (CPU ns, memory bytes, block I/O bytes).
+    pub cgroup: crate::agent::stats::cgroup::ContainerSample,
+    /// Bytes received over every interface but `lo`.
+    pub net_rx_bytes: u64,
+    /// Bytes sent.
+    pub net_tx_bytes: u64,
 }

@@ -4,30 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actors::{BoxError, Detached, Provisioner, StageChain, StageChainBuilder, StageError, StageHook};
+use actors::{BoxError, Detached, Provisioner, StageChain, StageChainBuilder, StageError};
 
 use super::config::Injection;
 use super::stages::{self, ContainerHandle, ContainerStage, ImageStage, MountStage, PortStage, ScratchDir, ScratchSpec, ScratchStage, ServicePortInfo, ServicePortStage, SlotStage};
 use super::{KernelError, KernelHandle, KernelResources};
 use crate::agent::backend::{Bind, ImageInfo};
+use crate::agent::metrics::StageMetricsHook;
 use crate::agent::resources::slots::format_cores;
 use crate::agent::resources::SlotAllocation;
-
-/// Logs every stage's setup and teardown with its duration and the kernel's id. (The
-/// agent-level metrics hook takes its place when the metrics issue lands.)
-struct LogHook {
-    kernel_id: String,
-}
-
-impl StageHook for LogHook {
-    fn on_setup(&self, stage: &'static str, duration: Duration, result: Result<(), &BoxError>) {
-        tracing::debug!(kernel_id = %self.kernel_id, stage, ms = duration.as_secs_f64() * 1e3, error = result.err().map(|e| e.to_string()), "stage setup");
-    }
-
-    fn on_teardown(&self, stage: &'static str, duration: Duration, result: Result<(), &BoxError>) {
-        tracing::debug!(kernel_id = %self.kernel_id, stage, ms = duration.as_secs_f64() * 1e3, error = result.err().map(|e| e.to_string()), "stage teardown");
-    }
-}
 
 /// Wraps a provisioner with the kernel's test-only [`Injection`] (inert unless the config
 /// carried `_inject`, which only a `fault-injection` build reads).
@@ -69,7 +54,7 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
     let (h_scratch, h_container) = (handle.clone(), handle.clone());
     let service_ports = config.service_ports.clone();
     StageChain::builder()
-        .hook(Arc::new(LogHook { kernel_id: handle.id.clone() }))
+        .hook(Arc::new(StageMetricsHook { metrics: handle.ctx.metrics.clone(), kernel_id: handle.id.clone() }))
         .stage(Injected { inner: ImageStage(handle.clone()), inject: inject.clone() }, move |_| Ok(image_ref.clone()))
         .stage(Injected { inner: SlotStage(handle.clone()), inject: inject.clone() }, move |_| Ok(slots))
         .stage(Injected { inner: PortStage(handle.clone()), inject: inject.clone() }, move |_| Ok(port_count))

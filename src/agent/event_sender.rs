@@ -1,0 +1,204 @@
+//! The event sender: delivers the outbox to the manager's event intake, oldest first, until
+//! each event's id is acked (`docs/events.md`).
+//!
+//! One batch is in flight at a time, so the manager sees every kernel's events in order; a
+//! batch whose ack does not come (manager down, ack lost) is resent with the same ids after a
+//! backoff (0.2 s doubling to `event-retry-max`), and the manager drops the duplicates by id.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmpv::Value;
+use tokio::sync::Notify;
+
+use super::metrics::AgentMetrics;
+use super::outbox::{Outbox, PendingEvent};
+use crate::config::AgentManagerSection;
+use crate::rpc::{Call, CallError, Peer, PeerOptions};
+
+/// The intake method that takes a batch: `agent_events(agent_id, events)` → `{"acked": [id]}`.
+pub const EVENTS_METHOD: &str = "agent_events";
+
+/// Encodes one pending event for the wire: its fields plus `id`, `seq` and `ts` (Unix seconds).
+pub fn encode_event(p: &PendingEvent) -> Value {
+    // Named fields (rmpv's own serializer would write structs as arrays).
+    let bytes = rmp_serde::to_vec_named(&p.event).expect("an event always serializes");
+    let mut map = match rmpv::decode::read_value(&mut &bytes[..]) {
+        Ok(Value::Map(m)) => m,
+        // AgentEvent is an internally tagged enum of structs: always a map.
+        other => unreachable!("event encodes as a map, got {other:?}"),
+    };
+    map.push(("id".into(), p.id.clone().into()));
+    map.push(("seq".into(), p.seq.into()));
+    map.push(("ts".into(), p.created_at.into()));
+    Value::Map(map)
+}
+
+/// Delivers the outbox to one manager.
+pub struct EventSender {
+    /// This agent's id (the batch's first argument).
+    pub agent_id: String,
+    /// Where and how to connect.
+    pub peer: PeerOptions,
+    /// `[manager]` settings: batch size, ack timeout, retry cap.
+    pub config: AgentManagerSection,
+    /// The events to deliver.
+    pub outbox: Outbox,
+    /// Notified when events are appended.
+    pub appended: Arc<Notify>,
+    /// Send counters, failures and the depth gauge.
+    pub metrics: Arc<AgentMetrics>,
+}
+
+enum Attempt {
+    /// Everything pending was acked (or nothing was pending).
+    Drained,
+    /// Some events were acked; go on at once.
+    Progress,
+    /// Nothing was acked; wait before retrying.
+    Failed(&'static str),
+}
+
+impl EventSender {
+    const FIRST_RETRY: Duration = Duration::from_millis(200);
+
+    /// Delivers until `stop` resolves; then makes one last attempt (bounded by the ack timeout)
+    /// so that `agent_terminated` reaches a reachable manager, and returns. What is left stays
+    /// in the outbox for the next start.
+    pub async fn run(&self, stop: impl std::future::Future<Output = ()>) {
+        let zmq = zmq::Context::new();
+        let mut peer: Option<Peer> = None;
+        let mut stop = std::pin::pin!(stop);
+        let mut retry = Self::FIRST_RETRY;
+        loop {
+            match self.attempt(&zmq, &mut peer).await {
+                Attempt::Progress => continue,
+                Attempt::Drained => {
+                    retry = Self::FIRST_RETRY;
+                    tokio::select! {
+                        _ = self.appended.notified() => {}
+                        _ = &mut stop => break,
+                    }
+                }
+                Attempt::Failed(reason) => {
+                    self.metrics.event_send_failed(reason);
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry) => {}
+                        _ = &mut stop => break,
+                    }
+                    retry = (retry * 2).min(self.config.event_retry_max.0);
+                }
+            }
+        }
+        // Last delivery on the way out, bounded.
+        let last = tokio::time::timeout(self.config.event_ack_timeout.0, async {
+            while let Attempt::Progress = self.attempt(&zmq, &mut peer).await {}
+        });
+        let _ = last.await;
+        if let Some(p) = peer {
+            p.close();
+        }
+    }
+
+    async fn attempt(&self, zmq: &zmq::Context, peer: &mut Option<Peer>) -> Attempt {
+        let batch = match self.outbox.pending(self.config.event_batch_size).await {
+            Ok(b) if b.is_empty() => return Attempt::Drained,
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(agent_id = %self.agent_id, error = %e, "cannot read the outbox");
+                return Attempt::Failed("outbox");
+            }
+        };
+        let p = match peer {
+            Some(p) if !p.is_closed() => p.clone(),
+            _ => match Peer::connect(zmq, &self.peer).await {
+                Ok(p) => {
+                    tracing::info!(agent_id = %self.agent_id, endpoint = %self.peer.endpoint, "connected to the manager's event intake");
+                    *peer = Some(p.clone());
+                    p
+                }
+                Err(e) => {
+                    tracing::debug!(agent_id = %self.agent_id, error = %e, pending = batch.len(), "manager's event intake unreachable");
+                    return Attempt::Failed("connect");
+                }
+            },
+        };
+        let events = Value::Array(batch.iter().map(encode_event).collect());
+        let call = Call { args: vec![self.agent_id.clone().into(), events], kwargs: Vec::new() };
+        let acked = match p.call(EVENTS_METHOD, &call, self.config.event_ack_timeout.0).await {
+            Ok(reply) => acked_ids(&reply),
+            Err(e) => {
+                let reason = match &e {
+                    CallError::Timeout { .. } => "timeout",
+                    CallError::Disconnected(_) => "disconnected",
+                    _ => "rejected",
+                };
+                if e.is_connection_error() {
+                    p.close();
+                    *peer = None;
+                }
+                tracing::warn!(agent_id = %self.agent_id, error = %e, events = batch.len(), "event batch not acked; will resend");
+                return Attempt::Failed(reason);
+            }
+        };
+        let done = match self.outbox.ack(&acked).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(agent_id = %self.agent_id, error = %e, "cannot delete acked events");
+                return Attempt::Failed("outbox");
+            }
+        };
+        self.metrics.events_sent(done);
+        if let Ok(depth) = self.outbox.depth().await {
+            self.metrics.outbox(depth, self.outbox.capacity() as i64);
+        }
+        match done {
+            0 => Attempt::Failed("rejected"),
+            n if (n as usize) < batch.len() || batch.len() == self.config.event_batch_size as usize => Attempt::Progress,
+            _ => Attempt::Drained,
+        }
+    }
+}
+
+/// The ids in an `{"acked": [id, …]}` reply (anything else acks nothing).
+fn acked_ids(reply: &Value) -> Vec<String> {
+    let Value::Map(m) = reply else { return Vec::new() };
+    m.iter()
+        .find(|(k, _)| k.as_str() == Some("acked"))
+        .and_then(|(_, v)| v.as_array())
+        .map(|ids| ids.iter().filter_map(|i| i.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::events::AgentEvent;
+
+    #[test]
+    fn wire_shape() {
+        let p = PendingEvent {
+            seq: 7,
+            id: "e1".into(),
+            created_at: 1.5,
+            event: AgentEvent::KernelTerminated { kernel_id: "k".into(), session_id: "s".into(), reason: "oom-killed".into(), exit_code: Some(137) },
+        };
+        let v = encode_event(&p);
+        let get = |k: &str| v.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+        assert_eq!(get("name"), Some("kernel_terminated".into()));
+        assert_eq!(get("kernel_id"), Some("k".into()));
+        assert_eq!(get("exit_code"), Some(137.into()));
+        assert_eq!(get("id"), Some("e1".into()));
+        assert_eq!(get("seq"), Some(7.into()));
+        assert_eq!(get("ts"), Some(1.5.into()));
+        let back: AgentEvent = rmpv::ext::from_value(v).unwrap();
+        assert_eq!(back, p.event, "extra keys are ignored when decoding the event");
+    }
+
+    #[test]
+    fn acks_are_read_leniently() {
+        let reply = Value::Map(vec![("acked".into(), Value::Array(vec!["a".into(), 3.into(), "b".into()]))]);
+        assert_eq!(acked_ids(&reply), ["a", "b"]);
+        assert!(acked_ids(&Value::Nil).is_empty());
+    }
+}

@@ -1,0 +1,130 @@
+//! The heartbeat: every `heartbeat-interval` (default 20 s) the agent tells the manager who it
+//! is, what it has and which kernels it runs (`docs/events.md`).
+//!
+//! Latest-wins: a heartbeat goes on its own connection, never behind events, and one that
+//! cannot be delivered is dropped, never queued or replayed: the next one supersedes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use rmpv::Value;
+
+use super::context::AgentContext;
+use super::registry::{KernelRegistry, ListKernels};
+use crate::rpc::{Call, Peer, PeerOptions};
+
+/// The intake method that takes a heartbeat: `agent_heartbeat(agent_id, info)`.
+pub const HEARTBEAT_METHOD: &str = "agent_heartbeat";
+
+/// What a heartbeat says besides the live facts: set once at start.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// `[agent] region`.
+    pub region: String,
+    /// The RPC endpoint the manager should call, `tcp://host:port`.
+    pub rpc_addr: String,
+    /// The agent's CURVE public key (Z85), when CURVE is on.
+    pub public_key: Option<String>,
+}
+
+/// Builds the heartbeat map: `agent_id`, `region`, `addr`, `public_key`, `version`,
+/// `architecture`, `ts` (Unix seconds), `slots` (`total`, `available`, `occupied`, each
+/// `{"cpu": cores as a decimal string, "mem": bytes, "cuda.device": count}`) and `kernels`
+/// (`[{"id", "session_id", "status"}]`, every kernel not `TERMINATED`).
+pub async fn build(ctx: &AgentContext, registry: &Addr<KernelRegistry>, who: &Identity) -> Value {
+    let (total, available, occupied) = {
+        let slots = ctx.slots.lock().expect("slot allocator lock");
+        (slots.capacity().to_value(), slots.available().to_value(), slots.used().to_value())
+    };
+    let kernels = registry.send(ListKernels).await.unwrap_or_default();
+    let live: Vec<Value> = kernels
+        .iter()
+        .filter(|k| k.status != super::kernel::KernelStatus::Terminated)
+        .map(|k| {
+            Value::Map(vec![
+                ("id".into(), k.id.clone().into()),
+                ("session_id".into(), k.session_id.clone().into()),
+                ("status".into(), k.status.as_str().into()),
+            ])
+        })
+        .collect();
+    ctx.metrics.kernel_count(live.len());
+    let str_or_nil = |s: &Option<String>| s.clone().map_or(Value::Nil, Value::from);
+    Value::Map(vec![
+        ("agent_id".into(), ctx.agent_id.clone().into()),
+        ("region".into(), who.region.clone().into()),
+        ("addr".into(), who.rpc_addr.clone().into()),
+        ("public_key".into(), str_or_nil(&who.public_key)),
+        ("version".into(), env!("CARGO_PKG_VERSION").into()),
+        ("architecture".into(), std::env::consts::ARCH.into()),
+        ("ts".into(), super::store::now().into()),
+        (
+            "slots".into(),
+            Value::Map(vec![("total".into(), total), ("available".into(), available), ("occupied".into(), occupied)]),
+        ),
+        ("kernels".into(), Value::Array(live)),
+    ])
+}
+
+/// Sends a heartbeat every `interval` until `stop`. Without `peer` (standalone) it still
+/// refreshes `backendai_agent_heartbeat` and `backendai_kernel_count`.
+pub async fn run(
+    ctx: Arc<AgentContext>,
+    registry: Addr<KernelRegistry>,
+    who: Identity,
+    peer: Option<PeerOptions>,
+    interval: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let zmq = zmq::Context::new();
+    let mut conn: Option<Peer> = None;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = &mut stop => break,
+        }
+        let beat = build(&ctx, &registry, &who).await;
+        ctx.metrics.heartbeat(super::store::now());
+        let Some(opts) = &peer else { continue };
+        // Bounded by the interval: a slow manager never makes heartbeats pile up.
+        let timeout = interval.min(Duration::from_secs(5));
+        let delivered = tokio::time::timeout(interval, async {
+            let p = match &conn {
+                Some(p) if !p.is_closed() => p.clone(),
+                _ => {
+                    let mut o = opts.clone();
+                    o.handshake_timeout = timeout;
+                    let p = Peer::connect(&zmq, &o).await.map_err(|e| ("connect", e.to_string()))?;
+                    conn = Some(p.clone());
+                    p
+                }
+            };
+            let call = Call { args: vec![ctx.agent_id.clone().into(), beat], kwargs: Vec::new() };
+            p.call(HEARTBEAT_METHOD, &call, timeout)
+                .await
+                .map_err(|e| (if e.is_connection_error() { "unreachable" } else { "rejected" }, e.to_string()))
+        })
+        .await;
+        let failure = match delivered {
+            Ok(Ok(_)) => None,
+            Ok(Err(f)) => Some(f),
+            Err(_) => Some(("timeout", "no answer within the heartbeat interval".to_owned())),
+        };
+        if let Some((reason, error)) = failure {
+            ctx.metrics.heartbeat_failed(reason);
+            tracing::debug!(agent_id = %ctx.agent_id, reason, error, "heartbeat not delivered (dropped; the next one supersedes it)");
+            if reason != "rejected" {
+                if let Some(p) = conn.take() {
+                    p.close();
+                }
+            }
+        }
+    }
+    if let Some(p) = conn {
+        p.close();
+    }
+}

@@ -1,0 +1,306 @@
+//! The durable event outbox: every event is a SQLite row (`migrations/agent/0002_outbox.sql`)
+//! before the event sender may send it, and stays until the manager acks its id (seed 004:
+//! never drop a message; ack after durable enqueue).
+//!
+//! [`OutboxWriter`] takes events off the agent's [`EventBus`](super::events::EventBus), drops
+//! a kernel status that repeats the kernel's last one (not re-sent), and appends the rest in
+//! one transaction per batch (group commit). The outbox is bounded: when full it first drops
+//! superseded status events (a kernel's older states, when a later one of the same kernel is
+//! pending: the manager's end state is unchanged), then the newest events, with a warning and
+//! `kernelvisor_outbox_dropped_events_total`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use sqlx::{Row, SqlitePool};
+use tokio::sync::{mpsc, Notify};
+
+use super::events::AgentEvent;
+use super::metrics::AgentMetrics;
+use super::store::{now, Store};
+
+/// An event in the outbox.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingEvent {
+    /// Send order (SQLite rowid; grows across restarts).
+    pub seq: i64,
+    /// The event's id (UUID v4), the same on every resend.
+    pub id: String,
+    /// When it was enqueued, Unix seconds.
+    pub created_at: f64,
+    /// The event.
+    pub event: AgentEvent,
+}
+
+/// What one append did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppendReport {
+    /// Events written.
+    pub appended: u64,
+    /// Older pending states of kernels deleted to make room.
+    pub dropped_superseded: u64,
+    /// New events not written because the outbox was full.
+    pub dropped_newest: u64,
+}
+
+/// The outbox table, holding at most `capacity` events.
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    pool: SqlitePool,
+    capacity: u64,
+}
+
+impl Outbox {
+    /// The outbox in the agent's database, bounded to `capacity` events (`[manager]
+    /// outbox-max-events`).
+    pub fn new(store: &Store, capacity: u64) -> Outbox {
+        Outbox { pool: store.pool().clone(), capacity: capacity.max(1) }
+    }
+
+    /// Most events it keeps.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Appends `events` in order, in one transaction, each with a fresh id.
+    ///
+    /// Errors: the database fails (nothing of this batch is written).
+    pub async fn append(&self, events: &[AgentEvent]) -> anyhow::Result<AppendReport> {
+        let mut report = AppendReport::default();
+        let mut tx = self.pool.begin().await?;
+        let depth: i64 = sqlx::query("SELECT COUNT(*) FROM outbox").fetch_one(&mut *tx).await?.get(0);
+        let mut free = self.capacity.saturating_sub(depth as u64);
+        let t = now();
+        for event in events {
+            if free == 0 {
+                // Make room by dropping the oldest superseded state, if any (also one this
+                // very batch superseded).
+                let r = sqlx::query(
+                    "DELETE FROM outbox WHERE seq IN (SELECT o.seq FROM outbox o WHERE o.kernel_id IS NOT NULL \
+                     AND o.name != 'kernel_terminated' AND EXISTS (SELECT 1 FROM outbox n WHERE n.kernel_id = o.kernel_id AND n.seq > o.seq) \
+                     ORDER BY o.seq LIMIT 1)",
+                )
+                    .execute(&mut *tx)
+                    .await?;
+                report.dropped_superseded += r.rows_affected();
+                free += r.rows_affected();
+            }
+            if free == 0 {
+                report.dropped_newest += 1;
+                continue;
+            }
+            sqlx::query("INSERT INTO outbox (id, name, kernel_id, event, created_at) VALUES (?, ?, ?, ?, ?)")
+                .bind(uuid::Uuid::new_v4().to_string())
+                .bind(event.name())
+                .bind(event.kernel_id())
+                .bind(serde_json::to_string(event)?)
+                .bind(t)
+                .execute(&mut *tx)
+                .await?;
+            free -= 1;
+            report.appended += 1;
+        }
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    /// Up to `limit` pending events, oldest first.
+    ///
+    /// Errors: the database fails, or a row cannot be read (written by a newer agent).
+    pub async fn pending(&self, limit: u32) -> anyhow::Result<Vec<PendingEvent>> {
+        let rows = sqlx::query("SELECT seq, id, event, created_at FROM outbox ORDER BY seq LIMIT ?")
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|r| {
+                let id: String = r.get("id");
+                let event = serde_json::from_str(r.get("event")).map_err(|e| anyhow::anyhow!("outbox event {id}: {e}"))?;
+                Ok(PendingEvent { seq: r.get("seq"), id, created_at: r.get("created_at"), event })
+            })
+            .collect()
+    }
+
+    /// Deletes the acked events; returns how many were pending. Unknown ids are ignored (an
+    /// ack of an earlier resend).
+    pub async fn ack(&self, ids: &[String]) -> anyhow::Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let mut n = 0;
+        for id in ids {
+            n += sqlx::query("DELETE FROM outbox WHERE id = ?").bind(id).execute(&mut *tx).await?.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    /// How many events are pending.
+    pub async fn depth(&self) -> anyhow::Result<i64> {
+        Ok(sqlx::query("SELECT COUNT(*) FROM outbox").fetch_one(&self.pool).await?.get(0))
+    }
+}
+
+/// Remembers each kernel's last enqueued state, to drop repeats; bounded to the most recent
+/// 16384 kernels so that a long-lived agent does not grow.
+#[derive(Default)]
+struct LastStates {
+    state: HashMap<String, &'static str>,
+    order: VecDeque<String>,
+}
+
+impl LastStates {
+    const MAX: usize = 16384;
+
+    /// `false` when `event` repeats its kernel's last state.
+    fn is_new(&mut self, event: &AgentEvent) -> bool {
+        let Some(kernel_id) = event.kernel_id() else { return true };
+        if matches!(event, AgentEvent::KernelDangling { .. }) {
+            return true;
+        }
+        let name = event.name();
+        match self.state.insert(kernel_id.to_owned(), name) {
+            Some(previous) => previous != name,
+            None => {
+                self.order.push_back(kernel_id.to_owned());
+                if self.order.len() > Self::MAX {
+                    if let Some(old) = self.order.pop_front() {
+                        self.state.remove(&old);
+                    }
+                }
+                true
+            }
+        }
+    }
+}
+
+/// Moves events from the bus's channel into the outbox, then wakes the sender.
+pub struct OutboxWriter {
+    /// The table.
+    pub outbox: Outbox,
+    /// Counters and the depth gauge.
+    pub metrics: Arc<AgentMetrics>,
+    /// Notified after every append.
+    pub appended: Arc<Notify>,
+}
+
+impl OutboxWriter {
+    /// Events per transaction, at most.
+    const BATCH: usize = 512;
+
+    /// Appends every event received until `rx` closes or `stop` resolves; then appends what
+    /// is already queued and returns.
+    pub async fn run(&self, rx: &mut mpsc::UnboundedReceiver<AgentEvent>, stop: impl std::future::Future<Output = ()>) {
+        let mut last = LastStates::default();
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let first = tokio::select! {
+                e = rx.recv() => e,
+                _ = &mut stop => None,
+            };
+            let Some(first) = first else { break };
+            let mut batch = vec![first];
+            while batch.len() < Self::BATCH {
+                match rx.try_recv() {
+                    Ok(e) => batch.push(e),
+                    Err(_) => break,
+                }
+            }
+            self.write(&mut last, batch).await;
+        }
+        // Drain: whatever was emitted before the stop (agent_terminated) is kept.
+        let mut rest = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            rest.push(e);
+        }
+        if !rest.is_empty() {
+            self.write(&mut last, rest).await;
+        }
+    }
+
+    async fn write(&self, last: &mut LastStates, batch: Vec<AgentEvent>) {
+        let before = batch.len();
+        let batch: Vec<AgentEvent> = batch.into_iter().filter(|e| last.is_new(e)).collect();
+        for _ in batch.len()..before {
+            self.metrics.event_deduplicated();
+        }
+        // A database error must not lose the batch: retry until it is written.
+        let mut delay = std::time::Duration::from_millis(100);
+        let report = loop {
+            match self.outbox.append(&batch).await {
+                Ok(r) => break r,
+                Err(e) => {
+                    tracing::error!(agent_id = %self.metrics.agent_id(), error = %e, events = batch.len(), "cannot write events to the outbox; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                }
+            }
+        };
+        if report.dropped_superseded + report.dropped_newest > 0 {
+            tracing::warn!(
+                agent_id = %self.metrics.agent_id(),
+                capacity = self.outbox.capacity(),
+                superseded = report.dropped_superseded,
+                newest = report.dropped_newest,
+                "event outbox full: dropped events (is the manager reachable?)"
+            );
+            self.metrics.outbox_dropped("superseded", report.dropped_superseded);
+            self.metrics.outbox_dropped("newest", report.dropped_newest);
+        }
+        if let Ok(depth) = self.outbox.depth().await {
+            self.metrics.outbox(depth, self.outbox.capacity() as i64);
+        }
+        self.appended.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(k: &str) -> AgentEvent {
+        AgentEvent::KernelStarted { kernel_id: k.into(), session_id: "s".into() }
+    }
+
+    fn terminated(k: &str) -> AgentEvent {
+        AgentEvent::KernelTerminated { kernel_id: k.into(), session_id: "s".into(), reason: "user-requested".into(), exit_code: None }
+    }
+
+    #[test]
+    fn repeated_states_are_dropped() {
+        let mut last = LastStates::default();
+        assert!(last.is_new(&started("k1")));
+        assert!(!last.is_new(&started("k1")));
+        assert!(last.is_new(&started("k2")));
+        assert!(last.is_new(&terminated("k1")));
+        assert!(!last.is_new(&terminated("k1")));
+        assert!(last.is_new(&AgentEvent::AgentStarted));
+        assert!(last.is_new(&AgentEvent::AgentStarted));
+    }
+
+    #[tokio::test]
+    async fn append_ack_and_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("agent.db")).await.unwrap();
+        let outbox = Outbox::new(&store, 4);
+        let r = outbox.append(&[started("k1"), started("k2"), started("k3")]).await.unwrap();
+        assert_eq!(r, AppendReport { appended: 3, ..Default::default() });
+        let pending = outbox.pending(10).await.unwrap();
+        assert_eq!(pending.iter().map(|p| p.event.clone()).collect::<Vec<_>>(), [started("k1"), started("k2"), started("k3")]);
+        assert!(pending.windows(2).all(|w| w[0].seq < w[1].seq));
+        // Full: a kernel's older state goes once its newer one is in.
+        let r = outbox.append(&[terminated("k1"), terminated("k2"), terminated("k3")]).await.unwrap();
+        assert_eq!(r, AppendReport { appended: 3, dropped_superseded: 2, dropped_newest: 0 });
+        let names: Vec<_> = outbox.pending(10).await.unwrap().into_iter().map(|p| p.event).collect();
+        assert_eq!(names, [started("k3"), terminated("k1"), terminated("k2"), terminated("k3")]);
+        let r = outbox.append(&[started("k4")]).await.unwrap();
+        assert_eq!(r, AppendReport { appended: 1, dropped_superseded: 1, dropped_newest: 0 });
+        // Nothing superseded left: the newest are dropped.
+        let r = outbox.append(&[started("k5")]).await.unwrap();
+        assert_eq!(r, AppendReport { appended: 0, dropped_superseded: 0, dropped_newest: 1 });
+        let names: Vec<_> = outbox.pending(10).await.unwrap().into_iter().map(|p| p.event).collect();
+        assert_eq!(names, [terminated("k1"), terminated("k2"), terminated("k3"), started("k4")]);
+        let ids: Vec<String> = outbox.pending(2).await.unwrap().into_iter().map(|p| p.id).collect();
+        assert_eq!(outbox.ack(&ids).await.unwrap(), 2);
+        assert_eq!(outbox.ack(&ids).await.unwrap(), 0, "a second ack of the same ids is harmless");
+        assert_eq!(outbox.depth().await.unwrap(), 2);
+    }
+}

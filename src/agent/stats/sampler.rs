@@ -1,0 +1,256 @@
+//! The stats sampler: every `[stats]` interval it reads the node (procfs), each running
+//! kernel's container (its cgroup files; Docker's stats API when they cannot be read) and the
+//! GPUs (NVML), and sets seed 002's gauges:
+//!
+//! | `backendai_device_utilization` `device_metric_name` | `device_id` | `current` | `capacity` | `pct` |
+//! |---|---|---|---|---|
+//! | `cpu_util` | `node` | % of one core | cores × 100 | of capacity |
+//! | `mem` | `node` | bytes used | bytes total | of capacity |
+//! | `net_rx`, `net_tx`, `io_read`, `io_write` | `node` | bytes, cumulative | | |
+//! | `cuda_util` | GPU index | % | | |
+//! | `cuda_mem` | GPU index | bytes used | bytes total | of capacity |
+//! | `cuda_temp`, `cuda_power` | GPU index | °C, W | | |
+//!
+//! `backendai_container_utilization` per kernel: `cpu_util` (% of one core over the last
+//! interval; capacity = the kernel's cores × 100), `cpu_used` (ms, cumulative), `mem` (bytes
+//! without page cache; capacity = its limit), `mem_rss`, `mem_cache`, `mem_swap` (bytes),
+//! `net_rx`, `net_tx`, `io_read`, `io_write` (bytes, cumulative). A kernel's series are
+//! removed as soon as it terminates.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+
+use super::cgroup::{self, CgroupPaths, ContainerSample};
+use super::gpu::GpuSampler;
+use super::node::{self, NodeSample};
+use crate::agent::context::AgentContext;
+use crate::agent::events::AgentEvent;
+use crate::agent::kernel::{KernelInfo, KernelStatus};
+use crate::agent::metrics::{AgentMetrics, KernelLabels};
+use crate::agent::registry::{KernelRegistry, ListKernels};
+use crate::config::StatsSection;
+
+/// Where a container's figures come from, found once per container.
+enum Source {
+    /// Its cgroup files, and its init pid for the network namespace.
+    Cgroup { paths: CgroupPaths, pid: u32 },
+    /// Docker's stats API (cgroup files unreadable, e.g. a remote engine).
+    Engine,
+}
+
+/// What was read of one container last round, for rates.
+struct Previous {
+    cpu_used_ns: u64,
+    at: Instant,
+}
+
+/// Samples the node, the kernels' containers and the GPUs into the agent's metrics.
+pub struct StatsSampler {
+    ctx: Arc<AgentContext>,
+    registry: Addr<KernelRegistry>,
+    intervals: StatsSection,
+    sources: HashMap<String, Source>,
+    previous: HashMap<String, Previous>,
+    node_previous: Option<NodeSample>,
+}
+
+impl StatsSampler {
+    /// A sampler for `ctx`'s kernels (listed through `registry`).
+    pub fn new(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>, intervals: StatsSection) -> StatsSampler {
+        StatsSampler { ctx, registry, intervals, sources: HashMap::new(), previous: HashMap::new(), node_previous: None }
+    }
+
+    /// Samples until `stop` resolves. The first round of each scope runs at once.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+        let gpus = GpuSampler::init();
+        let ticker = |d: Duration| {
+            let mut t = tokio::time::interval(d);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        };
+        let (mut node_tick, mut container_tick, mut gpu_tick) =
+            (ticker(self.intervals.node_interval.0), ticker(self.intervals.container_interval.0), ticker(self.intervals.gpu_interval.0));
+        let mut events = self.ctx.events.subscribe();
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = node_tick.tick() => self.node_round(),
+                _ = container_tick.tick() => self.container_round().await,
+                _ = gpu_tick.tick(), if gpus.available() => self.gpu_round(&gpus),
+                event = events.recv() => match event {
+                    Ok(AgentEvent::KernelTerminated { kernel_id, .. }) => self.forget_kernel(&kernel_id),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
+                },
+                _ = &mut stop => break,
+            }
+        }
+    }
+
+    fn metrics(&self) -> &AgentMetrics {
+        &self.ctx.metrics
+    }
+
+    /// Removes a terminated kernel's series at once.
+    fn forget_kernel(&mut self, kernel_id: &str) {
+        for labels in self.metrics().kernels_with_series() {
+            if labels.kernel_id == kernel_id {
+                self.metrics().remove_kernel(&labels);
+            }
+        }
+    }
+
+    fn node_round(&mut self) {
+        let started = Instant::now();
+        match node::read() {
+            Ok(now) => {
+                let m = &self.ctx.metrics;
+                let capacity = now.cpu_count as f64 * 100.0;
+                if let Some(prev) = &self.node_previous {
+                    let util = node::cpu_util_pct(prev, &now);
+                    m.set_device("cpu_util", "node", "current", util);
+                    m.set_device("cpu_util", "node", "capacity", capacity);
+                    m.set_device("cpu_util", "node", "pct", pct(util, capacity));
+                }
+                let used = now.mem_total_bytes.saturating_sub(now.mem_available_bytes) as f64;
+                m.set_device("mem", "node", "current", used);
+                m.set_device("mem", "node", "capacity", now.mem_total_bytes as f64);
+                m.set_device("mem", "node", "pct", pct(used, now.mem_total_bytes as f64));
+                m.set_device("net_rx", "node", "current", now.net_rx_bytes as f64);
+                m.set_device("net_tx", "node", "current", now.net_tx_bytes as f64);
+                m.set_device("io_read", "node", "current", now.disk_read_bytes as f64);
+                m.set_device("io_write", "node", "current", now.disk_write_bytes as f64);
+                m.stat_task("node", started.elapsed(), Ok(()));
+                self.node_previous = Some(now);
+            }
+            Err(e) => {
+                tracing::warn!(agent_id = %self.ctx.agent_id, error = %e, "node stats unreadable");
+                self.metrics().stat_task("node", started.elapsed(), Err("ProcError"));
+            }
+        }
+    }
+
+    async fn container_round(&mut self) {
+        let started = Instant::now();
+        let kernels = match self.registry.send(ListKernels).await {
+            Ok(k) => k,
+            Err(_) => return, // the registry is restarting; the supervisor restarts us too
+        };
+        let running: Vec<KernelInfo> = kernels.into_iter().filter(|k| k.status == KernelStatus::Running && k.container_id.is_some()).collect();
+        self.metrics().kernel_count(running.len());
+        let mut failed = None;
+        let mut live = HashSet::new();
+        for kernel in &running {
+            let container_id = kernel.container_id.clone().expect("filtered on container_id");
+            live.insert(container_id.clone());
+            match self.sample_container(&container_id).await {
+                Ok(Some((sample, net))) => self.publish(kernel, &container_id, sample, net),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(agent_id = %self.ctx.agent_id, kernel_id = %kernel.id, error = %e, "container stats unreadable");
+                    failed = Some("ContainerStatsError");
+                }
+            }
+        }
+        // Containers no longer running: their caches and series go.
+        self.sources.retain(|id, _| live.contains(id));
+        self.previous.retain(|id, _| live.contains(id));
+        let live_kernels: HashSet<&str> = running.iter().map(|k| k.id.as_str()).collect();
+        for labels in self.metrics().kernels_with_series() {
+            if !live_kernels.contains(labels.kernel_id.as_str()) {
+                self.metrics().remove_kernel(&labels);
+            }
+        }
+        self.metrics().stat_task("container", started.elapsed(), failed.map_or(Ok(()), Err));
+    }
+
+    /// Reads one container: cgroup files when they can be found, else the engine's API.
+    async fn sample_container(&mut self, container_id: &str) -> anyhow::Result<Option<(ContainerSample, Option<(u64, u64)>)>> {
+        if !self.sources.contains_key(container_id) {
+            let source = match self.ctx.backend.inspect_container(container_id).await? {
+                None => return Ok(None),
+                Some(state) => match state.pid.and_then(|pid| CgroupPaths::for_pid(pid).ok().map(|paths| (paths, pid))) {
+                    Some((paths, pid)) => Source::Cgroup { paths, pid },
+                    None => Source::Engine,
+                },
+            };
+            self.sources.insert(container_id.to_owned(), source);
+        }
+        match &self.sources[container_id] {
+            Source::Cgroup { paths, pid } => match cgroup::read(paths) {
+                Ok(sample) => Ok(Some((sample, node::net_dev_of_pid(*pid).ok()))),
+                Err(e) => {
+                    // Gone, or moved: find it again next round.
+                    self.sources.remove(container_id);
+                    Err(e.into())
+                }
+            },
+            Source::Engine => Ok(self.ctx.backend.stats(container_id).await?.map(|s| (s.cgroup, Some((s.net_rx_bytes, s.net_tx_bytes))))),
+        }
+    }
+
+    fn publish(&mut self, kernel: &KernelInfo, container_id: &str, s: ContainerSample, net: Option<(u64, u64)>) {
+        let owner = &kernel.config.owner;
+        let labels = KernelLabels {
+            kernel_id: kernel.id.clone(),
+            session_id: kernel.session_id.clone(),
+            user_id: owner.user_id.clone(),
+            project_id: owner.project_id.clone(),
+        };
+        let m = &self.ctx.metrics;
+        let now = Instant::now();
+        let cpu_capacity = kernel.config.slots.cpu_millis as f64 / 10.0;
+        if let Some(prev) = self.previous.get(container_id) {
+            let wall = now.duration_since(prev.at).as_nanos() as f64;
+            if wall > 0.0 {
+                let util = s.cpu_used_ns.saturating_sub(prev.cpu_used_ns) as f64 / wall * 100.0;
+                m.set_container(&labels, "cpu_util", "current", util);
+                m.set_container(&labels, "cpu_util", "capacity", cpu_capacity);
+                m.set_container(&labels, "cpu_util", "pct", pct(util, cpu_capacity));
+            }
+        }
+        self.previous.insert(container_id.to_owned(), Previous { cpu_used_ns: s.cpu_used_ns, at: now });
+        m.set_container(&labels, "cpu_used", "current", s.cpu_used_ns as f64 / 1e6);
+        let mem_capacity = s.mem_limit_bytes.unwrap_or(kernel.config.slots.mem_bytes) as f64;
+        m.set_container(&labels, "mem", "current", s.mem_usage_bytes as f64);
+        m.set_container(&labels, "mem", "capacity", mem_capacity);
+        m.set_container(&labels, "mem", "pct", pct(s.mem_usage_bytes as f64, mem_capacity));
+        m.set_container(&labels, "mem_rss", "current", s.mem_rss_bytes as f64);
+        m.set_container(&labels, "mem_cache", "current", s.mem_cache_bytes as f64);
+        m.set_container(&labels, "mem_swap", "current", s.mem_swap_bytes as f64);
+        m.set_container(&labels, "io_read", "current", s.io_read_bytes as f64);
+        m.set_container(&labels, "io_write", "current", s.io_write_bytes as f64);
+        if let Some((rx, tx)) = net {
+            m.set_container(&labels, "net_rx", "current", rx as f64);
+            m.set_container(&labels, "net_tx", "current", tx as f64);
+        }
+    }
+
+    fn gpu_round(&self, gpus: &GpuSampler) {
+        let started = Instant::now();
+        let m = self.metrics();
+        for g in gpus.sample() {
+            let id = g.index.to_string();
+            m.set_device("cuda_util", &id, "current", g.util_pct);
+            m.set_device("cuda_mem", &id, "current", g.mem_used_bytes as f64);
+            m.set_device("cuda_mem", &id, "capacity", g.mem_total_bytes as f64);
+            m.set_device("cuda_mem", &id, "pct", pct(g.mem_used_bytes as f64, g.mem_total_bytes as f64));
+            m.set_device("cuda_temp", &id, "current", g.temperature_c);
+            m.set_device("cuda_power", &id, "current", g.power_w);
+        }
+        // Backend.AI counts device (GPU) sampling in the node scope.
+        m.stat_task("node", started.elapsed(), Ok(()));
+    }
+}
+
+/// `value` as a percentage of `capacity` (0 when there is no capacity).
+fn pct(value: f64, capacity: f64) -> f64 {
+    if capacity > 0.0 {
+        value / capacity * 100.0
+    } else {
+        0.0
+    }
+}
