@@ -115,3 +115,4 @@ pub fn interop_script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(name)
 }
 pub mod agent;
+pub mod intake;
