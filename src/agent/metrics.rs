@@ -33,7 +33,7 @@ pub struct KernelLabels {
 /// Every metric of one agent.
 pub struct AgentMetrics {
     agent_id: String,
-    registry: Registry,
+    families: Families,
     rpc_requests: IntCounterVec,
     rpc_failures: IntCounterVec,
     rpc_duration: HistogramVec,
@@ -57,42 +57,63 @@ pub struct AgentMetrics {
     event_send_failures: IntCounterVec,
     heartbeat_failures: IntCounterVec,
     stat_round: HistogramVec,
+    container_samples: IntCounterVec,
     /// `(container_metric_name, value_type)` pairs set per kernel, so they can be removed.
     kernel_series: Mutex<HashMap<KernelLabels, Vec<(&'static str, &'static str)>>>,
 }
 
 /// A counter exposed as `<name>_total`, as Python's prometheus_client (Backend.AI's) does and
 /// as seed 002's queries expect (`rate(backendai_rpc_requests_total[5m])`).
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(format!("{name}_total"), help), labels).expect("valid counter");
-    registry.register(Box::new(c.clone())).expect("unique metric");
+/// A registry that remembers every family's name, help and type, to declare empty ones.
+struct Families {
+    registry: Registry,
+    declared: Mutex<Vec<(String, String, &'static str)>>,
+}
+
+impl Families {
+    fn add(&self, c: Box<dyn prometheus::core::Collector>, name: &str, help: &str, kind: &'static str) {
+        self.registry.register(c).expect("unique metric");
+        self.declared.lock().expect("families lock").push((name.to_owned(), help.to_owned(), kind));
+    }
+}
+
+fn counter(r: &Families, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let name = format!("{name}_total");
+    let c = IntCounterVec::new(Opts::new(&name, help), labels).expect("valid counter");
+    r.add(Box::new(c.clone()), &name, help, "counter");
     c
 }
 
-fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+fn gauge_vec(r: &Families, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
-    registry.register(Box::new(g.clone())).expect("unique metric");
+    r.add(Box::new(g.clone()), name, help, "gauge");
     g
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+fn histogram(r: &Families, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
     let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels).expect("valid histogram");
-    registry.register(Box::new(h.clone())).expect("unique metric");
+    r.add(Box::new(h.clone()), name, help, "histogram");
     h
 }
 
 impl AgentMetrics {
     /// Registers every metric for agent `agent_id`.
     pub fn new(agent_id: &str) -> AgentMetrics {
-        let r = Registry::new();
-        let heartbeat = Gauge::new("backendai_agent_heartbeat", "Unix time (seconds) of the agent's last heartbeat").expect("valid gauge");
-        r.register(Box::new(heartbeat.clone())).expect("unique metric");
-        let kernel_count = IntGauge::new("backendai_kernel_count", "Number of live kernels on the agent").expect("valid gauge");
-        r.register(Box::new(kernel_count.clone())).expect("unique metric");
-        let outbox_depth = IntGauge::new("kernelvisor_outbox_depth", "Events in the durable outbox not yet acked by the manager").expect("valid gauge");
-        r.register(Box::new(outbox_depth.clone())).expect("unique metric");
-        let outbox_capacity = IntGauge::new("kernelvisor_outbox_capacity", "Most events the outbox keeps ([manager] outbox-max-events)").expect("valid gauge");
-        r.register(Box::new(outbox_capacity.clone())).expect("unique metric");
+        let r = Families { registry: Registry::new(), declared: Mutex::new(Vec::new()) };
+        let gauge = |name: &str, help: &str| {
+            let g = Gauge::new(name, help).expect("valid gauge");
+            r.add(Box::new(g.clone()), name, help, "gauge");
+            g
+        };
+        let int_gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid gauge");
+            r.add(Box::new(g.clone()), name, help, "gauge");
+            g
+        };
+        let heartbeat = gauge("backendai_agent_heartbeat", "Unix time (seconds) of the agent's last heartbeat");
+        let kernel_count = int_gauge("backendai_kernel_count", "Number of live kernels on the agent");
+        let outbox_depth = int_gauge("kernelvisor_outbox_depth", "Events in the durable outbox not yet acked by the manager");
+        let outbox_capacity = int_gauge("kernelvisor_outbox_capacity", "Most events the outbox keeps ([manager] outbox-max-events)");
         AgentMetrics {
             agent_id: agent_id.to_owned(),
             rpc_requests: counter(&r, "backendai_rpc_requests", "Total RPC requests processed by the agent", &["method"]),
@@ -131,12 +152,13 @@ impl AgentMetrics {
                 &["stat_scope"],
                 &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0],
             ),
+            container_samples: counter(&r, "kernelvisor_container_samples", "Container samples read, by source (cgroup files or the engine's stats API)", &["source"]),
             heartbeat,
             kernel_count,
             outbox_depth,
             outbox_capacity,
             kernel_series: Mutex::new(HashMap::new()),
-            registry: r,
+            families: r,
         }
     }
 
@@ -145,11 +167,21 @@ impl AgentMetrics {
         &self.agent_id
     }
 
-    /// The whole registry in Prometheus text format 0.0.4.
+    /// The whole registry in Prometheus text format 0.0.4. A family without samples yet (a
+    /// failure counter that never counted) is still declared by its `# HELP` and `# TYPE`
+    /// lines, as Python's prometheus_client (Backend.AI's) does, so dashboards see it exists.
     pub fn render(&self) -> String {
+        let families = self.families.registry.gather();
         let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
-        String::from_utf8(buf).expect("prometheus text is UTF-8")
+        TextEncoder::new().encode(&families, &mut buf).expect("text encoding cannot fail");
+        let mut text = String::from_utf8(buf).expect("prometheus text is UTF-8");
+        let present: std::collections::HashSet<&str> = families.iter().map(|f| f.get_name()).collect();
+        for (name, help, kind) in self.families.declared.lock().expect("families lock").iter() {
+            if !present.contains(name.as_str()) {
+                text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            }
+        }
+        text
     }
 
     /// One RPC request handled: `exception` is the FAILURE name when it failed.
@@ -215,6 +247,11 @@ impl AgentMetrics {
             Ok(()) => self.stat_success.with_label_values(&[a, scope]).inc(),
             Err(e) => self.stat_failure.with_label_values(&[a, scope, e]).inc(),
         }
+    }
+
+    /// One container sample read from `source` (`cgroup` or `engine`).
+    pub fn container_sampled(&self, source: &str) {
+        self.container_samples.with_label_values(&[source]).inc();
     }
 
     /// A heartbeat was produced at `unix_secs`.

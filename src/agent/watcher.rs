@@ -29,7 +29,8 @@ pub async fn watch_exits(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>)
                         registry.do_send(ContainerExited(exit.container_id));
                     }
                     Some(Err(e)) => {
-                        tracing::warn!(error = %e, "container event stream failed; resubscribing");
+                        ctx.metrics.lifecycle_sync(Err("EventStreamError"));
+                        tracing::warn!(agent_id = %ctx.agent_id, error = %e, "container event stream failed; resubscribing");
                         break;
                     }
                     None => break,

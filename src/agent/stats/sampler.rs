@@ -181,14 +181,23 @@ impl StatsSampler {
         }
         match &self.sources[container_id] {
             Source::Cgroup { paths, pid } => match cgroup::read(paths) {
-                Ok(sample) => Ok(Some((sample, node::net_dev_of_pid(*pid).ok()))),
+                Ok(sample) => {
+                    self.ctx.metrics.container_sampled("cgroup");
+                    Ok(Some((sample, node::net_dev_of_pid(*pid).ok())))
+                }
                 Err(e) => {
                     // Gone, or moved: find it again next round.
                     self.sources.remove(container_id);
                     Err(e.into())
                 }
             },
-            Source::Engine => Ok(self.ctx.backend.stats(container_id).await?.map(|s| (s.cgroup, Some((s.net_rx_bytes, s.net_tx_bytes))))),
+            Source::Engine => {
+                let stats = self.ctx.backend.stats(container_id).await?;
+                if stats.is_some() {
+                    self.ctx.metrics.container_sampled("engine");
+                }
+                Ok(stats.map(|s| (s.cgroup, Some((s.net_rx_bytes, s.net_tx_bytes)))))
+            }
         }
     }
 
