@@ -93,7 +93,7 @@ test-image:
     echo "test-image: built kernelvisor-test:latest"
 
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
-bench name: setup
+bench name: setup docker test-image
     cargo bench --bench {{name}}
 
 # Generate dev keys and run an agent plus a manager that health-checks it (Ctrl+C stops both).

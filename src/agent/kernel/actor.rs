@@ -92,13 +92,13 @@ impl Kernel {
 async fn finish(h: &KernelHandle, chain: &mut StageChain, reason: &str, exit_code: Option<i64>, suppress_events: bool) {
     h.set_status(KernelStatus::Terminating);
     if let Err(e) = h.ctx.store.set_status(&h.id, KernelStatus::Terminating, None).await {
-        tracing::error!(kernel_id = %h.id, error = %e, "store: cannot record TERMINATING");
+        tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATING");
     }
     if let Err(e) = chain.teardown().await {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "kernel teardown incomplete");
     }
     if let Err(e) = h.ctx.store.set_terminated(&h.id, reason, exit_code).await {
-        tracing::error!(kernel_id = %h.id, error = %e, "store: cannot record TERMINATED");
+        tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATED");
     }
     h.terminated(reason, exit_code, suppress_events);
 }
@@ -121,7 +121,7 @@ impl Actor for Kernel {
         if !self.done {
             // Stopped by its supervisor without a Terminate: keep the resources (the store has
             // them) so the next start re-attaches, as a detach would.
-            tracing::info!(kernel_id = %self.handle.id, "kernel actor stopped without teardown; resources kept");
+            tracing::info!(agent_id = %self.handle.ctx.agent_id, kernel_id = %self.handle.id, "kernel actor stopped without teardown; resources kept");
         }
         Running::Stop
     }
@@ -186,7 +186,7 @@ impl Handler<ContainerDied> for Kernel {
                 Ok(Some(s)) if s.running => return (chain, false, ()),
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::warn!(kernel_id = %h.id, error = %e, "cannot inspect an exited container");
+                    tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "cannot inspect an exited container");
                     return (chain, false, ());
                 }
             };
@@ -231,7 +231,7 @@ impl Handler<Detach> for Kernel {
     fn handle(&mut self, _: Detach, ctx: &mut Context<Self>) {
         if let Some(chain) = self.chain.as_mut() {
             let kept = chain.detach();
-            tracing::info!(kernel_id = %self.handle.id, stages = ?kept, "kernel detached");
+            tracing::info!(agent_id = %self.handle.ctx.agent_id, kernel_id = %self.handle.id, stages = ?kept, "kernel detached");
         }
         self.done = true;
         ctx.stop();

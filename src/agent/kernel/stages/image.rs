@@ -22,9 +22,9 @@ impl Provisioner for ImageStage {
             return Ok(image);
         }
         self.0.set_status(KernelStatus::Pulling);
-        let kernel_id = self.0.id.clone();
+        let (agent_id, kernel_id) = (self.0.ctx.agent_id.clone(), self.0.id.clone());
         let progress = move |p: crate::agent::backend::PullProgress| {
-            tracing::debug!(%kernel_id, status = %p.status, current = ?p.current, total = ?p.total, "pulling");
+            tracing::debug!(%agent_id, %kernel_id, status = %p.status, current = ?p.current, total = ?p.total, "pulling");
         };
         Ok(backend.pull_image(&reference, &progress).await.map_err(KernelError::from)?)
     }
