@@ -204,6 +204,9 @@ async fn a_thousand_events_survive_an_outage_a_lost_ack_and_an_agent_restart() {
     let ids: HashSet<String> = by_id.keys().cloned().collect();
     assert_eq!(ids.len(), produced.len());
 
+    // With the intake up, a shutdown delivers its own agent_terminated before the agent exits.
     peer.close();
     agent.shutdown(OnShutdown::Terminate).await;
+    let last = received.events.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(str_field(&last, "name"), Some("agent_terminated"), "{last}");
 }

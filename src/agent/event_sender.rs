@@ -62,8 +62,8 @@ enum Attempt {
 impl EventSender {
     const FIRST_RETRY: Duration = Duration::from_millis(200);
 
-    /// Delivers until `stop` resolves; then makes one last attempt (bounded by the ack timeout)
-    /// so that `agent_terminated` reaches a reachable manager, and returns. What is left stays
+    /// Delivers until `stop` resolves; then, if connected, makes one last attempt (bounded by
+    /// the ack timeout) so that `agent_terminated` reaches the manager, and returns. What is left stays
     /// in the outbox for the next start.
     pub async fn run(&self, stop: impl std::future::Future<Output = ()>) {
         let zmq = zmq::Context::new();
@@ -90,11 +90,14 @@ impl EventSender {
                 }
             }
         }
-        // Last delivery on the way out, bounded.
-        let last = tokio::time::timeout(self.config.event_ack_timeout.0, async {
-            while let Attempt::Progress = self.attempt(&zmq, &mut peer).await {}
-        });
-        let _ = last.await;
+        // Last delivery on the way out (agent_terminated, kernels destroyed on shutdown),
+        // bounded, and only over a live connection: a down manager must not delay shutdown.
+        if peer.as_ref().is_some_and(|p| !p.is_closed()) {
+            let last = tokio::time::timeout(self.config.event_ack_timeout.0, async {
+                while let Attempt::Progress = self.attempt(&zmq, &mut peer).await {}
+            });
+            let _ = last.await;
+        }
         if let Some(p) = peer {
             p.close();
         }

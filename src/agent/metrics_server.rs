@@ -47,7 +47,9 @@ impl MetricsServer {
         tokio::select! {
             r = &mut server => r,
             _ = stop => {
-                handle.stop(true).await;
+                // The stop command is sent at once; its completion needs the server future
+                // polled, so wait on the server itself rather than on the returned future.
+                drop(handle.stop(true));
                 server.await
             }
         }

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! AgentSupervisor (rest_for_one, at most 5 restarts in 60 s)
-//! ├─ outbox-writer    events → durable SQLite outbox (outbox.rs)        ┐ with a [manager]
-//! ├─ event-sender     outbox → manager's event intake, until acked      ┘ section only
+//! ├─ event-sender     outbox → manager's event intake, until acked      ┐ with a [manager]
+//! ├─ outbox-writer    events → durable SQLite outbox (outbox.rs)        ┘ section only
 //! ├─ kernels          KernelRegistry + one_for_one Supervisor of Kernel actors (registry.rs, kernel/)
 //! ├─ watcher          engine events → ContainerExited (watcher.rs)
 //! ├─ stats            node / container / GPU sampling → gauges (stats/)
@@ -219,16 +219,6 @@ impl Agent {
             let appended = Arc::new(Notify::new());
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
             let writer = Arc::new(OutboxWriter { outbox: outbox.clone(), metrics: metrics.clone(), appended: appended.clone() });
-            tree = tree.child(
-                ChildSpec::task("outbox-writer", move |stop: StopSignal| {
-                    let (writer, rx) = (writer.clone(), rx.clone());
-                    async move {
-                        writer.run(&mut *rx.lock().await, stop.requested()).await;
-                        Ok::<_, String>(())
-                    }
-                })
-                .shutdown(Shutdown::millis(10_000)),
-            );
             let sender = Arc::new(EventSender { agent_id: a.id.clone(), peer, config: m.clone(), outbox, appended, metrics: metrics.clone() });
             let grace = m.event_ack_timeout.0 + Duration::from_secs(2);
             tree = tree.child(
@@ -240,6 +230,16 @@ impl Agent {
                     }
                 })
                 .shutdown(Shutdown::Graceful(grace)),
+            );
+            tree = tree.child(
+                ChildSpec::task("outbox-writer", move |stop: StopSignal| {
+                    let (writer, rx) = (writer.clone(), rx.clone());
+                    async move {
+                        writer.run(&mut *rx.lock().await, stop.requested()).await;
+                        Ok::<_, String>(())
+                    }
+                })
+                .shutdown(Shutdown::millis(10_000)),
             );
         }
 
@@ -362,8 +362,9 @@ impl Agent {
     }
 
     /// Stops the tree in reverse order (RPC, heartbeat, metrics, stats, watcher, kernels —
-    /// detached or destroyed per `mode` — then the event sender's last delivery attempt and
-    /// the outbox writer), then closes the store.
+    /// detached or destroyed per `mode` — then the outbox writer, which stores the last events
+    /// such as `agent_terminated`, then the event sender's last delivery attempt), then closes
+    /// the store.
     pub async fn shutdown(self, mode: OnShutdown) {
         *self.on_shutdown.lock().expect("on-shutdown lock") = mode;
         self.final_shutdown.store(true, Ordering::SeqCst);
