@@ -24,6 +24,7 @@ cat <<'MSG'
 
 kernelvisor dev pair running (CURVE on):
   agent   RPC tcp://127.0.0.1:16011   (configs/dev/agent.toml)
+          metrics http://127.0.0.1:6003/metrics
   manager pools it, health-checks every 5 s (configs/dev/manager.toml)
 Try, in another shell, a stock callosum client against the agent:
   .venv/bin/python tests/interop/callosum_client.py tcp://127.0.0.1:16011 \
