@@ -49,7 +49,6 @@ pub async fn build(ctx: &AgentContext, registry: &Addr<KernelRegistry>, who: &Id
             ])
         })
         .collect();
-    ctx.metrics.kernel_count(live.len());
     let str_or_nil = |s: &Option<String>| s.clone().map_or(Value::Nil, Value::from);
     Value::Map(vec![
         ("agent_id".into(), ctx.agent_id.clone().into()),
@@ -68,7 +67,7 @@ pub async fn build(ctx: &AgentContext, registry: &Addr<KernelRegistry>, who: &Id
 }
 
 /// Sends a heartbeat every `interval` until `stop`. Without `peer` (standalone) it still
-/// refreshes `backendai_agent_heartbeat` and `backendai_kernel_count`.
+/// refreshes `backendai_agent_heartbeat`.
 pub async fn run(
     ctx: Arc<AgentContext>,
     registry: Addr<KernelRegistry>,

@@ -111,7 +111,7 @@ impl AgentMetrics {
             g
         };
         let heartbeat = gauge("backendai_agent_heartbeat", "Unix time (seconds) of the agent's last heartbeat");
-        let kernel_count = int_gauge("backendai_kernel_count", "Number of live kernels on the agent");
+        let kernel_count = int_gauge("backendai_kernel_count", "Number of running kernels on the agent (set every container sampling round)");
         let outbox_depth = int_gauge("kernelvisor_outbox_depth", "Events in the durable outbox not yet acked by the manager");
         let outbox_capacity = int_gauge("kernelvisor_outbox_capacity", "Most events the outbox keeps ([manager] outbox-max-events)");
         AgentMetrics {
@@ -264,7 +264,7 @@ impl AgentMetrics {
         self.heartbeat_failures.with_label_values(&[reason]).inc();
     }
 
-    /// The number of live kernels.
+    /// The number of running kernels (the stats sampler's container round owns it).
     pub fn kernel_count(&self, n: usize) {
         self.kernel_count.set(n as i64);
     }

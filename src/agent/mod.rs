@@ -104,11 +104,17 @@ struct Kernels {
 }
 
 impl Kernels {
-    /// Fresh allocators, a registry, and the kernels of the store adopted again.
-    async fn start(ctx: &Arc<AgentContext>) -> anyhow::Result<Kernels> {
+    /// After a restart of the `kernels` child: the detached kernels still hold their slots and
+    /// ports, so the allocators start afresh before [`Kernels::start`] adopts them again.
+    async fn restart(ctx: &Arc<AgentContext>) -> anyhow::Result<Kernels> {
         let c = &ctx.config.container;
         *ctx.slots.lock().expect("slot allocator lock") = AgentContext::detect_slots(&ctx.config);
         *ctx.ports.lock().expect("port pool lock") = PortPool::new(c.port_range[0], c.port_range[1], c.port_reuse_cooldown.0);
+        Kernels::start(ctx).await
+    }
+
+    /// A registry, and the kernels of the store adopted again (allocators as they are).
+    async fn start(ctx: &Arc<AgentContext>) -> anyhow::Result<Kernels> {
         let supervisor = Supervisor::build("kernels").start();
         let registry = KernelRegistry::new(ctx.clone(), supervisor.addr()).start();
         let recovery = recovery::recover(ctx, &registry).await?;
@@ -189,11 +195,12 @@ impl Agent {
         let endpoint = server.endpoint().to_owned();
         let metrics_server = MetricsServer::bind(&a.service_addr, metrics.clone())?;
         let metrics_addr = metrics_server.addr();
+        let agent_keypair = a.rpc_auth_agent_keypair.as_deref().map(load_keypair).transpose()?;
         let manager_peer = match &config.manager {
             Some(m) => Some(PeerOptions {
                 endpoint: m.event_addr.zmq_endpoint(),
-                curve: match (&a.rpc_auth_manager_public_key, &a.rpc_auth_agent_keypair) {
-                    (Some(manager), Some(pair)) => Some(ClientCurve { keypair: load_keypair(pair)?, server_key: load_certificate(manager)?.public }),
+                curve: match (&a.rpc_auth_manager_public_key, &agent_keypair) {
+                    (Some(manager), Some(pair)) => Some(ClientCurve { keypair: pair.clone(), server_key: load_certificate(manager)?.public }),
                     _ => None,
                 },
                 keepalive: Some(Default::default()),
@@ -204,10 +211,7 @@ impl Agent {
         let identity = heartbeat::Identity {
             region: a.region.clone(),
             rpc_addr: endpoint.clone(),
-            public_key: match &a.rpc_auth_agent_keypair {
-                Some(pair) => Some(load_keypair(pair)?.public.to_z85()),
-                None => None,
-            },
+            public_key: agent_keypair.as_ref().map(|pair| pair.public.to_z85()),
         };
 
         let final_shutdown = Arc::new(AtomicBool::new(false));
@@ -253,7 +257,7 @@ impl Agent {
                     async move {
                         let k = match first(&first_kernels) {
                             Some(k) => k,
-                            None => Kernels::start(&ctx).await.map_err(|e| format!("{e:#}"))?,
+                            None => Kernels::restart(&ctx).await.map_err(|e| format!("{e:#}"))?,
                         };
                         registry_tx.send_replace(Some(k.registry.clone()));
                         stop.requested().await;
