@@ -1,6 +1,7 @@
 //! `manager.toml`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -21,17 +22,125 @@ pub struct ManagerConfig {
     /// `[[agents]]`: agents known at start (the agent registry adds the rest at run time).
     #[serde(default)]
     pub agents: Vec<StaticAgent>,
+    /// `[store]`.
+    #[serde(default)]
+    pub store: StoreSection,
+    /// `[api]`.
+    #[serde(default)]
+    pub api: ApiSection,
+    /// `[scheduler]`.
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
+    /// `[[access-keys]]`: keys created (or their limits updated) at start.
+    #[serde(default)]
+    pub access_keys: Vec<AccessKeySection>,
     /// `[logging]`.
     #[serde(default)]
     pub logging: LoggingConfig,
 }
 
-/// `[manager]`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+/// `[manager]`: identity, event intake and agent liveness. Durations in seconds.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct ManagerSection {
-    /// The manager's secret certificate (`.key_secret`), used as CURVE client key towards agents.
+    /// The manager's secret certificate (`.key_secret`): CURVE client key towards agents and
+    /// server key of the event intake.
     pub rpc_keypair: Option<PathBuf>,
+    /// Event intake (ZeroMQ ROUTER, callosum): `0.0.0.0:6021`.
+    pub event_listen_addr: HostPort,
+    /// Directory of agents' public certificates (`*.key`, zmq.auth format) admitted by the
+    /// intake. Required with `rpc-keypair`; without both the intake is unauthenticated.
+    pub agent_keys_dir: Option<PathBuf>,
+    /// The agents' heartbeat interval (20), used to check `startup-grace`.
+    pub heartbeat_interval: Seconds,
+    /// No heartbeat for this long → the agent is `LOST` (40, seed 003).
+    pub heartbeat_timeout: Seconds,
+    /// After start, kernel API calls answer 503 for this long while the latest heartbeats come
+    /// in (45; must exceed 2 × `heartbeat-interval`, seed 003).
+    pub startup_grace: Seconds,
+    /// Processed event ids are kept this long for deduplication (7 days).
+    pub processed_event_retention: Seconds,
+}
+
+impl Default for ManagerSection {
+    fn default() -> Self {
+        ManagerSection {
+            rpc_keypair: None,
+            event_listen_addr: HostPort { host: "0.0.0.0".into(), port: 6021 },
+            agent_keys_dir: None,
+            heartbeat_interval: Seconds(Duration::from_secs(20)),
+            heartbeat_timeout: Seconds(Duration::from_secs(40)),
+            startup_grace: Seconds(Duration::from_secs(45)),
+            processed_event_retention: Seconds(Duration::from_secs(7 * 24 * 3600)),
+        }
+    }
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct StoreSection {
+    /// `sqlite://PATH` (default `sqlite://var/manager/manager.db`, created when missing) or
+    /// `postgres://user:password@host:port/database`.
+    pub url: String,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection { url: "sqlite://var/manager/manager.db".into() }
+    }
+}
+
+/// `[api]`: the HTTP API.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ApiSection {
+    /// Listen address (`0.0.0.0:8081`).
+    pub listen_addr: HostPort,
+    /// HTTP worker threads (2).
+    pub workers: usize,
+}
+
+impl Default for ApiSection {
+    fn default() -> Self {
+        ApiSection { listen_addr: HostPort { host: "0.0.0.0".into(), port: 8081 }, workers: 2 }
+    }
+}
+
+/// `[scheduler]`: agent call deadlines, seconds.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct SchedulerSection {
+    /// `create_kernels` (120: may include an image pull).
+    pub create_timeout: Seconds,
+    /// `destroy_kernel` (60).
+    pub destroy_timeout: Seconds,
+    /// `execute` when the request gives no `timeout` (600); with one, that plus 10.
+    pub execute_timeout: Seconds,
+    /// `reset_instance` of an agent back from `LOST` (60).
+    pub reset_timeout: Seconds,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        SchedulerSection {
+            create_timeout: Seconds(Duration::from_secs(120)),
+            destroy_timeout: Seconds(Duration::from_secs(60)),
+            execute_timeout: Seconds(Duration::from_secs(600)),
+            reset_timeout: Seconds(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// `[[access-keys]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AccessKeySection {
+    /// The key.
+    pub access_key: String,
+    /// At most this many live sessions (0 = unlimited, the default).
+    #[serde(default)]
+    pub concurrency_limit: u32,
 }
 
 /// `[agent-pool]`; every duration in seconds. Defaults: seed 000.
@@ -113,6 +222,26 @@ impl ManagerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.agent_pool.failure_threshold == 0 {
             return Err(ConfigError::Invalid("agent-pool.failure-threshold", "must be at least 1".into()));
+        }
+        let m = &self.manager;
+        if m.startup_grace.0 <= m.heartbeat_interval.0 * 2 {
+            return Err(ConfigError::Invalid("manager.startup-grace", format!("must exceed 2 × heartbeat-interval ({:?})", m.heartbeat_interval.0 * 2)));
+        }
+        if m.heartbeat_timeout.0 <= m.heartbeat_interval.0 {
+            return Err(ConfigError::Invalid("manager.heartbeat-timeout", "must exceed heartbeat-interval".into()));
+        }
+        if m.rpc_keypair.is_some() != m.agent_keys_dir.is_some() {
+            return Err(ConfigError::Invalid("manager.agent-keys-dir", "rpc-keypair and agent-keys-dir go together (CURVE on the event intake)".into()));
+        }
+        if !(self.store.url.starts_with("sqlite:") || self.store.url.starts_with("postgres:") || self.store.url.starts_with("postgresql:")) {
+            return Err(ConfigError::Invalid("store.url", format!("`{}`: expected sqlite://PATH or postgres://…", self.store.url)));
+        }
+        if self.api.workers == 0 {
+            return Err(ConfigError::Invalid("api.workers", "must be at least 1".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(k) = self.access_keys.iter().find(|k| k.access_key.is_empty() || !seen.insert(&k.access_key)) {
+            return Err(ConfigError::Invalid("access-keys.access-key", format!("`{}` is empty or listed twice", k.access_key)));
         }
         if self.manager.rpc_keypair.is_none() && self.agents.iter().any(|a| a.public_key.is_some()) {
             return Err(ConfigError::Invalid("manager.rpc-keypair", "required when an agent has a public-key".into()));

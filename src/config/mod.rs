@@ -10,7 +10,7 @@ mod manager;
 
 pub use agent::{AgentConfig, AgentManagerSection, AgentSection, BackendKind, ContainerSection, DummySection, OnShutdown, ResourceSection, StatsSection};
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
-pub use manager::{ManagerConfig, ManagerSection, PoolSection, StaticAgent};
+pub use manager::{AccessKeySection, ApiSection, ManagerConfig, ManagerSection, PoolSection, SchedulerSection, StaticAgent, StoreSection};
 
 use std::path::Path;
 

@@ -1,35 +1,162 @@
-//! The manager actor host. Now: the agent pool (seed 000); the store, event intake, agent
-//! registry, scheduler and HTTP API arrive with the manager issue.
+//! The manager actor host: the agent side of the control plane (seed 003).
+//!
+//! ```text
+//! manager process
+//! ├─ Store          sqlx: SQLite file by default, PostgreSQL by URL; migrations   store/
+//! ├─ AgentPool      one persistent DEALER per agent, ping health checks (seed 000) pool/
+//! ├─ AgentRegistry  liveness ALIVE/LOST/PENDING/TERMINATED, grace, event batches registry/
+//! ├─ EventIntake    ROUTER :6021 (callosum, CURVE): agent_events, agent_heartbeat intake.rs
+//! ├─ Scheduler      placement, create/destroy/execute through the pool           scheduler.rs
+//! └─ Api            actix-web :8081, /metrics                                     api/
+//! ```
+//! Started in that order (each needs only those before it), stopped in reverse.
 
+pub mod api;
+pub mod calls;
+pub mod error;
+pub mod events;
+pub mod intake;
+pub mod metrics;
 pub mod pool;
+pub mod registry;
+pub mod scheduler;
+pub mod store;
 
-use std::time::Duration;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 
-use actix::Actor;
+use actix::{Actor, Addr};
+use anyhow::Context as _;
 
 use crate::config::ManagerConfig;
 use crate::rpc::curve::{load_certificate, load_keypair};
-use pool::{AgentCall, AgentEndpoint, AgentPool, ClosePool, RegisterAgent};
+use crate::rpc::{RpcServer, ServerCurve};
+use pool::{AgentEndpoint, AgentPool, ClosePool, RegisterAgent};
+use registry::{AgentRegistry, FlushAgents, RegistrySpec};
+use scheduler::{Scheduler, SchedulerSpec};
+use store::Store;
 
-/// Runs the manager until SIGINT or SIGTERM: starts the agent pool, registers the agents of
-/// `[[agents]]`, and asks each for `gather_hwinfo` once (the pool's health check then pings
-/// them every `health-check-interval`).
-pub async fn run(config: ManagerConfig) -> anyhow::Result<()> {
-    let keypair = config.manager.rpc_keypair.as_deref().map(load_keypair).transpose()?;
-    let pool = AgentPool::new(config.agent_pool.spec(), keypair).start();
-    for agent in &config.agents {
-        let public_key = agent.public_key.as_deref().map(load_certificate).transpose()?.map(|c| c.public);
-        let endpoint = AgentEndpoint { addr: agent.addr.zmq_endpoint(), public_key };
-        pool.send(RegisterAgent { agent_id: agent.id.clone(), endpoint }).await?;
-        let call = AgentCall::new(&agent.id, "gather_hwinfo", vec![], Duration::from_secs(10));
-        match pool.send(call).await? {
-            Ok(info) => tracing::info!(agent_id = %agent.id, hwinfo = %info, "agent reachable"),
-            Err(e) => tracing::warn!(agent_id = %agent.id, error = %e, "agent not reachable yet"),
+/// A running manager.
+pub struct Manager {
+    store: Store,
+    pool: Addr<AgentPool>,
+    registry: Addr<AgentRegistry>,
+    intake: Addr<RpcServer>,
+    intake_endpoint: String,
+    api: actix_web::dev::ServerHandle,
+    api_addr: SocketAddr,
+}
+
+impl Manager {
+    /// Opens the store (migrating it), seeds `[[access-keys]]`, and starts the pool, registry,
+    /// intake, scheduler and API. Must run inside an actix system.
+    ///
+    /// Errors: the store cannot be opened; a key file is unreadable; the intake or API address
+    /// cannot be bound.
+    pub async fn start(config: &ManagerConfig) -> anyhow::Result<Manager> {
+        let m = &config.manager;
+        let store = Store::connect(&config.store.url).await.with_context(|| format!("store {}", redact(&config.store.url)))?;
+        for k in &config.access_keys {
+            store.ensure_access_key(&k.access_key, k.concurrency_limit.into()).await?;
         }
+        let keypair = m.rpc_keypair.as_deref().map(load_keypair).transpose()?;
+        let metrics = Arc::new(metrics::ManagerMetrics::new());
+
+        let pool = AgentPool::new(config.agent_pool.spec(), keypair.clone()).start();
+        for agent in &config.agents {
+            let public_key = agent.public_key.as_deref().map(load_certificate).transpose()?.map(|c| c.public);
+            pool.send(RegisterAgent { agent_id: agent.id.clone(), endpoint: AgentEndpoint { addr: agent.addr.zmq_endpoint(), public_key } }).await?;
+        }
+
+        let spec = RegistrySpec {
+            heartbeat_timeout: m.heartbeat_timeout.0,
+            startup_grace: m.startup_grace.0,
+            reset_timeout: config.scheduler.reset_timeout.0,
+            processed_event_retention: m.processed_event_retention.0,
+        };
+        let rows = store.agents().await?;
+        let registry = AgentRegistry::new(store.clone(), pool.clone(), metrics.clone(), spec, rows).start();
+
+        let curve = match (&keypair, &m.agent_keys_dir) {
+            (Some(keypair), Some(dir)) => {
+                let allowed = intake::load_agent_keys(dir).with_context(|| format!("manager.agent-keys-dir {}", dir.display()))?;
+                tracing::info!(keys = allowed.len(), dir = %dir.display(), "event intake admits these agent keys (CURVE)");
+                Some(ServerCurve { keypair: keypair.clone(), allowed_clients: allowed })
+            }
+            _ => {
+                tracing::warn!("event intake is unauthenticated: set [manager] rpc-keypair and agent-keys-dir for CURVE");
+                None
+            }
+        };
+        let server = RpcServer::bind(&m.event_listen_addr.zmq_endpoint(), curve, intake::dispatcher(registry.clone(), metrics.clone()))
+            .with_context(|| format!("manager.event-listen-addr {}", m.event_listen_addr))?;
+        let intake_endpoint = server.endpoint().to_owned();
+        let intake = server.start();
+
+        let sched_spec = SchedulerSpec {
+            create_timeout: config.scheduler.create_timeout.0,
+            destroy_timeout: config.scheduler.destroy_timeout.0,
+            execute_timeout: config.scheduler.execute_timeout.0,
+        };
+        let scheduler = Scheduler::new(store.clone(), pool.clone(), registry.clone(), metrics.clone(), sched_spec).start();
+
+        let listener = TcpListener::bind((config.api.listen_addr.host.as_str(), config.api.listen_addr.port)).with_context(|| format!("api.listen-addr {}", config.api.listen_addr))?;
+        let api_addr = listener.local_addr()?;
+        let state = api::ApiState { store: store.clone(), registry: registry.clone(), scheduler, pool: pool.clone(), metrics };
+        let server = api::serve(listener, config.api.workers, state)?;
+        let api = server.handle();
+        actix_rt::spawn(server);
+        tracing::info!(api = %api_addr, intake = %intake_endpoint, store = ?store.backend(), grace = ?m.startup_grace.0, "manager started");
+        Ok(Manager { store, pool, registry, intake, intake_endpoint, api, api_addr })
     }
-    tracing::info!(agents = config.agents.len(), "manager started");
+
+    /// Where the API listens.
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr
+    }
+
+    /// The intake's endpoint, `tcp://host:port`.
+    pub fn intake_endpoint(&self) -> &str {
+        &self.intake_endpoint
+    }
+
+    /// Stops in reverse order: API (in-flight requests get 5 s), intake, registry (flushing
+    /// agent rows), pool, store.
+    pub async fn stop(self) {
+        self.api.stop(true).await;
+        let _ = self.intake.send(crate::rpc::server::Shutdown).await;
+        let _ = self.registry.send(FlushAgents).await;
+        let _ = self.pool.send(ClosePool).await;
+        self.store.close().await;
+    }
+}
+
+/// `postgres://user:secret@host` → `postgres://user:***@host` for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
+            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
+/// Runs the manager until SIGINT or SIGTERM.
+pub async fn run(config: ManagerConfig) -> anyhow::Result<()> {
+    let manager = Manager::start(&config).await?;
     crate::signals::wait_for_shutdown().await;
     tracing::info!("manager shutting down");
-    let _ = pool.send(ClosePool).await;
+    manager.stop().await;
+    tracing::info!("manager stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(super::redact("postgres://kv:secret@127.0.0.1/db"), "postgres://kv:***@127.0.0.1/db");
+        assert_eq!(super::redact("sqlite://var/m.db"), "sqlite://var/m.db");
+    }
 }

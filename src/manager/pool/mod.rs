@@ -379,3 +379,53 @@ impl Handler<ClosePool> for AgentPool {
         ctx.stop();
     }
 }
+
+/// Closes an agent's entry now so that the next call reconnects from scratch (the agent's
+/// endpoint stays known). The registry sends it when a lost agent comes back: its old
+/// connection was invalidated and must not wait for the health check to heal.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Reconnect {
+    /// The agent.
+    pub agent_id: String,
+}
+
+impl Handler<Reconnect> for AgentPool {
+    type Result = ();
+    fn handle(&mut self, msg: Reconnect, _: &mut Context<Self>) {
+        self.evict(&msg.agent_id);
+    }
+}
+
+/// Entry counts, for the manager's `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Agents with a known endpoint.
+    pub known: usize,
+    /// Entries whose handshake is still running.
+    pub connecting: usize,
+    /// Ready entries accepting calls.
+    pub healthy: usize,
+    /// Entries refusing calls until a health check heals them (or eviction).
+    pub unhealthy: usize,
+}
+
+/// Reads [`PoolStats`].
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "PoolStats")]
+pub struct GetPoolStats;
+
+impl Handler<GetPoolStats> for AgentPool {
+    type Result = MessageResult<GetPoolStats>;
+    fn handle(&mut self, _: GetPoolStats, _: &mut Context<Self>) -> Self::Result {
+        let mut s = PoolStats { known: self.directory.len(), ..PoolStats::default() };
+        for e in self.entries.values() {
+            match (&e.conn, e.healthy) {
+                (_, false) => s.unhealthy += 1,
+                (Conn::Connecting(_), true) => s.connecting += 1,
+                (Conn::Ready(_), true) => s.healthy += 1,
+            }
+        }
+        MessageResult(s)
+    }
+}

@@ -1,0 +1,210 @@
+//! The HTTP API (actix-web, `[api] listen-addr`, :8081): sessions, agents, access keys,
+//! `/health`, `/metrics`. Contract: `docs/manager-api.md`.
+
+mod error;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix::Addr;
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpResponse, HttpServer};
+use serde::Deserialize;
+
+use super::error::ManagerError;
+use super::metrics::ManagerMetrics;
+use super::pool::{AgentPool, GetPoolStats};
+use super::registry::{AgentRegistry, GraceRemaining, ListAgents};
+use super::scheduler::{CreateSession, DestroySession, ExecuteInSession, Scheduler, SessionRequest};
+use super::store::{KernelRow, Store};
+use crate::agent::resources::slots::format_cores;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The store.
+    pub store: Store,
+    /// The registry (liveness, grace).
+    pub registry: Addr<AgentRegistry>,
+    /// The scheduler.
+    pub scheduler: Addr<Scheduler>,
+    /// The pool (metrics).
+    pub pool: Addr<AgentPool>,
+    /// Metrics.
+    pub metrics: Arc<ManagerMetrics>,
+}
+
+type Res = Result<HttpResponse, ManagerError>;
+
+fn slots_json(cpu_millis: i64, mem_bytes: i64, cuda: i64) -> serde_json::Value {
+    serde_json::json!({"cpu": format_cores(cpu_millis.max(0) as u64), "mem": mem_bytes.to_string(), "cuda.device": cuda.to_string()})
+}
+
+/// A session as the API shows it.
+pub fn session_json(k: &KernelRow) -> serde_json::Value {
+    serde_json::json!({
+        "session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "access_key": k.access_key,
+        "image": k.image, "status": k.status, "status_reason": k.status_reason, "exit_code": k.exit_code,
+        "resource_slots": slots_json(k.cpu_millis, k.mem_bytes, k.cuda_devices),
+        "created_at": k.created_at, "terminated_at": k.terminated_at,
+    })
+}
+
+/// Kernel API calls are refused during the start-up grace period.
+async fn not_in_grace(s: &ApiState) -> Result<(), ManagerError> {
+    match s.registry.send(GraceRemaining).await? {
+        Some(left) => Err(ManagerError::StartingUp(left)),
+        None => Ok(()),
+    }
+}
+
+fn count_error<T>(s: &ApiState, r: Result<T, ManagerError>) -> Result<T, ManagerError> {
+    if let Err(e) = &r {
+        s.metrics.session_errors.with_label_values(&[e.code()]).inc();
+    }
+    r
+}
+
+async fn create_session(s: web::Data<ApiState>, body: web::Json<SessionRequest>) -> Res {
+    let r = async {
+        not_in_grace(&s).await?;
+        s.scheduler.send(CreateSession(body.into_inner())).await?
+    }
+    .await;
+    let k = count_error(&s, r)?;
+    Ok(HttpResponse::Created().json(serde_json::json!({"session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "status": k.status})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    access_key: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+async fn list_sessions(s: web::Data<ApiState>, q: web::Query<ListQuery>) -> Res {
+    not_in_grace(&s).await?;
+    let rows = s.store.kernels(q.access_key.as_deref(), q.all).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"sessions": rows.iter().map(session_json).collect::<Vec<_>>()})))
+}
+
+async fn get_session(s: web::Data<ApiState>, id: web::Path<String>) -> Res {
+    not_in_grace(&s).await?;
+    let k = s.store.kernel(&id).await?.ok_or_else(|| ManagerError::SessionNotFound(id.into_inner()))?;
+    Ok(HttpResponse::Ok().json(session_json(&k)))
+}
+
+async fn delete_session(s: web::Data<ApiState>, id: web::Path<String>) -> Res {
+    let r = async {
+        not_in_grace(&s).await?;
+        s.scheduler.send(DestroySession(id.into_inner())).await?
+    }
+    .await;
+    Ok(HttpResponse::Ok().json(session_json(&count_error(&s, r)?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecuteBody {
+    code: String,
+    timeout: Option<f64>,
+}
+
+async fn execute(s: web::Data<ApiState>, id: web::Path<String>, body: web::Json<ExecuteBody>) -> Res {
+    let r = async {
+        not_in_grace(&s).await?;
+        let ExecuteBody { code, timeout } = body.into_inner();
+        s.scheduler.send(ExecuteInSession { id: id.into_inner(), code, timeout }).await?
+    }
+    .await;
+    Ok(HttpResponse::Ok().json(count_error(&s, r)?))
+}
+
+async fn list_agents(s: web::Data<ApiState>) -> Res {
+    let agents = s.registry.send(ListAgents).await?;
+    let usage = s.store.usage_by_agent().await?;
+    let list: Vec<serde_json::Value> = agents
+        .iter()
+        .map(|a| {
+            let r = &a.row;
+            let u = usage.get(&r.id).copied().unwrap_or_default();
+            serde_json::json!({
+                "agent_id": r.id, "status": r.status, "addr": r.addr, "region": r.region, "version": r.version,
+                "slots_total": slots_json(r.cpu_millis, r.mem_bytes, r.cuda_devices),
+                "slots_used": slots_json(u.cpu_millis, u.mem_bytes, u.cuda_devices),
+                "kernels": u.kernels, "last_heartbeat": r.last_heartbeat,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({"agents": list})))
+}
+
+async fn access_key(s: web::Data<ApiState>, key: web::Path<String>) -> Res {
+    let (used, limit) = s.store.access_key(&key).await?.ok_or_else(|| ManagerError::AccessKeyNotFound(key.clone()))?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"access_key": key.into_inner(), "concurrency_used": used, "concurrency_limit": limit})))
+}
+
+async fn health(s: web::Data<ApiState>) -> Res {
+    let grace = s.registry.send(GraceRemaining).await?;
+    let alive = s.registry.send(ListAgents).await?.iter().filter(|a| a.row.status == super::registry::ALIVE).count();
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ok", "mode": if grace.is_some() { "grace" } else { "normal" }, "agents_alive": alive})))
+}
+
+async fn metrics(s: web::Data<ApiState>) -> Res {
+    let m = &s.metrics;
+    m.agents.reset();
+    for status in [super::registry::ALIVE, super::registry::LOST, super::registry::PENDING, super::registry::TERMINATED] {
+        m.agents.with_label_values(&[status]).set(0);
+    }
+    for a in s.registry.send(ListAgents).await? {
+        m.agents.with_label_values(&[&a.row.status]).inc();
+    }
+    let p = s.pool.send(GetPoolStats).await?;
+    for (state, n) in [("known", p.known), ("connecting", p.connecting), ("healthy", p.healthy), ("unhealthy", p.unhealthy)] {
+        m.pool_entries.with_label_values(&[state]).set(n as i64);
+    }
+    m.live_kernels.reset();
+    for k in s.store.kernels(None, false).await? {
+        m.live_kernels.with_label_values(&[&k.status]).inc();
+    }
+    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(m.render()))
+}
+
+fn invalid(e: impl std::fmt::Display) -> actix_web::Error {
+    ManagerError::InvalidRequest(e.to_string()).into()
+}
+
+/// The routes, for the server and for tests.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    let not_allowed = || web::to(|| async { error::plain(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "method not allowed on this route") });
+    cfg.app_data(web::JsonConfig::default().limit(1 << 20).error_handler(|e, _| invalid(e)))
+        .app_data(web::QueryConfig::default().error_handler(|e, _| invalid(e)))
+        .app_data(web::PathConfig::default().error_handler(|e, _| invalid(e)))
+        .service(web::resource("/v1/sessions").route(web::post().to(create_session)).route(web::get().to(list_sessions)).default_service(not_allowed()))
+        .service(web::resource("/v1/sessions/{id}").route(web::get().to(get_session)).route(web::delete().to(delete_session)).default_service(not_allowed()))
+        .service(web::resource("/v1/sessions/{id}/execute").route(web::post().to(execute)).default_service(not_allowed()))
+        .service(web::resource("/v1/agents").route(web::get().to(list_agents)).default_service(not_allowed()))
+        .service(web::resource("/v1/access-keys/{key}").route(web::get().to(access_key)).default_service(not_allowed()))
+        .service(web::resource("/health").route(web::get().to(health)).default_service(not_allowed()))
+        .service(web::resource("/metrics").route(web::get().to(metrics)).default_service(not_allowed()));
+}
+
+/// Starts the API server on `listener` with `workers` threads; returns its handle (stop it
+/// with `handle.stop(true)`) and the future that runs it.
+///
+/// Errors: the listener cannot be used.
+pub fn serve(listener: TcpListener, workers: usize, state: ApiState) -> std::io::Result<actix_web::dev::Server> {
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(state.clone()))
+            .configure(configure)
+            .default_service(web::to(|| async { error::plain(StatusCode::NOT_FOUND, "not-found", "no such route") }))
+    })
+    .workers(workers)
+    .disable_signals()
+    .shutdown_timeout(5)
+    .listen(listener)?
+    .run();
+    Ok(server)
+}

@@ -1,0 +1,177 @@
+//! Agent events as the intake receives them (`docs/events.md`): parsed from the msgpack maps of
+//! `agent_events(agent_id, events)`, and compacted per batch.
+
+use std::collections::HashSet;
+
+use rmpv::Value;
+
+/// One event. `id` is the agent's UUID, the same on every resend.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentEvent {
+    /// Event UUID.
+    pub id: String,
+    /// The agent's outbox order.
+    pub seq: i64,
+    /// What happened.
+    pub body: EventBody,
+}
+
+/// The event's own fields, by `name`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventBody {
+    /// `agent_started`.
+    AgentStarted,
+    /// `agent_terminated` (`reason`: `shutdown`, or `agent-lost` when the manager emits it).
+    AgentTerminated {
+        /// Why.
+        reason: String,
+    },
+    /// `kernel_preparing` / `kernel_pulling` / `kernel_creating` / `kernel_started`: `status` is
+    /// the kernel status it means (`PREPARING`, `PULLING`, `CREATING`, `RUNNING`).
+    KernelStatus {
+        /// The event name.
+        name: String,
+        /// Kernel id.
+        kernel_id: String,
+        /// Status it moves the kernel to.
+        status: &'static str,
+    },
+    /// `kernel_terminated`.
+    KernelTerminated {
+        /// Kernel id.
+        kernel_id: String,
+        /// `user-requested`, `self-terminated`, `oom-killed`, …
+        reason: String,
+        /// Exit code, when it exited by itself.
+        exit_code: Option<i64>,
+    },
+    /// `kernel_dangling`: a container of this agent that its store does not know.
+    KernelDangling {
+        /// Kernel id from the container's labels.
+        kernel_id: String,
+        /// Container id.
+        container_id: String,
+    },
+    /// A name this manager does not know: recorded and acked (so it is not resent forever), no effect.
+    Other {
+        /// The name.
+        name: String,
+    },
+}
+
+impl EventBody {
+    /// The wire name.
+    pub fn name(&self) -> &str {
+        match self {
+            EventBody::AgentStarted => "agent_started",
+            EventBody::AgentTerminated { .. } => "agent_terminated",
+            EventBody::KernelStatus { name, .. } | EventBody::Other { name } => name,
+            EventBody::KernelTerminated { .. } => "kernel_terminated",
+            EventBody::KernelDangling { .. } => "kernel_dangling",
+        }
+    }
+
+    /// The kernel it is about, for kernel events.
+    pub fn kernel_id(&self) -> Option<&str> {
+        match self {
+            EventBody::KernelStatus { kernel_id, .. } | EventBody::KernelTerminated { kernel_id, .. } | EventBody::KernelDangling { kernel_id, .. } => Some(kernel_id),
+            _ => None,
+        }
+    }
+}
+
+fn field<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
+    map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v).filter(|v| !v.is_nil())
+}
+
+fn text(map: &[(Value, Value)], key: &str) -> Result<String, String> {
+    field(map, key).and_then(Value::as_str).map(str::to_owned).ok_or_else(|| format!("missing or non-string `{key}`"))
+}
+
+impl AgentEvent {
+    /// Parses one event map.
+    ///
+    /// Errors: not a map, or a missing/ill-typed `id`, `name`, or field the name requires
+    /// (the message names it). Such an event is not acked: the agent keeps it and the operator
+    /// sees the error in the manager's log.
+    pub fn from_value(v: &Value) -> Result<AgentEvent, String> {
+        let map = v.as_map().ok_or("an event must be a map")?;
+        let id = text(map, "id")?;
+        let seq = field(map, "seq").and_then(Value::as_i64).unwrap_or(0);
+        let name = text(map, "name")?;
+        let kernel = || text(map, "kernel_id");
+        let body = match name.as_str() {
+            "agent_started" => EventBody::AgentStarted,
+            "agent_terminated" => EventBody::AgentTerminated { reason: field(map, "reason").and_then(Value::as_str).unwrap_or("shutdown").to_owned() },
+            "kernel_preparing" | "kernel_pulling" | "kernel_creating" | "kernel_started" => {
+                let status = match name.as_str() {
+                    "kernel_preparing" => "PREPARING",
+                    "kernel_pulling" => "PULLING",
+                    "kernel_creating" => "CREATING",
+                    _ => "RUNNING",
+                };
+                EventBody::KernelStatus { kernel_id: kernel()?, status, name }
+            }
+            "kernel_terminated" => EventBody::KernelTerminated {
+                kernel_id: kernel()?,
+                reason: field(map, "reason").and_then(Value::as_str).unwrap_or("unknown").to_owned(),
+                exit_code: field(map, "exit_code").and_then(Value::as_i64),
+            },
+            "kernel_dangling" => EventBody::KernelDangling { kernel_id: kernel()?, container_id: text(map, "container_id").unwrap_or_default() },
+            _ => EventBody::Other { name },
+        };
+        Ok(AgentEvent { id, seq, body })
+    }
+}
+
+/// Which events of a batch (oldest first) are superseded: a kernel status update followed, in
+/// the same batch, by a later event of the same kernel. `kernel_terminated` is never superseded.
+pub fn superseded(batch: &[AgentEvent]) -> Vec<bool> {
+    let mut seen_later: HashSet<&str> = HashSet::new();
+    let mut out = vec![false; batch.len()];
+    for (i, ev) in batch.iter().enumerate().rev() {
+        if let EventBody::KernelStatus { kernel_id, .. } = &ev.body {
+            out[i] = seen_later.contains(kernel_id.as_str());
+        }
+        if let Some(k) = ev.body.kernel_id() {
+            seen_later.insert(k);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: &str, name: &str, kernel: &str) -> Value {
+        Value::Map(vec![("id".into(), id.into()), ("seq".into(), 1.into()), ("name".into(), name.into()), ("kernel_id".into(), kernel.into())])
+    }
+
+    #[test]
+    fn parses_names_and_requires_fields() {
+        let e = AgentEvent::from_value(&ev("a", "kernel_started", "k1")).unwrap();
+        assert_eq!(e.body, EventBody::KernelStatus { name: "kernel_started".into(), kernel_id: "k1".into(), status: "RUNNING" });
+        let bad = Value::Map(vec![("id".into(), "x".into()), ("name".into(), "kernel_terminated".into())]);
+        assert!(AgentEvent::from_value(&bad).unwrap_err().contains("kernel_id"));
+        assert!(AgentEvent::from_value(&Value::from(3)).is_err());
+        let other = AgentEvent::from_value(&ev("b", "kernel_heartbeat_v9", "k")).unwrap();
+        assert_eq!(other.body.name(), "kernel_heartbeat_v9");
+    }
+
+    #[test]
+    fn compaction_keeps_last_status_and_every_termination() {
+        let batch: Vec<AgentEvent> = [
+            ev("1", "kernel_preparing", "k1"),
+            ev("2", "kernel_creating", "k1"),
+            ev("3", "kernel_preparing", "k2"),
+            ev("4", "kernel_started", "k1"),
+            ev("5", "kernel_terminated", "k2"),
+            ev("6", "kernel_terminated", "k2"),
+        ]
+        .iter()
+        .map(|v| AgentEvent::from_value(v).unwrap())
+        .collect();
+        assert_eq!(superseded(&batch), vec![true, true, true, false, false, false]);
+    }
+}

@@ -1,0 +1,79 @@
+//! `EventIntake`: the callosum server agents report to (`docs/events.md`), a ROUTER on
+//! `[manager] event-listen-addr` (:6021). With CURVE it proves itself with the manager's key
+//! pair and admits only the agents' public keys found in `agent-keys-dir`.
+//!
+//! - `agent_events(agent_id, events)` → `{"acked": [id, …]}`: each event applied in its own
+//!   transaction by the registry, then acked; a duplicate id acked without being re-applied;
+//!   an event that does not parse is not acked (logged, counted) and neither is any later one.
+//! - `agent_heartbeat(agent_id, info)` → `{}`: handed to the registry (latest wins).
+
+use std::path::Path;
+
+use actix::Addr;
+use rmpv::Value;
+
+use super::events::AgentEvent;
+use super::metrics::ManagerMetrics;
+use super::registry::{AgentRegistry, ApplyEvents, Heartbeat, HeartbeatReceived};
+use crate::rpc::curve::{load_certificate, CurveKey, KeyError};
+use crate::rpc::{Dispatcher, ErrorMeta};
+
+/// The agents' public keys: every `*.key` certificate in `dir`, named by file stem.
+///
+/// Errors: the directory cannot be read, or a `.key` file is not a certificate.
+pub fn load_agent_keys(dir: &Path) -> Result<Vec<(CurveKey, String)>, KeyError> {
+    let mut keys = Vec::new();
+    let io = |source| KeyError::Io { path: dir.to_path_buf(), source };
+    let entries = std::fs::read_dir(dir).map_err(io)?;
+    for entry in entries {
+        let path = entry.map_err(io)?.path();
+        if path.extension().and_then(|e| e.to_str()) == Some("key") {
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+            keys.push((load_certificate(&path)?.public, name));
+        }
+    }
+    keys.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(keys)
+}
+
+fn agent_id(call: &crate::rpc::Call) -> Result<String, ErrorMeta> {
+    call.arg(0, "agent_id").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned).ok_or_else(|| ErrorMeta::new("TypeError", "missing required argument: 'agent_id'"))
+}
+
+/// The intake's dispatch table.
+pub fn dispatcher(registry: Addr<AgentRegistry>, metrics: std::sync::Arc<ManagerMetrics>) -> Dispatcher {
+    let mut d = Dispatcher::new(None);
+    let (r, m) = (registry.clone(), metrics.clone());
+    d.register("agent_events", move |call| {
+        let (r, m) = (r.clone(), m.clone());
+        async move {
+            let agent_id = agent_id(&call)?;
+            let raw = call.arg(1, "events").and_then(Value::as_array).ok_or_else(|| ErrorMeta::new("TypeError", "'events' must be a list"))?;
+            let mut events = Vec::with_capacity(raw.len());
+            for v in raw {
+                match AgentEvent::from_value(v) {
+                    Ok(e) => events.push(e),
+                    Err(e) => {
+                        // Later events wait behind it: per-kernel order matters more than progress.
+                        tracing::error!(%agent_id, error = %e, event = %v, "malformed agent event: not acked");
+                        m.events_rejected.with_label_values(&["malformed"]).inc();
+                        break;
+                    }
+                }
+            }
+            let acked = r.send(ApplyEvents { agent_id, events }).await.map_err(|e| ErrorMeta::new("ManagerShuttingDown", e.to_string()))?;
+            Ok(Value::Map(vec![("acked".into(), Value::Array(acked.into_iter().map(Value::from).collect()))]))
+        }
+    });
+    d.register("agent_heartbeat", move |call| {
+        let r = registry.clone();
+        async move {
+            let agent_id = agent_id(&call)?;
+            let info = call.arg(1, "info").cloned().unwrap_or(Value::Nil);
+            let hb = Heartbeat::from_value(&agent_id, &info).map_err(|e| ErrorMeta::new("InvalidHeartbeat", e))?;
+            r.do_send(HeartbeatReceived(hb));
+            Ok(Value::Map(vec![]))
+        }
+    });
+    d
+}

@@ -1,0 +1,113 @@
+//! The manager's Prometheus metrics (`GET /metrics` on the API). All under `kernelvisor_manager_`;
+//! counters end in `_total`. Gauges that describe current state (agents by status, pool
+//! entries, live kernels) are set when scraped.
+
+use std::time::Duration;
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+/// Buckets of agent RPC latency, seconds (a ping is ~0.3 ms; `create_kernels` seconds).
+const RPC_BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0];
+
+/// Every manager metric.
+pub struct ManagerMetrics {
+    registry: Registry,
+    /// `kernelvisor_manager_agents{status}`: agents by `ALIVE`/`LOST`/`PENDING`/`TERMINATED`.
+    pub agents: IntGaugeVec,
+    /// `kernelvisor_manager_pool_entries{state}`: `connecting`, `healthy`, `unhealthy`, `known`.
+    pub pool_entries: IntGaugeVec,
+    /// `kernelvisor_manager_live_kernels`: kernels in the live set.
+    pub live_kernels: IntGaugeVec,
+    /// `kernelvisor_manager_agent_rpc_duration_seconds{method}`.
+    pub rpc_duration: HistogramVec,
+    /// `kernelvisor_manager_agent_rpc_failures_total{method, kind}` (`connection`, `failure`, `unavailable`).
+    pub rpc_failures: IntCounterVec,
+    /// `kernelvisor_manager_events_applied_total{name}`.
+    pub events_applied: IntCounterVec,
+    /// `kernelvisor_manager_events_duplicate_total`: resent ids acked without re-applying.
+    pub events_duplicate: IntCounter,
+    /// `kernelvisor_manager_events_compacted_total`: superseded status updates skipped.
+    pub events_compacted: IntCounter,
+    /// `kernelvisor_manager_events_rejected_total{reason}`: unparseable or failed, not acked.
+    pub events_rejected: IntCounterVec,
+    /// `kernelvisor_manager_heartbeats_total`.
+    pub heartbeats: IntCounter,
+    /// `kernelvisor_manager_agents_lost_total`.
+    pub agents_lost: IntCounter,
+    /// `kernelvisor_manager_agent_resets_total{result}` (`ok`, `failed`).
+    pub agent_resets: IntCounterVec,
+    /// `kernelvisor_manager_unknown_kernels_total`: kernels an agent reports that the store does not hold live.
+    pub unknown_kernels: IntCounter,
+    /// `kernelvisor_manager_sessions_created_total`.
+    pub sessions_created: IntCounter,
+    /// `kernelvisor_manager_session_errors_total{code}`: API error codes of session calls.
+    pub session_errors: IntCounterVec,
+}
+
+impl Default for ManagerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ManagerMetrics {
+    /// Registers every family.
+    pub fn new() -> ManagerMetrics {
+        let registry = Registry::new();
+        let reg = |c: Box<dyn prometheus::core::Collector>| registry.register(c).expect("unique metric");
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(format!("kernelvisor_manager_{name}_total"), help).expect("valid counter");
+            reg(Box::new(c.clone()));
+            c
+        };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(format!("kernelvisor_manager_{name}_total"), help), labels).expect("valid counter");
+            reg(Box::new(c.clone()));
+            c
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(format!("kernelvisor_manager_{name}"), help), labels).expect("valid gauge");
+            reg(Box::new(g.clone()));
+            g
+        };
+        let rpc_duration = HistogramVec::new(
+            HistogramOpts::new("kernelvisor_manager_agent_rpc_duration_seconds", "Agent RPC call time through the pool, seconds").buckets(RPC_BUCKETS.to_vec()),
+            &["method"],
+        )
+        .expect("valid histogram");
+        reg(Box::new(rpc_duration.clone()));
+        ManagerMetrics {
+            agents: gauge_vec("agents", "Agents by liveness status", &["status"]),
+            pool_entries: gauge_vec("pool_entries", "Agent pool entries by state", &["state"]),
+            live_kernels: gauge_vec("live_kernels", "Kernels in the live set, by status", &["status"]),
+            rpc_duration,
+            rpc_failures: counter_vec("agent_rpc_failures", "Agent RPC calls that failed, by kind", &["method", "kind"]),
+            events_applied: counter_vec("events_applied", "Agent events applied to the store", &["name"]),
+            events_duplicate: counter("events_duplicate", "Resent agent events acked without being applied again"),
+            events_compacted: counter("events_compacted", "Superseded kernel status events recorded without effect"),
+            events_rejected: counter_vec("events_rejected", "Agent events not acked (unparseable, or the store failed)", &["reason"]),
+            heartbeats: counter("heartbeats", "Agent heartbeats received"),
+            agents_lost: counter("agents_lost", "Agents marked LOST after the heartbeat timeout"),
+            agent_resets: counter_vec("agent_resets", "reset_instance calls to agents back from LOST", &["result"]),
+            unknown_kernels: counter("unknown_kernels", "Kernels agents report that the store does not hold live"),
+            sessions_created: counter("sessions_created", "Sessions created"),
+            session_errors: counter_vec("session_errors", "Session API errors by code", &["code"]),
+            registry,
+        }
+    }
+
+    /// One agent call: its time, and the failure kind when it failed.
+    pub fn agent_call(&self, method: &str, took: Duration, failure: Option<&str>) {
+        self.rpc_duration.with_label_values(&[method]).observe(took.as_secs_f64());
+        if let Some(kind) = failure {
+            self.rpc_failures.with_label_values(&[method, kind]).inc();
+        }
+    }
+
+    /// Prometheus text format 0.0.4.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}

@@ -1,0 +1,78 @@
+//! Applying agent events exactly once in effect: the event's id and its effect commit in one
+//! transaction; an id seen before is reported as a duplicate and changes nothing
+//! (`docs/events.md`, invariant 4 of `docs/scenarios.md`).
+
+use sqlx::{Any, Transaction};
+
+use super::agents::{upsert_in, AgentRow};
+use super::kernels::{advance_in, terminate_in};
+use super::{now, Store, StoreError};
+use crate::manager::events::{AgentEvent, EventBody};
+
+/// What applying one event did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Its effect is committed.
+    Applied,
+    /// Its id was applied before: acked again, not re-applied.
+    Duplicate,
+    /// Recorded as processed without effect: a later event of the same batch supersedes it.
+    Compacted,
+}
+
+async fn record(tx: &mut Transaction<'_, Any>, agent_id: &str, ev: &AgentEvent) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query("INSERT INTO processed_events (id, agent_id, name, applied_at) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING")
+        .bind(&ev.id)
+        .bind(agent_id)
+        .bind(ev.body.name())
+        .bind(now())
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+    Ok(inserted == 1)
+}
+
+impl Store {
+    /// Applies one event of `agent_id` in a transaction. `agent_row` is the agent's new row for
+    /// agent-level events (the registry decides its status); `compacted` records the id without
+    /// applying a superseded status update.
+    pub async fn apply_event(&self, agent_id: &str, ev: &AgentEvent, agent_row: Option<&AgentRow>, compacted: bool) -> Result<Applied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if !record(&mut tx, agent_id, ev).await? {
+            return Ok(Applied::Duplicate);
+        }
+        if compacted {
+            tx.commit().await?;
+            return Ok(Applied::Compacted);
+        }
+        match &ev.body {
+            EventBody::KernelStatus { kernel_id, status, .. } => {
+                advance_in(&mut tx, kernel_id, status).await?;
+            }
+            EventBody::KernelTerminated { kernel_id, reason, exit_code, .. } => {
+                terminate_in(&mut tx, kernel_id, reason, *exit_code).await?;
+            }
+            EventBody::AgentStarted | EventBody::AgentTerminated { .. } => {
+                if let Some(row) = agent_row {
+                    upsert_in(&mut tx, row).await?;
+                }
+            }
+            EventBody::KernelDangling { .. } | EventBody::Other { .. } => {}
+        }
+        tx.commit().await?;
+        Ok(Applied::Applied)
+    }
+
+    /// Forgets processed event ids older than `max_age_secs` (an agent resends only what is in
+    /// its outbox, so ids older than any plausible outage are dead weight). Returns rows removed.
+    pub async fn prune_processed_events(&self, max_age_secs: f64) -> Result<u64, StoreError> {
+        let cutoff = now() - max_age_secs;
+        Ok(sqlx::query("DELETE FROM processed_events WHERE applied_at < $1").bind(cutoff).execute(&self.pool).await?.rows_affected())
+    }
+
+    /// Whether an event id has been applied (tests, diagnostics).
+    pub async fn event_processed(&self, id: &str) -> Result<bool, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM processed_events WHERE id = $1").bind(id).fetch_one(&self.pool).await?;
+        Ok(n > 0)
+    }
+}

@@ -1,0 +1,315 @@
+//! Kernels (one per session) and access keys: placement reservations, status updates, and the
+//! one way out of the live set.
+
+use std::collections::HashMap;
+
+use sqlx::any::AnyRow;
+use sqlx::{Any, Row, Transaction};
+
+use super::{now, Store, StoreError};
+
+/// Kernel statuses in lifecycle order; a status update only moves forward in this list
+/// (events and RPC replies may race; `TERMINATED` is final). `RESTARTING` ranks with `RUNNING`.
+const ORDER: [&str; 8] = ["PENDING", "PREPARING", "PULLING", "CREATING", "RUNNING", "RESTARTING", "TERMINATING", "TERMINATED"];
+
+fn rank(status: &str) -> Option<usize> {
+    match status {
+        "RESTARTING" => Some(4),
+        s => ORDER.iter().position(|o| *o == s).map(|i| if i > 5 { i - 1 } else { i }),
+    }
+}
+
+/// One kernel row. Slots: `cpu_millis` (millicores), `mem_bytes` (bytes), `cuda_devices`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelRow {
+    /// Kernel UUID.
+    pub id: String,
+    /// Session UUID.
+    pub session_id: String,
+    /// The agent it is placed on.
+    pub agent_id: String,
+    /// The access key that owns it.
+    pub access_key: String,
+    /// Image reference.
+    pub image: String,
+    /// `PENDING` (placed, agent not answered yet), `PREPARING` … `RUNNING` … `TERMINATED`.
+    pub status: String,
+    /// Why it terminated (`user-requested`, `agent-lost`, …).
+    pub status_reason: Option<String>,
+    /// Exit code when it terminated by itself.
+    pub exit_code: Option<i64>,
+    /// Millicores.
+    pub cpu_millis: i64,
+    /// Bytes.
+    pub mem_bytes: i64,
+    /// GPUs.
+    pub cuda_devices: i64,
+    /// Unix seconds.
+    pub created_at: f64,
+    /// Unix seconds; `None` while live.
+    pub terminated_at: Option<f64>,
+}
+
+impl KernelRow {
+    /// Whether the kernel is in the live set (anything but `TERMINATED`).
+    pub fn is_live(&self) -> bool {
+        self.status != "TERMINATED"
+    }
+
+    fn from_row(r: &AnyRow) -> Result<KernelRow, sqlx::Error> {
+        Ok(KernelRow {
+            id: r.try_get("id")?,
+            session_id: r.try_get("session_id")?,
+            agent_id: r.try_get("agent_id")?,
+            access_key: r.try_get("access_key")?,
+            image: r.try_get("image")?,
+            status: r.try_get("status")?,
+            status_reason: r.try_get("status_reason")?,
+            exit_code: r.try_get("exit_code")?,
+            cpu_millis: r.try_get("cpu_millis")?,
+            mem_bytes: r.try_get("mem_bytes")?,
+            cuda_devices: r.try_get("cuda_devices")?,
+            created_at: r.try_get("created_at")?,
+            terminated_at: r.try_get("terminated_at")?,
+        })
+    }
+}
+
+/// A kernel to reserve on an agent before `create_kernels` is called.
+#[derive(Clone, Debug)]
+pub struct NewKernel {
+    /// Kernel UUID.
+    pub id: String,
+    /// Session UUID.
+    pub session_id: String,
+    /// Chosen agent.
+    pub agent_id: String,
+    /// Owner.
+    pub access_key: String,
+    /// Image reference.
+    pub image: String,
+    /// Millicores.
+    pub cpu_millis: i64,
+    /// Bytes.
+    pub mem_bytes: i64,
+    /// GPUs.
+    pub cuda_devices: i64,
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    /// No such access key.
+    #[error("access key `{0}` does not exist")]
+    UnknownAccessKey(String),
+    /// The key already has `limit` live kernels.
+    #[error("access key `{0}` is at its concurrency limit ({1})")]
+    ConcurrencyLimit(String, i64),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Slots placed on one agent by the manager: live kernels' sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Millicores.
+    pub cpu_millis: i64,
+    /// Bytes.
+    pub mem_bytes: i64,
+    /// GPUs.
+    pub cuda_devices: i64,
+    /// Live kernels.
+    pub kernels: i64,
+}
+
+const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at";
+
+/// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
+/// Returns whether it was live (a second call for the same kernel is a no-op).
+pub(super) async fn terminate_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, reason: &str, exit_code: Option<i64>) -> Result<bool, sqlx::Error> {
+    let key: Option<String> = sqlx::query_scalar(
+        "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4 \
+         WHERE id = $1 AND status <> 'TERMINATED' RETURNING access_key",
+    )
+    .bind(kernel_id)
+    .bind(reason)
+    .bind(exit_code)
+    .bind(now())
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(key) = key else { return Ok(false) };
+    sqlx::query("UPDATE access_keys SET concurrency_used = concurrency_used - 1 WHERE access_key = $1 AND concurrency_used > 0")
+        .bind(key)
+        .execute(&mut **tx)
+        .await?;
+    Ok(true)
+}
+
+/// Moves a kernel's status forward (never back, never out of `TERMINATED`) inside `tx`.
+pub(super) async fn advance_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, status: &str) -> Result<bool, sqlx::Error> {
+    let Some(r) = rank(status).filter(|_| status != "TERMINATED") else { return Ok(false) };
+    let earlier: Vec<String> = ORDER.iter().filter(|s| rank(s).is_some_and(|x| x < r)).map(|s| format!("'{s}'")).collect();
+    if earlier.is_empty() {
+        return Ok(false);
+    }
+    // `earlier` comes from the constant ORDER, never from input.
+    let sql = format!("UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({})", earlier.join(", "));
+    Ok(sqlx::query(&sql).bind(kernel_id).bind(status).execute(&mut **tx).await?.rows_affected() > 0)
+}
+
+impl Store {
+    /// Creates an access key or updates its limit (0 = unlimited); `concurrency_used` is kept.
+    pub async fn ensure_access_key(&self, access_key: &str, concurrency_limit: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO access_keys (access_key, concurrency_used, concurrency_limit, created_at) VALUES ($1, 0, $2, $3) \
+             ON CONFLICT (access_key) DO UPDATE SET concurrency_limit = excluded.concurrency_limit",
+        )
+        .bind(access_key)
+        .bind(concurrency_limit)
+        .bind(now())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// `(concurrency_used, concurrency_limit)` of a key, `None` when unknown.
+    pub async fn access_key(&self, access_key: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        let row = sqlx::query("SELECT concurrency_used, concurrency_limit FROM access_keys WHERE access_key = $1")
+            .bind(access_key)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?))).transpose()?)
+    }
+
+    /// Every access key with `concurrency_used`: `key → used`.
+    pub async fn concurrency_used(&self) -> Result<HashMap<String, i64>, StoreError> {
+        let rows = sqlx::query("SELECT access_key, concurrency_used FROM access_keys").fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<_, sqlx::Error>>().map_err(Into::into)
+    }
+
+    /// Records a placed kernel as `PENDING` and takes one unit of its key's concurrency, in one
+    /// transaction.
+    ///
+    /// Errors: unknown key, key at its limit, the database.
+    pub async fn reserve_kernel(&self, k: &NewKernel) -> Result<(), ReserveError> {
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        let taken = sqlx::query(
+            "UPDATE access_keys SET concurrency_used = concurrency_used + 1 \
+             WHERE access_key = $1 AND (concurrency_limit = 0 OR concurrency_used < concurrency_limit)",
+        )
+        .bind(&k.access_key)
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from)?
+        .rows_affected();
+        if taken == 0 {
+            drop(tx);
+            return match self.access_key(&k.access_key).await? {
+                None => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
+                Some((_, limit)) => Err(ReserveError::ConcurrencyLimit(k.access_key.clone(), limit)),
+            };
+        }
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL)"))
+            .bind(&k.id)
+            .bind(&k.session_id)
+            .bind(&k.agent_id)
+            .bind(&k.access_key)
+            .bind(&k.image)
+            .bind(k.cpu_millis)
+            .bind(k.mem_bytes)
+            .bind(k.cuda_devices)
+            .bind(now())
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(())
+    }
+
+    /// Undoes a reservation the agent refused (nothing was created there): the row goes and the
+    /// concurrency comes back, in one transaction. Returns whether it was still live.
+    pub async fn discard_reservation(&self, kernel_id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let was_live = terminate_in(&mut tx, kernel_id, "failed-to-create", None).await?;
+        sqlx::query("DELETE FROM kernels WHERE id = $1").bind(kernel_id).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(was_live)
+    }
+
+    /// Takes a kernel out of the live set (releasing its concurrency). Returns whether it was live.
+    pub async fn terminate_kernel(&self, kernel_id: &str, reason: &str, exit_code: Option<i64>) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let was_live = terminate_in(&mut tx, kernel_id, reason, exit_code).await?;
+        tx.commit().await?;
+        Ok(was_live)
+    }
+
+    /// Moves a kernel's status forward (see [`ORDER`]); returns whether it changed.
+    pub async fn advance_kernel(&self, kernel_id: &str, status: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let changed = advance_in(&mut tx, kernel_id, status).await?;
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    /// One kernel by its kernel id or its session id.
+    pub async fn kernel(&self, id: &str) -> Result<Option<KernelRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY created_at DESC LIMIT 1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(KernelRow::from_row).transpose()?)
+    }
+
+    /// Kernels, newest first: live only unless `all`; only `access_key`'s when given.
+    pub async fn kernels(&self, access_key: Option<&str>, all: bool) -> Result<Vec<KernelRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR status <> 'TERMINATED') AND ($2 = '' OR access_key = $2) ORDER BY created_at DESC"
+        );
+        // `$1` as an integer comparison: Any binds booleans differently per backend.
+        let sql = sql.replace("($1 OR", "($1 = 1 OR");
+        let rows = sqlx::query(&sql).bind(all as i64).bind(access_key.unwrap_or("")).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(KernelRow::from_row).collect::<Result<_, _>>()?)
+    }
+
+    /// Live kernels on one agent.
+    pub async fn live_kernels_of(&self, agent_id: &str) -> Result<Vec<KernelRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'"))
+            .bind(agent_id)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(KernelRow::from_row).collect::<Result<_, _>>()?)
+    }
+
+    /// Slots the manager has placed on each agent (live kernels only).
+    pub async fn usage_by_agent(&self) -> Result<HashMap<String, Usage>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT agent_id, CAST(SUM(cpu_millis) AS BIGINT), CAST(SUM(mem_bytes) AS BIGINT), CAST(SUM(cuda_devices) AS BIGINT), COUNT(*) \
+             FROM kernels WHERE status <> 'TERMINATED' GROUP BY agent_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = HashMap::new();
+        for r in rows {
+            let usage = Usage { cpu_millis: r.try_get(1)?, mem_bytes: r.try_get(2)?, cuda_devices: r.try_get(3)?, kernels: r.try_get(4)? };
+            out.insert(r.try_get(0)?, usage);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rank;
+
+    #[test]
+    fn status_order_moves_forward_only() {
+        assert!(rank("PENDING") < rank("PREPARING"));
+        assert!(rank("CREATING") < rank("RUNNING"));
+        assert_eq!(rank("RESTARTING"), rank("RUNNING"));
+        assert!(rank("RUNNING") < rank("TERMINATING"));
+        assert!(rank("TERMINATING") < rank("TERMINATED"));
+        assert_eq!(rank("BOGUS"), None);
+    }
+}

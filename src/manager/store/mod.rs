@@ -1,0 +1,117 @@
+//! The manager's store, through sqlx's `Any` driver: a SQLite file by default (embedded, zero
+//! set-up), PostgreSQL for a fleet (`postgres://…`), one schema for both
+//! (`migrations/manager/`, applied at start).
+//!
+//! What the store decides itself, so that no caller can get it wrong: a kernel leaves the live
+//! set at most once, and `concurrency_used` of its access key drops in the same transaction
+//! (invariant 2 of `docs/scenarios.md`; the column also has `CHECK (concurrency_used >= 0)`).
+
+mod agents;
+mod events;
+mod kernels;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyPool, Executor};
+
+pub use agents::AgentRow;
+pub use events::Applied;
+pub use kernels::{KernelRow, NewKernel, ReserveError, Usage};
+
+/// Store errors: the database failed or refused (constraint); the message names the query.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// sqlx error.
+    #[error("store: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Migration failure at start.
+    #[error("store migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A URL that is neither `sqlite:` nor `postgres:`/`postgresql:`.
+    #[error("store url `{0}`: expected sqlite://PATH or postgres://…")]
+    Url(String),
+}
+
+/// Which database a store runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded SQLite file: one connection (SQLite has one writer anyway, and this way no
+    /// transaction ever waits on a lock upgrade).
+    Sqlite,
+    /// PostgreSQL server.
+    Postgres,
+}
+
+/// A connected, migrated store. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+/// Unix time now, seconds.
+pub fn now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://PATH` — created with its directory when missing — or
+    /// `postgres://user:pass@host/db`) and applies the migrations.
+    ///
+    /// Errors: [`StoreError::Url`] for another scheme; connection or migration failures.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(StoreError::Url(url.to_owned()));
+        };
+        let mut url = url.to_owned();
+        if backend == Backend::Sqlite {
+            let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+            let path = path.split('?').next().unwrap_or_default();
+            if let Some(dir) = std::path::Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| sqlx::Error::Io(e))?;
+            }
+            if !url.contains("mode=") {
+                url.push_str(if url.contains('?') { "&mode=rwc" } else { "?mode=rwc" });
+            }
+        }
+        let options = AnyConnectOptions::from_str(&url)?;
+        let pool = match backend {
+            Backend::Sqlite => {
+                AnyPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute("PRAGMA journal_mode = WAL").await?;
+                            conn.execute("PRAGMA synchronous = NORMAL").await?;
+                            conn.execute("PRAGMA foreign_keys = ON").await?;
+                            conn.execute("PRAGMA busy_timeout = 5000").await?;
+                            Ok(())
+                        })
+                    })
+                    .connect_with(options)
+                    .await?
+            }
+            Backend::Postgres => AnyPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(30)).connect_with(options).await?,
+        };
+        sqlx::migrate!("migrations/manager").run(&pool).await?;
+        Ok(Store { pool, backend })
+    }
+
+    /// The database this store runs on.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
