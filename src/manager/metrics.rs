@@ -16,6 +16,10 @@ pub struct ManagerMetrics {
     pub agents: IntGaugeVec,
     /// `kernelvisor_manager_pool_entries{state}`: `connecting`, `healthy`, `unhealthy`, `known`.
     pub pool_entries: IntGaugeVec,
+    /// `kernelvisor_manager_pool_last_sweep_seconds`: wall time of the newest health-check sweep.
+    pub pool_last_sweep: prometheus::Gauge,
+    /// `kernelvisor_manager_pool_last_sweep_entries`: entries that sweep pinged.
+    pub pool_last_sweep_entries: prometheus::IntGauge,
     /// `kernelvisor_manager_live_kernels`: kernels in the live set.
     pub live_kernels: IntGaugeVec,
     /// `kernelvisor_manager_agent_rpc_duration_seconds{method}`.
@@ -76,7 +80,13 @@ impl ManagerMetrics {
         )
         .expect("valid histogram");
         reg(Box::new(rpc_duration.clone()));
+        let pool_last_sweep = prometheus::Gauge::new("kernelvisor_manager_pool_last_sweep_seconds", "Wall time of the newest agent pool health-check sweep, seconds").expect("valid gauge");
+        reg(Box::new(pool_last_sweep.clone()));
+        let pool_last_sweep_entries = prometheus::IntGauge::new("kernelvisor_manager_pool_last_sweep_entries", "Pool entries the newest health-check sweep pinged").expect("valid gauge");
+        reg(Box::new(pool_last_sweep_entries.clone()));
         ManagerMetrics {
+            pool_last_sweep,
+            pool_last_sweep_entries,
             agents: gauge_vec("agents", "Agents by liveness status", &["status"]),
             pool_entries: gauge_vec("pool_entries", "Agent pool entries by state", &["state"]),
             live_kernels: gauge_vec("live_kernels", "Kernels in the live set, by status", &["status"]),

@@ -164,6 +164,10 @@ async fn metrics(s: web::Data<ApiState>) -> Res {
     for (state, n) in [("known", p.known), ("connecting", p.connecting), ("healthy", p.healthy), ("unhealthy", p.unhealthy)] {
         m.pool_entries.with_label_values(&[state]).set(n as i64);
     }
+    if let Some((took, n)) = p.last_sweep {
+        m.pool_last_sweep.set(took.as_secs_f64());
+        m.pool_last_sweep_entries.set(n as i64);
+    }
     m.live_kernels.reset();
     for k in s.store.kernels(None, false).await? {
         m.live_kernels.with_label_values(&[&k.status]).inc();

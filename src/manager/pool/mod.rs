@@ -64,13 +64,15 @@ pub struct AgentPool {
     directory: HashMap<String, AgentEndpoint>,
     entries: HashMap<String, Entry>,
     next_generation: u64,
+    /// Wall time and size of the newest finished health-check sweep.
+    last_sweep: Option<(Duration, usize)>,
 }
 
 impl AgentPool {
     /// A pool with `spec`; `keypair` is the manager's CURVE key pair, needed for agents that
     /// have a public key.
     pub fn new(spec: PoolSpec, keypair: Option<KeyPair>) -> Self {
-        AgentPool { spec, zmq: zmq::Context::new(), keypair, directory: HashMap::new(), entries: HashMap::new(), next_generation: 0 }
+        AgentPool { spec, zmq: zmq::Context::new(), keypair, directory: HashMap::new(), entries: HashMap::new(), next_generation: 0, last_sweep: None }
     }
 
     fn unavailable(agent_id: &str, reason: impl Into<String>) -> AgentConnectionUnavailable {
@@ -157,6 +159,7 @@ impl AgentPool {
     /// Pings every ready entry once; resolves when every ping has answered or timed out.
     fn sweep(&mut self) -> impl ActorFuture<Self, Output = SweepReport> {
         let timeout = self.spec.ping_timeout;
+        let started = Instant::now();
         let mut probes = Vec::new();
         for (id, e) in self.entries.iter_mut() {
             if let (Conn::Ready(peer), false) = (&e.conn, e.probing) {
@@ -170,7 +173,7 @@ impl AgentPool {
                 });
             }
         }
-        futures::future::join_all(probes).into_actor(self).map(|results, act, _| {
+        futures::future::join_all(probes).into_actor(self).map(move |results, act, _| {
             let mut report = SweepReport::default();
             let now = Instant::now();
             for (id, generation, err) in results {
@@ -200,6 +203,7 @@ impl AgentPool {
                     }
                 }
             }
+            act.last_sweep = Some((started.elapsed(), report.pinged));
             report
         })
     }
@@ -408,6 +412,8 @@ pub struct PoolStats {
     pub healthy: usize,
     /// Entries refusing calls until a health check heals them (or eviction).
     pub unhealthy: usize,
+    /// Wall time of the newest finished health-check sweep and how many entries it pinged.
+    pub last_sweep: Option<(Duration, usize)>,
 }
 
 /// Reads [`PoolStats`].
@@ -418,7 +424,7 @@ pub struct GetPoolStats;
 impl Handler<GetPoolStats> for AgentPool {
     type Result = MessageResult<GetPoolStats>;
     fn handle(&mut self, _: GetPoolStats, _: &mut Context<Self>) -> Self::Result {
-        let mut s = PoolStats { known: self.directory.len(), ..PoolStats::default() };
+        let mut s = PoolStats { known: self.directory.len(), last_sweep: self.last_sweep, ..PoolStats::default() };
         for e in self.entries.values() {
             match (&e.conn, e.healthy) {
                 (_, false) => s.unhealthy += 1,
