@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod ctl;
 pub mod manager;
 pub mod rpc;
 pub mod signals;

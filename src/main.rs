@@ -37,6 +37,8 @@ enum Command {
         #[arg(long, default_value = ".")]
         dir: PathBuf,
     },
+    /// Talk to a running manager over its HTTP API (agents, sessions, access keys, health).
+    Ctl(kernelvisor::ctl::CtlArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,5 +58,6 @@ fn main() -> anyhow::Result<()> {
             println!("{}\n{}", public.display(), secret.display());
             Ok(())
         }
+        Command::Ctl(args) => std::process::exit(kernelvisor::ctl::run(args)?),
     }
 }

@@ -1,0 +1,257 @@
+//! A small blocking client for the manager's HTTP API (`docs/manager-api.md`), on `ureq`.
+//!
+//! Plain `http://` only (no TLS is compiled in). Every call answers the body both as the raw text
+//! (so `--output json` can print it unchanged) and parsed.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// How long to wait for the TCP connection to the manager.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Whole-request limit for calls that do not run user code (everything but execute).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bodies larger than this are refused (ureq's `into_string` limit is 10 MiB as well).
+const MAX_BODY: u64 = 10 * 1024 * 1024;
+
+/// An error answer of the API: a 4xx/5xx status with `{"error": {"code", "message"}}`.
+///
+/// Displayed as `error: <code>: <message> (HTTP <status>)`. When the body is not that envelope
+/// (a proxy's HTML page, say), `code` is `unexpected-response` and `message` the start of the body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("error: {code}: {message} (HTTP {status})")]
+pub struct ApiError {
+    /// The HTTP status (400–599).
+    pub status: u16,
+    /// The stable error code (`session-not-found`, `no-capacity`, …); branch on this.
+    pub code: String,
+    /// Human text; never branch on it.
+    pub message: String,
+    /// The raw response body, for `--output json`.
+    pub body: String,
+}
+
+impl ApiError {
+    /// Builds the error from a non-2xx status and its body.
+    pub fn from_body(status: u16, body: String) -> Self {
+        let envelope = serde_json::from_str::<Value>(&body).ok().and_then(|v| {
+            let e = v.get("error")?;
+            Some((e.get("code")?.as_str()?.to_owned(), e.get("message").and_then(Value::as_str)?.to_owned()))
+        });
+        let (code, message) = envelope.unwrap_or_else(|| {
+            let text: String = body.trim().chars().take(200).collect();
+            ("unexpected-response".to_owned(), if text.is_empty() { "(empty body)".to_owned() } else { text })
+        });
+        ApiError { status, code, message, body }
+    }
+
+    /// Whether the body was the API's JSON error envelope (then it is worth printing as JSON).
+    pub fn is_envelope(&self) -> bool {
+        self.code != "unexpected-response"
+    }
+}
+
+/// Why a call got no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The API answered with an error status (ctl exits 1).
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// No answer: bad URL, DNS, connection refused, I/O error or timeout (ctl exits 2).
+    #[error("error: {what} {url}: {detail}")]
+    Transport { what: &'static str, url: String, detail: String },
+    /// A 2xx answer whose body is not JSON (ctl exits 1).
+    #[error("error: invalid response from {url}: {detail}")]
+    InvalidResponse { url: String, detail: String },
+}
+
+impl ClientError {
+    /// The process exit status this error maps to: 2 when the API could not be reached, else 1.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ClientError::Transport { .. } => 2,
+            ClientError::Api(_) | ClientError::InvalidResponse { .. } => 1,
+        }
+    }
+}
+
+/// A successful (2xx) answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The body exactly as received.
+    pub text: String,
+    /// The body parsed.
+    pub json: Value,
+}
+
+/// A client bound to one API base URL such as `http://127.0.0.1:8081`.
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client for the API at `base` (a trailing `/` is ignored).
+    ///
+    /// Errors ([`ClientError::Transport`], "invalid API URL") unless `base` is `http://…`.
+    pub fn new(base: &str) -> Result<Self, ClientError> {
+        let base = base.trim().trim_end_matches('/');
+        let scheme_ok = base.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("http://")) && base.len() > 7;
+        if !scheme_ok {
+            return Err(ClientError::Transport {
+                what: "invalid API URL",
+                url: base.to_owned(),
+                detail: "expected http://HOST:PORT (only plain http:// is supported)".to_owned(),
+            });
+        }
+        let agent = ureq::AgentBuilder::new().timeout_connect(CONNECT_TIMEOUT).build();
+        Ok(Client { base: base.to_owned(), agent })
+    }
+
+    /// The full URL of `path` (which starts with `/`).
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// `GET path?query`.
+    pub fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Reply, ClientError> {
+        let url = self.url(path);
+        let mut req = self.agent.get(&url).timeout(REQUEST_TIMEOUT);
+        for (k, v) in query {
+            req = req.query(k, v);
+        }
+        finish(&url, req.call())
+    }
+
+    /// `POST path` with a JSON body; `timeout` `None` waits as long as the manager takes.
+    pub fn post(&self, path: &str, body: &Value, timeout: Option<Duration>) -> Result<Reply, ClientError> {
+        let url = self.url(path);
+        let mut req = self.agent.post(&url);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        finish(&url, req.send_json(body))
+    }
+
+    /// `DELETE path`.
+    pub fn delete(&self, path: &str) -> Result<Reply, ClientError> {
+        let url = self.url(path);
+        finish(&url, self.agent.delete(&url).timeout(REQUEST_TIMEOUT).call())
+    }
+}
+
+/// Reads the response (or error) of one call into a [`Reply`] or [`ClientError`].
+fn finish(url: &str, res: Result<ureq::Response, ureq::Error>) -> Result<Reply, ClientError> {
+    match res {
+        Ok(resp) => {
+            let text = read_body(url, resp)?;
+            match serde_json::from_str(&text) {
+                Ok(json) => Ok(Reply { text, json }),
+                Err(e) => Err(ClientError::InvalidResponse { url: url.to_owned(), detail: format!("not JSON: {e}") }),
+            }
+        }
+        Err(ureq::Error::Status(status, resp)) => {
+            // A body we cannot read still leaves the status worth reporting.
+            let body = read_body(url, resp).unwrap_or_default();
+            Err(ApiError::from_body(status, body).into())
+        }
+        Err(ureq::Error::Transport(t)) => Err(transport(url, &t)),
+    }
+}
+
+fn read_body(url: &str, resp: ureq::Response) -> Result<String, ClientError> {
+    use std::io::Read;
+    let mut text = String::new();
+    resp.into_reader().take(MAX_BODY).read_to_string(&mut text).map_err(|e| ClientError::Transport {
+        what: "reading the response from",
+        url: url.to_owned(),
+        detail: e.to_string(),
+    })?;
+    Ok(text)
+}
+
+fn transport(url: &str, t: &ureq::Transport) -> ClientError {
+    use ureq::ErrorKind as K;
+    let what = match t.kind() {
+        K::InvalidUrl | K::UnknownScheme => "invalid API URL",
+        K::Dns | K::ConnectionFailed | K::ProxyConnect => "could not reach",
+        _ => "no answer from",
+    };
+    // The innermost cause is the useful part ("Connection refused (os error 111)").
+    let detail = std::error::Error::source(t)
+        .map(|s| s.to_string())
+        .or_else(|| t.message().map(str::to_owned))
+        .unwrap_or_else(|| t.kind().to_string());
+    ClientError::Transport { what, url: url.to_owned(), detail }
+}
+
+/// Percent-encodes one path segment (an id or key from the command line).
+pub fn segment(s: &str) -> impl fmt::Display + '_ {
+    struct Seg<'a>(&'a str);
+    impl fmt::Display for Seg<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            for b in self.0.bytes() {
+                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                    write!(f, "{}", b as char)?;
+                } else {
+                    write!(f, "%{b:02X}")?;
+                }
+            }
+            Ok(())
+        }
+    }
+    Seg(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_error_from_envelope() {
+        let body = r#"{"error": {"code": "session-not-found", "message": "no session abc"}}"#;
+        let e = ApiError::from_body(404, body.to_owned());
+        assert_eq!((e.status, e.code.as_str(), e.message.as_str()), (404, "session-not-found", "no session abc"));
+        assert!(e.is_envelope());
+        assert_eq!(e.to_string(), "error: session-not-found: no session abc (HTTP 404)");
+        assert_eq!(ClientError::from(e).exit_code(), 1);
+    }
+
+    #[test]
+    fn api_error_from_other_body() {
+        let e = ApiError::from_body(502, "<html>Bad Gateway</html>\n".to_owned());
+        assert_eq!(e.to_string(), "error: unexpected-response: <html>Bad Gateway</html> (HTTP 502)");
+        assert!(!e.is_envelope());
+        assert_eq!(ApiError::from_body(500, String::new()).message, "(empty body)");
+    }
+
+    #[test]
+    fn connection_refused_names_the_url_and_exits_2() {
+        // Port 1 on loopback: nothing listens there in any sane environment.
+        let client = Client::new("http://127.0.0.1:1/").unwrap();
+        let err = client.get("/v1/agents", &[]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("error: could not reach http://127.0.0.1:1/v1/agents: "), "{text}");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn only_http_urls() {
+        let err = Client::new("https://127.0.0.1:1").err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "error: invalid API URL https://127.0.0.1:1: expected http://HOST:PORT (only plain http:// is supported)"
+        );
+        assert_eq!(err.exit_code(), 2);
+        assert!(Client::new("127.0.0.1:8081").is_err());
+        assert!(Client::new("http://").is_err());
+        assert_eq!(Client::new("HTTP://m:1/").unwrap().url("/health"), "HTTP://m:1/health");
+    }
+
+    #[test]
+    fn segments_are_encoded() {
+        assert_eq!(segment("3f2a-b_c.d~").to_string(), "3f2a-b_c.d~");
+        assert_eq!(segment("a/b c?").to_string(), "a%2Fb%20c%3F");
+    }
+}

@@ -1,0 +1,340 @@
+//! Table-mode rendering of API answers for `kernelvisor ctl`.
+//!
+//! Every function takes the JSON value exactly as the API returns it (`docs/manager-api.md`) and
+//! answers the text to print, ending in a newline. Missing or `null` fields show as `-`; times
+//! are relative to the `now` passed in (Unix seconds), so output is deterministic in tests.
+
+use comfy_table::{presets::NOTHING, Table};
+use serde_json::Value;
+
+use super::format::{ago, bytes, cores, duration, timestamp};
+
+/// A string field, or `-`.
+fn text(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        None | Some(Value::Null) => "-".to_owned(),
+        Some(Value::String(s)) if s.is_empty() => "-".to_owned(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn slot<'a>(v: &'a Value, slots: &str, name: &str) -> Option<&'a Value> {
+    v.get(slots)?.get(name)
+}
+
+fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+/// Whether any row has a non-zero `cuda.device` amount under `slots` (then a GPU column shows).
+fn any_gpu(rows: &[Value], slots: &str) -> bool {
+    rows.iter()
+        .any(|r| slot(r, slots, "cuda.device").and_then(super::format::amount).is_some_and(|n| n > 0.0))
+}
+
+/// A borderless table, columns two spaces apart, no trailing spaces.
+fn table(header: Vec<&str>, rows: Vec<Vec<String>>) -> String {
+    let mut t = Table::new();
+    t.load_preset(NOTHING).set_header(header);
+    for row in rows {
+        t.add_row(row);
+    }
+    for column in t.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    let mut out: String = t.lines().map(|l| l.trim_end().to_owned() + "\n").collect();
+    if out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// `key: value` lines with the values aligned.
+fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    pairs.iter().map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:"))).collect()
+}
+
+/// `GET /v1/agents` (`{"agents": [...]}`) as a table: AGENT, STATUS, ADDR, CPU and MEM as
+/// used/total, GPU (only when some agent has `cuda.device`), KERNELS, LAST HEARTBEAT.
+pub fn agents(v: &Value, now: f64) -> String {
+    let agents = array(v, "agents");
+    let gpu = any_gpu(agents, "slots_total");
+    let mut header = vec!["AGENT", "STATUS", "ADDR", "CPU", "MEM"];
+    if gpu {
+        header.push("GPU");
+    }
+    header.extend(["KERNELS", "LAST HEARTBEAT"]);
+    let rows = agents
+        .iter()
+        .map(|a| {
+            let used_total = |f: fn(Option<&Value>) -> String, name: &str| {
+                format!("{}/{}", f(slot(a, "slots_used", name)), f(slot(a, "slots_total", name)))
+            };
+            let mut row = vec![text(a, "agent_id"), text(a, "status"), text(a, "addr")];
+            row.push(used_total(cores, "cpu"));
+            row.push(used_total(bytes, "mem"));
+            if gpu {
+                row.push(used_total(cores, "cuda.device"));
+            }
+            row.push(text(a, "kernels"));
+            row.push(ago(a.get("last_heartbeat"), now));
+            row
+        })
+        .collect();
+    table(header, rows)
+}
+
+/// Whether a session is over (`terminated_at` set or status `TERMINATED`).
+fn terminated(s: &Value) -> bool {
+    s.get("terminated_at").is_some_and(|t| !t.is_null())
+        || s.get("status").and_then(Value::as_str) == Some("TERMINATED")
+}
+
+/// `GET /v1/sessions` (`{"sessions": [...]}`) as a table: SESSION, AGENT, STATUS, IMAGE, CPU,
+/// MEM, GPU (only when some session has `cuda.device`), ACCESS KEY, AGE/REASON (the age of a
+/// live session, the `status_reason` of a terminated one).
+pub fn sessions(v: &Value, now: f64) -> String {
+    let sessions = array(v, "sessions");
+    let gpu = any_gpu(sessions, "resource_slots");
+    let mut header = vec!["SESSION", "AGENT", "STATUS", "IMAGE", "CPU", "MEM"];
+    if gpu {
+        header.push("GPU");
+    }
+    header.extend(["ACCESS KEY", "AGE/REASON"]);
+    let rows = sessions
+        .iter()
+        .map(|s| {
+            let mut row = vec![text(s, "session_id"), text(s, "agent_id"), text(s, "status"), text(s, "image")];
+            row.push(cores(slot(s, "resource_slots", "cpu")));
+            row.push(bytes(slot(s, "resource_slots", "mem")));
+            if gpu {
+                row.push(cores(slot(s, "resource_slots", "cuda.device")));
+            }
+            row.push(text(s, "access_key"));
+            row.push(if terminated(s) {
+                text(s, "status_reason")
+            } else {
+                s.get("created_at").and_then(Value::as_f64).map_or("-".to_owned(), |t| duration(now - t))
+            });
+            row
+        })
+        .collect();
+    table(header, rows)
+}
+
+/// A time field as `2023-11-14T22:13:20Z (5m ago)`, or `-`.
+fn when(v: &Value, key: &str, now: f64) -> String {
+    match v.get(key).and_then(Value::as_f64) {
+        Some(t) => format!("{} ({})", timestamp(t), ago(Some(&Value::from(t)), now)),
+        None => "-".to_owned(),
+    }
+}
+
+/// One session (`GET`/`DELETE /v1/sessions/{id}`) as `key: value` lines; memory in binary
+/// units with the exact byte count, times in UTC with their age.
+pub fn session(s: &Value, now: f64) -> String {
+    let mem = match slot(s, "resource_slots", "mem") {
+        Some(m) if super::format::amount(m).is_some() => format!("{} ({} bytes)", bytes(Some(m)), cores(Some(m))),
+        m => bytes(m),
+    };
+    let mut pairs = vec![
+        ("Session", text(s, "session_id")),
+        ("Kernel", text(s, "kernel_id")),
+        ("Agent", text(s, "agent_id")),
+        ("Access key", text(s, "access_key")),
+        ("Image", text(s, "image")),
+        ("Status", text(s, "status")),
+        ("Reason", text(s, "status_reason")),
+        ("CPU", cores(slot(s, "resource_slots", "cpu"))),
+        ("Memory", mem),
+    ];
+    if slot(s, "resource_slots", "cuda.device").is_some() {
+        pairs.push(("GPU", cores(slot(s, "resource_slots", "cuda.device"))));
+    }
+    pairs.push(("Created", when(s, "created_at", now)));
+    pairs.push(("Terminated", when(s, "terminated_at", now)));
+    fields(&pairs)
+}
+
+/// The answer of `POST /v1/sessions` (`session_id`, `kernel_id`, `agent_id`, `status`).
+pub fn created(v: &Value) -> String {
+    fields(&[
+        ("Session", text(v, "session_id")),
+        ("Kernel", text(v, "kernel_id")),
+        ("Agent", text(v, "agent_id")),
+        ("Status", text(v, "status")),
+    ])
+}
+
+/// `GET /v1/access-keys/{key}`: the key and its concurrency, `used/limit` (`unlimited` for 0).
+pub fn access_key(v: &Value) -> String {
+    let limit = match v.get("concurrency_limit").and_then(Value::as_u64) {
+        Some(0) => "unlimited".to_owned(),
+        _ => text(v, "concurrency_limit"),
+    };
+    let concurrency = format!("{}/{limit}", text(v, "concurrency_used"));
+    fields(&[("Access key", text(v, "access_key")), ("Concurrency", concurrency)])
+}
+
+/// `GET /health`: status, mode and the number of `ALIVE` agents.
+pub fn health(v: &Value) -> String {
+    fields(&[("Status", text(v, "status")), ("Mode", text(v, "mode")), ("Agents alive", text(v, "agents_alive"))])
+}
+
+/// Which stream a piece of console output belongs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The `console` of an execute answer (`[["stdout", text], ["stderr", text], …]`) as pieces in
+/// order. Kinds other than stdout/stderr (`media`, `html`, …) go to stdout as `[kind] value`.
+pub fn console(v: &Value) -> Vec<(Stream, String)> {
+    array(v, "console")
+        .iter()
+        .filter_map(|item| {
+            let kind = item.get(0)?.as_str()?;
+            let data = item.get(1)?;
+            let data_text = data.as_str().map_or_else(|| data.to_string(), str::to_owned);
+            Some(match kind {
+                "stdout" => (Stream::Stdout, data_text),
+                "stderr" => (Stream::Stderr, data_text),
+                other => (Stream::Stdout, format!("[{other}] {data_text}\n")),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: f64 = 1_700_000_000.0;
+
+    #[test]
+    fn agents_table() {
+        let v = json!({"agents": [
+            {"agent_id": "i-node1", "status": "ALIVE", "addr": "tcp://10.0.0.5:6001", "region": "local",
+             "version": "0.1.0", "slots_total": {"cpu": "8", "mem": "17179869184", "cuda.device": "0"},
+             "slots_used": {"cpu": "1.500", "mem": "1610612736", "cuda.device": "0"},
+             "kernels": 2, "last_heartbeat": NOW - 3.2},
+            {"agent_id": "i-node2", "status": "PENDING", "addr": "tcp://10.0.0.6:6001",
+             "slots_total": {"cpu": "4", "mem": "8589934592"}, "slots_used": {}, "kernels": 0,
+             "last_heartbeat": null}
+        ]});
+        let out = agents(&v, NOW);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        for h in ["AGENT", "STATUS", "ADDR", "CPU", "MEM", "KERNELS", "LAST HEARTBEAT"] {
+            assert!(lines[0].contains(h), "missing {h}: {out}");
+        }
+        assert!(!lines[0].contains("GPU"), "no GPU column without GPUs: {out}");
+        assert!(!out.contains('|') && !out.contains('─'), "borderless: {out}");
+        let row1: Vec<&str> = lines[1].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(row1, ["i-node1", "ALIVE", "tcp://10.0.0.5:6001", "1.5/8", "1.5 GiB/16 GiB", "2", "3s ago"]);
+        let row2: Vec<&str> = lines[2].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(row2, ["i-node2", "PENDING", "tcp://10.0.0.6:6001", "-/4", "-/8 GiB", "0", "-"]);
+        // Columns line up: every value starts where its header does.
+        let col = lines[0].find("LAST HEARTBEAT").unwrap();
+        assert_eq!(&lines[1][col..], "3s ago");
+        assert!(lines.iter().all(|l| l == &l.trim_end()), "no trailing spaces: {out:?}");
+    }
+
+    #[test]
+    fn agents_gpu_column_when_present() {
+        let v = json!({"agents": [{"agent_id": "g1", "status": "ALIVE", "addr": "a",
+            "slots_total": {"cpu": "8", "mem": "1024", "cuda.device": "2"},
+            "slots_used": {"cpu": "0", "mem": "0", "cuda.device": "1"}, "kernels": 1, "last_heartbeat": NOW - 90.0}]});
+        let out = agents(&v, NOW);
+        assert!(out.lines().next().unwrap().contains("GPU"), "{out}");
+        assert!(out.contains("1/2") && out.contains("0 B/1 KiB") && out.contains("1m ago"), "{out}");
+    }
+
+    #[test]
+    fn empty_lists_still_have_headers() {
+        assert!(agents(&json!({"agents": []}), NOW).starts_with("AGENT"));
+        assert!(sessions(&json!({"sessions": []}), NOW).starts_with("SESSION"));
+        assert!(sessions(&json!({}), NOW).starts_with("SESSION"));
+    }
+
+    fn live_session() -> Value {
+        json!({"session_id": "5b1f7c6e-0000-4000-8000-000000000001", "kernel_id": "5b1f7c6e-0000-4000-8000-000000000002",
+               "agent_id": "i-node1", "access_key": "AKIADEV", "image": "kernelvisor-test:latest",
+               "status": "RUNNING", "status_reason": null,
+               "resource_slots": {"cpu": "1", "mem": "268435456", "cuda.device": "0"},
+               "created_at": NOW - 300.0, "terminated_at": null})
+    }
+
+    #[test]
+    fn sessions_table_age_or_reason() {
+        let mut done = live_session();
+        done["session_id"] = json!("dead");
+        done["status"] = json!("TERMINATED");
+        done["status_reason"] = json!("user-requested");
+        done["terminated_at"] = json!(NOW - 10.0);
+        let out = sessions(&json!({"sessions": [live_session(), done]}), NOW);
+        let lines: Vec<&str> = out.lines().collect();
+        for h in ["SESSION", "AGENT", "STATUS", "IMAGE", "CPU", "MEM", "ACCESS KEY", "AGE/REASON"] {
+            assert!(lines[0].contains(h), "missing {h}: {out}");
+        }
+        assert!(!lines[0].contains("GPU"));
+        let cells = |l: &str| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(
+            cells(lines[1]),
+            ["5b1f7c6e-0000-4000-8000-000000000001", "i-node1", "RUNNING", "kernelvisor-test:latest", "1", "256 MiB", "AKIADEV", "5m"]
+        );
+        assert_eq!(cells(lines[2]).last().unwrap(), "user-requested");
+        assert!(lines[2].starts_with("dead "));
+    }
+
+    #[test]
+    fn session_detail_fields() {
+        let out = session(&live_session(), NOW);
+        assert!(out.contains("Session:    5b1f7c6e-0000-4000-8000-000000000001\n"), "{out}");
+        assert!(out.contains("Memory:     256 MiB (268435456 bytes)\n"), "{out}");
+        assert!(out.contains("Reason:     -\n"), "{out}");
+        assert!(out.contains("Created:    2023-11-14T22:08:20Z (5m ago)\n"), "{out}");
+        assert!(out.contains("Terminated: -\n"), "{out}");
+        assert!(out.contains("GPU:        0\n"), "{out}");
+        // A sparse answer renders without panicking, every value `-`.
+        let sparse = session(&json!({"session_id": "x"}), NOW);
+        assert!(sparse.contains("Image:      -\n") && sparse.contains("Memory:     -\n") && !sparse.contains("GPU"), "{sparse}");
+    }
+
+    #[test]
+    fn small_objects() {
+        assert_eq!(
+            access_key(&json!({"access_key": "AKIADEV", "concurrency_used": 1, "concurrency_limit": 0})),
+            "Access key:  AKIADEV\nConcurrency: 1/unlimited\n"
+        );
+        assert!(access_key(&json!({"access_key": "K", "concurrency_used": 2, "concurrency_limit": 3})).ends_with("2/3\n"));
+        assert_eq!(
+            health(&json!({"status": "ok", "mode": "grace", "agents_alive": 2})),
+            "Status:       ok\nMode:         grace\nAgents alive: 2\n"
+        );
+        assert_eq!(
+            created(&json!({"session_id": "s", "kernel_id": "k", "agent_id": "a", "status": "RUNNING"})),
+            "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\n"
+        );
+    }
+
+    #[test]
+    fn console_pieces_in_order() {
+        let v = json!({"exitCode": 1, "status": "finished",
+            "console": [["stdout", "hi\n"], ["stderr", "oops\n"], ["media", ["image/png", "..."]], ["stdout", "bye"]]});
+        assert_eq!(
+            console(&v),
+            [
+                (Stream::Stdout, "hi\n".to_owned()),
+                (Stream::Stderr, "oops\n".to_owned()),
+                (Stream::Stdout, "[media] [\"image/png\",\"...\"]\n".to_owned()),
+                (Stream::Stdout, "bye".to_owned()),
+            ]
+        );
+        assert!(console(&json!({"exitCode": 0})).is_empty());
+    }
+}
