@@ -32,12 +32,38 @@ setup:
 build: setup
     cargo build --workspace --all-targets
 
+# The PostgreSQL server the manager tests use (role `kv`, password `kv`, may create databases).
+pg_url := "postgres://kv:kv@127.0.0.1:5432/postgres"
+
 # Every test: unit, property, actors, RPC over real ZeroMQ, callosum interop, the kernel
-# lifecycle on the real Docker engine (with test-only failure injection), doctests, examples.
-test-all: setup docker test-image
+# lifecycle on the real Docker engine (with test-only failure injection), the manager scenarios
+# on SQLite and PostgreSQL, doctests, examples.
+test-all: setup docker test-image postgres
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
-    KV_PYTHON="{{venv}}/bin/python" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
+    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
+
+# Make sure a local PostgreSQL answers at {{pg_url}}: install Debian's `postgresql` when
+# missing, create and start a cluster, create the `kv` role. Idempotent.
+postgres:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    PGPASSWORD=kv psql "{{pg_url}}" -qtAc 'select 1' >/dev/null 2>&1 && exit 0
+    sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+    if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+      echo "postgres: installing postgresql"
+      $sudo_ apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq postgresql >/dev/null
+    fi
+    ver=$(ls /usr/lib/postgresql | sort -n | tail -1)
+    pg_lsclusters -h | awk '{print $1" "$2}' | grep -q "^$ver main$" || $sudo_ pg_createcluster "$ver" main >/dev/null
+    pg_lsclusters -h | grep "^$ver *main" | grep -q online || $sudo_ pg_ctlcluster "$ver" main start
+    as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
+    for _ in $(seq 30); do as_pg psql -qtAc 'select 1' >/dev/null 2>&1 && break; sleep 1; done
+    as_pg psql -qtAc "select 1 from pg_roles where rolname = 'kv'" | grep -q 1 \
+      || as_pg psql -qc "create role kv login password 'kv' createdb"
+    PGPASSWORD=kv psql "{{pg_url}}" -qtAc 'select 1' >/dev/null
+    echo "postgres: ready at {{pg_url}}"
 
 # Make sure a Docker engine answers; when none does, install `docker.io` and start `dockerd` in
 # the background (log in /tmp/dockerd.log), waiting up to 30 s for it.

@@ -73,7 +73,7 @@ struct RawEcho {
 impl RawEcho {
     fn start(curve: Option<&Keys>) -> Self {
         let ctx = zmq::Context::new();
-        let zap = curve.map(|k| kernelvisor::rpc::zap::ZapHandler::start(&ctx, vec![(k.manager.public, "manager".into())]).unwrap());
+        let zap = curve.map(|k| kernelvisor::rpc::zap::ZapHandler::start(&ctx, vec![(k.manager.public, "manager".into())], None).unwrap());
         let router = socket::router(&ctx, "tcp://127.0.0.1:0", curve.map(|k| &k.agent)).unwrap();
         let endpoint = router.get_last_endpoint().unwrap().unwrap();
         std::thread::spawn(move || loop {
@@ -156,7 +156,7 @@ async fn per_call(opts: &PeerOptions, n: usize) -> Vec<Duration> {
 
 /// Measures every row in interleaved rounds, so a noisy neighbour hits all rows alike.
 fn measure(keys: Option<&Keys>) -> Figures {
-    let curve = keys.map(|k| ServerCurve { keypair: k.agent.clone(), allowed_clients: vec![(k.manager.public, "manager".into())] });
+    let curve = keys.map(|k| ServerCurve { keypair: k.agent.clone(), allowed_clients: vec![(k.manager.public, "manager".into())], reload: None });
     let endpoint = spawn_agent(curve);
     let mut raw = RawEcho::start(keys);
     let opts = PeerOptions {

@@ -73,6 +73,7 @@ fn rpc_server_at(config: &AgentConfig, endpoint: &str, extra: impl FnOnce(&mut D
         (Some(manager_key), Some(keypair)) => Some(ServerCurve {
             keypair: load_keypair(keypair)?,
             allowed_clients: vec![(load_certificate(manager_key)?.public, "manager".to_owned())],
+            reload: None,
         }),
         _ => None,
     };

@@ -81,7 +81,15 @@ impl Manager {
             (Some(keypair), Some(dir)) => {
                 let allowed = intake::load_agent_keys(dir).with_context(|| format!("manager.agent-keys-dir {}", dir.display()))?;
                 tracing::info!(keys = allowed.len(), dir = %dir.display(), "event intake admits these agent keys (CURVE)");
-                Some(ServerCurve { keypair: keypair.clone(), allowed_clients: allowed })
+                let dir2 = dir.clone();
+                let reload = crate::rpc::zap::KeyReload(Arc::new(move || match intake::load_agent_keys(&dir2) {
+                    Ok(keys) => Some(keys),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "re-reading manager.agent-keys-dir failed; keeping the keys admitted so far");
+                        None
+                    }
+                }));
+                Some(ServerCurve { keypair: keypair.clone(), allowed_clients: allowed, reload: Some(reload) })
             }
             _ => {
                 tracing::warn!("event intake is unauthenticated: set [manager] rpc-keypair and agent-keys-dir for CURVE");

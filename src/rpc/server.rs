@@ -31,6 +31,9 @@ pub struct ServerCurve {
     pub keypair: KeyPair,
     /// Admitted client public keys (`rpc-auth-manager-public-key`) with their user ids.
     pub allowed_clients: Vec<(CurveKey, String)>,
+    /// Where to look again when an unknown key connects (at most once a second), e.g. the
+    /// manager's `agent-keys-dir`: a new agent's key file is admitted without a restart.
+    pub reload: Option<super::zap::KeyReload>,
 }
 
 /// Counters of the RPC endpoint, shared with whoever reports them (metrics, tests).
@@ -91,7 +94,7 @@ impl RpcServer {
         // One context per server: ZAP's inproc endpoint is per context.
         let ctx = zmq::Context::new();
         let zap = match &curve {
-            Some(c) => Some(ZapHandler::start(&ctx, c.allowed_clients.clone()).map_err(bind_err)?),
+            Some(c) => Some(ZapHandler::start(&ctx, c.allowed_clients.clone(), c.reload.clone()).map_err(bind_err)?),
             None => {
                 tracing::warn!(endpoint, "RPC endpoint is UNAUTHENTICATED: no CURVE keys configured");
                 None

@@ -12,6 +12,20 @@ use std::thread::JoinHandle;
 
 use super::curve::CurveKey;
 
+/// Re-reads the admitted keys (e.g. a directory of certificates); `None` keeps the current
+/// list (the source could not be read).
+#[derive(Clone)]
+pub struct KeyReload(pub Arc<dyn Fn() -> Option<Vec<(CurveKey, String)>> + Send + Sync>);
+
+impl std::fmt::Debug for KeyReload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyReload(..)")
+    }
+}
+
+/// Least time between two reloads, so unknown clients cannot make us read the disk in a loop.
+const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 const ZAP_VERSION: &[u8] = b"1.0";
 /// How often the handler thread looks at its stop flag, in ms.
@@ -29,7 +43,9 @@ impl ZapHandler {
     /// public key with the user id reported to the server socket.
     ///
     /// Errors: the endpoint is already bound in this context (one handler per context).
-    pub fn start(ctx: &zmq::Context, allowed: Vec<(CurveKey, String)>) -> Result<Self, zmq::Error> {
+    /// With `reload`, an unknown key makes it re-read the allow list (at most once a second)
+    /// before refusing.
+    pub fn start(ctx: &zmq::Context, allowed: Vec<(CurveKey, String)>, reload: Option<KeyReload>) -> Result<Self, zmq::Error> {
         let sock = ctx.socket(zmq::REP)?;
         sock.set_linger(0)?;
         sock.set_rcvtimeo(POLL_MS)?;
@@ -39,7 +55,7 @@ impl ZapHandler {
         let (stop2, denied2) = (stop.clone(), denied.clone());
         let thread = std::thread::Builder::new()
             .name("zap-handler".into())
-            .spawn(move || serve(sock, allowed, stop2, denied2))
+            .spawn(move || serve(sock, allowed, reload, stop2, denied2))
             .expect("spawning the ZAP thread");
         Ok(ZapHandler { stop, denied, thread: Some(thread) })
     }
@@ -59,7 +75,8 @@ impl Drop for ZapHandler {
     }
 }
 
-fn serve(sock: zmq::Socket, allowed: Vec<(CurveKey, String)>, stop: Arc<AtomicBool>, denied: Arc<AtomicU64>) {
+fn serve(sock: zmq::Socket, mut allowed: Vec<(CurveKey, String)>, reload: Option<KeyReload>, stop: Arc<AtomicBool>, denied: Arc<AtomicU64>) {
+    let mut last_reload: Option<std::time::Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let frames = match sock.recv_multipart(0) {
             Ok(f) => f,
@@ -70,7 +87,16 @@ fn serve(sock: zmq::Socket, allowed: Vec<(CurveKey, String)>, stop: Arc<AtomicBo
                 continue;
             }
         };
-        let (request_id, verdict) = decide(&frames, &allowed);
+        let (mut request_id, mut verdict) = decide(&frames, &allowed);
+        if let (Some(r), "Access denied") = (&reload, verdict.1) {
+            if last_reload.is_none_or(|t| t.elapsed() >= RELOAD_EVERY) {
+                last_reload = Some(std::time::Instant::now());
+                if let Some(fresh) = (r.0)() {
+                    allowed = fresh;
+                }
+                (request_id, verdict) = decide(&frames, &allowed);
+            }
+        }
         if verdict.0 != "200" {
             denied.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(reason = verdict.1, "refused an RPC client (ZAP)");

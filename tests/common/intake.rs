@@ -65,6 +65,6 @@ pub fn start_intake(endpoint: &str, manager: &KeyPair, agent_key: kernelvisor::r
             Ok(Value::Map(vec![]))
         }
     });
-    let curve = ServerCurve { keypair: manager.clone(), allowed_clients: vec![(agent_key, "agent".into())] };
+    let curve = ServerCurve { keypair: manager.clone(), allowed_clients: vec![(agent_key, "agent".into())], reload: None };
     RpcServer::bind(endpoint, Some(curve), d).expect("bind the test intake").start()
 }

@@ -57,7 +57,7 @@ impl Keys {
     }
 
     pub fn server_curve(&self) -> ServerCurve {
-        ServerCurve { keypair: self.agent.clone(), allowed_clients: vec![(self.manager.public, "manager".into())] }
+        ServerCurve { keypair: self.agent.clone(), allowed_clients: vec![(self.manager.public, "manager".into())], reload: None }
     }
 
     /// Writes all four certificate files into `dir`.
@@ -115,4 +115,5 @@ pub fn interop_script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(name)
 }
 pub mod agent;
+pub mod cluster;
 pub mod intake;

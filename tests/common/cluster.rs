@@ -1,0 +1,465 @@
+//! A manager and agents as real processes (the `kernelvisor` binary) with CURVE on both
+//! channels, the real Docker engine, and short intervals (1 s heartbeat, 3 s timeout, 2.5 s
+//! grace); the manager's store on SQLite or on a fresh PostgreSQL database. Checks the four
+//! invariants of `docs/scenarios.md` against the store, the engine and the agents.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rmpv::Value;
+use serde_json::Value as Json;
+
+use super::agent::{docker, free_port, run_id, AgentFixture};
+use kernelvisor::manager::store::Store;
+use kernelvisor::rpc::curve::{write_certificates, KeyPair};
+use kernelvisor::rpc::socket::ClientCurve;
+use kernelvisor::rpc::{Call, Peer, PeerOptions};
+
+/// Which database the manager uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+/// The PostgreSQL server for tests: `KV_TEST_POSTGRES_URL` (the justfile starts one and sets it).
+pub fn postgres_admin_url() -> String {
+    std::env::var("KV_TEST_POSTGRES_URL").expect("KV_TEST_POSTGRES_URL is not set: run the tests through `just test-all` (it starts a local PostgreSQL), or set it to a server where the user may CREATE DATABASE")
+}
+
+/// A single-threaded actix runtime (the RPC peer spawns local tasks).
+fn rt() -> actix_rt::Runtime {
+    actix_rt::Runtime::new().unwrap()
+}
+
+fn with_database(admin: &str, db: &str) -> String {
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(admin);
+    format!("{base}/{db}")
+}
+
+/// Sends `sig` (`TERM`, `KILL`, `STOP`, `CONT`) to `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().unwrap().success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// Waits up to `limit` for `child` to exit; returns whether it did.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if child.try_wait().unwrap().is_some() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Polls `check` every 100 ms until it gives `Some`; panics naming `what` after `limit`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An HTTP answer: status and JSON body (Null when not JSON), `Retry-After` if any.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Json,
+    pub retry_after: Option<String>,
+}
+
+impl Answer {
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+/// One test cluster: a manager process and agent processes.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub db: Db,
+    pub store_url: String,
+    pub access_key: String,
+    pub api: String,
+    pub intake_port: u16,
+    pub manager: Option<Child>,
+    pub agents: Vec<ClusterAgent>,
+    keys: (KeyPair, PathBuf),
+    pg_drop: Option<(String, String)>,
+}
+
+/// An agent of the cluster.
+pub struct ClusterAgent {
+    pub fixture: AgentFixture,
+    pub metrics_port: u16,
+    pub config: PathBuf,
+    pub process: Option<Child>,
+    pub keypair: KeyPair,
+}
+
+impl ClusterAgent {
+    pub fn id(&self) -> &str {
+        &self.fixture.agent_id
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.as_ref().expect("agent running").id()
+    }
+}
+
+fn log_file(dir: &Path, name: &str) -> Stdio {
+    Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap())
+}
+
+impl Cluster {
+    /// A cluster directory with keys and a store; nothing started yet.
+    pub fn new(db: Db) -> Cluster {
+        let dir = tempfile::Builder::new().prefix("kv-cluster-").tempdir().unwrap();
+        let keys_dir = dir.path().join("keys");
+        let agent_keys = dir.path().join("agent-keys");
+        std::fs::create_dir_all(&agent_keys).unwrap();
+        let manager = KeyPair::generate().unwrap();
+        write_certificates(&keys_dir, "manager", &manager).unwrap();
+        let (store_url, pg_drop) = match db {
+            Db::Sqlite => (format!("sqlite://{}/manager.db", dir.path().display()), None),
+            Db::Postgres => {
+                let admin = postgres_admin_url();
+                let name = format!("kv_test_{}", run_id());
+                rt().block_on(async {
+                    use sqlx::{Connection, Executor};
+                    let mut c = sqlx::PgConnection::connect(&admin).await.expect("connect to the test PostgreSQL");
+                    c.execute(format!("CREATE DATABASE {name}").as_str()).await.unwrap();
+                });
+                (with_database(&admin, &name), Some((admin, name)))
+            }
+        };
+        Cluster {
+            store_url,
+            db,
+            access_key: format!("AK{}", run_id().to_uppercase()),
+            api: String::new(),
+            intake_port: free_port(),
+            manager: None,
+            agents: Vec::new(),
+            keys: (manager, keys_dir),
+            pg_drop,
+            dir,
+        }
+    }
+
+    fn manager_config(&self, api_port: u16) -> PathBuf {
+        let d = self.dir.path().display();
+        let text = format!(
+            "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
+             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 3\nstartup-grace = 2.5\n\n\
+             [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\n\n\
+             [agent-pool]\nhealth-check-interval = 1\nping-timeout = 1\nrecovery-timeout = 2\n\n\
+             [scheduler]\nreset-timeout = 30\n\n[[access-keys]]\naccess-key = \"{ak}\"\n\n[logging]\nlevel = \"info\"\n",
+            intake = self.intake_port,
+            url = self.store_url,
+            ak = self.access_key,
+        );
+        let p = self.dir.path().join("manager.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Starts (or restarts) the manager process on the same store and ports, and waits for its API.
+    pub fn start_manager(&mut self) {
+        let port = if self.api.is_empty() { free_port() } else { self.api.rsplit(':').next().unwrap().parse().unwrap() };
+        self.api = format!("http://127.0.0.1:{port}");
+        let config = self.manager_config(port);
+        let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+            .args(["manager", "--config"])
+            .arg(&config)
+            .stdout(log_file(self.dir.path(), "manager"))
+            .stderr(log_file(self.dir.path(), "manager"))
+            .spawn()
+            .unwrap();
+        self.manager = Some(child);
+        wait_for(Duration::from_secs(30), "the manager's API", || self.get("/health").ok().filter(|a| a.status == 200));
+    }
+
+    /// Stops the manager with `sig` (`TERM` or `KILL`) and waits for it to exit.
+    pub fn stop_manager(&mut self, sig: &str) {
+        let mut child = self.manager.take().expect("manager running");
+        signal(child.id(), sig);
+        assert!(wait_exit(&mut child, Duration::from_secs(20)), "manager did not exit on SIG{sig}");
+    }
+
+    /// Adds an agent (Docker backend, CURVE, reporting to the manager) and starts it.
+    /// `agent_extra` goes into `[agent]` (e.g. `on-shutdown = "terminate"`).
+    pub fn add_agent(&mut self, name: &str, ports_lo: u16, agent_extra: &str) -> usize {
+        let fixture = AgentFixture::new(name, ports_lo, 20);
+        let keypair = KeyPair::generate().unwrap();
+        let keys = fixture.dir.path().join("keys");
+        write_certificates(&keys, "agent", &keypair).unwrap();
+        std::fs::copy(keys.join("agent.key"), self.dir.path().join("agent-keys").join(format!("{}.key", fixture.agent_id))).unwrap();
+        let metrics_port = free_port();
+        let curve = format!(
+            "rpc-auth-manager-public-key = \"{}/manager.key\"\nrpc-auth-agent-keypair = \"{}/agent.key_secret\"\n{agent_extra}",
+            self.keys.1.display(),
+            keys.display()
+        );
+        let mut text = fixture.config_toml(&curve).replace("service-addr = { host = \"127.0.0.1\", port = 0 }", &format!("service-addr = {{ host = \"127.0.0.1\", port = {metrics_port} }}"));
+        text.push_str(&format!("\n[manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {} }}\nheartbeat-interval = 1\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.intake_port));
+        text = text.replace("[logging]\nlevel = \"warn\"", "[logging]\nlevel = \"info\"");
+        let config = fixture.dir.path().join("agent.toml");
+        std::fs::write(&config, text).unwrap();
+        self.agents.push(ClusterAgent { fixture, metrics_port, config, process: None, keypair });
+        let i = self.agents.len() - 1;
+        self.start_agent(i);
+        i
+    }
+
+    /// (Re)starts agent `i` with its config.
+    pub fn start_agent(&mut self, i: usize) {
+        let a = &mut self.agents[i];
+        let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+            .args(["agent", "--config"])
+            .arg(&a.config)
+            .stdout(log_file(a.fixture.dir.path(), "agent"))
+            .stderr(log_file(a.fixture.dir.path(), "agent"))
+            .spawn()
+            .unwrap();
+        a.process = Some(child);
+    }
+
+    /// Stops agent `i` with SIGTERM (as Ctrl+C would) and waits for it.
+    pub fn stop_agent(&mut self, i: usize) {
+        let mut child = self.agents[i].process.take().expect("agent running");
+        signal(child.id(), "TERM");
+        assert!(wait_exit(&mut child, Duration::from_secs(60)), "agent did not exit on SIGTERM");
+    }
+
+    // ---- HTTP ----
+
+    fn answer(r: Result<ureq::Response, ureq::Error>) -> Result<Answer, String> {
+        let resp = match r {
+            Ok(resp) => resp,
+            Err(ureq::Error::Status(_, resp)) => resp,
+            Err(e) => return Err(e.to_string()),
+        };
+        let status = resp.status();
+        let retry_after = resp.header("Retry-After").map(str::to_owned);
+        let text = resp.into_string().unwrap_or_default();
+        Ok(Answer { status, body: serde_json::from_str(&text).unwrap_or(Json::Null), retry_after })
+    }
+
+    pub fn get(&self, path: &str) -> Result<Answer, String> {
+        Self::answer(ureq::get(&format!("{}{path}", self.api)).timeout(Duration::from_secs(60)).call())
+    }
+
+    pub fn post(&self, path: &str, body: &Json) -> Answer {
+        Self::answer(ureq::post(&format!("{}{path}", self.api)).timeout(Duration::from_secs(120)).send_json(body.clone())).unwrap()
+    }
+
+    pub fn post_raw(&self, path: &str, body: &str) -> Answer {
+        Self::answer(ureq::post(&format!("{}{path}", self.api)).set("Content-Type", "application/json").send_string(body)).unwrap()
+    }
+
+    pub fn delete(&self, path: &str) -> Answer {
+        Self::answer(ureq::delete(&format!("{}{path}", self.api)).timeout(Duration::from_secs(60)).call()).unwrap()
+    }
+
+    /// The agent's entry in `GET /v1/agents`.
+    pub fn agent_view(&self, agent_id: &str) -> Option<Json> {
+        let a = self.get("/v1/agents").ok()?;
+        a.body["agents"].as_array()?.iter().find(|x| x["agent_id"] == agent_id).cloned()
+    }
+
+    /// Waits until the manager shows `agent_id` with `status` (for `ALIVE`: and a heartbeat's slots).
+    pub fn wait_agent_status(&self, agent_id: &str, status: &str, limit: Duration) -> Json {
+        wait_for(limit, &format!("agent {agent_id} {status}"), || {
+            self.agent_view(agent_id).filter(|a| a["status"] == status && (status != "ALIVE" || !a["last_heartbeat"].is_null()))
+        })
+    }
+
+    /// Creates a session (small slots, the test image) and returns its JSON; asserts 201.
+    pub fn create_session(&self) -> Json {
+        let body = serde_json::json!({"image": super::agent::TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": self.access_key});
+        let a = self.post("/v1/sessions", &body);
+        assert_eq!(a.status, 201, "create session: {a:?}");
+        a.body
+    }
+
+    /// `concurrency_used` of the cluster's access key.
+    pub fn concurrency_used(&self) -> i64 {
+        self.get(&format!("/v1/access-keys/{}", self.access_key)).unwrap().body["concurrency_used"].as_i64().unwrap()
+    }
+
+    /// A counter of the manager's `/metrics` (summed over its label sets matching `labels`).
+    pub fn manager_metric(&self, name: &str, labels: &str) -> f64 {
+        let text = ureq::get(&format!("{}/metrics", self.api)).call().unwrap().into_string().unwrap();
+        text.lines().filter(|l| l.starts_with(name) && l.contains(labels)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    }
+
+    // ---- the agents' own state ----
+
+    /// A CURVE client to agent `i`'s RPC server, as the manager would connect.
+    pub fn agent_peer(&self, i: usize) -> (actix_rt::Runtime, Peer) {
+        let rt = rt();
+        let a = &self.agents[i];
+        let curve = ClientCurve { keypair: self.keys.0.clone(), server_key: a.keypair.public };
+        let opts = PeerOptions { endpoint: format!("tcp://127.0.0.1:{}", a.fixture.rpc_port), curve: Some(curve), keepalive: None, handshake_timeout: Duration::from_secs(5) };
+        let peer = rt.block_on(async { Peer::connect(&zmq::Context::new(), &opts).await }).expect("connect to the agent");
+        (rt, peer)
+    }
+
+    /// Calls `method(*args)` on agent `i`.
+    pub fn agent_call(&self, i: usize, method: &str, args: Vec<Value>) -> Value {
+        let (rt, peer) = self.agent_peer(i);
+        let v = rt.block_on(peer.call(method, &Call { args, kwargs: vec![] }, Duration::from_secs(60))).unwrap_or_else(|e| panic!("{method} on agent {i}: {e}"));
+        peer.close();
+        v
+    }
+
+    /// Kernel ids agent `i` holds (not `TERMINATED`), from `sync_kernel_registry([])`.
+    pub fn agent_kernels(&self, i: usize) -> BTreeSet<String> {
+        let v = self.agent_call(i, "sync_kernel_registry", vec![Value::Array(vec![])]);
+        let kernels = super::agent::field(&v, "kernels").as_array().cloned().unwrap_or_default();
+        kernels
+            .iter()
+            .filter(|k| super::agent::field(k, "status").as_str() != Some("TERMINATED"))
+            .filter_map(|k| super::agent::field(k, "id").as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// Kernel ids of running containers carrying agent `i`'s id label (from the docker CLI).
+    pub fn running_containers(&self, i: usize) -> BTreeSet<String> {
+        docker(&["ps", "--filter", &format!("label=ai.backend.agent-id={}", self.agents[i].id()), "--format", "{{.Label \"ai.backend.kernel-id\"}}"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The agent's `/metrics` value of `name` (first sample).
+    pub fn agent_metric(&self, i: usize, name: &str) -> Option<f64> {
+        let text = ureq::get(&format!("http://127.0.0.1:{}/metrics", self.agents[i].metrics_port)).call().ok()?.into_string().ok()?;
+        text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{'])).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// The store, opened read-side by the test (same URL as the manager).
+    pub fn store<T>(&self, f: impl for<'a> FnOnce(&'a Store) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>) -> T {
+        rt().block_on(async {
+            let store = Store::connect(&self.store_url).await.expect("open the manager's store");
+            let out = f(&store).await;
+            store.close().await;
+            out
+        })
+    }
+
+    /// Live kernels in the manager's store: `kernel id → (agent id, access key)`.
+    pub fn store_live(&self) -> BTreeMap<String, (String, String)> {
+        self.store(|s| Box::pin(async move { s.kernels(None, false).await.unwrap() })).into_iter().map(|k| (k.id, (k.agent_id, k.access_key))).collect()
+    }
+
+    /// One kernel row.
+    pub fn store_kernel(&self, id: &str) -> kernelvisor::manager::store::KernelRow {
+        let id = id.to_owned();
+        self.store(move |s| Box::pin(async move { s.kernel(&id).await.unwrap() })).expect("kernel row")
+    }
+
+    /// Asserts the four invariants once the system has settled (polls up to 30 s for in-flight
+    /// events; then every check must hold at once).
+    pub fn check_invariants(&self) {
+        let start = Instant::now();
+        loop {
+            match self.invariant_violation() {
+                None => return,
+                Some(v) if start.elapsed() > Duration::from_secs(30) => panic!("invariant violated: {v}"),
+                Some(_) => std::thread::sleep(Duration::from_millis(250)),
+            }
+        }
+    }
+
+    fn invariant_violation(&self) -> Option<String> {
+        let live = self.store_live();
+        for (i, a) in self.agents.iter().enumerate() {
+            if a.process.is_none() {
+                continue;
+            }
+            let store_side: BTreeSet<String> = live.iter().filter(|(_, (agent, _))| agent == a.id()).map(|(k, _)| k.clone()).collect();
+            // 1. store-live = running containers = the agent's kernels.
+            let containers = self.running_containers(i);
+            if store_side != containers {
+                return Some(format!("1: agent {} store live {store_side:?} != running containers {containers:?}", a.id()));
+            }
+            let held = self.agent_kernels(i);
+            if held != containers {
+                return Some(format!("1: agent {} holds {held:?} != running containers {containers:?}", a.id()));
+            }
+            // 3. no allocation held by a kernel that is not live: occupied slots, scratch dirs.
+            let usage = self.agent_call(i, "resource_usage", vec![]);
+            let occupied_cpu = super::agent::field(super::agent::field(&usage, "occupied"), "cpu").as_str().unwrap_or("?").to_owned();
+            let expected_cpu: f64 = store_side.len() as f64 * 0.25;
+            if occupied_cpu.parse::<f64>().ok() != Some(expected_cpu) {
+                return Some(format!("3: agent {} occupies cpu {occupied_cpu}, live kernels need {expected_cpu}", a.id()));
+            }
+            let scratch: BTreeSet<String> = a.fixture.scratch_entries().into_iter().collect();
+            if scratch != store_side {
+                return Some(format!("3: agent {} scratch dirs {scratch:?} != live kernels {store_side:?}", a.id()));
+            }
+            // 4. nothing left undelivered (every event acked by the manager).
+            match self.agent_metric(i, "kernelvisor_outbox_depth") {
+                Some(d) if d == 0.0 => {}
+                other => return Some(format!("4: agent {} outbox depth {other:?}", a.id())),
+            }
+        }
+        // 2. concurrency_used = live kernels of the key.
+        let used = self.concurrency_used();
+        let mine = live.values().filter(|(_, k)| *k == self.access_key).count() as i64;
+        if used != mine {
+            return Some(format!("2: concurrency_used {used} != live kernels {mine}"));
+        }
+        None
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for a in &mut self.agents {
+            if let Some(mut c) = a.process.take() {
+                let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if let Some(mut c) = self.manager.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            for name in ["manager.log"] {
+                eprintln!("---- {name} (tail) ----\n{}", tail(&self.dir.path().join(name)));
+            }
+            for a in &self.agents {
+                eprintln!("---- agent {} log (tail) ----\n{}", a.id(), tail(&a.fixture.dir.path().join("agent.log")));
+            }
+        }
+        if let Some((admin, name)) = self.pg_drop.take() {
+            rt().block_on(async {
+                use sqlx::{Connection, Executor};
+                if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
+                    let _ = c.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await;
+                }
+            });
+        }
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
