@@ -122,7 +122,9 @@ test-image:
 bench name: setup docker test-image
     cargo bench --bench {{name}}
 
-# Generate dev keys and run an agent plus a manager that health-checks it (Ctrl+C stops both).
+# From nothing: build, dev keys, a manager (SQLite) and an agent (Docker) with CURVE on; wait
+# until the agent is ALIVE, create a session, run code in it, print what to try next; Ctrl+C
+# stops both.
 run: setup docker test-image
     cargo build --release
     ./scripts/dev-run.sh

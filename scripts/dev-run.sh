@@ -1,34 +1,72 @@
 #!/usr/bin/env bash
-# `just run`: dev keys, one agent and one manager with CURVE on, in the foreground.
-# Ctrl+C (or SIGTERM) stops both cleanly.
+# `just run`: dev keys, a manager (SQLite) and one agent (Docker), CURVE on both channels.
+# Waits until the agent is ALIVE, creates a session, runs code in it, prints the result and
+# what to try next, then keeps both in the foreground. Ctrl+C (or SIGTERM) stops both cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=target/release/kernelvisor
 dev=var/dev
-mkdir -p "$dev/keys"
+mkdir -p "$dev/keys" "$dev/agent-keys" "$dev/logs"
 [ -f "$dev/keys/manager.key_secret" ] || "$bin" keygen manager --dir "$dev/keys" >/dev/null
 [ -f "$dev/keys/agent-dev.key_secret" ] || "$bin" keygen agent-dev --dir "$dev/keys" >/dev/null
+# The manager's intake admits the public keys in agent-keys-dir (new files: no restart needed).
+cp "$dev/keys/agent-dev.key" "$dev/agent-keys/agent-dev.key"
 
-"$bin" agent --config configs/dev/agent.toml &
-agent=$!
-"$bin" manager --config configs/dev/manager.toml &
-manager=$!
+ctl() { "$bin" ctl --api http://127.0.0.1:8081 "$@"; }
+manager="" agent="" session=""
 stop() {
   trap - INT TERM EXIT
-  kill -TERM "$manager" "$agent" 2>/dev/null || true
-  wait "$manager" "$agent" 2>/dev/null || true
+  echo
+  # The demo session goes; sessions you created stay (the agent preserves their containers
+  # and re-attaches them on the next start).
+  [ -n "$session" ] && ctl session rm "$session" >/dev/null 2>&1 && echo "removed the demo session $session"
+  echo "stopping the agent and the manager…"
+  [ -n "$agent" ] && kill -TERM "$agent" 2>/dev/null || true
+  [ -n "$agent" ] && wait "$agent" 2>/dev/null || true
+  [ -n "$manager" ] && kill -TERM "$manager" 2>/dev/null || true
+  [ -n "$manager" ] && wait "$manager" 2>/dev/null || true
   echo "kernelvisor dev pair stopped."
 }
 trap stop INT TERM EXIT
-cat <<'MSG'
 
-kernelvisor dev pair running (CURVE on):
-  agent   RPC tcp://127.0.0.1:16011   (configs/dev/agent.toml)
-          metrics http://127.0.0.1:6003/metrics
-  manager pools it, health-checks every 5 s (configs/dev/manager.toml)
-Try, in another shell, a stock callosum client against the agent:
-  .venv/bin/python tests/interop/callosum_client.py tcp://127.0.0.1:16011 \
-      --server-key var/dev/keys/agent-dev.key --keypair var/dev/keys/manager.key_secret
+"$bin" manager --config configs/dev/manager.toml >>"$dev/logs/manager.log" 2>&1 &
+manager=$!
+"$bin" agent --config configs/dev/agent.toml >>"$dev/logs/agent.log" 2>&1 &
+agent=$!
+
+echo "waiting for agent-dev to be ALIVE on the manager (logs: $dev/logs/)…"
+for i in $(seq 60); do
+  if ctl -o json agents 2>/dev/null | grep -q '"status": "ALIVE"'; then break; fi
+  kill -0 "$manager" 2>/dev/null || { echo "the manager exited; see $dev/logs/manager.log" >&2; exit 1; }
+  kill -0 "$agent" 2>/dev/null || { echo "the agent exited; see $dev/logs/agent.log" >&2; exit 1; }
+  [ "$i" = 60 ] && { echo "agent-dev not ALIVE after 60 s; see $dev/logs/" >&2; exit 1; }
+  sleep 1
+done
+# The manager refuses kernel calls during its start-up grace period (503 starting-up).
+for _ in $(seq 30); do ctl health 2>/dev/null | grep -q normal && break; sleep 0.5; done
+ctl agents
+echo
+created=$(ctl -o json session create --image kernelvisor-test:latest --cpu 1 --mem 256m --access-key AKIADEV)
+session=$(printf '%s\n' "$created" | sed -n 's/.*"session_id": *"\([^"]*\)".*/\1/p')
+echo "created session $session"
+echo '$ kernelvisor ctl session exec '"$session"' '\''echo "hello from $(hostname)"; uname -sm'\'
+ctl session exec "$session" 'echo "hello from $(hostname)"; uname -sm'
+echo
+ctl sessions
+cat <<MSG
+
+kernelvisor dev pair running (CURVE on both channels):
+  manager  API http://127.0.0.1:8081 (metrics /metrics), event intake tcp://127.0.0.1:16021
+           store var/dev/manager/manager.db   config configs/dev/manager.toml
+  agent    RPC tcp://127.0.0.1:16011, metrics http://127.0.0.1:6003/metrics
+           config configs/dev/agent.toml
+Try, in another shell:
+  $bin ctl agents
+  $bin ctl session exec $session 'ls -la /home/work; cat /proc/loadavg'
+  $bin ctl session create --image kernelvisor-test:latest --cpu 0.5 --mem 128m --access-key AKIADEV
+  $bin ctl session rm $session
+  $bin ctl access-key show AKIADEV
+  curl -s http://127.0.0.1:8081/metrics | grep kernelvisor_manager_
 Ctrl+C stops both.
 MSG
 wait "$agent" "$manager"

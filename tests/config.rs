@@ -100,3 +100,28 @@ fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+#[test]
+fn manager_sections_defaults_and_checks_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let m = ManagerConfig::load(&root.join("configs/manager.toml")).unwrap();
+    assert_eq!(m.manager.event_listen_addr.zmq_endpoint(), "tcp://0.0.0.0:6021");
+    assert_eq!(m.api.listen_addr.port, 8081);
+    assert_eq!(m.manager.heartbeat_timeout.0, std::time::Duration::from_secs(40));
+    assert_eq!(m.store.url, "sqlite://var/manager/manager.db");
+    assert_eq!(m.access_keys[0].concurrency_limit, 10);
+    for (text, key) in [
+        ("[manager]\nheartbeat-interval = 20\nstartup-grace = 30\n", "manager.startup-grace"),
+        ("[manager]\nheartbeat-interval = 20\nheartbeat-timeout = 10\n", "manager.heartbeat-timeout"),
+        ("[manager]\nrpc-keypair = \"m.key_secret\"\n", "manager.agent-keys-dir"),
+        ("[store]\nurl = \"mysql://x\"\n", "store.url"),
+        ("[api]\nworkers = 0\n", "api.workers"),
+        ("[[access-keys]]\naccess-key = \"A\"\n[[access-keys]]\naccess-key = \"A\"\n", "access-keys.access-key"),
+        ("[scheduler]\ncreate-timeuot = 3\n", "create-timeuot"),
+    ] {
+        let p = write(dir.path(), "m.toml", text);
+        let err = ManagerConfig::load(&p).unwrap_err().to_string();
+        assert!(err.contains(key), "{text} → {err}");
+    }
+}

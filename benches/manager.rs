@@ -1,0 +1,891 @@
+//! `just bench manager`: one manager process (the real `kernelvisor manager` binary) with 100
+//! and then 1,000 agents on the `dummy` container backend. Per agent count:
+//!
+//! - `heartbeats_per_s`: heartbeats the manager applied per second at capacity: every agent
+//!   sends `agent_heartbeat(agent_id, info)` again as soon as the previous one is answered
+//!   (closed loop, one DEALER per agent); counted with the manager's own
+//!   `kernelvisor_manager_heartbeats_total` (`GET /metrics`) over `KV_BENCH_WINDOW` seconds
+//!   (default 5), so it is what the registry applied, not what was sent.
+//! - `sweep_ms`: one agent-pool health-check sweep over every agent
+//!   (`kernelvisor_manager_pool_last_sweep_seconds` once `…_entries` equals the agent count;
+//!   median of 3 sweeps, `[agent-pool] health-check-interval = 2`). The pool makes an entry on
+//!   its first call to an agent, so the bench first creates one session per agent (least-loaded
+//!   placement puts each on a different agent) and deletes them again. The bench's own
+//!   heartbeats are paused while sweeps are read (real agents keep their 1 s heartbeats).
+//! - `create_p50_ms` (and p99): `POST /v1/sessions` latency of `KV_BENCH_SESSIONS` (default 50)
+//!   sequential sessions (cpu 0.1, mem 64m) while the heartbeat load runs; deleted afterwards.
+//!   For reference the same is measured first with only the agents' 1 s heartbeats.
+//! - `rss_mb`: the manager's VmRSS at the end of the phase.
+//!
+//! Agents: up to `KV_BENCH_REAL_AGENTS` (default 100) per phase are real
+//! `kernelvisor::agent::Agent`s (dummy backend, own SQLite store, outbox, event sender and 1 s
+//! heartbeats), all inside this process; the rest are simulated at the wire level: an
+//! `RpcServer` per agent answering `ping`, `create_kernels`, `destroy_kernel` and
+//! `reset_instance`, and heartbeats in the `docs/events.md` format. Under load the bench sends
+//! every agent's heartbeats itself (a real agent's map is its own `heartbeat::build`, refreshed
+//! each second, with a fresh `ts`). No CURVE: the intake and the agents are unauthenticated.
+//! Everything runs on one machine, so the bench's agents and load compete with the manager
+//! for the same cores; the table shows the manager's CPU share during the window.
+//!
+//! `KV_BENCH_AGENTS` (default `100,1000`) picks the agent counts. A fresh manager (and fresh
+//! agents) per count. Prints a table and ends with one JSON line:
+//! `[{"agents", "heartbeats_per_s", "sweep_ms", "create_p50_ms", "rss_mb"}, …]`.
+
+use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::{Actor, Addr};
+use anyhow::{anyhow, bail, Context as _};
+use futures::StreamExt;
+use rmpv::Value;
+use tokio::sync::watch;
+
+use kernelvisor::agent::context::AgentContext;
+use kernelvisor::agent::heartbeat::{self, Identity};
+use kernelvisor::agent::registry::KernelRegistry;
+use kernelvisor::agent::Agent;
+use kernelvisor::config::{AgentConfig, OnShutdown};
+use kernelvisor::rpc::{Call, Dispatcher, ErrorMeta, Peer, PeerOptions, RpcServer};
+
+const ACCESS_KEY: &str = "AKBENCH";
+/// Every agent's slots (real ones through `[resource]`, simulated ones in their heartbeats).
+const AGENT_CPU: &str = "8";
+const AGENT_MEM: u64 = 16 << 30;
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default)
+}
+
+fn kv(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(pairs.into_iter().map(|(k, v)| (k.into(), v)).collect())
+}
+
+fn now_unix() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Runs blocking work (HTTP) off the actix thread, so this process's agents keep answering.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    actix_rt::task::spawn_blocking(f).await.expect("blocking task panicked")
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The manager process.
+
+/// The manager child; killed (SIGTERM, then SIGKILL) when dropped, also on failure.
+struct ManagerProc {
+    child: Child,
+    api: String,
+    intake_port: u16,
+    log: PathBuf,
+}
+
+impl ManagerProc {
+    fn spawn(bin: &str, dir: &Path) -> anyhow::Result<ManagerProc> {
+        let (intake_port, api_port) = (free_port()?, free_port()?);
+        let config = format!(
+            "[manager]\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\n\
+             heartbeat-interval = 1\nheartbeat-timeout = 30\nstartup-grace = 2.5\n\n\
+             [agent-pool]\nhealth-check-interval = 2\nping-timeout = 5\n\n\
+             [store]\nurl = \"sqlite://{db}\"\n\n\
+             [api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\n\n\
+             [[access-keys]]\naccess-key = \"{ACCESS_KEY}\"\n\n\
+             [logging]\nlevel = \"warn\"\n",
+            db = dir.join("manager.db").display()
+        );
+        let path = dir.join("manager.toml");
+        std::fs::write(&path, config)?;
+        let log = dir.join("manager.log");
+        let out = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("manager").arg("--config").arg(&path).env_remove("RUST_LOG").stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        // SAFETY: prctl is async-signal-safe; the child dies with this process even on SIGKILL.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("spawn {bin}"))?;
+        Ok(ManagerProc { child, api: format!("http://127.0.0.1:{api_port}"), intake_port, log })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_tail(&self) -> String {
+        let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
+        // Without ANSI colour sequences.
+        let mut text = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                chars.by_ref().find(|c| c.is_ascii_alphabetic());
+            } else {
+                text.push(c);
+            }
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// VmRSS in MiB.
+    fn rss_mb(&self) -> anyhow::Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| anyhow!("no VmRSS"))?;
+        Ok(kb / 1024.0)
+    }
+
+    /// User + system CPU seconds so far.
+    fn cpu_s(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
+        // Fields after the `(comm)`: state is field 3; utime and stime are fields 14 and 15.
+        let rest = &stat[stat.rfind(')').ok_or_else(|| anyhow!("bad stat"))? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok(ticks / hz)
+    }
+
+    fn stop(mut self) {
+        self.terminate();
+    }
+
+    fn terminate(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(8);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ManagerProc {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP (blocking ureq, always called through `blocking`).
+
+#[derive(Clone)]
+struct Http {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Http {
+    fn new(base: &str) -> Http {
+        Http { base: base.to_owned(), agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build() }
+    }
+
+    fn text(r: Result<ureq::Response, ureq::Error>) -> Result<String, String> {
+        match r {
+            Ok(r) => r.into_string().map_err(|e| e.to_string()),
+            Err(ureq::Error::Status(code, r)) => Err(format!("HTTP {code}: {}", r.into_string().unwrap_or_default())),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn get(&self, path: &str) -> Result<String, String> {
+        Self::text(self.agent.get(&format!("{}{path}", self.base)).call())
+    }
+
+    fn get_json(&self, path: &str) -> Result<serde_json::Value, String> {
+        serde_json::from_str(&self.get(path)?).map_err(|e| e.to_string())
+    }
+
+    /// `POST /v1/sessions`: the session id and the request's wall time in ms.
+    fn create_session(&self) -> Result<(String, f64), String> {
+        let body = serde_json::json!({"image": "bench/any:latest", "resource_slots": {"cpu": 0.1, "mem": "64m"}, "access_key": ACCESS_KEY});
+        let t = Instant::now();
+        let text = Self::text(self.agent.post(&format!("{}/v1/sessions", self.base)).send_json(body))?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let id = v["session_id"].as_str().ok_or_else(|| format!("no session_id in {text}"))?.to_owned();
+        Ok((id, ms))
+    }
+
+    fn delete_session(&self, id: &str) -> Result<(), String> {
+        Self::text(self.agent.delete(&format!("{}/v1/sessions/{id}", self.base)).call()).map(|_| ())
+    }
+}
+
+/// Samples (unlabelled) of the Prometheus text, by metric name.
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn metrics(http: &Http) -> anyhow::Result<HashMap<String, f64>> {
+    let h = http.clone();
+    let text = blocking(move || h.get("/metrics")).await.map_err(|e| anyhow!("GET /metrics: {e}"))?;
+    Ok(parse_metrics(&text))
+}
+
+async fn metric(http: &Http, name: &str) -> anyhow::Result<f64> {
+    metrics(http).await?.get(name).copied().ok_or_else(|| anyhow!("{name} not in /metrics"))
+}
+
+/// Creates `n` sessions, `concurrency` at a time: their ids (failures are errors).
+async fn create_many(http: &Http, n: usize, concurrency: usize) -> anyhow::Result<Vec<String>> {
+    let results: Vec<Result<(String, f64), String>> = futures::stream::iter(0..n)
+        .map(|_| {
+            let h = http.clone();
+            blocking(move || h.create_session())
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().map(|r| r.map(|(id, _)| id).map_err(|e| anyhow!("POST /v1/sessions: {e}"))).collect()
+}
+
+async fn delete_many(http: &Http, ids: Vec<String>, concurrency: usize) -> anyhow::Result<()> {
+    let results: Vec<Result<(), String>> = futures::stream::iter(ids)
+        .map(|id| {
+            let h = http.clone();
+            blocking(move || h.delete_session(&id))
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let failed: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    if let Some(e) = failed.first() {
+        bail!("{} DELETE /v1/sessions failed, e.g. {e}", failed.len());
+    }
+    Ok(())
+}
+
+/// `count` sequential `POST /v1/sessions`, each timed, then deleted: sorted latencies (ms)
+/// and the number that failed.
+async fn timed_creates(http: &Http, count: usize, n: usize, what: &str) -> anyhow::Result<(Vec<f64>, usize)> {
+    let (mut lat, mut created, mut errors) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..count {
+        let h = http.clone();
+        match blocking(move || h.create_session()).await {
+            Ok((id, ms)) => {
+                lat.push(ms);
+                created.push(id);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if lat.is_empty() {
+        bail!("every POST /v1/sessions {what} failed, e.g. {}", errors.first().cloned().unwrap_or_default());
+    }
+    if let Some(e) = errors.first() {
+        eprintln!("[{n} agents] {} of {count} creates {what} failed, e.g. {e}", errors.len());
+    }
+    delete_many(http, created, 8).await.with_context(|| format!("deleting the sessions created {what}"))?;
+    lat.sort_by(f64::total_cmp);
+    Ok((lat, errors.len()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agents.
+
+/// A simulated agent's kernels: kernel id → session id.
+type SimKernels = Arc<Mutex<HashMap<String, String>>>;
+
+fn sim_dispatcher(agent_id: &str, kernels: SimKernels) -> Dispatcher {
+    let mut d = Dispatcher::new(Some(agent_id.to_owned()));
+    kernelvisor::agent::methods::register(&mut d, agent_id); // ping, health, gather_hwinfo
+    let (k, id) = (kernels.clone(), agent_id.to_owned());
+    d.register("create_kernels", move |call| {
+        let (k, agent_id) = (k.clone(), id.clone());
+        async move {
+            let session = call.arg(0, "session_id").and_then(Value::as_str).ok_or_else(|| ErrorMeta::new("TypeError", "session_id"))?.to_owned();
+            let ids = call.arg(1, "kernel_ids").and_then(Value::as_array).ok_or_else(|| ErrorMeta::new("TypeError", "kernel_ids"))?;
+            let configs = call.arg(2, "configs").and_then(Value::as_array).ok_or_else(|| ErrorMeta::new("TypeError", "configs"))?;
+            let field = |c: &Value, key: &str| c.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(key))).map(|(_, v)| v.clone()).unwrap_or(Value::Nil);
+            let mut infos = Vec::new();
+            for (kid, config) in ids.iter().zip(configs) {
+                let kid = kid.as_str().unwrap_or_default().to_owned();
+                k.lock().unwrap().insert(kid.clone(), session.clone());
+                infos.push(kv(vec![
+                    ("id", kid.clone().into()),
+                    ("kernel_id", kid.clone().into()),
+                    ("session_id", session.clone().into()),
+                    ("agent_id", agent_id.clone().into()),
+                    ("status", "RUNNING".into()),
+                    ("container_id", format!("sim-{kid}").into()),
+                    ("image", field(config, "image")),
+                    ("host_ports", Value::Array(vec![])),
+                    ("service_ports", Value::Array(vec![])),
+                    ("resource_slots", field(config, "resource_slots")),
+                    ("gpus", Value::Array(vec![])),
+                    ("reason", Value::Nil),
+                    ("exit_code", Value::Nil),
+                ]));
+            }
+            Ok(Value::Array(infos))
+        }
+    });
+    let k = kernels.clone();
+    d.register("destroy_kernel", move |call| {
+        let k = k.clone();
+        async move {
+            let kid = call.arg(0, "kernel_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+            match k.lock().unwrap().remove(&kid) {
+                Some(_) => Ok(Value::Nil),
+                None => Err(ErrorMeta::new("KernelNotFound", kid)),
+            }
+        }
+    });
+    d.register("reset_agent", move |_| {
+        let k = kernels.clone();
+        async move {
+            let n = std::mem::take(&mut *k.lock().unwrap()).len();
+            Ok(kv(vec![("destroyed", (n as u64).into())]))
+        }
+    });
+    d.alias("reset_instance", "reset_agent");
+    d
+}
+
+/// Where an agent's heartbeats come from.
+enum Source {
+    /// A real agent: its own `heartbeat::build`.
+    Real { id: String, ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>, identity: Identity },
+    /// A simulated one: the documented map, built here.
+    Sim { id: String, addr: String, kernels: SimKernels },
+}
+
+impl Source {
+    fn id(&self) -> &str {
+        match self {
+            Source::Real { id, .. } | Source::Sim { id, .. } => id,
+        }
+    }
+
+    /// The heartbeat map; a real agent's is rebuilt at most once a second (its kernel list),
+    /// otherwise the cached one gets a fresh `ts`.
+    async fn info(&self, cache: &mut Option<(Instant, Value)>) -> Value {
+        match self {
+            Source::Real { ctx, registry, identity, .. } => {
+                if !cache.as_ref().is_some_and(|(at, _)| at.elapsed() <= Duration::from_secs(1)) {
+                    *cache = Some((Instant::now(), heartbeat::build(ctx, registry, identity).await));
+                }
+                let mut v = cache.as_ref().expect("cached").1.clone();
+                if let Value::Map(m) = &mut v {
+                    for (k, val) in m.iter_mut() {
+                        if k.as_str() == Some("ts") {
+                            *val = Value::F64(now_unix());
+                        }
+                    }
+                }
+                v
+            }
+            Source::Sim { id, addr, kernels } => {
+                let live: Vec<Value> = kernels
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, s)| kv(vec![("id", k.clone().into()), ("session_id", s.clone().into()), ("status", "RUNNING".into())]))
+                    .collect();
+                let slots = |cpu: &str, mem: u64| kv(vec![("cpu", cpu.into()), ("mem", mem.to_string().into()), ("cuda.device", "0".into())]);
+                kv(vec![
+                    ("agent_id", id.clone().into()),
+                    ("region", "local".into()),
+                    ("addr", addr.clone().into()),
+                    ("public_key", Value::Nil),
+                    ("version", env!("CARGO_PKG_VERSION").into()),
+                    ("architecture", std::env::consts::ARCH.into()),
+                    ("ts", Value::F64(now_unix())),
+                    (
+                        "slots",
+                        kv(vec![("total", slots(AGENT_CPU, AGENT_MEM)), ("available", slots(AGENT_CPU, AGENT_MEM)), ("occupied", slots("0", 0))]),
+                    ),
+                    ("kernels", Value::Array(live)),
+                ])
+            }
+        }
+    }
+}
+
+fn real_agent_config(dir: &Path, id: &str, intake_port: u16) -> anyhow::Result<AgentConfig> {
+    let d = dir.join(id);
+    std::fs::create_dir_all(&d)?;
+    let toml = format!(
+        "[agent]\nid = \"{id}\"\nrpc-listen-addr = {{ host = \"127.0.0.1\", port = 0 }}\nservice-addr = {{ host = \"127.0.0.1\", port = 0 }}\n\
+         var-base-path = \"{v}\"\nbackend = \"dummy\"\non-shutdown = \"terminate\"\n\n\
+         [manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\nheartbeat-interval = 1\nevent-ack-timeout = 2\nevent-retry-max = 1\n\n\
+         [container]\nport-range = [31900, 31999]\nbind-host = \"127.0.0.1\"\nscratch-root = \"{s}\"\n\n\
+         [resource]\nreserved-cpu = 0\nreserved-mem = 0\ncpu = {AGENT_CPU}\nmem = {AGENT_MEM}\n\n\
+         [stats]\nnode-interval = 60\ncontainer-interval = 60\ngpu-interval = 60\n\n[logging]\nlevel = \"error\"\n",
+        v = d.join("var").display(),
+        s = d.join("scratches").display(),
+    );
+    let path = d.join("agent.toml");
+    std::fs::write(&path, toml)?;
+    Ok(AgentConfig::load(&path)?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heartbeat load, on its own arbiter thread.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The bench sends nothing (real agents still beat every second on their own).
+    Paused,
+    /// Simulated agents beat every second (real ones on their own).
+    Paced,
+    /// Every agent beats again as soon as the manager answered.
+    Fast,
+    Stop,
+}
+
+#[derive(Default)]
+struct LoadStats {
+    connected: AtomicU64,
+    sent: AtomicU64,
+    failed: AtomicU64,
+    done: AtomicU64,
+}
+
+struct Load {
+    mode: watch::Sender<Mode>,
+    stats: Arc<LoadStats>,
+    arbiter: actix_rt::Arbiter,
+    agents: u64,
+}
+
+impl Load {
+    fn start(sources: Vec<Source>, intake: String) -> Load {
+        let (mode, rx) = watch::channel(Mode::Paced);
+        let stats = Arc::new(LoadStats::default());
+        let arbiter = actix_rt::Arbiter::new();
+        let n = sources.len();
+        let st = stats.clone();
+        arbiter.spawn_fn(move || {
+            let zmq = zmq::Context::new();
+            for (i, src) in sources.into_iter().enumerate() {
+                // Paced beats spread over the second.
+                let offset = Duration::from_secs_f64(i as f64 / n as f64);
+                actix_rt::spawn(beat_loop(src, intake.clone(), zmq.clone(), rx.clone(), st.clone(), offset));
+            }
+        });
+        Load { mode, stats, arbiter, agents: n as u64 }
+    }
+
+    fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    fn sent(&self) -> u64 {
+        self.stats.sent.load(Ordering::Relaxed)
+    }
+
+    async fn stop(self) {
+        self.set(Mode::Stop);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.stats.done.load(Ordering::Relaxed) < self.agents && Instant::now() < deadline {
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let the peers' I/O tasks see their Close.
+        actix_rt::time::sleep(Duration::from_millis(150)).await;
+        self.arbiter.stop();
+        let arbiter = self.arbiter;
+        blocking(move || arbiter.join()).await.ok();
+    }
+}
+
+async fn beat_loop(src: Source, intake: String, zmq: zmq::Context, mut mode: watch::Receiver<Mode>, stats: Arc<LoadStats>, offset: Duration) {
+    let opts = PeerOptions { endpoint: intake, curve: None, keepalive: None, handshake_timeout: Duration::from_secs(10) };
+    let mut peer = None;
+    let mut cache = None;
+    let mut next = tokio::time::Instant::now() + offset;
+    let real = matches!(src, Source::Real { .. });
+    loop {
+        let m = *mode.borrow_and_update();
+        match m {
+            Mode::Stop => break,
+            Mode::Paused => {
+                if mode.changed().await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            Mode::Paced if real => {
+                if mode.changed().await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            Mode::Paced => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => {
+                        let now = tokio::time::Instant::now();
+                        next += Duration::from_secs(1);
+                        if next < now {
+                            next = now + Duration::from_secs(1);
+                        }
+                    }
+                    r = mode.changed() => {
+                        if r.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                }
+            }
+            Mode::Fast => {}
+        }
+        if peer.is_none() {
+            match Peer::connect(&zmq, &opts).await {
+                Ok(p) => {
+                    stats.connected.fetch_add(1, Ordering::Relaxed);
+                    peer = Some(p);
+                }
+                Err(_) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    actix_rt::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let p = peer.clone().expect("connected");
+        let info = src.info(&mut cache).await;
+        let call = Call { args: vec![src.id().into(), info], kwargs: vec![] };
+        match p.call(heartbeat::HEARTBEAT_METHOD, &call, HEARTBEAT_TIMEOUT).await {
+            Ok(_) => {
+                stats.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+                if e.is_connection_error() {
+                    if let Some(p) = peer.take() {
+                        p.close();
+                    }
+                }
+            }
+        }
+    }
+    if let Some(p) = peer {
+        p.close();
+    }
+    stats.done.fetch_add(1, Ordering::Relaxed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One phase.
+
+struct Row {
+    agents: usize,
+    real: usize,
+    hb_per_s: f64,
+    hb_sent_per_s: f64,
+    mgr_cpu_pct: f64,
+    sweep_ms: f64,
+    sweeps: Vec<f64>,
+    sweep_entries: usize,
+    create_p50: f64,
+    create_p99: f64,
+    base_p50: f64,
+    base_p99: f64,
+    creates_ok: usize,
+    create_errors: usize,
+    warm_s: f64,
+    rss_mb: f64,
+    hb_failed: u64,
+}
+
+/// What a phase started, torn down in reverse whatever happened.
+#[derive(Default)]
+struct World {
+    real: Vec<Agent>,
+    sims: Vec<Addr<RpcServer>>,
+    load: Option<Load>,
+}
+
+impl World {
+    async fn teardown(mut self) {
+        if let Some(load) = self.load.take() {
+            load.stop().await;
+        }
+        // Real agents first, while the manager still takes their last events.
+        futures::future::join_all(self.real.drain(..).map(|a| a.shutdown(OnShutdown::Terminate))).await;
+        for s in self.sims.drain(..) {
+            let _ = s.send(kernelvisor::rpc::server::Shutdown).await;
+        }
+    }
+}
+
+async fn wait_for<F, Fut>(limit: Duration, what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() > limit {
+            bail!("timed out after {limit:?} waiting for {what}{}", last_err.map(|e| format!(" (last error: {e:#})")).unwrap_or_default());
+        }
+        actix_rt::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn run_phase(bin: &str, n: usize, real_max: usize, sessions: usize, window: Duration) -> anyhow::Result<Row> {
+    let dir = tempfile::Builder::new().prefix("kv-bench-manager-").tempdir()?;
+    let mgr = ManagerProc::spawn(bin, dir.path())?;
+    let http = Http::new(&mgr.api);
+    let mut world = World::default();
+    let result = measure(&mgr, &http, &mut world, dir.path(), n, real_max, sessions, window).await;
+    world.teardown().await;
+    let result = result.map_err(|e| anyhow!("{e:#}\n--- manager log tail ({}) ---\n{}", mgr.log.display(), mgr.log_tail()));
+    mgr.stop();
+    drop(dir);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(mgr: &ManagerProc, http: &Http, world: &mut World, dir: &Path, n: usize, real_max: usize, sessions: usize, window: Duration) -> anyhow::Result<Row> {
+    let t0 = Instant::now();
+    wait_for(Duration::from_secs(30), "the manager's /health", || {
+        let h = http.clone();
+        async move { Ok(blocking(move || h.get("/health")).await.is_ok()) }
+    })
+    .await?;
+
+    // Agents: real ones first (their ids sort first, so placement uses them first), then simulated.
+    let real = real_max.min(n);
+    let mut sources = Vec::with_capacity(n);
+    for i in 0..real {
+        let id = format!("bench-r{i:04}");
+        let config = real_agent_config(&dir.join("agents"), &id, mgr.intake_port)?;
+        let agent = Agent::start(config, None).await.with_context(|| format!("real agent {id}"))?;
+        let identity = Identity { region: "local".into(), rpc_addr: agent.endpoint().to_owned(), public_key: None };
+        sources.push(Source::Real { id, ctx: agent.ctx.clone(), registry: agent.registry(), identity });
+        world.real.push(agent);
+    }
+    for i in real..n {
+        let id = format!("bench-s{i:04}");
+        let kernels = SimKernels::default();
+        let server = RpcServer::bind("tcp://127.0.0.1:0", None, sim_dispatcher(&id, kernels.clone())).with_context(|| format!("simulated agent {id}"))?;
+        let addr = server.endpoint().to_owned();
+        world.sims.push(server.start());
+        sources.push(Source::Sim { id, addr, kernels });
+    }
+    let started_agents = t0.elapsed();
+    let load = world.load.insert(Load::start(sources, format!("tcp://127.0.0.1:{}", mgr.intake_port)));
+
+    wait_for(Duration::from_secs(60), &format!("{n} ALIVE agents and the end of the start-up grace"), || {
+        let h = http.clone();
+        async move {
+            let v = blocking(move || h.get_json("/health")).await.map_err(|e| anyhow!(e))?;
+            Ok(v["mode"] == "normal" && v["agents_alive"].as_u64() == Some(n as u64))
+        }
+    })
+    .await?;
+    eprintln!("[{n} agents] {real} real + {} simulated started in {:.1} s; all ALIVE after {:.1} s", n - real, started_agents.as_secs_f64(), t0.elapsed().as_secs_f64());
+
+    // One session per agent (least-loaded placement spreads them), so the pool has an entry for each.
+    let t = Instant::now();
+    let ids = create_many(http, n, 8).await.context("warm-up sessions")?;
+    delete_many(http, ids, 8).await.context("warm-up sessions")?;
+    let warm_s = t.elapsed().as_secs_f64();
+    eprintln!("[{n} agents] {n} sessions created and deleted in {warm_s:.1} s (every agent now has a pool entry)");
+
+    // Reference: creation latency with only the 1 s heartbeats (no extra load).
+    let (base_lat, _) = timed_creates(http, sessions, n, "with 1 s heartbeats").await?;
+
+    // Sweeps: with the bench's heartbeats paused, after one full interval, the next 3 sweeps.
+    load.set(Mode::Paused);
+    actix_rt::time::sleep(Duration::from_millis(2200)).await;
+    let key = |m: &HashMap<String, f64>| (m.get("kernelvisor_manager_pool_last_sweep_seconds").copied(), m.get("kernelvisor_manager_pool_last_sweep_entries").copied());
+    let mut last = key(&metrics(http).await?);
+    let mut sweeps = Vec::new();
+    let mut sweep_entries = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sweeps.len() < 3 && Instant::now() < deadline {
+        actix_rt::time::sleep(Duration::from_millis(150)).await;
+        let k = key(&metrics(http).await?);
+        if k != last {
+            if let (Some(s), Some(e)) = k {
+                sweep_entries = e as usize;
+                if sweep_entries == n {
+                    sweeps.push(s * 1e3);
+                }
+            }
+            last = k;
+        }
+    }
+    if sweeps.is_empty() {
+        bail!("no health-check sweep over {n} entries within 20 s (last sweep pinged {sweep_entries})");
+    }
+    let mut sorted = sweeps.clone();
+    sorted.sort_by(f64::total_cmp);
+    let sweep_ms = sorted[sorted.len() / 2];
+
+    // Heartbeat capacity.
+    load.set(Mode::Fast);
+    actix_rt::time::sleep(Duration::from_secs(1)).await;
+    let (hb0, cpu0, sent0, w0) = (metric(http, "kernelvisor_manager_heartbeats_total").await?, mgr.cpu_s()?, load.sent(), Instant::now());
+    actix_rt::time::sleep(window).await;
+    let (hb1, cpu1, sent1, w1) = (metric(http, "kernelvisor_manager_heartbeats_total").await?, mgr.cpu_s()?, load.sent(), Instant::now());
+    let secs = (w1 - w0).as_secs_f64();
+    let hb_per_s = (hb1 - hb0) / secs;
+    let hb_sent_per_s = (sent1 - sent0) as f64 / secs;
+    let mgr_cpu_pct = (cpu1 - cpu0) / secs * 100.0;
+
+    // Session creation latency, still under the heartbeat load.
+    let (lat, errors) = timed_creates(http, sessions, n, "under load").await?;
+    load.set(Mode::Paced);
+    let rss_mb = mgr.rss_mb()?;
+    let hb_failed = load.stats.failed.load(Ordering::Relaxed);
+    eprintln!("[{n} agents] done in {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(Row {
+        agents: n,
+        real,
+        hb_per_s,
+        hb_sent_per_s,
+        mgr_cpu_pct,
+        sweep_ms,
+        sweeps,
+        sweep_entries,
+        create_p50: percentile(&lat, 0.5),
+        create_p99: percentile(&lat, 0.99),
+        base_p50: percentile(&base_lat, 0.5),
+        base_p99: percentile(&base_lat, 0.99),
+        creates_ok: lat.len(),
+        create_errors: errors,
+        warm_s,
+        rss_mb,
+        hb_failed,
+    })
+}
+
+/// Raises the open-file limit to its hard limit: ~1,000 agents' sockets live in this process.
+fn raise_nofile() {
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: get/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+fn main() {
+    raise_nofile();
+    let counts: Vec<usize> = std::env::var("KV_BENCH_AGENTS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![100, 1000]);
+    let real_max: usize = env_or("KV_BENCH_REAL_AGENTS", 100);
+    let sessions: usize = env_or("KV_BENCH_SESSIONS", 50);
+    let window = Duration::from_secs_f64(env_or("KV_BENCH_WINDOW", 5.0));
+    let bin = env!("CARGO_BIN_EXE_kernelvisor");
+
+    let started = Instant::now();
+    let rows = actix_rt::System::new().block_on(async move {
+        let mut rows = Vec::new();
+        for n in counts {
+            match run_phase(bin, n, real_max, sessions, window).await {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    eprintln!("manager bench failed at {n} agents: {e:#}");
+                    return Err(());
+                }
+            }
+        }
+        Ok(rows)
+    });
+    let Ok(rows) = rows else { std::process::exit(1) };
+
+    println!(
+        "\nkernelvisor manager bench: one manager process (SQLite store, event intake and agents WITHOUT CURVE), dummy container backend, {} cores, {:.0} s",
+        std::thread::available_parallelism().map(usize::from).unwrap_or(0),
+        started.elapsed().as_secs_f64()
+    );
+    println!("heartbeats: closed loop (each agent resends on the answer) for {:.0} s, counted by kernelvisor_manager_heartbeats_total", window.as_secs_f64());
+    println!("sweep: [agent-pool] health-check-interval = 2, median of 3 sweeps; create: {sessions} sequential POST /v1/sessions (cpu 0.1, mem 64m) under the heartbeat load\n");
+    println!(
+        "{:>7} {:>18} {:>13} {:>10} {:>10} {:>14} {:>14} {:>10}",
+        "agents", "kind", "heartbeats/s", "mgr CPU", "sweep ms", "create p50 ms", "create p99 ms", "RSS MiB"
+    );
+    for r in &rows {
+        let kind = if r.real == r.agents { format!("{} real", r.real) } else { format!("{} real + {} sim", r.real, r.agents - r.real) };
+        println!(
+            "{:>7} {:>18} {:>13.0} {:>9.0}% {:>10.2} {:>14.2} {:>14.2} {:>10.1}",
+            r.agents, kind, r.hb_per_s, r.mgr_cpu_pct, r.sweep_ms, r.create_p50, r.create_p99, r.rss_mb
+        );
+    }
+    println!();
+    for r in &rows {
+        println!(
+            "{} agents: heartbeats sent by the bench and answered {:.0}/s, applied {:.0}/s (incl. the real agents' own), {} heartbeat call failures; sweeps {:?} ms over {} entries; \
+             creates under load {} ok / {} failed; creates with only 1 s heartbeats p50 {:.2} / p99 {:.2} ms; warm-up ({} sessions made + deleted) {:.1} s",
+            r.agents,
+            r.hb_sent_per_s,
+            r.hb_per_s,
+            r.hb_failed,
+            r.sweeps.iter().map(|s| (s * 100.0).round() / 100.0).collect::<Vec<_>>(),
+            r.sweep_entries,
+            r.creates_ok,
+            r.create_errors,
+            r.base_p50,
+            r.base_p99,
+            r.agents,
+            r.warm_s
+        );
+    }
+    println!("kind: `real` = kernelvisor::agent::Agent (dummy backend) in the bench process; `sim` = wire-level agent (RpcServer + heartbeats per docs/events.md)");
+    println!("mgr CPU: the manager process's CPU during the heartbeat window (100% = one core); the bench's agents and load share the same cores");
+    let json: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"agents\": {}, \"heartbeats_per_s\": {:.0}, \"sweep_ms\": {:.2}, \"create_p50_ms\": {:.2}, \"rss_mb\": {:.1}}}",
+                r.agents, r.hb_per_s, r.sweep_ms, r.create_p50, r.rss_mb
+            )
+        })
+        .collect();
+    println!("[{}]", json.join(", "));
+}
