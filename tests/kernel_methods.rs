@@ -143,7 +143,8 @@ async fn interrupt_ends_a_kernel_that_exits_on_sigint_and_logs_are_readable() {
     for _ in 0..100 {
         let r = call(&peer, "get_logs", vec![k_logs.clone().into()]).await.unwrap();
         logs = field(&r, "logs").as_str().expect("logs is text").to_owned();
-        if logs.contains("booted") {
+        // stdout and stderr are copied separately: wait for both.
+        if logs.contains("booted") && logs.contains("to-stderr") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -4,7 +4,7 @@
 //! ends with every invariant checked against the store, the engine and the agents.
 //! Also: bad API requests get 4xx with a stable code and leave nothing half-created.
 //!
-//! Agent host ports: 31100–31299 (20 per agent).
+//! Agent host ports: 32000–32259 (20 per agent).
 
 mod common;
 
@@ -233,60 +233,108 @@ fn bad_requests(db: Db, ports: u16) {
 
 #[test]
 fn scenario_1_agent_start_sqlite() {
-    agent_start(Db::Sqlite, 31100);
+    agent_start(Db::Sqlite, 32000);
 }
 
 #[test]
 fn scenario_1_agent_start_postgres() {
-    agent_start(Db::Postgres, 31120);
+    agent_start(Db::Postgres, 32020);
 }
 
 #[test]
 fn scenario_2_agent_restart_preserve_sqlite() {
-    agent_restart(Db::Sqlite, 31140, false);
+    agent_restart(Db::Sqlite, 32040, false);
 }
 
 #[test]
 fn scenario_2_agent_restart_preserve_postgres() {
-    agent_restart(Db::Postgres, 31160, false);
+    agent_restart(Db::Postgres, 32060, false);
 }
 
 #[test]
 fn scenario_2_agent_restart_terminate_sqlite() {
-    agent_restart(Db::Sqlite, 31180, true);
+    agent_restart(Db::Sqlite, 32080, true);
 }
 
 #[test]
 fn scenario_2_agent_restart_terminate_postgres() {
-    agent_restart(Db::Postgres, 31200, true);
+    agent_restart(Db::Postgres, 32100, true);
 }
 
 #[test]
 fn scenario_3_manager_restart_sqlite() {
-    manager_restart(Db::Sqlite, 31220);
+    manager_restart(Db::Sqlite, 32120);
 }
 
 #[test]
 fn scenario_3_manager_restart_postgres() {
-    manager_restart(Db::Postgres, 31240);
+    manager_restart(Db::Postgres, 32140);
 }
 
 #[test]
 fn scenario_4_agent_suspended_sqlite() {
-    agent_suspended(Db::Sqlite, 31260);
+    agent_suspended(Db::Sqlite, 32160);
 }
 
 #[test]
 fn scenario_4_agent_suspended_postgres() {
-    agent_suspended(Db::Postgres, 31280);
+    agent_suspended(Db::Postgres, 32180);
 }
 
 #[test]
 fn bad_requests_sqlite() {
-    bad_requests(Db::Sqlite, 31300);
+    bad_requests(Db::Sqlite, 32200);
 }
 
 #[test]
 fn bad_requests_postgres() {
-    bad_requests(Db::Postgres, 31320);
+    bad_requests(Db::Postgres, 32220);
+}
+
+/// `kernelvisor ctl` against a live manager: tables, `-o json`, exec exit codes, errors.
+#[test]
+fn ctl_cli_against_a_live_manager() {
+    let mut c = Cluster::new(Db::Sqlite);
+    c.start_manager();
+    let a = c.add_agent("ctl", 32240, "");
+    let id = c.agents[a].id().to_owned();
+    c.wait_agent_status(&id, "ALIVE", LONG);
+    common::cluster::wait_for(LONG, "normal mode", || (c.get("/v1/sessions").ok()?.status == 200).then_some(()));
+    let ctl = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor")).arg("ctl").arg("--api").arg(&c.api).args(args).output().unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, table, _) = ctl(&["agents"]);
+    assert_eq!(code, 0);
+    assert!(table.contains("STATUS") && table.contains(&id) && table.contains("ALIVE"), "{table}");
+
+    let (code, created, err) = ctl(&["-o", "json", "session", "create", "--image", TEST_IMAGE, "--cpu", "0.25", "--mem", "64m", "--access-key", &c.access_key, "--env", "GREETING=hi"]);
+    assert_eq!(code, 0, "{err}");
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(created["agent_id"], id.as_str());
+
+    let (code, out, _) = ctl(&["session", "exec", &sid, "echo $GREETING; exit 3"]);
+    assert_eq!((code, out.as_str()), (3, "hi\n"), "exit status of the code is ctl's");
+    let (code, sessions, _) = ctl(&["sessions"]);
+    assert_eq!(code, 0);
+    assert!(sessions.contains(&sid) && sessions.contains("RUNNING"), "{sessions}");
+    let (code, json, _) = ctl(&["-o", "json", "access-key", "show", &c.access_key]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&json).unwrap()["concurrency_used"], 1);
+
+    let (code, _, err) = ctl(&["session", "show", "no-such-session"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("session-not-found"), "{err}");
+    let (code, _, _) = ctl(&["session", "rm", &sid]);
+    assert_eq!(code, 0);
+    assert_eq!(c.concurrency_used(), 0);
+    c.check_invariants();
+
+    let (code, _, err) = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+        .args(["ctl", "--api", "http://127.0.0.1:1", "agents"])
+        .output()
+        .map(|o| (o.status.code().unwrap_or(-1), (), String::from_utf8_lossy(&o.stderr).into_owned()))
+        .unwrap();
+    assert_eq!(code, 2, "unreachable API: {err}");
 }

@@ -1,5 +1,5 @@
 //! A test receiver for the agent's events and heartbeats: the manager side of `docs/events.md`
-//! reduced to recording what arrives (the manager issue builds the real intake).
+//! reduced to recording what arrives, with failure injection (the real one: `src/manager/intake.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

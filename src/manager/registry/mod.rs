@@ -150,7 +150,12 @@ impl AgentRegistry {
     /// A heartbeat in normal mode.
     fn heartbeat(&mut self, hb: Heartbeat, ctx: &mut Context<Self>) {
         let status = self.agents.get(&hb.agent_id).map(|s| s.row.status.clone());
-        self.absorb(&hb);
+        match self.agents.get_mut(&hb.agent_id) {
+            // Overtaken by a newer one (latest wins): its facts are stale, but it still proves
+            // the agent is alive.
+            Some(s) if s.row.last_heartbeat.is_some_and(|last| hb.ts < last) => s.last_seen = Instant::now(),
+            _ => self.absorb(&hb),
+        }
         match status.as_deref() {
             None | Some(TERMINATED) => self.set_status(&hb.agent_id, ALIVE),
             Some(LOST) | Some(PENDING) => self.begin_reset(&hb.agent_id, ctx),
