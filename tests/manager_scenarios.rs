@@ -26,6 +26,7 @@ fn agent_start(db: Db, ports: u16) {
     let view = c.wait_agent_status(&id, "ALIVE", LONG);
     assert!(view["slots_total"]["cpu"].as_str().unwrap().parse::<f64>().unwrap() > 0.0, "slots reported: {view}");
     assert!(view["slots_total"]["mem"].as_str().unwrap().parse::<u64>().unwrap() > 0);
+    assert_eq!(view["addr"], format!("tcp://localhost:{}", c.agents[a].fixture.rpc_port), "the advertised RPC address");
     common::cluster::wait_for(LONG, "agent_started applied", || (c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started") >= 1.0).then_some(()));
     let hb0 = c.manager_metric("kernelvisor_manager_heartbeats_total", "");
     let t0 = c.agent_view(&id).unwrap()["last_heartbeat"].as_f64().unwrap();

@@ -209,9 +209,18 @@ impl Agent {
             }),
             None => None,
         };
+        let rpc_addr = match &a.advertised_rpc_addr {
+            Some(addr) => addr.zmq_endpoint(),
+            None => {
+                if config.manager.is_some() && (endpoint.contains("//0.0.0.0:") || endpoint.contains("//[::]:") || endpoint.contains("//*:")) {
+                    tracing::warn!(%endpoint, "heartbeats advertise an unspecified address: a manager on another host cannot dial it; set [agent] advertised-rpc-addr");
+                }
+                endpoint.clone()
+            }
+        };
         let identity = heartbeat::Identity {
             region: a.region.clone(),
-            rpc_addr: endpoint.clone(),
+            rpc_addr,
             public_key: agent_keypair.as_ref().map(|pair| pair.public.to_z85()),
         };
 

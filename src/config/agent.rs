@@ -227,6 +227,10 @@ pub struct AgentSection {
     /// The region reported in heartbeats (default `local`).
     #[serde(default = "default_region")]
     pub region: String,
+    /// The RPC address the manager should dial, sent in heartbeats (default: the bound
+    /// `rpc-listen-addr`; set it when that is `0.0.0.0` and the manager is on another host).
+    #[serde(default)]
+    pub advertised_rpc_addr: Option<HostPort>,
 }
 
 fn default_service_addr() -> HostPort {

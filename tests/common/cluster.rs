@@ -205,10 +205,13 @@ impl Cluster {
         write_certificates(&keys, "agent", &keypair).unwrap();
         std::fs::copy(keys.join("agent.key"), self.dir.path().join("agent-keys").join(format!("{}.key", fixture.agent_id))).unwrap();
         let metrics_port = free_port();
+        // The manager dials the advertised address (a host name here), not the bound one.
         let curve = format!(
-            "rpc-auth-manager-public-key = \"{}/manager.key\"\nrpc-auth-agent-keypair = \"{}/agent.key_secret\"\n{agent_extra}",
+            "rpc-auth-manager-public-key = \"{}/manager.key\"\nrpc-auth-agent-keypair = \"{}/agent.key_secret\"\n\
+             advertised-rpc-addr = {{ host = \"localhost\", port = {} }}\n{agent_extra}",
             self.keys.1.display(),
-            keys.display()
+            keys.display(),
+            fixture.rpc_port
         );
         let mut text = fixture.config_toml(&curve).replace("service-addr = { host = \"127.0.0.1\", port = 0 }", &format!("service-addr = {{ host = \"127.0.0.1\", port = {metrics_port} }}"));
         text.push_str(&format!("\n[manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {} }}\nheartbeat-interval = 1\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.intake_port));

@@ -234,12 +234,21 @@ impl AgentRegistry {
         }
     }
 
+    /// Changed rows, marked clean (the caller saves them).
+    fn take_dirty(&mut self) -> Vec<AgentRow> {
+        self.agents
+            .values_mut()
+            .filter(|s| s.dirty)
+            .map(|s| {
+                s.dirty = false;
+                s.row.clone()
+            })
+            .collect()
+    }
+
     /// Write-behind of changed agent rows.
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        let rows: Vec<AgentRow> = self.agents.values_mut().filter(|s| s.dirty).map(|s| {
-            s.dirty = false;
-            s.row.clone()
-        }).collect();
+        let rows = self.take_dirty();
         if rows.is_empty() {
             return;
         }
@@ -491,10 +500,7 @@ pub struct FlushAgents;
 impl Handler<FlushAgents> for AgentRegistry {
     type Result = ResponseActFuture<Self, ()>;
     fn handle(&mut self, _: FlushAgents, _: &mut Context<Self>) -> Self::Result {
-        let rows: Vec<AgentRow> = self.agents.values_mut().filter(|s| s.dirty).map(|s| {
-            s.dirty = false;
-            s.row.clone()
-        }).collect();
+        let rows = self.take_dirty();
         let store = self.store.clone();
         Box::pin(async move {
             if let Err(e) = store.save_agents(&rows).await {
