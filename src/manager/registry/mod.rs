@@ -210,17 +210,19 @@ impl AgentRegistry {
             let s = self.state(&id);
             s.dirty = false;
             let row = s.row.clone();
-            self.metrics.agents_lost.inc();
             self.pool.do_send(Invalidate { agent_id: id.clone() });
             let store = self.store.clone();
             ctx.spawn(
                 async move { store.mark_agent_lost(&row).await }
                     .into_actor(self)
                     .map(move |res, act, _| match res {
-                        Ok(kernels) => tracing::warn!(
+                        Ok(kernels) => {
+                            act.metrics.agents_lost.inc();
+                            tracing::warn!(
                             agent_id = %id, event = "agent_terminated", reason = "agent-lost", released_kernels = kernels.len(),
                             "agent lost: no heartbeat within {:?}", act.spec.heartbeat_timeout
-                        ),
+                            )
+                        }
                         Err(e) => {
                             tracing::error!(agent_id = %id, error = %e, "could not record the lost agent; retrying");
                             if let Some(s) = act.agents.get_mut(&id) {

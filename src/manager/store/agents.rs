@@ -52,7 +52,7 @@ pub(super) async fn upsert_in(tx: &mut Transaction<'_, Any>, a: &AgentRow) -> Re
     let t = now();
     sqlx::query(
         "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $10) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULLIF($11, -1.0), $10) \
          ON CONFLICT (id) DO UPDATE SET \
            status_changed = CASE WHEN agents.status = excluded.status THEN agents.status_changed ELSE excluded.status_changed END, \
            status = excluded.status, addr = excluded.addr, public_key = excluded.public_key, region = excluded.region, \
@@ -69,7 +69,9 @@ pub(super) async fn upsert_in(tx: &mut Transaction<'_, Any>, a: &AgentRow) -> Re
     .bind(a.mem_bytes)
     .bind(a.cuda_devices)
     .bind(t)
-    .bind(a.last_heartbeat)
+    // Never a NULL f64 parameter: sqlx 0.8's Any driver declares it float4 to PostgreSQL, and the
+    // connection's cached statement then refuses the next real (8-byte) value.
+    .bind(a.last_heartbeat.unwrap_or(-1.0))
     .execute(&mut **tx)
     .await?;
     Ok(())
