@@ -80,8 +80,9 @@ impl EventBody {
     }
 }
 
-fn field<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
-    map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v).filter(|v| !v.is_nil())
+/// Present and not nil.
+pub(crate) fn field<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
+    crate::rpc::codec::map_get(map, key).filter(|v| !v.is_nil())
 }
 
 fn text(map: &[(Value, Value)], key: &str) -> Result<String, String> {

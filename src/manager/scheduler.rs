@@ -19,6 +19,7 @@ use super::metrics::ManagerMetrics;
 use super::pool::{AgentCallError, AgentPool};
 use super::registry::{AgentRegistry, PlacementCandidates};
 use super::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store, Usage};
+use crate::agent::resources::SlotRequest;
 use crate::config::ByteSize;
 
 /// Agent call deadlines.
@@ -74,62 +75,40 @@ pub struct Slots {
     pub cuda_devices: i64,
 }
 
-fn number(v: &serde_json::Value) -> Option<f64> {
-    match v {
-        serde_json::Value::Number(n) => n.as_f64(),
-        serde_json::Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
-}
-
 impl Slots {
-    /// Parses `resource_slots`.
+    /// Parses `resource_slots` with the agent's own rules ([`SlotRequest::from_value`]: cpu
+    /// cores with at most 3 decimals, whole bytes and devices); `mem` may also be a size string
+    /// such as `"256m"` ([`ByteSize`]).
     ///
     /// Errors ([`ManagerError::InvalidRequest`], naming the slot): unknown slot, missing `cpu`
     /// or `mem`, a non-positive or non-numeric amount, more than 3 decimals of `cpu`.
     pub fn parse(slots: &BTreeMap<String, serde_json::Value>) -> Result<Slots, ManagerError> {
         let bad = |m: String| ManagerError::InvalidRequest(m);
-        let mut out = Slots { cpu_millis: 0, mem_bytes: 0, cuda_devices: 0 };
+        let mut map = Vec::with_capacity(slots.len());
         for (k, v) in slots {
-            match k.as_str() {
-                "cpu" => {
-                    let cores = number(v).filter(|c| c.is_finite() && *c > 0.0).ok_or_else(|| bad(format!("resource slot `cpu`: {v} is not a positive number of cores")))?;
-                    let millis = cores * 1000.0;
-                    if (millis - millis.round()).abs() > 1e-6 {
-                        return Err(bad(format!("resource slot `cpu`: {cores} has more than 3 decimals")));
-                    }
-                    out.cpu_millis = millis.round() as i64;
-                }
-                "mem" => {
-                    let bytes = match v {
-                        serde_json::Value::String(s) => ByteSize::parse(s).map_err(|e| bad(format!("resource slot `mem`: {e}")))?.0,
-                        other => number(other).filter(|n| n.is_finite() && *n >= 0.0).ok_or_else(|| bad(format!("resource slot `mem`: {other} is not a size")))? as u64,
-                    };
-                    if bytes == 0 {
-                        return Err(bad("resource slot `mem` must be positive".into()));
-                    }
-                    out.mem_bytes = i64::try_from(bytes).map_err(|_| bad("resource slot `mem` is too large".into()))?;
-                }
-                "cuda.device" => {
-                    let n = number(v).filter(|n| n.is_finite() && *n >= 0.0 && n.fract() == 0.0).ok_or_else(|| bad(format!("resource slot `cuda.device`: {v} is not a whole count")))?;
-                    out.cuda_devices = n as i64;
-                }
-                other => return Err(bad(format!("unknown resource slot `{other}` (known: cpu, mem, cuda.device)"))),
-            }
+            let v = match (k.as_str(), v) {
+                ("mem", serde_json::Value::String(s)) => Value::from(ByteSize::parse(s).map_err(|e| bad(format!("resource slot `mem`: {e}")))?.0),
+                (_, serde_json::Value::String(s)) => Value::from(s.as_str()),
+                (_, serde_json::Value::Number(n)) => n.as_u64().map(Value::from).or_else(|| n.as_i64().map(Value::from)).unwrap_or_else(|| Value::F64(n.as_f64().unwrap_or(f64::NAN))),
+                (_, other) => Value::from(other.to_string()),
+            };
+            map.push((Value::from(k.as_str()), v));
         }
-        if out.cpu_millis == 0 || out.mem_bytes == 0 {
-            return Err(bad("resource slots `cpu` and `mem` are required".into()));
+        let req = SlotRequest::from_value(&Value::Map(map)).map_err(|e| bad(e.to_string()))?;
+        if req.mem_bytes == 0 {
+            return Err(bad("resource slot `mem` must be positive".into()));
         }
-        Ok(out)
+        let too_large = || bad("resource slots too large".into());
+        Ok(Slots {
+            cpu_millis: i64::try_from(req.cpu_millis).map_err(|_| too_large())?,
+            mem_bytes: i64::try_from(req.mem_bytes).map_err(|_| too_large())?,
+            cuda_devices: req.cuda_devices.into(),
+        })
     }
 
-    /// Backend.AI's slot map: decimal strings.
+    /// Backend.AI's slot map: decimal strings ([`SlotRequest::to_value`]).
     pub fn to_value(self) -> Value {
-        Value::Map(vec![
-            ("cpu".into(), crate::agent::resources::slots::format_cores(self.cpu_millis as u64).into()),
-            ("mem".into(), self.mem_bytes.to_string().into()),
-            ("cuda.device".into(), self.cuda_devices.to_string().into()),
-        ])
+        SlotRequest { cpu_millis: self.cpu_millis as u64, mem_bytes: self.mem_bytes as u64, cuda_devices: self.cuda_devices as u32 }.to_value()
     }
 
     fn fits(self, total: &AgentRow, used: Usage) -> bool {

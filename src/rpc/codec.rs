@@ -196,7 +196,9 @@ pub fn from_msgpack(bytes: &[u8]) -> Result<Value, String> {
     read_value(bytes)
 }
 
-fn map_get<'v>(map: &'v [(Value, Value)], key: &str) -> Option<&'v Value> {
+/// The value under string key `key` of a msgpack map (callosum's maps and the event and
+/// heartbeat maps of `docs/events.md`); `None` when absent.
+pub fn map_get<'v>(map: &'v [(Value, Value)], key: &str) -> Option<&'v Value> {
     map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
 }
 

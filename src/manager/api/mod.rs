@@ -169,8 +169,8 @@ async fn metrics(s: web::Data<ApiState>) -> Res {
         m.pool_last_sweep_entries.set(n as i64);
     }
     m.live_kernels.reset();
-    for k in s.store.kernels(None, false).await? {
-        m.live_kernels.with_label_values(&[&k.status]).inc();
+    for (status, n) in s.store.live_kernel_counts().await? {
+        m.live_kernels.with_label_values(&[&status]).set(n);
     }
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(m.render()))
 }

@@ -2,6 +2,8 @@
 
 use rmpv::Value;
 
+use crate::manager::events::field;
+
 /// One heartbeat. Slots total: `cpu_millis` (millicores), `mem_bytes`, `cuda_devices`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Heartbeat {
@@ -25,10 +27,6 @@ pub struct Heartbeat {
     pub cuda_devices: i64,
     /// `(kernel id, session id, status)` of every kernel not `TERMINATED`.
     pub kernels: Vec<(String, String, String)>,
-}
-
-fn field<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
-    map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v).filter(|v| !v.is_nil())
 }
 
 fn text(map: &[(Value, Value)], key: &str) -> Option<String> {

@@ -273,6 +273,12 @@ impl Store {
         Ok(rows.iter().map(KernelRow::from_row).collect::<Result<_, _>>()?)
     }
 
+    /// Live kernels by status: `(status, count)`.
+    pub async fn live_kernel_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query("SELECT status, COUNT(*) FROM kernels WHERE status <> 'TERMINATED' GROUP BY status").fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<_, sqlx::Error>>()?)
+    }
+
     /// Live kernels on one agent.
     pub async fn live_kernels_of(&self, agent_id: &str) -> Result<Vec<KernelRow>, StoreError> {
         let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'"))
