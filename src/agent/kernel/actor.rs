@@ -103,6 +103,9 @@ async fn finish(h: &KernelHandle, chain: &mut StageChain, reason: &str, exit_cod
     h.terminated(reason, exit_code, suppress_events);
 }
 
+/// Re-inspections (100 ms apart) of a container that died by SIGKILL without the OOM flag.
+const OOM_FLAG_RECHECKS: usize = 10;
+
 /// Why a container exited (ARCHITECTURE.md, "Kernel status"): OOM → `oom-killed`; 135
 /// (SIGBUS) with a `/dev/shm` → `shm-exceeded`; otherwise `self-terminated`.
 pub fn exit_reason(exit_code: Option<i64>, oom_killed: bool) -> &'static str {
@@ -190,7 +193,16 @@ impl Handler<ContainerDied> for Kernel {
                     return (chain, false, ());
                 }
             };
-            let (exit_code, oom) = state.map_or((None, false), |s| (s.exit_code, s.oom_killed));
+            let (exit_code, mut oom) = state.map_or((None, false), |s| (s.exit_code, s.oom_killed));
+            // SIGKILL with no OOM flag yet: the engine may record the OOM event just after the
+            // exit (seen with cgroup v1). Look again briefly before calling it self-terminated.
+            for _ in 0..OOM_FLAG_RECHECKS {
+                if oom || exit_code != Some(137) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                oom = matches!(h.ctx.backend.inspect_container(&container_id).await, Ok(Some(s)) if s.oom_killed);
+            }
             finish(&h, &mut chain, exit_reason(exit_code, oom), exit_code, false).await;
             (chain, true, ())
         })
