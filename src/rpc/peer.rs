@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use rmpv::Value;
 use tmq::{FromZmqSocket, Multipart};
 use tokio::sync::{mpsc, oneshot};
@@ -85,9 +85,9 @@ pub enum ConnectError {
 
 enum Command {
     /// Send a FUNCTION; route the reply matching `(method, seq)` to `reply`.
-    Send { frames: Multipart, method: String, seq: u32, reply: oneshot::Sender<Message> },
+    Send { frames: Vec<Vec<u8>>, method: String, seq: u32, reply: oneshot::Sender<Message> },
     /// The caller gave up on `seq`: forget it and send these CANCEL frames.
-    Cancel { seq: u32, frames: Multipart },
+    Cancel { seq: u32, frames: Vec<Vec<u8>> },
     /// Send a PING; resolve `reply` on the PONG.
     Ping { reply: oneshot::Sender<()> },
     /// Close the socket; pending callers see their reply channel drop.
@@ -146,7 +146,7 @@ impl Peer {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let msg = Message::function(method, OrderKey::default(), seq, call.encode());
         let (h, b) = codec::encode_message(&msg);
-        let frames: Multipart = vec![codec::UPPER.to_vec(), h, b].into();
+        let frames = vec![codec::UPPER.to_vec(), h, b];
         let (tx, rx) = oneshot::channel();
         self.commands
             .send(Command::Send { frames, method: method.to_owned(), seq, reply: tx })
@@ -156,7 +156,7 @@ impl Peer {
             Ok(Err(_)) => return Err(CallError::Disconnected("connection closed while waiting".into())),
             Err(_) => {
                 let (h, b) = codec::encode_message(&Message::cancel(&msg.header));
-                let _ = self.commands.send(Command::Cancel { seq, frames: vec![codec::UPPER.to_vec(), h, b].into() });
+                let _ = self.commands.send(Command::Cancel { seq, frames: vec![codec::UPPER.to_vec(), h, b] });
                 return Err(CallError::Timeout { method: method.to_owned(), after: timeout });
             }
         };
@@ -180,41 +180,33 @@ impl Peer {
     }
 }
 
-async fn io_loop(dealer: tmq::dealer::Dealer, mut commands: mpsc::UnboundedReceiver<Command>) {
-    let (mut sink, mut stream) = dealer.split();
+async fn io_loop(mut dealer: tmq::dealer::Dealer, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut pending: HashMap<u32, (String, oneshot::Sender<Message>)> = HashMap::new();
     let mut pings: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
         tokio::select! {
             cmd = commands.recv() => {
                 let Some(cmd) = cmd else { break };
-                let mut next = Some(cmd);
-                while let Some(cmd) = next.take() {
-                    let frames = match cmd {
-                        Command::Send { frames, method, seq, reply } => {
-                            pending.insert(seq, (method, reply));
-                            frames
-                        }
-                        Command::Cancel { seq, frames } => {
-                            pending.remove(&seq);
-                            frames
-                        }
-                        Command::Ping { reply } => {
-                            pings.push(reply);
-                            vec![codec::PING.to_vec(), vec![], vec![]].into()
-                        }
-                        Command::Close => return,
-                    };
-                    if let Err(e) = sink.feed(frames).await {
-                        tracing::warn!(error = %e, "RPC client send error");
+                let frames = match cmd {
+                    Command::Send { frames, method, seq, reply } => {
+                        pending.insert(seq, (method, reply));
+                        frames
                     }
-                    next = commands.try_recv().ok();
-                }
-                if let Err(e) = sink.flush().await {
-                    tracing::warn!(error = %e, "RPC client flush error");
+                    Command::Cancel { seq, frames } => {
+                        pending.remove(&seq);
+                        frames
+                    }
+                    Command::Ping { reply } => {
+                        pings.push(reply);
+                        vec![codec::PING.to_vec(), vec![], vec![]]
+                    }
+                    Command::Close => return,
+                };
+                if let Err(e) = socket::send_frames(&mut dealer, frames).await {
+                    tracing::warn!(error = %e, "RPC client send error");
                 }
             }
-            incoming = stream.next() => match incoming {
+            incoming = dealer.next() => match incoming {
                 Some(Ok(frames)) => on_reply(frames, &mut pending, &mut pings),
                 Some(Err(e)) => tracing::warn!(error = %e, "RPC client receive error"),
                 None => break,

@@ -1,7 +1,8 @@
 //! `RpcServer`: the agent's callosum-compatible ROUTER endpoint, as an actor.
 //!
-//! One I/O loop owns the socket; every FUNCTION runs in its own task, so a slow handler never
-//! delays a `ping`. Replies come back to the loop through a channel. CANCEL aborts the running
+//! One I/O loop owns the socket; every FUNCTION that awaits runs in its own task, so a slow
+//! handler never delays a `ping`, and its reply comes back to the loop through a channel; one
+//! that finishes without waiting is answered inline. CANCEL aborts the running
 //! handler and answers CANCELLED. Frames that are not callosum messages are dropped and counted;
 //! a message whose header decodes but whose body does not gets an ERROR reply. Nothing a peer
 //! sends stops the loop.
@@ -13,8 +14,8 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::future::AbortHandle;
-use futures::{FutureExt, SinkExt, StreamExt};
-use tmq::{FromZmqSocket, Multipart};
+use futures::{FutureExt, StreamExt};
+use tmq::{AsZmqSocket, FromZmqSocket, Multipart};
 use tokio::sync::mpsc;
 
 use super::codec::{self, Call, CodecError, ErrorMeta, Frames, Message, MsgType, OrderKey};
@@ -160,10 +161,11 @@ impl Handler<Shutdown> for RpcServer {
 /// Identifies a running request: callosum's `(peer, (meth, okey, seq))`.
 type RequestKey = (Vec<u8>, String, OrderKey, u32);
 
-/// An outgoing frame set; replies to FUNCTIONs carry their key so a cancelled one is dropped.
+/// A reply of a handler that awaited, sent back to the loop that owns the socket; it carries its
+/// request's key so a reply to a cancelled request is dropped.
 struct Outgoing {
-    key: Option<RequestKey>,
-    frames: Multipart,
+    key: RequestKey,
+    frames: Vec<Vec<u8>>,
 }
 
 /// Running handlers; aborts whatever is left when the loop ends.
@@ -176,44 +178,37 @@ impl Drop for Running {
     }
 }
 
-fn frames_of(peer: &[u8], kind: &[u8], header: &[u8], body: &[u8]) -> Multipart {
-    vec![peer.to_vec(), kind.to_vec(), header.to_vec(), body.to_vec()].into()
+fn frames_of(peer: &[u8], kind: &[u8], header: &[u8], body: &[u8]) -> Vec<Vec<u8>> {
+    vec![peer.to_vec(), kind.to_vec(), header.to_vec(), body.to_vec()]
 }
 
-fn reply_frames(peer: &[u8], msg: &Message) -> Multipart {
+fn reply_frames(peer: &[u8], msg: &Message) -> Vec<Vec<u8>> {
     let (h, b) = codec::encode_message(msg);
     frames_of(peer, codec::UPPER, &h, &b)
 }
 
-async fn serve(router: tmq::router::Router, dispatcher: Arc<Dispatcher>, stats: Arc<ServerStats>) {
-    let (mut sink, mut stream) = router.split();
+/// Sends a reply now. A ROUTER never waits: libzmq drops what it cannot route (the peer left, or
+/// its queue is at the high-water mark), as callosum's server does.
+fn send(sock: &zmq::Socket, frames: &[Vec<u8>]) {
+    if let Err(e) = sock.send_multipart(frames.iter().map(|f| &f[..]), zmq::DONTWAIT) {
+        tracing::warn!(error = %e, "RPC socket send error");
+    }
+}
+
+async fn serve(mut router: tmq::router::Router, dispatcher: Arc<Dispatcher>, stats: Arc<ServerStats>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let mut running = Running::default();
     loop {
         tokio::select! {
-            incoming = stream.next() => match incoming {
-                Some(Ok(frames)) => on_frames(frames, &dispatcher, &stats, &tx, &mut running),
+            incoming = router.next() => match incoming {
+                Some(Ok(frames)) => on_frames(frames, router.get_socket(), &dispatcher, &stats, &tx, &mut running),
                 Some(Err(e)) => tracing::warn!(error = %e, "RPC socket receive error"),
                 None => break,
             },
             Some(out) = rx.recv() => {
-                // Batch what is ready so one flush serves many replies under load.
-                let mut next = Some(out);
-                while let Some(out) = next.take() {
-                    if let Some(key) = &out.key {
-                        if running.0.remove(key).is_none() {
-                            // Cancelled meanwhile: CANCELLED was already sent.
-                            next = rx.try_recv().ok();
-                            continue;
-                        }
-                    }
-                    if let Err(e) = sink.feed(out.frames).await {
-                        tracing::warn!(error = %e, "RPC socket send error");
-                    }
-                    next = rx.try_recv().ok();
-                }
-                if let Err(e) = sink.flush().await {
-                    tracing::warn!(error = %e, "RPC socket flush error");
+                // A reply to a request cancelled meanwhile is dropped: CANCELLED was already sent.
+                if running.0.remove(&out.key).is_some() {
+                    send(router.get_socket(), &out.frames);
                 }
             }
         }
@@ -223,6 +218,7 @@ async fn serve(router: tmq::router::Router, dispatcher: Arc<Dispatcher>, stats: 
 
 fn on_frames(
     frames: Multipart,
+    sock: &zmq::Socket,
     dispatcher: &Arc<Dispatcher>,
     stats: &Arc<ServerStats>,
     tx: &mpsc::UnboundedSender<Outgoing>,
@@ -230,12 +226,9 @@ fn on_frames(
 ) {
     let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
     let Some((peer, rest)) = parts.split_first() else { return };
-    let send = |key, frames| {
-        let _ = tx.send(Outgoing { key, frames });
-    };
     match codec::classify(rest) {
-        Ok(Frames::Ping(h, b)) => send(None, frames_of(peer, codec::PONG, h, b)),
-        Ok(Frames::Upper(h, b)) => on_message(peer, h, b, dispatcher, stats, tx, running),
+        Ok(Frames::Ping(h, b)) => send(sock, &frames_of(peer, codec::PONG, h, b)),
+        Ok(Frames::Upper(h, b)) => on_message(peer, h, b, sock, dispatcher, stats, tx, running),
         Ok(Frames::Pong) => {
             ServerStats::bump(&stats.malformed_frames);
             tracing::debug!("dropped an unexpected PONG");
@@ -247,18 +240,18 @@ fn on_frames(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn on_message(
     peer: &[u8],
     header: &[u8],
     body: &[u8],
+    sock: &zmq::Socket,
     dispatcher: &Arc<Dispatcher>,
     stats: &Arc<ServerStats>,
     tx: &mpsc::UnboundedSender<Outgoing>,
     running: &mut Running,
 ) {
-    let send = |key, msg: &Message| {
-        let _ = tx.send(Outgoing { key, frames: reply_frames(peer, msg) });
-    };
+    let reply = |msg: &Message| send(sock, &reply_frames(peer, msg));
     let header = match codec::decode_header(header) {
         Ok(h) => h,
         Err(e) => {
@@ -271,7 +264,7 @@ fn on_message(
     let reply_error = |e: String| {
         ServerStats::bump(&stats.errors);
         tracing::debug!(method = %header.method, error = %e, "RPC ERROR reply");
-        send(None, &Message::error(&header, ErrorMeta::new("RPCInternalError", e)));
+        reply(&Message::error(&header, ErrorMeta::new("RPCInternalError", e)));
     };
     let msg = match codec::decode_body(&header, body) {
         Ok(m) => m,
@@ -289,19 +282,19 @@ fn on_message(
                 Ok(found) => found,
                 Err(failure) => {
                     ServerStats::bump(&stats.failures);
-                    return send(None, &Message::failure(&header, failure));
+                    return reply(&Message::failure(&header, failure));
                 }
             };
-            // Most handlers (ping, health) finish without waiting: answer those inline and
-            // spawn a task only for the ones that await, saving a task and a channel hop.
+            // Most handlers (ping, health) finish without waiting: answer those inline, on the
+            // socket, and spawn a task only for the ones that await.
             let mut work = AssertUnwindSafe(handler(call)).catch_unwind().boxed_local();
             if let Some(outcome) = (&mut work).now_or_never() {
-                return send(None, &reply_for(&header, outcome, stats));
+                return reply(&reply_for(&header, outcome, stats));
             }
             let (tx, stats, peer, key2) = (tx.clone(), stats.clone(), peer.to_vec(), key.clone());
             let task = async move {
                 let reply = reply_for(&header, work.await, &stats);
-                let _ = tx.send(Outgoing { key: Some(key2), frames: reply_frames(&peer, &reply) });
+                let _ = tx.send(Outgoing { key: key2, frames: reply_frames(&peer, &reply) });
             };
             let (task, abort) = futures::future::abortable(task);
             running.0.insert(key, abort);
@@ -312,7 +305,7 @@ fn on_message(
             if let Some(abort) = running.0.remove(&key) {
                 abort.abort();
                 ServerStats::bump(&stats.cancelled);
-                send(None, &Message::cancelled(&header));
+                reply(&Message::cancelled(&header));
             }
         }
         other => {

@@ -5,6 +5,9 @@
 
 use std::time::Duration;
 
+use futures::SinkExt;
+use tmq::{AsZmqSocket, Multipart, TmqError};
+
 use super::curve::{CurveKey, KeyPair};
 
 /// callosum's `LINGER` for every socket, in ms: pending frames get 100 ms on close, no more.
@@ -82,4 +85,23 @@ pub fn dealer(
     }
     sock.connect(endpoint)?;
     Ok(sock)
+}
+
+/// Sends one multipart message on a tmq socket, without waiting when libzmq can queue it (the
+/// usual case), else through tmq's sink, which waits for room (a DEALER at its high-water mark).
+///
+/// Why not always the sink: it asks libzmq for `ZMQ_EVENTS` twice per message (`poll_ready`,
+/// `poll_flush`), two `poll` syscalls each side of every call; a round trip is short enough on
+/// loopback for that to show (`just bench rpc`). libzmq queues a multipart message whole or not at
+/// all, so an `EAGAIN` here has sent nothing and the retry cannot duplicate a frame.
+///
+/// Errors: libzmq's, e.g. the socket is closed.
+pub async fn send_frames<S>(sock: &mut S, frames: Vec<Vec<u8>>) -> Result<(), TmqError>
+where
+    S: AsZmqSocket + futures::Sink<Multipart, Error = TmqError> + Unpin,
+{
+    match sock.get_socket().send_multipart(frames.iter().map(|f| &f[..]), zmq::DONTWAIT) {
+        Err(zmq::Error::EAGAIN) => sock.send(Multipart::from(frames)).await,
+        other => other.map_err(TmqError::from),
+    }
 }
