@@ -34,7 +34,7 @@ use kernelvisor::rpc::{Dispatcher, RpcServer, ServerCurve};
 const SEQ_CALLS: usize = 5000;
 const CONC_CALLERS: usize = 64;
 const CONC_CALLS: usize = 30_000;
-const PER_CALL: usize = 200;
+const PER_CALL: usize = 400;
 const ROUNDS: usize = 10;
 
 struct Keys {

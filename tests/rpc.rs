@@ -296,3 +296,59 @@ async fn a_panicking_handler_gets_an_error_reply_and_the_server_survives() {
     assert_eq!(pool.send(ping("a1", Value::from("alive"), Duration::from_secs(5))).await.unwrap().unwrap(), Value::from("alive"));
     assert_eq!(ServerStats::get(&server.stats.errors), 2);
 }
+
+/// `socket::send_frames` sends without waiting while libzmq has room and falls back to tmq's
+/// sink, which waits, at the high-water mark; nothing is lost or reordered either way.
+#[actix_rt::test]
+async fn a_send_at_the_high_water_mark_waits_for_room_and_keeps_order() {
+    use tmq::{AsZmqSocket, FromZmqSocket};
+    let ctx = zmq::Context::new();
+    // A free port, released at once (a libzmq listener would close in the background).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+
+    // No peer yet: the DEALER's pipe exists (connect does not wait) and holds SNDHWM messages.
+    let sock = ctx.socket(zmq::DEALER).unwrap();
+    sock.set_sndhwm(2).unwrap();
+    sock.set_linger(0).unwrap();
+    sock.connect(&endpoint).unwrap();
+    let mut dealer = tmq::dealer::Dealer::from_zmq_socket(sock).unwrap();
+    let mut queued = 0;
+    while dealer.get_socket().send_multipart([&b"m"[..], queued.to_string().as_bytes()], zmq::DONTWAIT).is_ok() {
+        queued += 1;
+        assert!(queued < 1000, "the high-water mark never stopped a send");
+    }
+    assert!(queued >= 1, "nothing was queued before the high-water mark");
+
+    // The next send waits until a peer drains the queue.
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+    let last = queued;
+    actix_rt::spawn(async move {
+        let r = kernelvisor::rpc::socket::send_frames(&mut dealer, vec![b"m".to_vec(), last.to_string().into_bytes()]).await;
+        let _ = done_tx.send((r.map_err(|e| e.to_string()), dealer));
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(done_rx.try_recv().is_err(), "a send at the high-water mark returned without room");
+
+    // The peer appears; it reads on its own thread while the waiting send's task runs here.
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.set_linger(0).unwrap();
+    router.set_rcvtimeo(5000).unwrap();
+    router.bind(&endpoint).unwrap();
+    let reader = std::thread::spawn(move || {
+        let got = (0..=last)
+            .map(|_| {
+                let frames = router.recv_multipart(0).expect("every queued message arrives");
+                String::from_utf8(frames[2].clone()).unwrap()
+            })
+            .collect::<Vec<String>>();
+        router.set_rcvtimeo(300).unwrap();
+        assert!(router.recv_multipart(0).is_err(), "a message arrived twice");
+        got
+    });
+    let (sent, _dealer) = tokio::time::timeout(Duration::from_secs(5), done_rx).await.expect("the waiting send completes").unwrap();
+    sent.unwrap();
+    let got = reader.join().unwrap();
+    let want: Vec<String> = (0..=last).map(|i| i.to_string()).collect();
+    assert_eq!(got, want, "messages lost or reordered");
+}

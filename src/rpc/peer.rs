@@ -185,6 +185,10 @@ async fn io_loop(mut dealer: tmq::dealer::Dealer, mut commands: mpsc::UnboundedR
     let mut pings: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
         tokio::select! {
+            // Commands first: polling tmq's stream costs a `ZMQ_EVENTS` syscall, so it is polled
+            // only when no command is ready. Replies cannot starve: callers wait for them, so
+            // the commands run out.
+            biased;
             cmd = commands.recv() => {
                 let Some(cmd) = cmd else { break };
                 let frames = match cmd {

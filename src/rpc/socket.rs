@@ -95,6 +95,9 @@ pub fn dealer(
 /// loopback for that to show (`just bench rpc`). libzmq queues a multipart message whole or not at
 /// all, so an `EAGAIN` here has sent nothing and the retry cannot duplicate a frame.
 ///
+/// Not cancel-safe once it waits: tmq's sink keeps the frames and sends them on its next use, so
+/// callers await it to completion (the peer's I/O loop does).
+///
 /// Errors: libzmq's, e.g. the socket is closed.
 pub async fn send_frames<S>(sock: &mut S, frames: Vec<Vec<u8>>) -> Result<(), TmqError>
 where
