@@ -195,19 +195,28 @@ fn send(sock: &zmq::Socket, frames: &[Vec<u8>]) {
     }
 }
 
+/// What the server's loop keeps besides its socket.
+struct Serving {
+    dispatcher: Arc<Dispatcher>,
+    stats: Arc<ServerStats>,
+    /// Where awaiting handlers send their replies.
+    tx: mpsc::UnboundedSender<Outgoing>,
+    running: Running,
+}
+
 async fn serve(mut router: tmq::router::Router, dispatcher: Arc<Dispatcher>, stats: Arc<ServerStats>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let mut running = Running::default();
+    let mut serving = Serving { dispatcher, stats, tx, running: Running::default() };
     loop {
         tokio::select! {
             incoming = router.next() => match incoming {
-                Some(Ok(frames)) => on_frames(frames, router.get_socket(), &dispatcher, &stats, &tx, &mut running),
+                Some(Ok(frames)) => serving.on_frames(router.get_socket(), frames),
                 Some(Err(e)) => tracing::warn!(error = %e, "RPC socket receive error"),
                 None => break,
             },
             Some(out) = rx.recv() => {
                 // A reply to a request cancelled meanwhile is dropped: CANCELLED was already sent.
-                if running.0.remove(&out.key).is_some() {
+                if serving.running.0.remove(&out.key).is_some() {
                     send(router.get_socket(), &out.frames);
                 }
             }
@@ -216,103 +225,90 @@ async fn serve(mut router: tmq::router::Router, dispatcher: Arc<Dispatcher>, sta
     tracing::info!("RPC server loop ended");
 }
 
-fn on_frames(
-    frames: Multipart,
-    sock: &zmq::Socket,
-    dispatcher: &Arc<Dispatcher>,
-    stats: &Arc<ServerStats>,
-    tx: &mpsc::UnboundedSender<Outgoing>,
-    running: &mut Running,
-) {
-    let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
-    let Some((peer, rest)) = parts.split_first() else { return };
-    match codec::classify(rest) {
-        Ok(Frames::Ping(h, b)) => send(sock, &frames_of(peer, codec::PONG, h, b)),
-        Ok(Frames::Upper(h, b)) => on_message(peer, h, b, sock, dispatcher, stats, tx, running),
-        Ok(Frames::Pong) => {
-            ServerStats::bump(&stats.malformed_frames);
-            tracing::debug!("dropped an unexpected PONG");
-        }
-        Err(e) => {
-            ServerStats::bump(&stats.malformed_frames);
-            tracing::debug!(reason = %e, "dropped malformed frames");
+impl Serving {
+    fn on_frames(&mut self, sock: &zmq::Socket, frames: Multipart) {
+        let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
+        let Some((peer, rest)) = parts.split_first() else { return };
+        match codec::classify(rest) {
+            Ok(Frames::Ping(h, b)) => send(sock, &frames_of(peer, codec::PONG, h, b)),
+            Ok(Frames::Upper(h, b)) => self.on_message(sock, peer, h, b),
+            Ok(Frames::Pong) => {
+                ServerStats::bump(&self.stats.malformed_frames);
+                tracing::debug!("dropped an unexpected PONG");
+            }
+            Err(e) => {
+                ServerStats::bump(&self.stats.malformed_frames);
+                tracing::debug!(reason = %e, "dropped malformed frames");
+            }
         }
     }
-}
 
-#[allow(clippy::too_many_arguments)]
-fn on_message(
-    peer: &[u8],
-    header: &[u8],
-    body: &[u8],
-    sock: &zmq::Socket,
-    dispatcher: &Arc<Dispatcher>,
-    stats: &Arc<ServerStats>,
-    tx: &mpsc::UnboundedSender<Outgoing>,
-    running: &mut Running,
-) {
-    let reply = |msg: &Message| send(sock, &reply_frames(peer, msg));
-    let header = match codec::decode_header(header) {
-        Ok(h) => h,
-        Err(e) => {
-            // Without a header there is no (meth, okey, seq) to reply to.
-            ServerStats::bump(&stats.malformed_frames);
-            tracing::debug!(error = %e, "dropped message with undecodable header");
-            return;
-        }
-    };
-    let reply_error = |e: String| {
-        ServerStats::bump(&stats.errors);
-        tracing::debug!(method = %header.method, error = %e, "RPC ERROR reply");
-        reply(&Message::error(&header, ErrorMeta::new("RPCInternalError", e)));
-    };
-    let msg = match codec::decode_body(&header, body) {
-        Ok(m) => m,
-        Err(CodecError::Body(e)) | Err(CodecError::Header(e)) | Err(CodecError::Frames(e)) => return reply_error(e),
-    };
-    let key: RequestKey = (peer.to_vec(), header.method.clone(), header.okey.clone(), header.seq);
-    match header.msg_type {
-        MsgType::Function => {
-            ServerStats::bump(&stats.requests);
-            let call = match Call::decode(msg.payload.as_deref().unwrap_or_default()) {
-                Ok(c) => c,
-                Err(e) => return reply_error(format!("bad call payload: {e}")),
-            };
-            let (handler, call) = match dispatcher.resolve(&header.method, call) {
-                Ok(found) => found,
-                Err(failure) => {
-                    ServerStats::bump(&stats.failures);
-                    return reply(&Message::failure(&header, failure));
+    fn on_message(&mut self, sock: &zmq::Socket, peer: &[u8], header: &[u8], body: &[u8]) {
+        let Serving { dispatcher, stats, tx, running } = self;
+        let reply = |msg: &Message| send(sock, &reply_frames(peer, msg));
+        let header = match codec::decode_header(header) {
+            Ok(h) => h,
+            Err(e) => {
+                // Without a header there is no (meth, okey, seq) to reply to.
+                ServerStats::bump(&stats.malformed_frames);
+                tracing::debug!(error = %e, "dropped message with undecodable header");
+                return;
+            }
+        };
+        let reply_error = |e: String| {
+            ServerStats::bump(&stats.errors);
+            tracing::debug!(method = %header.method, error = %e, "RPC ERROR reply");
+            reply(&Message::error(&header, ErrorMeta::new("RPCInternalError", e)));
+        };
+        let msg = match codec::decode_body(&header, body) {
+            Ok(m) => m,
+            Err(CodecError::Body(e)) | Err(CodecError::Header(e)) | Err(CodecError::Frames(e)) => return reply_error(e),
+        };
+        let key: RequestKey = (peer.to_vec(), header.method.clone(), header.okey.clone(), header.seq);
+        match header.msg_type {
+            MsgType::Function => {
+                ServerStats::bump(&stats.requests);
+                let call = match Call::decode(msg.payload.as_deref().unwrap_or_default()) {
+                    Ok(c) => c,
+                    Err(e) => return reply_error(format!("bad call payload: {e}")),
+                };
+                let (handler, call) = match dispatcher.resolve(&header.method, call) {
+                    Ok(found) => found,
+                    Err(failure) => {
+                        ServerStats::bump(&stats.failures);
+                        return reply(&Message::failure(&header, failure));
+                    }
+                };
+                // Most handlers (ping, health) finish without waiting: answer those inline, on the
+                // socket, and spawn a task only for the ones that await.
+                let mut work = AssertUnwindSafe(handler(call)).catch_unwind().boxed_local();
+                if let Some(outcome) = (&mut work).now_or_never() {
+                    return reply(&reply_for(&header, outcome, stats));
                 }
-            };
-            // Most handlers (ping, health) finish without waiting: answer those inline, on the
-            // socket, and spawn a task only for the ones that await.
-            let mut work = AssertUnwindSafe(handler(call)).catch_unwind().boxed_local();
-            if let Some(outcome) = (&mut work).now_or_never() {
-                return reply(&reply_for(&header, outcome, stats));
+                let (tx, stats, peer, key2) = (tx.clone(), stats.clone(), peer.to_vec(), key.clone());
+                let task = async move {
+                    let reply = reply_for(&header, work.await, &stats);
+                    let _ = tx.send(Outgoing { key: key2, frames: reply_frames(&peer, &reply) });
+                };
+                let (task, abort) = futures::future::abortable(task);
+                running.0.insert(key, abort);
+                actix_rt::spawn(task);
             }
-            let (tx, stats, peer, key2) = (tx.clone(), stats.clone(), peer.to_vec(), key.clone());
-            let task = async move {
-                let reply = reply_for(&header, work.await, &stats);
-                let _ = tx.send(Outgoing { key: key2, frames: reply_frames(&peer, &reply) });
-            };
-            let (task, abort) = futures::future::abortable(task);
-            running.0.insert(key, abort);
-            actix_rt::spawn(task);
-        }
-        MsgType::Cancel => {
-            // As callosum: a CANCEL for nothing running is ignored.
-            if let Some(abort) = running.0.remove(&key) {
-                abort.abort();
-                ServerStats::bump(&stats.cancelled);
-                reply(&Message::cancelled(&header));
+            MsgType::Cancel => {
+                // As callosum: a CANCEL for nothing running is ignored.
+                if let Some(abort) = running.0.remove(&key) {
+                    abort.abort();
+                    ServerStats::bump(&stats.cancelled);
+                    reply(&Message::cancelled(&header));
+                }
             }
-        }
-        other => {
-            ServerStats::bump(&stats.malformed_frames);
-            tracing::debug!(?other, "dropped a message type a server does not accept");
+            other => {
+                ServerStats::bump(&stats.malformed_frames);
+                tracing::debug!(?other, "dropped a message type a server does not accept");
+            }
         }
     }
+
 }
 
 /// Turns a handler's outcome (value, failure, or panic) into the reply message.
