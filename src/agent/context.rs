@@ -29,6 +29,10 @@ pub struct AgentContext {
     pub events: EventBus,
     /// The agent's Prometheus metrics.
     pub metrics: Arc<AgentMetrics>,
+    /// `execute` runs in progress.
+    pub runs: super::exec::Runs,
+    /// Kernel logs kept past their containers.
+    pub logs: Arc<super::logs::LogStore>,
 }
 
 impl AgentContext {

@@ -59,6 +59,57 @@ pub enum AgentEvent {
         /// The container's exit code, when it exited by itself.
         exit_code: Option<i64>,
     },
+    /// A batch session's command exited 0 (Backend.AI's `session_success`); published before
+    /// its `kernel_terminated`.
+    SessionSuccess {
+        /// Kernel id.
+        kernel_id: String,
+        /// Session id.
+        session_id: String,
+        /// The command's exit code (0).
+        exit_code: Option<i64>,
+    },
+    /// A batch session failed (Backend.AI's `session_failure`): non-zero exit, killed,
+    /// `batch-timeout`, or ended by anything else than its command's own exit.
+    SessionFailure {
+        /// Kernel id.
+        kernel_id: String,
+        /// Session id.
+        session_id: String,
+        /// Why (`self-terminated`, `batch-timeout`, `user-requested`, …).
+        reason: String,
+        /// The command's exit code, when it exited by itself.
+        exit_code: Option<i64>,
+    },
+    /// `execute` started a run.
+    ExecutionStarted {
+        /// Kernel id.
+        kernel_id: String,
+        /// Session id.
+        session_id: String,
+        /// The run.
+        run_id: String,
+    },
+    /// A run exited.
+    ExecutionFinished {
+        /// Kernel id.
+        kernel_id: String,
+        /// Session id.
+        session_id: String,
+        /// The run.
+        run_id: String,
+        /// Its exit code (nil when the engine lost it).
+        exit_code: Option<i64>,
+    },
+    /// A run was killed by its `timeout`.
+    ExecutionTimeout {
+        /// Kernel id.
+        kernel_id: String,
+        /// Session id.
+        session_id: String,
+        /// The run.
+        run_id: String,
+    },
     /// A container carrying this agent's id that the agent does not know (seed 001).
     KernelDangling {
         /// From the container's `ai.backend.kernel-id` label.
@@ -80,7 +131,12 @@ impl AgentEvent {
             | AgentEvent::KernelCreating { kernel_id, .. }
             | AgentEvent::KernelStarted { kernel_id, .. }
             | AgentEvent::KernelTerminated { kernel_id, .. }
-            | AgentEvent::KernelDangling { kernel_id, .. } => Some(kernel_id),
+            | AgentEvent::KernelDangling { kernel_id, .. }
+            | AgentEvent::SessionSuccess { kernel_id, .. }
+            | AgentEvent::SessionFailure { kernel_id, .. }
+            | AgentEvent::ExecutionStarted { kernel_id, .. }
+            | AgentEvent::ExecutionFinished { kernel_id, .. }
+            | AgentEvent::ExecutionTimeout { kernel_id, .. } => Some(kernel_id),
         }
     }
 
@@ -95,7 +151,25 @@ impl AgentEvent {
             AgentEvent::KernelStarted { .. } => "kernel_started",
             AgentEvent::KernelTerminated { .. } => "kernel_terminated",
             AgentEvent::KernelDangling { .. } => "kernel_dangling",
+            AgentEvent::SessionSuccess { .. } => "session_success",
+            AgentEvent::SessionFailure { .. } => "session_failure",
+            AgentEvent::ExecutionStarted { .. } => "execution_started",
+            AgentEvent::ExecutionFinished { .. } => "execution_finished",
+            AgentEvent::ExecutionTimeout { .. } => "execution_timeout",
         }
+    }
+
+    /// A kernel status transition (`kernel_preparing` … `kernel_terminated`): the only events
+    /// that a later one of the same kernel supersedes, and that repeat-suppression applies to.
+    pub fn is_kernel_status(&self) -> bool {
+        matches!(
+            self,
+            AgentEvent::KernelPreparing { .. }
+                | AgentEvent::KernelPulling { .. }
+                | AgentEvent::KernelCreating { .. }
+                | AgentEvent::KernelStarted { .. }
+                | AgentEvent::KernelTerminated { .. }
+        )
     }
 }
 

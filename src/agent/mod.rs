@@ -22,9 +22,11 @@ pub mod backend;
 pub mod context;
 pub mod event_sender;
 pub mod events;
+pub mod exec;
 pub mod heartbeat;
 pub mod hwinfo;
 pub mod kernel;
+pub mod logs;
 pub mod methods;
 pub mod metrics;
 pub mod metrics_server;
@@ -181,6 +183,8 @@ impl Agent {
             store: store.clone(),
             events,
             metrics: metrics.clone(),
+            runs: exec::Runs::new(a.exec_buffer_size.0 as usize, a.exec_idle_timeout.0),
+            logs: Arc::new(logs::LogStore::open(&a.var_base_path.join("logs"), c.log_tail.0, c.log_retention.0)?),
             config: config.clone(),
         });
 
@@ -299,6 +303,26 @@ impl Agent {
                         _ = watcher::watch_exits(ctx, registry) => Err("the kernel registry stopped".to_owned()),
                         _ = stop.requested() => Ok(()),
                     }
+                }
+            }));
+        }
+        {
+            let ctx = ctx.clone();
+            tree = tree.child(ChildSpec::task("exec-reaper", move |stop: StopSignal| {
+                let ctx = ctx.clone();
+                async move {
+                    ctx.runs.reap_every(ctx.backend.clone(), Duration::from_secs(1), stop.requested()).await;
+                    Ok::<_, String>(())
+                }
+            }));
+        }
+        {
+            let ctx = ctx.clone();
+            tree = tree.child(ChildSpec::task("log-retention", move |stop: StopSignal| {
+                let ctx = ctx.clone();
+                async move {
+                    ctx.logs.sweep_every(Duration::from_secs(60), stop.requested()).await;
+                    Ok::<_, String>(())
                 }
             }));
         }

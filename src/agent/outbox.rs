@@ -77,7 +77,7 @@ impl Outbox {
                 // very batch superseded).
                 let r = sqlx::query(
                     "DELETE FROM outbox WHERE seq IN (SELECT o.seq FROM outbox o WHERE o.kernel_id IS NOT NULL \
-                     AND o.name != 'kernel_terminated' AND EXISTS (SELECT 1 FROM outbox n WHERE n.kernel_id = o.kernel_id AND n.seq > o.seq) \
+                     AND o.name IN ('kernel_preparing', 'kernel_pulling', 'kernel_creating', 'kernel_started') AND EXISTS (SELECT 1 FROM outbox n WHERE n.kernel_id = o.kernel_id AND n.seq > o.seq) \
                      ORDER BY o.seq LIMIT 1)",
                 )
                     .execute(&mut *tx)
@@ -153,7 +153,7 @@ impl LastStates {
     /// `false` when `event` repeats its kernel's last state.
     fn is_new(&mut self, event: &AgentEvent) -> bool {
         let Some(kernel_id) = event.kernel_id() else { return true };
-        if matches!(event, AgentEvent::KernelDangling { .. }) {
+        if !event.is_kernel_status() {
             return true;
         }
         let name = event.name();

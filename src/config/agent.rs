@@ -76,6 +76,11 @@ pub struct ContainerSection {
     pub pids_limit: i64,
     /// `/dev/shm` size when a kernel's `resource_opts.shmem` is absent (default 64 MiB).
     pub default_shmem: ByteSize,
+    /// Bytes of a kernel's stdout/stderr kept and served by `get_logs` (default 1 MiB); its log
+    /// file never holds more than twice this.
+    pub log_tail: ByteSize,
+    /// Seconds a finished kernel's logs are kept under `<var-base-path>/logs` (default 3600).
+    pub log_retention: Seconds,
 }
 
 impl Default for ContainerSection {
@@ -89,6 +94,8 @@ impl Default for ContainerSection {
             vfolder_root: None,
             pids_limit: 4096,
             default_shmem: ByteSize(64 << 20),
+            log_tail: ByteSize(1 << 20),
+            log_retention: Seconds(std::time::Duration::from_secs(3600)),
         }
     }
 }
@@ -231,6 +238,21 @@ pub struct AgentSection {
     /// `rpc-listen-addr`; set it when that is `0.0.0.0` and the manager is on another host).
     #[serde(default)]
     pub advertised_rpc_addr: Option<HostPort>,
+    /// Most bytes of unread `execute` output held per run (default 1 MiB); when full the agent
+    /// stops reading the run's output until a `continue` drains it. Also the most one answer carries.
+    #[serde(default = "default_exec_buffer_size")]
+    pub exec_buffer_size: ByteSize,
+    /// Seconds a run may go without a reader before it is killed and freed (default 60).
+    #[serde(default = "default_exec_idle_timeout")]
+    pub exec_idle_timeout: Seconds,
+}
+
+fn default_exec_buffer_size() -> ByteSize {
+    ByteSize(1 << 20)
+}
+
+fn default_exec_idle_timeout() -> Seconds {
+    Seconds(std::time::Duration::from_secs(60))
 }
 
 fn default_service_addr() -> HostPort {
@@ -271,6 +293,12 @@ impl AgentConfig {
             (None, Some(_)) => Err(ConfigError::Invalid("agent.rpc-auth-manager-public-key", "required when rpc-auth-agent-keypair is set".into())),
             _ => Ok(()),
         }?;
+        if a.exec_buffer_size.0 < 4096 {
+            return Err(ConfigError::Invalid("agent.exec-buffer-size", "must be at least 4 KiB".into()));
+        }
+        if self.container.log_tail.0 == 0 {
+            return Err(ConfigError::Invalid("container.log-tail", "must be at least 1 byte".into()));
+        }
         if a.kernel_creation_concurrency == 0 {
             return Err(ConfigError::Invalid("agent.kernel-creation-concurrency", "must be at least 1".into()));
         }

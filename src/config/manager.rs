@@ -115,8 +115,12 @@ pub struct SchedulerSection {
     pub create_timeout: Seconds,
     /// `destroy_kernel` (60).
     pub destroy_timeout: Seconds,
-    /// `execute` when the request gives no `timeout` (600); with one, that plus 10.
+    /// Seconds an `execute` run may take when the request gives no `timeout` (600): the agent
+    /// kills it then (status `exec-timeout`).
     pub execute_timeout: Seconds,
+    /// Seconds an `execute` call waits for output before answering `continued`, when the request
+    /// gives no `flush_timeout` (2, Backend.AI's default).
+    pub flush_timeout: Seconds,
     /// `reset_instance` of an agent back from `LOST` (60).
     pub reset_timeout: Seconds,
 }
@@ -127,6 +131,7 @@ impl Default for SchedulerSection {
             create_timeout: Seconds(Duration::from_secs(120)),
             destroy_timeout: Seconds(Duration::from_secs(60)),
             execute_timeout: Seconds(Duration::from_secs(600)),
+            flush_timeout: Seconds(Duration::from_secs(2)),
             reset_timeout: Seconds(Duration::from_secs(60)),
         }
     }

@@ -1,17 +1,20 @@
 //! A small blocking client for the manager's HTTP API (`docs/manager-api.md`), on `ureq`.
 //!
 //! Plain `http://` only (no TLS is compiled in). Every call answers the body both as the raw text
-//! (so `--output json` can print it unchanged) and parsed.
+//! (so `--output json` can print it unchanged) and parsed, except [`Client::get_stream`], which
+//! hands back the body as a reader for answers that stream (`/logs?follow=true`).
 
 use std::fmt;
+use std::io::{self, Read};
 use std::time::Duration;
 
 use serde_json::Value;
 
 /// How long to wait for the TCP connection to the manager.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Whole-request limit for calls that do not run user code (everything but execute).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Whole-request limit for calls that do not run user code or stream (everything but execute
+/// and followed logs).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bodies larger than this are refused (ureq's `into_string` limit is 10 MiB as well).
 const MAX_BODY: u64 = 10 * 1024 * 1024;
 
@@ -139,6 +142,30 @@ impl Client {
         let url = self.url(path);
         finish(&url, self.agent.delete(&url).timeout(REQUEST_TIMEOUT).call())
     }
+
+    /// `GET path?query` whose 2xx body is read as it arrives, any size (`/logs`): the body as a
+    /// reader, unread. Error answers map as for the other calls. `timeout` bounds the whole call
+    /// including reading the body; `None` waits forever (a followed log may stream for hours).
+    /// Map read errors with [`read_error`].
+    pub fn get_stream(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        timeout: Option<Duration>,
+    ) -> Result<impl Read + Send, ClientError> {
+        let url = self.url(path);
+        let mut req = self.agent.get(&url);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        for (k, v) in query {
+            req = req.query(k, v);
+        }
+        match req.call() {
+            Ok(resp) => Ok(resp.into_reader()),
+            Err(e) => Err(failure(&url, e)),
+        }
+    }
 }
 
 /// Reads the response (or error) of one call into a [`Reply`] or [`ClientError`].
@@ -151,24 +178,32 @@ fn finish(url: &str, res: Result<ureq::Response, ureq::Error>) -> Result<Reply, 
                 Err(e) => Err(ClientError::InvalidResponse { url: url.to_owned(), detail: format!("not JSON: {e}") }),
             }
         }
-        Err(ureq::Error::Status(status, resp)) => {
+        Err(e) => Err(failure(url, e)),
+    }
+}
+
+/// A call's error: the API's error answer, or why there was none.
+fn failure(url: &str, e: ureq::Error) -> ClientError {
+    match e {
+        ureq::Error::Status(status, resp) => {
             // A body we cannot read still leaves the status worth reporting.
             let body = read_body(url, resp).unwrap_or_default();
-            Err(ApiError::from_body(status, body).into())
+            ApiError::from_body(status, body).into()
         }
-        Err(ureq::Error::Transport(t)) => Err(transport(url, &t)),
+        ureq::Error::Transport(t) => transport(url, &t),
     }
 }
 
 fn read_body(url: &str, resp: ureq::Response) -> Result<String, ClientError> {
-    use std::io::Read;
     let mut text = String::new();
-    resp.into_reader().take(MAX_BODY).read_to_string(&mut text).map_err(|e| ClientError::Transport {
-        what: "reading the response from",
-        url: url.to_owned(),
-        detail: e.to_string(),
-    })?;
+    resp.into_reader().take(MAX_BODY).read_to_string(&mut text).map_err(|e| read_error(url, &e))?;
     Ok(text)
+}
+
+/// A failure reading the body of an answer from `url` (the connection broke, or the call's
+/// timeout passed): a [`ClientError::Transport`] (ctl exits 2).
+pub fn read_error(url: &str, e: &io::Error) -> ClientError {
+    ClientError::Transport { what: "reading the response from", url: url.to_owned(), detail: e.to_string() }
 }
 
 fn transport(url: &str, t: &ureq::Transport) -> ClientError {
@@ -247,6 +282,40 @@ mod tests {
         assert!(Client::new("127.0.0.1:8081").is_err());
         assert!(Client::new("http://").is_err());
         assert_eq!(Client::new("HTTP://m:1/").unwrap().url("/health"), "HTTP://m:1/health");
+    }
+
+    #[test]
+    fn get_stream_reads_chunks_as_they_come() {
+        use crate::ctl::testserver::{Answer, Server};
+        let (gate, wait) = std::sync::mpsc::channel();
+        let parts = vec!["line 1\n".to_owned(), "line 2\n".to_owned()];
+        let server = Server::start(vec![Answer { status: 200, content_type: "text/plain", parts, gate: Some(wait) }]);
+        let client = Client::new(&server.url).unwrap();
+        let mut body = client.get_stream("/v1/sessions/S/logs", &[("follow", "true")], None).unwrap();
+        // The second chunk is only sent once the first was read here.
+        let start = std::time::Instant::now();
+        let mut buf = [0; 64];
+        let n = body.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"line 1\n");
+        assert!(start.elapsed() < Duration::from_secs(5), "the first chunk came before the answer ended");
+        gate.send(()).unwrap();
+        let mut rest = String::new();
+        body.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "line 2\n");
+        assert_eq!(server.requests()[0].line, "GET /v1/sessions/S/logs?follow=true");
+    }
+
+    #[test]
+    fn get_stream_errors_map_as_other_calls() {
+        use crate::ctl::testserver::{Answer, Server};
+        let body = r#"{"error": {"code": "logs-not-found", "message": "no logs for kernel k"}}"#;
+        let server = Server::start(vec![Answer::json(404, body)]);
+        let client = Client::new(&server.url).unwrap();
+        let err = client.get_stream("/v1/sessions/S/logs", &[], Some(REQUEST_TIMEOUT)).err().unwrap();
+        assert_eq!(err.to_string(), "error: logs-not-found: no logs for kernel k (HTTP 404)");
+        assert_eq!(err.exit_code(), 1);
+        let err = Client::new("http://127.0.0.1:1").unwrap().get_stream("/x", &[], None).err().unwrap();
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]

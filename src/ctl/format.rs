@@ -168,6 +168,31 @@ pub fn pretty_json(raw: &str) -> String {
     out
 }
 
+/// Valid JSON text on one line (an NDJSON line): whitespace outside strings dropped, key order
+/// and number spelling exactly as the API wrote them.
+pub fn compact_json(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in raw.trim().chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+            out.push(c);
+        } else if !c.is_ascii_whitespace() {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +252,12 @@ mod tests {
         let sorted = r#"{ "a": {"x": [true, false]}, "z": "q" }"#;
         let v: Value = serde_json::from_str(sorted).unwrap();
         assert_eq!(pretty_json(sorted), serde_json::to_string_pretty(&v).unwrap());
+    }
+
+    #[test]
+    fn compact_json_keeps_strings_and_order() {
+        let raw = "{\n  \"runId\": \"r 1\",\n  \"console\": [[\"stdout\", \"a \\\" b\\n\"]],\n  \"exitCode\": 1.0\n}\n";
+        assert_eq!(compact_json(raw), r#"{"runId":"r 1","console":[["stdout","a \" b\n"]],"exitCode":1.0}"#);
+        assert_eq!(compact_json(r#"{"a": "\\", "b" : [ ]}"#), r#"{"a":"\\","b":[]}"#);
     }
 }

@@ -1,5 +1,6 @@
-//! Parsers for `kernelvisor ctl session create` arguments (`--env`, `--mount`), used as clap
-//! value parsers: their error text is shown after clap's `invalid value '…' for '--env …'`.
+//! Parsers for `kernelvisor ctl` arguments (`--env`, `--mount`, seconds such as `--timeout`),
+//! used as clap value parsers: their error text is shown after clap's
+//! `invalid value '…' for '--env …'`.
 
 use serde_json::{json, Value};
 
@@ -11,6 +12,33 @@ pub fn env(s: &str) -> Result<(String, String), String> {
         Some(("", _)) => Err("expected KEY=VALUE, the key is empty".to_owned()),
         Some((k, v)) => Ok((k.to_owned(), v.to_owned())),
         None => Err("expected KEY=VALUE, there is no '='".to_owned()),
+    }
+}
+
+/// A number of seconds (`--flush-timeout`, `--batch-timeout`, `wait --timeout`): a finite,
+/// non-negative number, decimals allowed (`0.5`, `3600`).
+pub fn seconds(s: &str) -> Result<f64, String> {
+    let n: f64 = s.trim().parse().map_err(|_| "expected a number of seconds".to_owned())?;
+    if !n.is_finite() || n < 0.0 || std::time::Duration::try_from_secs_f64(n).is_err() {
+        return Err("expected a non-negative number of seconds".to_owned());
+    }
+    Ok(n)
+}
+
+/// Like [`seconds`], but more than zero (`wait --interval`: no busy polling).
+pub fn positive_seconds(s: &str) -> Result<f64, String> {
+    match seconds(s)? {
+        n if n > 0.0 => Ok(n),
+        _ => Err("expected a number of seconds above 0".to_owned()),
+    }
+}
+
+/// Seconds as a JSON number: an integer when whole (`3600`), else a float (`0.5`).
+pub fn seconds_json(n: f64) -> Value {
+    if n.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&n) {
+        Value::from(n as u64)
+    } else {
+        Value::from(n)
     }
 }
 
@@ -80,6 +108,22 @@ mod tests {
         assert_eq!(env("URL=a=b"), Ok(("URL".into(), "a=b".into())));
         assert_eq!(env("NOEQUALS").unwrap_err(), "expected KEY=VALUE, there is no '='");
         assert_eq!(env("=v").unwrap_err(), "expected KEY=VALUE, the key is empty");
+    }
+
+    #[test]
+    fn seconds_values() {
+        assert_eq!(seconds("0.5"), Ok(0.5));
+        assert_eq!(seconds("3600"), Ok(3600.0));
+        assert_eq!(seconds("0"), Ok(0.0));
+        assert_eq!(seconds("soon").unwrap_err(), "expected a number of seconds");
+        for bad in ["-1", "inf", "NaN", "1e30"] {
+            assert_eq!(seconds(bad).unwrap_err(), "expected a non-negative number of seconds", "{bad}");
+        }
+        assert_eq!(positive_seconds("0.01"), Ok(0.01));
+        assert_eq!(positive_seconds("0").unwrap_err(), "expected a number of seconds above 0");
+        assert_eq!(seconds_json(3600.0), json!(3600));
+        assert_eq!(seconds_json(0.5), json!(0.5));
+        assert_eq!(seconds_json(0.0), json!(0));
     }
 
     #[test]

@@ -92,13 +92,22 @@ fn terminated(s: &Value) -> bool {
         || s.get("status").and_then(Value::as_str) == Some("TERMINATED")
 }
 
-/// `GET /v1/sessions` (`{"sessions": [...]}`) as a table: SESSION, AGENT, STATUS, IMAGE, CPU,
-/// MEM, GPU (only when some session has `cuda.device`), ACCESS KEY, AGE/REASON (the age of a
-/// live session, the `status_reason` of a terminated one).
+/// A session's status, with a batch session's outcome once it has one: `TERMINATED (FAILURE)`.
+fn status_with_result(s: &Value) -> String {
+    match s.get("result").and_then(Value::as_str) {
+        Some(r @ ("SUCCESS" | "FAILURE")) => format!("{} ({r})", text(s, "status")),
+        _ => text(s, "status"),
+    }
+}
+
+/// `GET /v1/sessions` (`{"sessions": [...]}`) as a table: SESSION, AGENT, STATUS (with the
+/// `result` of an ended batch session), TYPE, IMAGE, CPU, MEM, GPU (only when some session has
+/// `cuda.device`), ACCESS KEY, AGE/REASON (the age of a live session, the `status_reason` of a
+/// terminated one).
 pub fn sessions(v: &Value, now: f64) -> String {
     let sessions = array(v, "sessions");
     let gpu = any_gpu(sessions, "resource_slots");
-    let mut header = vec!["SESSION", "AGENT", "STATUS", "IMAGE", "CPU", "MEM"];
+    let mut header = vec!["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM"];
     if gpu {
         header.push("GPU");
     }
@@ -106,7 +115,8 @@ pub fn sessions(v: &Value, now: f64) -> String {
     let rows = sessions
         .iter()
         .map(|s| {
-            let mut row = vec![text(s, "session_id"), text(s, "agent_id"), text(s, "status"), text(s, "image")];
+            let mut row = vec![text(s, "session_id"), text(s, "agent_id"), status_with_result(s), text(s, "type")];
+            row.push(text(s, "image"));
             row.push(cores(slot(s, "resource_slots", "cpu")));
             row.push(bytes(slot(s, "resource_slots", "mem")));
             if gpu {
@@ -133,20 +143,31 @@ fn when(v: &Value, key: &str, now: f64) -> String {
 }
 
 /// One session (`GET`/`DELETE /v1/sessions/{id}`) as `key: value` lines; memory in binary
-/// units with the exact byte count, times in UTC with their age.
+/// units with the exact byte count, times in UTC with their age. `Type` carries a batch
+/// session's `batch_timeout` (`batch (timeout 3600s)`); `Command` is shown on one line (line
+/// breaks as `\n`).
 pub fn session(s: &Value, now: f64) -> String {
     let mem = match slot(s, "resource_slots", "mem") {
         Some(m) if super::format::amount(m).is_some() => format!("{} ({} bytes)", bytes(Some(m)), cores(Some(m))),
         m => bytes(m),
     };
+    let kind = match s.get("batch_timeout").and_then(super::format::amount) {
+        Some(t) => format!("{} (timeout {}s)", text(s, "type"), cores(Some(&Value::from(t)))),
+        None => text(s, "type"),
+    };
+    let command = text(s, "command").replace('\r', "\\r").replace('\n', "\\n");
     let mut pairs = vec![
         ("Session", text(s, "session_id")),
         ("Kernel", text(s, "kernel_id")),
         ("Agent", text(s, "agent_id")),
         ("Access key", text(s, "access_key")),
         ("Image", text(s, "image")),
+        ("Type", kind),
+        ("Command", command),
         ("Status", text(s, "status")),
         ("Reason", text(s, "status_reason")),
+        ("Result", text(s, "result")),
+        ("Exit code", text(s, "exit_code")),
         ("CPU", cores(slot(s, "resource_slots", "cpu"))),
         ("Memory", mem),
     ];
@@ -264,7 +285,8 @@ mod tests {
     fn live_session() -> Value {
         json!({"session_id": "5b1f7c6e-0000-4000-8000-000000000001", "kernel_id": "5b1f7c6e-0000-4000-8000-000000000002",
                "agent_id": "i-node1", "access_key": "AKIADEV", "image": "kernelvisor-test:latest",
-               "status": "RUNNING", "status_reason": null,
+               "status": "RUNNING", "status_reason": null, "exit_code": null, "type": "interactive",
+               "command": null, "batch_timeout": null, "result": "UNDEFINED",
                "resource_slots": {"cpu": "1", "mem": "268435456", "cuda.device": "0"},
                "created_at": NOW - 300.0, "terminated_at": null})
     }
@@ -278,17 +300,52 @@ mod tests {
         done["terminated_at"] = json!(NOW - 10.0);
         let out = sessions(&json!({"sessions": [live_session(), done]}), NOW);
         let lines: Vec<&str> = out.lines().collect();
-        for h in ["SESSION", "AGENT", "STATUS", "IMAGE", "CPU", "MEM", "ACCESS KEY", "AGE/REASON"] {
+        for h in ["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM", "ACCESS KEY", "AGE/REASON"] {
             assert!(lines[0].contains(h), "missing {h}: {out}");
         }
         assert!(!lines[0].contains("GPU"));
         let cells = |l: &str| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(
             cells(lines[1]),
-            ["5b1f7c6e-0000-4000-8000-000000000001", "i-node1", "RUNNING", "kernelvisor-test:latest", "1", "256 MiB", "AKIADEV", "5m"]
+            ["5b1f7c6e-0000-4000-8000-000000000001", "i-node1", "RUNNING", "interactive", "kernelvisor-test:latest", "1", "256 MiB", "AKIADEV", "5m"]
         );
         assert_eq!(cells(lines[2]).last().unwrap(), "user-requested");
+        assert_eq!(cells(lines[2])[2], "TERMINATED", "no result shown for an interactive session");
         assert!(lines[2].starts_with("dead "));
+    }
+
+    fn ended_batch() -> Value {
+        let mut s = live_session();
+        s["session_id"] = json!("job");
+        s["status"] = json!("TERMINATED");
+        s["status_reason"] = json!("batch-timeout");
+        s["type"] = json!("batch");
+        s["command"] = json!("python train.py\necho done");
+        s["batch_timeout"] = json!(3600);
+        s["result"] = json!("FAILURE");
+        s["exit_code"] = json!(137);
+        s["terminated_at"] = json!(NOW - 10.0);
+        s
+    }
+
+    #[test]
+    fn sessions_table_batch_outcome() {
+        let out = sessions(&json!({"sessions": [ended_batch()]}), NOW);
+        let row: Vec<&str> = out.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(row[..4], ["job", "i-node1", "TERMINATED (FAILURE)", "batch"], "{out}");
+        assert_eq!(row.last(), Some(&"batch-timeout"), "{out}");
+        // An older manager's answer without the new fields.
+        let old = sessions(&json!({"sessions": [{"session_id": "s", "status": "RUNNING"}]}), NOW);
+        let row: Vec<&str> = old.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(row[..4], ["s", "-", "RUNNING", "-"], "{old}");
+    }
+
+    #[test]
+    fn session_detail_batch_fields() {
+        let out = session(&ended_batch(), NOW);
+        assert!(out.contains("Type:       batch (timeout 3600s)\n"), "{out}");
+        assert!(out.contains("Command:    python train.py\\necho done\n"), "{out}");
+        assert!(out.contains("Status:     TERMINATED\nReason:     batch-timeout\nResult:     FAILURE\nExit code:  137\n"), "{out}");
     }
 
     #[test]
@@ -300,6 +357,8 @@ mod tests {
         assert!(out.contains("Created:    2023-11-14T22:08:20Z (5m ago)\n"), "{out}");
         assert!(out.contains("Terminated: -\n"), "{out}");
         assert!(out.contains("GPU:        0\n"), "{out}");
+        assert!(out.contains("Type:       interactive\nCommand:    -\n"), "{out}");
+        assert!(out.contains("Result:     UNDEFINED\nExit code:  -\n"), "{out}");
         // A sparse answer renders without panicking, every value `-`.
         let sparse = session(&json!({"session_id": "x"}), NOW);
         assert!(sparse.contains("Image:      -\n") && sparse.contains("Memory:     -\n") && !sparse.contains("GPU"), "{sparse}");

@@ -24,6 +24,15 @@ pub enum ManagerError {
     /// Every agent that could fit it is full now. 409 `no-capacity`.
     #[error("{0}")]
     NoCapacity(String),
+    /// `continue` / `input` of an unknown or finished run. 404 `run-not-found`.
+    #[error("{0}")]
+    RunNotFound(String),
+    /// The agent keeps no logs for the kernel. 404 `logs-not-found`.
+    #[error("{0}")]
+    LogsNotFound(String),
+    /// `input` to a run started without stdin. 409 `run-has-no-stdin`.
+    #[error("{0}")]
+    RunHasNoStdin(String),
     /// 409 `session-not-running`.
     #[error("session `{0}` is {1}, not RUNNING")]
     SessionNotRunning(String, String),
@@ -58,6 +67,9 @@ impl ManagerError {
             ManagerError::AccessKeyNotFound(_) => "access-key-not-found",
             ManagerError::NoCapacity(_) => "no-capacity",
             ManagerError::SessionNotRunning(..) => "session-not-running",
+            ManagerError::RunNotFound(_) => "run-not-found",
+            ManagerError::LogsNotFound(_) => "logs-not-found",
+            ManagerError::RunHasNoStdin(_) => "run-has-no-stdin",
             ManagerError::ConcurrencyLimit(_) => "concurrency-limit-exceeded",
             ManagerError::AgentUnavailable(_) => "agent-unavailable",
             ManagerError::AgentError(_) => "agent-error",
@@ -71,8 +83,8 @@ impl ManagerError {
     pub fn status(&self) -> u16 {
         match self {
             ManagerError::InvalidRequest(_) | ManagerError::ImageNotFound(_) | ManagerError::SlotsExceedCapacity(_) => 400,
-            ManagerError::SessionNotFound(_) | ManagerError::AccessKeyNotFound(_) => 404,
-            ManagerError::NoCapacity(_) | ManagerError::SessionNotRunning(..) => 409,
+            ManagerError::SessionNotFound(_) | ManagerError::AccessKeyNotFound(_) | ManagerError::RunNotFound(_) | ManagerError::LogsNotFound(_) => 404,
+            ManagerError::NoCapacity(_) | ManagerError::SessionNotRunning(..) | ManagerError::RunHasNoStdin(_) => 409,
             ManagerError::ConcurrencyLimit(_) => 429,
             ManagerError::AgentUnavailable(_) | ManagerError::AgentError(_) => 502,
             ManagerError::StartingUp(_) | ManagerError::NoAgents => 503,

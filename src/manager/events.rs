@@ -45,6 +45,15 @@ pub enum EventBody {
         /// Exit code, when it exited by itself.
         exit_code: Option<i64>,
     },
+    /// `session_success` / `session_failure`: a batch session's outcome.
+    SessionResult {
+        /// The event name.
+        name: String,
+        /// Kernel id.
+        kernel_id: String,
+        /// `SUCCESS` or `FAILURE`.
+        result: &'static str,
+    },
     /// `kernel_dangling`: a container of this agent that its store does not know.
     KernelDangling {
         /// Kernel id from the container's labels.
@@ -65,7 +74,7 @@ impl EventBody {
         match self {
             EventBody::AgentStarted => "agent_started",
             EventBody::AgentTerminated { .. } => "agent_terminated",
-            EventBody::KernelStatus { name, .. } | EventBody::Other { name } => name,
+            EventBody::KernelStatus { name, .. } | EventBody::SessionResult { name, .. } | EventBody::Other { name } => name,
             EventBody::KernelTerminated { .. } => "kernel_terminated",
             EventBody::KernelDangling { .. } => "kernel_dangling",
         }
@@ -74,7 +83,7 @@ impl EventBody {
     /// The kernel it is about, for kernel events.
     pub fn kernel_id(&self) -> Option<&str> {
         match self {
-            EventBody::KernelStatus { kernel_id, .. } | EventBody::KernelTerminated { kernel_id, .. } | EventBody::KernelDangling { kernel_id, .. } => Some(kernel_id),
+            EventBody::KernelStatus { kernel_id, .. } | EventBody::KernelTerminated { kernel_id, .. } | EventBody::KernelDangling { kernel_id, .. } | EventBody::SessionResult { kernel_id, .. } => Some(kernel_id),
             _ => None,
         }
     }
@@ -118,6 +127,10 @@ impl AgentEvent {
                 reason: field(map, "reason").and_then(Value::as_str).unwrap_or("unknown").to_owned(),
                 exit_code: field(map, "exit_code").and_then(Value::as_i64),
             },
+            "session_success" | "session_failure" => {
+                let result = if name == "session_success" { "SUCCESS" } else { "FAILURE" };
+                EventBody::SessionResult { kernel_id: kernel()?, result, name }
+            }
             "kernel_dangling" => EventBody::KernelDangling { kernel_id: kernel()?, container_id: text(map, "container_id").unwrap_or_default() },
             _ => EventBody::Other { name },
         };
@@ -156,6 +169,8 @@ mod tests {
         let bad = Value::Map(vec![("id".into(), "x".into()), ("name".into(), "kernel_terminated".into())]);
         assert!(AgentEvent::from_value(&bad).unwrap_err().contains("kernel_id"));
         assert!(AgentEvent::from_value(&Value::from(3)).is_err());
+        let ok = AgentEvent::from_value(&ev("c", "session_success", "k2")).unwrap();
+        assert_eq!(ok.body, EventBody::SessionResult { name: "session_success".into(), kernel_id: "k2".into(), result: "SUCCESS" });
         let other = AgentEvent::from_value(&ev("b", "kernel_heartbeat_v9", "k")).unwrap();
         assert_eq!(other.body.name(), "kernel_heartbeat_v9");
     }

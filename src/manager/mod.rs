@@ -105,6 +105,7 @@ impl Manager {
             create_timeout: config.scheduler.create_timeout.0,
             destroy_timeout: config.scheduler.destroy_timeout.0,
             execute_timeout: config.scheduler.execute_timeout.0,
+            flush_timeout: config.scheduler.flush_timeout.0,
         };
         let scheduler = Scheduler::new(store.clone(), pool.clone(), registry.clone(), metrics.clone(), sched_spec).start();
 

@@ -29,8 +29,10 @@ pub struct SchedulerSpec {
     pub create_timeout: Duration,
     /// `destroy_kernel`.
     pub destroy_timeout: Duration,
-    /// `execute` without a request timeout.
+    /// An `execute` run's timeout when the request gives none.
     pub execute_timeout: Duration,
+    /// `execute`'s `flush_timeout` when the request gives none (Backend.AI's default: 2 s).
+    pub flush_timeout: Duration,
 }
 
 /// `POST /v1/sessions` body (`docs/manager-api.md`).
@@ -49,6 +51,41 @@ pub struct SessionRequest {
     /// vfolders: `{"name", "host_path", "permission"}`.
     #[serde(default)]
     pub mounts: Vec<MountSpec>,
+    /// `interactive` (default) or `batch`.
+    #[serde(default, rename = "type")]
+    pub session_type: Option<String>,
+    /// Shell command for the main process: required for batch, optional for interactive.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Seconds a batch session may run (batch only).
+    #[serde(default)]
+    pub batch_timeout: Option<f64>,
+}
+
+impl SessionRequest {
+    /// The session type, checked: `interactive` or `batch`; `command` required for batch,
+    /// non-blank when given; `batch_timeout` positive and batch only.
+    ///
+    /// Errors: [`ManagerError::InvalidRequest`] naming the field.
+    pub fn checked_type(&self) -> Result<&'static str, ManagerError> {
+        let bad = |m: &str| Err(ManagerError::InvalidRequest(m.to_owned()));
+        let t = match self.session_type.as_deref() {
+            None | Some("interactive") => "interactive",
+            Some("batch") => "batch",
+            Some(_) => return bad("`type` must be `interactive` or `batch`"),
+        };
+        if self.command.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            return bad("`command` must not be empty");
+        }
+        if t == "batch" && self.command.is_none() {
+            return bad("a batch session needs a `command`");
+        }
+        match self.batch_timeout {
+            Some(x) if !(x.is_finite() && x > 0.0) => bad("`batch_timeout` must be a positive number of seconds"),
+            Some(_) if t != "batch" => bad("`batch_timeout` applies to batch sessions only"),
+            _ => Ok(t),
+        }
+    }
 }
 
 /// A vfolder mount of a session request.
@@ -205,6 +242,7 @@ impl Handler<CreateSession> for Scheduler {
             if req.access_key.is_empty() {
                 return Err(ManagerError::InvalidRequest("`access_key` must not be empty".into()));
             }
+            let session_type = req.checked_type()?;
             let slots = Slots::parse(&req.resource_slots)?;
             let kernel_id = uuid::Uuid::new_v4().to_string();
             let session_id = uuid::Uuid::new_v4().to_string();
@@ -222,6 +260,9 @@ impl Handler<CreateSession> for Scheduler {
                     cpu_millis: slots.cpu_millis,
                     mem_bytes: slots.mem_bytes,
                     cuda_devices: slots.cuda_devices,
+                    session_type: session_type.to_owned(),
+                    command: req.command.clone(),
+                    batch_timeout: req.batch_timeout,
                 };
                 store.reserve_kernel(&new).await.map_err(|e| match e {
                     ReserveError::UnknownAccessKey(k) => ManagerError::AccessKeyNotFound(k),
@@ -230,7 +271,7 @@ impl Handler<CreateSession> for Scheduler {
                 })?;
                 agent_id
             };
-            let config = Value::Map(vec![
+            let mut config = vec![
                 ("image".into(), req.image.clone().into()),
                 ("resource_slots".into(), slots.to_value()),
                 ("environ".into(), Value::Map(req.environ.iter().map(|(k, v)| (k.clone().into(), v.clone().into())).collect())),
@@ -250,7 +291,15 @@ impl Handler<CreateSession> for Scheduler {
                     ),
                 ),
                 ("owner".into(), Value::Map(vec![("access_key".into(), req.access_key.clone().into())])),
-            ]);
+                ("session_type".into(), session_type.into()),
+            ];
+            if let Some(c) = &req.command {
+                config.push(("command".into(), c.clone().into()));
+            }
+            if let Some(t) = req.batch_timeout {
+                config.push(("batch_timeout".into(), Value::F64(t)));
+            }
+            let config = Value::Map(config);
             let args = vec![session_id.clone().into(), Value::Array(vec![kernel_id.clone().into()]), Value::Array(vec![config])];
             match call_agent(&pool, &metrics, &agent_id, "create_kernels", args, spec.create_timeout).await {
                 Ok(infos) => {
@@ -307,45 +356,141 @@ impl Handler<DestroySession> for Scheduler {
     }
 }
 
-/// Runs `code` in a session's kernel (`execute`, mode `query`): `{exitCode, console, status}`.
-#[derive(Message)]
-#[rtype(result = "Result<serde_json::Value, ManagerError>")]
+/// One `execute` call of Backend.AI's continuation protocol (`docs/manager-api.md`).
+#[derive(Clone, Debug, Default)]
 pub struct ExecuteInSession {
     /// Session or kernel id.
     pub id: String,
-    /// Code for the image's interpreter (`sh -c` on images without one).
-    pub code: String,
-    /// Seconds; the agent kills the run when exceeded.
+    /// `query` (default), `continue` or `input`.
+    pub mode: Option<String>,
+    /// Code for the image's interpreter (`query`), or text for stdin (`input`).
+    pub code: Option<String>,
+    /// The run to continue or feed (required for `continue` / `input`).
+    pub run_id: Option<String>,
+    /// Seconds; the agent kills the run when exceeded (`query`).
     pub timeout: Option<f64>,
+    /// Seconds to wait for output before answering `continued` (default: the manager's).
+    pub flush_timeout: Option<f64>,
+    /// Keep the run's stdin open for `input` (`query`).
+    pub stdin: bool,
+    /// Close stdin after writing (`input`).
+    pub eof: bool,
 }
+
+impl Message for ExecuteInSession {
+    type Result = Result<serde_json::Value, ManagerError>;
+}
+
+/// Longest `flush_timeout` the manager passes on (seconds): an answer always comes back within
+/// an HTTP client's patience.
+const MAX_FLUSH_TIMEOUT: f64 = 60.0;
 
 impl Handler<ExecuteInSession> for Scheduler {
     type Result = ResponseFuture<Result<serde_json::Value, ManagerError>>;
 
     fn handle(&mut self, msg: ExecuteInSession, _: &mut Context<Self>) -> Self::Result {
-        let (store, pool, metrics, default_timeout) = (self.store.clone(), self.pool.clone(), self.metrics.clone(), self.spec.execute_timeout);
+        let (store, pool, metrics, default_flush, default_timeout) = (self.store.clone(), self.pool.clone(), self.metrics.clone(), self.spec.flush_timeout, self.spec.execute_timeout);
         Box::pin(async move {
-            if let Some(t) = msg.timeout.filter(|t| !(t.is_finite() && *t > 0.0)) {
-                return Err(ManagerError::InvalidRequest(format!("`timeout`: {t} is not a positive number of seconds")));
+            let bad = |m: String| Err(ManagerError::InvalidRequest(m));
+            for (name, v) in [("timeout", msg.timeout), ("flush_timeout", msg.flush_timeout)] {
+                if let Some(t) = v.filter(|t| !(t.is_finite() && *t > 0.0)) {
+                    return bad(format!("`{name}`: {t} is not a positive number of seconds"));
+                }
             }
+            let mode = msg.mode.clone().unwrap_or_else(|| "query".into());
             let k = store.kernel(&msg.id).await?.ok_or_else(|| ManagerError::SessionNotFound(msg.id.clone()))?;
-            if k.status != "RUNNING" {
-                return Err(ManagerError::SessionNotRunning(msg.id, k.status));
-            }
-            let opts = match msg.timeout {
-                Some(t) => Value::Map(vec![("timeout".into(), Value::F64(t))]),
-                None => Value::Map(vec![]),
+            let (run_id, code, opts) = match mode.as_str() {
+                "query" => {
+                    let Some(code) = msg.code.clone() else { return bad("`code` is required for mode `query`".into()) };
+                    if k.status != "RUNNING" {
+                        return Err(ManagerError::SessionNotRunning(msg.id, k.status));
+                    }
+                    let timeout = msg.timeout.unwrap_or(default_timeout.as_secs_f64());
+                    let opts = vec![("stdin".into(), msg.stdin.into()), ("timeout".into(), Value::F64(timeout))];
+                    (msg.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()), code, opts)
+                }
+                "continue" | "input" => {
+                    let Some(run_id) = msg.run_id.clone() else { return bad(format!("`run_id` is required for mode `{mode}`")) };
+                    (run_id, msg.code.clone().unwrap_or_default(), vec![("eof".into(), msg.eof.into())])
+                }
+                other => return bad(format!("`mode` `{other}` must be `query`, `continue` or `input`")),
             };
-            let rpc_timeout = msg.timeout.map_or(default_timeout, |t| Duration::from_secs_f64(t) + Duration::from_secs(10));
-            let run_id = uuid::Uuid::new_v4().simple().to_string();
-            let args = vec![k.session_id.clone().into(), k.id.clone().into(), 2.into(), run_id.into(), "query".into(), msg.code.into(), opts, Value::Nil];
-            let out = call_agent(&pool, &metrics, &k.agent_id, "execute", args, rpc_timeout).await.map_err(|e| agent_failure(&e))?;
+            let flush = msg.flush_timeout.unwrap_or(default_flush.as_secs_f64()).min(MAX_FLUSH_TIMEOUT);
+            // The agent answers within the flush timeout (or sooner); the margin covers a full
+            // buffer's transfer and a busy agent.
+            let rpc_timeout = Duration::from_secs_f64(flush) + Duration::from_secs(30);
+            let args = vec![k.session_id.clone().into(), k.id.clone().into(), 2.into(), run_id.into(), mode.into(), code.into(), Value::Map(opts), Value::F64(flush)];
+            let out = call_agent(&pool, &metrics, &k.agent_id, "execute", args, rpc_timeout).await.map_err(|e| match e.failure().map(|m| m.name.as_str()) {
+                Some("RunNotFound") => ManagerError::RunNotFound(e.failure().map(|m| m.repr.clone()).unwrap_or_default()),
+                Some("RunHasNoStdin") => ManagerError::RunHasNoStdin(e.failure().map(|m| m.repr.clone()).unwrap_or_default()),
+                Some("RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode") => ManagerError::InvalidRequest(e.failure().map(|m| m.repr.clone()).unwrap_or_default()),
+                _ => agent_failure(&e),
+            })?;
             let out = to_json(&out);
             Ok(serde_json::json!({
-                "exitCode": out.get("exitCode").cloned().unwrap_or(serde_json::Value::Null),
-                "console": out.get("console").cloned().unwrap_or(serde_json::json!([])),
+                "runId": out.get("runId").cloned().unwrap_or(serde_json::Value::Null),
                 "status": out.get("status").cloned().unwrap_or(serde_json::Value::Null),
+                "console": out.get("console").cloned().unwrap_or(serde_json::json!([])),
+                "exitCode": out.get("exitCode").cloned().unwrap_or(serde_json::Value::Null),
             }))
+        })
+    }
+}
+
+/// A read of a session's logs from its agent: `offset` `None` for the tail, else on from there
+/// waiting up to `wait` for more.
+#[derive(Clone, Debug)]
+pub struct ReadLogs {
+    /// The kernel's row.
+    pub kernel: KernelRow,
+    /// Absolute offset, or `None` for the last `log-tail` bytes.
+    pub offset: Option<u64>,
+    /// Seconds to wait at the end of a running kernel's log.
+    pub wait: Option<f64>,
+}
+
+/// What [`ReadLogs`] got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogsChunk {
+    /// The bytes.
+    pub data: Vec<u8>,
+    /// Where the next read goes on from.
+    pub next: u64,
+    /// The kernel still runs: more may come.
+    pub active: bool,
+}
+
+impl Message for ReadLogs {
+    type Result = Result<LogsChunk, ManagerError>;
+}
+
+impl Handler<ReadLogs> for Scheduler {
+    type Result = ResponseFuture<Result<LogsChunk, ManagerError>>;
+
+    fn handle(&mut self, m: ReadLogs, _: &mut Context<Self>) -> Self::Result {
+        let (pool, metrics) = (self.pool.clone(), self.metrics.clone());
+        Box::pin(async move {
+            let mut opts = Vec::new();
+            if let Some(o) = m.offset {
+                opts.push(("offset".into(), o.into()));
+            }
+            if let Some(w) = m.wait {
+                opts.push(("wait".into(), Value::F64(w)));
+            }
+            let timeout = Duration::from_secs_f64(m.wait.unwrap_or(0.0)) + Duration::from_secs(30);
+            let args = vec![m.kernel.id.clone().into(), Value::Map(opts)];
+            let v = call_agent(&pool, &metrics, &m.kernel.agent_id, "get_logs", args, timeout).await.map_err(|e| match e.failure() {
+                Some(meta) if meta.name == "LogsNotFound" => ManagerError::LogsNotFound(format!("no logs kept for session `{}` (never started, or past the agent's log-retention)", m.kernel.session_id)),
+                _ => agent_failure(&e),
+            })?;
+            let map = v.as_map().ok_or_else(|| ManagerError::AgentError("get_logs answered no map".into()))?;
+            let get = |k: &str| crate::rpc::codec::map_get(map, k);
+            let data = match (get("data"), get("logs")) {
+                (Some(Value::Binary(b)), _) => b.clone(),
+                (_, Some(Value::String(s))) => s.as_bytes().to_vec(),
+                _ => Vec::new(),
+            };
+            Ok(LogsChunk { data, next: get("next").and_then(Value::as_u64).unwrap_or(0), active: get("active").and_then(Value::as_bool).unwrap_or(false) })
         })
     }
 }

@@ -178,19 +178,15 @@ impl Drop for Running {
     }
 }
 
-fn frames_of(peer: &[u8], kind: &[u8], header: &[u8], body: &[u8]) -> Vec<Vec<u8>> {
-    vec![peer.to_vec(), kind.to_vec(), header.to_vec(), body.to_vec()]
-}
-
 fn reply_frames(peer: &[u8], msg: &Message) -> Vec<Vec<u8>> {
     let (h, b) = codec::encode_message(msg);
-    frames_of(peer, codec::UPPER, &h, &b)
+    vec![peer.to_vec(), codec::UPPER.to_vec(), h, b]
 }
 
 /// Sends a reply now. A ROUTER never waits: libzmq drops what it cannot route (the peer left, or
 /// its queue is at the high-water mark), as callosum's server does.
 fn send(sock: &zmq::Socket, frames: &[Vec<u8>]) {
-    if let Err(e) = sock.send_multipart(frames.iter().map(|f| &f[..]), zmq::DONTWAIT) {
+    if let Err(e) = socket::try_send(sock, frames) {
         tracing::warn!(error = %e, "RPC socket send error");
     }
 }
@@ -230,7 +226,7 @@ impl Serving {
         let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
         let Some((peer, rest)) = parts.split_first() else { return };
         match codec::classify(rest) {
-            Ok(Frames::Ping(h, b)) => send(sock, &frames_of(peer, codec::PONG, h, b)),
+            Ok(Frames::Ping(h, b)) => send(sock, &[peer.to_vec(), codec::PONG.to_vec(), h.to_vec(), b.to_vec()]),
             Ok(Frames::Upper(h, b)) => self.on_message(sock, peer, h, b),
             Ok(Frames::Pong) => {
                 ServerStats::bump(&self.stats.malformed_frames);

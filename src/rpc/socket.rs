@@ -103,8 +103,16 @@ pub async fn send_frames<S>(sock: &mut S, frames: Vec<Vec<u8>>) -> Result<(), Tm
 where
     S: AsZmqSocket + futures::Sink<Multipart, Error = TmqError> + Unpin,
 {
-    match sock.get_socket().send_multipart(frames.iter().map(|f| &f[..]), zmq::DONTWAIT) {
+    match try_send(sock.get_socket(), &frames) {
         Err(zmq::Error::EAGAIN) => sock.send(Multipart::from(frames)).await,
         other => other.map_err(TmqError::from),
     }
+}
+
+/// Sends one multipart message if libzmq can queue it now, else `EAGAIN` (nothing sent). A
+/// ROUTER always can: it drops what it cannot route, as callosum's server does.
+///
+/// Errors: libzmq's, e.g. `EAGAIN` or a closed socket.
+pub fn try_send(sock: &zmq::Socket, frames: &[Vec<u8>]) -> Result<(), zmq::Error> {
+    sock.send_multipart(frames.iter().map(|f| &f[..]), zmq::DONTWAIT)
 }

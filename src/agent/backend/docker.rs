@@ -9,7 +9,7 @@ use bollard::container::{
     LogsOptions, RemoveContainerOptions, RestartContainerOptions, StartContainerOptions,
 };
 use bollard::errors::Error as DockerError;
-use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::image::CreateImageOptions;
 use bollard::models::{
     ContainerStateStatusEnum, DeviceRequest, HostConfig, PortBinding, PortMap, PortTypeEnum,
@@ -20,7 +20,7 @@ use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 
 use super::{
     BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecOutput,
-    ImageInfo, PortMapping, PullProgress,
+    ExecSession, ExecStatus, ImageInfo, OutputStream, PortMapping, PullProgress,
 };
 
 /// The local Docker engine (its default socket, or `DOCKER_HOST`), API version negotiated.
@@ -252,6 +252,8 @@ impl ContainerBackend for DockerBackend {
         };
         let config = Config {
             image: Some(spec.image.clone()),
+            cmd: spec.cmd.clone(),
+            working_dir: spec.working_dir.clone(),
             env: Some(spec.env.clone()),
             labels: Some(spec.labels.clone()),
             exposed_ports: Some(
@@ -440,6 +442,77 @@ impl ContainerBackend for DockerBackend {
             .map(|(stream, bytes)| (stream, String::from_utf8_lossy(&bytes).into_owned()))
             .collect();
         Ok(ExecOutput { exit_code, console })
+    }
+
+    async fn exec_start(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        working_dir: Option<&str>,
+        stdin: bool,
+    ) -> Result<ExecSession, BackendError> {
+        let options = CreateExecOptions {
+            cmd: Some(cmd),
+            attach_stdin: Some(stdin),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            working_dir: working_dir.map(str::to_owned),
+            ..Default::default()
+        };
+        let exec_id = self
+            .docker
+            .create_exec(id, options)
+            .await
+            .map_err(container_err(id))?
+            .id;
+        let start = StartExecOptions { detach: false, tty: false, output_capacity: None };
+        match self.docker.start_exec(&exec_id, Some(start)).await.map_err(engine)? {
+            StartExecResults::Attached { output, input } => {
+                let output = output
+                    .filter_map(|chunk| {
+                        futures::future::ready(match chunk {
+                            Ok(LogOutput::StdErr { message }) => Some(Ok((OutputStream::Stderr, message))),
+                            Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                                Some(Ok((OutputStream::Stdout, message)))
+                            }
+                            Ok(LogOutput::StdIn { .. }) => None,
+                            Err(e) => Some(Err(engine(e))),
+                        })
+                    })
+                    .boxed();
+                Ok(ExecSession { exec_id, output, stdin: stdin.then_some(input) })
+            }
+            StartExecResults::Detached => Err(BackendError::Engine("the engine started the exec detached".into())),
+        }
+    }
+
+    async fn exec_status(&self, exec_id: &str) -> Result<ExecStatus, BackendError> {
+        let info = self.docker.inspect_exec(exec_id).await.map_err(engine)?;
+        let running = info.running == Some(true);
+        Ok(ExecStatus { running, exit_code: if running { None } else { info.exit_code } })
+    }
+
+    async fn exec_kill(&self, exec_id: &str) -> Result<(), BackendError> {
+        let info = self.docker.inspect_exec(exec_id).await.map_err(engine)?;
+        if let Some(pid) = info.pid.filter(|&p| p > 0 && info.running == Some(true)) {
+            kill_tree(pid as i32);
+        }
+        Ok(())
+    }
+
+    fn follow_logs(&self, id: &str, since: i64) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
+        let options = LogsOptions::<String> {
+            follow: true,
+            stdout: true,
+            stderr: true,
+            since,
+            ..Default::default()
+        };
+        let id = id.to_owned();
+        self.docker
+            .logs(&id, Some(options))
+            .map(move |chunk| chunk.map(LogOutput::into_bytes).map_err(container_err(&id)))
+            .boxed()
     }
 
     async fn logs(&self, id: &str) -> Result<String, BackendError> {

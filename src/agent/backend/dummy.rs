@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use super::{
     BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecOutput,
-    ImageInfo, PullProgress,
+    ExecSession, ExecStatus, ImageInfo, OutputStream, PullProgress,
 };
 
 /// How long each simulated operation takes (all zero by default).
@@ -338,6 +338,37 @@ impl ContainerBackend for DummyBackend {
             exit_code: Some(0),
             console: vec![("stdout", format!("{last}\n"))],
         })
+    }
+
+    /// The simulated [`exec`](ContainerBackend::exec) as a stream: one stdout chunk, done at
+    /// once (its exec id is `dummy-exec`, always finished with exit code 0). No stdin.
+    async fn exec_start(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        _working_dir: Option<&str>,
+        _stdin: bool,
+    ) -> Result<ExecSession, BackendError> {
+        let out = self.exec(id, cmd, None).await?;
+        let chunks: Vec<_> = out
+            .console
+            .into_iter()
+            .map(|(_, text)| Ok((OutputStream::Stdout, bytes::Bytes::from(text))))
+            .collect();
+        Ok(ExecSession { exec_id: "dummy-exec".into(), output: stream::iter(chunks).boxed(), stdin: None })
+    }
+
+    async fn exec_status(&self, _exec_id: &str) -> Result<ExecStatus, BackendError> {
+        Ok(ExecStatus { running: false, exit_code: Some(0) })
+    }
+
+    async fn exec_kill(&self, _exec_id: &str) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// Empty: nothing runs.
+    fn follow_logs(&self, _id: &str, _since: i64) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
+        stream::empty().boxed()
     }
 
     /// Always empty: nothing runs.

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
@@ -116,6 +117,10 @@ pub struct ContainerSpec {
     pub port_bind_host: String,
     /// GPU indexes passed as Docker device requests (driver `nvidia`); empty for none.
     pub gpu_device_ids: Vec<String>,
+    /// Replaces the image's command (`["sh", "-c", command]` for a session's `command`).
+    pub cmd: Option<Vec<String>>,
+    /// Replaces the image's working directory.
+    pub working_dir: Option<String>,
 }
 
 /// A container's state as the engine reports it.
@@ -154,6 +159,47 @@ pub struct ExecOutput {
     pub exit_code: Option<i64>,
     /// Output chunks in arrival order: (`"stdout"` | `"stderr"`, text).
     pub console: Vec<(&'static str, String)>,
+}
+
+/// Which of a process's output streams a chunk came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutputStream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl OutputStream {
+    /// `"stdout"` or `"stderr"`, Backend.AI's console names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+}
+
+/// A started exec: its output as it comes and, when asked for, its stdin.
+///
+/// The output stream is pulled: while nobody polls it the engine's connection is not read, so
+/// the process blocks on its write once the pipes are full (backpressure, no buffering here).
+pub struct ExecSession {
+    /// The engine's exec id, for [`ContainerBackend::exec_status`] and [`ContainerBackend::exec_kill`].
+    pub exec_id: String,
+    /// Output chunks in arrival order (each at most what the engine sent in one frame).
+    pub output: BoxStream<'static, Result<(OutputStream, Bytes), BackendError>>,
+    /// The process's stdin when the exec was started with `stdin`; shutting it down closes it.
+    pub stdin: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
+}
+
+/// An exec's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecStatus {
+    /// Still running.
+    pub running: bool,
+    /// The exit code once it ended.
+    pub exit_code: Option<i64>,
 }
 
 /// The agent's view of a container engine. Every call is cancel-safe; a container that is
@@ -201,8 +247,24 @@ pub trait ContainerBackend: Send + Sync + 'static {
     /// process is killed and `exit_code` is `None`.
     async fn exec(&self, id: &str, cmd: Vec<String>, timeout: Option<Duration>) -> Result<ExecOutput, BackendError>;
 
+    /// Starts `cmd` in the running container (in `working_dir` when given), streaming its
+    /// output; with `stdin` its standard input stays open for writing.
+    ///
+    /// Errors: [`BackendError::ContainerNotFound`], or `Engine` when it is not running.
+    async fn exec_start(&self, id: &str, cmd: Vec<String>, working_dir: Option<&str>, stdin: bool) -> Result<ExecSession, BackendError>;
+
+    /// The state of an exec started by [`exec_start`](ContainerBackend::exec_start).
+    async fn exec_status(&self, exec_id: &str) -> Result<ExecStatus, BackendError>;
+
+    /// Kills an exec's process and all its descendants (no-op once it ended).
+    async fn exec_kill(&self, exec_id: &str) -> Result<(), BackendError>;
+
     /// The container's stdout and stderr so far.
     async fn logs(&self, id: &str) -> Result<String, BackendError>;
+
+    /// The container's stdout and stderr (merged) from `since` (Unix seconds; 0 for all), then
+    /// as they are written, until the container stops or is removed.
+    fn follow_logs(&self, id: &str, since: i64) -> BoxStream<'static, Result<Bytes, BackendError>>;
 
     /// Exits of containers whose label `key` equals `value`, as they happen. The stream ends
     /// when the engine connection drops; the caller resubscribes and reconciles.

@@ -3,12 +3,14 @@
 //! actor (the registry reads the shared [`KernelInfo`]).
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
 use ::actors::StageChain;
 
 use super::chain;
+use crate::agent::events::AgentEvent;
 use super::{KernelError, KernelHandle, KernelInfo, KernelStatus};
 
 /// Sets the kernel up (every stage in order). On failure everything set up is torn down in
@@ -47,6 +49,11 @@ pub struct Restart;
 #[rtype(result = "()")]
 pub struct Detach;
 
+/// A batch session's `batch_timeout` passed: the kernel ends with reason `batch-timeout`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct BatchTimedOut;
+
 /// Sent to the registry when a kernel actor has stopped, for whatever reason.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -60,12 +67,42 @@ pub struct Kernel {
     /// Torn down or detached: nothing left to do but stop.
     done: bool,
     gone: Recipient<KernelGone>,
+    /// Follows the container's output into the agent's log store while it runs; taken by
+    /// [`finish`] to drain it after the container is removed.
+    log_keeper: Keeper,
+}
+
+type Keeper = Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>;
+
+/// The kernel became `RUNNING` (`arm_timeout`: for the first time in this actor) or its
+/// container was restarted: keep its logs, arm a batch timeout.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct NowRunning {
+    arm_timeout: bool,
 }
 
 impl Kernel {
     /// A kernel actor around `chain` (new, or rebuilt on recovery); `gone` learns when it stops.
     pub fn new(handle: KernelHandle, chain: StageChain, gone: Recipient<KernelGone>) -> Kernel {
-        Kernel { handle, chain: Some(chain), done: false, gone }
+        Kernel { handle, chain: Some(chain), done: false, gone, log_keeper: Keeper::default() }
+    }
+
+    /// What a kernel does once it is `RUNNING` (set up, or adopted after an agent restart): keep
+    /// its logs, and arm a batch session's timeout (after a restart, from then: the agent does
+    /// not record when the job started).
+    fn on_running(&mut self, ctx: &mut Context<Self>, arm_timeout: bool) {
+        let info = self.handle.info();
+        if self.done || info.status != KernelStatus::Running {
+            return;
+        }
+        let mut keeper = self.log_keeper.lock().expect("log keeper lock");
+        if let (Some(container_id), true) = (&info.container_id, keeper.as_ref().is_none_or(|k| k.is_finished())) {
+            *keeper = Some(self.handle.ctx.logs.keep(self.handle.ctx.backend.clone(), &self.handle.id, container_id));
+        }
+        if let (Some(t), true) = (info.config.batch_timeout, arm_timeout) {
+            ctx.notify_later(BatchTimedOut, Duration::from_secs_f64(t));
+        }
     }
 
     /// Lends the chain to `work`, puts it back after; atomic, so the kernel's operations never
@@ -88,14 +125,34 @@ impl Kernel {
     }
 }
 
-/// Tears `chain` down and records the end; shared by every way a kernel ends.
-async fn finish(h: &KernelHandle, chain: &mut StageChain, reason: &str, exit_code: Option<i64>, suppress_events: bool) {
+/// Longest wait for the log keeper to take a removed container's last output.
+const LOG_KEEPER_DRAIN: Duration = Duration::from_secs(3);
+
+/// Tears `chain` down and records the end; shared by every way a kernel ends. A batch session
+/// reports its result first (`session_success` when its command exited 0, else
+/// `session_failure` with the reason), then `kernel_terminated`.
+async fn finish(h: &KernelHandle, chain: &mut StageChain, keeper: &Keeper, reason: &str, exit_code: Option<i64>, suppress_events: bool) {
     h.set_status(KernelStatus::Terminating);
     if let Err(e) = h.ctx.store.set_status(&h.id, KernelStatus::Terminating, None).await {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATING");
     }
     if let Err(e) = chain.teardown().await {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "kernel teardown incomplete");
+    }
+    let keeper = keeper.lock().expect("log keeper lock").take();
+    if let Some(mut keeper) = keeper {
+        // The container is gone, so the keeper's stream ends once it has written the last bytes.
+        if tokio::time::timeout(LOG_KEEPER_DRAIN, &mut keeper).await.is_err() {
+            keeper.abort();
+        }
+    }
+    if h.info().config.session_type == super::SessionType::Batch && !suppress_events {
+        let (kernel_id, session_id) = (h.id.clone(), h.session_id.clone());
+        h.ctx.events.emit(if reason == "self-terminated" && exit_code == Some(0) {
+            AgentEvent::SessionSuccess { kernel_id, session_id, exit_code }
+        } else {
+            AgentEvent::SessionFailure { kernel_id, session_id, reason: reason.to_owned(), exit_code }
+        });
     }
     if let Err(e) = h.ctx.store.set_terminated(&h.id, reason, exit_code).await {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATED");
@@ -120,6 +177,13 @@ pub fn exit_reason(exit_code: Option<i64>, oom_killed: bool) -> &'static str {
 impl Actor for Kernel {
     type Context = Context<Self>;
 
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Adopted after an agent restart: already running.
+        if self.handle.info().status == KernelStatus::Running {
+            self.on_running(ctx, true);
+        }
+    }
+
     fn stopping(&mut self, _: &mut Context<Self>) -> Running {
         if !self.done {
             // Stopped by its supervisor without a Terminate: keep the resources (the store has
@@ -137,8 +201,9 @@ impl Actor for Kernel {
 impl Handler<Setup> for Kernel {
     type Result = AtomicResponse<Self, Result<KernelInfo, KernelError>>;
 
-    fn handle(&mut self, _: Setup, _: &mut Context<Self>) -> Self::Result {
-        self.lend(|h, mut chain| async move {
+    fn handle(&mut self, _: Setup, ctx: &mut Context<Self>) -> Self::Result {
+        let (me, keeper) = (ctx.address(), self.log_keeper.clone());
+        let response = self.lend(move |h, mut chain| async move {
             h.set_status(KernelStatus::Preparing);
             let failure = match chain.setup().await {
                 Ok(()) => {
@@ -147,6 +212,7 @@ impl Handler<Setup> for Kernel {
                         Ok(()) => {
                             h.update(|i| i.runtime_path = resources.image.labels.get(crate::agent::backend::labels::RUNTIME_PATH).cloned());
                             h.set_status(KernelStatus::Running);
+                            me.do_send(NowRunning { arm_timeout: true });
                             return (chain, false, Ok(h.info()));
                         }
                         Err(e) => KernelError::Engine(format!("store: {e}")),
@@ -155,9 +221,10 @@ impl Handler<Setup> for Kernel {
                 Err(e) => KernelError::from_setup(&e),
             };
             tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %failure, "kernel creation failed");
-            finish(&h, &mut chain, "failed-to-create", None, false).await;
+            finish(&h, &mut chain, &keeper, "failed-to-create", None, false).await;
             (chain, true, Err(failure))
-        })
+        });
+        response
     }
 }
 
@@ -165,10 +232,10 @@ impl Handler<Terminate> for Kernel {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, t: Terminate, _: &mut Context<Self>) -> Self::Result {
-        let done = self.done;
+        let (done, keeper) = (self.done, self.log_keeper.clone());
         self.lend(move |h, mut chain| async move {
             if !done {
-                finish(&h, &mut chain, &t.reason, t.exit_code, t.suppress_events).await;
+                finish(&h, &mut chain, &keeper, &t.reason, t.exit_code, t.suppress_events).await;
             }
             (chain, true, ())
         })
@@ -179,7 +246,7 @@ impl Handler<ContainerDied> for Kernel {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, _: ContainerDied, _: &mut Context<Self>) -> Self::Result {
-        let done = self.done;
+        let (done, keeper) = (self.done, self.log_keeper.clone());
         self.lend(move |h, mut chain| async move {
             let info = h.info();
             let (Some(container_id), KernelStatus::Running, false) = (info.container_id, info.status, done) else {
@@ -203,7 +270,7 @@ impl Handler<ContainerDied> for Kernel {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 oom = matches!(h.ctx.backend.inspect_container(&container_id).await, Ok(Some(s)) if s.oom_killed);
             }
-            finish(&h, &mut chain, exit_reason(exit_code, oom), exit_code, false).await;
+            finish(&h, &mut chain, &keeper, exit_reason(exit_code, oom), exit_code, false).await;
             (chain, true, ())
         })
     }
@@ -223,6 +290,7 @@ impl Handler<Restart> for Kernel {
             match h.ctx.backend.restart_container(&container_id, Duration::from_secs(10)).await {
                 Ok(()) => {
                     h.set_status(KernelStatus::Running);
+                    me.do_send(NowRunning { arm_timeout: false });
                     (chain, false, Ok(h.info()))
                 }
                 Err(e) => {
@@ -237,6 +305,26 @@ impl Handler<Restart> for Kernel {
     }
 }
 
+impl Handler<NowRunning> for Kernel {
+    type Result = ();
+
+    fn handle(&mut self, m: NowRunning, ctx: &mut Context<Self>) {
+        self.on_running(ctx, m.arm_timeout);
+    }
+}
+
+impl Handler<BatchTimedOut> for Kernel {
+    type Result = ();
+
+    fn handle(&mut self, _: BatchTimedOut, ctx: &mut Context<Self>) {
+        if self.done || self.handle.info().status != KernelStatus::Running {
+            return;
+        }
+        tracing::info!(agent_id = %self.handle.ctx.agent_id, kernel_id = %self.handle.id, "batch session exceeded its batch_timeout");
+        ctx.notify(Terminate { reason: "batch-timeout".into(), exit_code: None, suppress_events: false });
+    }
+}
+
 impl Handler<Detach> for Kernel {
     type Result = ();
 
@@ -244,6 +332,10 @@ impl Handler<Detach> for Kernel {
         if let Some(chain) = self.chain.as_mut() {
             let kept = chain.detach();
             tracing::info!(agent_id = %self.handle.ctx.agent_id, kernel_id = %self.handle.id, stages = ?kept, "kernel detached");
+        }
+        // The next agent start follows the container's logs again from the file's last write.
+        if let Some(k) = self.log_keeper.lock().expect("log keeper lock").take() {
+            k.abort();
         }
         self.done = true;
         ctx.stop();

@@ -55,6 +55,27 @@ pub struct Injection {
     pub pause_before: Option<(String, f64)>,
 }
 
+/// Backend.AI's session types.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionType {
+    /// Runs until destroyed; code runs through `execute`.
+    #[default]
+    Interactive,
+    /// Runs its `command` as the main process; its exit ends the session with a result.
+    Batch,
+}
+
+impl SessionType {
+    /// `interactive` or `batch`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionType::Interactive => "interactive",
+            SessionType::Batch => "batch",
+        }
+    }
+}
+
 /// A checked kernel config.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KernelConfig {
@@ -72,6 +93,16 @@ pub struct KernelConfig {
     pub service_ports: Vec<ServicePortRequest>,
     /// Who owns it.
     pub owner: Owner,
+    /// `interactive` (default) or `batch`.
+    #[serde(default)]
+    pub session_type: SessionType,
+    /// Shell command run as the main process (`sh -c`, in `/home/work`): a batch session's job,
+    /// or an interactive session's replacement for the image's command.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Seconds a batch session may run before it is killed (`batch-timeout`).
+    #[serde(default)]
+    pub batch_timeout: Option<f64>,
     /// Failure injection (tests only).
     #[serde(default)]
     pub inject: Injection,
@@ -189,7 +220,26 @@ impl KernelConfig {
                 Owner { user_id: field("user_id")?, project_id: field("project_id")?, access_key: field("access_key")? }
             }
         };
-        Ok(KernelConfig { image, slots, shmem, environ, mounts, service_ports, owner, inject: injection(map)? })
+        let session_type = match get(map, "session_type").map(|v| string(v, "session_type")).transpose()?.as_deref() {
+            None | Some("interactive") => SessionType::Interactive,
+            Some("batch") => SessionType::Batch,
+            Some(other) => return Err(invalid(format!("`session_type` `{other}` must be `interactive` or `batch`"))),
+        };
+        let command = get(map, "command").map(|v| string(v, "command")).transpose()?;
+        if command.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            return Err(invalid("`command` must not be empty"));
+        }
+        if session_type == SessionType::Batch && command.is_none() {
+            return Err(invalid("a batch session needs a `command`"));
+        }
+        let batch_timeout = match get(map, "batch_timeout") {
+            None => None,
+            Some(v) => Some(v.as_f64().or_else(|| v.as_i64().map(|n| n as f64)).filter(|t| t.is_finite() && *t > 0.0).ok_or_else(|| invalid(format!("`batch_timeout`: {v} is not a positive number of seconds")))?),
+        };
+        if batch_timeout.is_some() && session_type != SessionType::Batch {
+            return Err(invalid("`batch_timeout` applies to batch sessions only"));
+        }
+        Ok(KernelConfig { image, slots, shmem, environ, mounts, service_ports, owner, session_type, command, batch_timeout, inject: injection(map)? })
     }
 
     /// Host ports this kernel needs: one per container port of its service ports.
@@ -241,6 +291,22 @@ mod tests {
         assert_eq!(c.environ["A"], "1");
         assert!(!c.mounts[0].read_only);
         assert_eq!(c.port_count(), 1);
+    }
+
+    #[test]
+    fn batch_sessions_need_a_command() {
+        let c = cfg(vec![("session_type", "batch".into()), ("command", "echo hi".into()), ("batch_timeout", Value::F64(2.5))]).unwrap();
+        assert_eq!((c.session_type, c.command.as_deref(), c.batch_timeout), (SessionType::Batch, Some("echo hi"), Some(2.5)));
+        assert_eq!(cfg(vec![]).unwrap().session_type, SessionType::Interactive);
+        for bad in [
+            vec![("session_type", Value::from("batch"))],
+            vec![("session_type", "cron".into()), ("command", "x".into())],
+            vec![("session_type", "batch".into()), ("command", "x".into()), ("batch_timeout", Value::from(-1))],
+            vec![("command", "x".into()), ("batch_timeout", Value::from(5))],
+            vec![("command", " ".into())],
+        ] {
+            assert_eq!(cfg(bad.clone()).unwrap_err().name(), "InvalidKernelConfig", "{bad:?}");
+        }
     }
 
     #[test]

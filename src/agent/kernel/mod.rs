@@ -19,7 +19,7 @@ pub mod stages;
 mod status;
 
 pub use actor::Kernel;
-pub use config::{KernelConfig, Owner};
+pub use config::{KernelConfig, Owner, SessionType};
 pub use error::KernelError;
 pub use status::{KernelHandle, KernelInfo, KernelStatus};
 

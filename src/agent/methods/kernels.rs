@@ -5,7 +5,8 @@
 //!
 //! Typed errors cross the wire as FAILURE with stable names: `KernelNotFound`,
 //! `ResourceExhausted`, `ImageNotFound`, `InvalidKernelConfig`, `KernelNotRunning`,
-//! `ContainerEngineError`, `UnsupportedExecutionMode`.
+//! `ContainerEngineError`, `UnsupportedExecutionMode`, and for runs `RunNotFound`,
+//! `RunHasNoStdin`, `RunExists`, `RunStdinClosed`; `LogsNotFound` for `get_logs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use rmpv::Value;
 
 use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
+use crate::agent::exec::{RunError, RunIds, RunRequest};
 use crate::agent::kernel::{KernelConfig, KernelError, KernelInfo, KernelStatus};
 use crate::agent::registry::{CreateKernels, DestroyKernel, GetKernel, KernelRegistry, ListKernels, Reconcile, ResetAgent, RestartKernel};
 use crate::rpc::{Call, Dispatcher, ErrorMeta};
@@ -124,17 +126,11 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
         async move { execute(&c, &r, &call).await }
     });
 
-    // get_logs(kernel_id) → {"logs": text}
+    // get_logs(kernel_id, opts=None) → {"logs" | "data", "start", "next", "active"}
     let (r, c) = (registry.clone(), ctx.clone());
     dispatcher.register("get_logs", move |call| {
         let (r, c) = (r.clone(), c.clone());
-        async move {
-            let kernel_id = str_arg(&call, 0, "kernel_id")?;
-            let info = lookup(&r, &kernel_id).await?;
-            let container_id = info.container_id.ok_or_else(|| KernelError::NotRunning(kernel_id, info.status.as_str()).to_meta())?;
-            let logs = c.backend.logs(&container_id).await.map_err(|e| KernelError::from(e).to_meta())?;
-            Ok(Value::Map(vec![("logs".into(), logs.into())]))
-        }
+        async move { get_logs(&c, &r, &call).await }
     });
 
     // check_running(kernel_id) → bool: the kernel is RUNNING and so is its container.
@@ -208,37 +204,110 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
     });
 }
 
-/// `execute`: modes `query` and `batch` run `code` through Docker exec with the image's
-/// interpreter (`ai.backend.runtime-path -c code`, else `sh -c code`); `opts.timeout`
-/// (seconds) kills it when exceeded (status `exec-timeout`, `exitCode` nil).
+fn opt<'a>(opts: Option<&'a [(Value, Value)]>, key: &str) -> Option<&'a Value> {
+    opts.and_then(|o| crate::rpc::codec::map_get(o, key)).filter(|v| !v.is_nil())
+}
+
+fn seconds(v: Option<&Value>) -> Option<Duration> {
+    v.and_then(|v| v.as_f64().or_else(|| v.as_i64().map(|n| n as f64))).filter(|t| t.is_finite() && *t > 0.0).map(Duration::from_secs_f64)
+}
+
+fn run_error(e: RunError) -> ErrorMeta {
+    ErrorMeta::new(e.name(), e.to_string())
+}
+
+/// How long an `input` write may wait for the process to read.
+const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
+
+/// `execute(session_id, kernel_id, api_version, run_id, mode, code, opts, flush_timeout)`,
+/// Backend.AI's continuation protocol (see [`crate::agent::exec`]). Modes: `query` (also
+/// `batch`) starts `code` with the image's interpreter (`ai.backend.runtime-path -c code`, else
+/// `sh -c code`) in `/home/work`; `continue` answers more of run `run_id`; `input` writes `code`
+/// to its stdin first. `opts`: `timeout` (seconds; the run is killed: status `exec-timeout`),
+/// `stdin` (bool, query: keep stdin open), `eof` (bool, input: close stdin after). The answer
+/// comes when the run ends, when `exec-buffer-size` bytes are waiting, or after
+/// `flush_timeout` seconds (nil: no deadline):
+/// `{"runId", "status": "continued" | "finished" | "exec-timeout", "exitCode", "console": [[stream, text]], "options": {}}`.
+///
+/// Errors: `KernelNotFound`, `KernelNotRunning` (query), `RunNotFound`, `RunHasNoStdin`,
+/// `RunExists`, `RunStdinClosed`, `UnsupportedExecutionMode`, `ContainerEngineError`.
 async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Call) -> Res {
     let kernel_id = str_arg(call, 1, "kernel_id")?;
-    let run_id = call.arg(3, "run_id").cloned().unwrap_or(Value::Nil);
+    let run_id = call.arg(3, "run_id").and_then(Value::as_str).filter(|r| !r.is_empty()).map(str::to_owned);
     let mode = str_arg(call, 4, "mode")?;
-    let code = str_arg(call, 5, "code")?;
-    if mode != "query" && mode != "batch" {
-        return Err(ErrorMeta::new("UnsupportedExecutionMode", format!("mode '{mode}' is not supported (query, batch)")));
-    }
-    let timeout = call
-        .arg(6, "opts")
-        .and_then(Value::as_map)
-        .and_then(|o| o.iter().find(|(k, _)| k.as_str() == Some("timeout")))
-        .and_then(|(_, v)| v.as_f64().or_else(|| v.as_u64().map(|n| n as f64)))
-        .filter(|t| t.is_finite() && *t > 0.0)
-        .map(Duration::from_secs_f64);
-    let info = running(registry, &kernel_id).await?;
-    let interpreter = info.runtime_path.clone().unwrap_or_else(|| "sh".into());
-    let out = ctx
-        .backend
-        .exec(info.container_id.as_deref().unwrap_or_default(), vec![interpreter, "-c".into(), code], timeout)
-        .await
-        .map_err(|e| KernelError::from(e).to_meta())?;
-    let console = out.console.into_iter().map(|(stream, text)| Value::Array(vec![stream.into(), text.into()])).collect();
+    let opts = call.arg(6, "opts").and_then(Value::as_map).map(Vec::as_slice);
+    let flush = seconds(call.arg(7, "flush_timeout"));
+    let need_run_id = || run_id.clone().ok_or_else(|| type_error(format!("mode '{mode}' needs a 'run_id'")));
+    let run = match mode.as_str() {
+        "query" | "batch" => {
+            let code = str_arg(call, 5, "code")?;
+            let info = running(registry, &kernel_id).await?;
+            let interpreter = info.runtime_path.clone().unwrap_or_else(|| "sh".into());
+            let req = RunRequest {
+                ids: RunIds { run_id: run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()), kernel_id: kernel_id.clone(), session_id: info.session_id.clone() },
+                container_id: info.container_id.clone().unwrap_or_default(),
+                cmd: vec![interpreter, "-c".into(), code],
+                timeout: seconds(opt(opts, "timeout")),
+                stdin: opt(opts, "stdin").and_then(Value::as_bool).unwrap_or(false),
+            };
+            ctx.runs.start(&ctx.backend, &ctx.events, req).await.map_err(|e| match e {
+                Ok(run) => run_error(run),
+                Err(engine) => KernelError::from(engine).to_meta(),
+            })?
+        }
+        "continue" | "input" => {
+            let run = ctx.runs.get(&need_run_id()?).map_err(run_error)?;
+            if run.ids().kernel_id != kernel_id {
+                // Another kernel's run is not this kernel's business.
+                return Err(run_error(RunError::NotFound(run.ids().run_id.clone())));
+            }
+            if mode == "input" {
+                let data = call.arg(5, "code").and_then(Value::as_str).unwrap_or_default();
+                let eof = opt(opts, "eof").and_then(Value::as_bool).unwrap_or(false);
+                run.input(data.as_bytes(), eof, STDIN_WRITE_LIMIT).await.map_err(run_error)?;
+            }
+            run
+        }
+        other => return Err(ErrorMeta::new("UnsupportedExecutionMode", format!("mode '{other}' is not supported (query, batch, continue, input)"))),
+    };
+    let answer = run.answer(flush).await;
+    ctx.runs.forget_if_done(&run);
+    let console = answer.console.into_iter().map(|(stream, text)| Value::Array(vec![stream.as_str().into(), text.into()])).collect();
     Ok(Value::Map(vec![
-        ("status".into(), if out.exit_code.is_some() { "finished" } else { "exec-timeout" }.into()),
-        ("runId".into(), run_id),
-        ("exitCode".into(), out.exit_code.map_or(Value::Nil, Value::from)),
+        ("status".into(), answer.status.as_str().into()),
+        ("runId".into(), run.ids().run_id.clone().into()),
+        ("exitCode".into(), answer.exit_code.map_or(Value::Nil, Value::from)),
         ("console".into(), Value::Array(console)),
         ("options".into(), Value::Map(vec![])),
     ]))
 }
+
+/// `get_logs(kernel_id, opts=None)`: the kernel's stdout and stderr as the agent keeps them
+/// (also after the kernel ended, for `log-retention`). Without `opts.offset`: the last
+/// `log-tail` bytes (at most `opts.max_bytes`) as `{"logs": text, "start", "next", "active"}`;
+/// with it: `{"data": bytes, "start", "next", "active"}` from that absolute offset, waiting up to
+/// `opts.wait` seconds for more when at the end of a running kernel's log. `active`: the
+/// container still runs. Errors: `LogsNotFound` (no log kept and no such kernel).
+async fn get_logs(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Call) -> Res {
+    let kernel_id = str_arg(call, 0, "kernel_id")?;
+    let opts = call.arg(1, "opts").and_then(Value::as_map).map(Vec::as_slice);
+    let offset = opt(opts, "offset").and_then(Value::as_u64);
+    let max = opt(opts, "max_bytes").and_then(Value::as_u64).map_or(LOG_READ_MAX, |m| (m as usize).clamp(1, LOG_READ_MAX));
+    let wait = seconds(opt(opts, "wait")).map(|w| w.min(Duration::from_secs(30)));
+    let chunk = ctx.logs.read(&kernel_id, offset, max, wait).await.map_err(|e| ErrorMeta::new("LogsUnreadable", e.to_string()))?;
+    let Some(chunk) = chunk else {
+        // A kernel that has not written anything yet (or a backend with no logs) has empty ones.
+        let info = lookup(registry, &kernel_id).await.map_err(|_| ErrorMeta::new("LogsNotFound", format!("no logs kept for kernel {kernel_id}")))?;
+        let active = info.status == KernelStatus::Running;
+        let empty = if offset.is_some() { ("data", Value::Binary(Vec::new())) } else { ("logs", Value::from("")) };
+        return Ok(Value::Map(vec![(empty.0.into(), empty.1), ("start".into(), 0.into()), ("next".into(), 0.into()), ("active".into(), active.into())]));
+    };
+    let body = match offset {
+        Some(_) => ("data", Value::Binary(chunk.data)),
+        None => ("logs", Value::from(String::from_utf8_lossy(&chunk.data).into_owned())),
+    };
+    Ok(Value::Map(vec![(body.0.into(), body.1), ("start".into(), chunk.start.into()), ("next".into(), chunk.next.into()), ("active".into(), chunk.active.into())]))
+}
+
+/// Most bytes one `get_logs` answer carries.
+const LOG_READ_MAX: usize = 1 << 20;

@@ -15,7 +15,7 @@ use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentPool, GetPoolStats};
 use super::registry::{AgentRegistry, GraceRemaining, ListAgents};
-use super::scheduler::{CreateSession, DestroySession, ExecuteInSession, Scheduler, SessionRequest};
+use super::scheduler::{CreateSession, DestroySession, ExecuteInSession, ReadLogs, Scheduler, SessionRequest};
 use super::store::{KernelRow, Store};
 use crate::agent::resources::slots::format_cores;
 
@@ -45,6 +45,7 @@ pub fn session_json(k: &KernelRow) -> serde_json::Value {
     serde_json::json!({
         "session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "access_key": k.access_key,
         "image": k.image, "status": k.status, "status_reason": k.status_reason, "exit_code": k.exit_code,
+        "type": k.session_type, "command": k.command, "batch_timeout": k.batch_timeout, "result": k.result,
         "resource_slots": slots_json(k.cpu_millis, k.mem_bytes, k.cuda_devices),
         "created_at": k.created_at, "terminated_at": k.terminated_at,
     })
@@ -107,18 +108,80 @@ async fn delete_session(s: web::Data<ApiState>, id: web::Path<String>) -> Res {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ExecuteBody {
-    code: String,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    run_id: Option<String>,
+    #[serde(default)]
     timeout: Option<f64>,
+    #[serde(default)]
+    flush_timeout: Option<f64>,
+    #[serde(default)]
+    stdin: bool,
+    #[serde(default)]
+    eof: bool,
 }
 
 async fn execute(s: web::Data<ApiState>, id: web::Path<String>, body: web::Json<ExecuteBody>) -> Res {
     let r = async {
         not_in_grace(&s).await?;
-        let ExecuteBody { code, timeout } = body.into_inner();
-        s.scheduler.send(ExecuteInSession { id: id.into_inner(), code, timeout }).await?
+        let b = body.into_inner();
+        let msg = ExecuteInSession { id: id.into_inner(), mode: b.mode, code: b.code, run_id: b.run_id, timeout: b.timeout, flush_timeout: b.flush_timeout, stdin: b.stdin, eof: b.eof };
+        s.scheduler.send(msg).await?
     }
     .await;
     Ok(HttpResponse::Ok().json(count_error(&s, r)?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsQuery {
+    #[serde(default)]
+    follow: bool,
+}
+
+/// Seconds one follow read waits at the agent for new output before asking again.
+const FOLLOW_WAIT: f64 = 10.0;
+
+async fn logs(s: web::Data<ApiState>, id: web::Path<String>, q: web::Query<LogsQuery>) -> Res {
+    not_in_grace(&s).await?;
+    let kernel = s.store.kernel(&id).await?.ok_or_else(|| ManagerError::SessionNotFound(id.into_inner()))?;
+    let first = s.scheduler.send(ReadLogs { kernel: kernel.clone(), offset: None, wait: None }).await??;
+    let text = HttpResponse::Ok().content_type("text/plain; charset=utf-8").insert_header(("X-Content-Type-Options", "nosniff")).take();
+    let mut resp = text;
+    if !q.follow {
+        return Ok(resp.body(first.data));
+    }
+    // Follow: the tail, then each newer chunk as the agent has it, until the kernel has ended and
+    // everything is sent. One chunk (≤ 1 MiB) is held at a time; a slow reader slows the reads.
+    let scheduler = s.scheduler.clone();
+    let stream = futures::stream::unfold(Some((first, kernel, true)), move |state| {
+        let scheduler = scheduler.clone();
+        async move {
+            let (chunk, kernel, first) = state?;
+            if !first && chunk.data.is_empty() && !chunk.active {
+                return None;
+            }
+            let next = ReadLogs { kernel: kernel.clone(), offset: Some(chunk.next), wait: Some(FOLLOW_WAIT) };
+            let data = actix_web::web::Bytes::from(chunk.data);
+            let following = match scheduler.send(next).await {
+                Ok(Ok(c)) => Some((c, kernel, false)),
+                Ok(Err(e)) => {
+                    tracing::info!(kernel_id = %kernel.id, error = %e, "log follow ends: the agent cannot be read");
+                    None
+                }
+                Err(_) => None,
+            };
+            match following {
+                // Nothing to send this round: keep the connection, ask again.
+                Some(f) if data.is_empty() => Some((Ok::<_, actix_web::Error>(data), Some(f))),
+                f => Some((Ok(data), f)),
+            }
+        }
+    });
+    Ok(resp.streaming(stream))
 }
 
 async fn list_agents(s: web::Data<ApiState>) -> Res {
@@ -188,6 +251,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(web::resource("/v1/sessions").route(web::post().to(create_session)).route(web::get().to(list_sessions)).default_service(not_allowed()))
         .service(web::resource("/v1/sessions/{id}").route(web::get().to(get_session)).route(web::delete().to(delete_session)).default_service(not_allowed()))
         .service(web::resource("/v1/sessions/{id}/execute").route(web::post().to(execute)).default_service(not_allowed()))
+        .service(web::resource("/v1/sessions/{id}/logs").route(web::get().to(logs)).default_service(not_allowed()))
         .service(web::resource("/v1/agents").route(web::get().to(list_agents)).default_service(not_allowed()))
         .service(web::resource("/v1/access-keys/{key}").route(web::get().to(access_key)).default_service(not_allowed()))
         .service(web::resource("/health").route(web::get().to(health)).default_service(not_allowed()))

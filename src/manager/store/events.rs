@@ -5,7 +5,7 @@
 use sqlx::{Any, Transaction};
 
 use super::agents::{upsert_in, AgentRow};
-use super::kernels::{advance_in, terminate_in};
+use super::kernels::{advance_in, set_result_in, terminate_in};
 use super::{now, Store, StoreError};
 use crate::manager::events::{AgentEvent, EventBody};
 
@@ -56,6 +56,9 @@ impl Store {
                 if let Some(row) = agent_row {
                     upsert_in(&mut tx, row).await?;
                 }
+            }
+            EventBody::SessionResult { kernel_id, result, .. } => {
+                set_result_in(&mut tx, kernel_id, result).await?;
             }
             EventBody::KernelDangling { .. } | EventBody::Other { .. } => {}
         }

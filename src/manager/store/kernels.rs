@@ -48,6 +48,14 @@ pub struct KernelRow {
     pub created_at: f64,
     /// Unix seconds; `None` while live.
     pub terminated_at: Option<f64>,
+    /// `interactive` or `batch`.
+    pub session_type: String,
+    /// The `sh -c` command it runs as its main process, if one was given.
+    pub command: Option<String>,
+    /// Seconds a batch session may run.
+    pub batch_timeout: Option<f64>,
+    /// `UNDEFINED`, or a batch session's `SUCCESS` / `FAILURE` once it ended.
+    pub result: String,
 }
 
 impl KernelRow {
@@ -71,6 +79,10 @@ impl KernelRow {
             cuda_devices: r.try_get("cuda_devices")?,
             created_at: r.try_get("created_at")?,
             terminated_at: r.try_get("terminated_at")?,
+            session_type: r.try_get("session_type")?,
+            command: r.try_get("command")?,
+            batch_timeout: r.try_get("batch_timeout")?,
+            result: r.try_get("result")?,
         })
     }
 }
@@ -94,6 +106,12 @@ pub struct NewKernel {
     pub mem_bytes: i64,
     /// GPUs.
     pub cuda_devices: i64,
+    /// `interactive` or `batch`.
+    pub session_type: String,
+    /// Main-process command, if any.
+    pub command: Option<String>,
+    /// Seconds (batch only).
+    pub batch_timeout: Option<f64>,
 }
 
 /// Why a reservation was refused.
@@ -123,13 +141,16 @@ pub struct Usage {
     pub kernels: i64,
 }
 
-const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at";
+const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result";
 
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns whether it was live (a second call for the same kernel is a no-op).
 pub(super) async fn terminate_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, reason: &str, exit_code: Option<i64>) -> Result<bool, sqlx::Error> {
+    // A batch session that ends without a session_success / session_failure of its agent (destroyed
+    // by its user, its agent lost) failed.
     let key: Option<String> = sqlx::query_scalar(
-        "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4 \
+        "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
+         result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
          WHERE id = $1 AND status <> 'TERMINATED' RETURNING access_key",
     )
     .bind(kernel_id)
@@ -156,6 +177,13 @@ pub(super) async fn advance_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, s
     // `earlier` comes from the constant ORDER, never from input.
     let sql = format!("UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({})", earlier.join(", "));
     Ok(sqlx::query(&sql).bind(kernel_id).bind(status).execute(&mut **tx).await?.rows_affected() > 0)
+}
+
+/// Records a batch session's result (`SUCCESS` / `FAILURE`) inside `tx`, once: a result already
+/// recorded stays. Returns whether it changed.
+pub(super) async fn set_result_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, result: &str) -> Result<bool, sqlx::Error> {
+    let r = sqlx::query("UPDATE kernels SET result = $2 WHERE id = $1 AND result = 'UNDEFINED'").bind(kernel_id).bind(result).execute(&mut **tx).await?;
+    Ok(r.rows_affected() > 0)
 }
 
 impl Store {
@@ -210,7 +238,7 @@ impl Store {
                 Some((_, limit)) => Err(ReserveError::ConcurrencyLimit(k.access_key.clone(), limit)),
             };
         }
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL)"))
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED')"))
             .bind(&k.id)
             .bind(&k.session_id)
             .bind(&k.agent_id)
@@ -220,6 +248,10 @@ impl Store {
             .bind(k.mem_bytes)
             .bind(k.cuda_devices)
             .bind(now())
+            .bind(&k.session_type)
+            .bind(&k.command)
+            // Never a NULL f64 parameter (see agents.rs): -1 stands for none.
+            .bind(k.batch_timeout.unwrap_or(-1.0))
             .execute(&mut *tx)
             .await
             .map_err(StoreError::from)?;

@@ -64,6 +64,8 @@ pub fn container_spec(handle: &KernelHandle, image_id: &str, slots: &SlotAllocat
         ports,
         port_bind_host: c.bind_host.clone(),
         gpu_device_ids: slots.gpus.clone(),
+        cmd: config.command.as_ref().map(|cmd| vec!["sh".into(), "-c".into(), cmd.clone()]),
+        working_dir: config.command.as_ref().map(|_| "/home/work".into()),
     }
 }
 
@@ -87,6 +89,11 @@ impl Provisioner for ContainerStage {
             // Leave nothing behind: the created container goes with the failed start.
             let _ = backend.remove_container(&id).await;
             self.0.update(|i| i.container_id = None);
+            let text = e.to_string();
+            if spec.cmd.is_some() && (text.contains("executable file not found") || text.contains("no such file or directory")) {
+                // The engine's words for "the image has no `sh`": the request's fault, not the engine's.
+                return Err(KernelError::InvalidConfig(format!("`command` runs through `sh -c`, which image `{}` lacks: {text}", self.0.info().config.image)).into());
+            }
             return Err(KernelError::from(e).into());
         }
         Ok(ContainerHandle { id, name: spec.name })
