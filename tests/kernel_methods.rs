@@ -151,7 +151,7 @@ async fn interrupt_ends_a_kernel_that_exits_on_sigint_and_logs_are_readable() {
     }
     assert!(logs.contains("booted"), "the kernel's output in get_logs: {logs:?}");
     assert!(logs.contains("to-stderr"), "stderr is in the logs too: {logs:?}");
-    assert_eq!(failure_name(&call(&peer, "get_logs", vec!["k-no-such-kernel".into()]).await), "KernelNotFound");
+    assert_eq!(failure_name(&call(&peer, "get_logs", vec!["k-no-such-kernel".into()]).await), "LogsNotFound");
 
     // interrupt_kernel: SIGINT to PID 1, whose trap exits 5.
     let k_int = format!("k-int-{}", run_id());
@@ -290,9 +290,12 @@ async fn execute_rejects_unsupported_modes_and_unknown_kernels() {
     let kid = format!("k-{}", run_id());
     create_one(&peer, "s-exec", &kid, kernel_config("0.1", 32 * MIB, vec![])).await.unwrap();
 
-    for mode in ["input", "continue", "complete"] {
+    let r = call(&peer, "execute", exec_args("s-exec", &kid, "complete", "echo no")).await;
+    assert_eq!(failure_name(&r), "UnsupportedExecutionMode");
+    // Continuation modes need a run that exists.
+    for mode in ["input", "continue"] {
         let r = call(&peer, "execute", exec_args("s-exec", &kid, mode, "echo no")).await;
-        assert_eq!(failure_name(&r), "UnsupportedExecutionMode", "mode {mode}");
+        assert_eq!(failure_name(&r), "RunNotFound", "mode {mode}");
     }
     assert_eq!(failure_name(&call(&peer, "execute", exec_args("s-exec", "k-no-such-kernel", "query", "echo hi")).await), "KernelNotFound");
     assert_eq!(failure_name(&call(&peer, "execute", exec_args("s-exec", "k-no-such-kernel", "batch", "echo hi")).await), "KernelNotFound");

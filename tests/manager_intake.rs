@@ -41,7 +41,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
     // Two kernels placed on agent "a1" (as the scheduler would), both live, concurrency 2.
     let store = Store::connect(&url).await.unwrap();
     for k in ["k1", "k2"] {
-        let new = NewKernel { id: k.into(), session_id: "s".into(), agent_id: "a1".into(), access_key: "AK".into(), image: "img".into(), cpu_millis: 100, mem_bytes: 1 << 26, cuda_devices: 0 };
+        let new = NewKernel { id: k.into(), session_id: "s".into(), agent_id: "a1".into(), access_key: "AK".into(), image: "img".into(), cpu_millis: 100, mem_bytes: 1 << 26, cuda_devices: 0, session_type: "interactive".into(), command: None, batch_timeout: None };
         store.reserve_kernel(&new).await.unwrap();
     }
     assert_eq!(store.access_key("AK").await.unwrap(), Some((2, 0)));
