@@ -197,7 +197,7 @@ pub struct CreateArgs {
     #[arg(long, value_name = "SHELL", required_if_eq("session_type", "batch"))]
     pub command: Option<String>,
     /// Batch sessions: end the job as FAILURE (reason batch-timeout) after this many seconds.
-    #[arg(long, value_name = "SECS", value_parser = parse::seconds)]
+    #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds)]
     pub batch_timeout: Option<f64>,
 }
 
@@ -623,6 +623,7 @@ mod tests {
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
         let err = create(&["--batch-timeout=-5"]).err().unwrap();
         assert!(err.to_string().contains("expected a non-negative number of seconds"), "{err}");
+        assert!(create(&["--batch-timeout", "0"]).is_err(), "the manager wants a positive batch_timeout");
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub fn env(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A number of seconds (`--flush-timeout`, `--batch-timeout`, `wait --timeout`): a finite,
+/// A number of seconds (`--flush-timeout`, `wait --timeout`): a finite,
 /// non-negative number, decimals allowed (`0.5`, `3600`).
 pub fn seconds(s: &str) -> Result<f64, String> {
     let n: f64 = s.trim().parse().map_err(|_| "expected a number of seconds".to_owned())?;
@@ -25,7 +25,7 @@ pub fn seconds(s: &str) -> Result<f64, String> {
     Ok(n)
 }
 
-/// Like [`seconds`], but more than zero (`wait --interval`: no busy polling).
+/// Like [`seconds`], but more than zero (`--batch-timeout`; `wait --interval`: no busy polling).
 pub fn positive_seconds(s: &str) -> Result<f64, String> {
     match seconds(s)? {
         n if n > 0.0 => Ok(n),

@@ -73,6 +73,11 @@ impl Store {
         Ok(sqlx::query("DELETE FROM processed_events WHERE applied_at < $1").bind(cutoff).execute(&self.pool).await?.rows_affected())
     }
 
+    /// How many events named `name` of `agent_id` were applied (tests, diagnostics).
+    pub async fn processed_event_count(&self, agent_id: &str, name: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM processed_events WHERE agent_id = $1 AND name = $2").bind(agent_id).bind(name).fetch_one(&self.pool).await?)
+    }
+
     /// Whether an event id has been applied (tests, diagnostics).
     pub async fn event_processed(&self, id: &str) -> Result<bool, StoreError> {
         let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM processed_events WHERE id = $1").bind(id).fetch_one(&self.pool).await?;
