@@ -401,7 +401,7 @@ impl Source {
     async fn info(&self, cache: &mut Option<(Instant, Value)>) -> Value {
         match self {
             Source::Real { ctx, registry, identity, .. } => {
-                if !cache.as_ref().is_some_and(|(at, _)| at.elapsed() <= Duration::from_secs(1)) {
+                if cache.as_ref().is_none_or(|(at, _)| at.elapsed() > Duration::from_secs(1)) {
                     *cache = Some((Instant::now(), heartbeat::build(ctx, registry, identity).await));
                 }
                 let mut v = cache.as_ref().expect("cached").1.clone();

@@ -37,7 +37,7 @@ fn parse(text: &str) -> prometheus_parse::Scrape {
 }
 
 fn labels_of(s: &prometheus_parse::Sample) -> BTreeSet<String> {
-    s.labels.iter().map(|(k, _)| k.clone()).filter(|k| k != "le").collect()
+    s.labels.keys().filter(|k| *k != "le").cloned().collect()
 }
 
 /// The value of the one sample of `metric` whose labels include all of `want`.

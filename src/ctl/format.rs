@@ -114,7 +114,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 pub fn pretty_json(raw: &str) -> String {
     fn newline(out: &mut String, depth: usize) {
         out.push('\n');
-        out.extend(std::iter::repeat("  ").take(depth));
+        out.extend(std::iter::repeat_n("  ", depth));
     }
     let mut out = String::with_capacity(raw.len() * 2);
     let mut depth = 0usize;

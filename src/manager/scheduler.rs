@@ -351,7 +351,7 @@ impl Handler<DestroySession> for Scheduler {
                 Err(e) => return Err(agent_failure(&e)),
             }
             store.terminate_kernel(&k.id, "user-requested", None).await?;
-            store.kernel(&k.id).await?.ok_or_else(|| ManagerError::SessionNotFound(id))
+            store.kernel(&k.id).await?.ok_or(ManagerError::SessionNotFound(id))
         })
     }
 }

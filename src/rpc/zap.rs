@@ -15,7 +15,10 @@ use super::curve::CurveKey;
 /// Re-reads the admitted keys (e.g. a directory of certificates); `None` keeps the current
 /// list (the source could not be read).
 #[derive(Clone)]
-pub struct KeyReload(pub Arc<dyn Fn() -> Option<Vec<(CurveKey, String)>> + Send + Sync>);
+pub struct KeyReload(pub Arc<ReloadFn>);
+
+/// Reads the admitted keys again: `(key, name)` pairs, or `None` to keep the current set.
+pub type ReloadFn = dyn Fn() -> Option<Vec<(CurveKey, String)>> + Send + Sync;
 
 impl std::fmt::Debug for KeyReload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

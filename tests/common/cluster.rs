@@ -415,7 +415,7 @@ impl Cluster {
             }
             // 4. nothing left undelivered (every event acked by the manager).
             match self.agent_metric(i, "kernelvisor_outbox_depth") {
-                Some(d) if d == 0.0 => {}
+                Some(0.0) => {}
                 other => return Some(format!("4: agent {} outbox depth {other:?}", a.id())),
             }
         }
@@ -443,9 +443,7 @@ impl Drop for Cluster {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            for name in ["manager.log"] {
-                eprintln!("---- {name} (tail) ----\n{}", tail(&self.dir.path().join(name)));
-            }
+            eprintln!("---- manager.log (tail) ----\n{}", tail(&self.dir.path().join("manager.log")));
             for a in &self.agents {
                 eprintln!("---- agent {} log (tail) ----\n{}", a.id(), tail(&a.fixture.dir.path().join("agent.log")));
             }

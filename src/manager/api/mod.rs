@@ -142,6 +142,19 @@ struct LogsQuery {
     follow: bool,
 }
 
+/// The next chunk of a followed log from `offset`; `None` ends the follow (the agent cannot be
+/// read: logged).
+async fn read_more(scheduler: &Addr<Scheduler>, kernel: &KernelRow, offset: u64) -> Option<super::scheduler::LogsChunk> {
+    match scheduler.send(ReadLogs { kernel: kernel.clone(), offset: Some(offset), wait: Some(FOLLOW_WAIT) }).await {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(e)) => {
+            tracing::info!(kernel_id = %kernel.id, error = %e, "log follow ends: the agent cannot be read");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
 /// Seconds one follow read waits at the agent for new output before asking again.
 const FOLLOW_WAIT: f64 = 10.0;
 
@@ -157,28 +170,22 @@ async fn logs(s: web::Data<ApiState>, id: web::Path<String>, q: web::Query<LogsQ
     // Follow: the tail, then each newer chunk as the agent has it, until the kernel has ended and
     // everything is sent. One chunk (≤ 1 MiB) is held at a time; a slow reader slows the reads.
     let scheduler = s.scheduler.clone();
-    let stream = futures::stream::unfold(Some((first, kernel, true)), move |state| {
+    let stream = futures::stream::unfold(Some((first, kernel)), move |state| {
         let scheduler = scheduler.clone();
         async move {
-            let (chunk, kernel, first) = state?;
-            if !first && chunk.data.is_empty() && !chunk.active {
-                return None;
-            }
-            let next = ReadLogs { kernel: kernel.clone(), offset: Some(chunk.next), wait: Some(FOLLOW_WAIT) };
-            let data = actix_web::web::Bytes::from(chunk.data);
-            let following = match scheduler.send(next).await {
-                Ok(Ok(c)) => Some((c, kernel, false)),
-                Ok(Err(e)) => {
-                    tracing::info!(kernel_id = %kernel.id, error = %e, "log follow ends: the agent cannot be read");
-                    None
+            let (mut chunk, kernel) = state?;
+            // Never a zero-length chunk (it would read as the end of a chunked body): ask again
+            // until there are bytes to send or the kernel has ended.
+            while chunk.data.is_empty() {
+                if !chunk.active {
+                    return None;
                 }
-                Err(_) => None,
-            };
-            match following {
-                // Nothing to send this round: keep the connection, ask again.
-                Some(f) if data.is_empty() => Some((Ok::<_, actix_web::Error>(data), Some(f))),
-                f => Some((Ok(data), f)),
+                chunk = read_more(&scheduler, &kernel, chunk.next).await?;
             }
+            let next = chunk.next;
+            let data = actix_web::web::Bytes::from(std::mem::take(&mut chunk.data));
+            let following = if chunk.active { read_more(&scheduler, &kernel, next).await.map(|c| (c, kernel)) } else { None };
+            Some((Ok::<_, actix_web::Error>(data), following))
         }
     });
     Ok(resp.streaming(stream))

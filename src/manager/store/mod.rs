@@ -75,7 +75,7 @@ impl Store {
             let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
             let path = path.split('?').next().unwrap_or_default();
             if let Some(dir) = std::path::Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| sqlx::Error::Io(e))?;
+                std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
             }
             if !url.contains("mode=") {
                 url.push_str(if url.contains('?') { "&mode=rwc" } else { "?mode=rwc" });
