@@ -13,6 +13,8 @@ default:
 setup:
     #!/usr/bin/env bash
     set -euo pipefail
+    # `just lint` needs rustfmt and clippy (rustup's components; a no-op when present).
+    cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 || rustup component add rustfmt clippy
     need=()
     pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev)
     command -v pkg-config >/dev/null || need+=(pkg-config)
@@ -35,10 +37,16 @@ build: setup
 # The PostgreSQL server the manager tests use (role `kv`, password `kv`, may create databases).
 pg_url := "postgres://kv:kv@127.0.0.1:5432/postgres"
 
-# Every test: unit, property, actors, RPC over real ZeroMQ, callosum interop, the kernel
-# lifecycle on the real Docker engine (with test-only failure injection), the manager scenarios
-# on SQLite and PostgreSQL, doctests, examples.
-test-all: setup docker test-image postgres
+# Formatting and lints: `cargo fmt --check`, then clippy on every target with warnings as errors.
+lint: setup
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy --workspace --all-targets --features kernelvisor/fault-injection -- -D warnings
+
+# Every test: lint first, then unit, property, actors, RPC over real ZeroMQ, callosum interop,
+# the kernel lifecycle and workloads on the real Docker engine (with test-only failure
+# injection), the manager scenarios on SQLite and PostgreSQL, doctests, examples.
+test-all: setup docker test-image postgres lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
     KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2

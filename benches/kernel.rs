@@ -31,7 +31,16 @@ fn kv(pairs: Vec<(&str, Value)>) -> Value {
 }
 
 async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Value {
-    peer.call(method, &Call { args, kwargs: vec![] }, Duration::from_secs(60)).await.unwrap_or_else(|e| panic!("{method}: {e}"))
+    peer.call(
+        method,
+        &Call {
+            args,
+            kwargs: vec![],
+        },
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{method}: {e}"))
 }
 
 /// One kernel through the agent: the timed create, then an untimed destroy.
@@ -39,10 +48,22 @@ async fn agent_once(peer: &Peer, i: usize) -> Duration {
     let id = format!("bench-{}-{i}", std::process::id());
     let config = kv(vec![
         ("image", IMAGE.into()),
-        ("resource_slots", kv(vec![("cpu", "0.5".into()), ("mem", (MEM as u64).into())])),
+        (
+            "resource_slots",
+            kv(vec![("cpu", "0.5".into()), ("mem", (MEM as u64).into())]),
+        ),
     ]);
     let t0 = Instant::now();
-    let info = call(peer, "create_kernels", vec!["bench".into(), Value::Array(vec![id.clone().into()]), Value::Array(vec![config])]).await;
+    let info = call(
+        peer,
+        "create_kernels",
+        vec![
+            "bench".into(),
+            Value::Array(vec![id.clone().into()]),
+            Value::Array(vec![config]),
+        ],
+    )
+    .await;
     let took = t0.elapsed();
     assert!(format!("{info:?}").contains("RUNNING"));
     call(peer, "destroy_kernel", vec![id.into(), "bench".into()]).await;
@@ -56,19 +77,51 @@ async fn raw_once(docker: &bollard::Docker, agent_id: &str, i: usize) -> Duratio
     let config = Config {
         image: Some(IMAGE.to_owned()),
         labels: Some(labels),
-        host_config: Some(HostConfig { memory: Some(MEM), memory_swap: Some(MEM), nano_cpus: Some(500_000_000), pids_limit: Some(4096), shm_size: Some(64 << 20), ..Default::default() }),
+        host_config: Some(HostConfig {
+            memory: Some(MEM),
+            memory_swap: Some(MEM),
+            nano_cpus: Some(500_000_000),
+            pids_limit: Some(4096),
+            shm_size: Some(64 << 20),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let t0 = Instant::now();
-    let c = docker.create_container(Some(CreateContainerOptions { name: name.clone(), platform: None }), config).await.expect("create");
-    docker.start_container::<String>(&c.id, None).await.expect("start");
+    let c = docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: name.clone(),
+                platform: None,
+            }),
+            config,
+        )
+        .await
+        .expect("create");
+    docker
+        .start_container::<String>(&c.id, None)
+        .await
+        .expect("start");
     let took = t0.elapsed();
-    docker.remove_container(&c.id, Some(RemoveContainerOptions { force: true, v: true, ..Default::default() })).await.expect("remove");
+    docker
+        .remove_container(
+            &c.id,
+            Some(RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("remove");
     took
 }
 
 fn main() {
-    let n: usize = std::env::var("KV_BENCH_KERNELS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let n: usize = std::env::var("KV_BENCH_KERNELS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
     let dir = tempfile::tempdir().unwrap();
     let agent_id = format!("bench-agent-{}", std::process::id());
     let d = dir.path().display();

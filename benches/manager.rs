@@ -59,7 +59,10 @@ const AGENT_MEM: u64 = 16 << 30;
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(default)
 }
 
 fn kv(pairs: Vec<(&str, Value)>) -> Value {
@@ -67,16 +70,23 @@ fn kv(pairs: Vec<(&str, Value)>) -> Value {
 }
 
 fn now_unix() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Runs blocking work (HTTP) off the actix thread, so this process's agents keep answering.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    actix_rt::task::spawn_blocking(f).await.expect("blocking task panicked")
+    actix_rt::task::spawn_blocking(f)
+        .await
+        .expect("blocking task panicked")
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -116,7 +126,13 @@ impl ManagerProc {
         let log = dir.join("manager.log");
         let out = std::fs::File::create(&log)?;
         let mut cmd = Command::new(bin);
-        cmd.arg("manager").arg("--config").arg(&path).env_remove("RUST_LOG").stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        cmd.arg("manager")
+            .arg("--config")
+            .arg(&path)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
         // SAFETY: prctl is async-signal-safe; the child dies with this process even on SIGKILL.
         unsafe {
             cmd.pre_exec(|| {
@@ -125,7 +141,12 @@ impl ManagerProc {
             });
         }
         let child = cmd.spawn().with_context(|| format!("spawn {bin}"))?;
-        Ok(ManagerProc { child, api: format!("http://127.0.0.1:{api_port}"), intake_port, log })
+        Ok(ManagerProc {
+            child,
+            api: format!("http://127.0.0.1:{api_port}"),
+            intake_port,
+            log,
+        })
     }
 
     fn pid(&self) -> u32 {
@@ -209,13 +230,21 @@ struct Http {
 
 impl Http {
     fn new(base: &str) -> Http {
-        Http { base: base.to_owned(), agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build() }
+        Http {
+            base: base.to_owned(),
+            agent: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(60))
+                .build(),
+        }
     }
 
     fn text(r: Result<ureq::Response, ureq::Error>) -> Result<String, String> {
         match r {
             Ok(r) => r.into_string().map_err(|e| e.to_string()),
-            Err(ureq::Error::Status(code, r)) => Err(format!("HTTP {code}: {}", r.into_string().unwrap_or_default())),
+            Err(ureq::Error::Status(code, r)) => Err(format!(
+                "HTTP {code}: {}",
+                r.into_string().unwrap_or_default()
+            )),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -232,15 +261,27 @@ impl Http {
     fn create_session(&self) -> Result<(String, f64), String> {
         let body = serde_json::json!({"image": "bench/any:latest", "resource_slots": {"cpu": 0.1, "mem": "64m"}, "access_key": ACCESS_KEY});
         let t = Instant::now();
-        let text = Self::text(self.agent.post(&format!("{}/v1/sessions", self.base)).send_json(body))?;
+        let text = Self::text(
+            self.agent
+                .post(&format!("{}/v1/sessions", self.base))
+                .send_json(body),
+        )?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        let id = v["session_id"].as_str().ok_or_else(|| format!("no session_id in {text}"))?.to_owned();
+        let id = v["session_id"]
+            .as_str()
+            .ok_or_else(|| format!("no session_id in {text}"))?
+            .to_owned();
         Ok((id, ms))
     }
 
     fn delete_session(&self, id: &str) -> Result<(), String> {
-        Self::text(self.agent.delete(&format!("{}/v1/sessions/{id}", self.base)).call()).map(|_| ())
+        Self::text(
+            self.agent
+                .delete(&format!("{}/v1/sessions/{id}", self.base))
+                .call(),
+        )
+        .map(|_| ())
     }
 }
 
@@ -257,12 +298,18 @@ fn parse_metrics(text: &str) -> HashMap<String, f64> {
 
 async fn metrics(http: &Http) -> anyhow::Result<HashMap<String, f64>> {
     let h = http.clone();
-    let text = blocking(move || h.get("/metrics")).await.map_err(|e| anyhow!("GET /metrics: {e}"))?;
+    let text = blocking(move || h.get("/metrics"))
+        .await
+        .map_err(|e| anyhow!("GET /metrics: {e}"))?;
     Ok(parse_metrics(&text))
 }
 
 async fn metric(http: &Http, name: &str) -> anyhow::Result<f64> {
-    metrics(http).await?.get(name).copied().ok_or_else(|| anyhow!("{name} not in /metrics"))
+    metrics(http)
+        .await?
+        .get(name)
+        .copied()
+        .ok_or_else(|| anyhow!("{name} not in /metrics"))
 }
 
 /// Creates `n` sessions, `concurrency` at a time: their ids (failures are errors).
@@ -275,7 +322,13 @@ async fn create_many(http: &Http, n: usize, concurrency: usize) -> anyhow::Resul
         .buffer_unordered(concurrency)
         .collect()
         .await;
-    results.into_iter().map(|r| r.map(|(id, _)| id).map_err(|e| anyhow!("POST /v1/sessions: {e}"))).collect()
+    results
+        .into_iter()
+        .map(|r| {
+            r.map(|(id, _)| id)
+                .map_err(|e| anyhow!("POST /v1/sessions: {e}"))
+        })
+        .collect()
 }
 
 async fn delete_many(http: &Http, ids: Vec<String>, concurrency: usize) -> anyhow::Result<()> {
@@ -296,7 +349,12 @@ async fn delete_many(http: &Http, ids: Vec<String>, concurrency: usize) -> anyho
 
 /// `count` sequential `POST /v1/sessions`, each timed, then deleted: sorted latencies (ms)
 /// and the number that failed.
-async fn timed_creates(http: &Http, count: usize, n: usize, what: &str) -> anyhow::Result<(Vec<f64>, usize)> {
+async fn timed_creates(
+    http: &Http,
+    count: usize,
+    n: usize,
+    what: &str,
+) -> anyhow::Result<(Vec<f64>, usize)> {
     let (mut lat, mut created, mut errors) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..count {
         let h = http.clone();
@@ -309,12 +367,20 @@ async fn timed_creates(http: &Http, count: usize, n: usize, what: &str) -> anyho
         }
     }
     if lat.is_empty() {
-        bail!("every POST /v1/sessions {what} failed, e.g. {}", errors.first().cloned().unwrap_or_default());
+        bail!(
+            "every POST /v1/sessions {what} failed, e.g. {}",
+            errors.first().cloned().unwrap_or_default()
+        );
     }
     if let Some(e) = errors.first() {
-        eprintln!("[{n} agents] {} of {count} creates {what} failed, e.g. {e}", errors.len());
+        eprintln!(
+            "[{n} agents] {} of {count} creates {what} failed, e.g. {e}",
+            errors.len()
+        );
     }
-    delete_many(http, created, 8).await.with_context(|| format!("deleting the sessions created {what}"))?;
+    delete_many(http, created, 8)
+        .await
+        .with_context(|| format!("deleting the sessions created {what}"))?;
     lat.sort_by(f64::total_cmp);
     Ok((lat, errors.len()))
 }
@@ -332,10 +398,25 @@ fn sim_dispatcher(agent_id: &str, kernels: SimKernels) -> Dispatcher {
     d.register("create_kernels", move |call| {
         let (k, agent_id) = (k.clone(), id.clone());
         async move {
-            let session = call.arg(0, "session_id").and_then(Value::as_str).ok_or_else(|| ErrorMeta::new("TypeError", "session_id"))?.to_owned();
-            let ids = call.arg(1, "kernel_ids").and_then(Value::as_array).ok_or_else(|| ErrorMeta::new("TypeError", "kernel_ids"))?;
-            let configs = call.arg(2, "configs").and_then(Value::as_array).ok_or_else(|| ErrorMeta::new("TypeError", "configs"))?;
-            let field = |c: &Value, key: &str| c.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(key))).map(|(_, v)| v.clone()).unwrap_or(Value::Nil);
+            let session = call
+                .arg(0, "session_id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ErrorMeta::new("TypeError", "session_id"))?
+                .to_owned();
+            let ids = call
+                .arg(1, "kernel_ids")
+                .and_then(Value::as_array)
+                .ok_or_else(|| ErrorMeta::new("TypeError", "kernel_ids"))?;
+            let configs = call
+                .arg(2, "configs")
+                .and_then(Value::as_array)
+                .ok_or_else(|| ErrorMeta::new("TypeError", "configs"))?;
+            let field = |c: &Value, key: &str| {
+                c.as_map()
+                    .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(key)))
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or(Value::Nil)
+            };
             let mut infos = Vec::new();
             for (kid, config) in ids.iter().zip(configs) {
                 let kid = kid.as_str().unwrap_or_default().to_owned();
@@ -363,7 +444,11 @@ fn sim_dispatcher(agent_id: &str, kernels: SimKernels) -> Dispatcher {
     d.register("destroy_kernel", move |call| {
         let k = k.clone();
         async move {
-            let kid = call.arg(0, "kernel_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let kid = call
+                .arg(0, "kernel_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             match k.lock().unwrap().remove(&kid) {
                 Some(_) => Ok(Value::Nil),
                 None => Err(ErrorMeta::new("KernelNotFound", kid)),
@@ -384,9 +469,18 @@ fn sim_dispatcher(agent_id: &str, kernels: SimKernels) -> Dispatcher {
 /// Where an agent's heartbeats come from.
 enum Source {
     /// A real agent: its own `heartbeat::build`.
-    Real { id: String, ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>, identity: Identity },
+    Real {
+        id: String,
+        ctx: Arc<AgentContext>,
+        registry: Addr<KernelRegistry>,
+        identity: Identity,
+    },
     /// A simulated one: the documented map, built here.
-    Sim { id: String, addr: String, kernels: SimKernels },
+    Sim {
+        id: String,
+        addr: String,
+        kernels: SimKernels,
+    },
 }
 
 impl Source {
@@ -400,9 +494,20 @@ impl Source {
     /// otherwise the cached one gets a fresh `ts`.
     async fn info(&self, cache: &mut Option<(Instant, Value)>) -> Value {
         match self {
-            Source::Real { ctx, registry, identity, .. } => {
-                if cache.as_ref().is_none_or(|(at, _)| at.elapsed() > Duration::from_secs(1)) {
-                    *cache = Some((Instant::now(), heartbeat::build(ctx, registry, identity).await));
+            Source::Real {
+                ctx,
+                registry,
+                identity,
+                ..
+            } => {
+                if cache
+                    .as_ref()
+                    .is_none_or(|(at, _)| at.elapsed() > Duration::from_secs(1))
+                {
+                    *cache = Some((
+                        Instant::now(),
+                        heartbeat::build(ctx, registry, identity).await,
+                    ));
                 }
                 let mut v = cache.as_ref().expect("cached").1.clone();
                 if let Value::Map(m) = &mut v {
@@ -419,9 +524,21 @@ impl Source {
                     .lock()
                     .unwrap()
                     .iter()
-                    .map(|(k, s)| kv(vec![("id", k.clone().into()), ("session_id", s.clone().into()), ("status", "RUNNING".into())]))
+                    .map(|(k, s)| {
+                        kv(vec![
+                            ("id", k.clone().into()),
+                            ("session_id", s.clone().into()),
+                            ("status", "RUNNING".into()),
+                        ])
+                    })
                     .collect();
-                let slots = |cpu: &str, mem: u64| kv(vec![("cpu", cpu.into()), ("mem", mem.to_string().into()), ("cuda.device", "0".into())]);
+                let slots = |cpu: &str, mem: u64| {
+                    kv(vec![
+                        ("cpu", cpu.into()),
+                        ("mem", mem.to_string().into()),
+                        ("cuda.device", "0".into()),
+                    ])
+                };
                 kv(vec![
                     ("agent_id", id.clone().into()),
                     ("region", "local".into()),
@@ -432,7 +549,11 @@ impl Source {
                     ("ts", Value::F64(now_unix())),
                     (
                         "slots",
-                        kv(vec![("total", slots(AGENT_CPU, AGENT_MEM)), ("available", slots(AGENT_CPU, AGENT_MEM)), ("occupied", slots("0", 0))]),
+                        kv(vec![
+                            ("total", slots(AGENT_CPU, AGENT_MEM)),
+                            ("available", slots(AGENT_CPU, AGENT_MEM)),
+                            ("occupied", slots("0", 0)),
+                        ]),
                     ),
                     ("kernels", Value::Array(live)),
                 ])
@@ -500,10 +621,22 @@ impl Load {
             for (i, src) in sources.into_iter().enumerate() {
                 // Paced beats spread over the second.
                 let offset = Duration::from_secs_f64(i as f64 / n as f64);
-                actix_rt::spawn(beat_loop(src, intake.clone(), zmq.clone(), rx.clone(), st.clone(), offset));
+                actix_rt::spawn(beat_loop(
+                    src,
+                    intake.clone(),
+                    zmq.clone(),
+                    rx.clone(),
+                    st.clone(),
+                    offset,
+                ));
             }
         });
-        Load { mode, stats, arbiter, agents: n as u64 }
+        Load {
+            mode,
+            stats,
+            arbiter,
+            agents: n as u64,
+        }
     }
 
     fn set(&self, mode: Mode) {
@@ -528,8 +661,20 @@ impl Load {
     }
 }
 
-async fn beat_loop(src: Source, intake: String, zmq: zmq::Context, mut mode: watch::Receiver<Mode>, stats: Arc<LoadStats>, offset: Duration) {
-    let opts = PeerOptions { endpoint: intake, curve: None, keepalive: None, handshake_timeout: Duration::from_secs(10) };
+async fn beat_loop(
+    src: Source,
+    intake: String,
+    zmq: zmq::Context,
+    mut mode: watch::Receiver<Mode>,
+    stats: Arc<LoadStats>,
+    offset: Duration,
+) {
+    let opts = PeerOptions {
+        endpoint: intake,
+        curve: None,
+        keepalive: None,
+        handshake_timeout: Duration::from_secs(10),
+    };
     let mut peer = None;
     let mut cache = None;
     let mut next = tokio::time::Instant::now() + offset;
@@ -584,8 +729,14 @@ async fn beat_loop(src: Source, intake: String, zmq: zmq::Context, mut mode: wat
         }
         let p = peer.clone().expect("connected");
         let info = src.info(&mut cache).await;
-        let call = Call { args: vec![src.id().into(), info], kwargs: vec![] };
-        match p.call(heartbeat::HEARTBEAT_METHOD, &call, HEARTBEAT_TIMEOUT).await {
+        let call = Call {
+            args: vec![src.id().into(), info],
+            kwargs: vec![],
+        };
+        match p
+            .call(heartbeat::HEARTBEAT_METHOD, &call, HEARTBEAT_TIMEOUT)
+            .await
+        {
             Ok(_) => {
                 stats.sent.fetch_add(1, Ordering::Relaxed);
             }
@@ -642,7 +793,12 @@ impl World {
             load.stop().await;
         }
         // Real agents first, while the manager still takes their last events.
-        futures::future::join_all(self.real.drain(..).map(|a| a.shutdown(OnShutdown::Terminate))).await;
+        futures::future::join_all(
+            self.real
+                .drain(..)
+                .map(|a| a.shutdown(OnShutdown::Terminate)),
+        )
+        .await;
         for s in self.sims.drain(..) {
             let _ = s.send(kernelvisor::rpc::server::Shutdown).await;
         }
@@ -663,27 +819,65 @@ where
             Err(e) => last_err = Some(e),
         }
         if start.elapsed() > limit {
-            bail!("timed out after {limit:?} waiting for {what}{}", last_err.map(|e| format!(" (last error: {e:#})")).unwrap_or_default());
+            bail!(
+                "timed out after {limit:?} waiting for {what}{}",
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            );
         }
         actix_rt::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-async fn run_phase(bin: &str, n: usize, real_max: usize, sessions: usize, window: Duration) -> anyhow::Result<Row> {
-    let dir = tempfile::Builder::new().prefix("kv-bench-manager-").tempdir()?;
+async fn run_phase(
+    bin: &str,
+    n: usize,
+    real_max: usize,
+    sessions: usize,
+    window: Duration,
+) -> anyhow::Result<Row> {
+    let dir = tempfile::Builder::new()
+        .prefix("kv-bench-manager-")
+        .tempdir()?;
     let mgr = ManagerProc::spawn(bin, dir.path())?;
     let http = Http::new(&mgr.api);
     let mut world = World::default();
-    let result = measure(&mgr, &http, &mut world, dir.path(), n, real_max, sessions, window).await;
+    let result = measure(
+        &mgr,
+        &http,
+        &mut world,
+        dir.path(),
+        n,
+        real_max,
+        sessions,
+        window,
+    )
+    .await;
     world.teardown().await;
-    let result = result.map_err(|e| anyhow!("{e:#}\n--- manager log tail ({}) ---\n{}", mgr.log.display(), mgr.log_tail()));
+    let result = result.map_err(|e| {
+        anyhow!(
+            "{e:#}\n--- manager log tail ({}) ---\n{}",
+            mgr.log.display(),
+            mgr.log_tail()
+        )
+    });
     mgr.stop();
     drop(dir);
     result
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn measure(mgr: &ManagerProc, http: &Http, world: &mut World, dir: &Path, n: usize, real_max: usize, sessions: usize, window: Duration) -> anyhow::Result<Row> {
+async fn measure(
+    mgr: &ManagerProc,
+    http: &Http,
+    world: &mut World,
+    dir: &Path,
+    n: usize,
+    real_max: usize,
+    sessions: usize,
+    window: Duration,
+) -> anyhow::Result<Row> {
     let t0 = Instant::now();
     wait_for(Duration::from_secs(30), "the manager's /health", || {
         let h = http.clone();
@@ -697,36 +891,68 @@ async fn measure(mgr: &ManagerProc, http: &Http, world: &mut World, dir: &Path, 
     for i in 0..real {
         let id = format!("bench-r{i:04}");
         let config = real_agent_config(&dir.join("agents"), &id, mgr.intake_port)?;
-        let agent = Agent::start(config, None).await.with_context(|| format!("real agent {id}"))?;
-        let identity = Identity { region: "local".into(), rpc_addr: agent.endpoint().to_owned(), public_key: None };
-        sources.push(Source::Real { id, ctx: agent.ctx.clone(), registry: agent.registry(), identity });
+        let agent = Agent::start(config, None)
+            .await
+            .with_context(|| format!("real agent {id}"))?;
+        let identity = Identity {
+            region: "local".into(),
+            rpc_addr: agent.endpoint().to_owned(),
+            public_key: None,
+        };
+        sources.push(Source::Real {
+            id,
+            ctx: agent.ctx.clone(),
+            registry: agent.registry(),
+            identity,
+        });
         world.real.push(agent);
     }
     for i in real..n {
         let id = format!("bench-s{i:04}");
         let kernels = SimKernels::default();
-        let server = RpcServer::bind("tcp://127.0.0.1:0", None, sim_dispatcher(&id, kernels.clone())).with_context(|| format!("simulated agent {id}"))?;
+        let server = RpcServer::bind(
+            "tcp://127.0.0.1:0",
+            None,
+            sim_dispatcher(&id, kernels.clone()),
+        )
+        .with_context(|| format!("simulated agent {id}"))?;
         let addr = server.endpoint().to_owned();
         world.sims.push(server.start());
         sources.push(Source::Sim { id, addr, kernels });
     }
     let started_agents = t0.elapsed();
-    let load = world.load.insert(Load::start(sources, format!("tcp://127.0.0.1:{}", mgr.intake_port)));
+    let load = world.load.insert(Load::start(
+        sources,
+        format!("tcp://127.0.0.1:{}", mgr.intake_port),
+    ));
 
-    wait_for(Duration::from_secs(60), &format!("{n} ALIVE agents and the end of the start-up grace"), || {
-        let h = http.clone();
-        async move {
-            let v = blocking(move || h.get_json("/health")).await.map_err(|e| anyhow!(e))?;
-            Ok(v["mode"] == "normal" && v["agents_alive"].as_u64() == Some(n as u64))
-        }
-    })
+    wait_for(
+        Duration::from_secs(60),
+        &format!("{n} ALIVE agents and the end of the start-up grace"),
+        || {
+            let h = http.clone();
+            async move {
+                let v = blocking(move || h.get_json("/health"))
+                    .await
+                    .map_err(|e| anyhow!(e))?;
+                Ok(v["mode"] == "normal" && v["agents_alive"].as_u64() == Some(n as u64))
+            }
+        },
+    )
     .await?;
-    eprintln!("[{n} agents] {real} real + {} simulated started in {:.1} s; all ALIVE after {:.1} s", n - real, started_agents.as_secs_f64(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "[{n} agents] {real} real + {} simulated started in {:.1} s; all ALIVE after {:.1} s",
+        n - real,
+        started_agents.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
 
     // One session per agent (least-loaded placement spreads them), so the pool has an entry for each.
     let t = Instant::now();
     let ids = create_many(http, n, 8).await.context("warm-up sessions")?;
-    delete_many(http, ids, 8).await.context("warm-up sessions")?;
+    delete_many(http, ids, 8)
+        .await
+        .context("warm-up sessions")?;
     let warm_s = t.elapsed().as_secs_f64();
     eprintln!("[{n} agents] {n} sessions created and deleted in {warm_s:.1} s (every agent now has a pool entry)");
 
@@ -736,7 +962,14 @@ async fn measure(mgr: &ManagerProc, http: &Http, world: &mut World, dir: &Path, 
     // Sweeps: with the bench's heartbeats paused, after one full interval, the next 3 sweeps.
     load.set(Mode::Paused);
     actix_rt::time::sleep(Duration::from_millis(2200)).await;
-    let key = |m: &HashMap<String, f64>| (m.get("kernelvisor_manager_pool_last_sweep_seconds").copied(), m.get("kernelvisor_manager_pool_last_sweep_entries").copied());
+    let key = |m: &HashMap<String, f64>| {
+        (
+            m.get("kernelvisor_manager_pool_last_sweep_seconds")
+                .copied(),
+            m.get("kernelvisor_manager_pool_last_sweep_entries")
+                .copied(),
+        )
+    };
     let mut last = key(&metrics(http).await?);
     let mut sweeps = Vec::new();
     let mut sweep_entries = 0usize;
@@ -764,9 +997,19 @@ async fn measure(mgr: &ManagerProc, http: &Http, world: &mut World, dir: &Path, 
     // Heartbeat capacity.
     load.set(Mode::Fast);
     actix_rt::time::sleep(Duration::from_secs(1)).await;
-    let (hb0, cpu0, sent0, w0) = (metric(http, "kernelvisor_manager_heartbeats_total").await?, mgr.cpu_s()?, load.sent(), Instant::now());
+    let (hb0, cpu0, sent0, w0) = (
+        metric(http, "kernelvisor_manager_heartbeats_total").await?,
+        mgr.cpu_s()?,
+        load.sent(),
+        Instant::now(),
+    );
     actix_rt::time::sleep(window).await;
-    let (hb1, cpu1, sent1, w1) = (metric(http, "kernelvisor_manager_heartbeats_total").await?, mgr.cpu_s()?, load.sent(), Instant::now());
+    let (hb1, cpu1, sent1, w1) = (
+        metric(http, "kernelvisor_manager_heartbeats_total").await?,
+        mgr.cpu_s()?,
+        load.sent(),
+        Instant::now(),
+    );
     let secs = (w1 - w0).as_secs_f64();
     let hb_per_s = (hb1 - hb0) / secs;
     let hb_sent_per_s = (sent1 - sent0) as f64 / secs;
@@ -837,7 +1080,9 @@ fn main() {
         }
         Ok(rows)
     });
-    let Ok(rows) = rows else { std::process::exit(1) };
+    let Ok(rows) = rows else {
+        std::process::exit(1)
+    };
 
     println!(
         "\nkernelvisor manager bench: one manager process (SQLite store, event intake and agents WITHOUT CURVE), dummy container backend, {} cores, {:.0} s",
@@ -848,13 +1093,31 @@ fn main() {
     println!("sweep: [agent-pool] health-check-interval = 2, median of 3 sweeps; create: {sessions} sequential POST /v1/sessions (cpu 0.1, mem 64m) under the heartbeat load\n");
     println!(
         "{:>7} {:>18} {:>13} {:>10} {:>10} {:>14} {:>14} {:>10}",
-        "agents", "kind", "heartbeats/s", "mgr CPU", "sweep ms", "create p50 ms", "create p99 ms", "RSS MiB"
+        "agents",
+        "kind",
+        "heartbeats/s",
+        "mgr CPU",
+        "sweep ms",
+        "create p50 ms",
+        "create p99 ms",
+        "RSS MiB"
     );
     for r in &rows {
-        let kind = if r.real == r.agents { format!("{} real", r.real) } else { format!("{} real + {} sim", r.real, r.agents - r.real) };
+        let kind = if r.real == r.agents {
+            format!("{} real", r.real)
+        } else {
+            format!("{} real + {} sim", r.real, r.agents - r.real)
+        };
         println!(
             "{:>7} {:>18} {:>13.0} {:>9.0}% {:>10.2} {:>14.2} {:>14.2} {:>10.1}",
-            r.agents, kind, r.hb_per_s, r.mgr_cpu_pct, r.sweep_ms, r.create_p50, r.create_p99, r.rss_mb
+            r.agents,
+            kind,
+            r.hb_per_s,
+            r.mgr_cpu_pct,
+            r.sweep_ms,
+            r.create_p50,
+            r.create_p99,
+            r.rss_mb
         );
     }
     println!();

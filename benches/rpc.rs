@@ -84,7 +84,10 @@ fn percentile(samples: &mut [Duration], p: f64) -> f64 {
 }
 
 fn client_curve(keys: Option<&Keys>) -> Option<ClientCurve> {
-    keys.map(|k| ClientCurve { keypair: k.manager.clone(), server_key: k.agent.public })
+    keys.map(|k| ClientCurve {
+        keypair: k.manager.clone(),
+        server_key: k.agent.public,
+    })
 }
 
 /// Starts an agent RPC server with the agent's methods on its own thread and actix System;
@@ -120,8 +123,16 @@ impl BlockingClient {
     /// deployment can reach.)
     fn raw_echo(keys: Option<&Keys>) -> Self {
         let server_ctx = zmq::Context::new();
-        let zap = keys.map(|k| kernelvisor::rpc::zap::ZapHandler::start(&server_ctx, vec![(k.manager.public, "manager".into())], None).unwrap());
-        let router = socket::router(&server_ctx, "tcp://127.0.0.1:0", keys.map(|k| &k.agent)).unwrap();
+        let zap = keys.map(|k| {
+            kernelvisor::rpc::zap::ZapHandler::start(
+                &server_ctx,
+                vec![(k.manager.public, "manager".into())],
+                None,
+            )
+            .unwrap()
+        });
+        let router =
+            socket::router(&server_ctx, "tcp://127.0.0.1:0", keys.map(|k| &k.agent)).unwrap();
         let endpoint = router.get_last_endpoint().unwrap().unwrap();
         std::thread::spawn(move || {
             let (_ctx, _zap) = (server_ctx, zap);
@@ -130,21 +141,43 @@ impl BlockingClient {
                 router.send_multipart(frames, 0).unwrap();
             }
         });
-        let payload = Call { args: vec![Value::from("x")], kwargs: vec![] }.encode();
-        Self::start(&endpoint, keys, vec![codec::UPPER.to_vec(), payload.clone(), payload])
+        let payload = Call {
+            args: vec![Value::from("x")],
+            kwargs: vec![],
+        }
+        .encode();
+        Self::start(
+            &endpoint,
+            keys,
+            vec![codec::UPPER.to_vec(), payload.clone(), payload],
+        )
     }
 
     /// A callosum `ping` FUNCTION against our agent server: the raw floor plus the server's cost.
     fn callosum(endpoint: &str, keys: Option<&Keys>) -> Self {
-        let msg = Message::function("ping", OrderKey::default(), 1, Call { args: vec![Value::from("x")], kwargs: vec![] }.encode());
+        let msg = Message::function(
+            "ping",
+            OrderKey::default(),
+            1,
+            Call {
+                args: vec![Value::from("x")],
+                kwargs: vec![],
+            }
+            .encode(),
+        );
         let (h, b) = codec::encode_message(&msg);
         Self::start(endpoint, keys, vec![codec::UPPER.to_vec(), h, b])
     }
 
     fn start(endpoint: &str, keys: Option<&Keys>, frames: Vec<Vec<u8>>) -> Self {
         let ctx = zmq::Context::new();
-        let dealer = socket::dealer(&ctx, endpoint, client_curve(keys).as_ref(), None, None).unwrap();
-        let mut client = BlockingClient { dealer, frames, _ctx: ctx };
+        let dealer =
+            socket::dealer(&ctx, endpoint, client_curve(keys).as_ref(), None, None).unwrap();
+        let mut client = BlockingClient {
+            dealer,
+            frames,
+            _ctx: ctx,
+        };
         client.samples(200);
         client
     }
@@ -153,7 +186,9 @@ impl BlockingClient {
         (0..n)
             .map(|_| {
                 let t = Instant::now();
-                self.dealer.send_multipart(self.frames.iter().map(|f| &f[..]), 0).unwrap();
+                self.dealer
+                    .send_multipart(self.frames.iter().map(|f| &f[..]), 0)
+                    .unwrap();
                 self.dealer.recv_multipart(0).unwrap();
                 t.elapsed()
             })
@@ -163,8 +198,16 @@ impl BlockingClient {
 
 async fn pool_for(endpoint: &str, keys: Option<&Keys>) -> Addr<AgentPool> {
     let pool = AgentPool::new(PoolSpec::default(), keys.map(|k| k.manager.clone())).start();
-    let endpoint = AgentEndpoint { addr: endpoint.to_owned(), public_key: keys.map(|k| k.agent.public) };
-    pool.send(RegisterAgent { agent_id: "a".into(), endpoint }).await.unwrap();
+    let endpoint = AgentEndpoint {
+        addr: endpoint.to_owned(),
+        public_key: keys.map(|k| k.agent.public),
+    };
+    pool.send(RegisterAgent {
+        agent_id: "a".into(),
+        endpoint,
+    })
+    .await
+    .unwrap();
     for _ in 0..200 {
         pool.send(ping()).await.unwrap().unwrap();
     }
@@ -176,7 +219,10 @@ fn ping() -> AgentCall {
 }
 
 fn ping_call() -> Call {
-    Call { args: vec![Value::from("x")], kwargs: vec![] }
+    Call {
+        args: vec![Value::from("x")],
+        kwargs: vec![],
+    }
 }
 
 async fn peer_seq(peer: &Peer, n: usize) -> Vec<Duration> {
@@ -184,7 +230,9 @@ async fn peer_seq(peer: &Peer, n: usize) -> Vec<Duration> {
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        peer.call("ping", &call, Duration::from_secs(10)).await.unwrap();
+        peer.call("ping", &call, Duration::from_secs(10))
+            .await
+            .unwrap();
         samples.push(t.elapsed());
     }
     samples
@@ -222,7 +270,9 @@ async fn per_call(opts: &PeerOptions, n: usize) -> Vec<Duration> {
         // As upstream's per-call PeerInvoker: a fresh transport (context), connect, handshake, call, close.
         let ctx = zmq::Context::new();
         let peer = Peer::connect(&ctx, opts).await.unwrap();
-        peer.call("ping", &call, Duration::from_secs(10)).await.unwrap();
+        peer.call("ping", &call, Duration::from_secs(10))
+            .await
+            .unwrap();
         peer.close();
         drop(peer);
         samples.push(t.elapsed());
@@ -233,12 +283,24 @@ async fn per_call(opts: &PeerOptions, n: usize) -> Vec<Duration> {
 /// Measures one column: every row in interleaved rounds, so a noisy neighbour hits all alike.
 /// Servers, sockets and threads are made fresh, so they inherit the calling thread's affinity.
 fn measure(keys: Option<&Keys>) -> Figures {
-    let curve = keys.map(|k| ServerCurve { keypair: k.agent.clone(), allowed_clients: vec![(k.manager.public, "manager".into())], reload: None });
+    let curve = keys.map(|k| ServerCurve {
+        keypair: k.agent.clone(),
+        allowed_clients: vec![(k.manager.public, "manager".into())],
+        reload: None,
+    });
     let endpoint = spawn_agent(curve);
     let mut raw = BlockingClient::raw_echo(keys);
     let mut server = BlockingClient::callosum(&endpoint, keys);
-    let opts = PeerOptions { endpoint: endpoint.clone(), curve: client_curve(keys), keepalive: None, handshake_timeout: Duration::from_secs(5) };
-    let keys = keys.map(|k| Keys { manager: k.manager.clone(), agent: k.agent.clone() });
+    let opts = PeerOptions {
+        endpoint: endpoint.clone(),
+        curve: client_curve(keys),
+        keepalive: None,
+        handshake_timeout: Duration::from_secs(5),
+    };
+    let keys = keys.map(|k| Keys {
+        manager: k.manager.clone(),
+        agent: k.agent.clone(),
+    });
     actix_rt::System::new().block_on(async move {
         // Callers run as spawned tasks, as the manager's actors do: waking the System's
         // top-level future from a task costs an extra runtime wake-up that no caller pays.
@@ -248,7 +310,8 @@ fn measure(keys: Option<&Keys>) -> Figures {
             let peer = Peer::connect(&peer_ctx, &opts).await.unwrap();
             peer_seq(&peer, 200).await;
             per_call(&opts, 5).await; // warm-up
-            let (mut raw_s, mut server_s, mut peer_s, mut seq_s, mut per_call_s) = (vec![], vec![], vec![], vec![], vec![]);
+            let (mut raw_s, mut server_s, mut peer_s, mut seq_s, mut per_call_s) =
+                (vec![], vec![], vec![], vec![], vec![]);
             for _ in 0..ROUNDS {
                 raw_s.extend(raw.samples(SEQ_CALLS / ROUNDS));
                 server_s.extend(server.samples(SEQ_CALLS / ROUNDS));
@@ -274,35 +337,82 @@ fn measure(keys: Option<&Keys>) -> Figures {
 }
 
 fn main() {
-    let keys = Keys { manager: KeyPair::generate().unwrap(), agent: KeyPair::generate().unwrap() };
+    let keys = Keys {
+        manager: KeyPair::generate().unwrap(),
+        agent: KeyPair::generate().unwrap(),
+    };
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     // Unpinned first: pinning the main thread is inherited by every thread made after it.
     let spread = [measure(None), measure(Some(&keys))];
     let pinned_core = cores.last().copied();
     let pinned = match pinned_core {
-        Some(core) if cores.len() > 1 && core_affinity::set_for_current(core) => [measure(None), measure(Some(&keys))],
+        Some(core) if cores.len() > 1 && core_affinity::set_for_current(core) => {
+            [measure(None), measure(Some(&keys))]
+        }
         _ => {
             eprintln!("cannot pin to one core; the pinned columns repeat the unpinned run");
             spread
         }
     };
     let cols = [pinned[0], pinned[1], spread[0], spread[1]];
-    println!("\nkernelvisor rpc bench: one agent RPC server over loopback TCP ({} cores)", cores.len());
-    println!("{:<58} {:>23}   {:>23}", "", "pinned to one core", format!("all {} cores", cores.len()));
-    println!("{:<58} {:>11} {:>11}   {:>11} {:>11}", "measure", "plain", "CURVE", "plain", "CURVE");
+    println!(
+        "\nkernelvisor rpc bench: one agent RPC server over loopback TCP ({} cores)",
+        cores.len()
+    );
+    println!(
+        "{:<58} {:>23}   {:>23}",
+        "",
+        "pinned to one core",
+        format!("all {} cores", cores.len())
+    );
+    println!(
+        "{:<58} {:>11} {:>11}   {:>11} {:>11}",
+        "measure", "plain", "CURVE", "plain", "CURVE"
+    );
     let row = |name: &str, unit: &str, f: &dyn Fn(&Figures) -> f64| {
         let v: Vec<f64> = cols.iter().map(f).collect();
-        println!("{:<58} {:>11.1} {:>11.1}   {:>11.1} {:>11.1}", format!("{name} ({unit})"), v[0], v[1], v[2], v[3]);
+        println!(
+            "{:<58} {:>11.1} {:>11.1}   {:>11.1} {:>11.1}",
+            format!("{name} ({unit})"),
+            v[0],
+            v[1],
+            v[2],
+            v[3]
+        );
     };
     row("raw libzmq DEALER/ROUTER echo p50", "us", &|f| f.raw_p50);
-    row("  + agent server (blocking callosum client) p50", "us", &|f| f.server_p50);
-    row("  + Peer, no pool (persistent DEALER) p50", "us", &|f| f.peer_p50);
-    row("  + AgentPool actor = pooled sequential ping p50", "us", &|f| f.seq_p50);
+    row(
+        "  + agent server (blocking callosum client) p50",
+        "us",
+        &|f| f.server_p50,
+    );
+    row("  + Peer, no pool (persistent DEALER) p50", "us", &|f| {
+        f.peer_p50
+    });
+    row(
+        "  + AgentPool actor = pooled sequential ping p50",
+        "us",
+        &|f| f.seq_p50,
+    );
     row("pooled sequential ping p99", "us", &|f| f.seq_p99);
-    row(&format!("pooled, {CONC_CALLERS} concurrent callers, one peer"), "calls/s", &|f| f.conc_per_s);
-    row("per-call connection (connect+handshake+call+close) p50", "us", &|f| f.per_call_p50);
-    row("pooled p50 / raw echo p50 (target <= 1.5)", "x", &|f| f.pooled_over_raw());
-    row("per-call p50 / pooled p50 (target >= 20 with CURVE)", "x", &|f| f.per_call_over_pooled());
+    row(
+        &format!("pooled, {CONC_CALLERS} concurrent callers, one peer"),
+        "calls/s",
+        &|f| f.conc_per_s,
+    );
+    row(
+        "per-call connection (connect+handshake+call+close) p50",
+        "us",
+        &|f| f.per_call_p50,
+    );
+    row("pooled p50 / raw echo p50 (target <= 1.5)", "x", &|f| {
+        f.pooled_over_raw()
+    });
+    row(
+        "per-call p50 / pooled p50 (target >= 20 with CURVE)",
+        "x",
+        &|f| f.per_call_over_pooled(),
+    );
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
         "targets (pinned, CURVE): pooled <= 1.5x raw: {}; per-call >= 20x pooled: {}",
@@ -312,7 +422,9 @@ fn main() {
     println!(
         "{{{}, \"pinned_core\": {}, \"cores\": {}, \"unpinned\": {{{}}}}}",
         pinned[1].json(),
-        pinned_core.map(|c| c.id.to_string()).unwrap_or_else(|| "null".into()),
+        pinned_core
+            .map(|c| c.id.to_string())
+            .unwrap_or_else(|| "null".into()),
         cores.len(),
         spread[1].json()
     );

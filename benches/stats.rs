@@ -33,12 +33,25 @@ fn cpu_time() -> Duration {
 /// Resident set size in MiB, from /proc/self/status.
 fn rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
     kb / 1024.0
 }
 
 async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Value {
-    peer.call(method, &Call { args, kwargs: vec![] }, Duration::from_secs(120)).await.unwrap_or_else(|e| panic!("{method}: {e}"))
+    peer.call(
+        method,
+        &Call {
+            args,
+            kwargs: vec![],
+        },
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{method}: {e}"))
 }
 
 fn kv(pairs: Vec<(&str, Value)>) -> Value {
@@ -48,10 +61,27 @@ fn kv(pairs: Vec<(&str, Value)>) -> Value {
 /// Starts kernels until `n` run, 10 per call.
 async fn grow_to(peer: &Peer, running: &mut Vec<String>, n: usize) {
     while running.len() < n {
-        let batch: Vec<String> = (running.len()..n.min(running.len() + 10)).map(|i| format!("bench-stats-{}-{i}", std::process::id())).collect();
-        let config = kv(vec![("image", IMAGE.into()), ("resource_slots", kv(vec![("cpu", "0.01".into()), ("mem", (16u64 << 20).into())]))]);
+        let batch: Vec<String> = (running.len()..n.min(running.len() + 10))
+            .map(|i| format!("bench-stats-{}-{i}", std::process::id()))
+            .collect();
+        let config = kv(vec![
+            ("image", IMAGE.into()),
+            (
+                "resource_slots",
+                kv(vec![("cpu", "0.01".into()), ("mem", (16u64 << 20).into())]),
+            ),
+        ]);
         let configs = batch.iter().map(|_| config.clone()).collect();
-        call(peer, "create_kernels", vec!["bench-stats".into(), Value::Array(batch.iter().map(|k| k.clone().into()).collect()), Value::Array(configs)]).await;
+        call(
+            peer,
+            "create_kernels",
+            vec![
+                "bench-stats".into(),
+                Value::Array(batch.iter().map(|k| k.clone().into()).collect()),
+                Value::Array(configs),
+            ],
+        )
+        .await;
         running.extend(batch);
     }
 }
@@ -61,7 +91,11 @@ async fn measure(agent: &Agent, window: Duration) -> (f64, u64) {
     let rounds = |a: &Agent| {
         let text = a.ctx.metrics.render();
         text.lines()
-            .find_map(|l| l.strip_prefix("backendai_stat_task_trigger_count_total{").filter(|r| r.contains("stat_scope=\"container\"")).and_then(|r| r.rsplit(' ').next()?.parse::<u64>().ok()))
+            .find_map(|l| {
+                l.strip_prefix("backendai_stat_task_trigger_count_total{")
+                    .filter(|r| r.contains("stat_scope=\"container\""))
+                    .and_then(|r| r.rsplit(' ').next()?.parse::<u64>().ok())
+            })
             .unwrap_or(0)
     };
     // Let a round pass so the kernel set is settled and cached.
@@ -74,8 +108,16 @@ async fn measure(agent: &Agent, window: Duration) -> (f64, u64) {
 }
 
 fn main() {
-    let interval: f64 = std::env::var("KV_BENCH_INTERVAL").ok().and_then(|s| s.parse().ok()).unwrap_or(0.25);
-    let window = Duration::from_secs_f64(std::env::var("KV_BENCH_WINDOW").ok().and_then(|s| s.parse().ok()).unwrap_or(10.0));
+    let interval: f64 = std::env::var("KV_BENCH_INTERVAL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.25);
+    let window = Duration::from_secs_f64(
+        std::env::var("KV_BENCH_WINDOW")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10.0),
+    );
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
     let toml = format!(

@@ -63,6 +63,10 @@ kernelvisor dev pair running (CURVE on both channels):
 Try, in another shell:
   $bin ctl agents
   $bin ctl session exec $session 'ls -la /home/work; cat /proc/loadavg'
+  $bin ctl session exec $session 'for i in 1 2 3; do echo \$i; sleep 1; done'     # streams as it prints
+  $bin ctl session create --image kernelvisor-test:latest --cpu 0.5 --mem 128m --access-key AKIADEV \\
+      --type batch --command 'echo start; sleep 3; echo done'                    # a batch job; then:
+  $bin ctl session logs <ID> -f ; $bin ctl session wait <ID>
   $bin ctl session create --image kernelvisor-test:latest --cpu 0.5 --mem 128m --access-key AKIADEV
   $bin ctl session rm $session
   $bin ctl access-key show AKIADEV

@@ -38,17 +38,27 @@ fn config(fx: &AgentFixture, intake_port: u16) -> AgentConfig {
 async fn manager_client(agent: &Agent, keys: &Keys) -> Peer {
     let opts = PeerOptions {
         endpoint: agent.endpoint().to_owned(),
-        curve: Some(ClientCurve { keypair: keys.manager.clone(), server_key: keys.agent.public }),
+        curve: Some(ClientCurve {
+            keypair: keys.manager.clone(),
+            server_key: keys.agent.public,
+        }),
         keepalive: None,
         handshake_timeout: Duration::from_secs(5),
     };
-    Peer::connect(&zmq::Context::new(), &opts).await.expect("CURVE connect to the agent")
+    Peer::connect(&zmq::Context::new(), &opts)
+        .await
+        .expect("CURVE connect to the agent")
 }
 
 /// A gauge's value from the agent's own `/metrics` text.
 fn gauge(agent: &Agent, name: &str) -> f64 {
     let text = agent.ctx.metrics.render();
-    text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok())).unwrap_or_else(|| panic!("{name} not in {text}"))
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("{name} not in {text}"))
 }
 
 /// Creates and destroys `n` kernels (4 events each with a local image: preparing, creating,
@@ -56,16 +66,44 @@ fn gauge(agent: &Agent, name: &str) -> f64 {
 async fn churn(peer: &Peer, tag: &str, n: usize) -> Vec<String> {
     let call = |method: &str, args: Vec<Value>| {
         let (peer, method) = (peer.clone(), method.to_owned());
-        async move { peer.call(&method, &Call { args, kwargs: vec![] }, Duration::from_secs(60)).await.unwrap_or_else(|e| panic!("{method}: {e}")) }
+        async move {
+            peer.call(
+                &method,
+                &Call {
+                    args,
+                    kwargs: vec![],
+                },
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"))
+        }
     };
     let mut ids = Vec::new();
     for batch in 0..n.div_ceil(10) {
         let session = format!("s-{tag}-{batch}");
-        let kernels: Vec<String> = (0..10.min(n - batch * 10)).map(|i| format!("k-{tag}-{batch}-{i}")).collect();
-        let configs = kernels.iter().map(|_| kernel_config("0.01", 8 << 20, vec![])).collect();
-        call("create_kernels", vec![session.clone().into(), Value::Array(kernels.iter().map(|k| k.clone().into()).collect()), Value::Array(configs)]).await;
+        let kernels: Vec<String> = (0..10.min(n - batch * 10))
+            .map(|i| format!("k-{tag}-{batch}-{i}"))
+            .collect();
+        let configs = kernels
+            .iter()
+            .map(|_| kernel_config("0.01", 8 << 20, vec![]))
+            .collect();
+        call(
+            "create_kernels",
+            vec![
+                session.clone().into(),
+                Value::Array(kernels.iter().map(|k| k.clone().into()).collect()),
+                Value::Array(configs),
+            ],
+        )
+        .await;
         for k in &kernels {
-            call("destroy_kernel", vec![k.clone().into(), session.clone().into()]).await;
+            call(
+                "destroy_kernel",
+                vec![k.clone().into(), session.clone().into()],
+            )
+            .await;
         }
         ids.extend(kernels);
     }
@@ -84,46 +122,69 @@ async fn a_thousand_events_survive_an_outage_a_lost_ack_and_an_agent_restart() {
     let keys = Keys::new();
     keys.write(fx.dir.path());
     let intake_port = free_port();
-    let dummy = || Some(Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>);
+    let dummy =
+        || Some(Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>);
 
     // Receiver down: the first agent produces events and stops with them pending.
     let mut produced = Vec::new();
-    let agent = Agent::start(config(&fx, intake_port), dummy()).await.unwrap();
+    let agent = Agent::start(config(&fx, intake_port), dummy())
+        .await
+        .unwrap();
     let mut bus = agent.ctx.events.subscribe();
     produced.push(AgentEvent::AgentStarted); // emitted before we could subscribe
     let peer = manager_client(&agent, &keys).await;
     churn(&peer, "a", 125).await;
     collect(&mut bus, &mut produced);
-    wait_until(Duration::from_secs(10), "the outbox holds every event", || {
-        let depth = gauge(&agent, "kernelvisor_outbox_depth");
-        let n = produced.len();
-        async move { depth as usize == n }
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the outbox holds every event",
+        || {
+            let depth = gauge(&agent, "kernelvisor_outbox_depth");
+            let n = produced.len();
+            async move { depth as usize == n }
+        },
+    )
     .await;
     peer.close();
     agent.shutdown(OnShutdown::Preserve).await;
-    produced.push(AgentEvent::AgentTerminated { reason: "shutdown".into() });
+    produced.push(AgentEvent::AgentTerminated {
+        reason: "shutdown".into(),
+    });
 
     // Restarted agent, receiver still down: more events on top of the pending ones.
-    let agent = Agent::start(config(&fx, intake_port), dummy()).await.unwrap();
+    let agent = Agent::start(config(&fx, intake_port), dummy())
+        .await
+        .unwrap();
     let mut bus = agent.ctx.events.subscribe();
     produced.push(AgentEvent::AgentStarted);
     let peer = manager_client(&agent, &keys).await;
     churn(&peer, "b", 125).await;
     collect(&mut bus, &mut produced);
     assert!(produced.len() >= 1000, "{} events produced", produced.len());
-    wait_until(Duration::from_secs(10), "the outbox holds both runs' events", || {
-        let depth = gauge(&agent, "kernelvisor_outbox_depth");
-        let n = produced.len();
-        async move { depth as usize == n }
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the outbox holds both runs' events",
+        || {
+            let depth = gauge(&agent, "kernelvisor_outbox_depth");
+            let n = produced.len();
+            async move { depth as usize == n }
+        },
+    )
     .await;
 
     // The receiver comes back and loses the ack of the first batch it gets.
     let received = Received::default();
     received.lose_acks.store(1, Ordering::SeqCst);
-    let intake_up_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
-    let _intake = start_intake(&format!("tcp://127.0.0.1:{intake_port}"), &keys.manager, keys.agent.public, &received);
+    let intake_up_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let _intake = start_intake(
+        &format!("tcp://127.0.0.1:{intake_port}"),
+        &keys.manager,
+        keys.agent.public,
+        &received,
+    );
     wait_until(Duration::from_secs(60), "the outbox drains", || {
         let depth = gauge(&agent, "kernelvisor_outbox_depth");
         async move { depth == 0.0 }
@@ -135,9 +196,14 @@ async fn a_thousand_events_survive_an_outage_a_lost_ack_and_an_agent_restart() {
     let mut by_id: HashMap<String, Value> = HashMap::new();
     let mut first_seen: Vec<String> = Vec::new();
     for e in &events {
-        let id = str_field(e, "id").expect("every event has an id").to_owned();
+        let id = str_field(e, "id")
+            .expect("every event has an id")
+            .to_owned();
         match by_id.get(&id) {
-            Some(earlier) => assert_eq!(earlier, e, "a resend carries the same id and the same content"),
+            Some(earlier) => assert_eq!(
+                earlier, e,
+                "a resend carries the same id and the same content"
+            ),
             None => {
                 by_id.insert(id.clone(), e.clone());
                 first_seen.push(id);
@@ -151,31 +217,64 @@ async fn a_thousand_events_survive_an_outage_a_lost_ack_and_an_agent_restart() {
     }
     let mut got: HashMap<(String, Option<String>), usize> = HashMap::new();
     for e in by_id.values() {
-        *got.entry(key(str_field(e, "name").unwrap(), str_field(e, "kernel_id"))).or_default() += 1;
+        *got.entry(key(
+            str_field(e, "name").unwrap(),
+            str_field(e, "kernel_id"),
+        ))
+        .or_default() += 1;
     }
     assert_eq!(got, want, "every event arrives exactly once by id");
-    assert!(events.len() > by_id.len(), "the batch whose ack was lost was resent ({} deliveries, {} ids)", events.len(), by_id.len());
+    assert!(
+        events.len() > by_id.len(),
+        "the batch whose ack was lost was resent ({} deliveries, {} ids)",
+        events.len(),
+        by_id.len()
+    );
 
     // Order: seq grows in first-arrival order, and each kernel's events come in lifecycle order.
-    let seqs: Vec<i64> = first_seen.iter().map(|id| int_field(&by_id[id], "seq").unwrap()).collect();
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "events arrive in outbox order");
+    let seqs: Vec<i64> = first_seen
+        .iter()
+        .map(|id| int_field(&by_id[id], "seq").unwrap())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "events arrive in outbox order"
+    );
     let mut per_kernel: HashMap<String, Vec<String>> = HashMap::new();
     for id in &first_seen {
         let e = &by_id[id];
         if let Some(k) = str_field(e, "kernel_id") {
-            per_kernel.entry(k.to_owned()).or_default().push(str_field(e, "name").unwrap().to_owned());
+            per_kernel
+                .entry(k.to_owned())
+                .or_default()
+                .push(str_field(e, "name").unwrap().to_owned());
         }
     }
     assert_eq!(per_kernel.len(), 250);
     for (k, names) in &per_kernel {
-        assert_eq!(names.first().map(String::as_str), Some("kernel_preparing"), "{k}: {names:?}");
-        assert_eq!(names.last().map(String::as_str), Some("kernel_terminated"), "{k}: {names:?}");
+        assert_eq!(
+            names.first().map(String::as_str),
+            Some("kernel_preparing"),
+            "{k}: {names:?}"
+        );
+        assert_eq!(
+            names.last().map(String::as_str),
+            Some("kernel_terminated"),
+            "{k}: {names:?}"
+        );
         let started = names.iter().position(|n| n == "kernel_started").unwrap();
         let creating = names.iter().position(|n| n == "kernel_creating").unwrap();
         assert!(creating < started, "{k}: {names:?}");
     }
-    let agent_events: Vec<&str> = first_seen.iter().filter_map(|id| str_field(&by_id[id], "name")).filter(|n| n.starts_with("agent_")).collect();
-    assert_eq!(agent_events, ["agent_started", "agent_terminated", "agent_started"]);
+    let agent_events: Vec<&str> = first_seen
+        .iter()
+        .filter_map(|id| str_field(&by_id[id], "name"))
+        .filter(|n| n.starts_with("agent_"))
+        .collect();
+    assert_eq!(
+        agent_events,
+        ["agent_started", "agent_terminated", "agent_started"]
+    );
 
     // Heartbeats resume with the receiver, latest-wins: none of those missed is replayed.
     wait_until(Duration::from_secs(10), "heartbeats arrive", || {
@@ -187,19 +286,49 @@ async fn a_thousand_events_survive_an_outage_a_lost_ack_and_an_agent_restart() {
     // Each heartbeat carries its build time: none built during the ~10 s outage arrives (one
     // interval plus the handshake is the most a fresh one can be old).
     for (_, hb) in &beats {
-        let ts = hb.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("ts")).and_then(|(_, v)| v.as_f64()).unwrap();
-        assert!(ts >= intake_up_unix - 1.0, "a heartbeat from before the receiver came back was replayed: {ts} < {intake_up_unix}");
+        let ts = hb
+            .as_map()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("ts"))
+            .and_then(|(_, v)| v.as_f64())
+            .unwrap();
+        assert!(
+            ts >= intake_up_unix - 1.0,
+            "a heartbeat from before the receiver came back was replayed: {ts} < {intake_up_unix}"
+        );
     }
     let (_, hb) = beats.last().unwrap();
     assert_eq!(str_field(hb, "agent_id"), Some(fx.agent_id.as_str()));
     assert_eq!(str_field(hb, "region"), Some("local"));
     assert_eq!(str_field(hb, "addr"), Some(agent.endpoint()));
-    assert_eq!(str_field(hb, "public_key"), Some(keys.agent.public.to_z85().as_str()));
+    assert_eq!(
+        str_field(hb, "public_key"),
+        Some(keys.agent.public.to_z85().as_str())
+    );
     assert_eq!(str_field(hb, "architecture"), Some(std::env::consts::ARCH));
-    let slots = hb.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("slots")).unwrap().1.clone();
-    let total = slots.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("total")).unwrap().1.clone();
+    let slots = hb
+        .as_map()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| k.as_str() == Some("slots"))
+        .unwrap()
+        .1
+        .clone();
+    let total = slots
+        .as_map()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| k.as_str() == Some("total"))
+        .unwrap()
+        .1
+        .clone();
     // Slot amounts are decimal strings, as Backend.AI writes them.
-    let amount = |k: &str| str_field(&total, k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let amount = |k: &str| {
+        str_field(&total, k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     assert!(amount("cpu") > 0.0 && amount("mem") > 0.0, "{slots}");
     let ids: HashSet<String> = by_id.keys().cloned().collect();
     assert_eq!(ids.len(), produced.len());

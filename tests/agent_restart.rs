@@ -18,7 +18,11 @@ const MIB: u64 = 1 << 20;
 /// The agent binary (built with `fault-injection` by `just test-all`), logging to `agent.log`.
 fn spawn_agent(fx: &AgentFixture, agent_extra: &str) -> Child {
     let config = fx.write_config(agent_extra);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(fx.dir.path().join("agent.log")).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(fx.dir.path().join("agent.log"))
+        .unwrap();
     Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
         .args(["agent", "--config"])
         .arg(&config)
@@ -32,12 +36,20 @@ async fn connect(fx: &AgentFixture) -> Peer {
     let endpoint = format!("tcp://127.0.0.1:{}", fx.rpc_port);
     for _ in 0..60 {
         let ctx = zmq::Context::new();
-        let opts = kernelvisor::rpc::PeerOptions { endpoint: endpoint.clone(), curve: None, keepalive: None, handshake_timeout: Duration::from_millis(500) };
+        let opts = kernelvisor::rpc::PeerOptions {
+            endpoint: endpoint.clone(),
+            curve: None,
+            keepalive: None,
+            handshake_timeout: Duration::from_millis(500),
+        };
         if let Ok(peer) = Peer::connect(&ctx, &opts).await {
             return peer;
         }
     }
-    panic!("agent did not come up; log:\n{}", read(&fx.dir.path().join("agent.log")));
+    panic!(
+        "agent did not come up; log:\n{}",
+        read(&fx.dir.path().join("agent.log"))
+    );
 }
 
 fn sigterm(child: &mut Child) {
@@ -55,7 +67,17 @@ fn sigterm(child: &mut Child) {
 }
 
 fn config_with_port(mem: u64) -> Value {
-    kernel_config("0.1", mem, vec![("service_ports", Value::Array(vec![map(vec![("name", "p".into()), ("container_ports", Value::Array(vec![8000.into()]))])]))])
+    kernel_config(
+        "0.1",
+        mem,
+        vec![(
+            "service_ports",
+            Value::Array(vec![map(vec![
+                ("name", "p".into()),
+                ("container_ports", Value::Array(vec![8000.into()])),
+            ])]),
+        )],
+    )
 }
 
 #[actix_rt::test]
@@ -64,8 +86,24 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
     let mut agent = spawn_agent(&fx, "");
     let peer = connect(&fx).await;
     let (k1, k2) = (format!("k1-{}", run_id()), format!("k2-{}", run_id()));
-    let c1 = field(&create_one(&peer, "s1", &k1, config_with_port(32 * MIB)).await.unwrap(), "container_id").as_str().unwrap().to_owned();
-    let c2 = field(&create_one(&peer, "s1", &k2, config_with_port(32 * MIB)).await.unwrap(), "container_id").as_str().unwrap().to_owned();
+    let c1 = field(
+        &create_one(&peer, "s1", &k1, config_with_port(32 * MIB))
+            .await
+            .unwrap(),
+        "container_id",
+    )
+    .as_str()
+    .unwrap()
+    .to_owned();
+    let c2 = field(
+        &create_one(&peer, "s1", &k2, config_with_port(32 * MIB))
+            .await
+            .unwrap(),
+        "container_id",
+    )
+    .as_str()
+    .unwrap()
+    .to_owned();
     peer.close();
 
     // Graceful stop keeps the containers (on-shutdown = "preserve", the default).
@@ -75,28 +113,83 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
     // While the agent is down: k2's container dies; a container with our id but unknown to the
     // agent appears (dangling), and one of another agent (foreign).
     docker(&["kill", &c2]);
-    let ghost = docker(&["run", "-d", "--label", &format!("ai.backend.agent-id={}", fx.agent_id), "--label", "ai.backend.kernel-id=ghost", TEST_IMAGE]);
-    let foreign = docker(&["run", "-d", "--label", "ai.backend.agent-id=someone-else", "--label", &format!("kernelvisor.test-run={}", fx.agent_id), TEST_IMAGE]);
+    let ghost = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &format!("ai.backend.agent-id={}", fx.agent_id),
+        "--label",
+        "ai.backend.kernel-id=ghost",
+        TEST_IMAGE,
+    ]);
+    let foreign = docker(&[
+        "run",
+        "-d",
+        "--label",
+        "ai.backend.agent-id=someone-else",
+        "--label",
+        &format!("kernelvisor.test-run={}", fx.agent_id),
+        TEST_IMAGE,
+    ]);
 
     let mut agent = spawn_agent(&fx, "");
     let peer = connect(&fx).await;
-    assert_eq!(call(&peer, "check_running", vec![k1.clone().into()]).await.unwrap(), Value::from(true));
-    let out = call(&peer, "execute", vec!["s1".into(), k1.clone().into(), "v4".into(), "r".into(), "query".into(), "echo reattached".into(), map(vec![]), 0.into()]).await.unwrap();
+    assert_eq!(
+        call(&peer, "check_running", vec![k1.clone().into()])
+            .await
+            .unwrap(),
+        Value::from(true)
+    );
+    let out = call(
+        &peer,
+        "execute",
+        vec![
+            "s1".into(),
+            k1.clone().into(),
+            "v4".into(),
+            "r".into(),
+            "query".into(),
+            "echo reattached".into(),
+            map(vec![]),
+            0.into(),
+        ],
+    )
+    .await
+    .unwrap();
     assert!(format!("{:?}", field(&out, "console")).contains("reattached"));
     // k2 is torn down: container, scratch and its port and slots.
-    wait_until(Duration::from_secs(30), "k2 cleaned up", || async { inspect(&c2, "{{.Id}}").is_none() }).await;
-    wait_until(Duration::from_secs(10), "k2 forgotten", || async { failure_name(&call(&peer, "check_running", vec![k2.clone().into()]).await) == "KernelNotFound" }).await;
+    wait_until(Duration::from_secs(30), "k2 cleaned up", || async {
+        inspect(&c2, "{{.Id}}").is_none()
+    })
+    .await;
+    wait_until(Duration::from_secs(10), "k2 forgotten", || async {
+        failure_name(&call(&peer, "check_running", vec![k2.clone().into()]).await)
+            == "KernelNotFound"
+    })
+    .await;
     assert_eq!(fx.scratch_entries(), vec![k1.clone()]);
     tokio::time::sleep(Duration::from_millis(150)).await;
     let (cpu, mem, free) = usage(&peer).await;
-    assert_eq!((cpu.as_str(), mem, free), ("0.1", (32 * MIB).to_string(), 9), "k1's slots and port re-reserved, k2's released");
-    let synced = call(&peer, "sync_kernel_registry", vec![Value::Array(vec![])]).await.unwrap();
+    assert_eq!(
+        (cpu.as_str(), mem, free),
+        ("0.1", (32 * MIB).to_string(), 9),
+        "k1's slots and port re-reserved, k2's released"
+    );
+    let synced = call(&peer, "sync_kernel_registry", vec![Value::Array(vec![])])
+        .await
+        .unwrap();
     let kernels = field(&synced, "kernels").as_array().unwrap().clone();
     assert_eq!(kernels.len(), 1);
     assert_eq!(field(&kernels[0], "status").as_str(), Some("RUNNING"));
     // Dangling and foreign containers are reported / ignored, never touched.
-    assert_eq!(inspect(&ghost, "{{.State.Running}}").as_deref(), Some("true"));
-    assert_eq!(inspect(&foreign, "{{.State.Running}}").as_deref(), Some("true"));
+    assert_eq!(
+        inspect(&ghost, "{{.State.Running}}").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        inspect(&foreign, "{{.State.Running}}").as_deref(),
+        Some("true")
+    );
     assert!(read(&fx.dir.path().join("agent.log")).contains("dangling container"));
     docker(&["rm", "-f", &ghost, &foreign]);
     peer.close();
@@ -105,7 +198,12 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
     sigterm(&mut agent);
     let mut agent = spawn_agent(&fx, "on-shutdown = \"terminate\"");
     let peer = connect(&fx).await;
-    assert_eq!(call(&peer, "check_running", vec![k1.clone().into()]).await.unwrap(), Value::from(true));
+    assert_eq!(
+        call(&peer, "check_running", vec![k1.clone().into()])
+            .await
+            .unwrap(),
+        Value::from(true)
+    );
     peer.close();
     sigterm(&mut agent);
     assert_eq!(inspect(&c1, "{{.Id}}"), None);
@@ -122,7 +220,13 @@ async fn sigkill_in_the_middle_of_a_create_leaks_nothing() {
         let kid = format!("k-{}", run_id());
         let mut config = config_with_port(32 * MIB);
         if let Value::Map(m) = &mut config {
-            m.push(("_inject".into(), map(vec![("pause_before", Value::Array(vec![stage.into(), 60.into()]))])));
+            m.push((
+                "_inject".into(),
+                map(vec![(
+                    "pause_before",
+                    Value::Array(vec![stage.into(), 60.into()]),
+                )]),
+            ));
         }
         let pending = {
             let (peer, kid) = (peer.clone(), kid.clone());
@@ -130,7 +234,10 @@ async fn sigkill_in_the_middle_of_a_create_leaks_nothing() {
         };
         // Wait until the kernel holds everything up to `stage`, then kill the agent outright.
         let want_container = stage == "service-ports";
-        wait_until(Duration::from_secs(30), "create in progress", || async { fx.scratch_entries().len() == 1 && (fx.containers().len() == 1) == want_container }).await;
+        wait_until(Duration::from_secs(30), "create in progress", || async {
+            fx.scratch_entries().len() == 1 && (fx.containers().len() == 1) == want_container
+        })
+        .await;
         agent.kill().unwrap();
         agent.wait().unwrap();
         pending.abort(); // its reply will never come: the agent is dead
@@ -139,11 +246,26 @@ async fn sigkill_in_the_middle_of_a_create_leaks_nothing() {
         let peer = connect(&fx).await;
         assert!(fx.containers().is_empty(), "{stage}: container leaked");
         assert!(fx.scratch_entries().is_empty(), "{stage}: scratch leaked");
-        assert_eq!(usage(&peer).await, ("0".into(), "0".into(), 4), "{stage}: slots or ports leaked");
-        assert_eq!(failure_name(&call(&peer, "check_running", vec![kid.clone().into()]).await), "KernelNotFound");
+        assert_eq!(
+            usage(&peer).await,
+            ("0".into(), "0".into(), 4),
+            "{stage}: slots or ports leaked"
+        );
+        assert_eq!(
+            failure_name(&call(&peer, "check_running", vec![kid.clone().into()]).await),
+            "KernelNotFound"
+        );
         // The same id can be used again: its row is TERMINATED, not live.
-        create_one(&peer, "s", &kid, kernel_config("0.1", 32 * MIB, vec![])).await.unwrap();
-        call(&peer, "destroy_kernel", vec![kid.clone().into(), "s".into()]).await.unwrap();
+        create_one(&peer, "s", &kid, kernel_config("0.1", 32 * MIB, vec![]))
+            .await
+            .unwrap();
+        call(
+            &peer,
+            "destroy_kernel",
+            vec![kid.clone().into(), "s".into()],
+        )
+        .await
+        .unwrap();
         peer.close();
         sigterm(&mut agent);
     }

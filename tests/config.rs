@@ -18,9 +18,15 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 fn sample_configs_parse_with_documented_defaults() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let agent = AgentConfig::load(&root.join("configs/agent.toml")).unwrap();
-    assert_eq!(agent.agent.rpc_listen_addr.zmq_endpoint(), "tcp://0.0.0.0:6011");
+    assert_eq!(
+        agent.agent.rpc_listen_addr.zmq_endpoint(),
+        "tcp://0.0.0.0:6011"
+    );
     let manager = ManagerConfig::load(&root.join("configs/manager.toml")).unwrap();
-    assert_eq!(manager.agent_pool.spec(), kernelvisor::manager::pool::PoolSpec::default());
+    assert_eq!(
+        manager.agent_pool.spec(),
+        kernelvisor::manager::pool::PoolSpec::default()
+    );
     AgentConfig::load(&root.join("configs/dev/agent.toml")).unwrap();
     ManagerConfig::load(&root.join("configs/dev/manager.toml")).unwrap();
 }
@@ -28,23 +34,49 @@ fn sample_configs_parse_with_documented_defaults() {
 #[test]
 fn unknown_keys_and_bad_values_are_errors_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let typo = write(dir.path(), "a.toml", "[agent]\nid = \"a\"\nrpc-listen-adr = { host = \"x\", port = 1 }\n");
+    let typo = write(
+        dir.path(),
+        "a.toml",
+        "[agent]\nid = \"a\"\nrpc-listen-adr = { host = \"x\", port = 1 }\n",
+    );
     let err = AgentConfig::load(&typo).unwrap_err().to_string();
     assert!(err.contains("rpc-listen-adr"), "{err}");
-    let bad_port = write(dir.path(), "b.toml", "[agent]\nid = \"a\"\nrpc-listen-addr = { host = \"x\", port = 70000 }\n");
+    let bad_port = write(
+        dir.path(),
+        "b.toml",
+        "[agent]\nid = \"a\"\nrpc-listen-addr = { host = \"x\", port = 70000 }\n",
+    );
     let err = AgentConfig::load(&bad_port).unwrap_err().to_string();
     assert!(err.contains("port") && err.contains("70000"), "{err}");
-    let half_curve = write(dir.path(), "c.toml", "[agent]\nid = \"a\"\nrpc-auth-agent-keypair = \"k\"\n");
+    let half_curve = write(
+        dir.path(),
+        "c.toml",
+        "[agent]\nid = \"a\"\nrpc-auth-agent-keypair = \"k\"\n",
+    );
     let err = AgentConfig::load(&half_curve).unwrap_err().to_string();
     assert!(err.contains("rpc-auth-manager-public-key"), "{err}");
-    let negative = write(dir.path(), "m.toml", "[agent-pool]\nhealth-check-interval = -1\n");
+    let negative = write(
+        dir.path(),
+        "m.toml",
+        "[agent-pool]\nhealth-check-interval = -1\n",
+    );
     let err = ManagerConfig::load(&negative).unwrap_err().to_string();
-    assert!(err.contains("health-check-interval") && err.contains("positive"), "{err}");
-    let zero = write(dir.path(), "n.toml", "[agent-pool]\nfailure-threshold = 0\n");
+    assert!(
+        err.contains("health-check-interval") && err.contains("positive"),
+        "{err}"
+    );
+    let zero = write(
+        dir.path(),
+        "n.toml",
+        "[agent-pool]\nfailure-threshold = 0\n",
+    );
     let err = ManagerConfig::load(&zero).unwrap_err().to_string();
     assert!(err.contains("agent-pool.failure-threshold"), "{err}");
     let unknown_section = write(dir.path(), "o.toml", "[agent-pol]\n");
-    assert!(ManagerConfig::load(&unknown_section).unwrap_err().to_string().contains("agent-pol"));
+    assert!(ManagerConfig::load(&unknown_section)
+        .unwrap_err()
+        .to_string()
+        .contains("agent-pol"));
 }
 
 #[test]
@@ -55,8 +87,13 @@ fn keygen_writes_certificates_pyzmq_reads() {
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let ours = kernelvisor::rpc::curve::load_keypair(&dir.path().join("manager.key_secret")).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ours =
+        kernelvisor::rpc::curve::load_keypair(&dir.path().join("manager.key_secret")).unwrap();
     let script = "import sys, zmq.auth\npub, sec = zmq.auth.load_certificate(sys.argv[1])\npub2, none = zmq.auth.load_certificate(sys.argv[2])\nassert none is None and pub == pub2\nprint(pub.decode(), sec.decode())";
     let py = Command::new(common::python())
         .args(["-c", script])
@@ -64,7 +101,11 @@ fn keygen_writes_certificates_pyzmq_reads() {
         .arg(dir.path().join("manager.key"))
         .output()
         .unwrap();
-    assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
     let stdout = String::from_utf8(py.stdout).unwrap();
     let (public, secret) = stdout.trim().split_once(' ').unwrap();
     assert_eq!(public, ours.public.to_z85());
@@ -78,7 +119,10 @@ fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
     assert_eq!(sample.container.port_range, [30000, 31000]);
     assert_eq!(sample.resource.reserved_mem.0, 1 << 30);
     assert_eq!(sample.container.default_shmem.0, 64 << 20);
-    assert_eq!(sample.agent.on_shutdown, kernelvisor::config::OnShutdown::Preserve);
+    assert_eq!(
+        sample.agent.on_shutdown,
+        kernelvisor::config::OnShutdown::Preserve
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let ok = write(dir.path(), "ok.toml", "[agent]\nid = \"a\"\nbackend = \"dummy\"\non-shutdown = \"terminate\"\n[resource]\nreserved-mem = 268435456\nmem = \"2g\"\n[container]\nscratch-size = \"512m\"\n");
@@ -87,14 +131,24 @@ fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
     assert_eq!(c.resource.mem.unwrap().0, 2 << 30);
     assert_eq!(c.container.scratch_size.unwrap().0, 512 << 20);
     for (text, key) in [
-        ("[container]\nport-range = [31000, 30000]\n", "container.port-range"),
+        (
+            "[container]\nport-range = [31000, 30000]\n",
+            "container.port-range",
+        ),
         ("[resource]\nreserved-mem = \"lots\"\n", "reserved-mem"),
         ("[resource]\nreserved-cpu = -1\n", "resource.reserved-cpu"),
-        ("[agent]\nkernel-creation-concurrency = 0\n", "kernel-creation-concurrency"),
+        (
+            "[agent]\nkernel-creation-concurrency = 0\n",
+            "kernel-creation-concurrency",
+        ),
         ("[container]\nscratch-rooot = \"/x\"\n", "scratch-rooot"),
         ("[agent]\non-shutdown = \"explode\"\n", "explode"),
     ] {
-        let text = if text.starts_with("[agent]") { format!("{}\nid = \"a\"\n", text.trim_end()) } else { format!("[agent]\nid = \"a\"\n{text}") };
+        let text = if text.starts_with("[agent]") {
+            format!("{}\nid = \"a\"\n", text.trim_end())
+        } else {
+            format!("[agent]\nid = \"a\"\n{text}")
+        };
         let p = write(dir.path(), "bad.toml", &text);
         let err = AgentConfig::load(&p).unwrap_err().to_string();
         assert!(err.contains(key), "{key}: {err}");
@@ -106,18 +160,36 @@ fn manager_sections_defaults_and_checks_name_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let m = ManagerConfig::load(&root.join("configs/manager.toml")).unwrap();
-    assert_eq!(m.manager.event_listen_addr.zmq_endpoint(), "tcp://0.0.0.0:6021");
+    assert_eq!(
+        m.manager.event_listen_addr.zmq_endpoint(),
+        "tcp://0.0.0.0:6021"
+    );
     assert_eq!(m.api.listen_addr.port, 8081);
-    assert_eq!(m.manager.heartbeat_timeout.0, std::time::Duration::from_secs(40));
+    assert_eq!(
+        m.manager.heartbeat_timeout.0,
+        std::time::Duration::from_secs(40)
+    );
     assert_eq!(m.store.url, "sqlite://var/manager/manager.db");
     assert_eq!(m.access_keys[0].concurrency_limit, 10);
     for (text, key) in [
-        ("[manager]\nheartbeat-interval = 20\nstartup-grace = 30\n", "manager.startup-grace"),
-        ("[manager]\nheartbeat-interval = 20\nheartbeat-timeout = 10\n", "manager.heartbeat-timeout"),
-        ("[manager]\nrpc-keypair = \"m.key_secret\"\n", "manager.agent-keys-dir"),
+        (
+            "[manager]\nheartbeat-interval = 20\nstartup-grace = 30\n",
+            "manager.startup-grace",
+        ),
+        (
+            "[manager]\nheartbeat-interval = 20\nheartbeat-timeout = 10\n",
+            "manager.heartbeat-timeout",
+        ),
+        (
+            "[manager]\nrpc-keypair = \"m.key_secret\"\n",
+            "manager.agent-keys-dir",
+        ),
         ("[store]\nurl = \"mysql://x\"\n", "store.url"),
         ("[api]\nworkers = 0\n", "api.workers"),
-        ("[[access-keys]]\naccess-key = \"A\"\n[[access-keys]]\naccess-key = \"A\"\n", "access-keys.access-key"),
+        (
+            "[[access-keys]]\naccess-key = \"A\"\n[[access-keys]]\naccess-key = \"A\"\n",
+            "access-keys.access-key",
+        ),
         ("[scheduler]\ncreate-timeuot = 3\n", "create-timeuot"),
     ] {
         let p = write(dir.path(), "m.toml", text);

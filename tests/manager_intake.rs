@@ -16,13 +16,25 @@ use kernelvisor::rpc::{Call, Peer, PeerOptions};
 use common::agent::{field, free_port, map};
 
 fn event(id: &str, seq: i64, name: &str, kernel: &str, extra: Vec<(&str, Value)>) -> Value {
-    let mut pairs = vec![("id", Value::from(id)), ("seq", seq.into()), ("ts", Value::F64(1.0)), ("name", name.into()), ("kernel_id", kernel.into()), ("session_id", "s".into())];
+    let mut pairs = vec![
+        ("id", Value::from(id)),
+        ("seq", seq.into()),
+        ("ts", Value::F64(1.0)),
+        ("name", name.into()),
+        ("kernel_id", kernel.into()),
+        ("session_id", "s".into()),
+    ];
     pairs.extend(extra);
     map(pairs)
 }
 
 fn acked(v: &Value) -> Vec<String> {
-    field(v, "acked").as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_owned()).collect()
+    field(v, "acked")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[actix_rt::test]
@@ -41,31 +53,79 @@ async fn events_apply_once_compact_and_reject_malformed() {
     // Two kernels placed on agent "a1" (as the scheduler would), both live, concurrency 2.
     let store = Store::connect(&url).await.unwrap();
     for k in ["k1", "k2"] {
-        let new = NewKernel { id: k.into(), session_id: "s".into(), agent_id: "a1".into(), access_key: "AK".into(), image: "img".into(), cpu_millis: 100, mem_bytes: 1 << 26, cuda_devices: 0, session_type: "interactive".into(), command: None, batch_timeout: None };
+        let new = NewKernel {
+            id: k.into(),
+            session_id: "s".into(),
+            agent_id: "a1".into(),
+            access_key: "AK".into(),
+            image: "img".into(),
+            cpu_millis: 100,
+            mem_bytes: 1 << 26,
+            cuda_devices: 0,
+            session_type: "interactive".into(),
+            command: None,
+            batch_timeout: None,
+        };
         store.reserve_kernel(&new).await.unwrap();
     }
     assert_eq!(store.access_key("AK").await.unwrap(), Some((2, 0)));
 
-    let opts = PeerOptions { endpoint: manager.intake_endpoint().to_owned(), curve: None, keepalive: None, handshake_timeout: Duration::from_secs(5) };
+    let opts = PeerOptions {
+        endpoint: manager.intake_endpoint().to_owned(),
+        curve: None,
+        keepalive: None,
+        handshake_timeout: Duration::from_secs(5),
+    };
     let peer = Peer::connect(&zmq::Context::new(), &opts).await.unwrap();
     let send = |events: Vec<Value>| {
         let peer = &peer;
-        async move { peer.call("agent_events", &Call { args: vec!["a1".into(), Value::Array(events)], kwargs: vec![] }, Duration::from_secs(10)).await.unwrap() }
+        async move {
+            peer.call(
+                "agent_events",
+                &Call {
+                    args: vec!["a1".into(), Value::Array(events)],
+                    kwargs: vec![],
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap()
+        }
     };
 
     let batch = vec![
-        map(vec![("id", "e0".into()), ("seq", 1.into()), ("name", "agent_started".into())]),
+        map(vec![
+            ("id", "e0".into()),
+            ("seq", 1.into()),
+            ("name", "agent_started".into()),
+        ]),
         event("e1", 2, "kernel_preparing", "k1", vec![]),
         event("e2", 3, "kernel_creating", "k1", vec![]),
         event("e3", 4, "kernel_started", "k1", vec![]),
         event("e4", 5, "kernel_started", "k2", vec![]),
-        event("e5", 6, "kernel_terminated", "k2", vec![("reason", "self-terminated".into()), ("exit_code", 3.into())]),
+        event(
+            "e5",
+            6,
+            "kernel_terminated",
+            "k2",
+            vec![
+                ("reason", "self-terminated".into()),
+                ("exit_code", 3.into()),
+            ],
+        ),
     ];
     let ids: Vec<String> = (0..6).map(|i| format!("e{i}")).collect();
     assert_eq!(acked(&send(batch.clone()).await), ids);
     assert_eq!(store.kernel("k1").await.unwrap().unwrap().status, "RUNNING");
     let k2 = store.kernel("k2").await.unwrap().unwrap();
-    assert_eq!((k2.status.as_str(), k2.status_reason.as_deref(), k2.exit_code), ("TERMINATED", Some("self-terminated"), Some(3)));
+    assert_eq!(
+        (
+            k2.status.as_str(),
+            k2.status_reason.as_deref(),
+            k2.exit_code
+        ),
+        ("TERMINATED", Some("self-terminated"), Some(3))
+    );
     assert_eq!(store.access_key("AK").await.unwrap(), Some((1, 0)));
     for id in &ids {
         assert!(store.event_processed(id).await.unwrap());
@@ -73,18 +133,34 @@ async fn events_apply_once_compact_and_reject_malformed() {
 
     // The same batch again (a lost ack): acked again, applied never twice.
     assert_eq!(acked(&send(batch).await), ids);
-    assert_eq!(store.access_key("AK").await.unwrap(), Some((1, 0)), "kernel_terminated not re-applied");
+    assert_eq!(
+        store.access_key("AK").await.unwrap(),
+        Some((1, 0)),
+        "kernel_terminated not re-applied"
+    );
     // A second termination of k2 under a new id changes nothing either: it left the live set once.
-    assert_eq!(acked(&send(vec![event("e6", 7, "kernel_terminated", "k2", vec![])]).await), vec!["e6"]);
+    assert_eq!(
+        acked(&send(vec![event("e6", 7, "kernel_terminated", "k2", vec![])]).await),
+        vec!["e6"]
+    );
     assert_eq!(store.access_key("AK").await.unwrap(), Some((1, 0)));
     // A status event never resurrects a terminated kernel.
-    assert_eq!(acked(&send(vec![event("e7", 8, "kernel_started", "k2", vec![])]).await), vec!["e7"]);
-    assert_eq!(store.kernel("k2").await.unwrap().unwrap().status, "TERMINATED");
+    assert_eq!(
+        acked(&send(vec![event("e7", 8, "kernel_started", "k2", vec![])]).await),
+        vec!["e7"]
+    );
+    assert_eq!(
+        store.kernel("k2").await.unwrap().unwrap().status,
+        "TERMINATED"
+    );
 
     // A malformed event is not acked, and neither is anything after it (order per kernel).
     let bad = vec![
         event("e8", 9, "kernel_terminated", "k1", vec![]),
-        map(vec![("id", "e9".into()), ("name", "kernel_terminated".into())]),
+        map(vec![
+            ("id", "e9".into()),
+            ("name", "kernel_terminated".into()),
+        ]),
         event("e10", 10, "kernel_started", "k1", vec![]),
     ];
     assert_eq!(acked(&send(bad).await), vec!["e8"]);
@@ -92,36 +168,105 @@ async fn events_apply_once_compact_and_reject_malformed() {
     assert_eq!(store.access_key("AK").await.unwrap(), Some((0, 0)));
 
     // Wrong argument shapes are FAILUREs; the intake keeps serving.
-    let r = peer.call("agent_events", &Call { args: vec!["a1".into(), 5.into()], kwargs: vec![] }, Duration::from_secs(5)).await;
-    assert!(matches!(r, Err(kernelvisor::rpc::CallError::Failure(ref m)) if m.name == "TypeError"), "{r:?}");
-    let r = peer.call("agent_heartbeat", &Call { args: vec!["a1".into(), map(vec![])], kwargs: vec![] }, Duration::from_secs(5)).await;
-    assert!(matches!(r, Err(kernelvisor::rpc::CallError::Failure(ref m)) if m.name == "InvalidHeartbeat"), "{r:?}");
+    let r = peer
+        .call(
+            "agent_events",
+            &Call {
+                args: vec!["a1".into(), 5.into()],
+                kwargs: vec![],
+            },
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(
+        matches!(r, Err(kernelvisor::rpc::CallError::Failure(ref m)) if m.name == "TypeError"),
+        "{r:?}"
+    );
+    let r = peer
+        .call(
+            "agent_heartbeat",
+            &Call {
+                args: vec!["a1".into(), map(vec![])],
+                kwargs: vec![],
+            },
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(
+        matches!(r, Err(kernelvisor::rpc::CallError::Failure(ref m)) if m.name == "InvalidHeartbeat"),
+        "{r:?}"
+    );
 
     // Metrics: applied by name, duplicates, compacted (e1, e2 by e3; e4 by e5), rejected.
     // HTTP off the actix thread: the API's handlers talk to actors living on this one.
     let api = format!("http://{}", manager.api_addr());
-    let get_text = |url: String| async move { actix_rt::task::spawn_blocking(move || ureq::get(&url).call().unwrap().into_string().unwrap()).await.unwrap() };
+    let get_text = |url: String| async move {
+        actix_rt::task::spawn_blocking(move || {
+            ureq::get(&url).call().unwrap().into_string().unwrap()
+        })
+        .await
+        .unwrap()
+    };
     let text = get_text(format!("{api}/metrics")).await;
-    let metric = |name: &str| text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0);
+    let metric = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     assert_eq!(metric("kernelvisor_manager_events_duplicate_total"), 6.0);
     assert_eq!(metric("kernelvisor_manager_events_compacted_total"), 3.0);
-    assert_eq!(metric("kernelvisor_manager_events_rejected_total{reason=\"malformed\"}"), 1.0);
-    assert_eq!(metric("kernelvisor_manager_events_applied_total{name=\"kernel_terminated\"}"), 3.0);
+    assert_eq!(
+        metric("kernelvisor_manager_events_rejected_total{reason=\"malformed\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric("kernelvisor_manager_events_applied_total{name=\"kernel_terminated\"}"),
+        3.0
+    );
 
     // After the start-up grace, a heartbeat gives the agent its address and slots.
     let get = |path: &str| {
         let url = format!("{api}{path}");
         async move { serde_json::from_str::<serde_json::Value>(&get_text(url).await).unwrap() }
     };
-    common::wait_until(Duration::from_secs(10), "normal mode", || async { get("/health").await["mode"] == "normal" }).await;
-    let slots = map(vec![("cpu", "2".into()), ("mem", "1073741824".into()), ("cuda.device", "0".into())]);
-    let info = map(vec![("addr", "tcp://127.0.0.1:1".into()), ("ts", Value::F64(2.0)), ("slots", map(vec![("total", slots)])), ("kernels", Value::Array(vec![]))]);
-    peer.call("agent_heartbeat", &Call { args: vec!["a1".into(), info], kwargs: vec![] }, Duration::from_secs(5)).await.unwrap();
-    common::wait_until(Duration::from_secs(10), "slots from the heartbeat", || async {
-        let agents = get("/v1/agents").await;
-        let a = &agents["agents"][0];
-        a["agent_id"] == "a1" && a["status"] == "ALIVE" && a["slots_total"]["cpu"] == "2" && a["addr"] == "tcp://127.0.0.1:1"
+    common::wait_until(Duration::from_secs(10), "normal mode", || async {
+        get("/health").await["mode"] == "normal"
     })
+    .await;
+    let slots = map(vec![
+        ("cpu", "2".into()),
+        ("mem", "1073741824".into()),
+        ("cuda.device", "0".into()),
+    ]);
+    let info = map(vec![
+        ("addr", "tcp://127.0.0.1:1".into()),
+        ("ts", Value::F64(2.0)),
+        ("slots", map(vec![("total", slots)])),
+        ("kernels", Value::Array(vec![])),
+    ]);
+    peer.call(
+        "agent_heartbeat",
+        &Call {
+            args: vec!["a1".into(), info],
+            kwargs: vec![],
+        },
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    common::wait_until(
+        Duration::from_secs(10),
+        "slots from the heartbeat",
+        || async {
+            let agents = get("/v1/agents").await;
+            let a = &agents["agents"][0];
+            a["agent_id"] == "a1"
+                && a["status"] == "ALIVE"
+                && a["slots_total"]["cpu"] == "2"
+                && a["addr"] == "tcp://127.0.0.1:1"
+        },
+    )
     .await;
 
     peer.close();

@@ -24,27 +24,65 @@ fn agent_start(db: Db, ports: u16) {
     let a = c.add_agent("start", ports, "");
     let id = c.agents[a].id().to_owned();
     let view = c.wait_agent_status(&id, "ALIVE", LONG);
-    assert!(view["slots_total"]["cpu"].as_str().unwrap().parse::<f64>().unwrap() > 0.0, "slots reported: {view}");
-    assert!(view["slots_total"]["mem"].as_str().unwrap().parse::<u64>().unwrap() > 0);
-    assert_eq!(view["addr"], format!("tcp://localhost:{}", c.agents[a].fixture.rpc_port), "the advertised RPC address");
-    common::cluster::wait_for(LONG, "agent_started applied", || (c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started") >= 1.0).then_some(()));
+    assert!(
+        view["slots_total"]["cpu"]
+            .as_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            > 0.0,
+        "slots reported: {view}"
+    );
+    assert!(
+        view["slots_total"]["mem"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        view["addr"],
+        format!("tcp://localhost:{}", c.agents[a].fixture.rpc_port),
+        "the advertised RPC address"
+    );
+    common::cluster::wait_for(LONG, "agent_started applied", || {
+        (c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started") >= 1.0)
+            .then_some(())
+    });
     let hb0 = c.manager_metric("kernelvisor_manager_heartbeats_total", "");
-    let t0 = c.agent_view(&id).unwrap()["last_heartbeat"].as_f64().unwrap();
+    let t0 = c.agent_view(&id).unwrap()["last_heartbeat"]
+        .as_f64()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(2600));
-    assert!(c.manager_metric("kernelvisor_manager_heartbeats_total", "") >= hb0 + 2.0, "a heartbeat every second");
-    assert!(c.agent_view(&id).unwrap()["last_heartbeat"].as_f64().unwrap() > t0);
+    assert!(
+        c.manager_metric("kernelvisor_manager_heartbeats_total", "") >= hb0 + 2.0,
+        "a heartbeat every second"
+    );
+    assert!(
+        c.agent_view(&id).unwrap()["last_heartbeat"]
+            .as_f64()
+            .unwrap()
+            > t0
+    );
 
     let s = c.create_session();
     assert_eq!(s["agent_id"], id.as_str());
     assert_eq!(s["status"], "RUNNING");
     let sid = s["session_id"].as_str().unwrap();
-    let out = c.post(&format!("/v1/sessions/{sid}/execute"), &json!({"code": "echo hello from $((6*7))", "timeout": 20}));
+    let out = c.post(
+        &format!("/v1/sessions/{sid}/execute"),
+        &json!({"code": "echo hello from $((6*7))", "timeout": 20}),
+    );
     assert_eq!(out.status, 200, "{out:?}");
     assert_eq!(out.body["exitCode"], 0);
     assert_eq!(out.body["console"][0][1], "hello from 42\n");
     assert_eq!(c.concurrency_used(), 1);
     c.check_invariants();
-    assert_eq!(c.delete(&format!("/v1/sessions/{sid}")).body["status"], "TERMINATED");
+    assert_eq!(
+        c.delete(&format!("/v1/sessions/{sid}")).body["status"],
+        "TERMINATED"
+    );
     assert_eq!(c.concurrency_used(), 0);
     c.check_invariants();
 }
@@ -53,23 +91,50 @@ fn agent_start(db: Db, ports: u16) {
 fn agent_restart(db: Db, ports: u16, terminate: bool) {
     let mut c = Cluster::new(db);
     c.start_manager();
-    let a = c.add_agent("restart", ports, if terminate { "on-shutdown = \"terminate\"" } else { "" });
+    let a = c.add_agent(
+        "restart",
+        ports,
+        if terminate {
+            "on-shutdown = \"terminate\""
+        } else {
+            ""
+        },
+    );
     let id = c.agents[a].id().to_owned();
     c.wait_agent_status(&id, "ALIVE", LONG);
-    let kernels: Vec<String> = (0..3).map(|_| c.create_session()["kernel_id"].as_str().unwrap().to_owned()).collect();
+    let kernels: Vec<String> = (0..3)
+        .map(|_| c.create_session()["kernel_id"].as_str().unwrap().to_owned())
+        .collect();
     c.check_invariants();
-    let terminated_before = c.manager_metric("kernelvisor_manager_events_applied_total", "kernel_terminated");
-    let started_before = c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started");
+    let terminated_before = c.manager_metric(
+        "kernelvisor_manager_events_applied_total",
+        "kernel_terminated",
+    );
+    let started_before =
+        c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started");
 
     c.stop_agent(a);
     c.wait_agent_status(&id, "TERMINATED", LONG);
     if terminate {
         // kernel_terminated for each, then agent_terminated: nothing is live, nothing runs.
-        assert!(c.store_live().is_empty(), "every kernel terminated: {:?}", c.store_live());
+        assert!(
+            c.store_live().is_empty(),
+            "every kernel terminated: {:?}",
+            c.store_live()
+        );
         for k in &kernels {
-            assert_eq!(c.store_kernel(k).status_reason.as_deref(), Some("agent-shutdown"));
+            assert_eq!(
+                c.store_kernel(k).status_reason.as_deref(),
+                Some("agent-shutdown")
+            );
         }
-        assert_eq!(c.manager_metric("kernelvisor_manager_events_applied_total", "kernel_terminated"), terminated_before + 3.0);
+        assert_eq!(
+            c.manager_metric(
+                "kernelvisor_manager_events_applied_total",
+                "kernel_terminated"
+            ),
+            terminated_before + 3.0
+        );
         assert_eq!(c.concurrency_used(), 0);
         assert!(c.running_containers(a).is_empty());
     } else {
@@ -83,16 +148,32 @@ fn agent_restart(db: Db, ports: u16, terminate: bool) {
     c.start_agent(a);
     c.wait_agent_status(&id, "ALIVE", LONG);
     common::cluster::wait_for(LONG, "agent_started applied again", || {
-        (c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started") > started_before).then_some(())
+        (c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started")
+            > started_before)
+            .then_some(())
     });
     if !terminate {
         for k in &kernels {
-            assert_eq!(c.store_kernel(k).status, "RUNNING", "re-attached, still running");
+            assert_eq!(
+                c.store_kernel(k).status,
+                "RUNNING",
+                "re-attached, still running"
+            );
         }
-        assert_eq!(c.manager_metric("kernelvisor_manager_events_applied_total", "kernel_terminated"), terminated_before, "no kernel_terminated");
+        assert_eq!(
+            c.manager_metric(
+                "kernelvisor_manager_events_applied_total",
+                "kernel_terminated"
+            ),
+            terminated_before,
+            "no kernel_terminated"
+        );
         assert_eq!(c.concurrency_used(), 3);
         // The re-attached kernels still serve.
-        let out = c.post(&format!("/v1/sessions/{}/execute", kernels[0]), &json!({"code": "echo still here"}));
+        let out = c.post(
+            &format!("/v1/sessions/{}/execute", kernels[0]),
+            &json!({"code": "echo still here"}),
+        );
         assert_eq!(out.body["console"][0][1], "still here\n", "{out:?}");
     }
     c.check_invariants();
@@ -111,8 +192,18 @@ fn manager_restart(db: Db, ports: u16) {
     c.stop_manager("KILL");
     // While it is down: one kernel ends on the agent (its kernel_terminated waits in the outbox).
     let gone = sessions[0]["kernel_id"].as_str().unwrap().to_owned();
-    c.agent_call(a, "destroy_kernel", vec![gone.clone().into(), sessions[0]["session_id"].as_str().unwrap().into(), "user-requested".into()]);
-    common::cluster::wait_for(LONG, "the agent queues its events", || (c.agent_metric(a, "kernelvisor_outbox_depth")? >= 1.0).then_some(()));
+    c.agent_call(
+        a,
+        "destroy_kernel",
+        vec![
+            gone.clone().into(),
+            sessions[0]["session_id"].as_str().unwrap().into(),
+            "user-requested".into(),
+        ],
+    );
+    common::cluster::wait_for(LONG, "the agent queues its events", || {
+        (c.agent_metric(a, "kernelvisor_outbox_depth")? >= 1.0).then_some(())
+    });
     std::thread::sleep(Duration::from_secs(2));
 
     c.start_manager();
@@ -120,15 +211,29 @@ fn manager_restart(db: Db, ports: u16) {
     let during = c.get("/v1/sessions").unwrap();
     assert_eq!(during.status, 503, "{during:?}");
     assert_eq!(during.code(), "starting-up");
-    assert!(during.retry_after.as_deref().and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| s >= 1), "{during:?}");
+    assert!(
+        during
+            .retry_after
+            .as_deref()
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_some_and(|s| s >= 1),
+        "{during:?}"
+    );
     let create = c.post("/v1/sessions", &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key}));
     assert_eq!(create.status, 503);
     assert_eq!(c.get("/health").unwrap().body["mode"], "grace");
 
-    common::cluster::wait_for(LONG, "normal mode", || (c.get("/v1/sessions").ok()?.status == 200).then_some(()));
-    common::cluster::wait_for(LONG, "the ended kernel released", || (c.store_kernel(&gone).status == "TERMINATED").then_some(()));
+    common::cluster::wait_for(LONG, "normal mode", || {
+        (c.get("/v1/sessions").ok()?.status == 200).then_some(())
+    });
+    common::cluster::wait_for(LONG, "the ended kernel released", || {
+        (c.store_kernel(&gone).status == "TERMINATED").then_some(())
+    });
     for s in &sessions[1..] {
-        assert_eq!(c.store_kernel(s["kernel_id"].as_str().unwrap()).status, "RUNNING");
+        assert_eq!(
+            c.store_kernel(s["kernel_id"].as_str().unwrap()).status,
+            "RUNNING"
+        );
     }
     assert_eq!(c.concurrency_used(), 2);
     assert_eq!(c.agent_view(&id).unwrap()["status"], "ALIVE");
@@ -145,10 +250,16 @@ fn agent_suspended(db: Db, ports: u16) {
     let a = c.add_agent("stop", ports, "");
     let id = c.agents[a].id().to_owned();
     c.wait_agent_status(&id, "ALIVE", LONG);
-    let kernels: Vec<String> = (0..2).map(|_| c.create_session()["kernel_id"].as_str().unwrap().to_owned()).collect();
+    let kernels: Vec<String> = (0..2)
+        .map(|_| c.create_session()["kernel_id"].as_str().unwrap().to_owned())
+        .collect();
     c.check_invariants();
-    let terminated_before = c.manager_metric("kernelvisor_manager_events_applied_total", "kernel_terminated");
-    let started_before = c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started");
+    let terminated_before = c.manager_metric(
+        "kernelvisor_manager_events_applied_total",
+        "kernel_terminated",
+    );
+    let started_before =
+        c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started");
 
     let pid = c.agents[a].pid();
     signal(pid, "STOP");
@@ -156,10 +267,16 @@ fn agent_suspended(db: Db, ports: u16) {
     // Its kernels left the live set and their concurrency came back.
     assert!(c.store_live().is_empty());
     for k in &kernels {
-        assert_eq!(c.store_kernel(k).status_reason.as_deref(), Some("agent-lost"));
+        assert_eq!(
+            c.store_kernel(k).status_reason.as_deref(),
+            Some("agent-lost")
+        );
     }
     assert_eq!(c.concurrency_used(), 0);
-    assert_eq!(c.manager_metric("kernelvisor_manager_agents_lost_total", ""), 1.0);
+    assert_eq!(
+        c.manager_metric("kernelvisor_manager_agents_lost_total", ""),
+        1.0
+    );
     // No placement on a lost agent.
     let refused = c.post("/v1/sessions", &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key}));
     assert_eq!(refused.code(), "no-agents", "{refused:?}");
@@ -167,11 +284,28 @@ fn agent_suspended(db: Db, ports: u16) {
     signal(pid, "CONT");
     // PENDING until reset_instance returns, then ALIVE with no kernels.
     c.wait_agent_status(&id, "ALIVE", LONG);
-    assert_eq!(c.manager_metric("kernelvisor_manager_agent_resets_total", "ok"), 1.0);
+    assert_eq!(
+        c.manager_metric("kernelvisor_manager_agent_resets_total", "ok"),
+        1.0
+    );
     assert!(c.agent_kernels(a).is_empty(), "a fresh agent");
-    assert!(c.running_containers(a).is_empty(), "its containers are gone");
-    assert_eq!(c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started"), started_before, "no agent_started");
-    assert_eq!(c.manager_metric("kernelvisor_manager_events_applied_total", "kernel_terminated"), terminated_before, "no kernel_terminated");
+    assert!(
+        c.running_containers(a).is_empty(),
+        "its containers are gone"
+    );
+    assert_eq!(
+        c.manager_metric("kernelvisor_manager_events_applied_total", "agent_started"),
+        started_before,
+        "no agent_started"
+    );
+    assert_eq!(
+        c.manager_metric(
+            "kernelvisor_manager_events_applied_total",
+            "kernel_terminated"
+        ),
+        terminated_before,
+        "no kernel_terminated"
+    );
     assert_eq!(c.concurrency_used(), 0, "never negative");
     c.check_invariants();
     // It takes kernels again.
@@ -187,16 +321,46 @@ fn bad_requests(db: Db, ports: u16) {
     let a = c.add_agent("bad", ports, "");
     let id = c.agents[a].id().to_owned();
     c.wait_agent_status(&id, "ALIVE", LONG);
-    common::cluster::wait_for(LONG, "normal mode", || (c.get("/v1/sessions").ok()?.status == 200).then_some(()));
+    common::cluster::wait_for(LONG, "normal mode", || {
+        (c.get("/v1/sessions").ok()?.status == 200).then_some(())
+    });
     let ak = c.access_key.clone();
     let cases = [
-        (json!({"image": "kernelvisor-no-such-image:9", "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": ak}), 400, "image-not-found"),
-        (json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 4096, "mem": "64m"}, "access_key": ak}), 400, "slots-exceed-capacity"),
-        (json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m", "tpu": 1}, "access_key": ak}), 400, "invalid-request"),
-        (json!({"image": TEST_IMAGE, "resource_slots": {"cpu": -1, "mem": "64m"}, "access_key": ak}), 400, "invalid-request"),
-        (json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}}), 400, "invalid-request"),
-        (json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": "AKNOSUCHKEY"}), 404, "access-key-not-found"),
-        (json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": ak, "mounts": [{"name": "../etc", "host_path": "/etc"}]}), 400, "invalid-request"),
+        (
+            json!({"image": "kernelvisor-no-such-image:9", "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": ak}),
+            400,
+            "image-not-found",
+        ),
+        (
+            json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 4096, "mem": "64m"}, "access_key": ak}),
+            400,
+            "slots-exceed-capacity",
+        ),
+        (
+            json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m", "tpu": 1}, "access_key": ak}),
+            400,
+            "invalid-request",
+        ),
+        (
+            json!({"image": TEST_IMAGE, "resource_slots": {"cpu": -1, "mem": "64m"}, "access_key": ak}),
+            400,
+            "invalid-request",
+        ),
+        (
+            json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}}),
+            400,
+            "invalid-request",
+        ),
+        (
+            json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": "AKNOSUCHKEY"}),
+            404,
+            "access-key-not-found",
+        ),
+        (
+            json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": ak, "mounts": [{"name": "../etc", "host_path": "/etc"}]}),
+            400,
+            "invalid-request",
+        ),
     ];
     for (body, status, code) in cases {
         let r = c.post("/v1/sessions", &body);
@@ -206,10 +370,26 @@ fn bad_requests(db: Db, ports: u16) {
     let r = c.post_raw("/v1/sessions", "{\"image\": ");
     assert_eq!((r.status, r.code()), (400, "invalid-request"), "{r:?}");
     for (r, code) in [
-        (c.get("/v1/sessions/00000000-0000-0000-0000-000000000000").unwrap(), "session-not-found"),
-        (c.delete("/v1/sessions/00000000-0000-0000-0000-000000000000"), "session-not-found"),
-        (c.post("/v1/sessions/00000000-0000-0000-0000-000000000000/execute", &json!({"code": "true"})), "session-not-found"),
-        (c.get("/v1/access-keys/AKNOSUCHKEY").unwrap(), "access-key-not-found"),
+        (
+            c.get("/v1/sessions/00000000-0000-0000-0000-000000000000")
+                .unwrap(),
+            "session-not-found",
+        ),
+        (
+            c.delete("/v1/sessions/00000000-0000-0000-0000-000000000000"),
+            "session-not-found",
+        ),
+        (
+            c.post(
+                "/v1/sessions/00000000-0000-0000-0000-000000000000/execute",
+                &json!({"code": "true"}),
+            ),
+            "session-not-found",
+        ),
+        (
+            c.get("/v1/access-keys/AKNOSUCHKEY").unwrap(),
+            "access-key-not-found",
+        ),
         (c.get("/v1/nothing-here").unwrap(), "not-found"),
     ] {
         assert_eq!((r.status, r.code()), (404, code), "{r:?}");
@@ -218,16 +398,26 @@ fn bad_requests(db: Db, ports: u16) {
     assert!(c.store_live().is_empty());
     assert_eq!(c.concurrency_used(), 0);
     assert!(c.running_containers(a).is_empty());
-    assert!(c.store(|s| Box::pin(async move { s.kernels(None, true).await.unwrap() })).is_empty(), "refused requests leave no rows");
+    assert!(
+        c.store(|s| Box::pin(async move { s.kernels(None, true).await.unwrap() }))
+            .is_empty(),
+        "refused requests leave no rows"
+    );
     // The manager still serves: a good request after the bad ones.
     let s = c.create_session();
     let sid = s["session_id"].as_str().unwrap();
     let bad_exec = c.post(&format!("/v1/sessions/{sid}/execute"), &json!({"code": 42}));
     assert_eq!((bad_exec.status, bad_exec.code()), (400, "invalid-request"));
-    let timed_out = c.post(&format!("/v1/sessions/{sid}/execute"), &json!({"code": "sleep 30", "timeout": 1}));
+    let timed_out = c.post(
+        &format!("/v1/sessions/{sid}/execute"),
+        &json!({"code": "sleep 30", "timeout": 1}),
+    );
     assert_eq!(timed_out.body["status"], "exec-timeout", "{timed_out:?}");
     c.delete(&format!("/v1/sessions/{sid}"));
-    let again = c.post(&format!("/v1/sessions/{sid}/execute"), &json!({"code": "true"}));
+    let again = c.post(
+        &format!("/v1/sessions/{sid}/execute"),
+        &json!({"code": "true"}),
+    );
     assert_eq!((again.status, again.code()), (409, "session-not-running"));
     c.check_invariants();
 }
@@ -300,29 +490,69 @@ fn ctl_cli_against_a_live_manager() {
     let a = c.add_agent("ctl", 32240, "");
     let id = c.agents[a].id().to_owned();
     c.wait_agent_status(&id, "ALIVE", LONG);
-    common::cluster::wait_for(LONG, "normal mode", || (c.get("/v1/sessions").ok()?.status == 200).then_some(()));
+    common::cluster::wait_for(LONG, "normal mode", || {
+        (c.get("/v1/sessions").ok()?.status == 200).then_some(())
+    });
     let ctl = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor")).arg("ctl").arg("--api").arg(&c.api).args(args).output().unwrap();
-        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+            .arg("ctl")
+            .arg("--api")
+            .arg(&c.api)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, table, _) = ctl(&["agents"]);
     assert_eq!(code, 0);
-    assert!(table.contains("STATUS") && table.contains(&id) && table.contains("ALIVE"), "{table}");
+    assert!(
+        table.contains("STATUS") && table.contains(&id) && table.contains("ALIVE"),
+        "{table}"
+    );
 
-    let (code, created, err) = ctl(&["-o", "json", "session", "create", "--image", TEST_IMAGE, "--cpu", "0.25", "--mem", "64m", "--access-key", &c.access_key, "--env", "GREETING=hi"]);
+    let (code, created, err) = ctl(&[
+        "-o",
+        "json",
+        "session",
+        "create",
+        "--image",
+        TEST_IMAGE,
+        "--cpu",
+        "0.25",
+        "--mem",
+        "64m",
+        "--access-key",
+        &c.access_key,
+        "--env",
+        "GREETING=hi",
+    ]);
     assert_eq!(code, 0, "{err}");
     let created: serde_json::Value = serde_json::from_str(&created).unwrap();
     let sid = created["session_id"].as_str().unwrap().to_owned();
     assert_eq!(created["agent_id"], id.as_str());
 
     let (code, out, _) = ctl(&["session", "exec", &sid, "echo $GREETING; exit 3"]);
-    assert_eq!((code, out.as_str()), (3, "hi\n"), "exit status of the code is ctl's");
+    assert_eq!(
+        (code, out.as_str()),
+        (3, "hi\n"),
+        "exit status of the code is ctl's"
+    );
     let (code, sessions, _) = ctl(&["sessions"]);
     assert_eq!(code, 0);
-    assert!(sessions.contains(&sid) && sessions.contains("RUNNING"), "{sessions}");
+    assert!(
+        sessions.contains(&sid) && sessions.contains("RUNNING"),
+        "{sessions}"
+    );
     let (code, json, _) = ctl(&["-o", "json", "access-key", "show", &c.access_key]);
     assert_eq!(code, 0);
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&json).unwrap()["concurrency_used"], 1);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["concurrency_used"],
+        1
+    );
 
     let (code, _, err) = ctl(&["session", "show", "no-such-session"]);
     assert_eq!(code, 1);
@@ -335,7 +565,13 @@ fn ctl_cli_against_a_live_manager() {
     let (code, _, err) = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
         .args(["ctl", "--api", "http://127.0.0.1:1", "agents"])
         .output()
-        .map(|o| (o.status.code().unwrap_or(-1), (), String::from_utf8_lossy(&o.stderr).into_owned()))
+        .map(|o| {
+            (
+                o.status.code().unwrap_or(-1),
+                (),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        })
         .unwrap();
     assert_eq!(code, 2, "unreachable API: {err}");
 }

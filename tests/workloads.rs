@@ -27,7 +27,9 @@ fn cluster(db: Db, name: &str, ports: u16, agent_extra: &str) -> Cluster {
     let a = c.add_agent(name, ports, agent_extra);
     let id = c.agents[a].id().to_owned();
     c.wait_agent_status(&id, "ALIVE", LONG);
-    wait_for(LONG, "normal mode", || (c.get("/v1/sessions").ok()?.status == 200).then_some(()));
+    wait_for(LONG, "normal mode", || {
+        (c.get("/v1/sessions").ok()?.status == 200).then_some(())
+    });
     c
 }
 
@@ -39,7 +41,9 @@ fn ctl(c: &Cluster) -> Command {
 
 fn create(c: &Cluster, extra: Value) -> Value {
     let mut body = json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key});
-    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
     let a = c.post("/v1/sessions", &body);
     assert_eq!(a.status, 201, "create: {a:?}");
     a.body
@@ -53,7 +57,9 @@ fn wait_terminated(c: &Cluster, sid: &str) -> Value {
 }
 
 fn logs(c: &Cluster, sid: &str) -> String {
-    let r = ureq::get(&format!("{}/v1/sessions/{sid}/logs", c.api)).call().expect("logs");
+    let r = ureq::get(&format!("{}/v1/sessions/{sid}/logs", c.api))
+        .call()
+        .expect("logs");
     assert!(r.content_type().starts_with("text/plain"));
     r.into_string().unwrap()
 }
@@ -63,8 +69,18 @@ fn no_shell_image() -> &'static str {
     const NAME: &str = "kernelvisor-test-noshell:latest";
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("README"), "no shell here\n").unwrap();
-    let tar = Command::new("tar").arg("-C").arg(dir.path()).args(["-c", "."]).output().unwrap();
-    let mut import = Command::new("docker").args(["import", "-c", "CMD [\"/nothing\"]", "-", NAME]).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(dir.path())
+        .args(["-c", "."])
+        .output()
+        .unwrap();
+    let mut import = Command::new("docker")
+        .args(["import", "-c", "CMD [\"/nothing\"]", "-", NAME])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     std::io::Write::write_all(import.stdin.as_mut().unwrap(), &tar.stdout).unwrap();
     drop(import.stdin.take());
     assert!(import.wait().unwrap().success(), "docker import");
@@ -79,33 +95,72 @@ fn batch_sessions(db: Db, ports: u16) {
     let s = create(&c, json!({"type": "batch", "command": cmd}));
     let sid = s["session_id"].as_str().unwrap().to_owned();
     let s = wait_terminated(&c, &sid);
-    assert_eq!((s["type"].as_str(), s["command"].as_str(), s["result"].as_str()), (Some("batch"), Some(cmd), Some("FAILURE")), "{s}");
-    assert_eq!((s["exit_code"].as_i64(), s["status_reason"].as_str()), (Some(3), Some("self-terminated")), "{s}");
+    assert_eq!(
+        (
+            s["type"].as_str(),
+            s["command"].as_str(),
+            s["result"].as_str()
+        ),
+        (Some("batch"), Some(cmd), Some("FAILURE")),
+        "{s}"
+    );
+    assert_eq!(
+        (s["exit_code"].as_i64(), s["status_reason"].as_str()),
+        (Some(3), Some("self-terminated")),
+        "{s}"
+    );
     // Read after the job ended and its container is gone.
     let text = logs(&c, &sid);
-    assert!(text.contains("start\n") && text.contains("done\n"), "{text:?}");
+    assert!(
+        text.contains("start\n") && text.contains("done\n"),
+        "{text:?}"
+    );
 
     let ok = create(&c, json!({"type": "batch", "command": "exit 0"}));
     let ok = wait_terminated(&c, ok["session_id"].as_str().unwrap());
-    assert_eq!((ok["result"].as_str(), ok["exit_code"].as_i64()), (Some("SUCCESS"), Some(0)), "{ok}");
+    assert_eq!(
+        (ok["result"].as_str(), ok["exit_code"].as_i64()),
+        (Some("SUCCESS"), Some(0)),
+        "{ok}"
+    );
 
-    let slow = create(&c, json!({"type": "batch", "command": "sleep 60", "batch_timeout": 2}));
+    let slow = create(
+        &c,
+        json!({"type": "batch", "command": "sleep 60", "batch_timeout": 2}),
+    );
     let slow = wait_terminated(&c, slow["session_id"].as_str().unwrap());
-    assert_eq!((slow["result"].as_str(), slow["status_reason"].as_str()), (Some("FAILURE"), Some("batch-timeout")), "{slow}");
+    assert_eq!(
+        (slow["result"].as_str(), slow["status_reason"].as_str()),
+        (Some("FAILURE"), Some("batch-timeout")),
+        "{slow}"
+    );
     assert_eq!(slow["batch_timeout"].as_f64(), Some(2.0));
 
     // An interactive session's result stays UNDEFINED; its command replaces the image's.
-    let i = create(&c, json!({"command": "echo custom-main; exec sleep infinity"}));
+    let i = create(
+        &c,
+        json!({"command": "echo custom-main; exec sleep infinity"}),
+    );
     let isid = i["session_id"].as_str().unwrap().to_owned();
-    wait_for(LONG, "the interactive command's output", || logs(&c, &isid).contains("custom-main").then_some(()));
-    assert_eq!(c.get(&format!("/v1/sessions/{isid}")).unwrap().body["result"], "UNDEFINED");
-    assert_eq!(c.delete(&format!("/v1/sessions/{isid}")).body["result"], "UNDEFINED");
+    wait_for(LONG, "the interactive command's output", || {
+        logs(&c, &isid).contains("custom-main").then_some(())
+    });
+    assert_eq!(
+        c.get(&format!("/v1/sessions/{isid}")).unwrap().body["result"],
+        "UNDEFINED"
+    );
+    assert_eq!(
+        c.delete(&format!("/v1/sessions/{isid}")).body["result"],
+        "UNDEFINED"
+    );
 
     // Each result event was applied exactly once.
     c.check_invariants();
     let count = |name: &'static str| {
         let agent_id = agent_id.clone();
-        c.store(move |s| Box::pin(async move { s.processed_event_count(&agent_id, name).await.unwrap() }))
+        c.store(move |s| {
+            Box::pin(async move { s.processed_event_count(&agent_id, name).await.unwrap() })
+        })
     };
     assert_eq!((count("session_failure"), count("session_success")), (2, 1));
 
@@ -113,20 +168,40 @@ fn batch_sessions(db: Db, ports: u16) {
     for (body, what) in [
         (json!({"type": "batch"}), "batch without a command"),
         (json!({"type": "cron", "command": "true"}), "unknown type"),
-        (json!({"command": "true", "batch_timeout": 5}), "batch_timeout on an interactive session"),
-        (json!({"type": "batch", "command": "true", "batch_timeout": -1}), "negative batch_timeout"),
+        (
+            json!({"command": "true", "batch_timeout": 5}),
+            "batch_timeout on an interactive session",
+        ),
+        (
+            json!({"type": "batch", "command": "true", "batch_timeout": -1}),
+            "negative batch_timeout",
+        ),
     ] {
         let mut full = json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key});
-        full.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
+        full.as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
         let a = c.post("/v1/sessions", &full);
-        assert_eq!((a.status, a.code()), (400, "invalid-request"), "{what}: {a:?}");
+        assert_eq!(
+            (a.status, a.code()),
+            (400, "invalid-request"),
+            "{what}: {a:?}"
+        );
     }
     let image = no_shell_image();
     let a = c.post("/v1/sessions", &json!({"image": image, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key, "type": "batch", "command": "true"}));
     assert_eq!((a.status, a.code()), (400, "invalid-request"), "{a:?}");
-    assert!(a.body["error"]["message"].as_str().unwrap().contains("sh"), "{a:?}");
+    assert!(
+        a.body["error"]["message"].as_str().unwrap().contains("sh"),
+        "{a:?}"
+    );
     assert_eq!(c.concurrency_used(), 0);
-    assert_eq!(c.get("/v1/sessions/00000000-0000-0000-0000-000000000000/logs").unwrap().code(), "session-not-found");
+    assert_eq!(
+        c.get("/v1/sessions/00000000-0000-0000-0000-000000000000/logs")
+            .unwrap()
+            .code(),
+        "session-not-found"
+    );
     c.check_invariants();
 }
 
@@ -143,8 +218,15 @@ fn batch_sessions_postgres() {
 /// Spawns `cmd` with stdout piped; returns each stdout line with the seconds since the spawn.
 fn timed_lines(mut cmd: Command) -> (Vec<(f64, String)>, i32) {
     let start = Instant::now();
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines().map(|l| (start.elapsed().as_secs_f64(), l.unwrap())).collect();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| (start.elapsed().as_secs_f64(), l.unwrap()))
+        .collect();
     let code = child.wait().unwrap().code().unwrap_or(-1);
     (lines, code)
 }
@@ -152,21 +234,44 @@ fn timed_lines(mut cmd: Command) -> (Vec<(f64, String)>, i32) {
 #[test]
 fn streaming_exec_input_and_logs_follow() {
     let c = cluster(Db::Sqlite, "stream", 32340, "");
-    let sid = create(&c, json!({}))["session_id"].as_str().unwrap().to_owned();
+    let sid = create(&c, json!({}))["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // ctl session exec writes each line as it comes.
     let mut exec = ctl(&c);
-    exec.args(["session", "exec", &sid, "for i in 1 2 3 4 5; do echo $i; sleep 1; done"]);
+    exec.args([
+        "session",
+        "exec",
+        &sid,
+        "for i in 1 2 3 4 5; do echo $i; sleep 1; done",
+    ]);
     let (lines, code) = timed_lines(exec);
     assert_eq!(code, 0);
-    assert_eq!(lines.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>(), ["1", "2", "3", "4", "5"]);
-    assert!(lines[0].0 < 2.5, "the first line came {:.2} s after the start, before the run ended ({:.2} s)", lines[0].0, lines[4].0);
-    assert!(lines[4].0 - lines[0].0 > 3.0, "lines arrive as printed: {lines:?}");
+    assert_eq!(
+        lines.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>(),
+        ["1", "2", "3", "4", "5"]
+    );
+    assert!(
+        lines[0].0 < 2.5,
+        "the first line came {:.2} s after the start, before the run ended ({:.2} s)",
+        lines[0].0,
+        lines[4].0
+    );
+    assert!(
+        lines[4].0 - lines[0].0 > 3.0,
+        "lines arrive as printed: {lines:?}"
+    );
 
     // input through the API.
     let exec = |body: Value| c.post(&format!("/v1/sessions/{sid}/execute"), &body);
     let first = exec(json!({"code": "read x; echo got $x", "stdin": true, "flush_timeout": 0.3}));
-    assert_eq!((first.status, first.body["status"].as_str()), (200, Some("continued")), "{first:?}");
+    assert_eq!(
+        (first.status, first.body["status"].as_str()),
+        (200, Some("continued")),
+        "{first:?}"
+    );
     let run = first.body["runId"].as_str().unwrap().to_owned();
     let mut out = exec(json!({"mode": "input", "run_id": run, "code": "hi\n", "flush_timeout": 2}));
     let mut text = String::new();
@@ -180,7 +285,10 @@ fn streaming_exec_input_and_logs_follow() {
         }
         out = exec(json!({"mode": "continue", "run_id": run}));
     }
-    assert_eq!((text.as_str(), out.body["exitCode"].as_i64()), ("got hi\n", Some(0)));
+    assert_eq!(
+        (text.as_str(), out.body["exitCode"].as_i64()),
+        ("got hi\n", Some(0))
+    );
     let gone = exec(json!({"mode": "continue", "run_id": run}));
     assert_eq!((gone.status, gone.code()), (404, "run-not-found"));
     let no_stdin = exec(json!({"code": "sleep 2", "flush_timeout": 0.1}));
@@ -192,7 +300,10 @@ fn streaming_exec_input_and_logs_follow() {
     assert_eq!((r.status, r.code()), (400, "invalid-request"));
 
     // logs -f of a batch job: lines while it runs, the end when it ends.
-    let job = create(&c, json!({"type": "batch", "command": "for i in 1 2 3 4; do echo line$i; sleep 1; done"}));
+    let job = create(
+        &c,
+        json!({"type": "batch", "command": "for i in 1 2 3 4; do echo line$i; sleep 1; done"}),
+    );
     let jid = job["session_id"].as_str().unwrap().to_owned();
     let mut follow = ctl(&c);
     follow.args(["session", "logs", &jid, "-f"]);
@@ -200,7 +311,10 @@ fn streaming_exec_input_and_logs_follow() {
     assert_eq!(code, 0);
     let texts: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
     assert_eq!(texts, ["line1", "line2", "line3", "line4"]);
-    assert!(lines[3].0 - lines[0].0 > 2.0, "lines came while the job ran: {lines:?}");
+    assert!(
+        lines[3].0 - lines[0].0 > 2.0,
+        "lines came while the job ran: {lines:?}"
+    );
     let job = wait_terminated(&c, &jid);
     assert_eq!(job["result"], "SUCCESS");
     // After the end: the whole log, and -f ends at once.
@@ -214,16 +328,36 @@ fn streaming_exec_input_and_logs_follow() {
 /// `VmHWM` (peak resident set) of `pid`, in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
     kb * 1024
 }
 
 #[test]
 fn a_gigabyte_through_exec_in_bounded_memory() {
     let c = cluster(Db::Sqlite, "gib", 32360, "exec-idle-timeout = 3");
-    let sid = create(&c, json!({}))["session_id"].as_str().unwrap().to_owned();
+    let sid = create(&c, json!({}))["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     const GIB: u64 = 1 << 30;
-    let mut child = ctl(&c).args(["session", "exec", &sid, &format!("yes abcdefghij | head -c {GIB}")]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = ctl(&c)
+        .args([
+            "session",
+            "exec",
+            &sid,
+            &format!("yes abcdefghij | head -c {GIB}"),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let (mut total, mut buf, mut intact) = (0u64, vec![0u8; 1 << 16], true);
     loop {
@@ -232,7 +366,10 @@ fn a_gigabyte_through_exec_in_bounded_memory() {
             break;
         }
         // The pattern continues across reads: byte i of the stream is "abcdefghij\n"[i % 11].
-        intact &= buf[..n].iter().enumerate().all(|(i, b)| *b == b"abcdefghij\n"[((total + i as u64) % 11) as usize]);
+        intact &= buf[..n]
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == b"abcdefghij\n"[((total + i as u64) % 11) as usize]);
         total += n as u64;
     }
     assert!(child.wait().unwrap().success());
@@ -240,21 +377,62 @@ fn a_gigabyte_through_exec_in_bounded_memory() {
     assert!(intact, "in order");
     let manager = c.manager.as_ref().unwrap().id();
     let (agent_peak, manager_peak) = (peak_rss(c.agents[0].pid()), peak_rss(manager));
-    eprintln!("peak RSS after 1 GiB: agent {} MB, manager {} MB", agent_peak >> 20, manager_peak >> 20);
-    assert!(agent_peak < 150 << 20, "agent VmHWM {} MB", agent_peak >> 20);
-    assert!(manager_peak < 150 << 20, "manager VmHWM {} MB", manager_peak >> 20);
+    eprintln!(
+        "peak RSS after 1 GiB: agent {} MB, manager {} MB",
+        agent_peak >> 20,
+        manager_peak >> 20
+    );
+    assert!(
+        agent_peak < 150 << 20,
+        "agent VmHWM {} MB",
+        agent_peak >> 20
+    );
+    assert!(
+        manager_peak < 150 << 20,
+        "manager VmHWM {} MB",
+        manager_peak >> 20
+    );
 
     // A run of endless output nobody continues: killed and freed after exec-idle-timeout (3 s).
-    let first = c.post(&format!("/v1/sessions/{sid}/execute"), &json!({"code": "yes", "flush_timeout": 0.5}));
+    let rss_before = status_bytes(c.agents[0].pid(), "VmRSS");
+    let first = c.post(
+        &format!("/v1/sessions/{sid}/execute"),
+        &json!({"code": "yes", "flush_timeout": 0.5}),
+    );
     assert_eq!(first.body["status"], "continued");
     let run = first.body["runId"].clone();
     std::thread::sleep(Duration::from_secs(6));
-    let r = c.post(&format!("/v1/sessions/{sid}/execute"), &json!({"mode": "continue", "run_id": run}));
+    let r = c.post(
+        &format!("/v1/sessions/{sid}/execute"),
+        &json!({"mode": "continue", "run_id": run}),
+    );
     assert_eq!((r.status, r.code()), (404, "run-not-found"));
-    let ps = c.post(&format!("/v1/sessions/{sid}/execute"), &json!({"code": "ps -o comm | grep -c '^yes$' || true"}));
-    assert_eq!(ps.body["console"][0][1], "0\n", "the abandoned run's process was killed: {ps:?}");
+    let ps = c.post(
+        &format!("/v1/sessions/{sid}/execute"),
+        &json!({"code": "ps -o comm | grep -c '^yes$' || true"}),
+    );
+    assert_eq!(
+        ps.body["console"][0][1], "0\n",
+        "the abandoned run's process was killed: {ps:?}"
+    );
     assert!(peak_rss(c.agents[0].pid()) < 150 << 20);
-    let mut rm = ctl(&c).args(["session", "rm", &sid]).stdout(Stdio::null()).spawn().unwrap();
+    let rss_after = status_bytes(c.agents[0].pid(), "VmRSS");
+    eprintln!(
+        "agent RSS before the abandoned run {} MB, after it was reaped {} MB",
+        rss_before >> 20,
+        rss_after >> 20
+    );
+    assert!(
+        rss_after < rss_before + (16 << 20),
+        "the reaped run's memory is not kept: {} → {} MB",
+        rss_before >> 20,
+        rss_after >> 20
+    );
+    let mut rm = ctl(&c)
+        .args(["session", "rm", &sid])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     assert!(wait_exit(&mut rm, LONG) && rm.wait().unwrap().success());
     c.check_invariants();
 }

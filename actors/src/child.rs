@@ -176,7 +176,9 @@ impl Running {
             }
             // While the runtime itself is being torn down (e.g. a test's system dropped during
             // a panic) no timer can be armed: force the child rather than panic in a drop.
-            crate::Shutdown::Graceful(_) if tokio::runtime::Handle::try_current().is_err() => self.force(),
+            crate::Shutdown::Graceful(_) if tokio::runtime::Handle::try_current().is_err() => {
+                self.force()
+            }
             crate::Shutdown::Graceful(timeout) => {
                 self.stop.send_replace(true);
                 match tokio::time::timeout(timeout, &mut self.done).await {

@@ -42,7 +42,9 @@ impl AgentContext {
         let r = &config.resource;
         let mut sys = sysinfo::System::new();
         sys.refresh_memory();
-        let cores = r.cpu.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
+        let cores = r
+            .cpu
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
         let mem = r.mem.map_or_else(|| sys.total_memory(), |m| m.0);
         let cpu_millis = ((cores - r.reserved_cpu).max(0.0) * 1000.0).round() as u64;
         let gpus = match nvml_wrapper::Nvml::init().and_then(|n| n.device_count()) {

@@ -127,8 +127,14 @@ impl EventSender {
             },
         };
         let events = Value::Array(batch.iter().map(encode_event).collect());
-        let call = Call { args: vec![self.agent_id.clone().into(), events], kwargs: Vec::new() };
-        let acked = match p.call(EVENTS_METHOD, &call, self.config.event_ack_timeout.0).await {
+        let call = Call {
+            args: vec![self.agent_id.clone().into(), events],
+            kwargs: Vec::new(),
+        };
+        let acked = match p
+            .call(EVENTS_METHOD, &call, self.config.event_ack_timeout.0)
+            .await
+        {
             Ok(reply) => acked_ids(&reply),
             Err(e) => {
                 let reason = match &e {
@@ -157,7 +163,11 @@ impl EventSender {
         }
         match done {
             0 => Attempt::Failed("rejected"),
-            n if (n as usize) < batch.len() || batch.len() == self.config.event_batch_size as usize => Attempt::Progress,
+            n if (n as usize) < batch.len()
+                || batch.len() == self.config.event_batch_size as usize =>
+            {
+                Attempt::Progress
+            }
             _ => Attempt::Drained,
         }
     }
@@ -165,11 +175,17 @@ impl EventSender {
 
 /// The ids in an `{"acked": [id, …]}` reply (anything else acks nothing).
 fn acked_ids(reply: &Value) -> Vec<String> {
-    let Value::Map(m) = reply else { return Vec::new() };
+    let Value::Map(m) = reply else {
+        return Vec::new();
+    };
     m.iter()
         .find(|(k, _)| k.as_str() == Some("acked"))
         .and_then(|(_, v)| v.as_array())
-        .map(|ids| ids.iter().filter_map(|i| i.as_str().map(str::to_owned)).collect())
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|i| i.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -184,10 +200,21 @@ mod tests {
             seq: 7,
             id: "e1".into(),
             created_at: 1.5,
-            event: AgentEvent::KernelTerminated { kernel_id: "k".into(), session_id: "s".into(), reason: "oom-killed".into(), exit_code: Some(137) },
+            event: AgentEvent::KernelTerminated {
+                kernel_id: "k".into(),
+                session_id: "s".into(),
+                reason: "oom-killed".into(),
+                exit_code: Some(137),
+            },
         };
         let v = encode_event(&p);
-        let get = |k: &str| v.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+        let get = |k: &str| {
+            v.as_map()
+                .unwrap()
+                .iter()
+                .find(|(key, _)| key.as_str() == Some(k))
+                .map(|(_, v)| v.clone())
+        };
         assert_eq!(get("name"), Some("kernel_terminated".into()));
         assert_eq!(get("kernel_id"), Some("k".into()));
         assert_eq!(get("exit_code"), Some(137.into()));
@@ -195,12 +222,18 @@ mod tests {
         assert_eq!(get("seq"), Some(7.into()));
         assert_eq!(get("ts"), Some(1.5.into()));
         let back: AgentEvent = rmpv::ext::from_value(v).unwrap();
-        assert_eq!(back, p.event, "extra keys are ignored when decoding the event");
+        assert_eq!(
+            back, p.event,
+            "extra keys are ignored when decoding the event"
+        );
     }
 
     #[test]
     fn acks_are_read_leniently() {
-        let reply = Value::Map(vec![("acked".into(), Value::Array(vec!["a".into(), 3.into(), "b".into()]))]);
+        let reply = Value::Map(vec![(
+            "acked".into(),
+            Value::Array(vec!["a".into(), 3.into(), "b".into()]),
+        )]);
         assert_eq!(acked_ids(&reply), ["a", "b"]);
         assert!(acked_ids(&Value::Nil).is_empty());
     }

@@ -184,22 +184,37 @@ pub struct EventBus {
 
 impl Default for EventBus {
     fn default() -> Self {
-        EventBus { subscribers: broadcast::channel(4096).0, outbox: None }
+        EventBus {
+            subscribers: broadcast::channel(4096).0,
+            outbox: None,
+        }
     }
 }
 
 impl EventBus {
     /// A bus that also feeds the outbox writer through `outbox`.
     pub fn with_outbox(outbox: mpsc::UnboundedSender<AgentEvent>) -> Self {
-        EventBus { outbox: Some(outbox), ..EventBus::default() }
+        EventBus {
+            outbox: Some(outbox),
+            ..EventBus::default()
+        }
     }
 
     /// Publishes `event` to the outbox writer and the current subscribers (none is fine).
     pub fn emit(&self, event: AgentEvent) {
-        tracing::debug!(event = event.name(), kernel_id = event.kernel_id(), ?event, "event");
+        tracing::debug!(
+            event = event.name(),
+            kernel_id = event.kernel_id(),
+            ?event,
+            "event"
+        );
         if let Some(outbox) = &self.outbox {
             if outbox.send(event.clone()).is_err() {
-                tracing::warn!(event = event.name(), kernel_id = event.kernel_id(), "event emitted after the outbox writer stopped: not delivered");
+                tracing::warn!(
+                    event = event.name(),
+                    kernel_id = event.kernel_id(),
+                    "event emitted after the outbox writer stopped: not delivered"
+                );
             }
         }
         let _ = self.subscribers.send(event);

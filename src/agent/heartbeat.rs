@@ -35,7 +35,11 @@ pub struct Identity {
 pub async fn build(ctx: &AgentContext, registry: &Addr<KernelRegistry>, who: &Identity) -> Value {
     let (total, available, occupied) = {
         let slots = ctx.slots.lock().expect("slot allocator lock");
-        (slots.capacity().to_value(), slots.available().to_value(), slots.used().to_value())
+        (
+            slots.capacity().to_value(),
+            slots.available().to_value(),
+            slots.used().to_value(),
+        )
     };
     let kernels = registry.send(ListKernels).await.unwrap_or_default();
     let live: Vec<Value> = kernels
@@ -60,7 +64,11 @@ pub async fn build(ctx: &AgentContext, registry: &Addr<KernelRegistry>, who: &Id
         ("ts".into(), super::store::now().into()),
         (
             "slots".into(),
-            Value::Map(vec![("total".into(), total), ("available".into(), available), ("occupied".into(), occupied)]),
+            Value::Map(vec![
+                ("total".into(), total),
+                ("available".into(), available),
+                ("occupied".into(), occupied),
+            ]),
         ),
         ("kernels".into(), Value::Array(live)),
     ])
@@ -97,21 +105,36 @@ pub async fn run(
                 _ => {
                     let mut o = opts.clone();
                     o.handshake_timeout = timeout;
-                    let p = Peer::connect(&zmq, &o).await.map_err(|e| ("connect", e.to_string()))?;
+                    let p = Peer::connect(&zmq, &o)
+                        .await
+                        .map_err(|e| ("connect", e.to_string()))?;
                     conn = Some(p.clone());
                     p
                 }
             };
-            let call = Call { args: vec![ctx.agent_id.clone().into(), beat], kwargs: Vec::new() };
-            p.call(HEARTBEAT_METHOD, &call, timeout)
-                .await
-                .map_err(|e| (if e.is_connection_error() { "unreachable" } else { "rejected" }, e.to_string()))
+            let call = Call {
+                args: vec![ctx.agent_id.clone().into(), beat],
+                kwargs: Vec::new(),
+            };
+            p.call(HEARTBEAT_METHOD, &call, timeout).await.map_err(|e| {
+                (
+                    if e.is_connection_error() {
+                        "unreachable"
+                    } else {
+                        "rejected"
+                    },
+                    e.to_string(),
+                )
+            })
         })
         .await;
         let failure = match delivered {
             Ok(Ok(_)) => None,
             Ok(Err(f)) => Some(f),
-            Err(_) => Some(("timeout", "no answer within the heartbeat interval".to_owned())),
+            Err(_) => Some((
+                "timeout",
+                "no answer within the heartbeat interval".to_owned(),
+            )),
         };
         if let Some((reason, error)) = failure {
             ctx.metrics.heartbeat_failed(reason);

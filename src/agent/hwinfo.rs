@@ -5,7 +5,10 @@
 use rmpv::Value;
 
 fn entry<K: Into<String>>(metadata: Vec<(K, String)>) -> Value {
-    let metadata = metadata.into_iter().map(|(k, v)| (Value::from(k.into()), Value::from(v))).collect();
+    let metadata = metadata
+        .into_iter()
+        .map(|(k, v)| (Value::from(k.into()), Value::from(v)))
+        .collect();
     Value::Map(vec![
         (Value::from("status"), Value::from("healthy")),
         (Value::from("status_info"), Value::Nil),
@@ -19,19 +22,33 @@ fn entry<K: Into<String>>(metadata: Vec<(K, String)>) -> Value {
 pub fn gather() -> Value {
     use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
     let sys = System::new_with_specifics(
-        RefreshKind::new().with_cpu(CpuRefreshKind::new()).with_memory(MemoryRefreshKind::new().with_ram()),
+        RefreshKind::new()
+            .with_cpu(CpuRefreshKind::new())
+            .with_memory(MemoryRefreshKind::new().with_ram()),
     );
-    let model = sys.cpus().first().map(|c| c.brand().trim().to_owned()).unwrap_or_default();
+    let model = sys
+        .cpus()
+        .first()
+        .map(|c| c.brand().trim().to_owned())
+        .unwrap_or_default();
     let mut info = vec![
         (
             "cpu",
             entry(vec![
                 ("model", model),
                 ("cores", sys.cpus().len().to_string()),
-                ("physical_cores", sys.physical_core_count().map(|n| n.to_string()).unwrap_or_default()),
+                (
+                    "physical_cores",
+                    sys.physical_core_count()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                ),
             ]),
         ),
-        ("mem", entry(vec![("total_bytes", sys.total_memory().to_string())])),
+        (
+            "mem",
+            entry(vec![("total_bytes", sys.total_memory().to_string())]),
+        ),
         (
             "os",
             entry(vec![
@@ -61,11 +78,21 @@ fn gpus() -> Option<Value> {
     let count = nvml.device_count().ok().filter(|&n| n > 0)?;
     let mut meta: Vec<(String, String)> = vec![
         ("device_count".into(), count.to_string()),
-        ("driver_version".into(), nvml.sys_driver_version().unwrap_or_default()),
-        ("cuda_driver_version".into(), nvml.sys_cuda_driver_version().map(|v| v.to_string()).unwrap_or_default()),
+        (
+            "driver_version".into(),
+            nvml.sys_driver_version().unwrap_or_default(),
+        ),
+        (
+            "cuda_driver_version".into(),
+            nvml.sys_cuda_driver_version()
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+        ),
     ];
     for i in 0..count {
-        let Ok(dev) = nvml.device_by_index(i) else { continue };
+        let Ok(dev) = nvml.device_by_index(i) else {
+            continue;
+        };
         let name = dev.name().unwrap_or_default();
         let mem = dev.memory_info().map(|m| m.total).unwrap_or(0);
         let uuid = dev.uuid().unwrap_or_default();

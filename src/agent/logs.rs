@@ -46,7 +46,10 @@ impl LogFile {
     }
 
     fn append(&mut self, data: &[u8], tail: u64) -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
         f.write_all(data)?;
         self.len += data.len() as u64;
         if self.len > 2 * tail {
@@ -96,7 +99,9 @@ pub struct LogStore {
 }
 
 fn unix_now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 impl LogStore {
@@ -105,7 +110,12 @@ impl LogStore {
     /// Errors: `dir` cannot be created.
     pub fn open(dir: &Path, tail: u64, retention: Duration) -> std::io::Result<LogStore> {
         std::fs::create_dir_all(dir)?;
-        Ok(LogStore { dir: dir.to_owned(), tail: tail.max(1), retention, logs: Mutex::new(HashMap::new()) })
+        Ok(LogStore {
+            dir: dir.to_owned(),
+            tail: tail.max(1),
+            retention,
+            logs: Mutex::new(HashMap::new()),
+        })
     }
 
     fn path(&self, kernel_id: &str) -> PathBuf {
@@ -124,7 +134,11 @@ impl LogStore {
             Err(_) if create => 0,
             Err(_) => return None,
         };
-        let log = Arc::new(KernelLog { file: Mutex::new(LogFile { path, base: 0, len }), grew: Notify::new(), active: AtomicBool::new(false) });
+        let log = Arc::new(KernelLog {
+            file: Mutex::new(LogFile { path, base: 0, len }),
+            grew: Notify::new(),
+            active: AtomicBool::new(false),
+        });
         logs.insert(kernel_id.to_owned(), log.clone());
         Some(log)
     }
@@ -132,27 +146,42 @@ impl LogStore {
     /// Follows `container_id`'s output into the kernel's log until the container stops for good
     /// (a restart is followed across); the returned task ends then. Output written while no keeper
     /// ran (an agent restart) is taken from the file's last write on, to the second.
-    pub fn keep(self: &Arc<Self>, backend: Arc<dyn ContainerBackend>, kernel_id: &str, container_id: &str) -> tokio::task::JoinHandle<()> {
+    pub fn keep(
+        self: &Arc<Self>,
+        backend: Arc<dyn ContainerBackend>,
+        kernel_id: &str,
+        container_id: &str,
+    ) -> tokio::task::JoinHandle<()> {
         let log = self.get(kernel_id, true).expect("created");
         log.active.store(true, Ordering::SeqCst);
-        let (store, kernel_id, container_id) = (self.clone(), kernel_id.to_owned(), container_id.to_owned());
+        let (store, kernel_id, container_id) =
+            (self.clone(), kernel_id.to_owned(), container_id.to_owned());
         tokio::spawn(async move {
             let mut since = {
                 let f = log.file.lock().expect("log file lock");
                 match std::fs::metadata(&f.path).and_then(|m| m.modified()) {
-                    Ok(t) if f.len > 0 => t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64),
+                    Ok(t) if f.len > 0 => t
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs() as i64),
                     _ => 0,
                 }
             };
+            let mut pause = Duration::from_millis(200);
             loop {
                 let mut stream = backend.follow_logs(&container_id, since);
                 while let Some(item) = stream.next().await {
                     match item {
                         Ok(bytes) => {
-                            if let Err(e) = log.file.lock().expect("log file lock").append(&bytes, store.tail) {
+                            if let Err(e) = log
+                                .file
+                                .lock()
+                                .expect("log file lock")
+                                .append(&bytes, store.tail)
+                            {
                                 tracing::warn!(%kernel_id, error = %e, "cannot write the kernel's log file");
                             }
                             log.grew.notify_waiters();
+                            pause = Duration::from_millis(200);
                         }
                         Err(e) => {
                             tracing::debug!(%kernel_id, error = %e, "log stream ended");
@@ -163,7 +192,12 @@ impl LogStore {
                 since = unix_now();
                 // A restarted container is followed again; a stopped or removed one ends it.
                 match backend.inspect_container(&container_id).await {
-                    Ok(Some(s)) if s.running => continue,
+                    Ok(Some(s)) if s.running => {
+                        // The stream ended under a running container (a restart in progress, an
+                        // engine hiccup, or a backend without logs): ask again, not in a tight loop.
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(30));
+                    }
                     _ => break,
                 }
             }
@@ -175,8 +209,16 @@ impl LogStore {
     /// Reads the kernel's log: from absolute `offset` (at most `max` bytes), or without one its
     /// last `min(log-tail, max)` bytes. With `wait`, a read at the end of an active log waits up
     /// to that long for more. `None`: the agent has no log for this kernel.
-    pub async fn read(&self, kernel_id: &str, offset: Option<u64>, max: usize, wait: Option<Duration>) -> std::io::Result<Option<LogChunk>> {
-        let Some(log) = self.get(kernel_id, false) else { return Ok(None) };
+    pub async fn read(
+        &self,
+        kernel_id: &str,
+        offset: Option<u64>,
+        max: usize,
+        wait: Option<Duration>,
+    ) -> std::io::Result<Option<LogChunk>> {
+        let Some(log) = self.get(kernel_id, false) else {
+            return Ok(None);
+        };
         let deadline = wait.map(|w| tokio::time::Instant::now() + w);
         loop {
             let grew = log.grew.notified();
@@ -185,12 +227,23 @@ impl LogStore {
                 let f = log.file.lock().expect("log file lock");
                 let from = match offset {
                     Some(o) => o.max(f.base),
-                    None => f.end().saturating_sub(self.tail.min(max as u64)).max(f.base),
+                    None => f
+                        .end()
+                        .saturating_sub(self.tail.min(max as u64))
+                        .max(f.base),
                 };
-                if from < f.end() || !active || deadline.is_none_or(|d| tokio::time::Instant::now() >= d) {
+                if from < f.end()
+                    || !active
+                    || deadline.is_none_or(|d| tokio::time::Instant::now() >= d)
+                {
                     let data = f.read_range(from, max)?;
                     let next = from + data.len() as u64;
-                    Some(LogChunk { data, start: from, next, active: active || next < f.end() })
+                    Some(LogChunk {
+                        data,
+                        start: from,
+                        next,
+                        active: active || next < f.end(),
+                    })
                 } else {
                     None
                 }
@@ -209,12 +262,26 @@ impl LogStore {
     /// `log-retention` ago; returns how many.
     pub fn sweep(&self) -> usize {
         let mut removed = 0;
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(kernel_id) = name.strip_suffix(".log") else { continue };
-            let active = self.logs.lock().expect("logs lock").get(kernel_id).is_some_and(|l| l.active.load(Ordering::SeqCst));
-            let old = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age >= self.retention);
+            let Some(kernel_id) = name.strip_suffix(".log") else {
+                continue;
+            };
+            let active = self
+                .logs
+                .lock()
+                .expect("logs lock")
+                .get(kernel_id)
+                .is_some_and(|l| l.active.load(Ordering::SeqCst));
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= self.retention);
             if !active && old && std::fs::remove_file(entry.path()).is_ok() {
                 self.logs.lock().expect("logs lock").remove(kernel_id);
                 removed += 1;
@@ -248,7 +315,11 @@ mod tests {
     #[test]
     fn a_log_file_is_cut_to_its_tail_and_offsets_stay_absolute() {
         let dir = tempfile::tempdir().unwrap();
-        let mut f = LogFile { path: dir.path().join("k.log"), base: 0, len: 0 };
+        let mut f = LogFile {
+            path: dir.path().join("k.log"),
+            base: 0,
+            len: 0,
+        };
         for i in 0..10u8 {
             f.append(&[b'0' + i; 10], 25).unwrap();
             assert!(f.len <= 50, "never more than 2 × tail on disk");
@@ -268,13 +339,23 @@ mod tests {
         let store = LogStore::open(dir.path(), 8, Duration::ZERO).unwrap();
         assert!(store.read("nope", None, 100, None).await.unwrap().is_none());
         let log = store.get("k1", true).unwrap();
-        log.file.lock().unwrap().append(b"line one\nline two\n", 8).unwrap();
+        log.file
+            .lock()
+            .unwrap()
+            .append(b"line one\nline two\n", 8)
+            .unwrap();
         let tail = store.read("k1", None, 100, None).await.unwrap().unwrap();
         // 18 bytes > 2 × 8: the file was cut to its last 8 bytes, offsets kept.
-        assert_eq!((tail.data.as_slice(), tail.start, tail.next), (&b"ine two\n"[..], 10, 18));
+        assert_eq!(
+            (tail.data.as_slice(), tail.start, tail.next),
+            (&b"ine two\n"[..], 10, 18)
+        );
         assert!(!tail.active);
         let from = store.read("k1", Some(12), 3, None).await.unwrap().unwrap();
-        assert_eq!((from.data.as_slice(), from.start, from.next), (&b"e t"[..], 12, 15));
+        assert_eq!(
+            (from.data.as_slice(), from.start, from.next),
+            (&b"e t"[..], 12, 15)
+        );
         // Behind the cut: resumes at the oldest byte kept.
         let behind = store.read("k1", Some(0), 3, None).await.unwrap().unwrap();
         assert_eq!((behind.data.as_slice(), behind.start), (&b"ine"[..], 10));

@@ -8,13 +8,18 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use prometheus::{Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
 
 /// `backendai_rpc_request_duration_seconds` buckets, seconds (seed 002).
 pub const RPC_BUCKETS: [f64; 10] = [0.001, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
 /// Stage setup/teardown duration buckets, seconds (image pulls may take minutes).
-const STAGE_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0];
+const STAGE_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
 
 /// Labels of one kernel's `backendai_container_utilization` series, in the seed's order
 /// after `container_metric_name`: agent_id, kernel_id, session_id, user_id, project_id.
@@ -71,9 +76,18 @@ struct Families {
 }
 
 impl Families {
-    fn add(&self, c: Box<dyn prometheus::core::Collector>, name: &str, help: &str, kind: &'static str) {
+    fn add(
+        &self,
+        c: Box<dyn prometheus::core::Collector>,
+        name: &str,
+        help: &str,
+        kind: &'static str,
+    ) {
         self.registry.register(c).expect("unique metric");
-        self.declared.lock().expect("families lock").push((name.to_owned(), help.to_owned(), kind));
+        self.declared
+            .lock()
+            .expect("families lock")
+            .push((name.to_owned(), help.to_owned(), kind));
     }
 }
 
@@ -90,8 +104,18 @@ fn gauge_vec(r: &Families, name: &str, help: &str, labels: &[&str]) -> GaugeVec 
     g
 }
 
-fn histogram(r: &Families, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
-    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels).expect("valid histogram");
+fn histogram(
+    r: &Families,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("valid histogram");
     r.add(Box::new(h.clone()), name, help, "histogram");
     h
 }
@@ -99,7 +123,10 @@ fn histogram(r: &Families, name: &str, help: &str, labels: &[&str], buckets: &[f
 impl AgentMetrics {
     /// Registers every metric for agent `agent_id`.
     pub fn new(agent_id: &str) -> AgentMetrics {
-        let r = Families { registry: Registry::new(), declared: Mutex::new(Vec::new()) };
+        let r = Families {
+            registry: Registry::new(),
+            declared: Mutex::new(Vec::new()),
+        };
         let gauge = |name: &str, help: &str| {
             let g = Gauge::new(name, help).expect("valid gauge");
             r.add(Box::new(g.clone()), name, help, "gauge");
@@ -110,28 +137,99 @@ impl AgentMetrics {
             r.add(Box::new(g.clone()), name, help, "gauge");
             g
         };
-        let heartbeat = gauge("backendai_agent_heartbeat", "Unix time (seconds) of the agent's last heartbeat");
-        let kernel_count = int_gauge("backendai_kernel_count", "Number of running kernels on the agent (set every container sampling round)");
-        let outbox_depth = int_gauge("kernelvisor_outbox_depth", "Events in the durable outbox not yet acked by the manager");
-        let outbox_capacity = int_gauge("kernelvisor_outbox_capacity", "Most events the outbox keeps ([manager] outbox-max-events)");
+        let heartbeat = gauge(
+            "backendai_agent_heartbeat",
+            "Unix time (seconds) of the agent's last heartbeat",
+        );
+        let kernel_count = int_gauge(
+            "backendai_kernel_count",
+            "Number of running kernels on the agent (set every container sampling round)",
+        );
+        let outbox_depth = int_gauge(
+            "kernelvisor_outbox_depth",
+            "Events in the durable outbox not yet acked by the manager",
+        );
+        let outbox_capacity = int_gauge(
+            "kernelvisor_outbox_capacity",
+            "Most events the outbox keeps ([manager] outbox-max-events)",
+        );
         AgentMetrics {
             agent_id: agent_id.to_owned(),
-            rpc_requests: counter(&r, "backendai_rpc_requests", "Total RPC requests processed by the agent", &["method"]),
-            rpc_failures: counter(&r, "backendai_rpc_failure_requests", "Failed RPC requests", &["method", "exception"]),
-            rpc_duration: histogram(&r, "backendai_rpc_request_duration_seconds", "RPC request processing time in seconds", &["method"], &RPC_BUCKETS),
+            rpc_requests: counter(
+                &r,
+                "backendai_rpc_requests",
+                "Total RPC requests processed by the agent",
+                &["method"],
+            ),
+            rpc_failures: counter(
+                &r,
+                "backendai_rpc_failure_requests",
+                "Failed RPC requests",
+                &["method", "exception"],
+            ),
+            rpc_duration: histogram(
+                &r,
+                "backendai_rpc_request_duration_seconds",
+                "RPC request processing time in seconds",
+                &["method"],
+                &RPC_BUCKETS,
+            ),
             container: gauge_vec(
                 &r,
                 "backendai_container_utilization",
                 "Container resource utilization per kernel",
-                &["container_metric_name", "agent_id", "kernel_id", "session_id", "user_id", "project_id", "value_type"],
+                &[
+                    "container_metric_name",
+                    "agent_id",
+                    "kernel_id",
+                    "session_id",
+                    "user_id",
+                    "project_id",
+                    "value_type",
+                ],
             ),
-            device: gauge_vec(&r, "backendai_device_utilization", "Physical device utilization on the agent node", &["device_metric_name", "agent_id", "device_id", "value_type"]),
-            sync_trigger: counter(&r, "backendai_sync_container_lifecycle_trigger_count", "Container lifecycle syncs triggered", &["agent_id"]),
-            sync_success: counter(&r, "backendai_sync_container_lifecycle_success_count", "Kernels synchronized successfully", &["agent_id"]),
-            sync_failure: counter(&r, "backendai_sync_container_lifecycle_failure_count", "Failed container lifecycle syncs", &["agent_id", "exception"]),
-            stat_trigger: counter(&r, "backendai_stat_task_trigger_count", "Statistics collections triggered", &["agent_id", "stat_scope"]),
-            stat_success: counter(&r, "backendai_stat_task_success_count", "Statistics collections that succeeded", &["agent_id", "stat_scope"]),
-            stat_failure: counter(&r, "backendai_stat_task_failure_count", "Statistics collections that failed", &["agent_id", "stat_scope", "exception"]),
+            device: gauge_vec(
+                &r,
+                "backendai_device_utilization",
+                "Physical device utilization on the agent node",
+                &["device_metric_name", "agent_id", "device_id", "value_type"],
+            ),
+            sync_trigger: counter(
+                &r,
+                "backendai_sync_container_lifecycle_trigger_count",
+                "Container lifecycle syncs triggered",
+                &["agent_id"],
+            ),
+            sync_success: counter(
+                &r,
+                "backendai_sync_container_lifecycle_success_count",
+                "Kernels synchronized successfully",
+                &["agent_id"],
+            ),
+            sync_failure: counter(
+                &r,
+                "backendai_sync_container_lifecycle_failure_count",
+                "Failed container lifecycle syncs",
+                &["agent_id", "exception"],
+            ),
+            stat_trigger: counter(
+                &r,
+                "backendai_stat_task_trigger_count",
+                "Statistics collections triggered",
+                &["agent_id", "stat_scope"],
+            ),
+            stat_success: counter(
+                &r,
+                "backendai_stat_task_success_count",
+                "Statistics collections that succeeded",
+                &["agent_id", "stat_scope"],
+            ),
+            stat_failure: counter(
+                &r,
+                "backendai_stat_task_failure_count",
+                "Statistics collections that failed",
+                &["agent_id", "stat_scope", "exception"],
+            ),
             stage_duration: histogram(
                 &r,
                 "kernelvisor_stage_duration_seconds",
@@ -139,12 +237,42 @@ impl AgentMetrics {
                 &["stage", "phase"],
                 &STAGE_BUCKETS,
             ),
-            stage_failures: counter(&r, "kernelvisor_stage_failures", "Kernel stage setups/teardowns that failed", &["stage", "phase"]),
-            outbox_dropped: counter(&r, "kernelvisor_outbox_dropped_events", "Events dropped because the outbox was full", &["policy"]),
-            events_sent: counter(&r, "kernelvisor_events_sent", "Events acked by the manager", &["agent_id"]),
-            events_deduplicated: counter(&r, "kernelvisor_events_deduplicated", "Events not enqueued because the kernel's state did not change", &["agent_id"]),
-            event_send_failures: counter(&r, "kernelvisor_event_send_failures", "Failed attempts to deliver an event batch", &["reason"]),
-            heartbeat_failures: counter(&r, "kernelvisor_heartbeat_failures", "Heartbeats the manager did not take", &["reason"]),
+            stage_failures: counter(
+                &r,
+                "kernelvisor_stage_failures",
+                "Kernel stage setups/teardowns that failed",
+                &["stage", "phase"],
+            ),
+            outbox_dropped: counter(
+                &r,
+                "kernelvisor_outbox_dropped_events",
+                "Events dropped because the outbox was full",
+                &["policy"],
+            ),
+            events_sent: counter(
+                &r,
+                "kernelvisor_events_sent",
+                "Events acked by the manager",
+                &["agent_id"],
+            ),
+            events_deduplicated: counter(
+                &r,
+                "kernelvisor_events_deduplicated",
+                "Events not enqueued because the kernel's state did not change",
+                &["agent_id"],
+            ),
+            event_send_failures: counter(
+                &r,
+                "kernelvisor_event_send_failures",
+                "Failed attempts to deliver an event batch",
+                &["reason"],
+            ),
+            heartbeat_failures: counter(
+                &r,
+                "kernelvisor_heartbeat_failures",
+                "Heartbeats the manager did not take",
+                &["reason"],
+            ),
             stat_round: histogram(
                 &r,
                 "kernelvisor_stat_round_duration_seconds",
@@ -152,7 +280,12 @@ impl AgentMetrics {
                 &["stat_scope"],
                 &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0],
             ),
-            container_samples: counter(&r, "kernelvisor_container_samples", "Container samples read, by source (cgroup files or the engine's stats API)", &["source"]),
+            container_samples: counter(
+                &r,
+                "kernelvisor_container_samples",
+                "Container samples read, by source (cgroup files or the engine's stats API)",
+                &["source"],
+            ),
             heartbeat,
             kernel_count,
             outbox_depth,
@@ -173,9 +306,12 @@ impl AgentMetrics {
     pub fn render(&self) -> String {
         let families = self.families.registry.gather();
         let mut buf = Vec::new();
-        TextEncoder::new().encode(&families, &mut buf).expect("text encoding cannot fail");
+        TextEncoder::new()
+            .encode(&families, &mut buf)
+            .expect("text encoding cannot fail");
         let mut text = String::from_utf8(buf).expect("prometheus text is UTF-8");
-        let present: std::collections::HashSet<&str> = families.iter().map(|f| f.get_name()).collect();
+        let present: std::collections::HashSet<&str> =
+            families.iter().map(|f| f.get_name()).collect();
         for (name, help, kind) in self.families.declared.lock().expect("families lock").iter() {
             if !present.contains(name.as_str()) {
                 text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
@@ -187,17 +323,33 @@ impl AgentMetrics {
     /// One RPC request handled: `exception` is the FAILURE name when it failed.
     pub fn rpc_request(&self, method: &str, duration: Duration, exception: Option<&str>) {
         self.rpc_requests.with_label_values(&[method]).inc();
-        self.rpc_duration.with_label_values(&[method]).observe(duration.as_secs_f64());
+        self.rpc_duration
+            .with_label_values(&[method])
+            .observe(duration.as_secs_f64());
         if let Some(e) = exception {
             self.rpc_failures.with_label_values(&[method, e]).inc();
         }
     }
 
     /// Sets one kernel series of `backendai_container_utilization`.
-    pub fn set_container(&self, kernel: &KernelLabels, metric: &'static str, value_type: &'static str, value: f64) {
+    pub fn set_container(
+        &self,
+        kernel: &KernelLabels,
+        metric: &'static str,
+        value_type: &'static str,
+        value: f64,
+    ) {
         let a = &self.agent_id;
         self.container
-            .with_label_values(&[metric, a, &kernel.kernel_id, &kernel.session_id, &kernel.user_id, &kernel.project_id, value_type])
+            .with_label_values(&[
+                metric,
+                a,
+                &kernel.kernel_id,
+                &kernel.session_id,
+                &kernel.user_id,
+                &kernel.project_id,
+                value_type,
+            ])
             .set(value);
         let mut series = self.kernel_series.lock().expect("kernel series lock");
         let set = series.entry(kernel.clone()).or_default();
@@ -208,24 +360,44 @@ impl AgentMetrics {
 
     /// Removes every series of a kernel (it terminated). Returns how many were removed.
     pub fn remove_kernel(&self, kernel: &KernelLabels) -> usize {
-        let Some(set) = self.kernel_series.lock().expect("kernel series lock").remove(kernel) else { return 0 };
+        let Some(set) = self
+            .kernel_series
+            .lock()
+            .expect("kernel series lock")
+            .remove(kernel)
+        else {
+            return 0;
+        };
         let a = &self.agent_id;
         for (metric, value_type) in &set {
-            let _ = self
-                .container
-                .remove_label_values(&[metric, a, &kernel.kernel_id, &kernel.session_id, &kernel.user_id, &kernel.project_id, value_type]);
+            let _ = self.container.remove_label_values(&[
+                metric,
+                a,
+                &kernel.kernel_id,
+                &kernel.session_id,
+                &kernel.user_id,
+                &kernel.project_id,
+                value_type,
+            ]);
         }
         set.len()
     }
 
     /// The kernels that currently have series.
     pub fn kernels_with_series(&self) -> Vec<KernelLabels> {
-        self.kernel_series.lock().expect("kernel series lock").keys().cloned().collect()
+        self.kernel_series
+            .lock()
+            .expect("kernel series lock")
+            .keys()
+            .cloned()
+            .collect()
     }
 
     /// Sets one series of `backendai_device_utilization`.
     pub fn set_device(&self, metric: &str, device_id: &str, value_type: &str, value: f64) {
-        self.device.with_label_values(&[metric, &self.agent_id, device_id, value_type]).set(value);
+        self.device
+            .with_label_values(&[metric, &self.agent_id, device_id, value_type])
+            .set(value);
     }
 
     /// A container lifecycle sync (reconcile) ran: `synced` kernels checked, or it failed.
@@ -242,7 +414,9 @@ impl AgentMetrics {
     pub fn stat_task(&self, scope: &str, duration: Duration, result: Result<(), &str>) {
         let a = &self.agent_id;
         self.stat_trigger.with_label_values(&[a, scope]).inc();
-        self.stat_round.with_label_values(&[scope]).observe(duration.as_secs_f64());
+        self.stat_round
+            .with_label_values(&[scope])
+            .observe(duration.as_secs_f64());
         match result {
             Ok(()) => self.stat_success.with_label_values(&[a, scope]).inc(),
             Err(e) => self.stat_failure.with_label_values(&[a, scope, e]).inc(),
@@ -271,7 +445,9 @@ impl AgentMetrics {
 
     /// One stage operation of a kernel; `phase` is `setup` or `teardown`.
     pub fn stage(&self, stage: &str, phase: &str, duration: Duration, failed: bool) {
-        self.stage_duration.with_label_values(&[stage, phase]).observe(duration.as_secs_f64());
+        self.stage_duration
+            .with_label_values(&[stage, phase])
+            .observe(duration.as_secs_f64());
         if failed {
             self.stage_failures.with_label_values(&[stage, phase]).inc();
         }
@@ -290,12 +466,16 @@ impl AgentMetrics {
 
     /// `n` events acked by the manager.
     pub fn events_sent(&self, n: u64) {
-        self.events_sent.with_label_values(&[&self.agent_id]).inc_by(n);
+        self.events_sent
+            .with_label_values(&[&self.agent_id])
+            .inc_by(n);
     }
 
     /// An event not enqueued because it repeated the kernel's last state.
     pub fn event_deduplicated(&self) {
-        self.events_deduplicated.with_label_values(&[&self.agent_id]).inc();
+        self.events_deduplicated
+            .with_label_values(&[&self.agent_id])
+            .inc();
     }
 
     /// A batch delivery failed: `reason` is `connect`, `timeout`, `disconnected`, `rejected`.
@@ -320,13 +500,25 @@ pub struct StageMetricsHook {
 }
 
 impl actors::StageHook for StageMetricsHook {
-    fn on_setup(&self, stage: &'static str, duration: Duration, result: Result<(), &actors::BoxError>) {
-        self.metrics.stage(stage, "setup", duration, result.is_err());
+    fn on_setup(
+        &self,
+        stage: &'static str,
+        duration: Duration,
+        result: Result<(), &actors::BoxError>,
+    ) {
+        self.metrics
+            .stage(stage, "setup", duration, result.is_err());
         tracing::debug!(agent_id = %self.metrics.agent_id, kernel_id = %self.kernel_id, stage, ms = duration.as_secs_f64() * 1e3, error = result.err().map(|e| e.to_string()), "stage setup");
     }
 
-    fn on_teardown(&self, stage: &'static str, duration: Duration, result: Result<(), &actors::BoxError>) {
-        self.metrics.stage(stage, "teardown", duration, result.is_err());
+    fn on_teardown(
+        &self,
+        stage: &'static str,
+        duration: Duration,
+        result: Result<(), &actors::BoxError>,
+    ) {
+        self.metrics
+            .stage(stage, "teardown", duration, result.is_err());
         tracing::debug!(agent_id = %self.metrics.agent_id, kernel_id = %self.kernel_id, stage, ms = duration.as_secs_f64() * 1e3, error = result.err().map(|e| e.to_string()), "stage teardown");
     }
 }
@@ -336,7 +528,12 @@ mod tests {
     use super::*;
 
     fn kernel() -> KernelLabels {
-        KernelLabels { kernel_id: "k1".into(), session_id: "s1".into(), user_id: "u".into(), project_id: "p".into() }
+        KernelLabels {
+            kernel_id: "k1".into(),
+            session_id: "s1".into(),
+            user_id: "u".into(),
+            project_id: "p".into(),
+        }
     }
 
     #[test]
@@ -356,10 +553,21 @@ mod tests {
     fn rpc_histogram_has_the_seed_buckets() {
         let m = AgentMetrics::new("a1");
         m.rpc_request("ping", Duration::from_millis(3), None);
-        m.rpc_request("create_kernels", Duration::from_secs(2), Some("ResourceExhausted"));
+        m.rpc_request(
+            "create_kernels",
+            Duration::from_secs(2),
+            Some("ResourceExhausted"),
+        );
         let text = m.render();
-        for le in ["0.001", "0.01", "0.1", "0.5", "1", "2", "5", "10", "30", "60", "+Inf"] {
-            assert!(text.contains(&format!(r#"backendai_rpc_request_duration_seconds_bucket{{method="ping",le="{le}"}}"#)), "{le}: {text}");
+        for le in [
+            "0.001", "0.01", "0.1", "0.5", "1", "2", "5", "10", "30", "60", "+Inf",
+        ] {
+            assert!(
+                text.contains(&format!(
+                    r#"backendai_rpc_request_duration_seconds_bucket{{method="ping",le="{le}"}}"#
+                )),
+                "{le}: {text}"
+            );
         }
         assert!(text.contains(r#"backendai_rpc_failure_requests_total{exception="ResourceExhausted",method="create_kernels"} 1"#));
         assert!(text.contains(r#"backendai_rpc_requests_total{method="create_kernels"} 1"#));

@@ -10,7 +10,9 @@ use super::metrics::AgentMetrics;
 use crate::config::HostPort;
 
 async fn render(m: web::Data<Arc<AgentMetrics>>) -> HttpResponse {
-    HttpResponse::Ok().content_type(prometheus::TEXT_FORMAT).body(m.render())
+    HttpResponse::Ok()
+        .content_type(prometheus::TEXT_FORMAT)
+        .body(m.render())
 }
 
 /// A bound metrics server; [`MetricsServer::run`] serves it.
@@ -25,14 +27,24 @@ impl MetricsServer {
     /// Errors: the address is in use or invalid.
     pub fn bind(addr: &HostPort, metrics: Arc<AgentMetrics>) -> std::io::Result<MetricsServer> {
         let data = web::Data::new(metrics);
-        let http = HttpServer::new(move || App::new().app_data(data.clone()).route("/metrics", web::get().to(render)))
-            .workers(1)
-            .disable_signals()
-            .shutdown_timeout(1)
-            .bind((addr.host.as_str(), addr.port))?;
-        let bound = *http.addrs().first().ok_or_else(|| std::io::Error::other("bound no address"))?;
+        let http = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .route("/metrics", web::get().to(render))
+        })
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(1)
+        .bind((addr.host.as_str(), addr.port))?;
+        let bound = *http
+            .addrs()
+            .first()
+            .ok_or_else(|| std::io::Error::other("bound no address"))?;
         tracing::info!(addr = %bound, "metrics endpoint bound (/metrics)");
-        Ok(MetricsServer { server: http.run(), addr: bound })
+        Ok(MetricsServer {
+            server: http.run(),
+            addr: bound,
+        })
     }
 
     /// The bound address.

@@ -46,7 +46,11 @@ use actix::{Actor, Addr};
 use actors::{ChildSpec, Intensity, Root, Shutdown, StopSignal, Strategy, Supervisor};
 use tokio::sync::{mpsc, watch, Notify};
 
-use self::backend::{docker::DockerBackend, dummy::{DummyBackend, DummyDelays}, ContainerBackend};
+use self::backend::{
+    docker::DockerBackend,
+    dummy::{DummyBackend, DummyDelays},
+    ContainerBackend,
+};
 use self::context::AgentContext;
 use self::event_sender::EventSender;
 use self::events::{AgentEvent, EventBus};
@@ -65,11 +69,18 @@ use crate::rpc::{Dispatcher, PeerOptions, RpcServer, ServerCurve};
 /// methods plus whatever `extra` registers.
 ///
 /// Errors: unreadable key files, or the RPC address cannot be bound.
-pub fn rpc_server(config: &AgentConfig, extra: impl FnOnce(&mut Dispatcher)) -> anyhow::Result<RpcServer> {
+pub fn rpc_server(
+    config: &AgentConfig,
+    extra: impl FnOnce(&mut Dispatcher),
+) -> anyhow::Result<RpcServer> {
     rpc_server_at(config, &config.agent.rpc_listen_addr.zmq_endpoint(), extra)
 }
 
-fn rpc_server_at(config: &AgentConfig, endpoint: &str, extra: impl FnOnce(&mut Dispatcher)) -> anyhow::Result<RpcServer> {
+fn rpc_server_at(
+    config: &AgentConfig,
+    endpoint: &str,
+    extra: impl FnOnce(&mut Dispatcher),
+) -> anyhow::Result<RpcServer> {
     let a = &config.agent;
     let curve = match (&a.rpc_auth_manager_public_key, &a.rpc_auth_agent_keypair) {
         (Some(manager_key), Some(keypair)) => Some(ServerCurve {
@@ -94,7 +105,12 @@ pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn Con
         BackendKind::Dummy => {
             let d = &config.dummy;
             let s = Duration::from_secs_f64;
-            Arc::new(DummyBackend::new(DummyDelays { pull: s(d.pull_delay), create: s(d.create_delay), start: s(d.start_delay), remove: s(d.remove_delay) }))
+            Arc::new(DummyBackend::new(DummyDelays {
+                pull: s(d.pull_delay),
+                create: s(d.create_delay),
+                start: s(d.start_delay),
+                remove: s(d.remove_delay),
+            }))
         }
     })
 }
@@ -112,7 +128,8 @@ impl Kernels {
     async fn restart(ctx: &Arc<AgentContext>) -> anyhow::Result<Kernels> {
         let c = &ctx.config.container;
         *ctx.slots.lock().expect("slot allocator lock") = AgentContext::detect_slots(&ctx.config);
-        *ctx.ports.lock().expect("port pool lock") = PortPool::new(c.port_range[0], c.port_range[1], c.port_reuse_cooldown.0);
+        *ctx.ports.lock().expect("port pool lock") =
+            PortPool::new(c.port_range[0], c.port_range[1], c.port_reuse_cooldown.0);
         Kernels::start(ctx).await
     }
 
@@ -122,7 +139,11 @@ impl Kernels {
         let registry = KernelRegistry::new(ctx.clone(), supervisor.addr()).start();
         let recovery = recovery::recover(ctx, &registry).await?;
         tracing::info!(agent_id = %ctx.agent_id, backend = ctx.backend.kind(), ?recovery, "kernels recovered");
-        Ok(Kernels { registry, supervisor, recovery })
+        Ok(Kernels {
+            registry,
+            supervisor,
+            recovery,
+        })
     }
 }
 
@@ -155,7 +176,10 @@ impl Agent {
     ///
     /// Errors: the store, the engine, the RPC or metrics address, or a key file is unusable,
     /// or recovery cannot read the store or the engine.
-    pub async fn start(config: AgentConfig, backend: Option<Arc<dyn ContainerBackend>>) -> anyhow::Result<Agent> {
+    pub async fn start(
+        config: AgentConfig,
+        backend: Option<Arc<dyn ContainerBackend>>,
+    ) -> anyhow::Result<Agent> {
         let a = &config.agent;
         let store = Store::open(&a.var_base_path.join("agent.db")).await?;
         let pruned = store.prune_terminated(7.0 * 86400.0).await?;
@@ -178,13 +202,21 @@ impl Agent {
         let ctx = Arc::new(AgentContext {
             agent_id: a.id.clone(),
             slots: Mutex::new(AgentContext::detect_slots(&config)),
-            ports: Mutex::new(PortPool::new(c.port_range[0], c.port_range[1], c.port_reuse_cooldown.0)),
+            ports: Mutex::new(PortPool::new(
+                c.port_range[0],
+                c.port_range[1],
+                c.port_reuse_cooldown.0,
+            )),
             backend,
             store: store.clone(),
             events,
             metrics: metrics.clone(),
             runs: exec::Runs::new(a.exec_buffer_size.0 as usize, a.exec_idle_timeout.0),
-            logs: Arc::new(logs::LogStore::open(&a.var_base_path.join("logs"), c.log_tail.0, c.log_retention.0)?),
+            logs: Arc::new(logs::LogStore::open(
+                &a.var_base_path.join("logs"),
+                c.log_tail.0,
+                c.log_retention.0,
+            )?),
             config: config.clone(),
         });
 
@@ -200,12 +232,19 @@ impl Agent {
         let endpoint = server.endpoint().to_owned();
         let metrics_server = MetricsServer::bind(&a.service_addr, metrics.clone())?;
         let metrics_addr = metrics_server.addr();
-        let agent_keypair = a.rpc_auth_agent_keypair.as_deref().map(load_keypair).transpose()?;
+        let agent_keypair = a
+            .rpc_auth_agent_keypair
+            .as_deref()
+            .map(load_keypair)
+            .transpose()?;
         let manager_peer = match &config.manager {
             Some(m) => Some(PeerOptions {
                 endpoint: m.event_addr.zmq_endpoint(),
                 curve: match (&a.rpc_auth_manager_public_key, &agent_keypair) {
-                    (Some(manager), Some(pair)) => Some(ClientCurve { keypair: pair.clone(), server_key: load_certificate(manager)?.public }),
+                    (Some(manager), Some(pair)) => Some(ClientCurve {
+                        keypair: pair.clone(),
+                        server_key: load_certificate(manager)?.public,
+                    }),
                     _ => None,
                 },
                 keepalive: Some(Default::default()),
@@ -216,7 +255,11 @@ impl Agent {
         let rpc_addr = match &a.advertised_rpc_addr {
             Some(addr) => addr.zmq_endpoint(),
             None => {
-                if config.manager.is_some() && (endpoint.contains("//0.0.0.0:") || endpoint.contains("//[::]:") || endpoint.contains("//*:")) {
+                if config.manager.is_some()
+                    && (endpoint.contains("//0.0.0.0:")
+                        || endpoint.contains("//[::]:")
+                        || endpoint.contains("//*:"))
+                {
                     tracing::warn!(%endpoint, "heartbeats advertise an unspecified address: a manager on another host cannot dial it; set [agent] advertised-rpc-addr");
                 }
                 endpoint.clone()
@@ -230,14 +273,28 @@ impl Agent {
 
         let final_shutdown = Arc::new(AtomicBool::new(false));
         let on_shutdown = Arc::new(Mutex::new(a.on_shutdown));
-        let mut tree = Supervisor::build("agent").strategy(Strategy::RestForOne).intensity(Intensity::new(5, 60));
+        let mut tree = Supervisor::build("agent")
+            .strategy(Strategy::RestForOne)
+            .intensity(Intensity::new(5, 60));
 
-        if let (Some(m), Some(rx), Some(peer)) = (&config.manager, outbox_rx, manager_peer.clone()) {
+        if let (Some(m), Some(rx), Some(peer)) = (&config.manager, outbox_rx, manager_peer.clone())
+        {
             let outbox = Outbox::new(&store, m.outbox_max_events);
             let appended = Arc::new(Notify::new());
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
-            let writer = Arc::new(OutboxWriter { outbox: outbox.clone(), metrics: metrics.clone(), appended: appended.clone() });
-            let sender = Arc::new(EventSender { agent_id: a.id.clone(), peer, config: m.clone(), outbox, appended, metrics: metrics.clone() });
+            let writer = Arc::new(OutboxWriter {
+                outbox: outbox.clone(),
+                metrics: metrics.clone(),
+                appended: appended.clone(),
+            });
+            let sender = Arc::new(EventSender {
+                agent_id: a.id.clone(),
+                peer,
+                config: m.clone(),
+                outbox,
+                appended,
+                metrics: metrics.clone(),
+            });
             let grace = m.event_ack_timeout.0 + Duration::from_secs(2);
             tree = tree.child(
                 ChildSpec::task("event-sender", move |stop: StopSignal| {
@@ -263,11 +320,21 @@ impl Agent {
 
         let first_kernels: FirstStart<Kernels> = Arc::new(Mutex::new(Some(kernels)));
         {
-            let (ctx, final_shutdown, on_shutdown, registry_tx) = (ctx.clone(), final_shutdown.clone(), on_shutdown.clone(), registry_tx.clone());
+            let (ctx, final_shutdown, on_shutdown, registry_tx) = (
+                ctx.clone(),
+                final_shutdown.clone(),
+                on_shutdown.clone(),
+                registry_tx.clone(),
+            );
             tree = tree.child(
                 ChildSpec::task("kernels", move |stop: StopSignal| {
-                    let (ctx, first_kernels, final_shutdown, on_shutdown, registry_tx) =
-                        (ctx.clone(), first_kernels.clone(), final_shutdown.clone(), on_shutdown.clone(), registry_tx.clone());
+                    let (ctx, first_kernels, final_shutdown, on_shutdown, registry_tx) = (
+                        ctx.clone(),
+                        first_kernels.clone(),
+                        final_shutdown.clone(),
+                        on_shutdown.clone(),
+                        registry_tx.clone(),
+                    );
                     async move {
                         let k = match first(&first_kernels) {
                             Some(k) => k,
@@ -277,10 +344,16 @@ impl Agent {
                         stop.requested().await;
                         let last = final_shutdown.load(Ordering::SeqCst);
                         // A restart detaches (the next start adopts the kernels again).
-                        let mode = if last { *on_shutdown.lock().expect("on-shutdown lock") } else { OnShutdown::Preserve };
+                        let mode = if last {
+                            *on_shutdown.lock().expect("on-shutdown lock")
+                        } else {
+                            OnShutdown::Preserve
+                        };
                         let _ = k.registry.send(ShutdownKernels(mode)).await;
                         if last {
-                            ctx.events.emit(AgentEvent::AgentTerminated { reason: "shutdown".into() });
+                            ctx.events.emit(AgentEvent::AgentTerminated {
+                                reason: "shutdown".into(),
+                            });
                         }
                         k.supervisor.shutdown().await;
                         Ok::<_, String>(())
@@ -292,7 +365,11 @@ impl Agent {
 
         let current_registry = {
             let rx = registry_rx.clone();
-            move || rx.borrow().clone().expect("the kernels child starts before its dependants")
+            move || {
+                rx.borrow()
+                    .clone()
+                    .expect("the kernels child starts before its dependants")
+            }
         };
         {
             let (ctx, current_registry) = (ctx.clone(), current_registry.clone());
@@ -311,7 +388,13 @@ impl Agent {
             tree = tree.child(ChildSpec::task("exec-reaper", move |stop: StopSignal| {
                 let ctx = ctx.clone();
                 async move {
-                    ctx.runs.reap_every(ctx.backend.clone(), Duration::from_secs(1), stop.requested()).await;
+                    ctx.runs
+                        .reap_every(
+                            ctx.backend.clone(),
+                            Duration::from_secs(1),
+                            stop.requested(),
+                        )
+                        .await;
                     Ok::<_, String>(())
                 }
             }));
@@ -321,7 +404,9 @@ impl Agent {
             tree = tree.child(ChildSpec::task("log-retention", move |stop: StopSignal| {
                 let ctx = ctx.clone();
                 async move {
-                    ctx.logs.sweep_every(Duration::from_secs(60), stop.requested()).await;
+                    ctx.logs
+                        .sweep_every(Duration::from_secs(60), stop.requested())
+                        .await;
                     Ok::<_, String>(())
                 }
             }));
@@ -330,7 +415,11 @@ impl Agent {
             let (ctx, current_registry) = (ctx.clone(), current_registry.clone());
             let intervals = config.stats.clone();
             tree = tree.child(ChildSpec::task("stats", move |stop: StopSignal| {
-                let sampler = stats::sampler::StatsSampler::new(ctx.clone(), current_registry(), intervals.clone());
+                let sampler = stats::sampler::StatsSampler::new(
+                    ctx.clone(),
+                    current_registry(),
+                    intervals.clone(),
+                );
                 async move {
                     sampler.run(stop.requested()).await;
                     Ok::<_, String>(())
@@ -338,20 +427,36 @@ impl Agent {
             }));
         }
         {
-            let first_server: FirstStart<MetricsServer> = Arc::new(Mutex::new(Some(metrics_server)));
+            let first_server: FirstStart<MetricsServer> =
+                Arc::new(Mutex::new(Some(metrics_server)));
             let metrics = metrics.clone();
             // A restart binds the port the first start got (it may have been 0).
-            let addr = crate::config::HostPort { host: metrics_addr.ip().to_string(), port: metrics_addr.port() };
+            let addr = crate::config::HostPort {
+                host: metrics_addr.ip().to_string(),
+                port: metrics_addr.port(),
+            };
             tree = tree.child(ChildSpec::task("metrics", move |stop: StopSignal| {
-                let server = first(&first_server).map(Ok).unwrap_or_else(|| MetricsServer::bind(&addr, metrics.clone()));
+                let server = first(&first_server)
+                    .map(Ok)
+                    .unwrap_or_else(|| MetricsServer::bind(&addr, metrics.clone()));
                 async move { server?.run(stop.requested()).await }
             }));
         }
         {
             let (ctx, current_registry) = (ctx.clone(), current_registry.clone());
-            let interval = config.manager.as_ref().map_or(Duration::from_secs(20), |m| m.heartbeat_interval.0);
+            let interval = config
+                .manager
+                .as_ref()
+                .map_or(Duration::from_secs(20), |m| m.heartbeat_interval.0);
             tree = tree.child(ChildSpec::task("heartbeat", move |stop: StopSignal| {
-                let run = heartbeat::run(ctx.clone(), current_registry(), identity.clone(), manager_peer.clone(), interval, async move { stop.requested().await });
+                let run = heartbeat::run(
+                    ctx.clone(),
+                    current_registry(),
+                    identity.clone(),
+                    manager_peer.clone(),
+                    interval,
+                    async move { stop.requested().await },
+                );
                 async move {
                     run.await;
                     Ok::<_, String>(())
@@ -360,7 +465,12 @@ impl Agent {
         }
         {
             let first_server: FirstStart<RpcServer> = Arc::new(Mutex::new(Some(server)));
-            let (ctx, config, metrics, endpoint) = (ctx.clone(), config.clone(), metrics.clone(), endpoint.clone());
+            let (ctx, config, metrics, endpoint) = (
+                ctx.clone(),
+                config.clone(),
+                metrics.clone(),
+                endpoint.clone(),
+            );
             tree = tree.child(ChildSpec::task("rpc", move |stop: StopSignal| {
                 let server = first(&first_server).map(Ok).unwrap_or_else(|| {
                     let registry = current_registry();
@@ -381,12 +491,25 @@ impl Agent {
         let root = tree.start();
         ctx.events.emit(AgentEvent::AgentStarted);
         tracing::info!(agent_id = %a.id, %endpoint, metrics = %metrics_addr, pruned, "agent started");
-        Ok(Agent { ctx, recovery, registry: registry_rx, root, store, endpoint, metrics_addr, final_shutdown, on_shutdown })
+        Ok(Agent {
+            ctx,
+            recovery,
+            registry: registry_rx,
+            root,
+            store,
+            endpoint,
+            metrics_addr,
+            final_shutdown,
+            on_shutdown,
+        })
     }
 
     /// The kernel registry (a new one after the `kernels` child restarted).
     pub fn registry(&self) -> Addr<KernelRegistry> {
-        self.registry.borrow().clone().expect("the registry is published at start")
+        self.registry
+            .borrow()
+            .clone()
+            .expect("the registry is published at start")
     }
 
     /// The RPC endpoint actually bound (`tcp://host:port`).

@@ -54,7 +54,10 @@ impl Outbox {
     /// The outbox in the agent's database, bounded to `capacity` events (`[manager]
     /// outbox-max-events`).
     pub fn new(store: &Store, capacity: u64) -> Outbox {
-        Outbox { pool: store.pool().clone(), capacity: capacity.max(1) }
+        Outbox {
+            pool: store.pool().clone(),
+            capacity: capacity.max(1),
+        }
     }
 
     /// Most events it keeps.
@@ -68,7 +71,10 @@ impl Outbox {
     pub async fn append(&self, events: &[AgentEvent]) -> anyhow::Result<AppendReport> {
         let mut report = AppendReport::default();
         let mut tx = self.pool.begin().await?;
-        let depth: i64 = sqlx::query("SELECT COUNT(*) FROM outbox").fetch_one(&mut *tx).await?.get(0);
+        let depth: i64 = sqlx::query("SELECT COUNT(*) FROM outbox")
+            .fetch_one(&mut *tx)
+            .await?
+            .get(0);
         let mut free = self.capacity.saturating_sub(depth as u64);
         let t = now();
         for event in events {
@@ -108,15 +114,22 @@ impl Outbox {
     ///
     /// Errors: the database fails, or a row cannot be read (written by a newer agent).
     pub async fn pending(&self, limit: u32) -> anyhow::Result<Vec<PendingEvent>> {
-        let rows = sqlx::query("SELECT seq, id, event, created_at FROM outbox ORDER BY seq LIMIT ?")
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT seq, id, event, created_at FROM outbox ORDER BY seq LIMIT ?")
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await?;
         rows.into_iter()
             .map(|r| {
                 let id: String = r.get("id");
-                let event = serde_json::from_str(r.get("event")).map_err(|e| anyhow::anyhow!("outbox event {id}: {e}"))?;
-                Ok(PendingEvent { seq: r.get("seq"), id, created_at: r.get("created_at"), event })
+                let event = serde_json::from_str(r.get("event"))
+                    .map_err(|e| anyhow::anyhow!("outbox event {id}: {e}"))?;
+                Ok(PendingEvent {
+                    seq: r.get("seq"),
+                    id,
+                    created_at: r.get("created_at"),
+                    event,
+                })
             })
             .collect()
     }
@@ -127,7 +140,11 @@ impl Outbox {
         let mut tx = self.pool.begin().await?;
         let mut n = 0;
         for id in ids {
-            n += sqlx::query("DELETE FROM outbox WHERE id = ?").bind(id).execute(&mut *tx).await?.rows_affected();
+            n += sqlx::query("DELETE FROM outbox WHERE id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         }
         tx.commit().await?;
         Ok(n)
@@ -135,7 +152,10 @@ impl Outbox {
 
     /// How many events are pending.
     pub async fn depth(&self) -> anyhow::Result<i64> {
-        Ok(sqlx::query("SELECT COUNT(*) FROM outbox").fetch_one(&self.pool).await?.get(0))
+        Ok(sqlx::query("SELECT COUNT(*) FROM outbox")
+            .fetch_one(&self.pool)
+            .await?
+            .get(0))
     }
 }
 
@@ -152,7 +172,9 @@ impl LastStates {
 
     /// `false` when `event` repeats its kernel's last state.
     fn is_new(&mut self, event: &AgentEvent) -> bool {
-        let Some(kernel_id) = event.kernel_id() else { return true };
+        let Some(kernel_id) = event.kernel_id() else {
+            return true;
+        };
         if !event.is_kernel_status() {
             return true;
         }
@@ -188,7 +210,11 @@ impl OutboxWriter {
 
     /// Appends every event received until `rx` closes or `stop` resolves; then appends what
     /// is already queued and returns.
-    pub async fn run(&self, rx: &mut mpsc::UnboundedReceiver<AgentEvent>, stop: impl std::future::Future<Output = ()>) {
+    pub async fn run(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<AgentEvent>,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
         let mut last = LastStates::default();
         let mut stop = std::pin::pin!(stop);
         loop {
@@ -242,7 +268,8 @@ impl OutboxWriter {
                 newest = report.dropped_newest,
                 "event outbox full: dropped events (is the manager reachable?)"
             );
-            self.metrics.outbox_dropped("superseded", report.dropped_superseded);
+            self.metrics
+                .outbox_dropped("superseded", report.dropped_superseded);
             self.metrics.outbox_dropped("newest", report.dropped_newest);
         }
         if let Ok(depth) = self.outbox.depth().await {
@@ -257,11 +284,19 @@ mod tests {
     use super::*;
 
     fn started(k: &str) -> AgentEvent {
-        AgentEvent::KernelStarted { kernel_id: k.into(), session_id: "s".into() }
+        AgentEvent::KernelStarted {
+            kernel_id: k.into(),
+            session_id: "s".into(),
+        }
     }
 
     fn terminated(k: &str) -> AgentEvent {
-        AgentEvent::KernelTerminated { kernel_id: k.into(), session_id: "s".into(), reason: "user-requested".into(), exit_code: None }
+        AgentEvent::KernelTerminated {
+            kernel_id: k.into(),
+            session_id: "s".into(),
+            reason: "user-requested".into(),
+            exit_code: None,
+        }
     }
 
     #[test]
@@ -281,26 +316,100 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("agent.db")).await.unwrap();
         let outbox = Outbox::new(&store, 4);
-        let r = outbox.append(&[started("k1"), started("k2"), started("k3")]).await.unwrap();
-        assert_eq!(r, AppendReport { appended: 3, ..Default::default() });
+        let r = outbox
+            .append(&[started("k1"), started("k2"), started("k3")])
+            .await
+            .unwrap();
+        assert_eq!(
+            r,
+            AppendReport {
+                appended: 3,
+                ..Default::default()
+            }
+        );
         let pending = outbox.pending(10).await.unwrap();
-        assert_eq!(pending.iter().map(|p| p.event.clone()).collect::<Vec<_>>(), [started("k1"), started("k2"), started("k3")]);
+        assert_eq!(
+            pending.iter().map(|p| p.event.clone()).collect::<Vec<_>>(),
+            [started("k1"), started("k2"), started("k3")]
+        );
         assert!(pending.windows(2).all(|w| w[0].seq < w[1].seq));
         // Full: a kernel's older state goes once its newer one is in.
-        let r = outbox.append(&[terminated("k1"), terminated("k2"), terminated("k3")]).await.unwrap();
-        assert_eq!(r, AppendReport { appended: 3, dropped_superseded: 2, dropped_newest: 0 });
-        let names: Vec<_> = outbox.pending(10).await.unwrap().into_iter().map(|p| p.event).collect();
-        assert_eq!(names, [started("k3"), terminated("k1"), terminated("k2"), terminated("k3")]);
+        let r = outbox
+            .append(&[terminated("k1"), terminated("k2"), terminated("k3")])
+            .await
+            .unwrap();
+        assert_eq!(
+            r,
+            AppendReport {
+                appended: 3,
+                dropped_superseded: 2,
+                dropped_newest: 0
+            }
+        );
+        let names: Vec<_> = outbox
+            .pending(10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.event)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                started("k3"),
+                terminated("k1"),
+                terminated("k2"),
+                terminated("k3")
+            ]
+        );
         let r = outbox.append(&[started("k4")]).await.unwrap();
-        assert_eq!(r, AppendReport { appended: 1, dropped_superseded: 1, dropped_newest: 0 });
+        assert_eq!(
+            r,
+            AppendReport {
+                appended: 1,
+                dropped_superseded: 1,
+                dropped_newest: 0
+            }
+        );
         // Nothing superseded left: the newest are dropped.
         let r = outbox.append(&[started("k5")]).await.unwrap();
-        assert_eq!(r, AppendReport { appended: 0, dropped_superseded: 0, dropped_newest: 1 });
-        let names: Vec<_> = outbox.pending(10).await.unwrap().into_iter().map(|p| p.event).collect();
-        assert_eq!(names, [terminated("k1"), terminated("k2"), terminated("k3"), started("k4")]);
-        let ids: Vec<String> = outbox.pending(2).await.unwrap().into_iter().map(|p| p.id).collect();
+        assert_eq!(
+            r,
+            AppendReport {
+                appended: 0,
+                dropped_superseded: 0,
+                dropped_newest: 1
+            }
+        );
+        let names: Vec<_> = outbox
+            .pending(10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.event)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                terminated("k1"),
+                terminated("k2"),
+                terminated("k3"),
+                started("k4")
+            ]
+        );
+        let ids: Vec<String> = outbox
+            .pending(2)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
         assert_eq!(outbox.ack(&ids).await.unwrap(), 2);
-        assert_eq!(outbox.ack(&ids).await.unwrap(), 0, "a second ack of the same ids is harmless");
+        assert_eq!(
+            outbox.ack(&ids).await.unwrap(),
+            0,
+            "a second ack of the same ids is harmless"
+        );
         assert_eq!(outbox.depth().await.unwrap(), 2);
     }
 }

@@ -28,21 +28,46 @@ pub struct RecoveryReport {
 /// Runs recovery before the agent serves RPC.
 ///
 /// Errors: the store or the engine cannot be read (the agent must not start blind).
-pub async fn recover(ctx: &Arc<AgentContext>, registry: &Addr<KernelRegistry>) -> anyhow::Result<RecoveryReport> {
+pub async fn recover(
+    ctx: &Arc<AgentContext>,
+    registry: &Addr<KernelRegistry>,
+) -> anyhow::Result<RecoveryReport> {
     let records = ctx.store.live_kernels().await?;
     // Only containers carrying this agent's id: anything else is never touched.
-    let containers = ctx.backend.list_containers(labels::AGENT_ID, &ctx.agent_id).await?;
+    let containers = ctx
+        .backend
+        .list_containers(labels::AGENT_ID, &ctx.agent_id)
+        .await?;
     let mut report = RecoveryReport::default();
     let known: HashSet<String> = records.iter().map(|r| r.kernel_id.clone()).collect();
     for rec in records {
         let id = rec.kernel_id.clone();
         match rec.resources {
             Some(resources) => {
-                ctx.slots.lock().expect("slots lock").reserve_exact(&resources.slots);
-                ctx.ports.lock().expect("ports lock").reserve_exact(&resources.ports);
-                registry.send(Adopt { kernel_id: id.clone(), session_id: rec.session_id.clone(), config: rec.config, resources }).await??;
+                ctx.slots
+                    .lock()
+                    .expect("slots lock")
+                    .reserve_exact(&resources.slots);
+                ctx.ports
+                    .lock()
+                    .expect("ports lock")
+                    .reserve_exact(&resources.ports);
+                registry
+                    .send(Adopt {
+                        kernel_id: id.clone(),
+                        session_id: rec.session_id.clone(),
+                        config: rec.config,
+                        resources,
+                    })
+                    .await??;
                 if rec.status == KernelStatus::Terminating {
-                    registry.send(DestroyKernel { kernel_id: id.clone(), reason: "user-requested".into(), suppress_events: false }).await??;
+                    registry
+                        .send(DestroyKernel {
+                            kernel_id: id.clone(),
+                            reason: "user-requested".into(),
+                            suppress_events: false,
+                        })
+                        .await??;
                     report.cleaned += 1;
                 } else {
                     report.reattached += 1;
@@ -51,13 +76,26 @@ pub async fn recover(ctx: &Arc<AgentContext>, registry: &Addr<KernelRegistry>) -
             None => {
                 // Caught mid-creation: whatever exists of it goes; slots and ports were only
                 // in the dead process's memory.
-                for c in containers.iter().filter(|c| c.labels.get(labels::KERNEL_ID) == Some(&id)) {
+                for c in containers
+                    .iter()
+                    .filter(|c| c.labels.get(labels::KERNEL_ID) == Some(&id))
+                {
                     ctx.backend.remove_container(&c.id).await?;
                 }
                 let c = &ctx.config.container;
-                remove_scratch(&scratch_path(&c.scratch_root, &id)?, c.scratch_size.is_some())?;
-                ctx.store.set_terminated(&id, "agent-restarted-during-creation", None).await?;
-                ctx.events.emit(AgentEvent::KernelTerminated { kernel_id: id.clone(), session_id: rec.session_id, reason: "agent-restarted-during-creation".into(), exit_code: None });
+                remove_scratch(
+                    &scratch_path(&c.scratch_root, &id)?,
+                    c.scratch_size.is_some(),
+                )?;
+                ctx.store
+                    .set_terminated(&id, "agent-restarted-during-creation", None)
+                    .await?;
+                ctx.events.emit(AgentEvent::KernelTerminated {
+                    kernel_id: id.clone(),
+                    session_id: rec.session_id,
+                    reason: "agent-restarted-during-creation".into(),
+                    exit_code: None,
+                });
                 tracing::info!(agent_id = %ctx.agent_id, kernel_id = %id, "cleaned up a kernel interrupted during creation");
                 report.cleaned += 1;
             }
@@ -67,7 +105,15 @@ pub async fn recover(ctx: &Arc<AgentContext>, registry: &Addr<KernelRegistry>) -
         let kernel_id = c.labels.get(labels::KERNEL_ID).cloned().unwrap_or_default();
         if !known.contains(&kernel_id) {
             tracing::warn!(agent_id = %ctx.agent_id, %kernel_id, container_id = %c.id, "dangling container: carries this agent's id but no live kernel");
-            ctx.events.emit(AgentEvent::KernelDangling { kernel_id, session_id: c.labels.get(labels::SESSION_ID).cloned().unwrap_or_default(), container_id: c.id.clone() });
+            ctx.events.emit(AgentEvent::KernelDangling {
+                kernel_id,
+                session_id: c
+                    .labels
+                    .get(labels::SESSION_ID)
+                    .cloned()
+                    .unwrap_or_default(),
+                container_id: c.id.clone(),
+            });
             report.dangling += 1;
         }
     }

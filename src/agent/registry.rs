@@ -6,15 +6,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use actix::prelude::*;
 use ::actors::{AddChild, ChildSpec, RestartType, Shutdown, Supervisor};
+use actix::prelude::*;
 use futures::future::join_all;
 use tokio::sync::{oneshot, Semaphore};
 
 use super::context::AgentContext;
 use super::kernel::actor::{ContainerDied, Detach, KernelGone, Restart, Setup, Terminate};
 use super::kernel::config::check_kernel_id;
-use super::kernel::{chain, Kernel, KernelConfig, KernelError, KernelHandle, KernelInfo, KernelResources, KernelStatus};
+use super::kernel::{
+    chain, Kernel, KernelConfig, KernelError, KernelHandle, KernelInfo, KernelResources,
+    KernelStatus,
+};
 use crate::config::OnShutdown;
 
 /// Creates the kernels of one session; all or nothing: if one fails, the others are
@@ -113,17 +116,32 @@ impl KernelRegistry {
     /// `[agent] kernel-creation-concurrency` set up at once.
     pub fn new(ctx: Arc<AgentContext>, kernels_sup: Addr<Supervisor>) -> KernelRegistry {
         let creation = Arc::new(Semaphore::new(ctx.config.agent.kernel_creation_concurrency));
-        KernelRegistry { ctx, kernels_sup, kernels: HashMap::new(), creation }
+        KernelRegistry {
+            ctx,
+            kernels_sup,
+            kernels: HashMap::new(),
+            creation,
+        }
     }
 
     fn handle_for(&self, kernel_id: &str, session_id: &str, config: KernelConfig) -> KernelHandle {
         let info = KernelInfo::new(kernel_id, session_id, Arc::new(config));
-        KernelHandle { id: kernel_id.to_owned(), session_id: session_id.to_owned(), info: Arc::new(Mutex::new(info)), ctx: self.ctx.clone() }
+        KernelHandle {
+            id: kernel_id.to_owned(),
+            session_id: session_id.to_owned(),
+            info: Arc::new(Mutex::new(info)),
+            ctx: self.ctx.clone(),
+        }
     }
 
     /// Adds a kernel actor as a temporary child of the `kernels` supervisor (new, or rebuilt
     /// from `resources`) and resolves to its address.
-    fn spawn(sup: Addr<Supervisor>, handle: KernelHandle, resources: Option<KernelResources>, me: Addr<KernelRegistry>) -> impl std::future::Future<Output = Result<Addr<Kernel>, KernelError>> {
+    fn spawn(
+        sup: Addr<Supervisor>,
+        handle: KernelHandle,
+        resources: Option<KernelResources>,
+        me: Addr<KernelRegistry>,
+    ) -> impl std::future::Future<Output = Result<Addr<Kernel>, KernelError>> {
         let (tx, rx) = oneshot::channel();
         let tx = Mutex::new(Some(tx));
         let resources = Mutex::new(resources);
@@ -131,7 +149,9 @@ impl KernelRegistry {
         let id = handle.id.clone();
         let spec = ChildSpec::actor(id.clone(), move |ctx: &mut Context<Kernel>, _exit| {
             let chain = match resources.lock().expect("lock").take() {
-                Some(r) => chain::rebuild(&handle, r).expect("a kernel chain adopts its own stages"),
+                Some(r) => {
+                    chain::rebuild(&handle, r).expect("a kernel chain adopts its own stages")
+                }
                 None => chain::build(&handle),
             };
             if let Some(tx) = tx.lock().expect("lock").take() {
@@ -143,8 +163,13 @@ impl KernelRegistry {
         // Long enough for a teardown that removes a container.
         .shutdown(Shutdown::millis(60_000));
         async move {
-            sup.send(AddChild(spec)).await.map_err(|e| KernelError::Engine(e.to_string()))?.map_err(|e| KernelError::Engine(e.to_string()))?;
-            let addr = rx.await.map_err(|_| KernelError::Engine(format!("kernel actor {id} failed to start")))?;
+            sup.send(AddChild(spec))
+                .await
+                .map_err(|e| KernelError::Engine(e.to_string()))?
+                .map_err(|e| KernelError::Engine(e.to_string()))?;
+            let addr = rx
+                .await
+                .map_err(|_| KernelError::Engine(format!("kernel actor {id} failed to start")))?;
             me.do_send(Attached(id, addr.clone()));
             Ok(addr)
         }
@@ -180,7 +205,9 @@ impl Handler<CreateKernels> for KernelRegistry {
             for (id, _) in &msg.kernels {
                 check_kernel_id(id)?;
                 if self.kernels.contains_key(id) || !seen.insert(id.as_str()) {
-                    return Err(KernelError::InvalidConfig(format!("duplicate kernel id {id}")));
+                    return Err(KernelError::InvalidConfig(format!(
+                        "duplicate kernel id {id}"
+                    )));
                 }
             }
             Ok(())
@@ -195,21 +222,38 @@ impl Handler<CreateKernels> for KernelRegistry {
             .map(|(id, config)| {
                 let handle = self.handle_for(&id, &msg.session_id, config);
                 // Entered now so that a concurrent request with the same id is refused.
-                self.kernels.insert(id, Entry { addr: None, handle: handle.clone() });
+                self.kernels.insert(
+                    id,
+                    Entry {
+                        addr: None,
+                        handle: handle.clone(),
+                    },
+                );
                 handle
             })
             .collect();
-        let (store, creation, sup) = (self.ctx.store.clone(), self.creation.clone(), self.kernels_sup.clone());
+        let (store, creation, sup) = (
+            self.ctx.store.clone(),
+            self.creation.clone(),
+            self.kernels_sup.clone(),
+        );
         Box::pin(
             async move {
                 // Per kernel: record it (before any resource exists, so a crash is cleaned up on
                 // the next start), start its actor, set it up under the concurrency limit.
                 let setups = handles.into_iter().map(|handle| {
-                    let (store, creation, sup, me) = (store.clone(), creation.clone(), sup.clone(), me.clone());
+                    let (store, creation, sup, me) =
+                        (store.clone(), creation.clone(), sup.clone(), me.clone());
                     async move {
-                        let refused = match store.insert_kernel(&handle.id, &handle.session_id, &handle.info().config).await {
+                        let refused = match store
+                            .insert_kernel(&handle.id, &handle.session_id, &handle.info().config)
+                            .await
+                        {
                             Ok(true) => None,
-                            Ok(false) => Some(KernelError::InvalidConfig(format!("duplicate kernel id {}", handle.id))),
+                            Ok(false) => Some(KernelError::InvalidConfig(format!(
+                                "duplicate kernel id {}",
+                                handle.id
+                            ))),
                             Err(e) => Some(KernelError::Engine(format!("store: {e}"))),
                         };
                         if let Some(e) = refused {
@@ -217,8 +261,14 @@ impl Handler<CreateKernels> for KernelRegistry {
                             return Err(e);
                         }
                         let addr = KernelRegistry::spawn(sup, handle, None, me).await?;
-                        let _permit = creation.acquire_owned().await.expect("the semaphore is never closed");
-                        let info = addr.send(Setup).await.map_err(|e| KernelError::Engine(e.to_string()))??;
+                        let _permit = creation
+                            .acquire_owned()
+                            .await
+                            .expect("the semaphore is never closed");
+                        let info = addr
+                            .send(Setup)
+                            .await
+                            .map_err(|e| KernelError::Engine(e.to_string()))??;
                         Ok((addr, info))
                     }
                 });
@@ -232,7 +282,11 @@ impl Handler<CreateKernels> for KernelRegistry {
                 }
                 if let Some(e) = first_error {
                     // All or nothing: the kernels that did come up go too.
-                    let stop = || Terminate { reason: "session-creation-failed".into(), exit_code: None, suppress_events: false };
+                    let stop = || Terminate {
+                        reason: "session-creation-failed".into(),
+                        exit_code: None,
+                        suppress_events: false,
+                    };
                     join_all(ok.iter().map(|(a, _)| a.send(stop()))).await;
                     return Err(e);
                 }
@@ -255,18 +309,38 @@ impl Handler<Adopt> for KernelRegistry {
             i.host_ports = r.ports.clone();
             i.service_ports = r.service_ports.clone();
             i.gpus = r.slots.gpus.clone();
-            i.runtime_path = r.image.labels.get(crate::agent::backend::labels::RUNTIME_PATH).cloned();
+            i.runtime_path = r
+                .image
+                .labels
+                .get(crate::agent::backend::labels::RUNTIME_PATH)
+                .cloned();
         });
-        self.kernels.insert(a.kernel_id.clone(), Entry { addr: None, handle: handle.clone() });
-        let spawned = KernelRegistry::spawn(self.kernels_sup.clone(), handle, Some(a.resources), ctx.address());
+        self.kernels.insert(
+            a.kernel_id.clone(),
+            Entry {
+                addr: None,
+                handle: handle.clone(),
+            },
+        );
+        let spawned = KernelRegistry::spawn(
+            self.kernels_sup.clone(),
+            handle,
+            Some(a.resources),
+            ctx.address(),
+        );
         Box::pin(async move { spawned.await.map(|_| ()) })
     }
 }
 
 impl KernelRegistry {
     fn addr_of(&self, kernel_id: &str) -> Result<Addr<Kernel>, KernelError> {
-        let entry = self.kernels.get(kernel_id).ok_or_else(|| KernelError::NotFound(kernel_id.to_owned()))?;
-        entry.addr.clone().ok_or_else(|| KernelError::NotRunning(kernel_id.to_owned(), entry.handle.info().status.as_str()))
+        let entry = self
+            .kernels
+            .get(kernel_id)
+            .ok_or_else(|| KernelError::NotFound(kernel_id.to_owned()))?;
+        entry.addr.clone().ok_or_else(|| {
+            KernelError::NotRunning(kernel_id.to_owned(), entry.handle.info().status.as_str())
+        })
     }
 }
 
@@ -277,7 +351,13 @@ impl Handler<DestroyKernel> for KernelRegistry {
         let addr = self.addr_of(&d.kernel_id);
         Box::pin(async move {
             // A kernel that stopped meanwhile is gone: that is what was asked.
-            let _ = addr?.send(Terminate { reason: d.reason, exit_code: None, suppress_events: d.suppress_events }).await;
+            let _ = addr?
+                .send(Terminate {
+                    reason: d.reason,
+                    exit_code: None,
+                    suppress_events: d.suppress_events,
+                })
+                .await;
             Ok(())
         })
     }
@@ -288,7 +368,12 @@ impl Handler<RestartKernel> for KernelRegistry {
 
     fn handle(&mut self, RestartKernel(id): RestartKernel, _: &mut Context<Self>) -> Self::Result {
         let addr = self.addr_of(&id);
-        Box::pin(async move { addr?.send(Restart).await.map_err(|_| KernelError::NotFound(id))? })
+        Box::pin(async move {
+            addr?
+                .send(Restart)
+                .await
+                .map_err(|_| KernelError::NotFound(id))?
+        })
     }
 }
 
@@ -309,7 +394,10 @@ impl Handler<ListKernels> for KernelRegistry {
 impl Handler<ContainerExited> for KernelRegistry {
     type Result = ();
     fn handle(&mut self, ContainerExited(container_id): ContainerExited, _: &mut Context<Self>) {
-        let hit = self.kernels.values().find(|e| e.handle.info().container_id.as_deref() == Some(&container_id));
+        let hit = self
+            .kernels
+            .values()
+            .find(|e| e.handle.info().container_id.as_deref() == Some(&container_id));
         if let Some(addr) = hit.and_then(|e| e.addr.clone()) {
             addr.do_send(ContainerDied);
         }
@@ -334,10 +422,21 @@ impl Handler<Reconcile> for KernelRegistry {
 impl Handler<ResetAgent> for KernelRegistry {
     type Result = ResponseFuture<usize>;
     fn handle(&mut self, _: ResetAgent, _: &mut Context<Self>) -> Self::Result {
-        let addrs: Vec<_> = self.kernels.values().filter_map(|e| e.addr.clone()).collect();
+        let addrs: Vec<_> = self
+            .kernels
+            .values()
+            .filter_map(|e| e.addr.clone())
+            .collect();
         Box::pin(async move {
             let n = addrs.len();
-            join_all(addrs.iter().map(|a| a.send(Terminate { reason: "agent-reset".into(), exit_code: None, suppress_events: true }))).await;
+            join_all(addrs.iter().map(|a| {
+                a.send(Terminate {
+                    reason: "agent-reset".into(),
+                    exit_code: None,
+                    suppress_events: true,
+                })
+            }))
+            .await;
             n
         })
     }
@@ -345,15 +444,30 @@ impl Handler<ResetAgent> for KernelRegistry {
 
 impl Handler<ShutdownKernels> for KernelRegistry {
     type Result = ResponseFuture<()>;
-    fn handle(&mut self, ShutdownKernels(mode): ShutdownKernels, _: &mut Context<Self>) -> Self::Result {
-        let addrs: Vec<_> = self.kernels.values().filter_map(|e| e.addr.clone()).collect();
+    fn handle(
+        &mut self,
+        ShutdownKernels(mode): ShutdownKernels,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let addrs: Vec<_> = self
+            .kernels
+            .values()
+            .filter_map(|e| e.addr.clone())
+            .collect();
         Box::pin(async move {
             match mode {
                 OnShutdown::Preserve => {
                     join_all(addrs.iter().map(|a| a.send(Detach))).await;
                 }
                 OnShutdown::Terminate => {
-                    join_all(addrs.iter().map(|a| a.send(Terminate { reason: "agent-shutdown".into(), exit_code: None, suppress_events: false }))).await;
+                    join_all(addrs.iter().map(|a| {
+                        a.send(Terminate {
+                            reason: "agent-shutdown".into(),
+                            exit_code: None,
+                            suppress_events: false,
+                        })
+                    }))
+                    .await;
                 }
             }
         })

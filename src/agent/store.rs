@@ -8,7 +8,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::Row;
 
 use super::kernel::{KernelConfig, KernelResources, KernelStatus};
@@ -38,7 +40,10 @@ pub struct Store {
 }
 
 pub(crate) fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
 }
 
 impl Store {
@@ -55,7 +60,10 @@ impl Store {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(std::time::Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
         sqlx::migrate!("migrations/agent").run(&pool).await?;
         Ok(Store { pool })
     }
@@ -67,7 +75,12 @@ impl Store {
     /// a live kernel with this id exists (a duplicate kernel id).
     ///
     /// Errors: the database fails.
-    pub async fn insert_kernel(&self, kernel_id: &str, session_id: &str, config: &KernelConfig) -> anyhow::Result<bool> {
+    pub async fn insert_kernel(
+        &self,
+        kernel_id: &str,
+        session_id: &str,
+        config: &KernelConfig,
+    ) -> anyhow::Result<bool> {
         let t = now();
         let done = sqlx::query(
             "INSERT INTO kernels (kernel_id, session_id, status, config, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?) \
@@ -87,7 +100,12 @@ impl Store {
     }
 
     /// Records `status` (and the resources once set up).
-    pub async fn set_status(&self, kernel_id: &str, status: KernelStatus, resources: Option<&KernelResources>) -> anyhow::Result<()> {
+    pub async fn set_status(
+        &self,
+        kernel_id: &str,
+        status: KernelStatus,
+        resources: Option<&KernelResources>,
+    ) -> anyhow::Result<()> {
         let resources = resources.map(serde_json::to_string).transpose()?;
         sqlx::query("UPDATE kernels SET status = ?, resources = COALESCE(?, resources), resources_version = ?, updated_at = ? WHERE kernel_id = ?")
             .bind(status.as_str())
@@ -101,7 +119,12 @@ impl Store {
     }
 
     /// Records the end of a kernel: `TERMINATED` with `reason` and exit code, resources dropped.
-    pub async fn set_terminated(&self, kernel_id: &str, reason: &str, exit_code: Option<i64>) -> anyhow::Result<()> {
+    pub async fn set_terminated(
+        &self,
+        kernel_id: &str,
+        reason: &str,
+        exit_code: Option<i64>,
+    ) -> anyhow::Result<()> {
         sqlx::query("UPDATE kernels SET status = ?, resources = NULL, reason = ?, exit_code = ?, updated_at = ? WHERE kernel_id = ?")
             .bind(KernelStatus::Terminated.as_str())
             .bind(reason)

@@ -116,7 +116,12 @@ pub struct ResourceSection {
 
 impl Default for ResourceSection {
     fn default() -> Self {
-        ResourceSection { reserved_cpu: 1.0, reserved_mem: ByteSize(1 << 30), cpu: None, mem: None }
+        ResourceSection {
+            reserved_cpu: 1.0,
+            reserved_mem: ByteSize(1 << 30),
+            cpu: None,
+            mem: None,
+        }
     }
 }
 
@@ -197,7 +202,11 @@ pub struct StatsSection {
 impl Default for StatsSection {
     fn default() -> Self {
         let five = Seconds(std::time::Duration::from_secs(5));
-        StatsSection { node_interval: five, container_interval: five, gpu_interval: five }
+        StatsSection {
+            node_interval: five,
+            container_interval: five,
+            gpu_interval: five,
+        }
     }
 }
 
@@ -256,7 +265,10 @@ fn default_exec_idle_timeout() -> Seconds {
 }
 
 fn default_service_addr() -> HostPort {
-    HostPort { host: "0.0.0.0".into(), port: 6003 }
+    HostPort {
+        host: "0.0.0.0".into(),
+        port: 6003,
+    }
 }
 
 fn default_region() -> String {
@@ -268,7 +280,10 @@ fn default_creation_concurrency() -> usize {
 }
 
 fn default_rpc_listen_addr() -> HostPort {
-    HostPort { host: "0.0.0.0".into(), port: 6011 }
+    HostPort {
+        host: "0.0.0.0".into(),
+        port: 6011,
+    }
 }
 
 fn default_var_base_path() -> PathBuf {
@@ -289,41 +304,77 @@ impl AgentConfig {
             return Err(ConfigError::Invalid("agent.id", "must not be empty".into()));
         }
         match (&a.rpc_auth_manager_public_key, &a.rpc_auth_agent_keypair) {
-            (Some(_), None) => Err(ConfigError::Invalid("agent.rpc-auth-agent-keypair", "required when rpc-auth-manager-public-key is set".into())),
-            (None, Some(_)) => Err(ConfigError::Invalid("agent.rpc-auth-manager-public-key", "required when rpc-auth-agent-keypair is set".into())),
+            (Some(_), None) => Err(ConfigError::Invalid(
+                "agent.rpc-auth-agent-keypair",
+                "required when rpc-auth-manager-public-key is set".into(),
+            )),
+            (None, Some(_)) => Err(ConfigError::Invalid(
+                "agent.rpc-auth-manager-public-key",
+                "required when rpc-auth-agent-keypair is set".into(),
+            )),
             _ => Ok(()),
         }?;
         if a.exec_buffer_size.0 < 4096 {
-            return Err(ConfigError::Invalid("agent.exec-buffer-size", "must be at least 4 KiB".into()));
+            return Err(ConfigError::Invalid(
+                "agent.exec-buffer-size",
+                "must be at least 4 KiB".into(),
+            ));
         }
         if self.container.log_tail.0 == 0 {
-            return Err(ConfigError::Invalid("container.log-tail", "must be at least 1 byte".into()));
+            return Err(ConfigError::Invalid(
+                "container.log-tail",
+                "must be at least 1 byte".into(),
+            ));
         }
         if a.kernel_creation_concurrency == 0 {
-            return Err(ConfigError::Invalid("agent.kernel-creation-concurrency", "must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "agent.kernel-creation-concurrency",
+                "must be at least 1".into(),
+            ));
         }
         let [lo, hi] = self.container.port_range;
         if lo == 0 || lo > hi {
-            return Err(ConfigError::Invalid("container.port-range", format!("[{lo}, {hi}] is not a range of ports")));
+            return Err(ConfigError::Invalid(
+                "container.port-range",
+                format!("[{lo}, {hi}] is not a range of ports"),
+            ));
         }
         let r = &self.resource;
         if !(r.reserved_cpu.is_finite() && r.reserved_cpu >= 0.0) {
-            return Err(ConfigError::Invalid("resource.reserved-cpu", "must be a non-negative number of cores".into()));
+            return Err(ConfigError::Invalid(
+                "resource.reserved-cpu",
+                "must be a non-negative number of cores".into(),
+            ));
         }
         if r.cpu.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
-            return Err(ConfigError::Invalid("resource.cpu", "must be a positive number of cores".into()));
+            return Err(ConfigError::Invalid(
+                "resource.cpu",
+                "must be a positive number of cores".into(),
+            ));
         }
         if let Some(m) = &self.manager {
             if m.event_batch_size == 0 {
-                return Err(ConfigError::Invalid("manager.event-batch-size", "must be at least 1".into()));
+                return Err(ConfigError::Invalid(
+                    "manager.event-batch-size",
+                    "must be at least 1".into(),
+                ));
             }
             if m.outbox_max_events == 0 {
-                return Err(ConfigError::Invalid("manager.outbox-max-events", "must be at least 1".into()));
+                return Err(ConfigError::Invalid(
+                    "manager.outbox-max-events",
+                    "must be at least 1".into(),
+                ));
             }
         }
         let d = &self.dummy;
-        if [d.pull_delay, d.create_delay, d.start_delay, d.remove_delay].iter().any(|s| !(s.is_finite() && *s >= 0.0)) {
-            return Err(ConfigError::Invalid("dummy", "delays must be non-negative seconds".into()));
+        if [d.pull_delay, d.create_delay, d.start_delay, d.remove_delay]
+            .iter()
+            .any(|s| !(s.is_finite() && *s >= 0.0))
+        {
+            return Err(ConfigError::Invalid(
+                "dummy",
+                "delays must be non-negative seconds".into(),
+            ));
         }
         Ok(())
     }

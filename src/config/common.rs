@@ -49,7 +49,9 @@ impl<'de> Deserialize<'de> for Seconds {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = f64::deserialize(d)?;
         if !(v.is_finite() && v > 0.0 && v < 1e9) {
-            return Err(serde::de::Error::custom(format!("expected a positive number of seconds, got {v}")));
+            return Err(serde::de::Error::custom(format!(
+                "expected a positive number of seconds, got {v}"
+            )));
         }
         Ok(Seconds(std::time::Duration::from_secs_f64(v)))
     }
@@ -85,7 +87,10 @@ fn default_level() -> String {
 
 impl Default for LoggingConfig {
     fn default() -> Self {
-        LoggingConfig { format: LogFormat::default(), level: default_level() }
+        LoggingConfig {
+            format: LogFormat::default(),
+            level: default_level(),
+        }
     }
 }
 
@@ -100,7 +105,9 @@ impl LoggingConfig {
             _ => EnvFilter::try_new(&self.level),
         }
         .map_err(|e| ConfigError::Invalid("logging.level", e.to_string()))?;
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
         let _ = match self.format {
             LogFormat::Json => builder.json().flatten_event(true).try_init(),
             LogFormat::Pretty => builder.try_init(),
@@ -123,12 +130,20 @@ impl ByteSize {
         let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
         let (digits, shift) = match t.chars().last() {
             Some(c @ ('k' | 'K' | 'm' | 'M' | 'g' | 'G' | 't' | 'T')) => {
-                let shift = match c.to_ascii_lowercase() { 'k' => 10, 'm' => 20, 'g' => 30, _ => 40 };
+                let shift = match c.to_ascii_lowercase() {
+                    'k' => 10,
+                    'm' => 20,
+                    'g' => 30,
+                    _ => 40,
+                };
                 (&t[..t.len() - 1], shift)
             }
             _ => (t, 0),
         };
-        let n: f64 = digits.trim().parse().map_err(|_| format!("`{text}` is not a size (e.g. 268435456, \"256m\", \"1g\")"))?;
+        let n: f64 = digits
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not a size (e.g. 268435456, \"256m\", \"1g\")"))?;
         if !(n.is_finite() && n >= 0.0) {
             return Err(format!("`{text}` is not a non-negative size"));
         }

@@ -66,7 +66,10 @@ impl Default for ManagerSection {
     fn default() -> Self {
         ManagerSection {
             rpc_keypair: None,
-            event_listen_addr: HostPort { host: "0.0.0.0".into(), port: 6021 },
+            event_listen_addr: HostPort {
+                host: "0.0.0.0".into(),
+                port: 6021,
+            },
             agent_keys_dir: None,
             heartbeat_interval: Seconds(Duration::from_secs(20)),
             heartbeat_timeout: Seconds(Duration::from_secs(40)),
@@ -87,7 +90,9 @@ pub struct StoreSection {
 
 impl Default for StoreSection {
     fn default() -> Self {
-        StoreSection { url: "sqlite://var/manager/manager.db".into() }
+        StoreSection {
+            url: "sqlite://var/manager/manager.db".into(),
+        }
     }
 }
 
@@ -103,7 +108,13 @@ pub struct ApiSection {
 
 impl Default for ApiSection {
     fn default() -> Self {
-        ApiSection { listen_addr: HostPort { host: "0.0.0.0".into(), port: 8081 }, workers: 2 }
+        ApiSection {
+            listen_addr: HostPort {
+                host: "0.0.0.0".into(),
+                port: 8081,
+            },
+            workers: 2,
+        }
     }
 }
 
@@ -226,30 +237,68 @@ impl ManagerConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         if self.agent_pool.failure_threshold == 0 {
-            return Err(ConfigError::Invalid("agent-pool.failure-threshold", "must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "agent-pool.failure-threshold",
+                "must be at least 1".into(),
+            ));
         }
         let m = &self.manager;
         if m.startup_grace.0 <= m.heartbeat_interval.0 * 2 {
-            return Err(ConfigError::Invalid("manager.startup-grace", format!("must exceed 2 × heartbeat-interval ({:?})", m.heartbeat_interval.0 * 2)));
+            return Err(ConfigError::Invalid(
+                "manager.startup-grace",
+                format!(
+                    "must exceed 2 × heartbeat-interval ({:?})",
+                    m.heartbeat_interval.0 * 2
+                ),
+            ));
         }
         if m.heartbeat_timeout.0 <= m.heartbeat_interval.0 {
-            return Err(ConfigError::Invalid("manager.heartbeat-timeout", "must exceed heartbeat-interval".into()));
+            return Err(ConfigError::Invalid(
+                "manager.heartbeat-timeout",
+                "must exceed heartbeat-interval".into(),
+            ));
         }
         if m.rpc_keypair.is_some() != m.agent_keys_dir.is_some() {
-            return Err(ConfigError::Invalid("manager.agent-keys-dir", "rpc-keypair and agent-keys-dir go together (CURVE on the event intake)".into()));
+            return Err(ConfigError::Invalid(
+                "manager.agent-keys-dir",
+                "rpc-keypair and agent-keys-dir go together (CURVE on the event intake)".into(),
+            ));
         }
-        if !(self.store.url.starts_with("sqlite:") || self.store.url.starts_with("postgres:") || self.store.url.starts_with("postgresql:")) {
-            return Err(ConfigError::Invalid("store.url", format!("`{}`: expected sqlite://PATH or postgres://…", self.store.url)));
+        if !(self.store.url.starts_with("sqlite:")
+            || self.store.url.starts_with("postgres:")
+            || self.store.url.starts_with("postgresql:"))
+        {
+            return Err(ConfigError::Invalid(
+                "store.url",
+                format!(
+                    "`{}`: expected sqlite://PATH or postgres://…",
+                    self.store.url
+                ),
+            ));
         }
         if self.api.workers == 0 {
-            return Err(ConfigError::Invalid("api.workers", "must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "api.workers",
+                "must be at least 1".into(),
+            ));
         }
         let mut seen = std::collections::HashSet::new();
-        if let Some(k) = self.access_keys.iter().find(|k| k.access_key.is_empty() || !seen.insert(&k.access_key)) {
-            return Err(ConfigError::Invalid("access-keys.access-key", format!("`{}` is empty or listed twice", k.access_key)));
+        if let Some(k) = self
+            .access_keys
+            .iter()
+            .find(|k| k.access_key.is_empty() || !seen.insert(&k.access_key))
+        {
+            return Err(ConfigError::Invalid(
+                "access-keys.access-key",
+                format!("`{}` is empty or listed twice", k.access_key),
+            ));
         }
-        if self.manager.rpc_keypair.is_none() && self.agents.iter().any(|a| a.public_key.is_some()) {
-            return Err(ConfigError::Invalid("manager.rpc-keypair", "required when an agent has a public-key".into()));
+        if self.manager.rpc_keypair.is_none() && self.agents.iter().any(|a| a.public_key.is_some())
+        {
+            return Err(ConfigError::Invalid(
+                "manager.rpc-keypair",
+                "required when an agent has a public-key".into(),
+            ));
         }
         Ok(())
     }

@@ -8,9 +8,15 @@ mod agent;
 mod common;
 mod manager;
 
-pub use agent::{AgentConfig, AgentManagerSection, AgentSection, BackendKind, ContainerSection, DummySection, OnShutdown, ResourceSection, StatsSection};
+pub use agent::{
+    AgentConfig, AgentManagerSection, AgentSection, BackendKind, ContainerSection, DummySection,
+    OnShutdown, ResourceSection, StatsSection,
+};
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
-pub use manager::{AccessKeySection, ApiSection, ManagerConfig, ManagerSection, PoolSection, SchedulerSection, StaticAgent, StoreSection};
+pub use manager::{
+    AccessKeySection, ApiSection, ManagerConfig, ManagerSection, PoolSection, SchedulerSection,
+    StaticAgent, StoreSection,
+};
 
 use std::path::Path;
 
@@ -18,9 +24,14 @@ use std::path::Path;
 ///
 /// Errors: the file cannot be read; TOML syntax, an unknown key or a bad value (the message
 /// names the key and shows the line); a semantic check of `validate`.
-pub fn load<T: serde::de::DeserializeOwned>(path: &Path, validate: impl FnOnce(&T) -> Result<(), ConfigError>) -> Result<T, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.display().to_string(), e.to_string()))?;
-    let config: T = toml::from_str(&text).map_err(|e| ConfigError::Parse(path.display().to_string(), e.to_string()))?;
+pub fn load<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    validate: impl FnOnce(&T) -> Result<(), ConfigError>,
+) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Read(path.display().to_string(), e.to_string()))?;
+    let config: T = toml::from_str(&text)
+        .map_err(|e| ConfigError::Parse(path.display().to_string(), e.to_string()))?;
     validate(&config)?;
     Ok(config)
 }

@@ -40,13 +40,28 @@ impl ApiError {
     pub fn from_body(status: u16, body: String) -> Self {
         let envelope = serde_json::from_str::<Value>(&body).ok().and_then(|v| {
             let e = v.get("error")?;
-            Some((e.get("code")?.as_str()?.to_owned(), e.get("message").and_then(Value::as_str)?.to_owned()))
+            Some((
+                e.get("code")?.as_str()?.to_owned(),
+                e.get("message").and_then(Value::as_str)?.to_owned(),
+            ))
         });
         let (code, message) = envelope.unwrap_or_else(|| {
             let text: String = body.trim().chars().take(200).collect();
-            ("unexpected-response".to_owned(), if text.is_empty() { "(empty body)".to_owned() } else { text })
+            (
+                "unexpected-response".to_owned(),
+                if text.is_empty() {
+                    "(empty body)".to_owned()
+                } else {
+                    text
+                },
+            )
         });
-        ApiError { status, code, message, body }
+        ApiError {
+            status,
+            code,
+            message,
+            body,
+        }
     }
 
     /// Whether the body was the API's JSON error envelope (then it is worth printing as JSON).
@@ -63,7 +78,11 @@ pub enum ClientError {
     Api(#[from] ApiError),
     /// No answer: bad URL, DNS, connection refused, I/O error or timeout (ctl exits 2).
     #[error("error: {what} {url}: {detail}")]
-    Transport { what: &'static str, url: String, detail: String },
+    Transport {
+        what: &'static str,
+        url: String,
+        detail: String,
+    },
     /// A 2xx answer whose body is not JSON (ctl exits 1).
     #[error("error: invalid response from {url}: {detail}")]
     InvalidResponse { url: String, detail: String },
@@ -100,7 +119,10 @@ impl Client {
     /// Errors ([`ClientError::Transport`], "invalid API URL") unless `base` is `http://…`.
     pub fn new(base: &str) -> Result<Self, ClientError> {
         let base = base.trim().trim_end_matches('/');
-        let scheme_ok = base.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("http://")) && base.len() > 7;
+        let scheme_ok = base
+            .get(..7)
+            .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+            && base.len() > 7;
         if !scheme_ok {
             return Err(ClientError::Transport {
                 what: "invalid API URL",
@@ -108,8 +130,13 @@ impl Client {
                 detail: "expected http://HOST:PORT (only plain http:// is supported)".to_owned(),
             });
         }
-        let agent = ureq::AgentBuilder::new().timeout_connect(CONNECT_TIMEOUT).build();
-        Ok(Client { base: base.to_owned(), agent })
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(CONNECT_TIMEOUT)
+            .build();
+        Ok(Client {
+            base: base.to_owned(),
+            agent,
+        })
     }
 
     /// The full URL of `path` (which starts with `/`).
@@ -128,7 +155,12 @@ impl Client {
     }
 
     /// `POST path` with a JSON body; `timeout` `None` waits as long as the manager takes.
-    pub fn post(&self, path: &str, body: &Value, timeout: Option<Duration>) -> Result<Reply, ClientError> {
+    pub fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Option<Duration>,
+    ) -> Result<Reply, ClientError> {
         let url = self.url(path);
         let mut req = self.agent.post(&url);
         if let Some(t) = timeout {
@@ -140,7 +172,10 @@ impl Client {
     /// `DELETE path`.
     pub fn delete(&self, path: &str) -> Result<Reply, ClientError> {
         let url = self.url(path);
-        finish(&url, self.agent.delete(&url).timeout(REQUEST_TIMEOUT).call())
+        finish(
+            &url,
+            self.agent.delete(&url).timeout(REQUEST_TIMEOUT).call(),
+        )
     }
 
     /// `GET path?query` whose 2xx body is read as it arrives, any size (`/logs`): the body as a
@@ -175,7 +210,10 @@ fn finish(url: &str, res: Result<ureq::Response, ureq::Error>) -> Result<Reply, 
             let text = read_body(url, resp)?;
             match serde_json::from_str(&text) {
                 Ok(json) => Ok(Reply { text, json }),
-                Err(e) => Err(ClientError::InvalidResponse { url: url.to_owned(), detail: format!("not JSON: {e}") }),
+                Err(e) => Err(ClientError::InvalidResponse {
+                    url: url.to_owned(),
+                    detail: format!("not JSON: {e}"),
+                }),
             }
         }
         Err(e) => Err(failure(url, e)),
@@ -196,14 +234,21 @@ fn failure(url: &str, e: ureq::Error) -> ClientError {
 
 fn read_body(url: &str, resp: ureq::Response) -> Result<String, ClientError> {
     let mut text = String::new();
-    resp.into_reader().take(MAX_BODY).read_to_string(&mut text).map_err(|e| read_error(url, &e))?;
+    resp.into_reader()
+        .take(MAX_BODY)
+        .read_to_string(&mut text)
+        .map_err(|e| read_error(url, &e))?;
     Ok(text)
 }
 
 /// A failure reading the body of an answer from `url` (the connection broke, or the call's
 /// timeout passed): a [`ClientError::Transport`] (ctl exits 2).
 pub fn read_error(url: &str, e: &io::Error) -> ClientError {
-    ClientError::Transport { what: "reading the response from", url: url.to_owned(), detail: e.to_string() }
+    ClientError::Transport {
+        what: "reading the response from",
+        url: url.to_owned(),
+        detail: e.to_string(),
+    }
 }
 
 fn transport(url: &str, t: &ureq::Transport) -> ClientError {
@@ -218,7 +263,11 @@ fn transport(url: &str, t: &ureq::Transport) -> ClientError {
         .map(|s| s.to_string())
         .or_else(|| t.message().map(str::to_owned))
         .unwrap_or_else(|| t.kind().to_string());
-    ClientError::Transport { what, url: url.to_owned(), detail }
+    ClientError::Transport {
+        what,
+        url: url.to_owned(),
+        detail,
+    }
 }
 
 /// Percent-encodes one path segment (an id or key from the command line).
@@ -247,18 +296,30 @@ mod tests {
     fn api_error_from_envelope() {
         let body = r#"{"error": {"code": "session-not-found", "message": "no session abc"}}"#;
         let e = ApiError::from_body(404, body.to_owned());
-        assert_eq!((e.status, e.code.as_str(), e.message.as_str()), (404, "session-not-found", "no session abc"));
+        assert_eq!(
+            (e.status, e.code.as_str(), e.message.as_str()),
+            (404, "session-not-found", "no session abc")
+        );
         assert!(e.is_envelope());
-        assert_eq!(e.to_string(), "error: session-not-found: no session abc (HTTP 404)");
+        assert_eq!(
+            e.to_string(),
+            "error: session-not-found: no session abc (HTTP 404)"
+        );
         assert_eq!(ClientError::from(e).exit_code(), 1);
     }
 
     #[test]
     fn api_error_from_other_body() {
         let e = ApiError::from_body(502, "<html>Bad Gateway</html>\n".to_owned());
-        assert_eq!(e.to_string(), "error: unexpected-response: <html>Bad Gateway</html> (HTTP 502)");
+        assert_eq!(
+            e.to_string(),
+            "error: unexpected-response: <html>Bad Gateway</html> (HTTP 502)"
+        );
         assert!(!e.is_envelope());
-        assert_eq!(ApiError::from_body(500, String::new()).message, "(empty body)");
+        assert_eq!(
+            ApiError::from_body(500, String::new()).message,
+            "(empty body)"
+        );
     }
 
     #[test]
@@ -267,7 +328,10 @@ mod tests {
         let client = Client::new("http://127.0.0.1:1/").unwrap();
         let err = client.get("/v1/agents", &[]).unwrap_err();
         let text = err.to_string();
-        assert!(text.starts_with("error: could not reach http://127.0.0.1:1/v1/agents: "), "{text}");
+        assert!(
+            text.starts_with("error: could not reach http://127.0.0.1:1/v1/agents: "),
+            "{text}"
+        );
         assert_eq!(err.exit_code(), 2);
     }
 
@@ -281,7 +345,10 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
         assert!(Client::new("127.0.0.1:8081").is_err());
         assert!(Client::new("http://").is_err());
-        assert_eq!(Client::new("HTTP://m:1/").unwrap().url("/health"), "HTTP://m:1/health");
+        assert_eq!(
+            Client::new("HTTP://m:1/").unwrap().url("/health"),
+            "HTTP://m:1/health"
+        );
     }
 
     #[test]
@@ -289,20 +356,33 @@ mod tests {
         use crate::ctl::testserver::{Answer, Server};
         let (gate, wait) = std::sync::mpsc::channel();
         let parts = vec!["line 1\n".to_owned(), "line 2\n".to_owned()];
-        let server = Server::start(vec![Answer { status: 200, content_type: "text/plain", parts, gate: Some(wait) }]);
+        let server = Server::start(vec![Answer {
+            status: 200,
+            content_type: "text/plain",
+            parts,
+            gate: Some(wait),
+        }]);
         let client = Client::new(&server.url).unwrap();
-        let mut body = client.get_stream("/v1/sessions/S/logs", &[("follow", "true")], None).unwrap();
+        let mut body = client
+            .get_stream("/v1/sessions/S/logs", &[("follow", "true")], None)
+            .unwrap();
         // The second chunk is only sent once the first was read here.
         let start = std::time::Instant::now();
         let mut buf = [0; 64];
         let n = body.read(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"line 1\n");
-        assert!(start.elapsed() < Duration::from_secs(5), "the first chunk came before the answer ended");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the first chunk came before the answer ended"
+        );
         gate.send(()).unwrap();
         let mut rest = String::new();
         body.read_to_string(&mut rest).unwrap();
         assert_eq!(rest, "line 2\n");
-        assert_eq!(server.requests()[0].line, "GET /v1/sessions/S/logs?follow=true");
+        assert_eq!(
+            server.requests()[0].line,
+            "GET /v1/sessions/S/logs?follow=true"
+        );
     }
 
     #[test]
@@ -311,10 +391,20 @@ mod tests {
         let body = r#"{"error": {"code": "logs-not-found", "message": "no logs for kernel k"}}"#;
         let server = Server::start(vec![Answer::json(404, body)]);
         let client = Client::new(&server.url).unwrap();
-        let err = client.get_stream("/v1/sessions/S/logs", &[], Some(REQUEST_TIMEOUT)).err().unwrap();
-        assert_eq!(err.to_string(), "error: logs-not-found: no logs for kernel k (HTTP 404)");
+        let err = client
+            .get_stream("/v1/sessions/S/logs", &[], Some(REQUEST_TIMEOUT))
+            .err()
+            .unwrap();
+        assert_eq!(
+            err.to_string(),
+            "error: logs-not-found: no logs for kernel k (HTTP 404)"
+        );
         assert_eq!(err.exit_code(), 1);
-        let err = Client::new("http://127.0.0.1:1").unwrap().get_stream("/x", &[], None).err().unwrap();
+        let err = Client::new("http://127.0.0.1:1")
+            .unwrap()
+            .get_stream("/x", &[], None)
+            .err()
+            .unwrap();
         assert_eq!(err.exit_code(), 2);
     }
 

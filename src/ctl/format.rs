@@ -70,7 +70,11 @@ fn trim_decimals(s: String) -> String {
 /// A duration in seconds as its largest whole unit: `"42s"`, `"5m"`, `"3h"`, `"2d"`.
 /// Negative durations (clock skew) count as 0.
 pub fn duration(secs: f64) -> String {
-    let s = if secs.is_finite() && secs > 0.0 { secs as u64 } else { 0 };
+    let s = if secs.is_finite() && secs > 0.0 {
+        secs as u64
+    } else {
+        0
+    };
     match s {
         0..=59 => format!("{s}s"),
         60..=3599 => format!("{}m", s / 60),
@@ -92,7 +96,12 @@ pub fn timestamp(unix: f64) -> String {
     let secs = unix.floor() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian (year, month, day) (H. Hinnant's algorithm).
@@ -251,13 +260,22 @@ mod tests {
         // Same layout as serde_json where the order agrees (keys already sorted).
         let sorted = r#"{ "a": {"x": [true, false]}, "z": "q" }"#;
         let v: Value = serde_json::from_str(sorted).unwrap();
-        assert_eq!(pretty_json(sorted), serde_json::to_string_pretty(&v).unwrap());
+        assert_eq!(
+            pretty_json(sorted),
+            serde_json::to_string_pretty(&v).unwrap()
+        );
     }
 
     #[test]
     fn compact_json_keeps_strings_and_order() {
         let raw = "{\n  \"runId\": \"r 1\",\n  \"console\": [[\"stdout\", \"a \\\" b\\n\"]],\n  \"exitCode\": 1.0\n}\n";
-        assert_eq!(compact_json(raw), r#"{"runId":"r 1","console":[["stdout","a \" b\n"]],"exitCode":1.0}"#);
-        assert_eq!(compact_json(r#"{"a": "\\", "b" : [ ]}"#), r#"{"a":"\\","b":[]}"#);
+        assert_eq!(
+            compact_json(raw),
+            r#"{"runId":"r 1","console":[["stdout","a \" b\n"]],"exitCode":1.0}"#
+        );
+        assert_eq!(
+            compact_json(r#"{"a": "\\", "b" : [ ]}"#),
+            r#"{"a":"\\","b":[]}"#
+        );
     }
 }

@@ -211,8 +211,11 @@ impl CreateArgs {
             "access_key": self.access_key,
         });
         if !self.env.is_empty() {
-            let environ: Map<String, Value> =
-                self.env.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+            let environ: Map<String, Value> = self
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .collect();
             body["environ"] = Value::Object(environ);
         }
         if !self.mounts.is_empty() {
@@ -257,7 +260,9 @@ impl ExecOptions {
 
     /// The limit of each execute call: `flush_timeout` plus [`EXEC_HTTP_GRACE`].
     pub fn http_timeout(&self) -> Duration {
-        Duration::try_from_secs_f64(self.flush_timeout).unwrap_or(Duration::ZERO).saturating_add(EXEC_HTTP_GRACE)
+        Duration::try_from_secs_f64(self.flush_timeout)
+            .unwrap_or(Duration::ZERO)
+            .saturating_add(EXEC_HTTP_GRACE)
     }
 }
 
@@ -275,7 +280,9 @@ pub enum AccessKeyCommand {
 /// the module docs). API and connection errors are printed to stderr here, not returned; `Err`
 /// is left for failures to write the output.
 pub fn run(args: CtlArgs) -> anyhow::Result<i32> {
-    let result = Client::new(&args.api).map_err(Failure::Client).and_then(|client| dispatch(&client, &args));
+    let result = Client::new(&args.api)
+        .map_err(Failure::Client)
+        .and_then(|client| dispatch(&client, &args));
     match result {
         Ok(code) => Ok(code),
         Err(Failure::Client(e)) => {
@@ -284,7 +291,9 @@ pub fn run(args: CtlArgs) -> anyhow::Result<i32> {
                     // Scripts get the error envelope on stdout, like any other answer; one line
                     // where the answers are JSON lines.
                     let text = match args.command {
-                        CtlCommand::Session(SessionCommand::Exec { .. }) => format::compact_json(&api.body),
+                        CtlCommand::Session(SessionCommand::Exec { .. }) => {
+                            format::compact_json(&api.body)
+                        }
                         _ => format::pretty_json(&api.body),
                     };
                     let _ = writeln!(io::stdout(), "{text}");
@@ -321,7 +330,9 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
     let now = unix_now();
     let out = args.output;
     match &args.command {
-        CtlCommand::Agents => show(out, &client.get("/v1/agents", &[])?, |v| render::agents(v, now)),
+        CtlCommand::Agents => show(out, &client.get("/v1/agents", &[])?, |v| {
+            render::agents(v, now)
+        }),
         CtlCommand::Sessions { all, access_key } => {
             let mut query = Vec::new();
             if *all {
@@ -330,19 +341,35 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
             if let Some(key) = access_key {
                 query.push(("access_key", key.as_str()));
             }
-            show(out, &client.get("/v1/sessions", &query)?, |v| render::sessions(v, now))
+            show(out, &client.get("/v1/sessions", &query)?, |v| {
+                render::sessions(v, now)
+            })
         }
-        CtlCommand::Session(SessionCommand::Create(create)) => {
-            show(out, &client.post("/v1/sessions", &create.to_json(), None)?, render::created)
-        }
-        CtlCommand::Session(SessionCommand::Show { id }) => {
-            show(out, &client.get(&format!("/v1/sessions/{}", segment(id)), &[])?, |v| render::session(v, now))
-        }
-        CtlCommand::Session(SessionCommand::Rm { id }) => {
-            show(out, &client.delete(&format!("/v1/sessions/{}", segment(id)))?, |v| render::session(v, now))
-        }
-        CtlCommand::Session(SessionCommand::Exec { id, code, timeout, flush_timeout }) => {
-            let options = ExecOptions { timeout: *timeout, flush_timeout: *flush_timeout };
+        CtlCommand::Session(SessionCommand::Create(create)) => show(
+            out,
+            &client.post("/v1/sessions", &create.to_json(), None)?,
+            render::created,
+        ),
+        CtlCommand::Session(SessionCommand::Show { id }) => show(
+            out,
+            &client.get(&format!("/v1/sessions/{}", segment(id)), &[])?,
+            |v| render::session(v, now),
+        ),
+        CtlCommand::Session(SessionCommand::Rm { id }) => show(
+            out,
+            &client.delete(&format!("/v1/sessions/{}", segment(id)))?,
+            |v| render::session(v, now),
+        ),
+        CtlCommand::Session(SessionCommand::Exec {
+            id,
+            code,
+            timeout,
+            flush_timeout,
+        }) => {
+            let options = ExecOptions {
+                timeout: *timeout,
+                flush_timeout: *flush_timeout,
+            };
             let path = format!("/v1/sessions/{}/execute", segment(id));
             let (mut stdout, mut stderr) = (io::stdout().lock(), io::stderr().lock());
             let end = exec(client, &path, code, &options, out, &mut stdout, &mut stderr)?;
@@ -353,41 +380,59 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
                         Some(t) => writeln!(stderr, "error: the execution timed out after {t}s")?,
                         None => writeln!(stderr, "error: the execution timed out")?,
                     },
-                    ExecEnd::NoExitCode(status) => {
-                        writeln!(stderr, "error: the execution ended with status {status} and no exit code")?
-                    }
+                    ExecEnd::NoExitCode(status) => writeln!(
+                        stderr,
+                        "error: the execution ended with status {status} and no exit code"
+                    )?,
                 }
             }
             Ok(end.exit_code())
         }
-        CtlCommand::Session(SessionCommand::Wait { id, interval, timeout }) => {
+        CtlCommand::Session(SessionCommand::Wait {
+            id,
+            interval,
+            timeout,
+        }) => {
             let path = format!("/v1/sessions/{}", segment(id));
             let interval = Duration::try_from_secs_f64(*interval).unwrap_or(Duration::ZERO);
-            let deadline = timeout.and_then(|t| Instant::now().checked_add(Duration::try_from_secs_f64(t).ok()?));
+            let deadline = timeout
+                .and_then(|t| Instant::now().checked_add(Duration::try_from_secs_f64(t).ok()?));
             match wait_terminated(client, &path, interval, deadline)? {
                 Waited::Terminated(reply) => {
                     show(out, &reply, |v| render::session(v, unix_now()))?;
                     Ok(wait_exit_code(&reply.json))
                 }
                 Waited::TimedOut(reply) => {
-                    let status = reply.json.get("status").and_then(Value::as_str).unwrap_or("-");
+                    let status = reply
+                        .json
+                        .get("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("-");
                     let t = timeout.unwrap_or_default();
-                    writeln!(io::stderr(), "error: session {id} is still {status} after {t}s")?;
+                    writeln!(
+                        io::stderr(),
+                        "error: session {id} is still {status} after {t}s"
+                    )?;
                     Ok(EXIT_TIMEOUT)
                 }
             }
         }
         CtlCommand::Session(SessionCommand::Logs { id, follow }) => {
             let path = format!("/v1/sessions/{}/logs", segment(id));
-            let (query, timeout): (&[(&str, &str)], _) =
-                if *follow { (&[("follow", "true")], None) } else { (&[], Some(client::REQUEST_TIMEOUT)) };
+            let (query, timeout): (&[(&str, &str)], _) = if *follow {
+                (&[("follow", "true")], None)
+            } else {
+                (&[], Some(client::REQUEST_TIMEOUT))
+            };
             let body = client.get_stream(&path, query, timeout)?;
             copy_stream(&client.url(&path), body, &mut io::stdout().lock())?;
             Ok(0)
         }
-        CtlCommand::AccessKey(AccessKeyCommand::Show { key }) => {
-            show(out, &client.get(&format!("/v1/access-keys/{}", segment(key)), &[])?, render::access_key)
-        }
+        CtlCommand::AccessKey(AccessKeyCommand::Show { key }) => show(
+            out,
+            &client.get(&format!("/v1/access-keys/{}", segment(key)), &[])?,
+            render::access_key,
+        ),
         CtlCommand::Health => show(out, &client.get("/health", &[])?, render::health),
     }
 }
@@ -474,7 +519,11 @@ fn exec(
         }
         let Some(run_id) = reply.json.get("runId").and_then(Value::as_str) else {
             let detail = "a \"continued\" answer without a runId".to_owned();
-            return Err(ClientError::InvalidResponse { url: client.url(path), detail }.into());
+            return Err(ClientError::InvalidResponse {
+                url: client.url(path),
+                detail,
+            }
+            .into());
         };
         body = options.continue_body(run_id);
     }
@@ -485,7 +534,9 @@ fn exec(
 /// `result` is `SUCCESS`, else 1.
 pub fn wait_exit_code(session: &Value) -> i32 {
     match session.get("exit_code") {
-        None | Some(Value::Null) => i32::from(session.get("result").and_then(Value::as_str) != Some("SUCCESS")),
+        None | Some(Value::Null) => {
+            i32::from(session.get("result").and_then(Value::as_str) != Some("SUCCESS"))
+        }
         Some(code) => match code.as_i64() {
             Some(c @ 0..=255) => c as i32,
             _ => 1,
@@ -541,7 +592,9 @@ fn copy_stream(url: &str, mut body: impl Read, out: &mut impl Write) -> Result<u
 }
 
 fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 #[cfg(test)]
@@ -561,35 +614,89 @@ mod tests {
 
     #[test]
     fn global_options_anywhere() {
-        let a = parse(&["session", "show", "abc", "--api", "http://m:9000", "-o", "json"]).unwrap();
+        let a = parse(&[
+            "session",
+            "show",
+            "abc",
+            "--api",
+            "http://m:9000",
+            "-o",
+            "json",
+        ])
+        .unwrap();
         assert_eq!((a.api.as_str(), a.output), ("http://m:9000", Output::Json));
-        assert!(matches!(a.command, CtlCommand::Session(SessionCommand::Show { ref id }) if id == "abc"));
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Show { ref id }) if id == "abc")
+        );
         let a = parse(&["sessions", "--all", "--access-key", "K"]).unwrap();
-        assert!(matches!(a.command, CtlCommand::Sessions { all: true, access_key: Some(ref k) } if k == "K"));
+        assert!(
+            matches!(a.command, CtlCommand::Sessions { all: true, access_key: Some(ref k) } if k == "K")
+        );
         assert_eq!(a.output, Output::Table);
     }
 
     #[test]
     fn create_body() {
         let a = parse(&[
-            "session", "create", "--image", "img:1", "--cpu", "0.5", "--mem", "256m", "--access-key", "AK",
-            "--env", "A=1", "--env", "B=x=y", "--mount", "data=/vfroot/data:ro",
+            "session",
+            "create",
+            "--image",
+            "img:1",
+            "--cpu",
+            "0.5",
+            "--mem",
+            "256m",
+            "--access-key",
+            "AK",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--mount",
+            "data=/vfroot/data:ro",
         ])
         .unwrap();
-        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else { panic!("not create") };
+        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else {
+            panic!("not create")
+        };
         assert_eq!(
             c.to_json(),
             json!({"image": "img:1", "resource_slots": {"cpu": "0.5", "mem": "256m"}, "access_key": "AK",
                    "environ": {"A": "1", "B": "x=y"},
                    "mounts": [{"name": "data", "host_path": "/vfroot/data", "permission": "ro"}]})
         );
-        let a = parse(&["session", "create", "--image", "i", "--cpu", "1", "--mem", "1g", "--access-key", "AK"]).unwrap();
-        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else { panic!("not create") };
+        let a = parse(&[
+            "session",
+            "create",
+            "--image",
+            "i",
+            "--cpu",
+            "1",
+            "--mem",
+            "1g",
+            "--access-key",
+            "AK",
+        ])
+        .unwrap();
+        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else {
+            panic!("not create")
+        };
         assert!(c.to_json().get("environ").is_none() && c.to_json().get("mounts").is_none());
     }
 
     fn create(extra: &[&str]) -> Result<CreateArgs, clap::Error> {
-        let base = ["session", "create", "--image", "i", "--cpu", "1", "--mem", "1g", "--access-key", "AK"];
+        let base = [
+            "session",
+            "create",
+            "--image",
+            "i",
+            "--cpu",
+            "1",
+            "--mem",
+            "1g",
+            "--access-key",
+            "AK",
+        ];
         match parse(&[&base[..], extra].concat())?.command {
             CtlCommand::Session(SessionCommand::Create(c)) => Ok(c),
             other => panic!("not create: {other:?}"),
@@ -598,18 +705,44 @@ mod tests {
 
     #[test]
     fn create_batch_body() {
-        let c = create(&["--type", "batch", "--command", "python train.py > out.txt", "--batch-timeout", "3600"]).unwrap();
+        let c = create(&[
+            "--type",
+            "batch",
+            "--command",
+            "python train.py > out.txt",
+            "--batch-timeout",
+            "3600",
+        ])
+        .unwrap();
         assert_eq!(c.session_type, Some(SessionType::Batch));
         assert_eq!(
             c.to_json(),
             json!({"image": "i", "resource_slots": {"cpu": "1", "mem": "1g"}, "access_key": "AK",
                    "type": "batch", "command": "python train.py > out.txt", "batch_timeout": 3600})
         );
-        assert_eq!(create(&["--type", "batch", "--command", "x", "--batch-timeout", "1.5"]).unwrap().to_json()["batch_timeout"], json!(1.5));
+        assert_eq!(
+            create(&[
+                "--type",
+                "batch",
+                "--command",
+                "x",
+                "--batch-timeout",
+                "1.5"
+            ])
+            .unwrap()
+            .to_json()["batch_timeout"],
+            json!(1.5)
+        );
         // An interactive session may replace the image's command; the type is sent when given.
         let body = create(&["--command", "sleep infinity"]).unwrap().to_json();
-        assert_eq!((body.get("type"), &body["command"]), (None, &json!("sleep infinity")));
-        assert_eq!(create(&["--type", "interactive"]).unwrap().to_json()["type"], "interactive");
+        assert_eq!(
+            (body.get("type"), &body["command"]),
+            (None, &json!("sleep infinity"))
+        );
+        assert_eq!(
+            create(&["--type", "interactive"]).unwrap().to_json()["type"],
+            "interactive"
+        );
         assert!(create(&[]).unwrap().to_json().get("command").is_none());
     }
 
@@ -622,83 +755,209 @@ mod tests {
         let err = create(&["--type", "cron", "--command", "x"]).err().unwrap();
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
         let err = create(&["--batch-timeout=-5"]).err().unwrap();
-        assert!(err.to_string().contains("expected a non-negative number of seconds"), "{err}");
-        assert!(create(&["--batch-timeout", "0"]).is_err(), "the manager wants a positive batch_timeout");
+        assert!(
+            err.to_string()
+                .contains("expected a non-negative number of seconds"),
+            "{err}"
+        );
+        assert!(
+            create(&["--batch-timeout", "0"]).is_err(),
+            "the manager wants a positive batch_timeout"
+        );
     }
 
     #[test]
     fn exec_wait_logs_flags() {
         let a = parse(&["session", "exec", "S", "echo hi"]).unwrap();
-        assert!(matches!(a.command, CtlCommand::Session(SessionCommand::Exec { timeout: None, flush_timeout, .. }) if flush_timeout == 0.5));
-        let a = parse(&["session", "exec", "S", "echo hi", "--timeout", "30", "--flush-timeout", "2"]).unwrap();
-        assert!(matches!(a.command, CtlCommand::Session(SessionCommand::Exec { timeout: Some(30), flush_timeout, .. }) if flush_timeout == 2.0));
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Exec { timeout: None, flush_timeout, .. }) if flush_timeout == 0.5)
+        );
+        let a = parse(&[
+            "session",
+            "exec",
+            "S",
+            "echo hi",
+            "--timeout",
+            "30",
+            "--flush-timeout",
+            "2",
+        ])
+        .unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Exec { timeout: Some(30), flush_timeout, .. }) if flush_timeout == 2.0)
+        );
         assert!(parse(&["session", "exec", "S", "x", "--flush-timeout", "-1"]).is_err());
 
         let a = parse(&["session", "wait", "S"]).unwrap();
-        assert!(matches!(a.command, CtlCommand::Session(SessionCommand::Wait { ref id, interval, timeout: None }) if id == "S" && interval == 0.5));
-        let a = parse(&["session", "wait", "S", "--interval", "2", "--timeout", "0.25", "-o", "json"]).unwrap();
-        assert!(matches!(a.command, CtlCommand::Session(SessionCommand::Wait { interval, timeout: Some(t), .. }) if interval == 2.0 && t == 0.25));
-        assert!(parse(&["session", "wait", "S", "--interval", "0"]).is_err(), "no busy polling");
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Wait { ref id, interval, timeout: None }) if id == "S" && interval == 0.5)
+        );
+        let a = parse(&[
+            "session",
+            "wait",
+            "S",
+            "--interval",
+            "2",
+            "--timeout",
+            "0.25",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Wait { interval, timeout: Some(t), .. }) if interval == 2.0 && t == 0.25)
+        );
+        assert!(
+            parse(&["session", "wait", "S", "--interval", "0"]).is_err(),
+            "no busy polling"
+        );
 
         let a = parse(&["session", "logs", "S"]).unwrap();
-        assert!(matches!(a.command, CtlCommand::Session(SessionCommand::Logs { follow: false, .. })));
+        assert!(matches!(
+            a.command,
+            CtlCommand::Session(SessionCommand::Logs { follow: false, .. })
+        ));
         for follow in ["-f", "--follow"] {
             let a = parse(&["session", "logs", follow, "S"]).unwrap();
-            assert!(matches!(a.command, CtlCommand::Session(SessionCommand::Logs { ref id, follow: true }) if id == "S"));
+            assert!(
+                matches!(a.command, CtlCommand::Session(SessionCommand::Logs { ref id, follow: true }) if id == "S")
+            );
         }
     }
 
     #[test]
     fn malformed_env_and_mount_are_usage_errors() {
-        let base = ["session", "create", "--image", "i", "--cpu", "1", "--mem", "1g", "--access-key", "AK"];
-        let err = parse(&[&base[..], &["--env", "NOEQUALS"]].concat()).err().unwrap();
+        let base = [
+            "session",
+            "create",
+            "--image",
+            "i",
+            "--cpu",
+            "1",
+            "--mem",
+            "1g",
+            "--access-key",
+            "AK",
+        ];
+        let err = parse(&[&base[..], &["--env", "NOEQUALS"]].concat())
+            .err()
+            .unwrap();
         assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
         let text = err.to_string();
-        assert!(text.contains("NOEQUALS") && text.contains("expected KEY=VALUE"), "{text}");
-        let text = parse(&[&base[..], &["--mount", "data"]].concat()).err().unwrap().to_string();
+        assert!(
+            text.contains("NOEQUALS") && text.contains("expected KEY=VALUE"),
+            "{text}"
+        );
+        let text = parse(&[&base[..], &["--mount", "data"]].concat())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(text.contains("expected NAME=HOST_PATH[:ro|rw]"), "{text}");
-        assert!(parse(&["session", "create", "--image", "i"]).is_err(), "cpu/mem/access-key are required");
+        assert!(
+            parse(&["session", "create", "--image", "i"]).is_err(),
+            "cpu/mem/access-key are required"
+        );
     }
 
     #[test]
     fn exec_ends() {
         let of = |v: Value| ExecEnd::of(&v);
-        assert_eq!(of(json!({"exitCode": 0, "status": "finished"})), ExecEnd::Exited(0));
-        assert_eq!(of(json!({"exitCode": 3, "status": "finished"})).exit_code(), 3);
-        assert_eq!(of(json!({"exitCode": 256, "status": "finished"})).exit_code(), 1);
-        assert_eq!(of(json!({"exitCode": -9, "status": "finished"})).exit_code(), 1);
-        assert_eq!(of(json!({"exitCode": null, "status": "exec-timeout"})), ExecEnd::TimedOut);
-        assert_eq!(of(json!({"exitCode": null, "status": "exec-timeout"})).exit_code(), 124);
-        assert_eq!(of(json!({"exitCode": null, "status": "continued"})), ExecEnd::NoExitCode("continued".into()));
+        assert_eq!(
+            of(json!({"exitCode": 0, "status": "finished"})),
+            ExecEnd::Exited(0)
+        );
+        assert_eq!(
+            of(json!({"exitCode": 3, "status": "finished"})).exit_code(),
+            3
+        );
+        assert_eq!(
+            of(json!({"exitCode": 256, "status": "finished"})).exit_code(),
+            1
+        );
+        assert_eq!(
+            of(json!({"exitCode": -9, "status": "finished"})).exit_code(),
+            1
+        );
+        assert_eq!(
+            of(json!({"exitCode": null, "status": "exec-timeout"})),
+            ExecEnd::TimedOut
+        );
+        assert_eq!(
+            of(json!({"exitCode": null, "status": "exec-timeout"})).exit_code(),
+            124
+        );
+        assert_eq!(
+            of(json!({"exitCode": null, "status": "continued"})),
+            ExecEnd::NoExitCode("continued".into())
+        );
     }
 
     #[test]
     fn exec_bodies() {
-        let o = ExecOptions { timeout: Some(600), flush_timeout: 0.5 };
-        assert_eq!(o.query_body("ls"), json!({"mode": "query", "code": "ls", "flush_timeout": 0.5, "timeout": 600}));
-        assert_eq!(o.continue_body("r1"), json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5}));
+        let o = ExecOptions {
+            timeout: Some(600),
+            flush_timeout: 0.5,
+        };
+        assert_eq!(
+            o.query_body("ls"),
+            json!({"mode": "query", "code": "ls", "flush_timeout": 0.5, "timeout": 600})
+        );
+        assert_eq!(
+            o.continue_body("r1"),
+            json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5})
+        );
         assert_eq!(o.http_timeout(), Duration::from_millis(60_500));
-        let o = ExecOptions { timeout: None, flush_timeout: 2.0 };
-        assert_eq!(o.query_body("ls"), json!({"mode": "query", "code": "ls", "flush_timeout": 2.0}));
+        let o = ExecOptions {
+            timeout: None,
+            flush_timeout: 2.0,
+        };
+        assert_eq!(
+            o.query_body("ls"),
+            json!({"mode": "query", "code": "ls", "flush_timeout": 2.0})
+        );
     }
 
     use testserver::{Answer, Server};
 
     fn answer(status: &str, run: &str, console: Value, exit: Value) -> Answer {
-        Answer::json(200, json!({"runId": run, "status": status, "console": console, "exitCode": exit}).to_string())
+        Answer::json(
+            200,
+            json!({"runId": run, "status": status, "console": console, "exitCode": exit})
+                .to_string(),
+        )
     }
 
     fn run_exec(server: &Server, out: Output) -> (Result<ExecEnd, Failure>, String, String) {
         let client = Client::new(&server.url).unwrap();
-        let options = ExecOptions { timeout: Some(9), flush_timeout: 0.25 };
+        let options = ExecOptions {
+            timeout: Some(9),
+            flush_timeout: 0.25,
+        };
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        let end = exec(&client, "/v1/sessions/S/execute", "work", &options, out, &mut stdout, &mut stderr);
-        (end, String::from_utf8(stdout).unwrap(), String::from_utf8(stderr).unwrap())
+        let end = exec(
+            &client,
+            "/v1/sessions/S/execute",
+            "work",
+            &options,
+            out,
+            &mut stdout,
+            &mut stderr,
+        );
+        (
+            end,
+            String::from_utf8(stdout).unwrap(),
+            String::from_utf8(stderr).unwrap(),
+        )
     }
 
     fn three_answers() -> Vec<Answer> {
         vec![
-            answer("continued", "r1", json!([["stdout", "1\n"], ["stderr", "warn\n"]]), Value::Null),
+            answer(
+                "continued",
+                "r1",
+                json!([["stdout", "1\n"], ["stderr", "warn\n"]]),
+                Value::Null,
+            ),
             answer("continued", "r1", json!([]), Value::Null),
             answer("finished", "r1", json!([["stdout", "3\n"]]), json!(3)),
         ]
@@ -711,8 +970,16 @@ mod tests {
         assert_eq!(end.unwrap(), ExecEnd::Exited(3));
         assert_eq!((stdout.as_str(), stderr.as_str()), ("1\n3\n", "warn\n"));
         let requests = server.requests();
-        assert!(requests.iter().all(|r| r.line == "POST /v1/sessions/S/execute"), "{requests:?}");
-        let bodies: Vec<Value> = requests.iter().map(|r| serde_json::from_str(&r.body).unwrap()).collect();
+        assert!(
+            requests
+                .iter()
+                .all(|r| r.line == "POST /v1/sessions/S/execute"),
+            "{requests:?}"
+        );
+        let bodies: Vec<Value> = requests
+            .iter()
+            .map(|r| serde_json::from_str(&r.body).unwrap())
+            .collect();
         assert_eq!(
             bodies,
             [
@@ -729,9 +996,15 @@ mod tests {
         let (end, stdout, stderr) = run_exec(&server, Output::Json);
         assert_eq!(end.unwrap().exit_code(), 3);
         assert_eq!(stderr, "");
-        let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(lines.len(), 3, "{stdout}");
-        assert_eq!((&lines[0]["status"], &lines[2]["exitCode"]), (&json!("continued"), &json!(3)));
+        assert_eq!(
+            (&lines[0]["status"], &lines[2]["exitCode"]),
+            (&json!("continued"), &json!(3))
+        );
     }
 
     #[test]
@@ -741,16 +1014,27 @@ mod tests {
             answer("exec-timeout", "r2", json!([["stdout", "b"]]), Value::Null),
         ]);
         let (end, stdout, _) = run_exec(&server, Output::Table);
-        assert_eq!((end.unwrap().exit_code(), stdout.as_str()), (EXIT_TIMEOUT, "ab"));
+        assert_eq!(
+            (end.unwrap().exit_code(), stdout.as_str()),
+            (EXIT_TIMEOUT, "ab")
+        );
 
         let not_found = r#"{"error": {"code": "run-not-found", "message": "no run r3"}}"#;
-        let server = Server::start(vec![answer("continued", "r3", json!([]), Value::Null), Answer::json(404, not_found)]);
+        let server = Server::start(vec![
+            answer("continued", "r3", json!([]), Value::Null),
+            Answer::json(404, not_found),
+        ]);
         match run_exec(&server, Output::Table).0 {
-            Err(Failure::Client(ClientError::Api(e))) => assert_eq!((e.status, e.code.as_str()), (404, "run-not-found")),
+            Err(Failure::Client(ClientError::Api(e))) => {
+                assert_eq!((e.status, e.code.as_str()), (404, "run-not-found"))
+            }
             other => panic!("{other:?}"),
         }
 
-        let server = Server::start(vec![Answer::json(200, r#"{"status": "continued", "console": []}"#)]);
+        let server = Server::start(vec![Answer::json(
+            200,
+            r#"{"status": "continued", "console": []}"#,
+        )]);
         match run_exec(&server, Output::Table).0 {
             Err(Failure::Client(e @ ClientError::InvalidResponse { .. })) => {
                 assert!(e.to_string().contains("without a runId"), "{e}");
@@ -762,31 +1046,74 @@ mod tests {
 
     #[test]
     fn wait_exit_codes() {
-        assert_eq!(wait_exit_code(&json!({"exit_code": 0, "result": "SUCCESS"})), 0);
-        assert_eq!(wait_exit_code(&json!({"exit_code": 7, "result": "FAILURE"})), 7);
-        assert_eq!(wait_exit_code(&json!({"exit_code": 255, "result": "FAILURE"})), 255);
-        assert_eq!(wait_exit_code(&json!({"exit_code": 256, "result": "FAILURE"})), 1);
-        assert_eq!(wait_exit_code(&json!({"exit_code": -9, "result": "FAILURE"})), 1);
-        assert_eq!(wait_exit_code(&json!({"exit_code": null, "result": "SUCCESS"})), 0);
-        assert_eq!(wait_exit_code(&json!({"exit_code": null, "result": "FAILURE"})), 1);
-        assert_eq!(wait_exit_code(&json!({"exit_code": null, "result": "UNDEFINED"})), 1);
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": 0, "result": "SUCCESS"})),
+            0
+        );
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": 7, "result": "FAILURE"})),
+            7
+        );
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": 255, "result": "FAILURE"})),
+            255
+        );
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": 256, "result": "FAILURE"})),
+            1
+        );
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": -9, "result": "FAILURE"})),
+            1
+        );
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": null, "result": "SUCCESS"})),
+            0
+        );
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": null, "result": "FAILURE"})),
+            1
+        );
+        assert_eq!(
+            wait_exit_code(&json!({"exit_code": null, "result": "UNDEFINED"})),
+            1
+        );
         assert_eq!(wait_exit_code(&json!({"status": "TERMINATED"})), 1);
     }
 
     #[test]
     fn wait_polls_until_terminated() {
-        let session = |status: &str| Answer::json(200, json!({"session_id": "S", "status": status}).to_string());
-        let server = Server::start(vec![session("PENDING"), session("RUNNING"), session("TERMINATED")]);
+        let session = |status: &str| {
+            Answer::json(
+                200,
+                json!({"session_id": "S", "status": status}).to_string(),
+            )
+        };
+        let server = Server::start(vec![
+            session("PENDING"),
+            session("RUNNING"),
+            session("TERMINATED"),
+        ]);
         let client = Client::new(&server.url).unwrap();
-        let waited = wait_terminated(&client, "/v1/sessions/S", Duration::from_millis(10), None).unwrap();
+        let waited =
+            wait_terminated(&client, "/v1/sessions/S", Duration::from_millis(10), None).unwrap();
         assert!(matches!(waited, Waited::Terminated(ref r) if r.json["status"] == "TERMINATED"));
         let requests = server.requests();
-        assert_eq!(requests.iter().map(|r| r.line.as_str()).collect::<Vec<_>>(), ["GET /v1/sessions/S"; 3]);
+        assert_eq!(
+            requests.iter().map(|r| r.line.as_str()).collect::<Vec<_>>(),
+            ["GET /v1/sessions/S"; 3]
+        );
 
         // A deadline already passed: one poll, then the timeout.
         let server = Server::start(vec![session("RUNNING")]);
         let client = Client::new(&server.url).unwrap();
-        let waited = wait_terminated(&client, "/v1/sessions/S", Duration::from_secs(60), Some(Instant::now())).unwrap();
+        let waited = wait_terminated(
+            &client,
+            "/v1/sessions/S",
+            Duration::from_secs(60),
+            Some(Instant::now()),
+        )
+        .unwrap();
         assert!(matches!(waited, Waited::TimedOut(ref r) if r.json["status"] == "RUNNING"));
         assert_eq!(server.requests().len(), 1);
     }
@@ -797,7 +1124,9 @@ mod tests {
     impl Read for Chunks {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
             if self.0.is_empty() {
-                return self.1.map_or(Ok(0), |kind| Err(io::Error::new(kind, "connection reset")));
+                return self
+                    .1
+                    .map_or(Ok(0), |kind| Err(io::Error::new(kind, "connection reset")));
             }
             let chunk = self.0.remove(0);
             buf[..chunk.len()].copy_from_slice(chunk.as_bytes());
@@ -822,7 +1151,8 @@ mod tests {
             Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {
-            self.flushed.push(String::from_utf8(std::mem::take(&mut self.pending)).unwrap());
+            self.flushed
+                .push(String::from_utf8(std::mem::take(&mut self.pending)).unwrap());
             Ok(())
         }
     }
@@ -830,20 +1160,40 @@ mod tests {
     #[test]
     fn logs_are_copied_and_flushed_per_read() {
         let mut out = Flushes::default();
-        let copied = copy_stream("http://m/logs", Chunks(vec!["line 1\n", "line 2\npart", "ial\n"], None), &mut out).unwrap();
+        let copied = copy_stream(
+            "http://m/logs",
+            Chunks(vec!["line 1\n", "line 2\npart", "ial\n"], None),
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(copied, 22);
         assert_eq!(out.flushed, ["line 1\n", "line 2\npart", "ial\n"]);
 
-        let err = copy_stream("http://m/logs", Chunks(vec!["x"], Some(io::ErrorKind::ConnectionReset)), &mut out).unwrap_err();
+        let err = copy_stream(
+            "http://m/logs",
+            Chunks(vec!["x"], Some(io::ErrorKind::ConnectionReset)),
+            &mut out,
+        )
+        .unwrap_err();
         match err {
             Failure::Client(e) => {
                 assert_eq!(e.exit_code(), 2);
-                assert!(e.to_string().starts_with("error: reading the response from http://m/logs: "), "{e}");
+                assert!(
+                    e.to_string()
+                        .starts_with("error: reading the response from http://m/logs: "),
+                    "{e}"
+                );
             }
             Failure::Io(e) => panic!("{e}"),
         }
-        let mut broken = Flushes { broken: true, ..Flushes::default() };
+        let mut broken = Flushes {
+            broken: true,
+            ..Flushes::default()
+        };
         let err = copy_stream("http://m/logs", Chunks(vec!["x"], None), &mut broken).unwrap_err();
-        assert!(matches!(err, Failure::Io(ref e) if e.kind() == io::ErrorKind::BrokenPipe), "{err:?}");
+        assert!(
+            matches!(err, Failure::Io(ref e) if e.kind() == io::ErrorKind::BrokenPipe),
+            "{err:?}"
+        );
     }
 }

@@ -18,7 +18,10 @@ pub fn env(s: &str) -> Result<(String, String), String> {
 /// A number of seconds (`--flush-timeout`, `wait --timeout`): a finite,
 /// non-negative number, decimals allowed (`0.5`, `3600`).
 pub fn seconds(s: &str) -> Result<f64, String> {
-    let n: f64 = s.trim().parse().map_err(|_| "expected a number of seconds".to_owned())?;
+    let n: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a number of seconds".to_owned())?;
     if !n.is_finite() || n < 0.0 || std::time::Duration::try_from_secs_f64(n).is_err() {
         return Err("expected a non-negative number of seconds".to_owned());
     }
@@ -77,7 +80,9 @@ impl Mount {
 ///
 /// Errors when there is no `=`, the name is empty, or the path is empty or not absolute.
 pub fn mount(s: &str) -> Result<Mount, String> {
-    let (name, rest) = s.split_once('=').ok_or("expected NAME=HOST_PATH[:ro|rw], there is no '='")?;
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or("expected NAME=HOST_PATH[:ro|rw], there is no '='")?;
     if name.is_empty() {
         return Err("expected NAME=HOST_PATH[:ro|rw], the name is empty".to_owned());
     }
@@ -94,7 +99,11 @@ pub fn mount(s: &str) -> Result<Mount, String> {
     if !host_path.starts_with('/') {
         return Err(format!("the host path '{host_path}' is not absolute"));
     }
-    Ok(Mount { name: name.to_owned(), host_path: host_path.to_owned(), permission })
+    Ok(Mount {
+        name: name.to_owned(),
+        host_path: host_path.to_owned(),
+        permission,
+    })
 }
 
 #[cfg(test)]
@@ -106,8 +115,14 @@ mod tests {
         assert_eq!(env("K=V"), Ok(("K".into(), "V".into())));
         assert_eq!(env("K="), Ok(("K".into(), String::new())));
         assert_eq!(env("URL=a=b"), Ok(("URL".into(), "a=b".into())));
-        assert_eq!(env("NOEQUALS").unwrap_err(), "expected KEY=VALUE, there is no '='");
-        assert_eq!(env("=v").unwrap_err(), "expected KEY=VALUE, the key is empty");
+        assert_eq!(
+            env("NOEQUALS").unwrap_err(),
+            "expected KEY=VALUE, there is no '='"
+        );
+        assert_eq!(
+            env("=v").unwrap_err(),
+            "expected KEY=VALUE, the key is empty"
+        );
     }
 
     #[test]
@@ -117,10 +132,17 @@ mod tests {
         assert_eq!(seconds("0"), Ok(0.0));
         assert_eq!(seconds("soon").unwrap_err(), "expected a number of seconds");
         for bad in ["-1", "inf", "NaN", "1e30"] {
-            assert_eq!(seconds(bad).unwrap_err(), "expected a non-negative number of seconds", "{bad}");
+            assert_eq!(
+                seconds(bad).unwrap_err(),
+                "expected a non-negative number of seconds",
+                "{bad}"
+            );
         }
         assert_eq!(positive_seconds("0.01"), Ok(0.01));
-        assert_eq!(positive_seconds("0").unwrap_err(), "expected a number of seconds above 0");
+        assert_eq!(
+            positive_seconds("0").unwrap_err(),
+            "expected a number of seconds above 0"
+        );
         assert_eq!(seconds_json(3600.0), json!(3600));
         assert_eq!(seconds_json(0.5), json!(0.5));
         assert_eq!(seconds_json(0.0), json!(0));
@@ -129,8 +151,18 @@ mod tests {
     #[test]
     fn mounts() {
         let m = mount("data=/vfroot/data:ro").unwrap();
-        assert_eq!(m, Mount { name: "data".into(), host_path: "/vfroot/data".into(), permission: Permission::Ro });
-        assert_eq!(m.to_json(), json!({"name": "data", "host_path": "/vfroot/data", "permission": "ro"}));
+        assert_eq!(
+            m,
+            Mount {
+                name: "data".into(),
+                host_path: "/vfroot/data".into(),
+                permission: Permission::Ro
+            }
+        );
+        assert_eq!(
+            m.to_json(),
+            json!({"name": "data", "host_path": "/vfroot/data", "permission": "ro"})
+        );
         assert_eq!(mount("d=/x:rw").unwrap().permission, Permission::Rw);
         assert_eq!(mount("d=/x").unwrap().permission, Permission::Rw);
         assert_eq!(mount("d=/a:b").unwrap().host_path, "/a:b");
@@ -139,9 +171,21 @@ mod tests {
 
     #[test]
     fn bad_mounts() {
-        assert_eq!(mount("data").unwrap_err(), "expected NAME=HOST_PATH[:ro|rw], there is no '='");
-        assert_eq!(mount("=/x").unwrap_err(), "expected NAME=HOST_PATH[:ro|rw], the name is empty");
-        assert_eq!(mount("d=:ro").unwrap_err(), "expected NAME=HOST_PATH[:ro|rw], the host path is empty");
-        assert_eq!(mount("d=rel/path").unwrap_err(), "the host path 'rel/path' is not absolute");
+        assert_eq!(
+            mount("data").unwrap_err(),
+            "expected NAME=HOST_PATH[:ro|rw], there is no '='"
+        );
+        assert_eq!(
+            mount("=/x").unwrap_err(),
+            "expected NAME=HOST_PATH[:ro|rw], the name is empty"
+        );
+        assert_eq!(
+            mount("d=:ro").unwrap_err(),
+            "expected NAME=HOST_PATH[:ro|rw], the host path is empty"
+        );
+        assert_eq!(
+            mount("d=rel/path").unwrap_err(),
+            "the host path 'rel/path' is not absolute"
+        );
     }
 }

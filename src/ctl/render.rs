@@ -24,13 +24,18 @@ fn slot<'a>(v: &'a Value, slots: &str, name: &str) -> Option<&'a Value> {
 }
 
 fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    v.get(key)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// Whether any row has a non-zero `cuda.device` amount under `slots` (then a GPU column shows).
 fn any_gpu(rows: &[Value], slots: &str) -> bool {
-    rows.iter()
-        .any(|r| slot(r, slots, "cuda.device").and_then(super::format::amount).is_some_and(|n| n > 0.0))
+    rows.iter().any(|r| {
+        slot(r, slots, "cuda.device")
+            .and_then(super::format::amount)
+            .is_some_and(|n| n > 0.0)
+    })
 }
 
 /// A borderless table, columns two spaces apart, no trailing spaces.
@@ -53,7 +58,10 @@ fn table(header: Vec<&str>, rows: Vec<Vec<String>>) -> String {
 /// `key: value` lines with the values aligned.
 fn fields(pairs: &[(&str, String)]) -> String {
     let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
-    pairs.iter().map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:"))).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:")))
+        .collect()
 }
 
 /// `GET /v1/agents` (`{"agents": [...]}`) as a table: AGENT, STATUS, ADDR, CPU and MEM as
@@ -70,7 +78,11 @@ pub fn agents(v: &Value, now: f64) -> String {
         .iter()
         .map(|a| {
             let used_total = |f: fn(Option<&Value>) -> String, name: &str| {
-                format!("{}/{}", f(slot(a, "slots_used", name)), f(slot(a, "slots_total", name)))
+                format!(
+                    "{}/{}",
+                    f(slot(a, "slots_used", name)),
+                    f(slot(a, "slots_total", name))
+                )
             };
             let mut row = vec![text(a, "agent_id"), text(a, "status"), text(a, "addr")];
             row.push(used_total(cores, "cpu"));
@@ -115,7 +127,12 @@ pub fn sessions(v: &Value, now: f64) -> String {
     let rows = sessions
         .iter()
         .map(|s| {
-            let mut row = vec![text(s, "session_id"), text(s, "agent_id"), status_with_result(s), text(s, "type")];
+            let mut row = vec![
+                text(s, "session_id"),
+                text(s, "agent_id"),
+                status_with_result(s),
+                text(s, "type"),
+            ];
             row.push(text(s, "image"));
             row.push(cores(slot(s, "resource_slots", "cpu")));
             row.push(bytes(slot(s, "resource_slots", "mem")));
@@ -126,7 +143,9 @@ pub fn sessions(v: &Value, now: f64) -> String {
             row.push(if terminated(s) {
                 text(s, "status_reason")
             } else {
-                s.get("created_at").and_then(Value::as_f64).map_or("-".to_owned(), |t| duration(now - t))
+                s.get("created_at")
+                    .and_then(Value::as_f64)
+                    .map_or("-".to_owned(), |t| duration(now - t))
             });
             row
         })
@@ -148,11 +167,17 @@ fn when(v: &Value, key: &str, now: f64) -> String {
 /// breaks as `\n`).
 pub fn session(s: &Value, now: f64) -> String {
     let mem = match slot(s, "resource_slots", "mem") {
-        Some(m) if super::format::amount(m).is_some() => format!("{} ({} bytes)", bytes(Some(m)), cores(Some(m))),
+        Some(m) if super::format::amount(m).is_some() => {
+            format!("{} ({} bytes)", bytes(Some(m)), cores(Some(m)))
+        }
         m => bytes(m),
     };
     let kind = match s.get("batch_timeout").and_then(super::format::amount) {
-        Some(t) => format!("{} (timeout {}s)", text(s, "type"), cores(Some(&Value::from(t)))),
+        Some(t) => format!(
+            "{} (timeout {}s)",
+            text(s, "type"),
+            cores(Some(&Value::from(t)))
+        ),
         None => text(s, "type"),
     };
     let command = text(s, "command").replace('\r', "\\r").replace('\n', "\\n");
@@ -196,12 +221,19 @@ pub fn access_key(v: &Value) -> String {
         _ => text(v, "concurrency_limit"),
     };
     let concurrency = format!("{}/{limit}", text(v, "concurrency_used"));
-    fields(&[("Access key", text(v, "access_key")), ("Concurrency", concurrency)])
+    fields(&[
+        ("Access key", text(v, "access_key")),
+        ("Concurrency", concurrency),
+    ])
 }
 
 /// `GET /health`: status, mode and the number of `ALIVE` agents.
 pub fn health(v: &Value) -> String {
-    fields(&[("Status", text(v, "status")), ("Mode", text(v, "mode")), ("Agents alive", text(v, "agents_alive"))])
+    fields(&[
+        ("Status", text(v, "status")),
+        ("Mode", text(v, "mode")),
+        ("Agents alive", text(v, "agents_alive")),
+    ])
 }
 
 /// Which stream a piece of console output belongs on.
@@ -219,7 +251,9 @@ pub fn console(v: &Value) -> Vec<(Stream, String)> {
         .filter_map(|item| {
             let kind = item.get(0)?.as_str()?;
             let data = item.get(1)?;
-            let data_text = data.as_str().map_or_else(|| data.to_string(), str::to_owned);
+            let data_text = data
+                .as_str()
+                .map_or_else(|| data.to_string(), str::to_owned);
             Some(match kind {
                 "stdout" => (Stream::Stdout, data_text),
                 "stderr" => (Stream::Stderr, data_text),
@@ -250,19 +284,66 @@ mod tests {
         let out = agents(&v, NOW);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{out}");
-        for h in ["AGENT", "STATUS", "ADDR", "CPU", "MEM", "KERNELS", "LAST HEARTBEAT"] {
+        for h in [
+            "AGENT",
+            "STATUS",
+            "ADDR",
+            "CPU",
+            "MEM",
+            "KERNELS",
+            "LAST HEARTBEAT",
+        ] {
             assert!(lines[0].contains(h), "missing {h}: {out}");
         }
-        assert!(!lines[0].contains("GPU"), "no GPU column without GPUs: {out}");
-        assert!(!out.contains('|') && !out.contains('─'), "borderless: {out}");
-        let row1: Vec<&str> = lines[1].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
-        assert_eq!(row1, ["i-node1", "ALIVE", "tcp://10.0.0.5:6001", "1.5/8", "1.5 GiB/16 GiB", "2", "3s ago"]);
-        let row2: Vec<&str> = lines[2].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
-        assert_eq!(row2, ["i-node2", "PENDING", "tcp://10.0.0.6:6001", "-/4", "-/8 GiB", "0", "-"]);
+        assert!(
+            !lines[0].contains("GPU"),
+            "no GPU column without GPUs: {out}"
+        );
+        assert!(
+            !out.contains('|') && !out.contains('─'),
+            "borderless: {out}"
+        );
+        let row1: Vec<&str> = lines[1]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            row1,
+            [
+                "i-node1",
+                "ALIVE",
+                "tcp://10.0.0.5:6001",
+                "1.5/8",
+                "1.5 GiB/16 GiB",
+                "2",
+                "3s ago"
+            ]
+        );
+        let row2: Vec<&str> = lines[2]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            row2,
+            [
+                "i-node2",
+                "PENDING",
+                "tcp://10.0.0.6:6001",
+                "-/4",
+                "-/8 GiB",
+                "0",
+                "-"
+            ]
+        );
         // Columns line up: every value starts where its header does.
         let col = lines[0].find("LAST HEARTBEAT").unwrap();
         assert_eq!(&lines[1][col..], "3s ago");
-        assert!(lines.iter().all(|l| l == &l.trim_end()), "no trailing spaces: {out:?}");
+        assert!(
+            lines.iter().all(|l| l == &l.trim_end()),
+            "no trailing spaces: {out:?}"
+        );
     }
 
     #[test]
@@ -272,7 +353,10 @@ mod tests {
             "slots_used": {"cpu": "0", "mem": "0", "cuda.device": "1"}, "kernels": 1, "last_heartbeat": NOW - 90.0}]});
         let out = agents(&v, NOW);
         assert!(out.lines().next().unwrap().contains("GPU"), "{out}");
-        assert!(out.contains("1/2") && out.contains("0 B/1 KiB") && out.contains("1m ago"), "{out}");
+        assert!(
+            out.contains("1/2") && out.contains("0 B/1 KiB") && out.contains("1m ago"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -300,17 +384,47 @@ mod tests {
         done["terminated_at"] = json!(NOW - 10.0);
         let out = sessions(&json!({"sessions": [live_session(), done]}), NOW);
         let lines: Vec<&str> = out.lines().collect();
-        for h in ["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM", "ACCESS KEY", "AGE/REASON"] {
+        for h in [
+            "SESSION",
+            "AGENT",
+            "STATUS",
+            "TYPE",
+            "IMAGE",
+            "CPU",
+            "MEM",
+            "ACCESS KEY",
+            "AGE/REASON",
+        ] {
             assert!(lines[0].contains(h), "missing {h}: {out}");
         }
         assert!(!lines[0].contains("GPU"));
-        let cells = |l: &str| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect::<Vec<_>>();
+        let cells = |l: &str| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
             cells(lines[1]),
-            ["5b1f7c6e-0000-4000-8000-000000000001", "i-node1", "RUNNING", "interactive", "kernelvisor-test:latest", "1", "256 MiB", "AKIADEV", "5m"]
+            [
+                "5b1f7c6e-0000-4000-8000-000000000001",
+                "i-node1",
+                "RUNNING",
+                "interactive",
+                "kernelvisor-test:latest",
+                "1",
+                "256 MiB",
+                "AKIADEV",
+                "5m"
+            ]
         );
         assert_eq!(cells(lines[2]).last().unwrap(), "user-requested");
-        assert_eq!(cells(lines[2])[2], "TERMINATED", "no result shown for an interactive session");
+        assert_eq!(
+            cells(lines[2])[2],
+            "TERMINATED",
+            "no result shown for an interactive session"
+        );
         assert!(lines[2].starts_with("dead "));
     }
 
@@ -331,12 +445,33 @@ mod tests {
     #[test]
     fn sessions_table_batch_outcome() {
         let out = sessions(&json!({"sessions": [ended_batch()]}), NOW);
-        let row: Vec<&str> = out.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
-        assert_eq!(row[..4], ["job", "i-node1", "TERMINATED (FAILURE)", "batch"], "{out}");
+        let row: Vec<&str> = out
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            row[..4],
+            ["job", "i-node1", "TERMINATED (FAILURE)", "batch"],
+            "{out}"
+        );
         assert_eq!(row.last(), Some(&"batch-timeout"), "{out}");
         // An older manager's answer without the new fields.
-        let old = sessions(&json!({"sessions": [{"session_id": "s", "status": "RUNNING"}]}), NOW);
-        let row: Vec<&str> = old.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        let old = sessions(
+            &json!({"sessions": [{"session_id": "s", "status": "RUNNING"}]}),
+            NOW,
+        );
+        let row: Vec<&str> = old
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
         assert_eq!(row[..4], ["s", "-", "RUNNING", "-"], "{old}");
     }
 
@@ -344,39 +479,69 @@ mod tests {
     fn session_detail_batch_fields() {
         let out = session(&ended_batch(), NOW);
         assert!(out.contains("Type:       batch (timeout 3600s)\n"), "{out}");
-        assert!(out.contains("Command:    python train.py\\necho done\n"), "{out}");
+        assert!(
+            out.contains("Command:    python train.py\\necho done\n"),
+            "{out}"
+        );
         assert!(out.contains("Status:     TERMINATED\nReason:     batch-timeout\nResult:     FAILURE\nExit code:  137\n"), "{out}");
     }
 
     #[test]
     fn session_detail_fields() {
         let out = session(&live_session(), NOW);
-        assert!(out.contains("Session:    5b1f7c6e-0000-4000-8000-000000000001\n"), "{out}");
-        assert!(out.contains("Memory:     256 MiB (268435456 bytes)\n"), "{out}");
+        assert!(
+            out.contains("Session:    5b1f7c6e-0000-4000-8000-000000000001\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Memory:     256 MiB (268435456 bytes)\n"),
+            "{out}"
+        );
         assert!(out.contains("Reason:     -\n"), "{out}");
-        assert!(out.contains("Created:    2023-11-14T22:08:20Z (5m ago)\n"), "{out}");
+        assert!(
+            out.contains("Created:    2023-11-14T22:08:20Z (5m ago)\n"),
+            "{out}"
+        );
         assert!(out.contains("Terminated: -\n"), "{out}");
         assert!(out.contains("GPU:        0\n"), "{out}");
-        assert!(out.contains("Type:       interactive\nCommand:    -\n"), "{out}");
-        assert!(out.contains("Result:     UNDEFINED\nExit code:  -\n"), "{out}");
+        assert!(
+            out.contains("Type:       interactive\nCommand:    -\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Result:     UNDEFINED\nExit code:  -\n"),
+            "{out}"
+        );
         // A sparse answer renders without panicking, every value `-`.
         let sparse = session(&json!({"session_id": "x"}), NOW);
-        assert!(sparse.contains("Image:      -\n") && sparse.contains("Memory:     -\n") && !sparse.contains("GPU"), "{sparse}");
+        assert!(
+            sparse.contains("Image:      -\n")
+                && sparse.contains("Memory:     -\n")
+                && !sparse.contains("GPU"),
+            "{sparse}"
+        );
     }
 
     #[test]
     fn small_objects() {
         assert_eq!(
-            access_key(&json!({"access_key": "AKIADEV", "concurrency_used": 1, "concurrency_limit": 0})),
+            access_key(
+                &json!({"access_key": "AKIADEV", "concurrency_used": 1, "concurrency_limit": 0})
+            ),
             "Access key:  AKIADEV\nConcurrency: 1/unlimited\n"
         );
-        assert!(access_key(&json!({"access_key": "K", "concurrency_used": 2, "concurrency_limit": 3})).ends_with("2/3\n"));
+        assert!(access_key(
+            &json!({"access_key": "K", "concurrency_used": 2, "concurrency_limit": 3})
+        )
+        .ends_with("2/3\n"));
         assert_eq!(
             health(&json!({"status": "ok", "mode": "grace", "agents_alive": 2})),
             "Status:       ok\nMode:         grace\nAgents alive: 2\n"
         );
         assert_eq!(
-            created(&json!({"session_id": "s", "kernel_id": "k", "agent_id": "a", "status": "RUNNING"})),
+            created(
+                &json!({"session_id": "s", "kernel_id": "k", "agent_id": "a", "status": "RUNNING"})
+            ),
             "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\n"
         );
     }
@@ -390,7 +555,10 @@ mod tests {
             [
                 (Stream::Stdout, "hi\n".to_owned()),
                 (Stream::Stderr, "oops\n".to_owned()),
-                (Stream::Stdout, "[media] [\"image/png\",\"...\"]\n".to_owned()),
+                (
+                    Stream::Stdout,
+                    "[media] [\"image/png\",\"...\"]\n".to_owned()
+                ),
                 (Stream::Stdout, "bye".to_owned()),
             ]
         );

@@ -20,7 +20,12 @@ pub struct Answer {
 impl Answer {
     /// A JSON answer with `status`.
     pub fn json(status: u16, body: impl Into<String>) -> Self {
-        Answer { status, content_type: "application/json", parts: vec![body.into()], gate: None }
+        Answer {
+            status,
+            content_type: "application/json",
+            parts: vec![body.into()],
+            gate: None,
+        }
     }
 }
 
@@ -43,7 +48,12 @@ impl Server {
     pub fn start(answers: Vec<Answer>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let handle = std::thread::spawn(move || answers.into_iter().map(|a| serve_one(&listener, a)).collect());
+        let handle = std::thread::spawn(move || {
+            answers
+                .into_iter()
+                .map(|a| serve_one(&listener, a))
+                .collect()
+        });
         Server { url, handle }
     }
 
@@ -55,7 +65,9 @@ impl Server {
 
 fn serve_one(listener: &TcpListener, answer: Answer) -> Request {
     let (stream, _) = listener.accept().unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
     reader.read_line(&mut line).unwrap();
@@ -74,11 +86,21 @@ fn serve_one(listener: &TcpListener, answer: Answer) -> Request {
     }
     let mut body = vec![0; length];
     reader.read_exact(&mut body).unwrap();
-    let line = line.trim_end().trim_end_matches("HTTP/1.1").trim_end().to_owned();
-    let request = Request { line, body: String::from_utf8(body).unwrap() };
+    let line = line
+        .trim_end()
+        .trim_end_matches("HTTP/1.1")
+        .trim_end()
+        .to_owned();
+    let request = Request {
+        line,
+        body: String::from_utf8(body).unwrap(),
+    };
 
     let mut out = stream;
-    let head = format!("HTTP/1.1 {} X\r\nContent-Type: {}\r\nConnection: close\r\n", answer.status, answer.content_type);
+    let head = format!(
+        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nConnection: close\r\n",
+        answer.status, answer.content_type
+    );
     if let [part] = answer.parts.as_slice() {
         write!(out, "{head}Content-Length: {}\r\n\r\n{part}", part.len()).unwrap();
     } else {

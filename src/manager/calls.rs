@@ -11,11 +11,26 @@ use super::pool::{AgentCall, AgentCallError, AgentPool};
 /// Calls `method(*args)` on `agent_id` through `pool`, waiting up to `timeout`.
 ///
 /// Errors: [`AgentCallError`] as the pool gives it; a stopped pool is `Unavailable`.
-pub async fn call_agent(pool: &Addr<AgentPool>, metrics: &ManagerMetrics, agent_id: &str, method: &str, args: Vec<Value>, timeout: Duration) -> Result<Value, AgentCallError> {
+pub async fn call_agent(
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    agent_id: &str,
+    method: &str,
+    args: Vec<Value>,
+    timeout: Duration,
+) -> Result<Value, AgentCallError> {
     let started = Instant::now();
-    let res = match pool.send(AgentCall::new(agent_id, method, args, timeout)).await {
+    let res = match pool
+        .send(AgentCall::new(agent_id, method, args, timeout))
+        .await
+    {
         Ok(r) => r,
-        Err(e) => Err(AgentCallError::Unavailable(super::pool::AgentConnectionUnavailable { agent_id: agent_id.to_owned(), reason: format!("agent pool stopped: {e}") })),
+        Err(e) => Err(AgentCallError::Unavailable(
+            super::pool::AgentConnectionUnavailable {
+                agent_id: agent_id.to_owned(),
+                reason: format!("agent pool stopped: {e}"),
+            },
+        )),
     };
     let kind = match &res {
         Ok(_) => None,
@@ -34,13 +49,32 @@ pub fn to_json(v: &Value) -> serde_json::Value {
     match v {
         Value::Nil => J::Null,
         Value::Boolean(b) => J::Bool(*b),
-        Value::Integer(i) => i.as_i64().map(J::from).or_else(|| i.as_u64().map(J::from)).unwrap_or(J::Null),
+        Value::Integer(i) => i
+            .as_i64()
+            .map(J::from)
+            .or_else(|| i.as_u64().map(J::from))
+            .unwrap_or(J::Null),
         Value::F32(f) => serde_json::Number::from_f64(f64::from(*f)).map_or(J::Null, J::Number),
         Value::F64(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
-        Value::String(s) => J::String(s.as_str().map(str::to_owned).unwrap_or_else(|| String::from_utf8_lossy(s.as_bytes()).into_owned())),
+        Value::String(s) => J::String(
+            s.as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        ),
         Value::Binary(b) => J::String(String::from_utf8_lossy(b).into_owned()),
         Value::Array(a) => J::Array(a.iter().map(to_json).collect()),
-        Value::Map(m) => J::Object(m.iter().map(|(k, v)| (k.as_str().map(str::to_owned).unwrap_or_else(|| k.to_string()), to_json(v))).collect()),
+        Value::Map(m) => J::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str()
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| k.to_string()),
+                        to_json(v),
+                    )
+                })
+                .collect(),
+        ),
         Value::Ext(t, _) => J::String(format!("<ext {t}>")),
     }
 }

@@ -82,9 +82,16 @@ impl ManagerError {
     /// The HTTP status.
     pub fn status(&self) -> u16 {
         match self {
-            ManagerError::InvalidRequest(_) | ManagerError::ImageNotFound(_) | ManagerError::SlotsExceedCapacity(_) => 400,
-            ManagerError::SessionNotFound(_) | ManagerError::AccessKeyNotFound(_) | ManagerError::RunNotFound(_) | ManagerError::LogsNotFound(_) => 404,
-            ManagerError::NoCapacity(_) | ManagerError::SessionNotRunning(..) | ManagerError::RunHasNoStdin(_) => 409,
+            ManagerError::InvalidRequest(_)
+            | ManagerError::ImageNotFound(_)
+            | ManagerError::SlotsExceedCapacity(_) => 400,
+            ManagerError::SessionNotFound(_)
+            | ManagerError::AccessKeyNotFound(_)
+            | ManagerError::RunNotFound(_)
+            | ManagerError::LogsNotFound(_) => 404,
+            ManagerError::NoCapacity(_)
+            | ManagerError::SessionNotRunning(..)
+            | ManagerError::RunHasNoStdin(_) => 409,
             ManagerError::ConcurrencyLimit(_) => 429,
             ManagerError::AgentUnavailable(_) | ManagerError::AgentError(_) => 502,
             ManagerError::StartingUp(_) | ManagerError::NoAgents => 503,

@@ -74,7 +74,9 @@ impl EventBody {
         match self {
             EventBody::AgentStarted => "agent_started",
             EventBody::AgentTerminated { .. } => "agent_terminated",
-            EventBody::KernelStatus { name, .. } | EventBody::SessionResult { name, .. } | EventBody::Other { name } => name,
+            EventBody::KernelStatus { name, .. }
+            | EventBody::SessionResult { name, .. }
+            | EventBody::Other { name } => name,
             EventBody::KernelTerminated { .. } => "kernel_terminated",
             EventBody::KernelDangling { .. } => "kernel_dangling",
         }
@@ -83,7 +85,10 @@ impl EventBody {
     /// The kernel it is about, for kernel events.
     pub fn kernel_id(&self) -> Option<&str> {
         match self {
-            EventBody::KernelStatus { kernel_id, .. } | EventBody::KernelTerminated { kernel_id, .. } | EventBody::KernelDangling { kernel_id, .. } | EventBody::SessionResult { kernel_id, .. } => Some(kernel_id),
+            EventBody::KernelStatus { kernel_id, .. }
+            | EventBody::KernelTerminated { kernel_id, .. }
+            | EventBody::KernelDangling { kernel_id, .. }
+            | EventBody::SessionResult { kernel_id, .. } => Some(kernel_id),
             _ => None,
         }
     }
@@ -95,7 +100,10 @@ pub(crate) fn field<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Valu
 }
 
 fn text(map: &[(Value, Value)], key: &str) -> Result<String, String> {
-    field(map, key).and_then(Value::as_str).map(str::to_owned).ok_or_else(|| format!("missing or non-string `{key}`"))
+    field(map, key)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| format!("missing or non-string `{key}`"))
 }
 
 impl AgentEvent {
@@ -112,7 +120,12 @@ impl AgentEvent {
         let kernel = || text(map, "kernel_id");
         let body = match name.as_str() {
             "agent_started" => EventBody::AgentStarted,
-            "agent_terminated" => EventBody::AgentTerminated { reason: field(map, "reason").and_then(Value::as_str).unwrap_or("shutdown").to_owned() },
+            "agent_terminated" => EventBody::AgentTerminated {
+                reason: field(map, "reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("shutdown")
+                    .to_owned(),
+            },
             "kernel_preparing" | "kernel_pulling" | "kernel_creating" | "kernel_started" => {
                 let status = match name.as_str() {
                     "kernel_preparing" => "PREPARING",
@@ -120,18 +133,36 @@ impl AgentEvent {
                     "kernel_creating" => "CREATING",
                     _ => "RUNNING",
                 };
-                EventBody::KernelStatus { kernel_id: kernel()?, status, name }
+                EventBody::KernelStatus {
+                    kernel_id: kernel()?,
+                    status,
+                    name,
+                }
             }
             "kernel_terminated" => EventBody::KernelTerminated {
                 kernel_id: kernel()?,
-                reason: field(map, "reason").and_then(Value::as_str).unwrap_or("unknown").to_owned(),
+                reason: field(map, "reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown")
+                    .to_owned(),
                 exit_code: field(map, "exit_code").and_then(Value::as_i64),
             },
             "session_success" | "session_failure" => {
-                let result = if name == "session_success" { "SUCCESS" } else { "FAILURE" };
-                EventBody::SessionResult { kernel_id: kernel()?, result, name }
+                let result = if name == "session_success" {
+                    "SUCCESS"
+                } else {
+                    "FAILURE"
+                };
+                EventBody::SessionResult {
+                    kernel_id: kernel()?,
+                    result,
+                    name,
+                }
             }
-            "kernel_dangling" => EventBody::KernelDangling { kernel_id: kernel()?, container_id: text(map, "container_id").unwrap_or_default() },
+            "kernel_dangling" => EventBody::KernelDangling {
+                kernel_id: kernel()?,
+                container_id: text(map, "container_id").unwrap_or_default(),
+            },
             _ => EventBody::Other { name },
         };
         Ok(AgentEvent { id, seq, body })
@@ -159,18 +190,42 @@ mod tests {
     use super::*;
 
     fn ev(id: &str, name: &str, kernel: &str) -> Value {
-        Value::Map(vec![("id".into(), id.into()), ("seq".into(), 1.into()), ("name".into(), name.into()), ("kernel_id".into(), kernel.into())])
+        Value::Map(vec![
+            ("id".into(), id.into()),
+            ("seq".into(), 1.into()),
+            ("name".into(), name.into()),
+            ("kernel_id".into(), kernel.into()),
+        ])
     }
 
     #[test]
     fn parses_names_and_requires_fields() {
         let e = AgentEvent::from_value(&ev("a", "kernel_started", "k1")).unwrap();
-        assert_eq!(e.body, EventBody::KernelStatus { name: "kernel_started".into(), kernel_id: "k1".into(), status: "RUNNING" });
-        let bad = Value::Map(vec![("id".into(), "x".into()), ("name".into(), "kernel_terminated".into())]);
-        assert!(AgentEvent::from_value(&bad).unwrap_err().contains("kernel_id"));
+        assert_eq!(
+            e.body,
+            EventBody::KernelStatus {
+                name: "kernel_started".into(),
+                kernel_id: "k1".into(),
+                status: "RUNNING"
+            }
+        );
+        let bad = Value::Map(vec![
+            ("id".into(), "x".into()),
+            ("name".into(), "kernel_terminated".into()),
+        ]);
+        assert!(AgentEvent::from_value(&bad)
+            .unwrap_err()
+            .contains("kernel_id"));
         assert!(AgentEvent::from_value(&Value::from(3)).is_err());
         let ok = AgentEvent::from_value(&ev("c", "session_success", "k2")).unwrap();
-        assert_eq!(ok.body, EventBody::SessionResult { name: "session_success".into(), kernel_id: "k2".into(), result: "SUCCESS" });
+        assert_eq!(
+            ok.body,
+            EventBody::SessionResult {
+                name: "session_success".into(),
+                kernel_id: "k2".into(),
+                result: "SUCCESS"
+            }
+        );
         let other = AgentEvent::from_value(&ev("b", "kernel_heartbeat_v9", "k")).unwrap();
         assert_eq!(other.body.name(), "kernel_heartbeat_v9");
     }
@@ -188,6 +243,9 @@ mod tests {
         .iter()
         .map(|v| AgentEvent::from_value(v).unwrap())
         .collect();
-        assert_eq!(superseded(&batch), vec![true, true, true, false, false, false]);
+        assert_eq!(
+            superseded(&batch),
+            vec![true, true, true, false, false, false]
+        );
     }
 }

@@ -23,12 +23,19 @@ use crate::rpc::{Dispatcher, ErrorMeta};
 /// Errors: the directory cannot be read, or a `.key` file is not a certificate.
 pub fn load_agent_keys(dir: &Path) -> Result<Vec<(CurveKey, String)>, KeyError> {
     let mut keys = Vec::new();
-    let io = |source| KeyError::Io { path: dir.to_path_buf(), source };
+    let io = |source| KeyError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
     let entries = std::fs::read_dir(dir).map_err(io)?;
     for entry in entries {
         let path = entry.map_err(io)?.path();
         if path.extension().and_then(|e| e.to_str()) == Some("key") {
-            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_owned();
             keys.push((load_certificate(&path)?.public, name));
         }
     }
@@ -37,11 +44,18 @@ pub fn load_agent_keys(dir: &Path) -> Result<Vec<(CurveKey, String)>, KeyError> 
 }
 
 fn agent_id(call: &crate::rpc::Call) -> Result<String, ErrorMeta> {
-    call.arg(0, "agent_id").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned).ok_or_else(|| ErrorMeta::new("TypeError", "missing required argument: 'agent_id'"))
+    call.arg(0, "agent_id")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| ErrorMeta::new("TypeError", "missing required argument: 'agent_id'"))
 }
 
 /// The intake's dispatch table.
-pub fn dispatcher(registry: Addr<AgentRegistry>, metrics: std::sync::Arc<ManagerMetrics>) -> Dispatcher {
+pub fn dispatcher(
+    registry: Addr<AgentRegistry>,
+    metrics: std::sync::Arc<ManagerMetrics>,
+) -> Dispatcher {
     let mut d = Dispatcher::new(None);
     let (r, m) = (registry.clone(), metrics.clone());
     d.register("agent_events", move |call| {
@@ -70,7 +84,8 @@ pub fn dispatcher(registry: Addr<AgentRegistry>, metrics: std::sync::Arc<Manager
         async move {
             let agent_id = agent_id(&call)?;
             let info = call.arg(1, "info").cloned().unwrap_or(Value::Nil);
-            let hb = Heartbeat::from_value(&agent_id, &info).map_err(|e| ErrorMeta::new("InvalidHeartbeat", e))?;
+            let hb = Heartbeat::from_value(&agent_id, &info)
+                .map_err(|e| ErrorMeta::new("InvalidHeartbeat", e))?;
             r.do_send(HeartbeatReceived(hb));
             Ok(Value::Map(vec![]))
         }

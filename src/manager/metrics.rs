@@ -4,10 +4,15 @@
 
 use std::time::Duration;
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
 
 /// Buckets of agent RPC latency, seconds (a ping is ~0.3 ms; `create_kernels` seconds).
-const RPC_BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0];
+const RPC_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
+];
 
 /// Every manager metric.
 pub struct ManagerMetrics {
@@ -58,48 +63,102 @@ impl ManagerMetrics {
     /// Registers every family.
     pub fn new() -> ManagerMetrics {
         let registry = Registry::new();
-        let reg = |c: Box<dyn prometheus::core::Collector>| registry.register(c).expect("unique metric");
+        let reg =
+            |c: Box<dyn prometheus::core::Collector>| registry.register(c).expect("unique metric");
         let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(format!("kernelvisor_manager_{name}_total"), help).expect("valid counter");
+            let c = IntCounter::new(format!("kernelvisor_manager_{name}_total"), help)
+                .expect("valid counter");
             reg(Box::new(c.clone()));
             c
         };
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(format!("kernelvisor_manager_{name}_total"), help), labels).expect("valid counter");
+            let c = IntCounterVec::new(
+                Opts::new(format!("kernelvisor_manager_{name}_total"), help),
+                labels,
+            )
+            .expect("valid counter");
             reg(Box::new(c.clone()));
             c
         };
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(format!("kernelvisor_manager_{name}"), help), labels).expect("valid gauge");
+            let g = IntGaugeVec::new(
+                Opts::new(format!("kernelvisor_manager_{name}"), help),
+                labels,
+            )
+            .expect("valid gauge");
             reg(Box::new(g.clone()));
             g
         };
         let rpc_duration = HistogramVec::new(
-            HistogramOpts::new("kernelvisor_manager_agent_rpc_duration_seconds", "Agent RPC call time through the pool, seconds").buckets(RPC_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "kernelvisor_manager_agent_rpc_duration_seconds",
+                "Agent RPC call time through the pool, seconds",
+            )
+            .buckets(RPC_BUCKETS.to_vec()),
             &["method"],
         )
         .expect("valid histogram");
         reg(Box::new(rpc_duration.clone()));
-        let pool_last_sweep = prometheus::Gauge::new("kernelvisor_manager_pool_last_sweep_seconds", "Wall time of the newest agent pool health-check sweep, seconds").expect("valid gauge");
+        let pool_last_sweep = prometheus::Gauge::new(
+            "kernelvisor_manager_pool_last_sweep_seconds",
+            "Wall time of the newest agent pool health-check sweep, seconds",
+        )
+        .expect("valid gauge");
         reg(Box::new(pool_last_sweep.clone()));
-        let pool_last_sweep_entries = prometheus::IntGauge::new("kernelvisor_manager_pool_last_sweep_entries", "Pool entries the newest health-check sweep pinged").expect("valid gauge");
+        let pool_last_sweep_entries = prometheus::IntGauge::new(
+            "kernelvisor_manager_pool_last_sweep_entries",
+            "Pool entries the newest health-check sweep pinged",
+        )
+        .expect("valid gauge");
         reg(Box::new(pool_last_sweep_entries.clone()));
         ManagerMetrics {
             pool_last_sweep,
             pool_last_sweep_entries,
             agents: gauge_vec("agents", "Agents by liveness status", &["status"]),
             pool_entries: gauge_vec("pool_entries", "Agent pool entries by state", &["state"]),
-            live_kernels: gauge_vec("live_kernels", "Kernels in the live set, by status", &["status"]),
+            live_kernels: gauge_vec(
+                "live_kernels",
+                "Kernels in the live set, by status",
+                &["status"],
+            ),
             rpc_duration,
-            rpc_failures: counter_vec("agent_rpc_failures", "Agent RPC calls that failed, by kind", &["method", "kind"]),
-            events_applied: counter_vec("events_applied", "Agent events applied to the store", &["name"]),
-            events_duplicate: counter("events_duplicate", "Resent agent events acked without being applied again"),
-            events_compacted: counter("events_compacted", "Superseded kernel status events recorded without effect"),
-            events_rejected: counter_vec("events_rejected", "Agent events not acked (unparseable, or the store failed)", &["reason"]),
+            rpc_failures: counter_vec(
+                "agent_rpc_failures",
+                "Agent RPC calls that failed, by kind",
+                &["method", "kind"],
+            ),
+            events_applied: counter_vec(
+                "events_applied",
+                "Agent events applied to the store",
+                &["name"],
+            ),
+            events_duplicate: counter(
+                "events_duplicate",
+                "Resent agent events acked without being applied again",
+            ),
+            events_compacted: counter(
+                "events_compacted",
+                "Superseded kernel status events recorded without effect",
+            ),
+            events_rejected: counter_vec(
+                "events_rejected",
+                "Agent events not acked (unparseable, or the store failed)",
+                &["reason"],
+            ),
             heartbeats: counter("heartbeats", "Agent heartbeats received"),
-            agents_lost: counter("agents_lost", "Agents marked LOST after the heartbeat timeout"),
-            agent_resets: counter_vec("agent_resets", "reset_instance calls to agents back from LOST", &["result"]),
-            unknown_kernels: counter("unknown_kernels", "Kernels agents report that the store does not hold live"),
+            agents_lost: counter(
+                "agents_lost",
+                "Agents marked LOST after the heartbeat timeout",
+            ),
+            agent_resets: counter_vec(
+                "agent_resets",
+                "reset_instance calls to agents back from LOST",
+                &["result"],
+            ),
+            unknown_kernels: counter(
+                "unknown_kernels",
+                "Kernels agents report that the store does not hold live",
+            ),
             sessions_created: counter("sessions_created", "Sessions created"),
             session_errors: counter_vec("session_errors", "Session API errors by code", &["code"]),
             registry,
@@ -108,7 +167,9 @@ impl ManagerMetrics {
 
     /// One agent call: its time, and the failure kind when it failed.
     pub fn agent_call(&self, method: &str, took: Duration, failure: Option<&str>) {
-        self.rpc_duration.with_label_values(&[method]).observe(took.as_secs_f64());
+        self.rpc_duration
+            .with_label_values(&[method])
+            .observe(took.as_secs_f64());
         if let Some(kind) = failure {
             self.rpc_failures.with_label_values(&[method, kind]).inc();
         }
@@ -117,7 +178,9 @@ impl ManagerMetrics {
     /// Prometheus text format 0.0.4.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
 }

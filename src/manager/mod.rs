@@ -55,17 +55,33 @@ impl Manager {
     /// cannot be bound.
     pub async fn start(config: &ManagerConfig) -> anyhow::Result<Manager> {
         let m = &config.manager;
-        let store = Store::connect(&config.store.url).await.with_context(|| format!("store {}", redact(&config.store.url)))?;
+        let store = Store::connect(&config.store.url)
+            .await
+            .with_context(|| format!("store {}", redact(&config.store.url)))?;
         for k in &config.access_keys {
-            store.ensure_access_key(&k.access_key, k.concurrency_limit.into()).await?;
+            store
+                .ensure_access_key(&k.access_key, k.concurrency_limit.into())
+                .await?;
         }
         let keypair = m.rpc_keypair.as_deref().map(load_keypair).transpose()?;
         let metrics = Arc::new(metrics::ManagerMetrics::new());
 
         let pool = AgentPool::new(config.agent_pool.spec(), keypair.clone()).start();
         for agent in &config.agents {
-            let public_key = agent.public_key.as_deref().map(load_certificate).transpose()?.map(|c| c.public);
-            pool.send(RegisterAgent { agent_id: agent.id.clone(), endpoint: AgentEndpoint { addr: agent.addr.zmq_endpoint(), public_key } }).await?;
+            let public_key = agent
+                .public_key
+                .as_deref()
+                .map(load_certificate)
+                .transpose()?
+                .map(|c| c.public);
+            pool.send(RegisterAgent {
+                agent_id: agent.id.clone(),
+                endpoint: AgentEndpoint {
+                    addr: agent.addr.zmq_endpoint(),
+                    public_key,
+                },
+            })
+            .await?;
         }
 
         let spec = RegistrySpec {
@@ -75,29 +91,41 @@ impl Manager {
             processed_event_retention: m.processed_event_retention.0,
         };
         let rows = store.agents().await?;
-        let registry = AgentRegistry::new(store.clone(), pool.clone(), metrics.clone(), spec, rows).start();
+        let registry =
+            AgentRegistry::new(store.clone(), pool.clone(), metrics.clone(), spec, rows).start();
 
         let curve = match (&keypair, &m.agent_keys_dir) {
             (Some(keypair), Some(dir)) => {
-                let allowed = intake::load_agent_keys(dir).with_context(|| format!("manager.agent-keys-dir {}", dir.display()))?;
+                let allowed = intake::load_agent_keys(dir)
+                    .with_context(|| format!("manager.agent-keys-dir {}", dir.display()))?;
                 tracing::info!(keys = allowed.len(), dir = %dir.display(), "event intake admits these agent keys (CURVE)");
                 let dir2 = dir.clone();
-                let reload = crate::rpc::zap::KeyReload(Arc::new(move || match intake::load_agent_keys(&dir2) {
-                    Ok(keys) => Some(keys),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "re-reading manager.agent-keys-dir failed; keeping the keys admitted so far");
-                        None
+                let reload = crate::rpc::zap::KeyReload(Arc::new(move || {
+                    match intake::load_agent_keys(&dir2) {
+                        Ok(keys) => Some(keys),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "re-reading manager.agent-keys-dir failed; keeping the keys admitted so far");
+                            None
+                        }
                     }
                 }));
-                Some(ServerCurve { keypair: keypair.clone(), allowed_clients: allowed, reload: Some(reload) })
+                Some(ServerCurve {
+                    keypair: keypair.clone(),
+                    allowed_clients: allowed,
+                    reload: Some(reload),
+                })
             }
             _ => {
                 tracing::warn!("event intake is unauthenticated: set [manager] rpc-keypair and agent-keys-dir for CURVE");
                 None
             }
         };
-        let server = RpcServer::bind(&m.event_listen_addr.zmq_endpoint(), curve, intake::dispatcher(registry.clone(), metrics.clone()))
-            .with_context(|| format!("manager.event-listen-addr {}", m.event_listen_addr))?;
+        let server = RpcServer::bind(
+            &m.event_listen_addr.zmq_endpoint(),
+            curve,
+            intake::dispatcher(registry.clone(), metrics.clone()),
+        )
+        .with_context(|| format!("manager.event-listen-addr {}", m.event_listen_addr))?;
         let intake_endpoint = server.endpoint().to_owned();
         let intake = server.start();
 
@@ -107,16 +135,41 @@ impl Manager {
             execute_timeout: config.scheduler.execute_timeout.0,
             flush_timeout: config.scheduler.flush_timeout.0,
         };
-        let scheduler = Scheduler::new(store.clone(), pool.clone(), registry.clone(), metrics.clone(), sched_spec).start();
+        let scheduler = Scheduler::new(
+            store.clone(),
+            pool.clone(),
+            registry.clone(),
+            metrics.clone(),
+            sched_spec,
+        )
+        .start();
 
-        let listener = TcpListener::bind((config.api.listen_addr.host.as_str(), config.api.listen_addr.port)).with_context(|| format!("api.listen-addr {}", config.api.listen_addr))?;
+        let listener = TcpListener::bind((
+            config.api.listen_addr.host.as_str(),
+            config.api.listen_addr.port,
+        ))
+        .with_context(|| format!("api.listen-addr {}", config.api.listen_addr))?;
         let api_addr = listener.local_addr()?;
-        let state = api::ApiState { store: store.clone(), registry: registry.clone(), scheduler, pool: pool.clone(), metrics };
+        let state = api::ApiState {
+            store: store.clone(),
+            registry: registry.clone(),
+            scheduler,
+            pool: pool.clone(),
+            metrics,
+        };
         let server = api::serve(listener, config.api.workers, state)?;
         let api = server.handle();
         actix_rt::spawn(server);
         tracing::info!(api = %api_addr, intake = %intake_endpoint, store = ?store.backend(), grace = ?m.startup_grace.0, "manager started");
-        Ok(Manager { store, pool, registry, intake, intake_endpoint, api, api_addr })
+        Ok(Manager {
+            store,
+            pool,
+            registry,
+            intake,
+            intake_endpoint,
+            api,
+            api_addr,
+        })
     }
 
     /// Where the API listens.
@@ -165,7 +218,10 @@ pub async fn run(config: ManagerConfig) -> anyhow::Result<()> {
 mod tests {
     #[test]
     fn redacts_passwords() {
-        assert_eq!(super::redact("postgres://kv:secret@127.0.0.1/db"), "postgres://kv:***@127.0.0.1/db");
+        assert_eq!(
+            super::redact("postgres://kv:secret@127.0.0.1/db"),
+            "postgres://kv:***@127.0.0.1/db"
+        );
         assert_eq!(super::redact("sqlite://var/m.db"), "sqlite://var/m.db");
     }
 }

@@ -81,7 +81,9 @@ impl SessionRequest {
             return bad("a batch session needs a `command`");
         }
         match self.batch_timeout {
-            Some(x) if !(x.is_finite() && x > 0.0) => bad("`batch_timeout` must be a positive number of seconds"),
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                bad("`batch_timeout` must be a positive number of seconds")
+            }
             Some(_) if t != "batch" => bad("`batch_timeout` applies to batch sessions only"),
             _ => Ok(t),
         }
@@ -124,9 +126,17 @@ impl Slots {
         let mut map = Vec::with_capacity(slots.len());
         for (k, v) in slots {
             let v = match (k.as_str(), v) {
-                ("mem", serde_json::Value::String(s)) => Value::from(ByteSize::parse(s).map_err(|e| bad(format!("resource slot `mem`: {e}")))?.0),
+                ("mem", serde_json::Value::String(s)) => Value::from(
+                    ByteSize::parse(s)
+                        .map_err(|e| bad(format!("resource slot `mem`: {e}")))?
+                        .0,
+                ),
                 (_, serde_json::Value::String(s)) => Value::from(s.as_str()),
-                (_, serde_json::Value::Number(n)) => n.as_u64().map(Value::from).or_else(|| n.as_i64().map(Value::from)).unwrap_or_else(|| Value::F64(n.as_f64().unwrap_or(f64::NAN))),
+                (_, serde_json::Value::Number(n)) => n
+                    .as_u64()
+                    .map(Value::from)
+                    .or_else(|| n.as_i64().map(Value::from))
+                    .unwrap_or_else(|| Value::F64(n.as_f64().unwrap_or(f64::NAN))),
                 (_, other) => Value::from(other.to_string()),
             };
             map.push((Value::from(k.as_str()), v));
@@ -145,11 +155,18 @@ impl Slots {
 
     /// Backend.AI's slot map: decimal strings ([`SlotRequest::to_value`]).
     pub fn to_value(self) -> Value {
-        SlotRequest { cpu_millis: self.cpu_millis as u64, mem_bytes: self.mem_bytes as u64, cuda_devices: self.cuda_devices as u32 }.to_value()
+        SlotRequest {
+            cpu_millis: self.cpu_millis as u64,
+            mem_bytes: self.mem_bytes as u64,
+            cuda_devices: self.cuda_devices as u32,
+        }
+        .to_value()
     }
 
     fn fits(self, total: &AgentRow, used: Usage) -> bool {
-        self.cpu_millis <= total.cpu_millis - used.cpu_millis && self.mem_bytes <= total.mem_bytes - used.mem_bytes && self.cuda_devices <= total.cuda_devices - used.cuda_devices
+        self.cpu_millis <= total.cpu_millis - used.cpu_millis
+            && self.mem_bytes <= total.mem_bytes - used.mem_bytes
+            && self.cuda_devices <= total.cuda_devices - used.cuda_devices
     }
 
     fn fits_total(self, total: &AgentRow) -> bool {
@@ -159,20 +176,38 @@ impl Slots {
 
 /// The larger of an agent's cpu and memory fill ratio after placing `req` (lower = less loaded).
 fn load_after(total: &AgentRow, used: Usage, req: Slots) -> f64 {
-    let ratio = |u: i64, r: i64, t: i64| if t > 0 { (u + r) as f64 / t as f64 } else { 0.0 };
-    ratio(used.cpu_millis, req.cpu_millis, total.cpu_millis).max(ratio(used.mem_bytes, req.mem_bytes, total.mem_bytes))
+    let ratio = |u: i64, r: i64, t: i64| {
+        if t > 0 {
+            (u + r) as f64 / t as f64
+        } else {
+            0.0
+        }
+    };
+    ratio(used.cpu_millis, req.cpu_millis, total.cpu_millis).max(ratio(
+        used.mem_bytes,
+        req.mem_bytes,
+        total.mem_bytes,
+    ))
 }
 
 /// Picks the least-loaded agent that fits `req`; ties go to fewer kernels, then the id.
 ///
 /// Errors: no candidates → `NoAgents`; none could ever fit → `SlotsExceedCapacity`; none fits
 /// now → `NoCapacity`.
-pub fn place(candidates: &[AgentRow], usage: &std::collections::HashMap<String, Usage>, req: Slots) -> Result<String, ManagerError> {
+pub fn place(
+    candidates: &[AgentRow],
+    usage: &std::collections::HashMap<String, Usage>,
+    req: Slots,
+) -> Result<String, ManagerError> {
     if candidates.is_empty() {
         return Err(ManagerError::NoAgents);
     }
     if !candidates.iter().any(|a| req.fits_total(a)) {
-        let biggest = candidates.iter().map(|a| (a.cpu_millis, a.mem_bytes)).max().unwrap_or_default();
+        let biggest = candidates
+            .iter()
+            .map(|a| (a.cpu_millis, a.mem_bytes))
+            .max()
+            .unwrap_or_default();
         return Err(ManagerError::SlotsExceedCapacity(format!(
             "requested cpu {} cores, mem {} bytes, cuda.device {}: more than any ALIVE agent has (largest: cpu {} cores, mem {} bytes)",
             req.cpu_millis as f64 / 1000.0,
@@ -186,9 +221,18 @@ pub fn place(candidates: &[AgentRow], usage: &std::collections::HashMap<String, 
         .iter()
         .map(|a| (a, usage.get(&a.id).copied().unwrap_or_default()))
         .filter(|(a, u)| req.fits(a, *u))
-        .min_by(|(a, ua), (b, ub)| load_after(a, *ua, req).total_cmp(&load_after(b, *ub, req)).then(ua.kernels.cmp(&ub.kernels)).then(a.id.cmp(&b.id)))
+        .min_by(|(a, ua), (b, ub)| {
+            load_after(a, *ua, req)
+                .total_cmp(&load_after(b, *ub, req))
+                .then(ua.kernels.cmp(&ub.kernels))
+                .then(a.id.cmp(&b.id))
+        })
         .map(|(a, _)| a.id.clone())
-        .ok_or_else(|| ManagerError::NoCapacity("every agent that could run it is full; retry after a session ends".into()))
+        .ok_or_else(|| {
+            ManagerError::NoCapacity(
+                "every agent that could run it is full; retry after a session ends".into(),
+            )
+        })
 }
 
 /// The scheduler actor.
@@ -203,8 +247,21 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// A scheduler over the store, pool and registry.
-    pub fn new(store: Store, pool: Addr<AgentPool>, registry: Addr<AgentRegistry>, metrics: Arc<ManagerMetrics>, spec: SchedulerSpec) -> Self {
-        Scheduler { store, pool, registry, metrics, spec, placing: Arc::new(tokio::sync::Mutex::new(())) }
+    pub fn new(
+        store: Store,
+        pool: Addr<AgentPool>,
+        registry: Addr<AgentRegistry>,
+        metrics: Arc<ManagerMetrics>,
+        spec: SchedulerSpec,
+    ) -> Self {
+        Scheduler {
+            store,
+            pool,
+            registry,
+            metrics,
+            spec,
+            placing: Arc::new(tokio::sync::Mutex::new(())),
+        }
     }
 }
 
@@ -234,13 +291,24 @@ impl Handler<CreateSession> for Scheduler {
     type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
 
     fn handle(&mut self, CreateSession(req): CreateSession, _: &mut Context<Self>) -> Self::Result {
-        let (store, pool, registry, metrics, spec, placing) = (self.store.clone(), self.pool.clone(), self.registry.clone(), self.metrics.clone(), self.spec.clone(), self.placing.clone());
+        let (store, pool, registry, metrics, spec, placing) = (
+            self.store.clone(),
+            self.pool.clone(),
+            self.registry.clone(),
+            self.metrics.clone(),
+            self.spec.clone(),
+            self.placing.clone(),
+        );
         Box::pin(async move {
             if req.image.trim().is_empty() {
-                return Err(ManagerError::InvalidRequest("`image` must not be empty".into()));
+                return Err(ManagerError::InvalidRequest(
+                    "`image` must not be empty".into(),
+                ));
             }
             if req.access_key.is_empty() {
-                return Err(ManagerError::InvalidRequest("`access_key` must not be empty".into()));
+                return Err(ManagerError::InvalidRequest(
+                    "`access_key` must not be empty".into(),
+                ));
             }
             let session_type = req.checked_type()?;
             let slots = Slots::parse(&req.resource_slots)?;
@@ -266,7 +334,9 @@ impl Handler<CreateSession> for Scheduler {
                 };
                 store.reserve_kernel(&new).await.map_err(|e| match e {
                     ReserveError::UnknownAccessKey(k) => ManagerError::AccessKeyNotFound(k),
-                    e @ ReserveError::ConcurrencyLimit(..) => ManagerError::ConcurrencyLimit(e.to_string()),
+                    e @ ReserveError::ConcurrencyLimit(..) => {
+                        ManagerError::ConcurrencyLimit(e.to_string())
+                    }
                     ReserveError::Store(e) => e.into(),
                 })?;
                 agent_id
@@ -274,7 +344,15 @@ impl Handler<CreateSession> for Scheduler {
             let mut config = vec![
                 ("image".into(), req.image.clone().into()),
                 ("resource_slots".into(), slots.to_value()),
-                ("environ".into(), Value::Map(req.environ.iter().map(|(k, v)| (k.clone().into(), v.clone().into())).collect())),
+                (
+                    "environ".into(),
+                    Value::Map(
+                        req.environ
+                            .iter()
+                            .map(|(k, v)| (k.clone().into(), v.clone().into()))
+                            .collect(),
+                    ),
+                ),
                 (
                     "mounts".into(),
                     Value::Array(
@@ -284,13 +362,19 @@ impl Handler<CreateSession> for Scheduler {
                                 Value::Map(vec![
                                     ("name".into(), m.name.clone().into()),
                                     ("host_path".into(), m.host_path.clone().into()),
-                                    ("permission".into(), m.permission.clone().unwrap_or_else(|| "ro".into()).into()),
+                                    (
+                                        "permission".into(),
+                                        m.permission.clone().unwrap_or_else(|| "ro".into()).into(),
+                                    ),
                                 ])
                             })
                             .collect(),
                     ),
                 ),
-                ("owner".into(), Value::Map(vec![("access_key".into(), req.access_key.clone().into())])),
+                (
+                    "owner".into(),
+                    Value::Map(vec![("access_key".into(), req.access_key.clone().into())]),
+                ),
                 ("session_type".into(), session_type.into()),
             ];
             if let Some(c) = &req.command {
@@ -300,10 +384,30 @@ impl Handler<CreateSession> for Scheduler {
                 config.push(("batch_timeout".into(), Value::F64(t)));
             }
             let config = Value::Map(config);
-            let args = vec![session_id.clone().into(), Value::Array(vec![kernel_id.clone().into()]), Value::Array(vec![config])];
-            match call_agent(&pool, &metrics, &agent_id, "create_kernels", args, spec.create_timeout).await {
+            let args = vec![
+                session_id.clone().into(),
+                Value::Array(vec![kernel_id.clone().into()]),
+                Value::Array(vec![config]),
+            ];
+            match call_agent(
+                &pool,
+                &metrics,
+                &agent_id,
+                "create_kernels",
+                args,
+                spec.create_timeout,
+            )
+            .await
+            {
                 Ok(infos) => {
-                    let status = infos.as_array().and_then(|a| a.first()).and_then(Value::as_map).and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some("status"))).and_then(|(_, v)| v.as_str()).unwrap_or("RUNNING").to_owned();
+                    let status = infos
+                        .as_array()
+                        .and_then(|a| a.first())
+                        .and_then(Value::as_map)
+                        .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some("status")))
+                        .and_then(|(_, v)| v.as_str())
+                        .unwrap_or("RUNNING")
+                        .to_owned();
                     store.advance_kernel(&kernel_id, &status).await?;
                     metrics.sessions_created.inc();
                 }
@@ -315,16 +419,29 @@ impl Handler<CreateSession> for Scheduler {
                 Err(e) => {
                     // Unknown outcome: the kernel may exist. Release it here, and ask the agent
                     // to destroy it when it can be reached (its kernel_terminated is then a no-op).
-                    store.terminate_kernel(&kernel_id, "failed-to-create", None).await?;
-                    let (pool, metrics, agent, kid, sid, t) = (pool.clone(), metrics.clone(), agent_id.clone(), kernel_id.clone(), session_id.clone(), spec.destroy_timeout);
+                    store
+                        .terminate_kernel(&kernel_id, "failed-to-create", None)
+                        .await?;
+                    let (pool, metrics, agent, kid, sid, t) = (
+                        pool.clone(),
+                        metrics.clone(),
+                        agent_id.clone(),
+                        kernel_id.clone(),
+                        session_id.clone(),
+                        spec.destroy_timeout,
+                    );
                     actix::spawn(async move {
                         let args = vec![kid.into(), sid.into(), "failed-to-create".into()];
-                        let _ = call_agent(&pool, &metrics, &agent, "destroy_kernel", args, t).await;
+                        let _ =
+                            call_agent(&pool, &metrics, &agent, "destroy_kernel", args, t).await;
                     });
                     return Err(ManagerError::AgentUnavailable(e.to_string()));
                 }
             }
-            store.kernel(&kernel_id).await?.ok_or_else(|| ManagerError::Internal("created kernel row vanished".into()))
+            store
+                .kernel(&kernel_id)
+                .await?
+                .ok_or_else(|| ManagerError::Internal("created kernel row vanished".into()))
         })
     }
 }
@@ -337,21 +454,51 @@ pub struct DestroySession(pub String);
 impl Handler<DestroySession> for Scheduler {
     type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
 
-    fn handle(&mut self, DestroySession(id): DestroySession, _: &mut Context<Self>) -> Self::Result {
-        let (store, pool, metrics, timeout) = (self.store.clone(), self.pool.clone(), self.metrics.clone(), self.spec.destroy_timeout);
+    fn handle(
+        &mut self,
+        DestroySession(id): DestroySession,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let (store, pool, metrics, timeout) = (
+            self.store.clone(),
+            self.pool.clone(),
+            self.metrics.clone(),
+            self.spec.destroy_timeout,
+        );
         Box::pin(async move {
-            let k = store.kernel(&id).await?.ok_or_else(|| ManagerError::SessionNotFound(id.clone()))?;
+            let k = store
+                .kernel(&id)
+                .await?
+                .ok_or_else(|| ManagerError::SessionNotFound(id.clone()))?;
             if !k.is_live() {
                 return Ok(k);
             }
-            let args = vec![k.id.clone().into(), k.session_id.clone().into(), "user-requested".into()];
-            match call_agent(&pool, &metrics, &k.agent_id, "destroy_kernel", args, timeout).await {
+            let args = vec![
+                k.id.clone().into(),
+                k.session_id.clone().into(),
+                "user-requested".into(),
+            ];
+            match call_agent(
+                &pool,
+                &metrics,
+                &k.agent_id,
+                "destroy_kernel",
+                args,
+                timeout,
+            )
+            .await
+            {
                 Ok(_) => {}
                 Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => {}
                 Err(e) => return Err(agent_failure(&e)),
             }
-            store.terminate_kernel(&k.id, "user-requested", None).await?;
-            store.kernel(&k.id).await?.ok_or(ManagerError::SessionNotFound(id))
+            store
+                .terminate_kernel(&k.id, "user-requested", None)
+                .await?;
+            store
+                .kernel(&k.id)
+                .await?
+                .ok_or(ManagerError::SessionNotFound(id))
         })
     }
 }
@@ -389,43 +536,98 @@ impl Handler<ExecuteInSession> for Scheduler {
     type Result = ResponseFuture<Result<serde_json::Value, ManagerError>>;
 
     fn handle(&mut self, msg: ExecuteInSession, _: &mut Context<Self>) -> Self::Result {
-        let (store, pool, metrics, default_flush, default_timeout) = (self.store.clone(), self.pool.clone(), self.metrics.clone(), self.spec.flush_timeout, self.spec.execute_timeout);
+        let (store, pool, metrics, default_flush, default_timeout) = (
+            self.store.clone(),
+            self.pool.clone(),
+            self.metrics.clone(),
+            self.spec.flush_timeout,
+            self.spec.execute_timeout,
+        );
         Box::pin(async move {
             let bad = |m: String| Err(ManagerError::InvalidRequest(m));
-            for (name, v) in [("timeout", msg.timeout), ("flush_timeout", msg.flush_timeout)] {
+            for (name, v) in [
+                ("timeout", msg.timeout),
+                ("flush_timeout", msg.flush_timeout),
+            ] {
                 if let Some(t) = v.filter(|t| !(t.is_finite() && *t > 0.0)) {
                     return bad(format!("`{name}`: {t} is not a positive number of seconds"));
                 }
             }
             let mode = msg.mode.clone().unwrap_or_else(|| "query".into());
-            let k = store.kernel(&msg.id).await?.ok_or_else(|| ManagerError::SessionNotFound(msg.id.clone()))?;
+            let k = store
+                .kernel(&msg.id)
+                .await?
+                .ok_or_else(|| ManagerError::SessionNotFound(msg.id.clone()))?;
             let (run_id, code, opts) = match mode.as_str() {
                 "query" => {
-                    let Some(code) = msg.code.clone() else { return bad("`code` is required for mode `query`".into()) };
+                    let Some(code) = msg.code.clone() else {
+                        return bad("`code` is required for mode `query`".into());
+                    };
                     if k.status != "RUNNING" {
                         return Err(ManagerError::SessionNotRunning(msg.id, k.status));
                     }
                     let timeout = msg.timeout.unwrap_or(default_timeout.as_secs_f64());
-                    let opts = vec![("stdin".into(), msg.stdin.into()), ("timeout".into(), Value::F64(timeout))];
-                    (msg.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()), code, opts)
+                    let opts = vec![
+                        ("stdin".into(), msg.stdin.into()),
+                        ("timeout".into(), Value::F64(timeout)),
+                    ];
+                    (
+                        msg.run_id
+                            .clone()
+                            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
+                        code,
+                        opts,
+                    )
                 }
                 "continue" | "input" => {
-                    let Some(run_id) = msg.run_id.clone() else { return bad(format!("`run_id` is required for mode `{mode}`")) };
-                    (run_id, msg.code.clone().unwrap_or_default(), vec![("eof".into(), msg.eof.into())])
+                    let Some(run_id) = msg.run_id.clone() else {
+                        return bad(format!("`run_id` is required for mode `{mode}`"));
+                    };
+                    (
+                        run_id,
+                        msg.code.clone().unwrap_or_default(),
+                        vec![("eof".into(), msg.eof.into())],
+                    )
                 }
-                other => return bad(format!("`mode` `{other}` must be `query`, `continue` or `input`")),
+                other => {
+                    return bad(format!(
+                        "`mode` `{other}` must be `query`, `continue` or `input`"
+                    ))
+                }
             };
-            let flush = msg.flush_timeout.unwrap_or(default_flush.as_secs_f64()).min(MAX_FLUSH_TIMEOUT);
+            let flush = msg
+                .flush_timeout
+                .unwrap_or(default_flush.as_secs_f64())
+                .min(MAX_FLUSH_TIMEOUT);
             // The agent answers within the flush timeout (or sooner); the margin covers a full
             // buffer's transfer and a busy agent.
             let rpc_timeout = Duration::from_secs_f64(flush) + Duration::from_secs(30);
-            let args = vec![k.session_id.clone().into(), k.id.clone().into(), 2.into(), run_id.into(), mode.into(), code.into(), Value::Map(opts), Value::F64(flush)];
-            let out = call_agent(&pool, &metrics, &k.agent_id, "execute", args, rpc_timeout).await.map_err(|e| match e.failure().map(|m| m.name.as_str()) {
-                Some("RunNotFound") => ManagerError::RunNotFound(e.failure().map(|m| m.repr.clone()).unwrap_or_default()),
-                Some("RunHasNoStdin") => ManagerError::RunHasNoStdin(e.failure().map(|m| m.repr.clone()).unwrap_or_default()),
-                Some("RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode") => ManagerError::InvalidRequest(e.failure().map(|m| m.repr.clone()).unwrap_or_default()),
-                _ => agent_failure(&e),
-            })?;
+            let args = vec![
+                k.session_id.clone().into(),
+                k.id.clone().into(),
+                2.into(),
+                run_id.into(),
+                mode.into(),
+                code.into(),
+                Value::Map(opts),
+                Value::F64(flush),
+            ];
+            let out = call_agent(&pool, &metrics, &k.agent_id, "execute", args, rpc_timeout)
+                .await
+                .map_err(|e| match e.failure().map(|m| m.name.as_str()) {
+                    Some("RunNotFound") => ManagerError::RunNotFound(
+                        e.failure().map(|m| m.repr.clone()).unwrap_or_default(),
+                    ),
+                    Some("RunHasNoStdin") => ManagerError::RunHasNoStdin(
+                        e.failure().map(|m| m.repr.clone()).unwrap_or_default(),
+                    ),
+                    Some("RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode") => {
+                        ManagerError::InvalidRequest(
+                            e.failure().map(|m| m.repr.clone()).unwrap_or_default(),
+                        )
+                    }
+                    _ => agent_failure(&e),
+                })?;
             let out = to_json(&out);
             Ok(serde_json::json!({
                 "runId": out.get("runId").cloned().unwrap_or(serde_json::Value::Null),
@@ -483,14 +685,20 @@ impl Handler<ReadLogs> for Scheduler {
                 Some(meta) if meta.name == "LogsNotFound" => ManagerError::LogsNotFound(format!("no logs kept for session `{}` (never started, or past the agent's log-retention)", m.kernel.session_id)),
                 _ => agent_failure(&e),
             })?;
-            let map = v.as_map().ok_or_else(|| ManagerError::AgentError("get_logs answered no map".into()))?;
+            let map = v
+                .as_map()
+                .ok_or_else(|| ManagerError::AgentError("get_logs answered no map".into()))?;
             let get = |k: &str| crate::rpc::codec::map_get(map, k);
             let data = match (get("data"), get("logs")) {
                 (Some(Value::Binary(b)), _) => b.clone(),
                 (_, Some(Value::String(s))) => s.as_bytes().to_vec(),
                 _ => Vec::new(),
             };
-            Ok(LogsChunk { data, next: get("next").and_then(Value::as_u64).unwrap_or(0), active: get("active").and_then(Value::as_bool).unwrap_or(false) })
+            Ok(LogsChunk {
+                data,
+                next: get("next").and_then(Value::as_u64).unwrap_or(0),
+                active: get("active").and_then(Value::as_bool).unwrap_or(false),
+            })
         })
     }
 }
@@ -500,7 +708,18 @@ mod tests {
     use super::*;
 
     fn agent(id: &str, cpu: i64, mem: i64) -> AgentRow {
-        AgentRow { id: id.into(), status: "ALIVE".into(), addr: None, public_key: None, region: None, version: None, cpu_millis: cpu, mem_bytes: mem, cuda_devices: 0, last_heartbeat: None }
+        AgentRow {
+            id: id.into(),
+            status: "ALIVE".into(),
+            addr: None,
+            public_key: None,
+            region: None,
+            version: None,
+            cpu_millis: cpu,
+            mem_bytes: mem,
+            cuda_devices: 0,
+            last_heartbeat: None,
+        }
     }
 
     fn slots(json: serde_json::Value) -> Result<Slots, ManagerError> {
@@ -509,12 +728,36 @@ mod tests {
 
     #[test]
     fn slot_parsing() {
-        assert_eq!(slots(serde_json::json!({"cpu": 1.5, "mem": "256m"})).unwrap(), Slots { cpu_millis: 1500, mem_bytes: 256 << 20, cuda_devices: 0 });
-        assert_eq!(slots(serde_json::json!({"cpu": "2", "mem": 1024})).unwrap().mem_bytes, 1024);
-        assert!(slots(serde_json::json!({"cpu": 0, "mem": "1g"})).unwrap_err().to_string().contains("cpu"));
-        assert!(slots(serde_json::json!({"cpu": 0.0001, "mem": "1g"})).unwrap_err().to_string().contains("decimals"));
-        assert!(slots(serde_json::json!({"cpu": 1, "mem": "lots"})).unwrap_err().to_string().contains("mem"));
-        assert!(slots(serde_json::json!({"cpu": 1, "mem": "1g", "tpu": 1})).unwrap_err().to_string().contains("tpu"));
+        assert_eq!(
+            slots(serde_json::json!({"cpu": 1.5, "mem": "256m"})).unwrap(),
+            Slots {
+                cpu_millis: 1500,
+                mem_bytes: 256 << 20,
+                cuda_devices: 0
+            }
+        );
+        assert_eq!(
+            slots(serde_json::json!({"cpu": "2", "mem": 1024}))
+                .unwrap()
+                .mem_bytes,
+            1024
+        );
+        assert!(slots(serde_json::json!({"cpu": 0, "mem": "1g"}))
+            .unwrap_err()
+            .to_string()
+            .contains("cpu"));
+        assert!(slots(serde_json::json!({"cpu": 0.0001, "mem": "1g"}))
+            .unwrap_err()
+            .to_string()
+            .contains("decimals"));
+        assert!(slots(serde_json::json!({"cpu": 1, "mem": "lots"}))
+            .unwrap_err()
+            .to_string()
+            .contains("mem"));
+        assert!(slots(serde_json::json!({"cpu": 1, "mem": "1g", "tpu": 1}))
+            .unwrap_err()
+            .to_string()
+            .contains("tpu"));
         assert!(slots(serde_json::json!({"cpu": 1})).is_err());
     }
 
@@ -522,17 +765,63 @@ mod tests {
     fn placement_least_loaded_and_errors() {
         let gib = 1i64 << 30;
         let agents = vec![agent("a", 4000, 8 * gib), agent("b", 4000, 8 * gib)];
-        let req = Slots { cpu_millis: 1000, mem_bytes: gib, cuda_devices: 0 };
+        let req = Slots {
+            cpu_millis: 1000,
+            mem_bytes: gib,
+            cuda_devices: 0,
+        };
         let mut usage = std::collections::HashMap::new();
-        usage.insert("a".to_string(), Usage { cpu_millis: 2000, mem_bytes: gib, cuda_devices: 0, kernels: 2 });
+        usage.insert(
+            "a".to_string(),
+            Usage {
+                cpu_millis: 2000,
+                mem_bytes: gib,
+                cuda_devices: 0,
+                kernels: 2,
+            },
+        );
         assert_eq!(place(&agents, &usage, req).unwrap(), "b");
-        usage.insert("b".to_string(), Usage { cpu_millis: 3000, mem_bytes: gib, cuda_devices: 0, kernels: 1 });
+        usage.insert(
+            "b".to_string(),
+            Usage {
+                cpu_millis: 3000,
+                mem_bytes: gib,
+                cuda_devices: 0,
+                kernels: 1,
+            },
+        );
         assert_eq!(place(&agents, &usage, req).unwrap(), "a");
-        usage.insert("a".to_string(), Usage { cpu_millis: 4000, mem_bytes: gib, cuda_devices: 0, kernels: 4 });
-        usage.insert("b".to_string(), Usage { cpu_millis: 3500, mem_bytes: gib, cuda_devices: 0, kernels: 1 });
-        assert_eq!(place(&agents, &usage, req).unwrap_err().code(), "no-capacity");
-        let huge = Slots { cpu_millis: 64000, mem_bytes: gib, cuda_devices: 0 };
-        assert_eq!(place(&agents, &usage, huge).unwrap_err().code(), "slots-exceed-capacity");
+        usage.insert(
+            "a".to_string(),
+            Usage {
+                cpu_millis: 4000,
+                mem_bytes: gib,
+                cuda_devices: 0,
+                kernels: 4,
+            },
+        );
+        usage.insert(
+            "b".to_string(),
+            Usage {
+                cpu_millis: 3500,
+                mem_bytes: gib,
+                cuda_devices: 0,
+                kernels: 1,
+            },
+        );
+        assert_eq!(
+            place(&agents, &usage, req).unwrap_err().code(),
+            "no-capacity"
+        );
+        let huge = Slots {
+            cpu_millis: 64000,
+            mem_bytes: gib,
+            cuda_devices: 0,
+        };
+        assert_eq!(
+            place(&agents, &usage, huge).unwrap_err().code(),
+            "slots-exceed-capacity"
+        );
         assert_eq!(place(&[], &usage, req).unwrap_err().code(), "no-agents");
     }
 }

@@ -199,7 +199,9 @@ pub fn from_msgpack(bytes: &[u8]) -> Result<Value, String> {
 /// The value under string key `key` of a msgpack map (callosum's maps and the event and
 /// heartbeat maps of `docs/events.md`); `None` when absent.
 pub fn map_get<'v>(map: &'v [(Value, Value)], key: &str) -> Option<&'v Value> {
-    map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
+    map.iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, v)| v)
 }
 
 /// Decodes the header frame.
@@ -215,14 +217,17 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, CodecError> {
     let raw_type = map_get(&map, "type")
         .and_then(Value::as_u64)
         .ok_or_else(|| err("`type` missing or not an int".into()))?;
-    let msg_type = MsgType::from_wire(raw_type).ok_or_else(|| err(format!("unknown type {raw_type}")))?;
+    let msg_type =
+        MsgType::from_wire(raw_type).ok_or_else(|| err(format!("unknown type {raw_type}")))?;
     let method = map_get(&map, "meth")
         .and_then(Value::as_str)
         .ok_or_else(|| err("`meth` missing or not a str".into()))?
         .to_owned();
     let okey = match map_get(&map, "okey") {
         Some(Value::String(s)) => OrderKey::Str(
-            s.as_str().ok_or_else(|| err("`okey` is not valid UTF-8".into()))?.to_owned(),
+            s.as_str()
+                .ok_or_else(|| err("`okey` is not valid UTF-8".into()))?
+                .to_owned(),
         ),
         Some(Value::Binary(b)) => OrderKey::Bin(b.clone()),
         // callosum's Python side may send `okey = None` when a caller passes it explicitly.
@@ -238,7 +243,13 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, CodecError> {
         Some(Value::Boolean(b)) => *b,
         Some(other) => return Err(err(format!("`zip` is not a bool: {other}"))),
     };
-    Ok(Header { msg_type, method, okey, seq, zip })
+    Ok(Header {
+        msg_type,
+        method,
+        okey,
+        seq,
+        zip,
+    })
 }
 
 /// Encodes the header frame with callosum's key order.
@@ -267,7 +278,9 @@ pub fn decode_body(header: &Header, bytes: &[u8]) -> Result<Message, CodecError>
     let bytes = if header.zip {
         let len = snap::raw::decompress_len(bytes).map_err(|e| err(format!("snappy: {e}")))?;
         if len > MAX_BODY_BYTES {
-            return Err(err(format!("decompressed body of {len} bytes exceeds {MAX_BODY_BYTES}")));
+            return Err(err(format!(
+                "decompressed body of {len} bytes exceeds {MAX_BODY_BYTES}"
+            )));
         }
         decompressed = snap::raw::Decoder::new()
             .decompress_vec(bytes)
@@ -297,15 +310,27 @@ pub fn decode_body(header: &Header, bytes: &[u8]) -> Result<Message, CodecError>
         Some(Value::Binary(_)) | Some(Value::Nil) | None => None,
         Some(other) => return Err(err(format!("`body` is not bin or nil: {other}"))),
     };
-    Ok(Message { header: header.clone(), error, payload })
+    Ok(Message {
+        header: header.clone(),
+        error,
+        payload,
+    })
 }
 
 fn decode_error_meta(meta: &[u8]) -> Result<ErrorMeta, String> {
     let value = read_value(meta)?;
     match value {
         Value::Array(items) if items.len() == 3 => {
-            let s = |v: &Value| v.as_str().map(str::to_owned).ok_or("error metadata is not 3 strings");
-            Ok(ErrorMeta { name: s(&items[0])?, repr: s(&items[1])?, traceback: s(&items[2])? })
+            let s = |v: &Value| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or("error metadata is not 3 strings")
+            };
+            Ok(ErrorMeta {
+                name: s(&items[0])?,
+                repr: s(&items[1])?,
+                traceback: s(&items[2])?,
+            })
         }
         _ => Err("error metadata is not [name, repr, traceback]".into()),
     }
@@ -347,14 +372,37 @@ pub fn encode_message(msg: &Message) -> (Vec<u8>, Vec<u8>) {
 impl Message {
     /// A FUNCTION call of `method` carrying an already-encoded payload.
     pub fn function(method: &str, okey: OrderKey, seq: u32, payload: Vec<u8>) -> Self {
-        let header = Header { msg_type: MsgType::Function, method: method.to_owned(), okey, seq, zip: false };
-        Message { header, error: None, payload: Some(payload) }
+        let header = Header {
+            msg_type: MsgType::Function,
+            method: method.to_owned(),
+            okey,
+            seq,
+            zip: false,
+        };
+        Message {
+            header,
+            error: None,
+            payload: Some(payload),
+        }
     }
 
     /// A reply to `request` of type `msg_type` (same `meth`, `okey` and `seq`).
-    fn reply(request: &Header, msg_type: MsgType, error: Option<ErrorMeta>, payload: Option<Vec<u8>>) -> Self {
-        let header = Header { msg_type, zip: false, ..request.clone() };
-        Message { header, error, payload }
+    fn reply(
+        request: &Header,
+        msg_type: MsgType,
+        error: Option<ErrorMeta>,
+        payload: Option<Vec<u8>>,
+    ) -> Self {
+        let header = Header {
+            msg_type,
+            zip: false,
+            ..request.clone()
+        };
+        Message {
+            header,
+            error,
+            payload,
+        }
     }
 
     /// RESULT for `request` with an encoded payload.
@@ -414,14 +462,20 @@ impl Call {
             Some(Value::Map(m)) => m
                 .iter()
                 .map(|(k, v)| {
-                    k.as_str().map(|k| (k.to_owned(), v.clone())).ok_or_else(|| format!("kwarg key {k} is not a str"))
+                    k.as_str()
+                        .map(|k| (k.to_owned(), v.clone()))
+                        .ok_or_else(|| format!("kwarg key {k} is not a str"))
                 })
                 .collect::<Result<Vec<_>, _>>()?,
             Some(Value::Nil) | None => Vec::new(),
             Some(other) => return Err(format!("`kwargs` is not a map: {other}")),
         };
         let mut call = Call { args, kwargs };
-        for v in call.args.iter_mut().chain(call.kwargs.iter_mut().map(|(_, v)| v)) {
+        for v in call
+            .args
+            .iter_mut()
+            .chain(call.kwargs.iter_mut().map(|(_, v)| v))
+        {
             normalize_ext(v)?;
         }
         Ok(call)
@@ -429,7 +483,11 @@ impl Call {
 
     /// Encodes a FUNCTION payload.
     pub fn encode(&self) -> Vec<u8> {
-        let kwargs = self.kwargs.iter().map(|(k, v)| (Value::from(k.as_str()), v.clone())).collect();
+        let kwargs = self
+            .kwargs
+            .iter()
+            .map(|(k, v)| (Value::from(k.as_str()), v.clone()))
+            .collect();
         to_msgpack(&Value::Map(vec![
             (Value::from("args"), Value::Array(self.args.clone())),
             (Value::from("kwargs"), Value::Map(kwargs)),
@@ -458,7 +516,14 @@ fn normalize_ext(v: &mut Value) -> Result<(), String> {
         Value::Ext(EXT_UUID, bytes) if bytes.len() == 16 => {
             let b = &bytes[..];
             let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            let s = format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32]);
+            let s = format!(
+                "{}-{}-{}-{}-{}",
+                &hex[0..8],
+                &hex[8..12],
+                &hex[12..16],
+                &hex[16..20],
+                &hex[20..32]
+            );
             *v = Value::from(s);
             Ok(())
         }
@@ -478,17 +543,30 @@ mod tests {
     use proptest::prelude::*;
 
     fn header(t: MsgType, okey: OrderKey) -> Header {
-        Header { msg_type: t, method: "ping".into(), okey, seq: 7, zip: false }
+        Header {
+            msg_type: t,
+            method: "ping".into(),
+            okey,
+            seq: 7,
+            zip: false,
+        }
     }
 
     #[test]
     fn header_roundtrip_keeps_okey_type() {
-        for okey in [OrderKey::Bin(vec![]), OrderKey::Str(String::new()), OrderKey::Str("k".into())] {
+        for okey in [
+            OrderKey::Bin(vec![]),
+            OrderKey::Str(String::new()),
+            OrderKey::Str("k".into()),
+        ] {
             let h = header(MsgType::Function, okey.clone());
             let back = decode_header(&encode_header(&h)).unwrap();
             assert_eq!(back, h);
             let reply = Message::result(&back, to_msgpack(&Value::Nil));
-            assert_eq!(reply.header.okey, okey, "reply must echo okey with its msgpack type");
+            assert_eq!(
+                reply.header.okey, okey,
+                "reply must echo okey with its msgpack type"
+            );
         }
     }
 
@@ -497,13 +575,26 @@ mod tests {
         // msgpack.packb({"type": 1, "meth": "ping", "okey": b"", "seq": 0, "zip": False}, use_bin_type=True)
         let py = b"\x85\xa4type\x01\xa4meth\xa4ping\xa4okey\xc4\x00\xa3seq\x00\xa3zip\xc2";
         let h = decode_header(py).unwrap();
-        assert_eq!(h, Header { msg_type: MsgType::Function, method: "ping".into(), okey: OrderKey::Bin(vec![]), seq: 0, zip: false });
+        assert_eq!(
+            h,
+            Header {
+                msg_type: MsgType::Function,
+                method: "ping".into(),
+                okey: OrderKey::Bin(vec![]),
+                seq: 0,
+                zip: false
+            }
+        );
         assert_eq!(encode_header(&h), py.to_vec());
     }
 
     #[test]
     fn all_seven_types_roundtrip() {
-        let err = ErrorMeta { name: "KeyError".into(), repr: "KeyError('x')".into(), traceback: "tb".into() };
+        let err = ErrorMeta {
+            name: "KeyError".into(),
+            repr: "KeyError('x')".into(),
+            traceback: "tb".into(),
+        };
         for t in 0..=6u64 {
             let t = MsgType::from_wire(t).unwrap();
             let h = header(t, OrderKey::default());
@@ -523,15 +614,25 @@ mod tests {
         let h = header(MsgType::Result, OrderKey::default());
         let body = encode_body(&Message::result(&h, vec![0xc0]));
         // {"meta": b"\x90", "body": b"\xc0"}
-        assert_eq!(body, b"\x82\xa4meta\xc4\x01\x90\xa4body\xc4\x01\xc0".to_vec());
+        assert_eq!(
+            body,
+            b"\x82\xa4meta\xc4\x01\x90\xa4body\xc4\x01\xc0".to_vec()
+        );
         let f = Message::function("ping", OrderKey::default(), 0, vec![0x80]);
-        assert_eq!(encode_body(&f), b"\x82\xa4meta\xc4\x00\xa4body\xc4\x01\x80".to_vec());
+        assert_eq!(
+            encode_body(&f),
+            b"\x82\xa4meta\xc4\x00\xa4body\xc4\x01\x80".to_vec()
+        );
     }
 
     #[test]
     fn failure_meta_is_three_strings() {
         let h = header(MsgType::Function, OrderKey::default());
-        let e = ErrorMeta { name: "KernelNotFound".into(), repr: "no such kernel".into(), traceback: String::new() };
+        let e = ErrorMeta {
+            name: "KernelNotFound".into(),
+            repr: "no such kernel".into(),
+            traceback: String::new(),
+        };
         let (hb, bb) = encode_message(&Message::failure(&h, e.clone()));
         let m = decode_message(&hb, &bb).unwrap();
         assert_eq!(m.header.msg_type, MsgType::Failure);
@@ -542,18 +643,35 @@ mod tests {
     #[test]
     fn zipped_body_is_accepted() {
         let mut h = header(MsgType::Function, OrderKey::default());
-        let plain = encode_body(&Message::function("ping", OrderKey::default(), 7, Call::default().encode()));
+        let plain = encode_body(&Message::function(
+            "ping",
+            OrderKey::default(),
+            7,
+            Call::default().encode(),
+        ));
         let zipped = snap::raw::Encoder::new().compress_vec(&plain).unwrap();
         h.zip = true;
         let m = decode_body(&h, &zipped).unwrap();
-        assert_eq!(Call::decode(m.payload.as_deref().unwrap()).unwrap(), Call::default());
-        assert!(matches!(decode_body(&h, b"garbage"), Err(CodecError::Body(_))));
+        assert_eq!(
+            Call::decode(m.payload.as_deref().unwrap()).unwrap(),
+            Call::default()
+        );
+        assert!(matches!(
+            decode_body(&h, b"garbage"),
+            Err(CodecError::Body(_))
+        ));
     }
 
     #[test]
     fn classify_frames() {
-        assert_eq!(classify(&[b"PING", b"", b""]).unwrap(), Frames::Ping(b"", b""));
-        assert_eq!(classify(&[b"UPPER", b"h", b"b"]).unwrap(), Frames::Upper(b"h", b"b"));
+        assert_eq!(
+            classify(&[b"PING", b"", b""]).unwrap(),
+            Frames::Ping(b"", b"")
+        );
+        assert_eq!(
+            classify(&[b"UPPER", b"h", b"b"]).unwrap(),
+            Frames::Upper(b"h", b"b")
+        );
         assert!(classify(&[b"UPPER", b"h"]).is_err());
         assert!(classify(&[b"JUNK", b"h", b"b"]).is_err());
         assert!(classify(&[]).is_err());
@@ -564,14 +682,29 @@ mod tests {
         let mut uuid = vec![0u8; 16];
         uuid[15] = 1;
         let payload = to_msgpack(&Value::Map(vec![
-            (Value::from("args"), Value::Array(vec![Value::Ext(EXT_UUID, uuid), Value::from(3)])),
-            (Value::from("kwargs"), Value::Map(vec![(Value::from("agent_id"), Value::from("a1"))])),
+            (
+                Value::from("args"),
+                Value::Array(vec![Value::Ext(EXT_UUID, uuid), Value::from(3)]),
+            ),
+            (
+                Value::from("kwargs"),
+                Value::Map(vec![(Value::from("agent_id"), Value::from("a1"))]),
+            ),
         ]));
         let mut call = Call::decode(&payload).unwrap();
-        assert_eq!(call.args[0].as_str(), Some("00000000-0000-0000-0000-000000000001"));
+        assert_eq!(
+            call.args[0].as_str(),
+            Some("00000000-0000-0000-0000-000000000001")
+        );
         assert_eq!(call.take_kwarg("agent_id").unwrap().as_str(), Some("a1"));
-        let pickled = to_msgpack(&Value::Map(vec![(Value::from("args"), Value::Array(vec![Value::Ext(42, vec![1])]))]));
-        assert_eq!(Call::decode(&pickled).unwrap_err(), "unsupported msgpack extension type 42");
+        let pickled = to_msgpack(&Value::Map(vec![(
+            Value::from("args"),
+            Value::Array(vec![Value::Ext(42, vec![1])]),
+        )]));
+        assert_eq!(
+            Call::decode(&pickled).unwrap_err(),
+            "unsupported msgpack extension type 42"
+        );
     }
 
     #[test]
@@ -584,7 +717,10 @@ mod tests {
             (Value::from("okey"), Value::from("")),
             (Value::from("seq"), Value::from(0)),
         ]));
-        assert_eq!(decode_header(&bad_type).unwrap_err(), CodecError::Header("unknown type 9".into()));
+        assert_eq!(
+            decode_header(&bad_type).unwrap_err(),
+            CodecError::Header("unknown type 9".into())
+        );
     }
 
     proptest! {

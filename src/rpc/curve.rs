@@ -19,8 +19,9 @@ impl CurveKey {
     /// Errors: wrong length or a character outside Z85's alphabet.
     pub fn from_z85(s: &str) -> Result<Self, KeyError> {
         let raw = zmq::z85_decode(s).map_err(|e| KeyError::Invalid(format!("not Z85: {e:?}")))?;
-        let bytes: [u8; 32] =
-            raw.try_into().map_err(|v: Vec<u8>| KeyError::Invalid(format!("{} bytes, expected 32", v.len())))?;
+        let bytes: [u8; 32] = raw
+            .try_into()
+            .map_err(|v: Vec<u8>| KeyError::Invalid(format!("{} bytes, expected 32", v.len())))?;
         Ok(CurveKey(bytes))
     }
 
@@ -47,7 +48,10 @@ pub struct KeyPair {
 
 impl fmt::Debug for KeyPair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyPair").field("public", &self.public).field("secret", &"<redacted>").finish()
+        f.debug_struct("KeyPair")
+            .field("public", &self.public)
+            .field("secret", &"<redacted>")
+            .finish()
     }
 }
 
@@ -56,8 +60,12 @@ impl KeyPair {
     ///
     /// Errors: libzmq built without CURVE (`ENOTSUP`).
     pub fn generate() -> Result<Self, KeyError> {
-        let pair = zmq::CurveKeyPair::new().map_err(|e| KeyError::Invalid(format!("libzmq cannot make CURVE keys: {e}")))?;
-        Ok(KeyPair { public: CurveKey(pair.public_key), secret: CurveKey(pair.secret_key) })
+        let pair = zmq::CurveKeyPair::new()
+            .map_err(|e| KeyError::Invalid(format!("libzmq cannot make CURVE keys: {e}")))?;
+        Ok(KeyPair {
+            public: CurveKey(pair.public_key),
+            secret: CurveKey(pair.secret_key),
+        })
     }
 }
 
@@ -97,14 +105,19 @@ pub struct Certificate {
 /// Reads a `zmq.auth` certificate file, as `zmq.auth.load_certificate` does: `public-key` and
 /// `secret-key` lines anywhere, values quoted or bare.
 pub fn load_certificate(path: &Path) -> Result<Certificate, KeyError> {
-    let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io { path: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io {
+        path: path.into(),
+        source,
+    })?;
     let mut public = None;
     let mut secret = None;
     for line in text.lines().map(str::trim) {
         if line.starts_with('#') {
             continue;
         }
-        let Some((key, value)) = line.split_once('=') else { continue };
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
         let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
         match key.trim() {
             "public-key" => public = Some(CurveKey::from_z85(value)?),
@@ -112,7 +125,10 @@ pub fn load_certificate(path: &Path) -> Result<Certificate, KeyError> {
             _ => {}
         }
     }
-    let public = public.ok_or(KeyError::Missing { path: path.into(), field: "public-key" })?;
+    let public = public.ok_or(KeyError::Missing {
+        path: path.into(),
+        field: "public-key",
+    })?;
     Ok(Certificate { public, secret })
 }
 
@@ -121,12 +137,21 @@ pub fn load_certificate(path: &Path) -> Result<Certificate, KeyError> {
 /// Errors: as [`load_certificate`], or no `secret-key` in the file.
 pub fn load_keypair(path: &Path) -> Result<KeyPair, KeyError> {
     let cert = load_certificate(path)?;
-    let secret = cert.secret.ok_or(KeyError::Missing { path: path.into(), field: "secret-key" })?;
-    Ok(KeyPair { public: cert.public, secret })
+    let secret = cert.secret.ok_or(KeyError::Missing {
+        path: path.into(),
+        field: "secret-key",
+    })?;
+    Ok(KeyPair {
+        public: cert.public,
+        secret,
+    })
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> KeyError + '_ {
-    move |source| KeyError::Io { path: path.into(), source }
+    move |source| KeyError::Io {
+        path: path.into(),
+        source,
+    }
 }
 
 fn certificate_text(pair: &KeyPair, with_secret: bool) -> String {
@@ -147,9 +172,13 @@ fn certificate_text(pair: &KeyPair, with_secret: bool) -> String {
 
 /// Writes `dir/name.key` (public) and `dir/name.key_secret` (mode 0600), creating `dir`.
 /// Returns both paths.
-pub fn write_certificates(dir: &Path, name: &str, pair: &KeyPair) -> Result<(PathBuf, PathBuf), KeyError> {
-    use std::os::unix::fs::OpenOptionsExt;
+pub fn write_certificates(
+    dir: &Path,
+    name: &str,
+    pair: &KeyPair,
+) -> Result<(PathBuf, PathBuf), KeyError> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
     let public = dir.join(format!("{name}.key"));
     let secret = dir.join(format!("{name}.key_secret"));
@@ -161,7 +190,8 @@ pub fn write_certificates(dir: &Path, name: &str, pair: &KeyPair) -> Result<(Pat
         .mode(0o600)
         .open(&secret)
         .map_err(io_error(&secret))?;
-    f.write_all(certificate_text(pair, true).as_bytes()).map_err(io_error(&secret))?;
+    f.write_all(certificate_text(pair, true).as_bytes())
+        .map_err(io_error(&secret))?;
     Ok((public, secret))
 }
 
@@ -178,9 +208,18 @@ mod tests {
         assert_eq!(cert.public, pair.public);
         assert!(cert.secret.is_none());
         assert_eq!(load_keypair(&secret).unwrap(), pair);
-        assert!(matches!(load_keypair(&public), Err(KeyError::Missing { field: "secret-key", .. })));
+        assert!(matches!(
+            load_keypair(&public),
+            Err(KeyError::Missing {
+                field: "secret-key",
+                ..
+            })
+        ));
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     #[test]
@@ -189,10 +228,19 @@ mod tests {
         let p = dir.path().join("m.key");
         // Exactly as pyzmq writes it (the key is libzmq's documented test vector).
         std::fs::write(&p, "#   ****  Generated on 2024-01-01 by pyzmq  ****\n\nmetadata\ncurve\n    public-key = \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n").unwrap();
-        assert_eq!(load_certificate(&p).unwrap().public.to_z85(), "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+        assert_eq!(
+            load_certificate(&p).unwrap().public.to_z85(),
+            "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+        );
         std::fs::write(&p, "curve\n    public-key = \"short\"\n").unwrap();
         assert!(matches!(load_certificate(&p), Err(KeyError::Invalid(_))));
         std::fs::write(&p, "curve\n").unwrap();
-        assert!(matches!(load_certificate(&p), Err(KeyError::Missing { field: "public-key", .. })));
+        assert!(matches!(
+            load_certificate(&p),
+            Err(KeyError::Missing {
+                field: "public-key",
+                ..
+            })
+        ));
     }
 }

@@ -26,7 +26,11 @@ impl ErrorMeta {
     /// A user-level error with a stable `name` (the Python exception type upstream) and a
     /// description; no traceback.
     pub fn new(name: impl Into<String>, repr: impl Into<String>) -> Self {
-        ErrorMeta { name: name.into(), repr: repr.into(), traceback: String::new() }
+        ErrorMeta {
+            name: name.into(),
+            repr: repr.into(),
+            traceback: String::new(),
+        }
     }
 }
 
@@ -54,7 +58,8 @@ impl Drop for Observed {
             None if std::thread::panicking() => Some("HandlerPanicked"),
             None => Some("CancelledError"),
         };
-        self.observer.observe(&self.method, self.started.elapsed(), failure);
+        self.observer
+            .observe(&self.method, self.started.elapsed(), failure);
     }
 }
 
@@ -70,7 +75,11 @@ impl Dispatcher {
     /// An empty table. With `agent_id`, calls whose `agent_id` kwarg names another agent fail
     /// with `AgentIdMismatch` (Backend.AI passes it to most methods; ours is accepted and dropped).
     pub fn new(agent_id: Option<String>) -> Self {
-        Dispatcher { methods: HashMap::new(), agent_id, observer: None }
+        Dispatcher {
+            methods: HashMap::new(),
+            agent_id,
+            observer: None,
+        }
     }
 
     /// Reports every request to `observer` from now on.
@@ -85,7 +94,10 @@ impl Dispatcher {
         F: Fn(Call) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = HandlerResult> + 'static,
     {
-        self.methods.insert(method.to_owned(), Arc::new(move |call| handler(call).boxed_local()));
+        self.methods.insert(
+            method.to_owned(),
+            Arc::new(move |call| handler(call).boxed_local()),
+        );
         self
     }
 
@@ -93,7 +105,11 @@ impl Dispatcher {
     ///
     /// Panics if `target` is not registered: a wiring mistake caught at start-up.
     pub fn alias(&mut self, alias: &str, target: &str) -> &mut Self {
-        let h = self.methods.get(target).unwrap_or_else(|| panic!("alias {alias} → unknown method {target}")).clone();
+        let h = self
+            .methods
+            .get(target)
+            .unwrap_or_else(|| panic!("alias {alias} → unknown method {target}"))
+            .clone();
         self.methods.insert(alias.to_owned(), h);
         self
     }
@@ -111,12 +127,19 @@ impl Dispatcher {
     /// Errors (sent as FAILURE): `UnknownMethod` naming the method; `AgentIdMismatch`.
     pub fn resolve(&self, method: &str, call: Call) -> Result<(Handler, Call), ErrorMeta> {
         let resolved = self.lookup(method, call);
-        let Some(observer) = &self.observer else { return resolved };
+        let Some(observer) = &self.observer else {
+            return resolved;
+        };
         match resolved {
             Ok((handler, call)) => {
                 let (observer, method): (_, Arc<str>) = (observer.clone(), method.into());
                 let observed: Handler = Arc::new(move |call| {
-                    let mut guard = Observed { observer: observer.clone(), method: method.clone(), started: Instant::now(), outcome: None };
+                    let mut guard = Observed {
+                        observer: observer.clone(),
+                        method: method.clone(),
+                        started: Instant::now(),
+                        outcome: None,
+                    };
                     let work = handler(call);
                     async move {
                         let result = work.await;
@@ -130,7 +153,11 @@ impl Dispatcher {
             }
             Err(failure) => {
                 // Unknown names are not used as labels: a caller could mint unbounded series.
-                let label = if self.methods.contains_key(method) { method } else { "(unknown)" };
+                let label = if self.methods.contains_key(method) {
+                    method
+                } else {
+                    "(unknown)"
+                };
                 observer.observe(label, Duration::ZERO, Some(&failure.name));
                 Err(failure)
             }
@@ -138,10 +165,9 @@ impl Dispatcher {
     }
 
     fn lookup(&self, method: &str, mut call: Call) -> Result<(Handler, Call), ErrorMeta> {
-        let handler = self
-            .methods
-            .get(method)
-            .ok_or_else(|| ErrorMeta::new("UnknownMethod", format!("unknown RPC method '{method}'")))?;
+        let handler = self.methods.get(method).ok_or_else(|| {
+            ErrorMeta::new("UnknownMethod", format!("unknown RPC method '{method}'"))
+        })?;
         if let Some(v) = call.take_kwarg("agent_id") {
             if let (Some(ours), Some(theirs)) = (&self.agent_id, v.as_str()) {
                 if ours != theirs {
@@ -163,14 +189,30 @@ mod tests {
     #[test]
     fn resolves_methods_aliases_and_agent_id() {
         let mut d = Dispatcher::new(Some("a1".into()));
-        d.register("reset_agent", |_| async { Ok(Value::Nil) }).alias("reset_instance", "reset_agent");
+        d.register("reset_agent", |_| async { Ok(Value::Nil) })
+            .alias("reset_instance", "reset_agent");
         assert_eq!(d.methods(), vec!["reset_agent", "reset_instance"]);
         let err = d.resolve("nope", Call::default()).err().unwrap();
-        assert_eq!((err.name.as_str(), err.repr.as_str()), ("UnknownMethod", "unknown RPC method 'nope'"));
-        let mine = Call { args: vec![], kwargs: vec![("agent_id".into(), Value::from("a1"))] };
+        assert_eq!(
+            (err.name.as_str(), err.repr.as_str()),
+            ("UnknownMethod", "unknown RPC method 'nope'")
+        );
+        let mine = Call {
+            args: vec![],
+            kwargs: vec![("agent_id".into(), Value::from("a1"))],
+        };
         let (_, call) = d.resolve("reset_instance", mine).unwrap();
-        assert!(call.kwargs.is_empty(), "our agent_id kwarg is dropped before the handler");
-        let theirs = Call { args: vec![], kwargs: vec![("agent_id".into(), Value::from("a2"))] };
-        assert_eq!(d.resolve("reset_agent", theirs).err().unwrap().name, "AgentIdMismatch");
+        assert!(
+            call.kwargs.is_empty(),
+            "our agent_id kwarg is dropped before the handler"
+        );
+        let theirs = Call {
+            args: vec![],
+            kwargs: vec![("agent_id".into(), Value::from("a2"))],
+        };
+        assert_eq!(
+            d.resolve("reset_agent", theirs).err().unwrap().name,
+            "AgentIdMismatch"
+        );
     }
 }

@@ -85,7 +85,12 @@ pub enum ConnectError {
 
 enum Command {
     /// Send a FUNCTION; route the reply matching `(method, seq)` to `reply`.
-    Send { frames: Vec<Vec<u8>>, method: String, seq: u32, reply: oneshot::Sender<Message> },
+    Send {
+        frames: Vec<Vec<u8>>,
+        method: String,
+        seq: u32,
+        reply: oneshot::Sender<Message>,
+    },
     /// The caller gave up on `seq`: forget it and send these CANCEL frames.
     Cancel { seq: u32, frames: Vec<Vec<u8>> },
     /// Send a PING; resolve `reply` on the PONG.
@@ -105,7 +110,9 @@ pub struct Peer {
 
 impl std::fmt::Debug for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Peer").field("endpoint", &self.endpoint).finish()
+        f.debug_struct("Peer")
+            .field("endpoint", &self.endpoint)
+            .finish()
     }
 }
 
@@ -113,13 +120,27 @@ impl Peer {
     /// Connects a DEALER and performs callosum's handshake (PING → PONG). Must run inside an
     /// actix/tokio `LocalSet` runtime: the I/O task is spawned locally.
     pub async fn connect(ctx: &zmq::Context, opts: &PeerOptions) -> Result<Peer, ConnectError> {
-        let sock = socket::dealer(ctx, &opts.endpoint, opts.curve.as_ref(), opts.keepalive, None)
-            .map_err(|e| ConnectError::Socket(format!("{}: {e}", opts.endpoint)))?;
-        let dealer = tmq::dealer::Dealer::from_zmq_socket(sock).map_err(|e| ConnectError::Socket(e.to_string()))?;
+        let sock = socket::dealer(
+            ctx,
+            &opts.endpoint,
+            opts.curve.as_ref(),
+            opts.keepalive,
+            None,
+        )
+        .map_err(|e| ConnectError::Socket(format!("{}: {e}", opts.endpoint)))?;
+        let dealer = tmq::dealer::Dealer::from_zmq_socket(sock)
+            .map_err(|e| ConnectError::Socket(e.to_string()))?;
         let (commands, rx) = mpsc::unbounded_channel();
         actix_rt::spawn(io_loop(dealer, rx));
-        let peer = Peer { commands, seq: Arc::new(AtomicU32::new(0)), endpoint: opts.endpoint.as_str().into() };
-        let handshake_failed = ConnectError::Handshake { endpoint: opts.endpoint.clone(), after: opts.handshake_timeout };
+        let peer = Peer {
+            commands,
+            seq: Arc::new(AtomicU32::new(0)),
+            endpoint: opts.endpoint.as_str().into(),
+        };
+        let handshake_failed = ConnectError::Handshake {
+            endpoint: opts.endpoint.clone(),
+            after: opts.handshake_timeout,
+        };
         match tokio::time::timeout(opts.handshake_timeout, peer.handshake()).await {
             Ok(true) => Ok(peer),
             _ => {
@@ -142,30 +163,57 @@ impl Peer {
     /// Calls `method` with `call` and waits up to `timeout` for the value.
     ///
     /// Errors: [`CallError`]; on timeout a CANCEL is sent to the server.
-    pub async fn call(&self, method: &str, call: &Call, timeout: Duration) -> Result<Value, CallError> {
+    pub async fn call(
+        &self,
+        method: &str,
+        call: &Call,
+        timeout: Duration,
+    ) -> Result<Value, CallError> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let msg = Message::function(method, OrderKey::default(), seq, call.encode());
         let (h, b) = codec::encode_message(&msg);
         let frames = vec![codec::UPPER.to_vec(), h, b];
         let (tx, rx) = oneshot::channel();
         self.commands
-            .send(Command::Send { frames, method: method.to_owned(), seq, reply: tx })
+            .send(Command::Send {
+                frames,
+                method: method.to_owned(),
+                seq,
+                reply: tx,
+            })
             .map_err(|_| CallError::Disconnected("connection closed".into()))?;
         let reply = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(reply)) => reply,
-            Ok(Err(_)) => return Err(CallError::Disconnected("connection closed while waiting".into())),
+            Ok(Err(_)) => {
+                return Err(CallError::Disconnected(
+                    "connection closed while waiting".into(),
+                ))
+            }
             Err(_) => {
                 let (h, b) = codec::encode_message(&Message::cancel(&msg.header));
-                let _ = self.commands.send(Command::Cancel { seq, frames: vec![codec::UPPER.to_vec(), h, b] });
-                return Err(CallError::Timeout { method: method.to_owned(), after: timeout });
+                let _ = self.commands.send(Command::Cancel {
+                    seq,
+                    frames: vec![codec::UPPER.to_vec(), h, b],
+                });
+                return Err(CallError::Timeout {
+                    method: method.to_owned(),
+                    after: timeout,
+                });
             }
         };
         match reply.header.msg_type {
-            MsgType::Result => codec::from_msgpack(reply.payload.as_deref().unwrap_or_default()).map_err(CallError::BadReply),
-            MsgType::Failure => Err(CallError::Failure(reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")))),
-            MsgType::Error => Err(CallError::Remote(reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")))),
+            MsgType::Result => codec::from_msgpack(reply.payload.as_deref().unwrap_or_default())
+                .map_err(CallError::BadReply),
+            MsgType::Failure => Err(CallError::Failure(
+                reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")),
+            )),
+            MsgType::Error => Err(CallError::Remote(
+                reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")),
+            )),
             MsgType::Cancelled => Err(CallError::Cancelled),
-            other => Err(CallError::BadReply(format!("unexpected reply type {other:?}"))),
+            other => Err(CallError::BadReply(format!(
+                "unexpected reply type {other:?}"
+            ))),
         }
     }
 
@@ -219,7 +267,11 @@ async fn io_loop(mut dealer: tmq::dealer::Dealer, mut commands: mpsc::UnboundedR
     }
 }
 
-fn on_reply(frames: Multipart, pending: &mut HashMap<u32, (String, oneshot::Sender<Message>)>, pings: &mut Vec<oneshot::Sender<()>>) {
+fn on_reply(
+    frames: Multipart,
+    pending: &mut HashMap<u32, (String, oneshot::Sender<Message>)>,
+    pings: &mut Vec<oneshot::Sender<()>>,
+) {
     let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
     match codec::classify(&parts) {
         Ok(Frames::Pong) => pings.drain(..).for_each(|p| {
@@ -227,7 +279,9 @@ fn on_reply(frames: Multipart, pending: &mut HashMap<u32, (String, oneshot::Send
         }),
         Ok(Frames::Upper(h, b)) => match codec::decode_message(h, b) {
             Ok(msg) => {
-                let Header { seq, ref method, .. } = msg.header;
+                let Header {
+                    seq, ref method, ..
+                } = msg.header;
                 match pending.remove(&seq) {
                     Some((m, reply)) if &m == method => {
                         let _ = reply.send(msg);

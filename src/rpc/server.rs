@@ -90,18 +90,32 @@ impl RpcServer {
     /// Binds a ROUTER at `endpoint` (`tcp://host:port`; port 0 picks a free one). With `curve`,
     /// starts a ZAP handler admitting only the allowed client keys; without, the endpoint is
     /// unauthenticated and a warning is logged.
-    pub fn bind(endpoint: &str, curve: Option<ServerCurve>, dispatcher: Dispatcher) -> Result<Self, RpcServerError> {
-        let bind_err = |source| RpcServerError::Bind { endpoint: endpoint.to_owned(), source };
+    pub fn bind(
+        endpoint: &str,
+        curve: Option<ServerCurve>,
+        dispatcher: Dispatcher,
+    ) -> Result<Self, RpcServerError> {
+        let bind_err = |source| RpcServerError::Bind {
+            endpoint: endpoint.to_owned(),
+            source,
+        };
         // One context per server: ZAP's inproc endpoint is per context.
         let ctx = zmq::Context::new();
         let zap = match &curve {
-            Some(c) => Some(ZapHandler::start(&ctx, c.allowed_clients.clone(), c.reload.clone()).map_err(bind_err)?),
+            Some(c) => Some(
+                ZapHandler::start(&ctx, c.allowed_clients.clone(), c.reload.clone())
+                    .map_err(bind_err)?,
+            ),
             None => {
-                tracing::warn!(endpoint, "RPC endpoint is UNAUTHENTICATED: no CURVE keys configured");
+                tracing::warn!(
+                    endpoint,
+                    "RPC endpoint is UNAUTHENTICATED: no CURVE keys configured"
+                );
                 None
             }
         };
-        let sock = socket::router(&ctx, endpoint, curve.as_ref().map(|c| &c.keypair)).map_err(bind_err)?;
+        let sock =
+            socket::router(&ctx, endpoint, curve.as_ref().map(|c| &c.keypair)).map_err(bind_err)?;
         let bound = sock
             .get_last_endpoint()
             .map_err(bind_err)?
@@ -200,9 +214,18 @@ struct Serving {
     running: Running,
 }
 
-async fn serve(mut router: tmq::router::Router, dispatcher: Arc<Dispatcher>, stats: Arc<ServerStats>) {
+async fn serve(
+    mut router: tmq::router::Router,
+    dispatcher: Arc<Dispatcher>,
+    stats: Arc<ServerStats>,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let mut serving = Serving { dispatcher, stats, tx, running: Running::default() };
+    let mut serving = Serving {
+        dispatcher,
+        stats,
+        tx,
+        running: Running::default(),
+    };
     loop {
         tokio::select! {
             incoming = router.next() => match incoming {
@@ -224,9 +247,14 @@ async fn serve(mut router: tmq::router::Router, dispatcher: Arc<Dispatcher>, sta
 impl Serving {
     fn on_frames(&mut self, sock: &zmq::Socket, frames: Multipart) {
         let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
-        let Some((peer, rest)) = parts.split_first() else { return };
+        let Some((peer, rest)) = parts.split_first() else {
+            return;
+        };
         match codec::classify(rest) {
-            Ok(Frames::Ping(h, b)) => send(sock, &[peer.to_vec(), codec::PONG.to_vec(), h.to_vec(), b.to_vec()]),
+            Ok(Frames::Ping(h, b)) => send(
+                sock,
+                &[peer.to_vec(), codec::PONG.to_vec(), h.to_vec(), b.to_vec()],
+            ),
             Ok(Frames::Upper(h, b)) => self.on_message(sock, peer, h, b),
             Ok(Frames::Pong) => {
                 ServerStats::bump(&self.stats.malformed_frames);
@@ -240,7 +268,12 @@ impl Serving {
     }
 
     fn on_message(&mut self, sock: &zmq::Socket, peer: &[u8], header: &[u8], body: &[u8]) {
-        let Serving { dispatcher, stats, tx, running } = self;
+        let Serving {
+            dispatcher,
+            stats,
+            tx,
+            running,
+        } = self;
         let reply = |msg: &Message| send(sock, &reply_frames(peer, msg));
         let header = match codec::decode_header(header) {
             Ok(h) => h,
@@ -254,13 +287,23 @@ impl Serving {
         let reply_error = |e: String| {
             ServerStats::bump(&stats.errors);
             tracing::debug!(method = %header.method, error = %e, "RPC ERROR reply");
-            reply(&Message::error(&header, ErrorMeta::new("RPCInternalError", e)));
+            reply(&Message::error(
+                &header,
+                ErrorMeta::new("RPCInternalError", e),
+            ));
         };
         let msg = match codec::decode_body(&header, body) {
             Ok(m) => m,
-            Err(CodecError::Body(e)) | Err(CodecError::Header(e)) | Err(CodecError::Frames(e)) => return reply_error(e),
+            Err(CodecError::Body(e)) | Err(CodecError::Header(e)) | Err(CodecError::Frames(e)) => {
+                return reply_error(e)
+            }
         };
-        let key: RequestKey = (peer.to_vec(), header.method.clone(), header.okey.clone(), header.seq);
+        let key: RequestKey = (
+            peer.to_vec(),
+            header.method.clone(),
+            header.okey.clone(),
+            header.seq,
+        );
         match header.msg_type {
             MsgType::Function => {
                 ServerStats::bump(&stats.requests);
@@ -281,10 +324,14 @@ impl Serving {
                 if let Some(outcome) = (&mut work).now_or_never() {
                     return reply(&reply_for(&header, outcome, stats));
                 }
-                let (tx, stats, peer, key2) = (tx.clone(), stats.clone(), peer.to_vec(), key.clone());
+                let (tx, stats, peer, key2) =
+                    (tx.clone(), stats.clone(), peer.to_vec(), key.clone());
                 let task = async move {
                     let reply = reply_for(&header, work.await, &stats);
-                    let _ = tx.send(Outgoing { key: key2, frames: reply_frames(&peer, &reply) });
+                    let _ = tx.send(Outgoing {
+                        key: key2,
+                        frames: reply_frames(&peer, &reply),
+                    });
                 };
                 let (task, abort) = futures::future::abortable(task);
                 running.0.insert(key, abort);
@@ -304,11 +351,14 @@ impl Serving {
             }
         }
     }
-
 }
 
 /// Turns a handler's outcome (value, failure, or panic) into the reply message.
-fn reply_for(header: &codec::Header, outcome: std::thread::Result<HandlerResult>, stats: &ServerStats) -> Message {
+fn reply_for(
+    header: &codec::Header,
+    outcome: std::thread::Result<HandlerResult>,
+    stats: &ServerStats,
+) -> Message {
     match outcome {
         Ok(Ok(value)) => Message::result(header, codec::to_msgpack(&value)),
         Ok(Err(failure)) => {
@@ -323,7 +373,13 @@ fn reply_for(header: &codec::Header, outcome: std::thread::Result<HandlerResult>
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
             tracing::error!(method = %header.method, panic = %what, "RPC handler panicked");
-            Message::error(header, ErrorMeta::new("HandlerPanicked", format!("handler of '{}' panicked: {what}", header.method)))
+            Message::error(
+                header,
+                ErrorMeta::new(
+                    "HandlerPanicked",
+                    format!("handler of '{}' panicked: {what}", header.method),
+                ),
+            )
         }
     }
 }

@@ -26,7 +26,11 @@ pub struct Keepalive {
 
 impl Default for Keepalive {
     fn default() -> Self {
-        Keepalive { idle_secs: 60, interval_secs: 20, count: 3 }
+        Keepalive {
+            idle_secs: 60,
+            interval_secs: 20,
+            count: 3,
+        }
     }
 }
 
@@ -43,7 +47,11 @@ pub struct ClientCurve {
 /// in ZAP domain `local` whose clients a [`super::zap::ZapHandler`] in `ctx` must admit.
 ///
 /// Errors: the address is in use or invalid, or libzmq lacks CURVE.
-pub fn router(ctx: &zmq::Context, endpoint: &str, curve: Option<&KeyPair>) -> Result<zmq::Socket, zmq::Error> {
+pub fn router(
+    ctx: &zmq::Context,
+    endpoint: &str,
+    curve: Option<&KeyPair>,
+) -> Result<zmq::Socket, zmq::Error> {
     let sock = ctx.socket(zmq::ROUTER)?;
     sock.set_linger(LINGER_MS)?;
     if let Some(pair) = curve {

@@ -48,7 +48,11 @@ impl ZapHandler {
     /// Errors: the endpoint is already bound in this context (one handler per context).
     /// With `reload`, an unknown key makes it re-read the allow list (at most once a second)
     /// before refusing.
-    pub fn start(ctx: &zmq::Context, allowed: Vec<(CurveKey, String)>, reload: Option<KeyReload>) -> Result<Self, zmq::Error> {
+    pub fn start(
+        ctx: &zmq::Context,
+        allowed: Vec<(CurveKey, String)>,
+        reload: Option<KeyReload>,
+    ) -> Result<Self, zmq::Error> {
         let sock = ctx.socket(zmq::REP)?;
         sock.set_linger(0)?;
         sock.set_rcvtimeo(POLL_MS)?;
@@ -60,7 +64,11 @@ impl ZapHandler {
             .name("zap-handler".into())
             .spawn(move || serve(sock, allowed, reload, stop2, denied2))
             .expect("spawning the ZAP thread");
-        Ok(ZapHandler { stop, denied, thread: Some(thread) })
+        Ok(ZapHandler {
+            stop,
+            denied,
+            thread: Some(thread),
+        })
     }
 
     /// How many connection attempts were refused so far.
@@ -78,7 +86,13 @@ impl Drop for ZapHandler {
     }
 }
 
-fn serve(sock: zmq::Socket, mut allowed: Vec<(CurveKey, String)>, reload: Option<KeyReload>, stop: Arc<AtomicBool>, denied: Arc<AtomicU64>) {
+fn serve(
+    sock: zmq::Socket,
+    mut allowed: Vec<(CurveKey, String)>,
+    reload: Option<KeyReload>,
+    stop: Arc<AtomicBool>,
+    denied: Arc<AtomicU64>,
+) {
     let mut last_reload: Option<std::time::Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let frames = match sock.recv_multipart(0) {
@@ -104,7 +118,14 @@ fn serve(sock: zmq::Socket, mut allowed: Vec<(CurveKey, String)>, reload: Option
             denied.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(reason = verdict.1, "refused an RPC client (ZAP)");
         }
-        let reply: [&[u8]; 6] = [ZAP_VERSION, &request_id, verdict.0.as_bytes(), verdict.1.as_bytes(), verdict.2.as_bytes(), b""];
+        let reply: [&[u8]; 6] = [
+            ZAP_VERSION,
+            &request_id,
+            verdict.0.as_bytes(),
+            verdict.1.as_bytes(),
+            verdict.2.as_bytes(),
+            b"",
+        ];
         if let Err(e) = sock.send_multipart(reply, 0) {
             tracing::warn!(error = %e, "ZAP reply failed");
         }
@@ -112,7 +133,10 @@ fn serve(sock: zmq::Socket, mut allowed: Vec<(CurveKey, String)>, reload: Option
 }
 
 /// Returns the request id and `(status code, status text, user id)`.
-fn decide(frames: &[Vec<u8>], allowed: &[(CurveKey, String)]) -> (Vec<u8>, (&'static str, &'static str, String)) {
+fn decide(
+    frames: &[Vec<u8>],
+    allowed: &[(CurveKey, String)],
+) -> (Vec<u8>, (&'static str, &'static str, String)) {
     let request_id = frames.get(1).cloned().unwrap_or_default();
     if frames.len() < 6 {
         return (request_id, ("400", "Not enough frames", String::new()));
@@ -121,7 +145,10 @@ fn decide(frames: &[Vec<u8>], allowed: &[(CurveKey, String)]) -> (Vec<u8>, (&'st
         return (request_id, ("400", "Invalid version", String::new()));
     }
     if frames[5] != b"CURVE" {
-        return (request_id, ("400", "Unsupported authentication mechanism", String::new()));
+        return (
+            request_id,
+            ("400", "Unsupported authentication mechanism", String::new()),
+        );
     }
     let key: Option<[u8; 32]> = frames.get(6).and_then(|k| k.as_slice().try_into().ok());
     match key.and_then(|k| allowed.iter().find(|(a, _)| a.0 == k)) {
@@ -139,9 +166,20 @@ mod tests {
         let k = CurveKey([7; 32]);
         let allowed = vec![(k, "manager".to_string())];
         let req = |mech: &[u8], key: &[u8]| {
-            vec![b"1.0".to_vec(), b"id".to_vec(), b"local".to_vec(), b"127.0.0.1".to_vec(), vec![], mech.to_vec(), key.to_vec()]
+            vec![
+                b"1.0".to_vec(),
+                b"id".to_vec(),
+                b"local".to_vec(),
+                b"127.0.0.1".to_vec(),
+                vec![],
+                mech.to_vec(),
+                key.to_vec(),
+            ]
         };
-        assert_eq!(decide(&req(b"CURVE", &[7; 32]), &allowed).1, ("200", "OK", "manager".into()));
+        assert_eq!(
+            decide(&req(b"CURVE", &[7; 32]), &allowed).1,
+            ("200", "OK", "manager".into())
+        );
         assert_eq!(decide(&req(b"CURVE", &[8; 32]), &allowed).1 .0, "400");
         assert_eq!(decide(&req(b"NULL", &[7; 32]), &allowed).1 .0, "400");
         assert_eq!(decide(&req(b"CURVE", &[7; 32])[..3], &allowed).1 .0, "400");

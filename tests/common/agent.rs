@@ -21,7 +21,11 @@ pub fn run_id() -> String {
 
 /// A free TCP port on loopback (bound and released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// An agent's directory, config and cleanup guard.
@@ -35,9 +39,17 @@ pub struct AgentFixture {
 impl AgentFixture {
     /// A fixture for agent `<name>-<run id>` with host ports `lo..lo+range_len`.
     pub fn new(name: &str, lo: u16, range_len: u16) -> AgentFixture {
-        let dir = tempfile::Builder::new().prefix(&format!("kv-{name}-")).tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("kv-{name}-"))
+            .tempdir()
+            .unwrap();
         std::fs::create_dir_all(dir.path().join("vfolders")).unwrap();
-        AgentFixture { agent_id: format!("test-{name}-{}", run_id()), rpc_port: free_port(), port_range: (lo, lo + range_len - 1), dir }
+        AgentFixture {
+            agent_id: format!("test-{name}-{}", run_id()),
+            rpc_port: free_port(),
+            port_range: (lo, lo + range_len - 1),
+            dir,
+        }
     }
 
     pub fn scratch_root(&self) -> PathBuf {
@@ -76,13 +88,23 @@ impl AgentFixture {
 
     /// Container ids (running or not) carrying this agent's id.
     pub fn containers(&self) -> Vec<String> {
-        docker(&["ps", "-aq", "--filter", &format!("label=ai.backend.agent-id={}", self.agent_id)]).lines().map(str::to_owned).collect()
+        docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=ai.backend.agent-id={}", self.agent_id),
+        ])
+        .lines()
+        .map(str::to_owned)
+        .collect()
     }
 
     /// Entries left in the scratch root.
     pub fn scratch_entries(&self) -> Vec<String> {
         match std::fs::read_dir(self.scratch_root()) {
-            Ok(d) => d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+            Ok(d) => d
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
             Err(_) => Vec::new(),
         }
     }
@@ -101,26 +123,47 @@ impl Drop for AgentFixture {
 
 /// Runs the docker CLI (to check the engine independently of our backend); stdout trimmed.
 pub fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker").args(args).output().expect("docker CLI");
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// `docker inspect -f FORMAT id`, or `None` if the container does not exist.
 pub fn inspect(id: &str, format: &str) -> Option<String> {
-    let out = Command::new("docker").args(["inspect", "-f", format, id]).output().expect("docker CLI");
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    let out = Command::new("docker")
+        .args(["inspect", "-f", format, id])
+        .output()
+        .expect("docker CLI");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// A plain (no CURVE) client to `endpoint`.
 pub async fn client(endpoint: &str) -> Peer {
     let ctx = zmq::Context::new();
-    let opts = PeerOptions { endpoint: endpoint.to_owned(), curve: None, keepalive: None, handshake_timeout: Duration::from_secs(5) };
+    let opts = PeerOptions {
+        endpoint: endpoint.to_owned(),
+        curve: None,
+        keepalive: None,
+        handshake_timeout: Duration::from_secs(5),
+    };
     Peer::connect(&ctx, &opts).await.expect("connect to agent")
 }
 
 /// Calls `method(*args)` with a generous timeout.
 pub async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Result<Value, CallError> {
-    peer.call(method, &Call { args, kwargs: vec![] }, Duration::from_secs(120)).await
+    peer.call(
+        method,
+        &Call {
+            args,
+            kwargs: vec![],
+        },
+        Duration::from_secs(120),
+    )
+    .await
 }
 
 /// The FAILURE name of a failed call.
@@ -133,20 +176,38 @@ pub fn failure_name(r: &Result<Value, CallError>) -> String {
 
 /// `{"k": v, …}`.
 pub fn map(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Map(pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
+    Value::Map(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect(),
+    )
 }
 
 /// Field `key` of a map value.
 pub fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
-    v.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(key))).map(|(_, v)| v).unwrap_or(&Value::Nil)
+    v.as_map()
+        .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(key)))
+        .map(|(_, v)| v)
+        .unwrap_or(&Value::Nil)
 }
 
 /// A kernel config for the test image: `cpu` cores (decimal string), `mem` bytes, plus extra keys.
 pub fn kernel_config(cpu: &str, mem: u64, extra: Vec<(&str, Value)>) -> Value {
     let mut pairs = vec![
         ("image", Value::from(TEST_IMAGE)),
-        ("resource_slots", map(vec![("cpu", cpu.into()), ("mem", mem.into())])),
-        ("owner", map(vec![("user_id", "u-1".into()), ("project_id", "p-1".into()), ("access_key", "AKTEST".into())])),
+        (
+            "resource_slots",
+            map(vec![("cpu", cpu.into()), ("mem", mem.into())]),
+        ),
+        (
+            "owner",
+            map(vec![
+                ("user_id", "u-1".into()),
+                ("project_id", "p-1".into()),
+                ("access_key", "AKTEST".into()),
+            ]),
+        ),
     ];
     for (k, v) in extra {
         pairs.retain(|(x, _)| *x != k);
@@ -156,17 +217,38 @@ pub fn kernel_config(cpu: &str, mem: u64, extra: Vec<(&str, Value)>) -> Value {
 }
 
 /// `create_kernels(session, [id], [config])` → the kernel's info.
-pub async fn create_one(peer: &Peer, session: &str, id: &str, config: Value) -> Result<Value, CallError> {
-    call(peer, "create_kernels", vec![session.into(), Value::Array(vec![id.into()]), Value::Array(vec![config])])
-        .await
-        .map(|v| v.as_array().and_then(|a| a.first().cloned()).expect("one kernel info"))
+pub async fn create_one(
+    peer: &Peer,
+    session: &str,
+    id: &str,
+    config: Value,
+) -> Result<Value, CallError> {
+    call(
+        peer,
+        "create_kernels",
+        vec![
+            session.into(),
+            Value::Array(vec![id.into()]),
+            Value::Array(vec![config]),
+        ],
+    )
+    .await
+    .map(|v| {
+        v.as_array()
+            .and_then(|a| a.first().cloned())
+            .expect("one kernel info")
+    })
 }
 
 /// `resource_usage()["occupied"]["cpu"]`, `["mem"]`, and free host ports.
 pub async fn usage(peer: &Peer) -> (String, String, u64) {
     let u = call(peer, "resource_usage", vec![]).await.unwrap();
     let occ = field(&u, "occupied");
-    (field(occ, "cpu").as_str().unwrap().to_owned(), field(occ, "mem").as_str().unwrap().to_owned(), field(&u, "free_host_ports").as_u64().unwrap())
+    (
+        field(occ, "cpu").as_str().unwrap().to_owned(),
+        field(occ, "mem").as_str().unwrap().to_owned(),
+        field(&u, "free_host_ports").as_u64().unwrap(),
+    )
 }
 
 /// Reads a file under `path` to a string ("" if missing).

@@ -41,7 +41,12 @@ fn with_database(admin: &str, db: &str) -> String {
 
 /// Sends `sig` (`TERM`, `KILL`, `STOP`, `CONT`) to `pid`.
 pub fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().unwrap().success();
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success();
     assert!(ok, "kill -{sig} {pid}");
 }
 
@@ -64,7 +69,10 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Optio
         if let Some(v) = check() {
             return v;
         }
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for: {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for: {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -117,27 +125,43 @@ impl ClusterAgent {
 }
 
 fn log_file(dir: &Path, name: &str) -> Stdio {
-    Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap())
+    Stdio::from(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{name}.log")))
+            .unwrap(),
+    )
 }
 
 impl Cluster {
     /// A cluster directory with keys and a store; nothing started yet.
     pub fn new(db: Db) -> Cluster {
-        let dir = tempfile::Builder::new().prefix("kv-cluster-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("kv-cluster-")
+            .tempdir()
+            .unwrap();
         let keys_dir = dir.path().join("keys");
         let agent_keys = dir.path().join("agent-keys");
         std::fs::create_dir_all(&agent_keys).unwrap();
         let manager = KeyPair::generate().unwrap();
         write_certificates(&keys_dir, "manager", &manager).unwrap();
         let (store_url, pg_drop) = match db {
-            Db::Sqlite => (format!("sqlite://{}/manager.db", dir.path().display()), None),
+            Db::Sqlite => (
+                format!("sqlite://{}/manager.db", dir.path().display()),
+                None,
+            ),
             Db::Postgres => {
                 let admin = postgres_admin_url();
                 let name = format!("kv_test_{}", run_id());
                 rt().block_on(async {
                     use sqlx::{Connection, Executor};
-                    let mut c = sqlx::PgConnection::connect(&admin).await.expect("connect to the test PostgreSQL");
-                    c.execute(format!("CREATE DATABASE {name}").as_str()).await.unwrap();
+                    let mut c = sqlx::PgConnection::connect(&admin)
+                        .await
+                        .expect("connect to the test PostgreSQL");
+                    c.execute(format!("CREATE DATABASE {name}").as_str())
+                        .await
+                        .unwrap();
                 });
                 (with_database(&admin, &name), Some((admin, name)))
             }
@@ -175,7 +199,11 @@ impl Cluster {
 
     /// Starts (or restarts) the manager process on the same store and ports, and waits for its API.
     pub fn start_manager(&mut self) {
-        let port = if self.api.is_empty() { free_port() } else { self.api.rsplit(':').next().unwrap().parse().unwrap() };
+        let port = if self.api.is_empty() {
+            free_port()
+        } else {
+            self.api.rsplit(':').next().unwrap().parse().unwrap()
+        };
         self.api = format!("http://127.0.0.1:{port}");
         let config = self.manager_config(port);
         let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
@@ -186,14 +214,19 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.manager = Some(child);
-        wait_for(Duration::from_secs(30), "the manager's API", || self.get("/health").ok().filter(|a| a.status == 200));
+        wait_for(Duration::from_secs(30), "the manager's API", || {
+            self.get("/health").ok().filter(|a| a.status == 200)
+        });
     }
 
     /// Stops the manager with `sig` (`TERM` or `KILL`) and waits for it to exit.
     pub fn stop_manager(&mut self, sig: &str) {
         let mut child = self.manager.take().expect("manager running");
         signal(child.id(), sig);
-        assert!(wait_exit(&mut child, Duration::from_secs(20)), "manager did not exit on SIG{sig}");
+        assert!(
+            wait_exit(&mut child, Duration::from_secs(20)),
+            "manager did not exit on SIG{sig}"
+        );
     }
 
     /// Adds an agent (Docker backend, CURVE, reporting to the manager) and starts it.
@@ -203,7 +236,14 @@ impl Cluster {
         let keypair = KeyPair::generate().unwrap();
         let keys = fixture.dir.path().join("keys");
         write_certificates(&keys, "agent", &keypair).unwrap();
-        std::fs::copy(keys.join("agent.key"), self.dir.path().join("agent-keys").join(format!("{}.key", fixture.agent_id))).unwrap();
+        std::fs::copy(
+            keys.join("agent.key"),
+            self.dir
+                .path()
+                .join("agent-keys")
+                .join(format!("{}.key", fixture.agent_id)),
+        )
+        .unwrap();
         let metrics_port = free_port();
         // The manager dials the advertised address (a host name here), not the bound one.
         let curve = format!(
@@ -213,12 +253,21 @@ impl Cluster {
             keys.display(),
             fixture.rpc_port
         );
-        let mut text = fixture.config_toml(&curve).replace("service-addr = { host = \"127.0.0.1\", port = 0 }", &format!("service-addr = {{ host = \"127.0.0.1\", port = {metrics_port} }}"));
+        let mut text = fixture.config_toml(&curve).replace(
+            "service-addr = { host = \"127.0.0.1\", port = 0 }",
+            &format!("service-addr = {{ host = \"127.0.0.1\", port = {metrics_port} }}"),
+        );
         text.push_str(&format!("\n[manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {} }}\nheartbeat-interval = 1\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.intake_port));
         text = text.replace("[logging]\nlevel = \"warn\"", "[logging]\nlevel = \"info\"");
         let config = fixture.dir.path().join("agent.toml");
         std::fs::write(&config, text).unwrap();
-        self.agents.push(ClusterAgent { fixture, metrics_port, config, process: None, keypair });
+        self.agents.push(ClusterAgent {
+            fixture,
+            metrics_port,
+            config,
+            process: None,
+            keypair,
+        });
         let i = self.agents.len() - 1;
         self.start_agent(i);
         i
@@ -241,7 +290,10 @@ impl Cluster {
     pub fn stop_agent(&mut self, i: usize) {
         let mut child = self.agents[i].process.take().expect("agent running");
         signal(child.id(), "TERM");
-        assert!(wait_exit(&mut child, Duration::from_secs(60)), "agent did not exit on SIGTERM");
+        assert!(
+            wait_exit(&mut child, Duration::from_secs(60)),
+            "agent did not exit on SIGTERM"
+        );
     }
 
     // ---- HTTP ----
@@ -255,35 +307,64 @@ impl Cluster {
         let status = resp.status();
         let retry_after = resp.header("Retry-After").map(str::to_owned);
         let text = resp.into_string().unwrap_or_default();
-        Ok(Answer { status, body: serde_json::from_str(&text).unwrap_or(Json::Null), retry_after })
+        Ok(Answer {
+            status,
+            body: serde_json::from_str(&text).unwrap_or(Json::Null),
+            retry_after,
+        })
     }
 
     pub fn get(&self, path: &str) -> Result<Answer, String> {
-        Self::answer(ureq::get(&format!("{}{path}", self.api)).timeout(Duration::from_secs(60)).call())
+        Self::answer(
+            ureq::get(&format!("{}{path}", self.api))
+                .timeout(Duration::from_secs(60))
+                .call(),
+        )
     }
 
     pub fn post(&self, path: &str, body: &Json) -> Answer {
-        Self::answer(ureq::post(&format!("{}{path}", self.api)).timeout(Duration::from_secs(120)).send_json(body.clone())).unwrap()
+        Self::answer(
+            ureq::post(&format!("{}{path}", self.api))
+                .timeout(Duration::from_secs(120))
+                .send_json(body.clone()),
+        )
+        .unwrap()
     }
 
     pub fn post_raw(&self, path: &str, body: &str) -> Answer {
-        Self::answer(ureq::post(&format!("{}{path}", self.api)).set("Content-Type", "application/json").send_string(body)).unwrap()
+        Self::answer(
+            ureq::post(&format!("{}{path}", self.api))
+                .set("Content-Type", "application/json")
+                .send_string(body),
+        )
+        .unwrap()
     }
 
     pub fn delete(&self, path: &str) -> Answer {
-        Self::answer(ureq::delete(&format!("{}{path}", self.api)).timeout(Duration::from_secs(60)).call()).unwrap()
+        Self::answer(
+            ureq::delete(&format!("{}{path}", self.api))
+                .timeout(Duration::from_secs(60))
+                .call(),
+        )
+        .unwrap()
     }
 
     /// The agent's entry in `GET /v1/agents`.
     pub fn agent_view(&self, agent_id: &str) -> Option<Json> {
         let a = self.get("/v1/agents").ok()?;
-        a.body["agents"].as_array()?.iter().find(|x| x["agent_id"] == agent_id).cloned()
+        a.body["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["agent_id"] == agent_id)
+            .cloned()
     }
 
     /// Waits until the manager shows `agent_id` with `status` (for `ALIVE`: and a heartbeat's slots).
     pub fn wait_agent_status(&self, agent_id: &str, status: &str, limit: Duration) -> Json {
         wait_for(limit, &format!("agent {agent_id} {status}"), || {
-            self.agent_view(agent_id).filter(|a| a["status"] == status && (status != "ALIVE" || !a["last_heartbeat"].is_null()))
+            self.agent_view(agent_id).filter(|a| {
+                a["status"] == status && (status != "ALIVE" || !a["last_heartbeat"].is_null())
+            })
         })
     }
 
@@ -297,13 +378,24 @@ impl Cluster {
 
     /// `concurrency_used` of the cluster's access key.
     pub fn concurrency_used(&self) -> i64 {
-        self.get(&format!("/v1/access-keys/{}", self.access_key)).unwrap().body["concurrency_used"].as_i64().unwrap()
+        self.get(&format!("/v1/access-keys/{}", self.access_key))
+            .unwrap()
+            .body["concurrency_used"]
+            .as_i64()
+            .unwrap()
     }
 
     /// A counter of the manager's `/metrics` (summed over its label sets matching `labels`).
     pub fn manager_metric(&self, name: &str, labels: &str) -> f64 {
-        let text = ureq::get(&format!("{}/metrics", self.api)).call().unwrap().into_string().unwrap();
-        text.lines().filter(|l| l.starts_with(name) && l.contains(labels)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+        let text = ureq::get(&format!("{}/metrics", self.api))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     // ---- the agents' own state ----
@@ -312,16 +404,35 @@ impl Cluster {
     pub fn agent_peer(&self, i: usize) -> (actix_rt::Runtime, Peer) {
         let rt = rt();
         let a = &self.agents[i];
-        let curve = ClientCurve { keypair: self.keys.0.clone(), server_key: a.keypair.public };
-        let opts = PeerOptions { endpoint: format!("tcp://127.0.0.1:{}", a.fixture.rpc_port), curve: Some(curve), keepalive: None, handshake_timeout: Duration::from_secs(5) };
-        let peer = rt.block_on(async { Peer::connect(&zmq::Context::new(), &opts).await }).expect("connect to the agent");
+        let curve = ClientCurve {
+            keypair: self.keys.0.clone(),
+            server_key: a.keypair.public,
+        };
+        let opts = PeerOptions {
+            endpoint: format!("tcp://127.0.0.1:{}", a.fixture.rpc_port),
+            curve: Some(curve),
+            keepalive: None,
+            handshake_timeout: Duration::from_secs(5),
+        };
+        let peer = rt
+            .block_on(async { Peer::connect(&zmq::Context::new(), &opts).await })
+            .expect("connect to the agent");
         (rt, peer)
     }
 
     /// Calls `method(*args)` on agent `i`.
     pub fn agent_call(&self, i: usize, method: &str, args: Vec<Value>) -> Value {
         let (rt, peer) = self.agent_peer(i);
-        let v = rt.block_on(peer.call(method, &Call { args, kwargs: vec![] }, Duration::from_secs(60))).unwrap_or_else(|e| panic!("{method} on agent {i}: {e}"));
+        let v = rt
+            .block_on(peer.call(
+                method,
+                &Call {
+                    args,
+                    kwargs: vec![],
+                },
+                Duration::from_secs(60),
+            ))
+            .unwrap_or_else(|e| panic!("{method} on agent {i}: {e}"));
         peer.close();
         v
     }
@@ -329,7 +440,10 @@ impl Cluster {
     /// Kernel ids agent `i` holds (not `TERMINATED`), from `sync_kernel_registry([])`.
     pub fn agent_kernels(&self, i: usize) -> BTreeSet<String> {
         let v = self.agent_call(i, "sync_kernel_registry", vec![Value::Array(vec![])]);
-        let kernels = super::agent::field(&v, "kernels").as_array().cloned().unwrap_or_default();
+        let kernels = super::agent::field(&v, "kernels")
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         kernels
             .iter()
             .filter(|k| super::agent::field(k, "status").as_str() != Some("TERMINATED"))
@@ -339,23 +453,45 @@ impl Cluster {
 
     /// Kernel ids of running containers carrying agent `i`'s id label (from the docker CLI).
     pub fn running_containers(&self, i: usize) -> BTreeSet<String> {
-        docker(&["ps", "--filter", &format!("label=ai.backend.agent-id={}", self.agents[i].id()), "--format", "{{.Label \"ai.backend.kernel-id\"}}"])
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect()
+        docker(&[
+            "ps",
+            "--filter",
+            &format!("label=ai.backend.agent-id={}", self.agents[i].id()),
+            "--format",
+            "{{.Label \"ai.backend.kernel-id\"}}",
+        ])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
     }
 
     /// The agent's `/metrics` value of `name` (first sample).
     pub fn agent_metric(&self, i: usize, name: &str) -> Option<f64> {
-        let text = ureq::get(&format!("http://127.0.0.1:{}/metrics", self.agents[i].metrics_port)).call().ok()?.into_string().ok()?;
-        text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{'])).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        let text = ureq::get(&format!(
+            "http://127.0.0.1:{}/metrics",
+            self.agents[i].metrics_port
+        ))
+        .call()
+        .ok()?
+        .into_string()
+        .ok()?;
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
     }
 
     /// The store, opened read-side by the test (same URL as the manager).
-    pub fn store<T>(&self, f: impl for<'a> FnOnce(&'a Store) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>) -> T {
+    pub fn store<T>(
+        &self,
+        f: impl for<'a> FnOnce(
+            &'a Store,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>,
+    ) -> T {
         rt().block_on(async {
-            let store = Store::connect(&self.store_url).await.expect("open the manager's store");
+            let store = Store::connect(&self.store_url)
+                .await
+                .expect("open the manager's store");
             let out = f(&store).await;
             store.close().await;
             out
@@ -364,13 +500,17 @@ impl Cluster {
 
     /// Live kernels in the manager's store: `kernel id → (agent id, access key)`.
     pub fn store_live(&self) -> BTreeMap<String, (String, String)> {
-        self.store(|s| Box::pin(async move { s.kernels(None, false).await.unwrap() })).into_iter().map(|k| (k.id, (k.agent_id, k.access_key))).collect()
+        self.store(|s| Box::pin(async move { s.kernels(None, false).await.unwrap() }))
+            .into_iter()
+            .map(|k| (k.id, (k.agent_id, k.access_key)))
+            .collect()
     }
 
     /// One kernel row.
     pub fn store_kernel(&self, id: &str) -> kernelvisor::manager::store::KernelRow {
         let id = id.to_owned();
-        self.store(move |s| Box::pin(async move { s.kernel(&id).await.unwrap() })).expect("kernel row")
+        self.store(move |s| Box::pin(async move { s.kernel(&id).await.unwrap() }))
+            .expect("kernel row")
     }
 
     /// Asserts the four invariants once the system has settled (polls up to 30 s for in-flight
@@ -380,7 +520,9 @@ impl Cluster {
         loop {
             match self.invariant_violation() {
                 None => return,
-                Some(v) if start.elapsed() > Duration::from_secs(30) => panic!("invariant violated: {v}"),
+                Some(v) if start.elapsed() > Duration::from_secs(30) => {
+                    panic!("invariant violated: {v}")
+                }
                 Some(_) => std::thread::sleep(Duration::from_millis(250)),
             }
         }
@@ -392,26 +534,45 @@ impl Cluster {
             if a.process.is_none() {
                 continue;
             }
-            let store_side: BTreeSet<String> = live.iter().filter(|(_, (agent, _))| agent == a.id()).map(|(k, _)| k.clone()).collect();
+            let store_side: BTreeSet<String> = live
+                .iter()
+                .filter(|(_, (agent, _))| agent == a.id())
+                .map(|(k, _)| k.clone())
+                .collect();
             // 1. store-live = running containers = the agent's kernels.
             let containers = self.running_containers(i);
             if store_side != containers {
-                return Some(format!("1: agent {} store live {store_side:?} != running containers {containers:?}", a.id()));
+                return Some(format!(
+                    "1: agent {} store live {store_side:?} != running containers {containers:?}",
+                    a.id()
+                ));
             }
             let held = self.agent_kernels(i);
             if held != containers {
-                return Some(format!("1: agent {} holds {held:?} != running containers {containers:?}", a.id()));
+                return Some(format!(
+                    "1: agent {} holds {held:?} != running containers {containers:?}",
+                    a.id()
+                ));
             }
             // 3. no allocation held by a kernel that is not live: occupied slots, scratch dirs.
             let usage = self.agent_call(i, "resource_usage", vec![]);
-            let occupied_cpu = super::agent::field(super::agent::field(&usage, "occupied"), "cpu").as_str().unwrap_or("?").to_owned();
+            let occupied_cpu = super::agent::field(super::agent::field(&usage, "occupied"), "cpu")
+                .as_str()
+                .unwrap_or("?")
+                .to_owned();
             let expected_cpu: f64 = store_side.len() as f64 * 0.25;
             if occupied_cpu.parse::<f64>().ok() != Some(expected_cpu) {
-                return Some(format!("3: agent {} occupies cpu {occupied_cpu}, live kernels need {expected_cpu}", a.id()));
+                return Some(format!(
+                    "3: agent {} occupies cpu {occupied_cpu}, live kernels need {expected_cpu}",
+                    a.id()
+                ));
             }
             let scratch: BTreeSet<String> = a.fixture.scratch_entries().into_iter().collect();
             if scratch != store_side {
-                return Some(format!("3: agent {} scratch dirs {scratch:?} != live kernels {store_side:?}", a.id()));
+                return Some(format!(
+                    "3: agent {} scratch dirs {scratch:?} != live kernels {store_side:?}",
+                    a.id()
+                ));
             }
             // 4. nothing left undelivered (every event acked by the manager).
             match self.agent_metric(i, "kernelvisor_outbox_depth") {
@@ -433,7 +594,9 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         for a in &mut self.agents {
             if let Some(mut c) = a.process.take() {
-                let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+                let _ = Command::new("kill")
+                    .args(["-CONT", &c.id().to_string()])
+                    .status();
                 let _ = c.kill();
                 let _ = c.wait();
             }
@@ -443,16 +606,25 @@ impl Drop for Cluster {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            eprintln!("---- manager.log (tail) ----\n{}", tail(&self.dir.path().join("manager.log")));
+            eprintln!(
+                "---- manager.log (tail) ----\n{}",
+                tail(&self.dir.path().join("manager.log"))
+            );
             for a in &self.agents {
-                eprintln!("---- agent {} log (tail) ----\n{}", a.id(), tail(&a.fixture.dir.path().join("agent.log")));
+                eprintln!(
+                    "---- agent {} log (tail) ----\n{}",
+                    a.id(),
+                    tail(&a.fixture.dir.path().join("agent.log"))
+                );
             }
         }
         if let Some((admin, name)) = self.pg_drop.take() {
             rt().block_on(async {
                 use sqlx::{Connection, Executor};
                 if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
-                    let _ = c.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await;
+                    let _ = c
+                        .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+                        .await;
                 }
             });
         }

@@ -23,11 +23,17 @@ pub struct Received {
 }
 
 pub fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.as_map()?.iter().find(|(k, _)| k.as_str() == Some(key)).and_then(|(_, v)| v.as_str())
+    v.as_map()?
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .and_then(|(_, v)| v.as_str())
 }
 
 pub fn int_field(v: &Value, key: &str) -> Option<i64> {
-    v.as_map()?.iter().find(|(k, _)| k.as_str() == Some(key)).and_then(|(_, v)| v.as_i64())
+    v.as_map()?
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .and_then(|(_, v)| v.as_i64())
 }
 
 impl Received {
@@ -41,16 +47,32 @@ impl Received {
 }
 
 /// Starts the receiver at `endpoint` with the manager's key pair, admitting `agent_key`.
-pub fn start_intake(endpoint: &str, manager: &KeyPair, agent_key: kernelvisor::rpc::CurveKey, received: &Received) -> Addr<RpcServer> {
+pub fn start_intake(
+    endpoint: &str,
+    manager: &KeyPair,
+    agent_key: kernelvisor::rpc::CurveKey,
+    received: &Received,
+) -> Addr<RpcServer> {
     let mut d = Dispatcher::new(None);
     let r = received.clone();
     d.register("agent_events", move |call| {
         let r = r.clone();
         async move {
-            let events = call.args.get(1).and_then(Value::as_array).cloned().unwrap_or_default();
-            let ids: Vec<Value> = events.iter().filter_map(|e| str_field(e, "id").map(Value::from)).collect();
+            let events = call
+                .args
+                .get(1)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let ids: Vec<Value> = events
+                .iter()
+                .filter_map(|e| str_field(e, "id").map(Value::from))
+                .collect();
             r.events.lock().unwrap().extend(events);
-            if r.lose_acks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            if r.lose_acks
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
                 // Applied, but the ack never makes it back in time.
                 actix_rt::time::sleep(Duration::from_secs(30)).await;
             }
@@ -61,10 +83,19 @@ pub fn start_intake(endpoint: &str, manager: &KeyPair, agent_key: kernelvisor::r
     d.register("agent_heartbeat", move |call| {
         let r = r.clone();
         async move {
-            r.heartbeats.lock().unwrap().push((Instant::now(), call.args.get(1).cloned().unwrap_or(Value::Nil)));
+            r.heartbeats.lock().unwrap().push((
+                Instant::now(),
+                call.args.get(1).cloned().unwrap_or(Value::Nil),
+            ));
             Ok(Value::Map(vec![]))
         }
     });
-    let curve = ServerCurve { keypair: manager.clone(), allowed_clients: vec![(agent_key, "agent".into())], reload: None };
-    RpcServer::bind(endpoint, Some(curve), d).expect("bind the test intake").start()
+    let curve = ServerCurve {
+        keypair: manager.clone(),
+        allowed_clients: vec![(agent_key, "agent".into())],
+        reload: None,
+    };
+    RpcServer::bind(endpoint, Some(curve), d)
+        .expect("bind the test intake")
+        .start()
 }

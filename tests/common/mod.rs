@@ -28,9 +28,15 @@ pub fn dispatcher() -> Dispatcher {
         actix_rt::time::sleep(Duration::from_secs_f64(secs)).await;
         Ok(Value::from("slept"))
     })
-    .register("fail", |_| async { Err(ErrorMeta::new("KernelNotFound", "no such kernel")) })
+    .register("fail", |_| async {
+        Err(ErrorMeta::new("KernelNotFound", "no such kernel"))
+    })
     .register("panic", |call| async move {
-        if call.arg(0, "after_await").and_then(Value::as_bool).unwrap_or(false) {
+        if call
+            .arg(0, "after_await")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+        {
             actix_rt::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("deliberate handler panic")
@@ -42,7 +48,11 @@ pub fn dispatcher() -> Dispatcher {
 pub fn start_server(endpoint: &str, curve: Option<ServerCurve>) -> TestServer {
     let server = RpcServer::bind(endpoint, curve, dispatcher()).expect("bind");
     let (endpoint, stats) = (server.endpoint().to_owned(), server.stats());
-    TestServer { addr: server.start(), endpoint, stats }
+    TestServer {
+        addr: server.start(),
+        endpoint,
+        stats,
+    }
 }
 
 /// Manager and agent key pairs, with the agent's CURVE server settings admitting the manager.
@@ -53,11 +63,18 @@ pub struct Keys {
 
 impl Keys {
     pub fn new() -> Self {
-        Keys { manager: KeyPair::generate().unwrap(), agent: KeyPair::generate().unwrap() }
+        Keys {
+            manager: KeyPair::generate().unwrap(),
+            agent: KeyPair::generate().unwrap(),
+        }
     }
 
     pub fn server_curve(&self) -> ServerCurve {
-        ServerCurve { keypair: self.agent.clone(), allowed_clients: vec![(self.manager.public, "manager".into())], reload: None }
+        ServerCurve {
+            keypair: self.agent.clone(),
+            allowed_clients: vec![(self.manager.public, "manager".into())],
+            reload: None,
+        }
     }
 
     /// Writes all four certificate files into `dir`.
@@ -68,10 +85,24 @@ impl Keys {
 }
 
 /// A pool with test-sized intervals, knowing `agent_id` at `endpoint`.
-pub async fn pool_for(agent_id: &str, endpoint: &str, agent_key: Option<CurveKey>, manager: Option<KeyPair>, spec: PoolSpec) -> Addr<AgentPool> {
+pub async fn pool_for(
+    agent_id: &str,
+    endpoint: &str,
+    agent_key: Option<CurveKey>,
+    manager: Option<KeyPair>,
+    spec: PoolSpec,
+) -> Addr<AgentPool> {
     let pool = AgentPool::new(spec, manager).start();
-    let endpoint = AgentEndpoint { addr: endpoint.to_owned(), public_key: agent_key };
-    pool.send(RegisterAgent { agent_id: agent_id.into(), endpoint }).await.unwrap();
+    let endpoint = AgentEndpoint {
+        addr: endpoint.to_owned(),
+        public_key: agent_key,
+    };
+    pool.send(RegisterAgent {
+        agent_id: agent_id.into(),
+        endpoint,
+    })
+    .await
+    .unwrap();
     pool
 }
 
@@ -106,13 +137,19 @@ pub fn python() -> PathBuf {
     let p = std::env::var_os("KV_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
-    assert!(p.exists(), "{} not found: run `just setup` (it installs callosum into .venv)", p.display());
+    assert!(
+        p.exists(),
+        "{} not found: run `just setup` (it installs callosum into .venv)",
+        p.display()
+    );
     p
 }
 
 /// Path of a file under `tests/interop/`.
 pub fn interop_script(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(name)
 }
 pub mod agent;
 pub mod cluster;

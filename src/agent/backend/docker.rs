@@ -465,13 +465,24 @@ impl ContainerBackend for DockerBackend {
             .await
             .map_err(container_err(id))?
             .id;
-        let start = StartExecOptions { detach: false, tty: false, output_capacity: None };
-        match self.docker.start_exec(&exec_id, Some(start)).await.map_err(engine)? {
+        let start = StartExecOptions {
+            detach: false,
+            tty: false,
+            output_capacity: None,
+        };
+        match self
+            .docker
+            .start_exec(&exec_id, Some(start))
+            .await
+            .map_err(engine)?
+        {
             StartExecResults::Attached { output, input } => {
                 let output = output
                     .filter_map(|chunk| {
                         futures::future::ready(match chunk {
-                            Ok(LogOutput::StdErr { message }) => Some(Ok((OutputStream::Stderr, message))),
+                            Ok(LogOutput::StdErr { message }) => {
+                                Some(Ok((OutputStream::Stderr, message)))
+                            }
                             Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
                                 Some(Ok((OutputStream::Stdout, message)))
                             }
@@ -480,16 +491,25 @@ impl ContainerBackend for DockerBackend {
                         })
                     })
                     .boxed();
-                Ok(ExecSession { exec_id, output, stdin: stdin.then_some(input) })
+                Ok(ExecSession {
+                    exec_id,
+                    output,
+                    stdin: stdin.then_some(input),
+                })
             }
-            StartExecResults::Detached => Err(BackendError::Engine("the engine started the exec detached".into())),
+            StartExecResults::Detached => Err(BackendError::Engine(
+                "the engine started the exec detached".into(),
+            )),
         }
     }
 
     async fn exec_status(&self, exec_id: &str) -> Result<ExecStatus, BackendError> {
         let info = self.docker.inspect_exec(exec_id).await.map_err(engine)?;
         let running = info.running == Some(true);
-        Ok(ExecStatus { running, exit_code: if running { None } else { info.exit_code } })
+        Ok(ExecStatus {
+            running,
+            exit_code: if running { None } else { info.exit_code },
+        })
     }
 
     async fn exec_kill(&self, exec_id: &str) -> Result<(), BackendError> {
@@ -500,7 +520,11 @@ impl ContainerBackend for DockerBackend {
         Ok(())
     }
 
-    fn follow_logs(&self, id: &str, since: i64) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
+    fn follow_logs(
+        &self,
+        id: &str,
+        since: i64,
+    ) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
         let options = LogsOptions::<String> {
             follow: true,
             stdout: true,
@@ -532,27 +556,44 @@ impl ContainerBackend for DockerBackend {
 
     async fn stats(&self, id: &str) -> Result<Option<super::EngineStats>, BackendError> {
         use bollard::container::{MemoryStatsStats, StatsOptions};
-        let options = StatsOptions { stream: false, one_shot: true };
+        let options = StatsOptions {
+            stream: false,
+            one_shot: true,
+        };
         let mut stream = self.docker.stats(id, Some(options));
-        let Some(stats) = optional(stream.next().await.transpose()).map_err(engine)?.flatten() else {
+        let Some(stats) = optional(stream.next().await.transpose())
+            .map_err(engine)?
+            .flatten()
+        else {
             return Ok(None);
         };
         let m = &stats.memory_stats;
         // The stats API does not report swap (bollard has no field for it).
         let (rss, cache, swap, inactive) = match m.stats {
-            Some(MemoryStatsStats::V1(v1)) => (v1.total_rss, v1.total_cache, 0, v1.total_inactive_file),
+            Some(MemoryStatsStats::V1(v1)) => {
+                (v1.total_rss, v1.total_cache, 0, v1.total_inactive_file)
+            }
             Some(MemoryStatsStats::V2(v2)) => (v2.anon, v2.file, 0, v2.inactive_file),
             None => (0, 0, 0, 0),
         };
         let io = |op: &str| {
-            stats.blkio_stats.io_service_bytes_recursive.iter().flatten().filter(|e| e.op.eq_ignore_ascii_case(op)).map(|e| e.value).sum()
+            stats
+                .blkio_stats
+                .io_service_bytes_recursive
+                .iter()
+                .flatten()
+                .filter(|e| e.op.eq_ignore_ascii_case(op))
+                .map(|e| e.value)
+                .sum()
         };
         let (rx, tx) = stats
             .networks
             .iter()
             .flatten()
             .filter(|(name, _)| name.as_str() != "lo")
-            .fold((0, 0), |(rx, tx), (_, n)| (rx + n.rx_bytes, tx + n.tx_bytes));
+            .fold((0, 0), |(rx, tx), (_, n)| {
+                (rx + n.rx_bytes, tx + n.tx_bytes)
+            });
         Ok(Some(super::EngineStats {
             cgroup: crate::agent::stats::cgroup::ContainerSample {
                 cpu_used_ns: stats.cpu_stats.cpu_usage.total_usage,
@@ -568,7 +609,6 @@ impl ContainerBackend for DockerBackend {
             net_tx_bytes: tx,
         }))
     }
-
 
     /// The engine's `die` events from the moment of this call (replayed from then when the
     /// stream is first polled later), each with the container's attributes as `labels`: its

@@ -355,11 +355,18 @@ impl ContainerBackend for DummyBackend {
             .into_iter()
             .map(|(_, text)| Ok((OutputStream::Stdout, bytes::Bytes::from(text))))
             .collect();
-        Ok(ExecSession { exec_id: "dummy-exec".into(), output: stream::iter(chunks).boxed(), stdin: None })
+        Ok(ExecSession {
+            exec_id: "dummy-exec".into(),
+            output: stream::iter(chunks).boxed(),
+            stdin: None,
+        })
     }
 
     async fn exec_status(&self, _exec_id: &str) -> Result<ExecStatus, BackendError> {
-        Ok(ExecStatus { running: false, exit_code: Some(0) })
+        Ok(ExecStatus {
+            running: false,
+            exit_code: Some(0),
+        })
     }
 
     async fn exec_kill(&self, _exec_id: &str) -> Result<(), BackendError> {
@@ -367,7 +374,11 @@ impl ContainerBackend for DummyBackend {
     }
 
     /// Empty: nothing runs.
-    fn follow_logs(&self, _id: &str, _since: i64) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
+    fn follow_logs(
+        &self,
+        _id: &str,
+        _since: i64,
+    ) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
         stream::empty().boxed()
     }
 

@@ -241,17 +241,32 @@ pub trait ContainerBackend: Send + Sync + 'static {
     async fn signal_container(&self, id: &str, signal: &str) -> Result<(), BackendError>;
 
     /// Every container (running or not) whose label `key` equals `value`.
-    async fn list_containers(&self, key: &str, value: &str) -> Result<Vec<ContainerState>, BackendError>;
+    async fn list_containers(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<ContainerState>, BackendError>;
 
     /// Runs `cmd` in the running container, collecting its output; after `timeout` the
     /// process is killed and `exit_code` is `None`.
-    async fn exec(&self, id: &str, cmd: Vec<String>, timeout: Option<Duration>) -> Result<ExecOutput, BackendError>;
+    async fn exec(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, BackendError>;
 
     /// Starts `cmd` in the running container (in `working_dir` when given), streaming its
     /// output; with `stdin` its standard input stays open for writing.
     ///
     /// Errors: [`BackendError::ContainerNotFound`], or `Engine` when it is not running.
-    async fn exec_start(&self, id: &str, cmd: Vec<String>, working_dir: Option<&str>, stdin: bool) -> Result<ExecSession, BackendError>;
+    async fn exec_start(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        working_dir: Option<&str>,
+        stdin: bool,
+    ) -> Result<ExecSession, BackendError>;
 
     /// The state of an exec started by [`exec_start`](ContainerBackend::exec_start).
     async fn exec_status(&self, exec_id: &str) -> Result<ExecStatus, BackendError>;
@@ -268,7 +283,11 @@ pub trait ContainerBackend: Send + Sync + 'static {
 
     /// Exits of containers whose label `key` equals `value`, as they happen. The stream ends
     /// when the engine connection drops; the caller resubscribes and reconciles.
-    fn exits(&self, key: &str, value: &str) -> BoxStream<'static, Result<ContainerExit, BackendError>>;
+    fn exits(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> BoxStream<'static, Result<ContainerExit, BackendError>>;
 
     /// The engine's own statistics of a running container, for when its cgroup files cannot
     /// be read (the stats sampler's fallback; Docker's stats API is slow: ~1 s per call).

@@ -41,7 +41,9 @@ impl Console {
         let mut out = Vec::new();
         let mut left = max;
         while left > 0 {
-            let Some((stream, mut buf)) = self.chunks.pop_front() else { break };
+            let Some((stream, mut buf)) = self.chunks.pop_front() else {
+                break;
+            };
             if buf.len() > left {
                 let rest = buf.split_off(left);
                 self.chunks.push_front((stream, rest));
@@ -104,7 +106,11 @@ impl Utf8Carry {
 
     /// What is still held back (the run ended mid-character), as replacement text.
     pub fn finish(&mut self) -> Vec<(OutputStream, String)> {
-        let mut out: Vec<_> = self.pending.drain().map(|(s, b)| (s, String::from_utf8_lossy(&b).into_owned())).collect();
+        let mut out: Vec<_> = self
+            .pending
+            .drain()
+            .map(|(s, b)| (s, String::from_utf8_lossy(&b).into_owned()))
+            .collect();
         out.sort_by_key(|(s, _)| *s == OutputStream::Stderr);
         out
     }
@@ -126,7 +132,10 @@ mod tests {
         let first = c.take(4);
         assert_eq!(first, vec![(Stdout, b"abcd".to_vec())]);
         let second = c.take(4);
-        assert_eq!(second, vec![(Stdout, b"ef".to_vec()), (Stderr, b"EE".to_vec())]);
+        assert_eq!(
+            second,
+            vec![(Stdout, b"ef".to_vec()), (Stderr, b"EE".to_vec())]
+        );
         assert_eq!(c.take(100), vec![(Stdout, b"gh".to_vec())]);
         assert!(c.is_empty() && c.take(10).is_empty());
     }

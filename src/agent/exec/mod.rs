@@ -186,7 +186,11 @@ impl Run {
             };
             if let Some((chunks, end)) = taken {
                 self.shared.room.notify_waiters();
-                let mut console: Vec<(OutputStream, String)> = chunks.into_iter().map(|(s, b)| (s, carry.decode(s, b))).filter(|(_, t)| !t.is_empty()).collect();
+                let mut console: Vec<(OutputStream, String)> = chunks
+                    .into_iter()
+                    .map(|(s, b)| (s, carry.decode(s, b)))
+                    .filter(|(_, t)| !t.is_empty())
+                    .collect();
                 let (status, exit_code) = match end {
                     None => (AnswerStatus::Continued, None),
                     Some(end) => {
@@ -198,7 +202,11 @@ impl Run {
                         }
                     }
                 };
-                return Answer { status, console, exit_code };
+                return Answer {
+                    status,
+                    console,
+                    exit_code,
+                };
             }
             match deadline {
                 Some(d) => {
@@ -222,7 +230,9 @@ impl Run {
         }
         let mut stdin = self.stdin.lock().await;
         let id = || self.ids.run_id.clone();
-        let Some(w) = stdin.as_mut() else { return Err(RunError::Stdin(id(), "stdin was closed (eof)".into())) };
+        let Some(w) = stdin.as_mut() else {
+            return Err(RunError::Stdin(id(), "stdin was closed (eof)".into()));
+        };
         let write = async {
             w.write_all(data).await?;
             w.flush().await?;
@@ -234,7 +244,15 @@ impl Run {
         match tokio::time::timeout(limit, write).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(RunError::Stdin(id(), e.to_string())),
-            Err(_) => return Err(RunError::Stdin(id(), format!("the process did not read it within {} s", limit.as_secs_f64()))),
+            Err(_) => {
+                return Err(RunError::Stdin(
+                    id(),
+                    format!(
+                        "the process did not read it within {} s",
+                        limit.as_secs_f64()
+                    ),
+                ))
+            }
         }
         if eof {
             *stdin = None;
@@ -256,7 +274,14 @@ impl Run {
 
 /// Moves `session`'s output into `shared` until it ends, the timeout passes (kill), or the
 /// console is full (then waits for a reader to drain it).
-async fn pump(shared: Arc<Shared>, mut session: ExecSession, deadline: Option<Instant>, backend: Arc<dyn ContainerBackend>, events: EventBus, ids: RunIds) {
+async fn pump(
+    shared: Arc<Shared>,
+    mut session: ExecSession,
+    deadline: Option<Instant>,
+    backend: Arc<dyn ContainerBackend>,
+    events: EventBus,
+    ids: RunIds,
+) {
     let far = || Instant::now() + Duration::from_secs(86400 * 365);
     let deadline_or_far = deadline.unwrap_or_else(far);
     let end = 'run: loop {
@@ -303,12 +328,26 @@ async fn pump(shared: Arc<Shared>, mut session: ExecSession, deadline: Option<In
             if let Err(e) = backend.exec_kill(&session.exec_id).await {
                 tracing::warn!(%kernel_id, %run_id, error = %e, "cannot kill a timed-out run");
             }
-            events.emit(AgentEvent::ExecutionTimeout { kernel_id, session_id, run_id });
+            events.emit(AgentEvent::ExecutionTimeout {
+                kernel_id,
+                session_id,
+                run_id,
+            });
         }
-        RunEnd::Exited(code) => events.emit(AgentEvent::ExecutionFinished { kernel_id, session_id, run_id, exit_code: *code }),
+        RunEnd::Exited(code) => events.emit(AgentEvent::ExecutionFinished {
+            kernel_id,
+            session_id,
+            run_id,
+            exit_code: *code,
+        }),
         RunEnd::Failed(e) => {
             tracing::warn!(%kernel_id, %run_id, error = %e, "run output stream failed");
-            events.emit(AgentEvent::ExecutionFinished { kernel_id, session_id, run_id, exit_code: None });
+            events.emit(AgentEvent::ExecutionFinished {
+                kernel_id,
+                session_id,
+                run_id,
+                exit_code: None,
+            });
         }
         RunEnd::Abandoned => {}
     }
@@ -342,7 +381,11 @@ impl Runs {
     /// No runs; each holds at most `cap` bytes of unread output and is killed after `idle`
     /// without a reader.
     pub fn new(cap: usize, idle: Duration) -> Runs {
-        Runs { runs: Mutex::new(HashMap::new()), cap: cap.max(1), idle }
+        Runs {
+            runs: Mutex::new(HashMap::new()),
+            cap: cap.max(1),
+            idle,
+        }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Run>>> {
@@ -352,21 +395,56 @@ impl Runs {
     /// Starts a run (in `/home/work`) and its pump; emits `execution_started`.
     ///
     /// Errors: [`RunError::Exists`] (as `Err(Ok)`), or the engine's error (as `Err(Err)`).
-    pub async fn start(&self, backend: &Arc<dyn ContainerBackend>, events: &EventBus, req: RunRequest) -> Result<Arc<Run>, Result<RunError, crate::agent::backend::BackendError>> {
+    pub async fn start(
+        &self,
+        backend: &Arc<dyn ContainerBackend>,
+        events: &EventBus,
+        req: RunRequest,
+    ) -> Result<Arc<Run>, Result<RunError, crate::agent::backend::BackendError>> {
         if self.table().contains_key(&req.ids.run_id) {
             return Err(Ok(RunError::Exists(req.ids.run_id)));
         }
-        let session = backend.exec_start(&req.container_id, req.cmd, Some("/home/work"), req.stdin).await.map_err(Err)?;
-        let shared = Arc::new(Shared { state: Mutex::new(State { console: Console::default(), end: None, last_touch: Instant::now() }), data: Notify::new(), room: Notify::new(), cap: self.cap });
+        let session = backend
+            .exec_start(&req.container_id, req.cmd, Some("/home/work"), req.stdin)
+            .await
+            .map_err(Err)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                console: Console::default(),
+                end: None,
+                last_touch: Instant::now(),
+            }),
+            data: Notify::new(),
+            room: Notify::new(),
+            cap: self.cap,
+        });
+        let mut session = session;
         let exec_id = session.exec_id.clone();
         let has_stdin = session.stdin.is_some();
-        let stdin = tokio::sync::Mutex::new(None);
-        let mut session = session;
-        *stdin.try_lock().expect("fresh mutex") = session.stdin.take();
-        events.emit(AgentEvent::ExecutionStarted { kernel_id: req.ids.kernel_id.clone(), session_id: req.ids.session_id.clone(), run_id: req.ids.run_id.clone() });
+        let stdin = tokio::sync::Mutex::new(session.stdin.take());
+        events.emit(AgentEvent::ExecutionStarted {
+            kernel_id: req.ids.kernel_id.clone(),
+            session_id: req.ids.session_id.clone(),
+            run_id: req.ids.run_id.clone(),
+        });
         let deadline = req.timeout.map(|t| Instant::now() + t);
-        let pump = tokio::spawn(pump(shared.clone(), session, deadline, backend.clone(), events.clone(), req.ids.clone()));
-        let run = Arc::new(Run { ids: req.ids.clone(), exec_id, shared, stdin, has_stdin, reader: tokio::sync::Mutex::new(Utf8Carry::default()), pump });
+        let pump = tokio::spawn(pump(
+            shared.clone(),
+            session,
+            deadline,
+            backend.clone(),
+            events.clone(),
+            req.ids.clone(),
+        ));
+        let run = Arc::new(Run {
+            ids: req.ids.clone(),
+            exec_id,
+            shared,
+            stdin,
+            has_stdin,
+            reader: tokio::sync::Mutex::new(Utf8Carry::default()),
+            pump,
+        });
         self.table().insert(req.ids.run_id, run.clone());
         Ok(run)
     }
@@ -375,7 +453,10 @@ impl Runs {
     ///
     /// Errors: [`RunError::NotFound`].
     pub fn get(&self, run_id: &str) -> Result<Arc<Run>, RunError> {
-        self.table().get(run_id).cloned().ok_or_else(|| RunError::NotFound(run_id.to_owned()))
+        self.table()
+            .get(run_id)
+            .cloned()
+            .ok_or_else(|| RunError::NotFound(run_id.to_owned()))
     }
 
     /// Forgets `run` when its last answer has been taken (a `continue` on it is then
@@ -400,7 +481,11 @@ impl Runs {
     pub async fn reap(&self, backend: &Arc<dyn ContainerBackend>) -> usize {
         let idle: Vec<Arc<Run>> = {
             let mut table = self.table();
-            let ids: Vec<String> = table.iter().filter(|(_, r)| r.idle_for(self.idle)).map(|(id, _)| id.clone()).collect();
+            let ids: Vec<String> = table
+                .iter()
+                .filter(|(_, r)| r.idle_for(self.idle))
+                .map(|(id, _)| id.clone())
+                .collect();
             ids.iter().filter_map(|id| table.remove(id)).collect()
         };
         for run in &idle {
@@ -418,7 +503,12 @@ impl Runs {
     }
 
     /// Reaps every `period` until `stop` resolves.
-    pub async fn reap_every(&self, backend: Arc<dyn ContainerBackend>, period: Duration, stop: impl std::future::Future<Output = ()>) {
+    pub async fn reap_every(
+        &self,
+        backend: Arc<dyn ContainerBackend>,
+        period: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
         let mut stop = std::pin::pin!(stop);
         let mut tick = tokio::time::interval(period);
         loop {

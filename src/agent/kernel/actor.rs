@@ -6,12 +6,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix::prelude::*;
 use ::actors::StageChain;
+use actix::prelude::*;
 
 use super::chain;
-use crate::agent::events::AgentEvent;
 use super::{KernelError, KernelHandle, KernelInfo, KernelStatus};
+use crate::agent::events::AgentEvent;
 
 /// Sets the kernel up (every stage in order). On failure everything set up is torn down in
 /// reverse, the kernel ends `TERMINATED` (`failed-to-create`) and the error names the stage.
@@ -85,7 +85,13 @@ struct NowRunning {
 impl Kernel {
     /// A kernel actor around `chain` (new, or rebuilt on recovery); `gone` learns when it stops.
     pub fn new(handle: KernelHandle, chain: StageChain, gone: Recipient<KernelGone>) -> Kernel {
-        Kernel { handle, chain: Some(chain), done: false, gone, log_keeper: Keeper::default() }
+        Kernel {
+            handle,
+            chain: Some(chain),
+            done: false,
+            gone,
+            log_keeper: Keeper::default(),
+        }
     }
 
     /// What a kernel does once it is `RUNNING` (set up, or adopted after an agent restart): keep
@@ -97,8 +103,15 @@ impl Kernel {
             return;
         }
         let mut keeper = self.log_keeper.lock().expect("log keeper lock");
-        if let (Some(container_id), true) = (&info.container_id, keeper.as_ref().is_none_or(|k| k.is_finished())) {
-            *keeper = Some(self.handle.ctx.logs.keep(self.handle.ctx.backend.clone(), &self.handle.id, container_id));
+        if let (Some(container_id), true) = (
+            &info.container_id,
+            keeper.as_ref().is_none_or(|k| k.is_finished()),
+        ) {
+            *keeper = Some(self.handle.ctx.logs.keep(
+                self.handle.ctx.backend.clone(),
+                &self.handle.id,
+                container_id,
+            ));
         }
         if let (Some(t), true) = (info.config.batch_timeout, arm_timeout) {
             ctx.notify_later(BatchTimedOut, Duration::from_secs_f64(t));
@@ -107,21 +120,29 @@ impl Kernel {
 
     /// Lends the chain to `work`, puts it back after; atomic, so the kernel's operations never
     /// interleave. `work` returns whether the kernel is finished (then the actor stops).
-    fn lend<R, Fut>(&mut self, work: impl FnOnce(KernelHandle, StageChain) -> Fut) -> AtomicResponse<Self, R>
+    fn lend<R, Fut>(
+        &mut self,
+        work: impl FnOnce(KernelHandle, StageChain) -> Fut,
+    ) -> AtomicResponse<Self, R>
     where
         R: 'static,
         Fut: Future<Output = (StageChain, bool, R)> + 'static,
     {
-        let chain = self.chain.take().expect("the kernel holds its chain between operations");
+        let chain = self
+            .chain
+            .take()
+            .expect("the kernel holds its chain between operations");
         let lent = work(self.handle.clone(), chain);
-        AtomicResponse::new(Box::pin(lent.into_actor(self).map(|(chain, finished, result), act, ctx| {
-            act.chain = Some(chain);
-            if finished {
-                act.done = true;
-                ctx.stop();
-            }
-            result
-        })))
+        AtomicResponse::new(Box::pin(lent.into_actor(self).map(
+            |(chain, finished, result), act, ctx| {
+                act.chain = Some(chain);
+                if finished {
+                    act.done = true;
+                    ctx.stop();
+                }
+                result
+            },
+        )))
     }
 }
 
@@ -131,9 +152,21 @@ const LOG_KEEPER_DRAIN: Duration = Duration::from_secs(3);
 /// Tears `chain` down and records the end; shared by every way a kernel ends. A batch session
 /// reports its result first (`session_success` when its command exited 0, else
 /// `session_failure` with the reason), then `kernel_terminated`.
-async fn finish(h: &KernelHandle, chain: &mut StageChain, keeper: &Keeper, reason: &str, exit_code: Option<i64>, suppress_events: bool) {
+async fn finish(
+    h: &KernelHandle,
+    chain: &mut StageChain,
+    keeper: &Keeper,
+    reason: &str,
+    exit_code: Option<i64>,
+    suppress_events: bool,
+) {
     h.set_status(KernelStatus::Terminating);
-    if let Err(e) = h.ctx.store.set_status(&h.id, KernelStatus::Terminating, None).await {
+    if let Err(e) = h
+        .ctx
+        .store
+        .set_status(&h.id, KernelStatus::Terminating, None)
+        .await
+    {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATING");
     }
     if let Err(e) = chain.teardown().await {
@@ -142,17 +175,31 @@ async fn finish(h: &KernelHandle, chain: &mut StageChain, keeper: &Keeper, reaso
     let keeper = keeper.lock().expect("log keeper lock").take();
     if let Some(mut keeper) = keeper {
         // The container is gone, so the keeper's stream ends once it has written the last bytes.
-        if tokio::time::timeout(LOG_KEEPER_DRAIN, &mut keeper).await.is_err() {
+        if tokio::time::timeout(LOG_KEEPER_DRAIN, &mut keeper)
+            .await
+            .is_err()
+        {
             keeper.abort();
         }
     }
     if h.info().config.session_type == super::SessionType::Batch && !suppress_events {
         let (kernel_id, session_id) = (h.id.clone(), h.session_id.clone());
-        h.ctx.events.emit(if reason == "self-terminated" && exit_code == Some(0) {
-            AgentEvent::SessionSuccess { kernel_id, session_id, exit_code }
-        } else {
-            AgentEvent::SessionFailure { kernel_id, session_id, reason: reason.to_owned(), exit_code }
-        });
+        h.ctx
+            .events
+            .emit(if reason == "self-terminated" && exit_code == Some(0) {
+                AgentEvent::SessionSuccess {
+                    kernel_id,
+                    session_id,
+                    exit_code,
+                }
+            } else {
+                AgentEvent::SessionFailure {
+                    kernel_id,
+                    session_id,
+                    reason: reason.to_owned(),
+                    exit_code,
+                }
+            });
     }
     if let Err(e) = h.ctx.store.set_terminated(&h.id, reason, exit_code).await {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATED");
@@ -235,7 +282,15 @@ impl Handler<Terminate> for Kernel {
         let (done, keeper) = (self.done, self.log_keeper.clone());
         self.lend(move |h, mut chain| async move {
             if !done {
-                finish(&h, &mut chain, &keeper, &t.reason, t.exit_code, t.suppress_events).await;
+                finish(
+                    &h,
+                    &mut chain,
+                    &keeper,
+                    &t.reason,
+                    t.exit_code,
+                    t.suppress_events,
+                )
+                .await;
             }
             (chain, true, ())
         })
@@ -283,11 +338,23 @@ impl Handler<Restart> for Kernel {
         let me = ctx.address();
         self.lend(move |h, chain| async move {
             let info = h.info();
-            let Some(container_id) = info.container_id.filter(|_| info.status == KernelStatus::Running) else {
-                return (chain, false, Err(KernelError::NotRunning(h.id.clone(), info.status.as_str())));
+            let Some(container_id) = info
+                .container_id
+                .filter(|_| info.status == KernelStatus::Running)
+            else {
+                return (
+                    chain,
+                    false,
+                    Err(KernelError::NotRunning(h.id.clone(), info.status.as_str())),
+                );
             };
             h.set_status(KernelStatus::Restarting);
-            match h.ctx.backend.restart_container(&container_id, Duration::from_secs(10)).await {
+            match h
+                .ctx
+                .backend
+                .restart_container(&container_id, Duration::from_secs(10))
+                .await
+            {
                 Ok(()) => {
                     h.set_status(KernelStatus::Running);
                     me.do_send(NowRunning { arm_timeout: false });
@@ -321,7 +388,11 @@ impl Handler<BatchTimedOut> for Kernel {
             return;
         }
         tracing::info!(agent_id = %self.handle.ctx.agent_id, kernel_id = %self.handle.id, "batch session exceeded its batch_timeout");
-        ctx.notify(Terminate { reason: "batch-timeout".into(), exit_code: None, suppress_events: false });
+        ctx.notify(Terminate {
+            reason: "batch-timeout".into(),
+            exit_code: None,
+            suppress_events: false,
+        });
     }
 }
 

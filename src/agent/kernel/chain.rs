@@ -7,7 +7,10 @@ use std::time::Duration;
 use actors::{BoxError, Detached, Provisioner, StageChain, StageChainBuilder, StageError};
 
 use super::config::Injection;
-use super::stages::{self, ContainerHandle, ContainerStage, ImageStage, MountStage, PortStage, ScratchDir, ScratchSpec, ScratchStage, ServicePortInfo, ServicePortStage, SlotStage};
+use super::stages::{
+    self, ContainerHandle, ContainerStage, ImageStage, MountStage, PortStage, ScratchDir,
+    ScratchSpec, ScratchStage, ServicePortInfo, ServicePortStage, SlotStage,
+};
 use super::{KernelError, KernelHandle, KernelResources};
 use crate::agent::backend::{Bind, ImageInfo};
 use crate::agent::metrics::StageMetricsHook;
@@ -50,41 +53,107 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
     let info = handle.info();
     let config = info.config.clone();
     let inject = config.inject.clone();
-    let (image_ref, slots, port_count, mounts) = (config.image.clone(), config.slots, config.port_count(), config.mounts.clone());
+    let (image_ref, slots, port_count, mounts) = (
+        config.image.clone(),
+        config.slots,
+        config.port_count(),
+        config.mounts.clone(),
+    );
     let (h_scratch, h_container) = (handle.clone(), handle.clone());
     let service_ports = config.service_ports.clone();
     StageChain::builder()
-        .hook(Arc::new(StageMetricsHook { metrics: handle.ctx.metrics.clone(), kernel_id: handle.id.clone() }))
-        .stage(Injected { inner: ImageStage(handle.clone()), inject: inject.clone() }, move |_| Ok(image_ref.clone()))
-        .stage(Injected { inner: SlotStage(handle.clone()), inject: inject.clone() }, move |_| Ok(slots))
-        .stage(Injected { inner: PortStage(handle.clone()), inject: inject.clone() }, move |_| Ok(port_count))
-        .stage(Injected { inner: ScratchStage(handle.clone()), inject: inject.clone() }, move |r| {
-            let alloc = r.get::<SlotAllocation>("slots")?;
-            let ports = r.get::<Vec<u16>>("ports")?;
-            let mut resources = vec![
-                ("cpu".to_owned(), format_cores(alloc.request.cpu_millis)),
-                ("mem".to_owned(), alloc.request.mem_bytes.to_string()),
-                ("cuda.device".to_owned(), alloc.request.cuda_devices.to_string()),
-            ];
-            resources.push(("CUDA_GLOBAL_DEVICE_IDS".into(), alloc.gpus.join(",")));
-            resources.push(("HOST_PORTS".into(), ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",")));
-            Ok(ScratchSpec { environ: stages::container::environ(&h_scratch, &alloc.gpus), resources })
-        })
-        .stage(Injected { inner: MountStage(handle.clone()), inject: inject.clone() }, move |_| Ok(mounts.clone()))
-        .stage(Injected { inner: ContainerStage(handle.clone()), inject: inject.clone() }, move |r| {
-            Ok(stages::container_spec(
-                &h_container,
-                &r.get::<ImageInfo>("image")?.id,
-                r.get::<SlotAllocation>("slots")?,
-                r.get::<Vec<u16>>("ports")?,
-                r.get::<ScratchDir>("scratch")?,
-                r.get::<Vec<Bind>>("mounts")?,
-            ))
-        })
-        .stage(Injected { inner: ServicePortStage(handle.clone()), inject }, move |r| {
-            let container = r.get::<ContainerHandle>("container")?;
-            Ok((container.id.clone(), stages::service_ports::assign(&service_ports, r.get::<Vec<u16>>("ports")?)))
-        })
+        .hook(Arc::new(StageMetricsHook {
+            metrics: handle.ctx.metrics.clone(),
+            kernel_id: handle.id.clone(),
+        }))
+        .stage(
+            Injected {
+                inner: ImageStage(handle.clone()),
+                inject: inject.clone(),
+            },
+            move |_| Ok(image_ref.clone()),
+        )
+        .stage(
+            Injected {
+                inner: SlotStage(handle.clone()),
+                inject: inject.clone(),
+            },
+            move |_| Ok(slots),
+        )
+        .stage(
+            Injected {
+                inner: PortStage(handle.clone()),
+                inject: inject.clone(),
+            },
+            move |_| Ok(port_count),
+        )
+        .stage(
+            Injected {
+                inner: ScratchStage(handle.clone()),
+                inject: inject.clone(),
+            },
+            move |r| {
+                let alloc = r.get::<SlotAllocation>("slots")?;
+                let ports = r.get::<Vec<u16>>("ports")?;
+                let mut resources = vec![
+                    ("cpu".to_owned(), format_cores(alloc.request.cpu_millis)),
+                    ("mem".to_owned(), alloc.request.mem_bytes.to_string()),
+                    (
+                        "cuda.device".to_owned(),
+                        alloc.request.cuda_devices.to_string(),
+                    ),
+                ];
+                resources.push(("CUDA_GLOBAL_DEVICE_IDS".into(), alloc.gpus.join(",")));
+                resources.push((
+                    "HOST_PORTS".into(),
+                    ports
+                        .iter()
+                        .map(u16::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ));
+                Ok(ScratchSpec {
+                    environ: stages::container::environ(&h_scratch, &alloc.gpus),
+                    resources,
+                })
+            },
+        )
+        .stage(
+            Injected {
+                inner: MountStage(handle.clone()),
+                inject: inject.clone(),
+            },
+            move |_| Ok(mounts.clone()),
+        )
+        .stage(
+            Injected {
+                inner: ContainerStage(handle.clone()),
+                inject: inject.clone(),
+            },
+            move |r| {
+                Ok(stages::container_spec(
+                    &h_container,
+                    &r.get::<ImageInfo>("image")?.id,
+                    r.get::<SlotAllocation>("slots")?,
+                    r.get::<Vec<u16>>("ports")?,
+                    r.get::<ScratchDir>("scratch")?,
+                    r.get::<Vec<Bind>>("mounts")?,
+                ))
+            },
+        )
+        .stage(
+            Injected {
+                inner: ServicePortStage(handle.clone()),
+                inject,
+            },
+            move |r| {
+                let container = r.get::<ContainerHandle>("container")?;
+                Ok((
+                    container.id.clone(),
+                    stages::service_ports::assign(&service_ports, r.get::<Vec<u16>>("ports")?),
+                ))
+            },
+        )
 }
 
 /// A new kernel's chain, holding nothing yet.

@@ -113,14 +113,28 @@ pub struct KernelConfig {
 pub fn check_kernel_id(id: &str) -> Result<(), KernelError> {
     let ok = (1..=128).contains(&id.len())
         && id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    ok.then_some(()).ok_or_else(|| KernelError::InvalidConfig(format!("`{id}` is not a valid kernel id (letters, digits, . _ -; at most 128)")))
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    ok.then_some(()).ok_or_else(|| {
+        KernelError::InvalidConfig(format!(
+            "`{id}` is not a valid kernel id (letters, digits, . _ -; at most 128)"
+        ))
+    })
 }
 
 /// A vfolder name must be one path component: no `/`, not `.` or `..`, not empty.
 pub fn check_mount_name(name: &str) -> Result<(), KernelError> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') || name.contains("..") {
-        return Err(KernelError::InvalidConfig(format!("vfolder name `{name}` must be a single path component without `/` or `..`")));
+    if name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\0')
+        || name.contains("..")
+    {
+        return Err(KernelError::InvalidConfig(format!(
+            "vfolder name `{name}` must be a single path component without `/` or `..`"
+        )));
     }
     Ok(())
 }
@@ -130,19 +144,29 @@ fn invalid(msg: impl Into<String>) -> KernelError {
 }
 
 fn get<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
-    map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v).filter(|v| !v.is_nil())
+    map.iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_nil())
 }
 
 fn string(v: &Value, what: &str) -> Result<String, KernelError> {
-    v.as_str().map(str::to_owned).ok_or_else(|| invalid(format!("`{what}` must be a string, got {v}")))
+    v.as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| invalid(format!("`{what}` must be a string, got {v}")))
 }
 
 fn list<'a>(v: &'a Value, what: &str) -> Result<&'a [Value], KernelError> {
-    v.as_array().map(Vec::as_slice).ok_or_else(|| invalid(format!("`{what}` must be a list")))
+    v.as_array()
+        .map(Vec::as_slice)
+        .ok_or_else(|| invalid(format!("`{what}` must be a list")))
 }
 
 fn port(v: &Value, what: &str) -> Result<u16, KernelError> {
-    v.as_u64().and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0).ok_or_else(|| invalid(format!("`{what}`: {v} is not a TCP port")))
+    v.as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| invalid(format!("`{what}`: {v} is not a TCP port")))
 }
 
 impl KernelConfig {
@@ -153,25 +177,53 @@ impl KernelConfig {
     /// `resource_slots`, an unknown slot, a negative or too small `mem` (< 6 MiB), a vfolder
     /// name with `/` or `..`, a permission other than `ro`/`rw`, a bad port.
     pub fn from_value(v: &Value) -> Result<KernelConfig, KernelError> {
-        let map = v.as_map().ok_or_else(|| invalid("a kernel config must be a map"))?;
-        let image = string(get(map, "image").ok_or_else(|| invalid("`image` is required"))?, "image")?;
+        let map = v
+            .as_map()
+            .ok_or_else(|| invalid("a kernel config must be a map"))?;
+        let image = string(
+            get(map, "image").ok_or_else(|| invalid("`image` is required"))?,
+            "image",
+        )?;
         if image.trim().is_empty() {
             return Err(invalid("`image` must not be empty"));
         }
-        let slots = SlotRequest::from_value(get(map, "resource_slots").ok_or_else(|| invalid("`resource_slots` is required"))?)?;
+        let slots = SlotRequest::from_value(
+            get(map, "resource_slots").ok_or_else(|| invalid("`resource_slots` is required"))?,
+        )?;
         if slots.mem_bytes < MIN_MEM_BYTES {
-            return Err(invalid(format!("resource slot `mem`: {} bytes is below the 6 MiB minimum", slots.mem_bytes)));
+            return Err(invalid(format!(
+                "resource slot `mem`: {} bytes is below the 6 MiB minimum",
+                slots.mem_bytes
+            )));
         }
-        let shmem = match get(map, "resource_opts").and_then(|o| o.as_map()).and_then(|o| get(o, "shmem")) {
+        let shmem = match get(map, "resource_opts")
+            .and_then(|o| o.as_map())
+            .and_then(|o| get(o, "shmem"))
+        {
             None => None,
-            Some(s) => Some(s.as_u64().or_else(|| s.as_str().and_then(|t| crate::config::ByteSize::parse(t).ok()).map(|b| b.0)).ok_or_else(|| invalid(format!("`resource_opts.shmem`: {s} is not a size in bytes")))?),
+            Some(s) => Some(
+                s.as_u64()
+                    .or_else(|| {
+                        s.as_str()
+                            .and_then(|t| crate::config::ByteSize::parse(t).ok())
+                            .map(|b| b.0)
+                    })
+                    .ok_or_else(|| {
+                        invalid(format!("`resource_opts.shmem`: {s} is not a size in bytes"))
+                    })?,
+            ),
         };
         let mut environ = BTreeMap::new();
         if let Some(env) = get(map, "environ") {
-            for (k, v) in env.as_map().ok_or_else(|| invalid("`environ` must be a map"))? {
+            for (k, v) in env
+                .as_map()
+                .ok_or_else(|| invalid("`environ` must be a map"))?
+            {
                 let k = string(k, "environ key")?;
                 if k.is_empty() || k.contains('=') {
-                    return Err(invalid(format!("environ key `{k}` is empty or contains `=`")));
+                    return Err(invalid(format!(
+                        "environ key `{k}` is empty or contains `=`"
+                    )));
                 }
                 let v = match v {
                     Value::String(_) => string(v, "environ value")?,
@@ -181,33 +233,80 @@ impl KernelConfig {
             }
         }
         let mut mounts = Vec::new();
-        for m in get(map, "mounts").map(|m| list(m, "mounts")).transpose()?.unwrap_or_default() {
-            let m = m.as_map().ok_or_else(|| invalid("each mount must be a map"))?;
-            let name = string(get(m, "name").ok_or_else(|| invalid("mount `name` is required"))?, "mounts.name")?;
+        for m in get(map, "mounts")
+            .map(|m| list(m, "mounts"))
+            .transpose()?
+            .unwrap_or_default()
+        {
+            let m = m
+                .as_map()
+                .ok_or_else(|| invalid("each mount must be a map"))?;
+            let name = string(
+                get(m, "name").ok_or_else(|| invalid("mount `name` is required"))?,
+                "mounts.name",
+            )?;
             check_mount_name(&name)?;
-            let host_path = string(get(m, "host_path").ok_or_else(|| invalid("mount `host_path` is required"))?, "mounts.host_path")?;
-            let read_only = match get(m, "permission").map(|p| string(p, "mounts.permission")).transpose()?.as_deref() {
+            let host_path = string(
+                get(m, "host_path").ok_or_else(|| invalid("mount `host_path` is required"))?,
+                "mounts.host_path",
+            )?;
+            let read_only = match get(m, "permission")
+                .map(|p| string(p, "mounts.permission"))
+                .transpose()?
+                .as_deref()
+            {
                 None | Some("ro") => true,
                 Some("rw") => false,
-                Some(other) => return Err(invalid(format!("mount permission `{other}` must be `ro` or `rw`"))),
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "mount permission `{other}` must be `ro` or `rw`"
+                    )))
+                }
             };
             if mounts.iter().any(|x: &MountRequest| x.name == name) {
                 return Err(invalid(format!("vfolder `{name}` is mounted twice")));
             }
-            mounts.push(MountRequest { name, host_path, read_only });
+            mounts.push(MountRequest {
+                name,
+                host_path,
+                read_only,
+            });
         }
         let mut service_ports = Vec::new();
-        for sp in get(map, "service_ports").map(|s| list(s, "service_ports")).transpose()?.unwrap_or_default() {
-            let sp = sp.as_map().ok_or_else(|| invalid("each service port must be a map"))?;
-            let name = string(get(sp, "name").ok_or_else(|| invalid("service port `name` is required"))?, "service_ports.name")?;
-            let protocol = get(sp, "protocol").map(|p| string(p, "service_ports.protocol")).transpose()?.unwrap_or_else(|| "tcp".into());
-            let container_ports = list(get(sp, "container_ports").ok_or_else(|| invalid("service port `container_ports` is required"))?, "service_ports.container_ports")?
-                .iter()
-                .map(|p| port(p, "service_ports.container_ports"))
-                .collect::<Result<Vec<_>, _>>()?;
-            service_ports.push(ServicePortRequest { name, protocol, container_ports });
+        for sp in get(map, "service_ports")
+            .map(|s| list(s, "service_ports"))
+            .transpose()?
+            .unwrap_or_default()
+        {
+            let sp = sp
+                .as_map()
+                .ok_or_else(|| invalid("each service port must be a map"))?;
+            let name = string(
+                get(sp, "name").ok_or_else(|| invalid("service port `name` is required"))?,
+                "service_ports.name",
+            )?;
+            let protocol = get(sp, "protocol")
+                .map(|p| string(p, "service_ports.protocol"))
+                .transpose()?
+                .unwrap_or_else(|| "tcp".into());
+            let container_ports = list(
+                get(sp, "container_ports")
+                    .ok_or_else(|| invalid("service port `container_ports` is required"))?,
+                "service_ports.container_ports",
+            )?
+            .iter()
+            .map(|p| port(p, "service_ports.container_ports"))
+            .collect::<Result<Vec<_>, _>>()?;
+            service_ports.push(ServicePortRequest {
+                name,
+                protocol,
+                container_ports,
+            });
         }
-        let mut all: Vec<u16> = service_ports.iter().flat_map(|s| s.container_ports.iter().copied()).collect();
+        let mut all: Vec<u16> = service_ports
+            .iter()
+            .flat_map(|s| s.container_ports.iter().copied())
+            .collect();
         all.sort_unstable();
         if all.windows(2).any(|w| w[0] == w[1]) {
             return Err(invalid("a container port appears in two service ports"));
@@ -216,16 +315,35 @@ impl KernelConfig {
             None => Owner::default(),
             Some(o) => {
                 let o = o.as_map().ok_or_else(|| invalid("`owner` must be a map"))?;
-                let field = |k: &str| get(o, k).map(|v| string(v, &format!("owner.{k}"))).transpose().map(Option::unwrap_or_default);
-                Owner { user_id: field("user_id")?, project_id: field("project_id")?, access_key: field("access_key")? }
+                let field = |k: &str| {
+                    get(o, k)
+                        .map(|v| string(v, &format!("owner.{k}")))
+                        .transpose()
+                        .map(Option::unwrap_or_default)
+                };
+                Owner {
+                    user_id: field("user_id")?,
+                    project_id: field("project_id")?,
+                    access_key: field("access_key")?,
+                }
             }
         };
-        let session_type = match get(map, "session_type").map(|v| string(v, "session_type")).transpose()?.as_deref() {
+        let session_type = match get(map, "session_type")
+            .map(|v| string(v, "session_type"))
+            .transpose()?
+            .as_deref()
+        {
             None | Some("interactive") => SessionType::Interactive,
             Some("batch") => SessionType::Batch,
-            Some(other) => return Err(invalid(format!("`session_type` `{other}` must be `interactive` or `batch`"))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "`session_type` `{other}` must be `interactive` or `batch`"
+                )))
+            }
         };
-        let command = get(map, "command").map(|v| string(v, "command")).transpose()?;
+        let command = get(map, "command")
+            .map(|v| string(v, "command"))
+            .transpose()?;
         if command.as_deref().is_some_and(|c| c.trim().is_empty()) {
             return Err(invalid("`command` must not be empty"));
         }
@@ -234,17 +352,41 @@ impl KernelConfig {
         }
         let batch_timeout = match get(map, "batch_timeout") {
             None => None,
-            Some(v) => Some(v.as_f64().or_else(|| v.as_i64().map(|n| n as f64)).filter(|t| t.is_finite() && *t > 0.0).ok_or_else(|| invalid(format!("`batch_timeout`: {v} is not a positive number of seconds")))?),
+            Some(v) => Some(
+                v.as_f64()
+                    .or_else(|| v.as_i64().map(|n| n as f64))
+                    .filter(|t| t.is_finite() && *t > 0.0)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "`batch_timeout`: {v} is not a positive number of seconds"
+                        ))
+                    })?,
+            ),
         };
         if batch_timeout.is_some() && session_type != SessionType::Batch {
             return Err(invalid("`batch_timeout` applies to batch sessions only"));
         }
-        Ok(KernelConfig { image, slots, shmem, environ, mounts, service_ports, owner, session_type, command, batch_timeout, inject: injection(map)? })
+        Ok(KernelConfig {
+            image,
+            slots,
+            shmem,
+            environ,
+            mounts,
+            service_ports,
+            owner,
+            session_type,
+            command,
+            batch_timeout,
+            inject: injection(map)?,
+        })
     }
 
     /// Host ports this kernel needs: one per container port of its service ports.
     pub fn port_count(&self) -> usize {
-        self.service_ports.iter().map(|s| s.container_ports.len()).sum()
+        self.service_ports
+            .iter()
+            .map(|s| s.container_ports.len())
+            .sum()
     }
 }
 
@@ -268,7 +410,13 @@ mod tests {
     fn cfg(extra: Vec<(&str, Value)>) -> Result<KernelConfig, KernelError> {
         let mut m = vec![
             (Value::from("image"), Value::from("kernelvisor-test:latest")),
-            (Value::from("resource_slots"), Value::Map(vec![("cpu".into(), 1.into()), ("mem".into(), "268435456".into())])),
+            (
+                Value::from("resource_slots"),
+                Value::Map(vec![
+                    ("cpu".into(), 1.into()),
+                    ("mem".into(), "268435456".into()),
+                ]),
+            ),
         ];
         for (k, v) in extra {
             m.retain(|(x, _)| x.as_str() != Some(k));
@@ -280,10 +428,27 @@ mod tests {
     #[test]
     fn parses_a_full_config() {
         let c = cfg(vec![
-            ("resource_opts", Value::Map(vec![("shmem".into(), Value::from(1u64 << 26))])),
+            (
+                "resource_opts",
+                Value::Map(vec![("shmem".into(), Value::from(1u64 << 26))]),
+            ),
             ("environ", Value::Map(vec![("A".into(), "1".into())])),
-            ("mounts", Value::Array(vec![Value::Map(vec![("name".into(), "data".into()), ("host_path".into(), "/vf/data".into()), ("permission".into(), "rw".into())])])),
-            ("service_ports", Value::Array(vec![Value::Map(vec![("name".into(), "http".into()), ("protocol".into(), "http".into()), ("container_ports".into(), Value::Array(vec![8080.into()]))])])),
+            (
+                "mounts",
+                Value::Array(vec![Value::Map(vec![
+                    ("name".into(), "data".into()),
+                    ("host_path".into(), "/vf/data".into()),
+                    ("permission".into(), "rw".into()),
+                ])]),
+            ),
+            (
+                "service_ports",
+                Value::Array(vec![Value::Map(vec![
+                    ("name".into(), "http".into()),
+                    ("protocol".into(), "http".into()),
+                    ("container_ports".into(), Value::Array(vec![8080.into()])),
+                ])]),
+            ),
             ("kernel_features", Value::Array(vec![])),
         ])
         .unwrap();
@@ -295,29 +460,67 @@ mod tests {
 
     #[test]
     fn batch_sessions_need_a_command() {
-        let c = cfg(vec![("session_type", "batch".into()), ("command", "echo hi".into()), ("batch_timeout", Value::F64(2.5))]).unwrap();
-        assert_eq!((c.session_type, c.command.as_deref(), c.batch_timeout), (SessionType::Batch, Some("echo hi"), Some(2.5)));
+        let c = cfg(vec![
+            ("session_type", "batch".into()),
+            ("command", "echo hi".into()),
+            ("batch_timeout", Value::F64(2.5)),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.session_type, c.command.as_deref(), c.batch_timeout),
+            (SessionType::Batch, Some("echo hi"), Some(2.5))
+        );
         assert_eq!(cfg(vec![]).unwrap().session_type, SessionType::Interactive);
         for bad in [
             vec![("session_type", Value::from("batch"))],
             vec![("session_type", "cron".into()), ("command", "x".into())],
-            vec![("session_type", "batch".into()), ("command", "x".into()), ("batch_timeout", Value::from(-1))],
+            vec![
+                ("session_type", "batch".into()),
+                ("command", "x".into()),
+                ("batch_timeout", Value::from(-1)),
+            ],
             vec![("command", "x".into()), ("batch_timeout", Value::from(5))],
             vec![("command", " ".into())],
         ] {
-            assert_eq!(cfg(bad.clone()).unwrap_err().name(), "InvalidKernelConfig", "{bad:?}");
+            assert_eq!(
+                cfg(bad.clone()).unwrap_err().name(),
+                "InvalidKernelConfig",
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
     fn refuses_bad_specs_with_invalid_kernel_config() {
-        let neg = cfg(vec![("resource_slots", Value::Map(vec![("cpu".into(), 1.into()), ("mem".into(), Value::from(-1))]))]).unwrap_err();
+        let neg = cfg(vec![(
+            "resource_slots",
+            Value::Map(vec![
+                ("cpu".into(), 1.into()),
+                ("mem".into(), Value::from(-1)),
+            ]),
+        )])
+        .unwrap_err();
         assert_eq!(neg.name(), "InvalidKernelConfig");
-        let unknown = cfg(vec![("resource_slots", Value::Map(vec![("cpu".into(), 1.into()), ("mem".into(), Value::from(1u64 << 28)), ("tpu".into(), 1.into())]))]).unwrap_err();
+        let unknown = cfg(vec![(
+            "resource_slots",
+            Value::Map(vec![
+                ("cpu".into(), 1.into()),
+                ("mem".into(), Value::from(1u64 << 28)),
+                ("tpu".into(), 1.into()),
+            ]),
+        )])
+        .unwrap_err();
         assert!(unknown.to_string().contains("tpu"));
         for bad in ["../etc", "a/b", "..", ""] {
-            let m = Value::Array(vec![Value::Map(vec![("name".into(), bad.into()), ("host_path".into(), "/vf/x".into())])]);
-            assert_eq!(cfg(vec![("mounts", m)]).unwrap_err().name(), "InvalidKernelConfig", "{bad}");
+            let m = Value::Array(vec![Value::Map(vec![
+                ("name".into(), bad.into()),
+                ("host_path".into(), "/vf/x".into()),
+            ])]);
+            assert_eq!(
+                cfg(vec![("mounts", m)]).unwrap_err().name(),
+                "InvalidKernelConfig",
+                "{bad}"
+            );
         }
         assert!(check_kernel_id("../x").is_err());
         assert!(check_kernel_id("3f1c-ab_9.x").is_ok());

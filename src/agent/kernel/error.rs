@@ -62,8 +62,16 @@ impl KernelError {
     /// From a failed [`StageChain::setup`](actors::StageChain::setup): the stage and its
     /// cause, recovered from the provisioner's boxed error.
     pub fn from_setup(e: &SetupError) -> KernelError {
-        let source = e.failed.source.downcast_ref::<KernelError>().cloned().unwrap_or_else(|| KernelError::Engine(e.failed.source.to_string()));
-        KernelError::Stage { stage: e.failed.stage, source: Box::new(source) }
+        let source = e
+            .failed
+            .source
+            .downcast_ref::<KernelError>()
+            .cloned()
+            .unwrap_or_else(|| KernelError::Engine(e.failed.source.to_string()));
+        KernelError::Stage {
+            stage: e.failed.stage,
+            source: Box::new(source),
+        }
     }
 }
 

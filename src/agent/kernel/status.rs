@@ -117,12 +117,29 @@ impl KernelInfo {
             ("status".into(), self.status.as_str().into()),
             ("container_id".into(), opt(&self.container_id)),
             ("image".into(), self.config.image.clone().into()),
-            ("host_ports".into(), Value::Array(self.host_ports.iter().map(|&p| p.into()).collect())),
-            ("service_ports".into(), Value::Array(self.service_ports.iter().map(ServicePortInfo::to_value).collect())),
+            (
+                "host_ports".into(),
+                Value::Array(self.host_ports.iter().map(|&p| p.into()).collect()),
+            ),
+            (
+                "service_ports".into(),
+                Value::Array(
+                    self.service_ports
+                        .iter()
+                        .map(ServicePortInfo::to_value)
+                        .collect(),
+                ),
+            ),
             ("resource_slots".into(), self.config.slots.to_value()),
-            ("gpus".into(), Value::Array(self.gpus.iter().map(|g| g.clone().into()).collect())),
+            (
+                "gpus".into(),
+                Value::Array(self.gpus.iter().map(|g| g.clone().into()).collect()),
+            ),
             ("reason".into(), opt(&self.reason)),
-            ("exit_code".into(), self.exit_code.map_or(Value::Nil, Value::from)),
+            (
+                "exit_code".into(),
+                self.exit_code.map_or(Value::Nil, Value::from),
+            ),
         ])
     }
 }
@@ -159,10 +176,22 @@ impl KernelHandle {
         tracing::info!(agent_id = %self.ctx.agent_id, kernel_id = %self.id, status = status.as_str(), "kernel status");
         let (kernel_id, session_id) = (self.id.clone(), self.session_id.clone());
         let event = match status {
-            KernelStatus::Preparing => AgentEvent::KernelPreparing { kernel_id, session_id },
-            KernelStatus::Pulling => AgentEvent::KernelPulling { kernel_id, session_id },
-            KernelStatus::Creating => AgentEvent::KernelCreating { kernel_id, session_id },
-            KernelStatus::Running => AgentEvent::KernelStarted { kernel_id, session_id },
+            KernelStatus::Preparing => AgentEvent::KernelPreparing {
+                kernel_id,
+                session_id,
+            },
+            KernelStatus::Pulling => AgentEvent::KernelPulling {
+                kernel_id,
+                session_id,
+            },
+            KernelStatus::Creating => AgentEvent::KernelCreating {
+                kernel_id,
+                session_id,
+            },
+            KernelStatus::Running => AgentEvent::KernelStarted {
+                kernel_id,
+                session_id,
+            },
             _ => return,
         };
         self.ctx.events.emit(event);

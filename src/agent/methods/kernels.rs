@@ -18,7 +18,10 @@ use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
 use crate::agent::exec::{RunError, RunIds, RunRequest};
 use crate::agent::kernel::{KernelConfig, KernelError, KernelInfo, KernelStatus};
-use crate::agent::registry::{CreateKernels, DestroyKernel, GetKernel, KernelRegistry, ListKernels, Reconcile, ResetAgent, RestartKernel};
+use crate::agent::registry::{
+    CreateKernels, DestroyKernel, GetKernel, KernelRegistry, ListKernels, Reconcile, ResetAgent,
+    RestartKernel,
+};
 use crate::rpc::{Call, Dispatcher, ErrorMeta};
 
 type Res = Result<Value, ErrorMeta>;
@@ -29,11 +32,16 @@ fn type_error(msg: String) -> ErrorMeta {
 
 /// Argument `i` named `name` (positional or keyword), required.
 fn arg<'a>(call: &'a Call, i: usize, name: &str) -> Result<&'a Value, ErrorMeta> {
-    call.arg(i, name).filter(|v| !v.is_nil()).ok_or_else(|| type_error(format!("missing required argument: '{name}'")))
+    call.arg(i, name)
+        .filter(|v| !v.is_nil())
+        .ok_or_else(|| type_error(format!("missing required argument: '{name}'")))
 }
 
 fn str_arg(call: &Call, i: usize, name: &str) -> Result<String, ErrorMeta> {
-    arg(call, i, name)?.as_str().map(str::to_owned).ok_or_else(|| type_error(format!("argument '{name}' must be a string")))
+    arg(call, i, name)?
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| type_error(format!("argument '{name}' must be a string")))
 }
 
 fn mailbox(e: actix::MailboxError) -> ErrorMeta {
@@ -42,12 +50,19 @@ fn mailbox(e: actix::MailboxError) -> ErrorMeta {
 
 /// The kernel's facts, or FAILURE `KernelNotFound`.
 async fn lookup(registry: &Addr<KernelRegistry>, kernel_id: &str) -> Result<KernelInfo, ErrorMeta> {
-    registry.send(GetKernel(kernel_id.to_owned())).await.map_err(mailbox)?.ok_or_else(|| KernelError::NotFound(kernel_id.to_owned()).to_meta())
+    registry
+        .send(GetKernel(kernel_id.to_owned()))
+        .await
+        .map_err(mailbox)?
+        .ok_or_else(|| KernelError::NotFound(kernel_id.to_owned()).to_meta())
 }
 
 /// The facts of a `RUNNING` kernel with a container, or FAILURE `KernelNotFound` /
 /// `KernelNotRunning`.
-async fn running(registry: &Addr<KernelRegistry>, kernel_id: &str) -> Result<KernelInfo, ErrorMeta> {
+async fn running(
+    registry: &Addr<KernelRegistry>,
+    kernel_id: &str,
+) -> Result<KernelInfo, ErrorMeta> {
     let info = lookup(registry, kernel_id).await?;
     match (&info.container_id, info.status) {
         (Some(_), KernelStatus::Running) => Ok(info),
@@ -56,7 +71,11 @@ async fn running(registry: &Addr<KernelRegistry>, kernel_id: &str) -> Result<Ker
 }
 
 /// Registers the kernel methods on `dispatcher`.
-pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>) {
+pub fn register(
+    dispatcher: &mut Dispatcher,
+    ctx: Arc<AgentContext>,
+    registry: Addr<KernelRegistry>,
+) {
     let agent_id = ctx.agent_id.clone();
 
     // create_kernels(session_id, kernel_ids, configs) → [kernel info]
@@ -65,21 +84,42 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
         let (r, a) = (r.clone(), a.clone());
         async move {
             let session_id = str_arg(&call, 0, "session_id")?;
-            let ids = arg(&call, 1, "kernel_ids")?.as_array().ok_or_else(|| type_error("'kernel_ids' must be a list".into()))?;
-            let configs = arg(&call, 2, "configs")?.as_array().ok_or_else(|| type_error("'configs' must be a list".into()))?;
+            let ids = arg(&call, 1, "kernel_ids")?
+                .as_array()
+                .ok_or_else(|| type_error("'kernel_ids' must be a list".into()))?;
+            let configs = arg(&call, 2, "configs")?
+                .as_array()
+                .ok_or_else(|| type_error("'configs' must be a list".into()))?;
             if ids.len() != configs.len() || ids.is_empty() {
-                return Err(KernelError::InvalidConfig(format!("{} kernel ids for {} configs", ids.len(), configs.len())).to_meta());
+                return Err(KernelError::InvalidConfig(format!(
+                    "{} kernel ids for {} configs",
+                    ids.len(),
+                    configs.len()
+                ))
+                .to_meta());
             }
             let mut kernels = Vec::new();
             for (id, config) in ids.iter().zip(configs) {
-                let id = id.as_str().ok_or_else(|| type_error("kernel ids must be strings".into()))?.to_owned();
+                let id = id
+                    .as_str()
+                    .ok_or_else(|| type_error("kernel ids must be strings".into()))?
+                    .to_owned();
                 let config = KernelConfig::from_value(config).map_err(|e| match e {
-                    KernelError::InvalidConfig(m) => KernelError::InvalidConfig(format!("kernel {id}: {m}")).to_meta(),
+                    KernelError::InvalidConfig(m) => {
+                        KernelError::InvalidConfig(format!("kernel {id}: {m}")).to_meta()
+                    }
                     other => other.to_meta(),
                 })?;
                 kernels.push((id, config));
             }
-            let infos = r.send(CreateKernels { session_id, kernels }).await.map_err(mailbox)?.map_err(|e| e.to_meta())?;
+            let infos = r
+                .send(CreateKernels {
+                    session_id,
+                    kernels,
+                })
+                .await
+                .map_err(mailbox)?
+                .map_err(|e| e.to_meta())?;
             Ok(Value::Array(infos.iter().map(|i| i.to_value(&a)).collect()))
         }
     });
@@ -90,9 +130,23 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
         let r = r.clone();
         async move {
             let kernel_id = str_arg(&call, 0, "kernel_id")?;
-            let reason = call.arg(2, "reason").and_then(Value::as_str).unwrap_or("user-requested").to_owned();
-            let suppress_events = call.arg(3, "suppress_events").and_then(Value::as_bool).unwrap_or(false);
-            r.send(DestroyKernel { kernel_id, reason, suppress_events }).await.map_err(mailbox)?.map_err(|e| e.to_meta())?;
+            let reason = call
+                .arg(2, "reason")
+                .and_then(Value::as_str)
+                .unwrap_or("user-requested")
+                .to_owned();
+            let suppress_events = call
+                .arg(3, "suppress_events")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            r.send(DestroyKernel {
+                kernel_id,
+                reason,
+                suppress_events,
+            })
+            .await
+            .map_err(mailbox)?
+            .map_err(|e| e.to_meta())?;
             Ok(Value::Nil)
         }
     });
@@ -103,7 +157,11 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
         let (r, a) = (r.clone(), a.clone());
         async move {
             let kernel_id = str_arg(&call, 1, "kernel_id")?;
-            let info = r.send(RestartKernel(kernel_id)).await.map_err(mailbox)?.map_err(|e| e.to_meta())?;
+            let info = r
+                .send(RestartKernel(kernel_id))
+                .await
+                .map_err(mailbox)?
+                .map_err(|e| e.to_meta())?;
             Ok(info.to_value(&a))
         }
     });
@@ -114,7 +172,10 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
         let (r, c) = (r.clone(), c.clone());
         async move {
             let info = running(&r, &str_arg(&call, 0, "kernel_id")?).await?;
-            c.backend.signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT").await.map_err(|e| KernelError::from(e).to_meta())?;
+            c.backend
+                .signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT")
+                .await
+                .map_err(|e| KernelError::from(e).to_meta())?;
             Ok(Value::Nil)
         }
     });
@@ -142,7 +203,12 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
             async move {
                 let info = lookup(&r, &str_arg(&call, 0, "kernel_id")?).await?;
                 let running = match (info.status, &info.container_id) {
-                    (KernelStatus::Running, Some(id)) => c.backend.inspect_container(id).await.map_err(|e| KernelError::from(e).to_meta())?.is_some_and(|s| s.running),
+                    (KernelStatus::Running, Some(id)) => c
+                        .backend
+                        .inspect_container(id)
+                        .await
+                        .map_err(|e| KernelError::from(e).to_meta())?
+                        .is_some_and(|s| s.running),
                     _ => false,
                 };
                 Ok(running.into())
@@ -156,20 +222,37 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
         let (r, c, a) = (r.clone(), c.clone(), a.clone());
         async move {
             // Kernels the manager believes live here but this agent does not hold: tell it.
-            let pairs = call.arg(0, "kernel_session_ids").and_then(Value::as_array).cloned().unwrap_or_default();
+            let pairs = call
+                .arg(0, "kernel_session_ids")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             let ours = r.send(ListKernels).await.map_err(mailbox)?;
             for pair in pairs {
                 let (kernel_id, session_id) = match &pair {
-                    Value::Array(p) if p.len() == 2 => (p[0].as_str().unwrap_or_default().to_owned(), p[1].as_str().unwrap_or_default().to_owned()),
-                    Value::String(_) => (pair.as_str().unwrap_or_default().to_owned(), String::new()),
+                    Value::Array(p) if p.len() == 2 => (
+                        p[0].as_str().unwrap_or_default().to_owned(),
+                        p[1].as_str().unwrap_or_default().to_owned(),
+                    ),
+                    Value::String(_) => {
+                        (pair.as_str().unwrap_or_default().to_owned(), String::new())
+                    }
                     _ => continue,
                 };
                 if !ours.iter().any(|k| k.id == kernel_id) {
-                    c.events.emit(AgentEvent::KernelTerminated { kernel_id, session_id, reason: "not-found-in-agent".into(), exit_code: None });
+                    c.events.emit(AgentEvent::KernelTerminated {
+                        kernel_id,
+                        session_id,
+                        reason: "not-found-in-agent".into(),
+                        exit_code: None,
+                    });
                 }
             }
             r.do_send(Reconcile);
-            Ok(Value::Map(vec![("kernels".into(), Value::Array(ours.iter().map(|k| k.to_value(&a)).collect()))]))
+            Ok(Value::Map(vec![(
+                "kernels".into(),
+                Value::Array(ours.iter().map(|k| k.to_value(&a)).collect()),
+            )]))
         }
     });
 
@@ -205,11 +288,14 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>, registry: A
 }
 
 fn opt<'a>(opts: Option<&'a [(Value, Value)]>, key: &str) -> Option<&'a Value> {
-    opts.and_then(|o| crate::rpc::codec::map_get(o, key)).filter(|v| !v.is_nil())
+    opts.and_then(|o| crate::rpc::codec::map_get(o, key))
+        .filter(|v| !v.is_nil())
 }
 
 fn seconds(v: Option<&Value>) -> Option<Duration> {
-    v.and_then(|v| v.as_f64().or_else(|| v.as_i64().map(|n| n as f64))).filter(|t| t.is_finite() && *t > 0.0).map(Duration::from_secs_f64)
+    v.and_then(|v| v.as_f64().or_else(|| v.as_i64().map(|n| n as f64)))
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .map(Duration::from_secs_f64)
 }
 
 fn run_error(e: RunError) -> ErrorMeta {
@@ -233,27 +319,47 @@ const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 /// `RunExists`, `RunStdinClosed`, `UnsupportedExecutionMode`, `ContainerEngineError`.
 async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Call) -> Res {
     let kernel_id = str_arg(call, 1, "kernel_id")?;
-    let run_id = call.arg(3, "run_id").and_then(Value::as_str).filter(|r| !r.is_empty()).map(str::to_owned);
+    let run_id = call
+        .arg(3, "run_id")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned);
     let mode = str_arg(call, 4, "mode")?;
-    let opts = call.arg(6, "opts").and_then(Value::as_map).map(Vec::as_slice);
+    let opts = call
+        .arg(6, "opts")
+        .and_then(Value::as_map)
+        .map(Vec::as_slice);
     let flush = seconds(call.arg(7, "flush_timeout"));
-    let need_run_id = || run_id.clone().ok_or_else(|| type_error(format!("mode '{mode}' needs a 'run_id'")));
+    let need_run_id = || {
+        run_id
+            .clone()
+            .ok_or_else(|| type_error(format!("mode '{mode}' needs a 'run_id'")))
+    };
     let run = match mode.as_str() {
         "query" | "batch" => {
             let code = str_arg(call, 5, "code")?;
             let info = running(registry, &kernel_id).await?;
             let interpreter = info.runtime_path.clone().unwrap_or_else(|| "sh".into());
             let req = RunRequest {
-                ids: RunIds { run_id: run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()), kernel_id: kernel_id.clone(), session_id: info.session_id.clone() },
+                ids: RunIds {
+                    run_id: run_id
+                        .clone()
+                        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
+                    kernel_id: kernel_id.clone(),
+                    session_id: info.session_id.clone(),
+                },
                 container_id: info.container_id.clone().unwrap_or_default(),
                 cmd: vec![interpreter, "-c".into(), code],
                 timeout: seconds(opt(opts, "timeout")),
                 stdin: opt(opts, "stdin").and_then(Value::as_bool).unwrap_or(false),
             };
-            ctx.runs.start(&ctx.backend, &ctx.events, req).await.map_err(|e| match e {
-                Ok(run) => run_error(run),
-                Err(engine) => KernelError::from(engine).to_meta(),
-            })?
+            ctx.runs
+                .start(&ctx.backend, &ctx.events, req)
+                .await
+                .map_err(|e| match e {
+                    Ok(run) => run_error(run),
+                    Err(engine) => KernelError::from(engine).to_meta(),
+                })?
         }
         "continue" | "input" => {
             let run = ctx.runs.get(&need_run_id()?).map_err(run_error)?;
@@ -262,21 +368,38 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
                 return Err(run_error(RunError::NotFound(run.ids().run_id.clone())));
             }
             if mode == "input" {
-                let data = call.arg(5, "code").and_then(Value::as_str).unwrap_or_default();
+                let data = call
+                    .arg(5, "code")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 let eof = opt(opts, "eof").and_then(Value::as_bool).unwrap_or(false);
-                run.input(data.as_bytes(), eof, STDIN_WRITE_LIMIT).await.map_err(run_error)?;
+                run.input(data.as_bytes(), eof, STDIN_WRITE_LIMIT)
+                    .await
+                    .map_err(run_error)?;
             }
             run
         }
-        other => return Err(ErrorMeta::new("UnsupportedExecutionMode", format!("mode '{other}' is not supported (query, batch, continue, input)"))),
+        other => {
+            return Err(ErrorMeta::new(
+                "UnsupportedExecutionMode",
+                format!("mode '{other}' is not supported (query, batch, continue, input)"),
+            ))
+        }
     };
     let answer = run.answer(flush).await;
     ctx.runs.forget_if_done(&run);
-    let console = answer.console.into_iter().map(|(stream, text)| Value::Array(vec![stream.as_str().into(), text.into()])).collect();
+    let console = answer
+        .console
+        .into_iter()
+        .map(|(stream, text)| Value::Array(vec![stream.as_str().into(), text.into()]))
+        .collect();
     Ok(Value::Map(vec![
         ("status".into(), answer.status.as_str().into()),
         ("runId".into(), run.ids().run_id.clone().into()),
-        ("exitCode".into(), answer.exit_code.map_or(Value::Nil, Value::from)),
+        (
+            "exitCode".into(),
+            answer.exit_code.map_or(Value::Nil, Value::from),
+        ),
         ("console".into(), Value::Array(console)),
         ("options".into(), Value::Map(vec![])),
     ]))
@@ -290,23 +413,54 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
 /// container still runs. Errors: `LogsNotFound` (no log kept and no such kernel).
 async fn get_logs(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Call) -> Res {
     let kernel_id = str_arg(call, 0, "kernel_id")?;
-    let opts = call.arg(1, "opts").and_then(Value::as_map).map(Vec::as_slice);
+    let opts = call
+        .arg(1, "opts")
+        .and_then(Value::as_map)
+        .map(Vec::as_slice);
     let offset = opt(opts, "offset").and_then(Value::as_u64);
-    let max = opt(opts, "max_bytes").and_then(Value::as_u64).map_or(LOG_READ_MAX, |m| (m as usize).clamp(1, LOG_READ_MAX));
+    let max = opt(opts, "max_bytes")
+        .and_then(Value::as_u64)
+        .map_or(LOG_READ_MAX, |m| (m as usize).clamp(1, LOG_READ_MAX));
     let wait = seconds(opt(opts, "wait")).map(|w| w.min(Duration::from_secs(30)));
-    let chunk = ctx.logs.read(&kernel_id, offset, max, wait).await.map_err(|e| ErrorMeta::new("LogsUnreadable", e.to_string()))?;
+    let chunk = ctx
+        .logs
+        .read(&kernel_id, offset, max, wait)
+        .await
+        .map_err(|e| ErrorMeta::new("LogsUnreadable", e.to_string()))?;
     let Some(chunk) = chunk else {
         // A kernel that has not written anything yet (or a backend with no logs) has empty ones.
-        let info = lookup(registry, &kernel_id).await.map_err(|_| ErrorMeta::new("LogsNotFound", format!("no logs kept for kernel {kernel_id}")))?;
+        let info = lookup(registry, &kernel_id).await.map_err(|_| {
+            ErrorMeta::new(
+                "LogsNotFound",
+                format!("no logs kept for kernel {kernel_id}"),
+            )
+        })?;
         let active = info.status == KernelStatus::Running;
-        let empty = if offset.is_some() { ("data", Value::Binary(Vec::new())) } else { ("logs", Value::from("")) };
-        return Ok(Value::Map(vec![(empty.0.into(), empty.1), ("start".into(), 0.into()), ("next".into(), 0.into()), ("active".into(), active.into())]));
+        let empty = if offset.is_some() {
+            ("data", Value::Binary(Vec::new()))
+        } else {
+            ("logs", Value::from(""))
+        };
+        return Ok(Value::Map(vec![
+            (empty.0.into(), empty.1),
+            ("start".into(), 0.into()),
+            ("next".into(), 0.into()),
+            ("active".into(), active.into()),
+        ]));
     };
     let body = match offset {
         Some(_) => ("data", Value::Binary(chunk.data)),
-        None => ("logs", Value::from(String::from_utf8_lossy(&chunk.data).into_owned())),
+        None => (
+            "logs",
+            Value::from(String::from_utf8_lossy(&chunk.data).into_owned()),
+        ),
     };
-    Ok(Value::Map(vec![(body.0.into(), body.1), ("start".into(), chunk.start.into()), ("next".into(), chunk.next.into()), ("active".into(), chunk.active.into())]))
+    Ok(Value::Map(vec![
+        (body.0.into(), body.1),
+        ("start".into(), chunk.start.into()),
+        ("next".into(), chunk.next.into()),
+        ("active".into(), chunk.active.into()),
+    ]))
 }
 
 /// Most bytes one `get_logs` answer carries.

@@ -17,7 +17,9 @@ pub fn register(dispatcher: &mut Dispatcher, agent_id: &str) {
     let agent_id = agent_id.to_owned();
     dispatcher
         .register("ping", |call| async move {
-            call.arg(0, "msg").cloned().ok_or_else(|| ErrorMeta::new("TypeError", "ping() missing required argument: 'msg'"))
+            call.arg(0, "msg").cloned().ok_or_else(|| {
+                ErrorMeta::new("TypeError", "ping() missing required argument: 'msg'")
+            })
         })
         .register("health", move |_| {
             let agent_id = agent_id.clone();
@@ -25,8 +27,14 @@ pub fn register(dispatcher: &mut Dispatcher, agent_id: &str) {
                 Ok(Value::Map(vec![
                     (Value::from("status"), Value::from("ok")),
                     (Value::from("agent_id"), Value::from(agent_id)),
-                    (Value::from("version"), Value::from(env!("CARGO_PKG_VERSION"))),
-                    (Value::from("uptime_seconds"), Value::from(started.elapsed().as_secs_f64())),
+                    (
+                        Value::from("version"),
+                        Value::from(env!("CARGO_PKG_VERSION")),
+                    ),
+                    (
+                        Value::from("uptime_seconds"),
+                        Value::from(started.elapsed().as_secs_f64()),
+                    ),
                 ]))
             }
         })

@@ -20,7 +20,11 @@ pub struct PortPool {
 impl PortPool {
     /// All ports of `lo..=hi` free.
     pub fn new(lo: u16, hi: u16, cooldown: Duration) -> PortPool {
-        PortPool { free: (lo..=hi).collect(), cooling: VecDeque::new(), cooldown }
+        PortPool {
+            free: (lo..=hi).collect(),
+            cooling: VecDeque::new(),
+            cooldown,
+        }
     }
 
     fn thaw(&mut self) {
@@ -78,7 +82,11 @@ mod tests {
         assert_eq!(a, vec![30000, 30001, 30002]);
         assert_eq!(pool.allocate(2), Err(PortsExhausted(2, 1)));
         pool.release(&a[..2]);
-        assert_eq!(pool.allocate(1).unwrap(), vec![30003], "released ports are cooling");
+        assert_eq!(
+            pool.allocate(1).unwrap(),
+            vec![30003],
+            "released ports are cooling"
+        );
         assert_eq!(pool.available(), 0);
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(pool.allocate(2).unwrap(), vec![30000, 30001]);

@@ -59,8 +59,19 @@ pub struct StatsSampler {
 
 impl StatsSampler {
     /// A sampler for `ctx`'s kernels (listed through `registry`).
-    pub fn new(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>, intervals: StatsSection) -> StatsSampler {
-        StatsSampler { ctx, registry, intervals, sources: HashMap::new(), previous: HashMap::new(), node_previous: None }
+    pub fn new(
+        ctx: Arc<AgentContext>,
+        registry: Addr<KernelRegistry>,
+        intervals: StatsSection,
+    ) -> StatsSampler {
+        StatsSampler {
+            ctx,
+            registry,
+            intervals,
+            sources: HashMap::new(),
+            previous: HashMap::new(),
+            node_previous: None,
+        }
     }
 
     /// Samples until `stop` resolves. The first round of each scope runs at once.
@@ -71,8 +82,11 @@ impl StatsSampler {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             t
         };
-        let (mut node_tick, mut container_tick, mut gpu_tick) =
-            (ticker(self.intervals.node_interval.0), ticker(self.intervals.container_interval.0), ticker(self.intervals.gpu_interval.0));
+        let (mut node_tick, mut container_tick, mut gpu_tick) = (
+            ticker(self.intervals.node_interval.0),
+            ticker(self.intervals.container_interval.0),
+            ticker(self.intervals.gpu_interval.0),
+        );
         let mut events = self.ctx.events.subscribe();
         let mut stop = std::pin::pin!(stop);
         loop {
@@ -128,7 +142,8 @@ impl StatsSampler {
             }
             Err(e) => {
                 tracing::warn!(agent_id = %self.ctx.agent_id, error = %e, "node stats unreadable");
-                self.metrics().stat_task("node", started.elapsed(), Err("ProcError"));
+                self.metrics()
+                    .stat_task("node", started.elapsed(), Err("ProcError"));
             }
         }
     }
@@ -139,12 +154,18 @@ impl StatsSampler {
             Ok(k) => k,
             Err(_) => return, // the registry is restarting; the supervisor restarts us too
         };
-        let running: Vec<KernelInfo> = kernels.into_iter().filter(|k| k.status == KernelStatus::Running && k.container_id.is_some()).collect();
+        let running: Vec<KernelInfo> = kernels
+            .into_iter()
+            .filter(|k| k.status == KernelStatus::Running && k.container_id.is_some())
+            .collect();
         self.metrics().kernel_count(running.len());
         let mut failed = None;
         let mut live = HashSet::new();
         for kernel in &running {
-            let container_id = kernel.container_id.clone().expect("filtered on container_id");
+            let container_id = kernel
+                .container_id
+                .clone()
+                .expect("filtered on container_id");
             live.insert(container_id.clone());
             match self.sample_container(&container_id).await {
                 Ok(Some((sample, net))) => self.publish(kernel, &container_id, sample, net),
@@ -164,15 +185,22 @@ impl StatsSampler {
                 self.metrics().remove_kernel(&labels);
             }
         }
-        self.metrics().stat_task("container", started.elapsed(), failed.map_or(Ok(()), Err));
+        self.metrics()
+            .stat_task("container", started.elapsed(), failed.map_or(Ok(()), Err));
     }
 
     /// Reads one container: cgroup files when they can be found, else the engine's API.
-    async fn sample_container(&mut self, container_id: &str) -> anyhow::Result<Option<(ContainerSample, Option<(u64, u64)>)>> {
+    async fn sample_container(
+        &mut self,
+        container_id: &str,
+    ) -> anyhow::Result<Option<(ContainerSample, Option<(u64, u64)>)>> {
         if !self.sources.contains_key(container_id) {
             let source = match self.ctx.backend.inspect_container(container_id).await? {
                 None => return Ok(None),
-                Some(state) => match state.pid.and_then(|pid| CgroupPaths::for_pid(pid).ok().map(|paths| (paths, pid))) {
+                Some(state) => match state
+                    .pid
+                    .and_then(|pid| CgroupPaths::for_pid(pid).ok().map(|paths| (paths, pid)))
+                {
                     Some((paths, pid)) => Source::Cgroup { paths, pid },
                     None => Source::Engine,
                 },
@@ -201,7 +229,13 @@ impl StatsSampler {
         }
     }
 
-    fn publish(&mut self, kernel: &KernelInfo, container_id: &str, s: ContainerSample, net: Option<(u64, u64)>) {
+    fn publish(
+        &mut self,
+        kernel: &KernelInfo,
+        container_id: &str,
+        s: ContainerSample,
+        net: Option<(u64, u64)>,
+    ) {
         let owner = &kernel.config.owner;
         let labels = KernelLabels {
             kernel_id: kernel.id.clone(),
@@ -221,12 +255,23 @@ impl StatsSampler {
                 m.set_container(&labels, "cpu_util", "pct", pct(util, cpu_capacity));
             }
         }
-        self.previous.insert(container_id.to_owned(), Previous { cpu_used_ns: s.cpu_used_ns, at: now });
+        self.previous.insert(
+            container_id.to_owned(),
+            Previous {
+                cpu_used_ns: s.cpu_used_ns,
+                at: now,
+            },
+        );
         m.set_container(&labels, "cpu_used", "current", s.cpu_used_ns as f64 / 1e6);
         let mem_capacity = s.mem_limit_bytes.unwrap_or(kernel.config.slots.mem_bytes) as f64;
         m.set_container(&labels, "mem", "current", s.mem_usage_bytes as f64);
         m.set_container(&labels, "mem", "capacity", mem_capacity);
-        m.set_container(&labels, "mem", "pct", pct(s.mem_usage_bytes as f64, mem_capacity));
+        m.set_container(
+            &labels,
+            "mem",
+            "pct",
+            pct(s.mem_usage_bytes as f64, mem_capacity),
+        );
         m.set_container(&labels, "mem_rss", "current", s.mem_rss_bytes as f64);
         m.set_container(&labels, "mem_cache", "current", s.mem_cache_bytes as f64);
         m.set_container(&labels, "mem_swap", "current", s.mem_swap_bytes as f64);
@@ -246,7 +291,12 @@ impl StatsSampler {
             m.set_device("cuda_util", &id, "current", g.util_pct);
             m.set_device("cuda_mem", &id, "current", g.mem_used_bytes as f64);
             m.set_device("cuda_mem", &id, "capacity", g.mem_total_bytes as f64);
-            m.set_device("cuda_mem", &id, "pct", pct(g.mem_used_bytes as f64, g.mem_total_bytes as f64));
+            m.set_device(
+                "cuda_mem",
+                &id,
+                "pct",
+                pct(g.mem_used_bytes as f64, g.mem_total_bytes as f64),
+            );
             m.set_device("cuda_temp", &id, "current", g.temperature_c);
             m.set_device("cuda_power", &id, "current", g.power_w);
         }

@@ -15,7 +15,9 @@ use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentPool, GetPoolStats};
 use super::registry::{AgentRegistry, GraceRemaining, ListAgents};
-use super::scheduler::{CreateSession, DestroySession, ExecuteInSession, ReadLogs, Scheduler, SessionRequest};
+use super::scheduler::{
+    CreateSession, DestroySession, ExecuteInSession, ReadLogs, Scheduler, SessionRequest,
+};
 use super::store::{KernelRow, Store};
 use crate::agent::resources::slots::format_cores;
 
@@ -61,7 +63,10 @@ async fn not_in_grace(s: &ApiState) -> Result<(), ManagerError> {
 
 fn count_error<T>(s: &ApiState, r: Result<T, ManagerError>) -> Result<T, ManagerError> {
     if let Err(e) = &r {
-        s.metrics.session_errors.with_label_values(&[e.code()]).inc();
+        s.metrics
+            .session_errors
+            .with_label_values(&[e.code()])
+            .inc();
     }
     r
 }
@@ -87,12 +92,17 @@ struct ListQuery {
 async fn list_sessions(s: web::Data<ApiState>, q: web::Query<ListQuery>) -> Res {
     not_in_grace(&s).await?;
     let rows = s.store.kernels(q.access_key.as_deref(), q.all).await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"sessions": rows.iter().map(session_json).collect::<Vec<_>>()})))
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"sessions": rows.iter().map(session_json).collect::<Vec<_>>()})))
 }
 
 async fn get_session(s: web::Data<ApiState>, id: web::Path<String>) -> Res {
     not_in_grace(&s).await?;
-    let k = s.store.kernel(&id).await?.ok_or_else(|| ManagerError::SessionNotFound(id.into_inner()))?;
+    let k = s
+        .store
+        .kernel(&id)
+        .await?
+        .ok_or_else(|| ManagerError::SessionNotFound(id.into_inner()))?;
     Ok(HttpResponse::Ok().json(session_json(&k)))
 }
 
@@ -124,11 +134,24 @@ struct ExecuteBody {
     eof: bool,
 }
 
-async fn execute(s: web::Data<ApiState>, id: web::Path<String>, body: web::Json<ExecuteBody>) -> Res {
+async fn execute(
+    s: web::Data<ApiState>,
+    id: web::Path<String>,
+    body: web::Json<ExecuteBody>,
+) -> Res {
     let r = async {
         not_in_grace(&s).await?;
         let b = body.into_inner();
-        let msg = ExecuteInSession { id: id.into_inner(), mode: b.mode, code: b.code, run_id: b.run_id, timeout: b.timeout, flush_timeout: b.flush_timeout, stdin: b.stdin, eof: b.eof };
+        let msg = ExecuteInSession {
+            id: id.into_inner(),
+            mode: b.mode,
+            code: b.code,
+            run_id: b.run_id,
+            timeout: b.timeout,
+            flush_timeout: b.flush_timeout,
+            stdin: b.stdin,
+            eof: b.eof,
+        };
         s.scheduler.send(msg).await?
     }
     .await;
@@ -144,8 +167,19 @@ struct LogsQuery {
 
 /// The next chunk of a followed log from `offset`; `None` ends the follow (the agent cannot be
 /// read: logged).
-async fn read_more(scheduler: &Addr<Scheduler>, kernel: &KernelRow, offset: u64) -> Option<super::scheduler::LogsChunk> {
-    match scheduler.send(ReadLogs { kernel: kernel.clone(), offset: Some(offset), wait: Some(FOLLOW_WAIT) }).await {
+async fn read_more(
+    scheduler: &Addr<Scheduler>,
+    kernel: &KernelRow,
+    offset: u64,
+) -> Option<super::scheduler::LogsChunk> {
+    match scheduler
+        .send(ReadLogs {
+            kernel: kernel.clone(),
+            offset: Some(offset),
+            wait: Some(FOLLOW_WAIT),
+        })
+        .await
+    {
         Ok(Ok(c)) => Some(c),
         Ok(Err(e)) => {
             tracing::info!(kernel_id = %kernel.id, error = %e, "log follow ends: the agent cannot be read");
@@ -160,9 +194,23 @@ const FOLLOW_WAIT: f64 = 10.0;
 
 async fn logs(s: web::Data<ApiState>, id: web::Path<String>, q: web::Query<LogsQuery>) -> Res {
     not_in_grace(&s).await?;
-    let kernel = s.store.kernel(&id).await?.ok_or_else(|| ManagerError::SessionNotFound(id.into_inner()))?;
-    let first = s.scheduler.send(ReadLogs { kernel: kernel.clone(), offset: None, wait: None }).await??;
-    let text = HttpResponse::Ok().content_type("text/plain; charset=utf-8").insert_header(("X-Content-Type-Options", "nosniff")).take();
+    let kernel = s
+        .store
+        .kernel(&id)
+        .await?
+        .ok_or_else(|| ManagerError::SessionNotFound(id.into_inner()))?;
+    let first = s
+        .scheduler
+        .send(ReadLogs {
+            kernel: kernel.clone(),
+            offset: None,
+            wait: None,
+        })
+        .await??;
+    let text = HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .insert_header(("X-Content-Type-Options", "nosniff"))
+        .take();
     let mut resp = text;
     if !q.follow {
         return Ok(resp.body(first.data));
@@ -184,7 +232,13 @@ async fn logs(s: web::Data<ApiState>, id: web::Path<String>, q: web::Query<LogsQ
             }
             let next = chunk.next;
             let data = actix_web::web::Bytes::from(std::mem::take(&mut chunk.data));
-            let following = if chunk.active { read_more(&scheduler, &kernel, next).await.map(|c| (c, kernel)) } else { None };
+            let following = if chunk.active {
+                read_more(&scheduler, &kernel, next)
+                    .await
+                    .map(|c| (c, kernel))
+            } else {
+                None
+            };
             Some((Ok::<_, actix_web::Error>(data), following))
         }
     });
@@ -211,27 +265,47 @@ async fn list_agents(s: web::Data<ApiState>) -> Res {
 }
 
 async fn access_key(s: web::Data<ApiState>, key: web::Path<String>) -> Res {
-    let (used, limit) = s.store.access_key(&key).await?.ok_or_else(|| ManagerError::AccessKeyNotFound(key.clone()))?;
+    let (used, limit) = s
+        .store
+        .access_key(&key)
+        .await?
+        .ok_or_else(|| ManagerError::AccessKeyNotFound(key.clone()))?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"access_key": key.into_inner(), "concurrency_used": used, "concurrency_limit": limit})))
 }
 
 async fn health(s: web::Data<ApiState>) -> Res {
     let grace = s.registry.send(GraceRemaining).await?;
-    let alive = s.registry.send(ListAgents).await?.iter().filter(|a| a.row.status == super::registry::ALIVE).count();
+    let alive = s
+        .registry
+        .send(ListAgents)
+        .await?
+        .iter()
+        .filter(|a| a.row.status == super::registry::ALIVE)
+        .count();
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ok", "mode": if grace.is_some() { "grace" } else { "normal" }, "agents_alive": alive})))
 }
 
 async fn metrics(s: web::Data<ApiState>) -> Res {
     let m = &s.metrics;
     m.agents.reset();
-    for status in [super::registry::ALIVE, super::registry::LOST, super::registry::PENDING, super::registry::TERMINATED] {
+    for status in [
+        super::registry::ALIVE,
+        super::registry::LOST,
+        super::registry::PENDING,
+        super::registry::TERMINATED,
+    ] {
         m.agents.with_label_values(&[status]).set(0);
     }
     for a in s.registry.send(ListAgents).await? {
         m.agents.with_label_values(&[&a.row.status]).inc();
     }
     let p = s.pool.send(GetPoolStats).await?;
-    for (state, n) in [("known", p.known), ("connecting", p.connecting), ("healthy", p.healthy), ("unhealthy", p.unhealthy)] {
+    for (state, n) in [
+        ("known", p.known),
+        ("connecting", p.connecting),
+        ("healthy", p.healthy),
+        ("unhealthy", p.unhealthy),
+    ] {
         m.pool_entries.with_label_values(&[state]).set(n as i64);
     }
     if let Some((took, n)) = p.last_sweep {
@@ -242,7 +316,9 @@ async fn metrics(s: web::Data<ApiState>) -> Res {
     for (status, n) in s.store.live_kernel_counts().await? {
         m.live_kernels.with_label_values(&[&status]).set(n);
     }
-    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(m.render()))
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(m.render()))
 }
 
 fn invalid(e: impl std::fmt::Display) -> actix_web::Error {
@@ -251,30 +327,82 @@ fn invalid(e: impl std::fmt::Display) -> actix_web::Error {
 
 /// The routes, for the server and for tests.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    let not_allowed = || web::to(|| async { error::plain(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "method not allowed on this route") });
-    cfg.app_data(web::JsonConfig::default().limit(1 << 20).error_handler(|e, _| invalid(e)))
-        .app_data(web::QueryConfig::default().error_handler(|e, _| invalid(e)))
-        .app_data(web::PathConfig::default().error_handler(|e, _| invalid(e)))
-        .service(web::resource("/v1/sessions").route(web::post().to(create_session)).route(web::get().to(list_sessions)).default_service(not_allowed()))
-        .service(web::resource("/v1/sessions/{id}").route(web::get().to(get_session)).route(web::delete().to(delete_session)).default_service(not_allowed()))
-        .service(web::resource("/v1/sessions/{id}/execute").route(web::post().to(execute)).default_service(not_allowed()))
-        .service(web::resource("/v1/sessions/{id}/logs").route(web::get().to(logs)).default_service(not_allowed()))
-        .service(web::resource("/v1/agents").route(web::get().to(list_agents)).default_service(not_allowed()))
-        .service(web::resource("/v1/access-keys/{key}").route(web::get().to(access_key)).default_service(not_allowed()))
-        .service(web::resource("/health").route(web::get().to(health)).default_service(not_allowed()))
-        .service(web::resource("/metrics").route(web::get().to(metrics)).default_service(not_allowed()));
+    let not_allowed = || {
+        web::to(|| async {
+            error::plain(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "method not allowed on this route",
+            )
+        })
+    };
+    cfg.app_data(
+        web::JsonConfig::default()
+            .limit(1 << 20)
+            .error_handler(|e, _| invalid(e)),
+    )
+    .app_data(web::QueryConfig::default().error_handler(|e, _| invalid(e)))
+    .app_data(web::PathConfig::default().error_handler(|e, _| invalid(e)))
+    .service(
+        web::resource("/v1/sessions")
+            .route(web::post().to(create_session))
+            .route(web::get().to(list_sessions))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}")
+            .route(web::get().to(get_session))
+            .route(web::delete().to(delete_session))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}/execute")
+            .route(web::post().to(execute))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}/logs")
+            .route(web::get().to(logs))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/agents")
+            .route(web::get().to(list_agents))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/access-keys/{key}")
+            .route(web::get().to(access_key))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/health")
+            .route(web::get().to(health))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/metrics")
+            .route(web::get().to(metrics))
+            .default_service(not_allowed()),
+    );
 }
 
 /// Starts the API server on `listener` with `workers` threads; returns its handle (stop it
 /// with `handle.stop(true)`) and the future that runs it.
 ///
 /// Errors: the listener cannot be used.
-pub fn serve(listener: TcpListener, workers: usize, state: ApiState) -> std::io::Result<actix_web::dev::Server> {
+pub fn serve(
+    listener: TcpListener,
+    workers: usize,
+    state: ApiState,
+) -> std::io::Result<actix_web::dev::Server> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
             .configure(configure)
-            .default_service(web::to(|| async { error::plain(StatusCode::NOT_FOUND, "not-found", "no such route") }))
+            .default_service(web::to(|| async {
+                error::plain(StatusCode::NOT_FOUND, "not-found", "no such route")
+            }))
     })
     .workers(workers)
     .disable_signals()

@@ -34,7 +34,10 @@ impl AgentCallError {
     /// The remote FAILURE, when the agent's handler answered with one.
     pub fn failure(&self) -> Option<&crate::rpc::ErrorMeta> {
         match self {
-            AgentCallError::Call { source: CallError::Failure(meta), .. } => Some(meta),
+            AgentCallError::Call {
+                source: CallError::Failure(meta),
+                ..
+            } => Some(meta),
             _ => None,
         }
     }

@@ -72,15 +72,30 @@ impl AgentPool {
     /// A pool with `spec`; `keypair` is the manager's CURVE key pair, needed for agents that
     /// have a public key.
     pub fn new(spec: PoolSpec, keypair: Option<KeyPair>) -> Self {
-        AgentPool { spec, zmq: zmq::Context::new(), keypair, directory: HashMap::new(), entries: HashMap::new(), next_generation: 0, last_sweep: None }
+        AgentPool {
+            spec,
+            zmq: zmq::Context::new(),
+            keypair,
+            directory: HashMap::new(),
+            entries: HashMap::new(),
+            next_generation: 0,
+            last_sweep: None,
+        }
     }
 
     fn unavailable(agent_id: &str, reason: impl Into<String>) -> AgentConnectionUnavailable {
-        AgentConnectionUnavailable { agent_id: agent_id.to_owned(), reason: reason.into() }
+        AgentConnectionUnavailable {
+            agent_id: agent_id.to_owned(),
+            reason: reason.into(),
+        }
     }
 
     /// Returns the entry's connection, ready or being made (creating the entry on first use) and its generation.
-    fn acquire(&mut self, agent_id: &str, ctx: &mut Context<Self>) -> Result<(Conn, u64), AgentConnectionUnavailable> {
+    fn acquire(
+        &mut self,
+        agent_id: &str,
+        ctx: &mut Context<Self>,
+    ) -> Result<(Conn, u64), AgentConnectionUnavailable> {
         if let Some(e) = self.entries.get(agent_id) {
             if !e.healthy {
                 return Err(Self::unavailable(agent_id, "connection unhealthy"));
@@ -91,10 +106,21 @@ impl AgentPool {
             };
             return Ok((conn, e.generation));
         }
-        let endpoint = self.directory.get(agent_id).ok_or_else(|| Self::unavailable(agent_id, "unknown agent"))?;
+        let endpoint = self
+            .directory
+            .get(agent_id)
+            .ok_or_else(|| Self::unavailable(agent_id, "unknown agent"))?;
         let curve = match (&endpoint.public_key, &self.keypair) {
-            (Some(server_key), Some(keypair)) => Some(ClientCurve { keypair: keypair.clone(), server_key: *server_key }),
-            (Some(_), None) => return Err(Self::unavailable(agent_id, "agent requires CURVE but the manager has no key pair")),
+            (Some(server_key), Some(keypair)) => Some(ClientCurve {
+                keypair: keypair.clone(),
+                server_key: *server_key,
+            }),
+            (Some(_), None) => {
+                return Err(Self::unavailable(
+                    agent_id,
+                    "agent requires CURVE but the manager has no key pair",
+                ))
+            }
             (None, _) => None,
         };
         let opts = PeerOptions {
@@ -104,12 +130,21 @@ impl AgentPool {
             handshake_timeout: self.spec.handshake_timeout,
         };
         let zmq = self.zmq.clone();
-        let connecting: Connecting = FutureExt::shared(FutureExt::boxed_local(async move { Peer::connect(&zmq, &opts).await }));
+        let connecting: Connecting = FutureExt::shared(FutureExt::boxed_local(async move {
+            Peer::connect(&zmq, &opts).await
+        }));
         self.next_generation += 1;
         let generation = self.next_generation;
         self.entries.insert(
             agent_id.to_owned(),
-            Entry { conn: Conn::Connecting(connecting.clone()), generation, healthy: true, failure_count: 0, unhealthy_since: None, probing: false },
+            Entry {
+                conn: Conn::Connecting(connecting.clone()),
+                generation,
+                healthy: true,
+                failure_count: 0,
+                unhealthy_since: None,
+                probing: false,
+            },
         );
         let id = agent_id.to_owned();
         ctx.spawn(connecting.clone().into_actor(self).map(move |res, act, _| {
@@ -133,11 +168,21 @@ impl AgentPool {
 
     fn record(&mut self, agent_id: &str, generation: u64, connection_error: bool) {
         let threshold = self.spec.failure_threshold;
-        let Some(e) = self.entries.get_mut(agent_id).filter(|e| e.generation == generation) else { return };
+        let Some(e) = self
+            .entries
+            .get_mut(agent_id)
+            .filter(|e| e.generation == generation)
+        else {
+            return;
+        };
         if connection_error {
             e.failure_count += 1;
             if e.failure_count >= threshold && e.healthy {
-                tracing::warn!(agent_id, failures = e.failure_count, "agent connection marked unhealthy");
+                tracing::warn!(
+                    agent_id,
+                    failures = e.failure_count,
+                    "agent connection marked unhealthy"
+                );
                 e.healthy = false;
                 e.unhealthy_since.get_or_insert_with(Instant::now);
             }
@@ -166,10 +211,17 @@ impl AgentPool {
                 e.probing = true;
                 let (id, peer, generation) = (id.clone(), peer.clone(), e.generation);
                 probes.push(async move {
-                    let ping = Call { args: vec![Value::from("health-check")], kwargs: vec![] };
+                    let ping = Call {
+                        args: vec![Value::from("health-check")],
+                        kwargs: vec![],
+                    };
                     let res = peer.call("ping", &ping, timeout).await;
                     // Any answer from the server, even a FAILURE, proves the connection works.
-                    (id, generation, res.err().filter(|e| e.is_connection_error()))
+                    (
+                        id,
+                        generation,
+                        res.err().filter(|e| e.is_connection_error()),
+                    )
                 });
             }
         }
@@ -265,8 +317,19 @@ pub struct AgentCall {
 
 impl AgentCall {
     /// A call with positional arguments only.
-    pub fn new(agent_id: impl Into<String>, method: impl Into<String>, args: Vec<Value>, timeout: Duration) -> Self {
-        AgentCall { agent_id: agent_id.into(), method: method.into(), args, kwargs: Vec::new(), timeout }
+    pub fn new(
+        agent_id: impl Into<String>,
+        method: impl Into<String>,
+        args: Vec<Value>,
+        timeout: Duration,
+    ) -> Self {
+        AgentCall {
+            agent_id: agent_id.into(),
+            method: method.into(),
+            args,
+            kwargs: Vec::new(),
+            timeout,
+        }
     }
 }
 
@@ -278,20 +341,32 @@ impl Handler<AgentCall> for AgentPool {
             Ok(found) => found,
             Err(e) => return Box::pin(fut::ready(Err(e.into()))),
         };
-        let AgentCall { agent_id, method, args, kwargs, timeout } = msg;
+        let AgentCall {
+            agent_id,
+            method,
+            args,
+            kwargs,
+            timeout,
+        } = msg;
         let id = agent_id.clone();
         let call = async move {
             let peer = match conn {
                 Conn::Ready(peer) => peer,
-                Conn::Connecting(c) => c.await.map_err(|e| AgentCallError::Unavailable(Self::unavailable(&agent_id, e.to_string())))?,
+                Conn::Connecting(c) => c.await.map_err(|e| {
+                    AgentCallError::Unavailable(Self::unavailable(&agent_id, e.to_string()))
+                })?,
             };
             let call = Call { args, kwargs };
-            peer.call(&method, &call, timeout).await.map_err(|source| AgentCallError::Call { agent_id, source })
+            peer.call(&method, &call, timeout)
+                .await
+                .map_err(|source| AgentCallError::Call { agent_id, source })
         };
         Box::pin(call.into_actor(self).map(move |res, act, _| {
             match &res {
                 Ok(_) => act.record(&id, generation, false),
-                Err(AgentCallError::Call { source, .. }) => act.record(&id, generation, source.is_connection_error()),
+                Err(AgentCallError::Call { source, .. }) => {
+                    act.record(&id, generation, source.is_connection_error())
+                }
                 // The handshake's own outcome is handled where the entry is created.
                 Err(AgentCallError::Unavailable(_)) => {}
             }
@@ -424,7 +499,11 @@ pub struct GetPoolStats;
 impl Handler<GetPoolStats> for AgentPool {
     type Result = MessageResult<GetPoolStats>;
     fn handle(&mut self, _: GetPoolStats, _: &mut Context<Self>) -> Self::Result {
-        let mut s = PoolStats { known: self.directory.len(), last_sweep: self.last_sweep, ..PoolStats::default() };
+        let mut s = PoolStats {
+            known: self.directory.len(),
+            last_sweep: self.last_sweep,
+            ..PoolStats::default()
+        };
         for e in self.entries.values() {
             match (&e.conn, e.healthy) {
                 (_, false) => s.unhealthy += 1,

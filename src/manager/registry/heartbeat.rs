@@ -37,7 +37,10 @@ fn text(map: &[(Value, Value)], key: &str) -> Option<String> {
 fn amount(v: Option<&Value>) -> f64 {
     match v {
         Some(Value::String(s)) => s.as_str().and_then(|s| s.parse().ok()).unwrap_or(0.0),
-        Some(v) => v.as_f64().or_else(|| v.as_u64().map(|n| n as f64)).unwrap_or(0.0),
+        Some(v) => v
+            .as_f64()
+            .or_else(|| v.as_u64().map(|n| n as f64))
+            .unwrap_or(0.0),
         None => 0.0,
     }
 }
@@ -49,13 +52,24 @@ impl Heartbeat {
     pub fn from_value(agent_id: &str, info: &Value) -> Result<Heartbeat, String> {
         let map = info.as_map().ok_or("heartbeat info must be a map")?;
         let addr = text(map, "addr").ok_or("heartbeat without `addr`")?;
-        let total = field(map, "slots").and_then(Value::as_map).and_then(|s| field(s, "total")).and_then(Value::as_map).cloned().unwrap_or_default();
+        let total = field(map, "slots")
+            .and_then(Value::as_map)
+            .and_then(|s| field(s, "total"))
+            .and_then(Value::as_map)
+            .cloned()
+            .unwrap_or_default();
         let kernels = field(map, "kernels")
             .and_then(Value::as_array)
             .map(|ks| {
                 ks.iter()
                     .filter_map(Value::as_map)
-                    .filter_map(|k| Some((text(k, "id")?, text(k, "session_id").unwrap_or_default(), text(k, "status").unwrap_or_default())))
+                    .filter_map(|k| {
+                        Some((
+                            text(k, "id")?,
+                            text(k, "session_id").unwrap_or_default(),
+                            text(k, "status").unwrap_or_default(),
+                        ))
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -80,16 +94,32 @@ mod tests {
 
     #[test]
     fn parses_slots_as_decimal_strings() {
-        let slots = Value::Map(vec![("cpu".into(), "1.5".into()), ("mem".into(), "1073741824".into()), ("cuda.device".into(), "0".into())]);
+        let slots = Value::Map(vec![
+            ("cpu".into(), "1.5".into()),
+            ("mem".into(), "1073741824".into()),
+            ("cuda.device".into(), "0".into()),
+        ]);
         let info = Value::Map(vec![
             ("addr".into(), "tcp://127.0.0.1:6011".into()),
             ("ts".into(), Value::F64(12.5)),
             ("slots".into(), Value::Map(vec![("total".into(), slots)])),
-            ("kernels".into(), Value::Array(vec![Value::Map(vec![("id".into(), "k".into()), ("session_id".into(), "s".into()), ("status".into(), "RUNNING".into())])])),
+            (
+                "kernels".into(),
+                Value::Array(vec![Value::Map(vec![
+                    ("id".into(), "k".into()),
+                    ("session_id".into(), "s".into()),
+                    ("status".into(), "RUNNING".into()),
+                ])]),
+            ),
         ]);
         let hb = Heartbeat::from_value("a1", &info).unwrap();
-        assert_eq!((hb.cpu_millis, hb.mem_bytes, hb.cuda_devices, hb.ts), (1500, 1 << 30, 0, 12.5));
+        assert_eq!(
+            (hb.cpu_millis, hb.mem_bytes, hb.cuda_devices, hb.ts),
+            (1500, 1 << 30, 0, 12.5)
+        );
         assert_eq!(hb.kernels, vec![("k".into(), "s".into(), "RUNNING".into())]);
-        assert!(Heartbeat::from_value("a1", &Value::Map(vec![])).unwrap_err().contains("addr"));
+        assert!(Heartbeat::from_value("a1", &Value::Map(vec![]))
+            .unwrap_err()
+            .contains("addr"));
     }
 }

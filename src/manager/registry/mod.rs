@@ -69,7 +69,10 @@ struct AgentState {
 
 enum Mode {
     /// Start-up: newest heartbeat per agent, applied at the end.
-    Grace { until: Instant, latest: HashMap<String, Heartbeat> },
+    Grace {
+        until: Instant,
+        latest: HashMap<String, Heartbeat>,
+    },
     /// Grace over, store being reconciled with the heartbeats (API still refused).
     Reconciling,
     Normal,
@@ -88,32 +91,64 @@ pub struct AgentRegistry {
 impl AgentRegistry {
     /// A registry over `rows` (the store's agents at start); every agent gets a full heartbeat
     /// timeout from now.
-    pub fn new(store: Store, pool: Addr<AgentPool>, metrics: Arc<ManagerMetrics>, spec: RegistrySpec, rows: Vec<AgentRow>) -> Self {
+    pub fn new(
+        store: Store,
+        pool: Addr<AgentPool>,
+        metrics: Arc<ManagerMetrics>,
+        spec: RegistrySpec,
+        rows: Vec<AgentRow>,
+    ) -> Self {
         let now = Instant::now();
-        let agents = rows.into_iter().map(|row| (row.id.clone(), AgentState { row, last_seen: now, dirty: false, resetting: false, endpoint: None })).collect();
-        let mode = Mode::Grace { until: now + spec.startup_grace, latest: HashMap::new() };
-        AgentRegistry { store, pool, metrics, spec, agents, mode }
+        let agents = rows
+            .into_iter()
+            .map(|row| {
+                (
+                    row.id.clone(),
+                    AgentState {
+                        row,
+                        last_seen: now,
+                        dirty: false,
+                        resetting: false,
+                        endpoint: None,
+                    },
+                )
+            })
+            .collect();
+        let mode = Mode::Grace {
+            until: now + spec.startup_grace,
+            latest: HashMap::new(),
+        };
+        AgentRegistry {
+            store,
+            pool,
+            metrics,
+            spec,
+            agents,
+            mode,
+        }
     }
 
     fn state(&mut self, agent_id: &str) -> &mut AgentState {
-        self.agents.entry(agent_id.to_owned()).or_insert_with(|| AgentState {
-            row: AgentRow {
-                id: agent_id.to_owned(),
-                status: ALIVE.into(),
-                addr: None,
-                public_key: None,
-                region: None,
-                version: None,
-                cpu_millis: 0,
-                mem_bytes: 0,
-                cuda_devices: 0,
-                last_heartbeat: None,
-            },
-            last_seen: Instant::now(),
-            dirty: true,
-            resetting: false,
-            endpoint: None,
-        })
+        self.agents
+            .entry(agent_id.to_owned())
+            .or_insert_with(|| AgentState {
+                row: AgentRow {
+                    id: agent_id.to_owned(),
+                    status: ALIVE.into(),
+                    addr: None,
+                    public_key: None,
+                    region: None,
+                    version: None,
+                    cpu_millis: 0,
+                    mem_bytes: 0,
+                    cuda_devices: 0,
+                    last_heartbeat: None,
+                },
+                last_seen: Instant::now(),
+                dirty: true,
+                resetting: false,
+                endpoint: None,
+            })
     }
 
     fn set_status(&mut self, agent_id: &str, status: &str) {
@@ -139,11 +174,20 @@ impl AgentRegistry {
         s.row.cuda_devices = hb.cuda_devices;
         s.row.last_heartbeat = Some(hb.ts);
         s.dirty = true;
-        let public_key = hb.public_key.as_deref().and_then(|k| CurveKey::from_z85(k).ok());
-        let endpoint = AgentEndpoint { addr: hb.addr.clone(), public_key };
+        let public_key = hb
+            .public_key
+            .as_deref()
+            .and_then(|k| CurveKey::from_z85(k).ok());
+        let endpoint = AgentEndpoint {
+            addr: hb.addr.clone(),
+            public_key,
+        };
         if s.endpoint.as_ref() != Some(&endpoint) {
             s.endpoint = Some(endpoint.clone());
-            pool.do_send(RegisterAgent { agent_id: hb.agent_id.clone(), endpoint });
+            pool.do_send(RegisterAgent {
+                agent_id: hb.agent_id.clone(),
+                endpoint,
+            });
         }
     }
 
@@ -153,7 +197,9 @@ impl AgentRegistry {
         match self.agents.get_mut(&hb.agent_id) {
             // Overtaken by a newer one (latest wins): its facts are stale, but it still proves
             // the agent is alive.
-            Some(s) if s.row.last_heartbeat.is_some_and(|last| hb.ts < last) => s.last_seen = Instant::now(),
+            Some(s) if s.row.last_heartbeat.is_some_and(|last| hb.ts < last) => {
+                s.last_seen = Instant::now()
+            }
             _ => self.absorb(&hb),
         }
         match status.as_deref() {
@@ -171,10 +217,19 @@ impl AgentRegistry {
             return;
         }
         s.resetting = true;
-        let (pool, metrics, timeout, id) = (self.pool.clone(), self.metrics.clone(), self.spec.reset_timeout, agent_id.to_owned());
+        let (pool, metrics, timeout, id) = (
+            self.pool.clone(),
+            self.metrics.clone(),
+            self.spec.reset_timeout,
+            agent_id.to_owned(),
+        );
         let call = async move {
             // The old connection was invalidated when the agent was lost: start afresh.
-            let _ = pool.send(Reconnect { agent_id: id.clone() }).await;
+            let _ = pool
+                .send(Reconnect {
+                    agent_id: id.clone(),
+                })
+                .await;
             call_agent(&pool, &metrics, &id, "reset_instance", vec![], timeout).await
         };
         let id = agent_id.to_owned();
@@ -202,7 +257,10 @@ impl AgentRegistry {
         let lost: Vec<String> = self
             .agents
             .values()
-            .filter(|s| (s.row.status == ALIVE || s.row.status == PENDING) && s.last_seen.elapsed() > timeout)
+            .filter(|s| {
+                (s.row.status == ALIVE || s.row.status == PENDING)
+                    && s.last_seen.elapsed() > timeout
+            })
             .map(|s| s.row.id.clone())
             .collect();
         for id in lost {
@@ -210,7 +268,9 @@ impl AgentRegistry {
             let s = self.state(&id);
             s.dirty = false;
             let row = s.row.clone();
-            self.pool.do_send(Invalidate { agent_id: id.clone() });
+            self.pool.do_send(Invalidate {
+                agent_id: id.clone(),
+            });
             let store = self.store.clone();
             ctx.spawn(
                 async move { store.mark_agent_lost(&row).await }
@@ -256,25 +316,35 @@ impl AgentRegistry {
         }
         let store = self.store.clone();
         let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-        ctx.spawn(async move { store.save_agents(&rows).await }.into_actor(self).map(move |res, act, _| {
-            if let Err(e) = res {
-                tracing::error!(error = %e, "could not save agent rows; retrying");
-                for id in &ids {
-                    if let Some(s) = act.agents.get_mut(id) {
-                        s.dirty = true;
+        ctx.spawn(
+            async move { store.save_agents(&rows).await }
+                .into_actor(self)
+                .map(move |res, act, _| {
+                    if let Err(e) = res {
+                        tracing::error!(error = %e, "could not save agent rows; retrying");
+                        for id in &ids {
+                            if let Some(s) = act.agents.get_mut(id) {
+                                s.dirty = true;
+                            }
+                        }
                     }
-                }
-            }
-        }));
+                }),
+        );
     }
 
     /// End of the grace period: reconcile the store with each agent's newest heartbeat.
     fn end_grace(&mut self, latest: HashMap<String, Heartbeat>, ctx: &mut Context<Self>) {
-        tracing::info!(agents = latest.len(), "start-up grace over; reconciling the store with the latest heartbeats");
+        tracing::info!(
+            agents = latest.len(),
+            "start-up grace over; reconciling the store with the latest heartbeats"
+        );
         self.mode = Mode::Reconciling;
         let mut to_diff = Vec::new();
         for (id, hb) in latest {
-            let lost = self.agents.get(&id).is_some_and(|s| s.row.status == LOST || s.row.status == PENDING);
+            let lost = self
+                .agents
+                .get(&id)
+                .is_some_and(|s| s.row.status == LOST || s.row.status == PENDING);
             if lost {
                 // Its kernels were released before the restart: reset, ignore its list.
                 self.heartbeat(hb, ctx);
@@ -301,16 +371,27 @@ impl AgentRegistry {
 
 /// The heartbeat is what runs on the agent: live kernels it does not list ended while the
 /// manager was away; listed kernels the store does not hold live are reported.
-async fn reconcile(store: &Store, metrics: &ManagerMetrics, hb: &Heartbeat) -> Result<(), super::store::StoreError> {
+async fn reconcile(
+    store: &Store,
+    metrics: &ManagerMetrics,
+    hb: &Heartbeat,
+) -> Result<(), super::store::StoreError> {
     let listed: HashSet<&str> = hb.kernels.iter().map(|(id, _, _)| id.as_str()).collect();
     let live = store.live_kernels_of(&hb.agent_id).await?;
     for k in live.iter().filter(|k| !listed.contains(k.id.as_str())) {
-        if store.terminate_kernel(&k.id, "missing-on-agent", None).await? {
+        if store
+            .terminate_kernel(&k.id, "missing-on-agent", None)
+            .await?
+        {
             tracing::info!(agent_id = %hb.agent_id, kernel_id = %k.id, "kernel ended while the manager was away; released");
         }
     }
     let live_ids: HashSet<&str> = live.iter().map(|k| k.id.as_str()).collect();
-    for (id, session, status) in hb.kernels.iter().filter(|(id, _, _)| !live_ids.contains(id.as_str())) {
+    for (id, session, status) in hb
+        .kernels
+        .iter()
+        .filter(|(id, _, _)| !live_ids.contains(id.as_str()))
+    {
         metrics.unknown_kernels.inc();
         tracing::warn!(agent_id = %hb.agent_id, kernel_id = %id, session_id = %session, status = %status, "agent runs a kernel the store does not hold live");
     }
@@ -326,7 +407,11 @@ impl Actor for AgentRegistry {
         ctx.run_interval(tick, |act, ctx| {
             if let Mode::Grace { until, .. } = &act.mode {
                 if Instant::now() >= *until {
-                    let Mode::Grace { latest, .. } = std::mem::replace(&mut act.mode, Mode::Reconciling) else { unreachable!() };
+                    let Mode::Grace { latest, .. } =
+                        std::mem::replace(&mut act.mode, Mode::Reconciling)
+                    else {
+                        unreachable!()
+                    };
                     act.end_grace(latest, ctx);
                 }
             }
@@ -336,13 +421,18 @@ impl Actor for AgentRegistry {
         let retention = self.spec.processed_event_retention.as_secs_f64();
         ctx.run_interval(Duration::from_secs(3600), move |act, ctx| {
             let store = act.store.clone();
-            ctx.spawn(async move {
-                match store.prune_processed_events(retention).await {
-                    Ok(n) if n > 0 => tracing::info!(pruned = n, "old processed event ids pruned"),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "pruning processed event ids failed"),
+            ctx.spawn(
+                async move {
+                    match store.prune_processed_events(retention).await {
+                        Ok(n) if n > 0 => {
+                            tracing::info!(pruned = n, "old processed event ids pruned")
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "pruning processed event ids failed"),
+                    }
                 }
-            }.into_actor(act));
+                .into_actor(act),
+            );
         });
     }
 }
@@ -398,7 +488,11 @@ impl Handler<ApplyEvents> for AgentRegistry {
         for (ev, skip) in msg.events.into_iter().zip(skip) {
             let row = match &ev.body {
                 EventBody::AgentStarted => {
-                    match self.agents.get(&msg.agent_id).map(|s| s.row.status.as_str()) {
+                    match self
+                        .agents
+                        .get(&msg.agent_id)
+                        .map(|s| s.row.status.as_str())
+                    {
                         Some(LOST) | Some(PENDING) => self.begin_reset(&msg.agent_id, ctx),
                         _ => self.set_status(&msg.agent_id, ALIVE),
                     }
@@ -408,7 +502,11 @@ impl Handler<ApplyEvents> for AgentRegistry {
                 }
                 EventBody::AgentTerminated { reason } => {
                     // A lost agent stays LOST: it must be reset before it is used again.
-                    if self.agents.get(&msg.agent_id).is_none_or(|s| s.row.status != LOST && s.row.status != PENDING) {
+                    if self
+                        .agents
+                        .get(&msg.agent_id)
+                        .is_none_or(|s| s.row.status != LOST && s.row.status != PENDING)
+                    {
                         tracing::info!(agent_id = %msg.agent_id, %reason, "agent terminated");
                         self.set_status(&msg.agent_id, TERMINATED);
                     }
@@ -460,7 +558,11 @@ pub struct ListAgents;
 impl Handler<ListAgents> for AgentRegistry {
     type Result = MessageResult<ListAgents>;
     fn handle(&mut self, _: ListAgents, _: &mut Context<Self>) -> Self::Result {
-        let mut v: Vec<AgentSnapshot> = self.agents.values().map(|s| AgentSnapshot { row: s.row.clone() }).collect();
+        let mut v: Vec<AgentSnapshot> = self
+            .agents
+            .values()
+            .map(|s| AgentSnapshot { row: s.row.clone() })
+            .collect();
         v.sort_by(|a, b| a.row.id.cmp(&b.row.id));
         MessageResult(v)
     }
@@ -474,7 +576,13 @@ pub struct PlacementCandidates;
 impl Handler<PlacementCandidates> for AgentRegistry {
     type Result = MessageResult<PlacementCandidates>;
     fn handle(&mut self, _: PlacementCandidates, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.agents.values().filter(|s| s.row.status == ALIVE && s.endpoint.is_some() && s.row.cpu_millis > 0).map(|s| s.row.clone()).collect())
+        MessageResult(
+            self.agents
+                .values()
+                .filter(|s| s.row.status == ALIVE && s.endpoint.is_some() && s.row.cpu_millis > 0)
+                .map(|s| s.row.clone())
+                .collect(),
+        )
     }
 }
 
@@ -487,7 +595,11 @@ impl Handler<GraceRemaining> for AgentRegistry {
     type Result = Option<Duration>;
     fn handle(&mut self, _: GraceRemaining, _: &mut Context<Self>) -> Self::Result {
         match &self.mode {
-            Mode::Grace { until, .. } => Some(until.saturating_duration_since(Instant::now()).max(Duration::from_secs(1))),
+            Mode::Grace { until, .. } => Some(
+                until
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_secs(1)),
+            ),
             Mode::Reconciling => Some(Duration::from_secs(1)),
             Mode::Normal => None,
         }
@@ -504,10 +616,13 @@ impl Handler<FlushAgents> for AgentRegistry {
     fn handle(&mut self, _: FlushAgents, _: &mut Context<Self>) -> Self::Result {
         let rows = self.take_dirty();
         let store = self.store.clone();
-        Box::pin(async move {
-            if let Err(e) = store.save_agents(&rows).await {
-                tracing::error!(error = %e, "could not save agent rows at shutdown");
+        Box::pin(
+            async move {
+                if let Err(e) = store.save_agents(&rows).await {
+                    tracing::error!(error = %e, "could not save agent rows at shutdown");
+                }
             }
-        }.into_actor(self))
+            .into_actor(self),
+        )
     }
 }

@@ -48,7 +48,10 @@ impl AgentRow {
 }
 
 /// Inserts or overwrites an agent row inside `tx`.
-pub(super) async fn upsert_in(tx: &mut Transaction<'_, Any>, a: &AgentRow) -> Result<(), sqlx::Error> {
+pub(super) async fn upsert_in(
+    tx: &mut Transaction<'_, Any>,
+    a: &AgentRow,
+) -> Result<(), sqlx::Error> {
     let t = now();
     sqlx::query(
         "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed) \
@@ -83,7 +86,10 @@ impl Store {
         let rows = sqlx::query("SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat FROM agents ORDER BY id")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(AgentRow::from_row).collect::<Result<_, _>>()?)
+        Ok(rows
+            .iter()
+            .map(AgentRow::from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     /// Writes agent rows (the registry's write-behind flush), in one transaction.
@@ -101,10 +107,12 @@ impl Store {
     pub async fn mark_agent_lost(&self, agent: &AgentRow) -> Result<Vec<String>, StoreError> {
         let mut tx = self.pool.begin().await?;
         upsert_in(&mut tx, agent).await?;
-        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'")
-            .bind(&agent.id)
-            .fetch_all(&mut *tx)
-            .await?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'",
+        )
+        .bind(&agent.id)
+        .fetch_all(&mut *tx)
+        .await?;
         for id in &ids {
             super::kernels::terminate_in(&mut tx, id, "agent-lost", None).await?;
         }

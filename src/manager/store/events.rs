@@ -20,7 +20,11 @@ pub enum Applied {
     Compacted,
 }
 
-async fn record(tx: &mut Transaction<'_, Any>, agent_id: &str, ev: &AgentEvent) -> Result<bool, sqlx::Error> {
+async fn record(
+    tx: &mut Transaction<'_, Any>,
+    agent_id: &str,
+    ev: &AgentEvent,
+) -> Result<bool, sqlx::Error> {
     let inserted = sqlx::query("INSERT INTO processed_events (id, agent_id, name, applied_at) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING")
         .bind(&ev.id)
         .bind(agent_id)
@@ -36,7 +40,13 @@ impl Store {
     /// Applies one event of `agent_id` in a transaction. `agent_row` is the agent's new row for
     /// agent-level events (the registry decides its status); `compacted` records the id without
     /// applying a superseded status update.
-    pub async fn apply_event(&self, agent_id: &str, ev: &AgentEvent, agent_row: Option<&AgentRow>, compacted: bool) -> Result<Applied, StoreError> {
+    pub async fn apply_event(
+        &self,
+        agent_id: &str,
+        ev: &AgentEvent,
+        agent_row: Option<&AgentRow>,
+        compacted: bool,
+    ) -> Result<Applied, StoreError> {
         let mut tx = self.pool.begin().await?;
         if !record(&mut tx, agent_id, ev).await? {
             return Ok(Applied::Duplicate);
@@ -46,10 +56,17 @@ impl Store {
             return Ok(Applied::Compacted);
         }
         match &ev.body {
-            EventBody::KernelStatus { kernel_id, status, .. } => {
+            EventBody::KernelStatus {
+                kernel_id, status, ..
+            } => {
                 advance_in(&mut tx, kernel_id, status).await?;
             }
-            EventBody::KernelTerminated { kernel_id, reason, exit_code, .. } => {
+            EventBody::KernelTerminated {
+                kernel_id,
+                reason,
+                exit_code,
+                ..
+            } => {
                 terminate_in(&mut tx, kernel_id, reason, *exit_code).await?;
             }
             EventBody::AgentStarted | EventBody::AgentTerminated { .. } => {
@@ -57,7 +74,9 @@ impl Store {
                     upsert_in(&mut tx, row).await?;
                 }
             }
-            EventBody::SessionResult { kernel_id, result, .. } => {
+            EventBody::SessionResult {
+                kernel_id, result, ..
+            } => {
                 set_result_in(&mut tx, kernel_id, result).await?;
             }
             EventBody::KernelDangling { .. } | EventBody::Other { .. } => {}
@@ -70,17 +89,36 @@ impl Store {
     /// its outbox, so ids older than any plausible outage are dead weight). Returns rows removed.
     pub async fn prune_processed_events(&self, max_age_secs: f64) -> Result<u64, StoreError> {
         let cutoff = now() - max_age_secs;
-        Ok(sqlx::query("DELETE FROM processed_events WHERE applied_at < $1").bind(cutoff).execute(&self.pool).await?.rows_affected())
+        Ok(
+            sqlx::query("DELETE FROM processed_events WHERE applied_at < $1")
+                .bind(cutoff)
+                .execute(&self.pool)
+                .await?
+                .rows_affected(),
+        )
     }
 
     /// How many events named `name` of `agent_id` were applied (tests, diagnostics).
-    pub async fn processed_event_count(&self, agent_id: &str, name: &str) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM processed_events WHERE agent_id = $1 AND name = $2").bind(agent_id).bind(name).fetch_one(&self.pool).await?)
+    pub async fn processed_event_count(
+        &self,
+        agent_id: &str,
+        name: &str,
+    ) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT COUNT(*) FROM processed_events WHERE agent_id = $1 AND name = $2",
+        )
+        .bind(agent_id)
+        .bind(name)
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// Whether an event id has been applied (tests, diagnostics).
     pub async fn event_processed(&self, id: &str) -> Result<bool, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM processed_events WHERE id = $1").bind(id).fetch_one(&self.pool).await?;
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM processed_events WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(n > 0)
     }
 }

@@ -10,12 +10,24 @@ use super::{now, Store, StoreError};
 
 /// Kernel statuses in lifecycle order; a status update only moves forward in this list
 /// (events and RPC replies may race; `TERMINATED` is final). `RESTARTING` ranks with `RUNNING`.
-const ORDER: [&str; 8] = ["PENDING", "PREPARING", "PULLING", "CREATING", "RUNNING", "RESTARTING", "TERMINATING", "TERMINATED"];
+const ORDER: [&str; 8] = [
+    "PENDING",
+    "PREPARING",
+    "PULLING",
+    "CREATING",
+    "RUNNING",
+    "RESTARTING",
+    "TERMINATING",
+    "TERMINATED",
+];
 
 fn rank(status: &str) -> Option<usize> {
     match status {
         "RESTARTING" => Some(4),
-        s => ORDER.iter().position(|o| *o == s).map(|i| if i > 5 { i - 1 } else { i }),
+        s => ORDER
+            .iter()
+            .position(|o| *o == s)
+            .map(|i| if i > 5 { i - 1 } else { i }),
     }
 }
 
@@ -145,7 +157,12 @@ const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, stat
 
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns whether it was live (a second call for the same kernel is a no-op).
-pub(super) async fn terminate_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, reason: &str, exit_code: Option<i64>) -> Result<bool, sqlx::Error> {
+pub(super) async fn terminate_in(
+    tx: &mut Transaction<'_, Any>,
+    kernel_id: &str,
+    reason: &str,
+    exit_code: Option<i64>,
+) -> Result<bool, sqlx::Error> {
     // A batch session that ends without a session_success / session_failure of its agent (destroyed
     // by its user, its agent lost) failed.
     let key: Option<String> = sqlx::query_scalar(
@@ -168,27 +185,58 @@ pub(super) async fn terminate_in(tx: &mut Transaction<'_, Any>, kernel_id: &str,
 }
 
 /// Moves a kernel's status forward (never back, never out of `TERMINATED`) inside `tx`.
-pub(super) async fn advance_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, status: &str) -> Result<bool, sqlx::Error> {
-    let Some(r) = rank(status).filter(|_| status != "TERMINATED") else { return Ok(false) };
-    let earlier: Vec<String> = ORDER.iter().filter(|s| rank(s).is_some_and(|x| x < r)).map(|s| format!("'{s}'")).collect();
+pub(super) async fn advance_in(
+    tx: &mut Transaction<'_, Any>,
+    kernel_id: &str,
+    status: &str,
+) -> Result<bool, sqlx::Error> {
+    let Some(r) = rank(status).filter(|_| status != "TERMINATED") else {
+        return Ok(false);
+    };
+    let earlier: Vec<String> = ORDER
+        .iter()
+        .filter(|s| rank(s).is_some_and(|x| x < r))
+        .map(|s| format!("'{s}'"))
+        .collect();
     if earlier.is_empty() {
         return Ok(false);
     }
     // `earlier` comes from the constant ORDER, never from input.
-    let sql = format!("UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({})", earlier.join(", "));
-    Ok(sqlx::query(&sql).bind(kernel_id).bind(status).execute(&mut **tx).await?.rows_affected() > 0)
+    let sql = format!(
+        "UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({})",
+        earlier.join(", ")
+    );
+    Ok(sqlx::query(&sql)
+        .bind(kernel_id)
+        .bind(status)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected()
+        > 0)
 }
 
 /// Records a batch session's result (`SUCCESS` / `FAILURE`) inside `tx`, once: a result already
 /// recorded stays. Returns whether it changed.
-pub(super) async fn set_result_in(tx: &mut Transaction<'_, Any>, kernel_id: &str, result: &str) -> Result<bool, sqlx::Error> {
-    let r = sqlx::query("UPDATE kernels SET result = $2 WHERE id = $1 AND result = 'UNDEFINED'").bind(kernel_id).bind(result).execute(&mut **tx).await?;
+pub(super) async fn set_result_in(
+    tx: &mut Transaction<'_, Any>,
+    kernel_id: &str,
+    result: &str,
+) -> Result<bool, sqlx::Error> {
+    let r = sqlx::query("UPDATE kernels SET result = $2 WHERE id = $1 AND result = 'UNDEFINED'")
+        .bind(kernel_id)
+        .bind(result)
+        .execute(&mut **tx)
+        .await?;
     Ok(r.rows_affected() > 0)
 }
 
 impl Store {
     /// Creates an access key or updates its limit (0 = unlimited); `concurrency_used` is kept.
-    pub async fn ensure_access_key(&self, access_key: &str, concurrency_limit: i64) -> Result<(), StoreError> {
+    pub async fn ensure_access_key(
+        &self,
+        access_key: &str,
+        concurrency_limit: i64,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO access_keys (access_key, concurrency_used, concurrency_limit, created_at) VALUES ($1, 0, $2, $3) \
              ON CONFLICT (access_key) DO UPDATE SET concurrency_limit = excluded.concurrency_limit",
@@ -203,17 +251,26 @@ impl Store {
 
     /// `(concurrency_used, concurrency_limit)` of a key, `None` when unknown.
     pub async fn access_key(&self, access_key: &str) -> Result<Option<(i64, i64)>, StoreError> {
-        let row = sqlx::query("SELECT concurrency_used, concurrency_limit FROM access_keys WHERE access_key = $1")
-            .bind(access_key)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?))).transpose()?)
+        let row = sqlx::query(
+            "SELECT concurrency_used, concurrency_limit FROM access_keys WHERE access_key = $1",
+        )
+        .bind(access_key)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row
+            .map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)))
+            .transpose()?)
     }
 
     /// Every access key with `concurrency_used`: `key → used`.
     pub async fn concurrency_used(&self) -> Result<HashMap<String, i64>, StoreError> {
-        let rows = sqlx::query("SELECT access_key, concurrency_used FROM access_keys").fetch_all(&self.pool).await?;
-        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<_, sqlx::Error>>().map_err(Into::into)
+        let rows = sqlx::query("SELECT access_key, concurrency_used FROM access_keys")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
     }
 
     /// Records a placed kernel as `PENDING` and takes one unit of its key's concurrency, in one
@@ -235,7 +292,9 @@ impl Store {
             drop(tx);
             return match self.access_key(&k.access_key).await? {
                 None => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
-                Some((_, limit)) => Err(ReserveError::ConcurrencyLimit(k.access_key.clone(), limit)),
+                Some((_, limit)) => {
+                    Err(ReserveError::ConcurrencyLimit(k.access_key.clone(), limit))
+                }
             };
         }
         sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED')"))
@@ -264,13 +323,21 @@ impl Store {
     pub async fn discard_reservation(&self, kernel_id: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let was_live = terminate_in(&mut tx, kernel_id, "failed-to-create", None).await?;
-        sqlx::query("DELETE FROM kernels WHERE id = $1").bind(kernel_id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM kernels WHERE id = $1")
+            .bind(kernel_id)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(was_live)
     }
 
     /// Takes a kernel out of the live set (releasing its concurrency). Returns whether it was live.
-    pub async fn terminate_kernel(&self, kernel_id: &str, reason: &str, exit_code: Option<i64>) -> Result<bool, StoreError> {
+    pub async fn terminate_kernel(
+        &self,
+        kernel_id: &str,
+        reason: &str,
+        exit_code: Option<i64>,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let was_live = terminate_in(&mut tx, kernel_id, reason, exit_code).await?;
         tx.commit().await?;
@@ -295,29 +362,52 @@ impl Store {
     }
 
     /// Kernels, newest first: live only unless `all`; only `access_key`'s when given.
-    pub async fn kernels(&self, access_key: Option<&str>, all: bool) -> Result<Vec<KernelRow>, StoreError> {
+    pub async fn kernels(
+        &self,
+        access_key: Option<&str>,
+        all: bool,
+    ) -> Result<Vec<KernelRow>, StoreError> {
         let sql = format!(
             "SELECT {COLUMNS} FROM kernels WHERE ($1 OR status <> 'TERMINATED') AND ($2 = '' OR access_key = $2) ORDER BY created_at DESC"
         );
         // `$1` as an integer comparison: Any binds booleans differently per backend.
         let sql = sql.replace("($1 OR", "($1 = 1 OR");
-        let rows = sqlx::query(&sql).bind(all as i64).bind(access_key.unwrap_or("")).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(KernelRow::from_row).collect::<Result<_, _>>()?)
+        let rows = sqlx::query(&sql)
+            .bind(all as i64)
+            .bind(access_key.unwrap_or(""))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(KernelRow::from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     /// Live kernels by status: `(status, count)`.
     pub async fn live_kernel_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        let rows = sqlx::query("SELECT status, COUNT(*) FROM kernels WHERE status <> 'TERMINATED' GROUP BY status").fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<_, sqlx::Error>>()?)
+        let rows = sqlx::query(
+            "SELECT status, COUNT(*) FROM kernels WHERE status <> 'TERMINATED' GROUP BY status",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()?)
     }
 
     /// Live kernels on one agent.
     pub async fn live_kernels_of(&self, agent_id: &str) -> Result<Vec<KernelRow>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'"))
-            .bind(agent_id)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.iter().map(KernelRow::from_row).collect::<Result<_, _>>()?)
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'"
+        ))
+        .bind(agent_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(KernelRow::from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     /// Slots the manager has placed on each agent (live kernels only).
@@ -330,7 +420,12 @@ impl Store {
         .await?;
         let mut out = HashMap::new();
         for r in rows {
-            let usage = Usage { cpu_millis: r.try_get(1)?, mem_bytes: r.try_get(2)?, cuda_devices: r.try_get(3)?, kernels: r.try_get(4)? };
+            let usage = Usage {
+                cpu_millis: r.try_get(1)?,
+                mem_bytes: r.try_get(2)?,
+                cuda_devices: r.try_get(3)?,
+                kernels: r.try_get(4)?,
+            };
             out.insert(r.try_get(0)?, usage);
         }
         Ok(out)

@@ -53,7 +53,10 @@ pub struct Store {
 
 /// Unix time now, seconds.
 pub fn now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 impl Store {
@@ -74,11 +77,18 @@ impl Store {
         if backend == Backend::Sqlite {
             let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
             let path = path.split('?').next().unwrap_or_default();
-            if let Some(dir) = std::path::Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Some(dir) = std::path::Path::new(path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+            {
                 std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
             }
             if !url.contains("mode=") {
-                url.push_str(if url.contains('?') { "&mode=rwc" } else { "?mode=rwc" });
+                url.push_str(if url.contains('?') {
+                    "&mode=rwc"
+                } else {
+                    "?mode=rwc"
+                });
             }
         }
         let options = AnyConnectOptions::from_str(&url)?;
@@ -99,7 +109,13 @@ impl Store {
                     .connect_with(options)
                     .await?
             }
-            Backend::Postgres => AnyPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(30)).connect_with(options).await?,
+            Backend::Postgres => {
+                AnyPoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .connect_with(options)
+                    .await?
+            }
         };
         sqlx::migrate!("migrations/manager").run(&pool).await?;
         Ok(Store { pool, backend })

@@ -25,17 +25,34 @@ pub struct ContainerHandle {
 /// the container the allocated GPUs are renumbered from 0) when GPUs are allocated.
 pub fn environ(handle: &KernelHandle, gpus: &[String]) -> Vec<(String, String)> {
     let config = handle.info().config;
-    let mut env: Vec<(String, String)> = config.environ.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut env: Vec<(String, String)> = config
+        .environ
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     env.push(("BACKEND_KERNEL_ID".into(), handle.id.clone()));
     env.push(("BACKEND_SESSION_ID".into(), handle.session_id.clone()));
     if !gpus.is_empty() {
-        env.push(("CUDA_VISIBLE_DEVICES".into(), (0..gpus.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(",")));
+        env.push((
+            "CUDA_VISIBLE_DEVICES".into(),
+            (0..gpus.len())
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        ));
     }
     env
 }
 
 /// Everything the container stage needs, from the config and the earlier stages' resources.
-pub fn container_spec(handle: &KernelHandle, image_id: &str, slots: &SlotAllocation, host_ports: &[u16], scratch: &ScratchDir, mounts: &[Bind]) -> ContainerSpec {
+pub fn container_spec(
+    handle: &KernelHandle,
+    image_id: &str,
+    slots: &SlotAllocation,
+    host_ports: &[u16],
+    scratch: &ScratchDir,
+    mounts: &[Bind],
+) -> ContainerSpec {
     let info = handle.info();
     let config = &info.config;
     let c = &handle.ctx.config.container;
@@ -43,18 +60,44 @@ pub fn container_spec(handle: &KernelHandle, image_id: &str, slots: &SlotAllocat
     label.insert(labels::KERNEL_ID.to_owned(), handle.id.clone());
     label.insert(labels::SESSION_ID.to_owned(), handle.session_id.clone());
     label.insert(labels::AGENT_ID.to_owned(), handle.ctx.agent_id.clone());
-    label.insert(labels::OWNER.to_owned(), serde_json::to_string(&config.owner).unwrap_or_default());
-    label.insert(labels::SERVICE_PORTS.to_owned(), serde_json::to_string(&config.service_ports).unwrap_or_default());
+    label.insert(
+        labels::OWNER.to_owned(),
+        serde_json::to_string(&config.owner).unwrap_or_default(),
+    );
+    label.insert(
+        labels::SERVICE_PORTS.to_owned(),
+        serde_json::to_string(&config.service_ports).unwrap_or_default(),
+    );
     let mut binds = vec![
-        Bind { host_path: scratch.config_dir().display().to_string(), container_path: "/home/config".into(), read_only: true },
-        Bind { host_path: scratch.work_dir().display().to_string(), container_path: "/home/work".into(), read_only: false },
+        Bind {
+            host_path: scratch.config_dir().display().to_string(),
+            container_path: "/home/config".into(),
+            read_only: true,
+        },
+        Bind {
+            host_path: scratch.work_dir().display().to_string(),
+            container_path: "/home/work".into(),
+            read_only: false,
+        },
     ];
     binds.extend(mounts.iter().cloned());
-    let ports = config.service_ports.iter().flat_map(|s| s.container_ports.iter().copied()).zip(host_ports.iter().copied()).map(|(container_port, host_port)| PortMapping { container_port, host_port }).collect();
+    let ports = config
+        .service_ports
+        .iter()
+        .flat_map(|s| s.container_ports.iter().copied())
+        .zip(host_ports.iter().copied())
+        .map(|(container_port, host_port)| PortMapping {
+            container_port,
+            host_port,
+        })
+        .collect();
     ContainerSpec {
         name: format!("kernel.{}", handle.id),
         image: image_id.to_owned(),
-        env: environ(handle, &slots.gpus).into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        env: environ(handle, &slots.gpus)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
         labels: label,
         memory_bytes: Some(slots.request.mem_bytes as i64),
         nano_cpus: Some(slots.request.cpu_millis as i64 * 1_000_000),
@@ -64,7 +107,10 @@ pub fn container_spec(handle: &KernelHandle, image_id: &str, slots: &SlotAllocat
         ports,
         port_bind_host: c.bind_host.clone(),
         gpu_device_ids: slots.gpus.clone(),
-        cmd: config.command.as_ref().map(|cmd| vec!["sh".into(), "-c".into(), cmd.clone()]),
+        cmd: config
+            .command
+            .as_ref()
+            .map(|cmd| vec!["sh".into(), "-c".into(), cmd.clone()]),
         working_dir: config.command.as_ref().map(|_| "/home/work".into()),
     }
 }
@@ -83,20 +129,33 @@ impl Provisioner for ContainerStage {
     async fn setup(&self, spec: ContainerSpec) -> Result<ContainerHandle, BoxError> {
         self.0.set_status(KernelStatus::Creating);
         let backend = &self.0.ctx.backend;
-        let id = backend.create_container(&spec).await.map_err(KernelError::from)?;
+        let id = backend
+            .create_container(&spec)
+            .await
+            .map_err(KernelError::from)?;
         self.0.update(|i| i.container_id = Some(id.clone()));
         if let Err(e) = backend.start_container(&id).await {
             // Leave nothing behind: the created container goes with the failed start.
             let _ = backend.remove_container(&id).await;
             self.0.update(|i| i.container_id = None);
             let text = e.to_string();
-            if spec.cmd.is_some() && (text.contains("executable file not found") || text.contains("no such file or directory")) {
+            if spec.cmd.is_some()
+                && (text.contains("executable file not found")
+                    || text.contains("no such file or directory"))
+            {
                 // The engine's words for "the image has no `sh`": the request's fault, not the engine's.
-                return Err(KernelError::InvalidConfig(format!("`command` runs through `sh -c`, which image `{}` lacks: {text}", self.0.info().config.image)).into());
+                return Err(KernelError::InvalidConfig(format!(
+                    "`command` runs through `sh -c`, which image `{}` lacks: {text}",
+                    self.0.info().config.image
+                ))
+                .into());
             }
             return Err(KernelError::from(e).into());
         }
-        Ok(ContainerHandle { id, name: spec.name })
+        Ok(ContainerHandle {
+            id,
+            name: spec.name,
+        })
     }
 
     async fn teardown(&self, container: ContainerHandle) -> Result<(), BoxError> {

@@ -18,7 +18,11 @@ impl Provisioner for ImageStage {
 
     async fn setup(&self, reference: String) -> Result<ImageInfo, BoxError> {
         let backend = &self.0.ctx.backend;
-        if let Some(image) = backend.inspect_image(&reference).await.map_err(KernelError::from)? {
+        if let Some(image) = backend
+            .inspect_image(&reference)
+            .await
+            .map_err(KernelError::from)?
+        {
             return Ok(image);
         }
         self.0.set_status(KernelStatus::Pulling);
@@ -26,7 +30,10 @@ impl Provisioner for ImageStage {
         let progress = move |p: crate::agent::backend::PullProgress| {
             tracing::debug!(%agent_id, %kernel_id, status = %p.status, current = ?p.current, total = ?p.total, "pulling");
         };
-        Ok(backend.pull_image(&reference, &progress).await.map_err(KernelError::from)?)
+        Ok(backend
+            .pull_image(&reference, &progress)
+            .await
+            .map_err(KernelError::from)?)
     }
 
     async fn teardown(&self, _image: ImageInfo) -> Result<(), BoxError> {

@@ -19,4 +19,12 @@ pub use service_ports::{ServicePortInfo, ServicePortStage};
 pub use slots::SlotStage;
 
 /// Stage names, in setup order: the chain's names, metric labels and error prefixes.
-pub const STAGES: [&str; 7] = ["image", "slots", "ports", "scratch", "mounts", "container", "service-ports"];
+pub const STAGES: [&str; 7] = [
+    "image",
+    "slots",
+    "ports",
+    "scratch",
+    "mounts",
+    "container",
+    "service-ports",
+];

@@ -16,7 +16,14 @@ impl Provisioner for PortStage {
     }
 
     async fn setup(&self, count: usize) -> Result<Vec<u16>, BoxError> {
-        let ports = self.0.ctx.ports.lock().expect("ports lock").allocate(count).map_err(KernelError::from)?;
+        let ports = self
+            .0
+            .ctx
+            .ports
+            .lock()
+            .expect("ports lock")
+            .allocate(count)
+            .map_err(KernelError::from)?;
         self.0.update(|i| i.host_ports = ports.clone());
         Ok(ports)
     }

@@ -62,15 +62,28 @@ fn mount_tmpfs(dir: &Path, bytes: u64) -> std::io::Result<()> {
     let target = CString::new(dir.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
     let data = CString::new(format!("size={bytes},mode=0755")).map_err(std::io::Error::other)?;
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
-    let rc = unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, data.as_ptr().cast()) };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Unmounts `work/` if it is a tmpfs and removes the directory; a directory that is already
 /// gone is fine (teardown must be idempotent, and recovery calls it for half-made kernels).
 pub fn remove_scratch(path: &Path, tmpfs: bool) -> std::io::Result<()> {
     if tmpfs {
-        let target = CString::new(path.join("work").as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+        let target = CString::new(path.join("work").as_os_str().as_encoded_bytes())
+            .map_err(std::io::Error::other)?;
         // SAFETY: a valid NUL-terminated path; MNT_DETACH never blocks on busy mounts.
         let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
         if rc != 0 {
@@ -99,9 +112,16 @@ impl Provisioner for ScratchStage {
         let io = |e: std::io::Error| KernelError::Engine(format!("scratch: {e}"));
         let path = scratch_path(&c.scratch_root, &self.0.id).map_err(io)?;
         if path.exists() {
-            return Err(KernelError::InvalidConfig(format!("scratch directory {} already exists", path.display())).into());
+            return Err(KernelError::InvalidConfig(format!(
+                "scratch directory {} already exists",
+                path.display()
+            ))
+            .into());
         }
-        let dir = ScratchDir { path, tmpfs: c.scratch_size.is_some() };
+        let dir = ScratchDir {
+            path,
+            tmpfs: c.scratch_size.is_some(),
+        };
         let made = (|| {
             std::fs::create_dir_all(dir.config_dir())?;
             std::fs::create_dir_all(dir.work_dir())?;

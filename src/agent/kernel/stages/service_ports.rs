@@ -43,7 +43,11 @@ pub fn assign(requests: &[ServicePortRequest], host_ports: &[u16]) -> Vec<Servic
             name: r.name.clone(),
             protocol: r.protocol.clone(),
             container_ports: r.container_ports.clone(),
-            host_ports: r.container_ports.iter().map_while(|_| host.next()).collect(),
+            host_ports: r
+                .container_ports
+                .iter()
+                .map_while(|_| host.next())
+                .collect(),
         })
         .collect()
 }
@@ -60,13 +64,31 @@ impl Provisioner for ServicePortStage {
         "service-ports"
     }
 
-    async fn setup(&self, (container_id, planned): Self::Spec) -> Result<Vec<ServicePortInfo>, BoxError> {
+    async fn setup(
+        &self,
+        (container_id, planned): Self::Spec,
+    ) -> Result<Vec<ServicePortInfo>, BoxError> {
         if !planned.is_empty() {
-            let state = self.0.ctx.backend.inspect_container(&container_id).await.map_err(KernelError::from)?.ok_or_else(|| KernelError::Engine(format!("container {container_id} vanished")))?;
+            let state = self
+                .0
+                .ctx
+                .backend
+                .inspect_container(&container_id)
+                .await
+                .map_err(KernelError::from)?
+                .ok_or_else(|| KernelError::Engine(format!("container {container_id} vanished")))?;
             for sp in &planned {
                 for (c, h) in sp.container_ports.iter().zip(&sp.host_ports) {
-                    if !state.ports.iter().any(|m| m.container_port == *c && m.host_port == *h) {
-                        return Err(KernelError::Engine(format!("service port {} ({c}) is not published on host port {h}", sp.name)).into());
+                    if !state
+                        .ports
+                        .iter()
+                        .any(|m| m.container_port == *c && m.host_port == *h)
+                    {
+                        return Err(KernelError::Engine(format!(
+                            "service port {} ({c}) is not published on host port {h}",
+                            sp.name
+                        ))
+                        .into());
                     }
                 }
             }

@@ -18,7 +18,14 @@ impl Provisioner for SlotStage {
     }
 
     async fn setup(&self, request: SlotRequest) -> Result<SlotAllocation, BoxError> {
-        let alloc = self.0.ctx.slots.lock().expect("slots lock").allocate(request).map_err(KernelError::from)?;
+        let alloc = self
+            .0
+            .ctx
+            .slots
+            .lock()
+            .expect("slots lock")
+            .allocate(request)
+            .map_err(KernelError::from)?;
         self.0.update(|i| i.gpus = alloc.gpus.clone());
         Ok(alloc)
     }
