@@ -325,12 +325,12 @@ fn streaming_exec_input_and_logs_follow() {
     c.check_invariants();
 }
 
-/// `VmHWM` (peak resident set) of `pid`, in bytes.
-fn peak_rss(pid: u32) -> u64 {
+/// A `/proc/<pid>/status` size field (`VmHWM`, `VmRSS`), in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .unwrap()
         .trim()
         .trim_end_matches("kB")
@@ -338,6 +338,11 @@ fn peak_rss(pid: u32) -> u64 {
         .parse()
         .unwrap();
     kb * 1024
+}
+
+/// `VmHWM` (peak resident set) of `pid`, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    status_bytes(pid, "VmHWM")
 }
 
 #[test]
