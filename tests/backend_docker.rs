@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kernelvisor::agent::backend::docker::DockerBackend;
 use kernelvisor::agent::backend::{
-    BackendError, Bind, ContainerBackend, ContainerSpec, PortMapping,
+    BackendError, Bind, ContainerBackend, ContainerSpec, OutputStream, PortMapping,
 };
 
 const IMAGE: &str = "kernelvisor-test:latest";
@@ -91,6 +91,62 @@ fn sh(script: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script.into()]
 }
 
+/// What a finished (or killed) exec printed.
+#[derive(Debug)]
+struct ExecOutput {
+    /// `None` when `timeout` killed it.
+    exit_code: Option<i64>,
+    /// (`"stdout"` | `"stderr"`, text) in arrival order.
+    console: Vec<(&'static str, String)>,
+}
+
+/// Runs `cmd` through `exec_start`, reading its whole output (test-sized), killing it through
+/// `exec_kill` after `timeout`; the exit code from `exec_status`.
+async fn exec(
+    b: &DockerBackend,
+    id: &str,
+    cmd: Vec<String>,
+    timeout: Option<Duration>,
+) -> Result<ExecOutput, BackendError> {
+    let mut session = b.exec_start(id, cmd, None, false).await?;
+    let mut console = Vec::new();
+    let read = async {
+        while let Some(chunk) = session.output.next().await {
+            let (stream, bytes) = chunk?;
+            let name = if stream == OutputStream::Stdout {
+                "stdout"
+            } else {
+                "stderr"
+            };
+            console.push((name, String::from_utf8_lossy(&bytes).into_owned()));
+        }
+        Ok::<_, BackendError>(())
+    };
+    let finished = match timeout {
+        Some(t) => tokio::time::timeout(t, read).await.ok(),
+        None => Some(read.await),
+    };
+    let exit_code = match finished {
+        Some(r) => {
+            r?;
+            let mut status = b.exec_status(&session.exec_id).await?;
+            for _ in 0..100 {
+                if !status.running && status.exit_code.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                status = b.exec_status(&session.exec_id).await?;
+            }
+            status.exit_code
+        }
+        None => {
+            b.exec_kill(&session.exec_id).await?;
+            None
+        }
+    };
+    Ok(ExecOutput { exit_code, console })
+}
+
 #[tokio::test]
 async fn lifecycle_limits_ports_binds_exec() {
     let run = Run::new().await;
@@ -159,8 +215,7 @@ async fn lifecycle_limits_ports_binds_exec() {
     assert!(listed[0].running && listed[0].id == id && listed[0].ports == spec.ports);
 
     // Exec: exit code, both streams, env, the read-only bind.
-    let out = b
-        .exec(&id, sh("echo hi; echo err >&2; exit 3"), None)
+    let out = exec(&b, &id, sh("echo hi; echo err >&2; exit 3"), None)
         .await
         .unwrap();
     assert_eq!(out.exit_code, Some(3));
@@ -175,14 +230,14 @@ async fn lifecycle_limits_ports_binds_exec() {
         (text("stdout"), text("stderr")),
         ("hi\n".to_owned(), "err\n".to_owned())
     );
-    let out = b
-        .exec(
-            &id,
-            sh("echo $KV_GREETING; cat /mnt/data/f; touch /mnt/data/g"),
-            None,
-        )
-        .await
-        .unwrap();
+    let out = exec(
+        &b,
+        &id,
+        sh("echo $KV_GREETING; cat /mnt/data/f; touch /mnt/data/g"),
+        None,
+    )
+    .await
+    .unwrap();
     // The engine copies stdout and stderr on separate goroutines, so chunks of the two streams
     // may interleave in any order; compare each stream's whole text.
     let stdout: String = out
@@ -196,14 +251,14 @@ async fn lifecycle_limits_ports_binds_exec() {
 
     // Exec timeout: killed, returned promptly, the process tree gone.
     let started = Instant::now();
-    let out = b
-        .exec(
-            &id,
-            sh("echo before; sleep 30; echo after"),
-            Some(Duration::from_secs(1)),
-        )
-        .await
-        .unwrap();
+    let out = exec(
+        &b,
+        &id,
+        sh("echo before; sleep 30; echo after"),
+        Some(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "took {:?}",
@@ -212,8 +267,7 @@ async fn lifecycle_limits_ports_binds_exec() {
     assert_eq!(out.exit_code, None);
     assert_eq!(out.console, [("stdout", "before\n".to_owned())]);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let ps = b
-        .exec(&id, vec!["ps".into(), "-o".into(), "args".into()], None)
+    let ps = exec(&b, &id, vec!["ps".into(), "-o".into(), "args".into()], None)
         .await
         .unwrap();
     assert!(
@@ -221,7 +275,15 @@ async fn lifecycle_limits_ports_binds_exec() {
         "left behind: {ps:?}"
     );
 
-    assert_eq!(b.logs(&id).await.unwrap(), "");
+    // The main process (`sleep infinity`) printed nothing: the log stream has nothing to give.
+    let mut logs = b.follow_logs(&id, 0);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), logs.next())
+            .await
+            .is_err(),
+        "no output"
+    );
+    drop(logs);
     b.restart_container(&id, Duration::from_secs(1))
         .await
         .expect("restart");
@@ -280,7 +342,7 @@ async fn missing_things_are_classified() {
         Err(BackendError::ContainerNotFound(_))
     ));
     assert!(matches!(
-        b.exec(&ghost, sh("true"), None).await,
+        exec(&b, &ghost, sh("true"), None).await,
         Err(BackendError::ContainerNotFound(_))
     ));
     b.remove_container(&ghost)

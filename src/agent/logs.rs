@@ -76,6 +76,43 @@ impl LogFile {
     }
 }
 
+/// The task that follows one kernel's container into its log.
+#[derive(Debug)]
+pub struct LogKeeper {
+    task: tokio::task::JoinHandle<()>,
+    /// Told when the container is removed: stop waiting to follow it again.
+    gone: Arc<Notify>,
+    log: Arc<KernelLog>,
+}
+
+impl LogKeeper {
+    /// It stopped (the container stopped or went).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// The container has been removed: lets the keeper write what the engine still sends (up to
+    /// `limit`), then stops it. Followers then see the log end.
+    pub async fn finish(mut self, limit: Duration) {
+        self.gone.notify_one();
+        if tokio::time::timeout(limit, &mut self.task).await.is_err() {
+            self.task.abort();
+        }
+        self.ended();
+    }
+
+    /// Stops it now (agent shutdown: the next start follows the container again).
+    pub fn abort(self) {
+        self.task.abort();
+        self.ended();
+    }
+
+    fn ended(&self) {
+        self.log.active.store(false, Ordering::SeqCst);
+        self.log.grew.notify_waiters();
+    }
+}
+
 /// A read of a kernel's log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogChunk {
@@ -151,12 +188,15 @@ impl LogStore {
         backend: Arc<dyn ContainerBackend>,
         kernel_id: &str,
         container_id: &str,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> LogKeeper {
         let log = self.get(kernel_id, true).expect("created");
         log.active.store(true, Ordering::SeqCst);
+        let gone = Arc::new(Notify::new());
         let (store, kernel_id, container_id) =
             (self.clone(), kernel_id.to_owned(), container_id.to_owned());
-        tokio::spawn(async move {
+        let (task_log, task_gone) = (log.clone(), gone.clone());
+        let task = tokio::spawn(async move {
+            let (log, gone) = (task_log, task_gone);
             let mut since = {
                 let f = log.file.lock().expect("log file lock");
                 match std::fs::metadata(&f.path).and_then(|m| m.modified()) {
@@ -195,7 +235,10 @@ impl LogStore {
                     Ok(Some(s)) if s.running => {
                         // The stream ended under a running container (a restart in progress, an
                         // engine hiccup, or a backend without logs): ask again, not in a tight loop.
-                        tokio::time::sleep(pause).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = gone.notified() => break,
+                        }
                         pause = (pause * 2).min(Duration::from_secs(30));
                     }
                     _ => break,
@@ -203,7 +246,8 @@ impl LogStore {
             }
             log.active.store(false, Ordering::SeqCst);
             log.grew.notify_waiters();
-        })
+        });
+        LogKeeper { task, gone, log }
     }
 
     /// Reads the kernel's log: from absolute `offset` (at most `max` bytes), or without one its

@@ -16,11 +16,11 @@ use bollard::models::{
 };
 use bollard::system::EventsOptions;
 use bollard::Docker;
-use futures::stream::{BoxStream, StreamExt, TryStreamExt};
+use futures::stream::{BoxStream, StreamExt};
 
 use super::{
-    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecOutput,
-    ExecSession, ExecStatus, ImageInfo, OutputStream, PortMapping, PullProgress,
+    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecSession,
+    ExecStatus, ImageInfo, OutputStream, PortMapping, PullProgress,
 };
 
 /// The local Docker engine (its default socket, or `DOCKER_HOST`), API version negotiated.
@@ -114,19 +114,6 @@ fn listed_exit_code(status: &str) -> Option<i64> {
         .next()?
         .parse()
         .ok()
-}
-
-/// Appends an output chunk, merging it into the previous one of the same stream.
-fn push_chunk(console: &mut Vec<(&'static str, Vec<u8>)>, chunk: LogOutput) {
-    let (stream, bytes) = match chunk {
-        LogOutput::StdErr { message } => ("stderr", message),
-        LogOutput::StdOut { message } | LogOutput::Console { message } => ("stdout", message),
-        LogOutput::StdIn { .. } => return,
-    };
-    match console.last_mut() {
-        Some((last, buf)) if *last == stream => buf.extend_from_slice(&bytes),
-        _ => console.push((stream, bytes.to_vec())),
-    }
 }
 
 /// SIGKILLs the host process `pid` and all its descendants (found through `/proc`, collected
@@ -381,69 +368,6 @@ impl ContainerBackend for DockerBackend {
             .collect())
     }
 
-    async fn exec(
-        &self,
-        id: &str,
-        cmd: Vec<String>,
-        timeout: Option<Duration>,
-    ) -> Result<ExecOutput, BackendError> {
-        let options = CreateExecOptions {
-            cmd: Some(cmd),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            ..Default::default()
-        };
-        let exec_id = self
-            .docker
-            .create_exec(id, options)
-            .await
-            .map_err(container_err(id))?
-            .id;
-        let mut console = Vec::new();
-        let collect = async {
-            if let StartExecResults::Attached { mut output, .. } =
-                self.docker.start_exec(&exec_id, None).await?
-            {
-                while let Some(chunk) = output.try_next().await? {
-                    push_chunk(&mut console, chunk);
-                }
-            }
-            Ok::<_, DockerError>(())
-        };
-        let finished = match timeout {
-            Some(t) => tokio::time::timeout(t, collect).await.ok(),
-            None => Some(collect.await),
-        };
-        let mut info = self.docker.inspect_exec(&exec_id).await.map_err(engine)?;
-        let exit_code = match finished {
-            Some(result) => {
-                result.map_err(engine)?;
-                // The output can end a moment before the engine records the exit code.
-                for _ in 0..100 {
-                    if info.running != Some(true) && info.exit_code.is_some() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    info = self.docker.inspect_exec(&exec_id).await.map_err(engine)?;
-                }
-                info.exit_code
-            }
-            // It ended just as the timeout expired.
-            None if info.running == Some(false) => info.exit_code,
-            None => {
-                if let Some(pid) = info.pid.filter(|&p| p > 0) {
-                    kill_tree(pid as i32);
-                }
-                None
-            }
-        };
-        let console = console
-            .into_iter()
-            .map(|(stream, bytes)| (stream, String::from_utf8_lossy(&bytes).into_owned()))
-            .collect();
-        Ok(ExecOutput { exit_code, console })
-    }
-
     async fn exec_start(
         &self,
         id: &str,
@@ -537,21 +461,6 @@ impl ContainerBackend for DockerBackend {
             .logs(&id, Some(options))
             .map(move |chunk| chunk.map(LogOutput::into_bytes).map_err(container_err(&id)))
             .boxed()
-    }
-
-    async fn logs(&self, id: &str) -> Result<String, BackendError> {
-        let options = LogsOptions::<String> {
-            stdout: true,
-            stderr: true,
-            tail: "all".to_owned(),
-            ..Default::default()
-        };
-        let mut text = Vec::new();
-        let mut logs = self.docker.logs(id, Some(options));
-        while let Some(chunk) = logs.try_next().await.map_err(container_err(id))? {
-            text.extend_from_slice(&chunk.into_bytes());
-        }
-        Ok(String::from_utf8_lossy(&text).into_owned())
     }
 
     async fn stats(&self, id: &str) -> Result<Option<super::EngineStats>, BackendError> {

@@ -11,8 +11,8 @@ use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::broadcast;
 
 use super::{
-    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecOutput,
-    ExecSession, ExecStatus, ImageInfo, OutputStream, PullProgress,
+    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecSession,
+    ExecStatus, ImageInfo, OutputStream, PullProgress,
 };
 
 /// How long each simulated operation takes (all zero by default).
@@ -316,14 +316,16 @@ impl ContainerBackend for DummyBackend {
     }
 
     /// A simulation: exits 0 at once, its stdout the last element of `cmd` (the code, for
-    /// `[runtime, "-c", code]`) plus a newline. `Engine` error when the container is not
-    /// running or `cmd` is empty.
-    async fn exec(
+    /// `[runtime, "-c", code]`) plus a newline, in one chunk (its exec id is `dummy-exec`, always
+    /// finished with exit code 0). No stdin. `Engine` error when the container is not running or
+    /// `cmd` is empty.
+    async fn exec_start(
         &self,
         id: &str,
         cmd: Vec<String>,
-        _timeout: Option<Duration>,
-    ) -> Result<ExecOutput, BackendError> {
+        _working_dir: Option<&str>,
+        _stdin: bool,
+    ) -> Result<ExecSession, BackendError> {
         let mut state = self.state();
         let (id, c) = state.find(id)?;
         if !c.running {
@@ -334,30 +336,13 @@ impl ContainerBackend for DummyBackend {
         let last = cmd
             .last()
             .ok_or_else(|| BackendError::Engine("no exec command specified".to_owned()))?;
-        Ok(ExecOutput {
-            exit_code: Some(0),
-            console: vec![("stdout", format!("{last}\n"))],
-        })
-    }
-
-    /// The simulated [`exec`](ContainerBackend::exec) as a stream: one stdout chunk, done at
-    /// once (its exec id is `dummy-exec`, always finished with exit code 0). No stdin.
-    async fn exec_start(
-        &self,
-        id: &str,
-        cmd: Vec<String>,
-        _working_dir: Option<&str>,
-        _stdin: bool,
-    ) -> Result<ExecSession, BackendError> {
-        let out = self.exec(id, cmd, None).await?;
-        let chunks: Vec<_> = out
-            .console
-            .into_iter()
-            .map(|(_, text)| Ok((OutputStream::Stdout, bytes::Bytes::from(text))))
-            .collect();
+        let chunk = Ok((
+            OutputStream::Stdout,
+            bytes::Bytes::from(format!("{last}\n")),
+        ));
         Ok(ExecSession {
             exec_id: "dummy-exec".into(),
-            output: stream::iter(chunks).boxed(),
+            output: stream::iter([chunk]).boxed(),
             stdin: None,
         })
     }
@@ -380,11 +365,6 @@ impl ContainerBackend for DummyBackend {
         _since: i64,
     ) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
         stream::empty().boxed()
-    }
-
-    /// Always empty: nothing runs.
-    async fn logs(&self, id: &str) -> Result<String, BackendError> {
-        self.state().find(id).map(|_| String::new())
     }
 
     /// Exits published after this call. When the subscriber falls more than 1024 exits
@@ -506,23 +486,31 @@ mod tests {
 
         let id = b.create_container(&spec("k", "kernel-k")).await.unwrap();
         assert!(
-            b.exec(&id, vec!["sh".into()], None).await.is_err(),
+            b.exec_start(&id, vec!["sh".into()], None, false)
+                .await
+                .is_err(),
             "not running"
         );
         b.start_container(&id).await.unwrap();
-        let out = b
-            .exec(
+        let session = b
+            .exec_start(
                 &id,
                 vec!["python".into(), "-c".into(), "print(1)".into()],
                 None,
+                false,
             )
             .await
             .unwrap();
+        let chunks: Vec<_> = session.output.map(Result::unwrap).collect().await;
         assert_eq!(
-            out,
-            ExecOutput {
-                exit_code: Some(0),
-                console: vec![("stdout", "print(1)\n".into())]
+            chunks,
+            vec![(OutputStream::Stdout, bytes::Bytes::from("print(1)\n"))]
+        );
+        assert_eq!(
+            b.exec_status(&session.exec_id).await.unwrap(),
+            ExecStatus {
+                running: false,
+                exit_code: Some(0)
             }
         );
     }
@@ -582,7 +570,7 @@ mod tests {
             .unwrap()
             .is_empty());
         assert!(matches!(
-            b.logs(&id).await,
+            b.exec_start(&id, vec!["true".into()], None, false).await,
             Err(BackendError::ContainerNotFound(_))
         ));
         // The name is free again.

@@ -152,15 +152,6 @@ pub struct ContainerExit {
     pub labels: HashMap<String, String>,
 }
 
-/// What `exec` produced.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ExecOutput {
-    /// Exit code; `None` when it did not finish within the timeout (it was killed).
-    pub exit_code: Option<i64>,
-    /// Output chunks in arrival order: (`"stdout"` | `"stderr"`, text).
-    pub console: Vec<(&'static str, String)>,
-}
-
 /// Which of a process's output streams a chunk came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OutputStream {
@@ -247,15 +238,6 @@ pub trait ContainerBackend: Send + Sync + 'static {
         value: &str,
     ) -> Result<Vec<ContainerState>, BackendError>;
 
-    /// Runs `cmd` in the running container, collecting its output; after `timeout` the
-    /// process is killed and `exit_code` is `None`.
-    async fn exec(
-        &self,
-        id: &str,
-        cmd: Vec<String>,
-        timeout: Option<Duration>,
-    ) -> Result<ExecOutput, BackendError>;
-
     /// Starts `cmd` in the running container (in `working_dir` when given), streaming its
     /// output; with `stdin` its standard input stays open for writing.
     ///
@@ -273,9 +255,6 @@ pub trait ContainerBackend: Send + Sync + 'static {
 
     /// Kills an exec's process and all its descendants (no-op once it ended).
     async fn exec_kill(&self, exec_id: &str) -> Result<(), BackendError>;
-
-    /// The container's stdout and stderr so far.
-    async fn logs(&self, id: &str) -> Result<String, BackendError>;
 
     /// The container's stdout and stderr (merged) from `since` (Unix seconds; 0 for all), then
     /// as they are written, until the container stops or is removed.

@@ -72,7 +72,7 @@ pub struct Kernel {
     log_keeper: Keeper,
 }
 
-type Keeper = Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>;
+type Keeper = Arc<Mutex<Option<crate::agent::logs::LogKeeper>>>;
 
 /// The kernel became `RUNNING` (`arm_timeout`: for the first time in this actor) or its
 /// container was restarted: keep its logs, arm a batch timeout.
@@ -173,14 +173,9 @@ async fn finish(
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "kernel teardown incomplete");
     }
     let keeper = keeper.lock().expect("log keeper lock").take();
-    if let Some(mut keeper) = keeper {
+    if let Some(keeper) = keeper {
         // The container is gone, so the keeper's stream ends once it has written the last bytes.
-        if tokio::time::timeout(LOG_KEEPER_DRAIN, &mut keeper)
-            .await
-            .is_err()
-        {
-            keeper.abort();
-        }
+        keeper.finish(LOG_KEEPER_DRAIN).await;
     }
     if h.info().config.session_type == super::SessionType::Batch && !suppress_events {
         let (kernel_id, session_id) = (h.id.clone(), h.session_id.clone());
