@@ -215,7 +215,7 @@ async fn lifecycle_limits_ports_binds_exec() {
     assert!(listed[0].running && listed[0].id == id && listed[0].ports == spec.ports);
 
     // Exec: exit code, both streams, env, the read-only bind.
-    let out = exec(&b, &id, sh("echo hi; echo err >&2; exit 3"), None)
+    let out = exec(b, &id, sh("echo hi; echo err >&2; exit 3"), None)
         .await
         .unwrap();
     assert_eq!(out.exit_code, Some(3));
@@ -231,7 +231,7 @@ async fn lifecycle_limits_ports_binds_exec() {
         ("hi\n".to_owned(), "err\n".to_owned())
     );
     let out = exec(
-        &b,
+        b,
         &id,
         sh("echo $KV_GREETING; cat /mnt/data/f; touch /mnt/data/g"),
         None,
@@ -252,7 +252,7 @@ async fn lifecycle_limits_ports_binds_exec() {
     // Exec timeout: killed, returned promptly, the process tree gone.
     let started = Instant::now();
     let out = exec(
-        &b,
+        b,
         &id,
         sh("echo before; sleep 30; echo after"),
         Some(Duration::from_secs(1)),
@@ -267,7 +267,7 @@ async fn lifecycle_limits_ports_binds_exec() {
     assert_eq!(out.exit_code, None);
     assert_eq!(out.console, [("stdout", "before\n".to_owned())]);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let ps = exec(&b, &id, vec!["ps".into(), "-o".into(), "args".into()], None)
+    let ps = exec(b, &id, vec!["ps".into(), "-o".into(), "args".into()], None)
         .await
         .unwrap();
     assert!(
@@ -342,7 +342,7 @@ async fn missing_things_are_classified() {
         Err(BackendError::ContainerNotFound(_))
     ));
     assert!(matches!(
-        exec(&b, &ghost, sh("true"), None).await,
+        exec(b, &ghost, sh("true"), None).await,
         Err(BackendError::ContainerNotFound(_))
     ));
     b.remove_container(&ghost)

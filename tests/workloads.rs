@@ -302,7 +302,7 @@ fn streaming_exec_input_and_logs_follow() {
     // logs -f of a batch job: lines while it runs, the end when it ends.
     let job = create(
         &c,
-        json!({"type": "batch", "command": "for i in 1 2 3 4; do echo line$i; sleep 1; done"}),
+        json!({"type": "batch", "command": "for i in 1 2 3 4 5; do echo line$i; sleep 1; done"}),
     );
     let jid = job["session_id"].as_str().unwrap().to_owned();
     let mut follow = ctl(&c);
@@ -310,7 +310,7 @@ fn streaming_exec_input_and_logs_follow() {
     let (lines, code) = timed_lines(follow);
     assert_eq!(code, 0);
     let texts: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
-    assert_eq!(texts, ["line1", "line2", "line3", "line4"]);
+    assert_eq!(texts, ["line1", "line2", "line3", "line4", "line5"]);
     assert!(
         lines[3].0 - lines[0].0 > 2.0,
         "lines came while the job ran: {lines:?}"
@@ -321,7 +321,7 @@ fn streaming_exec_input_and_logs_follow() {
     let mut again = ctl(&c);
     again.args(["session", "logs", &jid, "-f"]);
     let (lines, code) = timed_lines(again);
-    assert_eq!((code, lines.len()), (0, 4));
+    assert_eq!((code, lines.len()), (0, 5));
     c.check_invariants();
 }
 
