@@ -68,6 +68,10 @@ impl LogFile {
     fn read_range(&self, from: u64, max: usize) -> std::io::Result<Vec<u8>> {
         let from = from.clamp(self.base, self.end());
         let n = (self.end() - from).min(max as u64) as usize;
+        if n == 0 {
+            // Also before the keeper's first write has created the file.
+            return Ok(Vec::new());
+        }
         let mut buf = vec![0; n];
         let mut f = std::fs::File::open(&self.path)?;
         f.seek(SeekFrom::Start(from - self.base))?;
@@ -383,6 +387,9 @@ mod tests {
         let store = LogStore::open(dir.path(), 8, Duration::ZERO).unwrap();
         assert!(store.read("nope", None, 100, None).await.unwrap().is_none());
         let log = store.get("k1", true).unwrap();
+        // Known but nothing written yet (no file): empty, not an error.
+        let empty = store.read("k1", None, 100, None).await.unwrap().unwrap();
+        assert!(empty.data.is_empty() && empty.next == 0);
         log.file
             .lock()
             .unwrap()
