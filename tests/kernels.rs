@@ -254,6 +254,13 @@ async fn create_execute_destroy_on_the_real_engine() {
             "kernel_preparing",
             "kernel_creating",
             "kernel_started",
+            // The three runs: two exited, one killed by its timeout.
+            "execution_started",
+            "execution_finished",
+            "execution_started",
+            "execution_finished",
+            "execution_started",
+            "execution_timeout",
             "kernel_terminated"
         ]
     );

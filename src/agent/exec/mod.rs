@@ -90,6 +90,9 @@ pub enum RunError {
     /// Writing its stdin failed (it exited, or closed its stdin).
     #[error("cannot write the stdin of run `{0}`: {1}")]
     Stdin(String, String),
+    /// The engine refused to start it (the container is gone, …).
+    #[error(transparent)]
+    Engine(#[from] crate::agent::backend::BackendError),
 }
 
 impl RunError {
@@ -100,6 +103,7 @@ impl RunError {
             RunError::NoStdin(_) => "RunHasNoStdin",
             RunError::Exists(_) => "RunExists",
             RunError::Stdin(..) => "RunStdinClosed",
+            RunError::Engine(_) => "ContainerEngineError",
         }
     }
 }
@@ -394,20 +398,19 @@ impl Runs {
 
     /// Starts a run (in `/home/work`) and its pump; emits `execution_started`.
     ///
-    /// Errors: [`RunError::Exists`] (as `Err(Ok)`), or the engine's error (as `Err(Err)`).
+    /// Errors: [`RunError::Exists`], [`RunError::Engine`].
     pub async fn start(
         &self,
         backend: &Arc<dyn ContainerBackend>,
         events: &EventBus,
         req: RunRequest,
-    ) -> Result<Arc<Run>, Result<RunError, crate::agent::backend::BackendError>> {
+    ) -> Result<Arc<Run>, RunError> {
         if self.table().contains_key(&req.ids.run_id) {
-            return Err(Ok(RunError::Exists(req.ids.run_id)));
+            return Err(RunError::Exists(req.ids.run_id));
         }
-        let session = backend
+        let mut session = backend
             .exec_start(&req.container_id, req.cmd, Some("/home/work"), req.stdin)
-            .await
-            .map_err(Err)?;
+            .await?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 console: Console::default(),
@@ -418,7 +421,6 @@ impl Runs {
             room: Notify::new(),
             cap: self.cap,
         });
-        let mut session = session;
         let exec_id = session.exec_id.clone();
         let has_stdin = session.stdin.is_some();
         let stdin = tokio::sync::Mutex::new(session.stdin.take());

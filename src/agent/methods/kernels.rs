@@ -357,8 +357,8 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
                 .start(&ctx.backend, &ctx.events, req)
                 .await
                 .map_err(|e| match e {
-                    Ok(run) => run_error(run),
-                    Err(engine) => KernelError::from(engine).to_meta(),
+                    RunError::Engine(engine) => KernelError::from(engine).to_meta(),
+                    other => run_error(other),
                 })?
         }
         "continue" | "input" => {
