@@ -169,11 +169,16 @@ fn agent_restart(db: Db, ports: u16, terminate: bool) {
             "no kernel_terminated"
         );
         assert_eq!(c.concurrency_used(), 3);
-        // The re-attached kernels still serve.
-        let out = c.post(
-            &format!("/v1/sessions/{}/execute", kernels[0]),
-            &json!({"code": "echo still here"}),
-        );
+        // The re-attached kernels still serve. The pool may still hold the entry it marked
+        // unhealthy while the agent was down: 502 `agent-unavailable` until its next health check
+        // heals it (`health-check-interval` 1 s), so a client retries that code.
+        let out = common::cluster::wait_for(LONG, "execute on a re-attached kernel", || {
+            let out = c.post(
+                &format!("/v1/sessions/{}/execute", kernels[0]),
+                &json!({"code": "echo still here"}),
+            );
+            (out.code() != "agent-unavailable").then_some(out)
+        });
         assert_eq!(out.body["console"][0][1], "still here\n", "{out:?}");
     }
     c.check_invariants();

@@ -165,6 +165,8 @@ impl LogStore {
 
     /// The kernel's log, loaded from disk when not yet in memory; `None` when it has none.
     fn get(&self, kernel_id: &str, create: bool) -> Option<Arc<KernelLog>> {
+        // An id is a file name here: one that could leave the directory (`../x`) has no log.
+        crate::agent::kernel::config::check_kernel_id(kernel_id).ok()?;
         let mut logs = self.logs.lock().expect("logs lock");
         if let Some(l) = logs.get(kernel_id) {
             return Some(l.clone());
@@ -384,8 +386,17 @@ mod tests {
     #[tokio::test]
     async fn reads_tail_offsets_and_sweeps() {
         let dir = tempfile::tempdir().unwrap();
-        let store = LogStore::open(dir.path(), 8, Duration::ZERO).unwrap();
+        let store = LogStore::open(&dir.path().join("logs"), 8, Duration::ZERO).unwrap();
         assert!(store.read("nope", None, 100, None).await.unwrap().is_none());
+        std::fs::write(dir.path().join("escaped.log"), "x").unwrap();
+        assert!(
+            store
+                .read("../escaped", None, 100, None)
+                .await
+                .unwrap()
+                .is_none(),
+            "ids never leave the directory"
+        );
         let log = store.get("k1", true).unwrap();
         // Known but nothing written yet (no file): empty, not an error.
         let empty = store.read("k1", None, 100, None).await.unwrap().unwrap();
