@@ -181,6 +181,14 @@ async fn continued_answers_lose_and_repeat_nothing_and_are_bounded() {
     agent.shutdown(OnShutdown::Terminate).await;
 }
 
+/// A gauge of the agent's `/metrics` text.
+fn gauge(agent: &Agent, name: &str) -> f64 {
+    let text = agent.ctx.metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in the metrics"))
+}
+
 fn drained(events: &mut broadcast::Receiver<AgentEvent>) -> Vec<AgentEvent> {
     let mut seen = Vec::new();
     while let Ok(e) = events.try_recv() {
@@ -231,6 +239,15 @@ async fn an_unread_run_is_held_back_then_killed_when_abandoned() {
         "the run is alive while read: {before}"
     );
 
+    // The runs in flight and their unread bytes are on /metrics (the reaper reports each second).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let buffered = gauge(&agent, "kernelvisor_exec_buffered_bytes");
+    assert!(gauge(&agent, "kernelvisor_exec_runs") >= 1.0);
+    assert!(
+        buffered > 0.0 && buffered <= (64 * 1024 + 64 * 1024) as f64,
+        "{buffered}"
+    );
+
     // Abandoned for exec-idle-timeout (2 s): killed and freed.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
@@ -243,6 +260,8 @@ async fn an_unread_run_is_held_back_then_killed_when_abandoned() {
         "the abandoned run's process is gone: {after}"
     );
     assert!(agent.ctx.runs.is_empty(), "no run held");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(gauge(&agent, "kernelvisor_exec_buffered_bytes"), 0.0);
     drop(peer);
     agent.shutdown(OnShutdown::Terminate).await;
 }

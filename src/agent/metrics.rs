@@ -55,6 +55,8 @@ pub struct AgentMetrics {
     stage_duration: HistogramVec,
     stage_failures: IntCounterVec,
     outbox_depth: IntGauge,
+    exec_runs: IntGauge,
+    exec_buffered: IntGauge,
     outbox_capacity: IntGauge,
     outbox_dropped: IntCounterVec,
     events_sent: IntCounterVec,
@@ -152,6 +154,14 @@ impl AgentMetrics {
         let outbox_capacity = int_gauge(
             "kernelvisor_outbox_capacity",
             "Most events the outbox keeps ([manager] outbox-max-events)",
+        );
+        let exec_runs = int_gauge(
+            "kernelvisor_exec_runs",
+            "execute runs held (running, or ended with output not yet read)",
+        );
+        let exec_buffered = int_gauge(
+            "kernelvisor_exec_buffered_bytes",
+            "Unread execute output held over all runs (each at most [agent] exec-buffer-size)",
         );
         AgentMetrics {
             agent_id: agent_id.to_owned(),
@@ -290,6 +300,8 @@ impl AgentMetrics {
             kernel_count,
             outbox_depth,
             outbox_capacity,
+            exec_runs,
+            exec_buffered,
             kernel_series: Mutex::new(HashMap::new()),
             families: r,
         }
@@ -457,6 +469,12 @@ impl AgentMetrics {
     pub fn outbox(&self, depth: i64, capacity: i64) {
         self.outbox_depth.set(depth);
         self.outbox_capacity.set(capacity);
+    }
+
+    /// `runs` execute runs are held with `buffered` bytes of unread output in all.
+    pub fn exec_runs(&self, runs: usize, buffered: usize) {
+        self.exec_runs.set(runs as i64);
+        self.exec_buffered.set(buffered as i64);
     }
 
     /// `n` events dropped by a full outbox; `policy` says which (`superseded`, `newest`).

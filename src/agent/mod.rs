@@ -388,10 +388,13 @@ impl Agent {
             tree = tree.child(ChildSpec::task("exec-reaper", move |stop: StopSignal| {
                 let ctx = ctx.clone();
                 async move {
+                    let metrics = ctx.metrics.clone();
+                    let report = move |runs, buffered| metrics.exec_runs(runs, buffered);
                     ctx.runs
                         .reap_every(
                             ctx.backend.clone(),
                             Duration::from_secs(1),
+                            report,
                             stop.requested(),
                         )
                         .await;

@@ -504,18 +504,33 @@ impl Runs {
         idle.len()
     }
 
-    /// Reaps every `period` until `stop` resolves.
+    /// Runs held and the unread output they hold, in bytes.
+    pub fn usage(&self) -> (usize, usize) {
+        let table = self.table();
+        (
+            table.len(),
+            table.values().map(|r| r.shared.state().console.len()).sum(),
+        )
+    }
+
+    /// Reaps every `period` until `stop` resolves, reporting [`Runs::usage`] to `report` after
+    /// each round.
     pub async fn reap_every(
         &self,
         backend: Arc<dyn ContainerBackend>,
         period: Duration,
+        report: impl Fn(usize, usize),
         stop: impl std::future::Future<Output = ()>,
     ) {
         let mut stop = std::pin::pin!(stop);
         let mut tick = tokio::time::interval(period);
         loop {
             tokio::select! {
-                _ = tick.tick() => { self.reap(&backend).await; }
+                _ = tick.tick() => {
+                    self.reap(&backend).await;
+                    let (runs, buffered) = self.usage();
+                    report(runs, buffered);
+                }
                 _ = &mut stop => return,
             }
         }
