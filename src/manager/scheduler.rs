@@ -276,6 +276,12 @@ fn agent_failure(e: &AgentCallError) -> ManagerError {
             "InvalidKernelConfig" | "TypeError" => ManagerError::InvalidRequest(meta.repr.clone()),
             "ResourceExhausted" => ManagerError::NoCapacity(meta.repr.clone()),
             "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),
+            "RunNotFound" => ManagerError::RunNotFound(meta.repr.clone()),
+            "RunHasNoStdin" => ManagerError::RunHasNoStdin(meta.repr.clone()),
+            "RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode" => {
+                ManagerError::InvalidRequest(meta.repr.clone())
+            }
+            "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),
             name => ManagerError::AgentError(format!("{name}: {}", meta.repr)),
         },
         None => ManagerError::AgentUnavailable(e.to_string()),
@@ -614,26 +620,15 @@ impl Handler<ExecuteInSession> for Scheduler {
             ];
             let out = call_agent(&pool, &metrics, &k.agent_id, "execute", args, rpc_timeout)
                 .await
-                .map_err(|e| match e.failure().map(|m| m.name.as_str()) {
-                    Some("RunNotFound") => ManagerError::RunNotFound(
-                        e.failure().map(|m| m.repr.clone()).unwrap_or_default(),
-                    ),
-                    Some("RunHasNoStdin") => ManagerError::RunHasNoStdin(
-                        e.failure().map(|m| m.repr.clone()).unwrap_or_default(),
-                    ),
-                    Some("RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode") => {
-                        ManagerError::InvalidRequest(
-                            e.failure().map(|m| m.repr.clone()).unwrap_or_default(),
-                        )
-                    }
-                    _ => agent_failure(&e),
-                })?;
-            let out = to_json(&out);
+                .map_err(|e| agent_failure(&e))?;
+            // Moved out of the answer, not cloned: the console may be a whole buffer (1 MiB).
+            let mut out = to_json(&out);
+            let mut take = |key: &str| out.get_mut(key).map(serde_json::Value::take);
             Ok(serde_json::json!({
-                "runId": out.get("runId").cloned().unwrap_or(serde_json::Value::Null),
-                "status": out.get("status").cloned().unwrap_or(serde_json::Value::Null),
-                "console": out.get("console").cloned().unwrap_or(serde_json::json!([])),
-                "exitCode": out.get("exitCode").cloned().unwrap_or(serde_json::Value::Null),
+                "runId": take("runId").unwrap_or_default(),
+                "status": take("status").unwrap_or_default(),
+                "console": take("console").unwrap_or_else(|| serde_json::json!([])),
+                "exitCode": take("exitCode").unwrap_or_default(),
             }))
         })
     }
@@ -681,24 +676,35 @@ impl Handler<ReadLogs> for Scheduler {
             }
             let timeout = Duration::from_secs_f64(m.wait.unwrap_or(0.0)) + Duration::from_secs(30);
             let args = vec![m.kernel.id.clone().into(), Value::Map(opts)];
-            let v = call_agent(&pool, &metrics, &m.kernel.agent_id, "get_logs", args, timeout).await.map_err(|e| match e.failure() {
-                Some(meta) if meta.name == "LogsNotFound" => ManagerError::LogsNotFound(format!("no logs kept for session `{}` (never started, or past the agent's log-retention)", m.kernel.session_id)),
-                _ => agent_failure(&e),
-            })?;
-            let map = v
-                .as_map()
-                .ok_or_else(|| ManagerError::AgentError("get_logs answered no map".into()))?;
-            let get = |k: &str| crate::rpc::codec::map_get(map, k);
-            let data = match (get("data"), get("logs")) {
-                (Some(Value::Binary(b)), _) => b.clone(),
-                (_, Some(Value::String(s))) => s.as_bytes().to_vec(),
-                _ => Vec::new(),
+            let v = call_agent(
+                &pool,
+                &metrics,
+                &m.kernel.agent_id,
+                "get_logs",
+                args,
+                timeout,
+            )
+            .await
+            .map_err(|e| agent_failure(&e))?;
+            let Value::Map(map) = v else {
+                return Err(ManagerError::AgentError("get_logs answered no map".into()));
             };
-            Ok(LogsChunk {
-                data,
-                next: get("next").and_then(Value::as_u64).unwrap_or(0),
-                active: get("active").and_then(Value::as_bool).unwrap_or(false),
-            })
+            // The bytes are moved out of the answer (up to 1 MiB), not copied.
+            let mut chunk = LogsChunk {
+                data: Vec::new(),
+                next: 0,
+                active: false,
+            };
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    (Some("data"), Value::Binary(b)) => chunk.data = b,
+                    (Some("logs"), Value::String(s)) => chunk.data = s.into_bytes(),
+                    (Some("next"), v) => chunk.next = v.as_u64().unwrap_or(0),
+                    (Some("active"), v) => chunk.active = v.as_bool().unwrap_or(false),
+                    _ => {}
+                }
+            }
+            Ok(chunk)
         })
     }
 }

@@ -264,7 +264,7 @@ impl Run {
         Ok(())
     }
 
-    /// Whether the run ended and nobody read it for `idle`.
+    /// Whether nobody has asked for an answer for `idle`.
     fn idle_for(&self, idle: Duration) -> bool {
         self.shared.state().last_touch.elapsed() >= idle
     }
@@ -274,6 +274,19 @@ impl Run {
         let st = self.shared.state();
         st.end.is_some() && st.console.is_empty()
     }
+}
+
+/// The exit code of an exec whose output ended (the engine can record it a moment later);
+/// `None` when the engine does not say (the container went).
+async fn exit_code(backend: &dyn ContainerBackend, exec_id: &str) -> Option<i64> {
+    for _ in 0..EXIT_CODE_RECHECKS {
+        match backend.exec_status(exec_id).await {
+            Ok(s) if !s.running && s.exit_code.is_some() => return s.exit_code,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// Moves `session`'s output into `shared` until it ends, the timeout passes (kill), or the
@@ -286,45 +299,31 @@ async fn pump(
     events: EventBus,
     ids: RunIds,
 ) {
-    let far = || Instant::now() + Duration::from_secs(86400 * 365);
-    let deadline_or_far = deadline.unwrap_or_else(far);
-    let end = 'run: loop {
-        // Backpressure: read nothing more while the console is full.
+    let read = async {
         loop {
-            let room = shared.room.notified();
-            if shared.state().console.len() < shared.cap {
-                break;
-            }
-            tokio::select! {
-                _ = room => {}
-                _ = tokio::time::sleep_until(deadline_or_far) => break 'run RunEnd::TimedOut,
-            }
-        }
-        let next = tokio::select! {
-            n = session.output.next() => n,
-            _ = tokio::time::sleep_until(deadline_or_far) => break 'run RunEnd::TimedOut,
-        };
-        match next {
-            Some(Ok((stream, bytes))) => {
-                shared.state().console.push(stream, &bytes);
-                shared.data.notify_waiters();
-            }
-            Some(Err(e)) => break 'run RunEnd::Failed(e.to_string()),
-            None => {
-                let mut code = None;
-                for _ in 0..EXIT_CODE_RECHECKS {
-                    match backend.exec_status(&session.exec_id).await {
-                        Ok(s) if !s.running && s.exit_code.is_some() => {
-                            code = s.exit_code;
-                            break;
-                        }
-                        Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                        Err(_) => break,
-                    }
+            // Backpressure: read nothing more while the console is full.
+            loop {
+                let room = shared.room.notified();
+                if shared.state().console.len() < shared.cap {
+                    break;
                 }
-                break 'run RunEnd::Exited(code);
+                room.await;
+            }
+            match session.output.next().await {
+                Some(Ok((stream, bytes))) => {
+                    shared.state().console.push(stream, &bytes);
+                    shared.data.notify_waiters();
+                }
+                Some(Err(e)) => return RunEnd::Failed(e.to_string()),
+                None => return RunEnd::Exited(exit_code(&*backend, &session.exec_id).await),
             }
         }
+    };
+    let end = match deadline {
+        Some(d) => tokio::time::timeout_at(d, read)
+            .await
+            .unwrap_or(RunEnd::TimedOut),
+        None => read.await,
     };
     let (kernel_id, session_id, run_id) = (ids.kernel_id, ids.session_id, ids.run_id);
     match &end {
@@ -467,11 +466,6 @@ impl Runs {
         if run.drained() {
             self.table().remove(&run.ids.run_id);
         }
-    }
-
-    /// Runs held (for metrics and tests).
-    pub fn len(&self) -> usize {
-        self.table().len()
     }
 
     /// No runs held.

@@ -18,6 +18,7 @@ use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
 use crate::agent::exec::{RunError, RunIds, RunRequest};
 use crate::agent::kernel::{KernelConfig, KernelError, KernelInfo, KernelStatus};
+use crate::agent::logs::LogChunk;
 use crate::agent::registry::{
     CreateKernels, DestroyKernel, GetKernel, KernelRegistry, ListKernels, Reconcile, ResetAgent,
     RestartKernel,
@@ -427,26 +428,23 @@ async fn get_logs(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Ca
         .read(&kernel_id, offset, max, wait)
         .await
         .map_err(|e| ErrorMeta::new("LogsUnreadable", e.to_string()))?;
-    let Some(chunk) = chunk else {
+    let chunk = match chunk {
+        Some(chunk) => chunk,
         // A kernel that has not written anything yet (or a backend with no logs) has empty ones.
-        let info = lookup(registry, &kernel_id).await.map_err(|_| {
-            ErrorMeta::new(
-                "LogsNotFound",
-                format!("no logs kept for kernel {kernel_id}"),
-            )
-        })?;
-        let active = info.status == KernelStatus::Running;
-        let empty = if offset.is_some() {
-            ("data", Value::Binary(Vec::new()))
-        } else {
-            ("logs", Value::from(""))
-        };
-        return Ok(Value::Map(vec![
-            (empty.0.into(), empty.1),
-            ("start".into(), 0.into()),
-            ("next".into(), 0.into()),
-            ("active".into(), active.into()),
-        ]));
+        None => {
+            let info = lookup(registry, &kernel_id).await.map_err(|_| {
+                ErrorMeta::new(
+                    "LogsNotFound",
+                    format!("no logs kept for kernel {kernel_id}"),
+                )
+            })?;
+            LogChunk {
+                data: Vec::new(),
+                start: 0,
+                next: 0,
+                active: info.status == KernelStatus::Running,
+            }
+        }
     };
     let body = match offset {
         Some(_) => ("data", Value::Binary(chunk.data)),

@@ -207,11 +207,9 @@ async fn logs(s: web::Data<ApiState>, id: web::Path<String>, q: web::Query<LogsQ
             wait: None,
         })
         .await??;
-    let text = HttpResponse::Ok()
-        .content_type("text/plain; charset=utf-8")
-        .insert_header(("X-Content-Type-Options", "nosniff"))
-        .take();
-    let mut resp = text;
+    let mut resp = HttpResponse::Ok();
+    resp.content_type("text/plain; charset=utf-8")
+        .insert_header(("X-Content-Type-Options", "nosniff"));
     if !q.follow {
         return Ok(resp.body(first.data));
     }
