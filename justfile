@@ -97,12 +97,16 @@ docker:
 # Build the local image `kernelvisor-test:latest` the Docker backend tests use, when missing:
 # busybox with one symlink per applet, a `work` user (uid 1000). Its command evals
 # `$KERNEL_CMD` (default `sleep infinity`), so a test can choose what PID 1 does (OOM, exit).
+# Its service-def files (Backend.AI's format) define `web`, busybox httpd serving /home/work on
+# 8080, and `broken`, which exits at once; `kernelvisor-test:services` is the same image with the
+# label `ai.backend.service-ports` declaring both (a separate tag: the label gives each kernel
+# two more host ports, and the lifecycle tests size their port ranges to what they request).
 # KV_TEST_IMAGE_VERSION in its env marks the recipe version; an older image is rebuilt.
 test-image:
     #!/usr/bin/env bash
     set -euo pipefail
-    version=2
-    docker image inspect -f '{{{{json .Config.Env}}' kernelvisor-test:latest 2>/dev/null | grep -q "KV_TEST_IMAGE_VERSION=$version" && exit 0
+    version=3
+    docker image inspect -f '{{{{json .Config.Env}}' kernelvisor-test:services 2>/dev/null | grep -q "KV_TEST_IMAGE_VERSION=$version" && exit 0
     sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
     if [ ! -x /bin/busybox ]; then
       echo "test-image: installing busybox-static"
@@ -110,7 +114,11 @@ test-image:
       DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq busybox-static >/dev/null
     fi
     root=$(mktemp -d); trap '$sudo_ rm -rf "$root"' EXIT
-    mkdir -p "$root"/{bin,etc,tmp,home/work}
+    mkdir -p "$root"/{bin,etc/backend.ai/service-defs,tmp,home/work}
+    printf '%s\n' '{"command": ["httpd", "-f", "-p", "{ports[0]}", "-h", "{home}"], "prestart": [["mkdir", "-p", "{home}"]]}' \
+      > "$root/etc/backend.ai/service-defs/web.json"
+    printf '%s\n' '{"command": ["sh", "-c", "echo broken service: missing config >&2; exit 3"]}' \
+      > "$root/etc/backend.ai/service-defs/broken.json"
     chmod 1777 "$root/tmp"
     cp /bin/busybox "$root/bin/busybox"
     for applet in $(/bin/busybox --list); do
@@ -120,11 +128,15 @@ test-image:
     printf 'root:x:0:\nwork:x:1000:\n' > "$root/etc/group"
     $sudo_ chown -R 0:0 "$root"
     $sudo_ chown 1000:1000 "$root/home/work"
-    $sudo_ tar -C "$root" --numeric-owner -c . | docker import \
-      -c 'CMD ["sh","-c","eval \"${KERNEL_CMD:-exec sleep infinity}\""]' -c 'ENV PATH=/bin' \
-      -c "ENV KV_TEST_IMAGE_VERSION=$version" -c 'WORKDIR /home/work' \
-      - kernelvisor-test:latest >/dev/null
-    echo "test-image: built kernelvisor-test:latest"
+    for tag in latest services; do
+      label=()
+      [ "$tag" = services ] && label=(-c 'LABEL ai.backend.service-ports=web:http:8080,broken:http:8081')
+      $sudo_ tar -C "$root" --numeric-owner -c . | docker import \
+        -c 'CMD ["sh","-c","eval \"${KERNEL_CMD:-exec sleep infinity}\""]' -c 'ENV PATH=/bin' \
+        -c "ENV KV_TEST_IMAGE_VERSION=$version" -c 'WORKDIR /home/work' "${label[@]}" \
+        - "kernelvisor-test:$tag" >/dev/null
+    done
+    echo "test-image: built kernelvisor-test:latest and kernelvisor-test:services"
 
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup docker test-image

@@ -31,10 +31,11 @@
 //! agents) per count. Prints a table and ends with one JSON line:
 //! `[{"agents", "heartbeats_per_s", "sweep_ms", "create_p50_ms", "rss_mb"}, …]`.
 
+mod common;
+
 use std::collections::HashMap;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -124,23 +125,8 @@ impl ManagerProc {
         let path = dir.join("manager.toml");
         std::fs::write(&path, config)?;
         let log = dir.join("manager.log");
-        let out = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("manager")
-            .arg("--config")
-            .arg(&path)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        // SAFETY: prctl is async-signal-safe; the child dies with this process even on SIGKILL.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().with_context(|| format!("spawn {bin}"))?;
+        let path = path.to_string_lossy();
+        let child = common::spawn(bin, &["manager", "--config", &path], &log)?;
         Ok(ManagerProc {
             child,
             api: format!("http://127.0.0.1:{api_port}"),

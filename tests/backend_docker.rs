@@ -108,7 +108,11 @@ async fn exec(
     cmd: Vec<String>,
     timeout: Option<Duration>,
 ) -> Result<ExecOutput, BackendError> {
-    let mut session = b.exec_start(id, cmd, None, false).await?;
+    let spec = kernelvisor::agent::backend::ExecSpec {
+        cmd,
+        ..Default::default()
+    };
+    let mut session = b.exec_start(id, spec).await?;
     let mut console = Vec::new();
     let read = async {
         while let Some(chunk) = session.output.next().await {

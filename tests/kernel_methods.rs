@@ -274,11 +274,26 @@ async fn interrupt_ends_a_kernel_that_exits_on_sigint_and_logs_are_readable() {
         &peer,
         "s-int",
         &k_int,
-        with_cmd("trap 'echo got-int; exit 5' INT; while true; do sleep 0.2; done"),
+        with_cmd("trap 'echo got-int; exit 5' INT; echo trap-set; while true; do sleep 0.2; done"),
     )
     .await
     .unwrap();
     let cid = field(&info, "container_id").as_str().unwrap().to_owned();
+    // PID 1 ignores SIGINT until its trap is set (no default action in a PID namespace): a
+    // signal sent before that would be lost, so wait for the shell to say it is set.
+    for _ in 0..100 {
+        let r = call(&peer, "get_logs", vec![k_int.clone().into()])
+            .await
+            .unwrap();
+        if field(&r, "logs")
+            .as_str()
+            .unwrap_or("")
+            .contains("trap-set")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
         call(&peer, "interrupt_kernel", vec![k_int.clone().into()])
             .await

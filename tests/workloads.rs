@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::agent::TEST_IMAGE;
 use common::cluster::{wait_exit, wait_for, Cluster, Db};
+use common::{assert_bounded_memory, peak_rss, status_bytes};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -325,26 +326,6 @@ fn streaming_exec_input_and_logs_follow() {
     c.check_invariants();
 }
 
-/// A `/proc/<pid>/status` size field (`VmHWM`, `VmRSS`), in bytes.
-fn status_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .unwrap()
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap();
-    kb * 1024
-}
-
-/// `VmHWM` (peak resident set) of `pid`, in bytes.
-fn peak_rss(pid: u32) -> u64 {
-    status_bytes(pid, "VmHWM")
-}
-
 #[test]
 fn a_gigabyte_through_exec_in_bounded_memory() {
     let c = cluster(Db::Sqlite, "gib", 32360, "exec-idle-timeout = 3");
@@ -381,22 +362,7 @@ fn a_gigabyte_through_exec_in_bounded_memory() {
     assert_eq!(total, GIB, "every byte, once");
     assert!(intact, "in order");
     let manager = c.manager.as_ref().unwrap().id();
-    let (agent_peak, manager_peak) = (peak_rss(c.agents[0].pid()), peak_rss(manager));
-    eprintln!(
-        "peak RSS after 1 GiB: agent {} MB, manager {} MB",
-        agent_peak >> 20,
-        manager_peak >> 20
-    );
-    assert!(
-        agent_peak < 150 << 20,
-        "agent VmHWM {} MB",
-        agent_peak >> 20
-    );
-    assert!(
-        manager_peak < 150 << 20,
-        "manager VmHWM {} MB",
-        manager_peak >> 20
-    );
+    assert_bounded_memory(c.agents[0].pid(), manager, "peak RSS after 1 GiB");
 
     // A run of endless output nobody continues: killed and freed after exec-idle-timeout (3 s).
     let rss_before = status_bytes(c.agents[0].pid(), "VmRSS");

@@ -33,6 +33,10 @@ pub struct AgentContext {
     pub runs: super::exec::Runs,
     /// Kernel logs kept past their containers.
     pub logs: Arc<super::logs::LogStore>,
+    /// Services started on kernels' service ports.
+    pub services: super::services::Services,
+    /// File uploads and downloads in progress.
+    pub transfers: super::files::transfer::Transfers,
 }
 
 impl AgentContext {

@@ -23,6 +23,7 @@ pub mod context;
 pub mod event_sender;
 pub mod events;
 pub mod exec;
+pub mod files;
 pub mod heartbeat;
 pub mod hwinfo;
 pub mod kernel;
@@ -34,6 +35,7 @@ pub mod outbox;
 pub mod recovery;
 pub mod registry;
 pub mod resources;
+pub mod services;
 pub mod stats;
 pub mod store;
 pub mod watcher;
@@ -217,6 +219,8 @@ impl Agent {
                 c.log_tail.0,
                 c.log_retention.0,
             )?),
+            services: services::Services::new(c.service_start_timeout.0),
+            transfers: files::transfer::Transfers::new(a.exec_idle_timeout.0),
             config: config.clone(),
         });
 
@@ -226,7 +230,7 @@ impl Agent {
         let (registry_tx, registry_rx) = watch::channel(Some(kernels.registry.clone()));
         let registry_tx = Arc::new(registry_tx);
         let server = rpc_server(&config, |d| {
-            methods::kernels::register(d, ctx.clone(), kernels.registry.clone());
+            methods::register_kernel_methods(d, ctx.clone(), kernels.registry.clone());
             d.observe(metrics.clone());
         })?;
         let endpoint = server.endpoint().to_owned();
@@ -403,6 +407,26 @@ impl Agent {
             }));
         }
         {
+            // Uploads and downloads nobody continues for `exec-idle-timeout` are dropped.
+            let ctx = ctx.clone();
+            tree = tree.child(ChildSpec::task(
+                "transfer-reaper",
+                move |stop: StopSignal| {
+                    let ctx = ctx.clone();
+                    async move {
+                        let mut tick = tokio::time::interval(Duration::from_secs(5));
+                        let mut stop = std::pin::pin!(stop.requested());
+                        loop {
+                            tokio::select! {
+                                _ = tick.tick() => { ctx.transfers.reap(); }
+                                _ = &mut stop => return Ok::<_, String>(()),
+                            }
+                        }
+                    }
+                },
+            ));
+        }
+        {
             let ctx = ctx.clone();
             tree = tree.child(ChildSpec::task("log-retention", move |stop: StopSignal| {
                 let ctx = ctx.clone();
@@ -478,7 +502,7 @@ impl Agent {
                 let server = first(&first_server).map(Ok).unwrap_or_else(|| {
                     let registry = current_registry();
                     rpc_server_at(&config, &endpoint, |d| {
-                        methods::kernels::register(d, ctx.clone(), registry);
+                        methods::register_kernel_methods(d, ctx.clone(), registry);
                         d.observe(metrics.clone());
                     })
                 });

@@ -81,6 +81,16 @@ pub struct ContainerSection {
     pub log_tail: ByteSize,
     /// Seconds a finished kernel's logs are kept under `<var-base-path>/logs` (default 3600).
     pub log_retention: Seconds,
+    /// Seconds `start_service` waits for a service's port to accept connections (default 30).
+    pub service_start_timeout: Seconds,
+    /// Host name or address users reach service ports at, reported in service URLs (default:
+    /// none, and the manager uses the host of the agent's advertised RPC address).
+    pub advertised_host: Option<String>,
+    /// Owner (uid, gid) of uploaded files and of directories created for them: the image's
+    /// `work` user (default 1000 and 1000, Backend.AI's `kernel-uid` / `kernel-gid`).
+    pub kernel_uid: u32,
+    /// See `kernel-uid`.
+    pub kernel_gid: u32,
 }
 
 impl Default for ContainerSection {
@@ -96,6 +106,10 @@ impl Default for ContainerSection {
             default_shmem: ByteSize(64 << 20),
             log_tail: ByteSize(1 << 20),
             log_retention: Seconds(std::time::Duration::from_secs(3600)),
+            service_start_timeout: Seconds(std::time::Duration::from_secs(30)),
+            advertised_host: None,
+            kernel_uid: 1000,
+            kernel_gid: 1000,
         }
     }
 }

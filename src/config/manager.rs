@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::common::{ConfigError, HostPort, LoggingConfig, Seconds};
+use super::common::{ByteSize, ConfigError, HostPort, LoggingConfig, Seconds};
 use crate::manager::pool::PoolSpec;
 use crate::rpc::socket::Keepalive;
 
@@ -104,6 +104,8 @@ pub struct ApiSection {
     pub listen_addr: HostPort,
     /// HTTP worker threads (2).
     pub workers: usize,
+    /// Largest file `PUT /v1/sessions/{id}/files/{path}` accepts (default 1 GiB); larger → 413.
+    pub max_upload_size: ByteSize,
 }
 
 impl Default for ApiSection {
@@ -114,6 +116,7 @@ impl Default for ApiSection {
                 port: 8081,
             },
             workers: 2,
+            max_upload_size: ByteSize(1 << 30),
         }
     }
 }

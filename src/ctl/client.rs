@@ -1,8 +1,9 @@
 //! A small blocking client for the manager's HTTP API (`docs/manager-api.md`), on `ureq`.
 //!
 //! Plain `http://` only (no TLS is compiled in). Every call answers the body both as the raw text
-//! (so `--output json` can print it unchanged) and parsed, except [`Client::get_stream`], which
-//! hands back the body as a reader for answers that stream (`/logs?follow=true`).
+//! (so `--output json` can print it unchanged) and parsed, except [`Client::get_stream`] and
+//! [`Client::get_file`], which hand back the body as a reader for answers that stream
+//! (`/logs?follow=true`, a file's bytes). [`Client::put_file`] sends a file as it reads it.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -17,6 +18,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bodies larger than this are refused (ureq's `into_string` limit is 10 MiB as well).
 const MAX_BODY: u64 = 10 * 1024 * 1024;
+/// File transfers (`session cp`) have no whole-request limit (a file may take long); they fail
+/// when a single read or write of the connection waits longer than this.
+pub const TRANSFER_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// An error answer of the API: a 4xx/5xx status with `{"error": {"code", "message"}}`.
 ///
@@ -68,6 +72,18 @@ impl ApiError {
     pub fn is_envelope(&self) -> bool {
         self.code != "unexpected-response"
     }
+
+    /// The `output` string of the error (`service-failed`: the tail of the service's output),
+    /// read from `error.output` or, failing that, a top-level `output`.
+    pub fn output(&self) -> Option<String> {
+        let v = serde_json::from_str::<Value>(&self.body).ok()?;
+        let output = v
+            .get("error")
+            .and_then(|e| e.get("output"))
+            .filter(|o| o.is_string())
+            .or_else(|| v.get("output"))?;
+        output.as_str().map(str::to_owned)
+    }
 }
 
 /// Why a call got no usable answer.
@@ -111,6 +127,8 @@ pub struct Reply {
 pub struct Client {
     base: String,
     agent: ureq::Agent,
+    /// For file transfers: every read and write bounded by [`TRANSFER_IDLE_TIMEOUT`].
+    transfer: ureq::Agent,
 }
 
 impl Client {
@@ -133,9 +151,15 @@ impl Client {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
             .build();
+        let transfer = ureq::AgentBuilder::new()
+            .timeout_connect(CONNECT_TIMEOUT)
+            .timeout_read(TRANSFER_IDLE_TIMEOUT)
+            .timeout_write(TRANSFER_IDLE_TIMEOUT)
+            .build();
         Ok(Client {
             base: base.to_owned(),
             agent,
+            transfer,
         })
     }
 
@@ -169,6 +193,16 @@ impl Client {
         finish(&url, req.send_json(body))
     }
 
+    /// `POST path` without a body (`Content-Length: 0`); `timeout` as for [`Client::post`].
+    pub fn post_empty(&self, path: &str, timeout: Option<Duration>) -> Result<Reply, ClientError> {
+        let url = self.url(path);
+        let mut req = self.agent.post(&url);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        finish(&url, req.send_bytes(&[]))
+    }
+
     /// `DELETE path`.
     pub fn delete(&self, path: &str) -> Result<Reply, ClientError> {
         let url = self.url(path);
@@ -197,6 +231,46 @@ impl Client {
             req = req.query(k, v);
         }
         match req.call() {
+            Ok(resp) => Ok(resp.into_reader()),
+            Err(e) => Err(failure(&url, e)),
+        }
+    }
+
+    /// `PUT path` with `body` as the raw request body, sent as it is read (never held whole),
+    /// with `Content-Length: length`; at most `length` bytes of `body` are sent. Each read and
+    /// write of the connection may wait `TRANSFER_IDLE_TIMEOUT`; the whole call has no limit.
+    ///
+    /// An answer the manager gives before it read the whole body (an error, say) reaches ureq
+    /// only as a broken connection once the body no longer fits the socket buffers: that is an
+    /// "upload cut off" [`ClientError::Transport`] with a hint of the likely cause.
+    pub fn put_file(&self, path: &str, body: impl Read, length: u64) -> Result<Reply, ClientError> {
+        let url = self.url(path);
+        let req = self
+            .transfer
+            .put(&url)
+            .set("Content-Type", "application/octet-stream")
+            .set("Content-Length", &length.to_string());
+        match req.send(body.take(length)) {
+            Err(ureq::Error::Transport(t)) if cut_off(&t) => Err(ClientError::Transport {
+                what: "upload cut off by",
+                url: url.clone(),
+                detail: format!(
+                    "{} (the manager closed the connection before it read the whole file: it \
+                     may have refused it; check the session id and path, or the manager's log)",
+                    transport_detail(&t)
+                ),
+            }),
+            res => finish(&url, res),
+        }
+    }
+
+    /// `GET path` whose 2xx body is a file's bytes: the body as a reader, unread (chunked or
+    /// with `Content-Length`; a body that ends before its `Content-Length` fails the read). Error
+    /// answers map as for the other calls. Each read may wait `TRANSFER_IDLE_TIMEOUT`; the
+    /// whole call has no limit. Map read errors with `read_error`.
+    pub fn get_file(&self, path: &str) -> Result<impl Read + Send, ClientError> {
+        let url = self.url(path);
+        match self.transfer.get(&url).call() {
             Ok(resp) => Ok(resp.into_reader()),
             Err(e) => Err(failure(&url, e)),
         }
@@ -258,16 +332,32 @@ fn transport(url: &str, t: &ureq::Transport) -> ClientError {
         K::Dns | K::ConnectionFailed | K::ProxyConnect => "could not reach",
         _ => "no answer from",
     };
-    // The innermost cause is the useful part ("Connection refused (os error 111)").
-    let detail = std::error::Error::source(t)
-        .map(|s| s.to_string())
-        .or_else(|| t.message().map(str::to_owned))
-        .unwrap_or_else(|| t.kind().to_string());
     ClientError::Transport {
         what,
         url: url.to_owned(),
-        detail,
+        detail: transport_detail(t),
     }
+}
+
+/// The innermost cause of a transport error: the useful part ("Connection refused (os error
+/// 111)").
+fn transport_detail(t: &ureq::Transport) -> String {
+    std::error::Error::source(t)
+        .map(|s| s.to_string())
+        .or_else(|| t.message().map(str::to_owned))
+        .unwrap_or_else(|| t.kind().to_string())
+}
+
+/// Whether the connection broke under a request being sent (the peer closed it early).
+fn cut_off(t: &ureq::Transport) -> bool {
+    std::error::Error::source(t)
+        .and_then(|s| s.downcast_ref::<io::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            )
+        })
 }
 
 /// Percent-encodes one path segment (an id or key from the command line).
@@ -286,6 +376,15 @@ pub fn segment(s: &str) -> impl fmt::Display + '_ {
         }
     }
     Seg(s)
+}
+
+/// Percent-encodes each `/`-separated segment of a path, keeping the `/` between them
+/// (`sub dir/a?.txt` → `sub%20dir/a%3F.txt`).
+pub fn segments(path: &str) -> String {
+    path.split('/')
+        .map(|s| segment(s).to_string())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 #[cfg(test)]
@@ -355,12 +454,14 @@ mod tests {
     fn get_stream_reads_chunks_as_they_come() {
         use crate::ctl::testserver::{Answer, Server};
         let (gate, wait) = std::sync::mpsc::channel();
-        let parts = vec!["line 1\n".to_owned(), "line 2\n".to_owned()];
+        let parts = vec![b"line 1\n".to_vec(), b"line 2\n".to_vec()];
         let server = Server::start(vec![Answer {
             status: 200,
             content_type: "text/plain",
             parts,
             gate: Some(wait),
+            announced_length: None,
+            skip_body: false,
         }]);
         let client = Client::new(&server.url).unwrap();
         let mut body = client
@@ -412,5 +513,24 @@ mod tests {
     fn segments_are_encoded() {
         assert_eq!(segment("3f2a-b_c.d~").to_string(), "3f2a-b_c.d~");
         assert_eq!(segment("a/b c?").to_string(), "a%2Fb%20c%3F");
+        assert_eq!(segments("sub dir/a?.txt"), "sub%20dir/a%3F.txt");
+        assert_eq!(segments("d/é%/"), "d/%C3%A9%25/");
+        assert_eq!(segments(""), "");
+    }
+
+    #[test]
+    fn api_error_output() {
+        let body =
+            r#"{"error": {"code": "service-failed", "message": "web exited", "output": "boom\n"}}"#;
+        let e = ApiError::from_body(409, body.to_owned());
+        assert_eq!(e.output().as_deref(), Some("boom\n"));
+        let body = r#"{"error": {"code": "service-failed", "message": "m"}, "output": "tail"}"#;
+        assert_eq!(
+            ApiError::from_body(409, body.to_owned())
+                .output()
+                .as_deref(),
+            Some("tail")
+        );
+        assert_eq!(ApiError::from_body(500, "x".to_owned()).output(), None);
     }
 }

@@ -117,6 +117,43 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// A file's type (`file`, `dir`, `symlink`, `other`) and octal permission bits (`"0644"`,
+/// `"1777"`) as `ls -l` shows them: `-rw-r--r--`, `drwxrwxrwt`. Bits that are not octal are
+/// shown after the type letter as they are; a missing mode as `?` after it.
+pub fn file_mode(kind: Option<&str>, mode: Option<&str>) -> String {
+    let letter = match kind {
+        Some("file") => '-',
+        Some("dir") => 'd',
+        Some("symlink") => 'l',
+        _ => '?',
+    };
+    let Some(mode) = mode else {
+        return format!("{letter}?");
+    };
+    let Ok(bits) = u32::from_str_radix(mode, 8) else {
+        return format!("{letter}{mode}");
+    };
+    let mut out = String::with_capacity(10);
+    out.push(letter);
+    // (shift of the rwx triplet, special bit, its letter when x is set / not set)
+    for (shift, special, set, unset) in [
+        (6, 0o4000, 's', 'S'),
+        (3, 0o2000, 's', 'S'),
+        (0, 0o1000, 't', 'T'),
+    ] {
+        let t = (bits >> shift) & 0o7;
+        out.push(if t & 4 != 0 { 'r' } else { '-' });
+        out.push(if t & 2 != 0 { 'w' } else { '-' });
+        out.push(match (t & 1 != 0, bits & special != 0) {
+            (true, true) => set,
+            (false, true) => unset,
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
+    }
+    out
+}
+
 /// Re-indents valid JSON text with two spaces per level (the layout of
 /// `serde_json::to_string_pretty`) without parsing it, so key order and number spelling stay
 /// exactly as the API wrote them. Empty `{}` / `[]` stay on one line.
@@ -248,6 +285,18 @@ mod tests {
         assert_eq!(timestamp(1_700_000_000.9), "2023-11-14T22:13:20Z");
         assert_eq!(timestamp(951_782_400.0), "2000-02-29T00:00:00Z");
         assert_eq!(timestamp(-1.0), "1969-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn file_modes() {
+        assert_eq!(file_mode(Some("file"), Some("0644")), "-rw-r--r--");
+        assert_eq!(file_mode(Some("dir"), Some("0755")), "drwxr-xr-x");
+        assert_eq!(file_mode(Some("symlink"), Some("777")), "lrwxrwxrwx");
+        assert_eq!(file_mode(Some("dir"), Some("1777")), "drwxrwxrwt");
+        assert_eq!(file_mode(Some("file"), Some("6644")), "-rwSr-Sr--");
+        assert_eq!(file_mode(Some("other"), Some("0600")), "?rw-------");
+        assert_eq!(file_mode(Some("file"), Some("rw")), "-rw");
+        assert_eq!(file_mode(None, None), "??");
     }
 
     #[test]

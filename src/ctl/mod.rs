@@ -5,15 +5,19 @@
 //! comes (`-o json`: one compact JSON line per answer) and continues the run until it ends, so
 //! memory does not grow with the output. `session logs` copies the kernel's logs to stdout as
 //! they stream (`--follow`). `session wait` polls a session until it is `TERMINATED`.
+//! `session cp` streams a file to or from a session (module `files`); `session ls` lists a
+//! directory of it; `session services`, `service-start` and `service-stop` manage its services.
 //!
 //! Exit status: 0 on success; 1 when the API answers an error (printed as
-//! `error: <code>: <message> (HTTP <status>)`) or an answer is not JSON; 2 when the API cannot be
-//! reached or the connection breaks (and on usage errors, from clap); 141 when stdout is closed
-//! early (`| head`). `session exec` exits with the executed code's exit code, or 124 when it
-//! timed out. `session wait` exits with the session's exit code (see [`wait_exit_code`]), or 124
-//! when `--timeout` passed first.
+//! `error: <code>: <message> (HTTP <status>)`, followed by the error's `output` when it has one,
+//! as `service-failed` does), an answer is not JSON, or a local file cannot be read or written
+//! (`session cp`); 2 when the API cannot be reached or the connection breaks (and on usage
+//! errors, from clap); 141 when stdout is closed early (`| head`). `session exec` exits with the
+//! executed code's exit code, or 124 when it timed out. `session wait` exits with the session's
+//! exit code (see [`wait_exit_code`]), or 124 when `--timeout` passed first.
 
 mod client;
+mod files;
 mod format;
 mod parse;
 mod render;
@@ -23,13 +27,14 @@ mod testserver;
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{ArgMatches, Args, FromArgMatches, Subcommand, ValueEnum};
 use serde_json::{json, Map, Value};
 
 pub use client::{ApiError, Client, ClientError, Reply};
-pub use parse::{Mount, Permission};
+pub use parse::{Endpoint, Mount, Permission, Transfer};
 
 use client::segment;
+use files::Downloaded;
 use render::Stream;
 
 /// The API URL used when neither `--api` nor `KERNELVISOR_API` is given.
@@ -49,7 +54,8 @@ pub struct CtlArgs {
     /// Base URL of the manager's HTTP API (http:// only).
     #[arg(long, global = true, value_name = "URL", env = "KERNELVISOR_API", default_value = DEFAULT_API)]
     pub api: String,
-    /// Output format (no effect on `session logs`, which prints the logs as they are).
+    /// Output format (no effect on `session logs` and on `session cp … -`, which print the
+    /// logs and the file as they are).
     #[arg(long, short, global = true, value_name = "FORMAT", value_enum, default_value_t = Output::Table)]
     pub output: Output,
     #[command(subcommand)]
@@ -80,7 +86,8 @@ pub enum CtlCommand {
         #[arg(long, value_name = "KEY")]
         access_key: Option<String>,
     },
-    /// Create, inspect, run code in, wait for, read the logs of, or terminate one session.
+    /// Create, inspect, run code in, wait for, read the logs of, copy files to and from, list
+    /// files of, start and stop services of, or terminate one session.
     #[command(subcommand)]
     Session(SessionCommand),
     /// Inspect access keys.
@@ -142,11 +149,100 @@ pub enum SessionCommand {
         #[arg(long, short)]
         follow: bool,
     },
+    /// List a session's services, their ports and URLs (GET /v1/sessions/{id}/services).
+    Services {
+        /// Session id (UUID).
+        id: String,
+    },
+    /// Start a service of a session and print its URL (POST /v1/sessions/{id}/services/{name}).
+    ///
+    /// A service that runs already is no error: it is reported as already running. When the
+    /// service fails to start, the end of its output is printed after the error.
+    ServiceStart {
+        /// Session id (UUID).
+        id: String,
+        /// Service name, as `session services` lists it.
+        name: String,
+    },
+    /// Stop a service of a session (DELETE /v1/sessions/{id}/services/{name}).
+    ServiceStop {
+        /// Session id (UUID).
+        id: String,
+        /// Service name, as `session services` lists it.
+        name: String,
+    },
+    /// Copy a file into or out of a session (PUT/GET /v1/sessions/{id}/files/{path}).
+    ///
+    /// Exactly one of SRC and DST is ID:PATH: the file PATH of session ID, relative to
+    /// /home/work. The other side is a local path, or - for stdin/stdout. The file is streamed
+    /// both ways, never held in memory; a download is written to a temporary file next to the
+    /// destination and renamed when complete, so a failed one leaves no file behind.
+    ///
+    /// Examples: `cp data.bin ID:sub/` uploads to /home/work/sub/data.bin; `cp ID:out.txt .`
+    /// downloads to ./out.txt; `cp ID:log.txt -` prints it; `cp - ID:in.txt` uploads stdin.
+    Cp(CpArgs),
+    /// List a directory of a session, sorted by name (GET /v1/sessions/{id}/files?dir=PATH).
+    Ls {
+        /// Session id (UUID).
+        id: String,
+        /// Directory relative to /home/work [default: /home/work itself].
+        #[arg(value_parser = parse::session_path)]
+        path: Option<String>,
+    },
     /// Terminate a session (DELETE /v1/sessions/{id}).
     Rm {
         /// Session id (UUID).
         id: String,
     },
+}
+
+/// Arguments of `kernelvisor ctl session cp`: what to copy where. Parsing fails (a usage error)
+/// unless exactly one side is `ID:PATH`.
+#[derive(Debug, Clone)]
+pub struct CpArgs {
+    pub transfer: Transfer,
+}
+
+/// `session cp` as clap reads it, before the check that exactly one side is in a session.
+#[derive(Debug, Args)]
+struct CpSides {
+    /// What to copy: ID:PATH (a file of session ID, PATH relative to /home/work), a local
+    /// file, or - for stdin.
+    #[arg(value_name = "SRC", value_parser = parse::endpoint)]
+    src: Endpoint,
+    /// Where to copy it: ID:PATH (PATH empty or ending in /: a directory, SRC's file name is
+    /// appended), a local file or existing directory, or - for stdout.
+    #[arg(value_name = "DST", value_parser = parse::endpoint)]
+    dst: Endpoint,
+}
+
+impl FromArgMatches for CpArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let sides = CpSides::from_arg_matches(matches)?;
+        Transfer::new(sides.src, sides.dst)
+            .map(|transfer| CpArgs { transfer })
+            .map_err(|e| {
+                // Formatted here, with the usage of `session cp` (not of the whole program).
+                CpSides::augment_args(clap::Command::new("cp"))
+                    .bin_name("kernelvisor ctl session cp")
+                    .error(clap::error::ErrorKind::ValueValidation, e)
+            })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for CpArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        CpSides::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        CpSides::augment_args_for_update(cmd)
+    }
 }
 
 /// Session type of `session create --type`.
@@ -286,21 +382,16 @@ pub fn run(args: CtlArgs) -> anyhow::Result<i32> {
     match result {
         Ok(code) => Ok(code),
         Err(Failure::Client(e)) => {
-            if let (Output::Json, ClientError::Api(api)) = (args.output, &e) {
-                if api.is_envelope() {
-                    // Scripts get the error envelope on stdout, like any other answer; one line
-                    // where the answers are JSON lines.
-                    let text = match args.command {
-                        CtlCommand::Session(SessionCommand::Exec { .. }) => {
-                            format::compact_json(&api.body)
-                        }
-                        _ => format::pretty_json(&api.body),
-                    };
-                    let _ = writeln!(io::stdout(), "{text}");
-                }
-            }
-            eprintln!("{e}");
+            let lines = matches!(
+                args.command,
+                CtlCommand::Session(SessionCommand::Exec { .. })
+            );
+            report(&e, args.output, lines, &mut io::stdout(), &mut io::stderr());
             Ok(e.exit_code())
+        }
+        Err(Failure::Local(message)) => {
+            eprintln!("error: {message}");
+            Ok(1)
         }
         // The reader went away (`ctl sessions | head`): stop quietly, as SIGPIPE would.
         Err(Failure::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(141),
@@ -308,10 +399,50 @@ pub fn run(args: CtlArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// Prints a failed call: with `-o json`, the API's error envelope on `stdout` (on one line when
+/// `lines`, as `session exec` prints its answers); then the error on `stderr`, followed by the
+/// error's `output` (a failed service's last output) when it has one. Write errors are ignored:
+/// the exit status tells of the failure anyway.
+fn report(
+    e: &ClientError,
+    out: Output,
+    lines: bool,
+    stdout: &mut impl Write,
+    stderr: &mut impl Write,
+) {
+    if let (Output::Json, ClientError::Api(api)) = (out, e) {
+        if api.is_envelope() {
+            // Scripts get the error envelope on stdout, like any other answer; one line
+            // where the answers are JSON lines.
+            let text = if lines {
+                format::compact_json(&api.body)
+            } else {
+                format::pretty_json(&api.body)
+            };
+            let _ = writeln!(stdout, "{text}");
+            let _ = stdout.flush();
+        }
+    }
+    let _ = writeln!(stderr, "{e}");
+    if let ClientError::Api(api) = e {
+        if let Some(output) = api.output().filter(|o| !o.is_empty()) {
+            let _ = stderr.write_all(output.as_bytes());
+            if !output.ends_with('\n') {
+                let _ = writeln!(stderr);
+            }
+        }
+    }
+    let _ = stderr.flush();
+}
+
 #[derive(Debug)]
 enum Failure {
     Client(ClientError),
+    /// Output could not be written (a closed pipe: exit 141).
     Io(io::Error),
+    /// A local file could not be read or written (`session cp`): printed as `error: <this>`,
+    /// exit 1.
+    Local(String),
 }
 
 impl From<ClientError> for Failure {
@@ -428,6 +559,29 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
             copy_stream(&client.url(&path), body, &mut io::stdout().lock())?;
             Ok(0)
         }
+        CtlCommand::Session(SessionCommand::Services { id }) => {
+            services(client, id, out, &mut io::stdout().lock())
+        }
+        CtlCommand::Session(SessionCommand::ServiceStart { id, name }) => {
+            service_start(client, id, name, out, &mut io::stdout().lock())
+        }
+        CtlCommand::Session(SessionCommand::ServiceStop { id, name }) => {
+            service_stop(client, id, name, out, &mut io::stdout().lock())
+        }
+        CtlCommand::Session(SessionCommand::Cp(CpArgs { transfer })) => cp(
+            client,
+            transfer,
+            out,
+            io::stdin().lock(),
+            &mut io::stdout().lock(),
+        ),
+        CtlCommand::Session(SessionCommand::Ls { id, path }) => ls(
+            client,
+            id,
+            path.as_deref().unwrap_or(""),
+            out,
+            &mut io::stdout().lock(),
+        ),
         CtlCommand::AccessKey(AccessKeyCommand::Show { key }) => show(
             out,
             &client.get(&format!("/v1/access-keys/{}", segment(key)), &[])?,
@@ -439,13 +593,127 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
 
 /// Prints a reply as JSON or through `table`, and answers exit status 0.
 fn show(out: Output, reply: &Reply, table: impl FnOnce(&Value) -> String) -> Result<i32, Failure> {
-    let mut stdout = io::stdout().lock();
+    show_to(out, reply, table, &mut io::stdout().lock())
+}
+
+/// [`show`] to `stdout`.
+fn show_to(
+    out: Output,
+    reply: &Reply,
+    table: impl FnOnce(&Value) -> String,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
     match out {
         Output::Json => writeln!(stdout, "{}", format::pretty_json(&reply.text))?,
         Output::Table => stdout.write_all(table(&reply.json).as_bytes())?,
     }
     stdout.flush()?;
     Ok(0)
+}
+
+/// The API path of service `name` of session `id`.
+fn service_path(id: &str, name: &str) -> String {
+    format!("/v1/sessions/{}/services/{}", segment(id), segment(name))
+}
+
+/// `session services`.
+fn services(
+    client: &Client,
+    id: &str,
+    out: Output,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
+    let reply = client.get(&format!("/v1/sessions/{}/services", segment(id)), &[])?;
+    show_to(out, &reply, render::services, stdout)
+}
+
+/// `session service-start`: the service's URL, or (`-o json`) the manager's answer.
+fn service_start(
+    client: &Client,
+    id: &str,
+    name: &str,
+    out: Output,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
+    // Starting may wait for the service to come up: no limit beyond the manager's.
+    let reply = client.post_empty(&service_path(id, name), None)?;
+    show_to(out, &reply, |v| render::service_started(v, name), stdout)
+}
+
+/// `session service-stop`.
+fn service_stop(
+    client: &Client,
+    id: &str,
+    name: &str,
+    out: Output,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
+    let reply = client.delete(&service_path(id, name))?;
+    show_to(out, &reply, |v| render::service_stopped(v, name), stdout)
+}
+
+/// `session cp`: `uploaded N bytes to ID:PATH` / `downloaded N bytes to FILE`, or (`-o json`)
+/// the manager's answer to an upload and `{"path", "size"}` for a download. A download to `-`
+/// prints only the file.
+fn cp(
+    client: &Client,
+    transfer: &Transfer,
+    out: Output,
+    stdin: impl Read,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
+    match transfer {
+        Transfer::Upload { local, id, path } => {
+            let up = files::upload(client, local, id, path, stdin)?;
+            show_to(
+                out,
+                &up.reply,
+                |v| {
+                    let size = v.get("size").and_then(Value::as_u64).unwrap_or(up.size);
+                    let path = v.get("path").and_then(Value::as_str).unwrap_or(&up.path);
+                    format!("uploaded {size} bytes to {id}:{path}\n")
+                },
+                stdout,
+            )
+        }
+        Transfer::Download { id, path, local } => {
+            match files::download(client, id, path, local, stdout)? {
+                Downloaded::Stdout(_) => {}
+                Downloaded::File { path, size } => {
+                    let shown = path.display();
+                    match out {
+                        Output::Json => {
+                            let v = json!({"path": shown.to_string(), "size": size});
+                            writeln!(
+                                stdout,
+                                "{}",
+                                serde_json::to_string_pretty(&v).unwrap_or_default()
+                            )?
+                        }
+                        Output::Table => writeln!(stdout, "downloaded {size} bytes to {shown}")?,
+                    }
+                    stdout.flush()?;
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// `session ls`.
+fn ls(
+    client: &Client,
+    id: &str,
+    dir: &str,
+    out: Output,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
+    let dir = dir.trim_end_matches('/');
+    let reply = client.get(
+        &format!("/v1/sessions/{}/files", segment(id)),
+        &[("dir", dir)],
+    )?;
+    show_to(out, &reply, render::files, stdout)
 }
 
 /// How an execution ended, from its `exitCode` and `status`.
@@ -1184,7 +1452,7 @@ mod tests {
                     "{e}"
                 );
             }
-            Failure::Io(e) => panic!("{e}"),
+            other => panic!("{other:?}"),
         }
         let mut broken = Flushes {
             broken: true,
@@ -1195,5 +1463,524 @@ mod tests {
             matches!(err, Failure::Io(ref e) if e.kind() == io::ErrorKind::BrokenPipe),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn services_cp_ls_parse() {
+        let a = parse(&["session", "service-start", "S", "web"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::ServiceStart { ref id, ref name }) if id == "S" && name == "web")
+        );
+        let a = parse(&["session", "service-stop", "S", "web", "-o", "json"]).unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Session(SessionCommand::ServiceStop { .. })
+        ));
+        assert!(parse(&["session", "services", "S"]).is_ok());
+
+        let a = parse(&["session", "ls", "S"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Ls { ref id, path: None }) if id == "S")
+        );
+        let a = parse(&["session", "ls", "S", "/home/work/sub/"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Ls { path: Some(ref p), .. }) if p == "sub/")
+        );
+        assert!(parse(&["session", "ls", "S", "../etc"]).is_err());
+
+        let a = parse(&["session", "cp", "big.bin", "S:dir/"]).unwrap();
+        let CtlCommand::Session(SessionCommand::Cp(cp)) = a.command else {
+            panic!("not cp")
+        };
+        assert_eq!(
+            cp.transfer,
+            Transfer::Upload {
+                local: "big.bin".into(),
+                id: "S".into(),
+                path: "dir/".into()
+            }
+        );
+        let a = parse(&["session", "cp", "S:out.txt", "-"]).unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Session(SessionCommand::Cp(CpArgs {
+                transfer: Transfer::Download { .. }
+            }))
+        ));
+    }
+
+    #[test]
+    fn cp_needs_exactly_one_session_side() {
+        for (src, dst, want) in [
+            ("a.txt", "b.txt", "neither SRC nor DST is a session path"),
+            ("./S:a", "/tmp/x", "neither SRC nor DST is a session path"),
+            ("S:a", "T:b", "both SRC and DST are session paths"),
+            ("-", "S:dir/", "stdin has no file name"),
+            ("S:dir/", "out", "is a directory"),
+        ] {
+            let err = parse(&["session", "cp", src, dst]).err().unwrap();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+            assert_eq!(err.exit_code(), 2, "a usage error");
+            let text = err.to_string();
+            assert!(text.contains(want), "{src} {dst}: {text}");
+        }
+        let err = parse(&["session", "cp", "x", "S:../y"]).err().unwrap();
+        assert!(err.to_string().contains("'..' is not allowed"), "{err}");
+        assert!(parse(&["session", "cp", "x"]).is_err(), "DST is required");
+    }
+
+    fn text(buf: Vec<u8>) -> String {
+        String::from_utf8(buf).unwrap()
+    }
+
+    const SERVICES: &str = r#"{"services": [{"name": "web", "protocol": "http", "container_ports": [8080], "host_ports": [30001], "status": "running", "url": "http://10.0.0.5:30001"}, {"name": "jupyter", "protocol": "http", "container_ports": [8888], "host_ports": [], "status": "stopped", "url": null}]}"#;
+
+    #[test]
+    fn services_table_and_json() {
+        let server = Server::start(vec![
+            Answer::json(200, SERVICES),
+            Answer::json(200, SERVICES),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(
+            services(&client, "S 1", Output::Table, &mut out).unwrap(),
+            0
+        );
+        let table = text(out);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].starts_with("NAME") && lines[0].ends_with("URL"),
+            "{table}"
+        );
+        assert!(lines[1].starts_with("web ") && lines[1].ends_with("http://10.0.0.5:30001"));
+        assert!(
+            lines[2].contains("stopped") && lines[2].ends_with('-'),
+            "{table}"
+        );
+        let mut out = Vec::new();
+        services(&client, "S 1", Output::Json, &mut out).unwrap();
+        assert_eq!(text(out), format::pretty_json(SERVICES) + "\n");
+        let requests = server.requests();
+        assert_eq!(requests[0].line, "GET /v1/sessions/S%201/services");
+        assert_eq!(requests[1].line, "GET /v1/sessions/S%201/services");
+    }
+
+    #[test]
+    fn service_start_started_or_already_running() {
+        let service = |started: bool| {
+            Answer::json(
+                200,
+                json!({"name": "web", "protocol": "http", "container_ports": [8080],
+                       "host_ports": [30001], "status": "running",
+                       "url": "http://10.0.0.5:30001", "started": started})
+                .to_string(),
+            )
+        };
+        let server = Server::start(vec![service(true), service(false), service(false)]);
+        let client = Client::new(&server.url).unwrap();
+        let mut out = Vec::new();
+        service_start(&client, "S", "web", Output::Table, &mut out).unwrap();
+        service_start(&client, "S", "web", Output::Table, &mut out).unwrap();
+        assert_eq!(
+            text(out),
+            "web started: http://10.0.0.5:30001\nweb already running: http://10.0.0.5:30001\n"
+        );
+        let mut out = Vec::new();
+        service_start(&client, "S", "web", Output::Json, &mut out).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            (&v["started"], &v["status"]),
+            (&json!(false), &json!("running"))
+        );
+        let requests = server.requests();
+        for r in &requests {
+            assert_eq!(r.line, "POST /v1/sessions/S/services/web");
+            assert_eq!(r.header("content-length"), Some("0"));
+            assert_eq!(r.body, "");
+        }
+    }
+
+    #[test]
+    fn service_start_failure_prints_the_output() {
+        let body = json!({"error": {"code": "service-failed",
+            "message": "service web exited with code 1 before listening",
+            "output": "Traceback (most recent call last):\nOSError: port in use"}})
+        .to_string();
+        let server = Server::start(vec![
+            Answer::json(409, body.clone()),
+            Answer::json(409, body),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let mut out = Vec::new();
+        let Err(Failure::Client(e)) = service_start(&client, "S", "web", Output::Table, &mut out)
+        else {
+            panic!("not an API error")
+        };
+        assert_eq!(e.exit_code(), 1);
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        report(&e, Output::Table, false, &mut stdout, &mut stderr);
+        assert_eq!(text(stdout), "");
+        assert_eq!(
+            text(stderr),
+            "error: service-failed: service web exited with code 1 before listening (HTTP 409)\n\
+             Traceback (most recent call last):\nOSError: port in use\n"
+        );
+        assert!(out.is_empty());
+
+        let Err(Failure::Client(e)) = service_start(&client, "S", "web", Output::Json, &mut out)
+        else {
+            panic!("not an API error")
+        };
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        report(&e, Output::Json, false, &mut stdout, &mut stderr);
+        let v: Value = serde_json::from_slice(&stdout).unwrap();
+        assert_eq!(v["error"]["code"], "service-failed");
+        assert!(text(stderr).ends_with("OSError: port in use\n"));
+    }
+
+    #[test]
+    fn service_stop_prints_stopped() {
+        let body = r#"{"name": "web", "protocol": "http", "container_ports": [8080], "host_ports": [30001], "status": "stopped", "url": "http://10.0.0.5:30001"}"#;
+        let not_found = r#"{"error": {"code": "service-not-found", "message": "no service db"}}"#;
+        let server = Server::start(vec![Answer::json(200, body), Answer::json(404, not_found)]);
+        let client = Client::new(&server.url).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(
+            service_stop(&client, "S", "web", Output::Table, &mut out).unwrap(),
+            0
+        );
+        assert_eq!(text(out), "web stopped\n");
+        match service_stop(&client, "S", "d b", Output::Table, &mut Vec::new()) {
+            Err(Failure::Client(e)) => {
+                assert_eq!(e.exit_code(), 1);
+                assert_eq!(
+                    e.to_string(),
+                    "error: service-not-found: no service db (HTTP 404)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let requests = server.requests();
+        assert_eq!(requests[0].line, "DELETE /v1/sessions/S/services/web");
+        assert_eq!(requests[1].line, "DELETE /v1/sessions/S/services/d%20b");
+    }
+
+    /// `n` bytes of every value, in an order that is not periodic in small blocks.
+    fn generated(n: usize) -> Vec<u8> {
+        let mut x: u32 = 0x9E37_79B9;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    fn upload(
+        client: &Client,
+        local: &str,
+        remote: &str,
+        out: Output,
+        stdin: &[u8],
+    ) -> Result<String, Failure> {
+        let CpArgs { transfer } = match parse(&["session", "cp", local, remote]).unwrap().command {
+            CtlCommand::Session(SessionCommand::Cp(cp)) => cp,
+            other => panic!("{other:?}"),
+        };
+        let mut stdout = Vec::new();
+        cp(client, &transfer, out, stdin, &mut stdout)?;
+        Ok(text(stdout))
+    }
+
+    #[test]
+    fn cp_upload_streams_the_file_with_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("big.bin");
+        let data = generated(3 * 1024 * 1024);
+        std::fs::write(&file, &data).unwrap();
+        let server = Server::start(vec![
+            Answer::json(201, r#"{"path": "dir/big.bin", "size": 3145728}"#),
+            Answer::json(201, r#"{"path": "sub dir/a?.txt", "size": 5}"#),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let local = file.to_str().unwrap();
+        let printed = upload(&client, local, "S:dir/", Output::Table, b"").unwrap();
+        assert_eq!(printed, "uploaded 3145728 bytes to S:dir/big.bin\n");
+        let printed = upload(
+            &client,
+            "-",
+            "S:/home/work/sub dir/a?.txt",
+            Output::Json,
+            b"hello",
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&printed).unwrap();
+        assert_eq!(v, json!({"path": "sub dir/a?.txt", "size": 5}));
+
+        let requests = server.requests();
+        assert_eq!(requests[0].line, "PUT /v1/sessions/S/files/dir/big.bin");
+        assert_eq!(requests[0].header("content-length"), Some("3145728"));
+        assert_eq!(requests[0].header("transfer-encoding"), None);
+        assert_eq!(
+            requests[0].header("content-type"),
+            Some("application/octet-stream")
+        );
+        assert!(requests[0].bytes == data, "the exact bytes arrived");
+        // stdin is spooled to learn its size: it is sent with a Content-Length as well.
+        assert_eq!(
+            requests[1].line,
+            "PUT /v1/sessions/S/files/sub%20dir/a%3F.txt"
+        );
+        assert_eq!(requests[1].header("content-length"), Some("5"));
+        assert_eq!(requests[1].bytes, b"hello");
+    }
+
+    #[test]
+    fn cp_upload_refused_before_the_body_was_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("big.bin");
+        std::fs::write(&file, generated(32 * 1024 * 1024)).unwrap();
+        let not_found = r#"{"error": {"code": "session-not-found", "message": "no session S"}}"#;
+        let mut refuse = Answer::json(404, not_found);
+        refuse.skip_body = true;
+        let server = Server::start(vec![refuse]);
+        let client = Client::new(&server.url).unwrap();
+        // Either the whole file fit in the socket buffers and the answer is read, or the
+        // connection broke under the upload: both are errors with a hint of why.
+        match upload(&client, file.to_str().unwrap(), "S:x", Output::Table, b"") {
+            Err(Failure::Client(e @ ClientError::Api(_))) => {
+                assert_eq!(
+                    e.to_string(),
+                    "error: session-not-found: no session S (HTTP 404)"
+                )
+            }
+            Err(Failure::Client(e @ ClientError::Transport { .. })) => {
+                let text = e.to_string();
+                assert!(text.starts_with("error: upload cut off by "), "{text}");
+                assert!(text.contains("check the session id and path"), "{text}");
+                assert_eq!(e.exit_code(), 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(server.requests()[0].line, "PUT /v1/sessions/S/files/x");
+    }
+
+    #[test]
+    fn cp_upload_local_errors() {
+        // No server is asked: the local side fails first.
+        let client = Client::new("http://127.0.0.1:1").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.bin");
+        match upload(&client, missing.to_str().unwrap(), "S:", Output::Table, b"") {
+            Err(Failure::Local(m)) => assert!(m.starts_with("cannot read "), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        match upload(
+            &client,
+            dir.path().to_str().unwrap(),
+            "S:x",
+            Output::Table,
+            b"",
+        ) {
+            Err(Failure::Local(m)) => assert!(
+                m.ends_with("is a directory; only files can be copied"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn spool_answers_a_rewound_file_and_its_size() {
+        let data = generated(100_000);
+        let (mut file, size) = files::spool(&data[..]).unwrap();
+        assert_eq!(size, 100_000);
+        let mut back = Vec::new();
+        file.read_to_end(&mut back).unwrap();
+        assert!(back == data);
+    }
+
+    fn download(
+        client: &Client,
+        remote: &str,
+        local: &str,
+        out: Output,
+    ) -> Result<Vec<u8>, Failure> {
+        let CpArgs { transfer } = match parse(&["session", "cp", remote, local]).unwrap().command {
+            CtlCommand::Session(SessionCommand::Cp(cp)) => cp,
+            other => panic!("{other:?}"),
+        };
+        let mut stdout = Vec::new();
+        cp(client, &transfer, out, &b""[..], &mut stdout)?;
+        Ok(stdout)
+    }
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn cp_download_writes_the_exact_bytes() {
+        let data = generated(2 * 1024 * 1024 + 7);
+        let chunked: Vec<Vec<u8>> = data.chunks(300_000).map(<[u8]>::to_vec).collect();
+        let server = Server::start(vec![
+            Answer::bytes(200, "application/octet-stream", data.clone()),
+            Answer {
+                parts: chunked,
+                ..Answer::bytes(200, "application/octet-stream", Vec::new())
+            },
+            Answer::bytes(200, "application/octet-stream", b"to stdout".to_vec()),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+
+        // Into an existing directory: the file keeps its session name.
+        let printed = download(&client, "S:sub/x.bin", d, Output::Table).unwrap();
+        let target = dir.path().join("x.bin");
+        assert_eq!(
+            text(printed),
+            format!("downloaded {} bytes to {}\n", data.len(), target.display())
+        );
+        assert!(std::fs::read(&target).unwrap() == data);
+
+        // A chunked body to a named file, replacing it.
+        let named = dir.path().join("copy.bin");
+        std::fs::write(&named, b"old").unwrap();
+        let printed =
+            download(&client, "S:x y.bin", named.to_str().unwrap(), Output::Json).unwrap();
+        let v: Value = serde_json::from_slice(&printed).unwrap();
+        assert_eq!(
+            v,
+            json!({"path": named.to_str().unwrap(), "size": data.len()})
+        );
+        assert!(std::fs::read(&named).unwrap() == data);
+        assert_eq!(
+            names(dir.path()),
+            ["copy.bin", "x.bin"],
+            "no temporary file left"
+        );
+
+        // To stdout: the bytes only.
+        assert_eq!(
+            download(&client, "S:a.txt", "-", Output::Table).unwrap(),
+            b"to stdout"
+        );
+
+        let requests = server.requests();
+        assert_eq!(requests[0].line, "GET /v1/sessions/S/files/sub/x.bin");
+        assert_eq!(requests[1].line, "GET /v1/sessions/S/files/x%20y.bin");
+        assert_eq!(requests[2].line, "GET /v1/sessions/S/files/a.txt");
+    }
+
+    #[test]
+    fn cp_download_failure_leaves_no_file() {
+        let not_found = r#"{"error": {"code": "file-not-found", "message": "no file nope.bin"}}"#;
+        let mut short = Answer::bytes(200, "application/octet-stream", generated(1000));
+        short.announced_length = Some(5000);
+        let server = Server::start(vec![Answer::json(404, not_found), short]);
+        let client = Client::new(&server.url).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("keep.bin");
+        std::fs::write(&target, b"before").unwrap();
+        let t = target.to_str().unwrap();
+
+        match download(
+            &client,
+            "S:nope.bin",
+            dir.path().to_str().unwrap(),
+            Output::Table,
+        ) {
+            Err(Failure::Client(e)) => {
+                assert_eq!(e.exit_code(), 1);
+                assert_eq!(
+                    e.to_string(),
+                    "error: file-not-found: no file nope.bin (HTTP 404)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            names(dir.path()),
+            ["keep.bin"],
+            "no nope.bin, no temporary file"
+        );
+
+        // The body ends before its Content-Length: the old file stays as it was.
+        match download(&client, "S:x.bin", t, Output::Table) {
+            Err(Failure::Client(e)) => assert_eq!(e.exit_code(), 2, "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(names(dir.path()), ["keep.bin"]);
+        assert_eq!(std::fs::read(&target).unwrap(), b"before");
+
+        // A directory that does not exist: a local error, no request.
+        let missing = dir.path().join("no/such/dir/");
+        match download(
+            &client,
+            "S:x.bin",
+            &format!("{}/", missing.display()),
+            Output::Table,
+        ) {
+            Err(Failure::Local(m)) => assert!(m.ends_with("is not a directory"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(server.requests().len(), 2);
+    }
+
+    #[test]
+    fn ls_table_sorted_and_dir_encoded() {
+        let body = r#"{"files": [
+            {"name": "zeta.txt", "type": "file", "size": 12, "mode": "0644", "mtime": 1700000000.0},
+            {"name": "data", "type": "dir", "size": 4096, "mode": "0755", "mtime": 1700000060.5},
+            {"name": "b.py", "type": "file", "size": 0, "mode": "0600", "mtime": 1699999999}
+        ]}"#;
+        let server = Server::start(vec![
+            Answer::json(200, body),
+            Answer::json(200, body),
+            Answer::json(200, r#"{"files": []}"#),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let mut out = Vec::new();
+        ls(&client, "S", "sub dir/a&b=ü/", Output::Table, &mut out).unwrap();
+        let table = text(out);
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| {
+                l.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec!["MODE", "SIZE", "MTIME", "NAME"],
+                vec!["-rw-------", "0", "2023-11-14T22:13:19Z", "b.py"],
+                vec!["drwxr-xr-x", "4096", "2023-11-14T22:14:20Z", "data/"],
+                vec!["-rw-r--r--", "12", "2023-11-14T22:13:20Z", "zeta.txt"],
+            ]
+        );
+        let mut out = Vec::new();
+        ls(&client, "S", "", Output::Json, &mut out).unwrap();
+        assert_eq!(text(out), format::pretty_json(body) + "\n");
+        let mut out = Vec::new();
+        ls(&client, "S", "", Output::Table, &mut out).unwrap();
+        assert_eq!(text(out), "MODE  SIZE  MTIME  NAME\n");
+        let requests = server.requests();
+        assert_eq!(
+            requests[0].line,
+            "GET /v1/sessions/S/files?dir=sub+dir%2Fa%26b%3D%C3%BC"
+        );
+        assert_eq!(requests[1].line, "GET /v1/sessions/S/files?dir=");
     }
 }

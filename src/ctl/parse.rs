@@ -1,6 +1,6 @@
-//! Parsers for `kernelvisor ctl` arguments (`--env`, `--mount`, seconds such as `--timeout`),
-//! used as clap value parsers: their error text is shown after clap's
-//! `invalid value '…' for '--env …'`.
+//! Parsers for `kernelvisor ctl` arguments (`--env`, `--mount`, seconds such as `--timeout`,
+//! session paths and the sides of `session cp`), used as clap value parsers: their error text is
+//! shown after clap's `invalid value '…' for '--env …'`.
 
 use serde_json::{json, Value};
 
@@ -106,6 +106,133 @@ pub fn mount(s: &str) -> Result<Mount, String> {
     })
 }
 
+/// The directory session paths are relative to.
+pub const SESSION_HOME: &str = "/home/work";
+
+/// A path in a session (`session ls PATH`, the PATH of `session cp ID:PATH`), relative to
+/// [`SESSION_HOME`], normalized: empty and `.` segments dropped, so `./a//b` is `a/b`; an
+/// absolute path under `/home/work` is made relative to it. A path that names a directory
+/// (empty, or ending in `/` or `/.`) is answered ending in `/` (`sub/`), except the home
+/// directory itself, which is the empty path.
+///
+/// Errors on a `..` segment (the URL of a path cannot carry one) and on an absolute path outside
+/// `/home/work`.
+pub fn session_path(s: &str) -> Result<String, String> {
+    let relative = if let Some(rest) = s.strip_prefix(SESSION_HOME) {
+        match rest {
+            "" => "",
+            r if r.starts_with('/') => r,
+            _ => return Err(format!("'{s}' is outside {SESSION_HOME}")),
+        }
+    } else if s.starts_with('/') {
+        return Err(format!(
+            "'{s}' is outside {SESSION_HOME} (session paths are relative to it)"
+        ));
+    } else {
+        s
+    };
+    let names: Vec<&str> = relative
+        .split('/')
+        .filter(|n| !n.is_empty() && *n != ".")
+        .collect();
+    if names.contains(&"..") {
+        return Err("'..' is not allowed in a session path".to_owned());
+    }
+    let dir = relative.is_empty()
+        || relative.ends_with('/')
+        || relative.ends_with("/.")
+        || relative == ".";
+    let mut path = names.join("/");
+    if dir && !path.is_empty() {
+        path.push('/');
+    }
+    Ok(path)
+}
+
+/// One side of `session cp`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `ID:PATH`: `path` is a [`session_path`] (ends in `/` for a directory).
+    Remote { id: String, path: String },
+    /// A path on this machine; `-` is stdin or stdout.
+    Local(String),
+}
+
+/// A side of `session cp`: `-` and paths starting with `/` or `.` are local; otherwise text with
+/// a `:` whose part before it has no `/` is `ID:PATH` (PATH may be empty: the session's home
+/// directory); anything else is local. A local path with a `:` in its first part needs `./`.
+///
+/// Errors when the id before the `:` is empty, or PATH is not a valid [`session_path`].
+pub fn endpoint(s: &str) -> Result<Endpoint, String> {
+    if s == "-" || s.starts_with('/') || s.starts_with('.') {
+        return Ok(Endpoint::Local(s.to_owned()));
+    }
+    match s.split_once(':') {
+        Some(("", _)) => Err(
+            "the session id before ':' is empty (write ./:… for a local path with a ':')"
+                .to_owned(),
+        ),
+        Some((id, path)) if !id.contains('/') => Ok(Endpoint::Remote {
+            id: id.to_owned(),
+            path: session_path(path)?,
+        }),
+        _ => Ok(Endpoint::Local(s.to_owned())),
+    }
+}
+
+/// What one `session cp` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transfer {
+    /// LOCAL → ID:PATH; `path` ends in `/` (or is empty) when the local file's name is to be
+    /// appended.
+    Upload {
+        local: String,
+        id: String,
+        path: String,
+    },
+    /// ID:PATH → LOCAL; `path` names a file.
+    Download {
+        id: String,
+        path: String,
+        local: String,
+    },
+}
+
+impl Transfer {
+    /// The transfer between `src` and `dst`.
+    ///
+    /// Errors unless exactly one side is `ID:PATH`, when stdin (`-`) is uploaded to a directory
+    /// (it has no name to append), and when a directory is to be downloaded.
+    pub fn new(src: Endpoint, dst: Endpoint) -> Result<Self, String> {
+        match (src, dst) {
+            (Endpoint::Remote { .. }, Endpoint::Remote { .. }) => Err(
+                "both SRC and DST are session paths (ID:PATH); one must be local \
+                 (write ./… for a local path with a ':')"
+                    .to_owned(),
+            ),
+            (Endpoint::Local(_), Endpoint::Local(_)) => {
+                Err("neither SRC nor DST is a session path; one must be ID:PATH".to_owned())
+            }
+            (Endpoint::Local(local), Endpoint::Remote { id, path }) => {
+                if local == "-" && (path.is_empty() || path.ends_with('/')) {
+                    return Err(format!(
+                        "stdin has no file name: give one after '{id}:' (e.g. {id}:{path}file)"
+                    ));
+                }
+                Ok(Transfer::Upload { local, id, path })
+            }
+            (Endpoint::Remote { id, path }, Endpoint::Local(local)) => {
+                if path.is_empty() || path.ends_with('/') {
+                    return Err(format!(
+                        "'{id}:{path}' is a directory; only files can be copied"
+                    ));
+                }
+                Ok(Transfer::Download { id, path, local })
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +314,79 @@ mod tests {
             mount("d=rel/path").unwrap_err(),
             "the host path 'rel/path' is not absolute"
         );
+    }
+
+    #[test]
+    fn session_paths() {
+        for (raw, want) in [
+            ("", ""),
+            (".", ""),
+            ("/home/work", ""),
+            ("/home/work/", ""),
+            ("a.txt", "a.txt"),
+            ("./sub//x.bin", "sub/x.bin"),
+            ("sub/", "sub/"),
+            ("sub/.", "sub/"),
+            ("/home/work/sub/x", "sub/x"),
+            ("a b:c", "a b:c"),
+        ] {
+            assert_eq!(session_path(raw).as_deref(), Ok(want), "{raw:?}");
+        }
+        assert_eq!(
+            session_path("a/../b").unwrap_err(),
+            "'..' is not allowed in a session path"
+        );
+        assert!(session_path("/etc/passwd")
+            .unwrap_err()
+            .contains("outside /home/work"));
+        assert!(session_path("/home/workshop").is_err());
+    }
+
+    #[test]
+    fn cp_endpoints() {
+        let remote = |id: &str, path: &str| Endpoint::Remote {
+            id: id.into(),
+            path: path.into(),
+        };
+        let local = |p: &str| Endpoint::Local(p.into());
+        assert_eq!(endpoint("S:sub/x.bin"), Ok(remote("S", "sub/x.bin")));
+        assert_eq!(endpoint("S:"), Ok(remote("S", "")));
+        assert_eq!(endpoint("S:dir/"), Ok(remote("S", "dir/")));
+        assert_eq!(endpoint("S:a:b"), Ok(remote("S", "a:b")));
+        for l in ["-", "x.bin", "./S:x", "/tmp/S:x", "dir/S:x", "../a"] {
+            assert_eq!(endpoint(l), Ok(local(l)), "{l}");
+        }
+        assert!(endpoint(":x").unwrap_err().contains("session id"));
+        assert!(endpoint("S:../x").is_err());
+    }
+
+    #[test]
+    fn cp_transfers() {
+        let t = |a: &str, b: &str| Transfer::new(endpoint(a).unwrap(), endpoint(b).unwrap());
+        assert_eq!(
+            t("x.bin", "S:dir/"),
+            Ok(Transfer::Upload {
+                local: "x.bin".into(),
+                id: "S".into(),
+                path: "dir/".into()
+            })
+        );
+        assert_eq!(
+            t("S:a.txt", "-"),
+            Ok(Transfer::Download {
+                id: "S".into(),
+                path: "a.txt".into(),
+                local: "-".into()
+            })
+        );
+        assert!(t("S:a", "T:b").unwrap_err().starts_with("both SRC and DST"));
+        assert!(t("a", "b").unwrap_err().starts_with("neither SRC nor DST"));
+        assert!(t("-", "S:dir/")
+            .unwrap_err()
+            .contains("stdin has no file name"));
+        assert!(t("-", "S:").is_err());
+        assert!(t("-", "S:f").is_ok());
+        assert!(t("S:dir/", "out").unwrap_err().contains("is a directory"));
+        assert!(t("S:", "out").is_err());
     }
 }

@@ -7,7 +7,7 @@
 use comfy_table::{presets::NOTHING, Table};
 use serde_json::Value;
 
-use super::format::{ago, bytes, cores, duration, timestamp};
+use super::format::{ago, bytes, cores, duration, file_mode, timestamp};
 
 /// A string field, or `-`.
 fn text(v: &Value, key: &str) -> String {
@@ -234,6 +234,104 @@ pub fn health(v: &Value) -> String {
         ("Mode", text(v, "mode")),
         ("Agents alive", text(v, "agents_alive")),
     ])
+}
+
+/// A list of ports (`[8080, 8081]`) as `8080,8081`; empty or missing as `-`.
+fn ports(v: &Value, key: &str) -> String {
+    let list: Vec<String> = array(v, key)
+        .iter()
+        .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_owned))
+        .collect();
+    if list.is_empty() {
+        "-".to_owned()
+    } else {
+        list.join(",")
+    }
+}
+
+/// `GET /v1/sessions/{id}/services` (`{"services": [...]}`) as a table: NAME, PROTOCOL, STATUS,
+/// CONTAINER-PORTS, HOST-PORTS (comma-separated), URL; in the manager's order.
+pub fn services(v: &Value) -> String {
+    let rows = array(v, "services")
+        .iter()
+        .map(|s| {
+            vec![
+                text(s, "name"),
+                text(s, "protocol"),
+                text(s, "status"),
+                ports(s, "container_ports"),
+                ports(s, "host_ports"),
+                text(s, "url"),
+            ]
+        })
+        .collect();
+    table(
+        vec![
+            "NAME",
+            "PROTOCOL",
+            "STATUS",
+            "CONTAINER-PORTS",
+            "HOST-PORTS",
+            "URL",
+        ],
+        rows,
+    )
+}
+
+/// The answer of `POST /v1/sessions/{id}/services/{name}`: `web started: URL`, or
+/// `web already running: URL` when `started` is false (without a URL: no `: URL`). `name` is
+/// used when the answer has none.
+pub fn service_started(v: &Value, name: &str) -> String {
+    let name = v.get("name").and_then(Value::as_str).unwrap_or(name);
+    let what = if v.get("started").and_then(Value::as_bool) == Some(false) {
+        "already running"
+    } else {
+        "started"
+    };
+    match v
+        .get("url")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+    {
+        Some(url) => format!("{name} {what}: {url}\n"),
+        None => format!("{name} {what}\n"),
+    }
+}
+
+/// The answer of `DELETE /v1/sessions/{id}/services/{name}`: `web stopped`.
+pub fn service_stopped(v: &Value, name: &str) -> String {
+    let name = v.get("name").and_then(Value::as_str).unwrap_or(name);
+    format!("{name} stopped\n")
+}
+
+/// `GET /v1/sessions/{id}/files` (`{"files": [...]}`) as a table sorted by name: MODE (as
+/// `ls -l`: `drwxr-xr-x`), SIZE (bytes), MTIME (UTC), NAME (a directory's with a trailing `/`).
+pub fn files(v: &Value) -> String {
+    let mut entries: Vec<&Value> = array(v, "files").iter().collect();
+    let name = |f: &Value| {
+        f.get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    entries.sort_by_key(|f| name(f));
+    let rows = entries
+        .into_iter()
+        .map(|f| {
+            let kind = f.get("type").and_then(Value::as_str);
+            let mode = f.get("mode").and_then(Value::as_str);
+            let mtime = f
+                .get("mtime")
+                .and_then(Value::as_f64)
+                .map_or("-".to_owned(), timestamp);
+            let mut shown = text(f, "name");
+            if kind == Some("dir") {
+                shown.push('/');
+            }
+            vec![file_mode(kind, mode), text(f, "size"), mtime, shown]
+        })
+        .collect();
+    table(vec!["MODE", "SIZE", "MTIME", "NAME"], rows)
 }
 
 /// Which stream a piece of console output belongs on.
@@ -544,6 +642,91 @@ mod tests {
             ),
             "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\n"
         );
+    }
+
+    fn cells(line: &str) -> Vec<&str> {
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn services_table() {
+        let v = json!({"services": [
+            {"name": "web", "protocol": "http", "container_ports": [8080], "host_ports": [30001],
+             "status": "running", "url": "http://10.0.0.5:30001"},
+            {"name": "ssh", "protocol": "tcp", "container_ports": [22, 2222], "host_ports": [],
+             "status": "stopped", "url": null}
+        ]});
+        let out = services(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            cells(lines[0]),
+            [
+                "NAME",
+                "PROTOCOL",
+                "STATUS",
+                "CONTAINER-PORTS",
+                "HOST-PORTS",
+                "URL"
+            ]
+        );
+        assert_eq!(
+            cells(lines[1]),
+            [
+                "web",
+                "http",
+                "running",
+                "8080",
+                "30001",
+                "http://10.0.0.5:30001"
+            ]
+        );
+        assert_eq!(
+            cells(lines[2]),
+            ["ssh", "tcp", "stopped", "22,2222", "-", "-"]
+        );
+        assert!(services(&json!({"services": []})).starts_with("NAME"));
+    }
+
+    #[test]
+    fn service_lines() {
+        let v = json!({"name": "web", "status": "running", "url": "http://h:1", "started": true});
+        assert_eq!(service_started(&v, "x"), "web started: http://h:1\n");
+        let v = json!({"name": "web", "url": "http://h:1", "started": false});
+        assert_eq!(
+            service_started(&v, "x"),
+            "web already running: http://h:1\n"
+        );
+        assert_eq!(service_started(&json!({}), "x"), "x started\n");
+        assert_eq!(
+            service_stopped(&json!({"name": "web", "status": "stopped"}), "x"),
+            "web stopped\n"
+        );
+    }
+
+    #[test]
+    fn files_table_sorted_with_dirs_marked() {
+        let v = json!({"files": [
+            {"name": "b.txt", "type": "file", "size": 12, "mode": "0644", "mtime": NOW},
+            {"name": "a", "type": "dir", "size": 4096, "mode": "0755", "mtime": NOW - 60.5},
+            {"name": "link", "type": "symlink", "size": 5, "mode": "0777", "mtime": NOW}
+        ]});
+        let out = files(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(cells(lines[0]), ["MODE", "SIZE", "MTIME", "NAME"]);
+        assert_eq!(
+            cells(lines[1]),
+            ["drwxr-xr-x", "4096", "2023-11-14T22:12:19Z", "a/"]
+        );
+        assert_eq!(
+            cells(lines[2]),
+            ["-rw-r--r--", "12", "2023-11-14T22:13:20Z", "b.txt"]
+        );
+        assert_eq!(cells(lines[3])[3], "link");
+        assert_eq!(lines.len(), 4);
+        assert!(files(&json!({"files": []})).starts_with("MODE"));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use rmpv::Value;
 
+use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentCall, AgentCallError, AgentPool};
 
@@ -40,6 +41,37 @@ pub async fn call_agent(
     };
     metrics.agent_call(method, started.elapsed(), kind);
     res
+}
+
+/// An agent's answer as the user-facing error: its FAILURE names mapped to the manager's codes
+/// (`docs/manager-api.md`), anything else `agent-error`; no answer at all is `agent-unavailable`.
+pub fn agent_error(e: &AgentCallError) -> ManagerError {
+    match e.failure() {
+        Some(meta) => match meta.name.as_str() {
+            "ImageNotFound" => ManagerError::ImageNotFound(meta.repr.clone()),
+            "InvalidKernelConfig" | "TypeError" => ManagerError::InvalidRequest(meta.repr.clone()),
+            "ResourceExhausted" => ManagerError::NoCapacity(meta.repr.clone()),
+            "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),
+            "RunNotFound" => ManagerError::RunNotFound(meta.repr.clone()),
+            "RunHasNoStdin" => ManagerError::RunHasNoStdin(meta.repr.clone()),
+            "RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode" => {
+                ManagerError::InvalidRequest(meta.repr.clone())
+            }
+            "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),
+            "ServiceNotFound" => ManagerError::ServiceNotFound(meta.repr.clone()),
+            "ServiceStartFailed" => ManagerError::ServiceFailed {
+                message: meta.repr.clone(),
+                output: meta.traceback.clone(),
+            },
+            "InvalidPath" => ManagerError::InvalidPath(meta.repr.clone()),
+            "FileNotFound" => ManagerError::FileNotFound(meta.repr.clone()),
+            "FileTooLarge" | "UploadSizeMismatch" | "TransferNotFound" => {
+                ManagerError::InvalidRequest(meta.repr.clone())
+            }
+            name => ManagerError::AgentError(format!("{name}: {}", meta.repr)),
+        },
+        None => ManagerError::AgentUnavailable(e.to_string()),
+    }
 }
 
 /// msgpack → JSON for API answers: maps with non-string keys get their keys as text, binary

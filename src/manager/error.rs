@@ -33,6 +33,31 @@ pub enum ManagerError {
     /// `input` to a run started without stdin. 409 `run-has-no-stdin`.
     #[error("{0}")]
     RunHasNoStdin(String),
+    /// The session has no service port of this name. 404 `service-not-found`.
+    #[error("{0}")]
+    ServiceNotFound(String),
+    /// A service did not start (exited, or not ready in time). 409 `service-failed`; the body
+    /// also carries `output`, the tail of the service's output.
+    #[error("{message}")]
+    ServiceFailed {
+        /// What went wrong.
+        message: String,
+        /// The last bytes (≤ 4 KiB) the service printed.
+        output: String,
+    },
+    /// A path that is absolute, has `..`, leaves `/home/work` through a symlink, or is a
+    /// directory where a file is needed. 400 `invalid-path`.
+    #[error("{0}")]
+    InvalidPath(String),
+    /// 404 `file-not-found`.
+    #[error("{0}")]
+    FileNotFound(String),
+    /// An upload without `Content-Length`. 411 `length-required`.
+    #[error("{0}")]
+    LengthRequired(String),
+    /// An upload above `[api] max-upload-size`. 413 `upload-too-large`.
+    #[error("{0}")]
+    UploadTooLarge(String),
     /// 409 `session-not-running`.
     #[error("session `{0}` is {1}, not RUNNING")]
     SessionNotRunning(String, String),
@@ -70,6 +95,12 @@ impl ManagerError {
             ManagerError::RunNotFound(_) => "run-not-found",
             ManagerError::LogsNotFound(_) => "logs-not-found",
             ManagerError::RunHasNoStdin(_) => "run-has-no-stdin",
+            ManagerError::ServiceNotFound(_) => "service-not-found",
+            ManagerError::ServiceFailed { .. } => "service-failed",
+            ManagerError::InvalidPath(_) => "invalid-path",
+            ManagerError::FileNotFound(_) => "file-not-found",
+            ManagerError::LengthRequired(_) => "length-required",
+            ManagerError::UploadTooLarge(_) => "upload-too-large",
             ManagerError::ConcurrencyLimit(_) => "concurrency-limit-exceeded",
             ManagerError::AgentUnavailable(_) => "agent-unavailable",
             ManagerError::AgentError(_) => "agent-error",
@@ -83,15 +114,21 @@ impl ManagerError {
     pub fn status(&self) -> u16 {
         match self {
             ManagerError::InvalidRequest(_)
+            | ManagerError::InvalidPath(_)
             | ManagerError::ImageNotFound(_)
             | ManagerError::SlotsExceedCapacity(_) => 400,
             ManagerError::SessionNotFound(_)
             | ManagerError::AccessKeyNotFound(_)
             | ManagerError::RunNotFound(_)
-            | ManagerError::LogsNotFound(_) => 404,
+            | ManagerError::LogsNotFound(_)
+            | ManagerError::ServiceNotFound(_)
+            | ManagerError::FileNotFound(_) => 404,
+            ManagerError::LengthRequired(_) => 411,
+            ManagerError::UploadTooLarge(_) => 413,
             ManagerError::NoCapacity(_)
             | ManagerError::SessionNotRunning(..)
-            | ManagerError::RunHasNoStdin(_) => 409,
+            | ManagerError::RunHasNoStdin(_)
+            | ManagerError::ServiceFailed { .. } => 409,
             ManagerError::ConcurrencyLimit(_) => 429,
             ManagerError::AgentUnavailable(_) | ManagerError::AgentError(_) => 502,
             ManagerError::StartingUp(_) | ManagerError::NoAgents => 503,

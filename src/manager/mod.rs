@@ -156,6 +156,7 @@ impl Manager {
             scheduler,
             pool: pool.clone(),
             metrics,
+            max_upload_size: config.api.max_upload_size.0,
         };
         let server = api::serve(listener, config.api.workers, state)?;
         let api = server.handle();

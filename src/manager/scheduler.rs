@@ -13,10 +13,10 @@ use actix::prelude::*;
 use rmpv::Value;
 use serde::Deserialize;
 
-use super::calls::{call_agent, to_json};
+use super::calls::{agent_error, call_agent, to_json};
 use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
-use super::pool::{AgentCallError, AgentPool};
+use super::pool::AgentPool;
 use super::registry::{AgentRegistry, PlacementCandidates};
 use super::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store, Usage};
 use crate::agent::resources::SlotRequest;
@@ -60,6 +60,23 @@ pub struct SessionRequest {
     /// Seconds a batch session may run (batch only).
     #[serde(default)]
     pub batch_timeout: Option<f64>,
+    /// Service ports beyond those the image declares: `{"name", "protocol", "container_ports"}`
+    /// (the agent checks them: names, protocols, ports).
+    #[serde(default)]
+    pub service_ports: Vec<ServicePortSpec>,
+}
+
+/// A service port a session asks for (`POST /v1/sessions`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePortSpec {
+    /// Service name (its def file is `/etc/backend.ai/service-defs/<name>.json` in the image).
+    pub name: String,
+    /// `http`, `tcp` or `preopen` (default `tcp`).
+    #[serde(default)]
+    pub protocol: Option<String>,
+    /// Ports inside the container.
+    pub container_ports: Vec<u16>,
 }
 
 impl SessionRequest {
@@ -269,25 +286,6 @@ impl Actor for Scheduler {
     type Context = Context<Self>;
 }
 
-fn agent_failure(e: &AgentCallError) -> ManagerError {
-    match e.failure() {
-        Some(meta) => match meta.name.as_str() {
-            "ImageNotFound" => ManagerError::ImageNotFound(meta.repr.clone()),
-            "InvalidKernelConfig" | "TypeError" => ManagerError::InvalidRequest(meta.repr.clone()),
-            "ResourceExhausted" => ManagerError::NoCapacity(meta.repr.clone()),
-            "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),
-            "RunNotFound" => ManagerError::RunNotFound(meta.repr.clone()),
-            "RunHasNoStdin" => ManagerError::RunHasNoStdin(meta.repr.clone()),
-            "RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode" => {
-                ManagerError::InvalidRequest(meta.repr.clone())
-            }
-            "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),
-            name => ManagerError::AgentError(format!("{name}: {}", meta.repr)),
-        },
-        None => ManagerError::AgentUnavailable(e.to_string()),
-    }
-}
-
 /// Creates a session: `(session, kernel, agent, status)` as stored after the agent answered.
 #[derive(Message)]
 #[rtype(result = "Result<KernelRow, ManagerError>")]
@@ -386,6 +384,28 @@ impl Handler<CreateSession> for Scheduler {
             if let Some(c) = &req.command {
                 config.push(("command".into(), c.clone().into()));
             }
+            if !req.service_ports.is_empty() {
+                let ports = req
+                    .service_ports
+                    .iter()
+                    .map(|sp| {
+                        Value::Map(vec![
+                            ("name".into(), sp.name.clone().into()),
+                            (
+                                "protocol".into(),
+                                sp.protocol.clone().unwrap_or_else(|| "tcp".into()).into(),
+                            ),
+                            (
+                                "container_ports".into(),
+                                Value::Array(
+                                    sp.container_ports.iter().map(|&p| p.into()).collect(),
+                                ),
+                            ),
+                        ])
+                    })
+                    .collect();
+                config.push(("service_ports".into(), Value::Array(ports)));
+            }
             if let Some(t) = req.batch_timeout {
                 config.push(("batch_timeout".into(), Value::F64(t)));
             }
@@ -420,7 +440,7 @@ impl Handler<CreateSession> for Scheduler {
                 Err(e) if e.failure().is_some() => {
                     // The agent refused it whole: nothing exists there.
                     store.discard_reservation(&kernel_id).await?;
-                    return Err(agent_failure(&e));
+                    return Err(agent_error(&e));
                 }
                 Err(e) => {
                     // Unknown outcome: the kernel may exist. Release it here, and ask the agent
@@ -496,7 +516,7 @@ impl Handler<DestroySession> for Scheduler {
             {
                 Ok(_) => {}
                 Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => {}
-                Err(e) => return Err(agent_failure(&e)),
+                Err(e) => return Err(agent_error(&e)),
             }
             store
                 .terminate_kernel(&k.id, "user-requested", None)
@@ -620,7 +640,7 @@ impl Handler<ExecuteInSession> for Scheduler {
             ];
             let out = call_agent(&pool, &metrics, &k.agent_id, "execute", args, rpc_timeout)
                 .await
-                .map_err(|e| agent_failure(&e))?;
+                .map_err(|e| agent_error(&e))?;
             // Moved out of the answer, not cloned: the console may be a whole buffer (1 MiB).
             let mut out = to_json(&out);
             let mut take = |key: &str| out.get_mut(key).map(serde_json::Value::take);
@@ -685,7 +705,7 @@ impl Handler<ReadLogs> for Scheduler {
                 timeout,
             )
             .await
-            .map_err(|e| agent_failure(&e))?;
+            .map_err(|e| agent_error(&e))?;
             let Value::Map(map) = v else {
                 return Err(ManagerError::AgentError("get_logs answered no map".into()));
             };

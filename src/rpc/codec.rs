@@ -504,6 +504,15 @@ impl Call {
         self.kwargs.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 
+    /// Moves argument `i` named `name` (positional or keyword) out of the call, leaving nil (a
+    /// large binary argument is not copied).
+    pub fn take_arg(&mut self, i: usize, name: &str) -> Option<Value> {
+        match self.args.get_mut(i) {
+            Some(v) => Some(std::mem::replace(v, Value::Nil)),
+            None => self.take_kwarg(name),
+        }
+    }
+
     /// Removes and returns the keyword argument `name`.
     pub fn take_kwarg(&mut self, name: &str) -> Option<Value> {
         let i = self.kwargs.iter().position(|(k, _)| k == name)?;

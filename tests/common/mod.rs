@@ -154,3 +154,36 @@ pub fn interop_script(name: &str) -> PathBuf {
 pub mod agent;
 pub mod cluster;
 pub mod intake;
+
+/// A `/proc/<pid>/status` size field (`VmHWM`, `VmRSS`), in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+/// `VmHWM` (peak resident set) of `pid`, in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    status_bytes(pid, "VmHWM")
+}
+
+/// Asserts that the agent's and the manager's peak RSS (VmHWM) stayed under 150 MB, printing
+/// both after `what`.
+pub fn assert_bounded_memory(agent_pid: u32, manager_pid: u32, what: &str) {
+    let (agent, manager) = (peak_rss(agent_pid), peak_rss(manager_pid));
+    eprintln!(
+        "{what}: agent VmHWM {} MB, manager VmHWM {} MB",
+        agent >> 20,
+        manager >> 20
+    );
+    assert!(agent < 150 << 20, "agent VmHWM {} MB", agent >> 20);
+    assert!(manager < 150 << 20, "manager VmHWM {} MB", manager >> 20);
+}

@@ -5,8 +5,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bollard::container::{
-    Config, CreateContainerOptions, KillContainerOptions, ListContainersOptions, LogOutput,
-    LogsOptions, RemoveContainerOptions, RestartContainerOptions, StartContainerOptions,
+    Config, CreateContainerOptions, DownloadFromContainerOptions, KillContainerOptions,
+    ListContainersOptions, LogOutput, LogsOptions, RemoveContainerOptions, RestartContainerOptions,
+    StartContainerOptions, UploadToContainerOptions,
 };
 use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
@@ -19,8 +20,8 @@ use bollard::Docker;
 use futures::stream::{BoxStream, StreamExt};
 
 use super::{
-    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecSession,
-    ExecStatus, ImageInfo, OutputStream, PortMapping, PullProgress,
+    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecProcess,
+    ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream, PortMapping, PullProgress,
 };
 
 /// The local Docker engine (its default socket, or `DOCKER_HOST`), API version negotiated.
@@ -60,6 +61,22 @@ fn status(e: &DockerError) -> Option<u16> {
 fn container_err(id: &str) -> impl Fn(DockerError) -> BackendError + '_ {
     move |e| match status(&e) {
         Some(404) => BackendError::ContainerNotFound(id.to_owned()),
+        _ => engine(e),
+    }
+}
+
+/// The archive API answers 404 both for a missing container and a missing path; the engine's
+/// message tells them apart ("No such container" vs "Could not find the file").
+fn archive_err(id: &str, path: &str) -> impl Fn(DockerError) -> BackendError {
+    let (id, path) = (id.to_owned(), path.to_owned());
+    move |e| match &e {
+        DockerError::DockerResponseServerError {
+            status_code: 404,
+            message,
+        } if message.contains("No such container") => BackendError::ContainerNotFound(id.clone()),
+        DockerError::DockerResponseServerError {
+            status_code: 404, ..
+        } => BackendError::PathNotFound(path.clone()),
         _ => engine(e),
     }
 }
@@ -288,8 +305,17 @@ impl ContainerBackend for DockerBackend {
             exit_code: if exited { state.exit_code } else { None },
             oom_killed: state.oom_killed.unwrap_or(false),
             labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
-            ports: port_mappings(c.network_settings.and_then(|n| n.ports)),
+            ports: port_mappings(c.network_settings.as_ref().and_then(|n| n.ports.clone())),
             pid: state.pid.filter(|&p| p > 0).map(|p| p as u32),
+            ip_address: c.network_settings.as_ref().and_then(|n| {
+                n.ip_address.clone().filter(|a| !a.is_empty()).or_else(|| {
+                    n.networks.as_ref().and_then(|nets| {
+                        nets.values()
+                            .filter_map(|e| e.ip_address.clone())
+                            .find(|a| !a.is_empty())
+                    })
+                })
+            }),
         }))
     }
 
@@ -363,24 +389,21 @@ impl ContainerBackend for DockerBackend {
                     labels: c.labels.unwrap_or_default(),
                     ports,
                     pid: None,
+                    ip_address: None,
                 }
             })
             .collect())
     }
 
-    async fn exec_start(
-        &self,
-        id: &str,
-        cmd: Vec<String>,
-        working_dir: Option<&str>,
-        stdin: bool,
-    ) -> Result<ExecSession, BackendError> {
+    async fn exec_start(&self, id: &str, spec: ExecSpec) -> Result<ExecSession, BackendError> {
+        let attach = !spec.detach;
         let options = CreateExecOptions {
-            cmd: Some(cmd),
-            attach_stdin: Some(stdin),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            working_dir: working_dir.map(str::to_owned),
+            cmd: Some(spec.cmd),
+            attach_stdin: Some(spec.stdin && attach),
+            attach_stdout: Some(attach),
+            attach_stderr: Some(attach),
+            working_dir: spec.working_dir,
+            env: (!spec.env.is_empty()).then_some(spec.env),
             ..Default::default()
         };
         let exec_id = self
@@ -390,7 +413,7 @@ impl ContainerBackend for DockerBackend {
             .map_err(container_err(id))?
             .id;
         let start = StartExecOptions {
-            detach: false,
+            detach: spec.detach,
             tty: false,
             output_capacity: None,
         };
@@ -418,13 +441,73 @@ impl ContainerBackend for DockerBackend {
                 Ok(ExecSession {
                     exec_id,
                     output,
-                    stdin: stdin.then_some(input),
+                    stdin: spec.stdin.then_some(input),
                 })
             }
+            StartExecResults::Detached if spec.detach => Ok(ExecSession {
+                exec_id,
+                output: futures::stream::empty().boxed(),
+                stdin: None,
+            }),
             StartExecResults::Detached => Err(BackendError::Engine(
                 "the engine started the exec detached".into(),
             )),
         }
+    }
+
+    async fn exec_processes(&self, id: &str) -> Result<Vec<ExecProcess>, BackendError> {
+        let c = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(container_err(id))?;
+        let mut out = Vec::new();
+        for exec_id in c.exec_ids.unwrap_or_default() {
+            // An exec may be garbage-collected between the two calls: skip it.
+            let Ok(info) = self.docker.inspect_exec(&exec_id).await else {
+                continue;
+            };
+            let process = info.process_config.unwrap_or_default();
+            let mut cmd: Vec<String> = process.entrypoint.into_iter().collect();
+            cmd.extend(process.arguments.unwrap_or_default());
+            out.push(ExecProcess {
+                exec_id,
+                running: info.running == Some(true),
+                cmd,
+            });
+        }
+        Ok(out)
+    }
+
+    fn archive_get(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
+        let options = DownloadFromContainerOptions {
+            path: path.to_owned(),
+        };
+        let to_err = archive_err(id, path);
+        self.docker
+            .download_from_container(id, Some(options))
+            .map(move |r| r.map_err(&to_err))
+            .boxed()
+    }
+
+    async fn archive_put(
+        &self,
+        id: &str,
+        dir: &str,
+        tar: BoxStream<'static, bytes::Bytes>,
+    ) -> Result<(), BackendError> {
+        let options = UploadToContainerOptions {
+            path: dir,
+            no_overwrite_dir_non_dir: "true",
+        };
+        self.docker
+            .upload_to_container_streaming(id, Some(options), tar)
+            .await
+            .map_err(archive_err(id, dir))
     }
 
     async fn exec_status(&self, exec_id: &str) -> Result<ExecStatus, BackendError> {

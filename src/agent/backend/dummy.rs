@@ -11,8 +11,8 @@ use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::broadcast;
 
 use super::{
-    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecSession,
-    ExecStatus, ImageInfo, OutputStream, PullProgress,
+    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecProcess,
+    ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream, PullProgress,
 };
 
 /// How long each simulated operation takes (all zero by default).
@@ -77,6 +77,7 @@ impl Container {
             labels: self.spec.labels.clone(),
             ports: self.spec.ports.clone(),
             pid: None,
+            ip_address: None,
         }
     }
 
@@ -167,6 +168,10 @@ impl DummyBackend {
             let _ = self.exits.send(exit); // no subscriber: nobody to tell
         }
     }
+}
+
+fn no_filesystem() -> BackendError {
+    BackendError::Engine("the dummy backend's containers have no filesystem".into())
 }
 
 #[async_trait]
@@ -319,13 +324,8 @@ impl ContainerBackend for DummyBackend {
     /// `[runtime, "-c", code]`) plus a newline, in one chunk (its exec id is `dummy-exec`, always
     /// finished with exit code 0). No stdin. `Engine` error when the container is not running or
     /// `cmd` is empty.
-    async fn exec_start(
-        &self,
-        id: &str,
-        cmd: Vec<String>,
-        _working_dir: Option<&str>,
-        _stdin: bool,
-    ) -> Result<ExecSession, BackendError> {
+    async fn exec_start(&self, id: &str, spec: ExecSpec) -> Result<ExecSession, BackendError> {
+        let cmd = spec.cmd;
         let mut state = self.state();
         let (id, c) = state.find(id)?;
         if !c.running {
@@ -356,6 +356,31 @@ impl ContainerBackend for DummyBackend {
 
     async fn exec_kill(&self, _exec_id: &str) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    /// None: simulated execs end at once.
+    async fn exec_processes(&self, id: &str) -> Result<Vec<ExecProcess>, BackendError> {
+        self.state().find(id)?;
+        Ok(Vec::new())
+    }
+
+    /// Refused: a simulated container has no filesystem.
+    fn archive_get(
+        &self,
+        _id: &str,
+        _path: &str,
+    ) -> BoxStream<'static, Result<bytes::Bytes, BackendError>> {
+        stream::iter([Err(no_filesystem())]).boxed()
+    }
+
+    /// Refused: a simulated container has no filesystem.
+    async fn archive_put(
+        &self,
+        _id: &str,
+        _dir: &str,
+        _tar: BoxStream<'static, bytes::Bytes>,
+    ) -> Result<(), BackendError> {
+        Err(no_filesystem())
     }
 
     /// Empty: nothing runs.
@@ -403,6 +428,13 @@ impl ContainerBackend for DummyBackend {
 mod tests {
     use super::super::labels;
     use super::*;
+
+    fn cmd(argv: &[&str]) -> ExecSpec {
+        ExecSpec {
+            cmd: argv.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
 
     fn spec(name: &str, kernel: &str) -> ContainerSpec {
         ContainerSpec {
@@ -486,19 +518,12 @@ mod tests {
 
         let id = b.create_container(&spec("k", "kernel-k")).await.unwrap();
         assert!(
-            b.exec_start(&id, vec!["sh".into()], None, false)
-                .await
-                .is_err(),
+            b.exec_start(&id, cmd(&["sh"])).await.is_err(),
             "not running"
         );
         b.start_container(&id).await.unwrap();
         let session = b
-            .exec_start(
-                &id,
-                vec!["python".into(), "-c".into(), "print(1)".into()],
-                None,
-                false,
-            )
+            .exec_start(&id, cmd(&["python", "-c", "print(1)"]))
             .await
             .unwrap();
         let chunks: Vec<_> = session.output.map(Result::unwrap).collect().await;
@@ -570,7 +595,7 @@ mod tests {
             .unwrap()
             .is_empty());
         assert!(matches!(
-            b.exec_start(&id, vec!["true".into()], None, false).await,
+            b.exec_start(&id, cmd(&["true"])).await,
             Err(BackendError::ContainerNotFound(_))
         ));
         // The name is free again.

@@ -43,6 +43,9 @@ pub enum BackendError {
     /// No such container.
     #[error("container not found: {0}")]
     ContainerNotFound(String),
+    /// No such path in the container (archive API).
+    #[error("no such file or directory in the container: {0}")]
+    PathNotFound(String),
     /// The engine refused the request or could not be reached.
     #[error("{0}")]
     Engine(String),
@@ -141,6 +144,9 @@ pub struct ContainerState {
     /// The host pid of its init process while running (where its cgroup and network
     /// namespace are found); `None` when not running or not known (listings, dummy).
     pub pid: Option<u32>,
+    /// Its address on its (first) network while running, reachable from the host on a bridge
+    /// network: where a service's readiness is probed. `None` when unknown (listings, dummy).
+    pub ip_address: Option<String>,
 }
 
 /// A container exited (the engine's `die` event).
@@ -182,6 +188,33 @@ pub struct ExecSession {
     pub output: BoxStream<'static, Result<(OutputStream, Bytes), BackendError>>,
     /// The process's stdin when the exec was started with `stdin`; shutting it down closes it.
     pub stdin: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
+}
+
+/// A process to start in a running container with [`ContainerBackend::exec_start`].
+#[derive(Clone, Debug, Default)]
+pub struct ExecSpec {
+    /// Argument vector (no shell unless it names one).
+    pub cmd: Vec<String>,
+    /// Working directory; the image's when `None`.
+    pub working_dir: Option<String>,
+    /// Extra `KEY=VALUE` environment on top of the container's.
+    pub env: Vec<String>,
+    /// Keep its stdin open for writing ([`ExecSession::stdin`]).
+    pub stdin: bool,
+    /// Start it and return at once, attached to nothing (a service that writes its own log):
+    /// the session's output stream is empty.
+    pub detach: bool,
+}
+
+/// An exec the engine still knows for a container (found again after an agent restart).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecProcess {
+    /// The engine's exec id.
+    pub exec_id: String,
+    /// Still running.
+    pub running: bool,
+    /// Its argument vector.
+    pub cmd: Vec<String>,
 }
 
 /// An exec's state.
@@ -238,17 +271,35 @@ pub trait ContainerBackend: Send + Sync + 'static {
         value: &str,
     ) -> Result<Vec<ContainerState>, BackendError>;
 
-    /// Starts `cmd` in the running container (in `working_dir` when given), streaming its
-    /// output; with `stdin` its standard input stays open for writing.
+    /// Starts `spec.cmd` in the running container, streaming its output (none when
+    /// `spec.detach`); with `spec.stdin` its standard input stays open for writing.
     ///
     /// Errors: [`BackendError::ContainerNotFound`], or `Engine` when it is not running.
-    async fn exec_start(
+    async fn exec_start(&self, id: &str, spec: ExecSpec) -> Result<ExecSession, BackendError>;
+
+    /// The execs the engine still knows for the container (running ones at least).
+    ///
+    /// Errors: [`BackendError::ContainerNotFound`].
+    async fn exec_processes(&self, id: &str) -> Result<Vec<ExecProcess>, BackendError>;
+
+    /// A tar archive of `path` in the container (the engine's archive API: a directory comes
+    /// with everything under it, a symlink as the link itself), streamed as the engine sends it.
+    ///
+    /// Errors (in the stream): [`BackendError::PathNotFound`], [`BackendError::ContainerNotFound`].
+    fn archive_get(&self, id: &str, path: &str) -> BoxStream<'static, Result<Bytes, BackendError>>;
+
+    /// Extracts the tar archive `tar` into the existing directory `dir` of the container,
+    /// streaming it to the engine as the stream yields (ending it early aborts the upload with an
+    /// error). Ownership and modes come from the tar headers.
+    ///
+    /// Errors: [`BackendError::PathNotFound`] when `dir` does not exist, `Engine` for a bad
+    /// archive or a directory where a file should go.
+    async fn archive_put(
         &self,
         id: &str,
-        cmd: Vec<String>,
-        working_dir: Option<&str>,
-        stdin: bool,
-    ) -> Result<ExecSession, BackendError>;
+        dir: &str,
+        tar: BoxStream<'static, Bytes>,
+    ) -> Result<(), BackendError>;
 
     /// The state of an exec started by [`exec_start`](ContainerBackend::exec_start).
     async fn exec_status(&self, exec_id: &str) -> Result<ExecStatus, BackendError>;
@@ -275,6 +326,23 @@ pub trait ContainerBackend: Send + Sync + 'static {
         let _ = id;
         Ok(None)
     }
+}
+
+/// Re-inspections (20 ms apart) of an exec whose output ended before the engine recorded its
+/// exit code.
+const EXIT_CODE_RECHECKS: usize = 100;
+
+/// The exit code of an exec whose output ended (the engine can record it a moment later);
+/// `None` when the engine does not say (the container went, or it never recorded one).
+pub async fn exec_exit_code(backend: &dyn ContainerBackend, exec_id: &str) -> Option<i64> {
+    for _ in 0..EXIT_CODE_RECHECKS {
+        match backend.exec_status(exec_id).await {
+            Ok(s) if !s.running && s.exit_code.is_some() => return s.exit_code,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// A container's statistics as the engine reports them (cumulative counters).

@@ -22,12 +22,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use self::console::{Console, Utf8Carry};
-use super::backend::{ContainerBackend, ExecSession, OutputStream};
+use super::backend::{exec_exit_code, ContainerBackend, ExecSession, ExecSpec, OutputStream};
 use super::events::{AgentEvent, EventBus};
-
-/// Re-inspections (20 ms apart) of an exec whose output ended before the engine recorded its
-/// exit code.
-const EXIT_CODE_RECHECKS: usize = 100;
 
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -276,19 +272,6 @@ impl Run {
     }
 }
 
-/// The exit code of an exec whose output ended (the engine can record it a moment later);
-/// `None` when the engine does not say (the container went).
-async fn exit_code(backend: &dyn ContainerBackend, exec_id: &str) -> Option<i64> {
-    for _ in 0..EXIT_CODE_RECHECKS {
-        match backend.exec_status(exec_id).await {
-            Ok(s) if !s.running && s.exit_code.is_some() => return s.exit_code,
-            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(_) => return None,
-        }
-    }
-    None
-}
-
 /// Moves `session`'s output into `shared` until it ends, the timeout passes (kill), or the
 /// console is full (then waits for a reader to drain it).
 async fn pump(
@@ -315,7 +298,7 @@ async fn pump(
                     shared.data.notify_waiters();
                 }
                 Some(Err(e)) => return RunEnd::Failed(e.to_string()),
-                None => return RunEnd::Exited(exit_code(&*backend, &session.exec_id).await),
+                None => return RunEnd::Exited(exec_exit_code(&*backend, &session.exec_id).await),
             }
         }
     };
@@ -408,7 +391,15 @@ impl Runs {
             return Err(RunError::Exists(req.ids.run_id));
         }
         let mut session = backend
-            .exec_start(&req.container_id, req.cmd, Some("/home/work"), req.stdin)
+            .exec_start(
+                &req.container_id,
+                ExecSpec {
+                    cmd: req.cmd,
+                    working_dir: Some("/home/work".into()),
+                    stdin: req.stdin,
+                    ..Default::default()
+                },
+            )
             .await?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {

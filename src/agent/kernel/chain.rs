@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actors::{BoxError, Detached, Provisioner, StageChain, StageChainBuilder, StageError};
 
-use super::config::Injection;
+use super::config::{Injection, ServicePortRequest};
 use super::stages::{
     self, ContainerHandle, ContainerStage, ImageStage, MountStage, PortStage, ScratchDir,
     ScratchSpec, ScratchStage, ServicePortInfo, ServicePortStage, SlotStage,
@@ -53,14 +53,11 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
     let info = handle.info();
     let config = info.config.clone();
     let inject = config.inject.clone();
-    let (image_ref, slots, port_count, mounts) = (
-        config.image.clone(),
-        config.slots,
-        config.port_count(),
-        config.mounts.clone(),
-    );
+    let (image_ref, slots, mounts) = (config.image.clone(), config.slots, config.mounts.clone());
     let (h_scratch, h_container) = (handle.clone(), handle.clone());
-    let service_ports = config.service_ports.clone();
+    // The image's service ports (its label) and the request's, known once the image is.
+    let requested = Arc::new(config.service_ports.clone());
+    let (req_ports, req_container, req_assign) = (requested.clone(), requested.clone(), requested);
     StageChain::builder()
         .hook(Arc::new(StageMetricsHook {
             metrics: handle.ctx.metrics.clone(),
@@ -85,7 +82,10 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
                 inner: PortStage(handle.clone()),
                 inject: inject.clone(),
             },
-            move |_| Ok(port_count),
+            move |r| {
+                let all = service_ports_of(r.get::<ImageInfo>("image")?, &req_ports)?;
+                Ok(all.iter().map(|s| s.container_ports.len()).sum::<usize>())
+            },
         )
         .stage(
             Injected {
@@ -131,9 +131,11 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
                 inject: inject.clone(),
             },
             move |r| {
+                let image = r.get::<ImageInfo>("image")?;
                 Ok(stages::container_spec(
                     &h_container,
-                    &r.get::<ImageInfo>("image")?.id,
+                    &image.id,
+                    &service_ports_of(image, &req_container)?,
                     r.get::<SlotAllocation>("slots")?,
                     r.get::<Vec<u16>>("ports")?,
                     r.get::<ScratchDir>("scratch")?,
@@ -148,12 +150,25 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
             },
             move |r| {
                 let container = r.get::<ContainerHandle>("container")?;
+                let all = service_ports_of(r.get::<ImageInfo>("image")?, &req_assign)?;
                 Ok((
                     container.id.clone(),
-                    stages::service_ports::assign(&service_ports, r.get::<Vec<u16>>("ports")?),
+                    stages::service_ports::assign(&all, r.get::<Vec<u16>>("ports")?),
                 ))
             },
         )
+}
+
+/// The kernel's service ports: the image label's plus the request's (Backend.AI's service
+/// definitions, `crate::agent::services::defs`).
+///
+/// Errors: [`KernelError::InvalidConfig`] naming the label when it does not parse.
+fn service_ports_of(
+    image: &ImageInfo,
+    requested: &[ServicePortRequest],
+) -> Result<Vec<ServicePortRequest>, BoxError> {
+    crate::agent::services::defs::merge(&image.labels, requested)
+        .map_err(|e| KernelError::InvalidConfig(e).into())
 }
 
 /// A new kernel's chain, holding nothing yet.

@@ -1,13 +1,34 @@
 //! The agent's RPC methods: the node methods here (`ping`, `health`, `gather_hwinfo`), the
 //! kernel lifecycle in [`kernels`].
 
+mod args;
+pub mod files;
 pub mod kernels;
+pub mod services;
 
 use std::time::Instant;
 
 use rmpv::Value;
 
+use std::sync::Arc;
+
+use actix::Addr;
+
+use crate::agent::context::AgentContext;
+use crate::agent::registry::KernelRegistry;
 use crate::rpc::{Dispatcher, ErrorMeta};
+
+/// Registers every method that acts on kernels: the lifecycle ([`kernels`]), services
+/// ([`services`]) and files ([`files`]).
+pub fn register_kernel_methods(
+    dispatcher: &mut Dispatcher,
+    ctx: Arc<AgentContext>,
+    registry: Addr<KernelRegistry>,
+) {
+    kernels::register(dispatcher, ctx.clone(), registry.clone());
+    services::register(dispatcher, ctx.clone(), registry.clone());
+    files::register(dispatcher, ctx, registry);
+}
 
 /// Registers `ping(msg)` (returns `msg`), `health()` and `gather_hwinfo()` on `dispatcher`.
 ///

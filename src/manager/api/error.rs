@@ -16,7 +16,11 @@ impl ResponseError for ManagerError {
         if let ManagerError::StartingUp(after) = self {
             resp.insert_header(("Retry-After", after.as_secs().max(1).to_string()));
         }
-        resp.json(error_body(self.code(), &self.to_string()))
+        let mut body = error_body(self.code(), &self.to_string());
+        if let ManagerError::ServiceFailed { output, .. } = self {
+            body["error"]["output"] = output.clone().into();
+        }
+        resp.json(body)
     }
 }
 

@@ -2,6 +2,8 @@
 //! `/health`, `/metrics`. Contract: `docs/manager-api.md`.
 
 mod error;
+mod files;
+mod services;
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -34,6 +36,8 @@ pub struct ApiState {
     pub pool: Addr<AgentPool>,
     /// Metrics.
     pub metrics: Arc<ManagerMetrics>,
+    /// `[api] max-upload-size`, bytes.
+    pub max_upload_size: u64,
 }
 
 type Res = Result<HttpResponse, ManagerError>;
@@ -59,6 +63,22 @@ async fn not_in_grace(s: &ApiState) -> Result<(), ManagerError> {
         Some(left) => Err(ManagerError::StartingUp(left)),
         None => Ok(()),
     }
+}
+
+/// The session's kernel, which must be `RUNNING` (files and services live in its container).
+///
+/// Errors: 404 `session-not-found`, 409 `session-not-running`.
+async fn running_kernel(s: &ApiState, id: &str) -> Result<KernelRow, ManagerError> {
+    not_in_grace(s).await?;
+    let k = s
+        .store
+        .kernel(id)
+        .await?
+        .ok_or_else(|| ManagerError::SessionNotFound(id.to_owned()))?;
+    if k.status != "RUNNING" {
+        return Err(ManagerError::SessionNotRunning(id.to_owned(), k.status));
+    }
+    Ok(k)
 }
 
 fn count_error<T>(s: &ApiState, r: Result<T, ManagerError>) -> Result<T, ManagerError> {
@@ -361,6 +381,28 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/v1/sessions/{id}/logs")
             .route(web::get().to(logs))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}/services")
+            .route(web::get().to(services::list))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}/services/{name}")
+            .route(web::post().to(services::start))
+            .route(web::delete().to(services::stop))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}/files")
+            .route(web::get().to(files::list))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}/files/{path:.*}")
+            .route(web::put().to(files::upload))
+            .route(web::get().to(files::download))
             .default_service(not_allowed()),
     )
     .service(

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ScratchDir;
 use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
+use crate::agent::kernel::config::ServicePortRequest;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
 use crate::agent::resources::SlotAllocation;
 
@@ -48,6 +49,7 @@ pub fn environ(handle: &KernelHandle, gpus: &[String]) -> Vec<(String, String)> 
 pub fn container_spec(
     handle: &KernelHandle,
     image_id: &str,
+    service_ports: &[ServicePortRequest],
     slots: &SlotAllocation,
     host_ports: &[u16],
     scratch: &ScratchDir,
@@ -66,7 +68,7 @@ pub fn container_spec(
     );
     label.insert(
         labels::SERVICE_PORTS.to_owned(),
-        serde_json::to_string(&config.service_ports).unwrap_or_default(),
+        serde_json::to_string(service_ports).unwrap_or_default(),
     );
     let mut binds = vec![
         Bind {
@@ -81,8 +83,7 @@ pub fn container_spec(
         },
     ];
     binds.extend(mounts.iter().cloned());
-    let ports = config
-        .service_ports
+    let ports = service_ports
         .iter()
         .flat_map(|s| s.container_ports.iter().copied())
         .zip(host_ports.iter().copied())

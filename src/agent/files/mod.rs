@@ -1,0 +1,277 @@
+//! Files in and out of a kernel: Backend.AI's `upload_file`, `download_single` and
+//! `list_files`, through the engine (its archive API, and `find`/`stat` for listings), never a
+//! host path.
+//!
+//! Paths are relative to `/home/work` ([`WORK_DIR`]). Each is resolved inside the container one
+//! component at a time ([`resolve`]): a symlink is followed only while its target stays under
+//! `/home/work`, so `../etc/x`, `/etc/passwd` and a link `out -> /etc` are all refused with
+//! [`FileError::InvalidPath`] before anything is read or written. (The kernel's own processes
+//! may change a link between the check and the transfer; the engine confines either to the
+//! kernel's own filesystem.)
+
+pub mod listing;
+pub mod tar;
+pub mod transfer;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use futures::StreamExt;
+
+use self::tar::{Entry, EntryKind, TarReader};
+use crate::agent::backend::{BackendError, ContainerBackend};
+
+/// The root every file path is relative to.
+pub const WORK_DIR: &str = "/home/work";
+
+/// Symlinks followed in one resolution before giving up (Linux's `MAXSYMLINKS`).
+const MAX_SYMLINKS: usize = 40;
+
+/// Why a file operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The path is absolute, has `..`, or resolves outside `/home/work`; or it names a directory
+    /// where a file is needed (or the reverse).
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    /// Nothing at the path.
+    #[error("file not found: {0}")]
+    NotFound(String),
+    /// An upload or download id the agent does not know (finished, or idle too long).
+    #[error("transfer `{0}` not found (finished, or idle too long)")]
+    TransferNotFound(String),
+    /// A whole-file answer was asked for a file larger than one chunk.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The upload's data does not match its declared size.
+    #[error("{0}")]
+    SizeMismatch(String),
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(BackendError),
+}
+
+impl From<BackendError> for FileError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::PathNotFound(p) => FileError::NotFound(relative(&p)),
+            other => FileError::Engine(other),
+        }
+    }
+}
+
+impl FileError {
+    /// The FAILURE name on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FileError::InvalidPath(_) => "InvalidPath",
+            FileError::NotFound(_) => "FileNotFound",
+            FileError::TransferNotFound(_) => "TransferNotFound",
+            FileError::TooLarge(_) => "FileTooLarge",
+            FileError::SizeMismatch(_) => "UploadSizeMismatch",
+            FileError::Engine(BackendError::ContainerNotFound(_)) => "KernelNotRunning",
+            FileError::Engine(_) => "ContainerEngineError",
+        }
+    }
+}
+
+/// `p` as the user named it: relative to `/home/work` when under it.
+fn relative(p: &str) -> String {
+    p.strip_prefix(WORK_DIR)
+        .map(|r| r.trim_start_matches('/'))
+        .map(|r| if r.is_empty() { "." } else { r })
+        .unwrap_or(p)
+        .to_owned()
+}
+
+/// The components of a user's relative path (`.` and empty ones dropped).
+///
+/// Errors: [`FileError::InvalidPath`] for an absolute path, a `..` component, a NUL byte, or
+/// more than 4096 bytes.
+pub fn components(path: &str) -> Result<Vec<String>, FileError> {
+    if path.starts_with('/') {
+        return Err(FileError::InvalidPath(format!(
+            "`{path}` is absolute; paths are relative to {WORK_DIR}"
+        )));
+    }
+    if path.contains('\0') || path.len() > 4096 {
+        return Err(FileError::InvalidPath(format!(
+            "`{}` has a NUL byte or is too long",
+            path.escape_default()
+        )));
+    }
+    let parts: Vec<String> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .map(str::to_owned)
+        .collect();
+    if parts.iter().any(|c| c == "..") {
+        return Err(FileError::InvalidPath(format!(
+            "`{path}` has a `..` component"
+        )));
+    }
+    Ok(parts)
+}
+
+/// The absolute container path of `parts` under `/home/work`.
+pub fn absolute(parts: &[String]) -> String {
+    let mut p = WORK_DIR.to_owned();
+    for c in parts {
+        p.push('/');
+        p.push_str(c);
+    }
+    p
+}
+
+/// Where a path leads inside the container.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The deepest existing component, symlinks resolved, as components under `/home/work`.
+    pub existing: Vec<String>,
+    /// Its entry (`None` for `/home/work` itself, a directory).
+    pub entry: Option<Entry>,
+    /// The components after it that do not exist (empty: the whole path exists).
+    pub missing: Vec<String>,
+}
+
+impl Resolved {
+    /// The whole path exists.
+    pub fn exists(&self) -> bool {
+        self.missing.is_empty()
+    }
+
+    /// The existing part is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.entry.as_ref().is_none_or(|e| e.kind == EntryKind::Dir)
+    }
+}
+
+/// The first archive entry of `path` in the container: what it is (a directory's content is
+/// not read: the stream is dropped after the first header). `None` when it does not exist.
+///
+/// Errors: [`FileError::Engine`].
+pub async fn stat(
+    backend: &Arc<dyn ContainerBackend>,
+    container_id: &str,
+    path: &str,
+) -> Result<Option<Entry>, FileError> {
+    let mut reader = TarReader::new(backend.archive_get(container_id, path).boxed());
+    match reader.next_entry().await {
+        Ok(entry) => Ok(entry),
+        Err(BackendError::PathNotFound(_)) => Ok(None),
+        Err(e) => Err(FileError::Engine(e)),
+    }
+}
+
+/// Resolves the relative `path` inside the container, following symlinks only while they stay
+/// under `/home/work`.
+///
+/// Errors: [`FileError::InvalidPath`] for what [`components`] refuses, a symlink leading out of
+/// `/home/work` (or more than 40 of them), or a non-directory used as a directory;
+/// [`FileError::Engine`].
+pub async fn resolve(
+    backend: &Arc<dyn ContainerBackend>,
+    container_id: &str,
+    path: &str,
+) -> Result<Resolved, FileError> {
+    let mut queue: VecDeque<String> = components(path)?.into();
+    let mut cur: Vec<String> = Vec::new();
+    let mut entry: Option<Entry> = None;
+    let mut links = 0;
+    while let Some(c) = queue.pop_front() {
+        if entry.as_ref().is_some_and(|e| e.kind != EntryKind::Dir) {
+            return Err(FileError::InvalidPath(format!(
+                "`{path}`: `{}` is not a directory",
+                relative(&absolute(&cur))
+            )));
+        }
+        let mut next = cur.clone();
+        next.push(c.clone());
+        let candidate = absolute(&next);
+        match stat(backend, container_id, &candidate).await? {
+            None => {
+                let mut missing = vec![c];
+                missing.extend(queue);
+                return Ok(Resolved {
+                    existing: cur,
+                    entry,
+                    missing,
+                });
+            }
+            Some(Entry {
+                kind: EntryKind::Symlink(target),
+                ..
+            }) => {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(FileError::InvalidPath(format!(
+                        "`{path}`: too many levels of symbolic links"
+                    )));
+                }
+                let mut full: Vec<String> = if target.starts_with('/') {
+                    Vec::new()
+                } else {
+                    ["home", "work"]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .chain(cur.iter().cloned())
+                        .collect()
+                };
+                for part in target.split('/') {
+                    match part {
+                        "" | "." => {}
+                        ".." => {
+                            full.pop();
+                        }
+                        p => full.push(p.to_owned()),
+                    }
+                }
+                if full.len() < 2 || full[0] != "home" || full[1] != "work" {
+                    return Err(FileError::InvalidPath(format!(
+                        "`{path}`: `{}` is a symlink to `{target}`, outside {WORK_DIR}",
+                        relative(&candidate)
+                    )));
+                }
+                // Walk the target again from /home/work: its own components may be links.
+                for part in full.into_iter().skip(2).rev() {
+                    queue.push_front(part);
+                }
+                cur.clear();
+                entry = None;
+            }
+            Some(e) => {
+                cur = next;
+                entry = Some(e);
+            }
+        }
+    }
+    Ok(Resolved {
+        existing: cur,
+        entry,
+        missing: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn components_refuse_escapes() {
+        assert_eq!(components("a/./b//c").unwrap(), vec!["a", "b", "c"]);
+        assert!(components("").unwrap().is_empty());
+        for bad in ["../etc/x", "a/../../x", "/etc/passwd", "a\0b"] {
+            assert!(
+                matches!(components(bad), Err(FileError::InvalidPath(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn relative_names_paths_as_users_do() {
+        assert_eq!(relative("/home/work/a/b"), "a/b");
+        assert_eq!(relative("/home/work"), ".");
+        assert_eq!(relative("/etc"), "/etc");
+    }
+}

@@ -1,0 +1,382 @@
+//! Uploads and downloads in bounded chunks across RPC calls.
+//!
+//! An upload is opened by its first chunk (declaring the whole size): the tar header is built,
+//! and a task streams the archive to the engine from a channel of at most [`QUEUE`] chunks, so a
+//! slow engine slows the caller (each call returns once its chunk is queued). A download is an
+//! open archive stream of the file, read one chunk per call. Neither holds more than a few
+//! chunks, whatever the file's size. A transfer nobody touches for the idle timeout is dropped
+//! by [`Transfers::reap`] (an upload then ends truncated: the engine refuses the archive).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::tar::{self, EntryKind, Ownership, TarReader};
+use super::{absolute, resolve, FileError};
+use crate::agent::backend::{BackendError, ContainerBackend};
+
+/// Chunks queued between an upload's calls and the engine.
+const QUEUE: usize = 4;
+
+/// A new upload: where, how big, owned by whom.
+#[derive(Clone, Debug)]
+pub struct UploadRequest {
+    /// The kernel's container.
+    pub container_id: String,
+    /// Path relative to `/home/work`.
+    pub path: String,
+    /// Total bytes that will be sent.
+    pub size: u64,
+    /// Owner of the file and of the directories created for it.
+    pub uid: u64,
+    /// See `uid`.
+    pub gid: u64,
+}
+
+/// A download's first answer.
+#[derive(Clone, Debug)]
+pub struct DownloadStart {
+    /// The id for the following chunks (`None`: the first chunk was the whole file).
+    pub download_id: Option<String>,
+    /// The file's size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time, Unix seconds.
+    pub mtime: u64,
+    /// The first bytes (at most the chunk size).
+    pub data: Bytes,
+}
+
+struct Upload {
+    tx: Option<mpsc::Sender<Bytes>>,
+    task: Option<JoinHandle<Result<(), BackendError>>>,
+    size: u64,
+    received: u64,
+    last_touch: Instant,
+}
+
+struct Download {
+    reader: TarReader,
+    last_touch: Instant,
+}
+
+/// Open transfers by id. Each is behind its own async lock: one call at a time per transfer.
+pub struct Transfers {
+    uploads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Upload>>>>,
+    downloads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Download>>>>,
+    idle: Duration,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Transfers {
+    /// An empty registry dropping transfers idle for `idle`.
+    pub fn new(idle: Duration) -> Transfers {
+        Transfers {
+            uploads: Mutex::default(),
+            downloads: Mutex::default(),
+            idle,
+        }
+    }
+
+    /// Opens upload `id`: resolves the path (refusing escapes and directories), then starts
+    /// streaming the archive to the engine. Directories missing on the way are created, owned
+    /// like the file.
+    ///
+    /// Errors: [`FileError::InvalidPath`], [`FileError::Engine`].
+    pub async fn begin_upload(
+        &self,
+        backend: &Arc<dyn ContainerBackend>,
+        id: &str,
+        req: UploadRequest,
+    ) -> Result<(), FileError> {
+        let r = resolve(backend, &req.container_id, &req.path).await?;
+        let (dir, names) = if r.exists() {
+            if r.is_dir() {
+                return Err(FileError::InvalidPath(format!(
+                    "`{}` is a directory",
+                    req.path
+                )));
+            }
+            // Replace the (resolved) file: extract its name into its parent.
+            let mut parent = r.existing.clone();
+            let name = parent.pop().unwrap_or_default();
+            (parent, vec![name])
+        } else {
+            if !r.is_dir() {
+                return Err(FileError::InvalidPath(format!(
+                    "`{}`: a parent is not a directory",
+                    req.path
+                )));
+            }
+            (r.existing.clone(), r.missing.clone())
+        };
+        if names.is_empty() || names.last().is_some_and(|n| n.is_empty()) {
+            return Err(FileError::InvalidPath(format!(
+                "`{}` names no file",
+                req.path
+            )));
+        }
+        let owner = Ownership {
+            uid: req.uid,
+            gid: req.gid,
+            mtime: now_secs(),
+        };
+        let mut head = Vec::new();
+        for i in 1..names.len() {
+            head.extend_from_slice(
+                &tar::entry_header(&names[..i].join("/"), None, owner)
+                    .map_err(|e| FileError::InvalidPath(e.to_string()))?,
+            );
+        }
+        head.extend_from_slice(
+            &tar::entry_header(&names.join("/"), Some(req.size), owner)
+                .map_err(|e| FileError::InvalidPath(e.to_string()))?,
+        );
+        let (tx, rx) = mpsc::channel::<Bytes>(QUEUE);
+        let size = req.size;
+        // The archive: headers, the data as it is queued, then padding and the end marker —
+        // only once exactly `size` bytes came, so a short upload ends truncated and is refused.
+        let body = futures::stream::once(async move { Bytes::from(head) })
+            .chain(futures::stream::unfold(
+                (rx, 0u64, false),
+                move |(mut rx, sent, done)| async move {
+                    if done {
+                        return None;
+                    }
+                    match rx.recv().await {
+                        Some(chunk) => {
+                            let sent = sent + chunk.len() as u64;
+                            Some((chunk, (rx, sent, false)))
+                        }
+                        None if sent == size => {
+                            let mut tail = tar::padding_for(size).to_vec();
+                            tail.extend_from_slice(&tar::end_of_archive());
+                            Some((Bytes::from(tail), (rx, sent, true)))
+                        }
+                        None => None,
+                    }
+                },
+            ))
+            .boxed();
+        let (backend, container, dir) = (backend.clone(), req.container_id.clone(), absolute(&dir));
+        let task = tokio::spawn(async move { backend.archive_put(&container, &dir, body).await });
+        let upload = Upload {
+            tx: Some(tx),
+            task: Some(task),
+            size,
+            received: 0,
+            last_touch: Instant::now(),
+        };
+        self.uploads
+            .lock()
+            .expect("uploads lock")
+            .insert(id.to_owned(), Arc::new(tokio::sync::Mutex::new(upload)));
+        Ok(())
+    }
+
+    /// Queues `data` for upload `id` (waiting while the engine is behind); with `eof`, waits for
+    /// the engine to finish and forgets the upload. Returns the bytes received so far.
+    ///
+    /// Errors: [`FileError::TransferNotFound`]; [`FileError::SizeMismatch`] for more bytes than
+    /// declared, or fewer at `eof`; [`FileError::Engine`] when the engine refused the archive.
+    pub async fn upload_chunk(&self, id: &str, data: Bytes, eof: bool) -> Result<u64, FileError> {
+        let entry = self
+            .uploads
+            .lock()
+            .expect("uploads lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| FileError::TransferNotFound(id.to_owned()))?;
+        let mut up = entry.lock().await;
+        up.last_touch = Instant::now();
+        let result = self.feed(&mut up, data, eof).await;
+        if eof || result.is_err() {
+            self.uploads.lock().expect("uploads lock").remove(id);
+            // Dropping the sender ends the archive (truncated unless complete).
+            up.tx = None;
+            if let (Err(_), Some(task)) = (&result, up.task.take()) {
+                task.abort();
+            }
+        }
+        result
+    }
+
+    async fn feed(&self, up: &mut Upload, data: Bytes, eof: bool) -> Result<u64, FileError> {
+        if up.received + data.len() as u64 > up.size {
+            return Err(FileError::SizeMismatch(format!(
+                "more than the declared {} bytes",
+                up.size
+            )));
+        }
+        if !data.is_empty() {
+            up.received += data.len() as u64;
+            let tx = up.tx.as_ref().expect("an open upload has its sender");
+            if tx.send(data).await.is_err() {
+                // The engine already ended the request: its answer says why.
+                return Err(finish(up).await.err().unwrap_or_else(|| {
+                    FileError::Engine(BackendError::Engine(
+                        "the engine closed the upload early".into(),
+                    ))
+                }));
+            }
+        }
+        if !eof {
+            return Ok(up.received);
+        }
+        if up.received != up.size {
+            return Err(FileError::SizeMismatch(format!(
+                "{} bytes received of the declared {}",
+                up.received, up.size
+            )));
+        }
+        up.tx = None;
+        finish(up).await?;
+        Ok(up.received)
+    }
+
+    /// Opens a download of the file at `path`, returning its first `chunk` bytes; the rest come
+    /// from [`download_chunk`](Transfers::download_chunk) with the returned id (none when the
+    /// first chunk was all of it).
+    ///
+    /// Errors: [`FileError::InvalidPath`] (escapes, a directory), [`FileError::NotFound`],
+    /// [`FileError::Engine`].
+    pub async fn begin_download(
+        &self,
+        backend: &Arc<dyn ContainerBackend>,
+        container_id: &str,
+        path: &str,
+        chunk: usize,
+    ) -> Result<DownloadStart, FileError> {
+        let r = resolve(backend, container_id, path).await?;
+        if !r.exists() {
+            return Err(FileError::NotFound(path.to_owned()));
+        }
+        if r.is_dir() {
+            return Err(FileError::InvalidPath(format!(
+                "`{path}` is a directory (list it instead)"
+            )));
+        }
+        let mut reader = TarReader::new(backend.archive_get(container_id, &absolute(&r.existing)));
+        let entry = reader
+            .next_entry()
+            .await?
+            .ok_or_else(|| FileError::NotFound(path.to_owned()))?;
+        if entry.kind != EntryKind::File {
+            return Err(FileError::InvalidPath(format!(
+                "`{path}` is not a regular file"
+            )));
+        }
+        let data = read_up_to(&mut reader, chunk).await?;
+        let download_id = if (data.len() as u64) < entry.size {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let d = Download {
+                reader,
+                last_touch: Instant::now(),
+            };
+            self.downloads
+                .lock()
+                .expect("downloads lock")
+                .insert(id.clone(), Arc::new(tokio::sync::Mutex::new(d)));
+            Some(id)
+        } else {
+            None
+        };
+        Ok(DownloadStart {
+            download_id,
+            size: entry.size,
+            mode: entry.mode,
+            mtime: entry.mtime,
+            data,
+        })
+    }
+
+    /// The next at most `chunk` bytes of download `id` and whether they were the last (the
+    /// download is then forgotten).
+    ///
+    /// Errors: [`FileError::TransferNotFound`], [`FileError::Engine`].
+    pub async fn download_chunk(&self, id: &str, chunk: usize) -> Result<(Bytes, bool), FileError> {
+        let entry = self
+            .downloads
+            .lock()
+            .expect("downloads lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| FileError::TransferNotFound(id.to_owned()))?;
+        let mut d = entry.lock().await;
+        d.last_touch = Instant::now();
+        let result = read_up_to(&mut d.reader, chunk).await;
+        let done = match &result {
+            Ok(data) => data.is_empty() || d.reader_done(),
+            Err(_) => true,
+        };
+        if done {
+            self.downloads.lock().expect("downloads lock").remove(id);
+        }
+        result.map(|data| (data, done))
+    }
+
+    /// Drops transfers idle for longer than the idle timeout; returns how many are open.
+    pub fn reap(&self) -> usize {
+        let idle = self.idle;
+        let stale = |t: Instant| t.elapsed() > idle;
+        let mut uploads = self.uploads.lock().expect("uploads lock");
+        uploads.retain(|id, u| match u.try_lock() {
+            Ok(mut u) if stale(u.last_touch) => {
+                tracing::warn!(upload = %id, "upload idle too long: dropped (the file is left incomplete)");
+                u.tx = None;
+                if let Some(task) = u.task.take() {
+                    task.abort();
+                }
+                false
+            }
+            _ => true,
+        });
+        let mut downloads = self.downloads.lock().expect("downloads lock");
+        downloads.retain(|_, d| !d.try_lock().is_ok_and(|d| stale(d.last_touch)));
+        uploads.len() + downloads.len()
+    }
+}
+
+impl Download {
+    fn reader_done(&self) -> bool {
+        self.reader.data_left() == 0
+    }
+}
+
+/// Waits for the upload's engine request to end.
+async fn finish(up: &mut Upload) -> Result<(), FileError> {
+    match up.task.take() {
+        Some(task) => match task.await {
+            Ok(r) => r.map_err(FileError::from),
+            Err(e) => Err(FileError::Engine(BackendError::Engine(format!(
+                "upload task: {e}"
+            )))),
+        },
+        None => Ok(()),
+    }
+}
+
+/// Up to `max` bytes of the current file (fewer only at its end).
+async fn read_up_to(reader: &mut TarReader, max: usize) -> Result<Bytes, FileError> {
+    let mut out = bytes::BytesMut::new();
+    while out.len() < max {
+        match reader.read_data(max - out.len()).await? {
+            Some(b) if out.is_empty() && b.len() == max => return Ok(b),
+            Some(b) => out.extend_from_slice(&b),
+            None => break,
+        }
+    }
+    Ok(out.freeze())
+}

@@ -1,0 +1,242 @@
+//! File routes (paths relative to the kernel's `/home/work`):
+//! `PUT /v1/sessions/{id}/files/{path}` (raw body, `Content-Length` required),
+//! `GET /v1/sessions/{id}/files/{path}` (raw bytes), and `GET /v1/sessions/{id}/files?dir=PATH`.
+//!
+//! Bodies move in chunks of [`CHUNK`] bytes through the agent's `upload_file` /
+//! `download_single` (chunked forms): the manager holds at most two chunks (one in transit to
+//! the agent or the client, the next being read), reads the request body only as fast as the
+//! agent takes it, and reads the agent only as fast as the client does.
+
+use std::time::Duration;
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use rmpv::Value;
+use serde::Deserialize;
+
+use super::{running_kernel, ApiState, Res};
+use crate::manager::calls::{agent_error, call_agent, to_json};
+use crate::manager::error::ManagerError;
+use crate::manager::store::KernelRow;
+
+/// Bytes per agent call.
+pub const CHUNK: usize = 1 << 20;
+
+/// Deadline of one chunk's call (it may wait for a slow engine).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn call(
+    s: &ApiState,
+    k: &KernelRow,
+    method: &str,
+    args: Vec<Value>,
+) -> Result<Value, ManagerError> {
+    call_agent(&s.pool, &s.metrics, &k.agent_id, method, args, CALL_TIMEOUT)
+        .await
+        .map_err(|e| agent_error(&e))
+}
+
+fn take(v: &mut Value, key: &str) -> Option<Value> {
+    let Value::Map(map) = v else { return None };
+    map.iter_mut()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, v)| std::mem::replace(v, Value::Nil))
+}
+
+pub(super) async fn upload(
+    s: web::Data<ApiState>,
+    p: web::Path<(String, String)>,
+    req: HttpRequest,
+    mut body: web::Payload,
+) -> Res {
+    let (id, path) = p.into_inner();
+    let size: u64 = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            ManagerError::LengthRequired(
+                "an upload needs a Content-Length header (the file's size in bytes)".into(),
+            )
+        })?;
+    if size > s.max_upload_size {
+        return Err(ManagerError::UploadTooLarge(format!(
+            "{size} bytes is more than [api] max-upload-size ({} bytes)",
+            s.max_upload_size
+        )));
+    }
+    let k = running_kernel(&s, &id).await?;
+    let upload_id = uuid::Uuid::new_v4().simple().to_string();
+    let send = |data: Bytes, first: bool, eof: bool| {
+        let mut opts = vec![
+            ("upload_id".into(), upload_id.clone().into()),
+            ("eof".into(), eof.into()),
+        ];
+        if first {
+            opts.push(("size".into(), size.into()));
+        }
+        let args = vec![
+            k.id.clone().into(),
+            path.clone().into(),
+            Value::Binary(data.to_vec()),
+            Value::Map(opts),
+        ];
+        let (s, k) = (s.clone(), k.clone());
+        async move { call(&s, &k, "upload_file", args).await }
+    };
+    // One chunk is sent while the next is read from the client (at most two held).
+    let mut in_flight: Option<tokio::task::JoinHandle<Result<Value, ManagerError>>> = None;
+    let mut buf = BytesMut::new();
+    let mut first = true;
+    while let Some(chunk) = body.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(h) = in_flight.take() {
+                    let _ = h.await;
+                }
+                if !first {
+                    // Ends the agent's upload now (it is short: refused) rather than at its
+                    // idle timeout.
+                    let _ = send(Bytes::new(), false, true).await;
+                }
+                return Err(ManagerError::InvalidRequest(format!(
+                    "reading the request body: {e}"
+                )));
+            }
+        };
+        buf.extend_from_slice(&chunk);
+        while buf.len() >= CHUNK {
+            let part = buf.split_to(CHUNK).freeze();
+            if let Some(h) = in_flight.take() {
+                joined(h.await)?;
+            }
+            in_flight = Some(actix_rt::spawn(send(part, first, false)));
+            first = false;
+        }
+    }
+    if let Some(h) = in_flight.take() {
+        joined(h.await)?;
+    }
+    send(buf.freeze(), first, true).await?;
+    Ok(HttpResponse::Created().json(serde_json::json!({"path": path, "size": size})))
+}
+
+pub(super) async fn download(s: web::Data<ApiState>, p: web::Path<(String, String)>) -> Res {
+    let (id, path) = p.into_inner();
+    let k = running_kernel(&s, &id).await?;
+    let opts = Value::Map(vec![("chunk_size".into(), (CHUNK as u64).into())]);
+    let mut first = call(
+        &s,
+        &k,
+        "download_single",
+        vec![k.id.clone().into(), path.clone().into(), opts],
+    )
+    .await?;
+    let size = take(&mut first, "size")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    let data = match take(&mut first, "data") {
+        Some(Value::Binary(b)) => Bytes::from(b),
+        _ => Bytes::new(),
+    };
+    let next_id = take(&mut first, "download_id").and_then(|v| v.as_str().map(str::to_owned));
+    // Each chunk is fetched while the one before goes to the client (at most two held).
+    let fetch = {
+        let (s, k, path) = (s.clone(), k.clone(), path.clone());
+        move |id: String| {
+            let (s, k, path) = (s.clone(), k.clone(), path.clone());
+            actix_rt::spawn(async move {
+                let opts = Value::Map(vec![
+                    ("download_id".into(), id.into()),
+                    ("chunk_size".into(), (CHUNK as u64).into()),
+                ]);
+                let mut v = call(
+                    &s,
+                    &k,
+                    "download_single",
+                    vec![k.id.clone().into(), path.into(), opts],
+                )
+                .await?;
+                let data = match take(&mut v, "data") {
+                    Some(Value::Binary(b)) => Bytes::from(b),
+                    _ => Bytes::new(),
+                };
+                let next = take(&mut v, "download_id").and_then(|v| v.as_str().map(str::to_owned));
+                Ok::<_, ManagerError>((data, next))
+            })
+        }
+    };
+    let rest = futures::stream::unfold(next_id.map(&fetch), move |pending| {
+        let fetch = fetch.clone();
+        async move {
+            match joined(pending?.await) {
+                Ok((data, next)) => Some((Ok::<_, actix_web::Error>(data), next.map(fetch))),
+                // The response has begun: all that is left is to cut it (the client sees a
+                // short body against Content-Length).
+                Err(e) => Some((Err(actix_web::error::ErrorBadGateway(e.to_string())), None)),
+            }
+        }
+    })
+    .filter(|r| futures::future::ready(!matches!(r, Ok(b) if b.is_empty())));
+    let stream = futures::stream::once(async move { Ok::<_, actix_web::Error>(data) })
+        .filter(|r| futures::future::ready(!matches!(r, Ok(b) if b.is_empty())))
+        .chain(rest);
+    Ok(HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .no_chunking(size)
+        .streaming(stream))
+}
+
+/// A spawned chunk call's result (a task that panicked or was cancelled is `internal`).
+fn joined<T>(
+    r: Result<Result<T, ManagerError>, tokio::task::JoinError>,
+) -> Result<T, ManagerError> {
+    r.map_err(|e| ManagerError::Internal(format!("chunk transfer task: {e}")))?
+}
+
+/// `?dir=PATH` of a listing.
+#[derive(Debug, Deserialize)]
+pub(super) struct ListQuery {
+    #[serde(default)]
+    dir: String,
+}
+
+pub(super) async fn list(
+    s: web::Data<ApiState>,
+    id: web::Path<String>,
+    q: web::Query<ListQuery>,
+) -> Res {
+    let k = running_kernel(&s, &id).await?;
+    let out = call(
+        &s,
+        &k,
+        "list_files",
+        vec![k.id.clone().into(), q.dir.clone().into()],
+    )
+    .await?;
+    let j = to_json(&out);
+    let files: Vec<serde_json::Value> = j
+        .get("files")
+        .and_then(|f| f.as_array())
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    let mode = f.get("mode").and_then(|m| m.as_u64()).unwrap_or(0);
+                    let mtime = f.get("mtime").and_then(|m| m.as_u64()).unwrap_or(0);
+                    serde_json::json!({
+                        "name": f.get("name"), "type": f.get("type"), "size": f.get("size"),
+                        "mode": format!("{mode:04o}"), "mtime": mtime as f64,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "files": files,
+        "truncated": j.get("truncated").and_then(|t| t.as_bool()).unwrap_or(false),
+    })))
+}
