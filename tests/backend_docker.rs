@@ -316,6 +316,7 @@ async fn signal_is_reported_as_exit() {
     assert_eq!(exit.container_id, id);
     assert_eq!(exit.labels[RUN_LABEL], run.id);
     assert_eq!(exit.labels["exitCode"], "137");
+    assert!(!exit.oom, "a SIGKILL is no OOM");
 
     let state = b.inspect_container(&id).await.unwrap().unwrap();
     assert!(!state.running && state.exit_code == Some(137) && !state.oom_killed);
@@ -325,6 +326,36 @@ async fn signal_is_reported_as_exit() {
         b.signal_container(&id, "SIGKILL").await,
         Err(BackendError::Engine(_))
     ));
+}
+
+/// The engine's `oom` event reaches the exit stream beside the `die` (the agent's second sign of
+/// an OOM kill, for when the container's `OOMKilled` flag is missed).
+#[tokio::test]
+async fn an_oom_kill_is_reported_as_an_oom_event_and_an_exit() {
+    let run = Run::new().await;
+    let b = &run.backend;
+    let mut exits = b.exits(RUN_LABEL, &run.id);
+    let spec = ContainerSpec {
+        memory_bytes: Some(16 << 20),
+        cmd: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            "x=$(head -c 100000000 /dev/zero | tr '\\0' a)".into(),
+        ]),
+        ..run.spec("oom")
+    };
+    let id = run.started(&spec).await;
+    let (mut oom, mut died) = (false, false);
+    while !(oom && died) {
+        let e = tokio::time::timeout(Duration::from_secs(30), exits.next())
+            .await
+            .expect("no oom and die events within 30 s")
+            .expect("stream ended")
+            .expect("stream error");
+        assert_eq!(e.container_id, id);
+        oom |= e.oom;
+        died |= !e.oom;
+    }
 }
 
 #[tokio::test]

@@ -130,6 +130,7 @@ impl EventSender {
         let call = Call {
             args: vec![self.agent_id.clone().into(), events],
             kwargs: Vec::new(),
+            peer_user_id: None,
         };
         let acked = match p
             .call(EVENTS_METHOD, &call, self.config.event_ack_timeout.0)

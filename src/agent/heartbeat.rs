@@ -115,6 +115,7 @@ pub async fn run(
             let call = Call {
                 args: vec![ctx.agent_id.clone().into(), beat],
                 kwargs: Vec::new(),
+                peer_user_id: None,
             };
             p.call(HEARTBEAT_METHOD, &call, timeout).await.map_err(|e| {
                 (

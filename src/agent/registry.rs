@@ -63,6 +63,11 @@ pub struct ListKernels;
 #[rtype(result = "()")]
 pub struct ContainerExited(pub String);
 
+/// The engine's `oom` event for a container carrying this agent's id (from the exit watcher).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ContainerOom(pub String);
+
 /// Asks every `RUNNING` kernel to check its container (after the engine's event stream was
 /// re-subscribed, or on `sync_kernel_registry`): exits missed meanwhile are handled.
 #[derive(Debug, Message)]
@@ -400,6 +405,21 @@ impl Handler<ContainerExited> for KernelRegistry {
             .find(|e| e.handle.info().container_id.as_deref() == Some(&container_id));
         if let Some(addr) = hit.and_then(|e| e.addr.clone()) {
             addr.do_send(ContainerDied);
+        }
+    }
+}
+
+impl Handler<ContainerOom> for KernelRegistry {
+    type Result = ();
+    fn handle(&mut self, ContainerOom(container_id): ContainerOom, _: &mut Context<Self>) {
+        // Recorded on the shared info, not sent to the actor: it may be busy classifying the
+        // exit this OOM explains (see `ContainerDied`).
+        if let Some(e) = self
+            .kernels
+            .values()
+            .find(|e| e.handle.info().container_id.as_deref() == Some(&container_id))
+        {
+            e.handle.update(|i| i.oom_event = true);
         }
     }
 }

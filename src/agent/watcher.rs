@@ -1,4 +1,5 @@
-//! The exit watcher: the engine's event stream → [`ContainerExited`] to the registry.
+//! The exit watcher: the engine's event stream → [`ContainerExited`] (and [`ContainerOom`]) to
+//! the registry.
 //!
 //! On every (re)subscription, and every 30 s, it also asks the registry to reconcile, so an
 //! exit missed while the stream was down is still handled.
@@ -11,7 +12,7 @@ use futures::StreamExt;
 
 use super::backend::labels;
 use super::context::AgentContext;
-use super::registry::{ContainerExited, KernelRegistry, Reconcile};
+use super::registry::{ContainerExited, ContainerOom, KernelRegistry, Reconcile};
 
 /// Watches until the registry is gone; reconnects with backoff (1 s doubling to 30 s).
 pub async fn watch_exits(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>) {
@@ -26,7 +27,11 @@ pub async fn watch_exits(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>)
                 item = exits.next() => match item {
                     Some(Ok(exit)) => {
                         backoff = Duration::from_secs(1);
-                        registry.do_send(ContainerExited(exit.container_id));
+                        if exit.oom {
+                            registry.do_send(ContainerOom(exit.container_id));
+                        } else {
+                            registry.do_send(ContainerExited(exit.container_id));
+                        }
                     }
                     Some(Err(e)) => {
                         ctx.metrics.lifecycle_sync(Err("EventStreamError"));

@@ -615,7 +615,7 @@ impl ContainerBackend for DockerBackend {
             .unwrap_or_default();
         let filters = HashMap::from([
             ("type".to_owned(), vec!["container".to_owned()]),
-            ("event".to_owned(), vec!["die".to_owned()]),
+            ("event".to_owned(), vec!["die".to_owned(), "oom".to_owned()]),
             ("label".to_owned(), vec![format!("{key}={value}")]),
         ]);
         let options = EventsOptions {
@@ -627,10 +627,12 @@ impl ContainerBackend for DockerBackend {
         self.docker
             .events(Some(options))
             .map(|event| {
-                let actor = event.map_err(engine)?.actor.unwrap_or_default();
+                let event = event.map_err(engine)?;
+                let actor = event.actor.unwrap_or_default();
                 Ok(ContainerExit {
                     container_id: actor.id.unwrap_or_default(),
                     labels: actor.attributes.unwrap_or_default(),
+                    oom: event.action.as_deref() == Some("oom"),
                 })
             })
             .take_while(move |item| {

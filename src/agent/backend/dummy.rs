@@ -95,6 +95,7 @@ impl Container {
         Some(ContainerExit {
             container_id: id.to_owned(),
             labels,
+            oom: false,
         })
     }
 }

@@ -149,13 +149,15 @@ pub struct ContainerState {
     pub ip_address: Option<String>,
 }
 
-/// A container exited (the engine's `die` event).
+/// A container exited (the engine's `die` event) or the OOM killer ran in it (`oom`).
 #[derive(Clone, Debug)]
 pub struct ContainerExit {
     /// The engine's container id.
     pub container_id: String,
     /// Its labels at exit.
     pub labels: HashMap<String, String>,
+    /// `true` for the engine's `oom` event, which may come before or after the `die`.
+    pub oom: bool,
 }
 
 /// Which of a process's output streams a chunk came from.
@@ -311,7 +313,8 @@ pub trait ContainerBackend: Send + Sync + 'static {
     /// as they are written, until the container stops or is removed.
     fn follow_logs(&self, id: &str, since: i64) -> BoxStream<'static, Result<Bytes, BackendError>>;
 
-    /// Exits of containers whose label `key` equals `value`, as they happen. The stream ends
+    /// Exits (and OOM events) of containers whose label `key` equals `value`, as they happen.
+    /// The stream ends
     /// when the engine connection drops; the caller resubscribes and reconciles.
     fn exits(
         &self,

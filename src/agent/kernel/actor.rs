@@ -202,8 +202,8 @@ async fn finish(
     h.terminated(reason, exit_code, suppress_events);
 }
 
-/// Re-inspections (100 ms apart) of a container that died by SIGKILL without the OOM flag.
-const OOM_FLAG_RECHECKS: usize = 10;
+/// Re-inspections (100 ms apart) of a container that died by SIGKILL without an OOM sign.
+const OOM_FLAG_RECHECKS: usize = 20;
 
 /// Why a container exited (ARCHITECTURE.md, "Kernel status"): OOM → `oom-killed`; 135
 /// (SIGBUS) with a `/dev/shm` → `shm-exceeded`; otherwise `self-terminated`.
@@ -310,15 +310,18 @@ impl Handler<ContainerDied> for Kernel {
                     return (chain, false, ());
                 }
             };
-            let (exit_code, mut oom) = state.map_or((None, false), |s| (s.exit_code, s.oom_killed));
-            // SIGKILL with no OOM flag yet: the engine may record the OOM event just after the
-            // exit (seen with cgroup v1). Look again briefly before calling it self-terminated.
+            let (exit_code, flag) = state.map_or((None, false), |s| (s.exit_code, s.oom_killed));
+            let mut oom = flag || h.info().oom_event;
+            // SIGKILL with neither the OOM flag nor the engine's `oom` event yet: the engine may
+            // deliver the OOM just after the exit, and with cgroup v1 may then never set the
+            // flag (seen on CI). Wait briefly for either before calling it self-terminated.
             for _ in 0..OOM_FLAG_RECHECKS {
                 if oom || exit_code != Some(137) {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                oom = matches!(h.ctx.backend.inspect_container(&container_id).await, Ok(Some(s)) if s.oom_killed);
+                oom = h.info().oom_event
+                    || matches!(h.ctx.backend.inspect_container(&container_id).await, Ok(Some(s)) if s.oom_killed);
             }
             finish(&h, &mut chain, &keeper, exit_reason(exit_code, oom), exit_code, false).await;
             (chain, true, ())
@@ -351,6 +354,7 @@ impl Handler<Restart> for Kernel {
                 .await
             {
                 Ok(()) => {
+                    h.update(|i| i.oom_event = false);
                     h.set_status(KernelStatus::Running);
                     me.do_send(NowRunning { arm_timeout: false });
                     (chain, false, Ok(h.info()))

@@ -85,6 +85,10 @@ pub struct KernelInfo {
     pub reason: Option<String>,
     /// Its container's exit code, if it exited by itself.
     pub exit_code: Option<i64>,
+    /// The engine reported an `oom` event for its container (the OOM killer ran in its memory
+    /// cgroup). Kept beside the container's `OOMKilled` flag, which the engine can miss when
+    /// it records the exit before the OOM (seen with cgroup v1).
+    pub oom_event: bool,
 }
 
 impl KernelInfo {
@@ -102,6 +106,7 @@ impl KernelInfo {
             runtime_path: None,
             reason: None,
             exit_code: None,
+            oom_event: false,
         }
     }
 
