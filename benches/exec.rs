@@ -6,7 +6,8 @@
 //! `yes abcdefghij | head -c N` (N = `KV_BENCH_EXEC_BYTES`, default 1 GiB), runs
 //! `KV_BENCH_RUNS` times (default 3) each way, alternating:
 //! - `raw docker exec`: `docker exec <container> sh -c CMD`, stdout read by this process;
-//! - `ctl session exec`: `kernelvisor ctl session exec SID CMD`, stdout read by this process:
+//! - `ctl session exec`: `kernelvisor ctl session exec SID CMD` (as the manager's bootstrap admin
+//!   key, `KERNELVISOR_TOKEN`), stdout read by this process:
 //!   the output goes agent (exec stream → bounded buffer) → RPC over CurveZMQ → manager → HTTP
 //!   → ctl, in `continue` rounds of at most `exec-buffer-size` (1 MiB).
 //!
@@ -28,7 +29,7 @@ fn main() -> anyhow::Result<()> {
     let bytes: u64 = common::env_or("KV_BENCH_EXEC_BYTES", 1u64 << 30);
     let runs: usize = common::env_or("KV_BENCH_RUNS", 3usize).max(1);
     let c = BenchCluster::start(bin, "exec", IMAGE)?;
-    let (api, sid, kid) = (&c.api, &c.sid, &c.kid);
+    let (sid, kid) = (&c.sid, &c.kid);
     let cmd = format!("yes abcdefghij | head -c {bytes}");
 
     let (mut raw, mut ours) = (Vec::new(), Vec::new());
@@ -40,8 +41,8 @@ fn main() -> anyhow::Result<()> {
             bail!("raw docker exec gave {n} bytes, not {bytes}");
         }
         raw.push(n as f64 / 1e6 / secs);
-        let mut ctl = Command::new(bin);
-        ctl.args(["ctl", "--api", api, "session", "exec", sid, &cmd]);
+        let mut ctl = c.ctl(bin);
+        ctl.args(["session", "exec", sid, &cmd]);
         let (n, secs) = timed_bytes(ctl)?;
         if n != bytes {
             bail!("ctl session exec gave {n} bytes, not {bytes}");

@@ -7,7 +7,8 @@
 //! way, alternating:
 //! - `docker cp`: `docker cp FILE kernel.<id>:/home/work/raw.bin` and back (the engine's archive
 //!   API, tar made and read by the docker CLI);
-//! - `ctl session cp`: `kernelvisor ctl session cp FILE SID:ours.bin` and back: HTTP → manager →
+//! - `ctl session cp`: `kernelvisor ctl session cp FILE SID:ours.bin` and back (as the manager's
+//!   bootstrap admin key, `KERNELVISOR_TOKEN`): HTTP → manager →
 //!   1 MiB chunks over CurveZMQ → agent → tar stream to the engine's archive API.
 //!
 //! Each figure is the median of its runs, in MB/s (10^6 bytes); every copy back is checked to
@@ -99,13 +100,13 @@ fn main() -> anyhow::Result<()> {
         std::fs::remove_file(&back)?;
 
         let back = work.path().join(format!("ours-{i}.bin"));
-        let mut cmd = Command::new(bin);
-        cmd.args(["ctl", "--api", &c.api, "session", "cp"])
+        let mut cmd = c.ctl(bin);
+        cmd.args(["session", "cp"])
             .arg(&src)
             .arg(format!("{}:ours.bin", c.sid));
         up.push(mb_s(timed(cmd)?));
-        let mut cmd = Command::new(bin);
-        cmd.args(["ctl", "--api", &c.api, "session", "cp"])
+        let mut cmd = c.ctl(bin);
+        cmd.args(["session", "cp"])
             .arg(format!("{}:ours.bin", c.sid))
             .arg(&back);
         down.push(mb_s(timed(cmd)?));

@@ -36,6 +36,7 @@ async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Value {
         &Call {
             args,
             kwargs: vec![],
+            peer_user_id: None,
         },
         Duration::from_secs(60),
     )

@@ -26,6 +26,8 @@
 //! each second, with a fresh `ts`). No CURVE: the intake and the agents are unauthenticated.
 //! Everything runs on one machine, so the bench's agents and load compete with the manager
 //! for the same cores; the table shows the manager's CPU share during the window.
+//! The bench's HTTP requests (all but `GET /health`) carry the bootstrap admin key's secret as
+//! their bearer token: the manager writes it to `[api] admin-token-file` in the phase's temp dir.
 //!
 //! `KV_BENCH_AGENTS` (default `100,1000`) picks the agent counts. A fresh manager (and fresh
 //! agents) per count. Prints a table and ends with one JSON line:
@@ -53,7 +55,6 @@ use kernelvisor::agent::Agent;
 use kernelvisor::config::{AgentConfig, OnShutdown};
 use kernelvisor::rpc::{Call, Dispatcher, ErrorMeta, Peer, PeerOptions, RpcServer};
 
-const ACCESS_KEY: &str = "AKBENCH";
 /// Every agent's slots (real ones through `[resource]`, simulated ones in their heartbeats).
 const AGENT_CPU: &str = "8";
 const AGENT_MEM: u64 = 16 << 30;
@@ -107,20 +108,24 @@ struct ManagerProc {
     api: String,
     intake_port: u16,
     log: PathBuf,
+    /// `[api] admin-token-file`, in the bench's directory.
+    token_file: PathBuf,
 }
 
 impl ManagerProc {
     fn spawn(bin: &str, dir: &Path) -> anyhow::Result<ManagerProc> {
         let (intake_port, api_port) = (free_port()?, free_port()?);
+        let token_file = dir.join("admin-token");
         let config = format!(
             "[manager]\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\n\
              heartbeat-interval = 1\nheartbeat-timeout = 30\nstartup-grace = 2.5\n\n\
              [agent-pool]\nhealth-check-interval = 2\nping-timeout = 5\n\n\
              [store]\nurl = \"sqlite://{db}\"\n\n\
-             [api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\n\n\
-             [[access-keys]]\naccess-key = \"{ACCESS_KEY}\"\n\n\
+             [api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\n\
+             admin-token-file = \"{token_file}\"\n\n\
              [logging]\nlevel = \"warn\"\n",
-            db = dir.join("manager.db").display()
+            db = dir.join("manager.db").display(),
+            token_file = token_file.display()
         );
         let path = dir.join("manager.toml");
         std::fs::write(&path, config)?;
@@ -132,7 +137,13 @@ impl ManagerProc {
             api: format!("http://127.0.0.1:{api_port}"),
             intake_port,
             log,
+            token_file,
         })
+    }
+
+    /// The bootstrap admin key's secret (`[api] admin-token-file`), there once `/health` answers.
+    fn admin_token(&self) -> anyhow::Result<String> {
+        common::read_token(&self.token_file)
     }
 
     fn pid(&self) -> u32 {
@@ -212,6 +223,8 @@ impl Drop for ManagerProc {
 struct Http {
     base: String,
     agent: ureq::Agent,
+    /// `Authorization: Bearer …` for every request (none for `/health` before the token is read).
+    auth: Option<String>,
 }
 
 impl Http {
@@ -221,6 +234,24 @@ impl Http {
             agent: ureq::AgentBuilder::new()
                 .timeout(Duration::from_secs(60))
                 .build(),
+            auth: None,
+        }
+    }
+
+    /// The same client, sending `token` as the bearer token.
+    fn with_token(&self, token: &str) -> Http {
+        Http {
+            auth: Some(format!("Bearer {token}")),
+            ..self.clone()
+        }
+    }
+
+    /// A `method` request to `path`, with the `Authorization` header when there is a token.
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        let r = self.agent.request(method, &format!("{}{path}", self.base));
+        match &self.auth {
+            Some(a) => r.set("Authorization", a),
+            None => r,
         }
     }
 
@@ -236,7 +267,7 @@ impl Http {
     }
 
     fn get(&self, path: &str) -> Result<String, String> {
-        Self::text(self.agent.get(&format!("{}{path}", self.base)).call())
+        Self::text(self.request("GET", path).call())
     }
 
     fn get_json(&self, path: &str) -> Result<serde_json::Value, String> {
@@ -245,13 +276,9 @@ impl Http {
 
     /// `POST /v1/sessions`: the session id and the request's wall time in ms.
     fn create_session(&self) -> Result<(String, f64), String> {
-        let body = serde_json::json!({"image": "bench/any:latest", "resource_slots": {"cpu": 0.1, "mem": "64m"}, "access_key": ACCESS_KEY});
+        let body = serde_json::json!({"image": "bench/any:latest", "resource_slots": {"cpu": 0.1, "mem": "64m"}});
         let t = Instant::now();
-        let text = Self::text(
-            self.agent
-                .post(&format!("{}/v1/sessions", self.base))
-                .send_json(body),
-        )?;
+        let text = Self::text(self.request("POST", "/v1/sessions").send_json(body))?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
         let id = v["session_id"]
@@ -262,12 +289,7 @@ impl Http {
     }
 
     fn delete_session(&self, id: &str) -> Result<(), String> {
-        Self::text(
-            self.agent
-                .delete(&format!("{}/v1/sessions/{id}", self.base))
-                .call(),
-        )
-        .map(|_| ())
+        Self::text(self.request("DELETE", &format!("/v1/sessions/{id}")).call()).map(|_| ())
     }
 }
 
@@ -718,6 +740,7 @@ async fn beat_loop(
         let call = Call {
             args: vec![src.id().into(), info],
             kwargs: vec![],
+            peer_user_id: None,
         };
         match p
             .call(heartbeat::HEARTBEAT_METHOD, &call, HEARTBEAT_TIMEOUT)
@@ -870,6 +893,8 @@ async fn measure(
         async move { Ok(blocking(move || h.get("/health")).await.is_ok()) }
     })
     .await?;
+    // Every other route wants a token: act as the bootstrap admin key from here on.
+    let http = &http.with_token(&mgr.admin_token()?);
 
     // Agents: real ones first (their ids sort first, so placement uses them first), then simulated.
     let real = real_max.min(n);

@@ -144,6 +144,7 @@ impl BlockingClient {
         let payload = Call {
             args: vec![Value::from("x")],
             kwargs: vec![],
+            peer_user_id: None,
         }
         .encode();
         Self::start(
@@ -162,6 +163,7 @@ impl BlockingClient {
             Call {
                 args: vec![Value::from("x")],
                 kwargs: vec![],
+                peer_user_id: None,
             }
             .encode(),
         );
@@ -222,6 +224,7 @@ fn ping_call() -> Call {
     Call {
         args: vec![Value::from("x")],
         kwargs: vec![],
+        peer_user_id: None,
     }
 }
 

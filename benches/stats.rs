@@ -47,6 +47,7 @@ async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Value {
         &Call {
             args,
             kwargs: vec![],
+            peer_user_id: None,
         },
         Duration::from_secs(120),
     )

@@ -12,7 +12,8 @@ mkdir -p "$dev/keys" "$dev/agent-keys" "$dev/logs"
 # The manager's intake admits the public keys in agent-keys-dir (new files: no restart needed).
 cp "$dev/keys/agent-dev.key" "$dev/agent-keys/agent-dev.key"
 
-ctl() { "$bin" ctl --api http://127.0.0.1:8081 "$@"; }
+export KERNELVISOR_API=http://127.0.0.1:8081
+ctl() { "$bin" ctl "$@"; }
 manager="" agent="" session=""
 stop() {
   trap - INT TERM EXIT
@@ -34,6 +35,20 @@ manager=$!
 "$bin" agent --config configs/dev/agent.toml >>"$dev/logs/agent.log" 2>&1 &
 agent=$!
 
+# The manager's first start creates the dev admin key and writes its secret to the token file
+# (configs/dev/manager.toml, [api] admin-token-file); every API call carries it.
+token_file="$dev/manager/admin-token"
+for i in $(seq 30); do
+  [ -s "$token_file" ] && break
+  kill -0 "$manager" 2>/dev/null || { echo "the manager exited; see $dev/logs/manager.log" >&2; exit 1; }
+  [ "$i" = 30 ] && { echo "no admin token at $token_file after 30 s; see $dev/logs/manager.log" >&2; exit 1; }
+  sleep 0.5
+done
+KERNELVISOR_TOKEN=$(cat "$token_file")
+export KERNELVISOR_TOKEN
+umask 077
+printf 'export KERNELVISOR_API=%s\nexport KERNELVISOR_TOKEN=%s\n' "$KERNELVISOR_API" "$KERNELVISOR_TOKEN" >"$dev/env.sh"
+umask 022
 echo "waiting for agent-dev to be ALIVE on the manager (logs: $dev/logs/)…"
 for i in $(seq 60); do
   if ctl -o json agents 2>/dev/null | grep -q '"status": "ALIVE"'; then break; fi
@@ -46,7 +61,8 @@ done
 for _ in $(seq 30); do ctl health 2>/dev/null | grep -q normal && break; sleep 0.5; done
 ctl agents
 echo
-created=$(ctl -o json session create --image kernelvisor-test:latest --cpu 1 --mem 256m --access-key AKIADEV)
+ctl vfolder create scratchpad >/dev/null 2>&1 || true   # exists from an earlier run: fine
+created=$(ctl -o json session create --image kernelvisor-test:latest --cpu 1 --mem 256m --mount scratchpad)
 session=$(printf '%s\n' "$created" | sed -n 's/.*"session_id": *"\([^"]*\)".*/\1/p')
 echo "created session $session"
 echo '$ kernelvisor ctl session exec '"$session"' '\''echo "hello from $(hostname)"; uname -sm'\'
@@ -58,19 +74,22 @@ cat <<MSG
 kernelvisor dev pair running (CURVE on both channels):
   manager  API http://127.0.0.1:8081 (metrics /metrics), event intake tcp://127.0.0.1:16021
            store var/dev/manager/manager.db   config configs/dev/manager.toml
+           admin token var/dev/manager/admin-token (0600)
   agent    RPC tcp://127.0.0.1:16011, metrics http://127.0.0.1:6003/metrics
            config configs/dev/agent.toml
-Try, in another shell:
+Try, in another shell (first: source $dev/env.sh  — sets KERNELVISOR_API and KERNELVISOR_TOKEN):
+  source $dev/env.sh
   $bin ctl agents
   $bin ctl session exec $session 'ls -la /home/work; cat /proc/loadavg'
   $bin ctl session exec $session 'for i in 1 2 3; do echo \$i; sleep 1; done'     # streams as it prints
-  $bin ctl session create --image kernelvisor-test:latest --cpu 0.5 --mem 128m --access-key AKIADEV \\
+  $bin ctl session create --image kernelvisor-test:latest --cpu 0.5 --mem 128m \\
       --type batch --command 'echo start; sleep 3; echo done'                    # a batch job; then:
   $bin ctl session logs <ID> -f ; $bin ctl session wait <ID>
-  $bin ctl session create --image kernelvisor-test:latest --cpu 0.5 --mem 128m --access-key AKIADEV
+  $bin ctl session exec $session 'date > /home/work/scratchpad/hello.txt'       # a vfolder: var/dev/vfolders/<key>/scratchpad
+  $bin ctl access-key create --name alice --concurrency-limit 4                  # a user key (secret shown once)
+  $bin ctl access-key list
   $bin ctl session rm $session
-  $bin ctl access-key show AKIADEV
-  curl -s http://127.0.0.1:8081/metrics | grep kernelvisor_manager_
+  curl -s -H "Authorization: Bearer \$KERNELVISOR_TOKEN" http://127.0.0.1:8081/metrics | grep kernelvisor_manager_
 Ctrl+C stops both.
 MSG
 wait "$agent" "$manager"

@@ -72,6 +72,7 @@ async fn churn(peer: &Peer, tag: &str, n: usize) -> Vec<String> {
                 &Call {
                     args,
                     kwargs: vec![],
+                    peer_user_id: None,
                 },
                 Duration::from_secs(60),
             )

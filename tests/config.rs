@@ -170,7 +170,11 @@ fn manager_sections_defaults_and_checks_name_the_key() {
         std::time::Duration::from_secs(40)
     );
     assert_eq!(m.store.url, "sqlite://var/manager/manager.db");
-    assert_eq!(m.access_keys[0].concurrency_limit, 10);
+    assert!(m.access_keys.is_empty());
+    assert_eq!(
+        m.api.admin_token_file,
+        std::path::PathBuf::from("var/manager/admin-token")
+    );
     for (text, key) in [
         (
             "[manager]\nheartbeat-interval = 20\nstartup-grace = 30\n",
@@ -187,8 +191,8 @@ fn manager_sections_defaults_and_checks_name_the_key() {
         ("[store]\nurl = \"mysql://x\"\n", "store.url"),
         ("[api]\nworkers = 0\n", "api.workers"),
         (
-            "[[access-keys]]\naccess-key = \"A\"\n[[access-keys]]\naccess-key = \"A\"\n",
-            "access-keys.access-key",
+            "[[access-keys]]\naccess-key = \"A\"\n",
+            "ctl access-key create",
         ),
         ("[scheduler]\ncreate-timeuot = 3\n", "create-timeuot"),
     ] {

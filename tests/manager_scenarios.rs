@@ -352,14 +352,15 @@ fn bad_requests(db: Db, ports: u16) {
             "invalid-request",
         ),
         (
-            json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}}),
+            json!({"resource_slots": {"cpu": 0.25, "mem": "64m"}}),
             400,
             "invalid-request",
         ),
         (
+            // Only an admin creates on behalf of another key.
             json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": "AKNOSUCHKEY"}),
-            404,
-            "access-key-not-found",
+            403,
+            "forbidden",
         ),
         (
             json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": ak, "mounts": [{"name": "../etc", "host_path": "/etc"}]}),
@@ -392,7 +393,8 @@ fn bad_requests(db: Db, ports: u16) {
             "session-not-found",
         ),
         (
-            c.get("/v1/access-keys/AKNOSUCHKEY").unwrap(),
+            c.get_as(Some(&c.admin_token), "/v1/access-keys/AKNOSUCHKEY")
+                .unwrap(),
             "access-key-not-found",
         ),
         (c.get("/v1/nothing-here").unwrap(), "not-found"),
@@ -499,10 +501,17 @@ fn ctl_cli_against_a_live_manager() {
         (c.get("/v1/sessions").ok()?.status == 200).then_some(())
     });
     let ctl = |args: &[&str]| {
+        // Listing agents is an admin's; sessions are the user key's.
+        let token = if args[0] == "agents" {
+            &c.admin_token
+        } else {
+            &c.token
+        };
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
             .arg("ctl")
             .arg("--api")
             .arg(&c.api)
+            .env("KERNELVISOR_TOKEN", token)
             .args(args)
             .output()
             .unwrap();
@@ -530,8 +539,6 @@ fn ctl_cli_against_a_live_manager() {
         "0.25",
         "--mem",
         "64m",
-        "--access-key",
-        &c.access_key,
         "--env",
         "GREETING=hi",
     ]);

@@ -439,6 +439,7 @@ async fn malformed_frames_are_dropped_and_counted_and_the_server_keeps_serving()
     let ping_call = Call {
         args: vec![Value::from("still here")],
         kwargs: vec![],
+        peer_user_id: None,
     }
     .encode();
     let valid_header = codec::encode_header(
@@ -493,6 +494,7 @@ async fn cancel_aborts_the_running_handler_and_answers_cancelled() {
         Call {
             args: vec![Value::from(1.0)],
             kwargs: vec![],
+            peer_user_id: None,
         }
         .encode(),
     );
@@ -539,6 +541,7 @@ async fn peer_timeout_sends_cancel_to_the_server() {
             &Call {
                 args: vec![Value::from(5.0)],
                 kwargs: vec![],
+                peer_user_id: None,
             },
             Duration::from_millis(200),
         )
@@ -556,7 +559,8 @@ async fn peer_timeout_sends_cancel_to_the_server() {
             "ping",
             &Call {
                 args: vec![Value::from(1)],
-                kwargs: vec![]
+                kwargs: vec![],
+                peer_user_id: None,
             },
             Duration::from_secs(2)
         )

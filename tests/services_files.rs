@@ -51,6 +51,7 @@ fn url(c: &Cluster, path: &str) -> String {
 /// PUT `data` as a file; (status, body).
 fn put(c: &Cluster, sid: &str, path: &str, data: &[u8]) -> (u16, Value) {
     let r = ureq::put(&url(c, &format!("/v1/sessions/{sid}/files/{path}")))
+        .set("Authorization", &c.auth())
         .timeout(LONG)
         .send_bytes(data);
     answer(r)
@@ -70,6 +71,7 @@ fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
 /// GET a file: Ok(bytes) or Err((status, error body)).
 fn get_file(c: &Cluster, sid: &str, path: &str) -> Result<Vec<u8>, (u16, Value)> {
     match ureq::get(&url(c, &format!("/v1/sessions/{sid}/files/{path}")))
+        .set("Authorization", &c.auth())
         .timeout(LONG)
         .call()
     {
@@ -87,6 +89,7 @@ fn get_file(c: &Cluster, sid: &str, path: &str) -> Result<Vec<u8>, (u16, Value)>
 fn list_dir(c: &Cluster, sid: &str, dir: &str) -> (u16, Value) {
     answer(
         ureq::get(&url(c, &format!("/v1/sessions/{sid}/files")))
+            .set("Authorization", &c.auth())
             .query("dir", dir)
             .timeout(LONG)
             .call(),
@@ -122,7 +125,8 @@ fn raw(c: &Cluster, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     let mut s = std::net::TcpStream::connect(c.api.trim_start_matches("http://")).unwrap();
     s.set_read_timeout(Some(LONG)).unwrap();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: {}\r\nContent-Length: {}\r\n\r\n",
+        c.auth(),
         body.len()
     );
     s.write_all(head.as_bytes()).unwrap();
@@ -299,11 +303,13 @@ fn a_web_service_serves_an_uploaded_file_and_stops() {
         String::from_utf8_lossy(&buf[..n]).into_owned()
     };
     let chunked = raw(&format!(
-        "PUT /v1/sessions/{sid}/files/x.bin HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        "PUT /v1/sessions/{sid}/files/x.bin HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        c.auth()
     ));
     assert!(chunked.starts_with("HTTP/1.1 411"), "{chunked}");
     let huge = raw(&format!(
-        "PUT /v1/sessions/{sid}/files/x.bin HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        "PUT /v1/sessions/{sid}/files/x.bin HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Length: {}\r\n\r\n",
+        c.auth(),
         2u64 << 30
     ));
     assert!(
@@ -315,6 +321,7 @@ fn a_web_service_serves_an_uploaded_file_and_stops() {
     let ctl = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
             .args(["ctl", "--api", &c.api])
+            .env("KERNELVISOR_TOKEN", &c.token)
             .args(args)
             .output()
             .unwrap();
@@ -486,6 +493,7 @@ fn sixty_four_mib_round_trip_in_bounded_memory() {
     let expected = expected.finalize();
 
     let r = ureq::put(&url(&c, &format!("/v1/sessions/{sid}/files/data/big.bin")))
+        .set("Authorization", &c.auth())
         .timeout(Duration::from_secs(300))
         .set("Content-Length", &SIZE.to_string())
         .send(Noise {
@@ -499,6 +507,7 @@ fn sixty_four_mib_round_trip_in_bounded_memory() {
     assert_eq!(out.trim(), format!("{expected:x}"));
 
     let resp = ureq::get(&url(&c, &format!("/v1/sessions/{sid}/files/data/big.bin")))
+        .set("Authorization", &c.auth())
         .timeout(Duration::from_secs(300))
         .call()
         .unwrap();

@@ -36,7 +36,10 @@ fn cluster(db: Db, name: &str, ports: u16, agent_extra: &str) -> Cluster {
 
 fn ctl(c: &Cluster) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kernelvisor"));
-    cmd.arg("ctl").arg("--api").arg(&c.api);
+    cmd.arg("ctl")
+        .arg("--api")
+        .arg(&c.api)
+        .env("KERNELVISOR_TOKEN", &c.token);
     cmd
 }
 
@@ -59,6 +62,7 @@ fn wait_terminated(c: &Cluster, sid: &str) -> Value {
 
 fn logs(c: &Cluster, sid: &str) -> String {
     let r = ureq::get(&format!("{}/v1/sessions/{sid}/logs", c.api))
+        .set("Authorization", &c.auth())
         .call()
         .expect("logs");
     assert!(r.content_type().starts_with("text/plain"));

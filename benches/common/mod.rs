@@ -1,5 +1,7 @@
 //! What the end-to-end benches share: a manager and an agent process (the release `kernelvisor`
-//! binary, CURVE on both channels, SQLite, the local Docker engine) with one session.
+//! binary, CURVE on both channels, SQLite, the local Docker engine) with one session. The API
+//! wants a bearer token on every route but `GET /health`: the benches act as the bootstrap admin
+//! key, whose secret the manager writes to `[api] admin-token-file` (in the bench's directory).
 #![allow(dead_code)]
 
 use std::io::Read;
@@ -9,9 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-
-/// The bench clusters' access key.
-pub const ACCESS_KEY: &str = "AKBENCH";
 
 /// A manager and an agent with one RUNNING session; both processes die with the bench.
 pub struct BenchCluster {
@@ -23,6 +22,9 @@ pub struct BenchCluster {
     pub agent: Child,
     /// `http://127.0.0.1:<port>`.
     pub api: String,
+    /// The bootstrap admin key's secret, sent as `Authorization: Bearer …` (and given to every
+    /// `ctl` as `KERNELVISOR_TOKEN`).
+    pub token: String,
     /// The session.
     pub sid: String,
     /// Its kernel (container `kernel.<kid>`).
@@ -31,7 +33,8 @@ pub struct BenchCluster {
 
 impl BenchCluster {
     /// Starts both processes (`name` prefixes the directory and the agent id), waits for the
-    /// agent to be ALIVE, and creates a session on `image` with 1 core and 256 MiB.
+    /// manager's `/health`, reads its admin token, waits for the agent to be ALIVE, and creates
+    /// a session on `image` with 1 core and 256 MiB.
     pub fn start(bin: &str, name: &str, image: &str) -> anyhow::Result<BenchCluster> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("kv-bench-{name}-"))
@@ -62,8 +65,8 @@ impl BenchCluster {
         format!(
             "[manager]\nrpc-keypair = \"{dd}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
              agent-keys-dir = \"{dd}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 10\nstartup-grace = 2.5\n\n\
-             [store]\nurl = \"sqlite://{dd}/manager.db\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\n\n\
-             [[access-keys]]\naccess-key = \"{ACCESS_KEY}\"\n\n[logging]\nlevel = \"warn\"\n"
+             [store]\nurl = \"sqlite://{dd}/manager.db\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\n\
+             admin-token-file = \"{dd}/admin-token\"\n\n[logging]\nlevel = \"warn\"\n"
         ),
     )?;
         std::fs::write(
@@ -88,15 +91,22 @@ impl BenchCluster {
         )?;
         let api = format!("http://127.0.0.1:{api_port}");
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let alive = get(&format!("{api}/v1/agents")).is_some_and(|v| {
-                v["agents"].as_array().is_some_and(|a| {
-                    a.iter()
-                        .any(|x| x["status"] == "ALIVE" && !x["last_heartbeat"].is_null())
-                })
-            });
-            if alive && get(&format!("{api}/v1/sessions")).is_some() {
-                break;
+        let mut found = None;
+        let token = loop {
+            // The token file is written before the API listens, so `/health` means it is there.
+            if found.is_none() && get(&format!("{api}/health"), None).is_some() {
+                found = Some(read_token(&d.join("admin-token"))?);
+            }
+            if let Some(t) = found.as_deref() {
+                let alive = get(&format!("{api}/v1/agents"), Some(t)).is_some_and(|v| {
+                    v["agents"].as_array().is_some_and(|a| {
+                        a.iter()
+                            .any(|x| x["status"] == "ALIVE" && !x["last_heartbeat"].is_null())
+                    })
+                });
+                if alive && get(&format!("{api}/v1/sessions"), Some(t)).is_some() {
+                    break t.to_owned();
+                }
             }
             if Instant::now() > deadline {
                 let tail = |name: &str| {
@@ -112,17 +122,25 @@ impl BenchCluster {
                         .join("\n")
                 };
                 bail!(
-                "the agent did not become ALIVE\n--- manager.log ---\n{}\n--- agent.log ---\n{}",
-                tail("manager.log"),
-                tail("agent.log")
-            );
+                    "{}\n--- manager.log ---\n{}\n--- agent.log ---\n{}",
+                    if found.is_none() {
+                        "the manager's /health did not answer"
+                    } else {
+                        "the agent did not become ALIVE"
+                    },
+                    tail("manager.log"),
+                    tail("agent.log")
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
-        }
+        };
         let created: serde_json::Value = ureq::post(&format!("{api}/v1/sessions"))
-        .send_json(serde_json::json!({"image": image, "resource_slots": {"cpu": 1, "mem": "256m"}, "access_key": ACCESS_KEY}))
-        .context("create a session (is `just test-image` built?)")?
-        .into_json()?;
+            .set("Authorization", &format!("Bearer {token}"))
+            .send_json(
+                serde_json::json!({"image": image, "resource_slots": {"cpu": 1, "mem": "256m"}}),
+            )
+            .context("create a session (is `just test-image` built?)")?
+            .into_json()?;
         let (sid, kid) = (
             created["session_id"]
                 .as_str()
@@ -134,16 +152,40 @@ impl BenchCluster {
             manager,
             agent,
             api,
+            token,
             sid,
             kid,
             dir,
         })
     }
 
+    /// `kernelvisor ctl --api <api>` with `KERNELVISOR_TOKEN` set to the admin token; the
+    /// caller adds the subcommand.
+    pub fn ctl(&self, bin: &str) -> Command {
+        let mut cmd = Command::new(bin);
+        cmd.args(["ctl", "--api", &self.api])
+            .env("KERNELVISOR_TOKEN", &self.token);
+        cmd
+    }
+
     /// Deletes the session.
     pub fn finish(&self) {
-        let _ = ureq::delete(&format!("{}/v1/sessions/{}", self.api, self.sid)).call();
+        let _ = ureq::delete(&format!("{}/v1/sessions/{}", self.api, self.sid))
+            .set("Authorization", &format!("Bearer {}", self.token))
+            .call();
     }
+}
+
+/// The secret in a manager's `[api] admin-token-file` (one line).
+pub fn read_token(path: &Path) -> anyhow::Result<String> {
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("read the manager's admin token {}", path.display()))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        bail!("{}: empty admin token", path.display());
+    }
+    Ok(token)
 }
 
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -188,13 +230,14 @@ pub fn peak_rss_mb(pid: u32) -> f64 {
     kb / 1024.0
 }
 
-pub fn get(url: &str) -> Option<serde_json::Value> {
-    ureq::get(url)
-        .timeout(Duration::from_secs(5))
-        .call()
-        .ok()?
-        .into_json()
-        .ok()
+/// `GET url` (with `Authorization: Bearer <token>` when given): its JSON body, `None` on any
+/// failure.
+pub fn get(url: &str, token: Option<&str>) -> Option<serde_json::Value> {
+    let mut req = ureq::get(url).timeout(Duration::from_secs(5));
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("Bearer {t}"));
+    }
+    req.call().ok()?.into_json().ok()
 }
 
 /// Runs `cmd`, reads its stdout to the end; (bytes, seconds).

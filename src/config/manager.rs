@@ -31,9 +31,10 @@ pub struct ManagerConfig {
     /// `[scheduler]`.
     #[serde(default)]
     pub scheduler: SchedulerSection,
-    /// `[[access-keys]]`: keys created (or their limits updated) at start.
+    /// `[[access-keys]]` is gone: keys are created over the API (`ctl access-key create`) so
+    /// that no secret sits in a config file. Still parsed, to refuse it with that message.
     #[serde(default)]
-    pub access_keys: Vec<AccessKeySection>,
+    pub access_keys: Vec<toml::Value>,
     /// `[logging]`.
     #[serde(default)]
     pub logging: LoggingConfig,
@@ -106,6 +107,16 @@ pub struct ApiSection {
     pub workers: usize,
     /// Largest file `PUT /v1/sessions/{id}/files/{path}` accepts (default 1 GiB); larger → 413.
     pub max_upload_size: ByteSize,
+    /// Where a start with no admin key in the store writes the secret of the admin key it
+    /// creates (`var/manager/admin-token`, mode 0600). Never rewritten once it exists: a start
+    /// on an empty store with this file present makes its secret the admin key's again.
+    pub admin_token_file: PathBuf,
+    /// PEM file of the API's TLS certificate chain (the server's certificate first). With
+    /// `tls-key` the API is served over HTTPS only; without both it is plain HTTP.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of `tls-cert` (PKCS#8, PKCS#1 or SEC1). Set together with
+    /// `tls-cert`, or neither.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ApiSection {
@@ -117,6 +128,9 @@ impl Default for ApiSection {
             },
             workers: 2,
             max_upload_size: ByteSize(1 << 30),
+            admin_token_file: PathBuf::from("var/manager/admin-token"),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -149,17 +163,6 @@ impl Default for SchedulerSection {
             reset_timeout: Seconds(Duration::from_secs(60)),
         }
     }
-}
-
-/// `[[access-keys]]`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct AccessKeySection {
-    /// The key.
-    pub access_key: String,
-    /// At most this many live sessions (0 = unlimited, the default).
-    #[serde(default)]
-    pub concurrency_limit: u32,
 }
 
 /// `[agent-pool]`; every duration in seconds. Defaults: seed 000.
@@ -233,7 +236,8 @@ pub struct StaticAgent {
 impl ManagerConfig {
     /// Loads and checks a manager config file.
     ///
-    /// Errors: see [`super::load`]; `failure-threshold = 0`; a CURVE agent without `rpc-keypair`.
+    /// Errors: see [`super::load`]; `failure-threshold = 0`; a CURVE agent without `rpc-keypair`;
+    /// only one of `api.tls-cert` and `api.tls-key` (an error naming `api.tls-key`).
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
         super::load(path, Self::validate)
     }
@@ -279,21 +283,24 @@ impl ManagerConfig {
                 ),
             ));
         }
+        if self.api.tls_cert.is_some() != self.api.tls_key.is_some() {
+            return Err(ConfigError::Invalid(
+                "api.tls-key",
+                "tls-cert and tls-key go together (TLS on the API), or neither (plain HTTP)".into(),
+            ));
+        }
         if self.api.workers == 0 {
             return Err(ConfigError::Invalid(
                 "api.workers",
                 "must be at least 1".into(),
             ));
         }
-        let mut seen = std::collections::HashSet::new();
-        if let Some(k) = self
-            .access_keys
-            .iter()
-            .find(|k| k.access_key.is_empty() || !seen.insert(&k.access_key))
-        {
+        if !self.access_keys.is_empty() {
             return Err(ConfigError::Invalid(
-                "access-keys.access-key",
-                format!("`{}` is empty or listed twice", k.access_key),
+                "access-keys",
+                "[[access-keys]] is no longer read: access keys and their secrets are managed over \
+                 the API (`kernelvisor ctl access-key create`); remove the section"
+                    .into(),
             ));
         }
         if self.manager.rpc_keypair.is_none() && self.agents.iter().any(|a| a.public_key.is_some())

@@ -14,8 +14,8 @@ pub use agent::{
 };
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{
-    AccessKeySection, ApiSection, ManagerConfig, ManagerSection, PoolSection, SchedulerSection,
-    StaticAgent, StoreSection,
+    ApiSection, ManagerConfig, ManagerSection, PoolSection, SchedulerSection, StaticAgent,
+    StoreSection,
 };
 
 use std::path::Path;

@@ -1,12 +1,16 @@
 //! A small blocking client for the manager's HTTP API (`docs/manager-api.md`), on `ureq`.
 //!
-//! Plain `http://` only (no TLS is compiled in). Every call answers the body both as the raw text
+//! `http://` or `https://` (rustls with the `ring` provider: the webpki roots, or exactly the
+//! certificates of [`ClientOptions::ca_cert`]). With [`ClientOptions::token`] every request
+//! carries `Authorization: Bearer <token>`. Every call answers the body both as the raw text
 //! (so `--output json` can print it unchanged) and parsed, except [`Client::get_stream`] and
 //! [`Client::get_file`], which hand back the body as a reader for answers that stream
 //! (`/logs?follow=true`, a file's bytes). [`Client::put_file`] sends a file as it reads it.
 
 use std::fmt;
 use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -37,6 +41,9 @@ pub struct ApiError {
     pub message: String,
     /// The raw response body, for `--output json`.
     pub body: String,
+    /// What to try, printed by ctl after the error as `hint: …` (a 401: how to give a token).
+    /// Not part of the displayed error.
+    pub hint: Option<String>,
 }
 
 impl ApiError {
@@ -65,6 +72,7 @@ impl ApiError {
             code,
             message,
             body,
+            hint: None,
         }
     }
 
@@ -117,50 +125,103 @@ impl ClientError {
 /// A successful (2xx) answer.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    /// The body exactly as received.
+    /// The body exactly as received (empty for an answer without a body).
     pub text: String,
-    /// The body parsed.
+    /// The body parsed (`null` for an answer without a body).
     pub json: Value,
 }
+
+/// How a [`Client`] authenticates and whom it trusts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Sent with every request as `Authorization: Bearer <token>`; `None` (or empty): no
+    /// `Authorization` header.
+    pub token: Option<String>,
+    /// A PEM file of the certificates to trust for `https://` (the API's self-signed
+    /// certificate, or the CA that issued it), instead of the webpki roots. Read when the
+    /// client is made, also for an `http://` URL (where it goes unused).
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// What to try when the API refused a request for want of a token (HTTP 401, none given).
+pub const NO_TOKEN_HINT: &str =
+    "the API wants an access token: pass --token TOKEN or set KERNELVISOR_TOKEN";
+/// What to try when the API refused the token given (HTTP 401).
+pub const BAD_TOKEN_HINT: &str =
+    "the token given (--token or KERNELVISOR_TOKEN) was refused: check it, and that its access \
+     key exists and is enabled";
 
 /// A client bound to one API base URL such as `http://127.0.0.1:8081`.
 pub struct Client {
     base: String,
+    /// `Bearer <token>`, the value of the `Authorization` header.
+    authorization: Option<String>,
+    /// The `--ca-cert` file, if any: named in the hint of a certificate error.
+    ca_cert: Option<PathBuf>,
     agent: ureq::Agent,
     /// For file transfers: every read and write bounded by [`TRANSFER_IDLE_TIMEOUT`].
     transfer: ureq::Agent,
 }
 
 impl Client {
-    /// A client for the API at `base` (a trailing `/` is ignored).
+    /// A client for the API at `base` (a trailing `/` is ignored), without a token, trusting
+    /// the webpki roots for `https://`.
     ///
-    /// Errors ([`ClientError::Transport`], "invalid API URL") unless `base` is `http://…`.
+    /// Errors as [`Client::with_options`].
     pub fn new(base: &str) -> Result<Self, ClientError> {
+        Client::with_options(base, &ClientOptions::default())
+    }
+
+    /// A client for the API at `base` (a trailing `/` is ignored) with a token and trusted
+    /// certificates.
+    ///
+    /// Errors ([`ClientError::Transport`], ctl exits 2): "invalid API URL" unless `base` is
+    /// `http://…` or `https://…`; "cannot use CA certificate" when `ca_cert` cannot be read or
+    /// holds no PEM certificate that rustls accepts.
+    pub fn with_options(base: &str, options: &ClientOptions) -> Result<Self, ClientError> {
         let base = base.trim().trim_end_matches('/');
-        let scheme_ok = base
-            .get(..7)
-            .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
-            && base.len() > 7;
+        let scheme_ok = ["http://", "https://"].iter().any(|scheme| {
+            base.get(..scheme.len())
+                .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+                && base.len() > scheme.len()
+        });
         if !scheme_ok {
             return Err(ClientError::Transport {
                 what: "invalid API URL",
                 url: base.to_owned(),
-                detail: "expected http://HOST:PORT (only plain http:// is supported)".to_owned(),
+                detail: "expected http://HOST:PORT or https://HOST:PORT".to_owned(),
             });
         }
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(CONNECT_TIMEOUT)
-            .build();
-        let transfer = ureq::AgentBuilder::new()
+        let mut agent = ureq::AgentBuilder::new().timeout_connect(CONNECT_TIMEOUT);
+        let mut transfer = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
             .timeout_read(TRANSFER_IDLE_TIMEOUT)
-            .timeout_write(TRANSFER_IDLE_TIMEOUT)
-            .build();
+            .timeout_write(TRANSFER_IDLE_TIMEOUT);
+        if let Some(path) = &options.ca_cert {
+            let tls = Arc::new(tls_config(path)?);
+            agent = agent.tls_config(tls.clone());
+            transfer = transfer.tls_config(tls);
+        }
         Ok(Client {
             base: base.to_owned(),
-            agent,
-            transfer,
+            authorization: options
+                .token
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .map(|t| format!("Bearer {t}")),
+            ca_cert: options.ca_cert.clone(),
+            agent: agent.build(),
+            transfer: transfer.build(),
         })
+    }
+
+    /// A request on `agent` with the `Authorization` header when there is a token.
+    fn request(&self, agent: &ureq::Agent, method: &str, url: &str) -> ureq::Request {
+        let req = agent.request(method, url);
+        match &self.authorization {
+            Some(value) => req.set("Authorization", value),
+            None => req,
+        }
     }
 
     /// The full URL of `path` (which starts with `/`).
@@ -171,11 +232,13 @@ impl Client {
     /// `GET path?query`.
     pub fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Reply, ClientError> {
         let url = self.url(path);
-        let mut req = self.agent.get(&url).timeout(REQUEST_TIMEOUT);
+        let mut req = self
+            .request(&self.agent, "GET", &url)
+            .timeout(REQUEST_TIMEOUT);
         for (k, v) in query {
             req = req.query(k, v);
         }
-        finish(&url, req.call())
+        self.finish(&url, req.call())
     }
 
     /// `POST path` with a JSON body; `timeout` `None` waits as long as the manager takes.
@@ -186,30 +249,39 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<Reply, ClientError> {
         let url = self.url(path);
-        let mut req = self.agent.post(&url);
+        let mut req = self.request(&self.agent, "POST", &url);
         if let Some(t) = timeout {
             req = req.timeout(t);
         }
-        finish(&url, req.send_json(body))
+        self.finish(&url, req.send_json(body))
+    }
+
+    /// `PATCH path` with a JSON body.
+    pub fn patch(&self, path: &str, body: &Value) -> Result<Reply, ClientError> {
+        let url = self.url(path);
+        let req = self
+            .request(&self.agent, "PATCH", &url)
+            .timeout(REQUEST_TIMEOUT);
+        self.finish(&url, req.send_json(body))
     }
 
     /// `POST path` without a body (`Content-Length: 0`); `timeout` as for [`Client::post`].
     pub fn post_empty(&self, path: &str, timeout: Option<Duration>) -> Result<Reply, ClientError> {
         let url = self.url(path);
-        let mut req = self.agent.post(&url);
+        let mut req = self.request(&self.agent, "POST", &url);
         if let Some(t) = timeout {
             req = req.timeout(t);
         }
-        finish(&url, req.send_bytes(&[]))
+        self.finish(&url, req.send_bytes(&[]))
     }
 
     /// `DELETE path`.
     pub fn delete(&self, path: &str) -> Result<Reply, ClientError> {
         let url = self.url(path);
-        finish(
-            &url,
-            self.agent.delete(&url).timeout(REQUEST_TIMEOUT).call(),
-        )
+        let req = self
+            .request(&self.agent, "DELETE", &url)
+            .timeout(REQUEST_TIMEOUT);
+        self.finish(&url, req.call())
     }
 
     /// `GET path?query` whose 2xx body is read as it arrives, any size (`/logs`): the body as a
@@ -223,7 +295,7 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<impl Read + Send, ClientError> {
         let url = self.url(path);
-        let mut req = self.agent.get(&url);
+        let mut req = self.request(&self.agent, "GET", &url);
         if let Some(t) = timeout {
             req = req.timeout(t);
         }
@@ -232,7 +304,7 @@ impl Client {
         }
         match req.call() {
             Ok(resp) => Ok(resp.into_reader()),
-            Err(e) => Err(failure(&url, e)),
+            Err(e) => Err(self.failure(&url, e)),
         }
     }
 
@@ -246,8 +318,7 @@ impl Client {
     pub fn put_file(&self, path: &str, body: impl Read, length: u64) -> Result<Reply, ClientError> {
         let url = self.url(path);
         let req = self
-            .transfer
-            .put(&url)
+            .request(&self.transfer, "PUT", &url)
             .set("Content-Type", "application/octet-stream")
             .set("Content-Length", &length.to_string());
         match req.send(body.take(length)) {
@@ -260,7 +331,7 @@ impl Client {
                     transport_detail(&t)
                 ),
             }),
-            res => finish(&url, res),
+            res => self.finish(&url, res),
         }
     }
 
@@ -270,40 +341,172 @@ impl Client {
     /// whole call has no limit. Map read errors with `read_error`.
     pub fn get_file(&self, path: &str) -> Result<impl Read + Send, ClientError> {
         let url = self.url(path);
-        match self.transfer.get(&url).call() {
+        match self.request(&self.transfer, "GET", &url).call() {
             Ok(resp) => Ok(resp.into_reader()),
-            Err(e) => Err(failure(&url, e)),
+            Err(e) => Err(self.failure(&url, e)),
         }
     }
-}
 
-/// Reads the response (or error) of one call into a [`Reply`] or [`ClientError`].
-fn finish(url: &str, res: Result<ureq::Response, ureq::Error>) -> Result<Reply, ClientError> {
-    match res {
-        Ok(resp) => {
-            let text = read_body(url, resp)?;
-            match serde_json::from_str(&text) {
-                Ok(json) => Ok(Reply { text, json }),
-                Err(e) => Err(ClientError::InvalidResponse {
-                    url: url.to_owned(),
-                    detail: format!("not JSON: {e}"),
-                }),
+    /// Reads the response (or error) of one call into a [`Reply`] or [`ClientError`]. A 2xx
+    /// answer without a body (`204`) is a [`Reply`] of `""` / `null`.
+    fn finish(
+        &self,
+        url: &str,
+        res: Result<ureq::Response, ureq::Error>,
+    ) -> Result<Reply, ClientError> {
+        match res {
+            Ok(resp) => {
+                let text = read_body(url, resp)?;
+                if text.trim().is_empty() {
+                    return Ok(Reply {
+                        text: String::new(),
+                        json: Value::Null,
+                    });
+                }
+                match serde_json::from_str(&text) {
+                    Ok(json) => Ok(Reply { text, json }),
+                    Err(e) => Err(ClientError::InvalidResponse {
+                        url: url.to_owned(),
+                        detail: format!("not JSON: {e}"),
+                    }),
+                }
+            }
+            Err(e) => Err(self.failure(url, e)),
+        }
+    }
+
+    /// A call's error: the API's error answer (a 401 with a hint about the token), or why there
+    /// was none (a certificate error with a hint about `--ca-cert`).
+    fn failure(&self, url: &str, e: ureq::Error) -> ClientError {
+        match e {
+            ureq::Error::Status(status, resp) => {
+                // A body we cannot read still leaves the status worth reporting.
+                let body = read_body(url, resp).unwrap_or_default();
+                let mut api = ApiError::from_body(status, body);
+                if status == 401 {
+                    let hint = match self.authorization {
+                        None => NO_TOKEN_HINT,
+                        Some(_) => BAD_TOKEN_HINT,
+                    };
+                    api.hint = Some(hint.to_owned());
+                }
+                api.into()
+            }
+            ureq::Error::Transport(t) => {
+                let mut err = transport(url, &t);
+                if let (ClientError::Transport { detail, .. }, Some(hint)) =
+                    (&mut err, self.transport_hint(url, &t))
+                {
+                    detail.push_str(&format!(" ({hint})"));
+                }
+                err
             }
         }
-        Err(e) => Err(failure(url, e)),
+    }
+
+    /// What to try after a transport error that TLS explains: the server's certificate is not
+    /// trusted (`--ca-cert`), an `https://` URL of a plain HTTP API, or an `http://` URL of an
+    /// HTTPS one (its answer is a TLS alert, not an HTTP status line).
+    fn transport_hint(&self, url: &str, t: &ureq::Transport) -> Option<String> {
+        let https = url
+            .get(..8)
+            .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+        match tls_error(t) {
+            Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) => {
+                Some(match &self.ca_cert {
+                    None => "the API's certificate is not trusted: pass --ca-cert PATH or set \
+                             KERNELVISOR_CA_CERT, PATH being the certificate or the CA that \
+                             issued it"
+                        .to_owned(),
+                    Some(p) => format!(
+                        "the API's certificate is not trusted by --ca-cert {}, or does not name \
+                         the host of the API URL",
+                        p.display()
+                    ),
+                })
+            }
+            Some(rustls::Error::InvalidMessage(_)) if https => {
+                Some("is the API plain HTTP? then use an http:// URL".to_owned())
+            }
+            None if !https && not_http(t) => Some(
+                "the answer is not HTTP: is the API served over HTTPS? then use an https:// URL"
+                    .to_owned(),
+            ),
+            _ => None,
+        }
     }
 }
 
-/// A call's error: the API's error answer, or why there was none.
-fn failure(url: &str, e: ureq::Error) -> ClientError {
-    match e {
-        ureq::Error::Status(status, resp) => {
-            // A body we cannot read still leaves the status worth reporting.
-            let body = read_body(url, resp).unwrap_or_default();
-            ApiError::from_body(status, body).into()
-        }
-        ureq::Error::Transport(t) => transport(url, &t),
+/// The rustls client config that trusts exactly the certificates of the PEM file `path`, on the
+/// `ring` provider.
+///
+/// Errors ([`ClientError::Transport`], "cannot use CA certificate"): the file cannot be read,
+/// its PEM is malformed, it holds no certificate, or rustls rejects one as a trust anchor.
+fn tls_config(path: &Path) -> Result<rustls::ClientConfig, ClientError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let fail = |detail: String| ClientError::Transport {
+        what: "cannot use CA certificate",
+        url: path.display().to_string(),
+        detail,
+    };
+    let pem = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(format!("invalid PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(fail(
+            "no PEM certificate (BEGIN CERTIFICATE) in it".to_owned(),
+        ));
     }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| fail(format!("not a usable certificate: {e}")))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| fail(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// Whether a transport error is an answer that is not HTTP: a bad status line or header
+/// (ureq reports a status line without `\n`, as a TLS alert is, as an `InvalidInput` I/O error).
+fn not_http(t: &ureq::Transport) -> bool {
+    if matches!(
+        t.kind(),
+        ureq::ErrorKind::BadStatus | ureq::ErrorKind::BadHeader
+    ) {
+        return true;
+    }
+    std::error::Error::source(t)
+        .and_then(|s| s.downcast_ref::<io::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e.kind(),
+                io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData
+            )
+        })
+}
+
+/// The rustls error under a transport error, if any (ureq wraps it in an `io::Error`).
+fn tls_error(t: &ureq::Transport) -> Option<&rustls::Error> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(t);
+    while let Some(e) = next {
+        let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if tls.is_some() {
+            return tls;
+        }
+        next = e.source();
+    }
+    None
 }
 
 fn read_body(url: &str, resp: ureq::Response) -> Result<String, ClientError> {
@@ -435,19 +638,163 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls() {
-        let err = Client::new("https://127.0.0.1:1").err().unwrap();
+    fn http_and_https_urls_only() {
+        let err = Client::new("ftp://127.0.0.1:1").err().unwrap();
         assert_eq!(
             err.to_string(),
-            "error: invalid API URL https://127.0.0.1:1: expected http://HOST:PORT (only plain http:// is supported)"
+            "error: invalid API URL ftp://127.0.0.1:1: expected http://HOST:PORT or https://HOST:PORT"
         );
         assert_eq!(err.exit_code(), 2);
         assert!(Client::new("127.0.0.1:8081").is_err());
         assert!(Client::new("http://").is_err());
+        assert!(Client::new("https://").is_err());
         assert_eq!(
             Client::new("HTTP://m:1/").unwrap().url("/health"),
             "HTTP://m:1/health"
         );
+        assert_eq!(
+            Client::new("HTTPS://m:1/").unwrap().url("/health"),
+            "HTTPS://m:1/health"
+        );
+    }
+
+    #[test]
+    fn ca_cert_must_be_a_pem_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let with_ca = |path: &std::path::Path| {
+            let options = ClientOptions {
+                token: None,
+                ca_cert: Some(path.to_owned()),
+            };
+            Client::with_options("https://localhost:1", &options)
+        };
+        let missing = dir.path().join("missing.pem");
+        let err = with_ca(&missing).err().unwrap();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "error: cannot use CA certificate {}: ",
+                missing.display()
+            )),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "hello\n").unwrap();
+        let err = with_ca(&junk).err().unwrap();
+        assert!(
+            err.to_string()
+                .ends_with("no PEM certificate (BEGIN CERTIFICATE) in it"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bearer_token_on_every_call_and_only_with_a_token() {
+        use crate::ctl::testserver::{Answer, Server};
+        let ok = || Answer::json(200, "{}");
+        let server = Server::start(vec![ok(), ok(), ok(), ok(), ok(), ok(), ok(), ok()]);
+        let options = ClientOptions {
+            token: Some("AKX:s3cret".to_owned()),
+            ca_cert: None,
+        };
+        let client = Client::with_options(&server.url, &options).unwrap();
+        client.get("/v1/agents", &[]).unwrap();
+        client.post("/v1/sessions", &Value::Null, None).unwrap();
+        client
+            .post_empty("/v1/sessions/S/services/w", None)
+            .unwrap();
+        client.patch("/v1/access-keys/K", &Value::Null).unwrap();
+        client.delete("/v1/vfolders/v").unwrap();
+        let mut logs = String::new();
+        client
+            .get_stream("/v1/sessions/S/logs", &[], None)
+            .unwrap()
+            .read_to_string(&mut logs)
+            .unwrap();
+        client
+            .put_file("/v1/sessions/S/files/a", &b"x"[..], 1)
+            .unwrap();
+        // An empty token is no token.
+        let options = ClientOptions {
+            token: Some(String::new()),
+            ca_cert: None,
+        };
+        Client::with_options(&server.url, &options)
+            .unwrap()
+            .get("/health", &[])
+            .unwrap();
+        let requests = server.requests();
+        for r in &requests[..7] {
+            assert_eq!(
+                r.header("authorization"),
+                Some("Bearer AKX:s3cret"),
+                "{}",
+                r.line
+            );
+        }
+        assert_eq!(requests[7].header("authorization"), None);
+    }
+
+    #[test]
+    fn a_tls_answer_to_http_hints_at_https() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0; 1024];
+            let _ = stream.read(&mut request);
+            // What a TLS server answers to plain text: a fatal alert record (decode_error).
+            stream.write_all(&[21, 3, 3, 0, 2, 2, 50]).unwrap();
+        });
+        let err = Client::new(&url).unwrap().get("/health", &[]).unwrap_err();
+        server.join().unwrap();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("error: no answer from {url}/health: ")),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "(the answer is not HTTP: is the API served over HTTPS? then use an https:// URL)"
+            ),
+            "{text}"
+        );
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn unauthorized_hints_at_the_token() {
+        use crate::ctl::testserver::{Answer, Server};
+        let body = r#"{"error": {"code": "unauthorized", "message": "no valid token"}}"#;
+        let server = Server::start(vec![Answer::json(401, body), Answer::json(401, body)]);
+        let err = Client::new(&server.url)
+            .unwrap()
+            .get("/v1/agents", &[])
+            .unwrap_err();
+        let ClientError::Api(api) = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(
+            err.to_string(),
+            "error: unauthorized: no valid token (HTTP 401)"
+        );
+        assert_eq!(api.hint.as_deref(), Some(NO_TOKEN_HINT));
+        assert_eq!(err.exit_code(), 1);
+        let options = ClientOptions {
+            token: Some("wrong".to_owned()),
+            ca_cert: None,
+        };
+        let err = Client::with_options(&server.url, &options)
+            .unwrap()
+            .get("/v1/agents", &[])
+            .unwrap_err();
+        let ClientError::Api(api) = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(api.hint.as_deref(), Some(BAD_TOKEN_HINT));
+        // Other refusals carry no hint.
+        assert_eq!(ApiError::from_body(403, body.to_owned()).hint, None);
     }
 
     #[test]

@@ -7,10 +7,16 @@
 //! they stream (`--follow`). `session wait` polls a session until it is `TERMINATED`.
 //! `session cp` streams a file to or from a session (module `files`); `session ls` lists a
 //! directory of it; `session services`, `service-start` and `service-stop` manage its services.
+//! `access-key …` manages access keys (module `keys`), `vfolder …` the caller's vfolders (module
+//! `vfolders`).
+//!
+//! Every request carries `Authorization: Bearer <token>` when `--token` (or `KERNELVISOR_TOKEN`)
+//! is given; an `https://` API is checked against the webpki roots, or exactly the certificates
+//! of `--ca-cert` (`KERNELVISOR_CA_CERT`).
 //!
 //! Exit status: 0 on success; 1 when the API answers an error (printed as
 //! `error: <code>: <message> (HTTP <status>)`, followed by the error's `output` when it has one,
-//! as `service-failed` does), an answer is not JSON, or a local file cannot be read or written
+//! as `service-failed` does, and by a `hint: …` line on a 401), an answer is not JSON, or a local file cannot be read or written
 //! (`session cp`); 2 when the API cannot be reached or the connection breaks (and on usage
 //! errors, from clap); 141 when stdout is closed early (`| head`). `session exec` exits with the
 //! executed code's exit code, or 124 when it timed out. `session wait` exits with the session's
@@ -19,19 +25,24 @@
 mod client;
 mod files;
 mod format;
+mod keys;
 mod parse;
 mod render;
 #[cfg(test)]
 mod testserver;
+mod vfolders;
 
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{ArgMatches, Args, FromArgMatches, Subcommand, ValueEnum};
 use serde_json::{json, Map, Value};
 
-pub use client::{ApiError, Client, ClientError, Reply};
+pub use client::{ApiError, Client, ClientError, ClientOptions, Reply};
+pub use keys::AccessKeyCommand;
 pub use parse::{Endpoint, Mount, Permission, Transfer};
+pub use vfolders::VfolderCommand;
 
 use client::segment;
 use files::Downloaded;
@@ -51,9 +62,24 @@ const LOG_BUFFER: usize = 64 * 1024;
 /// Arguments of `kernelvisor ctl`.
 #[derive(Debug, Args)]
 pub struct CtlArgs {
-    /// Base URL of the manager's HTTP API (http:// only).
+    /// Base URL of the manager's HTTP API: http://HOST:PORT, or https://HOST:PORT when the
+    /// manager has [api] tls-cert.
     #[arg(long, global = true, value_name = "URL", env = "KERNELVISOR_API", default_value = DEFAULT_API)]
     pub api: String,
+    /// Access token, an access key's secret key, sent with every request as `Authorization:
+    /// Bearer TOKEN`; none by default.
+    #[arg(
+        long,
+        global = true,
+        value_name = "TOKEN",
+        env = "KERNELVISOR_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// PEM certificate(s) to trust for an https:// API (its self-signed certificate, or the CA
+    /// that issued it) instead of the public web roots.
+    #[arg(long, global = true, value_name = "PATH", env = "KERNELVISOR_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
     /// Output format (no effect on `session logs` and on `session cp … -`, which print the
     /// logs and the file as they are).
     #[arg(long, short, global = true, value_name = "FORMAT", value_enum, default_value_t = Output::Table)]
@@ -90,9 +116,12 @@ pub enum CtlCommand {
     /// files of, start and stop services of, or terminate one session.
     #[command(subcommand)]
     Session(SessionCommand),
-    /// Inspect access keys.
+    /// Create, list, show, enable, disable, limit or delete access keys.
     #[command(subcommand)]
     AccessKey(AccessKeyCommand),
+    /// Create, list or delete vfolders (storage that `session create --mount` mounts).
+    #[command(subcommand)]
+    Vfolder(VfolderCommand),
     /// The manager's health: status, mode and live agents (GET /health).
     Health,
 }
@@ -101,7 +130,7 @@ pub enum CtlCommand {
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
     /// Start a session on the least-loaded agent that fits it (POST /v1/sessions).
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Show one session (GET /v1/sessions/{id}).
     Show {
         /// Session id (UUID).
@@ -276,14 +305,15 @@ pub struct CreateArgs {
     /// Memory: bytes, or with a unit suffix such as 256m or 1g.
     #[arg(long, value_name = "SIZE")]
     pub mem: String,
-    /// Access key the session is charged to.
+    /// Access key the session is charged to [default: the token's]; an admin token may name
+    /// another key, to create the session on its behalf.
     #[arg(long, value_name = "KEY")]
-    pub access_key: String,
+    pub access_key: Option<String>,
     /// Environment variable for the kernel (repeatable; a later KEY wins).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse::env)]
     pub env: Vec<(String, String)>,
-    /// Host directory to mount, read-write unless :ro (repeatable).
-    #[arg(long = "mount", value_name = "NAME=HOST_PATH[:ro|rw]", value_parser = parse::mount)]
+    /// A vfolder to mount at /home/work/NAME, read-write unless :ro (repeatable).
+    #[arg(long = "mount", value_name = "NAME[:ro|:rw]", value_parser = parse::mount)]
     pub mounts: Vec<Mount>,
     /// Session type [default: interactive]; batch needs --command.
     #[arg(long = "type", value_name = "TYPE", value_enum)]
@@ -298,14 +328,16 @@ pub struct CreateArgs {
 }
 
 impl CreateArgs {
-    /// The `POST /v1/sessions` body; `environ`, `mounts`, `type`, `command` and `batch_timeout`
-    /// only when given.
+    /// The `POST /v1/sessions` body; `access_key`, `environ`, `mounts` (`[{"name",
+    /// "permission"}]`), `type`, `command` and `batch_timeout` only when given.
     pub fn to_json(&self) -> Value {
         let mut body = json!({
             "image": self.image,
             "resource_slots": {"cpu": self.cpu, "mem": self.mem},
-            "access_key": self.access_key,
         });
+        if let Some(key) = &self.access_key {
+            body["access_key"] = json!(key);
+        }
         if !self.env.is_empty() {
             let environ: Map<String, Value> = self
                 .env
@@ -362,21 +394,15 @@ impl ExecOptions {
     }
 }
 
-/// `kernelvisor ctl access-key …`.
-#[derive(Debug, Subcommand)]
-pub enum AccessKeyCommand {
-    /// Show an access key's concurrency used and limit (GET /v1/access-keys/{key}).
-    Show {
-        /// The access key.
-        key: String,
-    },
-}
-
 /// Runs one `kernelvisor ctl` command against the API and answers the process exit status (see
 /// the module docs). API and connection errors are printed to stderr here, not returned; `Err`
 /// is left for failures to write the output.
 pub fn run(args: CtlArgs) -> anyhow::Result<i32> {
-    let result = Client::new(&args.api)
+    let options = ClientOptions {
+        token: args.token.clone(),
+        ca_cert: args.ca_cert.clone(),
+    };
+    let result = Client::with_options(&args.api, &options)
         .map_err(Failure::Client)
         .and_then(|client| dispatch(&client, &args));
     match result {
@@ -401,8 +427,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<i32> {
 
 /// Prints a failed call: with `-o json`, the API's error envelope on `stdout` (on one line when
 /// `lines`, as `session exec` prints its answers); then the error on `stderr`, followed by the
-/// error's `output` (a failed service's last output) when it has one. Write errors are ignored:
-/// the exit status tells of the failure anyway.
+/// error's `output` (a failed service's last output) when it has one, and its `hint: …` (a 401:
+/// how to give a token). Write errors are ignored: the exit status tells of the failure anyway.
 fn report(
     e: &ClientError,
     out: Output,
@@ -430,6 +456,9 @@ fn report(
             if !output.ends_with('\n') {
                 let _ = writeln!(stderr);
             }
+        }
+        if let Some(hint) = &api.hint {
+            let _ = writeln!(stderr, "hint: {hint}");
         }
     }
     let _ = stderr.flush();
@@ -582,11 +611,10 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
             out,
             &mut io::stdout().lock(),
         ),
-        CtlCommand::AccessKey(AccessKeyCommand::Show { key }) => show(
-            out,
-            &client.get(&format!("/v1/access-keys/{}", segment(key)), &[])?,
-            render::access_key,
-        ),
+        CtlCommand::AccessKey(command) => keys::run(client, command, out, &mut io::stdout().lock()),
+        CtlCommand::Vfolder(command) => {
+            vfolders::run(client, command, out, &mut io::stdout().lock())
+        }
         CtlCommand::Health => show(out, &client.get("/health", &[])?, render::health),
     }
 }
@@ -596,7 +624,7 @@ fn show(out: Output, reply: &Reply, table: impl FnOnce(&Value) -> String) -> Res
     show_to(out, reply, table, &mut io::stdout().lock())
 }
 
-/// [`show`] to `stdout`.
+/// [`show`] to `stdout`. An answer without a body prints nothing with `-o json`.
 fn show_to(
     out: Output,
     reply: &Reply,
@@ -604,6 +632,7 @@ fn show_to(
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
     match out {
+        Output::Json if reply.text.is_empty() => {}
         Output::Json => writeln!(stdout, "{}", format::pretty_json(&reply.text))?,
         Output::Table => stdout.write_all(table(&reply.json).as_bytes())?,
     }
@@ -921,7 +950,9 @@ mod tests {
             "--env",
             "B=x=y",
             "--mount",
-            "data=/vfroot/data:ro",
+            "data:ro",
+            "--mount",
+            "scratch",
         ])
         .unwrap();
         let CtlCommand::Session(SessionCommand::Create(c)) = a.command else {
@@ -931,7 +962,8 @@ mod tests {
             c.to_json(),
             json!({"image": "img:1", "resource_slots": {"cpu": "0.5", "mem": "256m"}, "access_key": "AK",
                    "environ": {"A": "1", "B": "x=y"},
-                   "mounts": [{"name": "data", "host_path": "/vfroot/data", "permission": "ro"}]})
+                   "mounts": [{"name": "data", "permission": "ro"},
+                              {"name": "scratch", "permission": "rw"}]})
         );
         let a = parse(&[
             "session",
@@ -966,7 +998,7 @@ mod tests {
             "AK",
         ];
         match parse(&[&base[..], extra].concat())?.command {
-            CtlCommand::Session(SessionCommand::Create(c)) => Ok(c),
+            CtlCommand::Session(SessionCommand::Create(c)) => Ok(*c),
             other => panic!("not create: {other:?}"),
         }
     }
@@ -1116,14 +1148,14 @@ mod tests {
             text.contains("NOEQUALS") && text.contains("expected KEY=VALUE"),
             "{text}"
         );
-        let text = parse(&[&base[..], &["--mount", "data"]].concat())
+        let text = parse(&[&base[..], &["--mount", "data=/vfroot/data"]].concat())
             .err()
             .unwrap()
             .to_string();
-        assert!(text.contains("expected NAME=HOST_PATH[:ro|rw]"), "{text}");
+        assert!(text.contains("expected NAME[:ro|:rw]"), "{text}");
         assert!(
             parse(&["session", "create", "--image", "i"]).is_err(),
-            "cpu/mem/access-key are required"
+            "cpu/mem are required"
         );
     }
 
@@ -1982,5 +2014,278 @@ mod tests {
             "GET /v1/sessions/S/files?dir=sub+dir%2Fa%26b%3D%C3%BC"
         );
         assert_eq!(requests[1].line, "GET /v1/sessions/S/files?dir=");
+    }
+
+    #[test]
+    fn token_and_ca_cert_flags() {
+        let a = parse(&["agents"]).unwrap();
+        assert_eq!((a.token.as_deref(), a.ca_cert.as_deref()), (None, None));
+        let a = parse(&[
+            "session",
+            "show",
+            "S",
+            "--token",
+            "AK:sk",
+            "--ca-cert",
+            "/etc/ca.pem",
+        ])
+        .unwrap();
+        assert_eq!(a.token.as_deref(), Some("AK:sk"));
+        assert_eq!(
+            a.ca_cert.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        let a = parse(&["--token=T", "--api", "https://m:8081", "vfolder", "list"]).unwrap();
+        assert_eq!(
+            (a.token.as_deref(), a.api.as_str()),
+            (Some("T"), "https://m:8081")
+        );
+        assert!(matches!(
+            a.command,
+            CtlCommand::Vfolder(VfolderCommand::List { all: false })
+        ));
+    }
+
+    #[test]
+    fn create_without_access_key_and_with_one() {
+        let a = parse(&[
+            "session", "create", "--image", "i", "--cpu", "1", "--mem", "1g", "--mount", "d:ro",
+        ])
+        .unwrap();
+        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else {
+            panic!("not create")
+        };
+        assert_eq!(
+            c.to_json(),
+            json!({"image": "i", "resource_slots": {"cpu": "1", "mem": "1g"},
+                   "mounts": [{"name": "d", "permission": "ro"}]})
+        );
+        assert_eq!(create(&[]).unwrap().to_json()["access_key"], "AK");
+    }
+
+    fn key_command(args: &[&str]) -> AccessKeyCommand {
+        match parse(&[&["access-key"][..], args].concat())
+            .unwrap()
+            .command
+        {
+            CtlCommand::AccessKey(c) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn key_object(extra: Value) -> Value {
+        let mut v = json!({"access_key": "AKNEW", "role": "user", "name": "ci",
+                           "concurrency_limit": 4, "concurrency_used": 0, "enabled": true,
+                           "created_at": 1_700_000_000.0});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    }
+
+    #[test]
+    fn access_key_commands_send_their_requests() {
+        let created = key_object(json!({"secret_key": "sk-secret"})).to_string();
+        let key = key_object(json!({})).to_string();
+        let server = Server::start(vec![
+            Answer::json(201, created.clone()),
+            Answer::json(201, created.clone()),
+            Answer::json(
+                200,
+                json!({"access_keys": [key_object(json!({}))]}).to_string(),
+            ),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+        ]);
+        let options = ClientOptions {
+            token: Some("admin-token".to_owned()),
+            ca_cert: None,
+        };
+        let client = Client::with_options(&server.url, &options).unwrap();
+        let run = |args: &[&str], out: Output| {
+            let mut stdout = Vec::new();
+            let code = keys::run(&client, &key_command(args), out, &mut stdout).unwrap();
+            assert_eq!(code, 0);
+            text(stdout)
+        };
+        let table = run(
+            &[
+                "create",
+                "--admin",
+                "--concurrency-limit",
+                "4",
+                "--name",
+                "ci",
+            ],
+            Output::Table,
+        );
+        assert!(table.contains("Secret key:  sk-secret\n"), "{table}");
+        assert!(table.contains("shown only this once"), "{table}");
+        let printed = run(&["create"], Output::Json);
+        assert_eq!(
+            printed,
+            format::pretty_json(&created) + "\n",
+            "as the API wrote it"
+        );
+        let table = run(&["list"], Output::Table);
+        assert!(
+            table.starts_with("ACCESS KEY") && table.contains("AKNEW"),
+            "{table}"
+        );
+        run(&["show", "AK/1"], Output::Table);
+        run(&["disable", "AKNEW"], Output::Table);
+        run(&["enable", "AKNEW"], Output::Table);
+        let table = run(&["set-limit", "AKNEW", "0"], Output::Table);
+        assert!(table.contains("State:       enabled"), "{table}");
+        run(&["delete", "AKNEW"], Output::Table);
+
+        let requests = server.requests();
+        let seen: Vec<(&str, Option<Value>)> = requests
+            .iter()
+            .map(|r| {
+                assert_eq!(r.header("authorization"), Some("Bearer admin-token"));
+                (r.line.as_str(), serde_json::from_str(&r.body).ok())
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    "POST /v1/access-keys",
+                    Some(json!({"role": "admin", "concurrency_limit": 4, "name": "ci"}))
+                ),
+                ("POST /v1/access-keys", Some(json!({"role": "user"}))),
+                ("GET /v1/access-keys", None),
+                ("GET /v1/access-keys/AK%2F1", None),
+                (
+                    "PATCH /v1/access-keys/AKNEW",
+                    Some(json!({"enabled": false}))
+                ),
+                (
+                    "PATCH /v1/access-keys/AKNEW",
+                    Some(json!({"enabled": true}))
+                ),
+                (
+                    "PATCH /v1/access-keys/AKNEW",
+                    Some(json!({"concurrency_limit": 0}))
+                ),
+                ("DELETE /v1/access-keys/AKNEW", None),
+            ]
+        );
+        for r in &requests[..2] {
+            assert_eq!(r.header("content-type"), Some("application/json"));
+        }
+        assert!(parse(&["access-key", "set-limit", "AK", "-1"]).is_err());
+        assert!(parse(&["access-key", "create", "--concurrency-limit", "x"]).is_err());
+    }
+
+    #[test]
+    fn vfolder_commands_send_their_requests() {
+        let folder = r#"{"name": "data", "owner": "AKUSER", "created_at": 1700000000.0}"#;
+        let server = Server::start(vec![
+            Answer::json(201, folder),
+            Answer::json(200, format!(r#"{{"vfolders": [{folder}]}}"#)),
+            Answer::json(200, r#"{"vfolders": []}"#),
+            Answer::json(200, folder),
+            Answer::bytes(204, "application/json", Vec::new()),
+            Answer::bytes(204, "application/json", Vec::new()),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let run = |args: &[&str], out: Output| {
+            let command = match parse(&[&["vfolder"][..], args].concat()).unwrap().command {
+                CtlCommand::Vfolder(c) => c,
+                other => panic!("{other:?}"),
+            };
+            let mut stdout = Vec::new();
+            assert_eq!(
+                vfolders::run(&client, &command, out, &mut stdout).unwrap(),
+                0
+            );
+            text(stdout)
+        };
+        assert_eq!(
+            run(&["create", "data"], Output::Table),
+            "Vfolder: data\nOwner:   AKUSER\nCreated: 2023-11-14T22:13:20Z\n"
+        );
+        assert_eq!(
+            run(&["list"], Output::Table),
+            "NAME  OWNER   CREATED\ndata  AKUSER  2023-11-14T22:13:20Z\n"
+        );
+        assert_eq!(
+            run(&["list", "--all"], Output::Table),
+            "NAME  OWNER  CREATED\n"
+        );
+        assert_eq!(
+            run(&["delete", "data"], Output::Table),
+            "vfolder data deleted\n"
+        );
+        // An answer without a body: the table names the folder, JSON prints nothing.
+        assert_eq!(
+            run(&["delete", "my data"], Output::Table),
+            "vfolder my data deleted\n"
+        );
+        assert_eq!(run(&["delete", "x"], Output::Json), "");
+        let requests = server.requests();
+        assert_eq!(requests[0].line, "POST /v1/vfolders");
+        assert_eq!(
+            serde_json::from_str::<Value>(&requests[0].body).unwrap(),
+            json!({"name": "data"})
+        );
+        assert_eq!(requests[1].line, "GET /v1/vfolders");
+        assert_eq!(requests[2].line, "GET /v1/vfolders?all=true");
+        assert_eq!(requests[3].line, "DELETE /v1/vfolders/data");
+        assert_eq!(requests[4].line, "DELETE /v1/vfolders/my%20data");
+        assert!(
+            requests.iter().all(|r| r.header("authorization").is_none()),
+            "no token, no Authorization header"
+        );
+    }
+
+    #[test]
+    fn unauthorized_and_forbidden_are_reported_with_a_hint_on_401() {
+        let unauthorized =
+            r#"{"error": {"code": "unauthorized", "message": "missing or invalid token"}}"#;
+        let forbidden = r#"{"error": {"code": "forbidden", "message": "admin only"}}"#;
+        let server = Server::start(vec![
+            Answer::json(401, unauthorized),
+            Answer::json(401, unauthorized),
+            Answer::json(403, forbidden),
+        ]);
+        let fail = |client: &Client, out: Output| {
+            let Err(Failure::Client(e)) =
+                keys::run(client, &key_command(&["list"]), out, &mut Vec::new())
+            else {
+                panic!("not an API error")
+            };
+            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+            report(&e, out, false, &mut stdout, &mut stderr);
+            (e.exit_code(), text(stdout), text(stderr))
+        };
+        let client = Client::new(&server.url).unwrap();
+        let (code, stdout, stderr) = fail(&client, Output::Table);
+        assert_eq!((code, stdout.as_str()), (1, ""));
+        assert_eq!(
+            stderr,
+            "error: unauthorized: missing or invalid token (HTTP 401)\n\
+             hint: the API wants an access token: pass --token TOKEN or set KERNELVISOR_TOKEN\n"
+        );
+        let (_, stdout, stderr) = fail(&client, Output::Json);
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["error"]["code"], "unauthorized");
+        assert!(stderr.contains("hint: "), "{stderr}");
+        let options = ClientOptions {
+            token: Some("user-token".to_owned()),
+            ca_cert: None,
+        };
+        let client = Client::with_options(&server.url, &options).unwrap();
+        let (code, _, stderr) = fail(&client, Output::Table);
+        assert_eq!(
+            (code, stderr.as_str()),
+            (1, "error: forbidden: admin only (HTTP 403)\n"),
+            "no hint on 403"
+        );
     }
 }

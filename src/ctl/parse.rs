@@ -48,18 +48,18 @@ pub fn seconds_json(n: f64) -> Value {
 /// Mount permission: read-only or read-write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Permission {
+    /// Read-only (`:ro`).
     Ro,
+    /// Read-write (`:rw`, the default).
     Rw,
 }
 
-/// One `--mount NAME=HOST_PATH[:ro|rw]`, as the API's
-/// `{"name", "host_path", "permission": "ro"|"rw"}`.
+/// One `--mount NAME[:ro|:rw]`: a vfolder of the caller's, as the API's
+/// `{"name", "permission": "ro"|"rw"}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
-    /// Name of the mount (the vfolder name; the kernel sees it under `/home/work/<name>`).
+    /// The vfolder's name (`ctl vfolder list`); the kernel sees it under `/home/work/<name>`.
     pub name: String,
-    /// Absolute path on the agent's host.
-    pub host_path: String,
     /// `rw` unless `:ro` is given.
     pub permission: Permission,
 }
@@ -71,37 +71,33 @@ impl Mount {
             Permission::Ro => "ro",
             Permission::Rw => "rw",
         };
-        json!({"name": self.name, "host_path": self.host_path, "permission": permission})
+        json!({"name": self.name, "permission": permission})
     }
 }
 
-/// `--mount NAME=HOST_PATH[:ro|rw]`: split at the first `=`; a trailing `:ro` or `:rw` is the
-/// permission (default `rw`), anything else after a `:` belongs to the path.
+/// `--mount NAME[:ro|:rw]`: a trailing `:ro` or `:rw` is the permission (default `rw`).
 ///
-/// Errors when there is no `=`, the name is empty, or the path is empty or not absolute.
+/// Errors when the name is empty, or has a `=`, `/` or `:` (a vfolder name has none: host
+/// paths are not given here, a vfolder is made with `ctl vfolder create`).
 pub fn mount(s: &str) -> Result<Mount, String> {
-    let (name, rest) = s
-        .split_once('=')
-        .ok_or("expected NAME=HOST_PATH[:ro|rw], there is no '='")?;
-    if name.is_empty() {
-        return Err("expected NAME=HOST_PATH[:ro|rw], the name is empty".to_owned());
-    }
-    let (host_path, permission) = if let Some(p) = rest.strip_suffix(":ro") {
-        (p, Permission::Ro)
-    } else if let Some(p) = rest.strip_suffix(":rw") {
-        (p, Permission::Rw)
+    let (name, permission) = if let Some(n) = s.strip_suffix(":ro") {
+        (n, Permission::Ro)
+    } else if let Some(n) = s.strip_suffix(":rw") {
+        (n, Permission::Rw)
     } else {
-        (rest, Permission::Rw)
+        (s, Permission::Rw)
     };
-    if host_path.is_empty() {
-        return Err("expected NAME=HOST_PATH[:ro|rw], the host path is empty".to_owned());
+    if name.is_empty() {
+        return Err("expected NAME[:ro|:rw], the name is empty".to_owned());
     }
-    if !host_path.starts_with('/') {
-        return Err(format!("the host path '{host_path}' is not absolute"));
+    if name.contains(['=', '/', ':']) {
+        return Err(format!(
+            "expected NAME[:ro|:rw], '{name}' is not a vfolder name (mounts name vfolders: \
+             `ctl vfolder create NAME` makes one; a permission is :ro or :rw)"
+        ));
     }
     Ok(Mount {
         name: name.to_owned(),
-        host_path: host_path.to_owned(),
         permission,
     })
 }
@@ -277,43 +273,45 @@ mod tests {
 
     #[test]
     fn mounts() {
-        let m = mount("data=/vfroot/data:ro").unwrap();
+        let m = mount("data:ro").unwrap();
         assert_eq!(
             m,
             Mount {
                 name: "data".into(),
-                host_path: "/vfroot/data".into(),
                 permission: Permission::Ro
             }
         );
+        assert_eq!(m.to_json(), json!({"name": "data", "permission": "ro"}));
+        assert_eq!(mount("d:rw").unwrap().permission, Permission::Rw);
         assert_eq!(
-            m.to_json(),
-            json!({"name": "data", "host_path": "/vfroot/data", "permission": "ro"})
+            mount("my-data.v2").unwrap(),
+            Mount {
+                name: "my-data.v2".into(),
+                permission: Permission::Rw
+            }
         );
-        assert_eq!(mount("d=/x:rw").unwrap().permission, Permission::Rw);
-        assert_eq!(mount("d=/x").unwrap().permission, Permission::Rw);
-        assert_eq!(mount("d=/a:b").unwrap().host_path, "/a:b");
-        assert_eq!(mount("d=/a=b:ro").unwrap().host_path, "/a=b");
+        assert_eq!(
+            mount("d").unwrap().to_json(),
+            json!({"name": "d", "permission": "rw"})
+        );
     }
 
     #[test]
     fn bad_mounts() {
         assert_eq!(
-            mount("data").unwrap_err(),
-            "expected NAME=HOST_PATH[:ro|rw], there is no '='"
+            mount(":ro").unwrap_err(),
+            "expected NAME[:ro|:rw], the name is empty"
         );
         assert_eq!(
-            mount("=/x").unwrap_err(),
-            "expected NAME=HOST_PATH[:ro|rw], the name is empty"
+            mount("").unwrap_err(),
+            "expected NAME[:ro|:rw], the name is empty"
         );
-        assert_eq!(
-            mount("d=:ro").unwrap_err(),
-            "expected NAME=HOST_PATH[:ro|rw], the host path is empty"
-        );
-        assert_eq!(
-            mount("d=rel/path").unwrap_err(),
-            "the host path 'rel/path' is not absolute"
-        );
+        for bad in ["data=/vfroot/data:ro", "a/b", "d:rx", "d:ro:rw"] {
+            assert!(
+                mount(bad).unwrap_err().contains("is not a vfolder name"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

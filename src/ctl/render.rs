@@ -214,17 +214,125 @@ pub fn created(v: &Value) -> String {
     ])
 }
 
-/// `GET /v1/access-keys/{key}`: the key and its concurrency, `used/limit` (`unlimited` for 0).
-pub fn access_key(v: &Value) -> String {
+/// An access key's concurrency, `used/limit` (`unlimited` for a limit of 0).
+fn concurrency(v: &Value) -> String {
     let limit = match v.get("concurrency_limit").and_then(Value::as_u64) {
         Some(0) => "unlimited".to_owned(),
         _ => text(v, "concurrency_limit"),
     };
-    let concurrency = format!("{}/{limit}", text(v, "concurrency_used"));
+    format!("{}/{limit}", text(v, "concurrency_used"))
+}
+
+/// An access key's `enabled` as `enabled` / `disabled` (`-` when missing).
+fn key_state(v: &Value) -> String {
+    match v.get("enabled").and_then(Value::as_bool) {
+        Some(true) => "enabled".to_owned(),
+        Some(false) => "disabled".to_owned(),
+        None => "-".to_owned(),
+    }
+}
+
+/// A Unix time field in UTC (`2023-11-14T22:13:20Z`), or `-`.
+fn utc(v: &Value, key: &str) -> String {
+    v.get(key)
+        .and_then(Value::as_f64)
+        .map_or("-".to_owned(), timestamp)
+}
+
+/// One access key (`GET /v1/access-keys/{key}`, and the answers of `PATCH` / `DELETE` on it)
+/// as `key: value` lines: the key, then `Name`, `Role`, `State` (`enabled`/`disabled`) and
+/// `Created` (UTC) when the answer has them, and its concurrency, `used/limit` (`unlimited` for
+/// 0).
+pub fn access_key(v: &Value) -> String {
+    fields(&key_fields(v))
+}
+
+fn key_fields(v: &Value) -> Vec<(&'static str, String)> {
+    let mut pairs = vec![("Access key", text(v, "access_key"))];
+    if v.get("name").is_some() {
+        pairs.push(("Name", text(v, "name")));
+    }
+    if v.get("role").is_some() {
+        pairs.push(("Role", text(v, "role")));
+    }
+    if v.get("enabled").is_some() {
+        pairs.push(("State", key_state(v)));
+    }
+    pairs.push(("Concurrency", concurrency(v)));
+    if v.get("created_at").is_some() {
+        pairs.push(("Created", utc(v, "created_at")));
+    }
+    pairs
+}
+
+/// The answer of `POST /v1/access-keys`: the key as [`access_key`] shows it with its
+/// `Secret key`, then a note that the secret is shown only this once and is the key's token.
+pub fn access_key_created(v: &Value) -> String {
+    let mut pairs = key_fields(v);
+    pairs.insert(1, ("Secret key", text(v, "secret_key")));
+    let mut out = fields(&pairs);
+    out.push_str(
+        "\nThe secret key is shown only this once: the manager keeps no copy it could show \
+         again. Store it now. It is the key's token: kernelvisor ctl --token SECRET (or \
+         KERNELVISOR_TOKEN=SECRET).\n",
+    );
+    out
+}
+
+/// `GET /v1/access-keys` (`{"access_keys": [...]}`) as a table: ACCESS KEY, NAME, ROLE, STATE
+/// (`enabled`/`disabled`), CONCURRENCY (`used/limit`), CREATED (UTC).
+pub fn access_keys(v: &Value) -> String {
+    let rows = array(v, "access_keys")
+        .iter()
+        .map(|k| {
+            vec![
+                text(k, "access_key"),
+                text(k, "name"),
+                text(k, "role"),
+                key_state(k),
+                concurrency(k),
+                utc(k, "created_at"),
+            ]
+        })
+        .collect();
+    table(
+        vec![
+            "ACCESS KEY",
+            "NAME",
+            "ROLE",
+            "STATE",
+            "CONCURRENCY",
+            "CREATED",
+        ],
+        rows,
+    )
+}
+
+/// One vfolder (`{"name", "owner", "created_at"}`: the answer of `POST /v1/vfolders`) as
+/// `key: value` lines, the creation time in UTC.
+pub fn vfolder(v: &Value) -> String {
     fields(&[
-        ("Access key", text(v, "access_key")),
-        ("Concurrency", concurrency),
+        ("Vfolder", text(v, "name")),
+        ("Owner", text(v, "owner")),
+        ("Created", utc(v, "created_at")),
     ])
+}
+
+/// `GET /v1/vfolders` (`{"vfolders": [...]}`) as a table: NAME, OWNER (an access key),
+/// CREATED (UTC).
+pub fn vfolders(v: &Value) -> String {
+    let rows = array(v, "vfolders")
+        .iter()
+        .map(|f| vec![text(f, "name"), text(f, "owner"), utc(f, "created_at")])
+        .collect();
+    table(vec!["NAME", "OWNER", "CREATED"], rows)
+}
+
+/// The answer of `DELETE /v1/vfolders/{name}`: `vfolder NAME deleted` (the name of the answer
+/// when it has one, else `name`).
+pub fn vfolder_deleted(v: &Value, name: &str) -> String {
+    let name = v.get("name").and_then(Value::as_str).unwrap_or(name);
+    format!("vfolder {name} deleted\n")
 }
 
 /// `GET /health`: status, mode and the number of `ALIVE` agents.
@@ -618,6 +726,85 @@ mod tests {
                 && !sparse.contains("GPU"),
             "{sparse}"
         );
+    }
+
+    #[test]
+    fn access_keys_and_vfolders() {
+        let key = json!({"access_key": "AKUSER1", "role": "user", "name": "alice",
+                         "concurrency_limit": 2, "concurrency_used": 1, "enabled": true,
+                         "created_at": NOW});
+        assert_eq!(
+            access_key(&key),
+            "Access key:  AKUSER1\nName:        alice\nRole:        user\nState:       enabled\n\
+             Concurrency: 1/2\nCreated:     2023-11-14T22:13:20Z\n"
+        );
+        let mut created = key.clone();
+        created["secret_key"] = json!("sk-0123");
+        created["name"] = Value::Null;
+        let out = access_key_created(&created);
+        assert!(
+            out.starts_with("Access key:  AKUSER1\nSecret key:  sk-0123\nName:        -\n"),
+            "{out}"
+        );
+        assert!(out.contains("shown only this once"), "{out}");
+
+        let mut admin = key.clone();
+        admin["access_key"] = json!("AKADMIN");
+        admin["role"] = json!("admin");
+        admin["enabled"] = json!(false);
+        admin["concurrency_limit"] = json!(0);
+        admin["name"] = Value::Null;
+        let out = access_keys(&json!({"access_keys": [key, admin]}));
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| {
+                l.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec![
+                    "ACCESS KEY",
+                    "NAME",
+                    "ROLE",
+                    "STATE",
+                    "CONCURRENCY",
+                    "CREATED"
+                ],
+                vec![
+                    "AKUSER1",
+                    "alice",
+                    "user",
+                    "enabled",
+                    "1/2",
+                    "2023-11-14T22:13:20Z"
+                ],
+                vec![
+                    "AKADMIN",
+                    "-",
+                    "admin",
+                    "disabled",
+                    "1/unlimited",
+                    "2023-11-14T22:13:20Z"
+                ],
+            ]
+        );
+
+        let folder = json!({"name": "data", "owner": "AKUSER1", "created_at": NOW});
+        assert_eq!(
+            vfolder(&folder),
+            "Vfolder: data\nOwner:   AKUSER1\nCreated: 2023-11-14T22:13:20Z\n"
+        );
+        assert_eq!(
+            vfolders(&json!({"vfolders": [folder]})),
+            "NAME  OWNER    CREATED\ndata  AKUSER1  2023-11-14T22:13:20Z\n"
+        );
+        assert_eq!(vfolders(&json!({"vfolders": []})), "NAME  OWNER  CREATED\n");
+        assert_eq!(vfolder_deleted(&Value::Null, "d"), "vfolder d deleted\n");
     }
 
     #[test]

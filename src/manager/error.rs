@@ -9,6 +9,25 @@ pub enum ManagerError {
     /// Malformed JSON, a missing or ill-typed field, a bad amount. 400 `invalid-request`.
     #[error("{0}")]
     InvalidRequest(String),
+    /// No bearer token, or one no enabled access key has. 401 `unauthorized` (with
+    /// `WWW-Authenticate: Bearer`).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A `user` key on an admin route. 403 `forbidden`.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The caller has no vfolder of this name. 404 `vfolder-not-found`.
+    #[error("vfolder `{0}` not found")]
+    VfolderNotFound(String),
+    /// 409 `vfolder-exists`.
+    #[error("vfolder `{0}` exists already")]
+    VfolderExists(String),
+    /// A live session mounts it. 409 `vfolder-in-use`.
+    #[error("{0}")]
+    VfolderInUse(String),
+    /// The key still has live sessions. 409 `access-key-in-use`.
+    #[error("{0}")]
+    AccessKeyInUse(String),
     /// The agent has no such image. 400 `image-not-found`.
     #[error("{0}")]
     ImageNotFound(String),
@@ -76,7 +95,11 @@ pub enum ManagerError {
     /// No agent is `ALIVE`. 503 `no-agents`.
     #[error("no agent is ALIVE")]
     NoAgents,
-    /// The store failed. 500 `internal`.
+    /// The store cannot be reached (connection refused, pool timeout, database gone); retry
+    /// after the duration. 503 `store-unavailable`.
+    #[error("the manager's store is unavailable: {0}")]
+    StoreUnavailable(String),
+    /// A bug or an unexpected store answer. 500 `internal`.
     #[error("{0}")]
     Internal(String),
 }
@@ -86,6 +109,13 @@ impl ManagerError {
     pub fn code(&self) -> &'static str {
         match self {
             ManagerError::InvalidRequest(_) => "invalid-request",
+            ManagerError::Unauthorized(_) => "unauthorized",
+            ManagerError::Forbidden(_) => "forbidden",
+            ManagerError::VfolderNotFound(_) => "vfolder-not-found",
+            ManagerError::VfolderExists(_) => "vfolder-exists",
+            ManagerError::VfolderInUse(_) => "vfolder-in-use",
+            ManagerError::AccessKeyInUse(_) => "access-key-in-use",
+            ManagerError::StoreUnavailable(_) => "store-unavailable",
             ManagerError::ImageNotFound(_) => "image-not-found",
             ManagerError::SlotsExceedCapacity(_) => "slots-exceed-capacity",
             ManagerError::SessionNotFound(_) => "session-not-found",
@@ -117,7 +147,10 @@ impl ManagerError {
             | ManagerError::InvalidPath(_)
             | ManagerError::ImageNotFound(_)
             | ManagerError::SlotsExceedCapacity(_) => 400,
+            ManagerError::Unauthorized(_) => 401,
+            ManagerError::Forbidden(_) => 403,
             ManagerError::SessionNotFound(_)
+            | ManagerError::VfolderNotFound(_)
             | ManagerError::AccessKeyNotFound(_)
             | ManagerError::RunNotFound(_)
             | ManagerError::LogsNotFound(_)
@@ -126,12 +159,17 @@ impl ManagerError {
             ManagerError::LengthRequired(_) => 411,
             ManagerError::UploadTooLarge(_) => 413,
             ManagerError::NoCapacity(_)
+            | ManagerError::VfolderExists(_)
+            | ManagerError::VfolderInUse(_)
+            | ManagerError::AccessKeyInUse(_)
             | ManagerError::SessionNotRunning(..)
             | ManagerError::RunHasNoStdin(_)
             | ManagerError::ServiceFailed { .. } => 409,
             ManagerError::ConcurrencyLimit(_) => 429,
             ManagerError::AgentUnavailable(_) | ManagerError::AgentError(_) => 502,
-            ManagerError::StartingUp(_) | ManagerError::NoAgents => 503,
+            ManagerError::StartingUp(_)
+            | ManagerError::NoAgents
+            | ManagerError::StoreUnavailable(_) => 503,
             ManagerError::Internal(_) => 500,
         }
     }
@@ -139,7 +177,11 @@ impl ManagerError {
 
 impl From<super::store::StoreError> for ManagerError {
     fn from(e: super::store::StoreError) -> Self {
-        ManagerError::Internal(e.to_string())
+        if e.is_unavailable() {
+            ManagerError::StoreUnavailable(e.to_string())
+        } else {
+            ManagerError::Internal(e.to_string())
+        }
     }
 }
 

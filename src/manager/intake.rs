@@ -6,6 +6,13 @@
 //!   transaction by the registry, then acked; a duplicate id acked without being re-applied;
 //!   an event that does not parse is not acked (logged, counted) and neither is any later one.
 //! - `agent_heartbeat(agent_id, info)` → `{}`: handed to the registry (latest wins).
+//!
+//! Identity: an agent's key file is `<agent-id>.key`, and ZAP admits the connection under that
+//! file stem. A call whose `agent_id` is not the caller's own is refused with FAILURE
+//! `AgentIdentityMismatch` before anything is applied (logged, counted in
+//! `kernelvisor_manager_intake_identity_mismatches_total{method}`), so one node's key cannot
+//! report for, or terminate the kernels of, another. An unauthenticated intake (no CURVE) has
+//! no identity to bind to and accepts any `agent_id`, as before.
 
 use std::path::Path;
 
@@ -16,7 +23,7 @@ use super::events::AgentEvent;
 use super::metrics::ManagerMetrics;
 use super::registry::{AgentRegistry, ApplyEvents, Heartbeat, HeartbeatReceived};
 use crate::rpc::curve::{load_certificate, CurveKey, KeyError};
-use crate::rpc::{Dispatcher, ErrorMeta};
+use crate::rpc::{Call, Dispatcher, ErrorMeta};
 
 /// The agents' public keys: every `*.key` certificate in `dir`, named by file stem.
 ///
@@ -43,12 +50,30 @@ pub fn load_agent_keys(dir: &Path) -> Result<Vec<(CurveKey, String)>, KeyError> 
     Ok(keys)
 }
 
-fn agent_id(call: &crate::rpc::Call) -> Result<String, ErrorMeta> {
-    call.arg(0, "agent_id")
+/// The call's `agent_id`, which must be the caller's own when the connection is authenticated.
+///
+/// Errors: `TypeError` when missing; `AgentIdentityMismatch` when it differs from the ZAP user
+/// id (counted and logged here, as the caller sees only the FAILURE).
+fn agent_id(call: &Call, method: &str, metrics: &ManagerMetrics) -> Result<String, ErrorMeta> {
+    let agent_id = call
+        .arg(0, "agent_id")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .ok_or_else(|| ErrorMeta::new("TypeError", "missing required argument: 'agent_id'"))
+        .ok_or_else(|| ErrorMeta::new("TypeError", "missing required argument: 'agent_id'"))?;
+    match call.peer_user_id.as_deref() {
+        Some(key_id) if key_id != agent_id => {
+            tracing::warn!(method, claimed = %agent_id, key = %key_id, "intake call refused: agent_id is not the caller's key");
+            metrics
+                .intake_identity_mismatches
+                .with_label_values(&[method])
+                .inc();
+            Err(ErrorMeta::new(
+                "AgentIdentityMismatch",
+                format!("agent '{key_id}' (by its CURVE key) cannot report as agent '{agent_id}'"),
+            ))
+        }
+        _ => Ok(agent_id.to_owned()),
+    }
 }
 
 /// The intake's dispatch table.
@@ -57,11 +82,17 @@ pub fn dispatcher(
     metrics: std::sync::Arc<ManagerMetrics>,
 ) -> Dispatcher {
     let mut d = Dispatcher::new(None);
+    for method in ["agent_events", "agent_heartbeat"] {
+        // Shown at 0 before the first refusal.
+        metrics
+            .intake_identity_mismatches
+            .with_label_values(&[method]);
+    }
     let (r, m) = (registry.clone(), metrics.clone());
     d.register("agent_events", move |call| {
         let (r, m) = (r.clone(), m.clone());
         async move {
-            let agent_id = agent_id(&call)?;
+            let agent_id = agent_id(&call, "agent_events", &m)?;
             let raw = call.arg(1, "events").and_then(Value::as_array).ok_or_else(|| ErrorMeta::new("TypeError", "'events' must be a list"))?;
             let mut events = Vec::with_capacity(raw.len());
             for v in raw {
@@ -80,9 +111,9 @@ pub fn dispatcher(
         }
     });
     d.register("agent_heartbeat", move |call| {
-        let r = registry.clone();
+        let (r, m) = (registry.clone(), metrics.clone());
         async move {
-            let agent_id = agent_id(&call)?;
+            let agent_id = agent_id(&call, "agent_heartbeat", &m)?;
             let info = call.arg(1, "info").cloned().unwrap_or(Value::Nil);
             let hb = Heartbeat::from_value(&agent_id, &info)
                 .map_err(|e| ErrorMeta::new("InvalidHeartbeat", e))?;

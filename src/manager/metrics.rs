@@ -39,6 +39,9 @@ pub struct ManagerMetrics {
     pub events_compacted: IntCounter,
     /// `kernelvisor_manager_events_rejected_total{reason}`: unparseable or failed, not acked.
     pub events_rejected: IntCounterVec,
+    /// `kernelvisor_manager_intake_identity_mismatches_total{method}`: intake calls refused
+    /// because their `agent_id` is not the one the caller's CURVE key is named after.
+    pub intake_identity_mismatches: IntCounterVec,
     /// `kernelvisor_manager_heartbeats_total`.
     pub heartbeats: IntCounter,
     /// `kernelvisor_manager_agents_lost_total`.
@@ -144,6 +147,11 @@ impl ManagerMetrics {
                 "events_rejected",
                 "Agent events not acked (unparseable, or the store failed)",
                 &["reason"],
+            ),
+            intake_identity_mismatches: counter_vec(
+                "intake_identity_mismatches",
+                "Intake calls refused: agent_id differs from the caller's CURVE key name",
+                &["method"],
             ),
             heartbeats: counter("heartbeats", "Agent heartbeats received"),
             agents_lost: counter(

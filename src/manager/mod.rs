@@ -12,7 +12,9 @@
 //! Started in that order (each needs only those before it), stopped in reverse.
 
 pub mod api;
+pub mod bootstrap;
 pub mod calls;
+pub mod credentials;
 pub mod error;
 pub mod events;
 pub mod intake;
@@ -21,6 +23,8 @@ pub mod pool;
 pub mod registry;
 pub mod scheduler;
 pub mod store;
+pub mod tls;
+pub mod vfolder_name;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -48,21 +52,19 @@ pub struct Manager {
 }
 
 impl Manager {
-    /// Opens the store (migrating it), seeds `[[access-keys]]`, and starts the pool, registry,
+    /// Opens the store (migrating it), makes sure it has an admin key ([`bootstrap`]), and
+    /// starts the pool, registry,
     /// intake, scheduler and API. Must run inside an actix system.
     ///
-    /// Errors: the store cannot be opened; a key file is unreadable; the intake or API address
-    /// cannot be bound.
+    /// Errors: the store cannot be opened; a key file is unreadable; `[api] tls-cert` or
+    /// `tls-key` is unreadable or invalid (the message names the file); the intake or API
+    /// address cannot be bound.
     pub async fn start(config: &ManagerConfig) -> anyhow::Result<Manager> {
         let m = &config.manager;
         let store = Store::connect(&config.store.url)
             .await
             .with_context(|| format!("store {}", redact(&config.store.url)))?;
-        for k in &config.access_keys {
-            store
-                .ensure_access_key(&k.access_key, k.concurrency_limit.into())
-                .await?;
-        }
+        bootstrap::ensure_admin_key(&store, &config.api.admin_token_file).await?;
         let keypair = m.rpc_keypair.as_deref().map(load_keypair).transpose()?;
         let metrics = Arc::new(metrics::ManagerMetrics::new());
 
@@ -144,6 +146,15 @@ impl Manager {
         )
         .start();
 
+        // Read before anything listens, so a bad certificate or key stops the start naming the
+        // file.
+        let tls = match (&config.api.tls_cert, &config.api.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
+            _ => {
+                tracing::warn!("the HTTP API is plain HTTP (no TLS): set [api] tls-cert and tls-key to serve HTTPS");
+                None
+            }
+        };
         let listener = TcpListener::bind((
             config.api.listen_addr.host.as_str(),
             config.api.listen_addr.port,
@@ -158,10 +169,11 @@ impl Manager {
             metrics,
             max_upload_size: config.api.max_upload_size.0,
         };
-        let server = api::serve(listener, config.api.workers, state)?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let server = api::serve(listener, config.api.workers, state, tls)?;
         let api = server.handle();
         actix_rt::spawn(server);
-        tracing::info!(api = %api_addr, intake = %intake_endpoint, store = ?store.backend(), grace = ?m.startup_grace.0, "manager started");
+        tracing::info!(api = %api_addr, scheme, intake = %intake_endpoint, store = ?store.backend(), grace = ?m.startup_grace.0, "manager started");
         Ok(Manager {
             store,
             pool,

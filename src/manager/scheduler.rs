@@ -36,46 +36,56 @@ pub struct SchedulerSpec {
 }
 
 /// `POST /v1/sessions` body (`docs/manager-api.md`).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRequest {
     /// Image reference.
+    #[schema(min_length = 1)]
     pub image: String,
     /// `{"cpu": cores, "mem": bytes or "256m", "cuda.device": n}`.
+    #[schema(schema_with = crate::manager::api::openapi::resource_slots_schema)]
     pub resource_slots: BTreeMap<String, serde_json::Value>,
-    /// Owner.
-    pub access_key: String,
+    /// Admin keys only: create the session on behalf of this access key. Without it the owner
+    /// is the caller (`CreateSession::owner`).
+    #[serde(default)]
+    pub access_key: Option<String>,
     /// Extra environment.
     #[serde(default)]
     pub environ: BTreeMap<String, String>,
-    /// vfolders: `{"name", "host_path", "permission"}`.
-    #[serde(default)]
+    /// The owner's vfolders: `{"name", "permission"}` (never a host path: the manager resolves
+    /// names to `<owner>/<name>` under the agents' vfolder root).
+    #[serde(default, deserialize_with = "crate::manager::api::body::objects")]
     pub mounts: Vec<MountSpec>,
     /// `interactive` (default) or `batch`.
     #[serde(default, rename = "type")]
+    #[schema(value_type = Option<crate::manager::api::openapi::SessionType>)]
     pub session_type: Option<String>,
     /// Shell command for the main process: required for batch, optional for interactive.
     #[serde(default)]
     pub command: Option<String>,
     /// Seconds a batch session may run (batch only).
     #[serde(default)]
+    #[schema(minimum = 0, exclusive_minimum = 0)]
     pub batch_timeout: Option<f64>,
     /// Service ports beyond those the image declares: `{"name", "protocol", "container_ports"}`
     /// (the agent checks them: names, protocols, ports).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::manager::api::body::objects")]
     pub service_ports: Vec<ServicePortSpec>,
 }
 
 /// A service port a session asks for (`POST /v1/sessions`).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServicePortSpec {
     /// Service name (its def file is `/etc/backend.ai/service-defs/<name>.json` in the image).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub name: String,
     /// `http`, `tcp` or `preopen` (default `tcp`).
     #[serde(default)]
+    #[schema(value_type = Option<crate::manager::api::openapi::ServiceProtocol>)]
     pub protocol: Option<String>,
     /// Ports inside the container.
+    #[schema(schema_with = crate::manager::api::openapi::container_ports_schema)]
     pub container_ports: Vec<u16>,
 }
 
@@ -107,17 +117,33 @@ impl SessionRequest {
     }
 }
 
-/// A vfolder mount of a session request.
-#[derive(Clone, Debug, Deserialize)]
+/// A vfolder mount of a session request: one of the owner's vfolders (`POST /v1/vfolders`).
+#[derive(Clone, Debug, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MountSpec {
-    /// Folder name (`/home/work/<name>`).
+    /// vfolder name; mounted at `/home/work/<name>`.
+    #[schema(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")]
     pub name: String,
-    /// Host path under the agent's vfolder root.
-    pub host_path: String,
-    /// `ro` (default) or `rw`.
+    /// `rw` (default, Backend.AI's for an owned vfolder) or `ro`.
     #[serde(default)]
+    #[schema(value_type = Option<crate::manager::api::openapi::MountPermission>)]
     pub permission: Option<String>,
+}
+
+impl MountSpec {
+    /// `ro` or `rw`.
+    ///
+    /// Errors: [`ManagerError::InvalidRequest`] for another value.
+    pub fn checked_permission(&self) -> Result<&'static str, ManagerError> {
+        match self.permission.as_deref() {
+            None | Some("rw") => Ok("rw"),
+            Some("ro") => Ok("ro"),
+            Some(p) => Err(ManagerError::InvalidRequest(format!(
+                "mount `{}`: permission `{p}` must be `ro` or `rw`",
+                self.name
+            ))),
+        }
+    }
 }
 
 /// Requested slots: millicores, bytes, GPUs.
@@ -287,14 +313,53 @@ impl Actor for Scheduler {
 }
 
 /// Creates a session: `(session, kernel, agent, status)` as stored after the agent answered.
+/// The agent's `mounts` for `owner`'s vfolders: `{"name", "host_path": "<owner>/<name>",
+/// "permission"}`, the path relative to the agent's `[container] vfolder-root`.
+///
+/// Errors: 400 for a bad name or permission or a name mounted twice, 404
+/// `vfolder-not-found` for a name the owner has no vfolder of.
+async fn resolve_mounts(
+    store: &Store,
+    owner: &str,
+    mounts: &[MountSpec],
+) -> Result<Vec<Value>, ManagerError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(mounts.len());
+    for m in mounts {
+        crate::manager::vfolder_name::check(&m.name)?;
+        let permission = m.checked_permission()?;
+        if !seen.insert(m.name.as_str()) {
+            return Err(ManagerError::InvalidRequest(format!(
+                "vfolder `{}` is mounted twice",
+                m.name
+            )));
+        }
+        if store.vfolder(owner, &m.name).await?.is_none() {
+            return Err(ManagerError::VfolderNotFound(m.name.clone()));
+        }
+        out.push(Value::Map(vec![
+            ("name".into(), m.name.clone().into()),
+            ("host_path".into(), format!("{owner}/{}", m.name).into()),
+            ("permission".into(), permission.into()),
+        ]));
+    }
+    Ok(out)
+}
+
 #[derive(Message)]
 #[rtype(result = "Result<KernelRow, ManagerError>")]
-pub struct CreateSession(pub SessionRequest);
+pub struct CreateSession {
+    /// The access key that will own it (the caller, or the key an admin named).
+    pub owner: String,
+    /// What was asked for.
+    pub request: SessionRequest,
+}
 
 impl Handler<CreateSession> for Scheduler {
     type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
 
-    fn handle(&mut self, CreateSession(req): CreateSession, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: CreateSession, _: &mut Context<Self>) -> Self::Result {
+        let (owner, req) = (msg.owner, msg.request);
         let (store, pool, registry, metrics, spec, placing) = (
             self.store.clone(),
             self.pool.clone(),
@@ -309,12 +374,13 @@ impl Handler<CreateSession> for Scheduler {
                     "`image` must not be empty".into(),
                 ));
             }
-            if req.access_key.is_empty() {
+            if owner.is_empty() {
                 return Err(ManagerError::InvalidRequest(
                     "`access_key` must not be empty".into(),
                 ));
             }
             let session_type = req.checked_type()?;
+            let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
             let slots = Slots::parse(&req.resource_slots)?;
             let kernel_id = uuid::Uuid::new_v4().to_string();
             let session_id = uuid::Uuid::new_v4().to_string();
@@ -327,7 +393,7 @@ impl Handler<CreateSession> for Scheduler {
                     id: kernel_id.clone(),
                     session_id: session_id.clone(),
                     agent_id: agent_id.clone(),
-                    access_key: req.access_key.clone(),
+                    access_key: owner.clone(),
                     image: req.image.clone(),
                     cpu_millis: slots.cpu_millis,
                     mem_bytes: slots.mem_bytes,
@@ -335,6 +401,7 @@ impl Handler<CreateSession> for Scheduler {
                     session_type: session_type.to_owned(),
                     command: req.command.clone(),
                     batch_timeout: req.batch_timeout,
+                    mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
                 };
                 store.reserve_kernel(&new).await.map_err(|e| match e {
                     ReserveError::UnknownAccessKey(k) => ManagerError::AccessKeyNotFound(k),
@@ -357,27 +424,10 @@ impl Handler<CreateSession> for Scheduler {
                             .collect(),
                     ),
                 ),
-                (
-                    "mounts".into(),
-                    Value::Array(
-                        req.mounts
-                            .iter()
-                            .map(|m| {
-                                Value::Map(vec![
-                                    ("name".into(), m.name.clone().into()),
-                                    ("host_path".into(), m.host_path.clone().into()),
-                                    (
-                                        "permission".into(),
-                                        m.permission.clone().unwrap_or_else(|| "ro".into()).into(),
-                                    ),
-                                ])
-                            })
-                            .collect(),
-                    ),
-                ),
+                ("mounts".into(), Value::Array(mounts)),
                 (
                     "owner".into(),
-                    Value::Map(vec![("access_key".into(), req.access_key.clone().into())]),
+                    Value::Map(vec![("access_key".into(), owner.clone().into())]),
                 ),
                 ("session_type".into(), session_type.into()),
             ];

@@ -438,6 +438,11 @@ pub struct Call {
     pub args: Vec<Value>,
     /// Keyword arguments; keys are strings.
     pub kwargs: Vec<(String, Value)>,
+    /// The ZAP user id of the connection the call arrived on (libzmq's `User-Id` message
+    /// property): with CURVE, the name the server admitted the caller's key under (on the
+    /// manager's intake, the agent id from `<agent-id>.key`). `None` without CURVE, and on calls
+    /// built locally rather than received; never encoded on the wire.
+    pub peer_user_id: Option<String>,
 }
 
 /// msgpack extension type Backend.AI registers for UUIDs (16 raw bytes).
@@ -470,7 +475,11 @@ impl Call {
             Some(Value::Nil) | None => Vec::new(),
             Some(other) => return Err(format!("`kwargs` is not a map: {other}")),
         };
-        let mut call = Call { args, kwargs };
+        let mut call = Call {
+            args,
+            kwargs,
+            peer_user_id: None,
+        };
         for v in call
             .args
             .iter_mut()

@@ -200,6 +200,7 @@ mod tests {
         let mine = Call {
             args: vec![],
             kwargs: vec![("agent_id".into(), Value::from("a1"))],
+            peer_user_id: None,
         };
         let (_, call) = d.resolve("reset_instance", mine).unwrap();
         assert!(
@@ -209,6 +210,7 @@ mod tests {
         let theirs = Call {
             args: vec![],
             kwargs: vec![("agent_id".into(), Value::from("a2"))],
+            peer_user_id: None,
         };
         assert_eq!(
             d.resolve("reset_agent", theirs).err().unwrap().name,

@@ -5,7 +5,8 @@
 //! that finishes without waiting is answered inline. CANCEL aborts the running
 //! handler and answers CANCELLED. Frames that are not callosum messages are dropped and counted;
 //! a message whose header decodes but whose body does not gets an ERROR reply. Nothing a peer
-//! sends stops the loop.
+//! sends stops the loop. With CURVE, every call carries the ZAP user id its connection was
+//! admitted under (`Call::peer_user_id`), so handlers can tell who is calling.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -172,6 +173,9 @@ impl Handler<Shutdown> for RpcServer {
     }
 }
 
+/// libzmq's message property holding the ZAP user id of the connection (`zmq_msg_gets`).
+const USER_ID: &str = "User-Id";
+
 /// Identifies a running request: callosum's `(peer, (meth, okey, seq))`.
 type RequestKey = (Vec<u8>, String, OrderKey, u32);
 
@@ -245,7 +249,15 @@ async fn serve(
 }
 
 impl Serving {
-    fn on_frames(&mut self, sock: &zmq::Socket, frames: Multipart) {
+    fn on_frames(&mut self, sock: &zmq::Socket, mut frames: Multipart) {
+        // The ZAP user id is metadata of the frames the peer sent; libzmq 4.3 does not copy it
+        // onto the routing id frame the ROUTER prepends, so it is read from the second frame.
+        // None without CURVE.
+        let user_id = frames
+            .0
+            .get_mut(1)
+            .and_then(|m| m.gets(USER_ID))
+            .map(str::to_owned);
         let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
         let Some((peer, rest)) = parts.split_first() else {
             return;
@@ -255,7 +267,7 @@ impl Serving {
                 sock,
                 &[peer.to_vec(), codec::PONG.to_vec(), h.to_vec(), b.to_vec()],
             ),
-            Ok(Frames::Upper(h, b)) => self.on_message(sock, peer, h, b),
+            Ok(Frames::Upper(h, b)) => self.on_message(sock, peer, user_id, h, b),
             Ok(Frames::Pong) => {
                 ServerStats::bump(&self.stats.malformed_frames);
                 tracing::debug!("dropped an unexpected PONG");
@@ -267,7 +279,14 @@ impl Serving {
         }
     }
 
-    fn on_message(&mut self, sock: &zmq::Socket, peer: &[u8], header: &[u8], body: &[u8]) {
+    fn on_message(
+        &mut self,
+        sock: &zmq::Socket,
+        peer: &[u8],
+        user_id: Option<String>,
+        header: &[u8],
+        body: &[u8],
+    ) {
         let Serving {
             dispatcher,
             stats,
@@ -308,7 +327,10 @@ impl Serving {
             MsgType::Function => {
                 ServerStats::bump(&stats.requests);
                 let call = match Call::decode(msg.payload.as_deref().unwrap_or_default()) {
-                    Ok(c) => c,
+                    Ok(c) => Call {
+                        peer_user_id: user_id,
+                        ..c
+                    },
                     Err(e) => return reply_error(format!("bad call payload: {e}")),
                 };
                 let (handler, call) = match dispatcher.resolve(&header.method, call) {

@@ -160,6 +160,7 @@ pub async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Result<Value, 
         &Call {
             args,
             kwargs: vec![],
+            peer_user_id: None,
         },
         Duration::from_secs(120),
     )

@@ -96,7 +96,12 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub db: Db,
     pub store_url: String,
+    /// The user key the tests act as (created through the API at the first manager start).
     pub access_key: String,
+    /// Its secret key, sent as the bearer token by [`Cluster::get`], `post`, `delete`.
+    pub token: String,
+    /// The bootstrap admin key's secret (`[api] admin-token-file`).
+    pub admin_token: String,
     pub api: String,
     pub intake_port: u16,
     pub manager: Option<Child>,
@@ -169,7 +174,9 @@ impl Cluster {
         Cluster {
             store_url,
             db,
-            access_key: format!("AK{}", run_id().to_uppercase()),
+            access_key: String::new(),
+            token: String::new(),
+            admin_token: String::new(),
             api: String::new(),
             intake_port: free_port(),
             manager: None,
@@ -185,12 +192,11 @@ impl Cluster {
         let text = format!(
             "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
              agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 3\nstartup-grace = 2.5\n\n\
-             [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\n\n\
+             [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\nadmin-token-file = \"{d}/admin-token\"\n\n\
              [agent-pool]\nhealth-check-interval = 1\nping-timeout = 1\nrecovery-timeout = 2\n\n\
-             [scheduler]\nreset-timeout = 30\n\n[[access-keys]]\naccess-key = \"{ak}\"\n\n[logging]\nlevel = \"info\"\n",
+             [scheduler]\nreset-timeout = 30\n\n[logging]\nlevel = \"info\"\n",
             intake = self.intake_port,
             url = self.store_url,
-            ak = self.access_key,
         );
         let p = self.dir.path().join("manager.toml");
         std::fs::write(&p, text).unwrap();
@@ -217,6 +223,29 @@ impl Cluster {
         wait_for(Duration::from_secs(30), "the manager's API", || {
             self.get("/health").ok().filter(|a| a.status == 200)
         });
+        if self.token.is_empty() {
+            self.admin_token = std::fs::read_to_string(self.dir.path().join("admin-token"))
+                .expect("the manager wrote its admin token")
+                .trim()
+                .to_owned();
+            let (key, secret) = self.new_key(false);
+            (self.access_key, self.token) = (key, secret);
+        }
+    }
+
+    /// A new access key through the API (as the admin): `(access key, secret key)`.
+    pub fn new_key(&self, admin: bool) -> (String, String) {
+        let role = if admin { "admin" } else { "user" };
+        let a = self.post_as(
+            Some(&self.admin_token),
+            "/v1/access-keys",
+            &serde_json::json!({"role": role, "name": "test"}),
+        );
+        assert_eq!(a.status, 201, "create an access key: {a:?}");
+        (
+            a.body["access_key"].as_str().unwrap().to_owned(),
+            a.body["secret_key"].as_str().unwrap().to_owned(),
+        )
     }
 
     /// Stops the manager with `sig` (`TERM` or `KILL`) and waits for it to exit.
@@ -314,44 +343,93 @@ impl Cluster {
         })
     }
 
-    pub fn get(&self, path: &str) -> Result<Answer, String> {
-        Self::answer(
-            ureq::get(&format!("{}{path}", self.api))
-                .timeout(Duration::from_secs(60))
-                .call(),
-        )
+    /// `Authorization` header value of the cluster's user key.
+    pub fn auth(&self) -> String {
+        Self::bearer(&self.token)
     }
 
+    /// `Authorization` header value for `token`.
+    pub fn bearer(token: &str) -> String {
+        format!("Bearer {token}")
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        timeout: u64,
+    ) -> ureq::Request {
+        let r = ureq::request(method, &format!("{}{path}", self.api))
+            .timeout(Duration::from_secs(timeout));
+        match token {
+            Some(t) => r.set("Authorization", &Self::bearer(t)),
+            None => r,
+        }
+    }
+
+    /// GET as the cluster's user key.
+    pub fn get(&self, path: &str) -> Result<Answer, String> {
+        self.get_as(Some(&self.token), path)
+    }
+
+    /// GET with `token` (`None`: no Authorization header).
+    pub fn get_as(&self, token: Option<&str>, path: &str) -> Result<Answer, String> {
+        Self::answer(self.request("GET", path, token, 60).call())
+    }
+
+    /// POST JSON as the cluster's user key.
     pub fn post(&self, path: &str, body: &Json) -> Answer {
+        self.post_as(Some(&self.token), path, body)
+    }
+
+    /// POST JSON with `token`.
+    pub fn post_as(&self, token: Option<&str>, path: &str, body: &Json) -> Answer {
         Self::answer(
-            ureq::post(&format!("{}{path}", self.api))
-                .timeout(Duration::from_secs(120))
+            self.request("POST", path, token, 120)
                 .send_json(body.clone()),
         )
         .unwrap()
     }
 
+    /// A request with any method and JSON body (or none) with `token`.
+    pub fn call_as(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<&Json>,
+    ) -> Answer {
+        let r = self.request(method, path, token, 60);
+        Self::answer(match body {
+            Some(b) => r.send_json(b.clone()),
+            None => r.call(),
+        })
+        .unwrap()
+    }
+
     pub fn post_raw(&self, path: &str, body: &str) -> Answer {
         Self::answer(
-            ureq::post(&format!("{}{path}", self.api))
+            self.request("POST", path, Some(&self.token), 60)
                 .set("Content-Type", "application/json")
                 .send_string(body),
         )
         .unwrap()
     }
 
+    /// DELETE as the cluster's user key.
     pub fn delete(&self, path: &str) -> Answer {
-        Self::answer(
-            ureq::delete(&format!("{}{path}", self.api))
-                .timeout(Duration::from_secs(60))
-                .call(),
-        )
-        .unwrap()
+        self.delete_as(Some(&self.token), path)
+    }
+
+    /// DELETE with `token`.
+    pub fn delete_as(&self, token: Option<&str>, path: &str) -> Answer {
+        Self::answer(self.request("DELETE", path, token, 60).call()).unwrap()
     }
 
     /// The agent's entry in `GET /v1/agents`.
     pub fn agent_view(&self, agent_id: &str) -> Option<Json> {
-        let a = self.get("/v1/agents").ok()?;
+        let a = self.get_as(Some(&self.admin_token), "/v1/agents").ok()?;
         a.body["agents"]
             .as_array()?
             .iter()
@@ -370,7 +448,7 @@ impl Cluster {
 
     /// Creates a session (small slots, the test image) and returns its JSON; asserts 201.
     pub fn create_session(&self) -> Json {
-        let body = serde_json::json!({"image": super::agent::TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": self.access_key});
+        let body = serde_json::json!({"image": super::agent::TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}});
         let a = self.post("/v1/sessions", &body);
         assert_eq!(a.status, 201, "create session: {a:?}");
         a.body
@@ -387,7 +465,8 @@ impl Cluster {
 
     /// A counter of the manager's `/metrics` (summed over its label sets matching `labels`).
     pub fn manager_metric(&self, name: &str, labels: &str) -> f64 {
-        let text = ureq::get(&format!("{}/metrics", self.api))
+        let text = self
+            .request("GET", "/metrics", Some(&self.admin_token), 60)
             .call()
             .unwrap()
             .into_string()
@@ -429,6 +508,7 @@ impl Cluster {
                 &Call {
                     args,
                     kwargs: vec![],
+                    peer_user_id: None,
                 },
                 Duration::from_secs(60),
             ))

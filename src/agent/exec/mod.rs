@@ -169,7 +169,8 @@ impl Run {
     /// is full, or `flush` passed (`None`: no flush deadline).
     pub async fn answer(&self, flush: Option<Duration>) -> Answer {
         let mut carry = self.reader.lock().await;
-        let deadline = flush.map(|f| Instant::now() + f);
+        // A flush too far away for an `Instant` is no flush deadline.
+        let deadline = flush.and_then(|f| Instant::now().checked_add(f));
         loop {
             let notified = self.shared.data.notified();
             let taken = {
@@ -419,7 +420,8 @@ impl Runs {
             session_id: req.ids.session_id.clone(),
             run_id: req.ids.run_id.clone(),
         });
-        let deadline = req.timeout.map(|t| Instant::now() + t);
+        // A timeout too long for an `Instant` (a fuzzed 9.2e18 s panicked here) is none.
+        let deadline = req.timeout.and_then(|t| Instant::now().checked_add(t));
         let pump = tokio::spawn(pump(
             shared.clone(),
             session,

@@ -113,8 +113,12 @@ impl Kernel {
                 container_id,
             ));
         }
-        if let (Some(t), true) = (info.config.batch_timeout, arm_timeout) {
-            ctx.notify_later(BatchTimedOut, Duration::from_secs_f64(t));
+        // A timeout longer than a `Duration` holds (≥ 2^64 s) never fires.
+        if let (Some(Ok(t)), true) = (
+            info.config.batch_timeout.map(Duration::try_from_secs_f64),
+            arm_timeout,
+        ) {
+            ctx.notify_later(BatchTimedOut, t);
         }
     }
 

@@ -250,9 +250,10 @@ fn opt<'a>(opts: Option<&'a [(Value, Value)]>, key: &str) -> Option<&'a Value> {
 }
 
 fn seconds(v: Option<&Value>) -> Option<Duration> {
+    // More seconds than a `Duration` holds (≥ 2^64) is no limit, not a panic.
     v.and_then(|v| v.as_f64().or_else(|| v.as_i64().map(|n| n as f64)))
         .filter(|t| t.is_finite() && *t > 0.0)
-        .map(Duration::from_secs_f64)
+        .and_then(|t| Duration::try_from_secs_f64(t).ok())
 }
 
 fn run_error(e: RunError) -> ErrorMeta {
@@ -419,3 +420,29 @@ async fn get_logs(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Ca
 
 /// Most bytes one `get_logs` answer carries.
 const LOG_READ_MAX: usize = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_positive_and_never_panic() {
+        assert_eq!(
+            seconds(Some(&Value::F64(1.5))),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(seconds(Some(&Value::from(2))), Some(Duration::from_secs(2)));
+        for v in [
+            Value::F64(0.0),
+            Value::F64(-1.0),
+            Value::F64(f64::NAN),
+            Value::F64(f64::INFINITY),
+            // Past `Duration::MAX`: `from_secs_f64` panicked.
+            Value::F64(1e20),
+            Value::Nil,
+        ] {
+            assert_eq!(seconds(Some(&v)), None, "{v}");
+        }
+        assert_eq!(seconds(None), None);
+    }
+}

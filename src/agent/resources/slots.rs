@@ -61,7 +61,15 @@ impl SlotRequest {
                     cpu = Some(millis.round() as u64);
                 }
                 "mem" => mem = Some(whole(name, amount)?),
-                "cuda.device" => req.cuda_devices = whole(name, amount)? as u32,
+                "cuda.device" => {
+                    // Not `as u32`: 2^32 devices wrapped to 0 and was accepted.
+                    req.cuda_devices = u32::try_from(whole(name, amount)?).map_err(|_| {
+                        SlotError::Invalid(format!(
+                            "resource slot `cuda.device`: {amount} is more than {}",
+                            u32::MAX
+                        ))
+                    })?
+                }
                 other => {
                     return Err(SlotError::Invalid(format!(
                         "unknown resource slot `{other}` (known: cpu, mem, cuda.device)"
@@ -307,6 +315,13 @@ mod tests {
         assert!(req(map(&[("cpu", "0.0001".into()), ("mem", 1.into())])).is_err());
         assert!(req(map(&[("mem", 1.into())])).is_err());
         assert!(req(map(&[("cpu", 1.into()), ("mem", "lots".into())])).is_err());
+        let e = req(map(&[
+            ("cpu", 1.into()),
+            ("mem", 1.into()),
+            ("cuda.device", Value::from(1u64 << 32)),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("`cuda.device`"), "{e}");
     }
 
     #[test]

@@ -1,10 +1,14 @@
-//! `ManagerError` as HTTP: `{"error": {"code", "message"}}` with its status; `starting-up`
-//! carries `Retry-After` (seconds).
+//! `ManagerError` as HTTP: `{"error": {"code", "message"}}` with its status; `starting-up` and
+//! `store-unavailable` carry `Retry-After` (seconds), `unauthorized` `WWW-Authenticate: Bearer`
+//! (RFC 6750).
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::manager::error::ManagerError;
+
+/// Seconds a client should wait before retrying after `store-unavailable`.
+const STORE_RETRY_AFTER: &str = "5";
 
 impl ResponseError for ManagerError {
     fn status_code(&self) -> StatusCode {
@@ -13,8 +17,17 @@ impl ResponseError for ManagerError {
 
     fn error_response(&self) -> HttpResponse {
         let mut resp = HttpResponse::build(self.status_code());
-        if let ManagerError::StartingUp(after) = self {
-            resp.insert_header(("Retry-After", after.as_secs().max(1).to_string()));
+        match self {
+            ManagerError::StartingUp(after) => {
+                resp.insert_header(("Retry-After", after.as_secs().max(1).to_string()));
+            }
+            ManagerError::StoreUnavailable(_) => {
+                resp.insert_header(("Retry-After", STORE_RETRY_AFTER));
+            }
+            ManagerError::Unauthorized(_) => {
+                resp.insert_header(("WWW-Authenticate", "Bearer realm=\"kernelvisor\""));
+            }
+            _ => {}
         }
         let mut body = error_body(self.code(), &self.to_string());
         if let ManagerError::ServiceFailed { output, .. } = self {

@@ -16,6 +16,8 @@ use futures::StreamExt;
 use rmpv::Value;
 use serde::Deserialize;
 
+use super::auth::Caller;
+use super::openapi;
 use super::{running_kernel, ApiState, Res};
 use crate::manager::calls::{agent_error, call_agent, to_json};
 use crate::manager::error::ManagerError;
@@ -45,8 +47,32 @@ fn take(v: &mut Value, key: &str) -> Option<Value> {
         .map(|(_, v)| std::mem::replace(v, Value::Nil))
 }
 
+/// Writes the raw body to a file in the kernel (replacing it; missing directories are
+/// created), in chunks; `Content-Length` is required.
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{id}/files/{path}",
+    operation_id = "upload_file",
+    tag = "files",
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("path" = String, Path, description = "Path relative to /home/work (may contain `/`)"),
+    ),
+    request_body(content = openapi::Binary, content_type = "application/octet-stream", description = "The file's bytes"),
+    responses(
+        (status = 201, description = "Written", body = openapi::Uploaded),
+        (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory), `invalid-request` (the body could not be read, or its size is not `Content-Length`)", body = openapi::ErrorBody),
+        (status = 404, description = "`session-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
+        (status = 411, description = "`length-required`: no `Content-Length`", body = openapi::ErrorBody),
+        (status = 413, description = "`upload-too-large`: above `[api] max-upload-size`", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn upload(
     s: web::Data<ApiState>,
+    caller: Caller,
     p: web::Path<(String, String)>,
     req: HttpRequest,
     mut body: web::Payload,
@@ -68,7 +94,7 @@ pub(super) async fn upload(
             s.max_upload_size
         )));
     }
-    let k = running_kernel(&s, &id).await?;
+    let k = running_kernel(&s, &caller, &id).await?;
     let upload_id = uuid::Uuid::new_v4().simple().to_string();
     let send = |data: Bytes, first: bool, eof: bool| {
         let mut opts = vec![
@@ -125,9 +151,32 @@ pub(super) async fn upload(
     Ok(HttpResponse::Created().json(serde_json::json!({"path": path, "size": size})))
 }
 
-pub(super) async fn download(s: web::Data<ApiState>, p: web::Path<(String, String)>) -> Res {
+/// A file's bytes, with `Content-Length`, streamed in chunks.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files/{path}",
+    operation_id = "download_file",
+    tag = "files",
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("path" = String, Path, description = "Path relative to /home/work (may contain `/`)"),
+    ),
+    responses(
+        (status = 200, description = "The file", body = openapi::Binary, content_type = "application/octet-stream"),
+        (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory)", body = openapi::ErrorBody),
+        (status = 404, description = "`session-not-found`, `file-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn download(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    p: web::Path<(String, String)>,
+) -> Res {
     let (id, path) = p.into_inner();
-    let k = running_kernel(&s, &id).await?;
+    let k = running_kernel(&s, &caller, &id).await?;
     let opts = Value::Map(vec![("chunk_size".into(), (CHUNK as u64).into())]);
     let mut first = call(
         &s,
@@ -205,12 +254,33 @@ pub(super) struct ListQuery {
     dir: String,
 }
 
+/// A directory's entries (at most 10 000, sorted by name), read by `find` and `stat` in the
+/// kernel.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files",
+    operation_id = "list_files",
+    tag = "files",
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("dir" = Option<String>, Query, description = "Directory relative to /home/work (default: /home/work)"),
+    ),
+    responses(
+        (status = 200, description = "The entries", body = openapi::FileList),
+        (status = 400, description = "`invalid-path`, `invalid-request`", body = openapi::ErrorBody),
+        (status = 404, description = "`session-not-found`, `file-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error` (also: an image without `find` / `stat`)", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn list(
     s: web::Data<ApiState>,
+    caller: Caller,
     id: web::Path<String>,
     q: web::Query<ListQuery>,
 ) -> Res {
-    let k = running_kernel(&s, &id).await?;
+    let k = running_kernel(&s, &caller, &id).await?;
     let out = call(
         &s,
         &k,

@@ -11,6 +11,8 @@ use std::time::Duration;
 use actix_web::{web, HttpResponse};
 use rmpv::Value;
 
+use super::auth::Caller;
+use super::openapi;
 use super::{running_kernel, ApiState, Res};
 use crate::manager::calls::{agent_error, call_agent, to_json};
 use crate::manager::registry::ListAgents;
@@ -86,8 +88,23 @@ fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
         .map(|(_, v)| v)
 }
 
-pub(super) async fn list(s: web::Data<ApiState>, id: web::Path<String>) -> Res {
-    let k = running_kernel(&s, &id).await?;
+/// Every service port of the session, with whether its service runs.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/services",
+    operation_id = "list_services",
+    tag = "services",
+    params(("id" = String, Path, description = "Session or kernel id")),
+    responses(
+        (status = 200, description = "The services", body = openapi::ServiceList),
+        (status = 404, description = "`session-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
+    let k = running_kernel(&s, &caller, &id).await?;
     let out = call(
         &s,
         &k,
@@ -104,9 +121,32 @@ pub(super) async fn list(s: web::Data<ApiState>, id: web::Path<String>) -> Res {
     Ok(HttpResponse::Ok().json(serde_json::json!({ "services": services })))
 }
 
-pub(super) async fn start(s: web::Data<ApiState>, p: web::Path<(String, String)>) -> Res {
+/// Starts a service (its prestart commands, then its command) and answers once its first
+/// container port accepts connections; one already running answers at once.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/services/{name}",
+    operation_id = "start_service",
+    tag = "services",
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("name" = String, Path, description = "Service name"),
+    ),
+    responses(
+        (status = 200, description = "The service, running; `started`: whether this call started it", body = openapi::ServiceStarted),
+        (status = 404, description = "`session-not-found`, `service-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`session-not-running`, `service-failed` (the error has `output`)", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn start(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    p: web::Path<(String, String)>,
+) -> Res {
     let (id, name) = p.into_inner();
-    let k = running_kernel(&s, &id).await?;
+    let k = running_kernel(&s, &caller, &id).await?;
     let args = vec![k.id.clone().into(), name.into(), Value::Map(Vec::new())];
     let out = call(&s, &k, "start_service", args, START_TIMEOUT).await?;
     let host = agent_host(&s, &k.agent_id).await;
@@ -118,9 +158,31 @@ pub(super) async fn start(s: web::Data<ApiState>, p: web::Path<(String, String)>
     Ok(HttpResponse::Ok().json(j))
 }
 
-pub(super) async fn stop(s: web::Data<ApiState>, p: web::Path<(String, String)>) -> Res {
+/// Stops a service (kills its process tree); stopping a stopped one is not an error.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}/services/{name}",
+    operation_id = "stop_service",
+    tag = "services",
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("name" = String, Path, description = "Service name"),
+    ),
+    responses(
+        (status = 200, description = "The service, stopped", body = openapi::Service),
+        (status = 404, description = "`session-not-found`, `service-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn stop(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    p: web::Path<(String, String)>,
+) -> Res {
     let (id, name) = p.into_inner();
-    let k = running_kernel(&s, &id).await?;
+    let k = running_kernel(&s, &caller, &id).await?;
     let args = vec![k.id.clone().into(), name.into()];
     let out = call(&s, &k, "shutdown_service", args, CALL_TIMEOUT).await?;
     let host = agent_host(&s, &k.agent_id).await;

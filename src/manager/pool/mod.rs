@@ -214,6 +214,7 @@ impl AgentPool {
                     let ping = Call {
                         args: vec![Value::from("health-check")],
                         kwargs: vec![],
+                        peer_user_id: None,
                     };
                     let res = peer.call("ping", &ping, timeout).await;
                     // Any answer from the server, even a FAILURE, proves the connection works.
@@ -356,7 +357,11 @@ impl Handler<AgentCall> for AgentPool {
                     AgentCallError::Unavailable(Self::unavailable(&agent_id, e.to_string()))
                 })?,
             };
-            let call = Call { args, kwargs };
+            let call = Call {
+                args,
+                kwargs,
+                peer_user_id: None,
+            };
             peer.call(&method, &call, timeout)
                 .await
                 .map_err(|source| AgentCallError::Call { agent_id, source })

@@ -1,5 +1,5 @@
-//! Kernels (one per session) and access keys: placement reservations, status updates, and the
-//! one way out of the live set.
+//! Kernels (one per session): placement reservations against their access key's concurrency,
+//! status updates, and the one way out of the live set.
 
 use std::collections::HashMap;
 
@@ -68,6 +68,8 @@ pub struct KernelRow {
     pub batch_timeout: Option<f64>,
     /// `UNDEFINED`, or a batch session's `SUCCESS` / `FAILURE` once it ended.
     pub result: String,
+    /// Its vfolders as asked for: JSON `[{"name", "permission"}]`.
+    pub mounts: String,
 }
 
 impl KernelRow {
@@ -95,6 +97,7 @@ impl KernelRow {
             command: r.try_get("command")?,
             batch_timeout: r.try_get("batch_timeout")?,
             result: r.try_get("result")?,
+            mounts: r.try_get("mounts")?,
         })
     }
 }
@@ -124,6 +127,8 @@ pub struct NewKernel {
     pub command: Option<String>,
     /// Seconds (batch only).
     pub batch_timeout: Option<f64>,
+    /// vfolders, JSON `[{"name", "permission"}]`.
+    pub mounts: String,
 }
 
 /// Why a reservation was refused.
@@ -153,7 +158,7 @@ pub struct Usage {
     pub kernels: i64,
 }
 
-const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result";
+const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts";
 
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns whether it was live (a second call for the same kernel is a no-op).
@@ -231,48 +236,6 @@ pub(super) async fn set_result_in(
 }
 
 impl Store {
-    /// Creates an access key or updates its limit (0 = unlimited); `concurrency_used` is kept.
-    pub async fn ensure_access_key(
-        &self,
-        access_key: &str,
-        concurrency_limit: i64,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO access_keys (access_key, concurrency_used, concurrency_limit, created_at) VALUES ($1, 0, $2, $3) \
-             ON CONFLICT (access_key) DO UPDATE SET concurrency_limit = excluded.concurrency_limit",
-        )
-        .bind(access_key)
-        .bind(concurrency_limit)
-        .bind(now())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// `(concurrency_used, concurrency_limit)` of a key, `None` when unknown.
-    pub async fn access_key(&self, access_key: &str) -> Result<Option<(i64, i64)>, StoreError> {
-        let row = sqlx::query(
-            "SELECT concurrency_used, concurrency_limit FROM access_keys WHERE access_key = $1",
-        )
-        .bind(access_key)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row
-            .map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)))
-            .transpose()?)
-    }
-
-    /// Every access key with `concurrency_used`: `key → used`.
-    pub async fn concurrency_used(&self) -> Result<HashMap<String, i64>, StoreError> {
-        let rows = sqlx::query("SELECT access_key, concurrency_used FROM access_keys")
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
-    }
-
     /// Records a placed kernel as `PENDING` and takes one unit of its key's concurrency, in one
     /// transaction.
     ///
@@ -281,7 +244,8 @@ impl Store {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
         let taken = sqlx::query(
             "UPDATE access_keys SET concurrency_used = concurrency_used + 1 \
-             WHERE access_key = $1 AND (concurrency_limit = 0 OR concurrency_used < concurrency_limit)",
+             WHERE access_key = $1 AND enabled = 1 AND deleted_at IS NULL \
+             AND (concurrency_limit = 0 OR concurrency_used < concurrency_limit)",
         )
         .bind(&k.access_key)
         .execute(&mut *tx)
@@ -291,13 +255,14 @@ impl Store {
         if taken == 0 {
             drop(tx);
             return match self.access_key(&k.access_key).await? {
-                None => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
-                Some((_, limit)) => {
-                    Err(ReserveError::ConcurrencyLimit(k.access_key.clone(), limit))
-                }
+                Some(key) if key.enabled => Err(ReserveError::ConcurrencyLimit(
+                    k.access_key.clone(),
+                    key.concurrency_limit,
+                )),
+                _ => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
             };
         }
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED')"))
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13)"))
             .bind(&k.id)
             .bind(&k.session_id)
             .bind(&k.agent_id)
@@ -311,6 +276,7 @@ impl Store {
             .bind(&k.command)
             // Never a NULL f64 parameter (see agents.rs): -1 stands for none.
             .bind(k.batch_timeout.unwrap_or(-1.0))
+            .bind(&k.mounts)
             .execute(&mut *tx)
             .await
             .map_err(StoreError::from)?;

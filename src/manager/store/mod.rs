@@ -9,6 +9,8 @@
 mod agents;
 mod events;
 mod kernels;
+mod keys;
+mod vfolders;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -19,6 +21,8 @@ use sqlx::{AnyPool, Executor};
 pub use agents::AgentRow;
 pub use events::Applied;
 pub use kernels::{KernelRow, NewKernel, ReserveError, Usage};
+pub use keys::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
+pub use vfolders::VfolderRow;
 
 /// Store errors: the database failed or refused (constraint); the message names the query.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +36,37 @@ pub enum StoreError {
     /// A URL that is neither `sqlite:` nor `postgres:`/`postgresql:`.
     #[error("store url `{0}`: expected sqlite://PATH or postgres://…")]
     Url(String),
+}
+
+impl StoreError {
+    /// Whether the database could not be reached or refused to serve (connection, pool timeout,
+    /// I/O, server shutting down, database gone): an outage to retry, not a bug. The API answers
+    /// these 503 `store-unavailable`.
+    pub fn is_unavailable(&self) -> bool {
+        let StoreError::Db(e) = self else {
+            return false;
+        };
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(d) => {
+                let code = d.code().unwrap_or_default();
+                // PostgreSQL SQLSTATE classes 08 (connection), 53 (resources), 57 (operator
+                // intervention), 3D000 (no such database); SQLite 5/6/10/14 (busy, locked,
+                // I/O, cannot open).
+                code.starts_with("08")
+                    || code.starts_with("53")
+                    || code.starts_with("57")
+                    || code == "3D000"
+                    || matches!(code.as_ref(), "5" | "6" | "10" | "14")
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Which database a store runs on.

@@ -1,6 +1,10 @@
 //! `mounts`: vfolders bound to `/home/work/<name>`, host paths confined to the vfolder root.
+//!
+//! The manager names a vfolder by a path relative to the root (`<owner access key>/<name>`);
+//! the first mount creates it, owned by the kernel's user so the kernel can write to it. An
+//! absolute host path (an operator's direct RPC call) must already exist under the root.
 
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 use actors::{BoxError, Provisioner};
 
@@ -21,10 +25,11 @@ impl Provisioner for MountStage {
     }
 
     async fn setup(&self, mounts: Vec<MountRequest>) -> Result<Vec<Bind>, BoxError> {
-        let root = self.0.ctx.config.container.vfolder_root.as_deref();
+        let c = &self.0.ctx.config.container;
+        let owner = (c.kernel_uid, c.kernel_gid);
         Ok(mounts
             .iter()
-            .map(|m| bind(root, m))
+            .map(|m| bind(c.vfolder_root.as_deref(), m, owner))
             .collect::<Result<_, _>>()?)
     }
 
@@ -34,11 +39,13 @@ impl Provisioner for MountStage {
 }
 
 /// The bind for `m`, after resolving symlinks on both the root and the path so neither `..`
-/// nor a link can escape the root.
+/// nor a link can escape the root. A relative host path is under the root and created when
+/// missing (mode 0755, owned by `owner` = (uid, gid)).
 ///
-/// Errors: `InvalidKernelConfig` when no vfolder root is configured, the path does not
-/// exist, or it lies outside the root.
-pub fn bind(root: Option<&Path>, m: &MountRequest) -> Result<Bind, KernelError> {
+/// Errors: `InvalidKernelConfig` when no vfolder root is configured, a relative path has a
+/// component other than a plain name, the directory cannot be created, an absolute path does
+/// not exist, or the path lies outside the root.
+pub fn bind(root: Option<&Path>, m: &MountRequest, owner: (u32, u32)) -> Result<Bind, KernelError> {
     check_mount_name(&m.name)?;
     let root = root.ok_or_else(|| {
         KernelError::InvalidConfig(format!(
@@ -46,10 +53,27 @@ pub fn bind(root: Option<&Path>, m: &MountRequest) -> Result<Bind, KernelError> 
             m.name
         ))
     })?;
+    if Path::new(&m.host_path).is_relative() {
+        // The manager's vfolders live under the root: the first one makes it.
+        std::fs::create_dir_all(root).map_err(|e| {
+            KernelError::InvalidConfig(format!("vfolder root {}: {e}", root.display()))
+        })?;
+    }
     let root = root
         .canonicalize()
         .map_err(|e| KernelError::InvalidConfig(format!("vfolder root {}: {e}", root.display())))?;
-    let path = Path::new(&m.host_path).canonicalize().map_err(|e| {
+    let host_path = Path::new(&m.host_path);
+    let host_path = if host_path.is_relative() {
+        create_under(&root, host_path, owner).map_err(|e| {
+            KernelError::InvalidConfig(format!(
+                "vfolder `{}`: host path {}: {e}",
+                m.name, m.host_path
+            ))
+        })?
+    } else {
+        host_path.to_path_buf()
+    };
+    let path = host_path.canonicalize().map_err(|e| {
         KernelError::InvalidConfig(format!(
             "vfolder `{}`: host path {}: {e}",
             m.name, m.host_path
@@ -70,6 +94,46 @@ pub fn bind(root: Option<&Path>, m: &MountRequest) -> Result<Bind, KernelError> 
     })
 }
 
+/// `root/rel`, creating what is missing one directory at a time (never through a link that
+/// leaves `root`, the canonical root); the last directory, when created, is owned by `owner`.
+///
+/// Errors: a component that is not a plain name, a link out of the root, a file in the way,
+/// I/O.
+fn create_under(root: &Path, rel: &Path, (uid, gid): (u32, u32)) -> Result<PathBuf, String> {
+    let parts: Vec<_> = rel.components().collect();
+    if parts.is_empty() || !parts.iter().all(|c| matches!(c, Component::Normal(_))) {
+        return Err("must be plain names under the vfolder root".into());
+    }
+    let mut cur = root.to_path_buf();
+    for (i, part) in parts.iter().enumerate() {
+        cur.push(part);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                cur = cur.canonicalize().map_err(|e| e.to_string())?;
+                if !cur.starts_with(root) || !cur.is_dir() {
+                    return Err("leads out of the vfolder root".into());
+                }
+            }
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(format!("{} is not a directory", cur.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&cur)
+                    .map_err(|e| format!("cannot create {}: {e}", cur.display()))?;
+                if i + 1 == parts.len() {
+                    match std::os::unix::fs::chown(&cur, Some(uid), Some(gid)) {
+                        // An agent that is not root cannot give it away; kernels running as
+                        // the agent's own user can still use it.
+                        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+                        r => r.map_err(|e| e.to_string())?,
+                    }
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(cur)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,9 +151,11 @@ mod tests {
             read_only: true,
         };
 
+        let me = (unsafe { libc::getuid() }, unsafe { libc::getgid() });
         let b = bind(
             Some(root.path()),
             &req("data", inside.display().to_string()),
+            me,
         )
         .unwrap();
         assert_eq!(b.container_path, "/home/work/data");
@@ -97,11 +163,34 @@ mod tests {
             format!("{}/../", root.path().display()),
             root.path().join("link").display().to_string(),
             outside.path().display().to_string(),
+            "AK1/../../x".into(),
+            "link/inner".into(),
         ] {
-            let e = bind(Some(root.path()), &req("x", escape.clone())).unwrap_err();
+            let e = bind(Some(root.path()), &req("x", escape.clone()), me).unwrap_err();
             assert_eq!(e.name(), "InvalidKernelConfig", "{escape}");
         }
-        assert!(bind(None, &req("data", inside.display().to_string())).is_err());
-        assert!(bind(Some(root.path()), &req("..", inside.display().to_string())).is_err());
+        assert!(
+            !outside.path().join("inner").exists(),
+            "nothing created through the link"
+        );
+        assert!(bind(None, &req("data", inside.display().to_string()), me).is_err());
+        assert!(bind(
+            Some(root.path()),
+            &req("..", inside.display().to_string()),
+            me
+        )
+        .is_err());
+
+        // A relative path is created under the root on first mount, then reused.
+        let b = bind(Some(root.path()), &req("nb", "AK1/nb".into()), me).unwrap();
+        let made = root.path().join("AK1/nb").canonicalize().unwrap();
+        assert_eq!(b.host_path, made.display().to_string());
+        assert!(made.is_dir());
+        assert_eq!(
+            bind(Some(root.path()), &req("nb", "AK1/nb".into()), me)
+                .unwrap()
+                .host_path,
+            b.host_path
+        );
     }
 }

@@ -1,0 +1,241 @@
+//! Access-key routes (admin only, but a key may read itself): create (the only answer that
+//! ever shows a secret key), list, get, change (limit, enabled, name), delete.
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+
+use super::auth::Caller;
+use super::body::Object;
+use super::openapi;
+use super::{ApiState, Res};
+use crate::manager::credentials;
+use crate::manager::error::ManagerError;
+use crate::manager::store::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
+
+/// A key as the API shows it (never its secret or the secret's hash).
+pub fn key_json(k: &AccessKeyRow) -> serde_json::Value {
+    serde_json::json!({
+        "access_key": k.access_key, "role": k.role, "name": k.name, "enabled": k.enabled,
+        "concurrency_used": k.concurrency_used, "concurrency_limit": k.concurrency_limit,
+        "created_at": k.created_at,
+    })
+}
+
+/// `POST /v1/access-keys` body.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewKeyBody {
+    /// `user` (default) or `admin`.
+    #[serde(default)]
+    #[schema(value_type = Option<openapi::Role>)]
+    role: Option<String>,
+    /// At most this many live sessions (0, the default: unlimited).
+    #[serde(default)]
+    #[schema(value_type = Option<u64>, maximum = 4294967295_u64)]
+    concurrency_limit: Option<u32>,
+    /// A label for people: at most 128 bytes, no control characters.
+    #[serde(default)]
+    #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
+    name: Option<String>,
+}
+
+/// Longest key label, in bytes.
+const MAX_NAME: usize = 128;
+
+fn check_name(name: &str) -> Result<(), ManagerError> {
+    if name.len() > MAX_NAME || name.chars().any(char::is_control) {
+        return Err(ManagerError::InvalidRequest(format!(
+            "`name` must be at most {MAX_NAME} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Creates an access key (admin): the only answer that ever shows a secret key.
+#[utoipa::path(
+    post,
+    path = "/v1/access-keys",
+    operation_id = "create_access_key",
+    tag = "access-keys",
+    request_body = NewKeyBody,
+    responses(
+        (status = 201, description = "Created, with its `secret_key`", body = openapi::NewAccessKey),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad role or name", body = openapi::ErrorBody),
+        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn create(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    body: web::Json<Object<NewKeyBody>>,
+) -> Res {
+    caller.require_admin()?;
+    let b = body.into_inner().into_inner();
+    let role = match b.role.as_deref() {
+        None | Some(ROLE_USER) => ROLE_USER,
+        Some(ROLE_ADMIN) => ROLE_ADMIN,
+        Some(r) => {
+            return Err(ManagerError::InvalidRequest(format!(
+                "`role` `{r}` must be `user` or `admin`"
+            )))
+        }
+    };
+    let name = b.name.unwrap_or_default();
+    check_name(&name)?;
+    let (access_key, secret) = (credentials::new_access_key(), credentials::new_secret_key());
+    let k = s
+        .store
+        .create_access_key(
+            &access_key,
+            &credentials::secret_hash(&secret),
+            role,
+            &name,
+            b.concurrency_limit.unwrap_or(0).into(),
+        )
+        .await?;
+    let mut body = key_json(&k);
+    body["secret_key"] = secret.into();
+    Ok(HttpResponse::Created().json(body))
+}
+
+/// Every access key (admin).
+#[utoipa::path(
+    get,
+    path = "/v1/access-keys",
+    operation_id = "list_access_keys",
+    tag = "access-keys",
+    responses(
+        (status = 200, description = "The keys", body = openapi::AccessKeyList),
+        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn list(s: web::Data<ApiState>, caller: Caller) -> Res {
+    caller.require_admin()?;
+    let keys = s.store.access_keys().await?;
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"access_keys": keys.iter().map(key_json).collect::<Vec<_>>()})))
+}
+
+/// Any key may read itself (its concurrency); others' are an admin's.
+#[utoipa::path(
+    get,
+    path = "/v1/access-keys/{key}",
+    operation_id = "get_access_key",
+    tag = "access-keys",
+    params(("key" = String, Path, description = "Access key (`AK…`)")),
+    responses(
+        (status = 200, description = "The key", body = openapi::AccessKey),
+        (status = 403, description = "`forbidden`: a user key reading another key", body = openapi::ErrorBody),
+        (status = 404, description = "`access-key-not-found`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, key: web::Path<String>) -> Res {
+    if !caller.may_act_for(&key) {
+        caller.require_admin()?;
+    }
+    let k = s
+        .store
+        .access_key(&key)
+        .await?
+        .ok_or_else(|| ManagerError::AccessKeyNotFound(key.into_inner()))?;
+    Ok(HttpResponse::Ok().json(key_json(&k)))
+}
+
+/// `PATCH /v1/access-keys/{key}` body: what to change.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ChangeBody {
+    /// At most this many live sessions (0: unlimited).
+    #[serde(default)]
+    #[schema(value_type = Option<u64>, maximum = 4294967295_u64)]
+    concurrency_limit: Option<u32>,
+    /// Enable or disable the key (not the one this request is made with).
+    #[serde(default)]
+    enabled: Option<bool>,
+    /// A label for people: at most 128 bytes, no control characters.
+    #[serde(default)]
+    #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
+    name: Option<String>,
+}
+
+/// An admin cannot disable or delete the key it is calling with (nobody could undo it if it
+/// is the last admin key).
+fn not_own(caller: &Caller, key: &str, what: &str) -> Result<(), ManagerError> {
+    if caller.access_key == key {
+        return Err(ManagerError::InvalidRequest(format!(
+            "cannot {what} the access key this request is made with"
+        )));
+    }
+    Ok(())
+}
+
+/// Changes a key's limit, name or enabled flag (admin).
+#[utoipa::path(
+    patch,
+    path = "/v1/access-keys/{key}",
+    operation_id = "change_access_key",
+    tag = "access-keys",
+    params(("key" = String, Path, description = "Access key (`AK…`)")),
+    request_body = ChangeBody,
+    responses(
+        (status = 200, description = "The key, changed", body = openapi::AccessKey),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name, disabling the key this request is made with", body = openapi::ErrorBody),
+        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+        (status = 404, description = "`access-key-not-found`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn change(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    key: web::Path<String>,
+    body: web::Json<Object<ChangeBody>>,
+) -> Res {
+    caller.require_admin()?;
+    let b = body.into_inner().into_inner();
+    if b.enabled == Some(false) {
+        not_own(&caller, &key, "disable")?;
+    }
+    if let Some(n) = &b.name {
+        check_name(n)?;
+    }
+    let change = KeyChange {
+        concurrency_limit: b.concurrency_limit.map(i64::from),
+        enabled: b.enabled,
+        name: b.name,
+    };
+    let k = s
+        .store
+        .update_access_key(&key, &change)
+        .await?
+        .ok_or_else(|| ManagerError::AccessKeyNotFound(key.into_inner()))?;
+    Ok(HttpResponse::Ok().json(key_json(&k)))
+}
+
+/// Deletes a key (admin): not while it has live sessions, not the key this request is made
+/// with.
+#[utoipa::path(
+    delete,
+    path = "/v1/access-keys/{key}",
+    operation_id = "delete_access_key",
+    tag = "access-keys",
+    params(("key" = String, Path, description = "Access key (`AK…`)")),
+    responses(
+        (status = 200, description = "The key as it was, `enabled` false", body = openapi::AccessKey),
+        (status = 400, description = "`invalid-request`: the key this request is made with", body = openapi::ErrorBody),
+        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+        (status = 404, description = "`access-key-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`access-key-in-use`: it has live sessions", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, key: web::Path<String>) -> Res {
+    caller.require_admin()?;
+    not_own(&caller, &key, "delete")?;
+    let k = s.store.delete_access_key(&key).await.map_err(|e| match e {
+        DeleteKeyError::NotFound(k) => ManagerError::AccessKeyNotFound(k),
+        e @ DeleteKeyError::InUse(..) => ManagerError::AccessKeyInUse(e.to_string()),
+        DeleteKeyError::Store(e) => e.into(),
+    })?;
+    let mut body = key_json(&k);
+    body["enabled"] = false.into();
+    Ok(HttpResponse::Ok().json(body))
+}

@@ -1,0 +1,375 @@
+//! Session routes: create, list, get, destroy, execute, logs. Every one acts only on the
+//! caller's own sessions (an admin's: anyone's); another key's session answers exactly as a
+//! missing one, 404 `session-not-found`.
+
+use actix::Addr;
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+
+use super::auth::Caller;
+use super::body::Object;
+use super::openapi;
+use super::{count_error, not_in_grace, owned_kernel, session_json, ApiState, Res};
+use crate::manager::error::ManagerError;
+use crate::manager::scheduler::{
+    CreateSession, DestroySession, ExecuteInSession, LogsChunk, ReadLogs, Scheduler, SessionRequest,
+};
+use crate::manager::store::KernelRow;
+
+/// Creates a session: places its kernel on the least-loaded `ALIVE` agent with enough free
+/// slots and answers when the agent has answered. On any error nothing stays reserved.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    operation_id = "create_session",
+    tag = "sessions",
+    request_body = SessionRequest,
+    responses(
+        (status = 201, description = "Created", body = openapi::SessionCreated),
+        (status = 400, description = "`invalid-request` (malformed JSON, a missing or ill-typed field, a bad slot amount, type, command or mount), `image-not-found`, `slots-exceed-capacity`", body = openapi::ErrorBody),
+        (status = 403, description = "`forbidden`: a user key naming another `access_key`", body = openapi::ErrorBody),
+        (status = 404, description = "`access-key-not-found` (an admin naming an unknown key), `vfolder-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`no-capacity`: every agent that could fit it is full now", body = openapi::ErrorBody),
+        (status = 429, description = "`concurrency-limit-exceeded`", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `no-agents`, `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn create(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    body: web::Json<Object<SessionRequest>>,
+) -> Res {
+    let r = async {
+        not_in_grace(&s).await?;
+        let request = body.into_inner().into_inner();
+        check_service_ports(&request)?;
+        let owner = match request.access_key.as_deref() {
+            None => caller.access_key.clone(),
+            Some(k) if k == caller.access_key => k.to_owned(),
+            Some(k) => {
+                // Creating on behalf of another key is an admin's act.
+                caller.require_admin()?;
+                k.to_owned()
+            }
+        };
+        s.scheduler.send(CreateSession { owner, request }).await?
+    }
+    .await;
+    let k = count_error(&s, r)?;
+    Ok(HttpResponse::Created().json(serde_json::json!({"session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "status": k.status})))
+}
+
+/// Requested service ports as the API documents them: names as an image's label may have them
+/// (they name the service-def file), protocols `http`, `tcp` or `preopen`. The agent takes any
+/// name and protocol (Backend.AI's manager may send others); this API does not.
+///
+/// Errors: 400 `invalid-request` naming the service port.
+fn check_service_ports(request: &SessionRequest) -> Result<(), ManagerError> {
+    for sp in &request.service_ports {
+        crate::agent::services::defs::check_name(&sp.name).map_err(ManagerError::InvalidRequest)?;
+        if let Some(p) = sp.protocol.as_deref() {
+            if !matches!(p, "http" | "tcp" | "preopen") {
+                return Err(ManagerError::InvalidRequest(format!(
+                    "service port `{}`: protocol `{p}` must be `http`, `tcp` or `preopen`",
+                    sp.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    access_key: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+/// The caller's sessions; an admin sees everyone's, or one key's with `?access_key=`. A user
+/// naming another key gets 403.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    operation_id = "list_sessions",
+    tag = "sessions",
+    params(
+        ("access_key" = Option<String>, Query, description = "Only this key's sessions (another key's: admin only)"),
+        ("all" = Option<bool>, Query, description = "Include `TERMINATED` sessions (default: live only)"),
+    ),
+    responses(
+        (status = 200, description = "The sessions", body = openapi::SessionList),
+        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = openapi::ErrorBody),
+        (status = 403, description = "`forbidden`: a user key naming another `access_key`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<ListQuery>) -> Res {
+    not_in_grace(&s).await?;
+    let of = match q.access_key.as_deref() {
+        Some(k) if !caller.may_act_for(k) => {
+            caller.require_admin()?;
+            Some(k)
+        }
+        Some(k) => Some(k),
+        None if caller.admin => None,
+        None => Some(caller.access_key.as_str()),
+    };
+    let rows = s.store.kernels(of, q.all).await?;
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"sessions": rows.iter().map(session_json).collect::<Vec<_>>()})))
+}
+
+/// A session, by session or kernel id.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    operation_id = "get_session",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session or kernel id")),
+    responses(
+        (status = 200, description = "The session", body = openapi::Session),
+        (status = 404, description = "`session-not-found` (also another key's session)", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
+    not_in_grace(&s).await?;
+    let k = owned_kernel(&s, &caller, &id).await?;
+    Ok(HttpResponse::Ok().json(session_json(&k)))
+}
+
+/// Destroys a session: now `TERMINATED`, reason `user-requested`; an already terminated one is
+/// answered unchanged.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    operation_id = "delete_session",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session or kernel id")),
+    responses(
+        (status = 200, description = "The session, terminated", body = openapi::Session),
+        (status = 404, description = "`session-not-found` (also another key's session)", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
+    let r = async {
+        not_in_grace(&s).await?;
+        owned_kernel(&s, &caller, &id).await?;
+        s.scheduler.send(DestroySession(id.into_inner())).await?
+    }
+    .await;
+    Ok(HttpResponse::Ok().json(session_json(&count_error(&s, r)?)))
+}
+
+/// `POST /v1/sessions/{id}/execute` body: one call of Backend.AI's continuation protocol.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExecuteBody {
+    /// `query` (default): start `code`; `continue`: more output of `run_id`; `input`: write
+    /// `code` to `run_id`'s stdin.
+    #[serde(default)]
+    #[schema(value_type = Option<openapi::ExecMode>)]
+    mode: Option<String>,
+    /// The code (`query`, required) or the text for stdin (`input`).
+    #[serde(default)]
+    code: Option<String>,
+    /// The run (`continue` / `input`, required; `query`: optional, a new id by default).
+    #[serde(default)]
+    run_id: Option<String>,
+    /// Seconds; the run is killed when exceeded (`query`; default `[scheduler]
+    /// execute-timeout`).
+    #[serde(default)]
+    #[schema(minimum = 0, exclusive_minimum = 0)]
+    timeout: Option<f64>,
+    /// Seconds to wait for output before answering `continued` (at most 60 are used).
+    #[serde(default)]
+    #[schema(minimum = 0, exclusive_minimum = 0)]
+    flush_timeout: Option<f64>,
+    /// Keep the run's stdin open for `input` calls (`query`).
+    #[serde(default)]
+    stdin: bool,
+    /// Close stdin after writing (`input`).
+    #[serde(default)]
+    eof: bool,
+}
+
+/// Runs code in the session's kernel, or continues or feeds a run: Backend.AI's continuation
+/// protocol in bounded answers.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/execute",
+    operation_id = "execute",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session or kernel id")),
+    request_body = ExecuteBody,
+    responses(
+        (status = 200, description = "An answer: `continued` (more to come), `finished` or `exec-timeout`", body = openapi::ExecuteAnswer),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field or mode, a missing `code` / `run_id`, a non-positive timeout, a run id in use, stdin closed", body = openapi::ErrorBody),
+        (status = 404, description = "`session-not-found`, `run-not-found` (unknown or finished run)", body = openapi::ErrorBody),
+        (status = 409, description = "`session-not-running` (`query`), `run-has-no-stdin` (`input`)", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn execute(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    id: web::Path<String>,
+    body: web::Json<Object<ExecuteBody>>,
+) -> Res {
+    let r = async {
+        not_in_grace(&s).await?;
+        owned_kernel(&s, &caller, &id).await?;
+        let b = body.into_inner().into_inner();
+        let msg = ExecuteInSession {
+            id: id.into_inner(),
+            mode: b.mode,
+            code: b.code,
+            run_id: b.run_id,
+            timeout: b.timeout,
+            flush_timeout: b.flush_timeout,
+            stdin: b.stdin,
+            eof: b.eof,
+        };
+        s.scheduler.send(msg).await?
+    }
+    .await;
+    Ok(HttpResponse::Ok().json(count_error(&s, r)?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LogsQuery {
+    #[serde(default)]
+    follow: bool,
+}
+
+/// The next chunk of a followed log from `offset`; `None` ends the follow (the agent cannot be
+/// read: logged).
+async fn read_more(
+    scheduler: &Addr<Scheduler>,
+    kernel: &KernelRow,
+    offset: u64,
+) -> Option<LogsChunk> {
+    match scheduler
+        .send(ReadLogs {
+            kernel: kernel.clone(),
+            offset: Some(offset),
+            wait: Some(FOLLOW_WAIT),
+        })
+        .await
+    {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(e)) => {
+            tracing::info!(kernel_id = %kernel.id, error = %e, "log follow ends: the agent cannot be read");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Seconds one follow read waits at the agent for new output before asking again.
+const FOLLOW_WAIT: f64 = 10.0;
+
+/// The kernel's stdout and stderr (merged): the last `[container] log-tail` bytes;
+/// `?follow=true` streams new output until the kernel ends.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/logs",
+    operation_id = "session_logs",
+    tag = "sessions",
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("follow" = Option<bool>, Query, description = "Stream new output until the kernel ends (chunked)"),
+    ),
+    responses(
+        (status = 200, description = "The logs", body = String, content_type = "text/plain"),
+        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = openapi::ErrorBody),
+        (status = 404, description = "`session-not-found`, `logs-not-found` (never started, or past retention)", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn logs(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<LogsQuery>,
+) -> Res {
+    not_in_grace(&s).await?;
+    let kernel = owned_kernel(&s, &caller, &id).await?;
+    let first = s
+        .scheduler
+        .send(ReadLogs {
+            kernel: kernel.clone(),
+            offset: None,
+            wait: None,
+        })
+        .await??;
+    let mut resp = HttpResponse::Ok();
+    resp.content_type("text/plain; charset=utf-8")
+        .insert_header(("X-Content-Type-Options", "nosniff"));
+    if !q.follow {
+        return Ok(resp.body(first.data));
+    }
+    // Follow: the tail, then each newer chunk as the agent has it, until the kernel has ended and
+    // everything is sent. One chunk (≤ 1 MiB) is held at a time; a slow reader slows the reads.
+    let scheduler = s.scheduler.clone();
+    let stream = futures::stream::unfold(Some((first, kernel)), move |state| {
+        let scheduler = scheduler.clone();
+        async move {
+            let (mut chunk, kernel) = state?;
+            // Never a zero-length chunk (it would read as the end of a chunked body): ask again
+            // until there are bytes to send or the kernel has ended.
+            while chunk.data.is_empty() {
+                if !chunk.active {
+                    return None;
+                }
+                chunk = read_more(&scheduler, &kernel, chunk.next).await?;
+            }
+            let next = chunk.next;
+            let data = actix_web::web::Bytes::from(std::mem::take(&mut chunk.data));
+            let following = if chunk.active {
+                read_more(&scheduler, &kernel, next)
+                    .await
+                    .map(|c| (c, kernel))
+            } else {
+                None
+            };
+            Some((Ok::<_, actix_web::Error>(data), following))
+        }
+    });
+    Ok(resp.streaming(stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(service_ports: serde_json::Value) -> SessionRequest {
+        serde_json::from_value(serde_json::json!({
+            "image": "img", "resource_slots": {"cpu": 1, "mem": "64m"}, "service_ports": service_ports,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn service_ports_are_checked() {
+        let ok = serde_json::json!([{"name": "tb", "protocol": "http", "container_ports": [6006]},
+                                     {"name": "ssh_2", "container_ports": [22]}]);
+        assert!(check_service_ports(&request(ok)).is_ok());
+        for bad in [
+            serde_json::json!([{"name": "../x", "container_ports": [1]}]),
+            serde_json::json!([{"name": "", "container_ports": [1]}]),
+            serde_json::json!([{"name": "tb", "protocol": "vnc", "container_ports": [1]}]),
+        ] {
+            let e = check_service_ports(&request(bad.clone())).unwrap_err();
+            assert_eq!(e.code(), "invalid-request", "{bad}");
+        }
+    }
+}

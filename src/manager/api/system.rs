@@ -1,0 +1,110 @@
+//! Fleet routes: agents (admin), `/health` (public: liveness probes carry no token) and
+//! `/metrics` (admin: the numbers describe every key's sessions).
+
+use actix_web::{web, HttpResponse};
+
+use super::auth::Caller;
+use super::openapi;
+use super::{slots_json, ApiState, Res};
+use crate::manager::pool::GetPoolStats;
+use crate::manager::registry::{GraceRemaining, ListAgents};
+
+/// Every known agent: liveness, slots, kernels (admin).
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    operation_id = "list_agents",
+    tag = "system",
+    responses(
+        (status = 200, description = "The agents", body = openapi::AgentList),
+        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
+    caller.require_admin()?;
+    let agents = s.registry.send(ListAgents).await?;
+    let usage = s.store.usage_by_agent().await?;
+    let list: Vec<serde_json::Value> = agents
+        .iter()
+        .map(|a| {
+            let r = &a.row;
+            let u = usage.get(&r.id).copied().unwrap_or_default();
+            serde_json::json!({
+                "agent_id": r.id, "status": r.status, "addr": r.addr, "region": r.region, "version": r.version,
+                "slots_total": slots_json(r.cpu_millis, r.mem_bytes, r.cuda_devices),
+                "slots_used": slots_json(u.cpu_millis, u.mem_bytes, u.cuda_devices),
+                "kernels": u.kernels, "last_heartbeat": r.last_heartbeat,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({"agents": list})))
+}
+
+/// Liveness (no token needed): whether the start-up grace is over, how many agents are alive.
+#[utoipa::path(
+    get,
+    path = "/health",
+    operation_id = "health",
+    tag = "system",
+    security(()),
+    responses((status = 200, description = "The manager answers", body = openapi::Health)),
+)]
+pub(super) async fn health(s: web::Data<ApiState>) -> Res {
+    let grace = s.registry.send(GraceRemaining).await?;
+    let alive = s
+        .registry
+        .send(ListAgents)
+        .await?
+        .iter()
+        .filter(|a| a.row.status == crate::manager::registry::ALIVE)
+        .count();
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ok", "mode": if grace.is_some() { "grace" } else { "normal" }, "agents_alive": alive})))
+}
+
+/// The manager's Prometheus metrics (admin).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "system",
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain"),
+        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn metrics(s: web::Data<ApiState>, caller: Caller) -> Res {
+    caller.require_admin()?;
+    let m = &s.metrics;
+    m.agents.reset();
+    for status in [
+        crate::manager::registry::ALIVE,
+        crate::manager::registry::LOST,
+        crate::manager::registry::PENDING,
+        crate::manager::registry::TERMINATED,
+    ] {
+        m.agents.with_label_values(&[status]).set(0);
+    }
+    for a in s.registry.send(ListAgents).await? {
+        m.agents.with_label_values(&[&a.row.status]).inc();
+    }
+    let p = s.pool.send(GetPoolStats).await?;
+    for (state, n) in [
+        ("known", p.known),
+        ("connecting", p.connecting),
+        ("healthy", p.healthy),
+        ("unhealthy", p.unhealthy),
+    ] {
+        m.pool_entries.with_label_values(&[state]).set(n as i64);
+    }
+    if let Some((took, n)) = p.last_sweep {
+        m.pool_last_sweep.set(took.as_secs_f64());
+        m.pool_last_sweep_entries.set(n as i64);
+    }
+    m.live_kernels.reset();
+    for (status, n) in s.store.live_kernel_counts().await? {
+        m.live_kernels.with_label_values(&[&status]).set(n);
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(m.render()))
+}

@@ -1,0 +1,130 @@
+//! vfolder routes: a key creates, lists and deletes its own vfolders by name (an admin lists
+//! everyone's with `?all=true`). A session mounts them by name (`mounts` in `POST
+//! /v1/sessions`); nobody names a host path.
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+
+use super::auth::Caller;
+use super::body::Object;
+use super::openapi;
+use super::{ApiState, Res};
+use crate::manager::error::ManagerError;
+use crate::manager::store::VfolderRow;
+use crate::manager::vfolder_name;
+
+fn vfolder_json(v: &VfolderRow) -> serde_json::Value {
+    serde_json::json!({"name": v.name, "owner": v.owner, "created_at": v.created_at})
+}
+
+/// `POST /v1/vfolders` body.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewVfolder {
+    /// 1–64 characters of `A-Z a-z 0-9 . _ -`, not starting with `.`.
+    #[schema(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")]
+    name: String,
+}
+
+/// Creates a vfolder of the caller's.
+#[utoipa::path(
+    post,
+    path = "/v1/vfolders",
+    operation_id = "create_vfolder",
+    tag = "vfolders",
+    request_body = NewVfolder,
+    responses(
+        (status = 201, description = "Created", body = openapi::Vfolder),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name", body = openapi::ErrorBody),
+        (status = 409, description = "`vfolder-exists`", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn create(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    body: web::Json<Object<NewVfolder>>,
+) -> Res {
+    let name = body.into_inner().into_inner().name;
+    vfolder_name::check(&name)?;
+    if !s.store.create_vfolder(&caller.access_key, &name).await? {
+        return Err(ManagerError::VfolderExists(name));
+    }
+    let v = s
+        .store
+        .vfolder(&caller.access_key, &name)
+        .await?
+        .ok_or(ManagerError::VfolderNotFound(name))?;
+    Ok(HttpResponse::Created().json(vfolder_json(&v)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    #[serde(default)]
+    all: bool,
+}
+
+/// The caller's vfolders; everyone's with `?all=true` (admin).
+#[utoipa::path(
+    get,
+    path = "/v1/vfolders",
+    operation_id = "list_vfolders",
+    tag = "vfolders",
+    params(("all" = Option<bool>, Query, description = "Every key's vfolders (admin only)")),
+    responses(
+        (status = 200, description = "The vfolders", body = openapi::VfolderList),
+        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = openapi::ErrorBody),
+        (status = 403, description = "`forbidden`: `all=true` with a user key", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<ListQuery>) -> Res {
+    let owner = if q.all {
+        caller.require_admin()?;
+        None
+    } else {
+        Some(caller.access_key.as_str())
+    };
+    let rows = s.store.vfolders(owner).await?;
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"vfolders": rows.iter().map(vfolder_json).collect::<Vec<_>>()})))
+}
+
+/// Deletes the caller's vfolder record (not while a live session mounts it). The data stays
+/// on the agents' storage under `<owner>/<name>`; creating the name again finds it.
+#[utoipa::path(
+    delete,
+    path = "/v1/vfolders/{name}",
+    operation_id = "delete_vfolder",
+    tag = "vfolders",
+    params(("name" = String, Path, description = "The caller's vfolder")),
+    responses(
+        (status = 200, description = "The vfolder record, deleted", body = openapi::Vfolder),
+        (status = 404, description = "`vfolder-not-found`", body = openapi::ErrorBody),
+        (status = 409, description = "`vfolder-in-use`: a live session mounts it", body = openapi::ErrorBody),
+    ),
+)]
+pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, name: web::Path<String>) -> Res {
+    let name = name.into_inner();
+    let v = s
+        .store
+        .vfolder(&caller.access_key, &name)
+        .await?
+        .ok_or_else(|| ManagerError::VfolderNotFound(name.clone()))?;
+    let live = s.store.kernels(Some(&caller.access_key), false).await?;
+    if let Some(k) = live.iter().find(|k| mounts_name(&k.mounts, &name)) {
+        return Err(ManagerError::VfolderInUse(format!(
+            "vfolder `{name}` is mounted by live session `{}`",
+            k.session_id
+        )));
+    }
+    s.store.delete_vfolder(&caller.access_key, &name).await?;
+    Ok(HttpResponse::Ok().json(vfolder_json(&v)))
+}
+
+/// Whether a kernel's `mounts` JSON names vfolder `name`.
+fn mounts_name(mounts: &str, name: &str) -> bool {
+    serde_json::from_str::<Vec<serde_json::Value>>(mounts)
+        .unwrap_or_default()
+        .iter()
+        .any(|m| m["name"] == name)
+}
