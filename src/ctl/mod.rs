@@ -1984,15 +1984,7 @@ mod tests {
         let mut out = Vec::new();
         ls(&client, "S", "sub dir/a&b=ü/", Output::Table, &mut out).unwrap();
         let table = text(out);
-        let rows: Vec<Vec<&str>> = table
-            .lines()
-            .map(|l| {
-                l.split("  ")
-                    .map(str::trim)
-                    .filter(|c| !c.is_empty())
-                    .collect()
-            })
-            .collect();
+        let rows: Vec<Vec<&str>> = table.lines().map(render::tests::cells).collect();
         assert_eq!(
             rows,
             [

@@ -470,7 +470,7 @@ pub fn console(v: &Value) -> Vec<(Stream, String)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -755,15 +755,7 @@ mod tests {
         admin["concurrency_limit"] = json!(0);
         admin["name"] = Value::Null;
         let out = access_keys(&json!({"access_keys": [key, admin]}));
-        let rows: Vec<Vec<&str>> = out
-            .lines()
-            .map(|l| {
-                l.split("  ")
-                    .map(str::trim)
-                    .filter(|c| !c.is_empty())
-                    .collect()
-            })
-            .collect();
+        let rows: Vec<Vec<&str>> = out.lines().map(cells).collect();
         assert_eq!(
             rows,
             [
@@ -831,7 +823,8 @@ mod tests {
         );
     }
 
-    fn cells(line: &str) -> Vec<&str> {
+    /// A table line's cells (columns are separated by two or more spaces).
+    pub(crate) fn cells(line: &str) -> Vec<&str> {
         line.split("  ")
             .map(str::trim)
             .filter(|c| !c.is_empty())
