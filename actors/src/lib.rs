@@ -112,6 +112,15 @@
 //! # });
 //! ```
 //!
+//! # Stage trees
+//!
+//! A [`StageTree`] runs the same stages as supervised children instead: one task per stage
+//! under a `rest_for_one` [`Supervisor`], each setting up once the stages before it hold
+//! their resources, optionally watching its resource ([`StageTreeBuilder::watched_stage`]),
+//! and releasing it when stopped. A watcher's `Err` restarts that stage and the ones after
+//! it within the tree's [`Intensity`] (a kernel's restart policy); [`StageTree::stages`]
+//! shows each stage's status, restarts and setup time.
+//!
 //! # A kernel registry
 //!
 //! The agent's `KernelRegistry` is a one_for_one [`Supervisor`] without initial children. A
@@ -151,9 +160,10 @@ mod supervisor;
 
 pub use child::{ExitHandle, ExitReason, StopSignal};
 pub use stage::{
-    BoxError, DetachChain, Detached, MissingResource, NoopHook, Phase, Provisioner, Resources,
-    Runner, SetupChain, SetupError, Stage, StageChain, StageChainBuilder, StageError, StageHook,
-    TeardownChain, TeardownError,
+    BoxError, DetachChain, Detached, MissingResource, NoopHook, Observer, Phase, Provisioner,
+    Resources, Runner, SetupChain, SetupError, Stage, StageChain, StageChainBuilder, StageError,
+    StageHook, StageInfo, StageStatus, StageTree, StageTreeBuilder, TeardownChain, TeardownError,
+    WatchFn,
 };
 pub use supervisor::{
     AddChild, Backoff, ChildInfo, ChildSpec, Intensity, RemoveChild, RestartType, Root, Shutdown,

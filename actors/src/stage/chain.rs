@@ -96,20 +96,43 @@ impl<P: Provisioner> Link for Linked<P> {
 ///
 /// Given to spec generators; also [`StageChain::resources`] for the chain's owner.
 pub struct Resources<'a> {
-    links: &'a [Box<dyn Link>],
+    source: Source<'a>,
 }
 
-impl Resources<'_> {
+/// Where a [`Resources`] view reads: a chain's stages, or a stage tree's board.
+enum Source<'a> {
+    Links(&'a [Box<dyn Link>]),
+    Board(&'a [(&'static str, Option<&'a (dyn Any + Send)>)]),
+}
+
+impl<'a> Resources<'a> {
+    /// A view over a stage tree's published resources, `(stage, resource)` in order.
+    pub(crate) fn board(entries: &'a [(&'static str, Option<&'a (dyn Any + Send)>)]) -> Self {
+        Resources {
+            source: Source::Board(entries),
+        }
+    }
+
+    fn lookup(&self, stage: &str) -> Option<&'a dyn Any> {
+        match self.source {
+            Source::Links(links) => links
+                .iter()
+                .find(|l| l.name() == stage)
+                .and_then(|l| l.resource()),
+            Source::Board(entries) => entries
+                .iter()
+                .find(|(name, _)| *name == stage)
+                .and_then(|(_, r)| r.map(|r| r as &dyn Any)),
+        }
+    }
+
     /// The resource of stage `stage`, as an `R`.
     ///
     /// # Errors
     /// [`MissingResource`] if no such stage is visible, it holds nothing, or its resource is
     /// not an `R`. It converts into [`BoxError`], so a spec generator can use `?`.
-    pub fn get<R: 'static>(&self, stage: &str) -> Result<&R, MissingResource> {
-        self.links
-            .iter()
-            .find(|l| l.name() == stage)
-            .and_then(|l| l.resource())
+    pub fn get<R: 'static>(&self, stage: &str) -> Result<&'a R, MissingResource> {
+        self.lookup(stage)
             .and_then(|r| r.downcast_ref::<R>())
             .ok_or_else(|| MissingResource {
                 stage: stage.to_owned(),
@@ -132,7 +155,7 @@ pub struct MissingResource {
 /// when recovering: each keyed by the name of the stage that owns it, in chain order.
 #[derive(Default)]
 pub struct Detached {
-    resources: Vec<(&'static str, Box<dyn Any + Send>)>,
+    pub(crate) resources: Vec<(&'static str, Box<dyn Any + Send>)>,
 }
 
 impl Detached {
@@ -219,7 +242,9 @@ impl StageChain {
 
     /// The resources the stages hold now, by stage name.
     pub fn resources(&self) -> Resources<'_> {
-        Resources { links: &self.links }
+        Resources {
+            source: Source::Links(&self.links),
+        }
     }
 
     /// `true` when every stage holds its resource.
@@ -240,7 +265,12 @@ impl StageChain {
                 continue;
             }
             let (earlier, rest) = self.links.split_at_mut(k);
-            if let Err(failed) = rest[0].setup(&Resources { links: earlier }).await {
+            if let Err(failed) = rest[0]
+                .setup(&Resources {
+                    source: Source::Links(earlier),
+                })
+                .await
+            {
                 tracing::warn!(%failed, "stage setup failed; rolling back");
                 let rollback = teardown_all(&mut self.links[..k]).await;
                 return Err(SetupError { failed, rollback });

@@ -1,11 +1,12 @@
 //! Resource stages after seed 001: [`Provisioner`], [`Stage`], [`StageChain`], [`Runner`],
-//! and the [`StageHook`] they report through.
+//! the supervised [`StageTree`], and the [`StageHook`] they report through.
 
 mod chain;
 mod hook;
 mod owned;
 mod provisioner;
 mod runner;
+mod tree;
 
 pub use chain::{
     Detached, MissingResource, Resources, SetupError, StageChain, StageChainBuilder, TeardownError,
@@ -14,3 +15,4 @@ pub use hook::{NoopHook, StageHook};
 pub use owned::{Phase, Stage, StageError};
 pub use provisioner::{BoxError, Provisioner};
 pub use runner::{DetachChain, Runner, SetupChain, TeardownChain};
+pub use tree::{Observer, StageInfo, StageStatus, StageTree, StageTreeBuilder, WatchFn};

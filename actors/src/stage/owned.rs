@@ -187,7 +187,7 @@ impl<P: Provisioner> fmt::Debug for Stage<P> {
 }
 
 /// Runs `op`, turning a panic into an error, and measures it (paused-clock aware).
-async fn timed<T>(
+pub(crate) async fn timed<T>(
     op: impl Future<Output = Result<T, BoxError>>,
 ) -> (std::time::Duration, Result<T, BoxError>) {
     let start = Instant::now();

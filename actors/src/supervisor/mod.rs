@@ -86,6 +86,13 @@ impl SupervisorBuilder {
     /// Dropping the returned [`Root`] forces the whole tree down, so keep it as long as the
     /// tree should run.
     pub fn start(self) -> Root {
+        self.start_with_exit(|_| ())
+    }
+
+    /// As [`start`](SupervisorBuilder::start), and calls `on_exit` once, on the arbiter, with
+    /// the root's exit reason when it ends (by itself, or after [`Root::shutdown`]): how an
+    /// owner that is not a supervisor learns that the tree gave up ([`ExitReason::Failed`]).
+    pub fn start_with_exit(self, on_exit: impl FnOnce(ExitReason) + 'static) -> Root {
         let mut addr = None;
         let running = Running::spawn(
             |stop| {
@@ -95,7 +102,7 @@ impl SupervisorBuilder {
                 addr = Some(a);
                 life
             },
-            |_| (),
+            on_exit,
         );
         Root {
             addr: addr.expect("supervisor constructed"),
