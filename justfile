@@ -114,8 +114,8 @@ docker:
 test-image:
     #!/usr/bin/env bash
     set -euo pipefail
-    version=3
-    docker image inspect -f '{{{{json .Config.Env}}' kernelvisor-test:services 2>/dev/null | grep -q "KV_TEST_IMAGE_VERSION=$version" && exit 0
+    version=4
+    docker image inspect -f '{{{{json .Config.Env}}' kernelvisor-test:healthcheck 2>/dev/null | grep -q "KV_TEST_IMAGE_VERSION=$version" && exit 0
     sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
     if [ ! -x /bin/busybox ]; then
       echo "test-image: installing busybox-static"
@@ -137,15 +137,17 @@ test-image:
     printf 'root:x:0:\nwork:x:1000:\n' > "$root/etc/group"
     $sudo_ chown -R 0:0 "$root"
     $sudo_ chown 1000:1000 "$root/home/work"
-    for tag in latest services; do
+    for tag in latest services healthcheck; do
       label=()
       [ "$tag" = services ] && label=(-c 'LABEL ai.backend.service-ports=web:http:8080,broken:http:8081')
+      # Healthy while /tmp/healthy exists (tests/supervision.rs).
+      [ "$tag" = healthcheck ] && label=(-c 'HEALTHCHECK --interval=1s --timeout=2s --retries=1 CMD ["sh","-c","test -f /tmp/healthy"]')
       $sudo_ tar -C "$root" --numeric-owner -c . | docker import \
         -c 'CMD ["sh","-c","eval \"${KERNEL_CMD:-exec sleep infinity}\""]' -c 'ENV PATH=/bin' \
         -c "ENV KV_TEST_IMAGE_VERSION=$version" -c 'WORKDIR /home/work' "${label[@]}" \
         - "kernelvisor-test:$tag" >/dev/null
     done
-    echo "test-image: built kernelvisor-test:latest and kernelvisor-test:services"
+    echo "test-image: built kernelvisor-test:latest, :services and :healthcheck"
 
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup docker test-image

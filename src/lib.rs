@@ -9,3 +9,4 @@ pub mod ctl;
 pub mod manager;
 pub mod rpc;
 pub mod signals;
+pub mod workload;

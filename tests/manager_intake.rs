@@ -109,6 +109,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             command: None,
             batch_timeout: None,
             mounts: "[]".into(),
+            restart_policy: r#"{"mode":"never"}"#.into(),
         };
         store.reserve_kernel(&new).await.unwrap();
     }
@@ -364,6 +365,7 @@ async fn curve_key_binds_the_agent_id() {
         command: None,
         batch_timeout: None,
         mounts: "[]".into(),
+        restart_policy: r#"{"mode":"never"}"#.into(),
     };
     store.reserve_kernel(&kb).await.unwrap();
     store.advance_kernel("kb", "RUNNING").await.unwrap();

@@ -47,6 +47,20 @@ pub enum AgentEvent {
         /// Session id.
         session_id: String,
     },
+    /// The kernel's container ended and its restart policy restarts it (Kubernetes' restart
+    /// with back-off; durable and never superseded, so the manager counts every restart).
+    KernelRestarting {
+        /// Kernel id.
+        kernel_id: String,
+        /// Session id.
+        session_id: String,
+        /// Restarts so far, this one included.
+        restart_count: u32,
+        /// Why the container ended: `self-terminated`, `oom-killed`, `unhealthy`, …
+        reason: String,
+        /// Its exit code, when it exited.
+        exit_code: Option<i64>,
+    },
     /// The kernel ended and its resources are released: `reason` is `user-requested`,
     /// `self-terminated`, `oom-killed`, `shm-exceeded`, `failed-to-create`, …
     KernelTerminated {
@@ -130,6 +144,7 @@ impl AgentEvent {
             | AgentEvent::KernelPulling { kernel_id, .. }
             | AgentEvent::KernelCreating { kernel_id, .. }
             | AgentEvent::KernelStarted { kernel_id, .. }
+            | AgentEvent::KernelRestarting { kernel_id, .. }
             | AgentEvent::KernelTerminated { kernel_id, .. }
             | AgentEvent::KernelDangling { kernel_id, .. }
             | AgentEvent::SessionSuccess { kernel_id, .. }
@@ -149,6 +164,7 @@ impl AgentEvent {
             AgentEvent::KernelPulling { .. } => "kernel_pulling",
             AgentEvent::KernelCreating { .. } => "kernel_creating",
             AgentEvent::KernelStarted { .. } => "kernel_started",
+            AgentEvent::KernelRestarting { .. } => "kernel_restarting",
             AgentEvent::KernelTerminated { .. } => "kernel_terminated",
             AgentEvent::KernelDangling { .. } => "kernel_dangling",
             AgentEvent::SessionSuccess { .. } => "session_success",

@@ -54,6 +54,7 @@ pub struct AgentMetrics {
     kernel_count: IntGauge,
     stage_duration: HistogramVec,
     stage_failures: IntCounterVec,
+    kernel_restarts: IntCounterVec,
     outbox_depth: IntGauge,
     exec_runs: IntGauge,
     exec_buffered: IntGauge,
@@ -252,6 +253,12 @@ impl AgentMetrics {
                 "kernelvisor_stage_failures",
                 "Kernel stage setups/teardowns that failed",
                 &["stage", "phase"],
+            ),
+            kernel_restarts: counter(
+                &r,
+                "kernelvisor_kernel_restarts",
+                "Kernel containers restarted by their restart policy, by why the container ended.",
+                &["reason"],
             ),
             outbox_dropped: counter(
                 &r,
@@ -463,6 +470,12 @@ impl AgentMetrics {
         if failed {
             self.stage_failures.with_label_values(&[stage, phase]).inc();
         }
+    }
+
+    /// A kernel's restart policy restarted its container, which ended with `reason`
+    /// (`self-terminated`, `oom-killed`, `unhealthy`, …).
+    pub fn kernel_restarted(&self, reason: &str) {
+        self.kernel_restarts.with_label_values(&[reason]).inc();
     }
 
     /// The outbox holds `depth` events of at most `capacity`.

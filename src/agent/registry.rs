@@ -12,11 +12,10 @@ use futures::future::join_all;
 use tokio::sync::{oneshot, Semaphore};
 
 use super::context::AgentContext;
-use super::kernel::actor::{ContainerDied, Detach, KernelGone, Restart, Setup, Terminate};
+use super::kernel::actor::{Detach, KernelGone, Restart, Setup, StageSupervisor, Terminate};
 use super::kernel::config::check_kernel_id;
 use super::kernel::{
-    chain, Kernel, KernelConfig, KernelError, KernelHandle, KernelInfo, KernelResources,
-    KernelStatus,
+    Kernel, KernelConfig, KernelError, KernelHandle, KernelInfo, KernelResources, KernelStatus,
 };
 use crate::config::OnShutdown;
 
@@ -68,11 +67,16 @@ pub struct ContainerExited(pub String);
 #[rtype(result = "()")]
 pub struct ContainerOom(pub String);
 
-/// Asks every `RUNNING` kernel to check its container (after the engine's event stream was
+/// Asks every `RUNNING` kernel's container stage to check its container (after the engine's event stream was
 /// re-subscribed, or on `sync_kernel_registry`): exits missed meanwhile are handled.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Reconcile;
+
+/// The stage supervisor of a kernel (its seven stage actors), while its tree runs.
+#[derive(Debug, Message)]
+#[rtype(result = "Option<Addr<::actors::Supervisor>>")]
+pub struct KernelStages(pub String);
 
 /// `reset_agent`: destroys every kernel without termination events; replies with how many.
 #[derive(Debug, Message)]
@@ -130,13 +134,7 @@ impl KernelRegistry {
     }
 
     fn handle_for(&self, kernel_id: &str, session_id: &str, config: KernelConfig) -> KernelHandle {
-        let info = KernelInfo::new(kernel_id, session_id, Arc::new(config));
-        KernelHandle {
-            id: kernel_id.to_owned(),
-            session_id: session_id.to_owned(),
-            info: Arc::new(Mutex::new(info)),
-            ctx: self.ctx.clone(),
-        }
+        KernelHandle::new(kernel_id, session_id, config, self.ctx.clone())
     }
 
     /// Adds a kernel actor as a temporary child of the `kernels` supervisor (new, or rebuilt
@@ -153,16 +151,12 @@ impl KernelRegistry {
         let gone = me.clone().recipient();
         let id = handle.id.clone();
         let spec = ChildSpec::actor(id.clone(), move |ctx: &mut Context<Kernel>, _exit| {
-            let chain = match resources.lock().expect("lock").take() {
-                Some(r) => {
-                    chain::rebuild(&handle, r).expect("a kernel chain adopts its own stages")
-                }
-                None => chain::build(&handle),
-            };
+            let resources = resources.lock().expect("lock").take();
             if let Some(tx) = tx.lock().expect("lock").take() {
                 let _ = tx.send(ctx.address());
             }
-            Kernel::new(handle.clone(), chain, gone.clone())
+            Kernel::new(ctx, handle.clone(), resources, gone.clone())
+                .expect("a kernel tree adopts its own stages")
         })
         .restart(RestartType::Temporary)
         // Long enough for a teardown that removes a container.
@@ -399,12 +393,13 @@ impl Handler<ListKernels> for KernelRegistry {
 impl Handler<ContainerExited> for KernelRegistry {
     type Result = ();
     fn handle(&mut self, ContainerExited(container_id): ContainerExited, _: &mut Context<Self>) {
-        let hit = self
+        // To the kernel's container stage, which watches its container.
+        if let Some(e) = self
             .kernels
             .values()
-            .find(|e| e.handle.info().container_id.as_deref() == Some(&container_id));
-        if let Some(addr) = hit.and_then(|e| e.addr.clone()) {
-            addr.do_send(ContainerDied);
+            .find(|e| e.handle.info().container_id.as_deref() == Some(&container_id))
+        {
+            e.handle.poke_container();
         }
     }
 }
@@ -413,7 +408,7 @@ impl Handler<ContainerOom> for KernelRegistry {
     type Result = ();
     fn handle(&mut self, ContainerOom(container_id): ContainerOom, _: &mut Context<Self>) {
         // Recorded on the shared info, not sent to the actor: it may be busy classifying the
-        // exit this OOM explains (see `ContainerDied`).
+        // exit this OOM explains (see `kernel::watch`).
         if let Some(e) = self
             .kernels
             .values()
@@ -429,13 +424,21 @@ impl Handler<Reconcile> for KernelRegistry {
     fn handle(&mut self, _: Reconcile, _: &mut Context<Self>) {
         let mut checked = 0;
         for e in self.kernels.values() {
-            if let (Some(addr), KernelStatus::Running) = (&e.addr, e.handle.info().status) {
-                addr.do_send(ContainerDied);
+            if let (Some(_), KernelStatus::Running) = (&e.addr, e.handle.info().status) {
+                e.handle.poke_container();
                 checked += 1;
             }
         }
         // Seed 002's container lifecycle sync: one trigger, `checked` kernels synchronized.
         self.ctx.metrics.lifecycle_sync(Ok(checked));
+    }
+}
+
+impl Handler<KernelStages> for KernelRegistry {
+    type Result = ResponseFuture<Option<Addr<::actors::Supervisor>>>;
+    fn handle(&mut self, KernelStages(id): KernelStages, _: &mut Context<Self>) -> Self::Result {
+        let addr = self.kernels.get(&id).and_then(|e| e.addr.clone());
+        Box::pin(async move { addr?.send(StageSupervisor).await.ok().flatten() })
     }
 }
 

@@ -54,6 +54,13 @@ pub enum EventBody {
         /// `SUCCESS` or `FAILURE`.
         result: &'static str,
     },
+    /// `kernel_restarting`: the kernel's restart policy restarts its container.
+    KernelRestarting {
+        /// Kernel id.
+        kernel_id: String,
+        /// Restarts so far, this one included.
+        restart_count: i64,
+    },
     /// `kernel_dangling`: a container of this agent that its store does not know.
     KernelDangling {
         /// Kernel id from the container's labels.
@@ -79,6 +86,7 @@ impl EventBody {
             | EventBody::Other { name } => name,
             EventBody::KernelTerminated { .. } => "kernel_terminated",
             EventBody::KernelDangling { .. } => "kernel_dangling",
+            EventBody::KernelRestarting { .. } => "kernel_restarting",
         }
     }
 
@@ -88,6 +96,7 @@ impl EventBody {
             EventBody::KernelStatus { kernel_id, .. }
             | EventBody::KernelTerminated { kernel_id, .. }
             | EventBody::KernelDangling { kernel_id, .. }
+            | EventBody::KernelRestarting { kernel_id, .. }
             | EventBody::SessionResult { kernel_id, .. } => Some(kernel_id),
             _ => None,
         }
@@ -139,6 +148,12 @@ impl AgentEvent {
                     name,
                 }
             }
+            "kernel_restarting" => EventBody::KernelRestarting {
+                kernel_id: kernel()?,
+                restart_count: field(map, "restart_count")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1),
+            },
             "kernel_terminated" => EventBody::KernelTerminated {
                 kernel_id: kernel()?,
                 reason: field(map, "reason")

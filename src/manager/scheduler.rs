@@ -21,6 +21,7 @@ use super::registry::{AgentRegistry, PlacementCandidates};
 use super::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store, Usage};
 use crate::agent::resources::SlotRequest;
 use crate::config::ByteSize;
+use crate::workload::RestartPolicy;
 
 /// Agent call deadlines.
 #[derive(Clone, Debug)]
@@ -71,6 +72,10 @@ pub struct SessionRequest {
     /// (the agent checks them: names, protocols, ports).
     #[serde(default, deserialize_with = "crate::manager::api::body::objects")]
     pub service_ports: Vec<ServicePortSpec>,
+    /// What the kernel's supervisor does when its container exits: `{"mode": "never" |
+    /// "on-failure" | "always", "max_restarts", "window", "backoff"}` (default `never`).
+    #[serde(default)]
+    pub restart_policy: Option<RestartPolicy>,
 }
 
 /// A service port a session asks for (`POST /v1/sessions`).
@@ -91,7 +96,8 @@ pub struct ServicePortSpec {
 
 impl SessionRequest {
     /// The session type, checked: `interactive` or `batch`; `command` required for batch,
-    /// non-blank when given; `batch_timeout` positive and batch only.
+    /// non-blank when given; `batch_timeout` positive and batch only; `restart_policy` within
+    /// its bounds.
     ///
     /// Errors: [`ManagerError::InvalidRequest`] naming the field.
     pub fn checked_type(&self) -> Result<&'static str, ManagerError> {
@@ -113,7 +119,11 @@ impl SessionRequest {
             }
             Some(_) if t != "batch" => bad("`batch_timeout` applies to batch sessions only"),
             _ => Ok(t),
+        }?;
+        if let Some(p) = &self.restart_policy {
+            p.check().map_err(ManagerError::InvalidRequest)?;
         }
+        Ok(t)
     }
 }
 
@@ -402,6 +412,8 @@ impl Handler<CreateSession> for Scheduler {
                     command: req.command.clone(),
                     batch_timeout: req.batch_timeout,
                     mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
+                    restart_policy: serde_json::to_string(&req.restart_policy.unwrap_or_default())
+                        .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
                 };
                 store.reserve_kernel(&new).await.map_err(|e| match e {
                     ReserveError::UnknownAccessKey(k) => ManagerError::AccessKeyNotFound(k),
@@ -458,6 +470,9 @@ impl Handler<CreateSession> for Scheduler {
             }
             if let Some(t) = req.batch_timeout {
                 config.push(("batch_timeout".into(), Value::F64(t)));
+            }
+            if let Some(p) = &req.restart_policy {
+                config.push(("restart_policy".into(), p.to_value()));
             }
             let config = Value::Map(config);
             let args = vec![

@@ -13,7 +13,8 @@ use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::image::CreateImageOptions;
 use bollard::models::{
-    ContainerStateStatusEnum, DeviceRequest, HostConfig, PortBinding, PortMap, PortTypeEnum,
+    ContainerStateStatusEnum, DeviceRequest, HealthStatusEnum, HostConfig, PortBinding, PortMap,
+    PortTypeEnum,
 };
 use bollard::system::EventsOptions;
 use bollard::Docker;
@@ -307,6 +308,12 @@ impl ContainerBackend for DockerBackend {
             labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
             ports: port_mappings(c.network_settings.as_ref().and_then(|n| n.ports.clone())),
             pid: state.pid.filter(|&p| p > 0).map(|p| p as u32),
+            health: state
+                .health
+                .as_ref()
+                .and_then(|h| h.status)
+                .filter(|s| !matches!(s, HealthStatusEnum::EMPTY | HealthStatusEnum::NONE))
+                .map(|s| s.to_string()),
             ip_address: c.network_settings.as_ref().and_then(|n| {
                 n.ip_address.clone().filter(|a| !a.is_empty()).or_else(|| {
                     n.networks.as_ref().and_then(|nets| {
@@ -390,6 +397,7 @@ impl ContainerBackend for DockerBackend {
                     ports,
                     pid: None,
                     ip_address: None,
+                    health: None,
                 }
             })
             .collect())

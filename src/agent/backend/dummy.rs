@@ -78,6 +78,7 @@ impl Container {
             ports: self.spec.ports.clone(),
             pid: None,
             ip_address: None,
+            health: None,
         }
     }
 

@@ -147,6 +147,9 @@ pub struct ContainerState {
     /// Its address on its (first) network while running, reachable from the host on a bridge
     /// network: where a service's readiness is probed. `None` when unknown (listings, dummy).
     pub ip_address: Option<String>,
+    /// Its Docker `HEALTHCHECK` status (`starting`, `healthy`, `unhealthy`); `None` when the
+    /// image has no health check (or the backend does not know).
+    pub health: Option<String>,
 }
 
 /// A container exited (the engine's `die` event) or the OOM killer ran in it (`oom`).

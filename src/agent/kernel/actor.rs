@@ -1,15 +1,15 @@
-//! The kernel actor: owns the kernel's [`StageChain`] and runs its lifecycle. Operations on
-//! one kernel run one at a time (setup, restart, teardown); status queries never reach the
-//! actor (the registry reads the shared [`KernelInfo`]).
+//! The kernel actor: owns the kernel's [`StageTree`] (one supervised actor per stage) and runs
+//! its lifecycle. Operations on one kernel run one at a time (setup, restart, teardown);
+//! status queries never reach the actor (the registry reads the shared [`KernelInfo`]).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::actors::StageChain;
+use ::actors::{ExitReason, StageStatus, StageTree, Supervisor};
 use actix::prelude::*;
 
-use super::chain;
+use super::tree::{self, KernelRecipients};
 use super::{KernelError, KernelHandle, KernelInfo, KernelStatus};
 use crate::agent::events::AgentEvent;
 
@@ -31,12 +31,32 @@ pub struct Terminate {
     pub suppress_events: bool,
 }
 
-/// The engine says the container exited: confirm, classify (`oom-killed`, `shm-exceeded`,
-/// `self-terminated`) and tear down. Ignored unless the kernel is `RUNNING` and its container
-/// really is not running (a restart also produces a `die`).
+/// The container stage's watcher saw the container end, and the restart policy does not
+/// restart it: the kernel ends with `reason` (`self-terminated`, `oom-killed`, `shm-exceeded`).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct ContainerDied;
+pub struct ContainerEnded {
+    /// Why the container ended.
+    pub reason: String,
+    /// Its exit code, when it exited.
+    pub exit_code: Option<i64>,
+}
+
+/// A stage's status changed (the stage tree's observer): a restart by the restart policy
+/// began, or finished.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct StagesChanged;
+
+/// The stage tree's supervisor exited (`Failed`: its restart intensity ran out).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct TreeExited(ExitReason);
+
+/// The kernel's stage supervisor, while the tree runs (for `WhichChildren`).
+#[derive(Debug, Message)]
+#[rtype(result = "Option<Addr<Supervisor>>")]
+pub struct StageSupervisor;
 
 /// Restarts the container (`RESTARTING` → `RUNNING`).
 #[derive(Debug, Message)]
@@ -59,11 +79,13 @@ struct BatchTimedOut;
 #[rtype(result = "()")]
 pub struct KernelGone(pub String);
 
-/// One kernel: a supervised actor owning one stage per resource.
+/// One kernel: a supervised actor owning its stage tree, one child actor per resource.
 pub struct Kernel {
     handle: KernelHandle,
     /// `None` only while an operation has lent it.
-    chain: Option<StageChain>,
+    tree: Option<StageTree>,
+    /// The tree's supervisor once started (the tree may be lent when asked).
+    stage_supervisor: Option<Addr<Supervisor>>,
     /// Torn down or detached: nothing left to do but stop.
     done: bool,
     gone: Recipient<KernelGone>,
@@ -83,14 +105,41 @@ struct NowRunning {
 }
 
 impl Kernel {
-    /// A kernel actor around `chain` (new, or rebuilt on recovery); `gone` learns when it stops.
-    pub fn new(handle: KernelHandle, chain: StageChain, gone: Recipient<KernelGone>) -> Kernel {
-        Kernel {
+    /// A kernel actor in context `ctx` (new, or with `resources` adopted on recovery); `gone`
+    /// learns when it stops.
+    ///
+    /// Errors: the tree refuses an adopted resource (a programming error).
+    pub fn new(
+        ctx: &mut Context<Kernel>,
+        handle: KernelHandle,
+        resources: Option<super::KernelResources>,
+        gone: Recipient<KernelGone>,
+    ) -> Result<Kernel, ::actors::StageError> {
+        let me = ctx.address();
+        let recipients = KernelRecipients {
+            stages_changed: me.clone().recipient(),
+            container_ended: me.recipient(),
+        };
+        let tree = match resources {
+            Some(r) => tree::rebuild(&handle, &recipients, r)?,
+            None => tree::build(&handle, &recipients),
+        };
+        Ok(Kernel {
             handle,
-            chain: Some(chain),
+            tree: Some(tree),
+            stage_supervisor: None,
             done: false,
             gone,
             log_keeper: Keeper::default(),
+        })
+    }
+
+    /// Starts the stage tree (every stage sets up in order, or adopts its resource).
+    fn start_tree(&mut self, ctx: &mut Context<Self>) {
+        let me = ctx.address();
+        if let Some(tree) = self.tree.as_mut() {
+            tree.start(move |reason| me.do_send(TreeExited(reason)));
+            self.stage_supervisor = tree.supervisor();
         }
     }
 
@@ -122,24 +171,24 @@ impl Kernel {
         }
     }
 
-    /// Lends the chain to `work`, puts it back after; atomic, so the kernel's operations never
+    /// Lends the tree to `work`, puts it back after; atomic, so the kernel's operations never
     /// interleave. `work` returns whether the kernel is finished (then the actor stops).
     fn lend<R, Fut>(
         &mut self,
-        work: impl FnOnce(KernelHandle, StageChain) -> Fut,
+        work: impl FnOnce(KernelHandle, StageTree) -> Fut,
     ) -> AtomicResponse<Self, R>
     where
         R: 'static,
-        Fut: Future<Output = (StageChain, bool, R)> + 'static,
+        Fut: Future<Output = (StageTree, bool, R)> + 'static,
     {
-        let chain = self
-            .chain
+        let tree = self
+            .tree
             .take()
-            .expect("the kernel holds its chain between operations");
-        let lent = work(self.handle.clone(), chain);
+            .expect("the kernel holds its tree between operations");
+        let lent = work(self.handle.clone(), tree);
         AtomicResponse::new(Box::pin(lent.into_actor(self).map(
-            |(chain, finished, result), act, ctx| {
-                act.chain = Some(chain);
+            |(tree, finished, result), act, ctx| {
+                act.tree = Some(tree);
                 if finished {
                     act.done = true;
                     ctx.stop();
@@ -153,12 +202,13 @@ impl Kernel {
 /// Longest wait for the log keeper to take a removed container's last output.
 const LOG_KEEPER_DRAIN: Duration = Duration::from_secs(3);
 
-/// Tears `chain` down and records the end; shared by every way a kernel ends. A batch session
+/// Tears the tree down (every stage in reverse) and records the end; shared by every way a
+/// kernel ends. A batch session
 /// reports its result first (`session_success` when its command exited 0, else
 /// `session_failure` with the reason), then `kernel_terminated`.
 async fn finish(
     h: &KernelHandle,
-    chain: &mut StageChain,
+    tree: &mut StageTree,
     keeper: &Keeper,
     reason: &str,
     exit_code: Option<i64>,
@@ -173,9 +223,8 @@ async fn finish(
     {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATING");
     }
-    if let Err(e) = chain.teardown().await {
-        tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "kernel teardown incomplete");
-    }
+    let stages = tree.teardown().await;
+    tracing::debug!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, %stages, "kernel stages stopped");
     let keeper = keeper.lock().expect("log keeper lock").take();
     if let Some(keeper) = keeper {
         // The container is gone, so the keeper's stream ends once it has written the last bytes.
@@ -206,26 +255,14 @@ async fn finish(
     h.terminated(reason, exit_code, suppress_events);
 }
 
-/// Re-inspections (100 ms apart) of a container that died by SIGKILL without an OOM sign.
-const OOM_FLAG_RECHECKS: usize = 20;
-
-/// Why a container exited (ARCHITECTURE.md, "Kernel status"): OOM → `oom-killed`; 135
-/// (SIGBUS) with a `/dev/shm` → `shm-exceeded`; otherwise `self-terminated`.
-pub fn exit_reason(exit_code: Option<i64>, oom_killed: bool) -> &'static str {
-    match (oom_killed, exit_code) {
-        (true, _) => "oom-killed",
-        // Every kernel has a /dev/shm (`resource_opts.shmem` or the agent default).
-        (false, Some(135)) => "shm-exceeded",
-        _ => "self-terminated",
-    }
-}
-
 impl Actor for Kernel {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        // Adopted after an agent restart: already running.
+        // Adopted after an agent restart: already running; its stages adopt their resources
+        // and the container stage checks the container at once.
         if self.handle.info().status == KernelStatus::Running {
+            self.start_tree(ctx);
             self.on_running(ctx, true);
         }
     }
@@ -249,17 +286,18 @@ impl Handler<Setup> for Kernel {
 
     fn handle(&mut self, _: Setup, ctx: &mut Context<Self>) -> Self::Result {
         let (me, keeper) = (ctx.address(), self.log_keeper.clone());
-        let response = self.lend(move |h, mut chain| async move {
-            h.set_status(KernelStatus::Preparing);
-            let failure = match chain.setup().await {
+        self.handle.set_status(KernelStatus::Preparing);
+        self.start_tree(ctx);
+        let response = self.lend(move |h, mut tree| async move {
+            let failure = match tree.ready().await {
                 Ok(()) => {
-                    let resources = chain::resources(&chain).expect("a set-up chain holds every resource");
+                    let resources = tree::resources(&tree).expect("a set-up tree holds every resource");
                     match h.ctx.store.set_status(&h.id, KernelStatus::Running, Some(&resources)).await {
                         Ok(()) => {
                             h.update(|i| i.runtime_path = resources.image.labels.get(crate::agent::backend::labels::RUNTIME_PATH).cloned());
                             h.set_status(KernelStatus::Running);
                             me.do_send(NowRunning { arm_timeout: true });
-                            return (chain, false, Ok(h.info()));
+                            return (tree, false, Ok(h.info()));
                         }
                         Err(e) => KernelError::Engine(format!("store: {e}")),
                     }
@@ -267,8 +305,8 @@ impl Handler<Setup> for Kernel {
                 Err(e) => KernelError::from_setup(&e),
             };
             tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %failure, "kernel creation failed");
-            finish(&h, &mut chain, &keeper, "failed-to-create", None, false).await;
-            (chain, true, Err(failure))
+            finish(&h, &mut tree, &keeper, "failed-to-create", None, false).await;
+            (tree, true, Err(failure))
         });
         response
     }
@@ -279,11 +317,11 @@ impl Handler<Terminate> for Kernel {
 
     fn handle(&mut self, t: Terminate, _: &mut Context<Self>) -> Self::Result {
         let (done, keeper) = (self.done, self.log_keeper.clone());
-        self.lend(move |h, mut chain| async move {
+        self.lend(move |h, mut tree| async move {
             if !done {
                 finish(
                     &h,
-                    &mut chain,
+                    &mut tree,
                     &keeper,
                     &t.reason,
                     t.exit_code,
@@ -291,45 +329,101 @@ impl Handler<Terminate> for Kernel {
                 )
                 .await;
             }
-            (chain, true, ())
+            (tree, true, ())
         })
     }
 }
 
-impl Handler<ContainerDied> for Kernel {
+impl Handler<ContainerEnded> for Kernel {
     type Result = AtomicResponse<Self, ()>;
 
-    fn handle(&mut self, _: ContainerDied, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, m: ContainerEnded, _: &mut Context<Self>) -> Self::Result {
         let (done, keeper) = (self.done, self.log_keeper.clone());
-        self.lend(move |h, mut chain| async move {
-            let info = h.info();
-            let (Some(container_id), KernelStatus::Running, false) = (info.container_id, info.status, done) else {
-                return (chain, done, ());
-            };
-            let state = match h.ctx.backend.inspect_container(&container_id).await {
-                Ok(Some(s)) if s.running => return (chain, false, ()),
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "cannot inspect an exited container");
-                    return (chain, false, ());
-                }
-            };
-            let (exit_code, flag) = state.map_or((None, false), |s| (s.exit_code, s.oom_killed));
-            let mut oom = flag || h.info().oom_event;
-            // SIGKILL with neither the OOM flag nor the engine's `oom` event yet: the engine may
-            // deliver the OOM just after the exit, and with cgroup v1 may then never set the
-            // flag (seen on CI). Wait briefly for either before calling it self-terminated.
-            for _ in 0..OOM_FLAG_RECHECKS {
-                if oom || exit_code != Some(137) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                oom = h.info().oom_event
-                    || matches!(h.ctx.backend.inspect_container(&container_id).await, Ok(Some(s)) if s.oom_killed);
+        self.lend(move |h, mut tree| async move {
+            if !done {
+                finish(&h, &mut tree, &keeper, &m.reason, m.exit_code, false).await;
             }
-            finish(&h, &mut chain, &keeper, exit_reason(exit_code, oom), exit_code, false).await;
-            (chain, true, ())
+            (tree, true, ())
         })
+    }
+}
+
+impl Handler<TreeExited> for Kernel {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, TreeExited(reason): TreeExited, _: &mut Context<Self>) -> Self::Result {
+        let (done, keeper) = (self.done, self.log_keeper.clone());
+        self.lend(move |h, mut tree| async move {
+            if done || !reason.is_abnormal() {
+                return (tree, done, ());
+            }
+            // Every stage is already released in reverse by the supervisor giving up.
+            let info = h.info();
+            let policy = info.config.restart_policy;
+            tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, %reason, restarts = info.restart_count, max_restarts = policy.max_restarts, window = policy.window, "kernel restart limit exceeded");
+            let exit_code = info.last_exit.and_then(|(_, code)| code);
+            finish(&h, &mut tree, &keeper, "restart-limit-exceeded", exit_code, false).await;
+            (tree, true, ())
+        })
+    }
+}
+
+impl Handler<StagesChanged> for Kernel {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, _: StagesChanged, ctx: &mut Context<Self>) -> Self::Result {
+        let (done, me) = (self.done, ctx.address());
+        self.lend(move |h, tree| async move {
+            let info = h.info();
+            if done || matches!(info.status, KernelStatus::Terminating | KernelStatus::Terminated) {
+                return (tree, done, ());
+            }
+            let container_restarts = info
+                .stages
+                .iter()
+                .find(|s| s.name == "container")
+                .map_or(0, |s| s.restarts);
+            if container_restarts > info.restart_count {
+                // The supervisor began a restart of `container` (and the stages after it).
+                let (reason, exit_code) = info.last_exit.clone().unwrap_or(("unknown".into(), None));
+                h.update(|i| {
+                    i.restart_count = container_restarts;
+                    i.status = KernelStatus::Restarting;
+                    i.oom_event = false;
+                });
+                h.ctx.metrics.kernel_restarted(&reason);
+                tracing::info!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, restart_count = container_restarts, %reason, ?exit_code, "kernel container restarting by its restart policy");
+                h.ctx.events.emit(AgentEvent::KernelRestarting {
+                    kernel_id: h.id.clone(),
+                    session_id: h.session_id.clone(),
+                    restart_count: container_restarts,
+                    reason,
+                    exit_code,
+                });
+            }
+            let info = h.info();
+            let all_ready = !info.stages.is_empty()
+                && info.stages.iter().all(|s| s.status == StageStatus::Ready);
+            if info.status == KernelStatus::Restarting && !info.manual_restart && all_ready {
+                if let Some(resources) = tree::resources(&tree) {
+                    if let Err(e) = h.ctx.store.set_status(&h.id, KernelStatus::Running, Some(&resources)).await {
+                        tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record the restarted container");
+                    }
+                    h.update(|i| i.container_id = Some(resources.container.id.clone()));
+                    h.set_status(KernelStatus::Running);
+                    me.do_send(NowRunning { arm_timeout: false });
+                }
+            }
+            (tree, false, ())
+        })
+    }
+}
+
+impl Handler<StageSupervisor> for Kernel {
+    type Result = Option<Addr<Supervisor>>;
+
+    fn handle(&mut self, _: StageSupervisor, _: &mut Context<Self>) -> Self::Result {
+        self.stage_supervisor.clone()
     }
 }
 
@@ -338,37 +432,41 @@ impl Handler<Restart> for Kernel {
 
     fn handle(&mut self, _: Restart, ctx: &mut Context<Self>) -> Self::Result {
         let me = ctx.address();
-        self.lend(move |h, chain| async move {
+        self.lend(move |h, tree| async move {
             let info = h.info();
             let Some(container_id) = info
                 .container_id
                 .filter(|_| info.status == KernelStatus::Running)
             else {
                 return (
-                    chain,
+                    tree,
                     false,
                     Err(KernelError::NotRunning(h.id.clone(), info.status.as_str())),
                 );
             };
+            // The container's exit during the restart is expected: its watcher skips it.
+            h.update(|i| i.manual_restart = true);
             h.set_status(KernelStatus::Restarting);
-            match h
+            let restarted = h
                 .ctx
                 .backend
                 .restart_container(&container_id, Duration::from_secs(10))
-                .await
-            {
+                .await;
+            h.update(|i| i.manual_restart = false);
+            match restarted {
                 Ok(()) => {
                     h.update(|i| i.oom_event = false);
                     h.set_status(KernelStatus::Running);
                     me.do_send(NowRunning { arm_timeout: false });
-                    (chain, false, Ok(h.info()))
+                    h.poke_container();
+                    (tree, false, Ok(h.info()))
                 }
                 Err(e) => {
                     // Back to RUNNING without a `kernel_started`; if the container is in fact
-                    // gone, the check below ends the kernel the usual way.
+                    // gone, its watcher ends the kernel the usual way.
                     h.update(|i| i.status = KernelStatus::Running);
-                    me.do_send(ContainerDied);
-                    (chain, false, Err(KernelError::from(e)))
+                    h.poke_container();
+                    (tree, false, Err(KernelError::from(e)))
                 }
             }
         })
@@ -400,31 +498,17 @@ impl Handler<BatchTimedOut> for Kernel {
 }
 
 impl Handler<Detach> for Kernel {
-    type Result = ();
+    type Result = AtomicResponse<Self, ()>;
 
-    fn handle(&mut self, _: Detach, ctx: &mut Context<Self>) {
-        if let Some(chain) = self.chain.as_mut() {
-            let kept = chain.detach();
-            tracing::info!(agent_id = %self.handle.ctx.agent_id, kernel_id = %self.handle.id, stages = ?kept, "kernel detached");
-        }
+    fn handle(&mut self, _: Detach, _: &mut Context<Self>) -> Self::Result {
         // The next agent start follows the container's logs again from the file's last write.
         if let Some(k) = self.log_keeper.lock().expect("log keeper lock").take() {
             k.abort();
         }
-        self.done = true;
-        ctx.stop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::exit_reason;
-
-    #[test]
-    fn exit_reasons_follow_the_architecture() {
-        assert_eq!(exit_reason(Some(137), true), "oom-killed");
-        assert_eq!(exit_reason(Some(135), false), "shm-exceeded");
-        assert_eq!(exit_reason(Some(0), false), "self-terminated");
-        assert_eq!(exit_reason(None, false), "self-terminated");
+        self.lend(move |h, mut tree| async move {
+            let kept = tree.detach().await;
+            tracing::info!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, stages = ?kept, "kernel detached");
+            (tree, true, ())
+        })
     }
 }

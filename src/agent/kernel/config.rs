@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::KernelError;
 use crate::agent::resources::SlotRequest;
+use crate::workload::RestartPolicy;
 
 /// Docker refuses memory limits below 6 MiB; refuse them first with a clear message.
 const MIN_MEM_BYTES: u64 = 6 << 20;
@@ -103,6 +104,9 @@ pub struct KernelConfig {
     /// Seconds a batch session may run before it is killed (`batch-timeout`).
     #[serde(default)]
     pub batch_timeout: Option<f64>,
+    /// What the kernel's supervisor does when its container exits (default `never`).
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
     /// Failure injection (tests only).
     #[serde(default)]
     pub inject: Injection,
@@ -377,6 +381,11 @@ impl KernelConfig {
             session_type,
             command,
             batch_timeout,
+            restart_policy: get(map, "restart_policy")
+                .map(RestartPolicy::from_value)
+                .transpose()
+                .map_err(invalid)?
+                .unwrap_or_default(),
             inject: injection(map)?,
         })
     }

@@ -1,22 +1,25 @@
-//! The kernel: one supervised actor per kernel owning one stage per resource (seed 001).
+//! The kernel: one supervised actor per kernel owning one child actor per resource stage
+//! (seed 001), under a `rest_for_one` supervisor whose intensity is the restart policy.
 //!
 //! ```text
-//! Kernel <id>            actor owning a StageChain; torn down in reverse
+//! Kernel <id>            actor owning a StageTree; stages stopped in reverse
 //! ├─ image               ImageStage: local image, or pull (status PULLING)
 //! ├─ slots               SlotStage: cpu / mem / cuda.device from the agent's capacity
 //! ├─ ports               PortStage: host ports from [container] port-range
 //! ├─ scratch             ScratchStage: <scratch-root>/<id>/{config,work}
 //! ├─ mounts              MountStage: vfolders → /home/work/<name>, paths checked
-//! ├─ container           ContainerStage: create + start (status CREATING)
+//! ├─ container           ContainerStage: create + start (status CREATING); watches
+//! │                      the container's exits and HEALTHCHECK (watch.rs)
 //! └─ service-ports       ServicePortStage: the mapped ports, checked and reported
 //! ```
 
 pub mod actor;
-pub mod chain;
 pub mod config;
 pub mod error;
 pub mod stages;
 mod status;
+pub mod tree;
+pub mod watch;
 
 pub use actor::Kernel;
 pub use config::{KernelConfig, Owner, SessionType};

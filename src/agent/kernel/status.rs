@@ -2,7 +2,9 @@
 
 use std::sync::{Arc, Mutex};
 
+use ::actors::StageInfo;
 use rmpv::Value;
+use tokio::sync::watch;
 
 use super::config::KernelConfig;
 use super::stages::ServicePortInfo;
@@ -21,7 +23,8 @@ pub enum KernelStatus {
     Creating,
     /// Up.
     Running,
-    /// `restart_kernel` in progress.
+    /// Its container is being restarted: `restart_kernel`, or its restart policy after the
+    /// container exited.
     Restarting,
     /// Tearing down.
     Terminating,
@@ -89,6 +92,15 @@ pub struct KernelInfo {
     /// cgroup). Kept beside the container's `OOMKilled` flag, which the engine can miss when
     /// it records the exit before the OOM (seen with cgroup v1).
     pub oom_event: bool,
+    /// Restarts by the restart policy so far (`restart_kernel` not counted).
+    pub restart_count: u32,
+    /// Its stages in order, as its supervision tree reports them.
+    pub stages: Vec<StageInfo>,
+    /// `restart_kernel` is restarting the container: its exit is expected, not an end.
+    pub manual_restart: bool,
+    /// Why its container last ended and the exit code (`oom-killed`, `unhealthy`, …), kept
+    /// for the restart event and for the reason when the restart limit is reached.
+    pub last_exit: Option<(String, Option<i64>)>,
 }
 
 impl KernelInfo {
@@ -107,11 +119,16 @@ impl KernelInfo {
             reason: None,
             exit_code: None,
             oom_event: false,
+            restart_count: 0,
+            stages: Vec::new(),
+            manual_restart: false,
+            last_exit: None,
         }
     }
 
     /// As the wire map: `{id, kernel_id, session_id, agent_id, status, container_id, image,
-    /// host_ports, service_ports, resource_slots, gpus, reason, exit_code}`.
+    /// host_ports, service_ports, resource_slots, gpus, reason, exit_code, restart_count,
+    /// restart_policy, stages: [{name, status, restarts, setup_seconds}]}`.
     pub fn to_value(&self, agent_id: &str) -> Value {
         let opt = |s: &Option<String>| s.clone().map_or(Value::Nil, Value::from);
         Value::Map(vec![
@@ -145,8 +162,30 @@ impl KernelInfo {
                 "exit_code".into(),
                 self.exit_code.map_or(Value::Nil, Value::from),
             ),
+            ("restart_count".into(), self.restart_count.into()),
+            (
+                "restart_policy".into(),
+                self.config.restart_policy.to_value(),
+            ),
+            (
+                "stages".into(),
+                Value::Array(self.stages.iter().map(stage_value).collect()),
+            ),
         ])
     }
+}
+
+/// One stage as the wire map `{name, status, restarts, setup_seconds}`.
+fn stage_value(s: &StageInfo) -> Value {
+    Value::Map(vec![
+        ("name".into(), s.name.into()),
+        ("status".into(), s.status.as_str().into()),
+        ("restarts".into(), s.restarts.into()),
+        (
+            "setup_seconds".into(),
+            s.setup_seconds.map_or(Value::Nil, Value::F64),
+        ),
+    ])
 }
 
 /// A kernel's identity plus the agent context, given to its actor and its stages: they read
@@ -161,9 +200,37 @@ pub struct KernelHandle {
     pub info: Arc<Mutex<KernelInfo>>,
     /// The agent.
     pub ctx: Arc<AgentContext>,
+    /// Bumped when the engine reports something about its container (an exit, an OOM) or a
+    /// reconcile asks for a check: the container stage's watcher then inspects it.
+    pub container_events: Arc<watch::Sender<u64>>,
 }
 
 impl KernelHandle {
+    /// A handle for a new kernel (`PREPARING`) or one being adopted.
+    pub fn new(
+        kernel_id: &str,
+        session_id: &str,
+        config: KernelConfig,
+        ctx: Arc<AgentContext>,
+    ) -> KernelHandle {
+        KernelHandle {
+            id: kernel_id.to_owned(),
+            session_id: session_id.to_owned(),
+            info: Arc::new(Mutex::new(KernelInfo::new(
+                kernel_id,
+                session_id,
+                Arc::new(config),
+            ))),
+            ctx,
+            container_events: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// Asks the container stage's watcher to look at the container again.
+    pub fn poke_container(&self) {
+        self.container_events
+            .send_modify(|n| *n = n.wrapping_add(1));
+    }
     /// The current facts.
     pub fn info(&self) -> KernelInfo {
         self.info.lock().expect("kernel info lock").clone()

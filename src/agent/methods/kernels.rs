@@ -1,6 +1,6 @@
 //! The kernel lifecycle methods, with callosum names and Backend.AI's positional arguments:
 //! `create_kernels`, `destroy_kernel`, `restart_kernel`, `interrupt_kernel`, `execute`,
-//! `get_logs`, `check_running`, `ping_kernel`, `sync_kernel_registry`, `reset_agent`
+//! `get_kernel`, `get_logs`, `check_running`, `ping_kernel`, `sync_kernel_registry`, `reset_agent`
 //! (alias `reset_instance`), and `resource_usage`.
 //!
 //! Typed errors cross the wire as FAILURE with stable names: `KernelNotFound`,
@@ -119,6 +119,17 @@ pub fn register(
                 .await
                 .map_err(mailbox)?
                 .map_err(|e| e.to_meta())?;
+            Ok(info.to_value(&a))
+        }
+    });
+
+    // get_kernel(kernel_id) → the kernel's info map, with its restart count and its stages
+    // (`[{name, status, restarts, setup_seconds}]`, in order).
+    let (r, a) = (registry.clone(), agent_id.clone());
+    dispatcher.register("get_kernel", move |call| {
+        let (r, a) = (r.clone(), a.clone());
+        async move {
+            let info = lookup(&r, &str_arg(&call, 0, "kernel_id")?).await?;
             Ok(info.to_value(&a))
         }
     });

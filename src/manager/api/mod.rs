@@ -61,6 +61,8 @@ pub fn session_json(k: &KernelRow) -> serde_json::Value {
         "type": k.session_type, "command": k.command, "batch_timeout": k.batch_timeout, "result": k.result,
         "resource_slots": slots_json(k.cpu_millis, k.mem_bytes, k.cuda_devices),
         "mounts": serde_json::from_str::<serde_json::Value>(&k.mounts).unwrap_or_else(|_| serde_json::json!([])),
+        "restart_policy": serde_json::from_str::<crate::workload::RestartPolicy>(&k.restart_policy).unwrap_or_default(),
+        "restart_count": k.restart_count,
         "created_at": k.created_at, "terminated_at": k.terminated_at,
     })
 }

@@ -2,6 +2,8 @@
 //! caller's own sessions (an admin's: anyone's); another key's session answers exactly as a
 //! missing one, 404 `session-not-found`.
 
+use std::time::Duration;
+
 use actix::Addr;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -10,6 +12,7 @@ use super::auth::Caller;
 use super::body::Object;
 use super::openapi;
 use super::{count_error, not_in_grace, owned_kernel, session_json, ApiState, Res};
+use crate::manager::calls::{call_agent, to_json};
 use crate::manager::error::ManagerError;
 use crate::manager::scheduler::{
     CreateSession, DestroySession, ExecuteInSession, LogsChunk, ReadLogs, Scheduler, SessionRequest,
@@ -138,7 +141,40 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
 pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     not_in_grace(&s).await?;
     let k = owned_kernel(&s, &caller, &id).await?;
-    Ok(HttpResponse::Ok().json(session_json(&k)))
+    let mut body = session_json(&k);
+    body["stages"] = stages(&s, &k).await;
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// Longest wait for the agent's view of a kernel's stages.
+const STAGES_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The kernel's stage actors as its agent reports them (`get_kernel`): `[{"name", "status",
+/// "restarts", "setup_seconds"}]` in order, or `null` when the kernel has ended or its agent
+/// does not answer in time (the session itself still answers).
+async fn stages(s: &ApiState, k: &KernelRow) -> serde_json::Value {
+    if !k.is_live() || k.status == "PENDING" {
+        return serde_json::Value::Null;
+    }
+    match call_agent(
+        &s.pool,
+        &s.metrics,
+        &k.agent_id,
+        "get_kernel",
+        vec![k.id.clone().into()],
+        STAGES_TIMEOUT,
+    )
+    .await
+    {
+        Ok(info) => to_json(&info)
+            .get_mut("stages")
+            .map(serde_json::Value::take)
+            .unwrap_or(serde_json::Value::Null),
+        Err(e) => {
+            tracing::debug!(kernel_id = %k.id, error = %e, "no stages from the agent");
+            serde_json::Value::Null
+        }
+    }
 }
 
 /// Destroys a session: now `TERMINATED`, reason `user-requested`; an already terminated one is

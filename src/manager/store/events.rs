@@ -5,7 +5,7 @@
 use sqlx::{Any, Transaction};
 
 use super::agents::{upsert_in, AgentRow};
-use super::kernels::{advance_in, set_result_in, terminate_in};
+use super::kernels::{advance_in, restarting_in, set_result_in, terminate_in};
 use super::{now, Store, StoreError};
 use crate::manager::events::{AgentEvent, EventBody};
 
@@ -78,6 +78,12 @@ impl Store {
                 kernel_id, result, ..
             } => {
                 set_result_in(&mut tx, kernel_id, result).await?;
+            }
+            EventBody::KernelRestarting {
+                kernel_id,
+                restart_count,
+            } => {
+                restarting_in(&mut tx, kernel_id, *restart_count).await?;
             }
             EventBody::KernelDangling { .. } | EventBody::Other { .. } => {}
         }

@@ -70,6 +70,10 @@ pub struct KernelRow {
     pub result: String,
     /// Its vfolders as asked for: JSON `[{"name", "permission"}]`.
     pub mounts: String,
+    /// Its restart policy as asked for: JSON `{"mode", "max_restarts", "window", "backoff"}`.
+    pub restart_policy: String,
+    /// Restarts by its restart policy so far (`kernel_restarting` events).
+    pub restart_count: i64,
 }
 
 impl KernelRow {
@@ -98,6 +102,8 @@ impl KernelRow {
             batch_timeout: r.try_get("batch_timeout")?,
             result: r.try_get("result")?,
             mounts: r.try_get("mounts")?,
+            restart_policy: r.try_get("restart_policy")?,
+            restart_count: r.try_get("restart_count")?,
         })
     }
 }
@@ -129,6 +135,8 @@ pub struct NewKernel {
     pub batch_timeout: Option<f64>,
     /// vfolders, JSON `[{"name", "permission"}]`.
     pub mounts: String,
+    /// Restart policy, JSON `{"mode", "max_restarts", "window", "backoff"}`.
+    pub restart_policy: String,
 }
 
 /// Why a reservation was refused.
@@ -158,7 +166,7 @@ pub struct Usage {
     pub kernels: i64,
 }
 
-const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts";
+const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count";
 
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns whether it was live (a second call for the same kernel is a no-op).
@@ -198,11 +206,15 @@ pub(super) async fn advance_in(
     let Some(r) = rank(status).filter(|_| status != "TERMINATED") else {
         return Ok(false);
     };
-    let earlier: Vec<String> = ORDER
+    let mut earlier: Vec<String> = ORDER
         .iter()
         .filter(|s| rank(s).is_some_and(|x| x < r))
         .map(|s| format!("'{s}'"))
         .collect();
+    if status == "RUNNING" {
+        // A restart (by the restart policy or `restart_kernel`) ends in `kernel_started`.
+        earlier.push("'RESTARTING'".into());
+    }
     if earlier.is_empty() {
         return Ok(false);
     }
@@ -217,6 +229,28 @@ pub(super) async fn advance_in(
         .execute(&mut **tx)
         .await?
         .rows_affected()
+        > 0)
+}
+
+/// Records that a live kernel's container is restarting by its restart policy, the
+/// `restart_count`-th time, inside `tx`: status `RESTARTING` (from `RUNNING` or `RESTARTING`)
+/// and the count, which never goes down (a resent event changes nothing). Returns whether the
+/// row changed.
+pub(super) async fn restarting_in(
+    tx: &mut Transaction<'_, Any>,
+    kernel_id: &str,
+    restart_count: i64,
+) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::query(
+        "UPDATE kernels SET status = CASE WHEN status IN ('RUNNING', 'RESTARTING', 'CREATING') THEN 'RESTARTING' ELSE status END, \
+         restart_count = CASE WHEN restart_count < $2 THEN $2 ELSE restart_count END \
+         WHERE id = $1 AND status <> 'TERMINATED' AND restart_count < $2",
+    )
+    .bind(kernel_id)
+    .bind(restart_count)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected()
         > 0)
 }
 
@@ -262,7 +296,7 @@ impl Store {
                 _ => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
             };
         }
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13)"))
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0)"))
             .bind(&k.id)
             .bind(&k.session_id)
             .bind(&k.agent_id)
@@ -277,6 +311,7 @@ impl Store {
             // Never a NULL f64 parameter (see agents.rs): -1 stands for none.
             .bind(k.batch_timeout.unwrap_or(-1.0))
             .bind(&k.mounts)
+            .bind(&k.restart_policy)
             .execute(&mut *tx)
             .await
             .map_err(StoreError::from)?;

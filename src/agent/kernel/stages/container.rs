@@ -128,7 +128,10 @@ impl Provisioner for ContainerStage {
     }
 
     async fn setup(&self, spec: ContainerSpec) -> Result<ContainerHandle, BoxError> {
-        self.0.set_status(KernelStatus::Creating);
+        // A restart by the restart policy stays `RESTARTING` until the kernel runs again.
+        if self.0.info().status != KernelStatus::Restarting {
+            self.0.set_status(KernelStatus::Creating);
+        }
         let backend = &self.0.ctx.backend;
         let id = backend
             .create_container(&spec)

@@ -1,11 +1,18 @@
-//! The kernel's stage chain: image → slots → ports → scratch → mounts → container →
-//! service-ports, each stage's spec built from the config and the stages before it.
+//! The kernel's stage tree: image → slots → ports → scratch → mounts → container →
+//! service-ports, one supervised actor each (`rest_for_one`), each stage's spec built from the
+//! config and the stages before it. The container stage watches its container
+//! ([`super::watch`]); the tree's restart intensity and backoff are the session's restart
+//! policy.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use actors::{BoxError, Detached, Provisioner, StageChain, StageChainBuilder, StageError};
+use actix::Recipient;
+use actors::{
+    Backoff, BoxError, Detached, Intensity, Provisioner, StageError, StageTree, StageTreeBuilder,
+};
 
+use super::actor::{ContainerEnded, StagesChanged};
 use super::config::{Injection, ServicePortRequest};
 use super::stages::{
     self, ContainerHandle, ContainerStage, ImageStage, MountStage, PortStage, ScratchDir,
@@ -16,6 +23,7 @@ use crate::agent::backend::{Bind, ImageInfo};
 use crate::agent::metrics::StageMetricsHook;
 use crate::agent::resources::slots::format_cores;
 use crate::agent::resources::SlotAllocation;
+use crate::workload::restart_policy::{RestartPolicy, MAX_BACKOFF_SECONDS};
 
 /// Wraps a provisioner with the kernel's test-only [`Injection`] (inert unless the config
 /// carried `_inject`, which only a `fault-injection` build reads).
@@ -49,16 +57,42 @@ impl<P: Provisioner> Provisioner for Injected<P> {
     }
 }
 
-fn describe(handle: &KernelHandle) -> StageChainBuilder {
+/// The tree's restart intensity and backoff from the session's restart policy.
+fn intensity_of(policy: &RestartPolicy) -> (Intensity, Backoff) {
+    let intensity = Intensity {
+        max_restarts: policy.max_restarts,
+        max_window: Duration::from_secs_f64(policy.window),
+    };
+    let backoff = if policy.backoff > 0.0 {
+        Backoff::Exponential {
+            base: Duration::from_secs_f64(policy.backoff),
+            max: Duration::from_secs_f64(MAX_BACKOFF_SECONDS.max(policy.backoff)),
+        }
+    } else {
+        Backoff::None
+    };
+    (intensity, backoff)
+}
+
+fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilder {
     let info = handle.info();
     let config = info.config.clone();
+    let (intensity, backoff) = intensity_of(&config.restart_policy);
+    let (h_observer, changed) = (handle.clone(), kernel.stages_changed.clone());
+    let watcher = super::watch::container_watcher(handle.clone(), kernel.container_ended.clone());
     let inject = config.inject.clone();
     let (image_ref, slots, mounts) = (config.image.clone(), config.slots, config.mounts.clone());
     let (h_scratch, h_container) = (handle.clone(), handle.clone());
     // The image's service ports (its label) and the request's, known once the image is.
     let requested = Arc::new(config.service_ports.clone());
     let (req_ports, req_container, req_assign) = (requested.clone(), requested.clone(), requested);
-    StageChain::builder()
+    StageTree::builder(format!("kernel {}", handle.id))
+        .intensity(intensity)
+        .backoff(backoff)
+        .observer(Arc::new(move |stages| {
+            h_observer.update(|i| i.stages = stages.to_vec());
+            changed.do_send(StagesChanged);
+        }))
         .hook(Arc::new(StageMetricsHook {
             metrics: handle.ctx.metrics.clone(),
             kernel_id: handle.id.clone(),
@@ -125,7 +159,7 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
             },
             move |_| Ok(mounts.clone()),
         )
-        .stage(
+        .watched_stage(
             Injected {
                 inner: ContainerStage(handle.clone()),
                 inject: inject.clone(),
@@ -142,6 +176,7 @@ fn describe(handle: &KernelHandle) -> StageChainBuilder {
                     r.get::<Vec<Bind>>("mounts")?,
                 ))
             },
+            watcher,
         )
         .stage(
             Injected {
@@ -171,16 +206,29 @@ fn service_ports_of(
         .map_err(|e| KernelError::InvalidConfig(e).into())
 }
 
-/// A new kernel's chain, holding nothing yet.
-pub fn build(handle: &KernelHandle) -> StageChain {
-    describe(handle).build()
+/// Where the kernel's stages report to its actor.
+#[derive(Clone)]
+pub struct KernelRecipients {
+    /// A stage's status changed (the tree's observer).
+    pub stages_changed: Recipient<StagesChanged>,
+    /// The container ended and the restart policy does not restart it.
+    pub container_ended: Recipient<ContainerEnded>,
 }
 
-/// A recovered kernel's chain owning `resources` again (after a restart). The caller has
+/// A new kernel's tree, holding nothing yet (not started).
+pub fn build(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTree {
+    describe(handle, kernel).build()
+}
+
+/// A recovered kernel's tree owning `resources` again (after a restart). The caller has
 /// re-reserved the slots and ports in the agent's allocators.
 ///
-/// Errors: [`StageError`] if the chain refuses a resource (a programming error).
-pub fn rebuild(handle: &KernelHandle, r: KernelResources) -> Result<StageChain, StageError> {
+/// Errors: [`StageError`] if the tree refuses a resource (a programming error).
+pub fn rebuild(
+    handle: &KernelHandle,
+    kernel: &KernelRecipients,
+    r: KernelResources,
+) -> Result<StageTree, StageError> {
     let existing = Detached::new()
         .with("image", r.image)
         .with("slots", r.slots)
@@ -189,19 +237,20 @@ pub fn rebuild(handle: &KernelHandle, r: KernelResources) -> Result<StageChain, 
         .with("mounts", r.mounts)
         .with("container", r.container)
         .with("service-ports", r.service_ports);
-    describe(handle).rebuild(existing)
+    describe(handle, kernel).rebuild(existing)
 }
 
-/// Every stage's resource once the chain is fully set up, for the store.
-pub fn resources(chain: &StageChain) -> Option<KernelResources> {
-    let r = chain.resources();
-    Some(KernelResources {
-        image: r.get::<ImageInfo>("image").ok()?.clone(),
-        slots: r.get::<SlotAllocation>("slots").ok()?.clone(),
-        ports: r.get::<Vec<u16>>("ports").ok()?.clone(),
-        scratch: r.get::<ScratchDir>("scratch").ok()?.clone(),
-        mounts: r.get::<Vec<Bind>>("mounts").ok()?.clone(),
-        container: r.get::<ContainerHandle>("container").ok()?.clone(),
-        service_ports: r.get::<Vec<ServicePortInfo>>("service-ports").ok()?.clone(),
+/// Every stage's resource once the tree is fully set up, for the store.
+pub fn resources(tree: &StageTree) -> Option<KernelResources> {
+    tree.resources(|r| {
+        Some(KernelResources {
+            image: r.get::<ImageInfo>("image").ok()?.clone(),
+            slots: r.get::<SlotAllocation>("slots").ok()?.clone(),
+            ports: r.get::<Vec<u16>>("ports").ok()?.clone(),
+            scratch: r.get::<ScratchDir>("scratch").ok()?.clone(),
+            mounts: r.get::<Vec<Bind>>("mounts").ok()?.clone(),
+            container: r.get::<ContainerHandle>("container").ok()?.clone(),
+            service_ports: r.get::<Vec<ServicePortInfo>>("service-ports").ok()?.clone(),
+        })
     })
 }

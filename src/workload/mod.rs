@@ -1,0 +1,6 @@
+//! Workload terms the agent and the manager share: what a session asks for that both sides
+//! parse (the manager from JSON, the agent from the kernel config's msgpack).
+
+pub mod restart_policy;
+
+pub use restart_policy::{RestartMode, RestartPolicy};
