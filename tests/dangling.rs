@@ -1,6 +1,6 @@
 //! Dangling kernels resolved (seed 001; issue 15, part 5), end to end: a manager process and an
 //! agent process (the `kernelvisor` binary, CURVE on), the real Docker engine, the manager on
-//! SQLite with `dangling-grace` shortened to 3 s.
+//! SQLite and on PostgreSQL, with `dangling-grace` shortened to 3 s.
 //!
 //! Store loss: an agent with three kernels is stopped, its SQLite file deleted, started again.
 //! All three are reported dangling (with a description rebuilt from the engine), the manager
@@ -8,14 +8,25 @@
 //! every invariant of `docs/scenarios.md` holds; a labelled container the manager does not know
 //! is destroyed after the grace.
 //!
-//! Agent host ports: 33000–33019.
+//! The agent alone: after a SIGKILL and the loss of its store, `list_dangling_kernels` shows what
+//! it rebuilt from the engine (slots, host ports, owner, session), holds those slots and ports
+//! while the containers wait, `adopt_kernel` makes a kernel of one again (same container, host
+//! ports, scratch files and environment), `destroy_dangling_kernel` removes the others, and
+//! unknown or unadoptable ids get clear FAILUREs.
+//!
+//! Agent host ports: 33000–33039 (cluster), 33100–33105 (agent alone).
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::agent::{docker, field, inspect, run_id, TEST_IMAGE};
+use std::process::{Child, Command, Stdio};
+
+use common::agent::{
+    call, client, create_one, docker, failure_name, field, inspect, kernel_config, map, read,
+    run_id, usage, AgentFixture, TEST_IMAGE,
+};
 use common::cluster::{wait_for, Cluster, Db};
 use kernelvisor::rpc::{Call, CallError};
 use rmpv::Value;
@@ -205,4 +216,251 @@ fn store_loss(db: Db, ports: u16) {
 #[test]
 fn store_loss_adopts_known_kernels_and_destroys_unknown_containers_sqlite() {
     store_loss(Db::Sqlite, 33000);
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A standalone agent process (no manager) logging to `agent.log`.
+fn spawn_agent(fx: &AgentFixture) -> Child {
+    let config = fx.write_config("");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(fx.dir.path().join("agent.log"))
+        .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+        .args(["agent", "--config"])
+        .arg(&config)
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn the agent")
+}
+
+/// A client once the agent's RPC answers `ping`.
+async fn connect(fx: &AgentFixture) -> kernelvisor::rpc::Peer {
+    let endpoint = format!("tcp://127.0.0.1:{}", fx.rpc_port);
+    for _ in 0..100 {
+        let peer = client(&endpoint).await;
+        if call(&peer, "ping", vec!["x".into()]).await.is_ok() {
+            return peer;
+        }
+        peer.close();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "agent did not come up; log:\n{}",
+        read(&fx.dir.path().join("agent.log"))
+    );
+}
+
+fn console(out: &Value) -> String {
+    field(out, "console")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_array()?.get(1)?.as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn execute(peer: &kernelvisor::rpc::Peer, session: &str, kernel: &str, code: &str) -> String {
+    let out = call(
+        peer,
+        "execute",
+        vec![
+            session.into(),
+            kernel.into(),
+            "v4".into(),
+            format!("r-{}", run_id()).into(),
+            "query".into(),
+            code.into(),
+            map(vec![]),
+            0.into(),
+        ],
+    )
+    .await
+    .unwrap();
+    console(&out)
+}
+
+#[actix_rt::test]
+async fn agent_rebuilds_adopts_and_destroys_dangling_kernels() {
+    let fx = AgentFixture::new("dangl-agent", 33100, 6);
+    let mut agent = spawn_agent(&fx);
+    let peer = connect(&fx).await;
+    let (session, kid) = ("s-dangling", format!("k-{}", run_id()));
+    let config = kernel_config(
+        "0.5",
+        48 * MIB,
+        vec![
+            (
+                "service_ports",
+                Value::Array(vec![
+                    map(vec![
+                        ("name", "p".into()),
+                        ("container_ports", Value::Array(vec![8000.into()])),
+                    ]),
+                    map(vec![
+                        ("name", "q".into()),
+                        (
+                            "container_ports",
+                            Value::Array(vec![8001.into(), 8002.into()]),
+                        ),
+                    ]),
+                ]),
+            ),
+            ("environ", map(vec![("FOO", "bar".into())])),
+        ],
+    );
+    let info = create_one(&peer, session, &kid, config).await.unwrap();
+    let container = field(&info, "container_id").as_str().unwrap().to_owned();
+    let ports = field(&info, "host_ports").clone();
+    let services = field(&info, "service_ports").clone();
+    assert_eq!(ports.as_array().unwrap().len(), 3);
+    std::fs::write(fx.scratch_root().join(&kid).join("work/kept.txt"), "kept\n").unwrap();
+    peer.close();
+
+    // SIGKILL, and the store is lost; a container with our id but no session label appears.
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    for f in ["agent.db", "agent.db-wal", "agent.db-shm"] {
+        let _ = std::fs::remove_file(fx.dir.path().join("var").join(f));
+    }
+    let ghost_kernel = format!("ghost-{}", run_id());
+    let ghost = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &format!("ai.backend.agent-id={}", fx.agent_id),
+        "--label",
+        &format!("ai.backend.kernel-id={ghost_kernel}"),
+        TEST_IMAGE,
+    ]);
+
+    let mut agent = spawn_agent(&fx);
+    let peer = connect(&fx).await;
+    assert_eq!(
+        failure_name(&call(&peer, "check_running", vec![kid.clone().into()]).await),
+        "KernelNotFound",
+        "not a kernel until adopted"
+    );
+    // What the dangling containers hold stays reserved: nothing can double-book it.
+    assert_eq!(
+        usage(&peer).await,
+        ("0.5".into(), (48 * MIB).to_string(), 3)
+    );
+    let listed = call(&peer, "list_dangling_kernels", vec![]).await.unwrap();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let mine = listed
+        .iter()
+        .find(|k| field(k, "id").as_str() == Some(kid.as_str()))
+        .expect("the kernel is listed");
+    assert_eq!(field(mine, "session_id").as_str(), Some(session));
+    assert_eq!(
+        field(mine, "container_id").as_str(),
+        Some(container.as_str())
+    );
+    assert_eq!(field(mine, "running"), &Value::from(true));
+    assert_eq!(
+        field(mine, "host_ports"),
+        &ports,
+        "host ports in service-port order"
+    );
+    assert_eq!(
+        field(field(mine, "resource_slots"), "cpu").as_str(),
+        Some("0.5")
+    );
+    assert_eq!(
+        field(field(mine, "resource_slots"), "mem").as_str(),
+        Some((48 * MIB).to_string().as_str())
+    );
+    assert_eq!(field(mine, "access_key").as_str(), Some("AKTEST"));
+    assert_eq!(field(mine, "adoptable"), &Value::from(true), "{mine:?}");
+    let other = listed
+        .iter()
+        .find(|k| field(k, "id").as_str() == Some(ghost_kernel.as_str()))
+        .expect("the unknown container is listed");
+    assert_eq!(field(other, "adoptable"), &Value::from(false));
+    assert!(field(other, "reason")
+        .as_str()
+        .unwrap()
+        .contains("session-id"));
+
+    assert_eq!(
+        failure_name(&call(&peer, "adopt_kernel", vec![ghost_kernel.clone().into()]).await),
+        "KernelNotAdoptable"
+    );
+    assert_eq!(
+        failure_name(&call(&peer, "adopt_kernel", vec!["no-such-kernel".into()]).await),
+        "KernelNotFound"
+    );
+    let adopted = call(&peer, "adopt_kernel", vec![kid.clone().into()])
+        .await
+        .unwrap();
+    assert_eq!(field(&adopted, "status").as_str(), Some("RUNNING"));
+    assert_eq!(
+        field(&adopted, "container_id").as_str(),
+        Some(container.as_str())
+    );
+    assert_eq!(field(&adopted, "host_ports"), &ports);
+    assert_eq!(field(&adopted, "service_ports"), &services);
+    assert_eq!(
+        failure_name(&call(&peer, "adopt_kernel", vec![kid.clone().into()]).await),
+        "KernelNotFound",
+        "adopted once"
+    );
+    assert_eq!(
+        call(&peer, "check_running", vec![kid.clone().into()])
+            .await
+            .unwrap(),
+        Value::from(true)
+    );
+    assert_eq!(
+        execute(&peer, session, &kid, "cat /home/work/kept.txt; echo $FOO").await,
+        "kept\nbar\n"
+    );
+    assert_eq!(
+        usage(&peer).await,
+        ("0.5".into(), (48 * MIB).to_string(), 3),
+        "adoption takes over the reservation, nothing twice"
+    );
+
+    let destroyed = call(
+        &peer,
+        "destroy_dangling_kernel",
+        vec![ghost_kernel.clone().into()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(field(&destroyed, "destroyed").as_u64(), Some(1));
+    assert_eq!(inspect(&ghost, "{{.Id}}"), None);
+    assert_eq!(
+        call(&peer, "list_dangling_kernels", vec![]).await.unwrap(),
+        Value::Array(vec![])
+    );
+
+    // The adopted kernel is an ordinary one: destroying it releases everything.
+    call(
+        &peer,
+        "destroy_kernel",
+        vec![kid.clone().into(), session.into()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(inspect(&container, "{{.Id}}"), None);
+    assert!(fx.scratch_entries().is_empty());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(usage(&peer).await, ("0".into(), "0".into(), 6));
+    peer.close();
+    common::cluster::signal(agent.id(), "TERM");
+    assert!(common::cluster::wait_exit(
+        &mut agent,
+        Duration::from_secs(30)
+    ));
+}
+
+#[test]
+fn store_loss_adopts_known_kernels_and_destroys_unknown_containers_postgres() {
+    store_loss(Db::Postgres, 33020);
 }
