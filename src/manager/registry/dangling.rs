@@ -4,8 +4,10 @@
 //!   and the agent could rebuild it → `adopt_kernel(kernel_id)` at once: the agent re-reserves
 //!   its slots and ports and runs it under a kernel actor again; the store's row moves to (or
 //!   stays) `RUNNING`. An agent that cannot be reached is retried (backoff 1 s doubling to 30 s).
-//! - The store holds it live there but the agent cannot rebuild it → it leaves the live set
-//!   (`dangling-not-adoptable`, its concurrency released) and is treated as unknown.
+//! - The store holds it live there but the agent answers `KernelNotAdoptable` (it could not
+//!   rebuild it) → it leaves the live set (`dangling-not-adoptable`, its concurrency released)
+//!   and is treated as unknown. Any other FAILURE (e.g. an agent without `adopt_kernel`) leaves
+//!   it alone (`failed`).
 //! - Anything else (unknown id, `TERMINATED`, live on another agent) → after `[manager]
 //!   dangling-grace` from its first report, if the store still does not hold it live there,
 //!   `destroy_dangling_kernel(kernel_id)`.
@@ -158,7 +160,9 @@ pub(super) async fn step(
             && r.agent_id == agent
             && (p.session_id.is_empty() || r.session_id == p.session_id)
     });
-    if live_here && p.adoptable {
+    // Asked even when the report says it is not adoptable: the agent's answer is what counts
+    // (and an older agent's report carries no `adoptable` at all).
+    if live_here {
         let args = vec![Value::from(kernel)];
         return match call_agent(&pool, metrics, agent, "adopt_kernel", args, timeout).await {
             Ok(info) => {
@@ -179,13 +183,18 @@ pub(super) async fn step(
                     tracing::info!(agent_id = %agent, kernel_id = %kernel, error = %e, "dangling kernel: nothing to adopt any more");
                     Outcome::Done("gone")
                 }
-                Some("KernelNotAdoptable") => not_adoptable(&store, &p, &e.to_string()).await,
+                Some("KernelNotAdoptable") => {
+                    let why = format!("{e} (reported adoptable: {})", p.adoptable);
+                    not_adoptable(&store, &p, &why).await
+                }
+                // An agent without the method (older than dangling adoption): left alone.
+                Some(name) if name != "AgentShuttingDown" => {
+                    tracing::error!(agent_id = %agent, kernel_id = %kernel, error = %e, "adopting a dangling kernel failed; leaving it as it is");
+                    Outcome::Done("failed")
+                }
                 _ => Outcome::Retry(e.to_string()),
             },
         };
-    }
-    if live_here {
-        return not_adoptable(&store, &p, "the agent could not rebuild it").await;
     }
     if Instant::now() < p.destroy_after {
         return Outcome::Wait;
