@@ -37,6 +37,9 @@ pub struct AgentContext {
     pub services: super::services::Services,
     /// File uploads and downloads in progress.
     pub transfers: super::files::transfer::Transfers,
+    /// Containers with this agent's id that its store does not know, waiting for the manager
+    /// to adopt or destroy them (seed 001).
+    pub dangling: super::dangling::DanglingTable,
 }
 
 impl AgentContext {

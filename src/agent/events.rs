@@ -124,7 +124,10 @@ pub enum AgentEvent {
         /// The run.
         run_id: String,
     },
-    /// A container carrying this agent's id that the agent does not know (seed 001).
+    /// A container carrying this agent's id that the agent does not know (seed 001), with what
+    /// the engine tells of it (`crate::agent::dangling`). The fields after `container_id` were
+    /// added later: receivers that do not know them ignore them, and an outbox row written
+    /// before them reads with their defaults.
     KernelDangling {
         /// From the container's `ai.backend.kernel-id` label.
         kernel_id: String,
@@ -132,6 +135,28 @@ pub enum AgentEvent {
         session_id: String,
         /// The engine's container id.
         container_id: String,
+        /// The container was running when the agent found it.
+        #[serde(default)]
+        running: bool,
+        /// The image id it runs.
+        #[serde(default)]
+        image: String,
+        /// Its published host ports (service ports first, in their order).
+        #[serde(default)]
+        host_ports: Vec<u16>,
+        /// Its slots from its `HostConfig` limits: `{"cpu_millis", "mem_bytes", "cuda_devices"}`
+        /// (0 for a limit it does not have).
+        #[serde(default)]
+        resource_slots: crate::agent::resources::SlotRequest,
+        /// The owner's access key from its `ai.backend.owner` label (empty when absent).
+        #[serde(default)]
+        access_key: String,
+        /// The agent could rebuild it as a kernel: `adopt_kernel` may take it.
+        #[serde(default)]
+        adoptable: bool,
+        /// Why it cannot be adopted, when it cannot.
+        #[serde(default)]
+        not_adoptable_reason: Option<String>,
     },
 }
 

@@ -20,6 +20,7 @@
 
 pub mod backend;
 pub mod context;
+pub mod dangling;
 pub mod event_sender;
 pub mod events;
 pub mod exec;
@@ -221,6 +222,7 @@ impl Agent {
             )?),
             services: services::Services::new(c.service_start_timeout.0),
             transfers: files::transfer::Transfers::new(a.exec_idle_timeout.0),
+            dangling: dangling::DanglingTable::default(),
             config: config.clone(),
         });
 

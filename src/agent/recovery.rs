@@ -1,6 +1,7 @@
 //! Start-up recovery (seed 001): rebuild every kernel actor from the store and the containers'
 //! labels, re-reserve what they hold, clean up kernels caught mid-creation by a crash, and
-//! report containers with this agent's id that nobody knows as dangling.
+//! report containers with this agent's id that nobody knows as dangling, described from the
+//! engine alone so that the manager can have them adopted (`crate::agent::dangling`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,7 +22,9 @@ pub struct RecoveryReport {
     pub reattached: usize,
     /// Kernels caught mid-creation or mid-teardown, now cleaned up.
     pub cleaned: usize,
-    /// Containers with this agent's id and no live kernel: reported, not touched.
+    /// Containers with this agent's id and no live kernel: described, reported as dangling
+    /// (their slots and ports reserved while they run), left for the manager to adopt or
+    /// destroy (`crate::agent::dangling`).
     pub dangling: usize,
 }
 
@@ -101,22 +104,18 @@ pub async fn recover(
             }
         }
     }
+    // Containers with this agent's id that no live record claims: described from the engine,
+    // their resources reserved while running, reported for the manager to adopt or destroy.
+    let mut unknown = Vec::new();
     for c in &containers {
         let kernel_id = c.labels.get(labels::KERNEL_ID).cloned().unwrap_or_default();
         if !known.contains(&kernel_id) {
-            tracing::warn!(agent_id = %ctx.agent_id, %kernel_id, container_id = %c.id, "dangling container: carries this agent's id but no live kernel");
-            ctx.events.emit(AgentEvent::KernelDangling {
-                kernel_id,
-                session_id: c
-                    .labels
-                    .get(labels::SESSION_ID)
-                    .cloned()
-                    .unwrap_or_default(),
-                container_id: c.id.clone(),
-            });
-            report.dangling += 1;
+            if let Some(desc) = ctx.backend.describe_container(&c.id).await? {
+                unknown.push(desc);
+            }
         }
     }
+    report.dangling = super::dangling::report(ctx, unknown).await;
     // Containers that died while the agent was away: their kernels tear down now.
     registry.send(Reconcile).await?;
     Ok(report)

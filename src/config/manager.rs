@@ -61,6 +61,10 @@ pub struct ManagerSection {
     pub startup_grace: Seconds,
     /// Processed event ids are kept this long for deduplication (7 days).
     pub processed_event_retention: Seconds,
+    /// A dangling kernel (`kernel_dangling`, seed 001) whose kernel the store does not hold
+    /// live on its agent is destroyed (`destroy_dangling_kernel`) this long after it was first
+    /// reported (300, as Nomad's dangling-container reaper); one it holds live is adopted at once.
+    pub dangling_grace: Seconds,
 }
 
 impl Default for ManagerSection {
@@ -76,6 +80,7 @@ impl Default for ManagerSection {
             heartbeat_timeout: Seconds(Duration::from_secs(40)),
             startup_grace: Seconds(Duration::from_secs(45)),
             processed_event_retention: Seconds(Duration::from_secs(7 * 24 * 3600)),
+            dangling_grace: Seconds(Duration::from_secs(300)),
         }
     }
 }

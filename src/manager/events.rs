@@ -61,12 +61,22 @@ pub enum EventBody {
         /// Restarts so far, this one included.
         restart_count: i64,
     },
-    /// `kernel_dangling`: a container of this agent that its store does not know.
+    /// `kernel_dangling`: a container of this agent that its store does not know, as the agent
+    /// described it from the engine (fields an older agent does not send read as their
+    /// defaults: not adoptable).
     KernelDangling {
         /// Kernel id from the container's labels.
         kernel_id: String,
         /// Container id.
         container_id: String,
+        /// Session id from its labels (empty when absent).
+        session_id: String,
+        /// It was running when the agent found it.
+        running: bool,
+        /// Its published host ports.
+        host_ports: Vec<u16>,
+        /// The agent rebuilt it as a kernel: `adopt_kernel` may take it.
+        adoptable: bool,
     },
     /// A name this manager does not know: recorded and acked (so it is not resent forever), no effect.
     Other {
@@ -177,6 +187,21 @@ impl AgentEvent {
             "kernel_dangling" => EventBody::KernelDangling {
                 kernel_id: kernel()?,
                 container_id: text(map, "container_id").unwrap_or_default(),
+                session_id: text(map, "session_id").unwrap_or_default(),
+                running: field(map, "running")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                host_ports: field(map, "host_ports")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|p| p.as_u64().and_then(|p| u16::try_from(p).ok()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                adoptable: field(map, "adoptable")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
             },
             _ => EventBody::Other { name },
         };

@@ -52,6 +52,9 @@ pub struct ManagerMetrics {
     pub unknown_kernels: IntCounter,
     /// `kernelvisor_manager_sessions_created_total`.
     pub sessions_created: IntCounter,
+    /// `kernelvisor_manager_dangling_kernels_total{action}`: `kernel_dangling` reports
+    /// (`reported`) and how they ended (`adopted`, `destroyed`, `gone`, `failed`).
+    pub dangling_kernels: IntCounterVec,
     /// `kernelvisor_manager_session_errors_total{code}`: API error codes of session calls.
     pub session_errors: IntCounterVec,
 }
@@ -168,6 +171,11 @@ impl ManagerMetrics {
                 "Kernels agents report that the store does not hold live",
             ),
             sessions_created: counter("sessions_created", "Sessions created"),
+            dangling_kernels: counter_vec(
+                "dangling_kernels",
+                "Dangling kernel reports and their outcomes",
+                &["action"],
+            ),
             session_errors: counter_vec("session_errors", "Session API errors by code", &["code"]),
             registry,
         }

@@ -91,6 +91,8 @@ impl Manager {
             startup_grace: m.startup_grace.0,
             reset_timeout: config.scheduler.reset_timeout.0,
             processed_event_retention: m.processed_event_retention.0,
+            dangling_grace: m.dangling_grace.0,
+            dangling_call_timeout: config.scheduler.destroy_timeout.0,
         };
         let rows = store.agents().await?;
         let registry =

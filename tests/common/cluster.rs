@@ -106,6 +106,9 @@ pub struct Cluster {
     pub intake_port: u16,
     pub manager: Option<Child>,
     pub agents: Vec<ClusterAgent>,
+    /// Extra `[manager]` lines of the manager's config (e.g. `dangling-grace = 3`), used from
+    /// the next [`Cluster::start_manager`].
+    pub manager_extra: String,
     keys: (KeyPair, PathBuf),
     pg_drop: Option<(String, String)>,
 }
@@ -181,6 +184,7 @@ impl Cluster {
             intake_port: free_port(),
             manager: None,
             agents: Vec::new(),
+            manager_extra: String::new(),
             keys: (manager, keys_dir),
             pg_drop,
             dir,
@@ -191,12 +195,13 @@ impl Cluster {
         let d = self.dir.path().display();
         let text = format!(
             "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
-             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 3\nstartup-grace = 2.5\n\n\
+             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 3\nstartup-grace = 2.5\n{extra}\n\
              [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\nadmin-token-file = \"{d}/admin-token\"\n\n\
              [agent-pool]\nhealth-check-interval = 1\nping-timeout = 1\nrecovery-timeout = 2\n\n\
              [scheduler]\nreset-timeout = 30\n\n[logging]\nlevel = \"info\"\n",
             intake = self.intake_port,
             url = self.store_url,
+            extra = self.manager_extra,
         );
         let p = self.dir.path().join("manager.toml");
         std::fs::write(&p, text).unwrap();

@@ -21,8 +21,9 @@ use bollard::Docker;
 use futures::stream::{BoxStream, StreamExt};
 
 use super::{
-    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecProcess,
-    ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream, PortMapping, PullProgress,
+    BackendError, Bind, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
+    ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream,
+    PortMapping, PullProgress,
 };
 
 /// The local Docker engine (its default socket, or `DOCKER_HOST`), API version negotiated.
@@ -323,6 +324,76 @@ impl ContainerBackend for DockerBackend {
                     })
                 })
             }),
+        }))
+    }
+
+    async fn describe_container(
+        &self,
+        id: &str,
+    ) -> Result<Option<ContainerDescription>, BackendError> {
+        let Some(c) = optional(self.docker.inspect_container(id, None).await).map_err(engine)?
+        else {
+            return Ok(None);
+        };
+        let state = c.state.unwrap_or_default();
+        let config = c.config.unwrap_or_default();
+        let host = c.host_config.unwrap_or_default();
+        let mut port_bind_host = String::new();
+        let mut ports = Vec::new();
+        for (key, bindings) in host.port_bindings.unwrap_or_default() {
+            let Some(container_port) = key.strip_suffix("/tcp").and_then(|p| p.parse().ok()) else {
+                continue;
+            };
+            for b in bindings.unwrap_or_default() {
+                if let Some(host_port) = b.host_port.and_then(|p| p.parse().ok()) {
+                    if let Some(ip) = b.host_ip.filter(|ip| !ip.is_empty()) {
+                        port_bind_host = ip;
+                    }
+                    ports.push(PortMapping {
+                        container_port,
+                        host_port,
+                    });
+                }
+            }
+        }
+        ports.sort_by_key(|p| (p.container_port, p.host_port));
+        ports.dedup();
+        let gpu_device_ids = host
+            .device_requests
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| d.driver.as_deref() == Some("nvidia"))
+            .flat_map(|d| d.device_ids.unwrap_or_default())
+            .collect();
+        let spec = ContainerSpec {
+            name: c
+                .name
+                .unwrap_or_default()
+                .trim_start_matches('/')
+                .to_owned(),
+            image: c.image.unwrap_or_default(),
+            env: config.env.unwrap_or_default(),
+            labels: config.labels.unwrap_or_default(),
+            memory_bytes: host.memory.filter(|m| *m > 0),
+            nano_cpus: host.nano_cpus.filter(|n| *n > 0),
+            pids_limit: host.pids_limit.filter(|p| *p > 0),
+            shm_size: host.shm_size,
+            binds: host
+                .binds
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|b| Bind::parse(b))
+                .collect(),
+            ports,
+            port_bind_host,
+            gpu_device_ids,
+            cmd: config.cmd,
+            working_dir: config.working_dir.filter(|w| !w.is_empty()),
+        };
+        Ok(Some(ContainerDescription {
+            id: c.id.unwrap_or_else(|| id.to_owned()),
+            running: state.running.unwrap_or(false) || state.restarting.unwrap_or(false),
+            spec,
         }))
     }
 

@@ -11,8 +11,9 @@ use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::broadcast;
 
 use super::{
-    BackendError, ContainerBackend, ContainerExit, ContainerSpec, ContainerState, ExecProcess,
-    ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream, PullProgress,
+    BackendError, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
+    ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream,
+    PullProgress,
 };
 
 /// How long each simulated operation takes (all zero by default).
@@ -256,6 +257,24 @@ impl ContainerBackend for DummyBackend {
 
     async fn inspect_container(&self, id: &str) -> Result<Option<ContainerState>, BackendError> {
         Ok(self.state().find(id).ok().map(|(id, c)| c.state(id)))
+    }
+
+    async fn describe_container(
+        &self,
+        id: &str,
+    ) -> Result<Option<ContainerDescription>, BackendError> {
+        Ok(self
+            .state()
+            .find(id)
+            .ok()
+            .map(|(id, c)| ContainerDescription {
+                id: id.clone(),
+                running: c.running,
+                spec: ContainerSpec {
+                    name: c.name.clone(),
+                    ..c.spec.clone()
+                },
+            }))
     }
 
     /// Waits `delays.remove`; a running container exits with 137 first (as with Docker).

@@ -32,6 +32,10 @@ pub mod labels {
     pub const SERVICE_PORTS: &str = "ai.backend.service-ports";
     /// On an image: the interpreter `execute` runs code with (`<path> -c <code>`); `sh` when absent.
     pub const RUNTIME_PATH: &str = "ai.backend.runtime-path";
+    /// The session type (`interactive` or `batch`), so a dangling kernel is rebuilt as it was.
+    pub const SESSION_TYPE: &str = "ai.backend.session-type";
+    /// The kernel's restart policy as JSON (`crate::workload::RestartPolicy`), likewise.
+    pub const RESTART_POLICY: &str = "ai.kernelvisor.restart-policy";
 }
 
 /// An engine error, classified for the kernel's error names.
@@ -74,6 +78,8 @@ pub struct PullProgress {
 }
 
 /// A bind mount of a host path into the container.
+///
+/// [`Bind::parse`] reads Docker's `host:container[:options]` form back.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Bind {
     /// Absolute host path.
@@ -82,6 +88,25 @@ pub struct Bind {
     pub container_path: String,
     /// Read-only when `true`.
     pub read_only: bool,
+}
+
+impl Bind {
+    /// Reads Docker's `HostConfig.Binds` entry `host:container[:opts]` (`opts` comma-separated;
+    /// `ro` makes it read-only). `None` for anything else (a named volume has no absolute host
+    /// path).
+    pub fn parse(entry: &str) -> Option<Bind> {
+        let mut parts = entry.splitn(3, ':');
+        let host_path = parts.next()?;
+        let container_path = parts.next()?;
+        let read_only = parts
+            .next()
+            .is_some_and(|o| o.split(',').any(|x| x == "ro"));
+        (host_path.starts_with('/') && container_path.starts_with('/')).then(|| Bind {
+            host_path: host_path.to_owned(),
+            container_path: container_path.to_owned(),
+            read_only,
+        })
+    }
 }
 
 /// A container port published on a host port.
@@ -150,6 +175,23 @@ pub struct ContainerState {
     /// Its Docker `HEALTHCHECK` status (`starting`, `healthy`, `unhealthy`); `None` when the
     /// image has no health check (or the backend does not know).
     pub health: Option<String>,
+}
+
+/// What the engine still knows of a container's creation: enough to rebuild a kernel whose
+/// store record is gone (a dangling container, seed 001).
+#[derive(Clone, Debug, Default)]
+pub struct ContainerDescription {
+    /// The engine's id.
+    pub id: String,
+    /// `true` while running (or restarting).
+    pub running: bool,
+    /// The creation spec as the engine reports it: `name` (no leading `/`), `image` (the image
+    /// id the container runs), `env` (the image's environment included), `labels`, the
+    /// `HostConfig` limits (`memory_bytes`, `nano_cpus`, `pids_limit`, `shm_size`), `binds`
+    /// (the `HostConfig.Binds` strings parsed), `ports` (the `HostConfig.PortBindings` TCP
+    /// entries, sorted by container port) with the address they bind in `port_bind_host`,
+    /// `gpu_device_ids` (the `nvidia` device requests), `cmd` and `working_dir`.
+    pub spec: ContainerSpec,
 }
 
 /// A container exited (the engine's `die` event) or the OOM killer ran in it (`oom`).
@@ -259,6 +301,13 @@ pub trait ContainerBackend: Send + Sync + 'static {
 
     /// The container's state, or `None` when it does not exist.
     async fn inspect_container(&self, id: &str) -> Result<Option<ContainerState>, BackendError>;
+
+    /// What the engine knows of the container's creation (see [`ContainerDescription`]), or
+    /// `None` when it does not exist.
+    async fn describe_container(
+        &self,
+        id: &str,
+    ) -> Result<Option<ContainerDescription>, BackendError>;
 
     /// Kills and removes the container with its anonymous volumes; `Ok` if already gone.
     async fn remove_container(&self, id: &str) -> Result<(), BackendError>;

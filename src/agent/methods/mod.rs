@@ -2,6 +2,7 @@
 //! kernel lifecycle in [`kernels`].
 
 mod args;
+pub mod dangling;
 pub mod files;
 pub mod kernels;
 pub mod services;
@@ -19,7 +20,7 @@ use crate::agent::registry::KernelRegistry;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
 /// Registers every method that acts on kernels: the lifecycle ([`kernels`]), services
-/// ([`services`]) and files ([`files`]).
+/// ([`services`]), files ([`files`]) and dangling kernels ([`dangling`]).
 pub fn register_kernel_methods(
     dispatcher: &mut Dispatcher,
     ctx: Arc<AgentContext>,
@@ -27,7 +28,8 @@ pub fn register_kernel_methods(
 ) {
     kernels::register(dispatcher, ctx.clone(), registry.clone());
     services::register(dispatcher, ctx.clone(), registry.clone());
-    files::register(dispatcher, ctx, registry);
+    files::register(dispatcher, ctx.clone(), registry.clone());
+    dangling::register(dispatcher, ctx, registry);
 }
 
 /// Registers `ping(msg)` (returns `msg`), `health()` and `gather_hwinfo()` on `dispatcher`.

@@ -19,7 +19,10 @@
 //!   newest heartbeat of each agent is kept, then the store is reconciled with it: live kernels
 //!   it does not list are terminated (`missing-on-agent`), kernels it lists that the store does
 //!   not hold live are reported (log + `kernelvisor_manager_unknown_kernels_total`).
+//! - Dangling kernels (`kernel_dangling`, seed 001): adopted when the store holds them live on
+//!   the reporting agent, destroyed after `dangling-grace` otherwise (dangling.rs).
 
+mod dangling;
 pub mod heartbeat;
 
 use std::collections::{HashMap, HashSet};
@@ -57,6 +60,11 @@ pub struct RegistrySpec {
     pub reset_timeout: Duration,
     /// Processed event ids older than this are pruned (hourly).
     pub processed_event_retention: Duration,
+    /// A dangling kernel the store does not hold live is destroyed this long after its first
+    /// report (`[manager] dangling-grace`).
+    pub dangling_grace: Duration,
+    /// Deadline of `adopt_kernel` / `destroy_dangling_kernel` (`[scheduler] destroy-timeout`).
+    pub dangling_call_timeout: Duration,
 }
 
 struct AgentState {
@@ -86,6 +94,7 @@ pub struct AgentRegistry {
     spec: RegistrySpec,
     agents: HashMap<String, AgentState>,
     mode: Mode,
+    dangling: dangling::DanglingBook,
 }
 
 impl AgentRegistry {
@@ -125,6 +134,41 @@ impl AgentRegistry {
             spec,
             agents,
             mode,
+            dangling: dangling::DanglingBook::default(),
+        }
+    }
+
+    /// Runs a step for every dangling report that is due (dangling.rs).
+    fn drive_dangling(&mut self, ctx: &mut Context<Self>) {
+        for p in self.dangling.due() {
+            let (store, pool, metrics, timeout) = (
+                self.store.clone(),
+                self.pool.clone(),
+                self.metrics.clone(),
+                self.spec.dangling_call_timeout,
+            );
+            let key = (p.agent_id.clone(), p.kernel_id.clone());
+            ctx.spawn(
+                async move { dangling::step(store, pool, &metrics, p, timeout).await }
+                    .into_actor(self)
+                    .map(move |outcome, act, _| {
+                        match &outcome {
+                            dangling::Outcome::Done(action) => act
+                                .metrics
+                                .dangling_kernels
+                                .with_label_values(&[action])
+                                .inc(),
+                            dangling::Outcome::Retry(why) => {
+                                tracing::debug!(agent_id = %key.0, kernel_id = %key.1, %why, "dangling kernel: retrying")
+                            }
+                            dangling::Outcome::Wait => {}
+                        }
+                        if let Some(p) = act.dangling.settle(key, &outcome) {
+                            tracing::error!(agent_id = %p.agent_id, kernel_id = %p.kernel_id, "dangling kernel unresolved after many tries: given up (reported again on the agent's next start)");
+                            act.metrics.dangling_kernels.with_label_values(&["failed"]).inc();
+                        }
+                    }),
+            );
         }
     }
 
@@ -417,6 +461,7 @@ impl Actor for AgentRegistry {
             }
             act.check_liveness(ctx);
             act.flush(ctx);
+            act.drive_dangling(ctx);
         });
         let retention = self.spec.processed_event_retention.as_secs_f64();
         ctx.run_interval(Duration::from_secs(3600), move |act, ctx| {
@@ -520,9 +565,16 @@ impl Handler<ApplyEvents> for AgentRegistry {
         Box::pin(
             async move {
                 let mut acked = Vec::with_capacity(plan.len());
+                let mut dangling = Vec::new();
                 for (ev, row, skip) in plan {
                     match store.apply_event(&agent_id, &ev, row.as_ref(), skip).await {
-                        Ok(Applied::Applied) => metrics.events_applied.with_label_values(&[ev.body.name()]).inc(),
+                        Ok(Applied::Applied) => {
+                            metrics.events_applied.with_label_values(&[ev.body.name()]).inc();
+                            if let EventBody::KernelDangling { kernel_id, container_id, session_id, running, host_ports, adoptable } = &ev.body {
+                                tracing::warn!(%agent_id, %kernel_id, %container_id, %session_id, running, ?host_ports, adoptable, "agent reports a dangling container");
+                                dangling.push((kernel_id.clone(), session_id.clone(), *adoptable));
+                            }
+                        }
                         Ok(Applied::Duplicate) => metrics.events_duplicate.inc(),
                         Ok(Applied::Compacted) => metrics.events_compacted.inc(),
                         Err(e) => {
@@ -531,14 +583,19 @@ impl Handler<ApplyEvents> for AgentRegistry {
                             break;
                         }
                     }
-                    if let EventBody::KernelDangling { kernel_id, container_id } = &ev.body {
-                        tracing::warn!(%agent_id, %kernel_id, %container_id, "agent reports a dangling container");
-                    }
                     acked.push(ev.id);
                 }
-                acked
+                (acked, dangling, agent_id)
             }
-            .into_actor(self),
+            .into_actor(self)
+            .map(|(acked, dangling, agent_id), act, ctx| {
+                for (kernel_id, session_id, adoptable) in dangling {
+                    act.metrics.dangling_kernels.with_label_values(&["reported"]).inc();
+                    act.dangling.report(&agent_id, &kernel_id, &session_id, adoptable, act.spec.dangling_grace);
+                }
+                act.drive_dangling(ctx);
+                acked
+            }),
         )
     }
 }

@@ -70,6 +70,14 @@ pub fn container_spec(
         labels::SERVICE_PORTS.to_owned(),
         serde_json::to_string(service_ports).unwrap_or_default(),
     );
+    label.insert(
+        labels::SESSION_TYPE.to_owned(),
+        config.session_type.as_str().to_owned(),
+    );
+    label.insert(
+        labels::RESTART_POLICY.to_owned(),
+        serde_json::to_string(&config.restart_policy).unwrap_or_default(),
+    );
     let mut binds = vec![
         Bind {
             host_path: scratch.config_dir().display().to_string(),

@@ -1,0 +1,562 @@
+//! Dangling kernels (seed 001): containers carrying this agent's id (`ai.backend.agent-id`) that
+//! its store does not know, because the store was lost or an older agent made them.
+//!
+//! Recovery rebuilds what it can of each one from the engine alone ([`rebuild`]): the kernel and
+//! session ids, owner and service ports from its labels, slots from its `HostConfig` limits
+//! (`NanoCpus` → cpu, `Memory` → mem, `nvidia` device requests → GPUs), host ports from its port
+//! bindings, its scratch directory and vfolders from its binds, the image from its image id.
+//! It keeps them in the [`DanglingTable`] and reports each with `kernel_dangling` (carrying that
+//! description); the manager decides:
+//!
+//! - `adopt_kernel(kernel_id)` ([`adopt`]): the kernel goes into the store as `RUNNING` with the
+//!   rebuilt resources and runs under a kernel actor again (registry [`Adopt`]), exactly like a
+//!   kernel re-attached from the store.
+//! - `destroy_dangling_kernel(kernel_id)` ([`destroy`]): its container and scratch directory go.
+//!
+//! **Capacity is never over-committed:** while a running dangling container waits for the
+//! manager's decision, the slots and host ports it is described with are reserved in the agent's
+//! allocators (a dangling container still uses them); adoption hands them to the kernel, destroying
+//! releases them. A dead dangling container holds nothing.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use actix::Addr;
+use rmpv::Value;
+
+use super::backend::{labels, Bind, ContainerDescription, ImageInfo};
+use super::context::AgentContext;
+use super::events::AgentEvent;
+use super::kernel::config::{check_kernel_id, Injection, ServicePortRequest};
+use super::kernel::stages::scratch::{remove_scratch, scratch_path};
+use super::kernel::stages::{service_ports, ContainerHandle, ScratchDir};
+use super::kernel::{
+    KernelConfig, KernelError, KernelInfo, KernelResources, KernelStatus, Owner, SessionType,
+};
+use super::registry::{Adopt, GetKernel, KernelRegistry, Reconcile};
+use super::resources::{SlotAllocation, SlotRequest};
+use crate::rpc::ErrorMeta;
+
+/// A kernel rebuilt from its container: what [`Adopt`] needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rebuilt {
+    /// Its config, as far as the engine tells it (`image` is the image id; `session_type` is
+    /// `interactive`: the engine does not record it).
+    pub config: KernelConfig,
+    /// Every stage's resource.
+    pub resources: KernelResources,
+}
+
+/// A container carrying this agent's id that no live store record claims.
+#[derive(Clone, Debug)]
+pub struct DanglingKernel {
+    /// Its `ai.backend.kernel-id` label (empty when absent).
+    pub kernel_id: String,
+    /// Its `ai.backend.session-id` label (empty when absent).
+    pub session_id: String,
+    /// The engine's container id.
+    pub container_id: String,
+    /// Running when recovery found it.
+    pub running: bool,
+    /// The image id it runs.
+    pub image: String,
+    /// Its slots: `NanoCpus` / 10⁶ millicores, `Memory` bytes, GPUs (0 when unlimited).
+    pub slots: SlotAllocation,
+    /// Its published host ports, in service-port order.
+    pub host_ports: Vec<u16>,
+    /// The owner from `ai.backend.owner` (default when absent or unreadable).
+    pub owner: Owner,
+    /// The kernel rebuilt, or why it cannot be (then it can only be destroyed).
+    pub rebuilt: Result<Rebuilt, String>,
+    /// `slots` and `host_ports` are reserved in the agent's allocators for it.
+    pub reserved: bool,
+}
+
+impl DanglingKernel {
+    /// The `kernel_dangling` event describing it.
+    pub fn event(&self) -> AgentEvent {
+        AgentEvent::KernelDangling {
+            kernel_id: self.kernel_id.clone(),
+            session_id: self.session_id.clone(),
+            container_id: self.container_id.clone(),
+            running: self.running,
+            image: self.image.clone(),
+            host_ports: self.host_ports.clone(),
+            resource_slots: self.slots.request,
+            access_key: self.owner.access_key.clone(),
+            adoptable: self.rebuilt.is_ok(),
+            not_adoptable_reason: self.rebuilt.as_ref().err().cloned(),
+        }
+    }
+
+    /// As the wire map of `list_dangling_kernels`: `{"id", "session_id", "container_id",
+    /// "running", "image", "host_ports": [int], "resource_slots": {"cpu", "mem",
+    /// "cuda.device"}, "access_key", "adoptable", "reason" (str or nil)}`.
+    pub fn to_value(&self) -> Value {
+        let ports = Value::Array(self.host_ports.iter().map(|&p| p.into()).collect());
+        Value::Map(vec![
+            ("id".into(), self.kernel_id.clone().into()),
+            ("session_id".into(), self.session_id.clone().into()),
+            ("container_id".into(), self.container_id.clone().into()),
+            ("running".into(), self.running.into()),
+            ("image".into(), self.image.clone().into()),
+            ("host_ports".into(), ports),
+            ("resource_slots".into(), self.slots.request.to_value()),
+            ("access_key".into(), self.owner.access_key.clone().into()),
+            ("adoptable".into(), self.rebuilt.is_ok().into()),
+            (
+                "reason".into(),
+                self.rebuilt
+                    .as_ref()
+                    .err()
+                    .map_or(Value::Nil, |r| r.clone().into()),
+            ),
+        ])
+    }
+}
+
+/// The agent's dangling kernels, waiting for the manager's decision. Filled by recovery
+/// (replacing what a previous run of it left), emptied by [`adopt`] and [`destroy`].
+#[derive(Debug, Default)]
+pub struct DanglingTable {
+    entries: Mutex<Vec<DanglingKernel>>,
+}
+
+impl DanglingTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<DanglingKernel>> {
+        self.entries.lock().expect("dangling table lock")
+    }
+
+    /// Replaces the whole table (recovery; the allocators were reset before it).
+    pub fn replace(&self, entries: Vec<DanglingKernel>) {
+        *self.lock() = entries;
+    }
+
+    /// Every entry, in the order recovery found them.
+    pub fn list(&self) -> Vec<DanglingKernel> {
+        self.lock().clone()
+    }
+
+    /// Removes and returns the entries of `kernel_id` (several containers may claim one id).
+    fn take(&self, kernel_id: &str) -> Vec<DanglingKernel> {
+        let mut entries = self.lock();
+        let (taken, kept) = std::mem::take(&mut *entries)
+            .into_iter()
+            .partition(|k| k.kernel_id == kernel_id);
+        *entries = kept;
+        taken
+    }
+
+    fn put_back(&self, mut entries: Vec<DanglingKernel>) {
+        self.lock().append(&mut entries);
+    }
+}
+
+/// Why [`adopt`] or [`destroy`] refused; [`DanglingError::to_meta`] is the FAILURE.
+#[derive(Debug, thiserror::Error)]
+pub enum DanglingError {
+    /// No dangling kernel has this id (`KernelNotFound`): never reported, or already adopted or
+    /// destroyed.
+    #[error("no dangling kernel {0} on this agent")]
+    NotFound(String),
+    /// The engine's description is not enough to run it as a kernel, or several containers
+    /// claim the id (`KernelNotAdoptable`): it can only be destroyed.
+    #[error("dangling kernel {0} cannot be adopted: {1}")]
+    NotAdoptable(String, String),
+    /// Adopting or destroying failed on the way (the kernel's error name, e.g.
+    /// `ContainerEngineError`); the entry stays in the table.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+impl DanglingError {
+    /// As a FAILURE for the wire.
+    pub fn to_meta(&self) -> ErrorMeta {
+        match self {
+            DanglingError::NotFound(_) => ErrorMeta::new("KernelNotFound", self.to_string()),
+            DanglingError::NotAdoptable(..) => {
+                ErrorMeta::new("KernelNotAdoptable", self.to_string())
+            }
+            DanglingError::Kernel(e) => e.to_meta(),
+        }
+    }
+}
+
+/// Describes the dangling container `desc` from the engine alone; its image is inspected for
+/// the image labels (`execute`'s runtime path). Never fails: what cannot be rebuilt is in
+/// [`DanglingKernel::rebuilt`].
+pub async fn describe(ctx: &AgentContext, desc: &ContainerDescription) -> DanglingKernel {
+    let spec = &desc.spec;
+    let label = |k: &str| spec.labels.get(k).cloned().unwrap_or_default();
+    let owner: Owner = spec
+        .labels
+        .get(labels::OWNER)
+        .and_then(|o| serde_json::from_str(o).ok())
+        .unwrap_or_default();
+    let requests: Result<Vec<ServicePortRequest>, String> =
+        match spec.labels.get(labels::SERVICE_PORTS) {
+            None => Ok(Vec::new()),
+            Some(j) => serde_json::from_str(j)
+                .map_err(|e| format!("label {} does not parse: {e}", labels::SERVICE_PORTS)),
+        };
+    // Host ports in service-port order (the order the ports stage allocated them), then any
+    // other published port: all of them are the container's while it runs.
+    let mut host_ports: Vec<u16> = Vec::new();
+    let mut missing = None;
+    for c in requests
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|r| r.container_ports.iter())
+    {
+        match spec.ports.iter().find(|m| m.container_port == *c) {
+            Some(m) => host_ports.push(m.host_port),
+            None => missing = Some(*c),
+        }
+    }
+    let service_host_ports = host_ports.len();
+    for m in &spec.ports {
+        if !host_ports.contains(&m.host_port) {
+            host_ports.push(m.host_port);
+        }
+    }
+    let slots = SlotAllocation {
+        request: SlotRequest {
+            cpu_millis: spec.nano_cpus.map_or(0, |n| (n.max(0) / 1_000_000) as u64),
+            mem_bytes: spec.memory_bytes.map_or(0, |m| m.max(0) as u64),
+            cuda_devices: spec.gpu_device_ids.len() as u32,
+        },
+        gpus: spec.gpu_device_ids.clone(),
+    };
+    let mut k = DanglingKernel {
+        kernel_id: label(labels::KERNEL_ID),
+        session_id: label(labels::SESSION_ID),
+        container_id: desc.id.clone(),
+        running: desc.running,
+        image: spec.image.clone(),
+        slots,
+        host_ports,
+        owner,
+        rebuilt: Err(String::new()),
+        reserved: false,
+    };
+    let image = match ctx.backend.inspect_image(&spec.image).await {
+        Ok(Some(i)) => i,
+        // The image went: the container still runs it; no labels known.
+        _ => ImageInfo {
+            id: spec.image.clone(),
+            reference: spec.image.clone(),
+            labels: Default::default(),
+        },
+    };
+    k.rebuilt = rebuild(ctx, &k, desc, requests, missing, service_host_ports, image);
+    k
+}
+
+/// The kernel's config and resources from its description, or why not.
+fn rebuild(
+    ctx: &AgentContext,
+    k: &DanglingKernel,
+    desc: &ContainerDescription,
+    requests: Result<Vec<ServicePortRequest>, String>,
+    missing_port: Option<u16>,
+    service_host_ports: usize,
+    image: ImageInfo,
+) -> Result<Rebuilt, String> {
+    let spec = &desc.spec;
+    check_kernel_id(&k.kernel_id).map_err(|e| e.to_string())?;
+    if k.session_id.is_empty() {
+        return Err(format!("no {} label", labels::SESSION_ID));
+    }
+    let requests = requests?;
+    if let Some(c) = missing_port {
+        return Err(format!(
+            "service container port {c} is not published on a host port"
+        ));
+    }
+    let work = spec
+        .binds
+        .iter()
+        .find(|b| b.container_path == "/home/work")
+        .ok_or("no scratch bind on /home/work")?;
+    let c = &ctx.config.container;
+    let expected = scratch_path(&c.scratch_root, &k.kernel_id).map_err(|e| e.to_string())?;
+    let scratch = ScratchDir {
+        path: expected.clone(),
+        tmpfs: c.scratch_size.is_some(),
+    };
+    if std::path::Path::new(&work.host_path) != scratch.work_dir() {
+        return Err(format!(
+            "its /home/work is {}, not this agent's scratch directory {}",
+            work.host_path,
+            scratch.work_dir().display()
+        ));
+    }
+    let mounts: Vec<Bind> = spec
+        .binds
+        .iter()
+        .filter(|b| b.container_path != "/home/work" && b.container_path != "/home/config")
+        .cloned()
+        .collect();
+    let ours = [
+        "BACKEND_KERNEL_ID",
+        "BACKEND_SESSION_ID",
+        "CUDA_VISIBLE_DEVICES",
+    ];
+    let environ: BTreeMap<String, String> = spec
+        .env
+        .iter()
+        .filter_map(|e| e.split_once('='))
+        .filter(|(key, _)| !ours.contains(key))
+        .map(|(key, v)| (key.to_owned(), v.to_owned()))
+        .collect();
+    let command = match spec.cmd.as_deref() {
+        Some([sh, dash_c, cmd]) if sh == "sh" && dash_c == "-c" => Some(cmd.clone()),
+        _ => None,
+    };
+    let config = KernelConfig {
+        image: image.id.clone(),
+        slots: k.slots.request,
+        shmem: spec.shm_size.map(|s| s.max(0) as u64),
+        environ,
+        mounts: mounts
+            .iter()
+            .map(|b| super::kernel::config::MountRequest {
+                name: b
+                    .container_path
+                    .trim_start_matches("/home/work/")
+                    .to_owned(),
+                host_path: b.host_path.clone(),
+                read_only: b.read_only,
+            })
+            .collect(),
+        service_ports: requests.clone(),
+        owner: k.owner.clone(),
+        // Labels from before these existed read as the defaults.
+        session_type: match spec.labels.get(labels::SESSION_TYPE).map(String::as_str) {
+            Some("batch") if command.is_some() => SessionType::Batch,
+            _ => SessionType::Interactive,
+        },
+        command,
+        batch_timeout: None,
+        restart_policy: spec
+            .labels
+            .get(labels::RESTART_POLICY)
+            .and_then(|p| serde_json::from_str::<crate::workload::RestartPolicy>(p).ok())
+            .filter(|p| p.check().is_ok())
+            .unwrap_or_default(),
+        inject: Injection::default(),
+    };
+    let resources = KernelResources {
+        image,
+        slots: k.slots.clone(),
+        service_ports: service_ports::assign(&requests, &k.host_ports[..service_host_ports]),
+        ports: k.host_ports.clone(),
+        scratch,
+        mounts,
+        container: ContainerHandle {
+            id: desc.id.clone(),
+            name: spec.name.clone(),
+        },
+    };
+    Ok(Rebuilt { config, resources })
+}
+
+fn reserve(ctx: &AgentContext, k: &mut DanglingKernel) {
+    if !k.reserved {
+        ctx.slots
+            .lock()
+            .expect("slots lock")
+            .reserve_exact(&k.slots);
+        ctx.ports
+            .lock()
+            .expect("ports lock")
+            .reserve_exact(&k.host_ports);
+        k.reserved = true;
+    }
+}
+
+fn release(ctx: &AgentContext, k: &mut DanglingKernel) {
+    if k.reserved {
+        ctx.slots.lock().expect("slots lock").release(&k.slots);
+        ctx.ports.lock().expect("ports lock").release(&k.host_ports);
+        k.reserved = false;
+    }
+}
+
+/// Recovery's part: describes `containers` (this agent's, unknown to its store), reserves what
+/// the running ones hold, fills the table and emits one `kernel_dangling` each. Returns how
+/// many.
+pub async fn report(ctx: &AgentContext, containers: Vec<ContainerDescription>) -> usize {
+    let mut found = Vec::with_capacity(containers.len());
+    for desc in &containers {
+        let mut k = describe(ctx, desc).await;
+        if k.running {
+            reserve(ctx, &mut k);
+        }
+        tracing::warn!(
+            agent_id = %ctx.agent_id, kernel_id = %k.kernel_id, container_id = %k.container_id,
+            running = k.running, host_ports = ?k.host_ports, slots = ?k.slots.request,
+            not_adoptable = ?k.rebuilt.as_ref().err(),
+            "dangling container: carries this agent's id but no live kernel; reported to the manager"
+        );
+        ctx.events.emit(k.event());
+        found.push(k);
+    }
+    let n = found.len();
+    ctx.dangling.replace(found);
+    n
+}
+
+/// `adopt_kernel`: the dangling kernel `kernel_id` becomes a kernel of this agent again: its
+/// slots and ports reserved exactly as described, recorded `RUNNING` in the store with the
+/// rebuilt resources, run under a kernel actor (registry [`Adopt`]); `kernel_started` is
+/// emitted and its container checked (one that died meanwhile is torn down with
+/// `kernel_terminated`, as on a re-attach). Returns its facts.
+///
+/// Errors: [`DanglingError::NotFound`]; [`DanglingError::NotAdoptable`] (not rebuilt, or
+/// several containers with this id); [`DanglingError::Kernel`] when the id is live here or the
+/// store or registry fails (nothing changes then: the entry stays).
+pub async fn adopt(
+    ctx: &Arc<AgentContext>,
+    registry: &Addr<KernelRegistry>,
+    kernel_id: &str,
+) -> Result<KernelInfo, DanglingError> {
+    let mut taken = ctx.dangling.take(kernel_id);
+    if taken.is_empty() {
+        return Err(DanglingError::NotFound(kernel_id.to_owned()));
+    }
+    let why = match (taken.len(), &taken[0].rebuilt) {
+        (1, Ok(_)) => None,
+        (1, Err(why)) => Some(why.clone()),
+        (n, _) => Some(format!("{n} containers carry this kernel id")),
+    };
+    if let Some(why) = why {
+        ctx.dangling.put_back(taken);
+        return Err(DanglingError::NotAdoptable(kernel_id.to_owned(), why));
+    }
+    let mut k = taken.pop().expect("one entry");
+    let Ok(rebuilt) = k.rebuilt.clone() else {
+        unreachable!("checked above")
+    };
+    let refused = |ctx: &AgentContext, k: DanglingKernel, e: KernelError| {
+        ctx.dangling.put_back(vec![k]);
+        Err(DanglingError::Kernel(e))
+    };
+    let store_err = |e: anyhow::Error| KernelError::Engine(format!("store: {e}"));
+    match registry.send(GetKernel(kernel_id.to_owned())).await {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            return refused(
+                ctx,
+                k,
+                KernelError::InvalidConfig(format!("kernel {kernel_id} is live on this agent")),
+            )
+        }
+        Err(e) => return refused(ctx, k, KernelError::Engine(e.to_string())),
+    }
+    match ctx
+        .store
+        .insert_kernel(kernel_id, &k.session_id, &rebuilt.config)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            return refused(
+                ctx,
+                k,
+                KernelError::InvalidConfig(format!("kernel {kernel_id} is live in the store")),
+            )
+        }
+        Err(e) => return refused(ctx, k, store_err(e)),
+    }
+    if let Err(e) = ctx
+        .store
+        .set_status(kernel_id, KernelStatus::Running, Some(&rebuilt.resources))
+        .await
+    {
+        let _ = ctx
+            .store
+            .set_terminated(kernel_id, "adoption-failed", None)
+            .await;
+        return refused(ctx, k, store_err(e));
+    }
+    reserve(ctx, &mut k);
+    let adopted = registry
+        .send(Adopt {
+            kernel_id: kernel_id.to_owned(),
+            session_id: k.session_id.clone(),
+            config: rebuilt.config,
+            resources: rebuilt.resources,
+        })
+        .await
+        .map_err(|e| KernelError::Engine(e.to_string()))
+        .and_then(|r| r);
+    if let Err(e) = adopted {
+        let _ = ctx
+            .store
+            .set_terminated(kernel_id, "adoption-failed", None)
+            .await;
+        if !k.running {
+            release(ctx, &mut k);
+        }
+        return refused(ctx, k, e);
+    }
+    tracing::info!(agent_id = %ctx.agent_id, %kernel_id, container_id = %k.container_id, host_ports = ?k.host_ports, "dangling kernel adopted");
+    ctx.events.emit(AgentEvent::KernelStarted {
+        kernel_id: kernel_id.to_owned(),
+        session_id: k.session_id.clone(),
+    });
+    // A container that died since recovery is handled like one found dead on a re-attach.
+    registry.do_send(Reconcile);
+    registry
+        .send(GetKernel(kernel_id.to_owned()))
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| DanglingError::Kernel(KernelError::NotFound(kernel_id.to_owned())))
+}
+
+/// `destroy_dangling_kernel`: removes every container of the dangling kernel `kernel_id`, its
+/// scratch directory (when the id is a valid one and no live kernel of this agent has it), and
+/// releases what was reserved for it. Emits nothing (the manager does not hold it live).
+/// Returns how many containers went.
+///
+/// Errors: [`DanglingError::NotFound`]; [`DanglingError::Kernel`] when the engine or the
+/// filesystem fails (the entries not yet removed stay).
+pub async fn destroy(
+    ctx: &Arc<AgentContext>,
+    registry: &Addr<KernelRegistry>,
+    kernel_id: &str,
+) -> Result<usize, DanglingError> {
+    let mut taken = ctx.dangling.take(kernel_id);
+    if taken.is_empty() {
+        return Err(DanglingError::NotFound(kernel_id.to_owned()));
+    }
+    let mut removed = 0;
+    while let Some(mut k) = taken.pop() {
+        if let Err(e) = ctx.backend.remove_container(&k.container_id).await {
+            taken.push(k);
+            ctx.dangling.put_back(taken);
+            return Err(DanglingError::Kernel(e.into()));
+        }
+        release(ctx, &mut k);
+        removed += 1;
+        tracing::info!(agent_id = %ctx.agent_id, %kernel_id, container_id = %k.container_id, "dangling container destroyed");
+    }
+    let live = matches!(
+        registry.send(GetKernel(kernel_id.to_owned())).await,
+        Ok(Some(_)) | Err(_)
+    ) || ctx.store.is_live(kernel_id).await.unwrap_or(true);
+    if check_kernel_id(kernel_id).is_ok() && !live {
+        let c = &ctx.config.container;
+        let io =
+            |e: std::io::Error| DanglingError::Kernel(KernelError::Engine(format!("scratch: {e}")));
+        remove_scratch(
+            &scratch_path(&c.scratch_root, kernel_id).map_err(io)?,
+            c.scratch_size.is_some(),
+        )
+        .map_err(io)?;
+    }
+    Ok(removed)
+}

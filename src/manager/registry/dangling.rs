@@ -1,0 +1,273 @@
+//! Dangling kernels (seed 001): what the manager does with an agent's `kernel_dangling` report.
+//!
+//! - The store holds the kernel live **on that agent** (same session when the report names one)
+//!   and the agent could rebuild it → `adopt_kernel(kernel_id)` at once: the agent re-reserves
+//!   its slots and ports and runs it under a kernel actor again; the store's row moves to (or
+//!   stays) `RUNNING`. An agent that cannot be reached is retried (backoff 1 s doubling to 30 s).
+//! - The store holds it live there but the agent answers `KernelNotAdoptable` (it could not
+//!   rebuild it) → it leaves the live set (`dangling-not-adoptable`, its concurrency released)
+//!   and is treated as unknown. Any other FAILURE (e.g. an agent without `adopt_kernel`) leaves
+//!   it alone (`failed`).
+//! - Anything else (unknown id, `TERMINATED`, live on another agent) → after `[manager]
+//!   dangling-grace` from its first report, if the store still does not hold it live there,
+//!   `destroy_dangling_kernel(kernel_id)`.
+//!
+//! Every outcome is logged and counted in `kernelvisor_manager_dangling_kernels_total{action}`
+//! (`reported`, `adopted`, `destroyed`, `gone`: the agent no longer has it, `failed`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+use rmpv::Value;
+
+use super::super::calls::call_agent;
+use super::super::metrics::ManagerMetrics;
+use super::super::pool::{AgentCallError, AgentPool};
+use super::super::store::Store;
+
+/// Longest wait between two tries of an agent that cannot be reached.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A report still unresolved after this many tries is dropped (logged): roughly an hour.
+const MAX_ATTEMPTS: u32 = 130;
+
+/// One reported dangling kernel awaiting its outcome.
+#[derive(Clone, Debug)]
+pub(super) struct Pending {
+    /// Reporting agent.
+    pub agent_id: String,
+    /// Kernel id of the container's label.
+    pub kernel_id: String,
+    /// Session id of its label (may be empty).
+    pub session_id: String,
+    /// The agent could rebuild it.
+    pub adoptable: bool,
+    /// The destroy deadline: first report + `dangling-grace`.
+    pub destroy_after: Instant,
+    /// Not before this instant.
+    pub next_try: Instant,
+    /// A step is running.
+    pub in_flight: bool,
+    /// Steps that ended in a retry.
+    pub attempts: u32,
+}
+
+/// What one step did.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Resolved (the `action` label it is counted under).
+    Done(&'static str),
+    /// Not known live, the grace not over: try again at the deadline.
+    Wait,
+    /// The agent or the store could not be reached: try again later.
+    Retry(String),
+}
+
+/// The reports being resolved, by `(agent id, kernel id)`.
+#[derive(Debug, Default)]
+pub(super) struct DanglingBook {
+    entries: HashMap<(String, String), Pending>,
+}
+
+impl DanglingBook {
+    /// Records a report; a repeated one keeps its first deadline (the grace runs from the first
+    /// report, as a reaper's does).
+    pub fn report(
+        &mut self,
+        agent_id: &str,
+        kernel_id: &str,
+        session_id: &str,
+        adoptable: bool,
+        grace: Duration,
+    ) {
+        let now = Instant::now();
+        let e = self
+            .entries
+            .entry((agent_id.to_owned(), kernel_id.to_owned()))
+            .or_insert_with(|| Pending {
+                agent_id: agent_id.to_owned(),
+                kernel_id: kernel_id.to_owned(),
+                session_id: session_id.to_owned(),
+                adoptable,
+                destroy_after: now + grace,
+                next_try: now,
+                in_flight: false,
+                attempts: 0,
+            });
+        e.adoptable = adoptable;
+        e.next_try = now;
+    }
+
+    /// The entries due now, marked in flight.
+    pub fn due(&mut self) -> Vec<Pending> {
+        let now = Instant::now();
+        self.entries
+            .values_mut()
+            .filter(|e| !e.in_flight && e.next_try <= now)
+            .map(|e| {
+                e.in_flight = true;
+                e.clone()
+            })
+            .collect()
+    }
+
+    /// Takes a step's outcome; returns the entry when it was dropped for good after
+    /// [`MAX_ATTEMPTS`].
+    pub fn settle(&mut self, key: (String, String), outcome: &Outcome) -> Option<Pending> {
+        let e = self.entries.get_mut(&key)?;
+        e.in_flight = false;
+        match outcome {
+            Outcome::Done(_) => {
+                self.entries.remove(&key);
+                None
+            }
+            Outcome::Wait => {
+                e.next_try = e.destroy_after;
+                None
+            }
+            Outcome::Retry(_) => {
+                e.attempts += 1;
+                if e.attempts >= MAX_ATTEMPTS {
+                    return self.entries.remove(&key);
+                }
+                let backoff = Duration::from_secs(1 << e.attempts.min(5)).min(MAX_BACKOFF);
+                e.next_try = Instant::now() + backoff;
+                None
+            }
+        }
+    }
+}
+
+fn failure_name(e: &AgentCallError) -> Option<&str> {
+    e.failure().map(|m| m.name.as_str())
+}
+
+/// One step for `p`: decide from the store, then adopt or (once due) destroy.
+pub(super) async fn step(
+    store: Store,
+    pool: Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    p: Pending,
+    timeout: Duration,
+) -> Outcome {
+    let (agent, kernel) = (p.agent_id.as_str(), p.kernel_id.as_str());
+    let row = match store.kernel(kernel).await {
+        Ok(row) => row.filter(|r| r.id == kernel),
+        Err(e) => return Outcome::Retry(format!("store: {e}")),
+    };
+    let live_here = row.as_ref().is_some_and(|r| {
+        r.is_live()
+            && r.agent_id == agent
+            && (p.session_id.is_empty() || r.session_id == p.session_id)
+    });
+    // Asked even when the report says it is not adoptable: the agent's answer is what counts
+    // (and an older agent's report carries no `adoptable` at all).
+    if live_here {
+        let args = vec![Value::from(kernel)];
+        return match call_agent(&pool, metrics, agent, "adopt_kernel", args, timeout).await {
+            Ok(info) => {
+                let status =
+                    super::super::events::field(info.as_map().map_or(&[], |m| m), "status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("RUNNING")
+                        .to_owned();
+                if let Err(e) = store.advance_kernel(kernel, &status).await {
+                    tracing::warn!(agent_id = %agent, kernel_id = %kernel, error = %e, "adopted kernel: could not record its status (its events will)");
+                }
+                tracing::info!(agent_id = %agent, kernel_id = %kernel, session_id = %p.session_id, %status, "dangling kernel adopted");
+                Outcome::Done("adopted")
+            }
+            Err(e) => match failure_name(&e) {
+                // Adopted or destroyed already (a repeated report), or the kernel is live there.
+                Some("KernelNotFound") | Some("InvalidKernelConfig") => {
+                    tracing::info!(agent_id = %agent, kernel_id = %kernel, error = %e, "dangling kernel: nothing to adopt any more");
+                    Outcome::Done("gone")
+                }
+                Some("KernelNotAdoptable") => {
+                    let why = format!("{e} (reported adoptable: {})", p.adoptable);
+                    not_adoptable(&store, &p, &why).await
+                }
+                // An agent without the method (older than dangling adoption): left alone.
+                Some(name) if name != "AgentShuttingDown" => {
+                    tracing::error!(agent_id = %agent, kernel_id = %kernel, error = %e, "adopting a dangling kernel failed; leaving it as it is");
+                    Outcome::Done("failed")
+                }
+                _ => Outcome::Retry(e.to_string()),
+            },
+        };
+    }
+    if Instant::now() < p.destroy_after {
+        return Outcome::Wait;
+    }
+    let args = vec![Value::from(kernel)];
+    match call_agent(
+        &pool,
+        metrics,
+        agent,
+        "destroy_dangling_kernel",
+        args,
+        timeout,
+    )
+    .await
+    {
+        Ok(v) => {
+            tracing::warn!(agent_id = %agent, kernel_id = %kernel, result = %v, "dangling kernel unknown to the store past dangling-grace: destroyed");
+            Outcome::Done("destroyed")
+        }
+        Err(e) if failure_name(&e) == Some("KernelNotFound") => Outcome::Done("gone"),
+        Err(e) if failure_name(&e).is_some() => {
+            tracing::error!(agent_id = %agent, kernel_id = %kernel, error = %e, "destroying a dangling kernel failed");
+            Outcome::Done("failed")
+        }
+        Err(e) => Outcome::Retry(e.to_string()),
+    }
+}
+
+/// The store holds it live but the agent cannot run it as a kernel: out of the live set, then
+/// destroyed like an unknown one.
+async fn not_adoptable(store: &Store, p: &Pending, why: &str) -> Outcome {
+    tracing::warn!(agent_id = %p.agent_id, kernel_id = %p.kernel_id, reason = %why, "dangling kernel known live but not adoptable: terminating it");
+    match store
+        .terminate_kernel(&p.kernel_id, "dangling-not-adoptable", None)
+        .await
+    {
+        Ok(_) if Instant::now() < p.destroy_after => Outcome::Wait,
+        Ok(_) => Outcome::Retry("terminated in the store; destroying next".into()),
+        Err(e) => Outcome::Retry(format!("store: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn book_keeps_the_first_deadline_and_backs_off() {
+        let mut b = DanglingBook::default();
+        b.report("a", "k", "s", true, Duration::from_secs(60));
+        let first = b.entries[&("a".into(), "k".into())].destroy_after;
+        std::thread::sleep(Duration::from_millis(5));
+        b.report("a", "k", "s", false, Duration::from_secs(60));
+        let e = &b.entries[&("a".into(), "k".into())];
+        assert_eq!(
+            e.destroy_after, first,
+            "the grace runs from the first report"
+        );
+        assert!(!e.adoptable);
+        let due = b.due();
+        assert_eq!(due.len(), 1);
+        assert!(b.due().is_empty(), "in flight: not due twice");
+        let key = ("a".to_owned(), "k".to_owned());
+        b.settle(key.clone(), &Outcome::Retry("down".into()));
+        assert!(b.entries[&key].next_try > Instant::now());
+        assert!(b.due().is_empty());
+        b.entries.get_mut(&key).unwrap().next_try = Instant::now();
+        b.due();
+        b.settle(key.clone(), &Outcome::Wait);
+        assert_eq!(b.entries[&key].next_try, first);
+        b.entries.get_mut(&key).unwrap().next_try = Instant::now();
+        b.due();
+        b.settle(key.clone(), &Outcome::Done("destroyed"));
+        assert!(b.entries.is_empty());
+    }
+}
