@@ -7,7 +7,10 @@
 //! - a GiB through `ctl session exec` with the agent's and the manager's peak RSS (VmHWM) bounded,
 //!   and a run nobody continues killed after `exec-idle-timeout`.
 //!
-//! Agent host ports: 32300–32399 (20 per agent).
+//! - restart policies: a batch job retried by `on-failure`, `restart-limit-exceeded`, the stage
+//!   actors of a running session, bad policies refused (SQLite and PostgreSQL).
+//!
+//! Agent host ports: 32300–32419 (20 per agent).
 
 mod common;
 
@@ -208,6 +211,102 @@ fn batch_sessions(db: Db, ports: u16) {
         "session-not-found"
     );
     c.check_invariants();
+}
+
+/// A session's restart policy through the API: a batch job retried by `on-failure` until it
+/// succeeds (`restart_count` in the session), the stage actors of a running session, and a bad
+/// policy refused naming its field.
+fn restart_policy(db: Db, ports: u16) {
+    let c = cluster(db, "restart", ports, "");
+    // Fails twice, then succeeds: each try appends to a scratch file, so it succeeds only if
+    // the file survives the restarts.
+    let cmd = "echo try >> tries; [ $(wc -l < tries) -ge 3 ] && exit 0; sleep 1; exit 1";
+    let s = create(
+        &c,
+        json!({"type": "batch", "command": cmd,
+               "restart_policy": {"mode": "on-failure", "max_restarts": 3, "window": 60, "backoff": 0.2}}),
+    );
+    let sid = s["session_id"].as_str().unwrap().to_owned();
+    let s = wait_terminated(&c, &sid);
+    assert_eq!(
+        (s["result"].as_str(), s["status_reason"].as_str(), s["exit_code"].as_i64()),
+        (Some("SUCCESS"), Some("self-terminated"), Some(0)),
+        "{s}"
+    );
+    assert_eq!(s["restart_count"].as_i64(), Some(2), "{s}");
+    assert_eq!(s["restart_policy"]["mode"], "on-failure", "{s}");
+    assert_eq!(s["restart_policy"]["max_restarts"], 3, "{s}");
+    assert!(s["stages"].is_null(), "an ended session has no live stages: {s}");
+
+    // A job that keeps failing ends at the limit.
+    let doomed = create(
+        &c,
+        json!({"type": "batch", "command": "sleep 1; exit 2",
+               "restart_policy": {"mode": "on-failure", "max_restarts": 1, "backoff": 0}}),
+    );
+    let doomed = wait_terminated(&c, doomed["session_id"].as_str().unwrap());
+    assert_eq!(
+        (doomed["result"].as_str(), doomed["status_reason"].as_str(), doomed["exit_code"].as_i64(), doomed["restart_count"].as_i64()),
+        (Some("FAILURE"), Some("restart-limit-exceeded"), Some(2), Some(1)),
+        "{doomed}"
+    );
+
+    // A running session shows its seven stage actors, in order, all ready.
+    let live = create(&c, json!({}));
+    let lid = live["session_id"].as_str().unwrap().to_owned();
+    let got = wait_for(LONG, "the session RUNNING", || {
+        let s = c.get(&format!("/v1/sessions/{lid}")).ok()?.body;
+        (s["status"] == "RUNNING").then_some(s)
+    });
+    let stages: Vec<(&str, &str)> = got["stages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("stages: {got}"))
+        .iter()
+        .map(|st| (st["name"].as_str().unwrap(), st["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            ("image", "ready"),
+            ("slots", "ready"),
+            ("ports", "ready"),
+            ("scratch", "ready"),
+            ("mounts", "ready"),
+            ("container", "ready"),
+            ("service-ports", "ready")
+        ],
+        "{got}"
+    );
+    assert!(got["stages"][5]["setup_seconds"].as_f64().is_some(), "{got}");
+    assert_eq!(got["restart_policy"]["mode"], "never", "the default: {got}");
+    assert_eq!(got["restart_count"], 0);
+    assert_eq!(c.delete(&format!("/v1/sessions/{lid}")).status, 200);
+
+    // Bad policies: 400 naming the field; nothing reserved.
+    for (policy, word) in [
+        (json!({"mode": "sometimes"}), "mode"),
+        (json!({"mode": "always", "window": -1}), "window"),
+        (json!({"max_restarts": 5000}), "max_restarts"),
+        (json!({"retries": 1}), "retries"),
+    ] {
+        let mut body = json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}});
+        body["restart_policy"] = policy;
+        let a = c.post("/v1/sessions", &body);
+        assert_eq!(a.status, 400, "{a:?}");
+        assert!(a.body.to_string().contains(word), "{a:?}");
+    }
+    assert_eq!(c.concurrency_used(), 0);
+    c.check_invariants();
+}
+
+#[test]
+fn restart_policy_sqlite() {
+    restart_policy(Db::Sqlite, 32380);
+}
+
+#[test]
+fn restart_policy_postgres() {
+    restart_policy(Db::Postgres, 32400);
 }
 
 #[test]

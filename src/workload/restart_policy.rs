@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// When a kernel's exited container is restarted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case", try_from = "String")]
 pub enum RestartMode {
     /// Never: the container's exit ends the kernel (the default).
     #[default]
@@ -18,6 +18,22 @@ pub enum RestartMode {
     OnFailure,
     /// After every exit, a clean one included.
     Always,
+}
+
+impl TryFrom<String> for RestartMode {
+    type Error = String;
+
+    /// Errors: names the field and the three modes (serde's own message names neither).
+    fn try_from(s: String) -> Result<RestartMode, String> {
+        match s.as_str() {
+            "never" => Ok(RestartMode::Never),
+            "on-failure" => Ok(RestartMode::OnFailure),
+            "always" => Ok(RestartMode::Always),
+            _ => Err(format!(
+                "`restart_policy.mode` must be `never`, `on-failure` or `always`, not `{s}`"
+            )),
+        }
+    }
 }
 
 impl RestartMode {
@@ -133,17 +149,8 @@ impl RestartPolicy {
     ///
     /// Errors: a message naming the field, for an unknown key, a wrong type or a bound.
     pub fn from_value(v: &rmpv::Value) -> Result<RestartPolicy, String> {
-        let json = json_of(v);
-        if let Some(mode) = json.get("mode").filter(|m| m.is_string()) {
-            // serde's "unknown variant" does not name the field.
-            if serde_json::from_value::<RestartMode>(mode.clone()).is_err() {
-                return Err(format!(
-                    "`restart_policy.mode` must be `never`, `on-failure` or `always`, not {mode}"
-                ));
-            }
-        }
-        let policy: RestartPolicy =
-            serde_json::from_value(json).map_err(|e| format!("`restart_policy`: {e}"))?;
+        let policy: RestartPolicy = serde_json::from_value(json_of(v))
+            .map_err(|e| format!("`restart_policy`: {e}"))?;
         policy.check()?;
         Ok(policy)
     }

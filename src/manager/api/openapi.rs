@@ -477,6 +477,46 @@ pub struct Session {
     /// Unix seconds; null while live.
     #[schema(required = true)]
     pub terminated_at: Option<f64>,
+    /// Its restart policy (`never` unless it asked for one).
+    pub restart_policy: crate::workload::RestartPolicy,
+    /// Restarts by its restart policy so far.
+    pub restart_count: i64,
+    /// `GET /v1/sessions/{id}` only: its kernel's stage actors in order, as its agent reports
+    /// them; null once it has ended or when the agent does not answer within 2 s.
+    pub stages: Option<Vec<Stage>>,
+}
+
+/// One stage actor of a session's kernel.
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// `image`, `slots`, `ports`, `scratch`, `mounts`, `container` or `service-ports`.
+    pub name: String,
+    /// Where it stands.
+    pub status: StageState,
+    /// How many times its supervisor restarted it.
+    pub restarts: u32,
+    /// Seconds its last setup took; null when it adopted its resource (after an agent restart).
+    #[schema(required = true)]
+    pub setup_seconds: Option<f64>,
+}
+
+/// A stage actor's state.
+#[derive(ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageState {
+    /// Waiting for the stages before it.
+    Pending,
+    /// Setting its resource up.
+    SettingUp,
+    /// Holds its resource.
+    Ready,
+    /// Its setup or its resource failed.
+    Failed,
+    /// Released its resource.
+    Stopped,
+    /// Let go of its resource (agent shutdown with `preserve`).
+    Detached,
 }
 
 /// `POST /v1/sessions`'s answer.
