@@ -20,6 +20,7 @@
 
 pub mod backend;
 pub mod context;
+pub mod engine;
 pub mod event_sender;
 pub mod events;
 pub mod exec;
@@ -100,10 +101,13 @@ fn rpc_server_at(
 
 /// The container backend `[agent] backend` names.
 ///
-/// Errors: the Docker engine cannot be reached.
+/// Errors: the Docker engine (`[container] docker-host`, else the local default) cannot be
+/// reached.
 pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn ContainerBackend>> {
     Ok(match config.agent.backend {
-        BackendKind::Docker => Arc::new(DockerBackend::connect().await?),
+        BackendKind::Docker => {
+            Arc::new(DockerBackend::connect_to(config.container.docker_host.as_deref()).await?)
+        }
         BackendKind::Dummy => {
             let d = &config.dummy;
             let s = Duration::from_secs_f64;
@@ -210,6 +214,7 @@ impl Agent {
                 c.port_reuse_cooldown.0,
             )),
             backend,
+            engine: Arc::new(engine::EngineHealth::new(Some(metrics.clone()))),
             store: store.clone(),
             events,
             metrics: metrics.clone(),
