@@ -279,12 +279,7 @@ fn process_trees(needle: &str) -> Vec<i32> {
     let mut i = 0;
     while i < tree.len() {
         let p = tree[i];
-        tree.extend(
-            parents
-                .iter()
-                .filter(|(_, pp)| *pp == p)
-                .map(|(c, _)| *c),
-        );
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
         i += 1;
     }
     tree
@@ -512,8 +507,15 @@ async fn outage(engine: &mut PrivateEngine, peer: &Peer, kernel_id: &str) {
     .await;
     let took = started.elapsed();
     assert_eq!(failure_name(&created), "ContainerEngineUnavailable");
-    assert!(took < Duration::from_secs(5), "create_kernels took {took:?}");
-    assert_eq!(usage(peer).await, before, "the refused create reserved nothing");
+    assert!(
+        took < Duration::from_secs(5),
+        "create_kernels took {took:?}"
+    );
+    assert_eq!(
+        usage(peer).await,
+        before,
+        "the refused create reserved nothing"
+    );
     assert_eq!(kernels(peer).await.len(), KERNELS);
 
     let destroyed = call_within(
@@ -545,7 +547,11 @@ async fn live_restore_keeps_every_kernel_running_across_an_engine_restart() {
     let settle = Instant::now();
     while settle.elapsed() < Duration::from_secs(4) {
         assert_pings(&peer).await;
-        assert_eq!(kernels(&peer).await, before, "all five kernels kept as they were");
+        assert_eq!(
+            kernels(&peer).await,
+            before,
+            "all five kernels kept as they were"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let mut cids: Vec<String> = before.iter().map(|(_, _, c)| c.clone()).collect();
@@ -617,10 +623,14 @@ async fn without_live_restore_the_kernels_follow_their_restart_policy() {
     })
     .await;
     // Restart policy `never` (the default): each kernel ends, torn down, and is forgotten.
-    wait_until(Duration::from_secs(60), "the five kernels ended", || async {
-        assert_pings(&peer).await;
-        kernels(&peer).await.is_empty()
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the five kernels ended",
+        || async {
+            assert_pings(&peer).await;
+            kernels(&peer).await.is_empty()
+        },
+    )
     .await;
     for (kernel_id, _, _) in &before {
         assert_eq!(
@@ -634,7 +644,11 @@ async fn without_live_restore_the_kernels_follow_their_restart_policy() {
     );
     assert!(fx.scratch_entries().is_empty(), "no scratch dir left");
     let (cpu, mem, free) = usage(&peer).await;
-    assert_eq!((cpu.as_str(), mem.as_str(), free), ("0", "0", 4), "slots and ports released");
+    assert_eq!(
+        (cpu.as_str(), mem.as_str(), free),
+        ("0", "0", 4),
+        "slots and ports released"
+    );
     peer.close();
     drop(agent);
 }
