@@ -224,6 +224,13 @@ impl PrivateEngine {
         let _ = std::fs::remove_file(self.path("docker.pid"));
     }
 
+    /// Sends `signal` to dockerd.
+    fn signal_dockerd(&self, signal: i32) {
+        let pid = self.dockerd.as_ref().expect("dockerd runs").id();
+        // SAFETY: signalling our own child process by pid.
+        unsafe { libc::kill(pid as i32, signal) };
+    }
+
     /// Container ids (running or not) carrying `agent_id`'s label.
     fn containers(&self, agent_id: &str, running_only: bool) -> Vec<String> {
         let label = format!("label=ai.backend.agent-id={agent_id}");
@@ -287,6 +294,9 @@ fn process_trees(needle: &str) -> Vec<i32> {
 
 impl Drop for PrivateEngine {
     fn drop(&mut self) {
+        if self.dockerd.is_some() {
+            self.signal_dockerd(libc::SIGCONT);
+        }
         if self.dockerd.is_some() && self.answers() {
             let ids = self.docker(&["ps", "-aq"]);
             let ids: Vec<&str> = ids.lines().collect();
@@ -436,6 +446,42 @@ async fn kernels(peer: &Peer) -> Vec<(String, String, String)> {
     out
 }
 
+/// A kernel config whose container prints `tick-<unix seconds>` every 0.5 s.
+fn ticking() -> Value {
+    kernel_config(
+        "0.1",
+        32 * MIB,
+        vec![(
+            "environ",
+            map(vec![(
+                "KERNEL_CMD",
+                "while :; do echo tick-$(date +%s); sleep 0.5; done".into(),
+            )]),
+        )],
+    )
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The newest `tick-<t>` in the kernel's kept log (`get_logs`), 0 when none.
+async fn newest_tick(peer: &Peer, kernel_id: &str) -> u64 {
+    let r = call(peer, "get_logs", vec![kernel_id.into()])
+        .await
+        .unwrap();
+    field(&r, "logs")
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tick-")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
 /// An agent on `engine` with five RUNNING kernels of one session; returns the fixture, the
 /// agent, a client and the kernels as `kernels` lists them.
 async fn five_kernels(
@@ -454,7 +500,7 @@ async fn five_kernels(
     let ids: Vec<Value> = (0..KERNELS)
         .map(|i| format!("k{i}-{}", run_id()).into())
         .collect();
-    let configs = vec![kernel_config("0.1", 32 * MIB, vec![]); KERNELS];
+    let configs = vec![ticking(); KERNELS];
     let created = call(
         &peer,
         "create_kernels",
@@ -537,6 +583,7 @@ async fn live_restore_keeps_every_kernel_running_across_an_engine_restart() {
     outage(&mut engine, &peer, &before[0].0).await;
     // The containers outlive dockerd (their shims and containerd run on).
     engine.start_dockerd();
+    let back = unix_now();
     assert_pings(&peer).await;
     wait_until(Duration::from_secs(30), "health ok again", || async {
         health(&peer).await.0 == "ok"
@@ -588,6 +635,49 @@ async fn live_restore_keeps_every_kernel_running_across_an_engine_restart() {
     .unwrap();
     assert_eq!(field(&out, "status").as_str(), Some("finished"), "{out}");
     assert!(format!("{:?}", field(&out, "console")).contains("survived"));
+
+    // Their logs are kept again: output written after the engine came back reaches get_logs.
+    wait_until(
+        Duration::from_secs(20),
+        "the kernel's log follows again",
+        || async { newest_tick(&peer, &before[0].0).await > back + 1 },
+    )
+    .await;
+
+    // A hung engine (SIGSTOP: it accepts connections and never answers) is no hang for the
+    // agent either: a create fails within 5 s, `health` turns degraded, and all is well again
+    // once it resumes.
+    engine.signal_dockerd(libc::SIGSTOP);
+    let started = Instant::now();
+    let created = call_within(
+        &peer,
+        "create_kernels",
+        vec![
+            "s3".into(),
+            Value::Array(vec![format!("k-hung-{}", run_id()).into()]),
+            Value::Array(vec![kernel_config("0.1", 32 * MIB, vec![])]),
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    let took = started.elapsed();
+    let status = health(&peer).await.0;
+    assert_pings(&peer).await;
+    engine.signal_dockerd(libc::SIGCONT);
+    assert_eq!(failure_name(&created), "ContainerEngineUnavailable");
+    assert!(
+        took < Duration::from_secs(5),
+        "create_kernels took {took:?}"
+    );
+    assert_eq!(status, "degraded");
+    wait_until(
+        Duration::from_secs(30),
+        "health ok after SIGCONT",
+        || async { health(&peer).await.0 == "ok" },
+    )
+    .await;
+    assert_eq!(kernels(&peer).await, before);
+    assert_eq!(engine.containers(&fx.agent_id, false), cids);
 
     // Destroyable again once the engine is back; nothing left.
     for (kernel_id, _, _) in &before {

@@ -19,6 +19,7 @@ use rmpv::Value;
 use super::args::{arg, lookup, mailbox, running, str_arg, type_error};
 use crate::agent::backend::{BackendError, ENGINE_UNAVAILABLE};
 use crate::agent::context::AgentContext;
+use crate::agent::engine::probe;
 use crate::agent::events::AgentEvent;
 use crate::agent::exec::{RunError, RunIds, RunRequest};
 use crate::agent::kernel::{KernelConfig, KernelError, KernelStatus};
@@ -72,7 +73,11 @@ pub fn register(
                 })?;
                 kernels.push((id, config));
             }
-            // Refused at once while the engine is down: nothing is reserved or recorded.
+            // Refused at once while the engine is down, and within a probe's timeout when it
+            // hangs without the watcher having noticed yet: nothing is reserved or recorded.
+            if c.engine.is_up() {
+                probe(&*c.backend, &c.engine).await;
+            }
             c.engine.check()?;
             let infos = r
                 .send(CreateKernels {
@@ -217,7 +222,10 @@ pub fn register(
                     });
                 }
             }
-            r.do_send(Reconcile);
+            // While the engine is down the watcher reconciles once it is back.
+            if c.engine.is_up() {
+                r.do_send(Reconcile);
+            }
             Ok(Value::Map(vec![(
                 "kernels".into(),
                 Value::Array(ours.iter().map(|k| k.to_value(&a)).collect()),
