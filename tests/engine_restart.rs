@@ -12,6 +12,7 @@
 
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -198,6 +199,17 @@ impl PrivateEngine {
         if self.live_restore {
             cmd.arg("--live-restore");
         }
+        // In a network namespace of its own: a dockerd with `--bridge=none` deletes the host's
+        // `docker0` at start, which would cut the main engine's containers off their network.
+        // SAFETY: unshare(2) only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let child = cmd
             .stdout(Stdio::from(f.try_clone().unwrap()))
             .stderr(Stdio::from(f))
@@ -242,6 +254,11 @@ impl PrivateEngine {
         ids.sort();
         ids
     }
+}
+
+/// Whether the host has a `docker0` interface (the main engine's bridge).
+fn host_has_docker0() -> bool {
+    Path::new("/sys/class/net/docker0").exists()
 }
 
 /// SIGTERM, then SIGKILL after `grace`; reaps it.
@@ -577,6 +594,7 @@ async fn outage(engine: &mut PrivateEngine, peer: &Peer, kernel_id: &str) {
 
 #[actix_rt::test]
 async fn live_restore_keeps_every_kernel_running_across_an_engine_restart() {
+    let docker0 = host_has_docker0();
     let mut engine = PrivateEngine::start(true);
     let (fx, agent, peer, before) = five_kernels("engine-live", 32700, &engine).await;
 
@@ -698,10 +716,17 @@ async fn live_restore_keeps_every_kernel_running_across_an_engine_restart() {
     );
     peer.close();
     drop(agent);
+    drop(engine);
+    assert_eq!(
+        host_has_docker0(),
+        docker0,
+        "the private engine left the host's docker0 alone"
+    );
 }
 
 #[actix_rt::test]
 async fn without_live_restore_the_kernels_follow_their_restart_policy() {
+    let docker0 = host_has_docker0();
     let mut engine = PrivateEngine::start(false);
     let (fx, agent, peer, before) = five_kernels("engine-dies", 32710, &engine).await;
 
@@ -741,4 +766,10 @@ async fn without_live_restore_the_kernels_follow_their_restart_policy() {
     );
     peer.close();
     drop(agent);
+    drop(engine);
+    assert_eq!(
+        host_has_docker0(),
+        docker0,
+        "the private engine left the host's docker0 alone"
+    );
 }
