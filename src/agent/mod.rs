@@ -5,7 +5,7 @@
 //! ├─ event-sender     outbox → manager's event intake, until acked      ┐ with a [manager]
 //! ├─ outbox-writer    events → durable SQLite outbox (outbox.rs)        ┘ section only
 //! ├─ kernels          KernelRegistry + one_for_one Supervisor of Kernel actors (registry.rs, kernel/)
-//! ├─ watcher          engine events → ContainerExited (watcher.rs)
+//! ├─ watcher          engine events → ContainerExited; engine health probes (watcher.rs, engine.rs)
 //! ├─ stats            node / container / GPU sampling → gauges (stats/)
 //! ├─ metrics          Prometheus text on [agent] service-addr /metrics (metrics_server.rs)
 //! ├─ heartbeat        every heartbeat-interval to the manager (heartbeat.rs)
