@@ -589,6 +589,8 @@ async fn outage(engine: &mut PrivateEngine, peer: &Peer, kernel_id: &str) {
     )
     .await;
     assert_eq!(failure_name(&destroyed), "ContainerEngineUnavailable");
+    let reset = call_within(peer, "reset_agent", vec![], Duration::from_secs(5)).await;
+    assert_eq!(failure_name(&reset), "ContainerEngineUnavailable");
     assert_pings(peer).await;
 }
 

@@ -234,10 +234,12 @@ pub fn register(
     });
 
     // reset_agent() → {"destroyed": n}: every kernel destroyed, no termination events.
-    let r = registry.clone();
+    // Refused while the engine is down, as `destroy_kernel` is.
+    let (r, c) = (registry.clone(), ctx.clone());
     dispatcher.register("reset_agent", move |_| {
-        let r = r.clone();
+        let (r, c) = (r.clone(), c.clone());
         async move {
+            c.engine.check()?;
             let n = r.send(ResetAgent).await.map_err(mailbox)?;
             Ok(Value::Map(vec![("destroyed".into(), (n as u64).into())]))
         }
