@@ -83,17 +83,19 @@ postgres:
     echo "postgres: ready at {{pg_url}}"
 
 # Make sure a Docker engine answers; when none does, install `docker.io` and start `dockerd` in
-# the background (log in /tmp/dockerd.log), waiting up to 30 s for it.
+# the background (log in /tmp/dockerd.log), waiting up to 30 s for it. The `dockerd` and
+# `containerd` binaries are installed even when an engine answers: tests/engine_restart.rs starts
+# a private engine of its own with them (as root).
 docker:
     #!/usr/bin/env bash
     set -euo pipefail
-    docker info >/dev/null 2>&1 && exit 0
     sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
-    if ! command -v dockerd >/dev/null; then
+    if ! command -v dockerd >/dev/null || ! command -v containerd >/dev/null; then
       echo "docker: installing docker.io"
       $sudo_ apt-get update -qq
       DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq docker.io >/dev/null
     fi
+    docker info >/dev/null 2>&1 && exit 0
     echo "docker: starting dockerd (log: /tmp/dockerd.log)"
     $sudo_ sh -c 'nohup dockerd >/tmp/dockerd.log 2>&1 &'
     for _ in $(seq 30); do

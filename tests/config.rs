@@ -125,8 +125,13 @@ fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let ok = write(dir.path(), "ok.toml", "[agent]\nid = \"a\"\nbackend = \"dummy\"\non-shutdown = \"terminate\"\n[resource]\nreserved-mem = 268435456\nmem = \"2g\"\n[container]\nscratch-size = \"512m\"\n");
+    let ok = write(dir.path(), "ok.toml", "[agent]\nid = \"a\"\nbackend = \"dummy\"\non-shutdown = \"terminate\"\n[resource]\nreserved-mem = 268435456\nmem = \"2g\"\n[container]\nscratch-size = \"512m\"\ndocker-host = \"unix:///run/kv/docker.sock\"\n");
     let c = AgentConfig::load(&ok).unwrap();
+    assert_eq!(
+        c.container.docker_host.as_deref(),
+        Some("unix:///run/kv/docker.sock")
+    );
+    assert_eq!(sample.container.docker_host, None);
     assert_eq!(c.agent.backend, kernelvisor::config::BackendKind::Dummy);
     assert_eq!(c.resource.mem.unwrap().0, 2 << 30);
     assert_eq!(c.container.scratch_size.unwrap().0, 512 << 20);
@@ -143,6 +148,10 @@ fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
         ),
         ("[container]\nscratch-rooot = \"/x\"\n", "scratch-rooot"),
         ("[agent]\non-shutdown = \"explode\"\n", "explode"),
+        (
+            "[container]\ndocker-host = \"tcp://10.0.0.1:2375\"\n",
+            "container.docker-host",
+        ),
     ] {
         let text = if text.starts_with("[agent]") {
             format!("{}\nid = \"a\"\n", text.trim_end())

@@ -229,14 +229,21 @@ fn restart_policy(db: Db, ports: u16) {
     let sid = s["session_id"].as_str().unwrap().to_owned();
     let s = wait_terminated(&c, &sid);
     assert_eq!(
-        (s["result"].as_str(), s["status_reason"].as_str(), s["exit_code"].as_i64()),
+        (
+            s["result"].as_str(),
+            s["status_reason"].as_str(),
+            s["exit_code"].as_i64()
+        ),
         (Some("SUCCESS"), Some("self-terminated"), Some(0)),
         "{s}"
     );
     assert_eq!(s["restart_count"].as_i64(), Some(2), "{s}");
     assert_eq!(s["restart_policy"]["mode"], "on-failure", "{s}");
     assert_eq!(s["restart_policy"]["max_restarts"], 3, "{s}");
-    assert!(s["stages"].is_null(), "an ended session has no live stages: {s}");
+    assert!(
+        s["stages"].is_null(),
+        "an ended session has no live stages: {s}"
+    );
 
     // A job that keeps failing ends at the limit.
     let doomed = create(
@@ -246,8 +253,18 @@ fn restart_policy(db: Db, ports: u16) {
     );
     let doomed = wait_terminated(&c, doomed["session_id"].as_str().unwrap());
     assert_eq!(
-        (doomed["result"].as_str(), doomed["status_reason"].as_str(), doomed["exit_code"].as_i64(), doomed["restart_count"].as_i64()),
-        (Some("FAILURE"), Some("restart-limit-exceeded"), Some(2), Some(1)),
+        (
+            doomed["result"].as_str(),
+            doomed["status_reason"].as_str(),
+            doomed["exit_code"].as_i64(),
+            doomed["restart_count"].as_i64()
+        ),
+        (
+            Some("FAILURE"),
+            Some("restart-limit-exceeded"),
+            Some(2),
+            Some(1)
+        ),
         "{doomed}"
     );
 
@@ -277,7 +294,10 @@ fn restart_policy(db: Db, ports: u16) {
         ],
         "{got}"
     );
-    assert!(got["stages"][5]["setup_seconds"].as_f64().is_some(), "{got}");
+    assert!(
+        got["stages"][5]["setup_seconds"].as_f64().is_some(),
+        "{got}"
+    );
     assert_eq!(got["restart_policy"]["mode"], "never", "the default: {got}");
     assert_eq!(got["restart_count"], 0);
     assert_eq!(c.delete(&format!("/v1/sessions/{lid}")).status, 200);

@@ -19,6 +19,8 @@ pub struct AgentContext {
     pub config: AgentConfig,
     /// The container engine.
     pub backend: Arc<dyn ContainerBackend>,
+    /// Whether the engine answers (the exit watcher probes it; `health` reports it).
+    pub engine: Arc<super::engine::EngineHealth>,
     /// Resource slots (capacity net of reservations).
     pub slots: Mutex<SlotAllocator>,
     /// Host ports of `[container] port-range`.

@@ -237,18 +237,21 @@ impl LogStore {
                 }
                 since = unix_now();
                 // A restarted container is followed again; a stopped or removed one ends it.
-                match backend.inspect_container(&container_id).await {
-                    Ok(Some(s)) if s.running => {
-                        // The stream ended under a running container (a restart in progress, an
-                        // engine hiccup, or a backend without logs): ask again, not in a tight loop.
-                        tokio::select! {
-                            _ = tokio::time::sleep(pause) => {}
-                            _ = gone.notified() => break,
-                        }
-                        pause = (pause * 2).min(Duration::from_secs(30));
-                    }
+                // While the engine is unreachable (restarting: with live-restore the container
+                // is still there when it is back) it is asked again every 5 s at most, and the
+                // output written meanwhile is taken from `since` on.
+                let longest = match backend.inspect_container(&container_id).await {
+                    // The stream ended under a running container (a restart in progress, an
+                    // engine hiccup, or a backend without logs): ask again, not in a tight loop.
+                    Ok(Some(s)) if s.running => Duration::from_secs(30),
+                    Err(e) if e.is_unavailable() => Duration::from_secs(5),
                     _ => break,
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = gone.notified() => break,
                 }
+                pause = (pause * 2).min(longest);
             }
             log.active.store(false, Ordering::SeqCst);
             log.grew.notify_waiters();

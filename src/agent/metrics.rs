@@ -58,6 +58,7 @@ pub struct AgentMetrics {
     outbox_depth: IntGauge,
     exec_runs: IntGauge,
     exec_buffered: IntGauge,
+    engine_up: IntGauge,
     outbox_capacity: IntGauge,
     outbox_dropped: IntCounterVec,
     events_sent: IntCounterVec,
@@ -163,6 +164,10 @@ impl AgentMetrics {
         let exec_buffered = int_gauge(
             "kernelvisor_exec_buffered_bytes",
             "Unread execute output held over all runs (each at most [agent] exec-buffer-size)",
+        );
+        let engine_up = int_gauge(
+            "kernelvisor_agent_engine_up",
+            "1 while the container engine answers, 0 while the agent sees it down",
         );
         AgentMetrics {
             agent_id: agent_id.to_owned(),
@@ -309,6 +314,7 @@ impl AgentMetrics {
             outbox_capacity,
             exec_runs,
             exec_buffered,
+            engine_up,
             kernel_series: Mutex::new(HashMap::new()),
             families: r,
         }
@@ -488,6 +494,11 @@ impl AgentMetrics {
     pub fn exec_runs(&self, runs: usize, buffered: usize) {
         self.exec_runs.set(runs as i64);
         self.exec_buffered.set(buffered as i64);
+    }
+
+    /// The container engine answers (`true`) or not (`kernelvisor_agent_engine_up`).
+    pub fn engine_up(&self, up: bool) {
+        self.engine_up.set(i64::from(up));
     }
 
     /// `n` events dropped by a full outbox; `policy` says which (`superseded`, `newest`).

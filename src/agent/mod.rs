@@ -5,7 +5,7 @@
 //! ├─ event-sender     outbox → manager's event intake, until acked      ┐ with a [manager]
 //! ├─ outbox-writer    events → durable SQLite outbox (outbox.rs)        ┘ section only
 //! ├─ kernels          KernelRegistry + one_for_one Supervisor of Kernel actors (registry.rs, kernel/)
-//! ├─ watcher          engine events → ContainerExited (watcher.rs)
+//! ├─ watcher          engine events → ContainerExited; engine health probes (watcher.rs, engine.rs)
 //! ├─ stats            node / container / GPU sampling → gauges (stats/)
 //! ├─ metrics          Prometheus text on [agent] service-addr /metrics (metrics_server.rs)
 //! ├─ heartbeat        every heartbeat-interval to the manager (heartbeat.rs)
@@ -21,6 +21,7 @@
 pub mod backend;
 pub mod context;
 pub mod dangling;
+pub mod engine;
 pub mod event_sender;
 pub mod events;
 pub mod exec;
@@ -101,10 +102,13 @@ fn rpc_server_at(
 
 /// The container backend `[agent] backend` names.
 ///
-/// Errors: the Docker engine cannot be reached.
+/// Errors: the Docker engine (`[container] docker-host`, else the local default) cannot be
+/// reached.
 pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn ContainerBackend>> {
     Ok(match config.agent.backend {
-        BackendKind::Docker => Arc::new(DockerBackend::connect().await?),
+        BackendKind::Docker => {
+            Arc::new(DockerBackend::connect_to(config.container.docker_host.as_deref()).await?)
+        }
         BackendKind::Dummy => {
             let d = &config.dummy;
             let s = Duration::from_secs_f64;
@@ -211,6 +215,7 @@ impl Agent {
                 c.port_reuse_cooldown.0,
             )),
             backend,
+            engine: Arc::new(engine::EngineHealth::new(Some(metrics.clone()))),
             store: store.clone(),
             events,
             metrics: metrics.clone(),

@@ -1,49 +1,92 @@
 //! The exit watcher: the engine's event stream → [`ContainerExited`] (and [`ContainerOom`]) to
-//! the registry.
+//! the registry, and the engine's health ([`super::engine`]).
 //!
-//! On every (re)subscription, and every 30 s, it also asks the registry to reconcile, so an
-//! exit missed while the stream was down is still handled.
+//! It subscribes only once a probe says the engine answers, then asks the registry to
+//! reconcile (so an exit missed while the stream was down is still handled: after an engine
+//! restart, a container that survived it is kept, one that died is handled by its kernel), and
+//! again every 30 s. While subscribed it probes the engine every
+//! [`PROBE_INTERVAL`](super::engine::PROBE_INTERVAL); a failed probe or a stream that fails or
+//! ends marks the engine down, and it probes again after a backoff (0.5 s doubling to 5 s)
+//! until the engine is back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
 use futures::StreamExt;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use super::backend::labels;
 use super::context::AgentContext;
+use super::engine::{probe, PROBE_INTERVAL};
 use super::registry::{ContainerExited, ContainerOom, KernelRegistry, Reconcile};
 
-/// Watches until the registry is gone; reconnects with backoff (1 s doubling to 30 s).
+/// First wait before probing again after the stream failed or a probe did.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
+
+/// Longest wait between probes while the engine is down: how late, at most, the agent sees
+/// the engine back (plus one probe).
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A subscription that lasted this long was healthy: the next failure starts the backoff over.
+const HEALTHY_SUBSCRIPTION: Duration = Duration::from_secs(30);
+
+/// Seconds between reconciliations while subscribed.
+const RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Watches until the registry is gone.
 pub async fn watch_exits(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>) {
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = BACKOFF_MIN;
     while registry.connected() {
-        let mut exits = ctx.backend.exits(labels::AGENT_ID, &ctx.agent_id);
-        registry.do_send(Reconcile);
-        let mut tick = tokio::time::interval(Duration::from_secs(30));
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                item = exits.next() => match item {
-                    Some(Ok(exit)) => {
-                        backoff = Duration::from_secs(1);
-                        if exit.oom {
-                            registry.do_send(ContainerOom(exit.container_id));
-                        } else {
-                            registry.do_send(ContainerExited(exit.container_id));
-                        }
-                    }
-                    Some(Err(e)) => {
-                        ctx.metrics.lifecycle_sync(Err("EventStreamError"));
-                        tracing::warn!(agent_id = %ctx.agent_id, error = %e, "container event stream failed; resubscribing");
-                        break;
-                    }
-                    None => break,
-                },
-                _ = tick.tick() => registry.do_send(Reconcile),
+        if probe(&*ctx.backend, &ctx.engine).await {
+            let subscribed = Instant::now();
+            follow(&ctx, &registry).await;
+            if subscribed.elapsed() >= HEALTHY_SUBSCRIPTION {
+                backoff = BACKOFF_MIN;
             }
+            // Ended or failed: say at once whether the engine is still there.
+            probe(&*ctx.backend, &ctx.engine).await;
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// One subscription: exits to the registry until the stream fails or ends, a probe fails, or
+/// the registry is gone.
+async fn follow(ctx: &AgentContext, registry: &Addr<KernelRegistry>) {
+    let mut exits = ctx.backend.exits(labels::AGENT_ID, &ctx.agent_id);
+    registry.do_send(Reconcile);
+    let mut reconcile =
+        tokio::time::interval_at(Instant::now() + RECONCILE_INTERVAL, RECONCILE_INTERVAL);
+    let mut probe_tick = tokio::time::interval_at(Instant::now() + PROBE_INTERVAL, PROBE_INTERVAL);
+    probe_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    while registry.connected() {
+        tokio::select! {
+            item = exits.next() => match item {
+                Some(Ok(exit)) => {
+                    if exit.oom {
+                        registry.do_send(ContainerOom(exit.container_id));
+                    } else {
+                        registry.do_send(ContainerExited(exit.container_id));
+                    }
+                }
+                Some(Err(e)) => {
+                    ctx.metrics.lifecycle_sync(Err("EventStreamError"));
+                    tracing::warn!(agent_id = %ctx.agent_id, error = %e, "container event stream failed; resubscribing");
+                    if e.is_unavailable() {
+                        ctx.engine.mark_down(&e.to_string());
+                    }
+                    return;
+                }
+                None => return,
+            },
+            _ = reconcile.tick() => registry.do_send(Reconcile),
+            _ = probe_tick.tick() => {
+                if !probe(&*ctx.backend, &ctx.engine).await {
+                    return;
+                }
+            }
+        }
     }
 }

@@ -91,6 +91,9 @@ pub struct ContainerSection {
     pub kernel_uid: u32,
     /// See `kernel-uid`.
     pub kernel_gid: u32,
+    /// The Docker engine's socket, `unix:///path/docker.sock` (or the bare path). Default: none,
+    /// and the local default is used (`DOCKER_HOST`, else `/var/run/docker.sock`).
+    pub docker_host: Option<String>,
 }
 
 impl Default for ContainerSection {
@@ -110,6 +113,7 @@ impl Default for ContainerSection {
             advertised_host: None,
             kernel_uid: 1000,
             kernel_gid: 1000,
+            docker_host: None,
         }
     }
 }
@@ -352,6 +356,15 @@ impl AgentConfig {
                 "container.port-range",
                 format!("[{lo}, {hi}] is not a range of ports"),
             ));
+        }
+        if let Some(h) = &self.container.docker_host {
+            let path = h.strip_prefix("unix://").unwrap_or(h);
+            if !path.starts_with('/') {
+                return Err(ConfigError::Invalid(
+                    "container.docker-host",
+                    format!("{h:?} is not a Unix socket (unix:///path/docker.sock)"),
+                ));
+            }
         }
         let r = &self.resource;
         if !(r.reserved_cpu.is_finite() && r.reserved_cpu >= 0.0) {

@@ -58,6 +58,10 @@ pub fn agent_error(e: &AgentCallError) -> ManagerError {
                 ManagerError::InvalidRequest(meta.repr.clone())
             }
             "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),
+            // The agent answers but its Docker engine does not: transient, like a lost agent.
+            "ContainerEngineUnavailable" => {
+                ManagerError::AgentUnavailable(format!("container engine: {}", meta.repr))
+            }
             "ServiceNotFound" => ManagerError::ServiceNotFound(meta.repr.clone()),
             "ServiceStartFailed" => ManagerError::ServiceFailed {
                 message: meta.repr.clone(),

@@ -149,8 +149,8 @@ impl RestartPolicy {
     ///
     /// Errors: a message naming the field, for an unknown key, a wrong type or a bound.
     pub fn from_value(v: &rmpv::Value) -> Result<RestartPolicy, String> {
-        let policy: RestartPolicy = serde_json::from_value(json_of(v))
-            .map_err(|e| format!("`restart_policy`: {e}"))?;
+        let policy: RestartPolicy =
+            serde_json::from_value(json_of(v)).map_err(|e| format!("`restart_policy`: {e}"))?;
         policy.check()?;
         Ok(policy)
     }

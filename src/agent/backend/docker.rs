@@ -26,18 +26,47 @@ use super::{
     PortMapping, PullProgress,
 };
 
-/// The local Docker engine (its default socket, or `DOCKER_HOST`), API version negotiated.
+/// The local Docker engine (its default socket, `DOCKER_HOST`, or `[container] docker-host`),
+/// API version negotiated.
 #[derive(Clone, Debug)]
 pub struct DockerBackend {
     docker: Docker,
 }
 
+/// Seconds a request may wait for the engine's response headers (bollard's own default).
+/// Streamed bodies (logs, events, exec output, archives) are not bounded by it. A dead engine
+/// fails a request at once (connection refused); a hung one is caught sooner by the
+/// engine-health probe, whose ping waits 2 s.
+const REQUEST_TIMEOUT_SECS: u64 = 120;
+
 impl DockerBackend {
-    /// Connects to the local engine and negotiates the API version with it.
+    /// Connects to the local engine (the default socket, or `DOCKER_HOST`) and negotiates the
+    /// API version with it.
     ///
-    /// Errors: [`BackendError::Engine`] when no engine answers.
+    /// Errors: [`BackendError::Unavailable`] when no engine answers.
     pub async fn connect() -> Result<DockerBackend, BackendError> {
-        let docker = Docker::connect_with_local_defaults().map_err(engine)?;
+        DockerBackend::connect_to(None).await
+    }
+
+    /// Connects to the engine at `host` (`unix:///path/docker.sock`, or the socket's path),
+    /// or the local default (`DOCKER_HOST` honoured) when `None`, and negotiates the API
+    /// version with it.
+    ///
+    /// Errors: [`BackendError::Unavailable`] when no engine answers there; `Engine` for a
+    /// `host` that is not a Unix socket.
+    pub async fn connect_to(host: Option<&str>) -> Result<DockerBackend, BackendError> {
+        let docker = match host {
+            None => Docker::connect_with_local_defaults(),
+            Some(h) if h.starts_with("unix://") || h.starts_with('/') => {
+                Docker::connect_with_unix(h, REQUEST_TIMEOUT_SECS, bollard::API_DEFAULT_VERSION)
+            }
+            Some(h) => {
+                return Err(BackendError::Engine(format!(
+                    "docker-host {h:?}: only unix:// sockets are supported"
+                )))
+            }
+        }
+        .map_err(engine)?;
         let docker = docker.negotiate_version().await.map_err(engine)?;
         Ok(DockerBackend { docker })
     }
@@ -48,8 +77,79 @@ impl DockerBackend {
     }
 }
 
+/// A bollard error as a [`BackendError`]: [`BackendError::Unavailable`] when the engine could
+/// not be reached (see [`unreachable`]), `Engine` otherwise; the message carries the error's
+/// causes (`error trying to connect: Connection refused (os error 111)`).
 fn engine(e: DockerError) -> BackendError {
-    BackendError::Engine(e.to_string())
+    let message = describe(&e);
+    if unreachable(&e) {
+        BackendError::Unavailable(message)
+    } else {
+        BackendError::Engine(message)
+    }
+}
+
+/// `e` and its causes, `: `-separated, each once.
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = err.source();
+    }
+    parts.join(": ")
+}
+
+/// Whether `e` means the engine could not be reached at all, rather than refused the request:
+/// no socket, connection refused or reset, the connection closed mid-request, a request
+/// timeout. A response from the engine (any status) is never one.
+fn unreachable(e: &DockerError) -> bool {
+    match e {
+        DockerError::DockerResponseServerError { .. } => false,
+        DockerError::RequestTimeoutError | DockerError::SocketNotFoundError(_) => true,
+        DockerError::HyperResponseError { err }
+            if err.is_closed() || err.is_incomplete_message() || err.is_canceled() =>
+        {
+            true
+        }
+        DockerError::HyperLegacyError { err } if err.is_connect() => true,
+        DockerError::IOError { err } => lost_connection(err) || io_unreachable(err),
+        _ => io_unreachable(e),
+    }
+}
+
+/// An I/O error of a missing socket, or a refused or lost connection.
+fn lost_connection(io: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        io.kind(),
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | BrokenPipe
+            | UnexpectedEof
+            | TimedOut
+            | NotFound
+    )
+}
+
+/// A [`lost_connection`] I/O error somewhere in `e`'s causes.
+fn io_unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(lost_connection)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn status(e: &DockerError) -> Option<u16> {
@@ -170,6 +270,17 @@ fn kill_tree(pid: i32) {
 impl ContainerBackend for DockerBackend {
     fn kind(&self) -> &'static str {
         "docker"
+    }
+
+    async fn ping(&self, timeout: Duration) -> Result<(), BackendError> {
+        match tokio::time::timeout(timeout, self.docker.ping()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(engine(e)),
+            Err(_) => Err(BackendError::Unavailable(format!(
+                "no answer to ping within {} ms",
+                timeout.as_millis()
+            ))),
+        }
     }
 
     async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError> {
@@ -735,6 +846,70 @@ mod tests {
         assert_eq!(with_tag("a@sha256:00"), "a@sha256:00");
         assert_eq!(listed_exit_code("Exited (137) 5 seconds ago"), Some(137));
         assert_eq!(listed_exit_code("Up 3 minutes"), None);
+    }
+
+    #[test]
+    fn unreachable_engines_are_told_from_refusals() {
+        let io = |kind| DockerError::IOError {
+            err: std::io::Error::from(kind),
+        };
+        for e in [
+            io(std::io::ErrorKind::ConnectionRefused),
+            io(std::io::ErrorKind::ConnectionReset),
+            io(std::io::ErrorKind::NotFound),
+            DockerError::RequestTimeoutError,
+            DockerError::SocketNotFoundError("/x.sock".into()),
+        ] {
+            assert!(engine(e).is_unavailable());
+        }
+        for e in [
+            DockerError::DockerResponseServerError {
+                status_code: 500,
+                message: "connection refused by the registry".into(),
+            },
+            DockerError::DockerResponseServerError {
+                status_code: 409,
+                message: "conflict".into(),
+            },
+            io(std::io::ErrorKind::InvalidData),
+        ] {
+            assert!(!engine(e).is_unavailable());
+        }
+    }
+
+    /// A socket nobody listens on (an engine that was SIGKILLed leaves its socket file):
+    /// refused at once, as `Unavailable`, by the probe and by an ordinary call; a missing
+    /// socket refuses the connection.
+    #[tokio::test]
+    async fn a_dead_engine_fails_fast_as_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("docker.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        let docker = Docker::connect_with_unix(
+            sock.to_str().unwrap(),
+            REQUEST_TIMEOUT_SECS,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .unwrap();
+        let backend = DockerBackend { docker };
+        let started = std::time::Instant::now();
+        let e = backend.ping(Duration::from_secs(2)).await.unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        let e = backend.inspect_container("c").await.unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        assert!(e.to_string().contains("refused"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        std::fs::remove_file(&sock).unwrap();
+        let e = backend.list_containers("k", "v").await.unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        let e = DockerBackend::connect_to(Some(&format!("unix://{}", sock.display())))
+            .await
+            .unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        let e = DockerBackend::connect_to(Some("tcp://127.0.0.1:2375"))
+            .await
+            .unwrap_err();
+        assert!(!e.is_unavailable(), "{e}");
     }
 
     #[test]

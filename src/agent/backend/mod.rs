@@ -50,10 +50,26 @@ pub enum BackendError {
     /// No such path in the container (archive API).
     #[error("no such file or directory in the container: {0}")]
     PathNotFound(String),
-    /// The engine refused the request or could not be reached.
+    /// The engine cannot be reached: its socket is missing, refuses connections, the
+    /// connection broke mid-request, or it did not answer in time. Transient: the engine is
+    /// down or restarting (FAILURE name `ContainerEngineUnavailable`).
+    #[error("container engine unavailable: {0}")]
+    Unavailable(String),
+    /// The engine refused the request (or failed it for another reason).
     #[error("{0}")]
     Engine(String),
 }
+
+impl BackendError {
+    /// `true` for [`BackendError::Unavailable`]: the engine itself is unreachable, not this
+    /// request wrong.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, BackendError::Unavailable(_))
+    }
+}
+
+/// The FAILURE name of every operation refused because the engine is unreachable.
+pub const ENGINE_UNAVAILABLE: &str = "ContainerEngineUnavailable";
 
 /// A local image.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -280,6 +296,16 @@ pub struct ExecStatus {
 pub trait ContainerBackend: Send + Sync + 'static {
     /// `"docker"` or `"dummy"`.
     fn kind(&self) -> &'static str;
+
+    /// Asks the engine whether it answers, waiting at most `timeout`; the engine-health probe
+    /// (see [`crate::agent::engine`]). The dummy engine always answers.
+    ///
+    /// Errors: [`BackendError::Unavailable`] when it cannot be reached or does not answer in
+    /// time; `Engine` when it answers with an error.
+    async fn ping(&self, timeout: Duration) -> Result<(), BackendError> {
+        let _ = timeout;
+        Ok(())
+    }
 
     /// The local image `reference`, or `None` when absent.
     async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError>;

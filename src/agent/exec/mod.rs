@@ -99,6 +99,9 @@ impl RunError {
             RunError::NoStdin(_) => "RunHasNoStdin",
             RunError::Exists(_) => "RunExists",
             RunError::Stdin(..) => "RunStdinClosed",
+            RunError::Engine(crate::agent::backend::BackendError::Unavailable(_)) => {
+                crate::agent::backend::ENGINE_UNAVAILABLE
+            }
             RunError::Engine(_) => "ContainerEngineError",
         }
     }

@@ -70,6 +70,7 @@ impl FileError {
             FileError::TooLarge(_) => "FileTooLarge",
             FileError::SizeMismatch(_) => "UploadSizeMismatch",
             FileError::Engine(BackendError::ContainerNotFound(_)) => "KernelNotRunning",
+            FileError::Engine(BackendError::Unavailable(_)) => "ContainerEngineUnavailable",
             FileError::Engine(_) => "ContainerEngineError",
         }
     }

@@ -29,6 +29,10 @@ pub enum KernelError {
     /// The container engine failed (`ContainerEngineError`).
     #[error("container engine: {0}")]
     Engine(String),
+    /// The container engine cannot be reached: down or restarting (`ContainerEngineUnavailable`).
+    /// Transient; nothing of the operation was left behind.
+    #[error("container engine unavailable: {0}")]
+    EngineUnavailable(String),
     /// A stage failed during creation; `name` is the inner error's name, the message names the
     /// stage (`stage `ports`: resource exhausted: …`).
     #[error("stage `{stage}` failed: {source}")]
@@ -50,6 +54,7 @@ impl KernelError {
             KernelError::ImageNotFound(_) => "ImageNotFound",
             KernelError::NotRunning(..) => "KernelNotRunning",
             KernelError::Engine(_) => "ContainerEngineError",
+            KernelError::EngineUnavailable(_) => crate::agent::backend::ENGINE_UNAVAILABLE,
             KernelError::Stage { source, .. } => source.name(),
         }
     }
@@ -79,6 +84,7 @@ impl From<BackendError> for KernelError {
     fn from(e: BackendError) -> Self {
         match e {
             BackendError::ImageNotFound(i) => KernelError::ImageNotFound(i),
+            BackendError::Unavailable(e) => KernelError::EngineUnavailable(e),
             other => KernelError::Engine(other.to_string()),
         }
     }

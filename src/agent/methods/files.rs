@@ -231,16 +231,25 @@ pub fn register(
     let (r, c) = (registry.clone(), ctx.clone());
     dispatcher.register("upload_file", move |call| {
         let (r, c) = (r.clone(), c.clone());
-        async move { upload(&c, &r, call).await }
+        async move {
+            c.engine.check()?;
+            upload(&c, &r, call).await
+        }
     });
     let (r, c) = (registry.clone(), ctx.clone());
     dispatcher.register("download_single", move |call| {
         let (r, c) = (r.clone(), c.clone());
-        async move { download(&c, &r, call).await }
+        async move {
+            c.engine.check()?;
+            download(&c, &r, call).await
+        }
     });
     let (r, c) = (registry, ctx);
     dispatcher.register("list_files", move |call| {
         let (r, c) = (r.clone(), c.clone());
-        async move { list(&c, &r, call).await }
+        async move {
+            c.engine.check()?;
+            list(&c, &r, call).await
+        }
     });
 }

@@ -5,7 +5,9 @@
 //!
 //! Typed errors cross the wire as FAILURE with stable names: `KernelNotFound`,
 //! `ResourceExhausted`, `ImageNotFound`, `InvalidKernelConfig`, `KernelNotRunning`,
-//! `ContainerEngineError`, `UnsupportedExecutionMode`, and for runs `RunNotFound`,
+//! `ContainerEngineError`, `ContainerEngineUnavailable` (the engine is down or restarting:
+//! refused at once while the agent knows it is down, see [`crate::agent::engine`]),
+//! `UnsupportedExecutionMode`, and for runs `RunNotFound`,
 //! `RunHasNoStdin`, `RunExists`, `RunStdinClosed`; `LogsNotFound` for `get_logs`.
 
 use std::sync::Arc;
@@ -15,7 +17,9 @@ use actix::Addr;
 use rmpv::Value;
 
 use super::args::{arg, lookup, mailbox, running, str_arg, type_error};
+use crate::agent::backend::{BackendError, ENGINE_UNAVAILABLE};
 use crate::agent::context::AgentContext;
+use crate::agent::engine::probe;
 use crate::agent::events::AgentEvent;
 use crate::agent::exec::{RunError, RunIds, RunRequest};
 use crate::agent::kernel::{KernelConfig, KernelError, KernelStatus};
@@ -36,9 +40,9 @@ pub fn register(
     let agent_id = ctx.agent_id.clone();
 
     // create_kernels(session_id, kernel_ids, configs) → [kernel info]
-    let (r, a) = (registry.clone(), agent_id.clone());
+    let (r, a, c) = (registry.clone(), agent_id.clone(), ctx.clone());
     dispatcher.register("create_kernels", move |call| {
-        let (r, a) = (r.clone(), a.clone());
+        let (r, a, c) = (r.clone(), a.clone(), c.clone());
         async move {
             let session_id = str_arg(&call, 0, "session_id")?;
             let ids = arg(&call, 1, "kernel_ids")?
@@ -69,6 +73,12 @@ pub fn register(
                 })?;
                 kernels.push((id, config));
             }
+            // Refused at once while the engine is down, and within a probe's timeout when it
+            // hangs without the watcher having noticed yet: nothing is reserved or recorded.
+            if c.engine.is_up() {
+                probe(&*c.backend, &c.engine).await;
+            }
+            c.engine.check()?;
             let infos = r
                 .send(CreateKernels {
                     session_id,
@@ -76,17 +86,20 @@ pub fn register(
                 })
                 .await
                 .map_err(mailbox)?
-                .map_err(|e| e.to_meta())?;
+                .map_err(|e| kernel_err(&c, e))?;
             Ok(Value::Array(infos.iter().map(|i| i.to_value(&a)).collect()))
         }
     });
 
     // destroy_kernel(kernel_id, session_id, reason=None, suppress_events=False) → None
-    let r = registry.clone();
+    // Refused while the engine is down (the kernel stays as it is, to be destroyed later):
+    // a teardown now would leave its container behind.
+    let (r, c) = (registry.clone(), ctx.clone());
     dispatcher.register("destroy_kernel", move |call| {
-        let r = r.clone();
+        let (r, c) = (r.clone(), c.clone());
         async move {
             let kernel_id = str_arg(&call, 0, "kernel_id")?;
+            c.engine.check()?;
             let reason = call
                 .arg(2, "reason")
                 .and_then(Value::as_str)
@@ -109,16 +122,17 @@ pub fn register(
     });
 
     // restart_kernel(session_id, kernel_id, …) → kernel info
-    let (r, a) = (registry.clone(), agent_id.clone());
+    let (r, a, c) = (registry.clone(), agent_id.clone(), ctx.clone());
     dispatcher.register("restart_kernel", move |call| {
-        let (r, a) = (r.clone(), a.clone());
+        let (r, a, c) = (r.clone(), a.clone(), c.clone());
         async move {
             let kernel_id = str_arg(&call, 1, "kernel_id")?;
+            c.engine.check()?;
             let info = r
                 .send(RestartKernel(kernel_id))
                 .await
                 .map_err(mailbox)?
-                .map_err(|e| e.to_meta())?;
+                .map_err(|e| kernel_err(&c, e))?;
             Ok(info.to_value(&a))
         }
     });
@@ -140,10 +154,11 @@ pub fn register(
         let (r, c) = (r.clone(), c.clone());
         async move {
             let info = running(&r, &str_arg(&call, 0, "kernel_id")?).await?;
+            c.engine.check()?;
             c.backend
                 .signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT")
                 .await
-                .map_err(|e| KernelError::from(e).to_meta())?;
+                .map_err(|e| backend_err(&c, e))?;
             Ok(Value::Nil)
         }
     });
@@ -171,12 +186,14 @@ pub fn register(
             async move {
                 let info = lookup(&r, &str_arg(&call, 0, "kernel_id")?).await?;
                 let running = match (info.status, &info.container_id) {
-                    (KernelStatus::Running, Some(id)) => c
-                        .backend
-                        .inspect_container(id)
-                        .await
-                        .map_err(|e| KernelError::from(e).to_meta())?
-                        .is_some_and(|s| s.running),
+                    (KernelStatus::Running, Some(id)) => {
+                        c.engine.check()?;
+                        c.backend
+                            .inspect_container(id)
+                            .await
+                            .map_err(|e| backend_err(&c, e))?
+                            .is_some_and(|s| s.running)
+                    }
                     _ => false,
                 };
                 Ok(running.into())
@@ -216,7 +233,10 @@ pub fn register(
                     });
                 }
             }
-            r.do_send(Reconcile);
+            // While the engine is down the watcher reconciles once it is back.
+            if c.engine.is_up() {
+                r.do_send(Reconcile);
+            }
             Ok(Value::Map(vec![(
                 "kernels".into(),
                 Value::Array(ours.iter().map(|k| k.to_value(&a)).collect()),
@@ -225,10 +245,12 @@ pub fn register(
     });
 
     // reset_agent() → {"destroyed": n}: every kernel destroyed, no termination events.
-    let r = registry.clone();
+    // Refused while the engine is down, as `destroy_kernel` is.
+    let (r, c) = (registry.clone(), ctx.clone());
     dispatcher.register("reset_agent", move |_| {
-        let r = r.clone();
+        let (r, c) = (r.clone(), c.clone());
         async move {
+            c.engine.check()?;
             let n = r.send(ResetAgent).await.map_err(mailbox)?;
             Ok(Value::Map(vec![("destroyed".into(), (n as u64).into())]))
         }
@@ -267,6 +289,21 @@ fn seconds(v: Option<&Value>) -> Option<Duration> {
         .and_then(|t| Duration::try_from_secs_f64(t).ok())
 }
 
+/// A backend error as a FAILURE; an unreachable engine is recorded as down on the way (the
+/// watcher's next probe says when it is back).
+fn backend_err(ctx: &AgentContext, e: BackendError) -> ErrorMeta {
+    kernel_err(ctx, KernelError::from(e))
+}
+
+/// A kernel error as a FAILURE; `ContainerEngineUnavailable` marks the engine down.
+fn kernel_err(ctx: &AgentContext, e: KernelError) -> ErrorMeta {
+    let meta = e.to_meta();
+    if meta.name == ENGINE_UNAVAILABLE {
+        ctx.engine.mark_down(&e.to_string());
+    }
+    meta
+}
+
 fn run_error(e: RunError) -> ErrorMeta {
     ErrorMeta::new(e.name(), e.to_string())
 }
@@ -285,7 +322,8 @@ const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 /// `{"runId", "status": "continued" | "finished" | "exec-timeout", "exitCode", "console": [[stream, text]], "options": {}}`.
 ///
 /// Errors: `KernelNotFound`, `KernelNotRunning` (query), `RunNotFound`, `RunHasNoStdin`,
-/// `RunExists`, `RunStdinClosed`, `UnsupportedExecutionMode`, `ContainerEngineError`.
+/// `RunExists`, `RunStdinClosed`, `UnsupportedExecutionMode`, `ContainerEngineError`,
+/// `ContainerEngineUnavailable` (query, while the engine is down).
 async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Call) -> Res {
     let kernel_id = str_arg(call, 1, "kernel_id")?;
     let run_id = call
@@ -308,6 +346,7 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
         "query" | "batch" => {
             let code = str_arg(call, 5, "code")?;
             let info = running(registry, &kernel_id).await?;
+            ctx.engine.check()?;
             let interpreter = info.runtime_path.clone().unwrap_or_else(|| "sh".into());
             let req = RunRequest {
                 ids: RunIds {
@@ -326,7 +365,7 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
                 .start(&ctx.backend, &ctx.events, req)
                 .await
                 .map_err(|e| match e {
-                    RunError::Engine(engine) => KernelError::from(engine).to_meta(),
+                    RunError::Engine(engine) => backend_err(ctx, engine),
                     other => run_error(other),
                 })?
         }

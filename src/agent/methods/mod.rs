@@ -16,54 +16,81 @@ use std::sync::Arc;
 use actix::Addr;
 
 use crate::agent::context::AgentContext;
+use crate::agent::engine::EngineHealth;
 use crate::agent::registry::KernelRegistry;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
 /// Registers every method that acts on kernels: the lifecycle ([`kernels`]), services
-/// ([`services`]), files ([`files`]) and dangling kernels ([`dangling`]).
+/// ([`services`]), files ([`files`]) and dangling kernels ([`dangling`]); and `health` again,
+/// now reporting the engine's health (see [`register_health`]).
 pub fn register_kernel_methods(
     dispatcher: &mut Dispatcher,
     ctx: Arc<AgentContext>,
     registry: Addr<KernelRegistry>,
 ) {
+    register_health(dispatcher, &ctx.agent_id, Some(ctx.engine.clone()));
     kernels::register(dispatcher, ctx.clone(), registry.clone());
     services::register(dispatcher, ctx.clone(), registry.clone());
     files::register(dispatcher, ctx.clone(), registry.clone());
     dangling::register(dispatcher, ctx, registry);
 }
 
-/// Registers `ping(msg)` (returns `msg`), `health()` and `gather_hwinfo()` on `dispatcher`.
-///
-/// `health()` returns `{"status": "ok", "agent_id": str, "version": str, "uptime_seconds": float}`.
+/// Registers `ping(msg)` (returns `msg`), `health()` and `gather_hwinfo()` on `dispatcher`;
+/// `health` as [`register_health`] without an engine (always `ok`).
 pub fn register(dispatcher: &mut Dispatcher, agent_id: &str) {
-    let started = Instant::now();
-    let agent_id = agent_id.to_owned();
+    register_health(dispatcher, agent_id, None);
     dispatcher
         .register("ping", |call| async move {
             call.arg(0, "msg").cloned().ok_or_else(|| {
                 ErrorMeta::new("TypeError", "ping() missing required argument: 'msg'")
             })
         })
-        .register("health", move |_| {
-            let agent_id = agent_id.clone();
-            async move {
-                Ok(Value::Map(vec![
-                    (Value::from("status"), Value::from("ok")),
-                    (Value::from("agent_id"), Value::from(agent_id)),
-                    (
-                        Value::from("version"),
-                        Value::from(env!("CARGO_PKG_VERSION")),
-                    ),
-                    (
-                        Value::from("uptime_seconds"),
-                        Value::from(started.elapsed().as_secs_f64()),
-                    ),
-                ]))
-            }
-        })
         .register("gather_hwinfo", |_| async {
             tokio::task::spawn_blocking(super::hwinfo::gather)
                 .await
                 .map_err(|e| ErrorMeta::new("HardwareProbeFailed", e.to_string()))
         });
+}
+
+/// Registers (or replaces) `health()`, which returns
+/// `{"status": "ok" | "degraded", "agent_id": str, "version": str, "uptime_seconds": float,
+/// "engine_error": str | nil, "engine_down_seconds": float | nil}`: `degraded` while `engine`
+/// says the container engine is down, with its error and how long it has been down (both nil
+/// while it is up, or without an `engine`). It never touches the engine itself, so it answers
+/// at once during an outage.
+pub fn register_health(
+    dispatcher: &mut Dispatcher,
+    agent_id: &str,
+    engine: Option<Arc<EngineHealth>>,
+) {
+    let started = Instant::now();
+    let agent_id = agent_id.to_owned();
+    dispatcher.register("health", move |_| {
+        let agent_id = agent_id.clone();
+        let down = engine.as_ref().and_then(|e| e.down());
+        async move {
+            let (status, error, down_for) = match down {
+                None => ("ok", Value::Nil, Value::Nil),
+                Some((error, for_)) => (
+                    "degraded",
+                    Value::from(error),
+                    Value::from(for_.as_secs_f64()),
+                ),
+            };
+            Ok(Value::Map(vec![
+                (Value::from("status"), Value::from(status)),
+                (Value::from("agent_id"), Value::from(agent_id)),
+                (
+                    Value::from("version"),
+                    Value::from(env!("CARGO_PKG_VERSION")),
+                ),
+                (
+                    Value::from("uptime_seconds"),
+                    Value::from(started.elapsed().as_secs_f64()),
+                ),
+                (Value::from("engine_error"), error),
+                (Value::from("engine_down_seconds"), down_for),
+            ]))
+        }
+    });
 }

@@ -65,6 +65,7 @@ pub fn register(
     dispatcher.register("start_service", move |call| {
         let (r, c) = (r.clone(), c.clone());
         async move {
+            c.engine.check()?;
             let t = target(&r, &call).await?;
             let name = str_arg(&call, 1, "service")?;
             let (outcome, sp) = c
@@ -91,6 +92,7 @@ pub fn register(
     dispatcher.register("shutdown_service", move |call| {
         let (r, c) = (r.clone(), c.clone());
         async move {
+            c.engine.check()?;
             let t = target(&r, &call).await?;
             let name = str_arg(&call, 1, "service")?;
             let sp = c
@@ -113,6 +115,7 @@ pub fn register(
     dispatcher.register("list_services", move |call| {
         let (r, c) = (r.clone(), c.clone());
         async move {
+            c.engine.check()?;
             let t = target(&r, &call).await?;
             let list = c.services.list(&c.backend, &t).await.map_err(to_meta)?;
             Ok(Value::Map(vec![(

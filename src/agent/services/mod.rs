@@ -58,6 +58,7 @@ impl ServiceError {
             ServiceError::NotFound(..) => "ServiceNotFound",
             ServiceError::StartFailed { .. } => "ServiceStartFailed",
             ServiceError::Engine(BackendError::ContainerNotFound(_)) => "KernelNotRunning",
+            ServiceError::Engine(BackendError::Unavailable(_)) => "ContainerEngineUnavailable",
             ServiceError::Engine(_) => "ContainerEngineError",
         }
     }
