@@ -325,11 +325,38 @@ pub struct CreateArgs {
     /// Batch sessions: end the job as FAILURE (reason batch-timeout) after this many seconds.
     #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds)]
     pub batch_timeout: Option<f64>,
+    /// Restart the container when it exits [default: never]: on-failure after a non-zero exit,
+    /// an OOM kill or a failing HEALTHCHECK (a batch job is retried); always after any exit.
+    #[arg(long = "restart", value_name = "MODE", value_enum)]
+    pub restart: Option<RestartMode>,
+    /// With --restart: at most this many restarts within --restart-window [default: 3]; one
+    /// more and the session ends with reason restart-limit-exceeded.
+    #[arg(long, value_name = "N", requires = "restart")]
+    pub max_restarts: Option<u32>,
+    /// With --restart: the window of --max-restarts, in seconds [default: 60].
+    #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds, requires = "restart")]
+    pub restart_window: Option<f64>,
+    /// With --restart: seconds before the first restart, doubling with each further one up to
+    /// 300 [default: 1].
+    #[arg(long, value_name = "SECS", value_parser = parse::seconds, requires = "restart")]
+    pub restart_backoff: Option<f64>,
+}
+
+/// `--restart`: the restart policy's mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RestartMode {
+    /// A container exit ends the session.
+    Never,
+    /// Restart after a failure.
+    OnFailure,
+    /// Restart after every exit.
+    Always,
 }
 
 impl CreateArgs {
     /// The `POST /v1/sessions` body; `access_key`, `environ`, `mounts` (`[{"name",
-    /// "permission"}]`), `type`, `command` and `batch_timeout` only when given.
+    /// "permission"}]`), `type`, `command`, `batch_timeout` and `restart_policy` (`{"mode", …}`
+    /// with the limits given) only when given.
     pub fn to_json(&self) -> Value {
         let mut body = json!({
             "image": self.image,
@@ -357,6 +384,23 @@ impl CreateArgs {
         }
         if let Some(t) = self.batch_timeout {
             body["batch_timeout"] = parse::seconds_json(t);
+        }
+        if let Some(mode) = self.restart {
+            let mut policy = json!({"mode": match mode {
+                RestartMode::Never => "never",
+                RestartMode::OnFailure => "on-failure",
+                RestartMode::Always => "always",
+            }});
+            if let Some(n) = self.max_restarts {
+                policy["max_restarts"] = json!(n);
+            }
+            if let Some(w) = self.restart_window {
+                policy["window"] = parse::seconds_json(w);
+            }
+            if let Some(b) = self.restart_backoff {
+                policy["backoff"] = parse::seconds_json(b);
+            }
+            body["restart_policy"] = policy;
         }
         body
     }
@@ -1001,6 +1045,39 @@ mod tests {
             CtlCommand::Session(SessionCommand::Create(c)) => Ok(*c),
             other => panic!("not create: {other:?}"),
         }
+    }
+
+    #[test]
+    fn create_restart_policy() {
+        let c = create(&[
+            "--restart",
+            "on-failure",
+            "--max-restarts",
+            "2",
+            "--restart-backoff",
+            "0.5",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.to_json()["restart_policy"],
+            json!({"mode": "on-failure", "max_restarts": 2, "backoff": 0.5})
+        );
+        assert_eq!(
+            create(&["--restart", "always", "--restart-window", "30"])
+                .unwrap()
+                .to_json()["restart_policy"],
+            json!({"mode": "always", "window": 30})
+        );
+        assert!(create(&[])
+            .unwrap()
+            .to_json()
+            .get("restart_policy")
+            .is_none());
+        assert!(
+            create(&["--max-restarts", "2"]).is_err(),
+            "limits need --restart"
+        );
+        assert!(create(&["--restart", "sometimes"]).is_err());
     }
 
     #[test]

@@ -199,6 +199,30 @@ pub fn session(s: &Value, now: f64) -> String {
     if slot(s, "resource_slots", "cuda.device").is_some() {
         pairs.push(("GPU", cores(slot(s, "resource_slots", "cuda.device"))));
     }
+    if let Some(p) = s.get("restart_policy").filter(|p| p["mode"] != "never") {
+        pairs.push((
+            "Restarts",
+            format!(
+                "{} ({}, at most {} in {}s)",
+                text(s, "restart_count"),
+                text(p, "mode"),
+                text(p, "max_restarts"),
+                cores(p.get("window"))
+            ),
+        ));
+    }
+    if let Some(stages) = s.get("stages").and_then(Value::as_array) {
+        let line: Vec<String> = stages
+            .iter()
+            .map(|st| match st.get("restarts").and_then(Value::as_u64) {
+                Some(n) if n > 0 => {
+                    format!("{} {} ({n} restarts)", text(st, "name"), text(st, "status"))
+                }
+                _ => format!("{} {}", text(st, "name"), text(st, "status")),
+            })
+            .collect();
+        pairs.push(("Stages", line.join(", ")));
+    }
     pairs.push(("Created", when(s, "created_at", now)));
     pairs.push(("Terminated", when(s, "terminated_at", now)));
     fields(&pairs)
@@ -646,6 +670,34 @@ pub(crate) mod tests {
         s["exit_code"] = json!(137);
         s["terminated_at"] = json!(NOW - 10.0);
         s
+    }
+
+    #[test]
+    fn session_restart_policy_and_stages() {
+        let mut s = live_session();
+        s["restart_policy"] =
+            json!({"mode": "on-failure", "max_restarts": 3, "window": 60, "backoff": 1});
+        s["restart_count"] = json!(2);
+        s["stages"] = json!([{"name": "image", "status": "ready", "restarts": 0, "setup_seconds": 0.1},
+                             {"name": "container", "status": "setting-up", "restarts": 2, "setup_seconds": 0.5}]);
+        let out = session(&s, NOW);
+        assert!(
+            out.contains("Restarts:   2 (on-failure, at most 3 in 60s)\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Stages:     image ready, container setting-up (2 restarts)\n"),
+            "{out}"
+        );
+        // `never` (the default) and an ended session (stages null) add no line.
+        s["restart_policy"] =
+            json!({"mode": "never", "max_restarts": 3, "window": 60, "backoff": 1});
+        s["stages"] = Value::Null;
+        let out = session(&s, NOW);
+        assert!(
+            !out.contains("Restarts") && !out.contains("Stages"),
+            "{out}"
+        );
     }
 
     #[test]
