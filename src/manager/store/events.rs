@@ -79,11 +79,8 @@ impl Store {
             } => {
                 set_result_in(&mut tx, kernel_id, result).await?;
             }
-            EventBody::KernelRestarting {
-                kernel_id,
-                restart_count,
-            } => {
-                restarting_in(&mut tx, kernel_id, *restart_count).await?;
+            EventBody::KernelRestarting { kernel_id, .. } => {
+                restarting_in(&mut tx, kernel_id).await?;
             }
             EventBody::KernelDangling { .. } | EventBody::Other { .. } => {}
         }

@@ -232,22 +232,20 @@ pub(super) async fn advance_in(
         > 0)
 }
 
-/// Records that a live kernel's container is restarting by its restart policy, the
-/// `restart_count`-th time, inside `tx`: status `RESTARTING` (from `RUNNING` or `RESTARTING`)
-/// and the count, which never goes down (a resent event changes nothing). Returns whether the
-/// row changed.
+/// Records that a live kernel's container is restarting by its restart policy, inside `tx`:
+/// status `RESTARTING` (from `CREATING`, `RUNNING` or `RESTARTING`) and one more restart (the
+/// event is applied once: ids are deduplicated). Counted here rather than taken from the event's
+/// `restart_count`, which starts again from 0 when the agent restarts. Returns whether the row
+/// changed.
 pub(super) async fn restarting_in(
     tx: &mut Transaction<'_, Any>,
     kernel_id: &str,
-    restart_count: i64,
 ) -> Result<bool, sqlx::Error> {
     Ok(sqlx::query(
         "UPDATE kernels SET status = CASE WHEN status IN ('RUNNING', 'RESTARTING', 'CREATING') THEN 'RESTARTING' ELSE status END, \
-         restart_count = CASE WHEN restart_count < $2 THEN $2 ELSE restart_count END \
-         WHERE id = $1 AND status <> 'TERMINATED' AND restart_count < $2",
+         restart_count = restart_count + 1 WHERE id = $1 AND status <> 'TERMINATED'",
     )
     .bind(kernel_id)
-    .bind(restart_count)
     .execute(&mut **tx)
     .await?
     .rows_affected()
