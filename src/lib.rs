@@ -9,4 +9,5 @@ pub mod ctl;
 pub mod manager;
 pub mod rpc;
 pub mod signals;
+pub mod slots;
 pub mod workload;
