@@ -266,6 +266,18 @@ impl Cluster {
     /// Adds an agent (Docker backend, CURVE, reporting to the manager) and starts it.
     /// `agent_extra` goes into `[agent]` (e.g. `on-shutdown = "terminate"`).
     pub fn add_agent(&mut self, name: &str, ports_lo: u16, agent_extra: &str) -> usize {
+        self.add_agent_with(name, ports_lo, agent_extra, "")
+    }
+
+    /// As [`Cluster::add_agent`], with `tail` appended to the config file (further tables, e.g.
+    /// `[[accelerator.mock.devices]]`).
+    pub fn add_agent_with(
+        &mut self,
+        name: &str,
+        ports_lo: u16,
+        agent_extra: &str,
+        tail: &str,
+    ) -> usize {
         let fixture = AgentFixture::new(name, ports_lo, 20);
         let keypair = KeyPair::generate().unwrap();
         let keys = fixture.dir.path().join("keys");
@@ -293,6 +305,7 @@ impl Cluster {
         );
         text.push_str(&format!("\n[manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {} }}\nheartbeat-interval = 1\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.intake_port));
         text = text.replace("[logging]\nlevel = \"warn\"", "[logging]\nlevel = \"info\"");
+        text.push_str(tail);
         let config = fixture.dir.path().join("agent.toml");
         std::fs::write(&config, text).unwrap();
         self.agents.push(ClusterAgent {
