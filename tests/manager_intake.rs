@@ -55,6 +55,17 @@ async fn usage(store: &Store) -> Option<(i64, i64)> {
     Some((k.concurrency_used, k.concurrency_limit))
 }
 
+/// The slots of the tests' kernels: 0.1 cores, 64 MiB.
+fn small_slots() -> kernelvisor::slots::ResourceSlots {
+    use kernelvisor::slots::Amount;
+    [
+        ("cpu".to_owned(), Amount::from_milli(100)),
+        ("mem".to_owned(), Amount::from_units(1 << 26)),
+    ]
+    .into_iter()
+    .collect()
+}
+
 /// The user key `AK` the tests' kernels belong to.
 async fn create_test_key(store: &Store) {
     store
@@ -102,9 +113,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             agent_id: "a1".into(),
             access_key: "AK".into(),
             image: "img".into(),
-            cpu_millis: 100,
-            mem_bytes: 1 << 26,
-            cuda_devices: 0,
+            resource_slots: small_slots(),
             session_type: "interactive".into(),
             command: None,
             batch_timeout: None,
@@ -358,9 +367,7 @@ async fn curve_key_binds_the_agent_id() {
         agent_id: "b".into(),
         access_key: "AK".into(),
         image: "img".into(),
-        cpu_millis: 100,
-        mem_bytes: 1 << 26,
-        cuda_devices: 0,
+        resource_slots: small_slots(),
         session_type: "interactive".into(),
         command: None,
         batch_timeout: None,
