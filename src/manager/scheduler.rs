@@ -156,10 +156,13 @@ impl MountSpec {
 }
 
 /// The slot types a request may name: the built-in `cpu` / `mem` and every slot type the
-/// `candidates` (the `ALIVE` agents) advertise. An agent's own type wins over a later one's.
+/// `candidates` (the `ALIVE` agents) advertise. Where agents disagree on a slot's type, the
+/// agent with the smallest id wins (deterministic; the built-ins always win).
 pub fn known_slot_types(candidates: &[AgentRow]) -> SlotTypes {
     let mut types = crate::slots::builtin_types();
-    for a in candidates {
+    let mut by_id: Vec<&AgentRow> = candidates.iter().collect();
+    by_id.sort_by(|a, b| a.id.cmp(&b.id));
+    for a in by_id {
         for (name, ty) in &a.slot_types {
             types.entry(name.clone()).or_insert(*ty);
         }

@@ -428,6 +428,91 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::rank;
+    use super::{NewKernel, Store};
+    use crate::slots::{Amount, ResourceSlots};
+
+    /// Rows written before `0005_resource_slots` (no JSON slots) read from the old columns, and
+    /// count in the usage with new rows' slots of any name, summed exactly.
+    #[actix_rt::test]
+    async fn old_rows_read_from_the_old_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+            .await
+            .unwrap();
+        store
+            .create_access_key("AK", "hash", "user", "", 0)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO agents (id, status, cpu_millis, mem_bytes, cuda_devices, first_contact, status_changed) \
+             VALUES ('a', 'ALIVE', 1500, 4096, 2, 0, 0)",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO kernels (id, session_id, agent_id, access_key, image, status, cpu_millis, mem_bytes, cuda_devices, created_at) \
+             VALUES ('old', 's', 'a', 'AK', 'img', 'RUNNING', 250, 1024, 1, 0)",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        let agent = store.agents().await.unwrap().remove(0);
+        assert_eq!(
+            agent.slots_total.to_string(),
+            "cpu=1.5 cuda.device=2 mem=4096"
+        );
+        assert_eq!(
+            agent.slot_types,
+            crate::manager::registry::heartbeat::slot_types(None)
+        );
+        let old = store.kernel("old").await.unwrap().unwrap();
+        assert_eq!(
+            old.resource_slots.to_string(),
+            "cpu=0.25 cuda.device=1 mem=1024"
+        );
+        let slots: ResourceSlots = [
+            ("cpu".to_owned(), Amount::from_milli(100)),
+            ("mem".to_owned(), Amount::from_units(2048)),
+            ("cuda.shares".to_owned(), Amount::from_milli(300)),
+        ]
+        .into_iter()
+        .collect();
+        for id in ["n1", "n2"] {
+            store
+                .reserve_kernel(&NewKernel {
+                    id: id.into(),
+                    session_id: id.into(),
+                    agent_id: "a".into(),
+                    access_key: "AK".into(),
+                    image: "img".into(),
+                    resource_slots: slots.clone(),
+                    session_type: "interactive".into(),
+                    command: None,
+                    batch_timeout: None,
+                    mounts: "[]".into(),
+                    restart_policy: r#"{"mode":"never"}"#.into(),
+                })
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            store.kernel("n1").await.unwrap().unwrap().resource_slots,
+            slots
+        );
+        let usage = store.usage_by_agent().await.unwrap().remove("a").unwrap();
+        assert_eq!(usage.kernels, 3);
+        assert_eq!(
+            usage.slots.to_string(),
+            "cpu=0.45 cuda.device=1 cuda.shares=0.6 mem=5120"
+        );
+        store
+            .terminate_kernel("old", "user-requested", None)
+            .await
+            .unwrap();
+        let usage = store.usage_by_agent().await.unwrap().remove("a").unwrap();
+        assert_eq!(usage.slots.to_string(), "cpu=0.2 cuda.shares=0.6 mem=4096");
+    }
 
     #[test]
     fn status_order_moves_forward_only() {
