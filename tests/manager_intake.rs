@@ -41,6 +41,18 @@ fn admin_get(url: &str, token: &str) -> String {
         .unwrap()
 }
 
+/// POST `body` to `url` with `token` as the bearer: `(status, JSON answer)`.
+fn admin_post(url: &str, token: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let r = match ureq::post(url)
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(body.clone())
+    {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {url}: {e}"),
+    };
+    (r.status(), r.into_json().unwrap())
+}
+
 /// The admin token the manager wrote to `dir/admin-token` at start.
 fn admin_token(dir: &std::path::Path) -> String {
     std::fs::read_to_string(dir.join("admin-token"))
@@ -53,6 +65,17 @@ fn admin_token(dir: &std::path::Path) -> String {
 async fn usage(store: &Store) -> Option<(i64, i64)> {
     let k = store.access_key("AK").await.unwrap()?;
     Some((k.concurrency_used, k.concurrency_limit))
+}
+
+/// The slots of the tests' kernels: 0.1 cores, 64 MiB.
+fn small_slots() -> kernelvisor::slots::ResourceSlots {
+    use kernelvisor::slots::Amount;
+    [
+        ("cpu".to_owned(), Amount::from_milli(100)),
+        ("mem".to_owned(), Amount::from_units(1 << 26)),
+    ]
+    .into_iter()
+    .collect()
 }
 
 /// The user key `AK` the tests' kernels belong to.
@@ -102,9 +125,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             agent_id: "a1".into(),
             access_key: "AK".into(),
             image: "img".into(),
-            cpu_millis: 100,
-            mem_bytes: 1 << 26,
-            cuda_devices: 0,
+            resource_slots: small_slots(),
             session_type: "interactive".into(),
             command: None,
             batch_timeout: None,
@@ -320,6 +341,82 @@ async fn events_apply_once_compact_and_reject_malformed() {
     )
     .await;
 
+    // An agent advertising an accelerator slot (`slot_key_and_units`): the slot and its type show
+    // and are stored, and requests are checked against the slots the ALIVE agents have.
+    let units = map(vec![
+        ("cpu", "count".into()),
+        ("mem", "bytes".into()),
+        ("cuda.shares", "count".into()),
+    ]);
+    let total = map(vec![
+        ("cpu", "4".into()),
+        ("mem", "1073741824".into()),
+        ("cuda.shares", "2".into()),
+    ]);
+    let info = map(vec![
+        ("addr", "tcp://127.0.0.1:2".into()),
+        ("ts", Value::F64(3.0)),
+        ("slots", map(vec![("total", total)])),
+        ("slot_key_and_units", units),
+        ("kernels", Value::Array(vec![])),
+    ]);
+    peer.call(
+        "agent_heartbeat",
+        &Call {
+            args: vec!["g1".into(), info],
+            kwargs: vec![],
+            peer_user_id: None,
+        },
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    common::wait_until(Duration::from_secs(10), "g1's slots", || async {
+        let agents = get("/v1/agents").await;
+        agents["agents"].as_array().unwrap().iter().any(|a| {
+            a["agent_id"] == "g1"
+                && a["status"] == "ALIVE"
+                && a["slots_total"]["cuda.shares"] == "2"
+                && a["slots_used"]["cuda.shares"] == "0"
+                && a["slot_types"]["cuda.shares"] == "count"
+        })
+    })
+    .await;
+    common::wait_until(Duration::from_secs(10), "g1's row", || async {
+        store.agents().await.unwrap().iter().any(|a| {
+            a.id == "g1"
+                && a.slots_total.get("cuda.shares") == kernelvisor::slots::Amount::from_units(2)
+                && a.slot_types.get("cuda.shares") == Some(&kernelvisor::slots::SlotType::Count)
+        })
+    })
+    .await;
+    for (slots, code) in [
+        (
+            serde_json::json!({"cpu": 1, "mem": "64m", "rocm.device": 1}),
+            "unknown-slot",
+        ),
+        (
+            serde_json::json!({"cpu": 1, "mem": "64m", "cuda.shares": "2.5"}),
+            "slots-exceed-capacity",
+        ),
+        (
+            serde_json::json!({"cpu": 1, "mem": "64m", "cuda.shares": "0.0001"}),
+            "invalid-request",
+        ),
+    ] {
+        let body = serde_json::json!({"image": "img", "resource_slots": slots, "access_key": "AK"});
+        let (url, token) = (format!("{api}/v1/sessions"), token.clone());
+        let (status, answer) =
+            actix_rt::task::spawn_blocking(move || admin_post(&url, &token, &body))
+                .await
+                .unwrap();
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{slots} → {answer}"
+        );
+    }
+
     peer.close();
     store.close().await;
     manager.stop().await;
@@ -358,9 +455,7 @@ async fn curve_key_binds_the_agent_id() {
         agent_id: "b".into(),
         access_key: "AK".into(),
         image: "img".into(),
-        cpu_millis: 100,
-        mem_bytes: 1 << 26,
-        cuda_devices: 0,
+        resource_slots: small_slots(),
         session_type: "interactive".into(),
         command: None,
         batch_timeout: None,

@@ -344,7 +344,7 @@ fn bad_requests(db: Db, ports: u16) {
         (
             json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m", "tpu": 1}, "access_key": ak}),
             400,
-            "invalid-request",
+            "unknown-slot",
         ),
         (
             json!({"image": TEST_IMAGE, "resource_slots": {"cpu": -1, "mem": "64m"}, "access_key": ak}),
@@ -427,6 +427,107 @@ fn bad_requests(db: Db, ports: u16) {
     );
     assert_eq!((again.status, again.code()), (409, "session-not-running"));
     c.check_invariants();
+}
+
+/// Resource slots as data through the real API, against an agent without accelerators that
+/// predates `slot_key_and_units` (cpu, mem, `cuda.device` 0): its slots and types as the
+/// manager shows them, a slot no agent has → 400 `unknown-slot`, `cuda.device` → 400
+/// `slots-exceed-capacity`, and a session's slots (every slot it asked for) held and released.
+fn resource_slots(db: Db, ports: u16) {
+    let mut c = Cluster::new(db);
+    c.start_manager();
+    let a = c.add_agent("slots", ports, "");
+    let id = c.agents[a].id().to_owned();
+    c.wait_agent_status(&id, "ALIVE", LONG);
+    common::cluster::wait_for(LONG, "normal mode", || {
+        (c.get("/v1/sessions").ok()?.status == 200).then_some(())
+    });
+    let view = c.agent_view(&id).unwrap();
+    assert_eq!(
+        view["slot_types"],
+        json!({"cpu": "count", "mem": "bytes", "cuda.device": "count"}),
+        "{view}"
+    );
+    assert!(
+        view["slots_total"]["cpu"]
+            .as_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(view["slots_used"]["cpu"], "0", "{view}");
+    let ak = c.access_key.clone();
+    let body = |slots: serde_json::Value| json!({"image": TEST_IMAGE, "resource_slots": slots, "access_key": ak});
+    for (slots, status, code, word) in [
+        (
+            json!({"cpu": 0.25, "mem": "64m", "rocm.device": 1}),
+            400,
+            "unknown-slot",
+            "rocm.device",
+        ),
+        (
+            json!({"cpu": 0.25, "mem": "64m", "cuda.device": 1}),
+            400,
+            "slots-exceed-capacity",
+            "cuda.device",
+        ),
+        (
+            json!({"cpu": 0.25, "mem": "64m", "cuda.device": "0.0001"}),
+            400,
+            "invalid-request",
+            "cuda.device",
+        ),
+        (
+            json!({"cpu": 0.25, "mem": "64m", "cuda.device": -1}),
+            400,
+            "invalid-request",
+            "cuda.device",
+        ),
+    ] {
+        let r = c.post("/v1/sessions", &body(slots.clone()));
+        assert_eq!((r.status, r.code()), (status, code), "{slots} → {r:?}");
+        let message = r.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(word), "{slots} → {message}");
+    }
+    assert!(c.store_live().is_empty());
+    // A zero amount of a slot the agent has is no obstacle; the session shows every slot.
+    let r = c.post(
+        "/v1/sessions",
+        &body(json!({"cpu": "0.25", "mem": "64m", "cuda.device": 0})),
+    );
+    assert_eq!(r.status, 201, "{r:?}");
+    let sid = r.body["session_id"].as_str().unwrap().to_owned();
+    let shown = c.get(&format!("/v1/sessions/{sid}")).unwrap();
+    assert_eq!(
+        shown.body["resource_slots"],
+        json!({"cpu": "0.25", "mem": "67108864", "cuda.device": "0"}),
+        "{shown:?}"
+    );
+    let view = c.agent_view(&id).unwrap();
+    assert_eq!(
+        (
+            &view["slots_used"]["cpu"],
+            &view["slots_used"]["mem"],
+            &view["slots_used"]["cuda.device"]
+        ),
+        (&json!("0.25"), &json!("67108864"), &json!("0")),
+        "{view}"
+    );
+    c.check_invariants();
+    c.delete(&format!("/v1/sessions/{sid}"));
+    c.check_invariants();
+    assert_eq!(c.agent_view(&id).unwrap()["slots_used"]["cpu"], "0");
+}
+
+#[test]
+fn resource_slots_sqlite() {
+    resource_slots(Db::Sqlite, 33300);
+}
+
+#[test]
+fn resource_slots_postgres() {
+    resource_slots(Db::Postgres, 33320);
 }
 
 #[test]

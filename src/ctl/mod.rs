@@ -305,6 +305,10 @@ pub struct CreateArgs {
     /// Memory: bytes, or with a unit suffix such as 256m or 1g.
     #[arg(long, value_name = "SIZE")]
     pub mem: String,
+    /// An accelerator slot an agent advertises, e.g. cuda.device=1 or cuda.shares=0.5
+    /// (repeatable; a later NAME wins). A slot no agent has is refused (unknown-slot).
+    #[arg(long = "slot", value_name = "NAME=AMOUNT", value_parser = parse::slot)]
+    pub slots: Vec<(String, String)>,
     /// Access key the session is charged to [default: the token's]; an admin token may name
     /// another key, to create the session on its behalf.
     #[arg(long, value_name = "KEY")]
@@ -362,6 +366,9 @@ impl CreateArgs {
             "image": self.image,
             "resource_slots": {"cpu": self.cpu, "mem": self.mem},
         });
+        for (name, amount) in &self.slots {
+            body["resource_slots"][name] = json!(amount);
+        }
         if let Some(key) = &self.access_key {
             body["access_key"] = json!(key);
         }
@@ -1026,6 +1033,33 @@ mod tests {
             panic!("not create")
         };
         assert!(c.to_json().get("environ").is_none() && c.to_json().get("mounts").is_none());
+    }
+
+    #[test]
+    fn create_with_accelerator_slots() {
+        let c = create(&[
+            "--slot",
+            "cuda.device=2",
+            "--slot",
+            "cuda.shares=0.5",
+            "--slot",
+            "cuda.device=1",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.to_json()["resource_slots"],
+            json!({"cpu": "1", "mem": "1g", "cuda.device": "1", "cuda.shares": "0.5"})
+        );
+        for (bad, word) in [
+            ("cuda.device", "'='"),
+            ("Cuda=1", "slot name"),
+            ("cpu=2", "--cpu"),
+            ("mem=1g", "--mem"),
+            ("cuda.device=", "empty"),
+        ] {
+            let e = create(&["--slot", bad]).unwrap_err().to_string();
+            assert!(e.contains(word), "{bad}: {e}");
+        }
     }
 
     fn create(extra: &[&str]) -> Result<CreateArgs, clap::Error> {

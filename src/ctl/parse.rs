@@ -15,6 +15,23 @@ pub fn env(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `--slot NAME=AMOUNT` (`cuda.device=2`, `cuda.shares=0.5`): an accelerator slot besides
+/// `--cpu` / `--mem`. The name must be a slot name (`[a-z0-9][a-z0-9._-]*`, not `cpu` or `mem`);
+/// the amount is passed on as written (the manager checks it against the slot's unit).
+pub fn slot(s: &str) -> Result<(String, String), String> {
+    let (name, amount) = s
+        .split_once('=')
+        .ok_or_else(|| "expected NAME=AMOUNT, there is no '='".to_owned())?;
+    crate::slots::check_name(name).map_err(|e| e.to_string())?;
+    if name == crate::slots::CPU || name == crate::slots::MEM {
+        return Err(format!("use --{name} for `{name}`"));
+    }
+    if amount.trim().is_empty() {
+        return Err(format!("resource slot `{name}`: the amount is empty"));
+    }
+    Ok((name.to_owned(), amount.trim().to_owned()))
+}
+
 /// A number of seconds (`--flush-timeout`, `wait --timeout`): a finite,
 /// non-negative number, decimals allowed (`0.5`, `3600`).
 pub fn seconds(s: &str) -> Result<f64, String> {

@@ -29,13 +29,43 @@ fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
         .map_or(&[], Vec::as_slice)
 }
 
-/// Whether any row has a non-zero `cuda.device` amount under `slots` (then a GPU column shows).
-fn any_gpu(rows: &[Value], slots: &str) -> bool {
-    rows.iter().any(|r| {
-        slot(r, slots, "cuda.device")
-            .and_then(super::format::amount)
-            .is_some_and(|n| n > 0.0)
-    })
+/// The accelerator slots (every slot but `cpu` and `mem`) some row has a non-zero amount of
+/// under `slots`, by name: one column each.
+fn extra_slots(rows: &[Value], slots: &str) -> Vec<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for r in rows {
+        for (name, v) in r
+            .get(slots)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            if name != "cpu" && name != "mem" && super::format::amount(v).is_some_and(|n| n > 0.0) {
+                names.insert(name.clone());
+            }
+        }
+    }
+    names.into_iter().collect()
+}
+
+/// A slot's column header or field name: `GPU` for `cuda.device` (whole GPUs), else the slot
+/// name in capitals (`CUDA.SHARES`).
+fn slot_label(name: &str) -> String {
+    match name {
+        "cuda.device" => "GPU".to_owned(),
+        other => other.to_uppercase(),
+    }
+}
+
+/// An amount of slot `name` of a row: bytes in binary units when its `slot_types` (or the
+/// built-in `mem`) says `bytes`, else a count.
+fn slot_amount(row: &Value, name: &str, v: Option<&Value>) -> String {
+    let ty = slot(row, "slot_types", name).and_then(Value::as_str);
+    if ty == Some("bytes") || (ty.is_none() && name == "mem") {
+        bytes(v)
+    } else {
+        cores(v)
+    }
 }
 
 /// A borderless table, columns two spaces apart, no trailing spaces.
@@ -65,14 +95,14 @@ fn fields(pairs: &[(&str, String)]) -> String {
 }
 
 /// `GET /v1/agents` (`{"agents": [...]}`) as a table: AGENT, STATUS, ADDR, CPU and MEM as
-/// used/total, GPU (only when some agent has `cuda.device`), KERNELS, LAST HEARTBEAT.
+/// used/total, one used/total column per accelerator slot some agent has (`GPU` for
+/// `cuda.device`, else the slot name in capitals: `CUDA.SHARES`), KERNELS, LAST HEARTBEAT.
 pub fn agents(v: &Value, now: f64) -> String {
     let agents = array(v, "agents");
-    let gpu = any_gpu(agents, "slots_total");
+    let extra = extra_slots(agents, "slots_total");
+    let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
     let mut header = vec!["AGENT", "STATUS", "ADDR", "CPU", "MEM"];
-    if gpu {
-        header.push("GPU");
-    }
+    header.extend(labels.iter().map(String::as_str));
     header.extend(["KERNELS", "LAST HEARTBEAT"]);
     let rows = agents
         .iter()
@@ -87,8 +117,12 @@ pub fn agents(v: &Value, now: f64) -> String {
             let mut row = vec![text(a, "agent_id"), text(a, "status"), text(a, "addr")];
             row.push(used_total(cores, "cpu"));
             row.push(used_total(bytes, "mem"));
-            if gpu {
-                row.push(used_total(cores, "cuda.device"));
+            for name in &extra {
+                row.push(format!(
+                    "{}/{}",
+                    slot_amount(a, name, slot(a, "slots_used", name)),
+                    slot_amount(a, name, slot(a, "slots_total", name))
+                ));
             }
             row.push(text(a, "kernels"));
             row.push(ago(a.get("last_heartbeat"), now));
@@ -113,16 +147,16 @@ fn status_with_result(s: &Value) -> String {
 }
 
 /// `GET /v1/sessions` (`{"sessions": [...]}`) as a table: SESSION, AGENT, STATUS (with the
-/// `result` of an ended batch session), TYPE, IMAGE, CPU, MEM, GPU (only when some session has
-/// `cuda.device`), ACCESS KEY, AGE/REASON (the age of a live session, the `status_reason` of a
+/// `result` of an ended batch session), TYPE, IMAGE, CPU, MEM, one column per accelerator slot
+/// some session holds (`GPU` for `cuda.device`, else the slot name in capitals), ACCESS KEY,
+/// AGE/REASON (the age of a live session, the `status_reason` of a
 /// terminated one).
 pub fn sessions(v: &Value, now: f64) -> String {
     let sessions = array(v, "sessions");
-    let gpu = any_gpu(sessions, "resource_slots");
+    let extra = extra_slots(sessions, "resource_slots");
+    let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
     let mut header = vec!["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM"];
-    if gpu {
-        header.push("GPU");
-    }
+    header.extend(labels.iter().map(String::as_str));
     header.extend(["ACCESS KEY", "AGE/REASON"]);
     let rows = sessions
         .iter()
@@ -136,8 +170,8 @@ pub fn sessions(v: &Value, now: f64) -> String {
             row.push(text(s, "image"));
             row.push(cores(slot(s, "resource_slots", "cpu")));
             row.push(bytes(slot(s, "resource_slots", "mem")));
-            if gpu {
-                row.push(cores(slot(s, "resource_slots", "cuda.device")));
+            for name in &extra {
+                row.push(cores(slot(s, "resource_slots", name)));
             }
             row.push(text(s, "access_key"));
             row.push(if terminated(s) {
@@ -196,9 +230,22 @@ pub fn session(s: &Value, now: f64) -> String {
         ("CPU", cores(slot(s, "resource_slots", "cpu"))),
         ("Memory", mem),
     ];
-    if slot(s, "resource_slots", "cuda.device").is_some() {
-        pairs.push(("GPU", cores(slot(s, "resource_slots", "cuda.device"))));
-    }
+    // Every other slot it asked for, by name (`GPU` for `cuda.device`).
+    let extra: Vec<(String, String)> = s
+        .get("resource_slots")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| *name != "cpu" && *name != "mem")
+        .map(|(name, v)| {
+            let label = match name.as_str() {
+                "cuda.device" => "GPU".to_owned(),
+                other => other.to_owned(),
+            };
+            (label, cores(Some(v)))
+        })
+        .collect();
+    pairs.extend(extra.iter().map(|(k, v)| (k.as_str(), v.clone())));
     if let Some(p) = s.get("restart_policy").filter(|p| p["mode"] != "never") {
         pairs.push((
             "Restarts",
@@ -586,6 +633,51 @@ pub(crate) mod tests {
         assert!(
             out.contains("1/2") && out.contains("0 B/1 KiB") && out.contains("1m ago"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn agents_one_column_per_accelerator_slot() {
+        let v = json!({"agents": [
+            {"agent_id": "m1", "status": "ALIVE", "addr": "a",
+             "slots_total": {"cpu": "8", "mem": "1024", "cuda.shares": "4", "npu.mem": "2147483648"},
+             "slots_used": {"cpu": "1", "mem": "0", "cuda.shares": "1.25", "npu.mem": "1073741824"},
+             "slot_types": {"cpu": "count", "mem": "bytes", "cuda.shares": "count", "npu.mem": "bytes"},
+             "kernels": 2, "last_heartbeat": NOW},
+            {"agent_id": "plain", "status": "ALIVE", "addr": "b",
+             "slots_total": {"cpu": "4", "mem": "1024", "cuda.device": "0"},
+             "slots_used": {"cpu": "0", "mem": "0", "cuda.device": "0"}, "kernels": 0,
+             "last_heartbeat": NOW}
+        ]});
+        let out = agents(&v, NOW);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].contains("CUDA.SHARES") && lines[0].contains("NPU.MEM"),
+            "{out}"
+        );
+        // No agent has a GPU: no GPU column.
+        assert!(!lines[0].contains("GPU"), "{out}");
+        assert!(
+            lines[1].contains("1.25/4") && lines[1].contains("1 GiB/2 GiB"),
+            "{out}"
+        );
+        // An agent without the slot shows `-/-`.
+        assert!(lines[2].contains("-/-"), "{out}");
+    }
+
+    #[test]
+    fn sessions_show_every_slot() {
+        let mut s = live_session();
+        s["resource_slots"] = json!({"cpu": "1", "mem": "268435456", "cuda.shares": "0.5"});
+        let out = session(&s, NOW);
+        assert!(out.contains("cuda.shares: 0.5\n"), "{out}");
+        assert!(!out.contains("GPU"), "{out}");
+        let table = sessions(&json!({"sessions": [s, live_session()]}), NOW);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].contains("CUDA.SHARES"), "{table}");
+        assert!(
+            lines[1].contains("0.5") && lines[2].contains(" - "),
+            "{table}"
         );
     }
 

@@ -31,6 +31,10 @@ pub enum ManagerError {
     /// The agent has no such image. 400 `image-not-found`.
     #[error("{0}")]
     ImageNotFound(String),
+    /// A request naming a resource slot no `ALIVE` agent advertises (`rocm.device` on a CUDA
+    /// fleet). 400 `unknown-slot`; the message names the slot.
+    #[error("unknown resource slot `{0}`: no ALIVE agent has it")]
+    UnknownSlot(String),
     /// More slots than any agent has in total. 400 `slots-exceed-capacity`.
     #[error("{0}")]
     SlotsExceedCapacity(String),
@@ -118,6 +122,7 @@ impl ManagerError {
             ManagerError::StoreUnavailable(_) => "store-unavailable",
             ManagerError::ImageNotFound(_) => "image-not-found",
             ManagerError::SlotsExceedCapacity(_) => "slots-exceed-capacity",
+            ManagerError::UnknownSlot(_) => "unknown-slot",
             ManagerError::SessionNotFound(_) => "session-not-found",
             ManagerError::AccessKeyNotFound(_) => "access-key-not-found",
             ManagerError::NoCapacity(_) => "no-capacity",
@@ -146,6 +151,7 @@ impl ManagerError {
             ManagerError::InvalidRequest(_)
             | ManagerError::InvalidPath(_)
             | ManagerError::ImageNotFound(_)
+            | ManagerError::UnknownSlot(_)
             | ManagerError::SlotsExceedCapacity(_) => 400,
             ManagerError::Unauthorized(_) => 401,
             ManagerError::Forbidden(_) => 403,

@@ -19,8 +19,7 @@ use super::metrics::ManagerMetrics;
 use super::pool::AgentPool;
 use super::registry::{AgentRegistry, PlacementCandidates};
 use super::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store, Usage};
-use crate::agent::resources::SlotRequest;
-use crate::config::ByteSize;
+use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
 use crate::workload::RestartPolicy;
 
 /// Agent call deadlines.
@@ -156,127 +155,92 @@ impl MountSpec {
     }
 }
 
-/// Requested slots: millicores, bytes, GPUs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slots {
-    /// Millicores.
-    pub cpu_millis: i64,
-    /// Bytes.
-    pub mem_bytes: i64,
-    /// GPUs.
-    pub cuda_devices: i64,
+/// The slot types a request may name: the built-in `cpu` / `mem` and every slot type the
+/// `candidates` (the `ALIVE` agents) advertise. Where agents disagree on a slot's type, the
+/// agent with the smallest id wins (deterministic; the built-ins always win).
+pub fn known_slot_types(candidates: &[AgentRow]) -> SlotTypes {
+    let mut types = crate::slots::builtin_types();
+    let mut by_id: Vec<&AgentRow> = candidates.iter().collect();
+    by_id.sort_by(|a, b| a.id.cmp(&b.id));
+    for a in by_id {
+        for (name, ty) in &a.slot_types {
+            types.entry(name.clone()).or_insert(*ty);
+        }
+    }
+    types
 }
 
-impl Slots {
-    /// Parses `resource_slots` with the agent's own rules ([`SlotRequest::from_value`]: cpu
-    /// cores with at most 3 decimals, whole bytes and devices); `mem` may also be a size string
-    /// such as `"256m"` ([`ByteSize`]).
-    ///
-    /// Errors ([`ManagerError::InvalidRequest`], naming the slot): unknown slot, missing `cpu`
-    /// or `mem`, a non-positive or non-numeric amount, more than 3 decimals of `cpu`.
-    pub fn parse(slots: &BTreeMap<String, serde_json::Value>) -> Result<Slots, ManagerError> {
-        let bad = |m: String| ManagerError::InvalidRequest(m);
-        let mut map = Vec::with_capacity(slots.len());
-        for (k, v) in slots {
-            let v = match (k.as_str(), v) {
-                ("mem", serde_json::Value::String(s)) => Value::from(
-                    ByteSize::parse(s)
-                        .map_err(|e| bad(format!("resource slot `mem`: {e}")))?
-                        .0,
-                ),
-                (_, serde_json::Value::String(s)) => Value::from(s.as_str()),
-                (_, serde_json::Value::Number(n)) => n
-                    .as_u64()
-                    .map(Value::from)
-                    .or_else(|| n.as_i64().map(Value::from))
-                    .unwrap_or_else(|| Value::F64(n.as_f64().unwrap_or(f64::NAN))),
-                (_, other) => Value::from(other.to_string()),
-            };
-            map.push((Value::from(k.as_str()), v));
-        }
-        let req = SlotRequest::from_value(&Value::Map(map)).map_err(|e| bad(e.to_string()))?;
-        if req.mem_bytes == 0 {
-            return Err(bad("resource slot `mem` must be positive".into()));
-        }
-        let too_large = || bad("resource slots too large".into());
-        Ok(Slots {
-            cpu_millis: i64::try_from(req.cpu_millis).map_err(|_| too_large())?,
-            mem_bytes: i64::try_from(req.mem_bytes).map_err(|_| too_large())?,
-            cuda_devices: req.cuda_devices.into(),
-        })
-    }
-
-    /// Backend.AI's slot map: decimal strings ([`SlotRequest::to_value`]).
-    pub fn to_value(self) -> Value {
-        SlotRequest {
-            cpu_millis: self.cpu_millis as u64,
-            mem_bytes: self.mem_bytes as u64,
-            cuda_devices: self.cuda_devices as u32,
-        }
-        .to_value()
-    }
-
-    fn fits(self, total: &AgentRow, used: Usage) -> bool {
-        self.cpu_millis <= total.cpu_millis - used.cpu_millis
-            && self.mem_bytes <= total.mem_bytes - used.mem_bytes
-            && self.cuda_devices <= total.cuda_devices - used.cuda_devices
-    }
-
-    fn fits_total(self, total: &AgentRow) -> bool {
-        self.fits(total, Usage::default())
-    }
-}
-
-/// The larger of an agent's cpu and memory fill ratio after placing `req` (lower = less loaded).
-fn load_after(total: &AgentRow, used: Usage, req: Slots) -> f64 {
-    let ratio = |u: i64, r: i64, t: i64| {
-        if t > 0 {
-            (u + r) as f64 / t as f64
-        } else {
-            0.0
-        }
-    };
-    ratio(used.cpu_millis, req.cpu_millis, total.cpu_millis).max(ratio(
-        used.mem_bytes,
-        req.mem_bytes,
-        total.mem_bytes,
-    ))
-}
-
-/// Picks the least-loaded agent that fits `req`; ties go to fewer kernels, then the id.
+/// Parses a session's `resource_slots` against the slots the `candidates` have
+/// ([`known_slot_types`]): `cpu` (> 0) and `mem` required, amounts in the slot's unit (cores
+/// with up to 3 decimals, whole bytes or a size such as `"256m"`, counts with up to 3 decimals,
+/// whole `unique` devices).
 ///
-/// Errors: no candidates → `NoAgents`; none could ever fit → `SlotsExceedCapacity`; none fits
-/// now → `NoCapacity`.
+/// Errors: [`ManagerError::UnknownSlot`] for a slot no candidate has (with no candidate at all,
+/// [`ManagerError::NoAgents`]); [`ManagerError::InvalidRequest`] naming the slot for a bad or
+/// missing amount.
+pub fn parse_request(
+    slots: &BTreeMap<String, serde_json::Value>,
+    candidates: &[AgentRow],
+) -> Result<ResourceSlots, ManagerError> {
+    ResourceSlots::request_from_json(slots, &known_slot_types(candidates)).map_err(|e| match e {
+        SlotError::Unknown(_) if candidates.is_empty() => ManagerError::NoAgents,
+        SlotError::Unknown(name) => ManagerError::UnknownSlot(name),
+        other => ManagerError::InvalidRequest(other.to_string()),
+    })
+}
+
+/// An agent's load after placing `req`: the fullest slot's `(used + req) / total`
+/// ([`ResourceSlots::load`]; lower = less loaded).
+fn load_after(total: &ResourceSlots, used: &ResourceSlots, req: &ResourceSlots) -> f64 {
+    let after = used.checked_add(req).unwrap_or_else(|_| total.clone());
+    ResourceSlots::load(&after, total)
+}
+
+/// Picks the agent for `req` over every slot: among the `candidates` whose total has every
+/// non-zero slot of `req` and whose free slots (`total − usage`) fit it, the least loaded after
+/// placing it ([`load_after`]); ties go to fewer kernels, then the id. An agent without a slot
+/// the request needs (an accelerator) is never chosen.
+///
+/// Errors: no candidates → `NoAgents`; none could ever fit (not in any agent's total) →
+/// `SlotsExceedCapacity`, naming the slot; none fits now → `NoCapacity`.
 pub fn place(
     candidates: &[AgentRow],
     usage: &std::collections::HashMap<String, Usage>,
-    req: Slots,
+    req: &ResourceSlots,
 ) -> Result<String, ManagerError> {
     if candidates.is_empty() {
         return Err(ManagerError::NoAgents);
     }
-    if !candidates.iter().any(|a| req.fits_total(a)) {
-        let biggest = candidates
-            .iter()
-            .map(|a| (a.cpu_millis, a.mem_bytes))
-            .max()
-            .unwrap_or_default();
+    if !candidates
+        .iter()
+        .any(|a| req.fits_in(&a.slots_total).is_ok())
+    {
+        // Name the first slot that no agent has enough of in total, with the largest total.
+        let (slot, largest) = req
+            .nonzero()
+            .map(|(slot, want)| {
+                let largest = candidates
+                    .iter()
+                    .map(|a| a.slots_total.get(slot))
+                    .max()
+                    .unwrap_or_default();
+                (slot, want, largest)
+            })
+            .find(|(_, want, largest)| want > largest)
+            .map(|(slot, _, largest)| (slot.to_owned(), largest))
+            .unwrap_or_else(|| ("(combined)".to_owned(), Amount::ZERO));
         return Err(ManagerError::SlotsExceedCapacity(format!(
-            "requested cpu {} cores, mem {} bytes, cuda.device {}: more than any ALIVE agent has (largest: cpu {} cores, mem {} bytes)",
-            req.cpu_millis as f64 / 1000.0,
-            req.mem_bytes,
-            req.cuda_devices,
-            biggest.0 as f64 / 1000.0,
-            biggest.1
+            "requested {req}: no ALIVE agent has that much in total (largest {slot}: {largest})"
         )));
     }
+    let empty = Usage::default();
     candidates
         .iter()
-        .map(|a| (a, usage.get(&a.id).copied().unwrap_or_default()))
-        .filter(|(a, u)| req.fits(a, *u))
+        .map(|a| (a, usage.get(&a.id).unwrap_or(&empty)))
+        .filter(|(a, u)| req.fits_in(&a.slots_total.saturating_sub(&u.slots)).is_ok())
         .min_by(|(a, ua), (b, ub)| {
-            load_after(a, *ua, req)
-                .total_cmp(&load_after(b, *ub, req))
+            load_after(&a.slots_total, &ua.slots, req)
+                .total_cmp(&load_after(&b.slots_total, &ub.slots, req))
                 .then(ua.kernels.cmp(&ub.kernels))
                 .then(a.id.cmp(&b.id))
         })
@@ -391,23 +355,21 @@ impl Handler<CreateSession> for Scheduler {
             }
             let session_type = req.checked_type()?;
             let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
-            let slots = Slots::parse(&req.resource_slots)?;
             let kernel_id = uuid::Uuid::new_v4().to_string();
             let session_id = uuid::Uuid::new_v4().to_string();
-            let agent_id = {
+            let (agent_id, slots) = {
                 let _guard = placing.lock().await;
                 let candidates = registry.send(PlacementCandidates).await?;
+                let slots = parse_request(&req.resource_slots, &candidates)?;
                 let usage = store.usage_by_agent().await?;
-                let agent_id = place(&candidates, &usage, slots)?;
+                let agent_id = place(&candidates, &usage, &slots)?;
                 let new = NewKernel {
                     id: kernel_id.clone(),
                     session_id: session_id.clone(),
                     agent_id: agent_id.clone(),
                     access_key: owner.clone(),
                     image: req.image.clone(),
-                    cpu_millis: slots.cpu_millis,
-                    mem_bytes: slots.mem_bytes,
-                    cuda_devices: slots.cuda_devices,
+                    resource_slots: slots.clone(),
                     session_type: session_type.to_owned(),
                     command: req.command.clone(),
                     batch_timeout: req.batch_timeout,
@@ -422,11 +384,11 @@ impl Handler<CreateSession> for Scheduler {
                     }
                     ReserveError::Store(e) => e.into(),
                 })?;
-                agent_id
+                (agent_id, slots)
             };
             let mut config = vec![
                 ("image".into(), req.image.clone().into()),
-                ("resource_slots".into(), slots.to_value()),
+                ("resource_slots".into(), slots.to_msgpack()),
                 (
                     "environ".into(),
                     Value::Map(
@@ -796,9 +758,23 @@ impl Handler<ReadLogs> for Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::collections::HashMap;
 
-    fn agent(id: &str, cpu: i64, mem: i64) -> AgentRow {
+    use super::*;
+    use crate::slots::SlotType;
+
+    fn slots(pairs: &[(&str, &str)]) -> ResourceSlots {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Amount::parse(v).unwrap()))
+            .collect()
+    }
+
+    fn agent(id: &str, total: &[(&str, &str)], accel: &[(&str, SlotType)]) -> AgentRow {
+        let mut slot_types = crate::slots::builtin_types();
+        for (k, t) in accel {
+            slot_types.insert(k.to_string(), *t);
+        }
         AgentRow {
             id: id.into(),
             status: "ALIVE".into(),
@@ -806,113 +782,199 @@ mod tests {
             public_key: None,
             region: None,
             version: None,
-            cpu_millis: cpu,
-            mem_bytes: mem,
-            cuda_devices: 0,
+            slots_total: slots(total),
+            slot_types,
             last_heartbeat: None,
         }
     }
 
-    fn slots(json: serde_json::Value) -> Result<Slots, ManagerError> {
-        Slots::parse(&serde_json::from_value(json).unwrap())
+    fn used(pairs: &[(&str, &str)], kernels: i64) -> Usage {
+        Usage {
+            slots: slots(pairs),
+            kernels,
+        }
     }
+
+    fn request(
+        json: serde_json::Value,
+        candidates: &[AgentRow],
+    ) -> Result<ResourceSlots, ManagerError> {
+        parse_request(&serde_json::from_value(json).unwrap(), candidates)
+    }
+
+    const GIB: &str = "1073741824";
 
     #[test]
     fn slot_parsing() {
+        let fleet = [
+            agent("a", &[("cpu", "4"), ("mem", GIB)], &[]),
+            agent(
+                "g",
+                &[("cpu", "4"), ("mem", GIB), ("cuda.shares", "2")],
+                &[("cuda.shares", SlotType::Count)],
+            ),
+        ];
+        let r = request(serde_json::json!({"cpu": 1.5, "mem": "256m"}), &fleet).unwrap();
+        assert_eq!(r, slots(&[("cpu", "1.5"), ("mem", "268435456")]));
+        let r = request(
+            serde_json::json!({"cpu": "1", "mem": 1024, "cuda.shares": "0.25"}),
+            &fleet,
+        )
+        .unwrap();
+        assert_eq!(r.get("cuda.shares"), Amount::from_milli(250));
+        for (v, word) in [
+            (serde_json::json!({"cpu": 0, "mem": "1g"}), "`cpu`"),
+            (serde_json::json!({"cpu": 0.0001, "mem": "1g"}), "decimals"),
+            (serde_json::json!({"cpu": 1, "mem": "lots"}), "`mem`"),
+            (serde_json::json!({"cpu": 1}), "`mem`"),
+            (
+                serde_json::json!({"cpu": 1, "mem": 1, "cuda.shares": -1}),
+                "`cuda.shares`",
+            ),
+        ] {
+            let e = request(v.clone(), &fleet).unwrap_err();
+            assert_eq!(e.code(), "invalid-request", "{v}");
+            assert!(e.to_string().contains(word), "{v}: {e}");
+        }
+        let e = request(
+            serde_json::json!({"cpu": 1, "mem": 1, "tpu.device": 1}),
+            &fleet,
+        )
+        .unwrap_err();
+        assert_eq!((e.code(), e.status()), ("unknown-slot", 400), "{e}");
+        assert!(e.to_string().contains("`tpu.device`"), "{e}");
+        // Agents that predate `slot_key_and_units` know `cuda.device`.
+        let old = [agent(
+            "o",
+            &[("cpu", "4"), ("mem", GIB)],
+            &[("cuda.device", SlotType::Count)],
+        )];
+        assert!(request(
+            serde_json::json!({"cpu": 1, "mem": 1, "cuda.device": 1}),
+            &old
+        )
+        .is_ok());
         assert_eq!(
-            slots(serde_json::json!({"cpu": 1.5, "mem": "256m"})).unwrap(),
-            Slots {
-                cpu_millis: 1500,
-                mem_bytes: 256 << 20,
-                cuda_devices: 0
-            }
+            request(
+                serde_json::json!({"cpu": 1, "mem": 1, "cuda.device": 1}),
+                &[]
+            )
+            .unwrap_err()
+            .code(),
+            "no-agents"
         );
-        assert_eq!(
-            slots(serde_json::json!({"cpu": "2", "mem": 1024}))
-                .unwrap()
-                .mem_bytes,
-            1024
-        );
-        assert!(slots(serde_json::json!({"cpu": 0, "mem": "1g"}))
-            .unwrap_err()
-            .to_string()
-            .contains("cpu"));
-        assert!(slots(serde_json::json!({"cpu": 0.0001, "mem": "1g"}))
-            .unwrap_err()
-            .to_string()
-            .contains("decimals"));
-        assert!(slots(serde_json::json!({"cpu": 1, "mem": "lots"}))
-            .unwrap_err()
-            .to_string()
-            .contains("mem"));
-        assert!(slots(serde_json::json!({"cpu": 1, "mem": "1g", "tpu": 1}))
-            .unwrap_err()
-            .to_string()
-            .contains("tpu"));
-        assert!(slots(serde_json::json!({"cpu": 1})).is_err());
     }
 
     #[test]
     fn placement_least_loaded_and_errors() {
-        let gib = 1i64 << 30;
-        let agents = vec![agent("a", 4000, 8 * gib), agent("b", 4000, 8 * gib)];
-        let req = Slots {
-            cpu_millis: 1000,
-            mem_bytes: gib,
-            cuda_devices: 0,
-        };
-        let mut usage = std::collections::HashMap::new();
-        usage.insert(
-            "a".to_string(),
-            Usage {
-                cpu_millis: 2000,
-                mem_bytes: gib,
-                cuda_devices: 0,
-                kernels: 2,
-            },
-        );
-        assert_eq!(place(&agents, &usage, req).unwrap(), "b");
-        usage.insert(
-            "b".to_string(),
-            Usage {
-                cpu_millis: 3000,
-                mem_bytes: gib,
-                cuda_devices: 0,
-                kernels: 1,
-            },
-        );
-        assert_eq!(place(&agents, &usage, req).unwrap(), "a");
-        usage.insert(
-            "a".to_string(),
-            Usage {
-                cpu_millis: 4000,
-                mem_bytes: gib,
-                cuda_devices: 0,
-                kernels: 4,
-            },
-        );
-        usage.insert(
-            "b".to_string(),
-            Usage {
-                cpu_millis: 3500,
-                mem_bytes: gib,
-                cuda_devices: 0,
-                kernels: 1,
-            },
-        );
+        let agents = vec![
+            agent("a", &[("cpu", "4"), ("mem", "8")], &[]),
+            agent("b", &[("cpu", "4"), ("mem", "8")], &[]),
+        ];
+        let req = slots(&[("cpu", "1"), ("mem", "1")]);
+        let mut usage = HashMap::new();
+        usage.insert("a".to_string(), used(&[("cpu", "2"), ("mem", "1")], 2));
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "b");
+        usage.insert("b".to_string(), used(&[("cpu", "3"), ("mem", "1")], 1));
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "a");
+        // Equal load: fewer kernels wins.
+        usage.insert("a".to_string(), used(&[("cpu", "3"), ("mem", "1")], 3));
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "b");
+        usage.insert("a".to_string(), used(&[("cpu", "4"), ("mem", "1")], 4));
+        usage.insert("b".to_string(), used(&[("cpu", "3.5"), ("mem", "1")], 1));
         assert_eq!(
-            place(&agents, &usage, req).unwrap_err().code(),
+            place(&agents, &usage, &req).unwrap_err().code(),
             "no-capacity"
         );
-        let huge = Slots {
-            cpu_millis: 64000,
-            mem_bytes: gib,
-            cuda_devices: 0,
-        };
+        let huge = slots(&[("cpu", "64"), ("mem", "1")]);
+        let e = place(&agents, &usage, &huge).unwrap_err();
+        assert_eq!(e.code(), "slots-exceed-capacity");
+        assert!(e.to_string().contains("largest cpu: 4"), "{e}");
+        assert_eq!(place(&[], &usage, &req).unwrap_err().code(), "no-agents");
+    }
+
+    #[test]
+    fn placement_never_picks_an_agent_without_the_slot() {
+        let agents = vec![
+            agent("cpu-only", &[("cpu", "64"), ("mem", GIB)], &[]),
+            agent(
+                "gpu",
+                &[("cpu", "4"), ("mem", GIB), ("cuda.device", "4")],
+                &[("cuda.device", SlotType::Count)],
+            ),
+        ];
+        let mut usage = HashMap::new();
+        // The GPU agent is far busier, yet the only one with the device.
+        usage.insert(
+            "gpu".to_string(),
+            used(&[("cpu", "3"), ("cuda.device", "2")], 2),
+        );
+        let gpu_req = slots(&[("cpu", "0.5"), ("mem", "1"), ("cuda.device", "2")]);
+        assert_eq!(place(&agents, &usage, &gpu_req).unwrap(), "gpu");
+        // A plain request goes to the least loaded one.
+        let plain = slots(&[("cpu", "0.5"), ("mem", "1")]);
+        assert_eq!(place(&agents, &usage, &plain).unwrap(), "cpu-only");
+        // A zero amount of a slot the agent lacks does not exclude it.
+        let zero = slots(&[("cpu", "0.5"), ("mem", "1"), ("cuda.device", "0")]);
+        assert_eq!(place(&agents, &usage, &zero).unwrap(), "cpu-only");
+        // All 4 devices in use: full now, not over capacity.
+        usage.insert(
+            "gpu".to_string(),
+            used(&[("cpu", "1"), ("cuda.device", "4")], 2),
+        );
         assert_eq!(
-            place(&agents, &usage, huge).unwrap_err().code(),
+            place(&agents, &usage, &gpu_req).unwrap_err().code(),
+            "no-capacity"
+        );
+        // More devices than any agent has, or an accelerator on CPU-only agents: never fits.
+        let five = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.device", "5")]);
+        let e = place(&agents, &usage, &five).unwrap_err();
+        assert_eq!(e.code(), "slots-exceed-capacity");
+        assert!(e.to_string().contains("largest cuda.device: 4"), "{e}");
+        assert_eq!(
+            place(&agents[..1], &HashMap::new(), &gpu_req)
+                .unwrap_err()
+                .code(),
             "slots-exceed-capacity"
         );
-        assert_eq!(place(&[], &usage, req).unwrap_err().code(), "no-agents");
+    }
+
+    #[test]
+    fn fractional_shares_are_exact() {
+        let agents = vec![
+            agent(
+                "s1",
+                &[("cpu", "8"), ("mem", GIB), ("cuda.shares", "1")],
+                &[("cuda.shares", SlotType::Count)],
+            ),
+            agent(
+                "s2",
+                &[("cpu", "8"), ("mem", GIB), ("cuda.shares", "1")],
+                &[("cuda.shares", SlotType::Count)],
+            ),
+        ];
+        // 0.1 + 0.2 + 0.7 fill s1 exactly (no float drift): 0.3 more does not fit there.
+        let mut usage = HashMap::new();
+        let held = slots(&[("cuda.shares", "0.1")])
+            .checked_add(&slots(&[("cuda.shares", "0.2")]))
+            .unwrap()
+            .checked_add(&slots(&[("cuda.shares", "0.4")]))
+            .unwrap();
+        usage.insert("s1".to_string(), used(&[], 3));
+        usage.get_mut("s1").unwrap().slots = held;
+        usage.insert("s2".to_string(), used(&[("cuda.shares", "0.8")], 1));
+        let req = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.shares", "0.3")]);
+        // s1: 0.7 + 0.3 = 1.0 exactly fits; s2: 0.8 + 0.3 does not.
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "s1");
+        let more = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.shares", "0.301")]);
+        assert_eq!(
+            place(&agents, &usage, &more).unwrap_err().code(),
+            "no-capacity"
+        );
+        // Least loaded by shares: s2 at 0.25 beats s1 at 0.5.
+        usage.insert("s1".to_string(), used(&[("cuda.shares", "0.5")], 1));
+        usage.insert("s2".to_string(), used(&[("cuda.shares", "0.25")], 5));
+        let half = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.shares", "0.5")]);
+        assert_eq!(place(&agents, &usage, &half).unwrap(), "s2");
     }
 }

@@ -627,7 +627,17 @@ impl Cluster {
     }
 
     fn invariant_violation(&self) -> Option<String> {
-        let live = self.store_live();
+        let rows = self.store(|s| Box::pin(async move { s.kernels(None, false).await.unwrap() }));
+        // The slots the store's live kernels hold, per agent: every slot, summed exactly.
+        let mut held_slots: BTreeMap<String, kernelvisor::slots::ResourceSlots> = BTreeMap::new();
+        for k in &rows {
+            let sum = held_slots.entry(k.agent_id.clone()).or_default();
+            *sum = sum.checked_add(&k.resource_slots).expect("slot sum");
+        }
+        let live: BTreeMap<String, (String, String)> = rows
+            .into_iter()
+            .map(|k| (k.id, (k.agent_id, k.access_key)))
+            .collect();
         for (i, a) in self.agents.iter().enumerate() {
             if a.process.is_none() {
                 continue;
@@ -652,16 +662,21 @@ impl Cluster {
                     a.id()
                 ));
             }
-            // 3. no allocation held by a kernel that is not live: occupied slots, scratch dirs.
+            // 3. no allocation held by a kernel that is not live: the agent's occupied slots are
+            // the store's live kernels' slots (every slot, non-zero amounts), scratch dirs.
             let usage = self.agent_call(i, "resource_usage", vec![]);
-            let occupied_cpu = super::agent::field(super::agent::field(&usage, "occupied"), "cpu")
-                .as_str()
-                .unwrap_or("?")
-                .to_owned();
-            let expected_cpu: f64 = store_side.len() as f64 * 0.25;
-            if occupied_cpu.parse::<f64>().ok() != Some(expected_cpu) {
+            let nonzero = |s: &kernelvisor::slots::ResourceSlots| -> BTreeMap<String, String> {
+                s.nonzero()
+                    .map(|(k, v)| (k.to_owned(), v.to_string()))
+                    .collect()
+            };
+            let occupied = nonzero(&kernelvisor::slots::ResourceSlots::from_wire_msgpack(
+                super::agent::field(&usage, "occupied"),
+            ));
+            let expected = nonzero(&held_slots.get(a.id()).cloned().unwrap_or_default());
+            if occupied != expected {
                 return Some(format!(
-                    "3: agent {} occupies cpu {occupied_cpu}, live kernels need {expected_cpu}",
+                    "3: agent {} occupies {occupied:?}, live kernels hold {expected:?}",
                     a.id()
                 ));
             }

@@ -27,7 +27,6 @@ use super::pool::AgentPool;
 use super::registry::{AgentRegistry, GraceRemaining};
 use super::scheduler::Scheduler;
 use super::store::{KernelRow, Store};
-use crate::agent::resources::slots::format_cores;
 use auth::Caller;
 
 /// What the handlers share.
@@ -49,17 +48,13 @@ pub struct ApiState {
 
 type Res = Result<HttpResponse, ManagerError>;
 
-fn slots_json(cpu_millis: i64, mem_bytes: i64, cuda: i64) -> serde_json::Value {
-    serde_json::json!({"cpu": format_cores(cpu_millis.max(0) as u64), "mem": mem_bytes.to_string(), "cuda.device": cuda.to_string()})
-}
-
 /// A session as the API shows it.
 pub fn session_json(k: &KernelRow) -> serde_json::Value {
     serde_json::json!({
         "session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "access_key": k.access_key,
         "image": k.image, "status": k.status, "status_reason": k.status_reason, "exit_code": k.exit_code,
         "type": k.session_type, "command": k.command, "batch_timeout": k.batch_timeout, "result": k.result,
-        "resource_slots": slots_json(k.cpu_millis, k.mem_bytes, k.cuda_devices),
+        "resource_slots": k.resource_slots.to_json(),
         "mounts": serde_json::from_str::<serde_json::Value>(&k.mounts).unwrap_or_else(|_| serde_json::json!([])),
         "restart_policy": serde_json::from_str::<crate::workload::RestartPolicy>(&k.restart_policy).unwrap_or_default(),
         "restart_count": k.restart_count,

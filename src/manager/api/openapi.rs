@@ -215,8 +215,10 @@ fn error_response(description: &str, header: Option<(&str, &str)>) -> utoipa::op
 // Schemas used by the request body types (`#[schema(schema_with = …)]`).
 
 /// `resource_slots` of `POST /v1/sessions`: `cpu` cores (a number, or a decimal string; at most
-/// 3 decimals; positive), `mem` bytes (a whole number, or a size string such as `"256m"`),
-/// `cuda.device` a count; no other slot.
+/// 3 decimals; positive), `mem` bytes (a whole number, or a size string such as `"256m"`), and
+/// any accelerator slot an `ALIVE` agent advertises (`cuda.device`, `cuda.shares`, …: a
+/// non-negative number or decimal string in the slot's unit). A slot no agent has is 400
+/// `unknown-slot`.
 ///
 /// `exclusiveMinimum` comes with a `minimum` of the same value here and in the `#[schema]`
 /// attributes: the same bound in OpenAPI 3.1, and tools that still read `exclusiveMinimum` the
@@ -228,7 +230,10 @@ pub fn resource_slots_schema() -> Schema {
         .description(Some(
             "Requested slots: `cpu` cores (number or decimal string, at most 3 decimals, \
              positive), `mem` bytes (whole number, or a size string such as \"256m\", \"1g\"; at \
-             least 6 MiB, Docker's minimum), optional `cuda.device` (a count). No other slot.",
+             least 6 MiB, Docker's minimum), and any accelerator slot an ALIVE agent advertises \
+             (`cuda.device`, `cuda.shares`, …: a non-negative number or decimal string, at most 3 \
+             decimals, whole for `bytes` and `unique` slots). A slot no agent has: 400 \
+             `unknown-slot`.",
         ))
         .property(
             "cpu",
@@ -243,16 +248,46 @@ pub fn resource_slots_schema() -> Schema {
                 .schema_type(number_or_string(Type::Integer))
                 .minimum(Some(MIN_MEM_BYTES)),
         )
-        .property(
-            "cuda.device",
-            ObjectBuilder::new()
-                .schema_type(number_or_string(Type::Integer))
-                .minimum(Some(0))
-                .maximum(Some(u32::MAX)),
-        )
         .required("cpu")
         .required("mem")
-        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(
+            ObjectBuilder::new()
+                .schema_type(number_or_string(Type::Number))
+                .minimum(Some(0))
+                .into(),
+        ))))
+        .into()
+}
+
+/// Slot amounts as Backend.AI writes them: `{slot name: decimal string}` over any slot names
+/// (`{"cpu": "1.5", "mem": "268435456", "cuda.shares": "0.5"}`).
+pub fn slot_amounts_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(
+            "`{slot name: decimal string}`: `cpu` cores, `mem` bytes, accelerator slots in \
+             their unit.",
+        ))
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(r"^[0-9]+(\.[0-9]+)?$"))
+                .into(),
+        ))))
+        .into()
+}
+
+/// Slot types: `{slot name: "count" | "bytes" | "unique"}`.
+pub fn slot_types_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some("`{slot name: unit}`: `count`, `bytes` or `unique`."))
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["count", "bytes", "unique"]))
+                .into(),
+        ))))
         .into()
 }
 
@@ -307,6 +342,8 @@ pub enum ErrorCode {
     ImageNotFound,
     /// 400: more slots than any agent has in total.
     SlotsExceedCapacity,
+    /// 400: a resource slot no `ALIVE` agent has.
+    UnknownSlot,
     /// 400: an absolute path, `..`, a symlink out of `/home/work`, or a directory.
     InvalidPath,
     /// 401: no, or a bad, bearer token.
@@ -409,22 +446,6 @@ pub enum SessionResult {
     Failure,
 }
 
-/// Slot amounts as Backend.AI writes them: decimal strings.
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Slots {
-    /// Cores.
-    #[schema(pattern = r"^[0-9]+(\.[0-9]+)?$")]
-    pub cpu: String,
-    /// Bytes.
-    #[schema(pattern = "^[0-9]+$")]
-    pub mem: String,
-    /// GPUs.
-    #[serde(rename = "cuda.device")]
-    #[schema(pattern = "^[0-9]+$")]
-    pub cuda_device: String,
-}
-
 /// A vfolder a session mounts, as asked for.
 #[derive(ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -468,8 +489,9 @@ pub struct Session {
     pub batch_timeout: Option<f64>,
     /// A batch session's outcome.
     pub result: SessionResult,
-    /// Its slots.
-    pub resource_slots: Slots,
+    /// Every slot it asked for (`{name: decimal string}`).
+    #[schema(schema_with = slot_amounts_schema)]
+    pub resource_slots: std::collections::BTreeMap<String, String>,
     /// Its vfolders.
     pub mounts: Vec<SessionMount>,
     /// Unix seconds.
@@ -734,10 +756,15 @@ pub struct Agent {
     /// Agent version.
     #[schema(required = true)]
     pub version: Option<String>,
-    /// Its slots.
-    pub slots_total: Slots,
-    /// What the manager has placed there.
-    pub slots_used: Slots,
+    /// Every slot it has (`cpu`, `mem`, accelerator slots such as `cuda.device`), in total.
+    #[schema(schema_with = slot_amounts_schema)]
+    pub slots_total: std::collections::BTreeMap<String, String>,
+    /// What the manager has placed there: its live kernels' slots, summed, over the same slots.
+    #[schema(schema_with = slot_amounts_schema)]
+    pub slots_used: std::collections::BTreeMap<String, String>,
+    /// Each slot's unit: `count`, `bytes` or `unique` (`slot_key_and_units`).
+    #[schema(schema_with = slot_types_schema)]
+    pub slot_types: std::collections::BTreeMap<String, String>,
     /// Live kernels placed there.
     pub kernels: i64,
     /// Unix seconds of its newest heartbeat.
@@ -1080,6 +1107,7 @@ mod tests {
             ManagerError::AccessKeyInUse(s()),
             ManagerError::ImageNotFound(s()),
             ManagerError::SlotsExceedCapacity(s()),
+            ManagerError::UnknownSlot(s()),
             ManagerError::SessionNotFound(s()),
             ManagerError::AccessKeyNotFound(s()),
             ManagerError::NoCapacity(s()),
@@ -1129,9 +1157,14 @@ mod tests {
             .map(|v| v.as_str().unwrap())
             .collect();
         assert_eq!(required, BTreeSet::from(["image", "resource_slots"]));
-        assert_eq!(
-            s["properties"]["resource_slots"]["additionalProperties"],
-            false
+        // Any slot name; amounts non-negative numbers or strings.
+        let extra = &s["properties"]["resource_slots"]["additionalProperties"];
+        assert_eq!(extra["minimum"], 0, "{extra}");
+        let agent = &doc["components"]["schemas"]["Agent"]["properties"];
+        assert!(
+            agent["slots_total"]["additionalProperties"]["pattern"].is_string(),
+            "{agent}"
         );
+        assert!(agent["slot_types"]["additionalProperties"]["enum"].is_array());
     }
 }

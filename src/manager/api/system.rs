@@ -5,11 +5,13 @@ use actix_web::{web, HttpResponse};
 
 use super::auth::Caller;
 use super::openapi;
-use super::{slots_json, ApiState, Res};
+use super::{ApiState, Res};
 use crate::manager::pool::GetPoolStats;
 use crate::manager::registry::{GraceRemaining, ListAgents};
 
-/// Every known agent: liveness, slots, kernels (admin).
+/// Every known agent: liveness, slots, kernels (admin). `slots_total` is every slot the agent
+/// has, `slots_used` the sum of the slots its live kernels hold over the same slots (and any
+/// other a kernel holds), `slot_types` each slot's unit; amounts are decimal strings.
 #[utoipa::path(
     get,
     path = "/v1/agents",
@@ -28,11 +30,19 @@ pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
         .iter()
         .map(|a| {
             let r = &a.row;
-            let u = usage.get(&r.id).copied().unwrap_or_default();
+            let u = usage.get(&r.id).cloned().unwrap_or_default();
+            // Every slot of the total shows in `slots_used`, zero when nothing holds it.
+            let zeros: crate::slots::ResourceSlots = r
+                .slots_total
+                .iter()
+                .map(|(k, _)| (k.to_owned(), crate::slots::Amount::ZERO))
+                .collect();
+            let used = zeros.checked_add(&u.slots).unwrap_or(u.slots);
             serde_json::json!({
                 "agent_id": r.id, "status": r.status, "addr": r.addr, "region": r.region, "version": r.version,
-                "slots_total": slots_json(r.cpu_millis, r.mem_bytes, r.cuda_devices),
-                "slots_used": slots_json(u.cpu_millis, u.mem_bytes, u.cuda_devices),
+                "slots_total": r.slots_total.to_json(),
+                "slots_used": used.to_json(),
+                "slot_types": r.slot_types,
                 "kernels": u.kernels, "last_heartbeat": r.last_heartbeat,
             })
         })

@@ -3,8 +3,10 @@
 use rmpv::Value;
 
 use crate::manager::events::field;
+use crate::slots::{builtin_types, ResourceSlots, SlotType, SlotTypes};
 
-/// One heartbeat. Slots total: `cpu_millis` (millicores), `mem_bytes`, `cuda_devices`.
+/// One heartbeat: the agent's address and key, its slots in total (every slot it has: `cpu`,
+/// `mem`, accelerator slots) with their types, and its kernels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Heartbeat {
     /// Agent id.
@@ -19,12 +21,10 @@ pub struct Heartbeat {
     pub version: String,
     /// Unix seconds when the agent built it (latest wins).
     pub ts: f64,
-    /// Millicores.
-    pub cpu_millis: i64,
-    /// Bytes.
-    pub mem_bytes: i64,
-    /// GPUs.
-    pub cuda_devices: i64,
+    /// `slots.total`: every slot the agent has (`{name: amount}`, in the slot's unit).
+    pub slots_total: ResourceSlots,
+    /// `slot_key_and_units`, with the built-in `cpu` / `mem` (see [`slot_types`]).
+    pub slot_types: SlotTypes,
     /// `(kernel id, session id, status)` of every kernel not `TERMINATED`.
     pub kernels: Vec<(String, String, String)>,
 }
@@ -33,16 +33,29 @@ fn text(map: &[(Value, Value)], key: &str) -> Option<String> {
     field(map, key).and_then(Value::as_str).map(str::to_owned)
 }
 
-/// A slot amount: a decimal string (Backend.AI's way) or a number.
-fn amount(v: Option<&Value>) -> f64 {
-    match v {
-        Some(Value::String(s)) => s.as_str().and_then(|s| s.parse().ok()).unwrap_or(0.0),
-        Some(v) => v
-            .as_f64()
-            .or_else(|| v.as_u64().map(|n| n as f64))
-            .unwrap_or(0.0),
-        None => 0.0,
+/// The slot types of a heartbeat's `slot_key_and_units` (`{name: "count" | "bytes" |
+/// "unique"}`), always with the built-in `cpu` (count) and `mem` (bytes). Agents that predate it
+/// send none: then `cuda.device` (count) besides the built-ins, the one accelerator slot they
+/// knew. Entries with a bad name or unit are skipped.
+pub fn slot_types(units: Option<&Value>) -> SlotTypes {
+    let mut types = builtin_types();
+    match units.and_then(Value::as_map) {
+        None => {
+            types.insert("cuda.device".into(), SlotType::Count);
+        }
+        Some(map) => {
+            for (k, v) in map {
+                let (Some(name), Some(ty)) = (k.as_str(), v.as_str().and_then(SlotType::parse))
+                else {
+                    continue;
+                };
+                if crate::slots::check_name(name).is_ok() && !types.contains_key(name) {
+                    types.insert(name.to_owned(), ty);
+                }
+            }
+        }
     }
+    types
 }
 
 impl Heartbeat {
@@ -52,11 +65,10 @@ impl Heartbeat {
     pub fn from_value(agent_id: &str, info: &Value) -> Result<Heartbeat, String> {
         let map = info.as_map().ok_or("heartbeat info must be a map")?;
         let addr = text(map, "addr").ok_or("heartbeat without `addr`")?;
-        let total = field(map, "slots")
+        let slots_total = field(map, "slots")
             .and_then(Value::as_map)
             .and_then(|s| field(s, "total"))
-            .and_then(Value::as_map)
-            .cloned()
+            .map(ResourceSlots::from_wire_msgpack)
             .unwrap_or_default();
         let kernels = field(map, "kernels")
             .and_then(Value::as_array)
@@ -80,9 +92,8 @@ impl Heartbeat {
             region: text(map, "region").unwrap_or_else(|| "local".into()),
             version: text(map, "version").unwrap_or_default(),
             ts: field(map, "ts").and_then(Value::as_f64).unwrap_or(0.0),
-            cpu_millis: (amount(field(&total, "cpu")) * 1000.0).round() as i64,
-            mem_bytes: amount(field(&total, "mem")) as i64,
-            cuda_devices: amount(field(&total, "cuda.device")) as i64,
+            slots_total,
+            slot_types: slot_types(field(map, "slot_key_and_units")),
             kernels,
         })
     }
@@ -91,6 +102,7 @@ impl Heartbeat {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slots::Amount;
 
     #[test]
     fn parses_slots_as_decimal_strings() {
@@ -113,11 +125,28 @@ mod tests {
             ),
         ]);
         let hb = Heartbeat::from_value("a1", &info).unwrap();
-        assert_eq!(
-            (hb.cpu_millis, hb.mem_bytes, hb.cuda_devices, hb.ts),
-            (1500, 1 << 30, 0, 12.5)
-        );
+        assert_eq!(hb.slots_total.get("cpu"), Amount::from_milli(1500));
+        assert_eq!(hb.slots_total.get("mem"), Amount::from_units(1 << 30));
+        assert_eq!(hb.slots_total.get("cuda.device"), Amount::ZERO);
+        assert_eq!(hb.ts, 12.5);
+        // No `slot_key_and_units`: the built-ins and `cuda.device`.
+        assert_eq!(hb.slot_types.get("cuda.device"), Some(&SlotType::Count));
+        assert_eq!(hb.slot_types.len(), 3);
         assert_eq!(hb.kernels, vec![("k".into(), "s".into(), "RUNNING".into())]);
+        let units = Value::Map(vec![
+            ("cpu".into(), "count".into()),
+            ("mem".into(), "bytes".into()),
+            ("cuda.shares".into(), "count".into()),
+            ("tpu.device".into(), "unique".into()),
+            ("Bad Name".into(), "count".into()),
+            ("x.y".into(), "furlongs".into()),
+        ]);
+        let types = slot_types(Some(&units));
+        assert_eq!(
+            types.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["cpu", "cuda.shares", "mem", "tpu.device"]
+        );
+        assert_eq!(types["tpu.device"], SlotType::Unique);
         assert!(Heartbeat::from_value("a1", &Value::Map(vec![]))
             .unwrap_err()
             .contains("addr"));

@@ -183,9 +183,8 @@ impl AgentRegistry {
                     public_key: None,
                     region: None,
                     version: None,
-                    cpu_millis: 0,
-                    mem_bytes: 0,
-                    cuda_devices: 0,
+                    slots_total: crate::slots::ResourceSlots::new(),
+                    slot_types: heartbeat::slot_types(None),
                     last_heartbeat: None,
                 },
                 last_seen: Instant::now(),
@@ -213,9 +212,8 @@ impl AgentRegistry {
         s.row.public_key = hb.public_key.clone();
         s.row.region = Some(hb.region.clone());
         s.row.version = Some(hb.version.clone());
-        s.row.cpu_millis = hb.cpu_millis;
-        s.row.mem_bytes = hb.mem_bytes;
-        s.row.cuda_devices = hb.cuda_devices;
+        s.row.slots_total = hb.slots_total.clone();
+        s.row.slot_types = hb.slot_types.clone();
         s.row.last_heartbeat = Some(hb.ts);
         s.dirty = true;
         let public_key = hb
@@ -625,7 +623,8 @@ impl Handler<ListAgents> for AgentRegistry {
     }
 }
 
-/// `ALIVE` agents with an address and slots: where the scheduler may place.
+/// `ALIVE` agents with an address and some `cpu`: where the scheduler may place. Each row carries
+/// its slots in total and their types (the scheduler's known slots are their union).
 #[derive(Message)]
 #[rtype(result = "Vec<AgentRow>")]
 pub struct PlacementCandidates;
@@ -636,7 +635,11 @@ impl Handler<PlacementCandidates> for AgentRegistry {
         MessageResult(
             self.agents
                 .values()
-                .filter(|s| s.row.status == ALIVE && s.endpoint.is_some() && s.row.cpu_millis > 0)
+                .filter(|s| {
+                    s.row.status == ALIVE
+                        && s.endpoint.is_some()
+                        && s.row.slots_total.get(crate::slots::CPU) > crate::slots::Amount::ZERO
+                })
                 .map(|s| s.row.clone())
                 .collect(),
         )

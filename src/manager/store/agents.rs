@@ -4,8 +4,52 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::{now, Store, StoreError};
+use crate::slots::{Amount, ResourceSlots, SlotTypes};
 
-/// One agent row. Slots total: `cpu_millis` (millicores), `mem_bytes`, `cuda_devices`.
+/// Slots from the columns written before `0005_resource_slots` (millicores, bytes, devices);
+/// `cuda.device` only when non-zero.
+pub(super) fn legacy_slots(cpu_millis: i64, mem_bytes: i64, cuda_devices: i64) -> ResourceSlots {
+    let mut s = ResourceSlots::new();
+    s.set(
+        crate::slots::CPU,
+        Amount::from_milli(cpu_millis.max(0) as u64),
+    );
+    s.set(
+        crate::slots::MEM,
+        Amount::from_units(mem_bytes.max(0) as u64),
+    );
+    if cuda_devices > 0 {
+        s.set("cuda.device", Amount::from_units(cuda_devices as u64));
+    }
+    s
+}
+
+/// Slots from their JSON column, or (`''`, a row from before `0005_resource_slots`) from the old
+/// columns.
+pub(super) fn slots_column(r: &AnyRow, column: &str) -> Result<ResourceSlots, sqlx::Error> {
+    let text: String = r.try_get(column)?;
+    if text.is_empty() {
+        return Ok(legacy_slots(
+            r.try_get("cpu_millis")?,
+            r.try_get("mem_bytes")?,
+            r.try_get("cuda_devices")?,
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+/// The old columns' values for `slots` (still written, for compatibility): millicores, bytes,
+/// whole `cuda.device`s.
+pub(super) fn legacy_columns(slots: &ResourceSlots) -> (i64, i64, i64) {
+    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    (
+        clamp(slots.get(crate::slots::CPU).milli()),
+        clamp(slots.get(crate::slots::MEM).units()),
+        clamp(slots.get("cuda.device").units()),
+    )
+}
+
+/// One agent row: liveness, address, and its slots in total with their types.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentRow {
     /// Agent id.
@@ -20,12 +64,11 @@ pub struct AgentRow {
     pub region: Option<String>,
     /// Agent version.
     pub version: Option<String>,
-    /// Millicores.
-    pub cpu_millis: i64,
-    /// Bytes.
-    pub mem_bytes: i64,
-    /// GPUs.
-    pub cuda_devices: i64,
+    /// Every slot it has in total, from its heartbeats (`cpu` cores, `mem` bytes, accelerator
+    /// slots in their units).
+    pub slots_total: ResourceSlots,
+    /// The types of its slots (`slot_key_and_units`, with the built-ins).
+    pub slot_types: SlotTypes,
     /// Unix seconds of its newest heartbeat.
     pub last_heartbeat: Option<f64>,
 }
@@ -39,9 +82,12 @@ impl AgentRow {
             public_key: r.try_get("public_key")?,
             region: r.try_get("region")?,
             version: r.try_get("version")?,
-            cpu_millis: r.try_get("cpu_millis")?,
-            mem_bytes: r.try_get("mem_bytes")?,
-            cuda_devices: r.try_get("cuda_devices")?,
+            slots_total: slots_column(r, "slots_total")?,
+            slot_types: {
+                let text: String = r.try_get("slot_types")?;
+                serde_json::from_str(&text)
+                    .unwrap_or_else(|_| crate::manager::registry::heartbeat::slot_types(None))
+            },
             last_heartbeat: r.try_get("last_heartbeat")?,
         })
     }
@@ -53,14 +99,18 @@ pub(super) async fn upsert_in(
     a: &AgentRow,
 ) -> Result<(), sqlx::Error> {
     let t = now();
+    let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&a.slots_total);
+    let slots_total = serde_json::to_string(&a.slots_total).unwrap_or_else(|_| "{}".into());
+    let slot_types = serde_json::to_string(&a.slot_types).unwrap_or_else(|_| "{}".into());
     sqlx::query(
-        "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULLIF($11, -1.0), $10) \
+        "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed, slots_total, slot_types) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULLIF($11, -1.0), $10, $12, $13) \
          ON CONFLICT (id) DO UPDATE SET \
            status_changed = CASE WHEN agents.status = excluded.status THEN agents.status_changed ELSE excluded.status_changed END, \
            status = excluded.status, addr = excluded.addr, public_key = excluded.public_key, region = excluded.region, \
            version = excluded.version, cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, \
-           cuda_devices = excluded.cuda_devices, last_heartbeat = excluded.last_heartbeat",
+           cuda_devices = excluded.cuda_devices, last_heartbeat = excluded.last_heartbeat, \
+           slots_total = excluded.slots_total, slot_types = excluded.slot_types",
     )
     .bind(&a.id)
     .bind(&a.status)
@@ -68,13 +118,15 @@ pub(super) async fn upsert_in(
     .bind(&a.public_key)
     .bind(&a.region)
     .bind(&a.version)
-    .bind(a.cpu_millis)
-    .bind(a.mem_bytes)
-    .bind(a.cuda_devices)
+    .bind(cpu_millis)
+    .bind(mem_bytes)
+    .bind(cuda_devices)
     .bind(t)
     // Never a NULL f64 parameter: sqlx 0.8's Any driver declares it float4 to PostgreSQL, and the
     // connection's cached statement then refuses the next real (8-byte) value.
     .bind(a.last_heartbeat.unwrap_or(-1.0))
+    .bind(slots_total)
+    .bind(slot_types)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -83,7 +135,7 @@ pub(super) async fn upsert_in(
 impl Store {
     /// Every agent row.
     pub async fn agents(&self) -> Result<Vec<AgentRow>, StoreError> {
-        let rows = sqlx::query("SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat FROM agents ORDER BY id")
+        let rows = sqlx::query("SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat, slots_total, slot_types FROM agents ORDER BY id")
             .fetch_all(&self.pool)
             .await?;
         Ok(rows

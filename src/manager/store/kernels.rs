@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
+use super::agents::{legacy_columns, slots_column};
 use super::{now, Store, StoreError};
+use crate::slots::ResourceSlots;
 
 /// Kernel statuses in lifecycle order; a status update only moves forward in this list
 /// (events and RPC replies may race; `TERMINATED` is final). `RESTARTING` ranks with `RUNNING`.
@@ -31,7 +33,7 @@ fn rank(status: &str) -> Option<usize> {
     }
 }
 
-/// One kernel row. Slots: `cpu_millis` (millicores), `mem_bytes` (bytes), `cuda_devices`.
+/// One kernel row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelRow {
     /// Kernel UUID.
@@ -50,12 +52,9 @@ pub struct KernelRow {
     pub status_reason: Option<String>,
     /// Exit code when it terminated by itself.
     pub exit_code: Option<i64>,
-    /// Millicores.
-    pub cpu_millis: i64,
-    /// Bytes.
-    pub mem_bytes: i64,
-    /// GPUs.
-    pub cuda_devices: i64,
+    /// The slots it asked for and holds while live: every slot of the request (`cpu` cores,
+    /// `mem` bytes, accelerator slots in their units).
+    pub resource_slots: ResourceSlots,
     /// Unix seconds.
     pub created_at: f64,
     /// Unix seconds; `None` while live.
@@ -92,9 +91,7 @@ impl KernelRow {
             status: r.try_get("status")?,
             status_reason: r.try_get("status_reason")?,
             exit_code: r.try_get("exit_code")?,
-            cpu_millis: r.try_get("cpu_millis")?,
-            mem_bytes: r.try_get("mem_bytes")?,
-            cuda_devices: r.try_get("cuda_devices")?,
+            resource_slots: slots_column(r, "resource_slots")?,
             created_at: r.try_get("created_at")?,
             terminated_at: r.try_get("terminated_at")?,
             session_type: r.try_get("session_type")?,
@@ -121,12 +118,8 @@ pub struct NewKernel {
     pub access_key: String,
     /// Image reference.
     pub image: String,
-    /// Millicores.
-    pub cpu_millis: i64,
-    /// Bytes.
-    pub mem_bytes: i64,
-    /// GPUs.
-    pub cuda_devices: i64,
+    /// The slots it asks for (every slot of the request, checked by the scheduler).
+    pub resource_slots: ResourceSlots,
     /// `interactive` or `batch`.
     pub session_type: String,
     /// Main-process command, if any.
@@ -153,20 +146,16 @@ pub enum ReserveError {
     Store(#[from] StoreError),
 }
 
-/// Slots placed on one agent by the manager: live kernels' sums.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Slots placed on one agent by the manager: the sum of its live kernels' `resource_slots`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Millicores.
-    pub cpu_millis: i64,
-    /// Bytes.
-    pub mem_bytes: i64,
-    /// GPUs.
-    pub cuda_devices: i64,
+    /// Every slot any of its live kernels holds, summed exactly.
+    pub slots: ResourceSlots,
     /// Live kernels.
     pub kernels: i64,
 }
 
-const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count";
+const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots";
 
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns whether it was live (a second call for the same kernel is a no-op).
@@ -294,15 +283,17 @@ impl Store {
                 _ => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
             };
         }
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0)"))
+        let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
+        let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15)"))
             .bind(&k.id)
             .bind(&k.session_id)
             .bind(&k.agent_id)
             .bind(&k.access_key)
             .bind(&k.image)
-            .bind(k.cpu_millis)
-            .bind(k.mem_bytes)
-            .bind(k.cuda_devices)
+            .bind(cpu_millis)
+            .bind(mem_bytes)
+            .bind(cuda_devices)
             .bind(now())
             .bind(&k.session_type)
             .bind(&k.command)
@@ -310,6 +301,7 @@ impl Store {
             .bind(k.batch_timeout.unwrap_or(-1.0))
             .bind(&k.mounts)
             .bind(&k.restart_policy)
+            .bind(slots)
             .execute(&mut *tx)
             .await
             .map_err(StoreError::from)?;
@@ -409,23 +401,25 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
-    /// Slots the manager has placed on each agent (live kernels only).
+    /// Slots the manager has placed on each agent: the exact sum of its live kernels'
+    /// `resource_slots` (summed here, not in SQL: the amounts are decimal JSON text).
     pub async fn usage_by_agent(&self) -> Result<HashMap<String, Usage>, StoreError> {
         let rows = sqlx::query(
-            "SELECT agent_id, CAST(SUM(cpu_millis) AS BIGINT), CAST(SUM(mem_bytes) AS BIGINT), CAST(SUM(cuda_devices) AS BIGINT), COUNT(*) \
-             FROM kernels WHERE status <> 'TERMINATED' GROUP BY agent_id",
+            "SELECT agent_id, resource_slots, cpu_millis, mem_bytes, cuda_devices \
+             FROM kernels WHERE status <> 'TERMINATED'",
         )
         .fetch_all(&self.pool)
         .await?;
-        let mut out = HashMap::new();
+        let mut out: HashMap<String, Usage> = HashMap::new();
         for r in rows {
-            let usage = Usage {
-                cpu_millis: r.try_get(1)?,
-                mem_bytes: r.try_get(2)?,
-                cuda_devices: r.try_get(3)?,
-                kernels: r.try_get(4)?,
-            };
-            out.insert(r.try_get(0)?, usage);
+            let slots = slots_column(&r, "resource_slots")?;
+            let u = out.entry(r.try_get("agent_id")?).or_default();
+            // Saturates rather than fails: a sum past 1.8e16 units is no real agent.
+            u.slots = u
+                .slots
+                .checked_add(&slots)
+                .unwrap_or_else(|_| u.slots.clone());
+            u.kernels += 1;
         }
         Ok(out)
     }
@@ -434,6 +428,91 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::rank;
+    use super::{NewKernel, Store};
+    use crate::slots::{Amount, ResourceSlots};
+
+    /// Rows written before `0005_resource_slots` (no JSON slots) read from the old columns, and
+    /// count in the usage with new rows' slots of any name, summed exactly.
+    #[actix_rt::test]
+    async fn old_rows_read_from_the_old_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+            .await
+            .unwrap();
+        store
+            .create_access_key("AK", "hash", "user", "", 0)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO agents (id, status, cpu_millis, mem_bytes, cuda_devices, first_contact, status_changed) \
+             VALUES ('a', 'ALIVE', 1500, 4096, 2, 0, 0)",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO kernels (id, session_id, agent_id, access_key, image, status, cpu_millis, mem_bytes, cuda_devices, created_at) \
+             VALUES ('old', 's', 'a', 'AK', 'img', 'RUNNING', 250, 1024, 1, 0)",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        let agent = store.agents().await.unwrap().remove(0);
+        assert_eq!(
+            agent.slots_total.to_string(),
+            "cpu=1.5 cuda.device=2 mem=4096"
+        );
+        assert_eq!(
+            agent.slot_types,
+            crate::manager::registry::heartbeat::slot_types(None)
+        );
+        let old = store.kernel("old").await.unwrap().unwrap();
+        assert_eq!(
+            old.resource_slots.to_string(),
+            "cpu=0.25 cuda.device=1 mem=1024"
+        );
+        let slots: ResourceSlots = [
+            ("cpu".to_owned(), Amount::from_milli(100)),
+            ("mem".to_owned(), Amount::from_units(2048)),
+            ("cuda.shares".to_owned(), Amount::from_milli(300)),
+        ]
+        .into_iter()
+        .collect();
+        for id in ["n1", "n2"] {
+            store
+                .reserve_kernel(&NewKernel {
+                    id: id.into(),
+                    session_id: id.into(),
+                    agent_id: "a".into(),
+                    access_key: "AK".into(),
+                    image: "img".into(),
+                    resource_slots: slots.clone(),
+                    session_type: "interactive".into(),
+                    command: None,
+                    batch_timeout: None,
+                    mounts: "[]".into(),
+                    restart_policy: r#"{"mode":"never"}"#.into(),
+                })
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            store.kernel("n1").await.unwrap().unwrap().resource_slots,
+            slots
+        );
+        let usage = store.usage_by_agent().await.unwrap().remove("a").unwrap();
+        assert_eq!(usage.kernels, 3);
+        assert_eq!(
+            usage.slots.to_string(),
+            "cpu=0.45 cuda.device=1 cuda.shares=0.6 mem=5120"
+        );
+        store
+            .terminate_kernel("old", "user-requested", None)
+            .await
+            .unwrap();
+        let usage = store.usage_by_agent().await.unwrap().remove("a").unwrap();
+        assert_eq!(usage.slots.to_string(), "cpu=0.2 cuda.shares=0.6 mem=4096");
+    }
 
     #[test]
     fn status_order_moves_forward_only() {
