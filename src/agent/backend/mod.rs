@@ -36,6 +36,10 @@ pub mod labels {
     pub const SESSION_TYPE: &str = "ai.backend.session-type";
     /// The kernel's restart policy as JSON (`crate::workload::RestartPolicy`), likewise.
     pub const RESTART_POLICY: &str = "ai.kernelvisor.restart-policy";
+    /// The kernel's slots as JSON `{name: "decimal"}` (Backend.AI's label name).
+    pub const RESOURCE_SLOTS: &str = "ai.backend.resource.slots";
+    /// The kernel's accelerator devices as JSON `{slot: {device id: "decimal"}}`.
+    pub const DEVICES: &str = "ai.kernelvisor.devices";
 }
 
 /// An engine error, classified for the kernel's error names.
