@@ -146,6 +146,27 @@ pub fn check_mount_name(name: &str) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// `resource_slots` without the zero amounts of slots this agent does not know: Backend.AI's
+/// manager (and this one before generic slots) sends every slot type, `"cuda.device": "0"`
+/// included, to agents without the accelerator. A non-zero unknown slot stays, to be refused.
+fn known_or_nonzero(v: &Value, types: &SlotTypes) -> Value {
+    match v.as_map() {
+        Some(m) => Value::Map(
+            m.iter()
+                .filter(|(k, a)| {
+                    let known = k.as_str().is_some_and(|k| types.contains_key(k));
+                    let zero = crate::slots::RawAmount::from_msgpack(a)
+                        .amount("", crate::slots::SlotType::Count)
+                        .is_ok_and(|a| a == crate::slots::Amount::ZERO);
+                    known || !zero
+                })
+                .cloned()
+                .collect(),
+        ),
+        None => v.clone(),
+    }
+}
+
 /// `slots` as stored now (`{name: "decimal"}`) or by an agent before generic slots
 /// (`{"cpu_millis", "mem_bytes", "cuda_devices"}`).
 fn slots_any<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ResourceSlots, D::Error> {
@@ -212,7 +233,11 @@ impl KernelConfig {
             return Err(invalid("`image` must not be empty"));
         }
         let slots = ResourceSlots::request_from_msgpack(
-            get(map, "resource_slots").ok_or_else(|| invalid("`resource_slots` is required"))?,
+            &known_or_nonzero(
+                get(map, "resource_slots")
+                    .ok_or_else(|| invalid("`resource_slots` is required"))?,
+                types,
+            ),
             types,
         )?;
         let mem = slots.get(crate::slots::MEM).units();
@@ -564,6 +589,17 @@ mod tests {
         )])
         .unwrap_err();
         assert!(frac.to_string().contains("`cuda.device`"), "{frac}");
+        // A zero amount of a slot this agent lacks is no request (Backend.AI's manager sends it).
+        let zero = cfg(vec![(
+            "resource_slots",
+            Value::Map(vec![
+                ("cpu".into(), 1.into()),
+                ("mem".into(), Value::from(1u64 << 28)),
+                ("rocm.device".into(), "0".into()),
+            ]),
+        )])
+        .unwrap();
+        assert_eq!(zero.slots.to_string(), "cpu=1 mem=268435456");
         let old = r#"{"cpu_millis":500,"mem_bytes":268435456,"cuda_devices":2}"#;
         let mut c = cfg(vec![]).unwrap();
         let mut j = serde_json::to_value(&c).unwrap();
