@@ -267,3 +267,67 @@ async fn mock_shares_pack_best_fit_and_unknown_slots_are_refused() {
     assert!(alloc_map(&peer).await.is_empty());
     agent.shutdown(OnShutdown::Terminate).await;
 }
+
+#[actix_rt::test]
+async fn heartbeats_advertise_every_slot_and_its_unit() {
+    use common::intake::{start_intake, Received};
+    use common::{wait_until, Keys};
+    use std::time::Duration;
+
+    let fx = AgentFixture::new("accel-heartbeat", 33240, 4);
+    let keys = Keys::new();
+    keys.write(fx.dir.path());
+    let intake_port = free_port();
+    let d = fx.dir.path().display();
+    let mut text = fx.config_toml(&format!(
+        "rpc-auth-manager-public-key = \"{d}/manager.key\"\nrpc-auth-agent-keypair = \"{d}/agent.key_secret\"\nbackend = \"dummy\"\n"
+    ));
+    text.push_str(&format!(
+        "[manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\nheartbeat-interval = 0.3\n\
+         [accelerator]\ncuda = false\n\
+         [[accelerator.mock.devices]]\nid = \"m0\"\nmemory = 1073741824\nslot = \"cuda.shares\"\n\
+         [[accelerator.mock.devices]]\nid = \"m1\"\nmemory = \"1g\"\nslot = \"cuda.shares\"\n"
+    ));
+    let p = fx.dir.path().join("agent.toml");
+    std::fs::write(&p, text).unwrap();
+    let received = Received::default();
+    let _intake = start_intake(
+        &format!("tcp://127.0.0.1:{intake_port}"),
+        &keys.manager,
+        keys.agent.public,
+        &received,
+    );
+    let agent = Agent::start(AgentConfig::load(&p).unwrap(), None)
+        .await
+        .expect("agent starts");
+    wait_until(Duration::from_secs(30), "a heartbeat", || {
+        let n = received.heartbeat_count();
+        async move { n > 0 }
+    })
+    .await;
+    let beat = received.heartbeats.lock().unwrap()[0].1.clone();
+    let slots = field(&beat, "slots");
+    assert_eq!(
+        field(field(slots, "total"), "cuda.shares").as_str(),
+        Some("2")
+    );
+    assert_eq!(
+        field(field(slots, "available"), "cuda.shares").as_str(),
+        Some("2")
+    );
+    assert_eq!(
+        field(field(slots, "occupied"), "cuda.shares").as_str(),
+        Some("0")
+    );
+    assert!(field(field(slots, "total"), "cpu").as_str().is_some());
+    let units = field(&beat, "slot_key_and_units");
+    assert_eq!(
+        (
+            field(units, "cpu").as_str(),
+            field(units, "mem").as_str(),
+            field(units, "cuda.shares").as_str()
+        ),
+        (Some("count"), Some("bytes"), Some("count"))
+    );
+    agent.shutdown(OnShutdown::Terminate).await;
+}

@@ -65,6 +65,7 @@ impl Accelerator for Cuda {
                     .join(","),
             )],
             nvidia_device_ids: ids,
+            device_nodes: Vec::new(),
             binds: Vec::new(),
         }
     }

@@ -48,6 +48,7 @@ impl Accelerator for Mock {
                 super::device_ids(devices).join(","),
             )],
             nvidia_device_ids: Vec::new(),
+            device_nodes: Vec::new(),
             binds: Vec::new(),
         }
     }

@@ -45,6 +45,8 @@ pub struct ContainerConfig {
     pub env: Vec<(String, String)>,
     /// Device ids passed as Docker device requests with driver `nvidia`.
     pub nvidia_device_ids: Vec<String>,
+    /// Host device nodes (`/dev/…`) passed through at the same path.
+    pub device_nodes: Vec<String>,
     /// Extra bind mounts.
     pub binds: Vec<Bind>,
 }
@@ -267,6 +269,7 @@ impl Accelerators {
             let c = p.container_config(&mine);
             out.env.extend(c.env);
             out.nvidia_device_ids.extend(c.nvidia_device_ids);
+            out.device_nodes.extend(c.device_nodes);
             out.binds.extend(c.binds);
         }
         out

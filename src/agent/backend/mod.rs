@@ -165,6 +165,8 @@ pub struct ContainerSpec {
     pub port_bind_host: String,
     /// GPU indexes passed as Docker device requests (driver `nvidia`); empty for none.
     pub gpu_device_ids: Vec<String>,
+    /// Host device nodes (`/dev/…`) passed through at the same path (`rwm`); empty for none.
+    pub device_nodes: Vec<String>,
     /// Replaces the image's command (`["sh", "-c", command]` for a session's `command`).
     pub cmd: Option<Vec<String>>,
     /// Replaces the image's working directory.

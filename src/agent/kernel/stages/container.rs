@@ -134,6 +134,7 @@ pub fn container_spec(
         ports,
         port_bind_host: c.bind_host.clone(),
         gpu_device_ids: accel.nvidia_device_ids,
+        device_nodes: accel.device_nodes,
         cmd: config
             .command
             .as_ref()
