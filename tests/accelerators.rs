@@ -331,3 +331,64 @@ async fn heartbeats_advertise_every_slot_and_its_unit() {
     );
     agent.shutdown(OnShutdown::Terminate).await;
 }
+
+#[actix_rt::test]
+async fn a_dangling_kernel_keeps_its_devices_from_its_labels() {
+    let fx = AgentFixture::new("accel-dangling", 33260, 20);
+    let config = config_with_mock(&fx, "cuda.device", &["0", "1"]);
+    let agent = Agent::start(config.clone(), None)
+        .await
+        .expect("agent starts");
+    let peer = client(agent.endpoint()).await;
+    let kid = format!("k-{}", run_id());
+    let info = create_one(&peer, "s", &kid, with_slot("cuda.device", "1"))
+        .await
+        .unwrap();
+    let devices = gpus(&info);
+    drop(peer);
+
+    // The store is lost: the container is dangling, rebuilt from its labels.
+    agent.shutdown(OnShutdown::Preserve).await;
+    for f in ["agent.db", "agent.db-wal", "agent.db-shm"] {
+        let _ = std::fs::remove_file(fx.dir.path().join("var").join(f));
+    }
+    let agent = Agent::start(config, None).await.expect("agent restarts");
+    let peer = client(agent.endpoint()).await;
+    let listed = call(&peer, "list_dangling_kernels", vec![]).await.unwrap();
+    let mine = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| field(k, "id").as_str() == Some(kid.as_str()))
+        .expect("listed")
+        .clone();
+    assert_eq!(
+        field(field(&mine, "resource_slots"), "cuda.device").as_str(),
+        Some("1")
+    );
+    // Its device stays reserved while it waits: only one is left.
+    let map = alloc_map(&peer).await;
+    assert_eq!(
+        map[&kid].keys().cloned().collect::<BTreeSet<_>>(),
+        devices,
+        "{map:?}"
+    );
+    let r = create_one(
+        &peer,
+        "s",
+        &format!("k2-{}", run_id()),
+        with_slot("cuda.device", "2"),
+    )
+    .await;
+    assert_eq!(failure_name(&r), "ResourceExhausted", "{r:?}");
+
+    let adopted = call(&peer, "adopt_kernel", vec![kid.clone().into()])
+        .await
+        .unwrap();
+    assert_eq!(gpus(&adopted), devices);
+    assert_eq!(visible_devices(&adopted), devices);
+    destroy(&peer, &kid).await;
+    assert!(alloc_map(&peer).await.is_empty());
+    assert_eq!(occupied(&peer, "cuda.device").await, "0");
+    agent.shutdown(OnShutdown::Terminate).await;
+}
