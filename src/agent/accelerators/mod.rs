@@ -220,8 +220,28 @@ impl Accelerators {
                 tracing::warn!("[accelerator] cuda = true but NVML finds no GPU");
             }
         }
-        if !a.mock.devices.is_empty() {
-            plugins.push(Arc::new(mock::Mock::new(&a.mock.devices)));
+        // A mock device may not shadow a real one (same slot and id): it is skipped, logged.
+        let taken: std::collections::BTreeSet<(&str, &str)> = plugins
+            .iter()
+            .flat_map(|p| p.devices().iter())
+            .map(|d| (d.slot.as_str(), d.id.as_str()))
+            .collect();
+        let mocks: Vec<_> = a
+            .mock
+            .devices
+            .iter()
+            .filter(|d| {
+                let dup = taken.contains(&(d.slot.as_str(), d.id.as_str()));
+                if dup {
+                    tracing::warn!(id = %d.id, slot = %d.slot, "mock device shadows a real one: skipped");
+                }
+                !dup
+            })
+            .cloned()
+            .collect();
+        drop(taken);
+        if !mocks.is_empty() {
+            plugins.push(Arc::new(mock::Mock::new(&mocks)));
         }
         Accelerators { plugins }
     }
@@ -256,12 +276,23 @@ impl Accelerators {
     pub fn container_config(&self, devices: &DeviceMap) -> ContainerConfig {
         let mut out = ContainerConfig::default();
         for p in &self.plugins {
+            // Only this plugin's devices (a slot may be served by two plugins, e.g. a mock
+            // `cuda.device` next to real GPUs).
             let mine: DeviceMap = devices
                 .iter()
-                .filter(|(slot, d)| {
-                    !d.is_empty() && p.devices().iter().any(|dev| &dev.slot == *slot)
+                .map(|(slot, held)| {
+                    let held: DeviceShares = held
+                        .iter()
+                        .filter(|(id, _)| {
+                            p.devices()
+                                .iter()
+                                .any(|dev| &dev.slot == slot && &dev.id == *id)
+                        })
+                        .map(|(id, a)| (id.clone(), *a))
+                        .collect();
+                    (slot.clone(), held)
                 })
-                .map(|(s, d)| (s.clone(), d.clone()))
+                .filter(|(_, held)| !held.is_empty())
                 .collect();
             if mine.is_empty() {
                 continue;
