@@ -135,6 +135,20 @@ fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
     assert_eq!(c.agent.backend, kernelvisor::config::BackendKind::Dummy);
     assert_eq!(c.resource.mem.unwrap().0, 2 << 30);
     assert_eq!(c.container.scratch_size.unwrap().0, 512 << 20);
+    assert_eq!(c.accelerator.cuda, None, "auto-detect by default");
+    let mock = write(dir.path(), "mock.toml", "[agent]\nid = \"a\"\n[accelerator]\ncuda = false\n[[accelerator.mock.devices]]\nid = \"g0\"\nmemory = \"16g\"\n[[accelerator.mock.devices]]\nid = \"g1\"\nmemory = 1024\nslot = \"cuda.shares\"\n");
+    let m = AgentConfig::load(&mock).unwrap();
+    assert_eq!(m.accelerator.cuda, Some(false));
+    let d = &m.accelerator.mock.devices;
+    assert_eq!(
+        (
+            d[0].slot.as_str(),
+            d[0].memory.0,
+            d[1].slot.as_str(),
+            d[1].memory.0
+        ),
+        ("cuda.device", 16 << 30, "cuda.shares", 1024)
+    );
     for (text, key) in [
         (
             "[container]\nport-range = [31000, 30000]\n",
@@ -151,6 +165,19 @@ fn container_and_resource_sections_parse_sizes_and_refuse_nonsense() {
         (
             "[container]\ndocker-host = \"tcp://10.0.0.1:2375\"\n",
             "container.docker-host",
+        ),
+        ("[accelerator]\nrocm = true\n", "rocm"),
+        (
+            "[[accelerator.mock.devices]]\nid = \"0\"\nmemory = \"1g\"\ncolour = 1\n",
+            "colour",
+        ),
+        (
+            "[[accelerator.mock.devices]]\nid = \"0\"\nmemory = \"1g\"\n[[accelerator.mock.devices]]\nid = \"0\"\nmemory = \"1g\"\n",
+            "accelerator.mock.devices",
+        ),
+        (
+            "[[accelerator.mock.devices]]\nid = \"0\"\nmemory = \"1g\"\nslot = \"cuda.whatever\"\n",
+            "accelerator.mock.devices",
         ),
     ] {
         let text = if text.starts_with("[agent]") {

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::accelerators::Accelerators;
 use super::backend::ContainerBackend;
 use super::events::EventBus;
 use super::metrics::AgentMetrics;
@@ -46,8 +47,8 @@ pub struct AgentContext {
 
 impl AgentContext {
     /// The slot capacity from the host (or `[resource] cpu`/`mem`) minus `reserved-cpu` /
-    /// `reserved-mem`, and the GPUs NVML reports (none without NVML).
-    pub fn detect_slots(config: &AgentConfig) -> SlotAllocator {
+    /// `reserved-mem`, and every device of `accelerators`.
+    pub fn detect_slots(config: &AgentConfig, accelerators: Accelerators) -> SlotAllocator {
         let r = &config.resource;
         let mut sys = sysinfo::System::new();
         sys.refresh_memory();
@@ -56,13 +57,10 @@ impl AgentContext {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
         let mem = r.mem.map_or_else(|| sys.total_memory(), |m| m.0);
         let cpu_millis = ((cores - r.reserved_cpu).max(0.0) * 1000.0).round() as u64;
-        let gpus = match nvml_wrapper::Nvml::init().and_then(|n| n.device_count()) {
-            Ok(count) => (0..count).map(|i| i.to_string()).collect(),
-            Err(e) => {
-                tracing::info!(error = %e, "NVML not available: no cuda.device slots");
-                Vec::new()
-            }
-        };
-        SlotAllocator::new(cpu_millis, mem.saturating_sub(r.reserved_mem.0), gpus)
+        SlotAllocator::new(
+            cpu_millis,
+            mem.saturating_sub(r.reserved_mem.0),
+            accelerators,
+        )
     }
 }

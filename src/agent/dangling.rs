@@ -2,8 +2,9 @@
 //! its store does not know, because the store was lost or an older agent made them.
 //!
 //! Recovery rebuilds what it can of each one from the engine alone ([`rebuild`]): the kernel and
-//! session ids, owner and service ports from its labels, slots from its `HostConfig` limits
-//! (`NanoCpus` → cpu, `Memory` → mem, `nvidia` device requests → GPUs), host ports from its port
+//! session ids, owner and service ports from its labels, slots and devices from its
+//! `ai.backend.resource.slots` / `ai.kernelvisor.devices` labels (else from its `HostConfig`
+//! limits: `NanoCpus` → cpu, `Memory` → mem, `nvidia` device requests → `cuda.device`), host ports from its port
 //! bindings, its scratch directory and vfolders from its binds, the image from its image id.
 //! It keeps them in the [`DanglingTable`] and reports each with `kernel_dangling` (carrying that
 //! description); the manager decides:
@@ -36,6 +37,7 @@ use super::kernel::{
 use super::registry::{Adopt, GetKernel, KernelRegistry, Reconcile};
 use super::resources::{SlotAllocation, SlotRequest};
 use crate::rpc::ErrorMeta;
+use crate::slots::ResourceSlots;
 
 /// A kernel rebuilt from its container: what [`Adopt`] needs.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,7 +62,8 @@ pub struct DanglingKernel {
     pub running: bool,
     /// The image id it runs.
     pub image: String,
-    /// Its slots: `NanoCpus` / 10⁶ millicores, `Memory` bytes, GPUs (0 when unlimited).
+    /// Its slots and devices: from its labels, else `NanoCpus` / 10⁶ millicores, `Memory` bytes,
+    /// `nvidia` device requests as `cuda.device` (0 when unlimited).
     pub slots: SlotAllocation,
     /// Its published host ports, in service-port order.
     pub host_ports: Vec<u16>,
@@ -82,7 +85,7 @@ impl DanglingKernel {
             running: self.running,
             image: self.image.clone(),
             host_ports: self.host_ports.clone(),
-            resource_slots: self.slots.request,
+            resource_slots: self.slots.slots.clone(),
             access_key: self.owner.access_key.clone(),
             adoptable: self.rebuilt.is_ok(),
             not_adoptable_reason: self.rebuilt.as_ref().err().cloned(),
@@ -90,8 +93,8 @@ impl DanglingKernel {
     }
 
     /// As the wire map of `list_dangling_kernels`: `{"id", "session_id", "container_id",
-    /// "running", "image", "host_ports": [int], "resource_slots": {"cpu", "mem",
-    /// "cuda.device"}, "access_key", "adoptable", "reason" (str or nil)}`.
+    /// "running", "image", "host_ports": [int], "resource_slots": {name: "decimal"},
+    /// "access_key", "adoptable", "reason" (str or nil)}`.
     pub fn to_value(&self) -> Value {
         let ports = Value::Array(self.host_ports.iter().map(|&p| p.into()).collect());
         Value::Map(vec![
@@ -101,7 +104,7 @@ impl DanglingKernel {
             ("running".into(), self.running.into()),
             ("image".into(), self.image.clone().into()),
             ("host_ports".into(), ports),
-            ("resource_slots".into(), self.slots.request.to_value()),
+            ("resource_slots".into(), self.slots.slots.to_msgpack()),
             ("access_key".into(), self.owner.access_key.clone().into()),
             ("adoptable".into(), self.rebuilt.is_ok().into()),
             (
@@ -220,14 +223,29 @@ pub async fn describe(ctx: &AgentContext, desc: &ContainerDescription) -> Dangli
             host_ports.push(m.host_port);
         }
     }
-    let slots = SlotAllocation {
-        request: SlotRequest {
+    let from_labels = spec
+        .labels
+        .get(labels::RESOURCE_SLOTS)
+        .and_then(|j| serde_json::from_str::<ResourceSlots>(j).ok())
+        .map(|slots| SlotAllocation {
+            slots,
+            devices: spec
+                .labels
+                .get(labels::DEVICES)
+                .and_then(|j| serde_json::from_str(j).ok())
+                .unwrap_or_default(),
+        });
+    let slots = from_labels.unwrap_or_else(|| {
+        let legacy = SlotRequest {
             cpu_millis: spec.nano_cpus.map_or(0, |n| (n.max(0) / 1_000_000) as u64),
             mem_bytes: spec.memory_bytes.map_or(0, |m| m.max(0) as u64),
             cuda_devices: spec.gpu_device_ids.len() as u32,
-        },
-        gpus: spec.gpu_device_ids.clone(),
-    };
+        };
+        serde_json::from_value(serde_json::json!({
+            "request": legacy, "gpus": spec.gpu_device_ids,
+        }))
+        .unwrap_or_default()
+    });
     let mut k = DanglingKernel {
         kernel_id: label(labels::KERNEL_ID),
         session_id: label(labels::SESSION_ID),
@@ -316,7 +334,7 @@ fn rebuild(
     };
     let config = KernelConfig {
         image: image.id.clone(),
-        slots: k.slots.request,
+        slots: k.slots.slots.clone(),
         shmem: spec.shm_size.map(|s| s.max(0) as u64),
         environ,
         mounts: mounts
@@ -367,7 +385,7 @@ fn reserve(ctx: &AgentContext, k: &mut DanglingKernel) {
         ctx.slots
             .lock()
             .expect("slots lock")
-            .reserve_exact(&k.slots);
+            .reserve_exact(&k.kernel_id, &k.slots);
         ctx.ports
             .lock()
             .expect("ports lock")
@@ -378,7 +396,10 @@ fn reserve(ctx: &AgentContext, k: &mut DanglingKernel) {
 
 fn release(ctx: &AgentContext, k: &mut DanglingKernel) {
     if k.reserved {
-        ctx.slots.lock().expect("slots lock").release(&k.slots);
+        ctx.slots
+            .lock()
+            .expect("slots lock")
+            .release(&k.kernel_id, &k.slots);
         ctx.ports.lock().expect("ports lock").release(&k.host_ports);
         k.reserved = false;
     }
@@ -396,7 +417,7 @@ pub async fn report(ctx: &AgentContext, containers: Vec<ContainerDescription>) -
         }
         tracing::warn!(
             agent_id = %ctx.agent_id, kernel_id = %k.kernel_id, container_id = %k.container_id,
-            running = k.running, host_ports = ?k.host_ports, slots = ?k.slots.request,
+            running = k.running, host_ports = ?k.host_ports, slots = %k.slots.slots,
             not_adoptable = ?k.rebuilt.as_ref().err(),
             "dangling container: carries this agent's id but no live kernel; reported to the manager"
         );

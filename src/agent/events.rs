@@ -144,10 +144,10 @@ pub enum AgentEvent {
         /// Its published host ports (service ports first, in their order).
         #[serde(default)]
         host_ports: Vec<u16>,
-        /// Its slots from its `HostConfig` limits: `{"cpu_millis", "mem_bytes", "cuda_devices"}`
-        /// (0 for a limit it does not have).
+        /// Its slots, `{name: "decimal"}`: from its `ai.backend.resource.slots` label, else its
+        /// `HostConfig` limits (`cpu`, `mem`, `cuda.device`; 0 for a limit it does not have).
         #[serde(default)]
-        resource_slots: crate::agent::resources::SlotRequest,
+        resource_slots: crate::slots::ResourceSlots,
         /// The owner's access key from its `ai.backend.owner` label (empty when absent).
         #[serde(default)]
         access_key: String,

@@ -30,15 +30,18 @@ pub struct Identity {
 
 /// Builds the heartbeat map: `agent_id`, `region`, `addr`, `public_key`, `version`,
 /// `architecture`, `ts` (Unix seconds), `slots` (`total`, `available`, `occupied`, each
-/// `{"cpu": cores as a decimal string, "mem": bytes, "cuda.device": count}`) and `kernels`
-/// (`[{"id", "session_id", "status"}]`, every kernel not `TERMINATED`).
+/// `{slot: "decimal string"}` over every slot: `cpu` cores, `mem` bytes, and each accelerator
+/// slot such as `cuda.device` / `cuda.shares`), `slot_key_and_units` (`{slot: "count" |
+/// "bytes" | "unique"}`, Backend.AI's name) and `kernels` (`[{"id", "session_id", "status"}]`,
+/// every kernel not `TERMINATED`).
 pub async fn build(ctx: &AgentContext, registry: &Addr<KernelRegistry>, who: &Identity) -> Value {
-    let (total, available, occupied) = {
+    let (total, available, occupied, units) = {
         let slots = ctx.slots.lock().expect("slot allocator lock");
         (
-            slots.capacity().to_value(),
-            slots.available().to_value(),
-            slots.used().to_value(),
+            slots.capacity().to_msgpack(),
+            slots.available().to_msgpack(),
+            slots.used().to_msgpack(),
+            slot_key_and_units(slots.slot_types()),
         )
     };
     let kernels = registry.send(ListKernels).await.unwrap_or_default();
@@ -70,8 +73,19 @@ pub async fn build(ctx: &AgentContext, registry: &Addr<KernelRegistry>, who: &Id
                 ("occupied".into(), occupied),
             ]),
         ),
+        ("slot_key_and_units".into(), units),
         ("kernels".into(), Value::Array(live)),
     ])
+}
+
+/// `{slot: "count" | "bytes" | "unique"}`.
+pub fn slot_key_and_units(types: &crate::slots::SlotTypes) -> Value {
+    Value::Map(
+        types
+            .iter()
+            .map(|(k, t)| (k.as_str().into(), t.as_str().into()))
+            .collect(),
+    )
 }
 
 /// Sends a heartbeat every `interval` until `stop`. Without `peer` (standalone) it still

@@ -1,6 +1,9 @@
 //! `gather_hwinfo`: real facts about the host, in Backend.AI's `Mapping[str, HardwareMetadata]`
 //! shape: one entry per device kind (`cpu`, `mem`, `os`, and `cuda` when NVML finds GPUs), each
-//! `{"status": "healthy", "status_info": nil, "metadata": {str: str}}`.
+//! `{"status": "healthy", "status_info": nil, "metadata": {str: str}}`. With the agent's
+//! accelerators ([`gather_with`]): one entry per accelerator other than `cuda` (e.g. `mock`:
+//! `device_count`, `device.<id>.slot`, `device.<id>.memory_total_bytes`,
+//! `device.<id>.model`), and `slot_key_and_units` (`{slot: "count" | "bytes" | "unique"}`).
 
 use rmpv::Value;
 
@@ -63,6 +66,36 @@ pub fn gather() -> Value {
         info.push(("cuda", cuda));
     }
     Value::Map(info.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
+}
+
+/// [`gather`] plus the agent's accelerators: an entry per non-`cuda` accelerator (as
+/// `cuda`'s, with `device.<id>.slot`) and the top-level `slot_key_and_units`. Blocking.
+pub fn gather_with(accelerators: &crate::agent::accelerators::Accelerators) -> Value {
+    let mut info = match gather() {
+        Value::Map(m) => m,
+        _ => Vec::new(),
+    };
+    for p in accelerators.plugins() {
+        if p.name() == "cuda" {
+            continue; // NVML's own entry, above.
+        }
+        let mut meta: Vec<(String, String)> =
+            vec![("device_count".into(), p.devices().len().to_string())];
+        for d in p.devices() {
+            meta.push((format!("device.{}.slot", d.id), d.slot.clone()));
+            meta.push((format!("device.{}.model", d.id), d.model.clone()));
+            meta.push((
+                format!("device.{}.memory_total_bytes", d.id),
+                d.memory.to_string(),
+            ));
+        }
+        info.push((Value::from(p.name()), entry(meta)));
+    }
+    info.push((
+        Value::from("slot_key_and_units"),
+        crate::agent::heartbeat::slot_key_and_units(&accelerators.slot_types()),
+    ));
+    Value::Map(info)
 }
 
 /// GPUs via NVML: `None` when NVML is not installed or finds no device (logged once per call at

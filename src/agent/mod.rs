@@ -18,6 +18,7 @@
 //! and adopts them again from the store, as an agent restart does (recovery.rs). On the final
 //! shutdown kernels are detached (`on-shutdown = "preserve"`) or destroyed (`"terminate"`).
 
+pub mod accelerators;
 pub mod backend;
 pub mod context;
 pub mod dangling;
@@ -134,7 +135,11 @@ impl Kernels {
     /// ports, so the allocators start afresh before [`Kernels::start`] adopts them again.
     async fn restart(ctx: &Arc<AgentContext>) -> anyhow::Result<Kernels> {
         let c = &ctx.config.container;
-        *ctx.slots.lock().expect("slot allocator lock") = AgentContext::detect_slots(&ctx.config);
+        {
+            let mut slots = ctx.slots.lock().expect("slot allocator lock");
+            let accelerators = slots.accelerators().clone();
+            *slots = AgentContext::detect_slots(&ctx.config, accelerators);
+        }
         *ctx.ports.lock().expect("port pool lock") =
             PortPool::new(c.port_range[0], c.port_range[1], c.port_reuse_cooldown.0);
         Kernels::start(ctx).await
@@ -208,7 +213,10 @@ impl Agent {
         let c = &config.container;
         let ctx = Arc::new(AgentContext {
             agent_id: a.id.clone(),
-            slots: Mutex::new(AgentContext::detect_slots(&config)),
+            slots: Mutex::new(AgentContext::detect_slots(
+                &config,
+                accelerators::Accelerators::detect(&config),
+            )),
             ports: Mutex::new(PortPool::new(
                 c.port_range[0],
                 c.port_range[1],

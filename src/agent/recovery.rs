@@ -50,7 +50,7 @@ pub async fn recover(
                 ctx.slots
                     .lock()
                     .expect("slots lock")
-                    .reserve_exact(&resources.slots);
+                    .reserve_exact(&id, &resources.slots);
                 ctx.ports
                     .lock()
                     .expect("ports lock")

@@ -307,7 +307,7 @@ impl Handler<Adopt> for KernelRegistry {
             i.container_id = Some(r.container.id.clone());
             i.host_ports = r.ports.clone();
             i.service_ports = r.service_ports.clone();
-            i.gpus = r.slots.gpus.clone();
+            i.gpus = r.slots.device_ids();
             i.runtime_path = r
                 .image
                 .labels

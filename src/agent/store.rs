@@ -15,8 +15,9 @@ use sqlx::Row;
 
 use super::kernel::{KernelConfig, KernelResources, KernelStatus};
 
-/// Layout of the `resources` JSON written now.
-pub const RESOURCES_VERSION: i64 = 1;
+/// Layout of the `resources` JSON written now: 2 has generic slots and devices
+/// (`SlotAllocation`); version 1 rows (fixed `cpu_millis`/`mem_bytes`/`cuda_devices`) still load.
+pub const RESOURCES_VERSION: i64 = 2;
 
 /// A kernel row.
 #[derive(Clone, Debug)]

@@ -26,6 +26,9 @@ pub struct AgentConfig {
     /// `[stats]`: sampling intervals.
     #[serde(default)]
     pub stats: StatsSection,
+    /// `[accelerator]`: which accelerator plugins run (`cuda`, `mock`).
+    #[serde(default)]
+    pub accelerator: AcceleratorSection,
     /// `[logging]`.
     #[serde(default)]
     pub logging: LoggingConfig,
@@ -141,6 +144,41 @@ impl Default for ResourceSection {
             mem: None,
         }
     }
+}
+
+/// `[accelerator]`: the accelerator plugins (`crate::agent::accelerators`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct AcceleratorSection {
+    /// `cuda = true | false`; absent: auto-detect through NVML (never fails without a GPU).
+    pub cuda: Option<bool>,
+    /// `[accelerator.mock]`: mock devices.
+    pub mock: MockAcceleratorSection,
+}
+
+/// `[accelerator.mock]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct MockAcceleratorSection {
+    /// `[[accelerator.mock.devices]]`: one table per device.
+    pub devices: Vec<MockDeviceConfig>,
+}
+
+/// One mock device: `{ id = "0", memory = "16g", slot = "cuda.device" }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MockDeviceConfig {
+    /// Its id (unique among the mock devices).
+    pub id: String,
+    /// Its memory: bytes or a size (`"16g"`).
+    pub memory: ByteSize,
+    /// The slot it serves: `cuda.device` (whole devices) or `cuda.shares` (fractions).
+    #[serde(default = "default_mock_slot")]
+    pub slot: String,
+}
+
+fn default_mock_slot() -> String {
+    "cuda.device".into()
 }
 
 /// `[dummy]`: simulated engine delays in seconds (all default 0).
@@ -363,6 +401,26 @@ impl AgentConfig {
                 return Err(ConfigError::Invalid(
                     "container.docker-host",
                     format!("{h:?} is not a Unix socket (unix:///path/docker.sock)"),
+                ));
+            }
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for d in &self.accelerator.mock.devices {
+            if d.id.trim().is_empty() || !ids.insert(d.id.as_str()) {
+                return Err(ConfigError::Invalid(
+                    "accelerator.mock.devices",
+                    format!("device id {:?} is empty or repeated", d.id),
+                ));
+            }
+            if !(d.slot.ends_with(".device") || d.slot.ends_with(".shares"))
+                || crate::slots::check_name(&d.slot).is_err()
+            {
+                return Err(ConfigError::Invalid(
+                    "accelerator.mock.devices",
+                    format!(
+                        "device {:?}: slot {:?} is not a `*.device` or `*.shares` slot name",
+                        d.id, d.slot
+                    ),
                 ));
             }
         }

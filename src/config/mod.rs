@@ -9,8 +9,9 @@ mod common;
 mod manager;
 
 pub use agent::{
-    AgentConfig, AgentManagerSection, AgentSection, BackendKind, ContainerSection, DummySection,
-    OnShutdown, ResourceSection, StatsSection,
+    AcceleratorSection, AgentConfig, AgentManagerSection, AgentSection, BackendKind,
+    ContainerSection, DummySection, MockAcceleratorSection, MockDeviceConfig, OnShutdown,
+    ResourceSection, StatsSection,
 };
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{

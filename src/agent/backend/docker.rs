@@ -13,8 +13,8 @@ use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::image::CreateImageOptions;
 use bollard::models::{
-    ContainerStateStatusEnum, DeviceRequest, HealthStatusEnum, HostConfig, PortBinding, PortMap,
-    PortTypeEnum,
+    ContainerStateStatusEnum, DeviceMapping, DeviceRequest, HealthStatusEnum, HostConfig,
+    PortBinding, PortMap, PortTypeEnum,
 };
 use bollard::system::EventsOptions;
 use bollard::Docker;
@@ -364,6 +364,16 @@ impl ContainerBackend for DockerBackend {
             binds: Some(binds),
             port_bindings: Some(port_bindings),
             device_requests,
+            devices: (!spec.device_nodes.is_empty()).then(|| {
+                spec.device_nodes
+                    .iter()
+                    .map(|d| DeviceMapping {
+                        path_on_host: Some(d.clone()),
+                        path_in_container: Some(d.clone()),
+                        cgroup_permissions: Some("rwm".to_owned()),
+                    })
+                    .collect()
+            }),
             privileged: Some(false),
             ..Default::default()
         };
@@ -476,6 +486,12 @@ impl ContainerBackend for DockerBackend {
             .filter(|d| d.driver.as_deref() == Some("nvidia"))
             .flat_map(|d| d.device_ids.unwrap_or_default())
             .collect();
+        let device_nodes = host
+            .devices
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|d| d.path_on_host)
+            .collect();
         let spec = ContainerSpec {
             name: c
                 .name
@@ -498,6 +514,7 @@ impl ContainerBackend for DockerBackend {
             ports,
             port_bind_host,
             gpu_device_ids,
+            device_nodes,
             cmd: config.cmd,
             working_dir: config.working_dir.filter(|w| !w.is_empty()),
         };

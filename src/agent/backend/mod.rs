@@ -36,6 +36,10 @@ pub mod labels {
     pub const SESSION_TYPE: &str = "ai.backend.session-type";
     /// The kernel's restart policy as JSON (`crate::workload::RestartPolicy`), likewise.
     pub const RESTART_POLICY: &str = "ai.kernelvisor.restart-policy";
+    /// The kernel's slots as JSON `{name: "decimal"}` (Backend.AI's label name).
+    pub const RESOURCE_SLOTS: &str = "ai.backend.resource.slots";
+    /// The kernel's accelerator devices as JSON `{slot: {device id: "decimal"}}`.
+    pub const DEVICES: &str = "ai.kernelvisor.devices";
 }
 
 /// An engine error, classified for the kernel's error names.
@@ -161,6 +165,8 @@ pub struct ContainerSpec {
     pub port_bind_host: String,
     /// GPU indexes passed as Docker device requests (driver `nvidia`); empty for none.
     pub gpu_device_ids: Vec<String>,
+    /// Host device nodes (`/dev/…`) passed through at the same path (`rwm`); empty for none.
+    pub device_nodes: Vec<String>,
     /// Replaces the image's command (`["sh", "-c", command]` for a session's `command`).
     pub cmd: Option<Vec<String>>,
     /// Replaces the image's working directory.

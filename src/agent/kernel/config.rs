@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::KernelError;
 use crate::agent::resources::SlotRequest;
+use crate::slots::{ResourceSlots, SlotTypes};
 use crate::workload::RestartPolicy;
 
 /// Docker refuses memory limits below 6 MiB; refuse them first with a clear message.
@@ -82,8 +83,10 @@ impl SessionType {
 pub struct KernelConfig {
     /// Image reference (local, or pulled when a registry is reachable).
     pub image: String,
-    /// Requested slots.
-    pub slots: SlotRequest,
+    /// Requested slots, every slot named (`cpu` in cores, `mem` in bytes, accelerator slots).
+    /// Stored configs of an older agent (`{"cpu_millis", "mem_bytes", "cuda_devices"}`) load.
+    #[serde(deserialize_with = "slots_any")]
+    pub slots: ResourceSlots,
     /// `/dev/shm` bytes (`resource_opts.shmem`); agent default when absent.
     pub shmem: Option<u64>,
     /// Extra environment variables.
@@ -143,6 +146,42 @@ pub fn check_mount_name(name: &str) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// `resource_slots` without the zero amounts of slots this agent does not know: Backend.AI's
+/// manager (and this one before generic slots) sends every slot type, `"cuda.device": "0"`
+/// included, to agents without the accelerator. A non-zero unknown slot stays, to be refused.
+fn known_or_nonzero(v: &Value, types: &SlotTypes) -> Value {
+    match v.as_map() {
+        Some(m) => Value::Map(
+            m.iter()
+                .filter(|(k, a)| {
+                    let known = k.as_str().is_some_and(|k| types.contains_key(k));
+                    let zero = crate::slots::RawAmount::from_msgpack(a)
+                        .amount("", crate::slots::SlotType::Count)
+                        .is_ok_and(|a| a == crate::slots::Amount::ZERO);
+                    known || !zero
+                })
+                .cloned()
+                .collect(),
+        ),
+        None => v.clone(),
+    }
+}
+
+/// `slots` as stored now (`{name: "decimal"}`) or by an agent before generic slots
+/// (`{"cpu_millis", "mem_bytes", "cuda_devices"}`).
+fn slots_any<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ResourceSlots, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Any {
+        Legacy(SlotRequest),
+        Current(ResourceSlots),
+    }
+    Ok(match Any::deserialize(d)? {
+        Any::Legacy(r) => r.to_slots(),
+        Any::Current(s) => s,
+    })
+}
+
 fn invalid(msg: impl Into<String>) -> KernelError {
     KernelError::InvalidConfig(msg.into())
 }
@@ -180,7 +219,9 @@ impl KernelConfig {
     /// Errors: [`KernelError::InvalidConfig`] naming the key: missing `image` or
     /// `resource_slots`, an unknown slot, a negative or too small `mem` (< 6 MiB), a vfolder
     /// name with `/` or `..`, a permission other than `ro`/`rw`, a bad port.
-    pub fn from_value(v: &Value) -> Result<KernelConfig, KernelError> {
+    /// `types` are the slots this agent knows (built-in plus its accelerators'); a `*.device`
+    /// amount must be whole.
+    pub fn from_value(v: &Value, types: &SlotTypes) -> Result<KernelConfig, KernelError> {
         let map = v
             .as_map()
             .ok_or_else(|| invalid("a kernel config must be a map"))?;
@@ -191,13 +232,26 @@ impl KernelConfig {
         if image.trim().is_empty() {
             return Err(invalid("`image` must not be empty"));
         }
-        let slots = SlotRequest::from_value(
-            get(map, "resource_slots").ok_or_else(|| invalid("`resource_slots` is required"))?,
+        let slots = ResourceSlots::request_from_msgpack(
+            &known_or_nonzero(
+                get(map, "resource_slots")
+                    .ok_or_else(|| invalid("`resource_slots` is required"))?,
+                types,
+            ),
+            types,
         )?;
-        if slots.mem_bytes < MIN_MEM_BYTES {
+        let mem = slots.get(crate::slots::MEM).units();
+        if mem < MIN_MEM_BYTES {
             return Err(invalid(format!(
-                "resource slot `mem`: {} bytes is below the 6 MiB minimum",
-                slots.mem_bytes
+                "resource slot `mem`: {mem} bytes is below the 6 MiB minimum"
+            )));
+        }
+        if let Some((slot, a)) = slots
+            .nonzero()
+            .find(|(s, a)| s.ends_with(".device") && !a.is_whole())
+        {
+            return Err(invalid(format!(
+                "resource slot `{slot}`: {a} is not a whole number of devices"
             )));
         }
         let shmem = match get(map, "resource_opts")
@@ -431,7 +485,9 @@ mod tests {
             m.retain(|(x, _)| x.as_str() != Some(k));
             m.push((k.into(), v));
         }
-        KernelConfig::from_value(&Value::Map(m))
+        let mut types = crate::slots::builtin_types();
+        types.insert("cuda.device".into(), crate::slots::SlotType::Count);
+        KernelConfig::from_value(&Value::Map(m), &types)
     }
 
     #[test]
@@ -519,7 +575,37 @@ mod tests {
             ]),
         )])
         .unwrap_err();
-        assert!(unknown.to_string().contains("tpu"));
+        assert!(
+            unknown.to_string().contains("unknown resource slot `tpu`"),
+            "{unknown}"
+        );
+        let frac = cfg(vec![(
+            "resource_slots",
+            Value::Map(vec![
+                ("cpu".into(), 1.into()),
+                ("mem".into(), Value::from(1u64 << 28)),
+                ("cuda.device".into(), "0.5".into()),
+            ]),
+        )])
+        .unwrap_err();
+        assert!(frac.to_string().contains("`cuda.device`"), "{frac}");
+        // A zero amount of a slot this agent lacks is no request (Backend.AI's manager sends it).
+        let zero = cfg(vec![(
+            "resource_slots",
+            Value::Map(vec![
+                ("cpu".into(), 1.into()),
+                ("mem".into(), Value::from(1u64 << 28)),
+                ("rocm.device".into(), "0".into()),
+            ]),
+        )])
+        .unwrap();
+        assert_eq!(zero.slots.to_string(), "cpu=1 mem=268435456");
+        let old = r#"{"cpu_millis":500,"mem_bytes":268435456,"cuda_devices":2}"#;
+        let mut c = cfg(vec![]).unwrap();
+        let mut j = serde_json::to_value(&c).unwrap();
+        j["slots"] = serde_json::from_str(old).unwrap();
+        c = serde_json::from_value(j).unwrap();
+        assert_eq!(c.slots.to_string(), "cpu=0.5 cuda.device=2 mem=268435456");
         for bad in ["../etc", "a/b", "..", ""] {
             let m = Value::Array(vec![Value::Map(vec![
                 ("name".into(), bad.into()),

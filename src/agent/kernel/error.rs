@@ -94,7 +94,8 @@ impl From<SlotError> for KernelError {
     fn from(e: SlotError) -> Self {
         match e {
             SlotError::Invalid(m) => KernelError::InvalidConfig(m),
-            e @ SlotError::Exhausted(..) => KernelError::ResourceExhausted(e.to_string()),
+            e @ SlotError::Unknown(_) => KernelError::InvalidConfig(e.to_string()),
+            e @ SlotError::Exhausted { .. } => KernelError::ResourceExhausted(e.to_string()),
         }
     }
 }

@@ -152,7 +152,7 @@ impl KernelInfo {
                         .collect(),
                 ),
             ),
-            ("resource_slots".into(), self.config.slots.to_value()),
+            ("resource_slots".into(), self.config.slots.to_msgpack()),
             (
                 "gpus".into(),
                 Value::Array(self.gpus.iter().map(|g| g.clone().into()).collect()),

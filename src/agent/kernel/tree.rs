@@ -21,7 +21,6 @@ use super::stages::{
 use super::{KernelError, KernelHandle, KernelResources};
 use crate::agent::backend::{Bind, ImageInfo};
 use crate::agent::metrics::StageMetricsHook;
-use crate::agent::resources::slots::format_cores;
 use crate::agent::resources::SlotAllocation;
 use crate::workload::restart_policy::{RestartPolicy, MAX_BACKOFF_SECONDS};
 
@@ -81,7 +80,11 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
     let (h_observer, changed) = (handle.clone(), kernel.stages_changed.clone());
     let watcher = super::watch::container_watcher(handle.clone(), kernel.container_ended.clone());
     let inject = config.inject.clone();
-    let (image_ref, slots, mounts) = (config.image.clone(), config.slots, config.mounts.clone());
+    let (image_ref, slots, mounts) = (
+        config.image.clone(),
+        config.slots.clone(),
+        config.mounts.clone(),
+    );
     let (h_scratch, h_container) = (handle.clone(), handle.clone());
     // The image's service ports (its label) and the request's, known once the image is.
     let requested = Arc::new(config.service_ports.clone());
@@ -109,7 +112,7 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
                 inner: SlotStage(handle.clone()),
                 inject: inject.clone(),
             },
-            move |_| Ok(slots),
+            move |_| Ok(slots.clone()),
         )
         .stage(
             Injected {
@@ -129,15 +132,21 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
             move |r| {
                 let alloc = r.get::<SlotAllocation>("slots")?;
                 let ports = r.get::<Vec<u16>>("ports")?;
-                let mut resources = vec![
-                    ("cpu".to_owned(), format_cores(alloc.request.cpu_millis)),
-                    ("mem".to_owned(), alloc.request.mem_bytes.to_string()),
-                    (
-                        "cuda.device".to_owned(),
-                        alloc.request.cuda_devices.to_string(),
-                    ),
-                ];
-                resources.push(("CUDA_GLOBAL_DEVICE_IDS".into(), alloc.gpus.join(",")));
+                // Every slot held, then the devices: their ids in the agent's numbering and
+                // the allocation per slot (`{slot: {device id: amount}}` as JSON).
+                let mut resources: Vec<(String, String)> = alloc
+                    .slots
+                    .iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_string()))
+                    .collect();
+                resources.push((
+                    "CUDA_GLOBAL_DEVICE_IDS".into(),
+                    alloc.device_ids().join(","),
+                ));
+                resources.push((
+                    "ALLOCATED_DEVICES".into(),
+                    serde_json::to_string(&alloc.devices).unwrap_or_default(),
+                ));
                 resources.push((
                     "HOST_PORTS".into(),
                     ports
@@ -147,7 +156,7 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
                         .join(","),
                 ));
                 Ok(ScratchSpec {
-                    environ: stages::container::environ(&h_scratch, &alloc.gpus),
+                    environ: stages::container::environ(&h_scratch, alloc),
                     resources,
                 })
             },

@@ -1,7 +1,7 @@
 //! The kernel lifecycle methods, with callosum names and Backend.AI's positional arguments:
 //! `create_kernels`, `destroy_kernel`, `restart_kernel`, `interrupt_kernel`, `execute`,
 //! `get_kernel`, `get_logs`, `check_running`, `ping_kernel`, `sync_kernel_registry`, `reset_agent`
-//! (alias `reset_instance`), and `resource_usage`.
+//! (alias `reset_instance`), `resource_usage` and `scan_gpu_alloc_map`.
 //!
 //! Typed errors cross the wire as FAILURE with stable names: `KernelNotFound`,
 //! `ResourceExhausted`, `ImageNotFound`, `InvalidKernelConfig`, `KernelNotRunning`,
@@ -60,12 +60,13 @@ pub fn register(
                 .to_meta());
             }
             let mut kernels = Vec::new();
+            let types = c.slots.lock().expect("slots lock").slot_types().clone();
             for (id, config) in ids.iter().zip(configs) {
                 let id = id
                     .as_str()
                     .ok_or_else(|| type_error("kernel ids must be strings".into()))?
                     .to_owned();
-                let config = KernelConfig::from_value(config).map_err(|e| match e {
+                let config = KernelConfig::from_value(config, &types).map_err(|e| match e {
                     KernelError::InvalidConfig(m) => {
                         KernelError::InvalidConfig(format!("kernel {id}: {m}")).to_meta()
                     }
@@ -268,13 +269,53 @@ pub fn register(
             };
             let free_ports = c.ports.lock().expect("ports lock").available();
             Ok(Value::Map(vec![
-                ("total".into(), total.to_value()),
-                ("occupied".into(), used.to_value()),
-                ("available".into(), available.to_value()),
+                ("total".into(), total.to_msgpack()),
+                ("occupied".into(), used.to_msgpack()),
+                ("available".into(), available.to_msgpack()),
                 ("free_host_ports".into(), (free_ports as u64).into()),
             ]))
         }
     });
+
+    // scan_gpu_alloc_map() → {kernel_id: {device_id: "amount"}} (Backend.AI's name)
+    let c = ctx.clone();
+    dispatcher.register("scan_gpu_alloc_map", move |_| {
+        let c = c.clone();
+        async move {
+            let s = c.slots.lock().expect("slots lock");
+            Ok(gpu_alloc_map(s.holders()))
+        }
+    });
+}
+
+/// `scan_gpu_alloc_map()`'s reply: every kernel holding accelerator devices, as
+/// `{kernel_id: {device_id: "decimal amount"}}` over all its accelerator slots (Backend.AI's
+/// `AbstractComputePlugin.get_attached_devices` / `scan_gpu_alloc_map`).
+pub fn gpu_alloc_map(
+    holders: &std::collections::BTreeMap<String, crate::agent::accelerators::DeviceMap>,
+) -> Value {
+    Value::Map(
+        holders
+            .iter()
+            .map(|(kernel, slots)| {
+                let mut per_device: std::collections::BTreeMap<&str, crate::slots::Amount> =
+                    Default::default();
+                for (id, a) in slots.values().flatten() {
+                    let x = per_device.entry(id.as_str()).or_default();
+                    *x = x.checked_add(*a).unwrap_or(*x);
+                }
+                (
+                    kernel.as_str().into(),
+                    Value::Map(
+                        per_device
+                            .into_iter()
+                            .map(|(id, a)| (id.into(), a.to_string().into()))
+                            .collect(),
+                    ),
+                )
+            })
+            .collect(),
+    )
 }
 
 fn opt<'a>(opts: Option<&'a [(Value, Value)]>, key: &str) -> Option<&'a Value> {

@@ -21,14 +21,24 @@ use crate::agent::registry::KernelRegistry;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
 /// Registers every method that acts on kernels: the lifecycle ([`kernels`]), services
-/// ([`services`]), files ([`files`]) and dangling kernels ([`dangling`]); and `health` again,
-/// now reporting the engine's health (see [`register_health`]).
+/// ([`services`]), files ([`files`]) and dangling kernels ([`dangling`]); `health` again,
+/// now reporting the engine's health (see [`register_health`]); and `gather_hwinfo` again,
+/// now with the accelerators' devices and `slot_key_and_units`.
 pub fn register_kernel_methods(
     dispatcher: &mut Dispatcher,
     ctx: Arc<AgentContext>,
     registry: Addr<KernelRegistry>,
 ) {
     register_health(dispatcher, &ctx.agent_id, Some(ctx.engine.clone()));
+    let accelerators = ctx.slots.lock().expect("slots lock").accelerators().clone();
+    dispatcher.register("gather_hwinfo", move |_| {
+        let accelerators = accelerators.clone();
+        async move {
+            tokio::task::spawn_blocking(move || super::hwinfo::gather_with(&accelerators))
+                .await
+                .map_err(|e| ErrorMeta::new("HardwareProbeFailed", e.to_string()))
+        }
+    });
     kernels::register(dispatcher, ctx.clone(), registry.clone());
     services::register(dispatcher, ctx.clone(), registry.clone());
     files::register(dispatcher, ctx.clone(), registry.clone());

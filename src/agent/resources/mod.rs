@@ -4,5 +4,6 @@
 pub mod ports;
 pub mod slots;
 
+pub use crate::slots::SlotError;
 pub use ports::{PortPool, PortsExhausted};
-pub use slots::{SlotAllocation, SlotAllocator, SlotError, SlotRequest};
+pub use slots::{RequestError, SlotAllocation, SlotAllocator, SlotRequest};

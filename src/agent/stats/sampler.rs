@@ -245,7 +245,7 @@ impl StatsSampler {
         };
         let m = &self.ctx.metrics;
         let now = Instant::now();
-        let cpu_capacity = kernel.config.slots.cpu_millis as f64 / 10.0;
+        let cpu_capacity = kernel.config.slots.get(crate::slots::CPU).milli() as f64 / 10.0;
         if let Some(prev) = self.previous.get(container_id) {
             let wall = now.duration_since(prev.at).as_nanos() as f64;
             if wall > 0.0 {
@@ -263,7 +263,9 @@ impl StatsSampler {
             },
         );
         m.set_container(&labels, "cpu_used", "current", s.cpu_used_ns as f64 / 1e6);
-        let mem_capacity = s.mem_limit_bytes.unwrap_or(kernel.config.slots.mem_bytes) as f64;
+        let mem_capacity =
+            s.mem_limit_bytes
+                .unwrap_or(kernel.config.slots.get(crate::slots::MEM).units()) as f64;
         m.set_container(&labels, "mem", "current", s.mem_usage_bytes as f64);
         m.set_container(&labels, "mem", "capacity", mem_capacity);
         m.set_container(

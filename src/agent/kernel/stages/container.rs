@@ -7,6 +7,7 @@ use actors::{BoxError, Provisioner};
 use serde::{Deserialize, Serialize};
 
 use super::ScratchDir;
+use crate::agent::accelerators::ContainerConfig;
 use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
 use crate::agent::kernel::config::ServicePortRequest;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
@@ -22,9 +23,10 @@ pub struct ContainerHandle {
 }
 
 /// The container's environment: the config's `environ`, then the agent's
-/// `BACKEND_KERNEL_ID`, `BACKEND_SESSION_ID`, and `CUDA_VISIBLE_DEVICES` (`0..n-1`: inside
-/// the container the allocated GPUs are renumbered from 0) when GPUs are allocated.
-pub fn environ(handle: &KernelHandle, gpus: &[String]) -> Vec<(String, String)> {
+/// `BACKEND_KERNEL_ID`, `BACKEND_SESSION_ID`, and the accelerators' variables for the devices
+/// allocated (`CUDA_VISIBLE_DEVICES`: `0..n-1` for `cuda`, whose runtime renumbers the GPUs
+/// from 0; the agent's ids for `mock`).
+pub fn environ(handle: &KernelHandle, slots: &SlotAllocation) -> Vec<(String, String)> {
     let config = handle.info().config;
     let mut env: Vec<(String, String)> = config
         .environ
@@ -33,16 +35,22 @@ pub fn environ(handle: &KernelHandle, gpus: &[String]) -> Vec<(String, String)> 
         .collect();
     env.push(("BACKEND_KERNEL_ID".into(), handle.id.clone()));
     env.push(("BACKEND_SESSION_ID".into(), handle.session_id.clone()));
-    if !gpus.is_empty() {
-        env.push((
-            "CUDA_VISIBLE_DEVICES".into(),
-            (0..gpus.len())
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-        ));
-    }
+    env.extend(accelerator_config(handle, slots).env);
     env
+}
+
+fn accelerator_config(handle: &KernelHandle, slots: &SlotAllocation) -> ContainerConfig {
+    if slots.devices.values().all(|d| d.is_empty()) {
+        return ContainerConfig::default();
+    }
+    let accelerators = handle
+        .ctx
+        .slots
+        .lock()
+        .expect("slots lock")
+        .accelerators()
+        .clone();
+    accelerators.container_config(&slots.devices)
 }
 
 /// Everything the container stage needs, from the config and the earlier stages' resources.
@@ -75,6 +83,14 @@ pub fn container_spec(
         config.session_type.as_str().to_owned(),
     );
     label.insert(
+        labels::RESOURCE_SLOTS.to_owned(),
+        serde_json::to_string(&slots.slots).unwrap_or_default(),
+    );
+    label.insert(
+        labels::DEVICES.to_owned(),
+        serde_json::to_string(&slots.devices).unwrap_or_default(),
+    );
+    label.insert(
         labels::RESTART_POLICY.to_owned(),
         serde_json::to_string(&config.restart_policy).unwrap_or_default(),
     );
@@ -91,6 +107,8 @@ pub fn container_spec(
         },
     ];
     binds.extend(mounts.iter().cloned());
+    let accel = accelerator_config(handle, slots);
+    binds.extend(accel.binds.iter().cloned());
     let ports = service_ports
         .iter()
         .flat_map(|s| s.container_ports.iter().copied())
@@ -103,19 +121,20 @@ pub fn container_spec(
     ContainerSpec {
         name: format!("kernel.{}", handle.id),
         image: image_id.to_owned(),
-        env: environ(handle, &slots.gpus)
+        env: environ(handle, slots)
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
         labels: label,
-        memory_bytes: Some(slots.request.mem_bytes as i64),
-        nano_cpus: Some(slots.request.cpu_millis as i64 * 1_000_000),
+        memory_bytes: Some(slots.slots.get(crate::slots::MEM).units() as i64),
+        nano_cpus: Some(slots.slots.get(crate::slots::CPU).milli() as i64 * 1_000_000),
         pids_limit: Some(c.pids_limit),
         shm_size: Some(config.shmem.unwrap_or(c.default_shmem.0) as i64),
         binds,
         ports,
         port_bind_host: c.bind_host.clone(),
-        gpu_device_ids: slots.gpus.clone(),
+        gpu_device_ids: accel.nvidia_device_ids,
+        device_nodes: accel.device_nodes,
         cmd: config
             .command
             .as_ref()
