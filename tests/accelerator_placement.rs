@@ -146,7 +146,7 @@ fn accelerator_requests_land_on_the_agent_that_has_it() {
         let devices_shown = (0..4).all(|d| {
             text.lines().any(|l| {
                 l.starts_with("backendai_device_utilization{")
-                    && l.contains("container_metric_name=\"cuda_util\"")
+                    && l.contains("device_metric_name=\"cuda_util\"")
                     && l.contains(&format!("device_id=\"{d}\""))
             })
         });

@@ -70,6 +70,19 @@ impl Accelerator for Cuda {
         }
     }
 
+    fn kernel_sample(&self, held: &DeviceMap, container_id: &str) -> Option<(u64, f64)> {
+        let (mut mem, mut util, mut n) = (0u64, 0.0f64, 0u32);
+        for id in super::device_ids(held) {
+            let (m, u) = self
+                .sampler
+                .container_usage(id.parse().ok()?, container_id)?;
+            mem += m;
+            util += u;
+            n += 1;
+        }
+        (n > 0).then(|| (mem, util / f64::from(n)))
+    }
+
     fn sample(&self) -> Vec<DeviceSample> {
         self.sampler
             .sample()

@@ -124,6 +124,15 @@ pub trait Accelerator: Send + Sync + std::fmt::Debug {
 
     /// Reads every device (per-kernel readings are derived by the caller from the allocation).
     fn sample(&self) -> Vec<DeviceSample>;
+
+    /// What one kernel's container itself uses of `held` (this plugin's devices of the kernel):
+    /// `(memory bytes, utilization %)`, when the plugin can tell processes apart (NVML's
+    /// per-process accounting). `None` (the default): the sampler apportions each device's
+    /// sample by the share the kernel holds.
+    fn kernel_sample(&self, held: &DeviceMap, container_id: &str) -> Option<(u64, f64)> {
+        let _ = (held, container_id);
+        None
+    }
 }
 
 /// Whole devices: the first `amount` devices that are entirely free.

@@ -80,6 +80,41 @@ impl GpuSampler {
     }
 }
 
+impl GpuSampler {
+    /// What the processes of one container use of GPU `index`: `(memory bytes, SM utilization
+    /// %)`, summed over NVML's running compute processes whose cgroup names `container_id`
+    /// (Docker puts the full id in the cgroup path, v1 and v2). `None` without NVML or when the
+    /// device cannot be read; utilization is NaN when NVML keeps no per-process samples.
+    pub fn container_usage(&self, index: u32, container_id: &str) -> Option<(u64, f64)> {
+        let nvml = self.nvml.as_ref()?;
+        let device = nvml.device_by_index(index).ok()?;
+        let ours = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|c| c.contains(container_id))
+        };
+        let mut pids = Vec::new();
+        let mut mem = 0u64;
+        for p in device.running_compute_processes().ok()? {
+            if ours(p.pid) {
+                pids.push(p.pid);
+                if let nvml_wrapper::enums::device::UsedGpuMemory::Used(b) = p.used_gpu_memory {
+                    mem += b;
+                }
+            }
+        }
+        let util = match device.process_utilization_stats(None) {
+            Ok(samples) => samples
+                .iter()
+                .filter(|s| pids.contains(&s.pid))
+                .map(|s| f64::from(s.sm_util))
+                .sum::<f64>()
+                .min(100.0),
+            Err(_) => f64::NAN,
+        };
+        Some((mem, util))
+    }
+}
+
 fn read_device(index: u32, device: &Device<'_>) -> Result<GpuSample, NvmlError> {
     let memory = device.memory_info()?;
     Ok(GpuSample {

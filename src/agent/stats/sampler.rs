@@ -26,6 +26,7 @@ use actix::Addr;
 use super::cgroup::{self, CgroupPaths, ContainerSample};
 use super::gpu::GpuSampler;
 use super::node::{self, NodeSample};
+use crate::agent::accelerators::{DeviceMap, DeviceSample, DeviceShares};
 use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
 use crate::agent::kernel::{KernelInfo, KernelStatus};
@@ -77,6 +78,15 @@ impl StatsSampler {
     /// Samples until `stop` resolves. The first round of each scope runs at once.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
         let gpus = GpuSampler::init();
+        // Mock (or any non-NVML) accelerators report their devices on the GPU tick too.
+        let other_devices = {
+            let slots = self.ctx.slots.lock().expect("slot allocator lock");
+            slots
+                .accelerators()
+                .plugins()
+                .iter()
+                .any(|p| p.name() != "cuda")
+        };
         let ticker = |d: Duration| {
             let mut t = tokio::time::interval(d);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -93,7 +103,7 @@ impl StatsSampler {
             tokio::select! {
                 _ = node_tick.tick() => self.node_round(),
                 _ = container_tick.tick() => self.container_round().await,
-                _ = gpu_tick.tick(), if gpus.available() => self.gpu_round(&gpus),
+                _ = gpu_tick.tick(), if gpus.available() || other_devices => self.gpu_round(&gpus),
                 event = events.recv() => match event {
                     Ok(AgentEvent::KernelTerminated { kernel_id, .. }) => self.forget_kernel(&kernel_id),
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -176,6 +186,7 @@ impl StatsSampler {
                 }
             }
         }
+        self.publish_accelerators(&running);
         // Containers no longer running: their caches and series go.
         self.sources.retain(|id, _| live.contains(id));
         self.previous.retain(|id, _| live.contains(id));
@@ -302,8 +313,117 @@ impl StatsSampler {
             m.set_device("cuda_temp", &id, "current", g.temperature_c);
             m.set_device("cuda_power", &id, "current", g.power_w);
         }
+        // Other accelerators' devices (NVML's are above, with temperature and power), under
+        // the metric names of their slot family (`cuda_*` for a mock serving `cuda.*`).
+        let accelerators = self
+            .ctx
+            .slots
+            .lock()
+            .expect("slot allocator lock")
+            .accelerators()
+            .clone();
+        for p in accelerators.plugins().iter().filter(|p| p.name() != "cuda") {
+            for d in p.sample() {
+                let cuda = p
+                    .devices()
+                    .iter()
+                    .any(|dev| dev.id == d.id && dev.slot.starts_with("cuda."));
+                if !cuda {
+                    continue;
+                }
+                let (used, total) = (d.mem_used_bytes as f64, d.mem_total_bytes as f64);
+                m.set_device("cuda_util", &d.id, "current", d.utilization_pct);
+                m.set_device("cuda_mem", &d.id, "current", used);
+                m.set_device("cuda_mem", &d.id, "capacity", total);
+                m.set_device("cuda_mem", &d.id, "pct", pct(used, total));
+            }
+        }
         // Backend.AI counts device (GPU) sampling in the node scope.
         m.stat_task("node", started.elapsed(), Ok(()));
+    }
+
+    /// Per-kernel GPU use (`cuda_mem` bytes, `cuda_util` %) of every running kernel holding
+    /// `cuda.*` devices: the plugin's own per-process reading when it has one (NVML), else
+    /// each held device's sample apportioned by the share held (a whole device: all of it).
+    fn publish_accelerators(&self, running: &[KernelInfo]) {
+        let (accelerators, holders) = {
+            let slots = self.ctx.slots.lock().expect("slot allocator lock");
+            (slots.accelerators().clone(), slots.holders().clone())
+        };
+        if holders.is_empty() {
+            return;
+        }
+        let samples: Vec<Vec<DeviceSample>> =
+            accelerators.plugins().iter().map(|p| p.sample()).collect();
+        for kernel in running {
+            let (Some(held), Some(container_id)) = (holders.get(&kernel.id), &kernel.container_id)
+            else {
+                continue;
+            };
+            let cuda: DeviceMap = held
+                .iter()
+                .filter(|(slot, _)| slot.starts_with("cuda."))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if cuda.is_empty() {
+                continue;
+            }
+            let (mut mem, mut cap, mut util, mut weight) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+            for (p, samples) in accelerators.plugins().iter().zip(&samples) {
+                let mine: DeviceMap = cuda
+                    .iter()
+                    .map(|(slot, shares)| {
+                        let shares: DeviceShares = shares
+                            .iter()
+                            .filter(|(id, _)| {
+                                p.devices().iter().any(|d| &d.slot == slot && &d.id == *id)
+                            })
+                            .map(|(id, a)| (id.clone(), *a))
+                            .collect();
+                        (slot.clone(), shares)
+                    })
+                    .filter(|(_, s)| !s.is_empty())
+                    .collect();
+                if mine.is_empty() {
+                    continue;
+                }
+                let own = p.kernel_sample(&mine, container_id);
+                for (id, share) in mine.values().flat_map(|s| s.iter()) {
+                    let Some(d) = samples.iter().find(|d| &d.id == id) else {
+                        continue;
+                    };
+                    let part = share.as_f64().min(1.0);
+                    cap += d.mem_total_bytes as f64 * part;
+                    if own.is_none() {
+                        mem += d.mem_used_bytes as f64 * part;
+                        util += d.utilization_pct * part;
+                        weight += part;
+                    }
+                }
+                if let Some((m, u)) = own {
+                    mem += m as f64;
+                    util += u;
+                    weight += 1.0;
+                }
+            }
+            let owner = &kernel.config.owner;
+            let labels = KernelLabels {
+                kernel_id: kernel.id.clone(),
+                session_id: kernel.session_id.clone(),
+                user_id: owner.user_id.clone(),
+                project_id: owner.project_id.clone(),
+            };
+            let m = self.metrics();
+            m.set_container(&labels, "cuda_mem", "current", mem);
+            m.set_container(&labels, "cuda_mem", "capacity", cap);
+            m.set_container(&labels, "cuda_mem", "pct", pct(mem, cap));
+            m.set_container(
+                &labels,
+                "cuda_util",
+                "current",
+                if weight > 0.0 { util / weight } else { 0.0 },
+            );
+        }
     }
 }
 
