@@ -429,10 +429,11 @@ fn bad_requests(db: Db, ports: u16) {
     c.check_invariants();
 }
 
-/// Resource slots as data through the real API, against an agent without accelerators that
-/// predates `slot_key_and_units` (cpu, mem, `cuda.device` 0): its slots and types as the
-/// manager shows them, a slot no agent has → 400 `unknown-slot`, `cuda.device` → 400
-/// `slots-exceed-capacity`, and a session's slots (every slot it asked for) held and released.
+/// Resource slots as data through the real API, against an agent without accelerators (it
+/// advertises `slot_key_and_units` `{cpu, mem}`): its slots and types as the manager shows them,
+/// a slot no agent has (`rocm.device`, `cuda.device`, even at 0) → 400 `unknown-slot`, more
+/// than any agent has → 400 `slots-exceed-capacity`, bad amounts → 400 `invalid-request` naming
+/// the slot, and a session's slots held and released.
 fn resource_slots(db: Db, ports: u16) {
     let mut c = Cluster::new(db);
     c.start_manager();
@@ -445,9 +446,10 @@ fn resource_slots(db: Db, ports: u16) {
     let view = c.agent_view(&id).unwrap();
     assert_eq!(
         view["slot_types"],
-        json!({"cpu": "count", "mem": "bytes", "cuda.device": "count"}),
+        json!({"cpu": "count", "mem": "bytes"}),
         "{view}"
     );
+    assert!(view["slots_total"].get("cuda.device").is_none(), "{view}");
     assert!(
         view["slots_total"]["cpu"]
             .as_str()
@@ -469,20 +471,32 @@ fn resource_slots(db: Db, ports: u16) {
         (
             json!({"cpu": 0.25, "mem": "64m", "cuda.device": 1}),
             400,
+            "unknown-slot",
+            "cuda.device",
+        ),
+        (
+            json!({"cpu": 0.25, "mem": "64m", "cuda.device": 0}),
+            400,
+            "unknown-slot",
+            "cuda.device",
+        ),
+        (
+            json!({"cpu": 4096, "mem": "64m"}),
+            400,
             "slots-exceed-capacity",
-            "cuda.device",
+            "cpu",
         ),
         (
-            json!({"cpu": 0.25, "mem": "64m", "cuda.device": "0.0001"}),
+            json!({"cpu": "0.0001", "mem": "64m"}),
             400,
             "invalid-request",
-            "cuda.device",
+            "cpu",
         ),
         (
-            json!({"cpu": 0.25, "mem": "64m", "cuda.device": -1}),
+            json!({"cpu": 0.25, "mem": -1}),
             400,
             "invalid-request",
-            "cuda.device",
+            "mem",
         ),
     ] {
         let r = c.post("/v1/sessions", &body(slots.clone()));
@@ -491,27 +505,20 @@ fn resource_slots(db: Db, ports: u16) {
         assert!(message.contains(word), "{slots} → {message}");
     }
     assert!(c.store_live().is_empty());
-    // A zero amount of a slot the agent has is no obstacle; the session shows every slot.
-    let r = c.post(
-        "/v1/sessions",
-        &body(json!({"cpu": "0.25", "mem": "64m", "cuda.device": 0})),
-    );
+    // The session shows every slot it asked for, as decimal strings.
+    let r = c.post("/v1/sessions", &body(json!({"cpu": "0.25", "mem": "64m"})));
     assert_eq!(r.status, 201, "{r:?}");
     let sid = r.body["session_id"].as_str().unwrap().to_owned();
     let shown = c.get(&format!("/v1/sessions/{sid}")).unwrap();
     assert_eq!(
         shown.body["resource_slots"],
-        json!({"cpu": "0.25", "mem": "67108864", "cuda.device": "0"}),
+        json!({"cpu": "0.25", "mem": "67108864"}),
         "{shown:?}"
     );
     let view = c.agent_view(&id).unwrap();
     assert_eq!(
-        (
-            &view["slots_used"]["cpu"],
-            &view["slots_used"]["mem"],
-            &view["slots_used"]["cuda.device"]
-        ),
-        (&json!("0.25"), &json!("67108864"), &json!("0")),
+        (&view["slots_used"]["cpu"], &view["slots_used"]["mem"]),
+        (&json!("0.25"), &json!("67108864")),
         "{view}"
     );
     c.check_invariants();
