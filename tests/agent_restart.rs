@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use rmpv::Value;
@@ -15,41 +15,13 @@ use kernelvisor::rpc::Peer;
 
 const MIB: u64 = 1 << 20;
 
-/// The agent binary (built with `fault-injection` by `just test-all`), logging to `agent.log`.
+/// The agent binary on the fixture's config with `agent_extra`, logging to `agent.log`.
 fn spawn_agent(fx: &AgentFixture, agent_extra: &str) -> Child {
-    let config = fx.write_config(agent_extra);
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(fx.dir.path().join("agent.log"))
-        .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
-        .args(["agent", "--config"])
-        .arg(&config)
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn the agent")
+    spawn_agent_process(fx, &fx.write_config(agent_extra))
 }
 
 async fn connect(fx: &AgentFixture) -> Peer {
-    let endpoint = format!("tcp://127.0.0.1:{}", fx.rpc_port);
-    for _ in 0..60 {
-        let ctx = zmq::Context::new();
-        let opts = kernelvisor::rpc::PeerOptions {
-            endpoint: endpoint.clone(),
-            curve: None,
-            keepalive: None,
-            handshake_timeout: Duration::from_millis(500),
-        };
-        if let Ok(peer) = Peer::connect(&ctx, &opts).await {
-            return peer;
-        }
-    }
-    panic!(
-        "agent did not come up; log:\n{}",
-        read(&fx.dir.path().join("agent.log"))
-    );
+    connect_process(fx).await
 }
 
 fn sigterm(child: &mut Child) {

@@ -21,8 +21,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
+use common::agent::spawn_agent_process;
 use common::agent::{
     call, client, create_one, docker, failure_name, field, inspect, kernel_config, map, read,
     run_id, usage, AgentFixture, TEST_IMAGE,
@@ -222,19 +223,7 @@ const MIB: u64 = 1 << 20;
 
 /// A standalone agent process (no manager) logging to `agent.log`.
 fn spawn_agent(fx: &AgentFixture) -> Child {
-    let config = fx.write_config("");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(fx.dir.path().join("agent.log"))
-        .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
-        .args(["agent", "--config"])
-        .arg(&config)
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn the agent")
+    spawn_agent_process(fx, &fx.write_config(""))
 }
 
 /// A client once the agent's RPC answers `ping`.

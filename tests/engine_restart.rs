@@ -377,39 +377,12 @@ fn spawn_agent(fx: &AgentFixture, engine: &PrivateEngine) -> AgentProcess {
     );
     let path = fx.dir.path().join("agent.toml");
     std::fs::write(&path, config).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(fx.dir.path().join("agent.log"))
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
-        .args(["agent", "--config"])
-        .arg(&path)
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn the agent");
+    let child = spawn_agent_process(fx, &path);
     AgentProcess(child)
 }
 
 async fn connect(fx: &AgentFixture) -> Peer {
-    let endpoint = format!("tcp://127.0.0.1:{}", fx.rpc_port);
-    for _ in 0..60 {
-        let ctx = zmq::Context::new();
-        let opts = kernelvisor::rpc::PeerOptions {
-            endpoint: endpoint.clone(),
-            curve: None,
-            keepalive: None,
-            handshake_timeout: Duration::from_millis(500),
-        };
-        if let Ok(peer) = Peer::connect(&ctx, &opts).await {
-            return peer;
-        }
-    }
-    panic!(
-        "agent did not come up; log:\n{}",
-        read(&fx.dir.path().join("agent.log"))
-    );
+    connect_process(fx).await
 }
 
 /// `method(*args)` answered within `limit` (a FAILURE is an answer).

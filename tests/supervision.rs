@@ -12,22 +12,13 @@ use rmpv::Value;
 
 use common::agent::*;
 use kernelvisor::agent::events::AgentEvent;
+use kernelvisor::agent::kernel::stages::STAGES;
 use kernelvisor::agent::registry::KernelStages;
 use kernelvisor::agent::Agent;
 use kernelvisor::config::OnShutdown;
 use tokio::sync::broadcast;
 
 const MIB: u64 = 1 << 20;
-
-const STAGES: [&str; 7] = [
-    "image",
-    "slots",
-    "ports",
-    "scratch",
-    "mounts",
-    "container",
-    "service-ports",
-];
 
 async fn start(fx: &AgentFixture) -> Agent {
     Agent::start(fx.config(""), None)

@@ -3,7 +3,7 @@
 //! (by its `ai.backend.agent-id` label) even when the test fails.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rmpv::Value;
@@ -255,4 +255,45 @@ pub async fn usage(peer: &Peer) -> (String, String, u64) {
 /// Reads a file under `path` to a string ("" if missing).
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The agent binary (built with `fault-injection` by `just test-all`) on config file `config`,
+/// its output appended to `<fixture dir>/agent.log`.
+#[allow(dead_code)] // Not every test binary that includes `common` starts agent processes.
+pub fn spawn_agent_process(fx: &AgentFixture, config: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(fx.dir.path().join("agent.log"))
+        .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+        .args(["agent", "--config"])
+        .arg(config)
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn the agent")
+}
+
+/// A client of an agent process once its RPC endpoint takes a connection (60 tries of 0.5 s);
+/// panics with the agent's log otherwise.
+#[allow(dead_code)]
+pub async fn connect_process(fx: &AgentFixture) -> Peer {
+    let endpoint = format!("tcp://127.0.0.1:{}", fx.rpc_port);
+    for _ in 0..60 {
+        let ctx = zmq::Context::new();
+        let opts = PeerOptions {
+            endpoint: endpoint.clone(),
+            curve: None,
+            keepalive: None,
+            handshake_timeout: Duration::from_millis(500),
+        };
+        if let Ok(peer) = Peer::connect(&ctx, &opts).await {
+            return peer;
+        }
+    }
+    panic!(
+        "agent did not come up; log:\n{}",
+        read(&fx.dir.path().join("agent.log"))
+    );
 }
