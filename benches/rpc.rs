@@ -199,7 +199,9 @@ impl BlockingClient {
 }
 
 async fn pool_for(endpoint: &str, keys: Option<&Keys>) -> Addr<AgentPool> {
-    let pool = AgentPool::new(PoolSpec::default(), keys.map(|k| k.manager.clone())).start();
+    let pool = AgentPool::new(PoolSpec::default(), keys.map(|k| k.manager.clone()))
+        .expect("pool")
+        .start();
     let endpoint = AgentEndpoint {
         addr: endpoint.to_owned(),
         public_key: keys.map(|k| k.agent.public),

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod config;
 pub mod ctl;
+pub mod limits;
 pub mod manager;
 pub mod rpc;
 pub mod signals;

@@ -46,6 +46,11 @@ fn main() -> anyhow::Result<()> {
         Command::Agent { config } => {
             let config = AgentConfig::load(&config)?;
             config.logging.init()?;
+            // Kernels' streams, logs and services each hold descriptors; take what is allowed.
+            match kernelvisor::limits::raise_open_files() {
+                Ok((soft, _)) => tracing::debug!(soft, "open-file limit"),
+                Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
+            }
             actix_rt::System::new().block_on(kernelvisor::agent::run(config))
         }
         Command::Manager { config } => {

@@ -132,7 +132,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             mounts: "[]".into(),
             restart_policy: r#"{"mode":"never"}"#.into(),
         };
-        store.reserve_kernel(&new).await.unwrap();
+        store.reserve_kernel(&new, &roomy()).await.unwrap();
     }
     assert_eq!(usage(&store).await, Some((2, 0)));
 
@@ -462,7 +462,7 @@ async fn curve_key_binds_the_agent_id() {
         mounts: "[]".into(),
         restart_policy: r#"{"mode":"never"}"#.into(),
     };
-    store.reserve_kernel(&kb).await.unwrap();
+    store.reserve_kernel(&kb, &roomy()).await.unwrap();
     store.advance_kernel("kb", "RUNNING").await.unwrap();
 
     let api = format!("http://{}", manager.api_addr());
@@ -612,4 +612,20 @@ async fn curve_key_binds_the_agent_id() {
         vec!["a"]
     );
     store.close().await;
+}
+
+/// Slots no test reservation exceeds (the store checks a reservation against its agent's total).
+fn roomy() -> kernelvisor::slots::ResourceSlots {
+    [
+        (
+            "cpu".to_owned(),
+            kernelvisor::slots::Amount::from_units(1_000),
+        ),
+        (
+            "mem".to_owned(),
+            kernelvisor::slots::Amount::from_units(1 << 50),
+        ),
+    ]
+    .into_iter()
+    .collect()
 }

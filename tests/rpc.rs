@@ -382,7 +382,7 @@ async fn invalidated_entry_is_healed_by_a_successful_health_check() {
 
 #[actix_rt::test]
 async fn unknown_agent_is_unavailable() {
-    let pool = kernelvisor::manager::pool::AgentPool::new(fast_spec(), None);
+    let pool = kernelvisor::manager::pool::AgentPool::new(fast_spec(), None).expect("pool");
     let pool = actix::Actor::start(pool);
     match pool
         .send(ping("ghost", Value::Nil, Duration::from_secs(1)))

@@ -65,6 +65,9 @@ pub struct ManagerSection {
     /// live on its agent is destroyed (`destroy_dangling_kernel`) this long after it was first
     /// reported (300, as Nomad's dangling-container reaper); one it holds live is adopted at once.
     pub dangling_grace: Seconds,
+    /// Several managers on one PostgreSQL: when the leader (the replica holding the advisory
+    /// lock) dies, another takes its duties within this many seconds (10).
+    pub leader_lease: Seconds,
 }
 
 impl Default for ManagerSection {
@@ -81,6 +84,7 @@ impl Default for ManagerSection {
             startup_grace: Seconds(Duration::from_secs(45)),
             processed_event_retention: Seconds(Duration::from_secs(7 * 24 * 3600)),
             dangling_grace: Seconds(Duration::from_secs(300)),
+            leader_lease: Seconds(Duration::from_secs(10)),
         }
     }
 }
@@ -190,6 +194,13 @@ pub struct PoolSection {
     pub tcp_keepalive_intvl: u16,
     /// TCP keepalive probe count (3).
     pub tcp_keepalive_cnt: u16,
+    /// Most agents the pool holds a connection to (20000): sizes the ZeroMQ context's socket
+    /// limit and the open-file limit the manager needs (about 2 descriptors per agent).
+    pub max_agents: u32,
+    /// ZeroMQ I/O threads of the pool's context (1; one thread moves ~1 GB/s of messages).
+    pub io_threads: u16,
+    /// Health-check pings in flight at once, at most (256).
+    pub health_check_concurrency: u32,
 }
 
 impl Default for PoolSection {
@@ -204,6 +215,9 @@ impl Default for PoolSection {
             tcp_keepalive_idle: d.keepalive.idle_secs as u16,
             tcp_keepalive_intvl: d.keepalive.interval_secs as u16,
             tcp_keepalive_cnt: d.keepalive.count as u16,
+            max_agents: d.max_agents,
+            io_threads: d.io_threads,
+            health_check_concurrency: d.health_check_concurrency,
         }
     }
 }
@@ -222,6 +236,9 @@ impl PoolSection {
                 interval_secs: self.tcp_keepalive_intvl.into(),
                 count: self.tcp_keepalive_cnt.into(),
             },
+            max_agents: self.max_agents,
+            io_threads: self.io_threads,
+            health_check_concurrency: self.health_check_concurrency,
         }
     }
 }

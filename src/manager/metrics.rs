@@ -55,6 +55,8 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_dangling_kernels_total{action}`: `kernel_dangling` reports
     /// (`reported`) and how they ended (`adopted`, `destroyed`, `gone`, `failed`).
     pub dangling_kernels: IntCounterVec,
+    /// `kernelvisor_manager_leader`: 1 while this replica holds the single-leader duties.
+    pub leader: prometheus::IntGauge,
     /// `kernelvisor_manager_session_errors_total{code}`: API error codes of session calls.
     pub session_errors: IntCounterVec,
 }
@@ -117,7 +119,14 @@ impl ManagerMetrics {
         )
         .expect("valid gauge");
         reg(Box::new(pool_last_sweep_entries.clone()));
+        let leader = prometheus::IntGauge::new(
+            "kernelvisor_manager_leader",
+            "1 while this replica holds the single-leader duties (advisory lock), else 0",
+        )
+        .expect("valid gauge");
+        reg(Box::new(leader.clone()));
         ManagerMetrics {
+            leader,
             pool_last_sweep,
             pool_last_sweep_entries,
             agents: gauge_vec("agents", "Agents by liveness status", &["status"]),

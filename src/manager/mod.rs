@@ -18,6 +18,7 @@ pub mod credentials;
 pub mod error;
 pub mod events;
 pub mod intake;
+pub mod leader;
 pub mod metrics;
 pub mod pool;
 pub mod registry;
@@ -43,6 +44,8 @@ use store::Store;
 /// A running manager.
 pub struct Manager {
     store: Store,
+    _sqlite_lock: Option<leader::SqliteLock>,
+    leader: leader::Leadership,
     pool: Addr<AgentPool>,
     registry: Addr<AgentRegistry>,
     intake: Addr<RpcServer>,
@@ -61,6 +64,8 @@ impl Manager {
     /// address cannot be bound.
     pub async fn start(config: &ManagerConfig) -> anyhow::Result<Manager> {
         let m = &config.manager;
+        // Before anything migrates: SQLite serves one manager.
+        let sqlite_lock = leader::SqliteLock::acquire(&config.store.url)?;
         let store = Store::connect(&config.store.url)
             .await
             .with_context(|| format!("store {}", redact(&config.store.url)))?;
@@ -68,7 +73,11 @@ impl Manager {
         let keypair = m.rpc_keypair.as_deref().map(load_keypair).transpose()?;
         let metrics = Arc::new(metrics::ManagerMetrics::new());
 
-        let pool = AgentPool::new(config.agent_pool.spec(), keypair.clone()).start();
+        let pool_spec = config.agent_pool.spec();
+        crate::limits::ensure_open_files(pool_spec.fds_needed(), "[agent-pool] max-agents")?;
+        let pool = AgentPool::new(pool_spec, keypair.clone())
+            .context("[agent-pool] max-agents / io-threads")?
+            .start();
         for agent in &config.agents {
             let public_key = agent
                 .public_key
@@ -95,8 +104,16 @@ impl Manager {
             dangling_call_timeout: config.scheduler.destroy_timeout.0,
         };
         let rows = store.agents().await?;
-        let registry =
-            AgentRegistry::new(store.clone(), pool.clone(), metrics.clone(), spec, rows).start();
+        let leader = leader::Leadership::start(&store, m.leader_lease.0);
+        let registry = AgentRegistry::new(
+            store.clone(),
+            pool.clone(),
+            metrics.clone(),
+            spec,
+            leader.clone(),
+            rows,
+        )
+        .start();
 
         let curve = match (&keypair, &m.agent_keys_dir) {
             (Some(keypair), Some(dir)) => {
@@ -169,6 +186,7 @@ impl Manager {
             scheduler,
             pool: pool.clone(),
             metrics,
+            leader: leader.clone(),
             max_upload_size: config.api.max_upload_size.0,
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -178,6 +196,8 @@ impl Manager {
         tracing::info!(api = %api_addr, scheme, intake = %intake_endpoint, store = ?store.backend(), grace = ?m.startup_grace.0, "manager started");
         Ok(Manager {
             store,
+            _sqlite_lock: sqlite_lock,
+            leader,
             pool,
             registry,
             intake,
@@ -190,6 +210,11 @@ impl Manager {
     /// Where the API listens.
     pub fn api_addr(&self) -> SocketAddr {
         self.api_addr
+    }
+
+    /// Whether this replica holds the single-leader duties now.
+    pub fn is_leader(&self) -> bool {
+        self.leader.is_leader()
     }
 
     /// The intake's endpoint, `tcp://host:port`.

@@ -252,6 +252,10 @@ pub fn place(
         })
 }
 
+/// Placements tried before a create gives up with `no-capacity` when every try lost a race for
+/// the chosen agent's slots (other replicas placing at the same time).
+const MAX_PLACEMENT_ATTEMPTS: u32 = 5;
+
 /// The scheduler actor.
 pub struct Scheduler {
     store: Store,
@@ -358,33 +362,61 @@ impl Handler<CreateSession> for Scheduler {
             let kernel_id = uuid::Uuid::new_v4().to_string();
             let session_id = uuid::Uuid::new_v4().to_string();
             let (agent_id, slots) = {
+                // One placement at a time per replica; the store serializes reservations on an
+                // agent across replicas and re-checks its room, so a lost race places again.
                 let _guard = placing.lock().await;
-                let candidates = registry.send(PlacementCandidates).await?;
+                let mut candidates = registry.send(PlacementCandidates).await?;
                 let slots = parse_request(&req.resource_slots, &candidates)?;
-                let usage = store.usage_by_agent().await?;
-                let agent_id = place(&candidates, &usage, &slots)?;
-                let new = NewKernel {
-                    id: kernel_id.clone(),
-                    session_id: session_id.clone(),
-                    agent_id: agent_id.clone(),
-                    access_key: owner.clone(),
-                    image: req.image.clone(),
-                    resource_slots: slots.clone(),
-                    session_type: session_type.to_owned(),
-                    command: req.command.clone(),
-                    batch_timeout: req.batch_timeout,
-                    mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
-                    restart_policy: serde_json::to_string(&req.restart_policy.unwrap_or_default())
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    let usage = store.usage_by_agent().await?;
+                    let agent_id = place(&candidates, &usage, &slots)?;
+                    let total = candidates
+                        .iter()
+                        .find(|a| a.id == agent_id)
+                        .map(|a| a.slots_total.clone())
+                        .unwrap_or_default();
+                    let new = NewKernel {
+                        id: kernel_id.clone(),
+                        session_id: session_id.clone(),
+                        agent_id: agent_id.clone(),
+                        access_key: owner.clone(),
+                        image: req.image.clone(),
+                        resource_slots: slots.clone(),
+                        session_type: session_type.to_owned(),
+                        command: req.command.clone(),
+                        batch_timeout: req.batch_timeout,
+                        mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
+                        restart_policy: serde_json::to_string(
+                            &req.restart_policy.clone().unwrap_or_default(),
+                        )
                         .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
-                };
-                store.reserve_kernel(&new).await.map_err(|e| match e {
-                    ReserveError::UnknownAccessKey(k) => ManagerError::AccessKeyNotFound(k),
-                    e @ ReserveError::ConcurrencyLimit(..) => {
-                        ManagerError::ConcurrencyLimit(e.to_string())
+                    };
+                    match store.reserve_kernel(&new, &total).await {
+                        Ok(()) => break (agent_id, slots),
+                        Err(ReserveError::UnknownAccessKey(k)) => {
+                            return Err(ManagerError::AccessKeyNotFound(k))
+                        }
+                        Err(e @ ReserveError::ConcurrencyLimit(..)) => {
+                            return Err(ManagerError::ConcurrencyLimit(e.to_string()))
+                        }
+                        Err(ReserveError::Store(e)) => return Err(e.into()),
+                        Err(e) if attempt >= MAX_PLACEMENT_ATTEMPTS => {
+                            tracing::warn!(error = %e, attempt, "placement kept losing races");
+                            return Err(ManagerError::NoCapacity(format!(
+                                "{e}; retry after a session ends"
+                            )));
+                        }
+                        Err(ReserveError::AgentNotAlive(id, status)) => {
+                            tracing::info!(agent_id = %id, %status, "placement: the store holds the agent not alive; placing elsewhere");
+                            candidates.retain(|a| a.id != id);
+                        }
+                        Err(ReserveError::NoRoom(id)) => {
+                            tracing::debug!(agent_id = %id, attempt, "placement: lost a race for the agent's slots; placing again");
+                        }
                     }
-                    ReserveError::Store(e) => e.into(),
-                })?;
-                (agent_id, slots)
+                }
             };
             let mut config = vec![
                 ("image".into(), req.image.clone().into()),
@@ -785,6 +817,8 @@ mod tests {
             slots_total: slots(total),
             slot_types,
             last_heartbeat: None,
+            seen_at: 0.0,
+            status_changed: 0.0,
         }
     }
 

@@ -7,6 +7,7 @@
 //! - [`peer`]: one persistent DEALER connection, shared by concurrent callers.
 
 pub mod codec;
+pub mod context;
 pub mod curve;
 pub mod dispatch;
 pub mod peer;

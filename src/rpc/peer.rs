@@ -119,7 +119,10 @@ impl std::fmt::Debug for Peer {
 impl Peer {
     /// Connects a DEALER and performs callosum's handshake (PING → PONG). Must run inside an
     /// actix/tokio `LocalSet` runtime: the I/O task is spawned locally.
-    pub async fn connect(ctx: &zmq::Context, opts: &PeerOptions) -> Result<Peer, ConnectError> {
+    pub async fn connect(
+        ctx: &impl super::context::SocketSource,
+        opts: &PeerOptions,
+    ) -> Result<Peer, ConnectError> {
         let sock = socket::dealer(
             ctx,
             &opts.endpoint,

@@ -68,7 +68,7 @@ pub fn router(
 /// The connection itself is made in the background by libzmq; the callosum PING/PONG handshake
 /// ([`super::peer::Peer::connect`]) is what proves it works.
 pub fn dealer(
-    ctx: &zmq::Context,
+    ctx: &impl super::context::SocketSource,
     endpoint: &str,
     curve: Option<&ClientCurve>,
     keepalive: Option<Keepalive>,

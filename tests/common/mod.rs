@@ -92,7 +92,7 @@ pub async fn pool_for(
     manager: Option<KeyPair>,
     spec: PoolSpec,
 ) -> Addr<AgentPool> {
-    let pool = AgentPool::new(spec, manager).start();
+    let pool = AgentPool::new(spec, manager).expect("pool").start();
     let endpoint = AgentEndpoint {
         addr: endpoint.to_owned(),
         public_key: agent_key,

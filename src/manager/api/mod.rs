@@ -42,6 +42,8 @@ pub struct ApiState {
     pub pool: Addr<AgentPool>,
     /// Metrics.
     pub metrics: Arc<ManagerMetrics>,
+    /// Whether this replica leads (`/health`).
+    pub leader: crate::manager::leader::Leadership,
     /// `[api] max-upload-size`, bytes.
     pub max_upload_size: u64,
 }

@@ -7,7 +7,7 @@ use super::auth::Caller;
 use super::openapi;
 use super::{ApiState, Res};
 use crate::manager::pool::GetPoolStats;
-use crate::manager::registry::{GraceRemaining, ListAgents};
+use crate::manager::registry::{CountAlive, GraceRemaining, ListAgents};
 
 /// Every known agent: liveness, slots, kernels (admin). `slots_total` is every slot the agent
 /// has, `slots_used` the sum of the slots its live kernels hold over the same slots (and any
@@ -61,14 +61,11 @@ pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
 )]
 pub(super) async fn health(s: web::Data<ApiState>) -> Res {
     let grace = s.registry.send(GraceRemaining).await?;
-    let alive = s
-        .registry
-        .send(ListAgents)
-        .await?
-        .iter()
-        .filter(|a| a.row.status == crate::manager::registry::ALIVE)
-        .count();
-    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ok", "mode": if grace.is_some() { "grace" } else { "normal" }, "agents_alive": alive})))
+    let alive = s.registry.send(CountAlive).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "status": "ok", "mode": if grace.is_some() { "grace" } else { "normal" }, "agents_alive": alive,
+        "leader": s.leader.is_leader(), "replica": s.store.replica_id(),
+    })))
 }
 
 /// The manager's Prometheus metrics (admin).
@@ -97,6 +94,7 @@ pub(super) async fn metrics(s: web::Data<ApiState>, caller: Caller) -> Res {
     for a in s.registry.send(ListAgents).await? {
         m.agents.with_label_values(&[&a.row.status]).inc();
     }
+    m.leader.set(i64::from(s.leader.is_leader()));
     let p = s.pool.send(GetPoolStats).await?;
     for (state, n) in [
         ("known", p.known),

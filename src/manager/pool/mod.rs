@@ -9,6 +9,10 @@
 //!   marks it unhealthy; one unhealthy for longer than `recovery_timeout` is closed and evicted,
 //!   so the next call reconnects from scratch (e.g. after the agent restarted).
 //! - [`Invalidate`] marks an entry unhealthy (the registry calls it when an agent is lost).
+//! - Fleet scale (issue 17): the ZeroMQ context's socket limit is `max-agents` (+ headroom)
+//!   instead of libzmq's 1,023, with `io-threads`; the periodic sweep keeps at most
+//!   `health-check-concurrency` pings in flight and paces their start over half the interval,
+//!   so 10,000 agents are not pinged in one burst.
 
 mod error;
 mod spec;
@@ -25,6 +29,7 @@ pub use error::{AgentCallError, AgentConnectionUnavailable};
 pub use spec::PoolSpec;
 
 use crate::rpc::codec::Call;
+use crate::rpc::context::SizedContext;
 use crate::rpc::curve::{CurveKey, KeyPair};
 use crate::rpc::peer::{ConnectError, Peer, PeerOptions};
 use crate::rpc::socket::ClientCurve;
@@ -59,7 +64,7 @@ struct Entry {
 /// The pool actor. Start it with [`AgentPool::new`] + `Actor::start`.
 pub struct AgentPool {
     spec: PoolSpec,
-    zmq: zmq::Context,
+    zmq: SizedContext,
     keypair: Option<KeyPair>,
     directory: HashMap<String, AgentEndpoint>,
     entries: HashMap<String, Entry>,
@@ -71,16 +76,24 @@ pub struct AgentPool {
 impl AgentPool {
     /// A pool with `spec`; `keypair` is the manager's CURVE key pair, needed for agents that
     /// have a public key.
-    pub fn new(spec: PoolSpec, keypair: Option<KeyPair>) -> Self {
-        AgentPool {
+    ///
+    /// Errors: the ZeroMQ context refuses the socket limit or the I/O thread count.
+    pub fn new(spec: PoolSpec, keypair: Option<KeyPair>) -> Result<Self, zmq::Error> {
+        let zmq = SizedContext::new(
+            i32::try_from(spec.max_agents)
+                .unwrap_or(i32::MAX)
+                .saturating_add(64),
+            i32::from(spec.io_threads.max(1)),
+        )?;
+        Ok(AgentPool {
             spec,
-            zmq: zmq::Context::new(),
+            zmq,
             keypair,
             directory: HashMap::new(),
             entries: HashMap::new(),
             next_generation: 0,
             last_sweep: None,
-        }
+        })
     }
 
     fn unavailable(agent_id: &str, reason: impl Into<String>) -> AgentConnectionUnavailable {
@@ -201,9 +214,12 @@ impl AgentPool {
         }
     }
 
-    /// Pings every ready entry once; resolves when every ping has answered or timed out.
-    fn sweep(&mut self) -> impl ActorFuture<Self, Output = SweepReport> {
+    /// Pings every ready entry once, at most `health_check_concurrency` at a time, starting
+    /// them evenly over `spread` (zero: as fast as the bound allows); resolves when every ping
+    /// has answered or timed out.
+    fn sweep(&mut self, spread: Duration) -> impl ActorFuture<Self, Output = SweepReport> {
         let timeout = self.spec.ping_timeout;
+        let concurrency = self.spec.health_check_concurrency.max(1) as usize;
         let started = Instant::now();
         let mut probes = Vec::new();
         for (id, e) in self.entries.iter_mut() {
@@ -226,7 +242,21 @@ impl AgentPool {
                 });
             }
         }
-        futures::future::join_all(probes).into_actor(self).map(move |results, act, _| {
+        let gap = spread / u32::try_from(probes.len().max(1)).unwrap_or(u32::MAX);
+        let paced = probes
+            .into_iter()
+            .enumerate()
+            .map(move |(i, probe)| async move {
+                if !gap.is_zero() {
+                    tokio::time::sleep_until((started + gap * i as u32).into()).await;
+                }
+                probe.await
+            });
+        let all = futures::StreamExt::collect::<Vec<_>>(futures::StreamExt::buffer_unordered(
+            futures::stream::iter(paced),
+            concurrency,
+        ));
+        all.into_actor(self).map(move |results, act, _| {
             let mut report = SweepReport::default();
             let now = Instant::now();
             for (id, generation, err) in results {
@@ -266,8 +296,9 @@ impl Actor for AgentPool {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.spec.health_check_interval, |act, ctx| {
-            ctx.spawn(act.sweep().map(|_, _, _| ()));
+        let spread = self.spec.health_check_interval / 2;
+        ctx.run_interval(self.spec.health_check_interval, move |act, ctx| {
+            ctx.spawn(act.sweep(spread).map(|_, _, _| ()));
         });
     }
 
@@ -440,7 +471,8 @@ pub struct SweepReport {
     pub evicted: usize,
 }
 
-/// Runs a health-check sweep now, resolving when it is done (the periodic sweep runs regardless).
+/// Runs a health-check sweep now, unpaced (bounded concurrency only), resolving when it is
+/// done (the periodic sweep runs regardless).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "SweepReport")]
 pub struct SweepNow;
@@ -448,7 +480,7 @@ pub struct SweepNow;
 impl Handler<SweepNow> for AgentPool {
     type Result = ResponseActFuture<Self, SweepReport>;
     fn handle(&mut self, _: SweepNow, _: &mut Context<Self>) -> Self::Result {
-        Box::pin(self.sweep())
+        Box::pin(self.sweep(Duration::ZERO))
     }
 }
 

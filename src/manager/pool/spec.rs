@@ -20,6 +20,21 @@ pub struct PoolSpec {
     pub handshake_timeout: Duration,
     /// TCP keepalive of every DEALER (default idle 60 s, interval 20 s, 3 probes).
     pub keepalive: Keepalive,
+    /// Most agents with a connection (default 20000): the ZeroMQ context's socket limit is set
+    /// from it (`ZMQ_MAX_SOCKETS`, 1023 by default, would stop the pool at about a thousand).
+    pub max_agents: u32,
+    /// ZeroMQ I/O threads (default 1).
+    pub io_threads: u16,
+    /// Health-check pings in flight at once (default 256).
+    pub health_check_concurrency: u32,
+}
+
+impl PoolSpec {
+    /// Open file descriptors the pool needs at `max_agents`: each DEALER holds its TCP
+    /// connection and its mailbox's eventfd, plus room for the rest of the process.
+    pub fn fds_needed(&self) -> u64 {
+        2 * u64::from(self.max_agents) + 4096
+    }
 }
 
 impl Default for PoolSpec {
@@ -31,6 +46,9 @@ impl Default for PoolSpec {
             recovery_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(5),
             keepalive: Keepalive::default(),
+            max_agents: 20_000,
+            io_threads: 1,
+            health_check_concurrency: 256,
         }
     }
 }

@@ -1,5 +1,7 @@
-//! `AgentRegistry`: agent liveness (seed 003). It owns each agent's status in memory and writes
-//! it behind to the store; it applies agent event batches in order.
+//! `AgentRegistry`: agent liveness (seed 003). Each replica keeps every agent's row in memory:
+//! what its own intake hears (heartbeats, written behind to the store in one transaction a
+//! second) and what the other replicas wrote (re-read from the store each second). The store
+//! is the truth that placement and every replica share (issue 17).
 //!
 //! ```text
 //!            heartbeat / agent_started                  no heartbeat for heartbeat-timeout
@@ -8,17 +10,25 @@
 //!                  heartbeat/agent_started │  ▼                                            │ agent_started
 //!                                      TERMINATED            ALIVE ◀── reset_instance ── PENDING
 //! ```
-//! - `LOST`: its live kernels leave the live set (`agent-lost`), their `concurrency_used` comes
-//!   back, its pool entry is invalidated, and `agent_terminated` (`agent-lost`) is logged and
-//!   counted. A lost agent may still run containers the manager has released, so it is only
-//!   placed on again after `reset_instance` returns: until then it is `PENDING` and the kernel
-//!   lists of its heartbeats are ignored.
+//! - Leader duties (the replica holding the lock, `super::leader`): the heartbeat-timeout
+//!   sweep, the reset flow, processed-event pruning and dangling-kernel decisions. `LOST`,
+//!   `PENDING` and the reset's `ALIVE` are conditional updates in the store, so each happens
+//!   once however many replicas there are or have been.
+//! - `LOST`: no replica heard from it (`seen_at`) for `heartbeat-timeout` (counted from this
+//!   replica's start at the earliest). Its live kernels leave the live set (`agent-lost`), their
+//!   `concurrency_used` comes back, its pool entry is invalidated, and `agent_terminated`
+//!   (`agent-lost`) is logged and counted. A lost agent may still run containers the manager has
+//!   released, so it is only placed on again after `reset_instance` returns: until then it is
+//!   `PENDING` and the kernel lists of its heartbeats are ignored.
 //! - `TERMINATED` (clean shutdown): kernels stay live (`on-shutdown = "preserve"` keeps their
 //!   containers); no timeout applies until it reports again.
-//! - Start-up grace: for `startup-grace` after start kernel API calls are refused (503); the
-//!   newest heartbeat of each agent is kept, then the store is reconciled with it: live kernels
-//!   it does not list are terminated (`missing-on-agent`), kernels it lists that the store does
-//!   not hold live are reported (log + `kernelvisor_manager_unknown_kernels_total`).
+//! - Start-up grace: kernel API calls are refused (503) until every agent the store had `ALIVE`
+//!   has been heard from since this start (by this replica or another), or for `startup-grace`
+//!   at most; none when the store had no live agent (seed 003 ends the grace "after heartbeat
+//!   processing ... finishes"). The newest heartbeat of each agent is kept, then the store is
+//!   reconciled with it: live kernels it does not list are terminated (`missing-on-agent`),
+//!   kernels it lists that the store does not hold live are reported (log +
+//!   `kernelvisor_manager_unknown_kernels_total`).
 //! - Dangling kernels (`kernel_dangling`, seed 001): adopted when the store holds them live on
 //!   the reporting agent, destroyed after `dangling-grace` otherwise (dangling.rs).
 
@@ -35,9 +45,10 @@ pub use heartbeat::Heartbeat;
 
 use super::calls::call_agent;
 use super::events::{superseded, AgentEvent, EventBody};
+use super::leader::Leadership;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentEndpoint, AgentPool, Invalidate, Reconnect, RegisterAgent};
-use super::store::{AgentRow, Applied, Store};
+use super::store::{now, AgentRow, Applied, KernelRow, Store};
 use crate::rpc::curve::CurveKey;
 
 /// Liveness statuses, as stored and shown.
@@ -49,12 +60,17 @@ pub const PENDING: &str = "PENDING";
 /// Shut down cleanly.
 pub const TERMINATED: &str = "TERMINATED";
 
+/// How far back (seconds) each re-read of other replicas' rows reaches before the previous
+/// one: a row is stamped before its transaction commits, so a commit that took this long still
+/// shows up.
+const REFRESH_OVERLAP: f64 = 2.0;
+
 /// The registry's intervals.
 #[derive(Clone, Debug)]
 pub struct RegistrySpec {
     /// No heartbeat for this long → `LOST`.
     pub heartbeat_timeout: Duration,
-    /// Kernel API refused for this long after start.
+    /// Kernel API refused for at most this long after start.
     pub startup_grace: Duration,
     /// `reset_instance` deadline.
     pub reset_timeout: Duration,
@@ -69,9 +85,11 @@ pub struct RegistrySpec {
 
 struct AgentState {
     row: AgentRow,
-    last_seen: Instant,
+    /// Heard from by this replica since the last flush: its row is written behind.
     dirty: bool,
     resetting: bool,
+    /// A `mark_agent_lost` is in flight.
+    losing: bool,
     endpoint: Option<AgentEndpoint>,
 }
 
@@ -80,6 +98,8 @@ enum Mode {
     Grace {
         until: Instant,
         latest: HashMap<String, Heartbeat>,
+        /// Agents the store had `ALIVE` at start and no replica has heard from since.
+        waiting: HashSet<String>,
     },
     /// Grace over, store being reconciled with the heartbeats (API still refused).
     Reconciling,
@@ -92,22 +112,35 @@ pub struct AgentRegistry {
     pool: Addr<AgentPool>,
     metrics: Arc<ManagerMetrics>,
     spec: RegistrySpec,
+    leader: Leadership,
     agents: HashMap<String, AgentState>,
     mode: Mode,
     dangling: dangling::DanglingBook,
+    /// Unix seconds of this start: nobody is lost sooner than a timeout after it.
+    started_at: f64,
+    /// Other replicas' rows are re-read from here (Unix seconds) on.
+    refreshed_to: f64,
+    refreshing: bool,
+    flushing: bool,
 }
 
 impl AgentRegistry {
     /// A registry over `rows` (the store's agents at start); every agent gets a full heartbeat
-    /// timeout from now.
+    /// timeout from now. The grace waits for the `ALIVE` ones; with none there is no grace.
     pub fn new(
         store: Store,
         pool: Addr<AgentPool>,
         metrics: Arc<ManagerMetrics>,
         spec: RegistrySpec,
+        leader: Leadership,
         rows: Vec<AgentRow>,
     ) -> Self {
-        let now = Instant::now();
+        let started_at = now();
+        let waiting: HashSet<String> = rows
+            .iter()
+            .filter(|r| r.status == ALIVE)
+            .map(|r| r.id.clone())
+            .collect();
         let agents = rows
             .into_iter()
             .map(|row| {
@@ -115,31 +148,49 @@ impl AgentRegistry {
                     row.id.clone(),
                     AgentState {
                         row,
-                        last_seen: now,
                         dirty: false,
                         resetting: false,
+                        losing: false,
                         endpoint: None,
                     },
                 )
             })
             .collect();
-        let mode = Mode::Grace {
-            until: now + spec.startup_grace,
-            latest: HashMap::new(),
+        let mode = if waiting.is_empty() {
+            tracing::info!("the store had no live agent: no start-up grace");
+            Mode::Normal
+        } else {
+            tracing::info!(
+                agents = waiting.len(),
+                "start-up grace: waiting for the agents the store had ALIVE"
+            );
+            Mode::Grace {
+                until: Instant::now() + spec.startup_grace,
+                latest: HashMap::new(),
+                waiting,
+            }
         };
         AgentRegistry {
             store,
             pool,
             metrics,
             spec,
+            leader,
             agents,
             mode,
             dangling: dangling::DanglingBook::default(),
+            started_at,
+            refreshed_to: started_at - REFRESH_OVERLAP,
+            refreshing: false,
+            flushing: false,
         }
     }
 
-    /// Runs a step for every dangling report that is due (dangling.rs).
+    /// Runs a step for every dangling report that is due (dangling.rs); the leader's duty.
     fn drive_dangling(&mut self, ctx: &mut Context<Self>) {
+        if !self.leader.is_leader() {
+            return;
+        }
         for p in self.dangling.due() {
             let (store, pool, metrics, timeout) = (
                 self.store.clone(),
@@ -186,28 +237,63 @@ impl AgentRegistry {
                     slots_total: crate::slots::ResourceSlots::new(),
                     slot_types: heartbeat::slot_types(None),
                     last_heartbeat: None,
+                    seen_at: now(),
+                    status_changed: now(),
                 },
-                last_seen: Instant::now(),
                 dirty: true,
                 resetting: false,
+                losing: false,
                 endpoint: None,
             })
     }
 
+    /// A status change this replica may make alone (`ALIVE` ⇄ `TERMINATED`): in memory, written
+    /// with the row (the store keeps a `LOST`/`PENDING` the leader wrote).
     fn set_status(&mut self, agent_id: &str, status: &str) {
         let s = self.state(agent_id);
         if s.row.status != status {
             tracing::info!(agent_id, from = %s.row.status, to = status, "agent status");
             s.row.status = status.to_owned();
+            s.row.status_changed = now();
             s.dirty = true;
+        }
+    }
+
+    /// Heard from `agent_id` now (heartbeat or event).
+    fn seen(&mut self, agent_id: &str) {
+        let s = self.state(agent_id);
+        s.row.seen_at = now();
+        s.dirty = true;
+        if let Mode::Grace { waiting, .. } = &mut self.mode {
+            waiting.remove(agent_id);
+        }
+    }
+
+    /// Tells the pool the agent's endpoint when it changed.
+    fn note_endpoint(&mut self, agent_id: &str) {
+        let pool = self.pool.clone();
+        let s = self.state(agent_id);
+        let Some(addr) = s.row.addr.clone() else {
+            return;
+        };
+        let public_key = s
+            .row
+            .public_key
+            .as_deref()
+            .and_then(|k| CurveKey::from_z85(k).ok());
+        let endpoint = AgentEndpoint { addr, public_key };
+        if s.endpoint.as_ref() != Some(&endpoint) {
+            s.endpoint = Some(endpoint.clone());
+            pool.do_send(RegisterAgent {
+                agent_id: agent_id.to_owned(),
+                endpoint,
+            });
         }
     }
 
     /// Takes the heartbeat's facts (address, key, slots) and tells the pool a changed endpoint.
     fn absorb(&mut self, hb: &Heartbeat) {
-        let pool = self.pool.clone();
         let s = self.state(&hb.agent_id);
-        s.last_seen = Instant::now();
         s.row.addr = Some(hb.addr.clone());
         s.row.public_key = hb.public_key.clone();
         s.row.region = Some(hb.region.clone());
@@ -215,32 +301,18 @@ impl AgentRegistry {
         s.row.slots_total = hb.slots_total.clone();
         s.row.slot_types = hb.slot_types.clone();
         s.row.last_heartbeat = Some(hb.ts);
-        s.dirty = true;
-        let public_key = hb
-            .public_key
-            .as_deref()
-            .and_then(|k| CurveKey::from_z85(k).ok());
-        let endpoint = AgentEndpoint {
-            addr: hb.addr.clone(),
-            public_key,
-        };
-        if s.endpoint.as_ref() != Some(&endpoint) {
-            s.endpoint = Some(endpoint.clone());
-            pool.do_send(RegisterAgent {
-                agent_id: hb.agent_id.clone(),
-                endpoint,
-            });
-        }
+        self.seen(&hb.agent_id);
+        self.note_endpoint(&hb.agent_id);
     }
 
     /// A heartbeat in normal mode.
     fn heartbeat(&mut self, hb: Heartbeat, ctx: &mut Context<Self>) {
         let status = self.agents.get(&hb.agent_id).map(|s| s.row.status.clone());
-        match self.agents.get_mut(&hb.agent_id) {
+        match self.agents.get(&hb.agent_id) {
             // Overtaken by a newer one (latest wins): its facts are stale, but it still proves
             // the agent is alive.
             Some(s) if s.row.last_heartbeat.is_some_and(|last| hb.ts < last) => {
-                s.last_seen = Instant::now()
+                self.seen(&hb.agent_id)
             }
             _ => self.absorb(&hb),
         }
@@ -251,40 +323,58 @@ impl AgentRegistry {
         }
     }
 
-    /// `PENDING` and `reset_instance` (one in flight per agent; retried on the next heartbeat).
+    /// `PENDING` and `reset_instance`: the leader's duty (a standby leaves it to the leader,
+    /// which sees the agent's newer `seen_at` in the store). One in flight per agent; retried on
+    /// the next tick while the agent is heard from.
     fn begin_reset(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
-        self.set_status(agent_id, PENDING);
+        if !self.leader.is_leader() {
+            return;
+        }
         let s = self.state(agent_id);
         if s.resetting || s.endpoint.is_none() {
             return;
         }
         s.resetting = true;
-        let (pool, metrics, timeout, id) = (
+        let (store, pool, metrics, timeout, id) = (
+            self.store.clone(),
             self.pool.clone(),
             self.metrics.clone(),
             self.spec.reset_timeout,
             agent_id.to_owned(),
         );
         let call = async move {
+            store.set_agent_status(&id, &[LOST], PENDING).await?;
             // The old connection was invalidated when the agent was lost: start afresh.
             let _ = pool
                 .send(Reconnect {
                     agent_id: id.clone(),
                 })
                 .await;
-            call_agent(&pool, &metrics, &id, "reset_instance", vec![], timeout).await
+            let v = call_agent(&pool, &metrics, &id, "reset_instance", vec![], timeout)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let alive = store.set_agent_status(&id, &[PENDING], ALIVE).await?;
+            anyhow::Ok((v, alive))
         };
         let id = agent_id.to_owned();
+        if let Some(s) = self.agents.get_mut(&id) {
+            if s.row.status == LOST {
+                tracing::info!(agent_id = %id, "lost agent heard from again: resetting it");
+                s.row.status = PENDING.into();
+            }
+        }
         ctx.spawn(call.into_actor(self).map(move |res, act, _| {
             let Some(s) = act.agents.get_mut(&id) else { return };
             s.resetting = false;
             match res {
-                Ok(v) if s.row.status == PENDING => {
+                Ok((v, true)) => {
                     tracing::info!(agent_id = %id, result = %v, "agent reset; placing kernels on it again");
                     act.metrics.agent_resets.with_label_values(&["ok"]).inc();
-                    act.set_status(&id, ALIVE);
+                    s.row.status = ALIVE.into();
+                    s.row.status_changed = now();
                 }
-                Ok(_) => {}
+                // Lost again meanwhile: the next heartbeat resets it again.
+                Ok((_, false)) => {}
                 Err(e) => {
                     tracing::warn!(agent_id = %id, error = %e, "reset_instance failed; retrying on the next heartbeat");
                     act.metrics.agent_resets.with_label_values(&["failed"]).inc();
@@ -293,44 +383,64 @@ impl AgentRegistry {
         }));
     }
 
-    /// Agents silent for longer than the timeout become `LOST`.
+    /// The leader's sweep: agents nobody heard from for longer than the timeout become `LOST`
+    /// (once, by a conditional update); lost agents heard from since start their reset.
     fn check_liveness(&mut self, ctx: &mut Context<Self>) {
-        let timeout = self.spec.heartbeat_timeout;
+        if !self.leader.is_leader() {
+            return;
+        }
+        let timeout = self.spec.heartbeat_timeout.as_secs_f64();
+        let t = now();
+        let started = self.started_at;
         let lost: Vec<String> = self
             .agents
             .values()
             .filter(|s| {
                 (s.row.status == ALIVE || s.row.status == PENDING)
-                    && s.last_seen.elapsed() > timeout
+                    && !s.losing
+                    && t - s.row.seen_at.max(started) > timeout
             })
             .map(|s| s.row.id.clone())
             .collect();
+        let back: Vec<String> = self
+            .agents
+            .values()
+            .filter(|s| {
+                !s.resetting
+                    && ((s.row.status == LOST && s.row.seen_at > s.row.status_changed)
+                        || s.row.status == PENDING)
+            })
+            .map(|s| s.row.id.clone())
+            .collect();
+        for id in back {
+            self.begin_reset(&id, ctx);
+        }
         for id in lost {
-            self.set_status(&id, LOST);
-            let s = self.state(&id);
-            s.dirty = false;
-            let row = s.row.clone();
-            self.pool.do_send(Invalidate {
-                agent_id: id.clone(),
-            });
+            self.state(&id).losing = true;
             let store = self.store.clone();
+            let id2 = id.clone();
             ctx.spawn(
-                async move { store.mark_agent_lost(&row).await }
+                async move { store.mark_agent_lost(&id2).await }
                     .into_actor(self)
-                    .map(move |res, act, _| match res {
-                        Ok(kernels) => {
-                            act.metrics.agents_lost.inc();
-                            tracing::warn!(
-                            agent_id = %id, event = "agent_terminated", reason = "agent-lost", released_kernels = kernels.len(),
-                            "agent lost: no heartbeat within {:?}", act.spec.heartbeat_timeout
-                            )
-                        }
-                        Err(e) => {
-                            tracing::error!(agent_id = %id, error = %e, "could not record the lost agent; retrying");
-                            if let Some(s) = act.agents.get_mut(&id) {
-                                // Try again on the next tick.
-                                s.row.status = ALIVE.into();
-                                s.last_seen = Instant::now() - act.spec.heartbeat_timeout * 2;
+                    .map(move |res, act, _| {
+                        let Some(s) = act.agents.get_mut(&id) else { return };
+                        s.losing = false;
+                        match res {
+                            Ok(Some(kernels)) => {
+                                s.row.status = LOST.into();
+                                s.row.status_changed = now();
+                                act.pool.do_send(Invalidate { agent_id: id.clone() });
+                                act.metrics.agents_lost.inc();
+                                tracing::warn!(
+                                    agent_id = %id, event = "agent_terminated", reason = "agent-lost", released_kernels = kernels.len(),
+                                    "agent lost: no heartbeat within {:?}", act.spec.heartbeat_timeout
+                                )
+                            }
+                            // Not ALIVE/PENDING in the store: another replica's write (a newer
+                            // status) arrives with the next re-read.
+                            Ok(None) => {}
+                            Err(e) => {
+                                tracing::error!(agent_id = %id, error = %e, "could not record the lost agent; retrying")
                             }
                         }
                     }),
@@ -350,18 +460,24 @@ impl AgentRegistry {
             .collect()
     }
 
-    /// Write-behind of changed agent rows.
+    /// Write-behind of changed agent rows: every heartbeat this replica took in the last second,
+    /// in one transaction. One flush at a time; a failed one is retried.
     fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.flushing {
+            return;
+        }
         let rows = self.take_dirty();
         if rows.is_empty() {
             return;
         }
+        self.flushing = true;
         let store = self.store.clone();
         let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         ctx.spawn(
             async move { store.save_agents(&rows).await }
                 .into_actor(self)
                 .map(move |res, act, _| {
+                    act.flushing = false;
                     if let Err(e) = res {
                         tracing::error!(error = %e, "could not save agent rows; retrying");
                         for id in &ids {
@@ -372,6 +488,71 @@ impl AgentRegistry {
                     }
                 }),
         );
+    }
+
+    /// Re-reads the rows other replicas wrote since the last re-read: their agents' facts and
+    /// `seen_at`, and the leader's transitions.
+    fn refresh(&mut self, ctx: &mut Context<Self>) {
+        if self.refreshing {
+            return;
+        }
+        self.refreshing = true;
+        let store = self.store.clone();
+        let since = self.refreshed_to - REFRESH_OVERLAP;
+        let next = now();
+        ctx.spawn(
+            async move { store.agents_changed_by_others(since).await }
+                .into_actor(self)
+                .map(move |res, act, _| {
+                    act.refreshing = false;
+                    match res {
+                        Ok(rows) => {
+                            act.refreshed_to = next;
+                            for row in rows {
+                                act.merge(row);
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "re-reading agent rows failed"),
+                    }
+                }),
+        );
+    }
+
+    /// Takes a row another replica wrote: its status and newer facts, keeping what this replica
+    /// heard since (it is written with the next flush).
+    fn merge(&mut self, row: AgentRow) {
+        let id = row.id.clone();
+        let started = self.started_at;
+        if let Mode::Grace { waiting, .. } = &mut self.mode {
+            if row.seen_at > started {
+                waiting.remove(&id);
+            }
+        }
+        let fresh = !self.agents.contains_key(&id);
+        let s = self.state(&id);
+        if fresh {
+            s.dirty = false;
+        }
+        let was = std::mem::take(&mut s.row.status);
+        if row.seen_at >= s.row.seen_at {
+            let local_status_changed = s.row.status_changed;
+            s.row = row;
+            // A local ALIVE ⇄ TERMINATED not yet flushed stays; the leader's newer ones win.
+            if s.dirty && local_status_changed > s.row.status_changed {
+                s.row.status = was.clone();
+                s.row.status_changed = local_status_changed;
+            }
+        } else {
+            s.row.status = row.status;
+            s.row.status_changed = row.status_changed;
+        }
+        let now_status = s.row.status.clone();
+        if now_status == LOST && was != LOST {
+            self.pool.do_send(Invalidate {
+                agent_id: id.clone(),
+            });
+        }
+        self.note_endpoint(&id);
     }
 
     /// End of the grace period: reconcile the store with each agent's newest heartbeat.
@@ -398,10 +579,8 @@ impl AgentRegistry {
         }
         let (store, metrics) = (self.store.clone(), self.metrics.clone());
         let diff = async move {
-            for hb in to_diff {
-                if let Err(e) = reconcile(&store, &metrics, &hb).await {
-                    tracing::error!(agent_id = %hb.agent_id, error = %e, "reconciling with the heartbeat failed");
-                }
+            if let Err(e) = reconcile(&store, &metrics, &to_diff).await {
+                tracing::error!(error = %e, "reconciling with the heartbeats failed");
             }
         };
         ctx.wait(diff.into_actor(self).map(|_, act, _| {
@@ -411,31 +590,38 @@ impl AgentRegistry {
     }
 }
 
-/// The heartbeat is what runs on the agent: live kernels it does not list ended while the
-/// manager was away; listed kernels the store does not hold live are reported.
+/// Each heartbeat is what runs on its agent: live kernels it does not list ended while the
+/// manager was away; listed kernels the store does not hold live are reported. The live set is
+/// read once for all of them.
 async fn reconcile(
     store: &Store,
     metrics: &ManagerMetrics,
-    hb: &Heartbeat,
+    heartbeats: &[Heartbeat],
 ) -> Result<(), super::store::StoreError> {
-    let listed: HashSet<&str> = hb.kernels.iter().map(|(id, _, _)| id.as_str()).collect();
-    let live = store.live_kernels_of(&hb.agent_id).await?;
-    for k in live.iter().filter(|k| !listed.contains(k.id.as_str())) {
-        if store
-            .terminate_kernel(&k.id, "missing-on-agent", None)
-            .await?
-        {
-            tracing::info!(agent_id = %hb.agent_id, kernel_id = %k.id, "kernel ended while the manager was away; released");
-        }
+    if heartbeats.is_empty() {
+        return Ok(());
     }
-    let live_ids: HashSet<&str> = live.iter().map(|k| k.id.as_str()).collect();
-    for (id, session, status) in hb
-        .kernels
-        .iter()
-        .filter(|(id, _, _)| !live_ids.contains(id.as_str()))
-    {
-        metrics.unknown_kernels.inc();
-        tracing::warn!(agent_id = %hb.agent_id, kernel_id = %id, session_id = %session, status = %status, "agent runs a kernel the store does not hold live");
+    let mut live_by_agent = store.live_kernels_by_agent().await?;
+    for hb in heartbeats {
+        let live: Vec<KernelRow> = live_by_agent.remove(&hb.agent_id).unwrap_or_default();
+        let listed: HashSet<&str> = hb.kernels.iter().map(|(id, _, _)| id.as_str()).collect();
+        for k in live.iter().filter(|k| !listed.contains(k.id.as_str())) {
+            if store
+                .terminate_kernel(&k.id, "missing-on-agent", None)
+                .await?
+            {
+                tracing::info!(agent_id = %hb.agent_id, kernel_id = %k.id, "kernel ended while the manager was away; released");
+            }
+        }
+        let live_ids: HashSet<&str> = live.iter().map(|k| k.id.as_str()).collect();
+        for (id, session, status) in hb
+            .kernels
+            .iter()
+            .filter(|(id, _, _)| !live_ids.contains(id.as_str()))
+        {
+            metrics.unknown_kernels.inc();
+            tracing::warn!(agent_id = %hb.agent_id, kernel_id = %id, session_id = %session, status = %status, "agent runs a kernel the store does not hold live");
+        }
     }
     Ok(())
 }
@@ -444,11 +630,20 @@ impl Actor for AgentRegistry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        // Liveness is checked 4× per timeout (at most every second), rows flushed every second.
+        // Liveness is checked 4× per timeout (at most every second); rows are flushed and the
+        // other replicas' re-read as often.
         let tick = (self.spec.heartbeat_timeout / 4).min(Duration::from_secs(1));
         ctx.run_interval(tick, |act, ctx| {
-            if let Mode::Grace { until, .. } = &act.mode {
-                if Instant::now() >= *until {
+            if let Mode::Grace { until, waiting, .. } = &act.mode {
+                if waiting.is_empty() || Instant::now() >= *until {
+                    if waiting.is_empty() {
+                        tracing::info!("every agent the store had ALIVE has reported");
+                    } else {
+                        tracing::warn!(
+                            silent = waiting.len(),
+                            "start-up grace ran out before every known agent reported"
+                        );
+                    }
                     let Mode::Grace { latest, .. } =
                         std::mem::replace(&mut act.mode, Mode::Reconciling)
                     else {
@@ -457,12 +652,18 @@ impl Actor for AgentRegistry {
                     act.end_grace(latest, ctx);
                 }
             }
-            act.check_liveness(ctx);
             act.flush(ctx);
+            act.refresh(ctx);
+            if matches!(act.mode, Mode::Normal) {
+                act.check_liveness(ctx);
+            }
             act.drive_dangling(ctx);
         });
         let retention = self.spec.processed_event_retention.as_secs_f64();
         ctx.run_interval(Duration::from_secs(3600), move |act, ctx| {
+            if !act.leader.is_leader() {
+                return;
+            }
             let store = act.store.clone();
             ctx.spawn(
                 async move {
@@ -490,10 +691,13 @@ impl Handler<HeartbeatReceived> for AgentRegistry {
     fn handle(&mut self, HeartbeatReceived(hb): HeartbeatReceived, ctx: &mut Context<Self>) {
         self.metrics.heartbeats.inc();
         match &mut self.mode {
-            Mode::Grace { latest, .. } => {
+            Mode::Grace {
+                latest, waiting, ..
+            } => {
                 let newer = latest.get(&hb.agent_id).is_none_or(|old| old.ts <= hb.ts);
+                waiting.remove(&hb.agent_id);
                 if let Some(s) = self.agents.get_mut(&hb.agent_id) {
-                    s.last_seen = Instant::now();
+                    s.row.seen_at = now();
                 }
                 if newer {
                     latest.insert(hb.agent_id.clone(), hb);
@@ -501,7 +705,7 @@ impl Handler<HeartbeatReceived> for AgentRegistry {
             }
             Mode::Reconciling => {
                 if let Some(s) = self.agents.get_mut(&hb.agent_id) {
-                    s.last_seen = Instant::now();
+                    s.row.seen_at = now();
                 }
             }
             Mode::Normal => self.heartbeat(hb, ctx),
@@ -531,6 +735,7 @@ impl Handler<ApplyEvents> for AgentRegistry {
         for (ev, skip) in msg.events.into_iter().zip(skip) {
             let row = match &ev.body {
                 EventBody::AgentStarted => {
+                    self.seen(&msg.agent_id);
                     match self
                         .agents
                         .get(&msg.agent_id)
@@ -539,9 +744,7 @@ impl Handler<ApplyEvents> for AgentRegistry {
                         Some(LOST) | Some(PENDING) => self.begin_reset(&msg.agent_id, ctx),
                         _ => self.set_status(&msg.agent_id, ALIVE),
                     }
-                    let s = self.state(&msg.agent_id);
-                    s.last_seen = Instant::now();
-                    Some(s.row.clone())
+                    Some(self.state(&msg.agent_id).row.clone())
                 }
                 EventBody::AgentTerminated { reason } => {
                     // A lost agent stays LOST: it must be reset before it is used again.
@@ -620,6 +823,21 @@ impl Handler<ListAgents> for AgentRegistry {
             .collect();
         v.sort_by(|a, b| a.row.id.cmp(&b.row.id));
         MessageResult(v)
+    }
+}
+
+/// How many agents are `ALIVE` (`/health`, without copying every row).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CountAlive;
+
+impl Handler<CountAlive> for AgentRegistry {
+    type Result = usize;
+    fn handle(&mut self, _: CountAlive, _: &mut Context<Self>) -> usize {
+        self.agents
+            .values()
+            .filter(|s| s.row.status == ALIVE)
+            .count()
     }
 }
 

@@ -69,9 +69,15 @@ pub struct AgentRow {
     pub slots_total: ResourceSlots,
     /// The types of its slots (`slot_key_and_units`, with the built-ins).
     pub slot_types: SlotTypes,
-    /// Unix seconds of its newest heartbeat.
+    /// Unix seconds of its newest heartbeat (the agent's clock).
     pub last_heartbeat: Option<f64>,
+    /// Unix seconds (a manager's clock) when any replica last heard from it; 0 when never.
+    pub seen_at: f64,
+    /// Unix seconds of its last status change.
+    pub status_changed: f64,
 }
+
+const SELECT: &str = "SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat, slots_total, slot_types, seen_at, status_changed FROM agents";
 
 impl AgentRow {
     fn from_row(r: &AnyRow) -> Result<AgentRow, sqlx::Error> {
@@ -89,28 +95,37 @@ impl AgentRow {
                     .unwrap_or_else(|_| crate::manager::registry::heartbeat::slot_types(None))
             },
             last_heartbeat: r.try_get("last_heartbeat")?,
+            seen_at: r.try_get("seen_at")?,
+            status_changed: r.try_get("status_changed")?,
         })
     }
 }
 
-/// Inserts or overwrites an agent row inside `tx`.
+/// Inserts an agent row or updates its facts inside `tx`, as replica `by`. The status is written
+/// too, except over `LOST` or `PENDING`: only the leader's explicit transitions
+/// ([`Store::mark_agent_lost`], [`Store::set_agent_status`]) leave those, so a replica whose
+/// memory has not seen the leader's `LOST` yet cannot undo it. `seen_at` only moves forward.
 pub(super) async fn upsert_in(
     tx: &mut Transaction<'_, Any>,
     a: &AgentRow,
+    by: &str,
 ) -> Result<(), sqlx::Error> {
     let t = now();
     let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&a.slots_total);
     let slots_total = serde_json::to_string(&a.slots_total).unwrap_or_else(|_| "{}".into());
     let slot_types = serde_json::to_string(&a.slot_types).unwrap_or_else(|_| "{}".into());
     sqlx::query(
-        "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed, slots_total, slot_types) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULLIF($11, -1.0), $10, $12, $13) \
+        "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed, slots_total, slot_types, seen_at, updated_at, updated_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULLIF($11, -1.0), $10, $12, $13, $14, $10, $15) \
          ON CONFLICT (id) DO UPDATE SET \
-           status_changed = CASE WHEN agents.status = excluded.status THEN agents.status_changed ELSE excluded.status_changed END, \
-           status = excluded.status, addr = excluded.addr, public_key = excluded.public_key, region = excluded.region, \
+           status_changed = CASE WHEN agents.status = excluded.status OR agents.status IN ('LOST', 'PENDING') THEN agents.status_changed ELSE excluded.status_changed END, \
+           status = CASE WHEN agents.status IN ('LOST', 'PENDING') THEN agents.status ELSE excluded.status END, \
+           addr = excluded.addr, public_key = excluded.public_key, region = excluded.region, \
            version = excluded.version, cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, \
            cuda_devices = excluded.cuda_devices, last_heartbeat = excluded.last_heartbeat, \
-           slots_total = excluded.slots_total, slot_types = excluded.slot_types",
+           slots_total = excluded.slots_total, slot_types = excluded.slot_types, \
+           seen_at = CASE WHEN excluded.seen_at > agents.seen_at THEN excluded.seen_at ELSE agents.seen_at END, \
+           updated_at = excluded.updated_at, updated_by = excluded.updated_by",
     )
     .bind(&a.id)
     .bind(&a.status)
@@ -127,6 +142,8 @@ pub(super) async fn upsert_in(
     .bind(a.last_heartbeat.unwrap_or(-1.0))
     .bind(slots_total)
     .bind(slot_types)
+    .bind(a.seen_at)
+    .bind(by)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -135,7 +152,7 @@ pub(super) async fn upsert_in(
 impl Store {
     /// Every agent row.
     pub async fn agents(&self) -> Result<Vec<AgentRow>, StoreError> {
-        let rows = sqlx::query("SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat, slots_total, slot_types FROM agents ORDER BY id")
+        let rows = sqlx::query(&format!("{SELECT} ORDER BY id"))
             .fetch_all(&self.pool)
             .await?;
         Ok(rows
@@ -144,31 +161,102 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
-    /// Writes agent rows (the registry's write-behind flush), in one transaction.
+    /// Rows another replica wrote at or after `since` (Unix seconds): what a replica re-reads
+    /// each second to follow the others' heartbeats and the leader's transitions.
+    pub async fn agents_changed_by_others(&self, since: f64) -> Result<Vec<AgentRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "{SELECT} WHERE updated_at >= $1 AND updated_by <> $2"
+        ))
+        .bind(since)
+        .bind(self.replica.as_ref())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(AgentRow::from_row)
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// Writes agent rows (the registry's write-behind flush of heartbeats), in one transaction:
+    /// a fleet's heartbeats of the last second land in one commit.
     pub async fn save_agents(&self, rows: &[AgentRow]) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         for a in rows {
-            upsert_in(&mut tx, a).await?;
+            upsert_in(&mut tx, a, &self.replica).await?;
         }
         tx.commit().await?;
         Ok(())
     }
 
-    /// Marks an agent `LOST` and takes every live kernel on it out of the live set (reason
-    /// `agent-lost`), releasing their concurrency, in one transaction. Returns those kernel ids.
-    pub async fn mark_agent_lost(&self, agent: &AgentRow) -> Result<Vec<String>, StoreError> {
+    /// Moves an agent from one of `from` to `to`; returns whether it did (another replica, or
+    /// an earlier call, may have moved it already).
+    pub async fn set_agent_status(
+        &self,
+        agent_id: &str,
+        from: &[&str],
+        to: &str,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        upsert_in(&mut tx, agent).await?;
+        let moved = set_status_in(&mut tx, agent_id, from, to, &self.replica).await?;
+        tx.commit().await?;
+        Ok(moved)
+    }
+
+    /// Marks an agent `LOST` if it is `ALIVE` or `PENDING` and takes every live kernel on it out
+    /// of the live set (reason `agent-lost`), releasing their concurrency, in one transaction.
+    /// Returns those kernel ids, or `None` when it was not `ALIVE`/`PENDING` (already lost,
+    /// by this leader or an earlier one: a loss is recorded exactly once).
+    pub async fn mark_agent_lost(&self, agent_id: &str) -> Result<Option<Vec<String>>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if !set_status_in(
+            &mut tx,
+            agent_id,
+            &["ALIVE", "PENDING"],
+            "LOST",
+            &self.replica,
+        )
+        .await?
+        {
+            return Ok(None);
+        }
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'",
         )
-        .bind(&agent.id)
+        .bind(agent_id)
         .fetch_all(&mut *tx)
         .await?;
         for id in &ids {
             super::kernels::terminate_in(&mut tx, id, "agent-lost", None).await?;
         }
         tx.commit().await?;
-        Ok(ids)
+        Ok(Some(ids))
     }
+}
+
+async fn set_status_in(
+    tx: &mut Transaction<'_, Any>,
+    agent_id: &str,
+    from: &[&str],
+    to: &str,
+    by: &str,
+) -> Result<bool, sqlx::Error> {
+    // `from` is a fixed list of status names, never user input.
+    let list = from
+        .iter()
+        .map(|s| format!("'{s}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let t = now();
+    let n = sqlx::query(&format!(
+        "UPDATE agents SET status = $1, status_changed = $2, updated_at = $2, updated_by = $3 \
+         WHERE id = $4 AND status IN ({list})"
+    ))
+    .bind(to)
+    .bind(t)
+    .bind(by)
+    .bind(agent_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
 }

@@ -71,7 +71,7 @@ impl Store {
             }
             EventBody::AgentStarted | EventBody::AgentTerminated { .. } => {
                 if let Some(row) = agent_row {
-                    upsert_in(&mut tx, row).await?;
+                    upsert_in(&mut tx, row, &self.replica).await?;
                 }
             }
             EventBody::SessionResult {

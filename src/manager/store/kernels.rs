@@ -141,6 +141,13 @@ pub enum ReserveError {
     /// The key already has `limit` live kernels.
     #[error("access key `{0}` is at its concurrency limit ({1})")]
     ConcurrencyLimit(String, i64),
+    /// The agent's free slots no longer fit the request (another replica, or another create,
+    /// placed there first): place again.
+    #[error("agent `{0}` no longer has room for the request")]
+    NoRoom(String),
+    /// The store holds the agent `LOST` or `PENDING` (the leader's word): place elsewhere.
+    #[error("agent `{0}` is {1}")]
+    AgentNotAlive(String, String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -261,7 +268,11 @@ impl Store {
     /// transaction.
     ///
     /// Errors: unknown key, key at its limit, the database.
-    pub async fn reserve_kernel(&self, k: &NewKernel) -> Result<(), ReserveError> {
+    pub async fn reserve_kernel(
+        &self,
+        k: &NewKernel,
+        agent_total: &ResourceSlots,
+    ) -> Result<(), ReserveError> {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
         let taken = sqlx::query(
             "UPDATE access_keys SET concurrency_used = concurrency_used + 1 \
@@ -283,6 +294,7 @@ impl Store {
                 _ => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
             };
         }
+        self.check_room_in(&mut tx, k, agent_total).await?;
         let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
         let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
         sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15)"))
@@ -306,6 +318,54 @@ impl Store {
             .await
             .map_err(StoreError::from)?;
         tx.commit().await.map_err(StoreError::from)?;
+        Ok(())
+    }
+
+    /// Inside a reservation: serializes every reservation on `k.agent_id` across replicas
+    /// (PostgreSQL: a transaction-scoped advisory lock on the agent id, which needs no agent row
+    /// yet; SQLite has one writer), then checks the agent is not `LOST`/`PENDING` and that its
+    /// live kernels plus this one fit `agent_total`.
+    async fn check_room_in(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        k: &NewKernel,
+        agent_total: &ResourceSlots,
+    ) -> Result<(), ReserveError> {
+        if self.backend == super::Backend::Postgres {
+            sqlx::query(
+                "SELECT 1 FROM (SELECT pg_advisory_xact_lock(1, hashtext($1))) AS agent_lock",
+            )
+            .bind(&k.agent_id)
+            .execute(&mut **tx)
+            .await
+            .map_err(StoreError::from)?;
+        }
+        let status: Option<String> = sqlx::query_scalar("SELECT status FROM agents WHERE id = $1")
+            .bind(&k.agent_id)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(StoreError::from)?;
+        if let Some(st) = status.filter(|st| st == "LOST" || st == "PENDING") {
+            return Err(ReserveError::AgentNotAlive(k.agent_id.clone(), st));
+        }
+        let rows = sqlx::query(
+            "SELECT resource_slots, cpu_millis, mem_bytes, cuda_devices FROM kernels \
+             WHERE agent_id = $1 AND status <> 'TERMINATED'",
+        )
+        .bind(&k.agent_id)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(StoreError::from)?;
+        let mut used = k.resource_slots.clone();
+        for r in &rows {
+            let slots = slots_column(r, "resource_slots").map_err(StoreError::from)?;
+            used = used
+                .checked_add(&slots)
+                .map_err(|_| ReserveError::NoRoom(k.agent_id.clone()))?;
+        }
+        if used.fits_in(agent_total).is_err() {
+            return Err(ReserveError::NoRoom(k.agent_id.clone()));
+        }
         Ok(())
     }
 
@@ -401,6 +461,23 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
+    /// Every live kernel, by agent: one query for the whole fleet (the grace's reconciliation).
+    pub async fn live_kernels_by_agent(
+        &self,
+    ) -> Result<HashMap<String, Vec<KernelRow>>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM kernels WHERE status <> 'TERMINATED'"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out: HashMap<String, Vec<KernelRow>> = HashMap::new();
+        for r in &rows {
+            let k = KernelRow::from_row(r)?;
+            out.entry(k.agent_id.clone()).or_default().push(k);
+        }
+        Ok(out)
+    }
+
     /// Slots the manager has placed on each agent: the exact sum of its live kernels'
     /// `resource_slots` (summed here, not in SQL: the amounts are decimal JSON text).
     pub async fn usage_by_agent(&self) -> Result<HashMap<String, Usage>, StoreError> {
@@ -480,19 +557,22 @@ mod tests {
         .collect();
         for id in ["n1", "n2"] {
             store
-                .reserve_kernel(&NewKernel {
-                    id: id.into(),
-                    session_id: id.into(),
-                    agent_id: "a".into(),
-                    access_key: "AK".into(),
-                    image: "img".into(),
-                    resource_slots: slots.clone(),
-                    session_type: "interactive".into(),
-                    command: None,
-                    batch_timeout: None,
-                    mounts: "[]".into(),
-                    restart_policy: r#"{"mode":"never"}"#.into(),
-                })
+                .reserve_kernel(
+                    &NewKernel {
+                        id: id.into(),
+                        session_id: id.into(),
+                        agent_id: "a".into(),
+                        access_key: "AK".into(),
+                        image: "img".into(),
+                        resource_slots: slots.clone(),
+                        session_type: "interactive".into(),
+                        command: None,
+                        batch_timeout: None,
+                        mounts: "[]".into(),
+                        restart_policy: r#"{"mode":"never"}"#.into(),
+                    },
+                    &slots.checked_add(&slots).unwrap(),
+                )
                 .await
                 .unwrap();
         }

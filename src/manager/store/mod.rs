@@ -84,6 +84,9 @@ pub enum Backend {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// This process's replica id (a fresh UUID per start): rows it writes carry it, so that it
+    /// re-reads only what other replicas wrote.
+    replica: std::sync::Arc<str>,
 }
 
 /// Unix time now, seconds.
@@ -153,7 +156,22 @@ impl Store {
             }
         };
         sqlx::migrate!("migrations/manager").run(&pool).await?;
-        Ok(Store { pool, backend })
+        Ok(Store {
+            pool,
+            backend,
+            replica: uuid::Uuid::new_v4().simple().to_string().into(),
+        })
+    }
+
+    /// This process's replica id (a UUID, fresh per start).
+    pub fn replica_id(&self) -> &str {
+        &self.replica
+    }
+
+    /// The connection pool, for the leader lock (`super::leader`), which needs a dedicated
+    /// session of its own.
+    pub(crate) fn pool(&self) -> &AnyPool {
+        &self.pool
     }
 
     /// The database this store runs on.
