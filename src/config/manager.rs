@@ -194,9 +194,12 @@ pub struct PoolSection {
     pub tcp_keepalive_intvl: u16,
     /// TCP keepalive probe count (3).
     pub tcp_keepalive_cnt: u16,
-    /// Most agents the pool holds a connection to (20000): sizes the ZeroMQ context's socket
-    /// limit and the open-file limit the manager needs (about 2 descriptors per agent).
-    pub max_agents: u32,
+    /// Most agents the pool holds a connection to: sizes the ZeroMQ context's socket limit and
+    /// the open-file limit the manager needs (3 descriptors per agent: its pooled DEALER's
+    /// connection and mailbox, its intake connection; plus 4096). Given explicitly, the manager
+    /// refuses to start when `RLIMIT_NOFILE` (raised to its hard limit) is below that; left
+    /// out, it is 20000 or what the limit allows, whichever is less (with a warning).
+    pub max_agents: Option<u32>,
     /// ZeroMQ I/O threads of the pool's context (1; one thread moves ~1 GB/s of messages).
     pub io_threads: u16,
     /// Health-check pings in flight at once, at most (256).
@@ -215,11 +218,15 @@ impl Default for PoolSection {
             tcp_keepalive_idle: d.keepalive.idle_secs as u16,
             tcp_keepalive_intvl: d.keepalive.interval_secs as u16,
             tcp_keepalive_cnt: d.keepalive.count as u16,
-            max_agents: d.max_agents,
+            max_agents: None,
             io_threads: d.io_threads,
             health_check_concurrency: d.health_check_concurrency,
         }
     }
+}
+
+fn d_max_agents() -> u32 {
+    PoolSpec::default().max_agents
 }
 
 impl PoolSection {
@@ -236,7 +243,7 @@ impl PoolSection {
                 interval_secs: self.tcp_keepalive_intvl.into(),
                 count: self.tcp_keepalive_cnt.into(),
             },
-            max_agents: self.max_agents,
+            max_agents: self.max_agents.unwrap_or(d_max_agents()),
             io_threads: self.io_threads,
             health_check_concurrency: self.health_check_concurrency,
         }

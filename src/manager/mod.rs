@@ -73,8 +73,23 @@ impl Manager {
         let keypair = m.rpc_keypair.as_deref().map(load_keypair).transpose()?;
         let metrics = Arc::new(metrics::ManagerMetrics::new());
 
-        let pool_spec = config.agent_pool.spec();
-        crate::limits::ensure_open_files(pool_spec.fds_needed(), "[agent-pool] max-agents")?;
+        let mut pool_spec = config.agent_pool.spec();
+        match config.agent_pool.max_agents {
+            Some(n) => {
+                crate::limits::ensure_open_files(
+                    pool::PoolSpec::fds_needed(n),
+                    "[agent-pool] max-agents",
+                )?;
+            }
+            None => {
+                let (soft, hard) = crate::limits::raise_open_files()?;
+                let fits = pool::PoolSpec::agents_for_fds(soft);
+                if fits < pool_spec.max_agents {
+                    tracing::warn!(soft, hard, agents = fits, "RLIMIT_NOFILE serves only this many agents; raise it (LimitNOFILE) for a larger fleet, or set [agent-pool] max-agents to be refused at start instead");
+                    pool_spec.max_agents = fits;
+                }
+            }
+        }
         let pool = AgentPool::new(pool_spec, keypair.clone())
             .context("[agent-pool] max-agents / io-threads")?
             .start();

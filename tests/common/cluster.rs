@@ -109,6 +109,11 @@ pub struct Cluster {
     /// Extra `[manager]` lines of the manager's config (e.g. `dangling-grace = 3`), used from
     /// the next [`Cluster::start_manager`].
     pub manager_extra: String,
+    /// `[manager] startup-grace` of the next manager start, seconds (2.5).
+    pub startup_grace: f64,
+    /// The intake ports agents added from now on report to (`event-addrs`, in order); empty:
+    /// the cluster's one intake (`event-addr`).
+    pub agent_intakes: Vec<u16>,
     keys: (KeyPair, PathBuf),
     pg_drop: Option<(String, String)>,
 }
@@ -185,6 +190,8 @@ impl Cluster {
             manager: None,
             agents: Vec::new(),
             manager_extra: String::new(),
+            startup_grace: 2.5,
+            agent_intakes: Vec::new(),
             keys: (manager, keys_dir),
             pg_drop,
             dir,
@@ -192,18 +199,25 @@ impl Cluster {
     }
 
     fn manager_config(&self, api_port: u16) -> PathBuf {
+        self.replica_config("manager", api_port, self.intake_port)
+    }
+
+    /// A manager config named `name` (`<name>.toml`) with its own API and intake ports, on the
+    /// cluster's store, keys and intervals.
+    fn replica_config(&self, name: &str, api_port: u16, intake_port: u16) -> PathBuf {
         let d = self.dir.path().display();
         let text = format!(
             "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
-             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 3\nstartup-grace = 2.5\n{extra}\n\
+             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 3\nstartup-grace = {grace}\n{extra}\n\
              [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\nadmin-token-file = \"{d}/admin-token\"\n\n\
              [agent-pool]\nhealth-check-interval = 1\nping-timeout = 1\nrecovery-timeout = 2\n\n\
              [scheduler]\nreset-timeout = 30\n\n[logging]\nlevel = \"info\"\n",
-            intake = self.intake_port,
+            intake = intake_port,
             url = self.store_url,
             extra = self.manager_extra,
+            grace = self.startup_grace,
         );
-        let p = self.dir.path().join("manager.toml");
+        let p = self.dir.path().join(format!("{name}.toml"));
         std::fs::write(&p, text).unwrap();
         p
     }
@@ -236,6 +250,32 @@ impl Cluster {
             let (key, secret) = self.new_key(false);
             (self.access_key, self.token) = (key, secret);
         }
+    }
+
+    /// Starts another manager process on the cluster's store (a replica; PostgreSQL) with its
+    /// own API and intake ports; its log is `<name>.log` in the cluster directory. Returns the
+    /// process once its API answers.
+    pub fn spawn_replica(&self, name: &str, api_port: u16, intake_port: u16) -> Child {
+        let child = self.spawn_replica_unchecked(name, api_port, intake_port);
+        let api = format!("http://127.0.0.1:{api_port}");
+        wait_for(Duration::from_secs(30), "the replica's API", || {
+            self.get_at(&api, "/health")
+                .ok()
+                .filter(|a| a.status == 200)
+        });
+        child
+    }
+
+    /// As [`Cluster::spawn_replica`], without waiting for anything.
+    pub fn spawn_replica_unchecked(&self, name: &str, api_port: u16, intake_port: u16) -> Child {
+        let config = self.replica_config(name, api_port, intake_port);
+        Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+            .args(["manager", "--config"])
+            .arg(&config)
+            .stdout(log_file(self.dir.path(), name))
+            .stderr(log_file(self.dir.path(), name))
+            .spawn()
+            .unwrap()
     }
 
     /// A new access key through the API (as the admin): `(access key, secret key)`.
@@ -303,7 +343,20 @@ impl Cluster {
             "service-addr = { host = \"127.0.0.1\", port = 0 }",
             &format!("service-addr = {{ host = \"127.0.0.1\", port = {metrics_port} }}"),
         );
-        text.push_str(&format!("\n[manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {} }}\nheartbeat-interval = 1\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.intake_port));
+        let intake = if self.agent_intakes.is_empty() {
+            format!(
+                "event-addr = {{ host = \"127.0.0.1\", port = {} }}",
+                self.intake_port
+            )
+        } else {
+            let list: Vec<String> = self
+                .agent_intakes
+                .iter()
+                .map(|p| format!("{{ host = \"127.0.0.1\", port = {p} }}"))
+                .collect();
+            format!("event-addrs = [{}]", list.join(", "))
+        };
+        text.push_str(&format!("\n[manager]\n{intake}\nheartbeat-interval = 1\nevent-retry-max = 1\nevent-ack-timeout = 5\n"));
         text = text.replace("[logging]\nlevel = \"warn\"", "[logging]\nlevel = \"info\"");
         text.push_str(tail);
         let config = fixture.dir.path().join("agent.toml");
@@ -369,6 +422,32 @@ impl Cluster {
     /// `Authorization` header value for `token`.
     pub fn bearer(token: &str) -> String {
         format!("Bearer {token}")
+    }
+
+    /// GET `path` of the manager at `base` (`http://host:port`) as the cluster's user key.
+    pub fn get_at(&self, base: &str, path: &str) -> Result<Answer, String> {
+        self.call_at(base, "GET", path, Some(&self.token), None)
+    }
+
+    /// `method path` (JSON `body` when given) at the manager at `base` with `token`; `Err` only
+    /// when no HTTP answer came (connection refused, timeout).
+    pub fn call_at(
+        &self,
+        base: &str,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Json>,
+    ) -> Result<Answer, String> {
+        let mut r =
+            ureq::request(method, &format!("{base}{path}")).timeout(Duration::from_secs(60));
+        if let Some(t) = token {
+            r = r.set("Authorization", &Self::bearer(t));
+        }
+        Self::answer(match body {
+            Some(b) => r.send_json(b),
+            None => r.call(),
+        })
     }
 
     fn request(

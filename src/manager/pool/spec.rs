@@ -4,6 +4,11 @@ use std::time::Duration;
 
 use crate::rpc::socket::Keepalive;
 
+/// Descriptors per agent (pool DEALER connection + mailbox eventfd, intake connection).
+const FDS_PER_AGENT: u64 = 3;
+/// Descriptors for everything else (store, API clients, logs).
+const FDS_HEADROOM: u64 = 4096;
+
 /// Timing and failure policy of the [`super::AgentPool`]; defaults are seed 000's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolSpec {
@@ -30,10 +35,16 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
-    /// Open file descriptors the pool needs at `max_agents`: each DEALER holds its TCP
-    /// connection and its mailbox's eventfd, plus room for the rest of the process.
-    pub fn fds_needed(&self) -> u64 {
-        2 * u64::from(self.max_agents) + 4096
+    /// Open file descriptors a manager needs for `max_agents`: each pooled DEALER holds its TCP
+    /// connection and its mailbox's eventfd, each agent's intake connection one more; plus
+    /// room for the rest of the process.
+    pub fn fds_needed(max_agents: u32) -> u64 {
+        FDS_PER_AGENT * u64::from(max_agents) + FDS_HEADROOM
+    }
+
+    /// The most agents `fds` open files serve (the inverse of [`PoolSpec::fds_needed`]).
+    pub fn agents_for_fds(fds: u64) -> u32 {
+        u32::try_from(fds.saturating_sub(FDS_HEADROOM) / FDS_PER_AGENT).unwrap_or(u32::MAX)
     }
 }
 

@@ -555,6 +555,14 @@ mod tests {
         ]
         .into_iter()
         .collect();
+        let roomy: ResourceSlots = [
+            ("cpu".to_owned(), Amount::from_units(100)),
+            ("mem".to_owned(), Amount::from_units(1 << 40)),
+            ("cuda.shares".to_owned(), Amount::from_units(10)),
+            ("cuda.device".to_owned(), Amount::from_units(10)),
+        ]
+        .into_iter()
+        .collect();
         for id in ["n1", "n2"] {
             store
                 .reserve_kernel(
@@ -571,7 +579,7 @@ mod tests {
                         mounts: "[]".into(),
                         restart_policy: r#"{"mode":"never"}"#.into(),
                     },
-                    &slots.checked_add(&slots).unwrap(),
+                    &roomy,
                 )
                 .await
                 .unwrap();

@@ -1,0 +1,302 @@
+//! Availability (issue 17), with real processes: the start-up grace that ends when its work is
+//! done, and several managers on one PostgreSQL with leader failover and intake failover.
+
+mod common;
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::agent::free_port;
+use common::cluster::{signal, wait_exit, wait_for, Cluster, Db};
+use serde_json::Value as Json;
+
+fn health(c: &Cluster, api: &str) -> Option<Json> {
+    c.call_at(api, "GET", "/health", None, None)
+        .ok()
+        .filter(|a| a.status == 200)
+        .map(|a| a.body)
+}
+
+/// A fresh manager has no grace: a session can be created as soon as the agent is ALIVE. After
+/// a restart with two known agents, the grace (60 s here) ends as soon as both have reported.
+#[test]
+fn grace_ends_when_every_known_agent_reported() {
+    let mut c = Cluster::new(Db::Sqlite);
+    c.startup_grace = 60.0;
+    c.start_manager();
+    assert_eq!(
+        health(&c, &c.api).expect("health")["mode"],
+        "normal",
+        "an empty store needs no grace"
+    );
+    let a = c.add_agent("grace-a", 33600, "");
+    let id_a = c.agents[a].id().to_owned();
+    c.wait_agent_status(&id_a, "ALIVE", Duration::from_secs(30));
+    // No 503: created at once.
+    let s = c.create_session();
+    let b = c.add_agent("grace-b", 33620, "");
+    let id_b = c.agents[b].id().to_owned();
+    c.wait_agent_status(&id_b, "ALIVE", Duration::from_secs(30));
+
+    c.stop_manager("TERM");
+    let restarted = Instant::now();
+    c.start_manager();
+    let first = health(&c, &c.api).expect("health");
+    let normal = wait_for(Duration::from_secs(20), "the grace to end", || {
+        health(&c, &c.api).filter(|h| h["mode"] == "normal")
+    });
+    let took = restarted.elapsed();
+    assert_eq!(normal["agents_alive"], 2, "{normal}");
+    assert!(
+        took < Duration::from_secs(20),
+        "grace lasted {took:?}, far less than startup-grace (60 s) expected"
+    );
+    let log = std::fs::read_to_string(c.dir.path().join("manager.log")).unwrap();
+    assert!(
+        log.contains("every agent the store had ALIVE has reported"),
+        "the grace should end because both agents reported (first health: {first})"
+    );
+    // The restarted manager serves: the old session is still there, a new one can be made.
+    let sid = s["session_id"].as_str().unwrap();
+    assert_eq!(c.get(&format!("/v1/sessions/{sid}")).unwrap().status, 200);
+    c.create_session();
+    c.check_invariants();
+}
+
+/// A second manager on the same SQLite file refuses to start, naming the lock.
+#[test]
+fn a_second_manager_on_one_sqlite_file_is_refused() {
+    let mut c = Cluster::new(Db::Sqlite);
+    c.start_manager();
+    let mut second = c.spawn_replica_unchecked("second", free_port(), free_port());
+    assert!(
+        wait_exit(&mut second, Duration::from_secs(20)),
+        "the second manager should exit"
+    );
+    let log = std::fs::read_to_string(c.dir.path().join("second.log")).unwrap();
+    assert!(log.contains("manager.db.lock"), "{log}");
+    assert!(log.contains("in use by another manager"), "{log}");
+    // The first one still serves.
+    assert!(health(&c, &c.api).is_some());
+}
+
+struct Replica {
+    api: String,
+    intake: u16,
+    child: Option<Child>,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn leaders(c: &Cluster, replicas: &[Replica]) -> Vec<usize> {
+    replicas
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.child.is_some())
+        .filter(|(_, r)| health(c, &r.api).is_some_and(|h| h["leader"] == true))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn metric_sum(c: &Cluster, replicas: &[Replica], name: &str, labels: &str) -> f64 {
+    replicas
+        .iter()
+        .filter(|r| r.child.is_some())
+        .map(|r| metric_at(c, &r.api, name, labels))
+        .sum()
+}
+
+fn metric_at(c: &Cluster, api: &str, name: &str, labels: &str) -> f64 {
+    let text = ureq::get(&format!("{api}/metrics"))
+        .set("Authorization", &Cluster::bearer(&c.admin_token))
+        .timeout(Duration::from_secs(30))
+        .call()
+        .map(|r| r.into_string().unwrap_or_default())
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Three managers on one PostgreSQL, two agents listing all three intakes.
+#[test]
+fn three_managers_on_postgres_fail_over() {
+    let mut c = Cluster::new(Db::Postgres);
+    let lease = 4;
+    c.manager_extra = format!("leader-lease = {lease}\n");
+    c.start_manager();
+    let mut replicas = vec![Replica {
+        api: c.api.clone(),
+        intake: c.intake_port,
+        child: c.manager.take(),
+    }];
+    for name in ["replica-1", "replica-2"] {
+        let (api, intake) = (free_port(), free_port());
+        let child = c.spawn_replica(name, api, intake);
+        replicas.push(Replica {
+            api: format!("http://127.0.0.1:{api}"),
+            intake,
+            child: Some(child),
+        });
+    }
+    c.agent_intakes = replicas.iter().map(|r| r.intake).collect();
+    let a = c.add_agent("ha-a", 33640, "");
+    let b = c.add_agent("ha-b", 33660, "");
+    let (id_a, id_b) = (c.agents[a].id().to_owned(), c.agents[b].id().to_owned());
+    for id in [&id_a, &id_b] {
+        c.wait_agent_status(id, "ALIVE", Duration::from_secs(30));
+    }
+    // Every replica sees both agents ALIVE (liveness is in the store).
+    for r in &replicas {
+        wait_for(
+            Duration::from_secs(15),
+            "every replica sees both agents",
+            || health(&c, &r.api).filter(|h| h["agents_alive"] == 2),
+        );
+    }
+    let first_leaders = wait_for(Duration::from_secs(15), "one leader", || {
+        Some(leaders(&c, &replicas)).filter(|l| l.len() == 1)
+    });
+
+    // 200 creates spread concurrently over the three APIs: each asks for 0.5 cpu, so only a
+    // few fit on each agent; none may over-commit.
+    let apis: Vec<String> = replicas.iter().map(|r| r.api.clone()).collect();
+    let token = c.token.clone();
+    let results: Vec<(u16, Json)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..20)
+            .map(|t| {
+                let (apis, token) = (apis.clone(), token.clone());
+                scope.spawn(move || {
+                    (0..10)
+                        .map(|i| {
+                            let api = &apis[(t + i) % apis.len()];
+                            let r = ureq::post(&format!("{api}/v1/sessions"))
+                                .set("Authorization", &Cluster::bearer(&token))
+                                .timeout(Duration::from_secs(120))
+                                .send_json(serde_json::json!({
+                                    "image": "kernelvisor-test:latest",
+                                    "resource_slots": {"cpu": "0.5", "mem": "32m"},
+                                }));
+                            match r {
+                                Ok(resp) => (resp.status(), resp.into_json().unwrap_or(Json::Null)),
+                                Err(ureq::Error::Status(code, resp)) => {
+                                    (code, resp.into_json().unwrap_or(Json::Null))
+                                }
+                                Err(e) => panic!("no answer from {api}: {e}"),
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let created = results.iter().filter(|(s, _)| *s == 201).count();
+    for (status, body) in &results {
+        assert!(
+            *status == 201 || (*status == 409 && body["error"] == "no-capacity"),
+            "a create answered {status}: {body}"
+        );
+    }
+    assert!(created > 0, "some creates must succeed");
+    for id in [&id_a, &id_b] {
+        let view = c.agent_view(id).expect("agent view");
+        let total: f64 = view["slots_total"]["cpu"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let used: f64 = view["slots_used"]["cpu"].as_str().unwrap().parse().unwrap();
+        assert!(used <= total, "agent {id} over-committed: {used} > {total}");
+    }
+    eprintln!("{created} of 200 creates fit");
+    c.check_invariants();
+
+    // SIGKILL the leader: another replica leads within the lease.
+    let old = first_leaders[0];
+    let killed_at = Instant::now();
+    let mut child = replicas[old].child.take().unwrap();
+    signal(child.id(), "KILL");
+    wait_exit(&mut child, Duration::from_secs(10));
+    let new = wait_for(Duration::from_secs(lease + 10), "a new leader", || {
+        Some(leaders(&c, &replicas)).filter(|l| l.len() == 1)
+    })[0];
+    let took = killed_at.elapsed();
+    assert_ne!(new, old);
+    assert!(
+        took <= Duration::from_secs(lease + 2),
+        "the lead moved after {took:?} (lease {lease} s)"
+    );
+    c.api = replicas[new].api.clone();
+
+    // An agent SIGSTOPped past its timeout is LOST exactly once, reset once on SIGCONT.
+    let pid_b = c.agents[b].pid();
+    signal(pid_b, "STOP");
+    c.wait_agent_status(&id_b, "LOST", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        metric_sum(&c, &replicas, "kernelvisor_manager_agents_lost_total", ""),
+        1.0,
+        "LOST exactly once across the replicas"
+    );
+    signal(pid_b, "CONT");
+    c.wait_agent_status(&id_b, "ALIVE", Duration::from_secs(40));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        metric_sum(
+            &c,
+            &replicas,
+            "kernelvisor_manager_agent_resets_total",
+            "result=\"ok\""
+        ),
+        1.0,
+        "reset exactly once"
+    );
+
+    // SIGKILL the replica the agents now report to (after the first kill, the next intake):
+    // their events reach the last replica, none lost or applied twice.
+    let survivors: Vec<usize> = (0..3).filter(|i| replicas[*i].child.is_some()).collect();
+    assert_eq!(survivors.len(), 2);
+    let reporting = survivors
+        .iter()
+        .copied()
+        .find(|&i| i == (old + 1) % 3)
+        .unwrap_or(survivors[0]);
+    let last = survivors.iter().copied().find(|&i| i != reporting).unwrap();
+    let mut child = replicas[reporting].child.take().unwrap();
+    signal(child.id(), "KILL");
+    wait_exit(&mut child, Duration::from_secs(10));
+    c.api = replicas[last].api.clone();
+    wait_for(
+        Duration::from_secs(lease + 10),
+        "the last replica leads",
+        || Some(leaders(&c, &replicas)).filter(|l| l == &vec![last]),
+    );
+    // The API answers on the survivor throughout: destroy every session there; each
+    // kernel_terminated event must come back through the last intake.
+    let live: Vec<String> = c
+        .store_live()
+        .keys()
+        .map(|k| c.store_kernel(k).session_id)
+        .collect();
+    for sid in &live {
+        let r = c.delete(&format!("/v1/sessions/{sid}"));
+        assert!(r.status == 200 || r.status == 204, "destroy {sid}: {r:?}");
+    }
+    let s = c.create_session();
+    assert_eq!(s["status"].as_str().map(|_| ()), Some(()));
+    c.check_invariants();
+    let duplicates = metric_at(&c, &c.api, "kernelvisor_manager_events_duplicate_total", "");
+    eprintln!("events acked as duplicates on the last replica: {duplicates}");
+}
