@@ -889,6 +889,11 @@ pub struct Health {
     pub mode: HealthMode,
     /// Agents `ALIVE` now.
     pub agents_alive: u64,
+    /// Whether this replica holds the single-leader duties (PostgreSQL advisory lock; always
+    /// `true` on SQLite).
+    pub leader: bool,
+    /// This manager process's replica id (a UUID, fresh per start).
+    pub replica: String,
 }
 
 /// Raw bytes (`application/octet-stream` bodies).
