@@ -194,13 +194,12 @@ pub struct PoolSection {
     pub tcp_keepalive_intvl: u16,
     /// TCP keepalive probe count (3).
     pub tcp_keepalive_cnt: u16,
-    /// Most agents the pool holds a connection to: sizes the ZeroMQ context's socket limit and
-    /// the open-file limit the manager needs (3 descriptors per agent: its pooled DEALER's
-    /// connection and mailbox, its intake connection; plus 4096). Given explicitly, the manager
+    /// Most agents in the fleet: sizes the open-file limit the manager needs (2 descriptors per
+    /// agent: its pool route's and its intake's TCP connections; plus 4096). Given explicitly, the manager
     /// refuses to start when `RLIMIT_NOFILE` (raised to its hard limit) is below that; left
     /// out, it is 20000 or what the limit allows, whichever is less (with a warning).
     pub max_agents: Option<u32>,
-    /// ZeroMQ I/O threads of the pool's context (1; one thread moves ~1 GB/s of messages).
+    /// ZeroMQ I/O threads of the pool's context (1; one thread moves about 1 GB/s).
     pub io_threads: u16,
     /// Health-check pings in flight at once, at most (256).
     pub health_check_concurrency: u32,

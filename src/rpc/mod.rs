@@ -10,6 +10,7 @@ pub mod codec;
 pub mod context;
 pub mod curve;
 pub mod dispatch;
+pub mod mux;
 pub mod peer;
 pub mod server;
 pub mod socket;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use rmpv::Value;
-use tmq::{FromZmqSocket, Multipart};
+use tmq::FromZmqSocket;
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::{self, Call, ErrorMeta, Frames, Header, Message, MsgType, OrderKey};
@@ -173,9 +173,7 @@ impl Peer {
         timeout: Duration,
     ) -> Result<Value, CallError> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let msg = Message::function(method, OrderKey::default(), seq, call.encode());
-        let (h, b) = codec::encode_message(&msg);
-        let frames = vec![codec::UPPER.to_vec(), h, b];
+        let (msg, frames) = function_frames(method, seq, call);
         let (tx, rx) = oneshot::channel();
         self.commands
             .send(Command::Send {
@@ -193,10 +191,9 @@ impl Peer {
                 ))
             }
             Err(_) => {
-                let (h, b) = codec::encode_message(&Message::cancel(&msg.header));
                 let _ = self.commands.send(Command::Cancel {
                     seq,
-                    frames: vec![codec::UPPER.to_vec(), h, b],
+                    frames: cancel_frames(&msg),
                 });
                 return Err(CallError::Timeout {
                     method: method.to_owned(),
@@ -204,20 +201,7 @@ impl Peer {
                 });
             }
         };
-        match reply.header.msg_type {
-            MsgType::Result => codec::from_msgpack(reply.payload.as_deref().unwrap_or_default())
-                .map_err(CallError::BadReply),
-            MsgType::Failure => Err(CallError::Failure(
-                reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")),
-            )),
-            MsgType::Error => Err(CallError::Remote(
-                reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")),
-            )),
-            MsgType::Cancelled => Err(CallError::Cancelled),
-            other => Err(CallError::BadReply(format!(
-                "unexpected reply type {other:?}"
-            ))),
-        }
+        reply_value(reply)
     }
 
     /// Closes the connection now (for every clone); pending callers get [`CallError::Disconnected`].
@@ -228,6 +212,42 @@ impl Peer {
     /// Whether the connection's I/O task has ended.
     pub fn is_closed(&self) -> bool {
         self.commands.is_closed()
+    }
+}
+
+/// The FUNCTION message of a call and its frames (callosum's upper-layer envelope).
+pub(super) fn function_frames(method: &str, seq: u32, call: &Call) -> (Message, Vec<Vec<u8>>) {
+    let msg = Message::function(method, OrderKey::default(), seq, call.encode());
+    let (h, b) = codec::encode_message(&msg);
+    (msg, vec![codec::UPPER.to_vec(), h, b])
+}
+
+/// The CANCEL frames for a FUNCTION a caller gave up on.
+pub(super) fn cancel_frames(msg: &Message) -> Vec<Vec<u8>> {
+    let (h, b) = codec::encode_message(&Message::cancel(&msg.header));
+    vec![codec::UPPER.to_vec(), h, b]
+}
+
+/// callosum's PING frames (the handshake).
+pub(super) fn ping_frames() -> Vec<Vec<u8>> {
+    vec![codec::PING.to_vec(), vec![], vec![]]
+}
+
+/// A reply message as the call's outcome.
+pub(super) fn reply_value(reply: Message) -> Result<Value, CallError> {
+    match reply.header.msg_type {
+        MsgType::Result => codec::from_msgpack(reply.payload.as_deref().unwrap_or_default())
+            .map_err(CallError::BadReply),
+        MsgType::Failure => Err(CallError::Failure(
+            reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")),
+        )),
+        MsgType::Error => Err(CallError::Remote(
+            reply.error.unwrap_or_else(|| ErrorMeta::new("Unknown", "")),
+        )),
+        MsgType::Cancelled => Err(CallError::Cancelled),
+        other => Err(CallError::BadReply(format!(
+            "unexpected reply type {other:?}"
+        ))),
     }
 }
 
@@ -253,7 +273,7 @@ async fn io_loop(mut dealer: tmq::dealer::Dealer, mut commands: mpsc::UnboundedR
                     }
                     Command::Ping { reply } => {
                         pings.push(reply);
-                        vec![codec::PING.to_vec(), vec![], vec![]]
+                        ping_frames()
                     }
                     Command::Close => return,
                 };
@@ -262,7 +282,10 @@ async fn io_loop(mut dealer: tmq::dealer::Dealer, mut commands: mpsc::UnboundedR
                 }
             }
             incoming = dealer.next() => match incoming {
-                Some(Ok(frames)) => on_reply(frames, &mut pending, &mut pings),
+                Some(Ok(frames)) => {
+                    let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
+                    on_reply(&parts, &mut pending, &mut pings)
+                }
                 Some(Err(e)) => tracing::warn!(error = %e, "RPC client receive error"),
                 None => break,
             },
@@ -270,13 +293,14 @@ async fn io_loop(mut dealer: tmq::dealer::Dealer, mut commands: mpsc::UnboundedR
     }
 }
 
-fn on_reply(
-    frames: Multipart,
+/// Routes one server message (its callosum frames) to the caller waiting for it: a PONG to
+/// every pending handshake, a reply by `seq` (and method) to its call.
+pub(super) fn on_reply(
+    parts: &[&[u8]],
     pending: &mut HashMap<u32, (String, oneshot::Sender<Message>)>,
     pings: &mut Vec<oneshot::Sender<()>>,
 ) {
-    let parts: Vec<&[u8]> = frames.iter().map(|m| &m[..]).collect();
-    match codec::classify(&parts) {
+    match codec::classify(parts) {
         Ok(Frames::Pong) => pings.drain(..).for_each(|p| {
             let _ = p.send(());
         }),

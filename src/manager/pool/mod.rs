@@ -9,10 +9,11 @@
 //!   marks it unhealthy; one unhealthy for longer than `recovery_timeout` is closed and evicted,
 //!   so the next call reconnects from scratch (e.g. after the agent restarted).
 //! - [`Invalidate`] marks an entry unhealthy (the registry calls it when an agent is lost).
-//! - Fleet scale (issue 17): the ZeroMQ context's socket limit is `max-agents` (+ headroom)
-//!   instead of libzmq's 1,023, with `io-threads`; the periodic sweep keeps at most
-//!   `health-check-concurrency` pings in flight and paces their start over half the interval,
-//!   so 10,000 agents are not pinged in one burst.
+//! - Fleet scale (issue 17): every agent's connection is a route of one ROUTER ([`Mux`]), one
+//!   file descriptor each where a DEALER costs two and a socket of the context's 1,023; the
+//!   context has `io-threads`. The periodic sweep keeps at most `health-check-concurrency`
+//!   pings in flight and paces their start over half the interval, so 10,000 agents are not
+//!   pinged in one burst.
 
 mod error;
 mod spec;
@@ -31,7 +32,8 @@ pub use spec::PoolSpec;
 use crate::rpc::codec::Call;
 use crate::rpc::context::SizedContext;
 use crate::rpc::curve::{CurveKey, KeyPair};
-use crate::rpc::peer::{ConnectError, Peer, PeerOptions};
+use crate::rpc::mux::{Mux, MuxPeer};
+use crate::rpc::peer::{ConnectError, PeerOptions};
 use crate::rpc::socket::ClientCurve;
 
 /// Where an agent's RPC endpoint is and which key it proves itself with.
@@ -43,11 +45,11 @@ pub struct AgentEndpoint {
     pub public_key: Option<CurveKey>,
 }
 
-type Connecting = Shared<LocalBoxFuture<'static, Result<Peer, ConnectError>>>;
+type Connecting = Shared<LocalBoxFuture<'static, Result<MuxPeer, ConnectError>>>;
 
 enum Conn {
     Connecting(Connecting),
-    Ready(Peer),
+    Ready(MuxPeer),
 }
 
 struct Entry {
@@ -65,6 +67,8 @@ struct Entry {
 pub struct AgentPool {
     spec: PoolSpec,
     zmq: SizedContext,
+    /// Made when the actor starts (its I/O task needs the actor's runtime).
+    mux: Option<Mux>,
     keypair: Option<KeyPair>,
     directory: HashMap<String, AgentEndpoint>,
     entries: HashMap<String, Entry>,
@@ -77,17 +81,14 @@ impl AgentPool {
     /// A pool with `spec`; `keypair` is the manager's CURVE key pair, needed for agents that
     /// have a public key.
     ///
-    /// Errors: the ZeroMQ context refuses the socket limit or the I/O thread count.
+    /// Errors: the ZeroMQ context refuses the I/O thread count.
     pub fn new(spec: PoolSpec, keypair: Option<KeyPair>) -> Result<Self, zmq::Error> {
-        let zmq = SizedContext::new(
-            i32::try_from(spec.max_agents)
-                .unwrap_or(i32::MAX)
-                .saturating_add(64),
-            i32::from(spec.io_threads.max(1)),
-        )?;
+        // One ROUTER for every agent: the context needs few sockets, and `io-threads`.
+        let zmq = SizedContext::new(64, i32::from(spec.io_threads.max(1)))?;
         Ok(AgentPool {
             spec,
             zmq,
+            mux: None,
             keypair,
             directory: HashMap::new(),
             entries: HashMap::new(),
@@ -142,9 +143,11 @@ impl AgentPool {
             keepalive: Some(self.spec.keepalive),
             handshake_timeout: self.spec.handshake_timeout,
         };
-        let zmq = self.zmq.clone();
+        let Some(mux) = self.mux.clone() else {
+            return Err(Self::unavailable(agent_id, "the pool's connection mux is not running"));
+        };
         let connecting: Connecting = FutureExt::shared(FutureExt::boxed_local(async move {
-            Peer::connect(&zmq, &opts).await
+            mux.connect(&opts).await
         }));
         self.next_generation += 1;
         let generation = self.next_generation;
@@ -296,6 +299,10 @@ impl Actor for AgentPool {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        match Mux::start(&self.zmq) {
+            Ok(mux) => self.mux = Some(mux),
+            Err(e) => tracing::error!(error = %e, "the agent pool could not make its ROUTER; every agent call will fail"),
+        }
         let spread = self.spec.health_check_interval / 2;
         ctx.run_interval(self.spec.health_check_interval, move |act, ctx| {
             ctx.spawn(act.sweep(spread).map(|_, _, _| ()));

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::rpc::socket::Keepalive;
 
-/// Descriptors per agent (pool DEALER connection + mailbox eventfd, intake connection).
-const FDS_PER_AGENT: u64 = 3;
+/// Descriptors per agent: its route of the pool's ROUTER, its intake connection.
+const FDS_PER_AGENT: u64 = 2;
 /// Descriptors for everything else (store, API clients, logs).
 const FDS_HEADROOM: u64 = 4096;
 
@@ -25,8 +25,8 @@ pub struct PoolSpec {
     pub handshake_timeout: Duration,
     /// TCP keepalive of every DEALER (default idle 60 s, interval 20 s, 3 probes).
     pub keepalive: Keepalive,
-    /// Most agents with a connection (default 20000): the ZeroMQ context's socket limit is set
-    /// from it (`ZMQ_MAX_SOCKETS`, 1023 by default, would stop the pool at about a thousand).
+    /// Most agents in the fleet (default 20000): the open files the manager needs
+    /// ([`PoolSpec::fds_needed`]).
     pub max_agents: u32,
     /// ZeroMQ I/O threads (default 1).
     pub io_threads: u16,
@@ -35,9 +35,8 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
-    /// Open file descriptors a manager needs for `max_agents`: each pooled DEALER holds its TCP
-    /// connection and its mailbox's eventfd, each agent's intake connection one more; plus
-    /// room for the rest of the process.
+    /// Open file descriptors a manager needs for `max_agents`: each agent's pool route and its
+    /// intake connection are a TCP connection each; plus room for the rest of the process.
     pub fn fds_needed(max_agents: u32) -> u64 {
         FDS_PER_AGENT * u64::from(max_agents) + FDS_HEADROOM
     }
