@@ -131,6 +131,8 @@ fn metric_at(c: &Cluster, api: &str, name: &str, labels: &str) -> f64 {
 fn three_managers_on_postgres_fail_over() {
     let mut c = Cluster::new(Db::Postgres);
     let lease = 4;
+    // Replicas see each other's heartbeats within about 2 s (1 s write-behind, 1 s re-read).
+    c.heartbeat_timeout = 8.0;
     c.manager_extra = format!("leader-lease = {lease}\n");
     c.start_manager();
     let mut replicas = vec![Replica {

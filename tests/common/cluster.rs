@@ -111,6 +111,8 @@ pub struct Cluster {
     pub manager_extra: String,
     /// `[manager] startup-grace` of the next manager start, seconds (2.5).
     pub startup_grace: f64,
+    /// `[manager] heartbeat-timeout` of the next manager start, seconds (3).
+    pub heartbeat_timeout: f64,
     /// The intake ports agents added from now on report to (`event-addrs`, in order); empty:
     /// the cluster's one intake (`event-addr`).
     pub agent_intakes: Vec<u16>,
@@ -191,6 +193,7 @@ impl Cluster {
             agents: Vec::new(),
             manager_extra: String::new(),
             startup_grace: 2.5,
+            heartbeat_timeout: 3.0,
             agent_intakes: Vec::new(),
             keys: (manager, keys_dir),
             pg_drop,
@@ -208,7 +211,7 @@ impl Cluster {
         let d = self.dir.path().display();
         let text = format!(
             "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
-             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = 3\nstartup-grace = {grace}\n{extra}\n\
+             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = {timeout}\nstartup-grace = {grace}\n{extra}\n\
              [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\nadmin-token-file = \"{d}/admin-token\"\n\n\
              [agent-pool]\nhealth-check-interval = 1\nping-timeout = 1\nrecovery-timeout = 2\n\n\
              [scheduler]\nreset-timeout = 30\n\n[logging]\nlevel = \"info\"\n",
@@ -216,6 +219,7 @@ impl Cluster {
             url = self.store_url,
             extra = self.manager_extra,
             grace = self.startup_grace,
+            timeout = self.heartbeat_timeout,
         );
         let p = self.dir.path().join(format!("{name}.toml"));
         std::fs::write(&p, text).unwrap();
