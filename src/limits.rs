@@ -7,6 +7,8 @@
 //! more, and the manager refuses a configuration it cannot serve.
 
 /// The open-file limits now, `(soft, hard)`.
+// `rlim_t` is u64 on 64-bit Linux but not everywhere.
+#[allow(clippy::unnecessary_cast)]
 pub fn open_files() -> std::io::Result<(u64, u64)> {
     let mut r = libc::rlimit {
         rlim_cur: 0,

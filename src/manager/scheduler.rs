@@ -389,7 +389,7 @@ impl Handler<CreateSession> for Scheduler {
                         batch_timeout: req.batch_timeout,
                         mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
                         restart_policy: serde_json::to_string(
-                            &req.restart_policy.clone().unwrap_or_default(),
+                            &req.restart_policy.unwrap_or_default(),
                         )
                         .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
                     };

@@ -405,11 +405,20 @@ mod tests {
             .await
             .is_err());
         assert_eq!(
-            peers[1].1.call("who", &call, Duration::from_secs(2)).await.unwrap().as_str(),
+            peers[1]
+                .1
+                .call("who", &call, Duration::from_secs(2))
+                .await
+                .unwrap()
+                .as_str(),
             Some("b")
         );
         // Nothing listens there.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let err = mux
             .connect(&PeerOptions {
                 handshake_timeout: Duration::from_millis(300),

@@ -144,11 +144,15 @@ impl AgentPool {
             handshake_timeout: self.spec.handshake_timeout,
         };
         let Some(mux) = self.mux.clone() else {
-            return Err(Self::unavailable(agent_id, "the pool's connection mux is not running"));
+            return Err(Self::unavailable(
+                agent_id,
+                "the pool's connection mux is not running",
+            ));
         };
-        let connecting: Connecting = FutureExt::shared(FutureExt::boxed_local(async move {
-            mux.connect(&opts).await
-        }));
+        let connecting: Connecting =
+            FutureExt::shared(FutureExt::boxed_local(
+                async move { mux.connect(&opts).await },
+            ));
         self.next_generation += 1;
         let generation = self.next_generation;
         self.entries.insert(
@@ -301,7 +305,9 @@ impl Actor for AgentPool {
     fn started(&mut self, ctx: &mut Context<Self>) {
         match Mux::start(&self.zmq) {
             Ok(mux) => self.mux = Some(mux),
-            Err(e) => tracing::error!(error = %e, "the agent pool could not make its ROUTER; every agent call will fail"),
+            Err(e) => {
+                tracing::error!(error = %e, "the agent pool could not make its ROUTER; every agent call will fail")
+            }
         }
         let spread = self.spec.health_check_interval / 2;
         ctx.run_interval(self.spec.health_check_interval, move |act, ctx| {
