@@ -340,3 +340,100 @@ async fn a_thousand_events_survive_an_outage_a_lost_ack_and_an_agent_restart() {
     let last = received.events.lock().unwrap().last().cloned().unwrap();
     assert_eq!(str_field(&last, "name"), Some("agent_terminated"), "{last}");
 }
+
+/// Two intakes (`event-addrs`): when the first stops answering, events and heartbeats go to the
+/// second, nothing lost; with every intake gone, the agent still stops within about 2 s
+/// although its ack timeout is 10 s.
+#[actix_rt::test]
+async fn events_and_heartbeats_fail_over_and_shutdown_is_bounded() {
+    let fx = AgentFixture::new("failover", 31740, 4);
+    let keys = Keys::new();
+    keys.write(fx.dir.path());
+    let (pa, pb) = (free_port(), free_port());
+    let d = fx.dir.path().display();
+    let toml = fx.config_toml(&format!(
+        "rpc-auth-manager-public-key = \"{d}/manager.key\"\nrpc-auth-agent-keypair = \"{d}/agent.key_secret\"\nbackend = \"dummy\"\n"
+    )) + &format!(
+        "[manager]\nevent-addrs = [{{ host = \"127.0.0.1\", port = {pa} }}, {{ host = \"127.0.0.1\", port = {pb} }}]\n\
+         event-ack-timeout = 10.0\nevent-retry-max = 0.3\nheartbeat-interval = 0.3\n"
+    );
+    let path = fx.dir.path().join("agent.toml");
+    std::fs::write(&path, toml).unwrap();
+    let config = AgentConfig::load(&path).unwrap();
+    let (ra, rb) = (Received::default(), Received::default());
+    let a = start_intake(
+        &format!("tcp://127.0.0.1:{pa}"),
+        &keys.manager,
+        keys.agent.public,
+        &ra,
+    );
+    let b = start_intake(
+        &format!("tcp://127.0.0.1:{pb}"),
+        &keys.manager,
+        keys.agent.public,
+        &rb,
+    );
+    let dummy = Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>;
+    let agent = Agent::start(config, Some(dummy)).await.unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the first intake's heartbeats and agent_started",
+        || {
+            let (h, e) = (ra.heartbeat_count(), ra.event_count());
+            async move { h >= 2 && e >= 1 }
+        },
+    )
+    .await;
+    assert_eq!(
+        rb.event_count() + rb.heartbeat_count(),
+        0,
+        "the second intake is a standby"
+    );
+
+    // The first intake goes away; what happens next reaches the second.
+    let _ = a.send(kernelvisor::rpc::server::Shutdown).await;
+    let peer = manager_client(&agent, &keys).await;
+    let kernels = churn(&peer, "f", 10).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the outbox drains into the second intake",
+        || {
+            let depth = gauge(&agent, "kernelvisor_outbox_depth");
+            async move { depth == 0.0 }
+        },
+    )
+    .await;
+    let second = rb.events.lock().unwrap().clone();
+    for k in &kernels {
+        assert!(
+            second
+                .iter()
+                .any(|e| str_field(e, "name") == Some("kernel_terminated")
+                    && str_field(e, "kernel_id") == Some(k.as_str())),
+            "kernel_terminated of {k} did not reach the second intake"
+        );
+    }
+    let beats = rb.heartbeat_count();
+    wait_until(
+        Duration::from_secs(5),
+        "heartbeats at the second intake",
+        || {
+            let n = rb.heartbeat_count();
+            async move { n >= beats + 2 }
+        },
+    )
+    .await;
+
+    // Every intake gone: shutdown does not wait out the 10 s ack timeout.
+    let _ = b.send(kernelvisor::rpc::server::Shutdown).await;
+    peer.close();
+    actix_rt::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    agent.shutdown(OnShutdown::Preserve).await;
+    let took = started.elapsed();
+    eprintln!("the agent stopped in {took:?} with no manager (event-ack-timeout 10 s)");
+    assert!(
+        took < Duration::from_secs(4),
+        "the agent took {took:?} to stop with no manager"
+    );
+}

@@ -4,6 +4,8 @@
 //! One batch is in flight at a time, so the manager sees every kernel's events in order; a
 //! batch whose ack does not come (manager down, ack lost) is resent with the same ids after a
 //! backoff (0.2 s doubling to `event-retry-max`), and the manager drops the duplicates by id.
+//! With several intakes (`event-addrs`), a connection failure or a missing ack moves the agent to
+//! the next intake ([`super::intakes::Intakes`]) and the batch is resent there at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +13,16 @@ use std::time::Duration;
 use rmpv::Value;
 use tokio::sync::Notify;
 
+use super::intakes::Intakes;
 use super::metrics::AgentMetrics;
 use super::outbox::{Outbox, PendingEvent};
 use crate::config::AgentManagerSection;
 use crate::rpc::{Call, CallError, Peer, PeerOptions};
+
+/// How long the last delivery on shutdown may take at most, whatever `event-ack-timeout`: an
+/// agent whose manager is gone stops within about this (what is not acked stays in the outbox
+/// for the next start).
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(1500);
 
 /// The intake method that takes a batch: `agent_events(agent_id, events)` → `{"acked": [id]}`.
 pub const EVENTS_METHOD: &str = "agent_events";
@@ -38,8 +46,10 @@ pub fn encode_event(p: &PendingEvent) -> Value {
 pub struct EventSender {
     /// This agent's id (the batch's first argument).
     pub agent_id: String,
-    /// Where and how to connect.
+    /// How to connect (keys, keepalive, handshake timeout); the endpoint is `intakes`' current.
     pub peer: PeerOptions,
+    /// The intakes, in failover order, shared with the heartbeat loop.
+    pub intakes: Arc<Intakes>,
     /// `[manager]` settings: batch size, ack timeout, retry cap.
     pub config: AgentManagerSection,
     /// The events to deliver.
@@ -55,8 +65,8 @@ enum Attempt {
     Drained,
     /// Some events were acked; go on at once.
     Progress,
-    /// Nothing was acked; wait before retrying.
-    Failed(&'static str),
+    /// Nothing was acked; wait before retrying (`true`: moved to another intake, retry now).
+    Failed(&'static str, bool),
 }
 
 impl EventSender {
@@ -71,7 +81,14 @@ impl EventSender {
         let mut stop = std::pin::pin!(stop);
         let mut retry = Self::FIRST_RETRY;
         loop {
-            match self.attempt(&zmq, &mut peer).await {
+            // A stop does not wait for an attempt in flight (an ack that may never come): what it
+            // sent is resent later, and the managers drop duplicates by id.
+            let attempt = tokio::select! {
+                biased;
+                _ = &mut stop => break,
+                a = self.attempt(&zmq, &mut peer) => a,
+            };
+            match attempt {
                 Attempt::Progress => continue,
                 Attempt::Drained => {
                     retry = Self::FIRST_RETRY;
@@ -80,8 +97,13 @@ impl EventSender {
                         _ = &mut stop => break,
                     }
                 }
-                Attempt::Failed(reason) => {
+                Attempt::Failed(reason, moved) => {
                     self.metrics.event_send_failed(reason);
+                    if moved {
+                        // A fresh intake: try it at once.
+                        retry = Self::FIRST_RETRY;
+                        continue;
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(retry) => {}
                         _ = &mut stop => break,
@@ -93,7 +115,8 @@ impl EventSender {
         // Last delivery on the way out (agent_terminated, kernels destroyed on shutdown),
         // bounded, and only over a live connection: a down manager must not delay shutdown.
         if peer.as_ref().is_some_and(|p| !p.is_closed()) {
-            let last = tokio::time::timeout(self.config.event_ack_timeout.0, async {
+            let bound = SHUTDOWN_FLUSH.min(self.config.event_ack_timeout.0);
+            let last = tokio::time::timeout(bound, async {
                 while let Attempt::Progress = self.attempt(&zmq, &mut peer).await {}
             });
             let _ = last.await;
@@ -109,22 +132,32 @@ impl EventSender {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(agent_id = %self.agent_id, error = %e, "cannot read the outbox");
-                return Attempt::Failed("outbox");
+                return Attempt::Failed("outbox", false);
             }
         };
+        let (index, endpoint) = self.intakes.current();
         let p = match peer {
-            Some(p) if !p.is_closed() => p.clone(),
-            _ => match Peer::connect(zmq, &self.peer).await {
-                Ok(p) => {
-                    tracing::info!(agent_id = %self.agent_id, endpoint = %self.peer.endpoint, "connected to the manager's event intake");
-                    *peer = Some(p.clone());
-                    p
+            Some(p) if !p.is_closed() && p.endpoint() == endpoint => p.clone(),
+            _ => {
+                if let Some(old) = peer.take() {
+                    old.close();
                 }
-                Err(e) => {
-                    tracing::debug!(agent_id = %self.agent_id, error = %e, pending = batch.len(), "manager's event intake unreachable");
-                    return Attempt::Failed("connect");
+                let opts = PeerOptions {
+                    endpoint: endpoint.to_owned(),
+                    ..self.peer.clone()
+                };
+                match Peer::connect(zmq, &opts).await {
+                    Ok(p) => {
+                        tracing::info!(agent_id = %self.agent_id, %endpoint, "connected to the manager's event intake");
+                        *peer = Some(p.clone());
+                        p
+                    }
+                    Err(e) => {
+                        tracing::debug!(agent_id = %self.agent_id, error = %e, pending = batch.len(), "manager's event intake unreachable");
+                        return Attempt::Failed("connect", self.intakes.failed(index));
+                    }
                 }
-            },
+            }
         };
         let events = Value::Array(batch.iter().map(encode_event).collect());
         let call = Call {
@@ -143,19 +176,21 @@ impl EventSender {
                     CallError::Disconnected(_) => "disconnected",
                     _ => "rejected",
                 };
+                let mut moved = false;
                 if e.is_connection_error() {
                     p.close();
                     *peer = None;
+                    moved = self.intakes.failed(index);
                 }
-                tracing::warn!(agent_id = %self.agent_id, error = %e, events = batch.len(), "event batch not acked; will resend");
-                return Attempt::Failed(reason);
+                tracing::warn!(agent_id = %self.agent_id, error = %e, events = batch.len(), %endpoint, "event batch not acked; will resend");
+                return Attempt::Failed(reason, moved);
             }
         };
         let done = match self.outbox.ack(&acked).await {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!(agent_id = %self.agent_id, error = %e, "cannot delete acked events");
-                return Attempt::Failed("outbox");
+                return Attempt::Failed("outbox", false);
             }
         };
         self.metrics.events_sent(done);
@@ -163,7 +198,7 @@ impl EventSender {
             self.metrics.outbox(depth, self.outbox.capacity() as i64);
         }
         match done {
-            0 => Attempt::Failed("rejected"),
+            0 => Attempt::Failed("rejected", false),
             n if (n as usize) < batch.len()
                 || batch.len() == self.config.event_batch_size as usize =>
             {

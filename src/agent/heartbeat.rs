@@ -94,7 +94,7 @@ pub async fn run(
     ctx: Arc<AgentContext>,
     registry: Addr<KernelRegistry>,
     who: Identity,
-    peer: Option<PeerOptions>,
+    peer: Option<(PeerOptions, Arc<super::intakes::Intakes>)>,
     interval: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) {
@@ -110,14 +110,22 @@ pub async fn run(
         }
         let beat = build(&ctx, &registry, &who).await;
         ctx.metrics.heartbeat(super::store::now());
-        let Some(opts) = &peer else { continue };
+        let Some((opts, intakes)) = &peer else {
+            continue;
+        };
+        // The intake the event sender uses too; a failed beat moves both on.
+        let (index, endpoint) = intakes.current();
         // Bounded by the interval: a slow manager never makes heartbeats pile up.
         let timeout = interval.min(Duration::from_secs(5));
-        let delivered = tokio::time::timeout(interval, async {
+        let delivery = tokio::time::timeout(interval, async {
             let p = match &conn {
-                Some(p) if !p.is_closed() => p.clone(),
+                Some(p) if !p.is_closed() && p.endpoint() == endpoint => p.clone(),
                 _ => {
+                    if let Some(old) = conn.take() {
+                        old.close();
+                    }
                     let mut o = opts.clone();
+                    o.endpoint = endpoint.to_owned();
                     o.handshake_timeout = timeout;
                     let p = Peer::connect(&zmq, &o)
                         .await
@@ -141,8 +149,13 @@ pub async fn run(
                     e.to_string(),
                 )
             })
-        })
-        .await;
+        });
+        // Stopping does not wait for a beat in flight.
+        let delivered = tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            d = delivery => d,
+        };
         let failure = match delivered {
             Ok(Ok(_)) => None,
             Ok(Err(f)) => Some(f),
@@ -158,6 +171,7 @@ pub async fn run(
                 if let Some(p) = conn.take() {
                     p.close();
                 }
+                intakes.failed(index);
             }
         }
     }

@@ -29,6 +29,7 @@ pub mod exec;
 pub mod files;
 pub mod heartbeat;
 pub mod hwinfo;
+pub mod intakes;
 pub mod kernel;
 pub mod logs;
 pub mod methods;
@@ -256,9 +257,13 @@ impl Agent {
             .as_deref()
             .map(load_keypair)
             .transpose()?;
+        let intakes = config
+            .manager
+            .as_ref()
+            .map(|m| Arc::new(intakes::Intakes::new(m.intake_endpoints())));
         let manager_peer = match &config.manager {
             Some(m) => Some(PeerOptions {
-                endpoint: m.event_addr.zmq_endpoint(),
+                endpoint: m.intake_endpoints()[0].clone(),
                 curve: match (&a.rpc_auth_manager_public_key, &agent_keypair) {
                     (Some(manager), Some(pair)) => Some(ClientCurve {
                         keypair: pair.clone(),
@@ -296,8 +301,12 @@ impl Agent {
             .strategy(Strategy::RestForOne)
             .intensity(Intensity::new(5, 60));
 
-        if let (Some(m), Some(rx), Some(peer)) = (&config.manager, outbox_rx, manager_peer.clone())
-        {
+        if let (Some(m), Some(rx), Some(peer), Some(intakes)) = (
+            &config.manager,
+            outbox_rx,
+            manager_peer.clone(),
+            intakes.clone(),
+        ) {
             let outbox = Outbox::new(&store, m.outbox_max_events);
             let appended = Arc::new(Notify::new());
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -309,6 +318,7 @@ impl Agent {
             let sender = Arc::new(EventSender {
                 agent_id: a.id.clone(),
                 peer,
+                intakes,
                 config: m.clone(),
                 outbox,
                 appended,
@@ -486,6 +496,7 @@ impl Agent {
         }
         {
             let (ctx, current_registry) = (ctx.clone(), current_registry.clone());
+            let beat_to = manager_peer.clone().zip(intakes.clone());
             let interval = config
                 .manager
                 .as_ref()
@@ -495,7 +506,7 @@ impl Agent {
                     ctx.clone(),
                     current_registry(),
                     identity.clone(),
-                    manager_peer.clone(),
+                    beat_to.clone(),
                     interval,
                     async move { stop.requested().await },
                 );

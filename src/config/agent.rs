@@ -201,8 +201,16 @@ pub struct DummySection {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct AgentManagerSection {
     /// The manager's event intake (default port 6021). Authenticated with the key pair and
-    /// manager public key of `[agent]` when those are set.
-    pub event_addr: HostPort,
+    /// manager public key of `[agent]` when those are set. The one-element form of
+    /// `event-addrs`; give exactly one of the two.
+    #[serde(default)]
+    pub event_addr: Option<HostPort>,
+    /// Several managers' intakes (`[{ host, port }, …]`, issue 17): events and heartbeats go to
+    /// one at a time; when it stops acking (connection failure or ack timeout) the agent moves
+    /// to the next, round-robin, and resends what was not acked (the managers drop duplicates
+    /// by event id). Every manager must have the key `rpc-auth-manager-public-key` names.
+    #[serde(default)]
+    pub event_addrs: Vec<HostPort>,
     /// Seconds between heartbeats (default 20; the manager's timeout is 40).
     #[serde(default = "default_heartbeat_interval")]
     pub heartbeat_interval: Seconds,
@@ -221,6 +229,17 @@ pub struct AgentManagerSection {
     /// doubles after each failure (default 30).
     #[serde(default = "default_event_retry_max")]
     pub event_retry_max: Seconds,
+}
+
+impl AgentManagerSection {
+    /// The intake endpoints, `tcp://host:port`, in the order they are tried.
+    pub fn intake_endpoints(&self) -> Vec<String> {
+        self.event_addr
+            .iter()
+            .chain(&self.event_addrs)
+            .map(HostPort::zmq_endpoint)
+            .collect()
+    }
 }
 
 fn default_heartbeat_interval() -> Seconds {
@@ -370,6 +389,23 @@ impl AgentConfig {
             )),
             _ => Ok(()),
         }?;
+        if let Some(m) = &self.manager {
+            match (&m.event_addr, m.event_addrs.len()) {
+                (Some(_), 0) | (None, 1..) => {}
+                (Some(_), _) => {
+                    return Err(ConfigError::Invalid(
+                        "manager.event-addrs",
+                        "give event-addr or event-addrs, not both".into(),
+                    ))
+                }
+                (None, 0) => {
+                    return Err(ConfigError::Invalid(
+                        "manager.event-addr",
+                        "the manager's event intake is required in [manager] (event-addr, or event-addrs for several managers)".into(),
+                    ))
+                }
+            }
+        }
         if a.exec_buffer_size.0 < 4096 {
             return Err(ConfigError::Invalid(
                 "agent.exec-buffer-size",
