@@ -528,11 +528,21 @@ impl AgentRegistry {
                 waiting.remove(&id);
             }
         }
-        let fresh = !self.agents.contains_key(&id);
-        let s = self.state(&id);
-        if fresh {
-            s.dirty = false;
+        if !self.agents.contains_key(&id) {
+            self.agents.insert(
+                id.clone(),
+                AgentState {
+                    row,
+                    dirty: false,
+                    resetting: false,
+                    losing: false,
+                    endpoint: None,
+                },
+            );
+            self.note_endpoint(&id);
+            return;
         }
+        let s = self.state(&id);
         let was = std::mem::take(&mut s.row.status);
         if row.seen_at >= s.row.seen_at {
             let local_status_changed = s.row.status_changed;

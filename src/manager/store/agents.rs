@@ -102,9 +102,10 @@ impl AgentRow {
 }
 
 /// Inserts an agent row or updates its facts inside `tx`, as replica `by`. The status is written
-/// too, except over `LOST` or `PENDING`: only the leader's explicit transitions
-/// ([`Store::mark_agent_lost`], [`Store::set_agent_status`]) leave those, so a replica whose
-/// memory has not seen the leader's `LOST` yet cannot undo it. `seen_at` only moves forward.
+/// too, but never from or to `LOST` or `PENDING`: only the leader's explicit transitions
+/// ([`Store::mark_agent_lost`], [`Store::set_agent_status`]) enter or leave those, so a replica
+/// whose memory lags the leader's can neither undo a `LOST` nor bring back a `PENDING` the
+/// reset already ended. `seen_at` only moves forward.
 pub(super) async fn upsert_in(
     tx: &mut Transaction<'_, Any>,
     a: &AgentRow,
@@ -118,8 +119,8 @@ pub(super) async fn upsert_in(
         "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed, slots_total, slot_types, seen_at, updated_at, updated_by) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULLIF($11, -1.0), $10, $12, $13, $14, $10, $15) \
          ON CONFLICT (id) DO UPDATE SET \
-           status_changed = CASE WHEN agents.status = excluded.status OR agents.status IN ('LOST', 'PENDING') THEN agents.status_changed ELSE excluded.status_changed END, \
-           status = CASE WHEN agents.status IN ('LOST', 'PENDING') THEN agents.status ELSE excluded.status END, \
+           status_changed = CASE WHEN agents.status = excluded.status OR agents.status IN ('LOST', 'PENDING') OR excluded.status IN ('LOST', 'PENDING') THEN agents.status_changed ELSE excluded.status_changed END, \
+           status = CASE WHEN agents.status IN ('LOST', 'PENDING') OR excluded.status IN ('LOST', 'PENDING') THEN agents.status ELSE excluded.status END, \
            addr = excluded.addr, public_key = excluded.public_key, region = excluded.region, \
            version = excluded.version, cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, \
            cuda_devices = excluded.cuda_devices, last_heartbeat = excluded.last_heartbeat, \
