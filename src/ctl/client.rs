@@ -6,6 +6,11 @@
 //! (so `--output json` can print it unchanged) and parsed, except [`Client::get_stream`] and
 //! [`Client::get_file`], which hand back the body as a reader for answers that stream
 //! (`/logs?follow=true`, a file's bytes). [`Client::put_file`] sends a file as it reads it.
+//!
+//! Several managers (issue 17): the base may be a comma-separated list of URLs. A request goes
+//! to the one that answered last (the first at start); when it cannot be reached (connection
+//! refused, DNS, connect timeout: nothing was sent) the next is tried, and an error names every
+//! URL tried. A request that reached a manager is never sent again.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -151,9 +156,14 @@ pub const BAD_TOKEN_HINT: &str =
     "the token given (--token or KERNELVISOR_TOKEN) was refused: check it, and that its access \
      key exists and is enabled";
 
-/// A client bound to one API base URL such as `http://127.0.0.1:8081`.
+/// A client bound to one API base URL such as `http://127.0.0.1:8081`, or several.
 pub struct Client {
-    base: String,
+    /// Every base URL, in the order given.
+    bases: Vec<String>,
+    /// The one that answered last (tried first).
+    current: std::cell::Cell<usize>,
+    /// `url: why` of each base the last request could not reach, when it reached none.
+    unreached: std::cell::RefCell<Vec<String>>,
     /// `Bearer <token>`, the value of the `Authorization` header.
     authorization: Option<String>,
     /// The `--ca-cert` file, if any: named in the hint of a certificate error.
@@ -179,13 +189,24 @@ impl Client {
     /// `http://…` or `https://…`; "cannot use CA certificate" when `ca_cert` cannot be read or
     /// holds no PEM certificate that rustls accepts.
     pub fn with_options(base: &str, options: &ClientOptions) -> Result<Self, ClientError> {
-        let base = base.trim().trim_end_matches('/');
-        let scheme_ok = ["http://", "https://"].iter().any(|scheme| {
-            base.get(..scheme.len())
-                .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
-                && base.len() > scheme.len()
-        });
-        if !scheme_ok {
+        let mut bases = Vec::new();
+        for one in base.split(',').filter(|b| !b.trim().is_empty()) {
+            let one = one.trim().trim_end_matches('/');
+            let scheme_ok = ["http://", "https://"].iter().any(|scheme| {
+                one.get(..scheme.len())
+                    .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+                    && one.len() > scheme.len()
+            });
+            if !scheme_ok {
+                return Err(ClientError::Transport {
+                    what: "invalid API URL",
+                    url: one.to_owned(),
+                    detail: "expected http://HOST:PORT or https://HOST:PORT".to_owned(),
+                });
+            }
+            bases.push(one.to_owned());
+        }
+        if bases.is_empty() {
             return Err(ClientError::Transport {
                 what: "invalid API URL",
                 url: base.to_owned(),
@@ -203,7 +224,9 @@ impl Client {
             transfer = transfer.tls_config(tls);
         }
         Ok(Client {
-            base: base.to_owned(),
+            bases,
+            current: std::cell::Cell::new(0),
+            unreached: std::cell::RefCell::new(Vec::new()),
             authorization: options
                 .token
                 .as_deref()
@@ -224,21 +247,86 @@ impl Client {
         }
     }
 
-    /// The full URL of `path` (which starts with `/`).
+    /// The full URL of `path` (which starts with `/`) at the base in use.
     pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        format!("{}{path}", self.bases[self.current.get()])
+    }
+
+    /// Sends `path` with `send` (given the full URL) to the base in use, and on a connection
+    /// failure (nothing sent) to the next ones in turn; the base that answered is used first
+    /// from then on. Returns the URL of the last try and its outcome; when no base could be
+    /// reached, the error's detail names every URL tried.
+    fn send(
+        &self,
+        path: &str,
+        mut send: impl FnMut(&str) -> Result<ureq::Response, ureq::Error>,
+    ) -> (String, Result<ureq::Response, ureq::Error>) {
+        let n = self.bases.len();
+        let start = self.current.get();
+        let mut tried = Vec::new();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let url = format!("{}{path}", self.bases[i]);
+            let res = send(&url);
+            match &res {
+                Err(ureq::Error::Transport(t)) if unreachable(t) => {
+                    tried.push(format!("{url}: {}", transport_detail(t)));
+                    if k + 1 < n {
+                        continue;
+                    }
+                    if n > 1 {
+                        *self.unreached.borrow_mut() = tried;
+                    }
+                    return (url, res);
+                }
+                _ => {
+                    self.current.set(i);
+                    self.unreached.borrow_mut().clear();
+                    return (url, res);
+                }
+            }
+        }
+        unreachable!("the loop returns on its last try")
+    }
+
+    /// The first base, from the one in use, that takes a TCP connection (for a request whose
+    /// body cannot be sent twice); the one in use when none does.
+    fn reachable_base(&self) -> usize {
+        let n = self.bases.len();
+        let start = self.current.get();
+        if n == 1 {
+            return start;
+        }
+        for k in 0..n {
+            let i = (start + k) % n;
+            let Some((host, port)) = host_port(&self.bases[i]) else {
+                continue;
+            };
+            let addrs = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port));
+            let up = addrs
+                .into_iter()
+                .flatten()
+                .any(|a| std::net::TcpStream::connect_timeout(&a, CONNECT_TIMEOUT).is_ok());
+            if up {
+                self.current.set(i);
+                return i;
+            }
+        }
+        start
     }
 
     /// `GET path?query`.
     pub fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Reply, ClientError> {
-        let url = self.url(path);
-        let mut req = self
-            .request(&self.agent, "GET", &url)
-            .timeout(REQUEST_TIMEOUT);
-        for (k, v) in query {
-            req = req.query(k, v);
-        }
-        self.finish(&url, req.call())
+        let (url, res) = self.send(path, |url| {
+            let mut req = self
+                .request(&self.agent, "GET", url)
+                .timeout(REQUEST_TIMEOUT);
+            for (k, v) in query {
+                req = req.query(k, v);
+            }
+            req.call()
+        });
+        self.finish(&url, res)
     }
 
     /// `POST path` with a JSON body; `timeout` `None` waits as long as the manager takes.
@@ -248,40 +336,46 @@ impl Client {
         body: &Value,
         timeout: Option<Duration>,
     ) -> Result<Reply, ClientError> {
-        let url = self.url(path);
-        let mut req = self.request(&self.agent, "POST", &url);
-        if let Some(t) = timeout {
-            req = req.timeout(t);
-        }
-        self.finish(&url, req.send_json(body))
+        let (url, res) = self.send(path, |url| {
+            let mut req = self.request(&self.agent, "POST", url);
+            if let Some(t) = timeout {
+                req = req.timeout(t);
+            }
+            req.send_json(body)
+        });
+        self.finish(&url, res)
     }
 
     /// `PATCH path` with a JSON body.
     pub fn patch(&self, path: &str, body: &Value) -> Result<Reply, ClientError> {
-        let url = self.url(path);
-        let req = self
-            .request(&self.agent, "PATCH", &url)
-            .timeout(REQUEST_TIMEOUT);
-        self.finish(&url, req.send_json(body))
+        let (url, res) = self.send(path, |url| {
+            self.request(&self.agent, "PATCH", url)
+                .timeout(REQUEST_TIMEOUT)
+                .send_json(body)
+        });
+        self.finish(&url, res)
     }
 
     /// `POST path` without a body (`Content-Length: 0`); `timeout` as for [`Client::post`].
     pub fn post_empty(&self, path: &str, timeout: Option<Duration>) -> Result<Reply, ClientError> {
-        let url = self.url(path);
-        let mut req = self.request(&self.agent, "POST", &url);
-        if let Some(t) = timeout {
-            req = req.timeout(t);
-        }
-        self.finish(&url, req.send_bytes(&[]))
+        let (url, res) = self.send(path, |url| {
+            let mut req = self.request(&self.agent, "POST", url);
+            if let Some(t) = timeout {
+                req = req.timeout(t);
+            }
+            req.send_bytes(&[])
+        });
+        self.finish(&url, res)
     }
 
     /// `DELETE path`.
     pub fn delete(&self, path: &str) -> Result<Reply, ClientError> {
-        let url = self.url(path);
-        let req = self
-            .request(&self.agent, "DELETE", &url)
-            .timeout(REQUEST_TIMEOUT);
-        self.finish(&url, req.call())
+        let (url, res) = self.send(path, |url| {
+            self.request(&self.agent, "DELETE", url)
+                .timeout(REQUEST_TIMEOUT)
+                .call()
+        });
+        self.finish(&url, res)
     }
 
     /// `GET path?query` whose 2xx body is read as it arrives, any size (`/logs`): the body as a
@@ -294,15 +388,17 @@ impl Client {
         query: &[(&str, &str)],
         timeout: Option<Duration>,
     ) -> Result<impl Read + Send, ClientError> {
-        let url = self.url(path);
-        let mut req = self.request(&self.agent, "GET", &url);
-        if let Some(t) = timeout {
-            req = req.timeout(t);
-        }
-        for (k, v) in query {
-            req = req.query(k, v);
-        }
-        match req.call() {
+        let (url, res) = self.send(path, |url| {
+            let mut req = self.request(&self.agent, "GET", url);
+            if let Some(t) = timeout {
+                req = req.timeout(t);
+            }
+            for (k, v) in query {
+                req = req.query(k, v);
+            }
+            req.call()
+        });
+        match res {
             Ok(resp) => Ok(resp.into_reader()),
             Err(e) => Err(self.failure(&url, e)),
         }
@@ -316,7 +412,9 @@ impl Client {
     /// only as a broken connection once the body no longer fits the socket buffers: that is an
     /// "upload cut off" [`ClientError::Transport`] with a hint of the likely cause.
     pub fn put_file(&self, path: &str, body: impl Read, length: u64) -> Result<Reply, ClientError> {
-        let url = self.url(path);
+        // The body is read as it is sent, so it cannot be sent twice: pick a reachable manager
+        // first.
+        let url = format!("{}{path}", self.bases[self.reachable_base()]);
         let req = self
             .request(&self.transfer, "PUT", &url)
             .set("Content-Type", "application/octet-stream")
@@ -340,8 +438,8 @@ impl Client {
     /// answers map as for the other calls. Each read may wait `TRANSFER_IDLE_TIMEOUT`; the
     /// whole call has no limit. Map read errors with `read_error`.
     pub fn get_file(&self, path: &str) -> Result<impl Read + Send, ClientError> {
-        let url = self.url(path);
-        match self.request(&self.transfer, "GET", &url).call() {
+        let (url, res) = self.send(path, |url| self.request(&self.transfer, "GET", url).call());
+        match res {
             Ok(resp) => Ok(resp.into_reader()),
             Err(e) => Err(self.failure(&url, e)),
         }
@@ -393,6 +491,14 @@ impl Client {
                 api.into()
             }
             ureq::Error::Transport(t) => {
+                let unreached = std::mem::take(&mut *self.unreached.borrow_mut());
+                if !unreached.is_empty() {
+                    return ClientError::Transport {
+                        what: "could not reach",
+                        url: self.bases.join(","),
+                        detail: format!("no API URL answered: {}", unreached.join("; ")),
+                    };
+                }
                 let mut err = transport(url, &t);
                 if let (ClientError::Transport { detail, .. }, Some(hint)) =
                     (&mut err, self.transport_hint(url, &t))
@@ -542,6 +648,36 @@ fn transport(url: &str, t: &ureq::Transport) -> ClientError {
     }
 }
 
+/// `(host, port)` of a base URL (`http://h:p`, `https://h` → 443, `[::1]:p`).
+fn host_port(base: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = base.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let default = if scheme.eq_ignore_ascii_case("https") {
+        443
+    } else {
+        80
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !p.contains(']') => (h, p.parse().ok()?),
+        _ => (authority, default),
+    };
+    Some((
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+        port,
+    ))
+}
+
+/// Whether a transport error happened before anything was sent (so another manager may take
+/// the request): DNS, or no connection.
+fn unreachable(t: &ureq::Transport) -> bool {
+    matches!(
+        t.kind(),
+        ureq::ErrorKind::Dns | ureq::ErrorKind::ConnectionFailed
+    )
+}
+
 /// The innermost cause of a transport error: the useful part ("Connection refused (os error
 /// 111)").
 fn transport_detail(t: &ureq::Transport) -> String {
@@ -635,6 +771,55 @@ mod tests {
             "{text}"
         );
         assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn several_urls_fail_over_on_connection_errors_only() {
+        use crate::ctl::testserver::{Answer, Server};
+        // A dead manager first: the request goes to the live one, which is used first from then
+        // on (the second request reaches it directly).
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let server = Server::start(vec![
+            Answer::json(200, r#"{"agents": []}"#),
+            Answer::json(
+                404,
+                r#"{"error": {"code": "session-not-found", "message": "no"}}"#,
+            ),
+        ]);
+        let client = Client::new(&format!("{dead}, {}/", server.url)).unwrap();
+        assert_eq!(
+            client.get("/v1/agents", &[]).unwrap().json["agents"],
+            serde_json::json!([])
+        );
+        assert!(client.url("/x").starts_with(&server.url));
+        // An error answer is an answer: not retried elsewhere.
+        let err = client.delete("/v1/sessions/s").unwrap_err();
+        assert_eq!(err.exit_code(), 1, "{err}");
+        let requests = server.requests();
+        assert_eq!(requests.len(), 2);
+        assert!(requests[0].line.starts_with("GET /v1/agents"));
+
+        // None answers: every URL is named.
+        let dead2 = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let client = Client::new(&format!("{dead},{dead2}")).unwrap();
+        let err = client.get("/health", &[]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{dead}/health")) && text.contains(&format!("{dead2}/health")),
+            "{text}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        assert_eq!(
+            host_port("https://m.example/"),
+            Some(("m.example".into(), 443))
+        );
+        assert_eq!(host_port("http://[::1]:81"), Some(("::1".into(), 81)));
     }
 
     #[test]

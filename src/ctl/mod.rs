@@ -63,7 +63,8 @@ const LOG_BUFFER: usize = 64 * 1024;
 #[derive(Debug, Args)]
 pub struct CtlArgs {
     /// Base URL of the manager's HTTP API: http://HOST:PORT, or https://HOST:PORT when the
-    /// manager has [api] tls-cert.
+    /// manager has [api] tls-cert. Several managers: comma-separated URLs, tried in turn when
+    /// one cannot be reached (a request that reached a manager is never resent).
     #[arg(long, global = true, value_name = "URL", env = "KERNELVISOR_API", default_value = DEFAULT_API)]
     pub api: String,
     /// Access token, an access key's secret key, sent with every request as `Authorization:
