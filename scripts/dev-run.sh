@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # `just run`: dev keys, a manager (SQLite) and one agent (Docker), CURVE on both channels.
 # Waits until the agent is ALIVE, creates a session, runs code in it, prints the result and
-# what to try next, then keeps both in the foreground. Ctrl+C (or SIGTERM) stops both cleanly.
+# what to try next, then keeps both in the foreground. Ctrl+C (or SIGTERM) removes the demo
+# session, stops the agent, then the manager, and exits 0.
 set -euo pipefail
+# On a terminal, job control: the wait at the end is a foreground job with a process group of its
+# own that owns the terminal, so Ctrl+C signals only it, not `just` (which would report the
+# recipe as interrupted, exit 130, however cleanly it stopped); the script then stops the pair.
+if [ -t 0 ]; then set -m; fi
 cd "$(dirname "$0")/.."
 bin=target/release/kernelvisor
 dev=var/dev
@@ -28,11 +33,18 @@ stop() {
   [ -n "$manager" ] && wait "$manager" 2>/dev/null || true
   echo "kernelvisor dev pair stopped."
 }
-trap stop INT TERM EXIT
+# Ctrl+C is a clean stop (exit 0); any other exit still stops both, keeping its status.
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
 
-"$bin" manager --config configs/dev/manager.toml >>"$dev/logs/manager.log" 2>&1 &
+# Each in a process group of its own (job control makes one per background job; without it,
+# setsid): the terminal's Ctrl+C reaches only this script, which stops them in order (the manager
+# must outlive the agent to take its last events and the session removal).
+detach=(setsid)
+[[ $- == *m* ]] && detach=()
+"${detach[@]}" "$bin" manager --config configs/dev/manager.toml >>"$dev/logs/manager.log" 2>&1 &
 manager=$!
-"$bin" agent --config configs/dev/agent.toml >>"$dev/logs/agent.log" 2>&1 &
+"${detach[@]}" "$bin" agent --config configs/dev/agent.toml >>"$dev/logs/agent.log" 2>&1 &
 agent=$!
 
 # The manager's first start creates the dev admin key and writes its secret to the token file
@@ -92,4 +104,12 @@ Try, in another shell (first: source $dev/env.sh  — sets KERNELVISOR_API and K
   curl -s -H "Authorization: Bearer \$KERNELVISOR_TOKEN" http://127.0.0.1:8081/metrics | grep kernelvisor_manager_
 Ctrl+C stops both.
 MSG
-wait "$agent" "$manager"
+# Until Ctrl+C (on a terminal it ends only this foreground watcher; otherwise the trap above
+# runs) or until one of the pair exits.
+(while kill -0 "$agent" 2>/dev/null && kill -0 "$manager" 2>/dev/null; do sleep 1; done) || true
+if kill -0 "$agent" 2>/dev/null && kill -0 "$manager" 2>/dev/null; then
+  stop
+  exit 0
+fi
+echo "the agent or the manager exited; see $dev/logs/" >&2
+exit 1
