@@ -110,35 +110,54 @@ struct ManagerProc {
     log: PathBuf,
     /// `[api] admin-token-file`, in the bench's directory.
     token_file: PathBuf,
+    config: PathBuf,
 }
 
 impl ManagerProc {
-    fn spawn(bin: &str, dir: &Path) -> anyhow::Result<ManagerProc> {
+    /// A manager on a fresh SQLite store in `dir`, agents beating every `interval`.
+    fn spawn(bin: &str, dir: &Path, interval: Duration) -> anyhow::Result<ManagerProc> {
         let (intake_port, api_port) = (free_port()?, free_port()?);
         let token_file = dir.join("admin-token");
+        let secs = interval.as_secs_f64();
+        // Timeout 3 intervals (as 40 s of 20 s); the grace is capped at 4 intervals, so a restart
+        // measures when the grace ends because every agent reported, not the cap.
         let config = format!(
             "[manager]\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\n\
-             heartbeat-interval = 1\nheartbeat-timeout = 30\nstartup-grace = 2.5\n\n\
+             heartbeat-interval = {secs}\nheartbeat-timeout = {timeout}\nstartup-grace = {grace}\n\n\
              [agent-pool]\nhealth-check-interval = 2\nping-timeout = 5\n\n\
              [store]\nurl = \"sqlite://{db}\"\n\n\
              [api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\n\
              admin-token-file = \"{token_file}\"\n\n\
              [logging]\nlevel = \"warn\"\n",
+            timeout = 3.0 * secs,
+            grace = 4.0 * secs,
             db = dir.join("manager.db").display(),
             token_file = token_file.display()
         );
         let path = dir.join("manager.toml");
         std::fs::write(&path, config)?;
         let log = dir.join("manager.log");
-        let path = path.to_string_lossy();
-        let child = common::spawn(bin, &["manager", "--config", &path], &log)?;
+        let child = common::spawn(bin, &["manager", "--config", &path.to_string_lossy()], &log)?;
         Ok(ManagerProc {
             child,
             api: format!("http://127.0.0.1:{api_port}"),
             intake_port,
             log,
             token_file,
+            config: path,
         })
+    }
+
+    /// Stops the process (SIGTERM) and starts it again on the same store, config and ports;
+    /// returns when the new one is spawned.
+    fn restart(&mut self, bin: &str) -> anyhow::Result<()> {
+        self.terminate();
+        self.child = common::spawn(
+            bin,
+            &["manager", "--config", &self.config.to_string_lossy()],
+            &self.log,
+        )?;
+        Ok(())
     }
 
     /// The bootstrap admin key's secret (`[api] admin-token-file`), there once `/health` answers.
@@ -570,18 +589,24 @@ impl Source {
     }
 }
 
-fn real_agent_config(dir: &Path, id: &str, intake_port: u16) -> anyhow::Result<AgentConfig> {
+fn real_agent_config(
+    dir: &Path,
+    id: &str,
+    intake_port: u16,
+    interval: Duration,
+) -> anyhow::Result<AgentConfig> {
     let d = dir.join(id);
     std::fs::create_dir_all(&d)?;
     let toml = format!(
         "[agent]\nid = \"{id}\"\nrpc-listen-addr = {{ host = \"127.0.0.1\", port = 0 }}\nservice-addr = {{ host = \"127.0.0.1\", port = 0 }}\n\
          var-base-path = \"{v}\"\nbackend = \"dummy\"\non-shutdown = \"terminate\"\n\n\
-         [manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\nheartbeat-interval = 1\nevent-ack-timeout = 2\nevent-retry-max = 1\n\n\
+         [manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\nheartbeat-interval = {hb}\nevent-ack-timeout = 2\nevent-retry-max = 1\n\n\
          [container]\nport-range = [31900, 31999]\nbind-host = \"127.0.0.1\"\nscratch-root = \"{s}\"\n\n\
          [resource]\nreserved-cpu = 0\nreserved-mem = 0\ncpu = {AGENT_CPU}\nmem = {AGENT_MEM}\n\n\
          [stats]\nnode-interval = 60\ncontainer-interval = 60\ngpu-interval = 60\n\n[logging]\nlevel = \"error\"\n",
         v = d.join("var").display(),
         s = d.join("scratches").display(),
+        hb = interval.as_secs_f64(),
     );
     let path = d.join("agent.toml");
     std::fs::write(&path, toml)?;
@@ -618,24 +643,33 @@ struct Load {
 }
 
 impl Load {
-    fn start(sources: Vec<Source>, intake: String) -> Load {
+    /// Heartbeats of `sources` to `intake`: paced every `interval` (spread over it), or as fast
+    /// as answered. Sources share `groups` connections (DEALERs), source i the (i mod groups)-th:
+    /// the manager's intake takes any agent's heartbeat on any connection (no CURVE here), and a
+    /// connection per simulated agent would cost the manager a descriptor each on top of its
+    /// pool's one (this machine's hard RLIMIT_NOFILE is 20,000).
+    fn start(sources: Vec<Source>, intake: String, interval: Duration, groups: usize) -> Load {
         let (mode, rx) = watch::channel(Mode::Paced);
         let stats = Arc::new(LoadStats::default());
         let arbiter = actix_rt::Arbiter::new();
         let n = sources.len();
         let st = stats.clone();
         arbiter.spawn_fn(move || {
-            let zmq = zmq::Context::new();
+            let zmq = kernelvisor::rpc::context::SizedContext::new(groups as i32 + 64, 1)
+                .expect("a ZeroMQ context");
+            let conns: Vec<Conn> = (0..groups.max(1)).map(|_| Conn::default()).collect();
             for (i, src) in sources.into_iter().enumerate() {
-                // Paced beats spread over the second.
-                let offset = Duration::from_secs_f64(i as f64 / n as f64);
+                // Paced beats spread over the interval.
+                let offset = interval.mul_f64(i as f64 / n as f64);
                 actix_rt::spawn(beat_loop(
                     src,
                     intake.clone(),
                     zmq.clone(),
+                    conns[i % conns.len()].clone(),
                     rx.clone(),
                     st.clone(),
                     offset,
+                    interval,
                 ));
             }
         });
@@ -669,13 +703,19 @@ impl Load {
     }
 }
 
+/// A connection to the intake shared by a group of sources (one arbiter thread).
+type Conn = std::rc::Rc<std::cell::RefCell<Option<Peer>>>;
+
+#[allow(clippy::too_many_arguments)]
 async fn beat_loop(
     src: Source,
     intake: String,
-    zmq: zmq::Context,
+    zmq: kernelvisor::rpc::context::SizedContext,
+    conn: Conn,
     mut mode: watch::Receiver<Mode>,
     stats: Arc<LoadStats>,
     offset: Duration,
+    interval: Duration,
 ) {
     let opts = PeerOptions {
         endpoint: intake,
@@ -683,7 +723,6 @@ async fn beat_loop(
         keepalive: None,
         handshake_timeout: Duration::from_secs(10),
     };
-    let mut peer = None;
     let mut cache = None;
     let mut next = tokio::time::Instant::now() + offset;
     let real = matches!(src, Source::Real { .. });
@@ -707,9 +746,9 @@ async fn beat_loop(
                 tokio::select! {
                     _ = tokio::time::sleep_until(next) => {
                         let now = tokio::time::Instant::now();
-                        next += Duration::from_secs(1);
+                        next += interval;
                         if next < now {
-                            next = now + Duration::from_secs(1);
+                            next = now + interval;
                         }
                     }
                     r = mode.changed() => {
@@ -722,20 +761,22 @@ async fn beat_loop(
             }
             Mode::Fast => {}
         }
-        if peer.is_none() {
-            match Peer::connect(&zmq, &opts).await {
+        let shared = conn.borrow().clone();
+        let p = match shared {
+            Some(p) => p,
+            None => match Peer::connect(&zmq, &opts).await {
                 Ok(p) => {
                     stats.connected.fetch_add(1, Ordering::Relaxed);
-                    peer = Some(p);
+                    *conn.borrow_mut() = Some(p.clone());
+                    p
                 }
                 Err(_) => {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
                     actix_rt::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
-            }
-        }
-        let p = peer.clone().expect("connected");
+            },
+        };
         let info = src.info(&mut cache).await;
         let call = Call {
             args: vec![src.id().into(), info],
@@ -752,17 +793,207 @@ async fn beat_loop(
             Err(e) => {
                 stats.failed.fetch_add(1, Ordering::Relaxed);
                 if e.is_connection_error() {
-                    if let Some(p) = peer.take() {
-                        p.close();
+                    // Whoever notices first reconnects the group.
+                    if let Some(old) = conn.borrow_mut().take() {
+                        old.close();
                     }
                 }
             }
         }
     }
-    if let Some(p) = peer {
+    if let Some(p) = conn.borrow_mut().take() {
         p.close();
     }
     stats.done.fetch_add(1, Ordering::Relaxed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulated agents in child processes (this bench binary again, `KV_BENCH_SIM_HOST` set): one
+// process holds at most SIM_PER_HOST agents' sockets (listener, mailbox and the manager's
+// connection each), within this machine's 20,000 open files per process.
+
+const SIM_PER_HOST: usize = 2500;
+/// Heartbeat connections per host.
+const SIM_CONNS: usize = 16;
+
+/// A child's part: `first:count:intake:interval_secs`.
+fn sim_host_main(spec: &str) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let f: Vec<&str> = spec.split('|').collect();
+    let [first, count, intake, interval] = f[..] else {
+        bail!("KV_BENCH_SIM_HOST={spec}: expected first|count|intake|interval");
+    };
+    let (first, count): (usize, usize) = (first.parse()?, count.parse()?);
+    let interval = Duration::from_secs_f64(interval.parse()?);
+    kernelvisor::limits::ensure_open_files((count * 4 + 1024) as u64, "a bench sim host")?;
+    actix_rt::System::new().block_on(async move {
+        let ctx = kernelvisor::rpc::context::SizedContext::new(count as i32 + 64, 1)?;
+        let mut servers = Vec::with_capacity(count);
+        let mut sources = Vec::with_capacity(count);
+        for i in first..first + count {
+            let id = format!("bench-s{i:05}");
+            let kernels = SimKernels::default();
+            let server = RpcServer::bind_in(
+                &ctx,
+                "tcp://127.0.0.1:0",
+                sim_dispatcher(&id, kernels.clone()),
+            )
+            .with_context(|| format!("simulated agent {id}"))?;
+            let addr = server.endpoint().to_owned();
+            servers.push(server.start());
+            sources.push(Source::Sim { id, addr, kernels });
+        }
+        let load = Load::start(sources, intake.to_owned(), interval, SIM_CONNS);
+        println!("ready");
+        std::io::stdout().flush()?;
+        // Commands on stdin, counters on stdout.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => match cmd.as_deref() {
+                    Some("paced") => load.set(Mode::Paced),
+                    Some("fast") => load.set(Mode::Fast),
+                    Some("paused") => load.set(Mode::Paused),
+                    _ => break,
+                },
+                _ = tick.tick() => {
+                    println!("sent {} failed {}", load.sent(), load.stats.failed.load(Ordering::Relaxed));
+                    std::io::stdout().flush()?;
+                }
+            }
+        }
+        load.stop().await;
+        for s in servers {
+            let _ = s.send(kernelvisor::rpc::server::Shutdown).await;
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// The child processes holding the simulated agents.
+struct SimHosts {
+    hosts: Vec<SimHost>,
+}
+
+struct SimHost {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+}
+
+impl SimHosts {
+    /// Starts hosts for agents `first..first + count` (SIM_PER_HOST each) and waits until each
+    /// has bound its agents.
+    fn start(
+        first: usize,
+        count: usize,
+        intake: &str,
+        interval: Duration,
+        log_dir: &Path,
+    ) -> anyhow::Result<SimHosts> {
+        use std::io::BufRead;
+        let exe = std::env::current_exe()?;
+        let mut hosts = Vec::new();
+        let mut start = first;
+        while start < first + count {
+            let n = SIM_PER_HOST.min(first + count - start);
+            let log = std::fs::File::create(log_dir.join(format!("sim-{start}.log")))?;
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.env(
+                "KV_BENCH_SIM_HOST",
+                format!("{start}|{n}|{intake}|{}", interval.as_secs_f64()),
+            )
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(log);
+            // SAFETY: prctl is async-signal-safe; the host dies with the bench.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn()?;
+            let stdin = child.stdin.take().expect("piped");
+            let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+            match lines.next() {
+                Some(Ok(l)) if l == "ready" => {}
+                other => bail!("sim host {start}: {other:?} instead of ready (see its log)"),
+            }
+            let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let (s2, f2) = (sent.clone(), failed.clone());
+            std::thread::spawn(move || {
+                for line in lines.map_while(Result::ok) {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    if let ["sent", s, "failed", fl] = f[..] {
+                        s2.store(s.parse().unwrap_or(0), Ordering::Relaxed);
+                        f2.store(fl.parse().unwrap_or(0), Ordering::Relaxed);
+                    }
+                }
+            });
+            hosts.push(SimHost {
+                child,
+                stdin,
+                sent,
+                failed,
+            });
+            start += n;
+        }
+        Ok(SimHosts { hosts })
+    }
+
+    fn set(&mut self, mode: Mode) {
+        use std::io::Write;
+        let cmd = match mode {
+            Mode::Paced => "paced",
+            Mode::Fast => "fast",
+            Mode::Paused => "paused",
+            Mode::Stop => "stop",
+        };
+        for h in &mut self.hosts {
+            let _ = writeln!(h.stdin, "{cmd}");
+            let _ = h.stdin.flush();
+        }
+    }
+
+    fn sent(&self) -> u64 {
+        self.hosts
+            .iter()
+            .map(|h| h.sent.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn failed(&self) -> u64 {
+        self.hosts
+            .iter()
+            .map(|h| h.failed.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn stop(mut self) {
+        self.set(Mode::Stop);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for h in &mut self.hosts {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = h.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = h.child.kill();
+            let _ = h.child.wait();
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -771,6 +1002,8 @@ async fn beat_loop(
 struct Row {
     agents: usize,
     real: usize,
+    interval: f64,
+    hb_real_per_s: f64,
     hb_per_s: f64,
     hb_sent_per_s: f64,
     mgr_cpu_pct: f64,
@@ -779,12 +1012,14 @@ struct Row {
     sweep_entries: usize,
     create_p50: f64,
     create_p99: f64,
-    base_p50: f64,
-    base_p99: f64,
+    flood_p50: f64,
+    flood_p99: f64,
     creates_ok: usize,
     create_errors: usize,
     warm_s: f64,
+    alive_s: f64,
     rss_mb: f64,
+    grace_exit_s: f64,
     hb_failed: u64,
 }
 
@@ -792,7 +1027,7 @@ struct Row {
 #[derive(Default)]
 struct World {
     real: Vec<Agent>,
-    sims: Vec<Addr<RpcServer>>,
+    hosts: Option<SimHosts>,
     load: Option<Load>,
 }
 
@@ -808,8 +1043,8 @@ impl World {
                 .map(|a| a.shutdown(OnShutdown::Terminate)),
         )
         .await;
-        for s in self.sims.drain(..) {
-            let _ = s.send(kernelvisor::rpc::server::Shutdown).await;
+        if let Some(hosts) = self.hosts.take() {
+            blocking(move || hosts.stop()).await;
         }
     }
 }
@@ -845,22 +1080,23 @@ async fn run_phase(
     real_max: usize,
     sessions: usize,
     window: Duration,
+    interval: Duration,
 ) -> anyhow::Result<Row> {
     let dir = tempfile::Builder::new()
         .prefix("kv-bench-manager-")
         .tempdir()?;
-    let mgr = ManagerProc::spawn(bin, dir.path())?;
+    let mut mgr = ManagerProc::spawn(bin, dir.path(), interval)?;
     let http = Http::new(&mgr.api);
     let mut world = World::default();
     let result = measure(
-        &mgr,
+        bin,
+        &mut mgr,
         &http,
         &mut world,
         dir.path(),
-        n,
-        real_max,
-        sessions,
+        (n, real_max, sessions),
         window,
+        interval,
     )
     .await;
     world.teardown().await;
@@ -876,16 +1112,59 @@ async fn run_phase(
     result
 }
 
+/// `kernelvisor_manager_heartbeats_total` per second over `window`, and the manager's CPU share
+/// and the bench's sent heartbeats per second over it.
+async fn heartbeat_rate(
+    http: &Http,
+    mgr: &ManagerProc,
+    sent: impl Fn() -> u64,
+    window: Duration,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let (hb0, cpu0, sent0, w0) = (
+        metric(http, "kernelvisor_manager_heartbeats_total").await?,
+        mgr.cpu_s()?,
+        sent(),
+        Instant::now(),
+    );
+    actix_rt::time::sleep(window).await;
+    let (hb1, cpu1, sent1, w1) = (
+        metric(http, "kernelvisor_manager_heartbeats_total").await?,
+        mgr.cpu_s()?,
+        sent(),
+        Instant::now(),
+    );
+    let secs = (w1 - w0).as_secs_f64();
+    Ok((
+        (hb1 - hb0) / secs,
+        (cpu1 - cpu0) / secs * 100.0,
+        sent1.saturating_sub(sent0) as f64 / secs,
+    ))
+}
+
+/// Waits until the manager's `/health` is `normal` with `n` agents ALIVE.
+async fn wait_all_alive(http: &Http, n: usize, limit: Duration, what: &str) -> anyhow::Result<()> {
+    wait_for(limit, what, || {
+        let h = http.clone();
+        async move {
+            let v = blocking(move || h.get_json("/health"))
+                .await
+                .map_err(|e| anyhow!(e))?;
+            Ok(v["mode"] == "normal" && v["agents_alive"].as_u64() == Some(n as u64))
+        }
+    })
+    .await
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn measure(
-    mgr: &ManagerProc,
+    bin: &str,
+    mgr: &mut ManagerProc,
     http: &Http,
     world: &mut World,
     dir: &Path,
-    n: usize,
-    real_max: usize,
-    sessions: usize,
+    (n, real_max, sessions): (usize, usize, usize),
     window: Duration,
+    interval: Duration,
 ) -> anyhow::Result<Row> {
     let t0 = Instant::now();
     wait_for(Duration::from_secs(30), "the manager's /health", || {
@@ -895,13 +1174,15 @@ async fn measure(
     .await?;
     // Every other route wants a token: act as the bootstrap admin key from here on.
     let http = &http.with_token(&mgr.admin_token()?);
+    let intake = format!("tcp://127.0.0.1:{}", mgr.intake_port);
 
-    // Agents: real ones first (their ids sort first, so placement uses them first), then simulated.
+    // Agents: real ones first (their ids sort first, so placement uses them first), then
+    // simulated ones in child processes.
     let real = real_max.min(n);
-    let mut sources = Vec::with_capacity(n);
+    let mut sources = Vec::with_capacity(real);
     for i in 0..real {
         let id = format!("bench-r{i:04}");
-        let config = real_agent_config(&dir.join("agents"), &id, mgr.intake_port)?;
+        let config = real_agent_config(&dir.join("agents"), &id, mgr.intake_port, interval)?;
         let agent = Agent::start(config, None)
             .await
             .with_context(|| format!("real agent {id}"))?;
@@ -918,60 +1199,55 @@ async fn measure(
         });
         world.real.push(agent);
     }
-    for i in real..n {
-        let id = format!("bench-s{i:04}");
-        let kernels = SimKernels::default();
-        let server = RpcServer::bind(
-            "tcp://127.0.0.1:0",
-            None,
-            sim_dispatcher(&id, kernels.clone()),
-        )
-        .with_context(|| format!("simulated agent {id}"))?;
-        let addr = server.endpoint().to_owned();
-        world.sims.push(server.start());
-        sources.push(Source::Sim { id, addr, kernels });
+    if n > real {
+        let (first, count, intake, dir) = (real, n - real, intake.clone(), dir.to_owned());
+        let hosts = blocking(move || SimHosts::start(first, count, &intake, interval, &dir))
+            .await
+            .context("simulated agents")?;
+        world.hosts = Some(hosts);
     }
     let started_agents = t0.elapsed();
-    let load = world.load.insert(Load::start(
-        sources,
-        format!("tcp://127.0.0.1:{}", mgr.intake_port),
-    ));
-
-    wait_for(
-        Duration::from_secs(60),
-        &format!("{n} ALIVE agents and the end of the start-up grace"),
-        || {
-            let h = http.clone();
-            async move {
-                let v = blocking(move || h.get_json("/health"))
-                    .await
-                    .map_err(|e| anyhow!(e))?;
-                Ok(v["mode"] == "normal" && v["agents_alive"].as_u64() == Some(n as u64))
-            }
-        },
-    )
-    .await?;
+    // The real agents' heartbeats, for the flood (paced, they beat on their own).
+    world.load = Some(Load::start(sources, intake.clone(), interval, real.max(1)));
+    let limit = Duration::from_secs(60) + interval * 3;
+    wait_all_alive(http, n, limit, &format!("{n} ALIVE agents")).await?;
+    let alive_s = t0.elapsed().as_secs_f64();
     eprintln!(
-        "[{n} agents] {real} real + {} simulated started in {:.1} s; all ALIVE after {:.1} s",
+        "[{n} agents] {real} real + {} simulated started in {:.1} s; all ALIVE after {alive_s:.1} s",
         n - real,
         started_agents.as_secs_f64(),
-        t0.elapsed().as_secs_f64()
     );
 
     // One session per agent (least-loaded placement spreads them), so the pool has an entry for each.
     let t = Instant::now();
-    let ids = create_many(http, n, 8).await.context("warm-up sessions")?;
-    delete_many(http, ids, 8)
+    let ids = create_many(http, n, 16).await.context("warm-up sessions")?;
+    delete_many(http, ids, 16)
         .await
         .context("warm-up sessions")?;
     let warm_s = t.elapsed().as_secs_f64();
     eprintln!("[{n} agents] {n} sessions created and deleted in {warm_s:.1} s (every agent now has a pool entry)");
 
-    // Reference: creation latency with only the 1 s heartbeats (no extra load).
-    let (base_lat, _) = timed_creates(http, sessions, n, "with 1 s heartbeats").await?;
+    let set = |world: &mut World, mode: Mode| {
+        if let Some(l) = &world.load {
+            l.set(mode);
+        }
+        if let Some(h) = &mut world.hosts {
+            h.set(mode);
+        }
+    };
+    let sent = |world: &World| {
+        world.load.as_ref().map_or(0, Load::sent) + world.hosts.as_ref().map_or(0, SimHosts::sent)
+    };
+
+    // The fleet's real rate: creates, then the heartbeats applied per second.
+    let (lat, errors) = timed_creates(http, sessions, n, "at the real heartbeat rate").await?;
+    let (hb_real_per_s, _, _) = {
+        let w: &World = world;
+        heartbeat_rate(http, mgr, || sent(w), window.max(interval)).await?
+    };
 
     // Sweeps: with the bench's heartbeats paused, after one full interval, the next 3 sweeps.
-    load.set(Mode::Paused);
+    set(world, Mode::Paused);
     actix_rt::time::sleep(Duration::from_millis(2200)).await;
     let key = |m: &HashMap<String, f64>| {
         (
@@ -984,7 +1260,7 @@ async fn measure(
     let mut last = key(&metrics(http).await?);
     let mut sweeps = Vec::new();
     let mut sweep_entries = 0usize;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while sweeps.len() < 3 && Instant::now() < deadline {
         actix_rt::time::sleep(Duration::from_millis(150)).await;
         let k = key(&metrics(http).await?);
@@ -999,42 +1275,48 @@ async fn measure(
         }
     }
     if sweeps.is_empty() {
-        bail!("no health-check sweep over {n} entries within 20 s (last sweep pinged {sweep_entries})");
+        bail!("no health-check sweep over {n} entries within 30 s (last sweep pinged {sweep_entries})");
     }
     let mut sorted = sweeps.clone();
     sorted.sort_by(f64::total_cmp);
     let sweep_ms = sorted[sorted.len() / 2];
 
-    // Heartbeat capacity.
-    load.set(Mode::Fast);
+    // Flood: every agent beats again as soon as answered; creates under it.
+    set(world, Mode::Fast);
     actix_rt::time::sleep(Duration::from_secs(1)).await;
-    let (hb0, cpu0, sent0, w0) = (
-        metric(http, "kernelvisor_manager_heartbeats_total").await?,
-        mgr.cpu_s()?,
-        load.sent(),
-        Instant::now(),
-    );
-    actix_rt::time::sleep(window).await;
-    let (hb1, cpu1, sent1, w1) = (
-        metric(http, "kernelvisor_manager_heartbeats_total").await?,
-        mgr.cpu_s()?,
-        load.sent(),
-        Instant::now(),
-    );
-    let secs = (w1 - w0).as_secs_f64();
-    let hb_per_s = (hb1 - hb0) / secs;
-    let hb_sent_per_s = (sent1 - sent0) as f64 / secs;
-    let mgr_cpu_pct = (cpu1 - cpu0) / secs * 100.0;
-
-    // Session creation latency, still under the heartbeat load.
-    let (lat, errors) = timed_creates(http, sessions, n, "under load").await?;
-    load.set(Mode::Paced);
+    let (hb_per_s, mgr_cpu_pct, hb_sent_per_s) = {
+        let w: &World = world;
+        heartbeat_rate(http, mgr, || sent(w), window).await?
+    };
+    let (flood, flood_errors) = timed_creates(http, sessions, n, "under the flood").await?;
+    set(world, Mode::Paced);
     let rss_mb = mgr.rss_mb()?;
-    let hb_failed = load.stats.failed.load(Ordering::Relaxed);
-    eprintln!("[{n} agents] done in {:.1} s", t0.elapsed().as_secs_f64());
+    let hb_failed = world
+        .load
+        .as_ref()
+        .map_or(0, |l| l.stats.failed.load(Ordering::Relaxed))
+        + world.hosts.as_ref().map_or(0, SimHosts::failed);
+
+    // A restarted manager: out of its grace once every agent (known ALIVE) has reported and the
+    // store is reconciled; the agents beat at the real rate meanwhile.
+    actix_rt::time::sleep(Duration::from_secs(1)).await;
+    // (Blocks this thread, the real agents' too, for the few ms the manager takes to stop.)
+    mgr.restart(bin).context("restarting the manager")?;
+    let restarted = Instant::now();
+    wait_all_alive(
+        http,
+        n,
+        interval * 6,
+        "the restarted manager to leave its grace with every agent",
+    )
+    .await?;
+    let grace_exit_s = restarted.elapsed().as_secs_f64();
+    eprintln!("[{n} agents] restarted manager out of its grace after {grace_exit_s:.1} s; done in {:.1} s", t0.elapsed().as_secs_f64());
     Ok(Row {
         agents: n,
         real,
+        interval: interval.as_secs_f64(),
+        hb_real_per_s,
         hb_per_s,
         hb_sent_per_s,
         mgr_cpu_pct,
@@ -1043,45 +1325,45 @@ async fn measure(
         sweep_entries,
         create_p50: percentile(&lat, 0.5),
         create_p99: percentile(&lat, 0.99),
-        base_p50: percentile(&base_lat, 0.5),
-        base_p99: percentile(&base_lat, 0.99),
-        creates_ok: lat.len(),
-        create_errors: errors,
+        flood_p50: percentile(&flood, 0.5),
+        flood_p99: percentile(&flood, 0.99),
+        creates_ok: lat.len() + flood.len(),
+        create_errors: errors + flood_errors,
         warm_s,
+        alive_s,
         rss_mb,
+        grace_exit_s,
         hb_failed,
     })
 }
 
-/// Raises the open-file limit to its hard limit: ~1,000 agents' sockets live in this process.
-fn raise_nofile() {
-    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: get/setrlimit on a struct we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 fn main() {
-    raise_nofile();
+    if let Ok(spec) = std::env::var("KV_BENCH_SIM_HOST") {
+        if let Err(e) = sim_host_main(&spec) {
+            eprintln!("sim host: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Err(e) = kernelvisor::limits::raise_open_files() {
+        eprintln!("could not raise the open-file limit: {e}");
+    }
     let counts: Vec<usize> = std::env::var("KV_BENCH_AGENTS")
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .filter(|v: &Vec<usize>| !v.is_empty())
-        .unwrap_or_else(|| vec![100, 1000]);
+        .unwrap_or_else(|| vec![1000, 10000]);
     let real_max: usize = env_or("KV_BENCH_REAL_AGENTS", 100);
     let sessions: usize = env_or("KV_BENCH_SESSIONS", 50);
     let window = Duration::from_secs_f64(env_or("KV_BENCH_WINDOW", 5.0));
+    let interval = Duration::from_secs_f64(env_or("KV_BENCH_HEARTBEAT_INTERVAL", 20.0));
     let bin = env!("CARGO_BIN_EXE_kernelvisor");
 
     let started = Instant::now();
     let rows = actix_rt::System::new().block_on(async move {
         let mut rows = Vec::new();
         for n in counts {
-            match run_phase(bin, n, real_max, sessions, window).await {
+            match run_phase(bin, n, real_max, sessions, window, interval).await {
                 Ok(r) => rows.push(r),
                 Err(e) => {
                     eprintln!("manager bench failed at {n} agents: {e:#}");
@@ -1100,18 +1382,26 @@ fn main() {
         std::thread::available_parallelism().map(usize::from).unwrap_or(0),
         started.elapsed().as_secs_f64()
     );
-    println!("heartbeats: closed loop (each agent resends on the answer) for {:.0} s, counted by kernelvisor_manager_heartbeats_total", window.as_secs_f64());
-    println!("sweep: [agent-pool] health-check-interval = 2, median of 3 sweeps; create: {sessions} sequential POST /v1/sessions (cpu 0.1, mem 64m) under the heartbeat load\n");
     println!(
-        "{:>7} {:>18} {:>13} {:>10} {:>10} {:>14} {:>14} {:>10}",
+        "real rate: every agent beats every {:.0} s; flood: each resends on the answer, for {:.0} s; heartbeats counted by kernelvisor_manager_heartbeats_total",
+        interval.as_secs_f64(),
+        window.as_secs_f64()
+    );
+    println!("sweep: [agent-pool] health-check-interval = 2 (pings spread over 1 s, 256 in flight), median of 3; creates: {sessions} sequential POST /v1/sessions (cpu 0.1, mem 64m); grace: SIGTERM, restart on the same store, until /health is normal with every agent ALIVE\n");
+    println!(
+        "{:>7} {:>20} {:>11} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "agents",
         "kind",
-        "heartbeats/s",
+        "hb/s real",
+        "hb/s flood",
         "mgr CPU",
         "sweep ms",
-        "create p50 ms",
-        "create p99 ms",
-        "RSS MiB"
+        "create50",
+        "create99",
+        "flood50",
+        "flood99",
+        "RSS MiB",
+        "grace s"
     );
     for r in &rows {
         let kind = if r.real == r.agents {
@@ -1120,44 +1410,47 @@ fn main() {
             format!("{} real + {} sim", r.real, r.agents - r.real)
         };
         println!(
-            "{:>7} {:>18} {:>13.0} {:>9.0}% {:>10.2} {:>14.2} {:>14.2} {:>10.1}",
+            "{:>7} {:>20} {:>11.0} {:>11.0} {:>7.0}% {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.1} {:>8.1}",
             r.agents,
             kind,
+            r.hb_real_per_s,
             r.hb_per_s,
             r.mgr_cpu_pct,
             r.sweep_ms,
             r.create_p50,
             r.create_p99,
-            r.rss_mb
+            r.flood_p50,
+            r.flood_p99,
+            r.rss_mb,
+            r.grace_exit_s
         );
     }
     println!();
     for r in &rows {
         println!(
-            "{} agents: heartbeats sent by the bench and answered {:.0}/s, applied {:.0}/s (incl. the real agents' own), {} heartbeat call failures; sweeps {:?} ms over {} entries; \
-             creates under load {} ok / {} failed; creates with only 1 s heartbeats p50 {:.2} / p99 {:.2} ms; warm-up ({} sessions made + deleted) {:.1} s",
+            "{} agents: all ALIVE {:.1} s after start; flood heartbeats sent and answered {:.0}/s, {} heartbeat call failures; sweeps {:?} ms over {} entries; creates {} ok / {} failed; warm-up ({} sessions made + deleted) {:.1} s; grace exit {:.1} s = {:.2} × the interval",
             r.agents,
+            r.alive_s,
             r.hb_sent_per_s,
-            r.hb_per_s,
             r.hb_failed,
             r.sweeps.iter().map(|s| (s * 100.0).round() / 100.0).collect::<Vec<_>>(),
             r.sweep_entries,
             r.creates_ok,
             r.create_errors,
-            r.base_p50,
-            r.base_p99,
             r.agents,
-            r.warm_s
+            r.warm_s,
+            r.grace_exit_s,
+            r.grace_exit_s / r.interval
         );
     }
-    println!("kind: `real` = kernelvisor::agent::Agent (dummy backend) in the bench process; `sim` = wire-level agent (RpcServer + heartbeats per docs/events.md)");
-    println!("mgr CPU: the manager process's CPU during the heartbeat window (100% = one core); the bench's agents and load share the same cores");
+    println!("kind: `real` = kernelvisor::agent::Agent (dummy backend) in the bench process; `sim` = wire-level agents (RpcServer + heartbeats per docs/events.md) in child processes of {SIM_PER_HOST}, their heartbeats over {SIM_CONNS} shared connections per process");
+    println!("mgr CPU: the manager process's CPU during the flood (100% = one core); the bench's agents and load share the same cores");
     let json: Vec<String> = rows
         .iter()
         .map(|r| {
             format!(
-                "{{\"agents\": {}, \"heartbeats_per_s\": {:.0}, \"sweep_ms\": {:.2}, \"create_p50_ms\": {:.2}, \"rss_mb\": {:.1}}}",
-                r.agents, r.hb_per_s, r.sweep_ms, r.create_p50, r.rss_mb
+                "{{\"agents\": {}, \"heartbeats_per_s\": {:.0}, \"heartbeats_real_per_s\": {:.0}, \"sweep_ms\": {:.2}, \"create_p50_ms\": {:.2}, \"create_p99_ms\": {:.2}, \"create_flood_p50_ms\": {:.2}, \"rss_mb\": {:.1}, \"grace_exit_s\": {:.2}, \"heartbeat_interval_s\": {:.0}}}",
+                r.agents, r.hb_per_s, r.hb_real_per_s, r.sweep_ms, r.create_p50, r.create_p99, r.flood_p50, r.rss_mb, r.grace_exit_s, r.interval
             )
         })
         .collect();

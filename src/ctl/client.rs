@@ -173,6 +173,8 @@ pub struct Client {
     transfer: ureq::Agent,
 }
 
+// The request closures return ureq's own `Result`, whose error is large; it is handled at once.
+#[allow(clippy::result_large_err)]
 impl Client {
     /// A client for the API at `base` (a trailing `/` is ignored), without a token, trusting
     /// the webpki roots for `https://`.

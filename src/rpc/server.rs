@@ -131,6 +131,34 @@ impl RpcServer {
         })
     }
 
+    /// Binds an unauthenticated ROUTER at `endpoint` in `ctx`, a context shared with other
+    /// servers (one context's I/O thread for many endpoints: a host of simulated agents in a
+    /// bench; a server with CURVE needs a context of its own for ZAP, see [`RpcServer::bind`]).
+    ///
+    /// Errors: the address is in use or invalid; the context's socket limit is reached.
+    pub fn bind_in(
+        ctx: &impl super::context::SocketSource,
+        endpoint: &str,
+        dispatcher: Dispatcher,
+    ) -> Result<Self, RpcServerError> {
+        let bind_err = |source| RpcServerError::Bind {
+            endpoint: endpoint.to_owned(),
+            source,
+        };
+        let sock = socket::router(ctx, endpoint, None).map_err(bind_err)?;
+        let bound = sock
+            .get_last_endpoint()
+            .map_err(bind_err)?
+            .unwrap_or_else(|_| endpoint.to_owned());
+        Ok(RpcServer {
+            socket: Some(sock),
+            endpoint: bound,
+            dispatcher: Arc::new(dispatcher),
+            stats: Arc::default(),
+            _zap: None,
+        })
+    }
+
     /// The bound endpoint, `tcp://host:port` with the real port.
     pub fn endpoint(&self) -> &str {
         &self.endpoint

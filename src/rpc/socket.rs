@@ -48,7 +48,7 @@ pub struct ClientCurve {
 ///
 /// Errors: the address is in use or invalid, or libzmq lacks CURVE.
 pub fn router(
-    ctx: &zmq::Context,
+    ctx: &impl super::context::SocketSource,
     endpoint: &str,
     curve: Option<&KeyPair>,
 ) -> Result<zmq::Socket, zmq::Error> {
