@@ -339,25 +339,6 @@ async fn metric(http: &Http, name: &str) -> anyhow::Result<f64> {
         .ok_or_else(|| anyhow!("{name} not in /metrics"))
 }
 
-/// Creates `n` sessions, `concurrency` at a time: their ids (failures are errors).
-async fn create_many(http: &Http, n: usize, concurrency: usize) -> anyhow::Result<Vec<String>> {
-    let results: Vec<Result<(String, f64), String>> = futures::stream::iter(0..n)
-        .map(|_| {
-            let h = http.clone();
-            blocking(move || h.create_session())
-        })
-        .buffer_unordered(concurrency)
-        .collect()
-        .await;
-    results
-        .into_iter()
-        .map(|r| {
-            r.map(|(id, _)| id)
-                .map_err(|e| anyhow!("POST /v1/sessions: {e}"))
-        })
-        .collect()
-}
-
 async fn delete_many(http: &Http, ids: Vec<String>, concurrency: usize) -> anyhow::Result<()> {
     let results: Vec<Result<(), String>> = futures::stream::iter(ids)
         .map(|id| {
@@ -916,7 +897,8 @@ impl SimHosts {
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(log);
-            // SAFETY: prctl is async-signal-safe; the host dies with the bench.
+            // SAFETY: prctl is async-signal-safe; the host dies with the bench (with the thread
+            // that spawns it, to be exact: call this from a thread that lives as long).
             unsafe {
                 std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
@@ -1200,10 +1182,10 @@ async fn measure(
         world.real.push(agent);
     }
     if n > real {
-        let (first, count, intake, dir) = (real, n - real, intake.clone(), dir.to_owned());
-        let hosts = blocking(move || SimHosts::start(first, count, &intake, interval, &dir))
-            .await
-            .context("simulated agents")?;
+        // Spawned from this (the System's, long-lived) thread: the hosts die with the thread that
+        // spawned them (PR_SET_PDEATHSIG), and a blocking-pool thread exits when idle.
+        let hosts =
+            SimHosts::start(real, n - real, &intake, interval, dir).context("simulated agents")?;
         world.hosts = Some(hosts);
     }
     let started_agents = t0.elapsed();
@@ -1218,14 +1200,26 @@ async fn measure(
         started_agents.as_secs_f64(),
     );
 
-    // One session per agent (least-loaded placement spreads them), so the pool has an entry for each.
+    // The pool connects to every agent from its first heartbeat: wait for all n peers.
     let t = Instant::now();
-    let ids = create_many(http, n, 16).await.context("warm-up sessions")?;
-    delete_many(http, ids, 16)
-        .await
-        .context("warm-up sessions")?;
+    wait_for(limit, &format!("{n} healthy pool entries"), || {
+        let h = http.clone();
+        async move {
+            let m = metrics(&h).await?;
+            let healthy = m
+                .iter()
+                .find(|(k, _)| {
+                    k.starts_with("kernelvisor_manager_pool_entries")
+                        && k.contains("healthy")
+                        && !k.contains("unhealthy")
+                })
+                .map_or(0.0, |(_, v)| *v);
+            Ok(healthy as usize >= n)
+        }
+    })
+    .await?;
     let warm_s = t.elapsed().as_secs_f64();
-    eprintln!("[{n} agents] {n} sessions created and deleted in {warm_s:.1} s (every agent now has a pool entry)");
+    eprintln!("[{n} agents] every agent has a healthy pool peer {warm_s:.1} s later");
 
     let set = |world: &mut World, mode: Mode| {
         if let Some(l) = &world.load {
@@ -1288,7 +1282,8 @@ async fn measure(
         let w: &World = world;
         heartbeat_rate(http, mgr, || sent(w), window).await?
     };
-    let (flood, flood_errors) = timed_creates(http, sessions, n, "under the flood").await?;
+    // Fewer: under the flood each create queues behind heartbeats for the one thread.
+    let (flood, flood_errors) = timed_creates(http, sessions.min(10), n, "under the flood").await?;
     set(world, Mode::Paced);
     let rss_mb = mgr.rss_mb()?;
     let hb_failed = world
@@ -1387,7 +1382,7 @@ fn main() {
         interval.as_secs_f64(),
         window.as_secs_f64()
     );
-    println!("sweep: [agent-pool] health-check-interval = 2 (pings spread over 1 s, 256 in flight), median of 3; creates: {sessions} sequential POST /v1/sessions (cpu 0.1, mem 64m); grace: SIGTERM, restart on the same store, until /health is normal with every agent ALIVE\n");
+    println!("sweep: [agent-pool] health-check-interval = 2 (pings spread over 1 s, 256 in flight), median of 3; creates: {sessions} sequential POST /v1/sessions (cpu 0.1, mem 64m) at the real rate, {} under the flood; grace: SIGTERM, restart on the same store, until /health is normal with every agent ALIVE\n", sessions.min(10));
     println!(
         "{:>7} {:>20} {:>11} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "agents",
@@ -1428,7 +1423,7 @@ fn main() {
     println!();
     for r in &rows {
         println!(
-            "{} agents: all ALIVE {:.1} s after start; flood heartbeats sent and answered {:.0}/s, {} heartbeat call failures; sweeps {:?} ms over {} entries; creates {} ok / {} failed; warm-up ({} sessions made + deleted) {:.1} s; grace exit {:.1} s = {:.2} × the interval",
+            "{} agents: all ALIVE {:.1} s after start; flood heartbeats sent and answered {:.0}/s, {} heartbeat call failures; sweeps {:?} ms over {} entries; creates {} ok / {} failed; pool peers to all {} agents {:.1} s after ALIVE; grace exit {:.1} s = {:.2} × the interval",
             r.agents,
             r.alive_s,
             r.hb_sent_per_s,

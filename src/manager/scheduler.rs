@@ -234,17 +234,14 @@ pub fn place(
         )));
     }
     let empty = Usage::default();
+    // Each candidate's load computed once (10,000 agents: one pass, not one per comparison).
     candidates
         .iter()
         .map(|a| (a, usage.get(&a.id).unwrap_or(&empty)))
         .filter(|(a, u)| req.fits_in(&a.slots_total.saturating_sub(&u.slots)).is_ok())
-        .min_by(|(a, ua), (b, ub)| {
-            load_after(&a.slots_total, &ua.slots, req)
-                .total_cmp(&load_after(&b.slots_total, &ub.slots, req))
-                .then(ua.kernels.cmp(&ub.kernels))
-                .then(a.id.cmp(&b.id))
-        })
-        .map(|(a, _)| a.id.clone())
+        .map(|(a, u)| (load_after(&a.slots_total, &u.slots, req), u.kernels, a))
+        .min_by(|(la, ka, a), (lb, kb, b)| la.total_cmp(lb).then(ka.cmp(kb)).then(a.id.cmp(&b.id)))
+        .map(|(_, _, a)| a.id.clone())
         .ok_or_else(|| {
             ManagerError::NoCapacity(
                 "every agent that could run it is full; retry after a session ends".into(),
@@ -365,13 +362,16 @@ impl Handler<CreateSession> for Scheduler {
                 // One placement at a time per replica; the store serializes reservations on an
                 // agent across replicas and re-checks its room, so a lost race places again.
                 let _guard = placing.lock().await;
-                let mut candidates = registry.send(PlacementCandidates).await?;
-                let slots = parse_request(&req.resource_slots, &candidates)?;
+                let all = registry.send(PlacementCandidates).await?;
+                let slots = parse_request(&req.resource_slots, &all)?;
+                // Agents the store turned out to hold LOST/PENDING (rare: copied only then).
+                let mut fewer: Option<Vec<AgentRow>> = None;
                 let mut attempt = 0;
                 loop {
                     attempt += 1;
+                    let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(&all);
                     let usage = store.usage_by_agent().await?;
-                    let agent_id = place(&candidates, &usage, &slots)?;
+                    let agent_id = place(candidates, &usage, &slots)?;
                     let total = candidates
                         .iter()
                         .find(|a| a.id == agent_id)
@@ -410,7 +410,9 @@ impl Handler<CreateSession> for Scheduler {
                         }
                         Err(ReserveError::AgentNotAlive(id, status)) => {
                             tracing::info!(agent_id = %id, %status, "placement: the store holds the agent not alive; placing elsewhere");
-                            candidates.retain(|a| a.id != id);
+                            let mut rest = candidates.to_vec();
+                            rest.retain(|a| a.id != id);
+                            fewer = Some(rest);
                         }
                         Err(ReserveError::NoRoom(id)) => {
                             tracing::debug!(agent_id = %id, attempt, "placement: lost a race for the agent's slots; placing again");

@@ -509,6 +509,26 @@ impl Handler<ClosePool> for AgentPool {
     }
 }
 
+/// Opens an agent's connection now if it has none (the registry sends it when it learns an
+/// agent's endpoint), so every known agent has its persistent peer and health checks from its
+/// first heartbeat, not from its first call. No-op for an unknown agent or an existing entry.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Connect {
+    /// The agent.
+    pub agent_id: String,
+}
+
+impl Handler<Connect> for AgentPool {
+    type Result = ();
+    fn handle(&mut self, msg: Connect, ctx: &mut Context<Self>) {
+        if !self.entries.contains_key(&msg.agent_id) && self.directory.contains_key(&msg.agent_id) {
+            // A failed handshake removes the entry again (logged); the next call retries.
+            let _ = self.acquire(&msg.agent_id, ctx);
+        }
+    }
+}
+
 /// Closes an agent's entry now so that the next call reconnects from scratch (the agent's
 /// endpoint stays known). The registry sends it when a lost agent comes back: its old
 /// connection was invalidated and must not wait for the health check to heal.

@@ -47,7 +47,7 @@ use super::calls::call_agent;
 use super::events::{superseded, AgentEvent, EventBody};
 use super::leader::Leadership;
 use super::metrics::ManagerMetrics;
-use super::pool::{AgentEndpoint, AgentPool, Invalidate, Reconnect, RegisterAgent};
+use super::pool::{AgentEndpoint, AgentPool, Connect, Invalidate, Reconnect, RegisterAgent};
 use super::store::{now, AgentRow, Applied, KernelRow, Store};
 use crate::rpc::curve::CurveKey;
 
@@ -122,6 +122,10 @@ pub struct AgentRegistry {
     refreshed_to: f64,
     refreshing: bool,
     flushing: bool,
+    /// Where the scheduler may place, built on demand and dropped when a status, address or
+    /// slot total changes (not on every heartbeat's `seen_at`): a fleet's worth of rows is not
+    /// copied for every create.
+    candidates: Option<Arc<Vec<AgentRow>>>,
 }
 
 impl AgentRegistry {
@@ -183,6 +187,7 @@ impl AgentRegistry {
             refreshed_to: started_at - REFRESH_OVERLAP,
             refreshing: false,
             flushing: false,
+            candidates: None,
         }
     }
 
@@ -224,6 +229,9 @@ impl AgentRegistry {
     }
 
     fn state(&mut self, agent_id: &str) -> &mut AgentState {
+        if !self.agents.contains_key(agent_id) {
+            self.candidates = None;
+        }
         self.agents
             .entry(agent_id.to_owned())
             .or_insert_with(|| AgentState {
@@ -256,6 +264,7 @@ impl AgentRegistry {
             s.row.status = status.to_owned();
             s.row.status_changed = now();
             s.dirty = true;
+            self.candidates = None;
         }
     }
 
@@ -284,16 +293,25 @@ impl AgentRegistry {
         let endpoint = AgentEndpoint { addr, public_key };
         if s.endpoint.as_ref() != Some(&endpoint) {
             s.endpoint = Some(endpoint.clone());
+            let live = s.row.status == ALIVE;
             pool.do_send(RegisterAgent {
                 agent_id: agent_id.to_owned(),
                 endpoint,
             });
+            // Its persistent peer from now on (seed 000), not from the first call.
+            if live {
+                pool.do_send(Connect {
+                    agent_id: agent_id.to_owned(),
+                });
+            }
+            self.candidates = None;
         }
     }
 
     /// Takes the heartbeat's facts (address, key, slots) and tells the pool a changed endpoint.
     fn absorb(&mut self, hb: &Heartbeat) {
         let s = self.state(&hb.agent_id);
+        let changed = s.row.slots_total != hb.slots_total || s.row.slot_types != hb.slot_types;
         s.row.addr = Some(hb.addr.clone());
         s.row.public_key = hb.public_key.clone();
         s.row.region = Some(hb.region.clone());
@@ -301,6 +319,9 @@ impl AgentRegistry {
         s.row.slots_total = hb.slots_total.clone();
         s.row.slot_types = hb.slot_types.clone();
         s.row.last_heartbeat = Some(hb.ts);
+        if changed {
+            self.candidates = None;
+        }
         self.seen(&hb.agent_id);
         self.note_endpoint(&hb.agent_id);
     }
@@ -361,6 +382,7 @@ impl AgentRegistry {
             if s.row.status == LOST {
                 tracing::info!(agent_id = %id, "lost agent heard from again: resetting it");
                 s.row.status = PENDING.into();
+                self.candidates = None;
             }
         }
         ctx.spawn(call.into_actor(self).map(move |res, act, _| {
@@ -372,6 +394,7 @@ impl AgentRegistry {
                     act.metrics.agent_resets.with_label_values(&["ok"]).inc();
                     s.row.status = ALIVE.into();
                     s.row.status_changed = now();
+                    act.candidates = None;
                 }
                 // Lost again meanwhile: the next heartbeat resets it again.
                 Ok((_, false)) => {}
@@ -429,6 +452,7 @@ impl AgentRegistry {
                             Ok(Some(kernels)) => {
                                 s.row.status = LOST.into();
                                 s.row.status_changed = now();
+                                act.candidates = None;
                                 act.pool.do_send(Invalidate { agent_id: id.clone() });
                                 act.metrics.agents_lost.inc();
                                 tracing::warn!(
@@ -543,6 +567,7 @@ impl AgentRegistry {
             return;
         }
         let s = self.state(&id);
+        let before = (s.row.slots_total.clone(), s.row.addr.clone());
         let was = std::mem::take(&mut s.row.status);
         if row.seen_at >= s.row.seen_at {
             let local_status_changed = s.row.status_changed;
@@ -557,6 +582,9 @@ impl AgentRegistry {
             s.row.status_changed = row.status_changed;
         }
         let now_status = s.row.status.clone();
+        if now_status != was || before != (s.row.slots_total.clone(), s.row.addr.clone()) {
+            self.candidates = None;
+        }
         if now_status == LOST && was != LOST {
             self.pool.do_send(Invalidate {
                 agent_id: id.clone(),
@@ -854,23 +882,27 @@ impl Handler<CountAlive> for AgentRegistry {
 /// `ALIVE` agents with an address and some `cpu`: where the scheduler may place. Each row carries
 /// its slots in total and their types (the scheduler's known slots are their union).
 #[derive(Message)]
-#[rtype(result = "Vec<AgentRow>")]
+#[rtype(result = "Arc<Vec<AgentRow>>")]
 pub struct PlacementCandidates;
 
 impl Handler<PlacementCandidates> for AgentRegistry {
     type Result = MessageResult<PlacementCandidates>;
     fn handle(&mut self, _: PlacementCandidates, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(
-            self.agents
-                .values()
-                .filter(|s| {
-                    s.row.status == ALIVE
-                        && s.endpoint.is_some()
-                        && s.row.slots_total.get(crate::slots::CPU) > crate::slots::Amount::ZERO
-                })
-                .map(|s| s.row.clone())
-                .collect(),
-        )
+        let agents = &self.agents;
+        let list = self.candidates.get_or_insert_with(|| {
+            Arc::new(
+                agents
+                    .values()
+                    .filter(|s| {
+                        s.row.status == ALIVE
+                            && s.endpoint.is_some()
+                            && s.row.slots_total.get(crate::slots::CPU) > crate::slots::Amount::ZERO
+                    })
+                    .map(|s| s.row.clone())
+                    .collect(),
+            )
+        });
+        MessageResult(list.clone())
     }
 }
 
