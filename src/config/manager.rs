@@ -203,6 +203,9 @@ pub struct PoolSection {
     pub io_threads: u16,
     /// Health-check pings in flight at once, at most (256).
     pub health_check_concurrency: u32,
+    /// Seconds over which a periodic sweep starts its pings, evenly (half the interval; a few ms:
+    /// as fast as the concurrency bound allows).
+    pub health_check_spread: Option<Seconds>,
 }
 
 impl Default for PoolSection {
@@ -220,6 +223,7 @@ impl Default for PoolSection {
             max_agents: None,
             io_threads: d.io_threads,
             health_check_concurrency: d.health_check_concurrency,
+            health_check_spread: None,
         }
     }
 }
@@ -245,6 +249,7 @@ impl PoolSection {
             max_agents: self.max_agents.unwrap_or(d_max_agents()),
             io_threads: self.io_threads,
             health_check_concurrency: self.health_check_concurrency,
+            health_check_spread: self.health_check_spread.map(|s| s.0),
         }
     }
 }

@@ -309,7 +309,12 @@ impl Actor for AgentPool {
                 tracing::error!(error = %e, "the agent pool could not make its ROUTER; every agent call will fail")
             }
         }
-        let spread = self.spec.health_check_interval / 2;
+        let interval = self.spec.health_check_interval;
+        let spread = self
+            .spec
+            .health_check_spread
+            .unwrap_or(interval / 2)
+            .min(interval);
         ctx.run_interval(self.spec.health_check_interval, move |act, ctx| {
             ctx.spawn(act.sweep(spread).map(|_, _, _| ()));
         });

@@ -32,6 +32,8 @@ pub struct PoolSpec {
     pub io_threads: u16,
     /// Health-check pings in flight at once (default 256).
     pub health_check_concurrency: u32,
+    /// Over how long a periodic sweep starts its pings, evenly (default: half the interval).
+    pub health_check_spread: Option<Duration>,
 }
 
 impl PoolSpec {
@@ -59,6 +61,7 @@ impl Default for PoolSpec {
             max_agents: 20_000,
             io_threads: 1,
             health_check_concurrency: 256,
+            health_check_spread: None,
         }
     }
 }
