@@ -93,6 +93,19 @@ struct AgentState {
     endpoint: Option<AgentEndpoint>,
 }
 
+impl AgentState {
+    /// A row as the store holds it: nothing to write back, no endpoint told to the pool yet.
+    fn stored(row: AgentRow) -> AgentState {
+        AgentState {
+            row,
+            dirty: false,
+            resetting: false,
+            losing: false,
+            endpoint: None,
+        }
+    }
+}
+
 enum Mode {
     /// Start-up: newest heartbeat per agent, applied at the end.
     Grace {
@@ -147,18 +160,7 @@ impl AgentRegistry {
             .collect();
         let agents = rows
             .into_iter()
-            .map(|row| {
-                (
-                    row.id.clone(),
-                    AgentState {
-                        row,
-                        dirty: false,
-                        resetting: false,
-                        losing: false,
-                        endpoint: None,
-                    },
-                )
-            })
+            .map(|row| (row.id.clone(), AgentState::stored(row)))
             .collect();
         let mode = if waiting.is_empty() {
             tracing::info!("the store had no live agent: no start-up grace");
@@ -553,16 +555,7 @@ impl AgentRegistry {
             }
         }
         if !self.agents.contains_key(&id) {
-            self.agents.insert(
-                id.clone(),
-                AgentState {
-                    row,
-                    dirty: false,
-                    resetting: false,
-                    losing: false,
-                    endpoint: None,
-                },
-            );
+            self.agents.insert(id.clone(), AgentState::stored(row));
             self.note_endpoint(&id);
             return;
         }

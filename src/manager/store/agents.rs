@@ -80,6 +80,10 @@ pub struct AgentRow {
 const SELECT: &str = "SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat, slots_total, slot_types, seen_at, status_changed FROM agents";
 
 impl AgentRow {
+    fn from_rows(rows: &[AnyRow]) -> Result<Vec<AgentRow>, sqlx::Error> {
+        rows.iter().map(AgentRow::from_row).collect()
+    }
+
     fn from_row(r: &AnyRow) -> Result<AgentRow, sqlx::Error> {
         Ok(AgentRow {
             id: r.try_get("id")?,
@@ -156,10 +160,7 @@ impl Store {
         let rows = sqlx::query(&format!("{SELECT} ORDER BY id"))
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows
-            .iter()
-            .map(AgentRow::from_row)
-            .collect::<Result<_, _>>()?)
+        Ok(AgentRow::from_rows(&rows)?)
     }
 
     /// Rows another replica wrote at or after `since` (Unix seconds): what a replica re-reads
@@ -172,10 +173,7 @@ impl Store {
         .bind(self.replica.as_ref())
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .iter()
-            .map(AgentRow::from_row)
-            .collect::<Result<_, _>>()?)
+        Ok(AgentRow::from_rows(&rows)?)
     }
 
     /// Writes agent rows (the registry's write-behind flush of heartbeats), in one transaction:
