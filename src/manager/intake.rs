@@ -5,7 +5,9 @@
 //! - `agent_events(agent_id, events)` → `{"acked": [id, …]}`: each event applied in its own
 //!   transaction by the registry, then acked; a duplicate id acked without being re-applied;
 //!   an event that does not parse is not acked (logged, counted) and neither is any later one.
-//! - `agent_heartbeat(agent_id, info)` → `{}`: handed to the registry (latest wins).
+//! - `agent_heartbeat(agent_id, info)` → `{}`: left in the registry's [`HeartbeatInbox`] (latest
+//!   wins per agent, applied in batches); FAILURE `ManagerOverloaded` when the inbox already
+//!   holds `capacity` other agents' heartbeats.
 //!
 //! Identity: an agent's key file is `<agent-id>.key`, and ZAP admits the connection under that
 //! file stem. A call whose `agent_id` is not the caller's own is refused with FAILURE
@@ -21,7 +23,7 @@ use rmpv::Value;
 
 use super::events::AgentEvent;
 use super::metrics::ManagerMetrics;
-use super::registry::{AgentRegistry, ApplyEvents, Heartbeat, HeartbeatReceived};
+use super::registry::{AgentRegistry, ApplyEvents, Heartbeat, HeartbeatInbox, Put};
 use crate::rpc::curve::{load_certificate, CurveKey, KeyError};
 use crate::rpc::{Call, Dispatcher, ErrorMeta};
 
@@ -79,6 +81,7 @@ fn agent_id(call: &Call, method: &str, metrics: &ManagerMetrics) -> Result<Strin
 /// The intake's dispatch table.
 pub fn dispatcher(
     registry: Addr<AgentRegistry>,
+    inbox: std::sync::Arc<HeartbeatInbox>,
     metrics: std::sync::Arc<ManagerMetrics>,
 ) -> Dispatcher {
     let mut d = Dispatcher::new(None);
@@ -87,6 +90,9 @@ pub fn dispatcher(
         metrics
             .intake_identity_mismatches
             .with_label_values(&[method]);
+    }
+    for reason in ["superseded", "stale", "inbox-full"] {
+        metrics.heartbeats_dropped.with_label_values(&[reason]);
     }
     let (r, m) = (registry.clone(), metrics.clone());
     d.register("agent_events", move |call| {
@@ -111,14 +117,33 @@ pub fn dispatcher(
         }
     });
     d.register("agent_heartbeat", move |call| {
-        let (r, m) = (registry.clone(), metrics.clone());
+        let (inbox, m) = (inbox.clone(), metrics.clone());
         async move {
             let agent_id = agent_id(&call, "agent_heartbeat", &m)?;
             let info = call.arg(1, "info").cloned().unwrap_or(Value::Nil);
             let hb = Heartbeat::from_value(&agent_id, &info)
                 .map_err(|e| ErrorMeta::new("InvalidHeartbeat", e))?;
-            r.do_send(HeartbeatReceived(hb));
-            Ok(Value::Map(vec![]))
+            match inbox.put(hb) {
+                Ok(put) => {
+                    m.heartbeats.inc();
+                    match put {
+                        Put::New => {}
+                        Put::Superseded => m
+                            .heartbeats_dropped
+                            .with_label_values(&["superseded"])
+                            .inc(),
+                        Put::Stale => m.heartbeats_dropped.with_label_values(&["stale"]).inc(),
+                    }
+                    Ok(Value::Map(vec![]))
+                }
+                Err(full) => {
+                    m.heartbeats_dropped
+                        .with_label_values(&["inbox-full"])
+                        .inc();
+                    tracing::warn!(%agent_id, error = %full, "heartbeat refused");
+                    Err(ErrorMeta::new("ManagerOverloaded", full.to_string()))
+                }
+            }
         }
     });
     d

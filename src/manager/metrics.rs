@@ -42,8 +42,13 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_intake_identity_mismatches_total{method}`: intake calls refused
     /// because their `agent_id` is not the one the caller's CURVE key is named after.
     pub intake_identity_mismatches: IntCounterVec,
-    /// `kernelvisor_manager_heartbeats_total`.
+    /// `kernelvisor_manager_heartbeats_total`: heartbeats the intake took (each applied, or
+    /// superseded by the same agent's next one before the registry got to it).
     pub heartbeats: IntCounter,
+    /// `kernelvisor_manager_heartbeats_dropped_total{reason}`: `superseded` (a newer one of the
+    /// same agent arrived before the registry applied it), `stale` (an older one arrived after a
+    /// newer one), `inbox-full` (refused: `capacity` other agents were waiting).
+    pub heartbeats_dropped: IntCounterVec,
     /// `kernelvisor_manager_agents_lost_total`.
     pub agents_lost: IntCounter,
     /// `kernelvisor_manager_agent_resets_total{result}` (`ok`, `failed`).
@@ -165,7 +170,12 @@ impl ManagerMetrics {
                 "Intake calls refused: agent_id differs from the caller's CURVE key name",
                 &["method"],
             ),
-            heartbeats: counter("heartbeats", "Agent heartbeats received"),
+            heartbeats: counter("heartbeats", "Agent heartbeats taken by the intake"),
+            heartbeats_dropped: counter_vec(
+                "heartbeats_dropped",
+                "Heartbeats not applied: superseded by the agent's next, stale, or inbox full",
+                &["reason"],
+            ),
             agents_lost: counter(
                 "agents_lost",
                 "Agents marked LOST after the heartbeat timeout",

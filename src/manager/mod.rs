@@ -37,9 +37,15 @@ use crate::config::ManagerConfig;
 use crate::rpc::curve::{load_certificate, load_keypair};
 use crate::rpc::{RpcServer, ServerCurve};
 use pool::{AgentEndpoint, AgentPool, ClosePool, RegisterAgent};
-use registry::{AgentRegistry, FlushAgents, RegistrySpec};
+use registry::{AgentRegistry, FlushAgents, HeartbeatInbox, RegistrySpec};
 use scheduler::{Scheduler, SchedulerSpec};
 use store::Store;
+
+/// Intake calls handled at once; past it the intake stops reading its socket until one is
+/// answered, so agents wait in their own queues (ZeroMQ's high-water marks) instead of the
+/// manager's memory. Heartbeats are answered at once and never count; this bounds the
+/// `agent_events` batches waiting for the registry.
+const INTAKE_MAX_IN_FLIGHT: usize = 1024;
 
 /// A running manager.
 pub struct Manager {
@@ -49,6 +55,7 @@ pub struct Manager {
     pool: Addr<AgentPool>,
     registry: Addr<AgentRegistry>,
     intake: Addr<RpcServer>,
+    intake_thread: actix::Arbiter,
     intake_endpoint: String,
     api: actix_web::dev::ServerHandle,
     api_addr: SocketAddr,
@@ -90,6 +97,7 @@ impl Manager {
                 }
             }
         }
+        let max_agents = pool_spec.max_agents as usize;
         let pool = AgentPool::new(pool_spec, keypair.clone())
             .context("[agent-pool] max-agents / io-threads")?
             .start();
@@ -119,6 +127,8 @@ impl Manager {
             dangling_call_timeout: config.scheduler.destroy_timeout.0,
         };
         let rows = store.agents().await?;
+        // One heartbeat per agent waits at most: bounded by the fleet the pool serves.
+        let inbox = Arc::new(HeartbeatInbox::new(max_agents));
         let leader = leader::Leadership::start(&store, m.leader_lease.0);
         let registry = AgentRegistry::new(
             store.clone(),
@@ -127,6 +137,7 @@ impl Manager {
             spec,
             leader.clone(),
             rows,
+            inbox.clone(),
         )
         .start();
 
@@ -159,11 +170,15 @@ impl Manager {
         let server = RpcServer::bind(
             &m.event_listen_addr.zmq_endpoint(),
             curve,
-            intake::dispatcher(registry.clone(), metrics.clone()),
+            intake::dispatcher(registry.clone(), inbox, metrics.clone()),
         )
-        .with_context(|| format!("manager.event-listen-addr {}", m.event_listen_addr))?;
+        .with_context(|| format!("manager.event-listen-addr {}", m.event_listen_addr))?
+        .max_in_flight(INTAKE_MAX_IN_FLIGHT);
         let intake_endpoint = server.endpoint().to_owned();
-        let intake = server.start();
+        // Its own thread: decoding a fleet's heartbeats and events does not take the thread
+        // the registry, scheduler and pool share.
+        let intake_thread = actix::Arbiter::new();
+        let intake = RpcServer::start_in_arbiter(&intake_thread.handle(), |_| server);
 
         let sched_spec = SchedulerSpec {
             create_timeout: config.scheduler.create_timeout.0,
@@ -216,6 +231,7 @@ impl Manager {
             pool,
             registry,
             intake,
+            intake_thread,
             intake_endpoint,
             api,
             api_addr,
@@ -242,6 +258,7 @@ impl Manager {
     pub async fn stop(self) {
         self.api.stop(true).await;
         let _ = self.intake.send(crate::rpc::server::Shutdown).await;
+        self.intake_thread.stop();
         let _ = self.registry.send(FlushAgents).await;
         let _ = self.pool.send(ClosePool).await;
         self.store.close().await;

@@ -85,6 +85,8 @@ pub struct RpcServer {
     stats: Arc<ServerStats>,
     // Keeps the ZAP thread alive as long as the server; dropped after the socket.
     _zap: Option<ZapHandler>,
+    /// Requests whose handlers await, at most (see [`RpcServer::max_in_flight`]).
+    max_in_flight: usize,
 }
 
 impl RpcServer {
@@ -128,6 +130,7 @@ impl RpcServer {
             dispatcher: Arc::new(dispatcher),
             stats: Arc::default(),
             _zap: zap,
+            max_in_flight: usize::MAX,
         })
     }
 
@@ -156,7 +159,17 @@ impl RpcServer {
             dispatcher: Arc::new(dispatcher),
             stats: Arc::default(),
             _zap: None,
+            max_in_flight: usize::MAX,
         })
+    }
+
+    /// Handles at most `n` (≥ 1) awaiting requests at once; with `n` running the server stops
+    /// reading its socket until one is answered, so callers queue in ZeroMQ (bounded by its
+    /// high-water marks) rather than in this process's memory. Requests answered without
+    /// awaiting (`ping`) never count. Unbounded by default.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
     }
 
     /// The bound endpoint, `tcp://host:port` with the real port.
@@ -177,7 +190,12 @@ impl Actor for RpcServer {
         let sock = self.socket.take().expect("RpcServer started twice");
         match tmq::router::Router::from_zmq_socket(sock) {
             Ok(router) => {
-                let io = serve(router, self.dispatcher.clone(), self.stats.clone());
+                let io = serve(
+                    router,
+                    self.dispatcher.clone(),
+                    self.stats.clone(),
+                    self.max_in_flight,
+                );
                 // Spawned in the actor's context: stopping the actor drops the loop and the socket.
                 ctx.spawn(io.into_actor(self).map(|_, _, ctx| ctx.stop()));
             }
@@ -250,6 +268,7 @@ async fn serve(
     mut router: tmq::router::Router,
     dispatcher: Arc<Dispatcher>,
     stats: Arc<ServerStats>,
+    max_in_flight: usize,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let mut serving = Serving {
@@ -260,7 +279,8 @@ async fn serve(
     };
     loop {
         tokio::select! {
-            incoming = router.next() => match incoming {
+            // At the limit only replies are taken: backpressure into the callers' queues.
+            incoming = router.next(), if serving.running.0.len() < max_in_flight => match incoming {
                 Some(Ok(frames)) => serving.on_frames(router.get_socket(), frames),
                 Some(Err(e)) => tracing::warn!(error = %e, "RPC socket receive error"),
                 None => break,

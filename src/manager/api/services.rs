@@ -15,7 +15,7 @@ use super::auth::Caller;
 use super::openapi;
 use super::{running_kernel, ApiState, Res};
 use crate::manager::calls::{agent_error, call_agent, to_json};
-use crate::manager::registry::ListAgents;
+use crate::manager::registry::AgentAddr;
 use crate::manager::store::KernelRow;
 
 /// How long the manager waits for `start_service`: the agent's readiness wait
@@ -28,11 +28,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The host users reach the kernel's agent at: the host of its advertised RPC address
 /// (`tcp://host:port`); an unspecified address means the agent shares the manager's host.
 async fn agent_host(s: &ApiState, agent_id: &str) -> String {
-    let agents = s.registry.send(ListAgents).await.unwrap_or_default();
-    let addr = agents
-        .iter()
-        .find(|a| a.row.id == agent_id)
-        .and_then(|a| a.row.addr.clone())
+    let addr = s
+        .registry
+        .send(AgentAddr(agent_id.to_owned()))
+        .await
+        .ok()
+        .flatten()
         .unwrap_or_default();
     let host = addr
         .trim_start_matches("tcp://")

@@ -7,7 +7,7 @@ use super::auth::Caller;
 use super::openapi;
 use super::{ApiState, Res};
 use crate::manager::pool::GetPoolStats;
-use crate::manager::registry::{CountAlive, GraceRemaining, ListAgents};
+use crate::manager::registry::{CountAlive, CountByStatus, GraceRemaining, ListAgents};
 
 /// Every known agent: liveness, slots, kernels (admin). `slots_total` is every slot the agent
 /// has, `slots_used` the sum of the slots its live kernels hold over the same slots (and any
@@ -91,8 +91,8 @@ pub(super) async fn metrics(s: web::Data<ApiState>, caller: Caller) -> Res {
     ] {
         m.agents.with_label_values(&[status]).set(0);
     }
-    for a in s.registry.send(ListAgents).await? {
-        m.agents.with_label_values(&[&a.row.status]).inc();
+    for (status, n) in s.registry.send(CountByStatus).await? {
+        m.agents.with_label_values(&[&status]).set(n as i64);
     }
     m.leader.set(i64::from(s.leader.is_leader()));
     let p = s.pool.send(GetPoolStats).await?;

@@ -34,6 +34,7 @@
 
 mod dangling;
 pub mod heartbeat;
+pub mod inbox;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 pub use heartbeat::Heartbeat;
+pub use inbox::{HeartbeatInbox, InboxFull, Put};
 
 use super::calls::call_agent;
 use super::events::{superseded, AgentEvent, EventBody};
@@ -139,11 +141,18 @@ pub struct AgentRegistry {
     /// slot total changes (not on every heartbeat's `seen_at`): a fleet's worth of rows is not
     /// copied for every create.
     candidates: Option<Arc<Vec<AgentRow>>>,
+    /// Heartbeats the intake left, taken every [`HEARTBEAT_BATCH_INTERVAL`].
+    inbox: Arc<HeartbeatInbox>,
 }
+
+/// How often the registry takes the heartbeats waiting in its inbox and applies them as one
+/// batch: a fleet's 500 heartbeats a second cost the registry's thread 10 wake-ups, not 500.
+pub const HEARTBEAT_BATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 impl AgentRegistry {
     /// A registry over `rows` (the store's agents at start); every agent gets a full heartbeat
     /// timeout from now. The grace waits for the `ALIVE` ones; with none there is no grace.
+    /// Heartbeats arrive through `inbox` (the intake puts them there).
     pub fn new(
         store: Store,
         pool: Addr<AgentPool>,
@@ -151,6 +160,7 @@ impl AgentRegistry {
         spec: RegistrySpec,
         leader: Leadership,
         rows: Vec<AgentRow>,
+        inbox: Arc<HeartbeatInbox>,
     ) -> Self {
         let started_at = now();
         let waiting: HashSet<String> = rows
@@ -190,6 +200,7 @@ impl AgentRegistry {
             refreshing: false,
             flushing: false,
             candidates: None,
+            inbox,
         }
     }
 
@@ -326,6 +337,38 @@ impl AgentRegistry {
         }
         self.seen(&hb.agent_id);
         self.note_endpoint(&hb.agent_id);
+    }
+
+    /// Applies what the inbox holds (one heartbeat per agent).
+    fn take_heartbeats(&mut self, ctx: &mut Context<Self>) {
+        for hb in self.inbox.take() {
+            self.receive(hb, ctx);
+        }
+    }
+
+    /// One heartbeat, as the mode wants it: kept for the end of the grace, only proof of life
+    /// while reconciling, applied in normal mode.
+    fn receive(&mut self, hb: Heartbeat, ctx: &mut Context<Self>) {
+        match &mut self.mode {
+            Mode::Grace {
+                latest, waiting, ..
+            } => {
+                let newer = latest.get(&hb.agent_id).is_none_or(|old| old.ts <= hb.ts);
+                waiting.remove(&hb.agent_id);
+                if let Some(s) = self.agents.get_mut(&hb.agent_id) {
+                    s.row.seen_at = now();
+                }
+                if newer {
+                    latest.insert(hb.agent_id.clone(), hb);
+                }
+            }
+            Mode::Reconciling => {
+                if let Some(s) = self.agents.get_mut(&hb.agent_id) {
+                    s.row.seen_at = now();
+                }
+            }
+            Mode::Normal => self.heartbeat(hb, ctx),
+        }
     }
 
     /// A heartbeat in normal mode.
@@ -664,7 +707,11 @@ impl Actor for AgentRegistry {
         // Liveness is checked 4× per timeout (at most every second); rows are flushed and the
         // other replicas' re-read as often.
         let tick = (self.spec.heartbeat_timeout / 4).min(Duration::from_secs(1));
+        ctx.run_interval(HEARTBEAT_BATCH_INTERVAL, |act, ctx| {
+            act.take_heartbeats(ctx)
+        });
         ctx.run_interval(tick, |act, ctx| {
+            act.take_heartbeats(ctx);
             if let Mode::Grace { until, waiting, .. } = &act.mode {
                 if waiting.is_empty() || Instant::now() >= *until {
                     if waiting.is_empty() {
@@ -709,38 +756,6 @@ impl Actor for AgentRegistry {
                 .into_actor(act),
             );
         });
-    }
-}
-
-/// An agent's heartbeat arrived.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct HeartbeatReceived(pub Heartbeat);
-
-impl Handler<HeartbeatReceived> for AgentRegistry {
-    type Result = ();
-    fn handle(&mut self, HeartbeatReceived(hb): HeartbeatReceived, ctx: &mut Context<Self>) {
-        self.metrics.heartbeats.inc();
-        match &mut self.mode {
-            Mode::Grace {
-                latest, waiting, ..
-            } => {
-                let newer = latest.get(&hb.agent_id).is_none_or(|old| old.ts <= hb.ts);
-                waiting.remove(&hb.agent_id);
-                if let Some(s) = self.agents.get_mut(&hb.agent_id) {
-                    s.row.seen_at = now();
-                }
-                if newer {
-                    latest.insert(hb.agent_id.clone(), hb);
-                }
-            }
-            Mode::Reconciling => {
-                if let Some(s) = self.agents.get_mut(&hb.agent_id) {
-                    s.row.seen_at = now();
-                }
-            }
-            Mode::Normal => self.heartbeat(hb, ctx),
-        }
     }
 }
 
@@ -869,6 +884,34 @@ impl Handler<CountAlive> for AgentRegistry {
             .values()
             .filter(|s| s.row.status == ALIVE)
             .count()
+    }
+}
+
+/// How many agents are in each status (`/metrics`, without copying every row).
+#[derive(Message)]
+#[rtype(result = "HashMap<String, usize>")]
+pub struct CountByStatus;
+
+impl Handler<CountByStatus> for AgentRegistry {
+    type Result = MessageResult<CountByStatus>;
+    fn handle(&mut self, _: CountByStatus, _: &mut Context<Self>) -> Self::Result {
+        let mut counts = HashMap::new();
+        for s in self.agents.values() {
+            *counts.entry(s.row.status.clone()).or_insert(0) += 1;
+        }
+        MessageResult(counts)
+    }
+}
+
+/// One agent's RPC address (`tcp://host:port`), if the registry knows it.
+#[derive(Message)]
+#[rtype(result = "Option<String>")]
+pub struct AgentAddr(pub String);
+
+impl Handler<AgentAddr> for AgentRegistry {
+    type Result = Option<String>;
+    fn handle(&mut self, AgentAddr(id): AgentAddr, _: &mut Context<Self>) -> Option<String> {
+        self.agents.get(&id).and_then(|s| s.row.addr.clone())
     }
 }
 
