@@ -10,7 +10,7 @@ use rmpv::Value;
 
 use common::*;
 use kernelvisor::manager::pool::{
-    AgentCall, AgentCallError, EntryState, InspectEntry, Invalidate, PoolSpec, SweepNow,
+    AgentCall, AgentCallError, Connect, EntryState, InspectEntry, Invalidate, PoolSpec, SweepNow,
 };
 use kernelvisor::rpc::codec::{self, Call, Message, MsgType, OrderKey};
 use kernelvisor::rpc::peer::{ConnectError, Peer, PeerOptions};
@@ -377,6 +377,55 @@ async fn invalidated_entry_is_healed_by_a_successful_health_check() {
             .unwrap()
             .unwrap(),
         Value::from(3)
+    );
+}
+
+/// A persistent peer ([`Connect`]) whose agent was not up yet is connected by a later sweep,
+/// without any call: every known agent keeps its peer and health checks.
+#[actix_rt::test]
+async fn a_persistent_peer_that_failed_its_handshake_is_connected_by_the_next_sweep() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let spec = kernelvisor::manager::pool::PoolSpec {
+        health_check_interval: Duration::from_secs(3600),
+        handshake_timeout: Duration::from_millis(300),
+        ..fast_spec()
+    };
+    let pool = pool_for("a1", &endpoint, None, None, spec).await;
+    let inspect = || {
+        pool.send(InspectEntry {
+            agent_id: "a1".into(),
+        })
+    };
+    pool.send(Connect {
+        agent_id: "a1".into(),
+    })
+    .await
+    .unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the failed handshake to drop the entry",
+        || async { inspect().await.unwrap().is_none() },
+    )
+    .await;
+    let server = start_server(&endpoint, None);
+    let report = pool.send(SweepNow).await.unwrap();
+    assert_eq!(report.pinged, 0, "the new connection is still handshaking");
+    wait_until(
+        Duration::from_secs(5),
+        "the sweep's reconnection to finish",
+        || async { inspect().await.unwrap().is_some_and(|e| e.connected) },
+    )
+    .await;
+    let report = pool.send(SweepNow).await.unwrap();
+    assert_eq!((report.pinged, report.healthy), (1, 1));
+    assert!(
+        ServerStats::get(&server.stats.requests) >= 1,
+        "pinged by the sweep"
     );
 }
 

@@ -97,7 +97,8 @@ impl Manager {
                 }
             }
         }
-        let max_agents = pool_spec.max_agents as usize;
+        // Not the descriptor-derived estimate above: agents sharing connections need fewer.
+        let max_agents = config.agent_pool.spec().max_agents as usize;
         let pool = AgentPool::new(pool_spec, keypair.clone())
             .context("[agent-pool] max-agents / io-threads")?
             .start();

@@ -18,7 +18,7 @@
 mod error;
 mod spec;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -71,6 +71,9 @@ pub struct AgentPool {
     mux: Option<Mux>,
     keypair: Option<KeyPair>,
     directory: HashMap<String, AgentEndpoint>,
+    /// Agents that keep a persistent peer ([`Connect`]): one whose handshake failed or whose
+    /// entry was evicted is connected again at the next sweep.
+    persistent: HashSet<String>,
     entries: HashMap<String, Entry>,
     next_generation: u64,
     /// Wall time and size of the newest finished health-check sweep.
@@ -91,6 +94,7 @@ impl AgentPool {
             mux: None,
             keypair,
             directory: HashMap::new(),
+            persistent: HashSet::new(),
             entries: HashMap::new(),
             next_generation: 0,
             last_sweep: None,
@@ -221,6 +225,27 @@ impl AgentPool {
         }
     }
 
+    /// Connects again every persistent agent that has no entry (its handshake failed, or its
+    /// entry was evicted): once per sweep, so an agent that is down costs one handshake attempt
+    /// per `health_check_interval`.
+    fn reconnect_persistent(&mut self, ctx: &mut Context<Self>) {
+        let missing: Vec<String> = self
+            .persistent
+            .iter()
+            .filter(|id| !self.entries.contains_key(*id) && self.directory.contains_key(*id))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            tracing::debug!(
+                agents = missing.len(),
+                "reconnecting persistent agent peers"
+            );
+        }
+        for id in missing {
+            let _ = self.acquire(&id, ctx);
+        }
+    }
+
     /// Pings every ready entry once, at most `health_check_concurrency` at a time, starting
     /// them evenly over `spread` (zero: as fast as the bound allows); resolves when every ping
     /// has answered or timed out.
@@ -316,6 +341,7 @@ impl Actor for AgentPool {
             .unwrap_or(interval / 2)
             .min(interval);
         ctx.run_interval(self.spec.health_check_interval, move |act, ctx| {
+            act.reconnect_persistent(ctx);
             ctx.spawn(act.sweep(spread).map(|_, _, _| ()));
         });
     }
@@ -497,7 +523,8 @@ pub struct SweepNow;
 
 impl Handler<SweepNow> for AgentPool {
     type Result = ResponseActFuture<Self, SweepReport>;
-    fn handle(&mut self, _: SweepNow, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: SweepNow, ctx: &mut Context<Self>) -> Self::Result {
+        self.reconnect_persistent(ctx);
         Box::pin(self.sweep(Duration::ZERO))
     }
 }
@@ -516,7 +543,8 @@ impl Handler<ClosePool> for AgentPool {
 
 /// Opens an agent's connection now if it has none (the registry sends it when it learns an
 /// agent's endpoint), so every known agent has its persistent peer and health checks from its
-/// first heartbeat, not from its first call. No-op for an unknown agent or an existing entry.
+/// first heartbeat, not from its first call; kept from then on (reconnected at each sweep while it
+/// has no entry). No-op for an unknown agent.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct Connect {
@@ -527,8 +555,12 @@ pub struct Connect {
 impl Handler<Connect> for AgentPool {
     type Result = ();
     fn handle(&mut self, msg: Connect, ctx: &mut Context<Self>) {
-        if !self.entries.contains_key(&msg.agent_id) && self.directory.contains_key(&msg.agent_id) {
-            // A failed handshake removes the entry again (logged); the next call retries.
+        if !self.directory.contains_key(&msg.agent_id) {
+            return;
+        }
+        self.persistent.insert(msg.agent_id.clone());
+        if !self.entries.contains_key(&msg.agent_id) {
+            // A failed handshake removes the entry again (logged); the next sweep or call retries.
             let _ = self.acquire(&msg.agent_id, ctx);
         }
     }
