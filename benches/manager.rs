@@ -1,37 +1,38 @@
-//! `just bench manager`: one manager process (the real `kernelvisor manager` binary) with 100
-//! and then 1,000 agents on the `dummy` container backend. Per agent count:
+//! `just bench manager`: one manager process (the real `kernelvisor manager` binary) with 1,000
+//! and then 10,000 agents on the `dummy` container backend (issue 17). Per agent count:
 //!
-//! - `heartbeats_per_s`: heartbeats the manager applied per second at capacity: every agent
-//!   sends `agent_heartbeat(agent_id, info)` again as soon as the previous one is answered
-//!   (closed loop, one DEALER per agent); counted with the manager's own
-//!   `kernelvisor_manager_heartbeats_total` (`GET /metrics`) over `KV_BENCH_WINDOW` seconds
-//!   (default 5), so it is what the registry applied, not what was sent.
-//! - `sweep_ms`: one agent-pool health-check sweep over every agent
+//! - `heartbeats_real_per_s`: heartbeats the manager took per second at the fleet's real rate
+//!   (every agent every `KV_BENCH_HEARTBEAT_INTERVAL`, default 20 s); `heartbeats_per_s` the
+//!   same at flood (every agent resends as soon as answered, for `KV_BENCH_WINDOW` s, default
+//!   5). Counted with the manager's own `kernelvisor_manager_heartbeats_total`: what the intake
+//!   took; the registry applies the newest per agent every 100 ms (`HeartbeatInbox`).
+//! - `sweep_ms`: one agent-pool health-check sweep over every pool peer
 //!   (`kernelvisor_manager_pool_last_sweep_seconds` once `…_entries` equals the agent count;
-//!   median of 3 sweeps, `[agent-pool] health-check-interval = 2`). The pool makes an entry on
-//!   its first call to an agent, so the bench first creates one session per agent (least-loaded
-//!   placement puts each on a different agent) and deletes them again. The bench's own
-//!   heartbeats are paused while sweeps are read (real agents keep their 1 s heartbeats).
-//! - `create_p50_ms` (and p99): `POST /v1/sessions` latency of `KV_BENCH_SESSIONS` (default 50)
-//!   sequential sessions (cpu 0.1, mem 64m) while the heartbeat load runs; deleted afterwards.
-//!   For reference the same is measured first with only the agents' 1 s heartbeats.
-//! - `rss_mb`: the manager's VmRSS at the end of the phase.
+//!   median of 3, `health-check-interval = KV_BENCH_SWEEP_INTERVAL` (10 s), unpaced), with the
+//!   bench's heartbeats paused. The pool connects to each agent from its first heartbeat; the
+//!   bench waits for every peer to be healthy first.
+//! - `create_p50_ms` / `create_p99_ms`: `POST /v1/sessions` latency of `KV_BENCH_SESSIONS`
+//!   (default 50) sequential sessions (cpu 0.1, mem 64m) at the real heartbeat rate;
+//!   `create_flood_p50_ms` of 10 under the flood.
+//! - `rss_mb`: the manager's VmRSS after the flood.
+//! - `grace_exit_s`: SIGTERM, restart on the same store, until `/health` is `normal` with every
+//!   agent `ALIVE` (the agents beat at the real rate meanwhile).
 //!
-//! Agents: up to `KV_BENCH_REAL_AGENTS` (default 100) per phase are real
-//! `kernelvisor::agent::Agent`s (dummy backend, own SQLite store, outbox, event sender and 1 s
-//! heartbeats), all inside this process; the rest are simulated at the wire level: an
+//! Agents: up to `KV_BENCH_REAL_AGENTS` (default 100) are real `kernelvisor::agent::Agent`s
+//! (dummy backend, own SQLite store, outbox, event sender and heartbeats) in this process; the
+//! rest are simulated at the wire level in child processes of 2,500 (`KV_BENCH_SIM_HOST`): an
 //! `RpcServer` per agent answering `ping`, `create_kernels`, `destroy_kernel` and
-//! `reset_instance`, and heartbeats in the `docs/events.md` format. Under load the bench sends
-//! every agent's heartbeats itself (a real agent's map is its own `heartbeat::build`, refreshed
-//! each second, with a fresh `ts`). No CURVE: the intake and the agents are unauthenticated.
+//! `reset_instance`, and heartbeats in the `docs/events.md` format over 16 shared intake
+//! connections per process (this machine's hard `RLIMIT_NOFILE` is 20,000). No CURVE.
 //! Everything runs on one machine, so the bench's agents and load compete with the manager
-//! for the same cores; the table shows the manager's CPU share during the window.
+//! for the same cores; the table shows the manager's CPU share during the flood.
 //! The bench's HTTP requests (all but `GET /health`) carry the bootstrap admin key's secret as
 //! their bearer token: the manager writes it to `[api] admin-token-file` in the phase's temp dir.
 //!
-//! `KV_BENCH_AGENTS` (default `100,1000`) picks the agent counts. A fresh manager (and fresh
-//! agents) per count. Prints a table and ends with one JSON line:
-//! `[{"agents", "heartbeats_per_s", "sweep_ms", "create_p50_ms", "rss_mb"}, …]`.
+//! `KV_BENCH_AGENTS` (default `1000,10000`) picks the agent counts. A fresh manager (and fresh
+//! agents) per count. Prints a table and ends with one JSON line: `[{"agents",
+//! "heartbeats_per_s", "heartbeats_real_per_s", "sweep_ms", "create_p50_ms", "create_p99_ms",
+//! "create_flood_p50_ms", "rss_mb", "grace_exit_s", "heartbeat_interval_s"}, …]`.
 
 mod common;
 

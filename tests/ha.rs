@@ -322,3 +322,87 @@ fn three_managers_on_postgres_fail_over() {
     let duplicates = metric_at(&c, &c.api, "kernelvisor_manager_events_duplicate_total", "");
     eprintln!("events acked as duplicates on the last replica: {duplicates}");
 }
+
+/// A dangling report taken by a standby replica is resolved by the leader: reports live in the
+/// store (`dangling_reports`), not in the memory of the replica the agent happened to report to.
+#[test]
+fn a_dangling_report_taken_by_a_standby_is_resolved_by_the_leader() {
+    let mut c = Cluster::new(Db::Postgres);
+    c.manager_extra = "dangling-grace = 2\nleader-lease = 4\n".into();
+    // The leader sees the standby's heartbeats within about 2 s (write-behind, re-read).
+    c.heartbeat_timeout = 8.0;
+    c.start_manager();
+    let leader_api = c.api.clone();
+    wait_for(Duration::from_secs(15), "the first manager leads", || {
+        health(&c, &leader_api).filter(|h| h["leader"] == true)
+    });
+    let (api, intake) = (free_port(), free_port());
+    let mut standby = c.spawn_replica("standby", api, intake);
+    let standby_api = format!("http://127.0.0.1:{api}");
+    assert_eq!(
+        health(&c, &standby_api).expect("standby health")["leader"],
+        false
+    );
+    // The agent reports to the standby only.
+    c.agent_intakes = vec![intake];
+    let a = c.add_agent("dangling-ha", 33680, "");
+    let id = c.agents[a].id().to_owned();
+    c.wait_agent_status(&id, "ALIVE", Duration::from_secs(30));
+
+    // A container with the agent's id label that no manager placed: reported dangling at the
+    // agent's next start, to the standby.
+    c.stop_agent(a);
+    c.wait_agent_status(&id, "TERMINATED", Duration::from_secs(30));
+    let ghost_kernel = format!("ghost-{}", common::agent::run_id());
+    let ghost = common::agent::docker(&[
+        "run",
+        "-d",
+        "--label",
+        &format!("ai.backend.agent-id={id}"),
+        "--label",
+        &format!("ai.backend.kernel-id={ghost_kernel}"),
+        common::agent::TEST_IMAGE,
+    ]);
+    assert!(!ghost.is_empty(), "docker run the unknown container");
+    c.start_agent(a);
+    c.wait_agent_status(&id, "ALIVE", Duration::from_secs(30));
+    c.api = standby_api.clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the standby applies the report",
+        || {
+            (c.manager_metric(
+                "kernelvisor_manager_events_applied_total",
+                "kernel_dangling",
+            ) >= 1.0)
+                .then_some(())
+        },
+    );
+    // The leader destroys it once dangling-grace (2 s) is over.
+    c.api = leader_api.clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the leader destroys the unknown container",
+        || {
+            (c.manager_metric("kernelvisor_manager_dangling_kernels_total", "destroyed") >= 1.0)
+                .then_some(())
+        },
+    );
+    let left = common::agent::docker(&["ps", "-aq", "--filter", &format!("id={ghost}")]);
+    assert!(left.is_empty(), "the ghost container is gone: {left}");
+    let pending = c.store(|s| Box::pin(async move { s.dangling_reports().await.unwrap() }));
+    assert!(
+        pending.is_empty(),
+        "resolved reports leave the store: {pending:?}"
+    );
+    c.api = standby_api;
+    assert_eq!(
+        c.manager_metric("kernelvisor_manager_dangling_kernels_total", "destroyed"),
+        0.0,
+        "the standby leaves it to the leader"
+    );
+    c.api = leader_api;
+    c.check_invariants();
+    signal(standby.id(), "TERM");
+    wait_exit(&mut standby, Duration::from_secs(15));
+}

@@ -14,6 +14,10 @@
 //!
 //! Every outcome is logged and counted in `kernelvisor_manager_dangling_kernels_total{action}`
 //! (`reported`, `adopted`, `destroyed`, `gone`: the agent no longer has it, `failed`).
+//!
+//! Several replicas (issue 17): the report is stored with its event (`dangling_reports`); the
+//! leader loads what the store holds each tick and deletes a report once resolved, so one taken
+//! by a standby, or left unresolved by a leader that died, is resolved by the next leader.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -24,7 +28,7 @@ use rmpv::Value;
 use super::super::calls::call_agent;
 use super::super::metrics::ManagerMetrics;
 use super::super::pool::{AgentCallError, AgentPool};
-use super::super::store::Store;
+use super::super::store::{now, DanglingReport, Store};
 
 /// Longest wait between two tries of an agent that cannot be reached.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -63,39 +67,51 @@ pub(super) enum Outcome {
     Retry(String),
 }
 
+/// How long a resolved report is remembered, so that a store read begun before its row was
+/// deleted does not bring it back.
+const RESOLVED_MEMORY: Duration = Duration::from_secs(30);
+
 /// The reports being resolved, by `(agent id, kernel id)`.
 #[derive(Debug, Default)]
 pub(super) struct DanglingBook {
     entries: HashMap<(String, String), Pending>,
+    /// Recently resolved reports and when.
+    resolved: HashMap<(String, String), Instant>,
 }
 
 impl DanglingBook {
-    /// Records a report; a repeated one keeps its first deadline (the grace runs from the first
-    /// report, as a reaper's does).
-    pub fn report(
-        &mut self,
-        agent_id: &str,
-        kernel_id: &str,
-        session_id: &str,
-        adoptable: bool,
-        grace: Duration,
-    ) {
+    /// Records a report first made at `first_reported` (Unix seconds); a repeated one keeps its
+    /// first deadline (the grace runs from the first report, as a reaper's does).
+    pub fn report(&mut self, r: &DanglingReport, grace: Duration) {
+        let left = (r.first_reported + grace.as_secs_f64() - now()).max(0.0);
         let now = Instant::now();
         let e = self
             .entries
-            .entry((agent_id.to_owned(), kernel_id.to_owned()))
+            .entry((r.agent_id.clone(), r.kernel_id.clone()))
             .or_insert_with(|| Pending {
-                agent_id: agent_id.to_owned(),
-                kernel_id: kernel_id.to_owned(),
-                session_id: session_id.to_owned(),
-                adoptable,
-                destroy_after: now + grace,
+                agent_id: r.agent_id.clone(),
+                kernel_id: r.kernel_id.clone(),
+                session_id: r.session_id.clone(),
+                adoptable: r.adoptable,
+                destroy_after: now + Duration::from_secs_f64(left),
                 next_try: now,
                 in_flight: false,
                 attempts: 0,
             });
-        e.adoptable = adoptable;
+        e.adoptable = r.adoptable;
         e.next_try = now;
+    }
+
+    /// Takes what the store holds: reports not in the book yet (another replica's, or the
+    /// previous leader's) join it; ones resolved moments ago do not come back.
+    pub fn load(&mut self, reports: &[DanglingReport], grace: Duration) {
+        self.resolved.retain(|_, at| at.elapsed() < RESOLVED_MEMORY);
+        for r in reports {
+            let key = (r.agent_id.clone(), r.kernel_id.clone());
+            if !self.entries.contains_key(&key) && !self.resolved.contains_key(&key) {
+                self.report(r, grace);
+            }
+        }
     }
 
     /// The entries due now, marked in flight.
@@ -119,6 +135,7 @@ impl DanglingBook {
         match outcome {
             Outcome::Done(_) => {
                 self.entries.remove(&key);
+                self.resolved.insert(key, Instant::now());
                 None
             }
             Outcome::Wait => {
@@ -128,6 +145,7 @@ impl DanglingBook {
             Outcome::Retry(_) => {
                 e.attempts += 1;
                 if e.attempts >= MAX_ATTEMPTS {
+                    self.resolved.insert(key.clone(), Instant::now());
                     return self.entries.remove(&key);
                 }
                 let backoff = Duration::from_secs(1 << e.attempts.min(5)).min(MAX_BACKOFF);
@@ -142,12 +160,32 @@ fn failure_name(e: &AgentCallError) -> Option<&str> {
     e.failure().map(|m| m.name.as_str())
 }
 
-/// One step for `p`: decide from the store, then adopt or (once due) destroy.
+/// One step for `p`: decide from the store, then adopt or (once due) destroy. A resolved report
+/// leaves the store before the step ends (a failed delete is retried as a step).
 pub(super) async fn step(
     store: Store,
     pool: Addr<AgentPool>,
     metrics: &ManagerMetrics,
     p: Pending,
+    timeout: Duration,
+) -> Outcome {
+    let outcome = decide(&store, &pool, metrics, &p, timeout).await;
+    if matches!(outcome, Outcome::Done(_)) {
+        if let Err(e) = store
+            .resolve_dangling_report(&p.agent_id, &p.kernel_id)
+            .await
+        {
+            return Outcome::Retry(format!("store: {e}"));
+        }
+    }
+    outcome
+}
+
+async fn decide(
+    store: &Store,
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    p: &Pending,
     timeout: Duration,
 ) -> Outcome {
     let (agent, kernel) = (p.agent_id.as_str(), p.kernel_id.as_str());
@@ -164,7 +202,7 @@ pub(super) async fn step(
     // (and an older agent's report carries no `adoptable` at all).
     if live_here {
         let args = vec![Value::from(kernel)];
-        return match call_agent(&pool, metrics, agent, "adopt_kernel", args, timeout).await {
+        return match call_agent(pool, metrics, agent, "adopt_kernel", args, timeout).await {
             Ok(info) => {
                 let status =
                     super::super::events::field(info.as_map().map_or(&[], |m| m), "status")
@@ -185,7 +223,7 @@ pub(super) async fn step(
                 }
                 Some("KernelNotAdoptable") => {
                     let why = format!("{e} (reported adoptable: {})", p.adoptable);
-                    not_adoptable(&store, &p, &why).await
+                    not_adoptable(store, p, &why).await
                 }
                 // An agent without the method (older than dangling adoption): left alone.
                 Some(name) if name != "AgentShuttingDown" => {
@@ -201,7 +239,7 @@ pub(super) async fn step(
     }
     let args = vec![Value::from(kernel)];
     match call_agent(
-        &pool,
+        pool,
         metrics,
         agent,
         "destroy_dangling_kernel",
@@ -241,13 +279,24 @@ async fn not_adoptable(store: &Store, p: &Pending, why: &str) -> Outcome {
 mod tests {
     use super::*;
 
+    fn report(session: &str, adoptable: bool, first_reported: f64) -> DanglingReport {
+        DanglingReport {
+            agent_id: "a".into(),
+            kernel_id: "k".into(),
+            session_id: session.into(),
+            adoptable,
+            first_reported,
+        }
+    }
+
     #[test]
     fn book_keeps_the_first_deadline_and_backs_off() {
         let mut b = DanglingBook::default();
-        b.report("a", "k", "s", true, Duration::from_secs(60));
+        let grace = Duration::from_secs(60);
+        b.report(&report("s", true, now()), grace);
         let first = b.entries[&("a".into(), "k".into())].destroy_after;
         std::thread::sleep(Duration::from_millis(5));
-        b.report("a", "k", "s", false, Duration::from_secs(60));
+        b.report(&report("s", false, now()), grace);
         let e = &b.entries[&("a".into(), "k".into())];
         assert_eq!(
             e.destroy_after, first,
@@ -269,5 +318,25 @@ mod tests {
         b.due();
         b.settle(key.clone(), &Outcome::Done("destroyed"));
         assert!(b.entries.is_empty());
+        // A store read from before its row was deleted does not bring it back.
+        b.load(&[report("s", false, now())], grace);
+        assert!(b.entries.is_empty());
+    }
+
+    #[test]
+    fn a_stored_report_keeps_its_grace_from_the_first_report() {
+        let mut b = DanglingBook::default();
+        let grace = Duration::from_secs(60);
+        // Reported 50 s ago on another replica: 10 s of grace left, due now for its first step.
+        b.load(&[report("s", true, now() - 50.0)], grace);
+        let e = &b.entries[&("a".into(), "k".into())];
+        let left = e.destroy_after.saturating_duration_since(Instant::now());
+        assert!(left <= Duration::from_secs(10), "{left:?}");
+        assert!(left > Duration::from_secs(8), "{left:?}");
+        assert_eq!(b.due().len(), 1);
+        // Reported long ago: the grace is over.
+        let mut b = DanglingBook::default();
+        b.load(&[report("s", false, now() - 600.0)], grace);
+        assert!(b.entries[&("a".into(), "k".into())].destroy_after <= Instant::now());
     }
 }

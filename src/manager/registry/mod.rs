@@ -50,7 +50,7 @@ use super::events::{superseded, AgentEvent, EventBody};
 use super::leader::Leadership;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentEndpoint, AgentPool, Connect, Invalidate, Reconnect, RegisterAgent};
-use super::store::{now, AgentRow, Applied, KernelRow, Store};
+use super::store::{now, AgentRow, Applied, DanglingReport, KernelRow, Store};
 use crate::rpc::curve::CurveKey;
 
 /// Liveness statuses, as stored and shown.
@@ -137,6 +137,8 @@ pub struct AgentRegistry {
     refreshed_to: f64,
     refreshing: bool,
     flushing: bool,
+    /// A read of the stored dangling reports is in flight.
+    loading_dangling: bool,
     /// Where the scheduler may place, built on demand and dropped when a status, address or
     /// slot total changes (not on every heartbeat's `seen_at`): a fleet's worth of rows is not
     /// copied for every create.
@@ -199,9 +201,36 @@ impl AgentRegistry {
             refreshed_to: started_at - REFRESH_OVERLAP,
             refreshing: false,
             flushing: false,
+            loading_dangling: false,
             candidates: None,
             inbox,
         }
+    }
+
+    /// Takes the reports the store holds (other replicas', the previous leader's) into the
+    /// book, then drives it; the leader's duty. One read at a time.
+    fn load_dangling(&mut self, ctx: &mut Context<Self>) {
+        if !self.leader.is_leader() || self.loading_dangling {
+            return;
+        }
+        self.loading_dangling = true;
+        let store = self.store.clone();
+        ctx.spawn(
+            async move { store.dangling_reports().await }
+                .into_actor(self)
+                .map(|res, act, ctx| {
+                    act.loading_dangling = false;
+                    match res {
+                        Ok(reports) => {
+                            act.dangling.load(&reports, act.spec.dangling_grace);
+                            act.drive_dangling(ctx);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading dangling kernel reports failed")
+                        }
+                    }
+                }),
+        );
     }
 
     /// Runs a step for every dangling report that is due (dangling.rs); the leader's duty.
@@ -235,6 +264,10 @@ impl AgentRegistry {
                         if let Some(p) = act.dangling.settle(key, &outcome) {
                             tracing::error!(agent_id = %p.agent_id, kernel_id = %p.kernel_id, "dangling kernel unresolved after many tries: given up (reported again on the agent's next start)");
                             act.metrics.dangling_kernels.with_label_values(&["failed"]).inc();
+                            let store = act.store.clone();
+                            actix::spawn(async move {
+                                let _ = store.resolve_dangling_report(&p.agent_id, &p.kernel_id).await;
+                            });
                         }
                     }),
             );
@@ -735,7 +768,7 @@ impl Actor for AgentRegistry {
             if matches!(act.mode, Mode::Normal) {
                 act.check_liveness(ctx);
             }
-            act.drive_dangling(ctx);
+            act.load_dangling(ctx);
         });
         let retention = self.spec.processed_event_retention.as_secs_f64();
         ctx.run_interval(Duration::from_secs(3600), move |act, ctx| {
@@ -838,7 +871,11 @@ impl Handler<ApplyEvents> for AgentRegistry {
             .map(|(acked, dangling, agent_id), act, ctx| {
                 for (kernel_id, session_id, adoptable) in dangling {
                     act.metrics.dangling_kernels.with_label_values(&["reported"]).inc();
-                    act.dangling.report(&agent_id, &kernel_id, &session_id, adoptable, act.spec.dangling_grace);
+                    // Stored with its event; the leader acts on it (a standby's waits in the store).
+                    if act.leader.is_leader() {
+                        let r = DanglingReport { agent_id: agent_id.clone(), kernel_id, session_id, adoptable, first_reported: now() };
+                        act.dangling.report(&r, act.spec.dangling_grace);
+                    }
                 }
                 act.drive_dangling(ctx);
                 acked

@@ -5,6 +5,7 @@
 use sqlx::{Any, Transaction};
 
 use super::agents::{upsert_in, AgentRow};
+use super::dangling::report_in;
 use super::kernels::{advance_in, restarting_in, set_result_in, terminate_in};
 use super::{now, Store, StoreError};
 use crate::manager::events::{AgentEvent, EventBody};
@@ -82,7 +83,15 @@ impl Store {
             EventBody::KernelRestarting { kernel_id, .. } => {
                 restarting_in(&mut tx, kernel_id).await?;
             }
-            EventBody::KernelDangling { .. } | EventBody::Other { .. } => {}
+            EventBody::KernelDangling {
+                kernel_id,
+                session_id,
+                adoptable,
+                ..
+            } => {
+                report_in(&mut tx, agent_id, kernel_id, session_id, *adoptable).await?;
+            }
+            EventBody::Other { .. } => {}
         }
         tx.commit().await?;
         Ok(Applied::Applied)

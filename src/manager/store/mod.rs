@@ -7,6 +7,7 @@
 //! (invariant 2 of `docs/scenarios.md`; the column also has `CHECK (concurrency_used >= 0)`).
 
 mod agents;
+mod dangling;
 mod events;
 mod kernels;
 mod keys;
@@ -19,6 +20,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Executor};
 
 pub use agents::AgentRow;
+pub use dangling::DanglingReport;
 pub use events::Applied;
 pub use kernels::{KernelRow, NewKernel, ReserveError, Usage};
 pub use keys::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
