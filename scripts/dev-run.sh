@@ -63,7 +63,9 @@ printf 'export KERNELVISOR_API=%s\nexport KERNELVISOR_TOKEN=%s\n' "$KERNELVISOR_
 umask 022
 echo "waiting for agent-dev to be ALIVE on the manager (logs: $dev/logs/)…"
 for i in $(seq 60); do
-  if ctl -o json agents 2>/dev/null | grep -q '"status": "ALIVE"'; then break; fi
+  # ALIVE with its heartbeat applied (placement needs the slots it reports).
+  agents=$(ctl -o json agents 2>/dev/null || true)
+  if echo "$agents" | grep -q '"status": "ALIVE"' && ! echo "$agents" | grep -q '"last_heartbeat": null'; then break; fi
   kill -0 "$manager" 2>/dev/null || { echo "the manager exited; see $dev/logs/manager.log" >&2; exit 1; }
   kill -0 "$agent" 2>/dev/null || { echo "the agent exited; see $dev/logs/agent.log" >&2; exit 1; }
   [ "$i" = 60 ] && { echo "agent-dev not ALIVE after 60 s; see $dev/logs/" >&2; exit 1; }

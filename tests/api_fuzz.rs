@@ -178,7 +178,8 @@ fn schemathesis_finds_nothing() {
         .unwrap();
     procs.0.push(agent);
 
-    // The agent ALIVE and the start-up grace over: kernel routes would answer 503 before.
+    // The agent ALIVE (its heartbeat applied: placement needs its slots) and the start-up grace
+    // over: kernel routes would answer 503 before.
     wait_for(Duration::from_secs(60), "the manager's API", || {
         let (status, _) = call("GET", &format!("{api}/health"), None, None);
         (status == 200).then_some(())
@@ -193,9 +194,10 @@ fn schemathesis_finds_nothing() {
         || {
             let (_, h) = call("GET", &format!("{api}/health"), None, None);
             let (_, agents) = call("GET", &format!("{api}/v1/agents"), Some(&admin), None);
-            let alive = agents["agents"]
-                .as_array()
-                .is_some_and(|a| a.iter().any(|a| a["status"] == "ALIVE"));
+            let alive = agents["agents"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|a| a["status"] == "ALIVE" && !a["last_heartbeat"].is_null())
+            });
             (h["mode"] == "normal" && h["agents_alive"].as_u64() >= Some(1) && alive).then_some(())
         },
     );

@@ -960,7 +960,11 @@ pub struct PlacementCandidates;
 
 impl Handler<PlacementCandidates> for AgentRegistry {
     type Result = MessageResult<PlacementCandidates>;
-    fn handle(&mut self, _: PlacementCandidates, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: PlacementCandidates, ctx: &mut Context<Self>) -> Self::Result {
+        // Placement sees every heartbeat the intake took before it asked, not only the last batch.
+        if matches!(self.mode, Mode::Normal) {
+            self.take_heartbeats(ctx);
+        }
         let agents = &self.agents;
         let list = self.candidates.get_or_insert_with(|| {
             Arc::new(
