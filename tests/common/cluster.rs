@@ -228,24 +228,58 @@ impl Cluster {
 
     /// Starts (or restarts) the manager process on the same store and ports, and waits for its API.
     pub fn start_manager(&mut self) {
-        let port = if self.api.is_empty() {
-            free_port()
-        } else {
-            self.api.rsplit(':').next().unwrap().parse().unwrap()
-        };
-        self.api = format!("http://127.0.0.1:{port}");
-        let config = self.manager_config(port);
-        let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
-            .args(["manager", "--config"])
-            .arg(&config)
-            .stdout(log_file(self.dir.path(), "manager"))
-            .stderr(log_file(self.dir.path(), "manager"))
-            .spawn()
-            .unwrap();
-        self.manager = Some(child);
-        wait_for(Duration::from_secs(30), "the manager's API", || {
-            self.get("/health").ok().filter(|a| a.status == 200)
-        });
+        // A first start picks free ports; one taken meanwhile (a port is free only until
+        // someone binds it) is picked again rather than failing the test.
+        let first = self.api.is_empty() && self.agents.is_empty();
+        for attempt in 1.. {
+            let port = if self.api.is_empty() {
+                free_port()
+            } else {
+                self.api.rsplit(':').next().unwrap().parse().unwrap()
+            };
+            self.api = format!("http://127.0.0.1:{port}");
+            let config = self.manager_config(port);
+            let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+                .args(["manager", "--config"])
+                .arg(&config)
+                .stdout(log_file(self.dir.path(), "manager"))
+                .stderr(log_file(self.dir.path(), "manager"))
+                .spawn()
+                .unwrap();
+            self.manager = Some(child);
+            let started = Instant::now();
+            let mut exited = None;
+            while self
+                .get("/health")
+                .ok()
+                .filter(|a| a.status == 200)
+                .is_none()
+            {
+                exited = self.manager.as_mut().unwrap().try_wait().unwrap();
+                if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let log =
+                std::fs::read_to_string(self.dir.path().join("manager.log")).unwrap_or_default();
+            match exited {
+                None if started.elapsed() <= Duration::from_secs(30) => break,
+                Some(_) if first && attempt < 3 && log.contains("in use") => {
+                    eprintln!("the manager's ports were taken meanwhile; picking others");
+                    self.api.clear();
+                    self.intake_port = free_port();
+                    continue;
+                }
+                _ => {}
+            }
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "the manager's API did not answer within {:?} (exit: {exited:?}); its log ends:\n{}",
+                started.elapsed(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         if self.token.is_empty() {
             self.admin_token = std::fs::read_to_string(self.dir.path().join("admin-token"))
                 .expect("the manager wrote its admin token")
