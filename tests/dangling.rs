@@ -25,8 +25,8 @@ use std::process::Child;
 
 use common::agent::spawn_agent_process;
 use common::agent::{
-    call, client, create_one, docker, failure_name, field, inspect, kernel_config, map, read,
-    run_id, usage, AgentFixture, TEST_IMAGE,
+    call, client, create_one, docker, failure_name, field, ghost_container, inspect, kernel_config,
+    map, read, run_id, usage, AgentFixture, TEST_IMAGE,
 };
 use common::cluster::{wait_for, Cluster, Db};
 use kernelvisor::rpc::{Call, CallError};
@@ -114,16 +114,7 @@ fn store_loss(db: Db, ports: u16) {
     }
     assert!(!var.join("agent.db").exists(), "the store is gone");
     let ghost_kernel = format!("ghost-{}", run_id());
-    let ghost = docker(&[
-        "run",
-        "-d",
-        "--label",
-        &format!("ai.backend.agent-id={id}"),
-        "--label",
-        &format!("ai.backend.kernel-id={ghost_kernel}"),
-        TEST_IMAGE,
-    ]);
-    assert!(!ghost.is_empty(), "docker run the unknown container");
+    let ghost = ghost_container(&id, &ghost_kernel);
     let reported_before = c.manager_metric(
         "kernelvisor_manager_events_applied_total",
         "kernel_dangling",

@@ -354,16 +354,7 @@ fn a_dangling_report_taken_by_a_standby_is_resolved_by_the_leader() {
     c.stop_agent(a);
     c.wait_agent_status(&id, "TERMINATED", Duration::from_secs(30));
     let ghost_kernel = format!("ghost-{}", common::agent::run_id());
-    let ghost = common::agent::docker(&[
-        "run",
-        "-d",
-        "--label",
-        &format!("ai.backend.agent-id={id}"),
-        "--label",
-        &format!("ai.backend.kernel-id={ghost_kernel}"),
-        common::agent::TEST_IMAGE,
-    ]);
-    assert!(!ghost.is_empty(), "docker run the unknown container");
+    let ghost = common::agent::ghost_container(&id, &ghost_kernel);
     c.start_agent(a);
     c.wait_agent_status(&id, "ALIVE", Duration::from_secs(30));
     c.api = standby_api.clone();

@@ -384,12 +384,7 @@ async fn invalidated_entry_is_healed_by_a_successful_health_check() {
 /// without any call: every known agent keeps its peer and health checks.
 #[actix_rt::test]
 async fn a_persistent_peer_that_failed_its_handshake_is_connected_by_the_next_sweep() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let endpoint = format!("tcp://127.0.0.1:{}", common::agent::free_port());
     let spec = kernelvisor::manager::pool::PoolSpec {
         health_check_interval: Duration::from_secs(3600),
         handshake_timeout: Duration::from_millis(300),

@@ -28,6 +28,23 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Starts a container of the test image labelled as agent `agent_id`'s kernel `kernel_id`
+/// (one no manager placed: reported `kernel_dangling` at the agent's next start). Returns its id.
+#[allow(dead_code)]
+pub fn ghost_container(agent_id: &str, kernel_id: &str) -> String {
+    let id = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &format!("ai.backend.agent-id={agent_id}"),
+        "--label",
+        &format!("ai.backend.kernel-id={kernel_id}"),
+        TEST_IMAGE,
+    ]);
+    assert!(!id.is_empty(), "docker run the unknown container");
+    id
+}
+
 /// An agent's directory, config and cleanup guard.
 pub struct AgentFixture {
     pub dir: tempfile::TempDir,
