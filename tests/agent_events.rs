@@ -439,8 +439,9 @@ async fn events_and_heartbeats_fail_over_and_shutdown_is_bounded() {
     agent.shutdown(OnShutdown::Preserve).await;
     let took = started.elapsed();
     eprintln!("the agent stopped in {took:?} with no manager (event-ack-timeout 10 s)");
+    // Issue 17 asks for 2 s; the bound leaves room for a loaded machine, the figure is printed.
     assert!(
-        took < Duration::from_secs(4),
+        took < Duration::from_secs(3),
         "the agent took {took:?} to stop with no manager"
     );
 }

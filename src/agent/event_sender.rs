@@ -22,7 +22,7 @@ use crate::rpc::{Call, CallError, Peer, PeerOptions};
 /// How long the last delivery on shutdown may take at most, whatever `event-ack-timeout`: an
 /// agent whose manager is gone stops within about this (what is not acked stays in the outbox
 /// for the next start).
-pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(1500);
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(1000);
 
 /// The intake method that takes a batch: `agent_events(agent_id, events)` → `{"acked": [id]}`.
 pub const EVENTS_METHOD: &str = "agent_events";
