@@ -149,7 +149,7 @@ fn schemathesis_finds_nothing() {
              backend = \"dummy\"\non-shutdown = \"terminate\"\n\n\
              [manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\nheartbeat-interval = 1\n\
              event-ack-timeout = 2\nevent-retry-max = 1\n\n\
-             [container]\nport-range = [42000, 42999]\nport-reuse-cooldown = 0.1\nbind-host = \"127.0.0.1\"\n\
+             [container]\nport-range = [22000, 22999]\nport-reuse-cooldown = 0.1\nbind-host = \"127.0.0.1\"\n\
              scratch-root = \"{d}/scratches\"\nvfolder-root = \"{d}/vfolders\"\n\n\
              [resource]\nreserved-cpu = 0\nreserved-mem = 0\ncpu = 100000\nmem = \"64t\"\n\n\
              [stats]\nnode-interval = 60\ncontainer-interval = 60\ngpu-interval = 60\n\n\

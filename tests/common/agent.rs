@@ -53,9 +53,17 @@ pub struct AgentFixture {
     pub port_range: (u16, u16),
 }
 
+/// Tests name their agents' host port ranges from 30000 up; they are moved down by this much,
+/// below Linux's ephemeral range (32768–60999), where an outgoing connection or a
+/// [`free_port`] could take one of them meanwhile (CI once saw `bind: address already in use`).
+const PORT_SHIFT: u16 = 12_000;
+
 impl AgentFixture {
-    /// A fixture for agent `<name>-<run id>` with host ports `lo..lo+range_len`.
+    /// A fixture for agent `<name>-<run id>` with host ports `lo - PORT_SHIFT` and the
+    /// `range_len - 1` after it (`lo` ≥ 30000, distinct per test as before).
     pub fn new(name: &str, lo: u16, range_len: u16) -> AgentFixture {
+        assert!(lo >= 30_000, "test port ranges start at 30000 or above");
+        let lo = lo - PORT_SHIFT;
         let dir = tempfile::Builder::new()
             .prefix(&format!("kv-{name}-"))
             .tempdir()
