@@ -81,6 +81,9 @@ impl Manager {
         let metrics = Arc::new(metrics::ManagerMetrics::new());
 
         let mut pool_spec = config.agent_pool.spec();
+        // The heartbeat inbox's bound: the configured fleet, not the descriptor-derived estimate
+        // below (agents sharing connections need fewer).
+        let inbox_capacity = pool_spec.max_agents as usize;
         match config.agent_pool.max_agents {
             Some(n) => {
                 crate::limits::ensure_open_files(
@@ -97,8 +100,6 @@ impl Manager {
                 }
             }
         }
-        // Not the descriptor-derived estimate above: agents sharing connections need fewer.
-        let max_agents = config.agent_pool.spec().max_agents as usize;
         let pool = AgentPool::new(pool_spec, keypair.clone())
             .context("[agent-pool] max-agents / io-threads")?
             .start();
@@ -128,8 +129,8 @@ impl Manager {
             dangling_call_timeout: config.scheduler.destroy_timeout.0,
         };
         let rows = store.agents().await?;
-        // One heartbeat per agent waits at most: bounded by the fleet the pool serves.
-        let inbox = Arc::new(HeartbeatInbox::new(max_agents));
+        // One heartbeat per agent waits at most.
+        let inbox = Arc::new(HeartbeatInbox::new(inbox_capacity));
         let leader = leader::Leadership::start(&store, m.leader_lease.0);
         let registry = AgentRegistry::new(
             store.clone(),

@@ -7,7 +7,7 @@ use super::auth::Caller;
 use super::openapi;
 use super::{ApiState, Res};
 use crate::manager::pool::GetPoolStats;
-use crate::manager::registry::{CountAlive, CountByStatus, GraceRemaining, ListAgents};
+use crate::manager::registry::{CountByStatus, GraceRemaining, ListAgents, ALIVE};
 
 /// Every known agent: liveness, slots, kernels (admin). `slots_total` is every slot the agent
 /// has, `slots_used` the sum of the slots its live kernels hold over the same slots (and any
@@ -61,7 +61,13 @@ pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
 )]
 pub(super) async fn health(s: web::Data<ApiState>) -> Res {
     let grace = s.registry.send(GraceRemaining).await?;
-    let alive = s.registry.send(CountAlive).await?;
+    let alive = s
+        .registry
+        .send(CountByStatus)
+        .await?
+        .get(ALIVE)
+        .copied()
+        .unwrap_or(0);
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "status": "ok", "mode": if grace.is_some() { "grace" } else { "normal" }, "agents_alive": alive,
         "leader": s.leader.is_leader(), "replica": s.store.replica_id(),
@@ -84,7 +90,7 @@ pub(super) async fn metrics(s: web::Data<ApiState>, caller: Caller) -> Res {
     let m = &s.metrics;
     m.agents.reset();
     for status in [
-        crate::manager::registry::ALIVE,
+        ALIVE,
         crate::manager::registry::LOST,
         crate::manager::registry::PENDING,
         crate::manager::registry::TERMINATED,

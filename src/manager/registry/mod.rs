@@ -50,7 +50,7 @@ use super::events::{superseded, AgentEvent, EventBody};
 use super::leader::Leadership;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentEndpoint, AgentPool, Connect, Invalidate, Reconnect, RegisterAgent};
-use super::store::{now, AgentRow, Applied, DanglingReport, KernelRow, Store};
+use super::store::{now, AgentRow, Applied, KernelRow, Store};
 use crate::rpc::curve::CurveKey;
 
 /// Liveness statuses, as stored and shown.
@@ -845,14 +845,13 @@ impl Handler<ApplyEvents> for AgentRegistry {
         Box::pin(
             async move {
                 let mut acked = Vec::with_capacity(plan.len());
-                let mut dangling = Vec::new();
                 for (ev, row, skip) in plan {
                     match store.apply_event(&agent_id, &ev, row.as_ref(), skip).await {
                         Ok(Applied::Applied) => {
                             metrics.events_applied.with_label_values(&[ev.body.name()]).inc();
                             if let EventBody::KernelDangling { kernel_id, container_id, session_id, running, host_ports, adoptable } = &ev.body {
                                 tracing::warn!(%agent_id, %kernel_id, %container_id, %session_id, running, ?host_ports, adoptable, "agent reports a dangling container");
-                                dangling.push((kernel_id.clone(), session_id.clone(), *adoptable));
+                                metrics.dangling_kernels.with_label_values(&["reported"]).inc();
                             }
                         }
                         Ok(Applied::Duplicate) => metrics.events_duplicate.inc(),
@@ -865,19 +864,13 @@ impl Handler<ApplyEvents> for AgentRegistry {
                     }
                     acked.push(ev.id);
                 }
-                (acked, dangling, agent_id)
+                acked
             }
             .into_actor(self)
-            .map(|(acked, dangling, agent_id), act, ctx| {
-                for (kernel_id, session_id, adoptable) in dangling {
-                    act.metrics.dangling_kernels.with_label_values(&["reported"]).inc();
-                    // Stored with its event; the leader acts on it (a standby's waits in the store).
-                    if act.leader.is_leader() {
-                        let r = DanglingReport { agent_id: agent_id.clone(), kernel_id, session_id, adoptable, first_reported: now() };
-                        act.dangling.report(&r, act.spec.dangling_grace);
-                    }
-                }
-                act.drive_dangling(ctx);
+            .map(|acked, act, ctx| {
+                // Stored with its event: the leader reads it now (a standby leaves it to the
+                // leader, which reads the store each tick).
+                act.load_dangling(ctx);
                 acked
             }),
         )
@@ -909,22 +902,7 @@ impl Handler<ListAgents> for AgentRegistry {
     }
 }
 
-/// How many agents are `ALIVE` (`/health`, without copying every row).
-#[derive(Message)]
-#[rtype(result = "usize")]
-pub struct CountAlive;
-
-impl Handler<CountAlive> for AgentRegistry {
-    type Result = usize;
-    fn handle(&mut self, _: CountAlive, _: &mut Context<Self>) -> usize {
-        self.agents
-            .values()
-            .filter(|s| s.row.status == ALIVE)
-            .count()
-    }
-}
-
-/// How many agents are in each status (`/metrics`, without copying every row).
+/// How many agents are in each status (`/health`, `/metrics`; without copying every row).
 #[derive(Message)]
 #[rtype(result = "HashMap<String, usize>")]
 pub struct CountByStatus;
