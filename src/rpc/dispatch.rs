@@ -101,6 +101,28 @@ impl Dispatcher {
         self
     }
 
+    /// Registers a typed method of the agent contract ([`super::agent_api`]): the call's
+    /// arguments are decoded into `M::Args` (a missing or mistyped one is a FAILURE `TypeError`
+    /// naming it) and the handler's `M::Reply` is encoded with named fields. The handler also
+    /// gets the raw [`Call`] (for what the arguments do not carry, e.g. the ZAP user id).
+    pub fn register_method<M, F, Fut>(&mut self, handler: F) -> &mut Self
+    where
+        M: super::agent_api::Method + 'static,
+        F: Fn(M::Args, Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Reply, ErrorMeta>> + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.register(M::NAME, move |call| {
+            let handler = handler.clone();
+            async move {
+                let args = super::agent_api::decode_args::<M>(&call)
+                    .map_err(|e| ErrorMeta::new("TypeError", format!("{}(): {e}", M::NAME)))?;
+                let reply = handler(args, call).await?;
+                Ok(super::agent_api::to_value(&reply))
+            }
+        })
+    }
+
     /// Makes `alias` call the handler registered as `target` (e.g. `reset_instance` → `reset_agent`).
     ///
     /// Panics if `target` is not registered: a wiring mistake caught at start-up.

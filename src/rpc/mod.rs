@@ -6,6 +6,7 @@
 //! - [`dispatch`] and [`server`]: the agent's ROUTER endpoint and its method table.
 //! - [`peer`]: one persistent DEALER connection, shared by concurrent callers.
 
+pub mod agent_api;
 pub mod codec;
 pub mod context;
 pub mod curve;
