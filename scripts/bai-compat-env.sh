@@ -28,7 +28,7 @@ $sudo_ cp /etc/resolv.conf "$root/etc/resolv.conf"
 $sudo_ cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/kv-host-ca.crt"
 echo "bai-compat: installing backend.ai-manager==$BAI_VERSION into $root/opt/bai" >&2
 $sudo_ chroot "$root" /usr/bin/python3 -m venv /opt/bai
-$sudo_ chroot "$root" env -u PIP_FIND_LINKS PIP_CERT=/etc/ssl/certs/kv-host-ca.crt \
+$sudo_ chroot "$root" env -u PIP_FIND_LINKS -u PIP_CERT SSL_CERT_FILE=/etc/ssl/certs/kv-host-ca.crt \
   /opt/bai/bin/pip install --quiet \
   "backend.ai-manager==$BAI_VERSION" "backend.ai-common==$BAI_VERSION" >&2
 $sudo_ touch "$stamp"

@@ -339,13 +339,16 @@ fn rebuild(
         environ,
         mounts: mounts
             .iter()
-            .map(|b| super::kernel::config::MountRequest {
-                name: b
-                    .container_path
-                    .trim_start_matches("/home/work/")
-                    .to_owned(),
-                host_path: b.host_path.clone(),
-                read_only: b.read_only,
+            .map(|b| {
+                let under_work = b.container_path.strip_prefix("/home/work/");
+                super::kernel::config::MountRequest {
+                    name: under_work
+                        .unwrap_or_else(|| b.container_path.rsplit('/').next().unwrap_or_default())
+                        .to_owned(),
+                    host_path: b.host_path.clone(),
+                    read_only: b.read_only,
+                    kernel_path: under_work.is_none().then(|| b.container_path.clone()),
+                }
             })
             .collect(),
         service_ports: requests.clone(),
@@ -364,6 +367,15 @@ fn rebuild(
             .filter(|p| p.check().is_ok())
             .unwrap_or_default(),
         inject: Injection::default(),
+        uid: None,
+        main_gid: None,
+        supplementary_gids: Vec::new(),
+        // It already ran when the kernel was first created.
+        bootstrap_script: None,
+        allocated_host_ports: Vec::new(),
+        idle_timeout: None,
+        cluster_hostname: None,
+        image_config: None,
     };
     let resources = KernelResources {
         image,

@@ -19,6 +19,12 @@ use super::metrics::ManagerMetrics;
 use super::pool::AgentPool;
 use super::registry::{AgentRegistry, PlacementCandidates};
 use super::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store, Usage};
+use crate::agent::kernel::config::ACCESS_KEY_ENV;
+use crate::rpc::agent_api::kernel::{
+    ClusterInfo, CreateKernels, CreateKernelsArgs, ImageConfig, KernelCreationConfig,
+    ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
+};
+use crate::rpc::agent_api::{decode_reply, encode_args, to_value};
 use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
 use crate::workload::RestartPolicy;
 
@@ -297,7 +303,7 @@ async fn resolve_mounts(
     store: &Store,
     owner: &str,
     mounts: &[MountSpec],
-) -> Result<Vec<Value>, ManagerError> {
+) -> Result<Vec<VFolderMount>, ManagerError> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(mounts.len());
     for m in mounts {
@@ -312,11 +318,13 @@ async fn resolve_mounts(
         if store.vfolder(owner, &m.name).await?.is_none() {
             return Err(ManagerError::VfolderNotFound(m.name.clone()));
         }
-        out.push(Value::Map(vec![
-            ("name".into(), m.name.clone().into()),
-            ("host_path".into(), format!("{owner}/{}", m.name).into()),
-            ("permission".into(), permission.into()),
-        ]));
+        out.push(VFolderMount {
+            name: m.name.clone(),
+            host_path: format!("{owner}/{}", m.name),
+            kernel_path: Some(format!("/home/work/{}", m.name)),
+            mount_perm: permission.into(),
+            ..VFolderMount::default()
+        });
     }
     Ok(out)
 }
@@ -420,62 +428,56 @@ impl Handler<CreateSession> for Scheduler {
                     }
                 }
             };
-            let mut config = vec![
-                ("image".into(), req.image.clone().into()),
-                ("resource_slots".into(), slots.to_msgpack()),
-                (
-                    "environ".into(),
-                    Value::Map(
-                        req.environ
-                            .iter()
-                            .map(|(k, v)| (k.clone().into(), v.clone().into()))
-                            .collect(),
-                    ),
-                ),
-                ("mounts".into(), Value::Array(mounts)),
-                (
-                    "owner".into(),
-                    Value::Map(vec![("access_key".into(), owner.clone().into())]),
-                ),
-                ("session_type".into(), session_type.into()),
-            ];
-            if let Some(c) = &req.command {
-                config.push(("command".into(), c.clone().into()));
-            }
-            if !req.service_ports.is_empty() {
-                let ports = req
+            let mut environ: BTreeMap<String, Value> = req
+                .environ
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .collect();
+            environ.insert(ACCESS_KEY_ENV.into(), owner.as_str().into());
+            let config = KernelCreationConfig {
+                image: ImageConfig::local(&req.image),
+                kernel_id: Some(kernel_id.clone()),
+                session_id: Some(session_id.clone()),
+                network_id: Some(session_id.clone()),
+                session_type: match session_type {
+                    "batch" => SessionTypes::Batch,
+                    _ => SessionTypes::Interactive,
+                },
+                cluster_role: Some("main".into()),
+                cluster_idx: Some(1),
+                cluster_hostname: Some("main1".into()),
+                resource_slots: match slots.to_msgpack() {
+                    Value::Map(m) => m
+                        .into_iter()
+                        .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
+                        .collect(),
+                    _ => BTreeMap::new(),
+                },
+                environ,
+                mounts,
+                startup_command: req.command.clone(),
+                service_ports: req
                     .service_ports
                     .iter()
-                    .map(|sp| {
-                        Value::Map(vec![
-                            ("name".into(), sp.name.clone().into()),
-                            (
-                                "protocol".into(),
-                                sp.protocol.clone().unwrap_or_else(|| "tcp".into()).into(),
-                            ),
-                            (
-                                "container_ports".into(),
-                                Value::Array(
-                                    sp.container_ports.iter().map(|&p| p.into()).collect(),
-                                ),
-                            ),
-                        ])
+                    .map(|sp| WireServicePort {
+                        name: sp.name.clone(),
+                        protocol: sp.protocol.clone().unwrap_or_else(|| "tcp".into()),
+                        container_ports: sp.container_ports.clone(),
                     })
-                    .collect();
-                config.push(("service_ports".into(), Value::Array(ports)));
-            }
-            if let Some(t) = req.batch_timeout {
-                config.push(("batch_timeout".into(), Value::F64(t)));
-            }
-            if let Some(p) = &req.restart_policy {
-                config.push(("restart_policy".into(), p.to_value()));
-            }
-            let config = Value::Map(config);
-            let args = vec![
-                session_id.clone().into(),
-                Value::Array(vec![kernel_id.clone().into()]),
-                Value::Array(vec![config]),
-            ];
+                    .collect(),
+                batch_timeout: req.batch_timeout,
+                restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
+                agent_addr: None,
+                ..KernelCreationConfig::default()
+            };
+            let call = encode_args::<CreateKernels>(&CreateKernelsArgs {
+                session_id: session_id.clone(),
+                kernel_ids: vec![kernel_id.clone()],
+                configs: vec![to_value(&config)],
+                cluster_info: Some(ClusterInfo::default()),
+                kernel_image_refs: None,
+            });
+            let args = call.args;
             match call_agent(
                 &pool,
                 &metrics,
@@ -486,13 +488,12 @@ impl Handler<CreateSession> for Scheduler {
             )
             .await
             {
-                Ok(infos) => {
-                    let status = infos
-                        .as_array()
-                        .and_then(|a| a.first())
-                        .and_then(Value::as_map)
-                        .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some("status")))
-                        .and_then(|(_, v)| v.as_str())
+                Ok(reply) => {
+                    let status = decode_reply::<CreateKernels>(reply)
+                        .map_err(|e| ManagerError::Internal(e.to_string()))?
+                        .first()
+                        .and_then(|r| r.info.get("status"))
+                        .and_then(Value::as_str)
                         .unwrap_or("RUNNING")
                         .to_owned();
                     store.advance_kernel(&kernel_id, &status).await?;

@@ -375,12 +375,15 @@ impl ContainerBackend for DockerBackend {
                     .collect()
             }),
             privileged: Some(false),
+            group_add: (!spec.group_add.is_empty()).then(|| spec.group_add.clone()),
             ..Default::default()
         };
         let config = Config {
             image: Some(spec.image.clone()),
             cmd: spec.cmd.clone(),
             working_dir: spec.working_dir.clone(),
+            user: spec.user.clone(),
+            hostname: spec.hostname.clone(),
             env: Some(spec.env.clone()),
             labels: Some(spec.labels.clone()),
             exposed_ports: Some(
@@ -517,6 +520,9 @@ impl ContainerBackend for DockerBackend {
             device_nodes,
             cmd: config.cmd,
             working_dir: config.working_dir.filter(|w| !w.is_empty()),
+            user: config.user.filter(|u| !u.is_empty()),
+            group_add: host.group_add.unwrap_or_default(),
+            hostname: None,
         };
         Ok(Some(ContainerDescription {
             id: c.id.unwrap_or_else(|| id.to_owned()),

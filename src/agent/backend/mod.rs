@@ -171,6 +171,13 @@ pub struct ContainerSpec {
     pub cmd: Option<Vec<String>>,
     /// Replaces the image's working directory.
     pub working_dir: Option<String>,
+    /// `uid[:gid]` the container's processes run as; the image's user when `None`
+    /// (Backend.AI's `uid` / `main_gid`).
+    pub user: Option<String>,
+    /// Supplementary group ids (Backend.AI's `supplementary_gids`).
+    pub group_add: Vec<String>,
+    /// The container's hostname (Backend.AI's `cluster_hostname`); the engine's when `None`.
+    pub hostname: Option<String>,
 }
 
 /// A container's state as the engine reports it.

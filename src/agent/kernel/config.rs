@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use super::error::KernelError;
 use crate::agent::resources::SlotRequest;
+use crate::rpc::agent_api::kernel::{
+    ImageConfig, ImageRegistry, KernelCreationConfig, SessionTypes,
+};
 use crate::slots::{ResourceSlots, SlotTypes};
 use crate::workload::RestartPolicy;
 
@@ -23,6 +26,9 @@ pub struct MountRequest {
     pub host_path: String,
     /// `true` for `"ro"`.
     pub read_only: bool,
+    /// Where it appears in the container; `/home/work/<name>` when `None`.
+    #[serde(default)]
+    pub kernel_path: Option<String>,
 }
 
 /// A service port the kernel exposes: `{"name", "protocol", "container_ports": [int]}`.
@@ -113,6 +119,32 @@ pub struct KernelConfig {
     /// Failure injection (tests only).
     #[serde(default)]
     pub inject: Injection,
+    /// User id the container (and so user code, execute and services) runs as; the image's
+    /// user when `None`.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// Main group id (with `uid`; the uid's own number when `None`).
+    #[serde(default)]
+    pub main_gid: Option<u32>,
+    /// Supplementary group ids of the container's user.
+    #[serde(default)]
+    pub supplementary_gids: Vec<u32>,
+    /// Shell script run once (`sh -c`, as the kernel's user, in `/home/work`) after the
+    /// container starts and before the kernel is `RUNNING`.
+    #[serde(default)]
+    pub bootstrap_script: Option<String>,
+    /// Host ports the manager allocated, used first for the service ports.
+    #[serde(default)]
+    pub allocated_host_ports: Vec<u16>,
+    /// Seconds of idleness the manager allows (recorded as a label).
+    #[serde(default)]
+    pub idle_timeout: Option<f64>,
+    /// The container's hostname (Backend.AI's `cluster_hostname`).
+    #[serde(default)]
+    pub cluster_hostname: Option<String>,
+    /// The image as the manager described it, without the registry password.
+    #[serde(default)]
+    pub image_config: Option<ImageConfig>,
 }
 
 /// A kernel id must be safe as a path component and a container name:
@@ -186,60 +218,61 @@ fn invalid(msg: impl Into<String>) -> KernelError {
     KernelError::InvalidConfig(msg.into())
 }
 
-fn get<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
-    map.iter()
-        .find(|(k, _)| k.as_str() == Some(key))
-        .map(|(_, v)| v)
-        .filter(|v| !v.is_nil())
-}
+/// Backend.AI's `environ` key for the access key that created the session (its manager's
+/// `SessionLauncher` sets it); kernelvisor reads the owner's access key from it.
+pub const ACCESS_KEY_ENV: &str = "BACKENDAI_ACCESS_KEY";
 
-fn string(v: &Value, what: &str) -> Result<String, KernelError> {
-    v.as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| invalid(format!("`{what}` must be a string, got {v}")))
-}
-
-fn list<'a>(v: &'a Value, what: &str) -> Result<&'a [Value], KernelError> {
-    v.as_array()
-        .map(Vec::as_slice)
-        .ok_or_else(|| invalid(format!("`{what}` must be a list")))
-}
-
-fn port(v: &Value, what: &str) -> Result<u16, KernelError> {
-    v.as_u64()
-        .and_then(|p| u16::try_from(p).ok())
-        .filter(|p| *p > 0)
-        .ok_or_else(|| invalid(format!("`{what}`: {v} is not a TCP port")))
+/// A container path for a vfolder's `kernel_path`: absolute, plain components, not `/`.
+fn check_kernel_path(name: &str, path: &str) -> Result<(), KernelError> {
+    let p = std::path::Path::new(path);
+    let plain = p
+        .components()
+        .skip(1)
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !p.is_absolute() || !plain || p.components().count() < 2 {
+        return Err(invalid(format!(
+            "vfolder `{name}`: kernel_path `{path}` must be an absolute path below `/` without `..`"
+        )));
+    }
+    Ok(())
 }
 
 impl KernelConfig {
-    /// Parses one config map of `create_kernels`. Unknown keys are ignored (Backend.AI's
-    /// manager sends more than this agent uses).
+    /// Decodes one config of `create_kernels` (a [`KernelCreationConfig`], Backend.AI's shape)
+    /// and checks it ([`KernelConfig::from_creation`]).
     ///
-    /// Errors: [`KernelError::InvalidConfig`] naming the key: missing `image` or
-    /// `resource_slots`, an unknown slot, a negative or too small `mem` (< 6 MiB), a vfolder
-    /// name with `/` or `..`, a permission other than `ro`/`rw`, a bad port.
-    /// `types` are the slots this agent knows (built-in plus its accelerators'); a `*.device`
-    /// amount must be whole.
+    /// Errors: [`KernelError::InvalidConfig`] naming the missing or mistyped key, or what
+    /// [`KernelConfig::from_creation`] refuses.
     pub fn from_value(v: &Value, types: &SlotTypes) -> Result<KernelConfig, KernelError> {
-        let map = v
-            .as_map()
-            .ok_or_else(|| invalid("a kernel config must be a map"))?;
-        let image = string(
-            get(map, "image").ok_or_else(|| invalid("`image` is required"))?,
-            "image",
-        )?;
-        if image.trim().is_empty() {
-            return Err(invalid("`image` must not be empty"));
+        let c: KernelCreationConfig = crate::rpc::agent_api::from_value(v.clone())
+            .map_err(|e| invalid(format!("kernel config: {e}")))?;
+        KernelConfig::from_creation(c, types)
+    }
+
+    /// Checks a [`KernelCreationConfig`] before anything is allocated. Unknown keys were
+    /// already ignored (Backend.AI's manager sends more than this agent uses).
+    ///
+    /// Errors: [`KernelError::InvalidConfig`] naming the key: an empty `image.canonical`, an
+    /// unknown slot, a negative or too small `mem` (< 6 MiB), a fractional `*.device`, a
+    /// vfolder name with `/` or `..` or a bad `kernel_path`, a permission other than
+    /// `ro`/`rw`/`wd`, a bad port, a batch session without `startup_command`.
+    /// `types` are the slots this agent knows (built-in plus its accelerators').
+    pub fn from_creation(
+        c: KernelCreationConfig,
+        types: &SlotTypes,
+    ) -> Result<KernelConfig, KernelError> {
+        let image = c.image.canonical.trim().to_owned();
+        if image.is_empty() {
+            return Err(invalid("`image.canonical` must not be empty"));
         }
-        let slots = ResourceSlots::request_from_msgpack(
-            &known_or_nonzero(
-                get(map, "resource_slots")
-                    .ok_or_else(|| invalid("`resource_slots` is required"))?,
-                types,
-            ),
-            types,
-        )?;
+        let requested = Value::Map(
+            c.resource_slots
+                .iter()
+                .map(|(k, v)| (Value::from(k.as_str()), v.clone()))
+                .collect(),
+        );
+        let slots =
+            ResourceSlots::request_from_msgpack(&known_or_nonzero(&requested, types), types)?;
         let mem = slots.get(crate::slots::MEM).units();
         if mem < MIN_MEM_BYTES {
             return Err(invalid(format!(
@@ -254,10 +287,7 @@ impl KernelConfig {
                 "resource slot `{slot}`: {a} is not a whole number of devices"
             )));
         }
-        let shmem = match get(map, "resource_opts")
-            .and_then(|o| o.as_map())
-            .and_then(|o| get(o, "shmem"))
-        {
+        let shmem = match c.resource_opts.get("shmem").filter(|v| !v.is_nil()) {
             None => None,
             Some(s) => Some(
                 s.as_u64()
@@ -272,94 +302,71 @@ impl KernelConfig {
             ),
         };
         let mut environ = BTreeMap::new();
-        if let Some(env) = get(map, "environ") {
-            for (k, v) in env
-                .as_map()
-                .ok_or_else(|| invalid("`environ` must be a map"))?
-            {
-                let k = string(k, "environ key")?;
-                if k.is_empty() || k.contains('=') {
-                    return Err(invalid(format!(
-                        "environ key `{k}` is empty or contains `=`"
-                    )));
-                }
-                let v = match v {
-                    Value::String(_) => string(v, "environ value")?,
-                    other => other.to_string(),
-                };
-                environ.insert(k, v);
+        for (k, v) in c.environ {
+            if k.is_empty() || k.contains('=') {
+                return Err(invalid(format!(
+                    "environ key `{k}` is empty or contains `=`"
+                )));
             }
+            let v = match v {
+                Value::String(s) => s
+                    .into_str()
+                    .ok_or_else(|| invalid(format!("environ `{k}` is not UTF-8")))?,
+                other => other.to_string(),
+            };
+            environ.insert(k, v);
         }
         let mut mounts = Vec::new();
-        for m in get(map, "mounts")
-            .map(|m| list(m, "mounts"))
-            .transpose()?
-            .unwrap_or_default()
-        {
-            let m = m
-                .as_map()
-                .ok_or_else(|| invalid("each mount must be a map"))?;
-            let name = string(
-                get(m, "name").ok_or_else(|| invalid("mount `name` is required"))?,
-                "mounts.name",
-            )?;
-            check_mount_name(&name)?;
-            let host_path = string(
-                get(m, "host_path").ok_or_else(|| invalid("mount `host_path` is required"))?,
-                "mounts.host_path",
-            )?;
-            let read_only = match get(m, "permission")
-                .map(|p| string(p, "mounts.permission"))
-                .transpose()?
-                .as_deref()
-            {
-                None | Some("ro") => true,
-                Some("rw") => false,
-                Some(other) => {
+        for m in c.mounts {
+            check_mount_name(&m.name)?;
+            let read_only = match m.mount_perm.as_str() {
+                "ro" => true,
+                "rw" | "wd" => false,
+                other => {
                     return Err(invalid(format!(
-                        "mount permission `{other}` must be `ro` or `rw`"
+                        "vfolder `{}`: mount_perm `{other}` must be `ro`, `rw` or `wd`",
+                        m.name
                     )))
                 }
             };
-            if mounts.iter().any(|x: &MountRequest| x.name == name) {
-                return Err(invalid(format!("vfolder `{name}` is mounted twice")));
+            if let Some(p) = &m.kernel_path {
+                check_kernel_path(&m.name, p)?;
+            }
+            if mounts.iter().any(|x: &MountRequest| x.name == m.name) {
+                return Err(invalid(format!("vfolder `{}` is mounted twice", m.name)));
             }
             mounts.push(MountRequest {
-                name,
-                host_path,
+                name: m.name,
+                host_path: m.host_path,
                 read_only,
+                kernel_path: m.kernel_path,
             });
         }
-        let mut service_ports = Vec::new();
-        for sp in get(map, "service_ports")
-            .map(|s| list(s, "service_ports"))
-            .transpose()?
-            .unwrap_or_default()
-        {
-            let sp = sp
-                .as_map()
-                .ok_or_else(|| invalid("each service port must be a map"))?;
-            let name = string(
-                get(sp, "name").ok_or_else(|| invalid("service port `name` is required"))?,
-                "service_ports.name",
-            )?;
-            let protocol = get(sp, "protocol")
-                .map(|p| string(p, "service_ports.protocol"))
-                .transpose()?
-                .unwrap_or_else(|| "tcp".into());
-            let container_ports = list(
-                get(sp, "container_ports")
-                    .ok_or_else(|| invalid("service port `container_ports` is required"))?,
-                "service_ports.container_ports",
-            )?
-            .iter()
-            .map(|p| port(p, "service_ports.container_ports"))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut service_ports: Vec<ServicePortRequest> = c
+            .service_ports
+            .into_iter()
+            .map(|sp| ServicePortRequest {
+                name: sp.name,
+                protocol: sp.protocol,
+                container_ports: sp.container_ports,
+            })
+            .collect();
+        // Backend.AI publishes each preopen port as a service named after it
+        // (`ai.backend.agent.agent.AbstractAgent.create_kernel`).
+        for &p in &c.preopen_ports {
             service_ports.push(ServicePortRequest {
-                name,
-                protocol,
-                container_ports,
+                name: p.to_string(),
+                protocol: "preopen".into(),
+                container_ports: vec![p],
             });
+        }
+        for sp in &service_ports {
+            if sp.container_ports.is_empty() || sp.container_ports.contains(&0) {
+                return Err(invalid(format!(
+                    "service port `{}`: container_ports must be non-empty TCP ports",
+                    sp.name
+                )));
+            }
         }
         let mut all: Vec<u16> = service_ports
             .iter()
@@ -369,61 +376,43 @@ impl KernelConfig {
         if all.windows(2).any(|w| w[0] == w[1]) {
             return Err(invalid("a container port appears in two service ports"));
         }
-        let owner = match get(map, "owner") {
-            None => Owner::default(),
-            Some(o) => {
-                let o = o.as_map().ok_or_else(|| invalid("`owner` must be a map"))?;
-                let field = |k: &str| {
-                    get(o, k)
-                        .map(|v| string(v, &format!("owner.{k}")))
-                        .transpose()
-                        .map(Option::unwrap_or_default)
-                };
-                Owner {
-                    user_id: field("user_id")?,
-                    project_id: field("project_id")?,
-                    access_key: field("access_key")?,
-                }
-            }
+        let owner = Owner {
+            user_id: c.owner_user_id.unwrap_or_default(),
+            project_id: c.owner_project_id.unwrap_or_default(),
+            access_key: environ.get(ACCESS_KEY_ENV).cloned().unwrap_or_default(),
         };
-        let session_type = match get(map, "session_type")
-            .map(|v| string(v, "session_type"))
-            .transpose()?
-            .as_deref()
-        {
-            None | Some("interactive") => SessionType::Interactive,
-            Some("batch") => SessionType::Batch,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "`session_type` `{other}` must be `interactive` or `batch`"
-                )))
-            }
+        let session_type = match c.session_type {
+            SessionTypes::Batch => SessionType::Batch,
+            _ => SessionType::Interactive,
         };
-        let command = get(map, "command")
-            .map(|v| string(v, "command"))
-            .transpose()?;
+        let command = c.startup_command;
         if command.as_deref().is_some_and(|c| c.trim().is_empty()) {
-            return Err(invalid("`command` must not be empty"));
+            return Err(invalid("`startup_command` must not be blank"));
         }
         if session_type == SessionType::Batch && command.is_none() {
-            return Err(invalid("a batch session needs a `command`"));
+            return Err(invalid("a batch session needs a `startup_command`"));
         }
-        let batch_timeout = match get(map, "batch_timeout") {
+        let batch_timeout = match c.batch_timeout {
             None => None,
-            Some(v) => Some(
-                v.as_f64()
-                    .or_else(|| v.as_i64().map(|n| n as f64))
-                    .filter(|t| t.is_finite() && *t > 0.0)
-                    .ok_or_else(|| {
-                        invalid(format!(
-                            "`batch_timeout`: {v} is not a positive number of seconds"
-                        ))
-                    })?,
-            ),
+            Some(t) if t.is_finite() && t > 0.0 => Some(t),
+            Some(t) => {
+                return Err(invalid(format!(
+                    "`batch_timeout`: {t} is not a positive number of seconds"
+                )))
+            }
         };
         if batch_timeout.is_some() && session_type != SessionType::Batch {
             return Err(invalid("`batch_timeout` applies to batch sessions only"));
         }
+        let bootstrap_script = c.bootstrap_script.filter(|s| !s.trim().is_empty());
+        let restart_policy = c
+            .restart_policy
+            .as_ref()
+            .filter(|v| !v.is_nil())
+            .map(RestartPolicy::from_value)
+            .transpose()
+            .map_err(invalid)?
+            .unwrap_or_default();
         Ok(KernelConfig {
             image,
             slots,
@@ -435,12 +424,23 @@ impl KernelConfig {
             session_type,
             command,
             batch_timeout,
-            restart_policy: get(map, "restart_policy")
-                .map(RestartPolicy::from_value)
-                .transpose()
-                .map_err(invalid)?
-                .unwrap_or_default(),
-            inject: injection(map)?,
+            restart_policy,
+            inject: injection(c.inject)?,
+            uid: c.uid,
+            main_gid: c.main_gid,
+            supplementary_gids: c.supplementary_gids,
+            bootstrap_script,
+            allocated_host_ports: c.allocated_host_ports,
+            idle_timeout: c.idle_timeout,
+            cluster_hostname: c.cluster_hostname.filter(|h| !h.is_empty()),
+            image_config: Some(ImageConfig {
+                registry: ImageRegistry {
+                    // Credentials serve the pull and are never stored.
+                    password: None,
+                    ..c.image.registry.clone()
+                },
+                ..c.image
+            }),
         })
     }
 
@@ -454,15 +454,15 @@ impl KernelConfig {
 }
 
 #[cfg(feature = "fault-injection")]
-fn injection(map: &[(Value, Value)]) -> Result<Injection, KernelError> {
-    match get(map, "_inject") {
+fn injection(v: Option<Value>) -> Result<Injection, KernelError> {
+    match v.filter(|v| !v.is_nil()) {
         None => Ok(Injection::default()),
-        Some(v) => rmpv::ext::from_value(v.clone()).map_err(|e| invalid(format!("`_inject`: {e}"))),
+        Some(v) => rmpv::ext::from_value(v).map_err(|e| invalid(format!("`_inject`: {e}"))),
     }
 }
 
 #[cfg(not(feature = "fault-injection"))]
-fn injection(_: &[(Value, Value)]) -> Result<Injection, KernelError> {
+fn injection(_: Option<Value>) -> Result<Injection, KernelError> {
     Ok(Injection::default())
 }
 

@@ -33,6 +33,9 @@ pub enum KernelError {
     /// Transient; nothing of the operation was left behind.
     #[error("container engine unavailable: {0}")]
     EngineUnavailable(String),
+    /// The kernel's `bootstrap_script` failed or ran too long (`BootstrapScriptFailed`).
+    #[error("{0}")]
+    BootstrapFailed(String),
     /// A stage failed during creation; `name` is the inner error's name, the message names the
     /// stage (`stage `ports`: resource exhausted: …`).
     #[error("stage `{stage}` failed: {source}")]
@@ -55,6 +58,7 @@ impl KernelError {
             KernelError::NotRunning(..) => "KernelNotRunning",
             KernelError::Engine(_) => "ContainerEngineError",
             KernelError::EngineUnavailable(_) => crate::agent::backend::ENGINE_UNAVAILABLE,
+            KernelError::BootstrapFailed(_) => "BootstrapScriptFailed",
             KernelError::Stage { source, .. } => source.name(),
         }
     }

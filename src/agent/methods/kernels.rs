@@ -16,7 +16,7 @@ use std::time::Duration;
 use actix::Addr;
 use rmpv::Value;
 
-use super::args::{arg, lookup, mailbox, running, str_arg, type_error};
+use super::args::{lookup, mailbox, running, type_error};
 use crate::agent::backend::{BackendError, ENGINE_UNAVAILABLE};
 use crate::agent::context::AgentContext;
 use crate::agent::engine::probe;
@@ -27,7 +27,10 @@ use crate::agent::logs::LogChunk;
 use crate::agent::registry::{
     CreateKernels, DestroyKernel, KernelRegistry, ListKernels, Reconcile, ResetAgent, RestartKernel,
 };
-use crate::rpc::{Call, Dispatcher, ErrorMeta};
+use crate::agent::kernel::KernelInfo;
+use crate::rpc::agent_api::exec as exec_api;
+use crate::rpc::agent_api::kernel as api;
+use crate::rpc::{Dispatcher, ErrorMeta};
 
 type Res = Result<Value, ErrorMeta>;
 
@@ -39,34 +42,24 @@ pub fn register(
 ) {
     let agent_id = ctx.agent_id.clone();
 
-    // create_kernels(session_id, kernel_ids, configs) → [kernel info]
-    let (r, a, c) = (registry.clone(), agent_id.clone(), ctx.clone());
-    dispatcher.register("create_kernels", move |call| {
-        let (r, a, c) = (r.clone(), a.clone(), c.clone());
+    // create_kernels(session_id, kernel_ids, configs, cluster_info, kernel_image_refs)
+    //   → [KernelCreationResult]
+    let (r, c) = (registry.clone(), ctx.clone());
+    dispatcher.register_method::<api::CreateKernels, _, _>(move |args, _| {
+        let (r, c) = (r.clone(), c.clone());
         async move {
-            let session_id = str_arg(&call, 0, "session_id")?;
-            let ids = arg(&call, 1, "kernel_ids")?
-                .as_array()
-                .ok_or_else(|| type_error("'kernel_ids' must be a list".into()))?;
-            let configs = arg(&call, 2, "configs")?
-                .as_array()
-                .ok_or_else(|| type_error("'configs' must be a list".into()))?;
-            if ids.len() != configs.len() || ids.is_empty() {
+            if args.kernel_ids.len() != args.configs.len() || args.kernel_ids.is_empty() {
                 return Err(KernelError::InvalidConfig(format!(
                     "{} kernel ids for {} configs",
-                    ids.len(),
-                    configs.len()
+                    args.kernel_ids.len(),
+                    args.configs.len()
                 ))
                 .to_meta());
             }
             let mut kernels = Vec::new();
             let types = c.slots.lock().expect("slots lock").slot_types().clone();
-            for (id, config) in ids.iter().zip(configs) {
-                let id = id
-                    .as_str()
-                    .ok_or_else(|| type_error("kernel ids must be strings".into()))?
-                    .to_owned();
-                let config = KernelConfig::from_value(config, &types).map_err(|e| match e {
+            for (id, config) in args.kernel_ids.into_iter().zip(args.configs) {
+                let config = KernelConfig::from_value(&config, &types).map_err(|e| match e {
                     KernelError::InvalidConfig(m) => {
                         KernelError::InvalidConfig(format!("kernel {id}: {m}")).to_meta()
                     }
@@ -82,13 +75,13 @@ pub fn register(
             c.engine.check()?;
             let infos = r
                 .send(CreateKernels {
-                    session_id,
+                    session_id: args.session_id,
                     kernels,
                 })
                 .await
                 .map_err(mailbox)?
                 .map_err(|e| kernel_err(&c, e))?;
-            Ok(Value::Array(infos.iter().map(|i| i.to_value(&a)).collect()))
+            Ok(infos.iter().map(|i| creation_result(&c, i)).collect())
         }
     });
 
@@ -96,24 +89,17 @@ pub fn register(
     // Refused while the engine is down (the kernel stays as it is, to be destroyed later):
     // a teardown now would leave its container behind.
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("destroy_kernel", move |call| {
+    dispatcher.register_method::<api::DestroyKernel, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
-            let kernel_id = str_arg(&call, 0, "kernel_id")?;
             c.engine.check()?;
-            let reason = call
-                .arg(2, "reason")
-                .and_then(Value::as_str)
-                .unwrap_or("user-requested")
-                .to_owned();
-            let suppress_events = call
-                .arg(3, "suppress_events")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
             r.send(DestroyKernel {
-                kernel_id,
-                reason,
-                suppress_events,
+                kernel_id: args.kernel_id,
+                reason: args
+                    .reason
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or_else(|| "user-requested".into()),
+                suppress_events: args.suppress_events.unwrap_or(false),
             })
             .await
             .map_err(mailbox)?
@@ -122,129 +108,182 @@ pub fn register(
         }
     });
 
-    // restart_kernel(session_id, kernel_id, …) → kernel info
-    let (r, a, c) = (registry.clone(), agent_id.clone(), ctx.clone());
-    dispatcher.register("restart_kernel", move |call| {
-        let (r, a, c) = (r.clone(), a.clone(), c.clone());
+    // restart_kernel(session_id, kernel_id, kernel_image, updated_config) → KernelCreationResult
+    let (r, c) = (registry.clone(), ctx.clone());
+    dispatcher.register_method::<api::RestartKernel, _, _>(move |args, _| {
+        let (r, c) = (r.clone(), c.clone());
         async move {
-            let kernel_id = str_arg(&call, 1, "kernel_id")?;
             c.engine.check()?;
             let info = r
-                .send(RestartKernel(kernel_id))
+                .send(RestartKernel(args.kernel_id))
                 .await
                 .map_err(mailbox)?
                 .map_err(|e| kernel_err(&c, e))?;
-            Ok(info.to_value(&a))
+            Ok(creation_result(&c, &info))
         }
     });
 
     // get_kernel(kernel_id) → the kernel's info map, with its restart count and its stages
     // (`[{name, status, restarts, setup_seconds}]`, in order).
     let (r, a) = (registry.clone(), agent_id.clone());
-    dispatcher.register("get_kernel", move |call| {
+    dispatcher.register_method::<api::GetKernel, _, _>(move |args, _| {
         let (r, a) = (r.clone(), a.clone());
-        async move {
-            let info = lookup(&r, &str_arg(&call, 0, "kernel_id")?).await?;
-            Ok(info.to_value(&a))
-        }
+        async move { Ok(lookup(&r, &args.kernel_id).await?.to_value(&a)) }
     });
 
-    // interrupt_kernel(kernel_id) → None: SIGINT to the container's main process.
+    // interrupt_kernel(kernel_id) → {}: SIGINT to the container's main process.
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("interrupt_kernel", move |call| {
+    dispatcher.register_method::<exec_api::InterruptKernel, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
-            let info = running(&r, &str_arg(&call, 0, "kernel_id")?).await?;
+            let info = running(&r, &args.kernel_id).await?;
             c.engine.check()?;
             c.backend
                 .signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT")
                 .await
                 .map_err(|e| backend_err(&c, e))?;
-            Ok(Value::Nil)
+            Ok(Default::default())
         }
     });
 
     // execute(session_id, kernel_id, api_version, run_id, mode, code, opts, flush_timeout)
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("execute", move |call| {
+    dispatcher.register_method::<exec_api::Execute, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
-        async move { execute(&c, &r, &call).await }
+        async move { execute(&c, &r, args).await }
+    });
+
+    // trigger_batch_execution(session_id, kernel_id, code, timeout_seconds) → None
+    let (r, c) = (registry.clone(), ctx.clone());
+    dispatcher.register_method::<exec_api::TriggerBatchExecution, _, _>(move |args, _| {
+        let (r, c) = (r.clone(), c.clone());
+        async move { trigger_batch(&c, &r, args).await }
+    });
+
+    // get_completions(kernel_id, text, opts) → {"status", "error", "suggestions"}
+    let r = registry.clone();
+    dispatcher.register_method::<exec_api::GetCompletions, _, _>(move |args, _| {
+        let r = r.clone();
+        async move {
+            running(&r, &args.kernel_id).await?;
+            // No code runner with a completer lives in the container (Backend.AI's kernel
+            // runner's `complete`): an empty, finished answer, as upstream gives when the
+            // runner has no completer.
+            Ok(exec_api::CodeCompletionResult {
+                status: "finished".into(),
+                error: None,
+                suggestions: Vec::new(),
+            })
+        }
     });
 
     // get_logs(kernel_id, opts=None) → {"logs" | "data", "start", "next", "active"}
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("get_logs", move |call| {
+    dispatcher.register_method::<exec_api::GetLogs, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
-        async move { get_logs(&c, &r, &call).await }
+        async move { get_logs(&c, &r, args).await }
     });
 
-    // check_running(kernel_id) → bool: the kernel is RUNNING and so is its container.
-    // ping_kernel(kernel_id) → bool: the same question, Backend.AI's other name for it.
-    for method in ["check_running", "ping_kernel"] {
-        let (r, c) = (registry.clone(), ctx.clone());
-        dispatcher.register(method, move |call| {
-            let (r, c) = (r.clone(), c.clone());
-            async move {
-                let info = lookup(&r, &str_arg(&call, 0, "kernel_id")?).await?;
-                let running = match (info.status, &info.container_id) {
-                    (KernelStatus::Running, Some(id)) => {
-                        c.engine.check()?;
-                        c.backend
-                            .inspect_container(id)
-                            .await
-                            .map_err(|e| backend_err(&c, e))?
-                            .is_some_and(|s| s.running)
-                    }
-                    _ => false,
-                };
-                Ok(running.into())
+    // check_running(kernel_id) → bool: the kernel is here, RUNNING, and so is its container;
+    // `false` for a kernel this agent does not hold (upstream).
+    let (r, c) = (registry.clone(), ctx.clone());
+    dispatcher.register_method::<api::CheckRunning, _, _>(move |args, _| {
+        let (r, c) = (r.clone(), c.clone());
+        async move {
+            match lookup(&r, &args.kernel_id).await {
+                Ok(info) => container_running(&c, &info).await,
+                Err(e) if e.name == "KernelNotFound" => Ok(false),
+                Err(e) => Err(e),
             }
-        });
-    }
+        }
+    });
 
-    // sync_kernel_registry(kernel_session_ids) → {"kernels": [kernel info]}
+    // ping_kernel(kernel_id) → bool: the same question; FAILURE `KernelNotFound` for a kernel
+    // this agent does not hold (upstream raises there too).
+    let (r, c) = (registry.clone(), ctx.clone());
+    dispatcher.register_method::<api::PingKernel, _, _>(move |args, _| {
+        let (r, c) = (r.clone(), c.clone());
+        async move { container_running(&c, &lookup(&r, &args.kernel_id).await?).await }
+    });
+
+    // check_creating(kernel_id) → bool: being created, or held here (upstream).
+    let r = registry.clone();
+    dispatcher.register_method::<api::CheckCreating, _, _>(move |args, _| {
+        let r = r.clone();
+        async move {
+            Ok(match lookup(&r, &args.kernel_id).await {
+                Ok(info) => info.status != KernelStatus::Terminated,
+                Err(_) => false,
+            })
+        }
+    });
+
+    // list_kernels() → {"kernels": [kernel info]} (kernelvisor): what this agent holds.
+    let (r, a) = (registry.clone(), agent_id.clone());
+    dispatcher.register("list_kernels", move |_| {
+        let (r, a) = (r.clone(), a.clone());
+        async move {
+            let ours = r.send(ListKernels).await.map_err(mailbox)?;
+            Ok(kernel_list(&ours, &a))
+        }
+    });
+
+    // sync_kernel_registry(raw_kernel_session_ids) → {"kernels": [kernel info]}
+    // Upstream's semantics: a listed kernel this agent does not hold gets `kernel_terminated`
+    // (`already-terminated`); a kernel held here but not listed is destroyed without events
+    // (`not-found-in-manager`). Without the argument (kernelvisor), only the listing.
     let (r, c, a) = (registry.clone(), ctx.clone(), agent_id.clone());
     dispatcher.register("sync_kernel_registry", move |call| {
         let (r, c, a) = (r.clone(), c.clone(), a.clone());
         async move {
-            // Kernels the manager believes live here but this agent does not hold: tell it.
-            let pairs = call
-                .arg(0, "kernel_session_ids")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
+            let listed = call.arg(0, "raw_kernel_session_ids").is_some_and(|v| !v.is_nil());
+            let args = if listed {
+                Some(
+                    crate::rpc::agent_api::decode_args::<api::SyncKernelRegistry>(&call)
+                        .map_err(|e| type_error(format!("sync_kernel_registry(): {e}")))?,
+                )
+            } else {
+                None
+            };
             let ours = r.send(ListKernels).await.map_err(mailbox)?;
-            for pair in pairs {
-                let (kernel_id, session_id) = match &pair {
-                    Value::Array(p) if p.len() == 2 => (
-                        p[0].as_str().unwrap_or_default().to_owned(),
-                        p[1].as_str().unwrap_or_default().to_owned(),
-                    ),
-                    Value::String(_) => {
-                        (pair.as_str().unwrap_or_default().to_owned(), String::new())
-                    }
-                    _ => continue,
-                };
-                if !ours.iter().any(|k| k.id == kernel_id) {
+            let Some(args) = args else {
+                return Ok(kernel_list(&ours, &a));
+            };
+            let pairs = args.raw_kernel_session_ids;
+            for (kernel_id, session_id) in &pairs {
+                if !ours.iter().any(|k| &k.id == kernel_id) {
                     c.events.emit(AgentEvent::KernelTerminated {
-                        kernel_id,
-                        session_id,
-                        reason: "not-found-in-agent".into(),
+                        kernel_id: kernel_id.clone(),
+                        session_id: session_id.clone(),
+                        reason: "already-terminated".into(),
                         exit_code: None,
                     });
                 }
+            }
+            let mut kept = Vec::new();
+            for k in ours {
+                let known = pairs.iter().any(|(id, _)| *id == k.id);
+                if known || k.status == KernelStatus::Terminated {
+                    kept.push(k);
+                    continue;
+                }
+                c.engine.check()?;
+                r.send(DestroyKernel {
+                    kernel_id: k.id.clone(),
+                    reason: "not-found-in-manager".into(),
+                    suppress_events: true,
+                })
+                .await
+                .map_err(mailbox)?
+                .map_err(|e| e.to_meta())?;
             }
             // While the engine is down the watcher reconciles once it is back.
             if c.engine.is_up() {
                 r.do_send(Reconcile);
             }
-            Ok(Value::Map(vec![(
-                "kernels".into(),
-                Value::Array(ours.iter().map(|k| k.to_value(&a)).collect()),
-            )]))
+            Ok(kernel_list(&kept, &a))
         }
     });
-
     // reset_agent() → {"destroyed": n}: every kernel destroyed, no termination events.
     // Refused while the engine is down, as `destroy_kernel` is.
     let (r, c) = (registry.clone(), ctx.clone());
@@ -318,6 +357,164 @@ pub fn gpu_alloc_map(
     )
 }
 
+/// A kernel's `KernelCreationResult` (upstream's `create_kernels` entry) with kernelvisor's
+/// info map alongside (`status`, `stages`, `restart_count`, …).
+fn creation_result(ctx: &AgentContext, info: &KernelInfo) -> api::KernelCreationResult {
+    let cfg = &ctx.config;
+    let mut extra: std::collections::BTreeMap<String, Value> = match info.to_value(&ctx.agent_id) {
+        Value::Map(m) => m
+            .into_iter()
+            .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
+            .collect(),
+        _ => Default::default(),
+    };
+    for k in ["id", "container_id", "service_ports"] {
+        extra.remove(k);
+    }
+    let kernel_host = cfg
+        .container
+        .advertised_host
+        .clone()
+        .unwrap_or_else(|| cfg.container.bind_host.clone());
+    let rpc = cfg
+        .agent
+        .advertised_rpc_addr
+        .as_ref()
+        .unwrap_or(&cfg.agent.rpc_listen_addr);
+    let devices: Vec<Value> = info
+        .gpus
+        .iter()
+        .map(|g| {
+            crate::rpc::agent_api::to_value(&serde_json::json!({
+                "device_id": g, "model_name": "", "data": {}
+            }))
+        })
+        .collect();
+    api::KernelCreationResult {
+        id: info.id.clone(),
+        kernel_host,
+        repl_in_port: 0,
+        repl_out_port: 0,
+        stdin_port: 0,
+        stdout_port: 0,
+        service_ports: info
+            .service_ports
+            .iter()
+            .map(|s| api::ServicePort {
+                name: s.name.clone(),
+                protocol: s.protocol.clone(),
+                container_ports: s.container_ports.clone(),
+                host_ports: s.host_ports.iter().copied().map(Some).collect(),
+                is_inference: false,
+            })
+            .collect(),
+        container_id: info.container_id.clone().unwrap_or_default(),
+        resource_spec: Value::Map(vec![
+            ("slots".into(), info.config.slots.to_msgpack()),
+            ("mounts".into(), Value::Array(vec![])),
+            ("scratch_disk_size".into(), 0.into()),
+        ]),
+        attached_devices: if devices.is_empty() {
+            Value::Map(vec![])
+        } else {
+            Value::Map(vec![("cuda".into(), Value::Array(devices))])
+        },
+        agent_addr: format!("tcp://{}:{}", rpc.host, rpc.port),
+        scaling_group: "default".into(),
+        info: extra,
+    }
+}
+
+/// `{"kernels": [info]}`.
+fn kernel_list(kernels: &[KernelInfo], agent_id: &str) -> Value {
+    Value::Map(vec![(
+        "kernels".into(),
+        Value::Array(kernels.iter().map(|k| k.to_value(agent_id)).collect()),
+    )])
+}
+
+/// Whether `info`'s kernel is `RUNNING` and its container too (asks the engine).
+async fn container_running(ctx: &AgentContext, info: &KernelInfo) -> Result<bool, ErrorMeta> {
+    match (info.status, &info.container_id) {
+        (KernelStatus::Running, Some(id)) => {
+            ctx.engine.check()?;
+            Ok(ctx
+                .backend
+                .inspect_container(id)
+                .await
+                .map_err(|e| backend_err(ctx, e))?
+                .is_some_and(|s| s.running))
+        }
+        _ => Ok(false),
+    }
+}
+
+/// `trigger_batch_execution`: runs `code` (`sh -c`, in `/home/work`) as a run of the kernel
+/// and returns at once; when it ends the agent reports `session_success` (exit 0) or
+/// `session_failure` (`task-failed`, `task-timeout`), as Backend.AI's
+/// `AbstractAgent.create_batch_execution_task` does.
+async fn trigger_batch(
+    ctx: &Arc<AgentContext>,
+    registry: &Addr<KernelRegistry>,
+    args: exec_api::TriggerBatchExecutionArgs,
+) -> Result<Value, ErrorMeta> {
+    let info = running(registry, &args.kernel_id).await?;
+    ctx.engine.check()?;
+    let req = RunRequest {
+        ids: RunIds {
+            run_id: format!("batch-{}", uuid::Uuid::new_v4().simple()),
+            kernel_id: args.kernel_id.clone(),
+            session_id: info.session_id.clone(),
+        },
+        container_id: info.container_id.clone().unwrap_or_default(),
+        cmd: vec!["sh".into(), "-c".into(), args.code],
+        timeout: args
+            .timeout_seconds
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .and_then(|t| Duration::try_from_secs_f64(t).ok()),
+        stdin: false,
+    };
+    let run = ctx
+        .runs
+        .start(&ctx.backend, &ctx.events, req)
+        .await
+        .map_err(|e| match e {
+            RunError::Engine(engine) => backend_err(ctx, engine),
+            other => run_error(other),
+        })?;
+    let c = ctx.clone();
+    actix::spawn(async move {
+        // Drain the run's output (bounded by the run's own buffer) until it finishes.
+        let answer = loop {
+            let answer = run.answer(Some(Duration::from_secs(5))).await;
+            if answer.status.as_str() != "continued" {
+                break answer;
+            }
+        };
+        c.runs.forget_if_done(&run);
+        let ids = run.ids().clone();
+        let event = match (answer.status.as_str(), answer.exit_code) {
+            ("finished", Some(0)) => AgentEvent::SessionSuccess {
+                kernel_id: ids.kernel_id,
+                session_id: ids.session_id,
+                exit_code: Some(0),
+            },
+            (status, exit_code) => AgentEvent::SessionFailure {
+                kernel_id: ids.kernel_id,
+                session_id: ids.session_id,
+                reason: if status == "exec-timeout" {
+                    "task-timeout".into()
+                } else {
+                    "task-failed".into()
+                },
+                exit_code,
+            },
+        };
+        c.events.emit(event);
+    });
+    Ok(Value::Nil)
+}
+
 fn opt<'a>(opts: Option<&'a [(Value, Value)]>, key: &str) -> Option<&'a Value> {
     opts.and_then(|o| crate::rpc::codec::map_get(o, key))
         .filter(|v| !v.is_nil())
@@ -365,19 +562,21 @@ const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 /// Errors: `KernelNotFound`, `KernelNotRunning` (query), `RunNotFound`, `RunHasNoStdin`,
 /// `RunExists`, `RunStdinClosed`, `UnsupportedExecutionMode`, `ContainerEngineError`,
 /// `ContainerEngineUnavailable` (query, while the engine is down).
-async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Call) -> Res {
-    let kernel_id = str_arg(call, 1, "kernel_id")?;
-    let run_id = call
-        .arg(3, "run_id")
-        .and_then(Value::as_str)
-        .filter(|r| !r.is_empty())
-        .map(str::to_owned);
-    let mode = str_arg(call, 4, "mode")?;
-    let opts = call
-        .arg(6, "opts")
-        .and_then(Value::as_map)
-        .map(Vec::as_slice);
-    let flush = seconds(call.arg(7, "flush_timeout"));
+async fn execute(
+    ctx: &AgentContext,
+    registry: &Addr<KernelRegistry>,
+    args: exec_api::ExecuteArgs,
+) -> Res {
+    let kernel_id = args.kernel_id;
+    let run_id = args.run_id.filter(|r| !r.is_empty());
+    let mode = args.mode;
+    let opts_map: Option<Vec<(Value, Value)>> = args.opts.map(|o| {
+        o.into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect()
+    });
+    let opts = opts_map.as_deref();
+    let flush = seconds(args.flush_timeout.map(Value::F64).as_ref());
     let need_run_id = || {
         run_id
             .clone()
@@ -385,7 +584,7 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
     };
     let run = match mode.as_str() {
         "query" | "batch" => {
-            let code = str_arg(call, 5, "code")?;
+            let code = args.code.clone();
             let info = running(registry, &kernel_id).await?;
             ctx.engine.check()?;
             let interpreter = info.runtime_path.clone().unwrap_or_else(|| "sh".into());
@@ -417,10 +616,7 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
                 return Err(run_error(RunError::NotFound(run.ids().run_id.clone())));
             }
             if mode == "input" {
-                let data = call
-                    .arg(5, "code")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
+                let data = args.code.as_str();
                 let eof = opt(opts, "eof").and_then(Value::as_bool).unwrap_or(false);
                 run.input(data.as_bytes(), eof, STDIN_WRITE_LIMIT)
                     .await
@@ -460,12 +656,13 @@ async fn execute(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Cal
 /// with it: `{"data": bytes, "start", "next", "active"}` from that absolute offset, waiting up to
 /// `opts.wait` seconds for more when at the end of a running kernel's log. `active`: the
 /// container still runs. Errors: `LogsNotFound` (no log kept and no such kernel).
-async fn get_logs(ctx: &AgentContext, registry: &Addr<KernelRegistry>, call: &Call) -> Res {
-    let kernel_id = str_arg(call, 0, "kernel_id")?;
-    let opts = call
-        .arg(1, "opts")
-        .and_then(Value::as_map)
-        .map(Vec::as_slice);
+async fn get_logs(
+    ctx: &AgentContext,
+    registry: &Addr<KernelRegistry>,
+    args: exec_api::GetLogsArgs,
+) -> Res {
+    let kernel_id = args.kernel_id;
+    let opts = args.opts.as_ref().and_then(Value::as_map).map(Vec::as_slice);
     let offset = opt(opts, "offset").and_then(Value::as_u64);
     let max = opt(opts, "max_bytes")
         .and_then(Value::as_u64)

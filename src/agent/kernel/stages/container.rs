@@ -140,7 +140,91 @@ pub fn container_spec(
             .as_ref()
             .map(|cmd| vec!["sh".into(), "-c".into(), cmd.clone()]),
         working_dir: config.command.as_ref().map(|_| "/home/work".into()),
+        user: container_user(&config, c.kernel_uid, c.kernel_gid),
+        group_add: config
+            .supplementary_gids
+            .iter()
+            .map(u32::to_string)
+            .collect(),
+        hostname: config.cluster_hostname.clone(),
     }
+}
+
+/// `uid:gid` for a config that names a `uid` or `main_gid` (the other one from the agent's
+/// `[container] kernel-uid` / `kernel-gid`), else `None`: the image's user.
+fn container_user(
+    config: &crate::agent::kernel::KernelConfig,
+    kernel_uid: u32,
+    kernel_gid: u32,
+) -> Option<String> {
+    if config.uid.is_none() && config.main_gid.is_none() {
+        return None;
+    }
+    Some(format!(
+        "{}:{}",
+        config.uid.unwrap_or(kernel_uid),
+        config.main_gid.unwrap_or(kernel_gid)
+    ))
+}
+
+/// Longest a `bootstrap_script` may run before the create fails.
+pub const BOOTSTRAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Bytes of a failed bootstrap script's output kept for the error message (its tail).
+const BOOTSTRAP_OUTPUT_TAIL: usize = 2048;
+
+/// Runs the kernel's `bootstrap_script` once with `sh -c` in `/home/work`, as the container's
+/// user, and waits for it (at most [`BOOTSTRAP_TIMEOUT`]); output is read in the engine's
+/// chunks and only its last [`BOOTSTRAP_OUTPUT_TAIL`] bytes are kept.
+///
+/// Errors: `BootstrapScriptFailed` with the exit code and output tail, or the engine's error.
+async fn run_bootstrap(handle: &KernelHandle, id: &str, script: &str) -> Result<(), KernelError> {
+    use futures::StreamExt;
+    let backend = &handle.ctx.backend;
+    let spec = crate::agent::backend::ExecSpec {
+        cmd: vec!["sh".into(), "-c".into(), script.to_owned()],
+        working_dir: Some("/home/work".into()),
+        ..Default::default()
+    };
+    let session = backend.exec_start(id, spec).await?;
+    let exec_id = session.exec_id.clone();
+    let mut tail: Vec<u8> = Vec::new();
+    let drain = async {
+        let mut output = session.output;
+        while let Some(chunk) = output.next().await {
+            let (_, bytes) = chunk?;
+            tail.extend_from_slice(&bytes);
+            if tail.len() > BOOTSTRAP_OUTPUT_TAIL {
+                tail.drain(..tail.len() - BOOTSTRAP_OUTPUT_TAIL);
+            }
+        }
+        Ok::<(), crate::agent::backend::BackendError>(())
+    };
+    if tokio::time::timeout(BOOTSTRAP_TIMEOUT, drain).await.is_err() {
+        let _ = backend.exec_kill(&exec_id).await;
+        return Err(KernelError::BootstrapFailed(format!(
+            "bootstrap_script ran longer than {} s",
+            BOOTSTRAP_TIMEOUT.as_secs()
+        )));
+    }
+    // The output ends with the process; its exit code may take the engine a moment.
+    for _ in 0..50 {
+        let status = backend.exec_status(&exec_id).await?;
+        if !status.running {
+            return match status.exit_code {
+                Some(0) => Ok(()),
+                code => Err(KernelError::BootstrapFailed(format!(
+                    "bootstrap_script exited with {}: {}",
+                    code.map_or("no code".into(), |c| c.to_string()),
+                    String::from_utf8_lossy(&tail).trim()
+                ))),
+            };
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Err(KernelError::BootstrapFailed(
+        "bootstrap_script's exit code never came".into(),
+    ))
 }
 
 /// Creates and starts the kernel's container.
@@ -182,6 +266,14 @@ impl Provisioner for ContainerStage {
                 .into());
             }
             return Err(KernelError::from(e).into());
+        }
+        let script = self.0.info().config.bootstrap_script.clone();
+        if let Some(script) = script {
+            if let Err(e) = run_bootstrap(&self.0, &id, &script).await {
+                let _ = backend.remove_container(&id).await;
+                self.0.update(|i| i.container_id = None);
+                return Err(e.into());
+            }
         }
         Ok(ContainerHandle {
             id,

@@ -26,7 +26,12 @@ impl Provisioner for MountStage {
 
     async fn setup(&self, mounts: Vec<MountRequest>) -> Result<Vec<Bind>, BoxError> {
         let c = &self.0.ctx.config.container;
-        let owner = (c.kernel_uid, c.kernel_gid);
+        // A new vfolder belongs to the kernel's user, so what it writes there is not root's.
+        let config = self.0.info().config;
+        let owner = (
+            config.uid.unwrap_or(c.kernel_uid),
+            config.main_gid.unwrap_or(c.kernel_gid),
+        );
         Ok(mounts
             .iter()
             .map(|m| bind(c.vfolder_root.as_deref(), m, owner))
@@ -89,7 +94,10 @@ pub fn bind(root: Option<&Path>, m: &MountRequest, owner: (u32, u32)) -> Result<
     }
     Ok(Bind {
         host_path: path.display().to_string(),
-        container_path: format!("/home/work/{}", m.name),
+        container_path: m
+            .kernel_path
+            .clone()
+            .unwrap_or_else(|| format!("/home/work/{}", m.name)),
         read_only: m.read_only,
     })
 }
