@@ -431,7 +431,17 @@ fn sim_dispatcher(agent_id: &str, kernels: SimKernels) -> Dispatcher {
             for (kid, config) in ids.iter().zip(configs) {
                 let kid = kid.as_str().unwrap_or_default().to_owned();
                 k.lock().unwrap().insert(kid.clone(), session.clone());
+                // Backend.AI's `KernelCreationResult` keys, then kernelvisor's info keys.
                 infos.push(kv(vec![
+                    ("kernel_host", "127.0.0.1".into()),
+                    ("repl_in_port", 0.into()),
+                    ("repl_out_port", 0.into()),
+                    ("stdin_port", 0.into()),
+                    ("stdout_port", 0.into()),
+                    ("resource_spec", Value::Map(vec![])),
+                    ("attached_devices", Value::Map(vec![])),
+                    ("agent_addr", "tcp://127.0.0.1:0".into()),
+                    ("scaling_group", "default".into()),
                     ("id", kid.clone().into()),
                     ("kernel_id", kid.clone().into()),
                     ("session_id", session.clone().into()),

@@ -135,7 +135,7 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
     })
     .await;
     wait_until(Duration::from_secs(10), "k2 forgotten", || async {
-        failure_name(&call(&peer, "check_running", vec![k2.clone().into()]).await)
+        failure_name(&call(&peer, "get_kernel", vec![k2.clone().into()]).await)
             == "KernelNotFound"
     })
     .await;
@@ -147,7 +147,7 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
         ("0.1", (32 * MIB).to_string(), 9),
         "k1's slots and port re-reserved, k2's released"
     );
-    let synced = call(&peer, "sync_kernel_registry", vec![Value::Array(vec![])])
+    let synced = call(&peer, "list_kernels", vec![])
         .await
         .unwrap();
     let kernels = field(&synced, "kernels").as_array().unwrap().clone();
@@ -224,7 +224,7 @@ async fn sigkill_in_the_middle_of_a_create_leaks_nothing() {
             "{stage}: slots or ports leaked"
         );
         assert_eq!(
-            failure_name(&call(&peer, "check_running", vec![kid.clone().into()]).await),
+            failure_name(&call(&peer, "get_kernel", vec![kid.clone().into()]).await),
             "KernelNotFound"
         );
         // The same id can be used again: its row is TERMINATED, not live.

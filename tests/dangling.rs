@@ -320,7 +320,7 @@ async fn agent_rebuilds_adopts_and_destroys_dangling_kernels() {
     let mut agent = spawn_agent(&fx);
     let peer = connect(&fx).await;
     assert_eq!(
-        failure_name(&call(&peer, "check_running", vec![kid.clone().into()]).await),
+        failure_name(&call(&peer, "get_kernel", vec![kid.clone().into()]).await),
         "KernelNotFound",
         "not a kernel until adopted"
     );

@@ -407,7 +407,7 @@ async fn batch_sessions_report_their_result_and_keep_their_logs() {
     let batch = |cmd: &str, timeout: Option<f64>| {
         let mut extra = vec![
             ("session_type", Value::from("batch")),
-            ("command", cmd.into()),
+            ("startup_command", cmd.into()),
         ];
         if let Some(t) = timeout {
             extra.push(("batch_timeout", Value::F64(t)));

@@ -90,10 +90,10 @@ fn drain(events: &mut broadcast::Receiver<AgentEvent>) -> Vec<AgentEvent> {
 }
 
 /// Waits until `kernel_id` is no longer known to the agent (its actor stopped and the
-/// registry forgot it): `check_running` fails with `KernelNotFound`.
+/// registry forgot it): `get_kernel` fails with `KernelNotFound`.
 async fn wait_forgotten(peer: &Peer, kernel_id: &str) {
     wait_until(Duration::from_secs(10), &format!("{kernel_id} forgotten"), move || async move {
-        matches!(call(peer, "check_running", vec![kernel_id.into()]).await, Err(kernelvisor::rpc::CallError::Failure(m)) if m.name == "KernelNotFound")
+        matches!(call(peer, "get_kernel", vec![kernel_id.into()]).await, Err(kernelvisor::rpc::CallError::Failure(m)) if m.name == "KernelNotFound")
     })
     .await;
 }
@@ -298,7 +298,8 @@ async fn interrupt_ends_a_kernel_that_exits_on_sigint_and_logs_are_readable() {
         call(&peer, "interrupt_kernel", vec![k_int.clone().into()])
             .await
             .unwrap(),
-        Value::Nil
+        Value::Map(vec![]),
+        "upstream answers an empty map"
     );
     assert_eq!(
         terminated(&mut events, &k_int, Duration::from_secs(20)).await,
@@ -352,11 +353,14 @@ async fn ping_and_check_running_answer_for_live_and_unknown_kernels() {
             Value::from(true),
             "{method}"
         );
-        assert_eq!(
-            failure_name(&call(&peer, method, vec!["k-no-such-kernel".into()]).await),
-            "KernelNotFound",
-            "{method}"
-        );
+        // Upstream: `check_running` answers false for a kernel the agent does not hold;
+        // `ping_kernel` raises.
+        let unknown = call(&peer, method, vec!["k-no-such-kernel".into()]).await;
+        if method == "check_running" {
+            assert_eq!(unknown.unwrap(), Value::from(false));
+        } else {
+            assert_eq!(failure_name(&unknown), "KernelNotFound", "{method}");
+        }
         assert_eq!(
             failure_name(&call(&peer, method, vec![]).await),
             "TypeError",
@@ -380,29 +384,25 @@ async fn ping_and_check_running_answer_for_live_and_unknown_kernels() {
 }
 
 #[actix_rt::test]
-async fn sync_kernel_registry_reports_unknown_kernels_and_lists_live_ones() {
+async fn sync_kernel_registry_reports_unknown_kernels_and_destroys_unlisted_ones() {
     let fx = AgentFixture::new("sync", 31300, 4);
     let agent = start(&fx).await;
     let peer = client(agent.endpoint()).await;
-    let live = format!("k-live-{}", run_id());
-    create_one(
-        &peer,
-        "s-sync",
-        &live,
-        kernel_config("0.1", 32 * MIB, vec![]),
-    )
-    .await
-    .unwrap();
+    let (live, orphan) = (format!("k-live-{}", run_id()), format!("k-orphan-{}", run_id()));
+    for k in [&live, &orphan] {
+        create_one(&peer, "s-sync", k, kernel_config("0.1", 32 * MIB, vec![]))
+            .await
+            .unwrap();
+    }
     let mut events = agent.ctx.events.subscribe();
 
-    let (ghost, ghost2) = (
-        format!("k-ghost-{}", run_id()),
-        format!("k-ghost2-{}", run_id()),
-    );
+    // Upstream's semantics (`AgentRPCServer.sync_kernel_registry`): a listed kernel this agent
+    // does not hold is reported terminated (`already-terminated`); a kernel it holds that the
+    // manager did not list is destroyed without events (`not-found-in-manager`).
+    let ghost = format!("k-ghost-{}", run_id());
     let pairs = Value::Array(vec![
         Value::Array(vec![ghost.clone().into(), "s-ghost".into()]),
         Value::Array(vec![live.clone().into(), "s-sync".into()]),
-        ghost2.clone().into(), // a bare kernel id is accepted too
     ]);
     let r = call(&peer, "sync_kernel_registry", vec![pairs])
         .await
@@ -412,54 +412,53 @@ async fn sync_kernel_registry_reports_unknown_kernels_and_lists_live_ones() {
         .expect("{\"kernels\": [...]}");
     assert_eq!(kernels.len(), 1, "{r:?}");
     assert_eq!(field(&kernels[0], "id").as_str(), Some(live.as_str()));
-    assert_eq!(field(&kernels[0], "session_id").as_str(), Some("s-sync"));
     assert_eq!(field(&kernels[0], "status").as_str(), Some("RUNNING"));
     assert_eq!(
         field(&kernels[0], "agent_id").as_str(),
         Some(fx.agent_id.as_str())
     );
-
-    // The unknown ones are reported as terminated; the live one is not.
-    let mut reported = HashMap::new();
-    for _ in 0..2 {
-        let e = tokio::time::timeout(Duration::from_secs(5), events.recv())
-            .await
-            .expect("kernel_terminated for the unknown kernels")
-            .unwrap();
-        if let AgentEvent::KernelTerminated {
+    let e = tokio::time::timeout(Duration::from_secs(5), events.recv())
+        .await
+        .expect("kernel_terminated for the unknown kernel")
+        .unwrap();
+    match e {
+        AgentEvent::KernelTerminated {
             kernel_id,
             session_id,
             reason,
             exit_code,
-        } = e
-        {
-            reported.insert(kernel_id, (session_id, reason, exit_code));
-        }
+        } => assert_eq!(
+            (kernel_id, session_id, reason.as_str(), exit_code),
+            (ghost.clone(), "s-ghost".to_owned(), "already-terminated", None)
+        ),
+        other => panic!("unexpected {other:?}"),
     }
-    assert_eq!(
-        reported.get(&ghost),
-        Some(&("s-ghost".to_owned(), "not-found-in-agent".to_owned(), None)),
-        "{reported:?}"
-    );
-    assert_eq!(
-        reported.get(&ghost2),
-        Some(&(String::new(), "not-found-in-agent".to_owned(), None)),
-        "{reported:?}"
-    );
-
-    // The reconcile it triggers leaves the live kernel alone.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_forgotten(&peer, &orphan).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let later = drain(&mut events);
-    assert!(later.is_empty(), "nothing else happened: {later:?}");
+    assert!(
+        !later
+            .iter()
+            .any(|e| matches!(e, AgentEvent::KernelTerminated { .. })),
+        "the unlisted kernel goes without events: {later:?}"
+    );
     assert_eq!(
         call(&peer, "check_running", vec![live.clone().into()])
             .await
             .unwrap(),
         Value::from(true)
     );
+    assert_eq!(
+        call(&peer, "check_running", vec![orphan.clone().into()])
+            .await
+            .unwrap(),
+        Value::from(false)
+    );
 
-    // No argument: just the listing.
+    // No argument (kernelvisor): only the listing; `list_kernels` says the same.
     let r = call(&peer, "sync_kernel_registry", vec![]).await.unwrap();
+    assert_eq!(field(&r, "kernels").as_array().map(Vec::len), Some(1));
+    let r = call(&peer, "list_kernels", vec![]).await.unwrap();
     assert_eq!(field(&r, "kernels").as_array().map(Vec::len), Some(1));
     assert!(drain(&mut events).is_empty());
     agent.shutdown(OnShutdown::Terminate).await;

@@ -378,7 +378,7 @@ async fn bad_specs_get_clear_failures_and_leave_nothing() {
             kernel_config(
                 "0.1",
                 64 * MIB,
-                vec![("image", "kernelvisor-no-such-image:never".into())],
+                vec![("image", image("kernelvisor-no-such-image:never"))],
             ),
             "ImageNotFound",
         ),

@@ -287,7 +287,7 @@ async fn a_failing_healthcheck_restarts_the_container_under_on_failure() {
         "0.2",
         32 * MIB,
         vec![
-            ("image", "kernelvisor-test:healthcheck".into()),
+            ("image", image("kernelvisor-test:healthcheck")),
             command("touch /tmp/healthy; sleep 2; rm /tmp/healthy; exec sleep 1000"),
             policy("on-failure", 1, 0.0),
         ],
@@ -305,7 +305,7 @@ async fn a_failing_healthcheck_restarts_the_container_under_on_failure() {
         "0.2",
         32 * MIB,
         vec![
-            ("image", "kernelvisor-test:healthcheck".into()),
+            ("image", image("kernelvisor-test:healthcheck")),
             command("exec sleep 1000"),
         ],
     );

@@ -218,27 +218,36 @@ pub fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
         .unwrap_or(&Value::Nil)
 }
 
-/// A kernel config for the test image: `cpu` cores (decimal string), `mem` bytes, plus extra keys.
+/// An `ImageConfig` (Backend.AI's shape) for local image `name`: registry `local`, never pulled.
+pub fn image(name: &str) -> Value {
+    kernelvisor::rpc::agent_api::to_value(&kernelvisor::rpc::agent_api::kernel::ImageConfig::local(
+        name,
+    ))
+}
+
+/// A `KernelCreationConfig` (Backend.AI's shape) for the test image: `cpu` cores (decimal
+/// string), `mem` bytes, owned by user `u-1` of project `p-1` with access key `AKTEST` (in
+/// `environ`, as Backend.AI's manager passes it), plus extra keys; an extra `environ` is merged.
 pub fn kernel_config(cpu: &str, mem: u64, extra: Vec<(&str, Value)>) -> Value {
+    let mut environ = vec![(Value::from("BACKENDAI_ACCESS_KEY"), Value::from("AKTEST"))];
     let mut pairs = vec![
-        ("image", Value::from(TEST_IMAGE)),
+        ("image", image(TEST_IMAGE)),
         (
             "resource_slots",
             map(vec![("cpu", cpu.into()), ("mem", mem.into())]),
         ),
-        (
-            "owner",
-            map(vec![
-                ("user_id", "u-1".into()),
-                ("project_id", "p-1".into()),
-                ("access_key", "AKTEST".into()),
-            ]),
-        ),
+        ("owner_user_id", "u-1".into()),
+        ("owner_project_id", "p-1".into()),
     ];
     for (k, v) in extra {
+        if k == "environ" {
+            environ.extend(v.as_map().cloned().unwrap_or_default());
+            continue;
+        }
         pairs.retain(|(x, _)| *x != k);
         pairs.push((k, v));
     }
+    pairs.push(("environ", Value::Map(environ)));
     map(pairs)
 }
 

@@ -652,9 +652,9 @@ impl Cluster {
         v
     }
 
-    /// Kernel ids agent `i` holds (not `TERMINATED`), from `sync_kernel_registry([])`.
+    /// Kernel ids agent `i` holds (not `TERMINATED`), from `list_kernels()`.
     pub fn agent_kernels(&self, i: usize) -> BTreeSet<String> {
-        let v = self.agent_call(i, "sync_kernel_registry", vec![Value::Array(vec![])]);
+        let v = self.agent_call(i, "list_kernels", vec![]);
         let kernels = super::agent::field(&v, "kernels")
             .as_array()
             .cloned()

@@ -472,7 +472,10 @@ mod tests {
 
     fn cfg(extra: Vec<(&str, Value)>) -> Result<KernelConfig, KernelError> {
         let mut m = vec![
-            (Value::from("image"), Value::from("kernelvisor-test:latest")),
+            (
+                Value::from("image"),
+                crate::rpc::agent_api::to_value(&ImageConfig::local("kernelvisor-test:latest")),
+            ),
             (
                 Value::from("resource_slots"),
                 Value::Map(vec![
@@ -527,7 +530,7 @@ mod tests {
     fn batch_sessions_need_a_command() {
         let c = cfg(vec![
             ("session_type", "batch".into()),
-            ("command", "echo hi".into()),
+            ("startup_command", "echo hi".into()),
             ("batch_timeout", Value::F64(2.5)),
         ])
         .unwrap();
@@ -538,14 +541,20 @@ mod tests {
         assert_eq!(cfg(vec![]).unwrap().session_type, SessionType::Interactive);
         for bad in [
             vec![("session_type", Value::from("batch"))],
-            vec![("session_type", "cron".into()), ("command", "x".into())],
+            vec![
+                ("session_type", "cron".into()),
+                ("startup_command", "x".into()),
+            ],
             vec![
                 ("session_type", "batch".into()),
-                ("command", "x".into()),
+                ("startup_command", "x".into()),
                 ("batch_timeout", Value::from(-1)),
             ],
-            vec![("command", "x".into()), ("batch_timeout", Value::from(5))],
-            vec![("command", " ".into())],
+            vec![
+                ("startup_command", "x".into()),
+                ("batch_timeout", Value::from(5)),
+            ],
+            vec![("startup_command", " ".into())],
         ] {
             assert_eq!(
                 cfg(bad.clone()).unwrap_err().name(),

@@ -67,7 +67,10 @@ pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Value {
 ///
 /// Errors: [`DecodeError`] with serde's message (missing field, wrong type).
 pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, DecodeError> {
-    rmpv::ext::from_value(value).map_err(|e| DecodeError(e.to_string()))
+    // Through bytes: rmp_serde reads a unit enum variant from its name (as Python sends an
+    // enum's value), which `rmpv::ext::from_value` does not.
+    let bytes = super::codec::to_msgpack(&value);
+    rmp_serde::from_slice(&bytes).map_err(|e| DecodeError(e.to_string()))
 }
 
 /// The arguments of `call` as `M::Args`: positional argument `i` named `M::PARAMS[i]`, then the

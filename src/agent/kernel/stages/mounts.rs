@@ -157,6 +157,7 @@ mod tests {
             name: name.into(),
             host_path: p,
             read_only: true,
+            kernel_path: None,
         };
 
         let me = (unsafe { libc::getuid() }, unsafe { libc::getgid() });

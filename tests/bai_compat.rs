@@ -1,0 +1,344 @@
+//! Compatibility with the real Backend.AI 26.x agent client (issue 23, section 5): the agent
+//! client of `backend.ai-manager` 26.9.6 (`AgentRPCCache` → `AgentClientPool` → `AgentClient` →
+//! callosum, CURVE on, `ai.backend.common.msgpack`) drives one kernel's whole life on an agent
+//! process on the real Docker engine, with `create_kernels` arguments built by the manager's own
+//! `SessionLauncher`. The Python side is `tests/bai_compat/driver.py`, run with the venv of the
+//! Debian trixie root `scripts/bai-compat-env.sh` builds (`just bai-env`; Backend.AI 26.x needs
+//! Python 3.13): `chroot $KV_BAI_ROOT /opt/bai/bin/python driver.py ...`. The root shares the
+//! host's network namespace, so the driver reaches the agent on 127.0.0.1.
+//!
+//! `KV_BAI_ROOT` names the root; `just test-all` always sets it. Without it the test is skipped
+//! (said on stderr). `KV_BAI_WRITE_FIXTURES=DIR` (relative to the crate root, e.g.
+//! `tests/fixtures/bai/calls`) also copies the real `packb` bytes of every request body the
+//! client sent (`<method>.msgpack`, with a readable `<method>.json`) into `DIR`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::agent::{docker, read, run_id, spawn_agent_process, AgentFixture, TEST_IMAGE};
+use common::Keys;
+
+/// The steps the driver reports, in order; each must be `ok`.
+const STEPS: &[&str] = &[
+    "ping",
+    "health",
+    "gather_hwinfo",
+    "create_kernels",
+    "check_running",
+    "remove_find",
+    "execute",
+    "upload_file",
+    "download_single",
+    "list_files",
+    "get_logs",
+    "interrupt_kernel",
+    "sync_kernel_registry",
+    "scan_gpu_alloc_map",
+    "restart_kernel",
+    "check_running_after_restart",
+    "destroy_kernel",
+    "check_running_after_destroy",
+];
+
+/// The whole driver run may take this long (each of its steps has its own, shorter, limit).
+const DRIVER_LIMIT: Duration = Duration::from_secs(600);
+
+/// A child process killed (and reaped) on drop.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A directory removed on drop (best effort: the chroot may have written into it as root).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Container ids (running or not) labelled as kernel `kernel_id`.
+fn kernel_containers(kernel_id: &str) -> Vec<String> {
+    docker(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label=ai.backend.kernel-id={kernel_id}"),
+    ])
+    .lines()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// The driver's `--host-hook` pause: removes the image's `find` from the kernel's container (as
+/// root, with `docker exec`), so `list_files` is shown to work without it; answers the driver.
+fn remove_find(kernel_id: &str, stdin: &mut ChildStdin) {
+    let answer = match kernel_containers(kernel_id).first() {
+        None => format!("no container labelled ai.backend.kernel-id={kernel_id}"),
+        Some(cid) => {
+            let out = Command::new("docker")
+                .args(["exec", "-u", "0", cid, "rm", "-f", "/bin/find"])
+                .output()
+                .expect("docker CLI");
+            let gone = Command::new("docker")
+                .args(["exec", cid, "test", "-e", "/bin/find"])
+                .status()
+                .map(|s| !s.success())
+                .unwrap_or(false);
+            if out.status.success() && gone {
+                "ok".to_owned()
+            } else {
+                format!(
+                    "docker exec rm /bin/find: {} {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            }
+        }
+    };
+    let _ = writeln!(stdin, "{}", answer.replace('\n', " "));
+    let _ = stdin.flush();
+}
+
+fn wait_for_port(port: u16, agent: &mut Child, log: &Path) {
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = agent.try_wait() {
+            panic!("the agent exited ({status}); log:\n{}", read(log));
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the agent's RPC port {port} did not open in 60 s; log:\n{}",
+            read(log)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Vec<String> {
+    std::fs::create_dir_all(to).unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    names
+}
+
+#[test]
+fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
+    let Some(root) = std::env::var_os("KV_BAI_ROOT").map(PathBuf::from) else {
+        eprintln!(
+            "SKIPPED bai_compat: KV_BAI_ROOT is not set. `just test-all` sets it (after `just \
+             bai-env` builds the Backend.AI 26.9.6 client environment); by hand: \
+             KV_BAI_ROOT=$(scripts/bai-compat-env.sh) cargo test --test bai_compat"
+        );
+        return;
+    };
+    let python = root.join("opt/bai/bin/python");
+    assert!(
+        python.exists(),
+        "KV_BAI_ROOT={} has no /opt/bai/bin/python: run `just bai-env` (scripts/bai-compat-env.sh)",
+        root.display()
+    );
+
+    // An agent process, CURVE on, on the real engine.
+    let fx = AgentFixture::new("bai-compat", 34_000, 8);
+    let keys = Keys::new();
+    keys.write(fx.dir.path());
+    let d = fx.dir.path().display();
+    let config = fx.dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        fx.config_toml(&format!(
+            "rpc-auth-manager-public-key = \"{d}/manager.key\"\nrpc-auth-agent-keypair = \"{d}/agent.key_secret\"\n"
+        )),
+    )
+    .unwrap();
+    let agent_log = fx.dir.path().join("agent.log");
+    let mut agent = KillOnDrop(spawn_agent_process(&fx, &config));
+    wait_for_port(fx.rpc_port, &mut agent.0, &agent_log);
+
+    // The driver and the manager's key files, inside the root.
+    let inner = format!("/tmp/kv-bai-compat-{}", run_id());
+    let host_dir = root.join(inner.trim_start_matches('/'));
+    std::fs::create_dir_all(&host_dir).unwrap();
+    let _cleanup = RemoveOnDrop(host_dir.clone());
+    let driver_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bai_compat/driver.py");
+    std::fs::copy(&driver_src, host_dir.join("driver.py")).unwrap();
+    for f in ["manager.key", "manager.key_secret", "agent.key"] {
+        std::fs::copy(fx.dir.path().join(f), host_dir.join(f)).unwrap();
+    }
+
+    let session_id = uuid::Uuid::new_v4().to_string();
+    let kernel_id = uuid::Uuid::new_v4().to_string();
+    let digest = docker(&["image", "inspect", "-f", "{{.Id}}", TEST_IMAGE]);
+    assert!(
+        digest.starts_with("sha256:"),
+        "no image {TEST_IMAGE}: run `just test-image`"
+    );
+    let labels = docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{json .Config.Labels}}",
+        TEST_IMAGE,
+    ]);
+
+    let mut cmd = if is_root() {
+        Command::new("chroot")
+    } else {
+        let mut c = Command::new("sudo");
+        c.args(["-n", "chroot"]);
+        c
+    };
+    let driver_stderr = fx.dir.path().join("driver.stderr");
+    cmd.arg(&root)
+        .arg("/opt/bai/bin/python")
+        .arg(format!("{inner}/driver.py"))
+        .args(["--addr", &format!("tcp://127.0.0.1:{}", fx.rpc_port)])
+        .args(["--agent-id", &fx.agent_id])
+        .args(["--manager-keypair", &format!("{inner}/manager.key_secret")])
+        .args(["--agent-public-key", &format!("{inner}/agent.key")])
+        .args(["--session-id", &session_id, "--kernel-id", &kernel_id])
+        .args(["--image", TEST_IMAGE, "--image-digest", &digest])
+        .args(["--image-labels", &labels])
+        .arg("--host-hook")
+        .args(["--write-fixtures", &format!("{inner}/fixtures")])
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(&driver_stderr).unwrap()));
+    let mut driver = KillOnDrop(cmd.spawn().expect("chroot the Backend.AI driver"));
+    let mut stdin = driver.0.stdin.take().unwrap();
+    let stdout = driver.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
+    // Read its lines until it ends, answering its pause.
+    let start = Instant::now();
+    let mut lines: Vec<String> = Vec::new();
+    let mut timed_out = false;
+    loop {
+        let left = DRIVER_LIMIT.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            timed_out = true;
+            break;
+        }
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                eprintln!("driver: {line}");
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if v["pause"] == "remove_find" {
+                        remove_find(&kernel_id, &mut stdin);
+                    }
+                }
+                lines.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                timed_out = true;
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    drop(stdin);
+    if timed_out {
+        let _ = driver.0.kill();
+    }
+    let status = driver.0.wait().expect("the driver's exit status");
+
+    // What the driver packed, kept as fixtures when asked.
+    let fixtures = host_dir.join("fixtures");
+    if let Some(dest) = std::env::var_os("KV_BAI_WRITE_FIXTURES") {
+        let dest = Path::new(env!("CARGO_MANIFEST_DIR")).join(dest);
+        let names = copy_dir(&fixtures, &dest);
+        eprintln!(
+            "bai_compat: wrote {} fixture files to {}",
+            names.len(),
+            dest.display()
+        );
+    }
+
+    let left = kernel_containers(&kernel_id);
+
+    // Every step ok, none missing, nothing of the kernel left on the engine.
+    let mut problems: Vec<String> = Vec::new();
+    let reported: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("step").is_some())
+        .collect();
+    for step in STEPS {
+        match reported.iter().find(|v| v["step"] == *step) {
+            None => problems.push(format!("{step}: not reported")),
+            Some(v) if v["ok"] != true => problems.push(format!("{step}: FAILED: {}", v["error"])),
+            Some(_) => {}
+        }
+    }
+    for v in &reported {
+        let name = v["step"].as_str().unwrap_or_default();
+        if !STEPS.contains(&name) && v["ok"] != true {
+            problems.push(format!("{name}: FAILED: {}", v["error"]));
+        }
+    }
+    if timed_out {
+        problems.push(format!(
+            "the driver did not finish in {} s",
+            DRIVER_LIMIT.as_secs()
+        ));
+    }
+    if !status.success() {
+        problems.push(format!("the driver exited with {status}"));
+    }
+    if !left.is_empty() {
+        problems.push(format!(
+            "containers of kernel {kernel_id} left after destroy_kernel: {left:?}"
+        ));
+    }
+    drop(agent);
+    assert!(
+        problems.is_empty(),
+        "Backend.AI 26.9.6 client against kernelvisor: {} problem(s):\n  {}\n\ndriver output:\n{}\n\n\
+         driver stderr (tail):\n{}\n\nagent log (tail):\n{}",
+        problems.len(),
+        problems.join("\n  "),
+        lines.join("\n"),
+        tail(&read(&driver_stderr), 40),
+        tail(&read(&agent_log), 60),
+    );
+}

@@ -1,0 +1,667 @@
+"""Drives one kernel's whole life on a kernelvisor agent with the real Backend.AI agent client.
+
+Runs inside the Debian trixie root that `scripts/bai-compat-env.sh` builds (Python 3.13 and a venv
+with `backend.ai-manager` 26.9.6 at /opt/bai):
+
+    chroot $KV_BAI_ROOT /opt/bai/bin/python /path/in/root/driver.py \
+        --addr tcp://127.0.0.1:PORT --agent-id ID \
+        --manager-keypair manager.key_secret --agent-public-key agent.key \
+        [--session-id UUID] [--kernel-id UUID] [--image-digest sha256:...] [--image-labels JSON] \
+        [--host-hook] [--write-fixtures DIR]
+
+The client is built the way the 26.x manager builds it: `AgentRPCCache(None, manager_pub,
+manager_sec).update(agent_id, addr, agent_pub)`, then `AgentClientPool` → `AgentClient` → callosum
+`PeerInvoker` with CURVE and `ai.backend.common.msgpack`. `create_kernels` is not called by hand: the
+manager's own `SessionLauncher._start_single_session` builds the `KernelCreationConfig`,
+`ClusterInfo` and `kernel_image_refs` and calls the pool (only its database, Valkey and config
+inputs are stubbed). The other calls take the arguments the 26.x manager's registry/terminator pass.
+
+Each step prints one JSON line `{"step": ..., "ok": bool, "value"|"error": ...}`; a failed step does
+not stop the run (one run shows every gap); the exit status is 1 when any step failed.
+
+`--host-hook`: after the kernel is running the driver prints `{"pause": "remove_find",
+"kernel_id": ...}` and waits for one line on stdin: the caller removes the image's `find` from the
+container meanwhile (`docker exec -u 0 CID rm /bin/find`). Without it the driver tries that itself
+with `execute` (which may lack the permission).
+
+`--write-fixtures DIR`: for every method called, the real `ai.backend.common.msgpack.packb` bytes of
+its first request body (`{"args", "kwargs", "metadata"}`, exactly the callosum FUNCTION body) go to
+`DIR/<method>.msgpack`, and `DIR/<method>.json` gets a readable view of the same value with each
+msgpack ext type spelled out (`$uuid`, `$enum`, `$image_ref`, ...) plus the ext type codes it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import decimal
+import enum
+import json
+import os
+import pathlib
+import platform
+import sys
+import traceback
+import types
+import uuid
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def _jsonable(v: Any, depth: int = 0) -> Any:
+    if depth > 12:
+        return repr(v)
+    # Enums first: a StrEnum is also a str.
+    if isinstance(v, enum.Enum):
+        cls = type(v)
+        return {"$enum": f"{cls.__module__}.{cls.__qualname__}", "name": v.name, "value": v.value}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        b = bytes(v)
+        return {"$bin": base64.b64encode(b[:4096]).decode(), "len": len(b)}
+    if isinstance(v, uuid.UUID):
+        return {"$uuid": str(v)}
+    if isinstance(v, decimal.Decimal):
+        return {"$decimal": str(v)}
+    if isinstance(v, pathlib.PurePath):
+        return {"$path": str(v), "class": type(v).__name__}
+    if type(v).__name__ == "ImageRef":
+        return {
+            "$image_ref": {
+                "name": v.name,
+                "project": v.project,
+                "registry": v.registry,
+                "tag": v.tag,
+                "architecture": v.architecture,
+                "is_local": v.is_local,
+                "canonical": v.canonical,
+            }
+        }
+    if isinstance(v, dict):
+        if all(isinstance(k, str) for k in v):
+            return {k: _jsonable(x, depth + 1) for k, x in v.items()}
+        return {"$map": [[_jsonable(k, depth + 1), _jsonable(x, depth + 1)] for k, x in v.items()]}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x, depth + 1) for x in v]
+    return {"$repr": repr(v), "class": f"{type(v).__module__}.{type(v).__qualname__}"}
+
+
+def _clip(v: Any, limit: int = 3000) -> Any:
+    text = json.dumps(v)
+    if len(text) <= limit:
+        return v
+    return {"$clipped": text[:limit], "len": len(text)}
+
+
+FAILED: list[str] = []
+
+
+def emit(step: str, ok: bool, value: Any = None, error: str | None = None) -> None:
+    line: dict[str, Any] = {"step": step, "ok": ok}
+    if ok:
+        line["value"] = _clip(_jsonable(value))
+    else:
+        FAILED.append(step)
+        line["error"] = error
+        if value is not None:
+            line["value"] = _clip(_jsonable(value))
+    print(json.dumps(line), flush=True)
+
+
+def describe(e: BaseException) -> str:
+    name = getattr(e, "name", None)
+    rep = getattr(e, "repr", None)
+    if isinstance(name, str) and isinstance(rep, str):
+        # callosum's RPCUserError (a FAILURE) / RPCInternalError (an ERROR)
+        return f"{type(e).__name__}: {name}: {rep}"
+    text = str(e) or repr(e)
+    return f"{type(e).__name__}: {text}"
+
+
+class StepFailed(Exception):
+    """A reply arrived but is not what upstream answers (or not what the step expects)."""
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise StepFailed(msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request bodies as packed on the wire (for fixtures)
+
+RECORDED: list[bytes] = []
+
+
+def install_packb_recorder() -> None:
+    """Records the output of the real `ai.backend.common.msgpack.packb` for request bodies.
+
+    `AgentClientPool._create_peer` reads `msgpack.packb` when it makes the peer, so replacing the
+    module attribute before the pool makes its first peer routes the peer's serializer through
+    this wrapper, which returns the real function's bytes unchanged.
+    """
+    from ai.backend.common import msgpack as bai_msgpack
+
+    real_packb = bai_msgpack.packb
+
+    def recording_packb(data: Any, **kwargs: Any) -> bytes:
+        out = real_packb(data, **kwargs)
+        if isinstance(data, dict) and "args" in data and "kwargs" in data:
+            RECORDED.append(out)
+        return out
+
+    bai_msgpack.packb = recording_packb  # type: ignore[assignment]
+
+
+FIXTURES: dict[str, bytes] = {}
+
+
+def record_fixture(method: str, since: int) -> None:
+    """The first request body packed since `since` whose call is `method` (not a health ping)."""
+    if method in FIXTURES:
+        return
+    from ai.backend.common import msgpack as bai_msgpack
+
+    for raw in RECORDED[since:]:
+        body = bai_msgpack.unpackb(raw)
+        if method != "ping" and tuple(body.get("args", ())) == ("ping",):
+            continue
+        FIXTURES[method] = raw
+        return
+
+
+def write_fixtures(directory: str) -> None:
+    import msgpack as plain_msgpack
+
+    from ai.backend.common import msgpack as bai_msgpack
+
+    d = pathlib.Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    for method, raw in sorted(FIXTURES.items()):
+        (d / f"{method}.msgpack").write_bytes(raw)
+        codes: set[int] = set()
+
+        def hook(code: int, data: bytes) -> Any:
+            codes.add(code)
+            return plain_msgpack.ExtType(code, data)
+
+        plain_msgpack.unpackb(raw, ext_hook=hook, strict_map_key=False, raw=False)
+        view = {
+            "method": method,
+            "packed_by": "ai.backend.common.msgpack.packb (backend.ai-common 26.9.6)",
+            "ext_types": sorted(codes),
+            "value": _jsonable(bai_msgpack.unpackb(raw)),
+        }
+        (d / f"{method}.json").write_text(json.dumps(view, indent=2, sort_keys=True) + "\n")
+    print(
+        json.dumps({"fixtures": sorted(FIXTURES), "dir": str(d)}),
+        flush=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+async def main(args: argparse.Namespace) -> int:
+    import zmq.auth
+
+    from ai.backend.common.clients.agent.client import AgentClient
+    from ai.backend.common.docker import ImageRef
+    from ai.backend.common.events.event_types.kernel.types import KernelLifecycleEventReason
+    from ai.backend.common.types import (
+        AccessKey,
+        AgentId,
+        ClusterMode,
+        KernelId,
+        ResourceSlot,
+        SessionId,
+        SessionTypes,
+    )
+    from ai.backend.manager.agent_cache import AgentRPCCache
+    from ai.backend.manager.clients.agent import AgentClientPool, AgentPoolSpec
+    from ai.backend.manager.defs import DEFAULT_ROLE
+    from ai.backend.manager.sokovan.scheduler.launcher.launcher import (
+        SessionLauncher,
+        SessionLauncherArgs,
+    )
+    from ai.backend.manager.views.sokovan.image import ImageConfigData
+    from ai.backend.manager.views.sokovan.lifecycle import (
+        KernelBindingData,
+        SessionDataForStart,
+    )
+
+    install_packb_recorder()
+
+    manager_pub, manager_sec = zmq.auth.load_certificate(args.manager_keypair)
+    agent_pub, _ = zmq.auth.load_certificate(args.agent_public_key)
+    agent_id = AgentId(args.agent_id)
+    session_id = SessionId(uuid.UUID(args.session_id) if args.session_id else uuid.uuid4())
+    kernel_id = KernelId(uuid.UUID(args.kernel_id) if args.kernel_id else uuid.uuid4())
+    print(
+        json.dumps({"session_id": str(session_id), "kernel_id": str(kernel_id)}),
+        flush=True,
+    )
+
+    # As the manager: the RPC cache (no database: `update` fills it), then the client pool with
+    # the manager's spec (AgentClientPoolDependency) except `failure_threshold`, raised so that a
+    # step timing out does not mark the connection unhealthy and hide the later steps' results.
+    cache = AgentRPCCache(None, manager_pub, manager_sec)  # type: ignore[arg-type]
+    cache.update(agent_id, args.addr, agent_pub)
+    pool = AgentClientPool(
+        cache,
+        AgentPoolSpec(health_check_interval=30.0, failure_threshold=1000, recovery_timeout=60.0),
+    )
+
+    async def step(name: str, method: str, fn, timeout: float = 60.0) -> Any:
+        since = len(RECORDED)
+        try:
+            async with asyncio.timeout(timeout):
+                async with pool.acquire(agent_id) as client:
+                    value = await fn(client)
+        except StepFailed as e:
+            record_fixture(method, since)
+            emit(name, False, error=str(e))
+            return None
+        except TimeoutError:
+            record_fixture(method, since)
+            emit(name, False, error=f"no reply within {timeout:.0f} s")
+            return None
+        except Exception as e:
+            record_fixture(method, since)
+            emit(name, False, error=describe(e))
+            return None
+        record_fixture(method, since)
+        emit(name, True, value)
+        return value if value is not None else True
+
+    # -- ping, health, hwinfo ----------------------------------------------------------------
+
+    async def ping(c: AgentClient) -> Any:
+        r = await c.ping()
+        check(r == "ping", f"ping answered {r!r}, upstream echoes 'ping'")
+        return r
+
+    await step("ping", "ping", ping)
+
+    async def health(c: AgentClient) -> Any:
+        r = await c.health()  # health_v2, validated into HealthResp
+        return r.model_dump(mode="json")
+
+    await step("health", "health_v2", health)
+
+    async def hwinfo(c: AgentClient) -> Any:
+        r = await c.gather_hwinfo()  # gather_hwinfo_v2, validated into GatherHwinfoResp
+        return r.model_dump(mode="json")
+
+    await step("gather_hwinfo", "gather_hwinfo_v2", hwinfo)
+
+    # -- create_kernels, through the manager's own SessionLauncher ------------------------------
+
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine(), platform.machine())
+    image_id = uuid.uuid4()
+    image_canonical = f"local/{args.image}"  # LocalRegistry names a local image `local/<repo>:<tag>`
+    image_config_data = ImageConfigData(
+        id=image_id,
+        canonical=image_canonical,
+        architecture=arch,
+        project=None,
+        is_local=True,
+        digest=args.image_digest,
+        labels=json.loads(args.image_labels) or {},
+        registry_name="local",
+        registry_url="http://localhost",  # the local registry's placeholder URL
+        registry_username=None,
+        registry_password=None,
+    )
+    kernel = KernelBindingData(
+        kernel_id=kernel_id,
+        agent_id=agent_id,
+        agent_addr=args.addr,
+        resource_group="default",
+        image=image_canonical,
+        image_id=image_id,
+        architecture=arch,
+        cluster_role=DEFAULT_ROLE,
+        cluster_idx=1,
+        local_rank=0,
+        cluster_hostname=None,
+        uid=None,
+        main_gid=None,
+        gids=[],
+        requested_slots=ResourceSlot({
+            "cpu": decimal.Decimal("1"),
+            "mem": decimal.Decimal("268435456"),
+        }),
+        resource_opts={},
+        bootstrap_script=None,
+        startup_command=None,
+        preopen_ports=[],
+        internal_data=None,
+        vfolder_mounts=[],
+    )
+    session = SessionDataForStart(
+        session_id=session_id,
+        creation_id="kvbaicompat",
+        access_key=AccessKey("AKIAIOSFODNN7EXAMPLE"),
+        session_type=SessionTypes.INTERACTIVE,
+        name="kv-bai-compat",
+        cluster_mode=ClusterMode.SINGLE_NODE,
+        kernels=[kernel],
+        user_uuid=uuid.uuid4(),
+        user_email="admin@lablup.com",
+        user_name="admin",
+        environ={},
+        network_type=None,  # VOLATILE, one kernel: no network to create
+    )
+
+    class StubRepository:
+        """The scheduler repository's two calls on this path (no database)."""
+
+        def __init__(self) -> None:
+            self.error_info: Any = None
+
+        async def update_session_error_info(self, _sid: Any, error_info: Any) -> None:
+            self.error_info = error_info
+
+        async def update_session_network_id(self, _sid: Any, _name: Any) -> None:
+            return None
+
+    class StubValkey:
+        async def record_session_failed_agents(self, *_a: Any) -> None:
+            return None
+
+    config = types.SimpleNamespace(
+        docker=types.SimpleNamespace(
+            image=types.SimpleNamespace(auto_pull=types.SimpleNamespace(value="digest"))
+        ),
+        debug=types.SimpleNamespace(enabled=True),
+    )
+    repository = StubRepository()
+    launcher = SessionLauncher(
+        SessionLauncherArgs(
+            repository=repository,  # type: ignore[arg-type]
+            agent_client_pool=pool,
+            network_plugin_ctx=None,  # type: ignore[arg-type]
+            config_provider=types.SimpleNamespace(config=config),  # type: ignore[arg-type]
+            valkey_schedule=StubValkey(),  # type: ignore[arg-type]
+        )
+    )
+
+    # Keep what the launcher passed and what came back (the launcher itself drops both).
+    created: dict[str, Any] = {}
+    real_create_kernels = AgentClient.create_kernels
+
+    async def capturing_create_kernels(self: AgentClient, *a: Any, **kw: Any) -> Any:
+        created["args"] = a
+        try:
+            created["result"] = await real_create_kernels(self, *a, **kw)
+        except BaseException as e:
+            created["error"] = e
+            raise
+        return created["result"]
+
+    AgentClient.create_kernels = capturing_create_kernels  # type: ignore[method-assign]
+
+    since = len(RECORDED)
+    try:
+        async with asyncio.timeout(180):
+            await launcher._start_single_session(session, {image_id: image_config_data})
+    except Exception as e:
+        created.setdefault("error", e)
+    record_fixture("create_kernels", since)
+    if "error" in created:
+        emit("create_kernels", False, error=describe(created["error"]))
+    elif "args" not in created:
+        emit(
+            "create_kernels",
+            False,
+            error=f"the launcher did not call create_kernels: {repository.error_info!r}",
+        )
+    elif repository.error_info is not None:
+        emit("create_kernels", False, error=f"launcher error: {repository.error_info!r}")
+    else:
+        emit("create_kernels", True, created.get("result"))
+
+    kernel_configs = created.get("args", (None, None, [None]))[2]
+    kernel_config = kernel_configs[0] if kernel_configs else None
+    image_refs = created.get("args", (None,) * 5)[4] or {}
+    image_ref = image_refs.get(kernel_id) or ImageRef.from_image_str(
+        image_canonical, None, "local", architecture=arch, is_local=True
+    )
+
+    # -- check_running (poll: upstream's create answers once started, ours may answer earlier) --
+
+    async def running(c: AgentClient) -> Any:
+        return await poll_running(c, "create_kernels", "create_kernels" in FAILED)
+
+    async def poll_running(c: AgentClient, after: str, failed: bool) -> Any:
+        # Poll for up to 30 s after a call that succeeded; once after one that failed.
+        polls = 1 if failed else 60
+        for attempt in range(polls):
+            r = await c.check_running(kernel_id)
+            check(isinstance(r, bool), f"check_running answered {r!r}, not a bool")
+            if r:
+                return {"running": r, "polls": attempt + 1}
+            if attempt + 1 < polls:
+                await asyncio.sleep(0.5)
+        raise StepFailed(f"check_running answered False after {after} ({polls} polls)")
+
+    await step("check_running", "check_running", running, timeout=45)
+
+    # -- remove the image's `find` (list_files must not need it) -------------------------------
+
+    async def run_code(c: AgentClient, code: str, limit: int = 60) -> dict[str, Any]:
+        """execute in query mode, then `continue` until `finished`, as the client SDK does
+        through the manager (major API version 9, flush_timeout 2.0 as in SessionService)."""
+        run_id = uuid.uuid4().hex
+        replies: list[dict[str, Any]] = []
+        r = await c.execute(session_id, kernel_id, 9, run_id, "query", code, {}, 2.0)
+        replies.append(dict(r))
+        while r.get("status") != "finished":
+            status = r.get("status")
+            check(
+                status in ("continued", "build-finished", "clean-finished"),
+                f"execute answered status {status!r}: {dict(r)!r}",
+            )
+            check(len(replies) < limit, f"no `finished` after {limit} replies")
+            r = await c.execute(session_id, kernel_id, 9, run_id, "continue", "", {}, 2.0)
+            replies.append(dict(r))
+        console: list[Any] = []
+        for rep in replies:
+            console.extend(rep.get("console") or [])
+        return {
+            "run_id": run_id,
+            "replies": len(replies),
+            "statuses": [rep.get("status") for rep in replies],
+            "run_ids": sorted({str(rep.get("runId")) for rep in replies}),
+            "exitCode": replies[-1].get("exitCode"),
+            "console": console,
+        }
+
+    def stdout_text(out: dict[str, Any]) -> str:
+        text = []
+        for item in out["console"]:
+            check(
+                isinstance(item, (list, tuple)) and len(item) == 2,
+                f"console item {item!r} is not a [type, data] pair",
+            )
+            if item[0] == "stdout":
+                text.append(str(item[1]))
+        return "".join(text)
+
+    if args.host_hook:
+        print(json.dumps({"pause": "remove_find", "kernel_id": str(kernel_id)}), flush=True)
+        loop = asyncio.get_running_loop()
+        reply = await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), 120)
+        emit("remove_find", reply.strip() == "ok", value=reply.strip(), error=reply.strip())
+    else:
+
+        async def remove_find(c: AgentClient) -> Any:
+            out = await run_code(c, "rm -f /bin/find; command -v find || echo no-find")
+            check("no-find" in stdout_text(out), f"`find` is still there: {out!r}")
+            return out
+
+        await step("remove_find", "execute", remove_find)
+
+    # -- execute with continuation --------------------------------------------------------------
+
+    marker = "kv-bai-compat-42"
+
+    async def execute(c: AgentClient) -> Any:
+        # Longer than flush_timeout, so an agent that honours it answers `continued` first.
+        out = await run_code(c, "echo started; sleep 3; echo kv-bai-compat-$((6*7))")
+        text = stdout_text(out)
+        check(marker in text, f"marker {marker!r} not in stdout {text!r}: {out!r}")
+        check(out["exitCode"] == 0, f"exitCode {out['exitCode']!r}, want 0")
+        check(out["run_ids"] == [out["run_id"]], f"runId {out['run_ids']} != {out['run_id']}")
+        return out
+
+    await step("execute", "execute", execute, timeout=90)
+
+    # -- files ------------------------------------------------------------------------------------
+
+    payload = b"kv-bai-compat upload \x00\x01\xff\n" * 64
+    fname = "kv-bai-compat.bin"
+
+    async def upload(c: AgentClient) -> Any:
+        return await c.upload_file(kernel_id, fname, payload)
+
+    await step("upload_file", "upload_file", upload)
+
+    async def download(c: AgentClient) -> Any:
+        r = await c.download_single(kernel_id, fname)
+        check(isinstance(r, bytes), f"download_single answered {type(r).__name__}, not bytes")
+        check(r == payload, f"downloaded {len(r)} bytes differ from the {len(payload)} uploaded")
+        return {"len": len(r)}
+
+    await step("download_single", "download_single", download)
+
+    async def list_files(c: AgentClient) -> Any:
+        r = await c.list_files(kernel_id, ".")
+        check(isinstance(r, dict), f"list_files answered {r!r}, not a map")
+        check(
+            {"files", "errors", "abspath"} <= set(r),
+            f"list_files keys {sorted(r)}, upstream has files, errors, abspath",
+        )
+        check(isinstance(r["files"], str), f"`files` is {type(r['files']).__name__}, not JSON text")
+        files = json.loads(r["files"])
+        names = [f.get("filename") for f in files]
+        check(
+            fname in names,
+            f"{fname} not among the entries' `filename`s {names!r} (errors: {r['errors']!r})",
+        )
+        entry = next(f for f in files if f.get("filename") == fname)
+        check(entry.get("size") == len(payload), f"entry {entry!r}: size != {len(payload)}")
+        check(
+            {"mode", "size", "mtime"} <= set(entry),
+            f"entry {entry!r} lacks one of mode, size, mtime",
+        )
+        return r
+
+    await step("list_files", "list_files", list_files)
+
+    # -- logs, interrupt, registry sync, GPU map --------------------------------------------------
+
+    async def get_logs(c: AgentClient) -> Any:
+        r = await c.get_logs(kernel_id)
+        check(isinstance(r, dict) and isinstance(r.get("logs"), str), f"get_logs answered {r!r}")
+        return r
+
+    await step("get_logs", "get_logs", get_logs)
+
+    async def interrupt(c: AgentClient) -> Any:
+        return await c.interrupt_kernel(kernel_id)
+
+    await step("interrupt_kernel", "interrupt_kernel", interrupt)
+
+    async def sync_registry(c: AgentClient) -> Any:
+        r = await c.sync_kernel_registry([(kernel_id, session_id)])
+        check(r is None, f"sync_kernel_registry answered {r!r}, upstream answers None")
+        still = await c.check_running(kernel_id)
+        check(still is True, f"the listed kernel is no longer running (check_running {still!r})")
+        return r
+
+    await step("sync_kernel_registry", "sync_kernel_registry", sync_registry)
+
+    async def gpu_map(c: AgentClient) -> Any:
+        r = await c.scan_gpu_alloc_map()
+        check(isinstance(r, dict), f"scan_gpu_alloc_map answered {r!r}, not a map")
+        check(
+            all(isinstance(k, str) and isinstance(v, str) for k, v in r.items()),
+            f"scan_gpu_alloc_map {r!r}: upstream's shape is flat, device id -> amount as text",
+        )
+        return r
+
+    await step("scan_gpu_alloc_map", "scan_gpu_alloc_map", gpu_map)
+
+    # -- restart (same kernel id, config as created) ----------------------------------------------
+
+    async def restart(c: AgentClient) -> Any:
+        check(kernel_config is not None, "no kernel config (create_kernels was not called)")
+        r = await c.restart_kernel(session_id, kernel_id, image_ref, kernel_config)
+        check(isinstance(r, dict), f"restart_kernel answered {r!r}, not a map")
+        return r
+
+    await step("restart_kernel", "restart_kernel", restart, timeout=180)
+
+    async def running_after_restart(c: AgentClient) -> Any:
+        r = await poll_running(c, "restart_kernel", "restart_kernel" in FAILED)
+        out = await run_code(c, "echo after-restart-$((6*7))")
+        check("after-restart-42" in stdout_text(out), f"execute after restart: {out!r}")
+        return {**r, "execute": out["statuses"]}
+
+    await step("check_running_after_restart", "check_running", running_after_restart, timeout=90)
+
+    # -- destroy ------------------------------------------------------------------------------------
+
+    async def destroy(c: AgentClient) -> Any:
+        # As the terminator: the reason is the enum member, suppress_events False.
+        return await c.destroy_kernel(
+            kernel_id, session_id, KernelLifecycleEventReason.USER_REQUESTED, suppress_events=False
+        )
+
+    await step("destroy_kernel", "destroy_kernel", destroy, timeout=120)
+
+    async def not_running(c: AgentClient) -> Any:
+        r = await c.check_running(kernel_id)
+        check(r is False, f"check_running answered {r!r} after destroy_kernel, want False")
+        return r
+
+    await step("check_running_after_destroy", "check_running", not_running)
+
+    await pool.close()
+    if args.write_fixtures:
+        write_fixtures(args.write_fixtures)
+    print(json.dumps({"done": True, "failed": FAILED}), flush=True)
+    return 1 if FAILED else 0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--addr", required=True, help="the agent's RPC address, tcp://HOST:PORT")
+    p.add_argument("--agent-id", required=True)
+    p.add_argument("--manager-keypair", required=True, help="manager.key_secret (ZeroMQ cert)")
+    p.add_argument("--agent-public-key", required=True, help="agent.key (ZeroMQ cert)")
+    p.add_argument("--session-id", default=None)
+    p.add_argument("--kernel-id", default=None)
+    p.add_argument("--image", default="kernelvisor-test:latest", help="a local image, repo:tag")
+    p.add_argument("--image-digest", default="", help="the image's config digest (its Id)")
+    p.add_argument("--image-labels", default="{}", help="the image's labels, JSON")
+    p.add_argument("--host-hook", action="store_true")
+    p.add_argument("--write-fixtures", default=None, metavar="DIR")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    ns = parse_args()
+    try:
+        code = asyncio.run(main(ns))
+    except Exception as e:  # setup itself failed (imports, keys): one line saying so
+        emit("setup", False, error=f"{describe(e)}\n{traceback.format_exc()}")
+        code = 2
+    sys.exit(code)
