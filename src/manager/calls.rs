@@ -8,6 +8,7 @@ use rmpv::Value;
 use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentCall, AgentCallError, AgentPool};
+use crate::rpc::agent_api::{decode_reply, encode_args, Method};
 
 /// Calls `method(*args)` on `agent_id` through `pool`, waiting up to `timeout`.
 ///
@@ -113,4 +114,27 @@ pub fn to_json(v: &Value) -> serde_json::Value {
         ),
         Value::Ext(t, _) => J::String(format!("<ext {t}>")),
     }
+}
+
+/// Calls a typed method of the agent contract ([`crate::rpc::agent_api`]): `args` go out
+/// positional in upstream's order, the reply is decoded into `M::Reply`.
+///
+/// Errors: as [`call_agent`]; a reply that does not decode reads as a FAILURE named
+/// `InvalidReply` naming the field (shown to users as `agent-error`).
+pub async fn call_method<M: Method>(
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    agent_id: &str,
+    args: &M::Args,
+    timeout: Duration,
+) -> Result<M::Reply, AgentCallError> {
+    let call = encode_args::<M>(args);
+    let reply = call_agent(pool, metrics, agent_id, M::NAME, call.args, timeout).await?;
+    decode_reply::<M>(reply).map_err(|e| AgentCallError::Call {
+        agent_id: agent_id.to_owned(),
+        source: crate::rpc::CallError::Failure(crate::rpc::ErrorMeta::new(
+            "InvalidReply",
+            e.to_string(),
+        )),
+    })
 }

@@ -13,15 +13,17 @@ use actix::prelude::*;
 use rmpv::Value;
 use serde::Deserialize;
 
-use super::calls::{agent_error, call_agent, to_json};
+use super::calls::{agent_error, call_agent, call_method};
 use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
 use super::pool::AgentPool;
 use super::registry::{AgentRegistry, PlacementCandidates};
 use super::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store, Usage};
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
+use crate::rpc::agent_api::exec::{Execute, ExecuteArgs, GetLogs, GetLogsArgs};
 use crate::rpc::agent_api::kernel::{
-    ClusterInfo, CreateKernels, CreateKernelsArgs, ImageConfig, KernelCreationConfig,
+    ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
+    KernelCreationConfig,
     ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
 };
 use crate::rpc::agent_api::{decode_reply, encode_args, to_value};
@@ -519,9 +521,14 @@ impl Handler<CreateSession> for Scheduler {
                         spec.destroy_timeout,
                     );
                     actix::spawn(async move {
-                        let args = vec![kid.into(), sid.into(), "failed-to-create".into()];
+                        let args = DestroyKernelArgs {
+                            kernel_id: kid,
+                            session_id: Some(sid),
+                            reason: Some("failed-to-create".into()),
+                            suppress_events: None,
+                        };
                         let _ =
-                            call_agent(&pool, &metrics, &agent, "destroy_kernel", args, t).await;
+                            call_method::<DestroyKernel>(&pool, &metrics, &agent, &args, t).await;
                     });
                     return Err(ManagerError::AgentUnavailable(e.to_string()));
                 }
@@ -561,20 +568,13 @@ impl Handler<DestroySession> for Scheduler {
             if !k.is_live() {
                 return Ok(k);
             }
-            let args = vec![
-                k.id.clone().into(),
-                k.session_id.clone().into(),
-                "user-requested".into(),
-            ];
-            match call_agent(
-                &pool,
-                &metrics,
-                &k.agent_id,
-                "destroy_kernel",
-                args,
-                timeout,
-            )
-            .await
+            let args = DestroyKernelArgs {
+                kernel_id: k.id.clone(),
+                session_id: Some(k.session_id.clone()),
+                reason: Some("user-requested".into()),
+                suppress_events: None,
+            };
+            match call_method::<DestroyKernel>(&pool, &metrics, &k.agent_id, &args, timeout).await
             {
                 Ok(_) => {}
                 Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => {}
@@ -655,10 +655,10 @@ impl Handler<ExecuteInSession> for Scheduler {
                         return Err(ManagerError::SessionNotRunning(msg.id, k.status));
                     }
                     let timeout = msg.timeout.unwrap_or(default_timeout.as_secs_f64());
-                    let opts = vec![
-                        ("stdin".into(), msg.stdin.into()),
-                        ("timeout".into(), Value::F64(timeout)),
-                    ];
+                    let opts = BTreeMap::from([
+                        ("stdin".to_owned(), Value::from(msg.stdin)),
+                        ("timeout".to_owned(), Value::F64(timeout)),
+                    ]);
                     (
                         msg.run_id
                             .clone()
@@ -674,7 +674,7 @@ impl Handler<ExecuteInSession> for Scheduler {
                     (
                         run_id,
                         msg.code.clone().unwrap_or_default(),
-                        vec![("eof".into(), msg.eof.into())],
+                        BTreeMap::from([("eof".to_owned(), Value::from(msg.eof))]),
                     )
                 }
                 other => {
@@ -690,27 +690,24 @@ impl Handler<ExecuteInSession> for Scheduler {
             // The agent answers within the flush timeout (or sooner); the margin covers a full
             // buffer's transfer and a busy agent.
             let rpc_timeout = Duration::from_secs_f64(flush) + Duration::from_secs(30);
-            let args = vec![
-                k.session_id.clone().into(),
-                k.id.clone().into(),
-                2.into(),
-                run_id.into(),
-                mode.into(),
-                code.into(),
-                Value::Map(opts),
-                Value::F64(flush),
-            ];
-            let out = call_agent(&pool, &metrics, &k.agent_id, "execute", args, rpc_timeout)
+            let args = ExecuteArgs {
+                session_id: Some(k.session_id.clone()),
+                kernel_id: k.id.clone(),
+                api_version: Some(2.into()),
+                run_id: Some(run_id),
+                mode: mode.to_owned(),
+                code,
+                opts: Some(opts),
+                flush_timeout: Some(flush),
+            };
+            let out = call_method::<Execute>(&pool, &metrics, &k.agent_id, &args, rpc_timeout)
                 .await
                 .map_err(|e| agent_error(&e))?;
-            // Moved out of the answer, not cloned: the console may be a whole buffer (1 MiB).
-            let mut out = to_json(&out);
-            let mut take = |key: &str| out.get_mut(key).map(serde_json::Value::take);
             Ok(serde_json::json!({
-                "runId": take("runId").unwrap_or_default(),
-                "status": take("status").unwrap_or_default(),
-                "console": take("console").unwrap_or_else(|| serde_json::json!([])),
-                "exitCode": take("exitCode").unwrap_or_default(),
+                "runId": out.run_id,
+                "status": out.status,
+                "console": out.console,
+                "exitCode": out.exit_code,
             }))
         })
     }
@@ -757,36 +754,22 @@ impl Handler<ReadLogs> for Scheduler {
                 opts.push(("wait".into(), Value::F64(w)));
             }
             let timeout = Duration::from_secs_f64(m.wait.unwrap_or(0.0)) + Duration::from_secs(30);
-            let args = vec![m.kernel.id.clone().into(), Value::Map(opts)];
-            let v = call_agent(
-                &pool,
-                &metrics,
-                &m.kernel.agent_id,
-                "get_logs",
-                args,
-                timeout,
-            )
-            .await
-            .map_err(|e| agent_error(&e))?;
-            let Value::Map(map) = v else {
-                return Err(ManagerError::AgentError("get_logs answered no map".into()));
+            let args = GetLogsArgs {
+                kernel_id: m.kernel.id.clone(),
+                opts: Some(Value::Map(opts)),
             };
-            // The bytes are moved out of the answer (up to 1 MiB), not copied.
-            let mut chunk = LogsChunk {
-                data: Vec::new(),
-                next: 0,
-                active: false,
-            };
-            for (key, value) in map {
-                match (key.as_str(), value) {
-                    (Some("data"), Value::Binary(b)) => chunk.data = b,
-                    (Some("logs"), Value::String(s)) => chunk.data = s.into_bytes(),
-                    (Some("next"), v) => chunk.next = v.as_u64().unwrap_or(0),
-                    (Some("active"), v) => chunk.active = v.as_bool().unwrap_or(false),
-                    _ => {}
-                }
-            }
-            Ok(chunk)
+            let v = call_method::<GetLogs>(&pool, &metrics, &m.kernel.agent_id, &args, timeout)
+                .await
+                .map_err(|e| agent_error(&e))?;
+            Ok(LogsChunk {
+                data: match (v.data, v.logs) {
+                    (Some(b), _) => b.into_vec(),
+                    (None, Some(text)) => text.into_bytes(),
+                    (None, None) => Vec::new(),
+                },
+                next: v.next,
+                active: v.active,
+            })
         })
     }
 }

@@ -32,7 +32,6 @@ use crate::rpc::agent_api::exec as exec_api;
 use crate::rpc::agent_api::kernel as api;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
-type Res = Result<Value, ErrorMeta>;
 
 /// Registers the kernel methods on `dispatcher`.
 pub fn register(
@@ -566,7 +565,7 @@ async fn execute(
     ctx: &AgentContext,
     registry: &Addr<KernelRegistry>,
     args: exec_api::ExecuteArgs,
-) -> Res {
+) -> Result<exec_api::ExecuteResult, ErrorMeta> {
     let kernel_id = args.kernel_id;
     let run_id = args.run_id.filter(|r| !r.is_empty());
     let mode = args.mode;
@@ -633,21 +632,17 @@ async fn execute(
     };
     let answer = run.answer(flush).await;
     ctx.runs.forget_if_done(&run);
-    let console = answer
-        .console
-        .into_iter()
-        .map(|(stream, text)| Value::Array(vec![stream.as_str().into(), text.into()]))
-        .collect();
-    Ok(Value::Map(vec![
-        ("status".into(), answer.status.as_str().into()),
-        ("runId".into(), run.ids().run_id.clone().into()),
-        (
-            "exitCode".into(),
-            answer.exit_code.map_or(Value::Nil, Value::from),
-        ),
-        ("console".into(), Value::Array(console)),
-        ("options".into(), Value::Map(vec![])),
-    ]))
+    Ok(exec_api::ExecuteResult {
+        run_id: run.ids().run_id.clone(),
+        status: answer.status.as_str().to_owned(),
+        console: answer
+            .console
+            .into_iter()
+            .map(|(stream, text)| (stream.as_str().to_owned(), text))
+            .collect(),
+        exit_code: answer.exit_code,
+        options: Default::default(),
+    })
 }
 
 /// `get_logs(kernel_id, opts=None)`: the kernel's stdout and stderr as the agent keeps them
@@ -660,7 +655,7 @@ async fn get_logs(
     ctx: &AgentContext,
     registry: &Addr<KernelRegistry>,
     args: exec_api::GetLogsArgs,
-) -> Res {
+) -> Result<exec_api::LogsReply, ErrorMeta> {
     let kernel_id = args.kernel_id;
     let opts = args.opts.as_ref().and_then(Value::as_map).map(Vec::as_slice);
     let offset = opt(opts, "offset").and_then(Value::as_u64);
@@ -691,19 +686,20 @@ async fn get_logs(
             }
         }
     };
-    let body = match offset {
-        Some(_) => ("data", Value::Binary(chunk.data)),
+    let (logs, data) = match offset {
+        Some(_) => (None, Some(serde_bytes::ByteBuf::from(chunk.data))),
         None => (
-            "logs",
-            Value::from(String::from_utf8_lossy(&chunk.data).into_owned()),
+            Some(String::from_utf8_lossy(&chunk.data).into_owned()),
+            None,
         ),
     };
-    Ok(Value::Map(vec![
-        (body.0.into(), body.1),
-        ("start".into(), chunk.start.into()),
-        ("next".into(), chunk.next.into()),
-        ("active".into(), chunk.active.into()),
-    ]))
+    Ok(exec_api::LogsReply {
+        logs,
+        data,
+        start: chunk.start,
+        next: chunk.next,
+        active: chunk.active,
+    })
 }
 
 /// Most bytes one `get_logs` answer carries.

@@ -42,6 +42,24 @@ pub struct ExecuteArgs {
     pub flush_timeout: Option<f64>,
 }
 
+/// The reply of [`Execute`]: Backend.AI's result map.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExecuteResult {
+    /// The run's id.
+    #[serde(rename = "runId")]
+    pub run_id: String,
+    /// `continued`, `waiting-input`, `finished`, `exec-timeout`.
+    pub status: String,
+    /// Output as `[stream, text]` pairs, in order (`stdout`, `stderr`).
+    pub console: Vec<(String, String)>,
+    /// The exit code once finished.
+    #[serde(rename = "exitCode", default)]
+    pub exit_code: Option<i64>,
+    /// Options for the client (always `{}` here).
+    #[serde(default)]
+    pub options: BTreeMap<String, Value>,
+}
+
 impl Method for Execute {
     const NAME: &'static str = "execute";
     const PARAMS: &'static [&'static str] = &[
@@ -55,7 +73,7 @@ impl Method for Execute {
         "flush_timeout",
     ];
     type Args = ExecuteArgs;
-    type Reply = Value;
+    type Reply = ExecuteResult;
 }
 
 /// `trigger_batch_execution(session_id, kernel_id, code, timeout_seconds)` → nil: runs `code`
@@ -145,9 +163,30 @@ pub struct GetLogsArgs {
     pub opts: Option<Value>,
 }
 
+/// The reply of [`GetLogs`]: `logs` (text, the tail) without `opts.offset`, `data` (bytes)
+/// with it; `start` and `next` are absolute byte offsets; `active` while the kernel runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogsReply {
+    /// The tail as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<String>,
+    /// Bytes from the requested offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_bytes::ByteBuf>,
+    /// Offset of the first byte answered.
+    #[serde(default)]
+    pub start: u64,
+    /// Offset to read on from.
+    #[serde(default)]
+    pub next: u64,
+    /// The kernel still runs.
+    #[serde(default)]
+    pub active: bool,
+}
+
 impl Method for GetLogs {
     const NAME: &'static str = "get_logs";
     const PARAMS: &'static [&'static str] = &["kernel_id", "opts"];
     type Args = GetLogsArgs;
-    type Reply = Value;
+    type Reply = LogsReply;
 }
