@@ -55,6 +55,12 @@ impl PortPool {
         Ok((0..n).filter_map(|_| self.free.pop_first()).collect())
     }
 
+    /// Takes `port` when it is free now; `false` when it is held, cooling, or outside the range.
+    pub fn take(&mut self, port: u16) -> bool {
+        self.thaw();
+        self.free.remove(&port)
+    }
+
     /// Holds ports a kernel had before a restart (recovery); ports outside the range are
     /// simply not tracked.
     pub fn reserve_exact(&mut self, ports: &[u16]) {

@@ -30,6 +30,8 @@ impl Provisioner for ImageStage {
         let progress = move |p: crate::agent::backend::PullProgress| {
             tracing::debug!(%agent_id, %kernel_id, status = %p.status, current = ?p.current, total = ?p.total, "pulling");
         };
+        // `check_pulling` answers true meanwhile.
+        let _pulling = self.0.ctx.node.pull_started(&reference);
         Ok(backend
             .pull_image(&reference, &progress)
             .await

@@ -15,15 +15,35 @@ impl Provisioner for PortStage {
         "ports"
     }
 
+    /// The manager's `allocated_host_ports` come first (each one handed out by `assign_port`,
+    /// or free in the range), then ports from the range.
+    ///
+    /// Errors: `InvalidKernelConfig` for an allocated port that is neither;
+    /// `ResourceExhausted` when the range has too few free. Nothing is held then.
     async fn setup(&self, count: usize) -> Result<Vec<u16>, BoxError> {
-        let ports = self
-            .0
-            .ctx
-            .ports
-            .lock()
-            .expect("ports lock")
-            .allocate(count)
-            .map_err(KernelError::from)?;
+        let ctx = &self.0.ctx;
+        let wanted = self.0.info().config.allocated_host_ports.clone();
+        let mut pool = ctx.ports.lock().expect("ports lock");
+        let mut ports = Vec::with_capacity(count);
+        for &p in wanted.iter().take(count) {
+            if ctx.node.port_unassigned(p) || pool.take(p) {
+                ports.push(p);
+            } else {
+                pool.release(&ports);
+                return Err(KernelError::InvalidConfig(format!(
+                    "allocated host port {p} is neither assigned by `assign_port` nor free on this agent"
+                ))
+                .into());
+            }
+        }
+        match pool.allocate(count - ports.len()) {
+            Ok(more) => ports.extend(more),
+            Err(e) => {
+                pool.release(&ports);
+                return Err(KernelError::from(e).into());
+            }
+        }
+        drop(pool);
         self.0.update(|i| i.host_ports = ports.clone());
         Ok(ports)
     }

@@ -122,12 +122,20 @@ impl Provisioner for ScratchStage {
             path,
             tmpfs: c.scratch_size.is_some(),
         };
+        let config = self.0.info().config;
+        let owner = (
+            config.uid.unwrap_or(c.kernel_uid),
+            config.main_gid.unwrap_or(c.kernel_gid),
+        );
         let made = (|| {
             std::fs::create_dir_all(dir.config_dir())?;
             std::fs::create_dir_all(dir.work_dir())?;
             if let Some(size) = c.scratch_size {
                 mount_tmpfs(&dir.work_dir(), size.0)?;
             }
+            // `/home/work` belongs to the kernel's user (Backend.AI chowns the scratch to the
+            // kernel's uid/gid), so user code running as that user can write its home.
+            std::os::unix::fs::chown(&dir.work_dir(), Some(owner.0), Some(owner.1))?;
             write_lines(&dir.config_dir().join("environ.txt"), &spec.environ)?;
             write_lines(&dir.config_dir().join("resource.txt"), &spec.resources)
         })();
