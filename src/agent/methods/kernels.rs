@@ -112,6 +112,18 @@ pub fn register(
     dispatcher.register_method::<api::RestartKernel, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
+            // Recreating the container with a changed config is not built yet: refuse it
+            // whole rather than restart with the old one and claim success.
+            if let Some(keys) = args.updated_config.as_ref().filter(|u| !u.is_empty()) {
+                return Err(ErrorMeta::new(
+                    "NotImplemented",
+                    format!(
+                        "restart_kernel with an updated config ({}) is not supported yet; \
+                         restart with an empty one, or destroy and create",
+                        keys.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
             c.engine.check()?;
             let info = r
                 .send(RestartKernel(args.kernel_id))
