@@ -52,13 +52,25 @@ lint: setup
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --workspace --all-targets --features kernelvisor/fault-injection -- -D warnings
 
+# Where `just bai-env` builds (once) the environment of the Backend.AI compatibility test.
+bai_root := env_var_or_default("KV_BAI_ROOT", "/var/cache/kernelvisor/bai-trixie")
+
+# scripts/bai-compat-env.sh: a Debian trixie root (Python 3.13, which bookworm lacks) made with
+# `debootstrap`, with a venv holding `backend.ai-manager` (about 2 minutes and 700 MB, once,
+# cached at {{bai_root}}, outside the clone). `just test-all` hands the tests its path as
+# `KV_BAI_ROOT`.
+# Build (once) the real Backend.AI 26.9.6 agent client's environment for tests/bai_compat.rs.
+bai-env:
+    KV_BAI_ROOT="{{bai_root}}" ./scripts/bai-compat-env.sh >/dev/null
+
 # Every test: lint first, then unit, property, actors, RPC over real ZeroMQ, callosum interop,
 # the kernel lifecycle and workloads on the real Docker engine (with test-only failure
-# injection), the manager scenarios on SQLite and PostgreSQL, doctests, examples.
-test-all: setup docker test-image postgres lint
+# injection), the manager scenarios on SQLite and PostgreSQL, the real Backend.AI 26.9.6 agent
+# client driving a kernel (tests/bai_compat.rs), doctests, examples.
+test-all: setup docker test-image postgres bai-env lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
-    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
+    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" KV_BAI_ROOT="{{bai_root}}" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
 
 # Make sure a local PostgreSQL answers at {{pg_url}}: install Debian's `postgresql` when
 # missing, create and start a cluster, create the `kv` role. Idempotent.

@@ -12,6 +12,13 @@ mirror="${KV_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 stamp="$root/.kv-bai-$BAI_VERSION"
 if [ -f "$stamp" ]; then echo "$root"; exit 0; fi
 sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+# One builder at a time (two `just test-all` at once): the second waits, then finds the stamp.
+$sudo_ mkdir -p "$(dirname "$root")"
+lock="$root.lock"
+$sudo_ touch "$lock"; $sudo_ chmod 0666 "$lock" 2>/dev/null || true
+exec 9<>"$lock"
+flock 9
+if [ -f "$stamp" ]; then echo "$root"; exit 0; fi
 if ! command -v debootstrap >/dev/null; then
   echo "bai-compat: installing debootstrap" >&2
   $sudo_ apt-get update -qq
@@ -31,5 +38,10 @@ $sudo_ chroot "$root" /usr/bin/python3 -m venv /opt/bai
 $sudo_ chroot "$root" env -u PIP_FIND_LINKS -u PIP_CERT SSL_CERT_FILE=/etc/ssl/certs/kv-host-ca.crt \
   /opt/bai/bin/pip install --quiet \
   "backend.ai-manager==$BAI_VERSION" "backend.ai-common==$BAI_VERSION" >&2
+# What the compatibility test imports must import (a broken install is not stamped as done).
+$sudo_ chroot "$root" /opt/bai/bin/python -c \
+  'import ai.backend.manager.agent_cache, ai.backend.manager.clients.agent, ai.backend.manager.sokovan.scheduler.launcher.launcher, zmq.auth' >&2
+# The resolved versions, for the record (backend.ai-* pin only some of their dependencies).
+$sudo_ chroot "$root" /opt/bai/bin/pip freeze --all 2>/dev/null | $sudo_ tee "$root/opt/bai/kv-freeze.txt" >/dev/null || true
 $sudo_ touch "$stamp"
 echo "$root"

@@ -116,7 +116,11 @@ async fn mock_devices_are_whole_disjoint_exhaustible_and_survive_a_restart() {
     assert_eq!(field(field(&u, "total"), "cuda.device").as_str(), Some("4"));
     let hw = call(&peer, "gather_hwinfo", vec![]).await.unwrap();
     assert_eq!(
-        field(field(&hw, "slot_key_and_units"), "cuda.device").as_str(),
+        field(
+            field(field(&hw, "mock"), "metadata"),
+            "slot.cuda.device.unit"
+        )
+        .as_str(),
         Some("count")
     );
     assert_eq!(

@@ -11,6 +11,9 @@
 //! (said on stderr). `KV_BAI_WRITE_FIXTURES=DIR` (relative to the crate root, e.g.
 //! `tests/fixtures/bai/calls`) also copies the real `packb` bytes of every request body the
 //! client sent (`<method>.msgpack`, with a readable `<method>.json`) into `DIR`.
+//! `KV_BAI_DIAGNOSE=1` makes the driver call `create_kernels` / `restart_kernel` /
+//! `destroy_kernel` again without their pickled values when they fail (extra steps
+//! `<name>:without_pickles`), so one run also shows what fails after them; the test still fails.
 
 mod common;
 
@@ -233,8 +236,11 @@ fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
         .arg("--host-hook")
         .args(["--write-fixtures", &format!("{inner}/fixtures")])
         .env("PYTHONUNBUFFERED", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdin(Stdio::piped());
+    if std::env::var_os("KV_BAI_DIAGNOSE").is_some() {
+        cmd.arg("--diagnose-without-pickles");
+    }
+    cmd.stdout(Stdio::piped())
         .stderr(Stdio::from(std::fs::File::create(&driver_stderr).unwrap()));
     let mut driver = KillOnDrop(cmd.spawn().expect("chroot the Backend.AI driver"));
     let mut stdin = driver.0.stdin.take().unwrap();
@@ -284,7 +290,7 @@ fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
 
     // What the driver packed, kept as fixtures when asked.
     let fixtures = host_dir.join("fixtures");
-    if let Some(dest) = std::env::var_os("KV_BAI_WRITE_FIXTURES") {
+    if let Some(dest) = std::env::var_os("KV_BAI_WRITE_FIXTURES").filter(|_| fixtures.is_dir()) {
         let dest = Path::new(env!("CARGO_MANIFEST_DIR")).join(dest);
         let names = copy_dir(&fixtures, &dest);
         eprintln!(

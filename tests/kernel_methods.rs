@@ -407,6 +407,8 @@ async fn sync_kernel_registry_reports_unknown_kernels_and_destroys_unlisted_ones
     let r = call(&peer, "sync_kernel_registry", vec![pairs])
         .await
         .unwrap();
+    assert_eq!(r, Value::Nil, "upstream answers None");
+    let r = call(&peer, "list_kernels", vec![]).await.unwrap();
     let kernels = field(&r, "kernels")
         .as_array()
         .expect("{\"kernels\": [...]}");

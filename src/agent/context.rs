@@ -43,6 +43,8 @@ pub struct AgentContext {
     /// Containers with this agent's id that its store does not know, waiting for the manager
     /// to adopt or destroy them (seed 001).
     pub dangling: super::dangling::DanglingTable,
+    /// Image pulls in flight, ports `assign_port` handed out, a requested shutdown.
+    pub node: super::node::NodeState,
 }
 
 impl AgentContext {

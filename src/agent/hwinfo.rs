@@ -3,7 +3,8 @@
 //! `{"status": "healthy", "status_info": nil, "metadata": {str: str}}`. With the agent's
 //! accelerators ([`gather_with`]): one entry per accelerator other than `cuda` (e.g. `mock`:
 //! `device_count`, `device.<id>.slot`, `device.<id>.memory_total_bytes`,
-//! `device.<id>.model`), and `slot_key_and_units` (`{slot: "count" | "bytes" | "unique"}`).
+//! `device.<id>.model`), and in each accelerator's entry its slots' units as
+//! `slot.<slot>.unit` (`count`; the whole `slot_key_and_units` map is in the heartbeat).
 
 use rmpv::Value;
 
@@ -69,15 +70,31 @@ pub fn gather() -> Value {
 }
 
 /// [`gather`] plus the agent's accelerators: an entry per non-`cuda` accelerator (as
-/// `cuda`'s, with `device.<id>.slot`) and the top-level `slot_key_and_units`. Blocking.
+/// `cuda`'s, with `device.<id>.slot`), each accelerator's entry with `slot.<slot>.unit`.
+/// Blocking.
 pub fn gather_with(accelerators: &crate::agent::accelerators::Accelerators) -> Value {
     let mut info = match gather() {
         Value::Map(m) => m,
         _ => Vec::new(),
     };
     for p in accelerators.plugins() {
+        let units = p.slot_types().into_iter().map(|(slot, t)| {
+            (
+                Value::from(format!("slot.{slot}.unit")),
+                Value::from(t.as_str()),
+            )
+        });
         if p.name() == "cuda" {
-            continue; // NVML's own entry, above.
+            // NVML's own entry, above (when NVML found devices).
+            let nvml = info.iter_mut().find(|(k, _)| k.as_str() == Some("cuda"));
+            if let Some(Value::Map(e)) = nvml.map(|(_, v)| v) {
+                if let Some((_, Value::Map(meta))) =
+                    e.iter_mut().find(|(k, _)| k.as_str() == Some("metadata"))
+                {
+                    meta.extend(units);
+                }
+            }
+            continue;
         }
         let mut meta: Vec<(String, String)> =
             vec![("device_count".into(), p.devices().len().to_string())];
@@ -89,12 +106,13 @@ pub fn gather_with(accelerators: &crate::agent::accelerators::Accelerators) -> V
                 d.memory.to_string(),
             ));
         }
+        meta.extend(
+            p.slot_types()
+                .into_iter()
+                .map(|(slot, t)| (format!("slot.{slot}.unit"), t.as_str().to_owned())),
+        );
         info.push((Value::from(p.name()), entry(meta)));
     }
-    info.push((
-        Value::from("slot_key_and_units"),
-        crate::agent::heartbeat::slot_key_and_units(&accelerators.slot_types()),
-    ));
     Value::Map(info)
 }
 

@@ -35,6 +35,7 @@ pub mod logs;
 pub mod methods;
 pub mod metrics;
 pub mod metrics_server;
+pub mod node;
 pub mod outbox;
 pub mod recovery;
 pub mod registry;
@@ -237,6 +238,7 @@ impl Agent {
             services: services::Services::new(c.service_start_timeout.0),
             transfers: files::transfer::Transfers::new(a.exec_idle_timeout.0),
             dangling: dangling::DanglingTable::default(),
+            node: node::NodeState::default(),
             config: config.clone(),
         });
 
@@ -588,10 +590,15 @@ impl Agent {
     }
 }
 
-/// Runs the agent until SIGINT or SIGTERM, then shuts down per `[agent] on-shutdown`.
+/// Runs the agent until SIGINT or SIGTERM, then shuts down per `[agent] on-shutdown`; or until
+/// the `shutdown_agent` RPC asks for the same shutdown, kernels kept or destroyed as it says.
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mode = config.agent.on_shutdown;
     let agent = Agent::start(config, None).await?;
+    let requested = {
+        let ctx = agent.ctx.clone();
+        async move { ctx.node.shutdown_requested().await }
+    };
     let supervisor = agent.root.addr();
     let gave_up = async {
         while supervisor.connected() {
@@ -601,6 +608,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     tokio::select! {
         _ = crate::signals::wait_for_shutdown() => {
             tracing::info!(agent_id = %agent.ctx.agent_id, "agent shutting down");
+            agent.shutdown(mode).await;
+            Ok(())
+        }
+        mode = requested => {
+            tracing::info!(agent_id = %agent.ctx.agent_id, ?mode, "agent shutting down (shutdown_agent)");
             agent.shutdown(mode).await;
             Ok(())
         }

@@ -437,7 +437,7 @@ impl Handler<CreateSession> for Scheduler {
                 .collect();
             environ.insert(ACCESS_KEY_ENV.into(), owner.as_str().into());
             let config = KernelCreationConfig {
-                image: ImageConfig::local(&req.image),
+                image: ImageConfig::by_reference(&req.image),
                 kernel_id: Some(kernel_id.clone()),
                 session_id: Some(session_id.clone()),
                 network_id: Some(session_id.clone()),

@@ -15,6 +15,8 @@ use std::fmt;
 
 use rmpv::Value;
 
+use super::bai_ext;
+
 /// First frame (after the ROUTER's peer id) of an RPC message.
 pub const UPPER: &[u8] = b"UPPER";
 /// First frame of the client's connection handshake.
@@ -448,20 +450,55 @@ pub struct Call {
 /// msgpack extension type Backend.AI registers for UUIDs (16 raw bytes).
 pub const EXT_UUID: i8 = 1;
 
+/// Why [`Call::decode_payload`] failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// The payload is not `{"args": [...], "kwargs": {...}}`.
+    #[error("{0}")]
+    Shape(String),
+    /// An extension value was refused ([`bai_ext::ExtError`]).
+    #[error(transparent)]
+    Ext(#[from] bai_ext::ExtError),
+}
+
+impl PayloadError {
+    /// The error as an ERROR reply's metadata: `name` is the extension error's name
+    /// (`UnsupportedExtType`, `PickleRefused`, `InvalidExtValue`) or `BadCallPayload`.
+    pub fn to_meta(&self) -> ErrorMeta {
+        let name = match self {
+            PayloadError::Shape(_) => "BadCallPayload",
+            PayloadError::Ext(e) => e.name(),
+        };
+        ErrorMeta {
+            name: name.into(),
+            repr: self.to_string(),
+            traceback: String::new(),
+        }
+    }
+}
+
 impl Call {
     /// Decodes a FUNCTION payload.
     ///
-    /// UUID extension values (type 1, 16 bytes) become their canonical string form, since our
-    /// methods take UUIDs as strings. Errors: not a map, `args` not an array, `kwargs` not a map
-    /// with string keys, or an extension type we do not understand (named in the message).
+    /// Backend.AI's extension values become plain values ([`bai_ext::normalize`]: UUIDs as
+    /// their canonical strings, datetimes as RFC 3339, Decimals as text, enums as their values,
+    /// ...), since our methods take plain msgpack. Errors: not a map, `args` not an array,
+    /// `kwargs` not a map with string keys, or an extension value that is refused (the message
+    /// starts with the [`bai_ext::ExtError`] name, e.g. `PickleRefused: ...`).
     pub fn decode(payload: &[u8]) -> Result<Call, String> {
-        let Value::Map(map) = read_value(payload)? else {
-            return Err("payload is not a map of args and kwargs".into());
+        Self::decode_payload(payload).map_err(|e| e.to_string())
+    }
+
+    /// [`Call::decode`] with a typed error ([`PayloadError::to_meta`] gives the reply's metadata).
+    pub fn decode_payload(payload: &[u8]) -> Result<Call, PayloadError> {
+        let shape = PayloadError::Shape;
+        let Value::Map(map) = read_value(payload).map_err(shape)? else {
+            return Err(shape("payload is not a map of args and kwargs".into()));
         };
         let args = match map_get(&map, "args") {
             Some(Value::Array(a)) => a.clone(),
             Some(Value::Nil) | None => Vec::new(),
-            Some(other) => return Err(format!("`args` is not an array: {other}")),
+            Some(other) => return Err(shape(format!("`args` is not an array: {other}"))),
         };
         let kwargs = match map_get(&map, "kwargs") {
             Some(Value::Map(m)) => m
@@ -469,11 +506,11 @@ impl Call {
                 .map(|(k, v)| {
                     k.as_str()
                         .map(|k| (k.to_owned(), v.clone()))
-                        .ok_or_else(|| format!("kwarg key {k} is not a str"))
+                        .ok_or_else(|| shape(format!("kwarg key {k} is not a str")))
                 })
                 .collect::<Result<Vec<_>, _>>()?,
             Some(Value::Nil) | None => Vec::new(),
-            Some(other) => return Err(format!("`kwargs` is not a map: {other}")),
+            Some(other) => return Err(shape(format!("`kwargs` is not a map: {other}"))),
         };
         let mut call = Call {
             args,
@@ -485,7 +522,7 @@ impl Call {
             .iter_mut()
             .chain(call.kwargs.iter_mut().map(|(_, v)| v))
         {
-            normalize_ext(v)?;
+            bai_ext::normalize(v)?;
         }
         Ok(call)
     }
@@ -526,32 +563,6 @@ impl Call {
     pub fn take_kwarg(&mut self, name: &str) -> Option<Value> {
         let i = self.kwargs.iter().position(|(k, _)| k == name)?;
         Some(self.kwargs.remove(i).1)
-    }
-}
-
-fn normalize_ext(v: &mut Value) -> Result<(), String> {
-    match v {
-        Value::Ext(EXT_UUID, bytes) if bytes.len() == 16 => {
-            let b = &bytes[..];
-            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            let s = format!(
-                "{}-{}-{}-{}-{}",
-                &hex[0..8],
-                &hex[8..12],
-                &hex[12..16],
-                &hex[16..20],
-                &hex[20..32]
-            );
-            *v = Value::from(s);
-            Ok(())
-        }
-        Value::Ext(t, _) => Err(format!("unsupported msgpack extension type {t}")),
-        Value::Array(items) => items.iter_mut().try_for_each(normalize_ext),
-        Value::Map(pairs) => pairs.iter_mut().try_for_each(|(k, v)| {
-            normalize_ext(k)?;
-            normalize_ext(v)
-        }),
-        _ => Ok(()),
     }
 }
 
@@ -721,8 +732,41 @@ mod tests {
         )]));
         assert_eq!(
             Call::decode(&pickled).unwrap_err(),
-            "unsupported msgpack extension type 42"
+            "UnsupportedExtType: unsupported msgpack extension type 42"
         );
+        let meta = Call::decode_payload(&pickled).unwrap_err().to_meta();
+        assert_eq!(meta.name, "UnsupportedExtType");
+        assert_eq!(
+            Call::decode_payload(b"\x01").unwrap_err().to_meta().name,
+            "BadCallPayload"
+        );
+    }
+
+    #[test]
+    fn call_payload_from_backend_ai_packb() {
+        // ai.backend.common.msgpack.packb({"args": [UUID, KernelLifecycleEventReason], "kwargs":
+        // {"suppress_events": False, "size": BinarySize(256 MiB)}}) (scripts/bai-fixtures.py).
+        let payload = include_bytes!("../../tests/fixtures/bai/call_payload.msgpack");
+        let call = Call::decode(payload).unwrap();
+        assert_eq!(
+            call.args,
+            vec![
+                Value::from("00000000-0000-0000-0000-00000000000a"),
+                Value::from("user-requested")
+            ]
+        );
+        assert_eq!(call.kwarg("size"), Some(&Value::from(268_435_456)));
+        // A pickle that names os.system is refused by name, as an error the server replies with.
+        let hostile = include_bytes!("../../tests/fixtures/bai/hostile_os_system.msgpack");
+        let mut cursor = &hostile[..];
+        let ext = rmpv::decode::read_value(&mut cursor).unwrap();
+        let payload = to_msgpack(&Value::Map(vec![(
+            Value::from("args"),
+            Value::Array(vec![ext]),
+        )]));
+        let meta = Call::decode_payload(&payload).unwrap_err().to_meta();
+        assert_eq!(meta.name, "PickleRefused");
+        assert!(meta.repr.contains("posix.system"), "{}", meta.repr);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`peer`]: one persistent DEALER connection, shared by concurrent callers.
 
 pub mod agent_api;
+pub mod bai_ext;
 pub mod codec;
 pub mod context;
 pub mod curve;

@@ -374,11 +374,19 @@ impl Serving {
         match header.msg_type {
             MsgType::Function => {
                 ServerStats::bump(&stats.requests);
-                let call = match Call::decode(msg.payload.as_deref().unwrap_or_default()) {
+                let call = match Call::decode_payload(msg.payload.as_deref().unwrap_or_default())
+                {
                     Ok(c) => Call {
                         peer_user_id: user_id,
                         ..c
                     },
+                    // A value the call carries that we refuse to read (a pickle naming a class
+                    // outside the allow-list, an unknown ext type) is the caller's error:
+                    // FAILURE with its name (`PickleRefused`, `UnsupportedExtType`, …).
+                    Err(e @ crate::rpc::codec::PayloadError::Ext(_)) => {
+                        ServerStats::bump(&stats.failures);
+                        return reply(&Message::failure(&header, e.to_meta()));
+                    }
                     Err(e) => return reply_error(format!("bad call payload: {e}")),
                 };
                 let (handler, call) = match dispatcher.resolve(&header.method, call) {

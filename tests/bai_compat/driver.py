@@ -98,17 +98,18 @@ def _clip(v: Any, limit: int = 3000) -> Any:
 
 
 FAILED: list[str] = []
+REPORTED: list[str] = []
 
 
 def emit(step: str, ok: bool, value: Any = None, error: str | None = None) -> None:
+    REPORTED.append(step)
     line: dict[str, Any] = {"step": step, "ok": ok}
     if ok:
         line["value"] = _clip(_jsonable(value))
     else:
         FAILED.append(step)
-        line["error"] = error
-        if value is not None:
-            line["value"] = _clip(_jsonable(value))
+        text = error or ""
+        line["error"] = text if len(text) <= 1500 else f"{text[:1500]}... ({len(text)} chars)"
     print(json.dumps(line), flush=True)
 
 
@@ -162,7 +163,7 @@ FIXTURES: dict[str, bytes] = {}
 
 def record_fixture(method: str, since: int) -> None:
     """The first request body packed since `since` whose call is `method` (not a health ping)."""
-    if method in FIXTURES:
+    if method in FIXTURES or method == "-":
         return
     from ai.backend.common import msgpack as bai_msgpack
 
@@ -201,6 +202,37 @@ def write_fixtures(directory: str) -> None:
         json.dumps({"fixtures": sorted(FIXTURES), "dir": str(d)}),
         flush=True,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnosis: the same call without pickled ext types
+
+
+def without_pickles(v: Any) -> Any:
+    """`v` with every value that `packb` would pickle (ext 6 Enum, 7 ImageRef, 3 Decimal) made
+    plain: an enum its value, an ImageRef the map of its fields, a Decimal its text; UUID map
+    keys (ext 1) become text. For `--diagnose-without-pickles` only: what the agent answers once
+    its codec reads those types, before it does."""
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if type(v).__name__ == "ImageRef":
+        return {
+            "name": v.name,
+            "project": v.project,
+            "registry": v.registry,
+            "tag": v.tag,
+            "architecture": v.architecture,
+            "is_local": v.is_local,
+        }
+    if isinstance(v, dict):
+        return {
+            (str(k) if isinstance(k, uuid.UUID) else k): without_pickles(x) for k, x in v.items()
+        }
+    if isinstance(v, (list, tuple)):
+        return [without_pickles(x) for x in v]
+    return v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,6 +424,12 @@ async def main(args: argparse.Namespace) -> int:
         )
     )
 
+    def first_container_id(result: Any) -> Any:
+        """`container_id` of the first `KernelCreationResult` of a create_kernels reply."""
+        if isinstance(result, (list, tuple)) and result and isinstance(result[0], dict):
+            return result[0].get("container_id")
+        return None
+
     # Keep what the launcher passed and what came back (the launcher itself drops both).
     created: dict[str, Any] = {}
     real_create_kernels = AgentClient.create_kernels
@@ -426,6 +464,18 @@ async def main(args: argparse.Namespace) -> int:
         emit("create_kernels", False, error=f"launcher error: {repository.error_info!r}")
     else:
         emit("create_kernels", True, created.get("result"))
+        created["container_id"] = first_container_id(created.get("result"))
+    if args.diagnose_without_pickles and "create_kernels" in FAILED and "args" in created:
+
+        async def create_plain(c: AgentClient) -> Any:
+            a = created["args"]
+            r = await c._peer.call.create_kernels(
+                str(a[0]), [str(k) for k in a[1]], *without_pickles(a[2:]), agent_id=agent_id
+            )
+            created["container_id"] = first_container_id(r)
+            return r
+
+        await step("create_kernels:without_pickles", "-", create_plain, timeout=180)
 
     kernel_configs = created.get("args", (None, None, [None]))[2]
     kernel_config = kernel_configs[0] if kernel_configs else None
@@ -437,7 +487,12 @@ async def main(args: argparse.Namespace) -> int:
     # -- check_running (poll: upstream's create answers once started, ours may answer earlier) --
 
     async def running(c: AgentClient) -> Any:
-        return await poll_running(c, "create_kernels", "create_kernels" in FAILED)
+        return await poll_running(c, "create_kernels", failed("create_kernels"))
+
+    def failed(name: str) -> bool:
+        """Whether call `name` failed (and its diagnostic plain retry, if one ran, too)."""
+        plain = f"{name}:without_pickles"
+        return name in FAILED and (plain in FAILED or plain not in REPORTED)
 
     async def poll_running(c: AgentClient, after: str, failed: bool) -> Any:
         # Poll for up to 30 s after a call that succeeded; once after one that failed.
@@ -498,7 +553,8 @@ async def main(args: argparse.Namespace) -> int:
         print(json.dumps({"pause": "remove_find", "kernel_id": str(kernel_id)}), flush=True)
         loop = asyncio.get_running_loop()
         reply = await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), 120)
-        emit("remove_find", reply.strip() == "ok", value=reply.strip(), error=reply.strip())
+        answer = reply.strip() or "no answer on stdin"
+        emit("remove_find", answer == "ok", value=answer, error=answer)
     else:
 
         async def remove_find(c: AgentClient) -> Any:
@@ -604,13 +660,37 @@ async def main(args: argparse.Namespace) -> int:
     async def restart(c: AgentClient) -> Any:
         check(kernel_config is not None, "no kernel config (create_kernels was not called)")
         r = await c.restart_kernel(session_id, kernel_id, image_ref, kernel_config)
+        return checked_restart_reply(r)
+
+    def checked_restart_reply(r: Any) -> Any:
+        # Upstream destroys the container and creates a new one for the same kernel id, and
+        # answers its container_id, repl/stdin/stdout ports and service_ports.
         check(isinstance(r, dict), f"restart_kernel answered {r!r}, not a map")
+        check("container_id" in r, f"restart_kernel answered {r!r}: no container_id")
+        old = created.get("container_id")
+        check(
+            old is None or r["container_id"] != old,
+            f"restart_kernel kept container {old} (upstream recreates the container)",
+        )
         return r
 
     await step("restart_kernel", "restart_kernel", restart, timeout=180)
+    if args.diagnose_without_pickles and "restart_kernel" in FAILED and kernel_config:
+
+        async def restart_plain(c: AgentClient) -> Any:
+            r = await c._peer.call.restart_kernel(
+                str(session_id),
+                str(kernel_id),
+                without_pickles(image_ref),
+                without_pickles(kernel_config),
+                agent_id=agent_id,
+            )
+            return checked_restart_reply(r)
+
+        await step("restart_kernel:without_pickles", "-", restart_plain, timeout=180)
 
     async def running_after_restart(c: AgentClient) -> Any:
-        r = await poll_running(c, "restart_kernel", "restart_kernel" in FAILED)
+        r = await poll_running(c, "restart_kernel", failed("restart_kernel"))
         out = await run_code(c, "echo after-restart-$((6*7))")
         check("after-restart-42" in stdout_text(out), f"execute after restart: {out!r}")
         return {**r, "execute": out["statuses"]}
@@ -626,6 +706,18 @@ async def main(args: argparse.Namespace) -> int:
         )
 
     await step("destroy_kernel", "destroy_kernel", destroy, timeout=120)
+    if args.diagnose_without_pickles and "destroy_kernel" in FAILED:
+
+        async def destroy_plain(c: AgentClient) -> Any:
+            return await c._peer.call.destroy_kernel(
+                str(kernel_id),
+                str(session_id),
+                KernelLifecycleEventReason.USER_REQUESTED.value,
+                suppress_events=False,
+                agent_id=agent_id,
+            )
+
+        await step("destroy_kernel:without_pickles", "-", destroy_plain, timeout=120)
 
     async def not_running(c: AgentClient) -> Any:
         r = await c.check_running(kernel_id)
@@ -654,6 +746,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image-labels", default="{}", help="the image's labels, JSON")
     p.add_argument("--host-hook", action="store_true")
     p.add_argument("--write-fixtures", default=None, metavar="DIR")
+    p.add_argument(
+        "--diagnose-without-pickles",
+        action="store_true",
+        help="when create_kernels / restart_kernel / destroy_kernel fail, call them again with\n"
+        "their pickled values made plain (steps `<name>:without_pickles`), so the later steps\n"
+        "show what else fails; the real calls' results still count",
+    )
     return p.parse_args()
 
 

@@ -192,6 +192,26 @@ pub async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Result<Value, 
     .await
 }
 
+/// Calls `method(*args, **kwargs)` with a generous timeout.
+#[allow(dead_code)]
+pub async fn call_kw(
+    peer: &Peer,
+    method: &str,
+    args: Vec<Value>,
+    kwargs: Vec<(&str, Value)>,
+) -> Result<Value, CallError> {
+    peer.call(
+        method,
+        &Call {
+            args,
+            kwargs: kwargs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            peer_user_id: None,
+        },
+        Duration::from_secs(120),
+    )
+    .await
+}
+
 /// The FAILURE name of a failed call.
 pub fn failure_name(r: &Result<Value, CallError>) -> String {
     match r {

@@ -759,6 +759,49 @@ impl ContainerBackend for DockerBackend {
             .boxed()
     }
 
+    async fn inspect_network(
+        &self,
+        name: &str,
+    ) -> Result<Option<HashMap<String, String>>, BackendError> {
+        let found =
+            optional(self.docker.inspect_network::<String>(name, None).await).map_err(engine)?;
+        // The engine also matches an id prefix: only the network of exactly that name counts.
+        Ok(found
+            .filter(|n| n.name.as_deref() == Some(name))
+            .map(|n| n.labels.unwrap_or_default()))
+    }
+
+    async fn create_network(
+        &self,
+        name: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<bool, BackendError> {
+        if self.inspect_network(name).await?.is_some() {
+            return Ok(false);
+        }
+        let options = bollard::network::CreateNetworkOptions {
+            name: name.to_owned(),
+            check_duplicate: true,
+            driver: "bridge".to_owned(),
+            labels: labels.clone(),
+            ..Default::default()
+        };
+        match self.docker.create_network(options).await {
+            Ok(_) => Ok(true),
+            // Created meanwhile by a concurrent call.
+            Err(e) if status(&e) == Some(409) => Ok(false),
+            Err(e) => Err(engine(e)),
+        }
+    }
+
+    async fn remove_network(&self, name: &str) -> Result<bool, BackendError> {
+        match self.docker.remove_network(name).await {
+            Ok(()) => Ok(true),
+            Err(e) if status(&e) == Some(404) => Ok(false),
+            Err(e) => Err(engine(e)),
+        }
+    }
+
     async fn stats(&self, id: &str) -> Result<Option<super::EngineStats>, BackendError> {
         use bollard::container::{MemoryStatsStats, StatsOptions};
         let options = StatsOptions {

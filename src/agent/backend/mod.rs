@@ -420,6 +420,36 @@ pub trait ContainerBackend: Send + Sync + 'static {
         let _ = id;
         Ok(None)
     }
+
+    /// The labels of the network named exactly `name`, or `None` when there is none (the
+    /// `create_local_network` / `destroy_local_network` methods). The dummy engine has no
+    /// networks.
+    async fn inspect_network(
+        &self,
+        name: &str,
+    ) -> Result<Option<HashMap<String, String>>, BackendError> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// Creates a bridge network `name` with `labels`; `Ok(false)` when one of that name
+    /// already exists (nothing changed). The dummy engine has no networks: `Ok(false)`.
+    async fn create_network(
+        &self,
+        name: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<bool, BackendError> {
+        let _ = (name, labels);
+        Ok(false)
+    }
+
+    /// Removes the network `name`; `Ok(false)` when there was none.
+    ///
+    /// Errors: `Engine` when the engine refuses (containers still attached).
+    async fn remove_network(&self, name: &str) -> Result<bool, BackendError> {
+        let _ = name;
+        Ok(false)
+    }
 }
 
 /// Re-inspections (20 ms apart) of an exec whose output ended before the engine recorded its

@@ -1,6 +1,6 @@
-//! Files in and out of a kernel: Backend.AI's `upload_file`, `download_single` and
-//! `list_files`, through the engine (its archive API, and `find`/`stat` for listings), never a
-//! host path.
+//! Files in and out of a kernel: Backend.AI's `upload_file`, `download_file`,
+//! `download_single` and `list_files`, through the engine's archive API alone (no tool of the
+//! image, never a host path).
 //!
 //! Paths are relative to `/home/work` ([`WORK_DIR`]). Each is resolved inside the container one
 //! component at a time ([`resolve`]): a symlink is followed only while its target stays under
@@ -12,6 +12,7 @@
 pub mod listing;
 pub mod tar;
 pub mod transfer;
+pub mod whole;
 
 use std::collections::VecDeque;
 use std::sync::Arc;

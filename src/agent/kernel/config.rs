@@ -237,7 +237,33 @@ fn check_kernel_path(name: &str, path: &str) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// The reference the engine runs for `image`: a local image (`is_local`, or registry `local`)
+/// by its short name, the canonical one without its `registry/` prefix (Backend.AI's manager
+/// names a local image `local/<name>:<tag>`; its agent runs `ImageRef.short`), any other by its
+/// canonical name.
+pub fn run_reference(image: &ImageConfig) -> String {
+    let canonical = image.canonical.trim();
+    if image.is_local || image.registry.name == "local" {
+        let prefix = format!("{}/", image.registry.name);
+        if !image.registry.name.is_empty() {
+            if let Some(short) = canonical.strip_prefix(&prefix) {
+                return short.to_owned();
+            }
+        }
+    }
+    canonical.to_owned()
+}
+
 impl KernelConfig {
+    /// Whether the image may be pulled when the engine lacks it: never for a local image
+    /// (Backend.AI's agent never pulls one) nor with `auto_pull = none`.
+    pub fn may_pull(&self) -> bool {
+        self.image_config.as_ref().is_none_or(|i| {
+            !(i.is_local || i.registry.name == "local")
+                && i.auto_pull != crate::rpc::agent_api::kernel::AutoPullBehavior::None
+        })
+    }
+
     /// Decodes one config of `create_kernels` (a [`KernelCreationConfig`], Backend.AI's shape)
     /// and checks it ([`KernelConfig::from_creation`]).
     ///
@@ -261,7 +287,7 @@ impl KernelConfig {
         c: KernelCreationConfig,
         types: &SlotTypes,
     ) -> Result<KernelConfig, KernelError> {
-        let image = c.image.canonical.trim().to_owned();
+        let image = run_reference(&c.image);
         if image.is_empty() {
             return Err(invalid("`image.canonical` must not be empty"));
         }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use actix::Addr;
 use rmpv::Value;
 
-use super::args::str_arg;
+use crate::rpc::agent_api::kernel as api;
 use crate::agent::context::AgentContext;
 use crate::agent::dangling;
 use crate::agent::registry::KernelRegistry;
@@ -36,27 +36,28 @@ pub fn register(
 
     // adopt_kernel(kernel_id) → kernel info (as create_kernels returns it)
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("adopt_kernel", move |call| {
+    dispatcher.register_method::<api::AdoptKernel, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
-            let kernel_id = str_arg(&call, 0, "kernel_id")?;
-            let info = dangling::adopt(&c, &r, &kernel_id)
+            let info = dangling::adopt(&c, &r, &args.kernel_id)
                 .await
                 .map_err(|e| e.to_meta())?;
-            Ok(info.to_value(&c.agent_id))
+            crate::rpc::agent_api::from_value(info.to_value(&c.agent_id))
+                .map_err(|e| crate::rpc::ErrorMeta::new("InvalidReply", e.to_string()))
         }
     });
 
     // destroy_dangling_kernel(kernel_id) → {"destroyed": n}
     let (r, c) = (registry, ctx);
-    dispatcher.register("destroy_dangling_kernel", move |call| {
+    dispatcher.register_method::<api::DestroyDanglingKernel, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
-            let kernel_id = str_arg(&call, 0, "kernel_id")?;
-            let n = dangling::destroy(&c, &r, &kernel_id)
+            let n = dangling::destroy(&c, &r, &args.kernel_id)
                 .await
                 .map_err(|e| e.to_meta())?;
-            Ok(Value::Map(vec![("destroyed".into(), (n as u64).into())]))
+            Ok(api::Destroyed {
+                destroyed: n as u64,
+            })
         }
     });
 }

@@ -1,18 +1,25 @@
-//! File methods (Backend.AI's names), paths relative to `/home/work`:
+//! File methods (the typed contract of [`crate::rpc::agent_api::files`]), paths relative to
+//! `/home/work`, all through the engine's archive API:
 //!
-//! - `upload_file(kernel_id, filename, filedata, opts=None)`: without `opts`, `filedata` is the
-//!   whole file. With `opts` = `{"upload_id", "size", "eof"}` the file comes in chunks: the
-//!   first call of an `upload_id` declares the total `size`, each call queues its `filedata`,
-//!   the call with `eof` true waits for the engine. → `{"received": bytes}`.
+//! - `upload_file(kernel_id, filename, filedata, opts=None)`: without `opts` (upstream),
+//!   `filedata` is the whole file → nil. With `opts` = `{"upload_id", "size", "eof"}` the file
+//!   comes in chunks: the first call of an `upload_id` declares the total `size`, each call
+//!   queues its `filedata`, the call with `eof` true waits for the engine → `{"received":
+//!   bytes}`.
+//! - `download_file(kernel_id, filepath)` → the tar archive of the path (upstream), at most
+//!   1 MiB of archive (else `FileTooLarge`).
 //! - `download_single(kernel_id, filepath, opts=None)`: without `opts`, the file's bytes (at
-//!   most [`WHOLE_FILE_MAX`], else `FileTooLarge`). With `opts` = `{"download_id", "chunk_size"}`
-//!   (no id: a new download) → `{"download_id" (nil once done), "size", "mode", "mtime",
-//!   "data", "eof"}`, `data` at most `chunk_size` (≤ [`MAX_CHUNK`]) bytes.
-//! - `list_files(kernel_id, path)` → `{"files": [{"name", "type", "size", "mode", "mtime"}],
-//!   "truncated"}`.
+//!   most [`WHOLE_FILE_MAX`], else `FileTooLarge`). With `opts` = `{"download_id",
+//!   "chunk_size"}` (no id: a new download) → `{"download_id" (nil once done), "size", "mode",
+//!   "mtime", "data", "eof"}`, `data` at most `chunk_size` (≤ [`MAX_CHUNK`]) bytes.
+//! - `list_files(kernel_id, path, opts=None)`: without `opts`, upstream's `{"files": JSON text,
+//!   "errors", "abspath"}` (a path that is missing or not a directory answers empty `files`
+//!   and the reason in `errors`, as upstream's in-kernel script does); with `opts` (a map),
+//!   `{"files": [{"name", "type", "size", "mode", "mtime"}], "truncated"}`.
 //!
 //! FAILURE names: `InvalidPath`, `FileNotFound`, `TransferNotFound`, `FileTooLarge`,
-//! `UploadSizeMismatch`, `KernelNotFound`, `KernelNotRunning`, `ContainerEngineError`.
+//! `UploadSizeMismatch`, `KernelNotFound`, `KernelNotRunning`, `ContainerEngineError`,
+//! `ContainerEngineUnavailable`.
 
 use std::sync::Arc;
 
@@ -20,45 +27,41 @@ use actix::Addr;
 use bytes::Bytes;
 use rmpv::Value;
 
-use super::args::{running, str_arg, type_error};
+use super::args::{running, type_error};
 use crate::agent::context::AgentContext;
 use crate::agent::files::transfer::UploadRequest;
-use crate::agent::files::{listing, FileError};
+use crate::agent::files::{absolute, listing, whole, FileError};
 use crate::agent::registry::KernelRegistry;
-use crate::rpc::{Call, Dispatcher, ErrorMeta};
+use crate::rpc::agent_api::files as api;
+use crate::rpc::{Dispatcher, ErrorMeta};
 
 /// Largest chunk one call moves (bytes).
 pub const MAX_CHUNK: usize = 8 << 20;
 
-/// Largest file `download_single` answers whole, without `opts` (bytes).
-pub const WHOLE_FILE_MAX: usize = 1 << 20;
+/// Largest file `download_single` answers whole, without `opts` (bytes): upstream's cap.
+pub const WHOLE_FILE_MAX: usize = api::DOWNLOAD_FILE_MAX;
+
+type Res<T> = Result<T, ErrorMeta>;
 
 fn to_meta(e: FileError) -> ErrorMeta {
     ErrorMeta::new(e.name(), e.to_string())
 }
 
-fn opt<'a>(opts: Option<&'a Value>, key: &str) -> Option<&'a Value> {
-    opts?
-        .as_map()?
+fn opt<'a>(opts: &'a Value, key: &str) -> Option<&'a Value> {
+    opts.as_map()?
         .iter()
         .find(|(k, _)| k.as_str() == Some(key))
         .map(|(_, v)| v)
         .filter(|v| !v.is_nil())
 }
 
-/// Moves the binary (or string) argument out of the call: a chunk is not copied.
-fn data_arg(call: &mut Call, i: usize, name: &str) -> Result<Bytes, ErrorMeta> {
-    match call.take_arg(i, name) {
-        Some(Value::Binary(b)) => Ok(Bytes::from(b)),
-        Some(Value::String(s)) => Ok(Bytes::from(s.into_bytes())),
-        Some(Value::Nil) | None => Ok(Bytes::new()),
-        Some(_) => Err(type_error(format!("argument '{name}' must be bytes"))),
-    }
+/// `opts` unless nil.
+fn given(opts: Option<Value>) -> Option<Value> {
+    opts.filter(|o| !o.is_nil())
 }
 
-async fn container_of(registry: &Addr<KernelRegistry>, call: &Call) -> Result<String, ErrorMeta> {
-    let kernel_id = str_arg(call, 0, "kernel_id")?;
-    Ok(running(registry, &kernel_id)
+async fn container_of(registry: &Addr<KernelRegistry>, kernel_id: &str) -> Res<String> {
+    Ok(running(registry, kernel_id)
         .await?
         .container_id
         .unwrap_or_default())
@@ -67,92 +70,76 @@ async fn container_of(registry: &Addr<KernelRegistry>, call: &Call) -> Result<St
 async fn upload(
     ctx: &AgentContext,
     registry: &Addr<KernelRegistry>,
-    mut call: Call,
-) -> Result<Value, ErrorMeta> {
-    let container_id = container_of(registry, &call).await?;
-    let path = str_arg(&call, 1, "filename")?;
-    let opts = call.arg(3, "opts").cloned();
-    let data = data_arg(&mut call, 2, "filedata")?;
-    let opts = opts.as_ref().filter(|o| !o.is_nil());
+    args: api::UploadFileArgs,
+) -> Res<Value> {
+    let container_id = container_of(registry, &args.kernel_id).await?;
+    let data = Bytes::from(args.filedata.0);
     let c = &ctx.config.container;
     let request = |size| UploadRequest {
         container_id: container_id.clone(),
-        path: path.clone(),
+        path: args.filename.clone(),
         size,
         uid: u64::from(c.kernel_uid),
         gid: u64::from(c.kernel_gid),
     };
-    let received = match opts {
-        None => {
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            ctx.transfers
-                .begin_upload(&ctx.backend, &id, request(data.len() as u64))
-                .await
-                .map_err(to_meta)?;
-            ctx.transfers
-                .upload_chunk(&id, data, true)
-                .await
-                .map_err(to_meta)?
-        }
-        Some(o) => {
-            if data.len() > MAX_CHUNK {
-                return Err(type_error(format!(
-                    "a chunk of {} bytes is more than {MAX_CHUNK}",
-                    data.len()
-                )));
-            }
-            let id = opt(Some(o), "upload_id")
-                .and_then(Value::as_str)
-                .ok_or_else(|| type_error("opts.upload_id (string) is required".into()))?
-                .to_owned();
-            let eof = opt(Some(o), "eof")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            if let Some(size) = opt(Some(o), "size") {
-                let size = size
-                    .as_u64()
-                    .ok_or_else(|| type_error("opts.size must be a byte count".into()))?;
-                ctx.transfers
-                    .begin_upload(&ctx.backend, &id, request(size))
-                    .await
-                    .map_err(to_meta)?;
-            }
-            ctx.transfers
-                .upload_chunk(&id, data, eof)
-                .await
-                .map_err(to_meta)?
-        }
+    let Some(o) = given(args.opts) else {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        ctx.transfers
+            .begin_upload(&ctx.backend, &id, request(data.len() as u64))
+            .await
+            .map_err(to_meta)?;
+        ctx.transfers
+            .upload_chunk(&id, data, true)
+            .await
+            .map_err(to_meta)?;
+        return Ok(Value::Nil);
     };
+    if data.len() > MAX_CHUNK {
+        return Err(type_error(format!(
+            "a chunk of {} bytes is more than {MAX_CHUNK}",
+            data.len()
+        )));
+    }
+    let id = opt(&o, "upload_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| type_error("opts.upload_id (string) is required".into()))?
+        .to_owned();
+    let eof = opt(&o, "eof").and_then(Value::as_bool).unwrap_or(false);
+    if let Some(size) = opt(&o, "size") {
+        let size = size
+            .as_u64()
+            .ok_or_else(|| type_error("opts.size must be a byte count".into()))?;
+        ctx.transfers
+            .begin_upload(&ctx.backend, &id, request(size))
+            .await
+            .map_err(to_meta)?;
+    }
+    let received = ctx
+        .transfers
+        .upload_chunk(&id, data, eof)
+        .await
+        .map_err(to_meta)?;
     Ok(Value::Map(vec![("received".into(), received.into())]))
 }
 
-async fn download(
+async fn download_single(
     ctx: &AgentContext,
     registry: &Addr<KernelRegistry>,
-    call: Call,
-) -> Result<Value, ErrorMeta> {
-    let container_id = container_of(registry, &call).await?;
-    let path = str_arg(&call, 1, "filepath")?;
-    let opts = call.arg(2, "opts").filter(|o| !o.is_nil());
-    let Some(o) = opts else {
-        let start = ctx
-            .transfers
-            .begin_download(&ctx.backend, &container_id, &path, WHOLE_FILE_MAX)
+    args: api::DownloadSingleArgs,
+) -> Res<Value> {
+    let container_id = container_of(registry, &args.kernel_id).await?;
+    let path = args.filepath;
+    let Some(o) = given(args.opts) else {
+        let data = whole::file(&ctx.backend, &container_id, &path, WHOLE_FILE_MAX)
             .await
             .map_err(to_meta)?;
-        if start.download_id.is_some() {
-            return Err(to_meta(FileError::TooLarge(format!(
-                "`{path}` is {} bytes, more than {WHOLE_FILE_MAX} for a whole-file answer; pass opts to download it in chunks",
-                start.size
-            ))));
-        }
-        return Ok(Value::Binary(start.data.to_vec()));
+        return Ok(Value::Binary(data.to_vec()));
     };
-    let chunk = opt(Some(o), "chunk_size")
+    let chunk = opt(&o, "chunk_size")
         .and_then(Value::as_u64)
         .map_or(1 << 20, |c| c as usize)
         .clamp(1, MAX_CHUNK);
-    match opt(Some(o), "download_id").and_then(Value::as_str) {
+    match opt(&o, "download_id").and_then(Value::as_str) {
         None => {
             let s = ctx
                 .transfers
@@ -190,36 +177,68 @@ async fn download(
     }
 }
 
+/// Upstream's answer for a listing that could not be made: what its in-kernel script printed
+/// on stderr (`FileNotFoundError`, `NotADirectoryError`).
+fn upstream_error(e: &FileError, path: &str) -> Option<String> {
+    let abs = match crate::agent::files::components(path) {
+        Ok(parts) => absolute(&parts),
+        Err(_) => return None,
+    };
+    match e {
+        FileError::NotFound(_) => Some(format!(
+            "FileNotFoundError: [Errno 2] No such file or directory: '{abs}'\n"
+        )),
+        FileError::InvalidPath(m) if m.ends_with("is not a directory") => Some(format!(
+            "NotADirectoryError: [Errno 20] Not a directory: '{abs}'\n"
+        )),
+        _ => None,
+    }
+}
+
 async fn list(
     ctx: &AgentContext,
     registry: &Addr<KernelRegistry>,
-    call: Call,
-) -> Result<Value, ErrorMeta> {
-    let container_id = container_of(registry, &call).await?;
-    let path = match call.arg(1, "path") {
-        None | Some(Value::Nil) => String::new(),
-        Some(_) => str_arg(&call, 1, "path")?,
+    args: api::ListFilesArgs,
+) -> Res<Value> {
+    let container_id = container_of(registry, &args.kernel_id).await?;
+    let path = args.path.unwrap_or_default();
+    let result = listing::list(&ctx.backend, &container_id, &path).await;
+    if given(args.opts).is_some() {
+        let l = result.map_err(to_meta)?;
+        let files = l
+            .files
+            .iter()
+            .map(|f| {
+                Value::Map(vec![
+                    ("name".into(), f.name.clone().into()),
+                    ("type".into(), f.kind.into()),
+                    ("size".into(), f.size.into()),
+                    ("mode".into(), f.mode.into()),
+                    ("mtime".into(), f.mtime.into()),
+                ])
+            })
+            .collect();
+        return Ok(Value::Map(vec![
+            ("files".into(), Value::Array(files)),
+            ("truncated".into(), l.truncated.into()),
+        ]));
+    }
+    let reply = match result {
+        Ok(l) => api::ListFilesReply {
+            files: listing::upstream_json(&l.files),
+            errors: l.note.map(|n| n + "\n").unwrap_or_default(),
+            abspath: path,
+        },
+        Err(e) => match upstream_error(&e, &path) {
+            Some(errors) => api::ListFilesReply {
+                files: String::new(),
+                errors,
+                abspath: path,
+            },
+            None => return Err(to_meta(e)),
+        },
     };
-    let l = listing::list(&ctx.backend, &container_id, &path)
-        .await
-        .map_err(to_meta)?;
-    let files = l
-        .files
-        .iter()
-        .map(|f| {
-            Value::Map(vec![
-                ("name".into(), f.name.clone().into()),
-                ("type".into(), f.kind.into()),
-                ("size".into(), f.size.into()),
-                ("mode".into(), f.mode.into()),
-                ("mtime".into(), f.mtime.into()),
-            ])
-        })
-        .collect();
-    Ok(Value::Map(vec![
-        ("files".into(), Value::Array(files)),
-        ("truncated".into(), l.truncated.into()),
-    ]))
+    Ok(crate::rpc::agent_api::to_value(&reply))
 }
 
 /// Registers the file methods on `dispatcher`.
@@ -229,27 +248,44 @@ pub fn register(
     registry: Addr<KernelRegistry>,
 ) {
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("upload_file", move |call| {
+    dispatcher.register_method::<api::UploadFile, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.engine.check()?;
-            upload(&c, &r, call).await
+            upload(&c, &r, args).await
         }
     });
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("download_single", move |call| {
+    dispatcher.register_method::<api::DownloadFile, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.engine.check()?;
-            download(&c, &r, call).await
+            let container_id = container_of(&r, &args.kernel_id).await?;
+            let tar = whole::archive(
+                &c.backend,
+                &container_id,
+                &args.filepath,
+                api::DOWNLOAD_FILE_MAX,
+            )
+            .await
+            .map_err(to_meta)?;
+            Ok(api::Blob(tar.to_vec()))
+        }
+    });
+    let (r, c) = (registry.clone(), ctx.clone());
+    dispatcher.register_method::<api::DownloadSingle, _, _>(move |args, _| {
+        let (r, c) = (r.clone(), c.clone());
+        async move {
+            c.engine.check()?;
+            download_single(&c, &r, args).await
         }
     });
     let (r, c) = (registry, ctx);
-    dispatcher.register("list_files", move |call| {
+    dispatcher.register_method::<api::ListFiles, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.engine.check()?;
-            list(&c, &r, call).await
+            list(&c, &r, args).await
         }
     });
 }

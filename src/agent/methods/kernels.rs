@@ -239,7 +239,7 @@ pub fn register(
         }
     });
 
-    // sync_kernel_registry(raw_kernel_session_ids) → {"kernels": [kernel info]}
+    // sync_kernel_registry(raw_kernel_session_ids) → None
     // Upstream's semantics: a listed kernel this agent does not hold gets `kernel_terminated`
     // (`already-terminated`); a kernel held here but not listed is destroyed without events
     // (`not-found-in-manager`). Without the argument (kernelvisor), only the listing.
@@ -292,18 +292,21 @@ pub fn register(
             if c.engine.is_up() {
                 r.do_send(Reconcile);
             }
-            Ok(kernel_list(&kept, &a))
+            // Upstream answers None.
+            Ok(Value::Nil)
         }
     });
     // reset_agent() → {"destroyed": n}: every kernel destroyed, no termination events.
     // Refused while the engine is down, as `destroy_kernel` is.
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("reset_agent", move |_| {
+    dispatcher.register_method::<api::ResetAgent, _, _>(move |_, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.engine.check()?;
             let n = r.send(ResetAgent).await.map_err(mailbox)?;
-            Ok(Value::Map(vec![("destroyed".into(), (n as u64).into())]))
+            Ok(api::Destroyed {
+                destroyed: n as u64,
+            })
         }
     });
     dispatcher.alias("reset_instance", "reset_agent");

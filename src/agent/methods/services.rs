@@ -1,23 +1,29 @@
-//! Service methods (Backend.AI's names): `start_service(kernel_id, service, opts=None)`,
-//! `shutdown_service(kernel_id, service)`, and `list_services(kernel_id)`.
+//! Service methods (the typed contract of [`crate::rpc::agent_api::services`]):
+//! `start_service(kernel_id, service, opts=None)`, `shutdown_service(kernel_id, service)`, and
+//! kernelvisor's `list_services(kernel_id)`.
 //!
-//! Each service answer carries the service port (`name`, `protocol`, `container_ports`,
+//! `start_service` answers as upstream's kernel runner does: `{"status": "started" |
+//! "running", "error": nil, …}`, or `{"status": "failed", "error": why, "error_name":
+//! "ServiceNotFound" | "ServiceStartFailed", "output": its output's tail}` for a service the
+//! kernel does not have or one that did not start. Its other answers, and `shutdown_service`'s
+//! and `list_services`', carry the service port (`name`, `protocol`, `container_ports`,
 //! `host_ports`), its `status` (`running` | `stopped`) and the agent's `advertised_host`
-//! (`[container] advertised-host`, nil when unset). FAILURE names: `ServiceNotFound`,
-//! `ServiceStartFailed` (its traceback field carries the tail of the service's output),
-//! `KernelNotFound`, `KernelNotRunning`, `ContainerEngineError`.
+//! (`[container] advertised-host`, nil when unset). FAILURE names: `ServiceNotFound`
+//! (`shutdown_service`), `KernelNotFound`, `KernelNotRunning`, `ContainerEngineError`,
+//! `ContainerEngineUnavailable`.
 
 use std::sync::Arc;
 
 use actix::Addr;
 use rmpv::Value;
 
-use super::args::{running, str_arg};
+use super::args::running;
 use crate::agent::context::AgentContext;
 use crate::agent::kernel::stages::ServicePortInfo;
 use crate::agent::registry::KernelRegistry;
 use crate::agent::services::{ServiceError, ServiceStatus, ServiceTarget};
-use crate::rpc::{Call, Dispatcher, ErrorMeta};
+use crate::rpc::agent_api::services as api;
+use crate::rpc::{Dispatcher, ErrorMeta};
 
 fn to_meta(e: ServiceError) -> ErrorMeta {
     let mut meta = ErrorMeta::new(e.name(), e.to_string());
@@ -43,11 +49,13 @@ fn service_value(ctx: &AgentContext, sp: &ServicePortInfo, status: ServiceStatus
     Value::Map(map)
 }
 
-async fn target(registry: &Addr<KernelRegistry>, call: &Call) -> Result<ServiceTarget, ErrorMeta> {
-    let kernel_id = str_arg(call, 0, "kernel_id")?;
-    let info = running(registry, &kernel_id).await?;
+async fn target(
+    registry: &Addr<KernelRegistry>,
+    kernel_id: &str,
+) -> Result<ServiceTarget, ErrorMeta> {
+    let info = running(registry, kernel_id).await?;
     Ok(ServiceTarget {
-        kernel_id,
+        kernel_id: kernel_id.to_owned(),
         container_id: info.container_id.clone().unwrap_or_default(),
         service_ports: info.service_ports.clone(),
     })
@@ -59,45 +67,43 @@ pub fn register(
     ctx: Arc<AgentContext>,
     registry: Addr<KernelRegistry>,
 ) {
-    // start_service(kernel_id, service, opts=None) → {"status": "started"|"running",
-    // "host_ports", "service": {…}}
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("start_service", move |call| {
+    dispatcher.register_method::<api::StartService, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.engine.check()?;
-            let t = target(&r, &call).await?;
-            let name = str_arg(&call, 1, "service")?;
-            let (outcome, sp) = c
-                .services
-                .start(&c.backend, &t, &name)
-                .await
-                .map_err(to_meta)?;
-            Ok(Value::Map(vec![
-                ("status".into(), outcome.as_str().into()),
-                (
-                    "host_ports".into(),
-                    Value::Array(sp.host_ports.iter().map(|&p| p.into()).collect()),
-                ),
-                (
-                    "service".into(),
-                    service_value(&c, &sp, ServiceStatus::Running),
-                ),
-            ]))
+            let t = target(&r, &args.kernel_id).await?;
+            match c.services.start(&c.backend, &t, &args.service).await {
+                Ok((outcome, sp)) => Ok(api::StartServiceReply {
+                    status: outcome.as_str().into(),
+                    error: None,
+                    host_ports: Some(sp.host_ports.clone()),
+                    service: Some(service_value(&c, &sp, ServiceStatus::Running)),
+                    ..Default::default()
+                }),
+                Err(e @ (ServiceError::NotFound(..) | ServiceError::StartFailed { .. })) => {
+                    Ok(api::StartServiceReply {
+                        status: "failed".into(),
+                        error: Some(e.to_string()),
+                        error_name: Some(e.name().into()),
+                        output: e.output().map(str::to_owned),
+                        ..Default::default()
+                    })
+                }
+                Err(e) => Err(to_meta(e)),
+            }
         }
     });
 
-    // shutdown_service(kernel_id, service) → {"status": "stopped", "service": {…}}
     let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register("shutdown_service", move |call| {
+    dispatcher.register_method::<api::ShutdownService, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.engine.check()?;
-            let t = target(&r, &call).await?;
-            let name = str_arg(&call, 1, "service")?;
+            let t = target(&r, &args.kernel_id).await?;
             let sp = c
                 .services
-                .stop(&c.backend, &t, &name)
+                .stop(&c.backend, &t, &args.service)
                 .await
                 .map_err(to_meta)?;
             Ok(Value::Map(vec![
@@ -110,13 +116,12 @@ pub fn register(
         }
     });
 
-    // list_services(kernel_id) → {"services": [{…}]}
     let (r, c) = (registry, ctx);
-    dispatcher.register("list_services", move |call| {
+    dispatcher.register_method::<api::ListServices, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.engine.check()?;
-            let t = target(&r, &call).await?;
+            let t = target(&r, &args.kernel_id).await?;
             let list = c.services.list(&c.backend, &t).await.map_err(to_meta)?;
             Ok(Value::Map(vec![(
                 "services".into(),

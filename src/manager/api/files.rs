@@ -254,8 +254,8 @@ pub(super) struct ListQuery {
     dir: String,
 }
 
-/// A directory's entries (at most 10 000, sorted by name), read by `find` and `stat` in the
-/// kernel.
+/// A directory's entries (at most 10 000, sorted by name), read from the engine's archive API
+/// (no tool of the image is needed).
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/files",
@@ -270,7 +270,7 @@ pub(super) struct ListQuery {
         (status = 400, description = "`invalid-path`, `invalid-request`", body = openapi::ErrorBody),
         (status = 404, description = "`session-not-found`, `file-not-found`", body = openapi::ErrorBody),
         (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error` (also: an image without `find` / `stat`)", body = openapi::ErrorBody),
+        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
         (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
     ),
 )]
@@ -281,11 +281,17 @@ pub(super) async fn list(
     q: web::Query<ListQuery>,
 ) -> Res {
     let k = running_kernel(&s, &caller, &id).await?;
+    // `opts` (any map) asks for kernelvisor's rich listing; without it the agent answers
+    // upstream's `{"files": JSON text, "errors", "abspath"}`.
     let out = call(
         &s,
         &k,
         "list_files",
-        vec![k.id.clone().into(), q.dir.clone().into()],
+        vec![
+            k.id.clone().into(),
+            q.dir.clone().into(),
+            Value::Map(vec![]),
+        ],
     )
     .await?;
     let j = to_json(&out);

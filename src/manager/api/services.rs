@@ -15,6 +15,7 @@ use super::auth::Caller;
 use super::openapi;
 use super::{running_kernel, ApiState, Res};
 use crate::manager::calls::{agent_error, call_agent, to_json};
+use crate::manager::error::ManagerError;
 use crate::manager::registry::AgentAddr;
 use crate::manager::store::KernelRow;
 
@@ -150,6 +151,22 @@ pub(super) async fn start(
     let k = running_kernel(&s, &caller, &id).await?;
     let args = vec![k.id.clone().into(), name.into(), Value::Map(Vec::new())];
     let out = call(&s, &k, "start_service", args, START_TIMEOUT).await?;
+    if field(&out, "status").and_then(Value::as_str) == Some("failed") {
+        // Upstream's shape: a failed start is an answer, not a FAILURE.
+        let text = |key| {
+            field(&out, key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        return Err(match field(&out, "error_name").and_then(Value::as_str) {
+            Some("ServiceNotFound") => ManagerError::ServiceNotFound(text("error")),
+            _ => ManagerError::ServiceFailed {
+                message: text("error"),
+                output: text("output"),
+            },
+        });
+    }
     let host = agent_host(&s, &k.agent_id).await;
     let mut j = field(&out, "service").map_or(serde_json::Value::Null, |v| service_json(v, &host));
     let started = field(&out, "status").and_then(Value::as_str) == Some("started");

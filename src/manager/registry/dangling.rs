@@ -23,9 +23,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use rmpv::Value;
 
-use super::super::calls::call_agent;
+use super::super::calls::call_method;
+use crate::rpc::agent_api::kernel::{AdoptKernel, DestroyDanglingKernel, KernelIdArgs};
 use super::super::metrics::ManagerMetrics;
 use super::super::pool::{AgentCallError, AgentPool};
 use super::super::store::{now, DanglingReport, Store};
@@ -201,14 +201,12 @@ async fn decide(
     // Asked even when the report says it is not adoptable: the agent's answer is what counts
     // (and an older agent's report carries no `adoptable` at all).
     if live_here {
-        let args = vec![Value::from(kernel)];
-        return match call_agent(pool, metrics, agent, "adopt_kernel", args, timeout).await {
+        let args = KernelIdArgs {
+            kernel_id: kernel.to_owned(),
+        };
+        return match call_method::<AdoptKernel>(pool, metrics, agent, &args, timeout).await {
             Ok(info) => {
-                let status =
-                    super::super::events::field(info.as_map().map_or(&[], |m| m), "status")
-                        .and_then(Value::as_str)
-                        .unwrap_or("RUNNING")
-                        .to_owned();
+                let status = info.status;
                 if let Err(e) = store.advance_kernel(kernel, &status).await {
                     tracing::warn!(agent_id = %agent, kernel_id = %kernel, error = %e, "adopted kernel: could not record its status (its events will)");
                 }
@@ -237,19 +235,12 @@ async fn decide(
     if Instant::now() < p.destroy_after {
         return Outcome::Wait;
     }
-    let args = vec![Value::from(kernel)];
-    match call_agent(
-        pool,
-        metrics,
-        agent,
-        "destroy_dangling_kernel",
-        args,
-        timeout,
-    )
-    .await
-    {
+    let args = KernelIdArgs {
+        kernel_id: kernel.to_owned(),
+    };
+    match call_method::<DestroyDanglingKernel>(pool, metrics, agent, &args, timeout).await {
         Ok(v) => {
-            tracing::warn!(agent_id = %agent, kernel_id = %kernel, result = %v, "dangling kernel unknown to the store past dangling-grace: destroyed");
+            tracing::warn!(agent_id = %agent, kernel_id = %kernel, destroyed = v.destroyed, "dangling kernel unknown to the store past dangling-grace: destroyed");
             Outcome::Done("destroyed")
         }
         Err(e) if failure_name(&e) == Some("KernelNotFound") => Outcome::Done("gone"),

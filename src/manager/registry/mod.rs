@@ -45,7 +45,8 @@ use actix::prelude::*;
 pub use heartbeat::Heartbeat;
 pub use inbox::{HeartbeatInbox, InboxFull, Put};
 
-use super::calls::call_agent;
+use super::calls::call_method;
+use crate::rpc::agent_api::kernel::{NoArgs, ResetAgent};
 use super::events::{superseded, AgentEvent, EventBody};
 use super::leader::Leadership;
 use super::metrics::ManagerMetrics;
@@ -449,7 +450,7 @@ impl AgentRegistry {
                     agent_id: id.clone(),
                 })
                 .await;
-            let v = call_agent(&pool, &metrics, &id, "reset_instance", vec![], timeout)
+            let v = call_method::<ResetAgent>(&pool, &metrics, &id, &NoArgs {}, timeout)
                 .await
                 .map_err(|e| anyhow::anyhow!(e))?;
             let alive = store.set_agent_status(&id, &[PENDING], ALIVE).await?;
@@ -468,7 +469,7 @@ impl AgentRegistry {
             s.resetting = false;
             match res {
                 Ok((v, true)) => {
-                    tracing::info!(agent_id = %id, result = %v, "agent reset; placing kernels on it again");
+                    tracing::info!(agent_id = %id, destroyed = v.destroyed, "agent reset; placing kernels on it again");
                     act.metrics.agent_resets.with_label_values(&["ok"]).inc();
                     s.row.status = ALIVE.into();
                     s.row.status_changed = now();

@@ -133,6 +133,21 @@ impl ImageConfig {
     }
 }
 
+impl ImageConfig {
+    /// An image named by a plain reference (`python:3.12`, `registry.example.com/team/img:1`),
+    /// pulled anonymously when the node lacks it (`auto_pull = tag`): what kernelvisor's own
+    /// manager sends until registries are configured (the Images issue).
+    pub fn by_reference(reference: &str) -> ImageConfig {
+        ImageConfig {
+            canonical: reference.to_owned(),
+            architecture: default_architecture(),
+            is_local: false,
+            auto_pull: AutoPullBehavior::Tag,
+            ..ImageConfig::default()
+        }
+    }
+}
+
 /// `ai.backend.common.docker.ImageRef` (a pickle on the wire, read as this map by the codec).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageRef {
@@ -534,6 +549,63 @@ impl Method for SyncKernelRegistry {
     const PARAMS: &'static [&'static str] = &["raw_kernel_session_ids"];
     type Args = SyncKernelRegistryArgs;
     type Reply = Value;
+}
+
+/// A kernel's info map as kernelvisor's agent answers it (`get_kernel`, `adopt_kernel`): its id
+/// and status typed, the rest (`session_id`, `container_id`, `stages`, …) as given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelInfoReply {
+    /// Kernel id.
+    pub id: String,
+    /// `PREPARING`, `PULLING`, `CREATING`, `RUNNING`, `RESTARTING`, `TERMINATING`, `TERMINATED`.
+    pub status: String,
+    /// The other keys.
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, Value>,
+}
+
+/// `adopt_kernel(kernel_id)` → [`KernelInfoReply`] (kernelvisor; seed 001's dangling kernels):
+/// the dangling kernel runs under a kernel actor again.
+pub struct AdoptKernel;
+
+impl Method for AdoptKernel {
+    const NAME: &'static str = "adopt_kernel";
+    const PARAMS: &'static [&'static str] = &["kernel_id"];
+    type Args = KernelIdArgs;
+    type Reply = KernelInfoReply;
+}
+
+/// `{"destroyed": n}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Destroyed {
+    /// Kernels (or containers) destroyed.
+    pub destroyed: u64,
+}
+
+/// `destroy_dangling_kernel(kernel_id)` → [`Destroyed`] (kernelvisor): its containers and
+/// scratch removed, no events.
+pub struct DestroyDanglingKernel;
+
+impl Method for DestroyDanglingKernel {
+    const NAME: &'static str = "destroy_dangling_kernel";
+    const PARAMS: &'static [&'static str] = &["kernel_id"];
+    type Args = KernelIdArgs;
+    type Reply = Destroyed;
+}
+
+/// No arguments.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoArgs {}
+
+/// `reset_agent()` (alias `reset_instance`) → [`Destroyed`]: every kernel destroyed without
+/// termination events.
+pub struct ResetAgent;
+
+impl Method for ResetAgent {
+    const NAME: &'static str = "reset_agent";
+    const PARAMS: &'static [&'static str] = &[];
+    type Args = NoArgs;
+    type Reply = Destroyed;
 }
 
 #[cfg(test)]

@@ -25,6 +25,12 @@ impl Provisioner for ImageStage {
         {
             return Ok(image);
         }
+        if !self.0.info().config.may_pull() {
+            return Err(KernelError::ImageNotFound(format!(
+                "{reference} is not on this node, and a local image (or `auto_pull = none`) is never pulled"
+            ))
+            .into());
+        }
         self.0.set_status(KernelStatus::Pulling);
         let (agent_id, kernel_id) = (self.0.ctx.agent_id.clone(), self.0.id.clone());
         let progress = move |p: crate::agent::backend::PullProgress| {

@@ -1,0 +1,170 @@
+//! Node-level state the RPC methods share with the kernel stages and the agent's run loop:
+//! image pulls in flight (`check_pulling`), host ports handed out by `assign_port` until
+//! `release_port`, and a shutdown asked for by `shutdown_agent`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use tokio::sync::watch;
+
+use crate::config::OnShutdown;
+
+/// See the module docs. Every method is cheap and never holds a lock across an await.
+pub struct NodeState {
+    pulls: Mutex<HashMap<String, usize>>,
+    assigned_ports: Mutex<BTreeSet<u16>>,
+    shutdown: watch::Sender<Option<OnShutdown>>,
+}
+
+impl Default for NodeState {
+    fn default() -> Self {
+        NodeState {
+            pulls: Mutex::default(),
+            assigned_ports: Mutex::default(),
+            shutdown: watch::channel(None).0,
+        }
+    }
+}
+
+/// `reference` as the engine names it: without `docker.io/` or `library/`, with `:latest`
+/// when it has neither a tag nor a digest (`python` and `docker.io/library/python:latest` are
+/// one image).
+pub fn normalize_image(reference: &str) -> String {
+    let r = reference.strip_prefix("docker.io/").unwrap_or(reference);
+    let r = r.strip_prefix("library/").unwrap_or(r);
+    let last = r.rsplit('/').next().unwrap_or(r);
+    if r.contains('@') || last.contains(':') {
+        r.to_owned()
+    } else {
+        format!("{r}:latest")
+    }
+}
+
+/// An image pull in flight, counted until dropped.
+pub struct PullGuard<'a> {
+    node: &'a NodeState,
+    key: String,
+}
+
+impl Drop for PullGuard<'_> {
+    fn drop(&mut self) {
+        let mut pulls = self.node.pulls.lock().expect("pulls lock");
+        if let Some(n) = pulls.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                pulls.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl NodeState {
+    /// Records a pull of `reference` until the guard is dropped (the image stage holds it
+    /// across `pull_image`).
+    pub fn pull_started(&self, reference: &str) -> PullGuard<'_> {
+        let key = normalize_image(reference);
+        *self
+            .pulls
+            .lock()
+            .expect("pulls lock")
+            .entry(key.clone())
+            .or_default() += 1;
+        PullGuard { node: self, key }
+    }
+
+    /// Whether a pull of `reference` is in flight.
+    pub fn is_pulling(&self, reference: &str) -> bool {
+        self.pulls
+            .lock()
+            .expect("pulls lock")
+            .contains_key(&normalize_image(reference))
+    }
+
+    /// Records `port` as handed out by `assign_port`.
+    pub fn port_assigned(&self, port: u16) {
+        self.assigned_ports
+            .lock()
+            .expect("assigned ports lock")
+            .insert(port);
+    }
+
+    /// Forgets `port` as handed out; `false` when `assign_port` did not hand it out (a
+    /// kernel's port is never released this way).
+    pub fn port_unassigned(&self, port: u16) -> bool {
+        self.assigned_ports
+            .lock()
+            .expect("assigned ports lock")
+            .remove(&port)
+    }
+
+    /// The ports `assign_port` handed out and nobody released, ascending.
+    pub fn assigned_ports(&self) -> Vec<u16> {
+        self.assigned_ports
+            .lock()
+            .expect("assigned ports lock")
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    /// Asks the agent's run loop to shut down as on SIGTERM, kernels kept or destroyed per
+    /// `mode`. The first request wins.
+    pub fn request_shutdown(&self, mode: OnShutdown) {
+        self.shutdown.send_if_modified(|m| {
+            let first = m.is_none();
+            if first {
+                *m = Some(mode);
+            }
+            first
+        });
+    }
+
+    /// Resolves with the mode once a shutdown was requested (at once if it already was).
+    pub async fn shutdown_requested(&self) -> OnShutdown {
+        let mut rx = self.shutdown.subscribe();
+        loop {
+            if let Some(mode) = *rx.borrow_and_update() {
+                return mode;
+            }
+            if rx.changed().await.is_err() {
+                // The sender lives as long as `self`: unreachable while borrowed.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pulls_are_counted_under_the_engine_s_name() {
+        let n = NodeState::default();
+        assert!(!n.is_pulling("python"));
+        let a = n.pull_started("python");
+        let b = n.pull_started("docker.io/library/python:latest");
+        assert!(n.is_pulling("python:latest") && n.is_pulling("library/python"));
+        assert!(!n.is_pulling("python:3.12"));
+        drop(a);
+        assert!(n.is_pulling("python"));
+        drop(b);
+        assert!(!n.is_pulling("python"));
+        assert_eq!(
+            normalize_image("cr.backend.ai/stable/python:3.9"),
+            "cr.backend.ai/stable/python:3.9"
+        );
+        assert_eq!(normalize_image("host:5000/x"), "host:5000/x:latest");
+        assert_eq!(normalize_image("x@sha256:ab"), "x@sha256:ab");
+    }
+
+    #[tokio::test]
+    async fn the_first_shutdown_request_wins() {
+        let n = NodeState::default();
+        n.request_shutdown(OnShutdown::Terminate);
+        n.request_shutdown(OnShutdown::Preserve);
+        assert_eq!(n.shutdown_requested().await, OnShutdown::Terminate);
+        n.port_assigned(30001);
+        assert!(n.port_unassigned(30001) && !n.port_unassigned(30001));
+    }
+}
