@@ -42,6 +42,18 @@ async fn run(peer: &kernelvisor::rpc::Peer, kernel: &str, code: &str) -> String 
         .collect()
 }
 
+/// Waits until the kernel reports `RUNNING` again (after a restart).
+async fn wait_running(peer: &kernelvisor::rpc::Peer, kernel: &str) {
+    for _ in 0..100 {
+        let k = call(peer, "get_kernel", vec![kernel.into()]).await.unwrap();
+        if field(&k, "status").as_str() == Some("RUNNING") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{kernel} not RUNNING again");
+}
+
 #[actix_rt::test]
 async fn the_upstream_config_is_honoured_on_the_real_engine() {
     let fx = AgentFixture::new("bai-cfg", 34100, 8);
@@ -87,7 +99,7 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
             ("a_key_from_a_newer_manager", "ignored".into()),
         ],
     );
-    let info = create_one(&peer, "s-cfg", &kid, config).await.unwrap();
+    let info = create_one(&peer, "s-cfg", &kid, config.clone()).await.unwrap();
     assert_eq!(field(&info, "status").as_str(), Some("RUNNING"));
     // Upstream's `KernelCreationResult` keys are there.
     for key in ["kernel_host", "repl_in_port", "container_id", "resource_spec", "agent_addr"] {
@@ -123,6 +135,50 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
     run(&peer, &kid, "echo mine > /data/shared/out.txt").await;
     let meta = std::fs::metadata(vf.join("out.txt")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (1234, 2345), "not root's");
+
+    // restart_kernel with an updated config (upstream passes the whole config): a new
+    // container from it, the same kernel id, host ports and scratch.
+    let cid = field(&info, "container_id").as_str().unwrap().to_owned();
+    let mut updated = config.clone();
+    if let Value::Map(m) = &mut updated {
+        for (k, v) in m.iter_mut() {
+            if k.as_str() == Some("environ") {
+                *v = map(vec![
+                    ("GREETING", "bonjour".into()),
+                    ("BACKENDAI_ACCESS_KEY", "AKTEST".into()),
+                ]);
+            }
+        }
+    }
+    let restarted = call(
+        &peer,
+        "restart_kernel",
+        vec!["s-cfg".into(), kid.clone().into(), Value::Nil, updated],
+    )
+    .await
+    .unwrap();
+    let new_cid = field(&restarted, "container_id").as_str().unwrap().to_owned();
+    assert_ne!(new_cid, cid, "a new container");
+    assert!(inspect(&cid, "{{.Id}}").is_none(), "the old container is gone");
+    wait_running(&peer, &kid).await;
+    assert_eq!(run(&peer, &kid, "echo $GREETING").await.trim(), "bonjour");
+    assert_eq!(
+        run(&peer, &kid, "cat /home/work/bootstrapped").await.trim(),
+        "boot:1234\nboot:1234",
+        "the scratch is kept and the bootstrap script ran for the new container"
+    );
+    let again = call(&peer, "get_kernel", vec![kid.clone().into()]).await.unwrap();
+    assert_eq!(field(&again, "host_ports"), field(&info, "host_ports"));
+    // Changing what was allocated is refused and changes nothing.
+    let bigger = kernel_config("0.75", 64 * MIB, vec![]);
+    let r = call(
+        &peer,
+        "restart_kernel",
+        vec!["s-cfg".into(), kid.clone().into(), Value::Nil, bigger],
+    )
+    .await;
+    assert_eq!(failure_name(&r), "InvalidKernelConfig", "{r:?}");
+    assert!(format!("{r:?}").contains("resource_slots"), "{r:?}");
 
     call(&peer, "destroy_kernel", vec![kid.clone().into(), "s-cfg".into()])
         .await

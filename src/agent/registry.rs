@@ -45,7 +45,7 @@ pub struct DestroyKernel {
 /// Restarts a kernel's container.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<KernelInfo, KernelError>")]
-pub struct RestartKernel(pub String);
+pub struct RestartKernel(pub String, pub Option<Box<KernelConfig>>);
 
 /// The facts of one kernel.
 #[derive(Debug, Message)]
@@ -365,13 +365,19 @@ impl Handler<DestroyKernel> for KernelRegistry {
 impl Handler<RestartKernel> for KernelRegistry {
     type Result = ResponseFuture<Result<KernelInfo, KernelError>>;
 
-    fn handle(&mut self, RestartKernel(id): RestartKernel, _: &mut Context<Self>) -> Self::Result {
+    fn handle(
+        &mut self,
+        RestartKernel(id, config): RestartKernel,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
         let addr = self.addr_of(&id);
         Box::pin(async move {
-            addr?
-                .send(Restart)
-                .await
-                .map_err(|_| KernelError::NotFound(id))?
+            let addr = addr?;
+            let sent = match config {
+                None => addr.send(Restart).await,
+                Some(config) => addr.send(super::kernel::actor::Recreate(config)).await,
+            };
+            sent.map_err(|_| KernelError::NotFound(id))?
         })
     }
 }

@@ -100,6 +100,19 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Replaces a kernel's recorded config (`restart_kernel` with an updated config).
+    ///
+    /// Errors: the database fails.
+    pub async fn set_config(&self, kernel_id: &str, config: &KernelConfig) -> anyhow::Result<()> {
+        sqlx::query("UPDATE kernels SET config = ?, updated_at = ? WHERE kernel_id = ?")
+            .bind(serde_json::to_string(config)?)
+            .bind(now())
+            .bind(kernel_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Records `status` (and the resources once set up).
     pub async fn set_status(
         &self,

@@ -63,6 +63,18 @@ pub struct StageSupervisor;
 #[rtype(result = "Result<KernelInfo, KernelError>")]
 pub struct Restart;
 
+/// Recreates the container with an updated config (`restart_kernel` with `updated_config`):
+/// same kernel id, image, slots, host ports, scratch and vfolders; a new container. The caller
+/// has checked that nothing allocated changes.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<KernelInfo, KernelError>")]
+pub struct Recreate(pub Box<super::KernelConfig>);
+
+/// Starts the stage tree rebuilt by [`Recreate`].
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct StartRebuilt;
+
 /// Stops the actor without tearing anything down: the container keeps running and the next
 /// agent start re-attaches it from the store (graceful shutdown, `on-shutdown = "preserve"`).
 #[derive(Debug, Message)]
@@ -469,6 +481,82 @@ impl Handler<Restart> for Kernel {
                     (tree, false, Err(KernelError::from(e)))
                 }
             }
+        })
+    }
+}
+
+impl Handler<StartRebuilt> for Kernel {
+    type Result = ();
+
+    fn handle(&mut self, _: StartRebuilt, ctx: &mut Context<Self>) {
+        if !self.done {
+            self.start_tree(ctx);
+        }
+    }
+}
+
+impl Handler<Recreate> for Kernel {
+    type Result = AtomicResponse<Self, Result<KernelInfo, KernelError>>;
+
+    /// Detaches the tree (its stages stop, nothing is released), replaces the container with one
+    /// made from the new config, and rebuilds the tree around the same resources; the rebuilt
+    /// tree is started right after, and its observer records the new container and turns the
+    /// kernel `RUNNING` again (see [`StagesChanged`]).
+    fn handle(&mut self, Recreate(config): Recreate, ctx: &mut Context<Self>) -> Self::Result {
+        let me = ctx.address();
+        let recipients = KernelRecipients {
+            stages_changed: me.clone().recipient(),
+            container_ended: me.clone().recipient(),
+        };
+        self.lend(move |h, mut tree| async move {
+            let info = h.info();
+            let resources = tree::resources(&tree).filter(|_| info.status == KernelStatus::Running);
+            let Some(mut res) = resources else {
+                return (
+                    tree,
+                    false,
+                    Err(KernelError::NotRunning(h.id.clone(), info.status.as_str())),
+                );
+            };
+            h.update(|i| i.manual_restart = true);
+            h.set_status(KernelStatus::Restarting);
+            let _ = tree.detach().await;
+            let old = res.container.clone();
+            let previous = info.config.clone();
+            h.update(|i| i.config = std::sync::Arc::new(*config));
+            let made = super::stages::recreate_container(&h, &res, &old.id).await;
+            let result = match made {
+                Ok(container) => {
+                    res.container = container;
+                    if let Err(e) = h.ctx.store.set_config(&h.id, &h.info().config).await {
+                        tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record the updated config");
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    // The old container may be gone: the rebuilt tree's watcher finds out and
+                    // ends the kernel the usual way.
+                    tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "recreating the container failed");
+                    h.update(|i| i.config = previous);
+                    Err(e)
+                }
+            };
+            h.update(|i| {
+                i.container_id = Some(res.container.id.clone());
+                i.oom_event = false;
+                i.manual_restart = false;
+            });
+            let rebuilt = match tree::rebuild(&h, &recipients, res) {
+                Ok(t) => t,
+                Err(e) => {
+                    // A programming error: the same resources were just accepted by this tree.
+                    tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "rebuilding the kernel's tree failed");
+                    return (tree, false, Err(KernelError::Engine(e.to_string())));
+                }
+            };
+            me.do_send(StartRebuilt);
+            let reply = result.map(|()| h.info());
+            (rebuilt, false, reply)
         })
     }
 }

@@ -112,21 +112,38 @@ pub fn register(
     dispatcher.register_method::<api::RestartKernel, _, _>(move |args, _| {
         let (r, c) = (r.clone(), c.clone());
         async move {
-            // Recreating the container with a changed config is not built yet: refuse it
-            // whole rather than restart with the old one and claim success.
-            if let Some(keys) = args.updated_config.as_ref().filter(|u| !u.is_empty()) {
-                return Err(ErrorMeta::new(
-                    "NotImplemented",
-                    format!(
-                        "restart_kernel with an updated config ({}) is not supported yet; \
-                         restart with an empty one, or destroy and create",
-                        keys.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
+            // Upstream's `updated_config` is the kernel's whole `KernelCreationConfig`: the
+            // container is recreated from it. What was allocated (image, slots, vfolders,
+            // service ports) stays as it is; a config that changes it is refused.
+            let updated = match args.updated_config.filter(|u| !u.is_empty()) {
+                None => None,
+                Some(u) => {
+                    let current = lookup(&r, &args.kernel_id).await?.config;
+                    let types = c.slots.lock().expect("slots lock").slot_types().clone();
+                    let new = KernelConfig::from_value(&crate::rpc::agent_api::to_value(&u), &types)
+                        .map_err(|e| e.to_meta())?;
+                    let changed: Vec<&str> = [
+                        ("image", new.image != current.image),
+                        ("resource_slots", new.slots != current.slots),
+                        ("mounts", new.mounts != current.mounts),
+                        ("service_ports", new.service_ports != current.service_ports),
+                    ]
+                    .into_iter()
+                    .filter_map(|(k, differs)| differs.then_some(k))
+                    .collect();
+                    if !changed.is_empty() {
+                        return Err(KernelError::InvalidConfig(format!(
+                            "restart_kernel cannot change {} (destroy and create instead)",
+                            changed.join(", ")
+                        ))
+                        .to_meta());
+                    }
+                    Some(Box::new(new))
+                }
+            };
             c.engine.check()?;
             let info = r
-                .send(RestartKernel(args.kernel_id))
+                .send(RestartKernel(args.kernel_id, updated))
                 .await
                 .map_err(mailbox)?
                 .map_err(|e| kernel_err(&c, e))?;

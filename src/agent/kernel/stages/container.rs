@@ -285,3 +285,55 @@ impl Provisioner for ContainerStage {
         Ok(self.0.ctx.backend.remove_container(&container.id).await?)
     }
 }
+
+/// A new container for a kernel whose other resources stay (`restart_kernel` with an updated
+/// config): made from the kernel's current config with the same image, slots, host ports,
+/// scratch and vfolders, started, and bootstrapped as at creation, after container `old` is
+/// removed.
+///
+/// Errors: as the container stage's setup; the new container is not left behind then (the old
+/// one is gone already: the kernel's watcher then ends the kernel).
+pub async fn recreate_container(
+    handle: &KernelHandle,
+    r: &crate::agent::kernel::KernelResources,
+    old: &str,
+) -> Result<ContainerHandle, KernelError> {
+    let requests: Vec<ServicePortRequest> = r
+        .service_ports
+        .iter()
+        .map(|s| ServicePortRequest {
+            name: s.name.clone(),
+            protocol: s.protocol.clone(),
+            container_ports: s.container_ports.clone(),
+        })
+        .collect();
+    let spec = container_spec(
+        handle,
+        &r.image.id,
+        &requests,
+        &r.slots,
+        &r.ports,
+        &r.scratch,
+        &r.mounts,
+    );
+    let backend = &handle.ctx.backend;
+    // The old container holds the name and the host ports: it goes first (as upstream's agent
+    // destroys it before creating the new one).
+    backend.remove_container(old).await?;
+    let id = backend.create_container(&spec).await?;
+    let started = match backend.start_container(&id).await {
+        Ok(()) => match handle.info().config.bootstrap_script.clone() {
+            Some(script) => run_bootstrap(handle, &id, &script).await,
+            None => Ok(()),
+        },
+        Err(e) => Err(KernelError::from(e)),
+    };
+    if let Err(e) = started {
+        let _ = backend.remove_container(&id).await;
+        return Err(e);
+    }
+    Ok(ContainerHandle {
+        id,
+        name: spec.name,
+    })
+}

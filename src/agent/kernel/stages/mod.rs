@@ -10,7 +10,7 @@ pub mod scratch;
 pub mod service_ports;
 mod slots;
 
-pub use container::{container_spec, ContainerHandle, ContainerStage};
+pub use container::{container_spec, recreate_container, ContainerHandle, ContainerStage};
 pub use image::ImageStage;
 pub use mounts::MountStage;
 pub use ports::PortStage;
