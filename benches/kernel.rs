@@ -48,7 +48,12 @@ async fn call(peer: &Peer, method: &str, args: Vec<Value>) -> Value {
 async fn agent_once(peer: &Peer, i: usize) -> Duration {
     let id = format!("bench-{}-{i}", std::process::id());
     let config = kv(vec![
-        ("image", kernelvisor::rpc::agent_api::to_value(&kernelvisor::rpc::agent_api::kernel::ImageConfig::local(IMAGE))),
+        (
+            "image",
+            kernelvisor::rpc::agent_api::to_value(
+                &kernelvisor::rpc::agent_api::kernel::ImageConfig::local(IMAGE),
+            ),
+        ),
         (
             "resource_slots",
             kv(vec![("cpu", "0.5".into()), ("mem", (MEM as u64).into())]),

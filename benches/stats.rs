@@ -66,7 +66,12 @@ async fn grow_to(peer: &Peer, running: &mut Vec<String>, n: usize) {
             .map(|i| format!("bench-stats-{}-{i}", std::process::id()))
             .collect();
         let config = kv(vec![
-            ("image", kernelvisor::rpc::agent_api::to_value(&kernelvisor::rpc::agent_api::kernel::ImageConfig::local(IMAGE))),
+            (
+                "image",
+                kernelvisor::rpc::agent_api::to_value(
+                    &kernelvisor::rpc::agent_api::kernel::ImageConfig::local(IMAGE),
+                ),
+            ),
             (
                 "resource_slots",
                 kv(vec![("cpu", "0.01".into()), ("mem", (16u64 << 20).into())]),

@@ -135,8 +135,7 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
     })
     .await;
     wait_until(Duration::from_secs(10), "k2 forgotten", || async {
-        failure_name(&call(&peer, "get_kernel", vec![k2.clone().into()]).await)
-            == "KernelNotFound"
+        failure_name(&call(&peer, "get_kernel", vec![k2.clone().into()]).await) == "KernelNotFound"
     })
     .await;
     assert_eq!(fx.scratch_entries(), vec![k1.clone()]);
@@ -147,9 +146,7 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
         ("0.1", (32 * MIB).to_string(), 9),
         "k1's slots and port re-reserved, k2's released"
     );
-    let synced = call(&peer, "list_kernels", vec![])
-        .await
-        .unwrap();
+    let synced = call(&peer, "list_kernels", vec![]).await.unwrap();
     let kernels = field(&synced, "kernels").as_array().unwrap().clone();
     assert_eq!(kernels.len(), 1);
     assert_eq!(field(&kernels[0], "status").as_str(), Some("RUNNING"));

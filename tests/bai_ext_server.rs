@@ -90,7 +90,11 @@ async fn packb_arguments_decode_and_hostile_pickles_get_a_failure_naming_them() 
         let err = reply.error.as_ref().unwrap();
         let text = format!("{}: {}", err.name, err.repr);
         assert!(text.contains(needle), "{text}");
-        let name = if seq < 4 { "PickleRefused" } else { "UnsupportedExtType" };
+        let name = if seq < 4 {
+            "PickleRefused"
+        } else {
+            "UnsupportedExtType"
+        };
         assert_eq!(err.name, name, "{text}");
     }
 

@@ -57,7 +57,9 @@ async fn wait_running(peer: &kernelvisor::rpc::Peer, kernel: &str) {
 #[actix_rt::test]
 async fn the_upstream_config_is_honoured_on_the_real_engine() {
     let fx = AgentFixture::new("bai-cfg", 34100, 8);
-    let agent = Agent::start(fx.config(""), None).await.expect("agent starts");
+    let agent = Agent::start(fx.config(""), None)
+        .await
+        .expect("agent starts");
     let peer = client(agent.endpoint()).await;
     let vf = fx.vfolder_root().join("shared");
     std::fs::create_dir_all(&vf).unwrap();
@@ -99,10 +101,18 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
             ("a_key_from_a_newer_manager", "ignored".into()),
         ],
     );
-    let info = create_one(&peer, "s-cfg", &kid, config.clone()).await.unwrap();
+    let info = create_one(&peer, "s-cfg", &kid, config.clone())
+        .await
+        .unwrap();
     assert_eq!(field(&info, "status").as_str(), Some("RUNNING"));
     // Upstream's `KernelCreationResult` keys are there.
-    for key in ["kernel_host", "repl_in_port", "container_id", "resource_spec", "agent_addr"] {
+    for key in [
+        "kernel_host",
+        "repl_in_port",
+        "container_id",
+        "resource_spec",
+        "agent_addr",
+    ] {
         assert!(!field(&info, key).is_nil(), "{key} in {info:?}");
     }
     let preopen = field(&info, "service_ports")
@@ -112,7 +122,10 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
         .find(|s| field(s, "protocol").as_str() == Some("preopen"))
         .cloned()
         .expect("the preopen port is a service port");
-    assert_eq!(field(&preopen, "container_ports").as_array().unwrap()[0], Value::from(9000));
+    assert_eq!(
+        field(&preopen, "container_ports").as_array().unwrap()[0],
+        Value::from(9000)
+    );
     assert_eq!(
         field(&preopen, "host_ports").as_array().unwrap()[0],
         Value::from(free),
@@ -157,9 +170,15 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
     )
     .await
     .unwrap();
-    let new_cid = field(&restarted, "container_id").as_str().unwrap().to_owned();
+    let new_cid = field(&restarted, "container_id")
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert_ne!(new_cid, cid, "a new container");
-    assert!(inspect(&cid, "{{.Id}}").is_none(), "the old container is gone");
+    assert!(
+        inspect(&cid, "{{.Id}}").is_none(),
+        "the old container is gone"
+    );
     wait_running(&peer, &kid).await;
     assert_eq!(run(&peer, &kid, "echo $GREETING").await.trim(), "bonjour");
     assert_eq!(
@@ -167,7 +186,9 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
         "boot:1234\nboot:1234",
         "the scratch is kept and the bootstrap script ran for the new container"
     );
-    let again = call(&peer, "get_kernel", vec![kid.clone().into()]).await.unwrap();
+    let again = call(&peer, "get_kernel", vec![kid.clone().into()])
+        .await
+        .unwrap();
     assert_eq!(field(&again, "host_ports"), field(&info, "host_ports"));
     // Changing what was allocated is refused and changes nothing.
     let bigger = kernel_config("0.75", 64 * MIB, vec![]);
@@ -180,9 +201,13 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
     assert_eq!(failure_name(&r), "InvalidKernelConfig", "{r:?}");
     assert!(format!("{r:?}").contains("resource_slots"), "{r:?}");
 
-    call(&peer, "destroy_kernel", vec![kid.clone().into(), "s-cfg".into()])
-        .await
-        .unwrap();
+    call(
+        &peer,
+        "destroy_kernel",
+        vec![kid.clone().into(), "s-cfg".into()],
+    )
+    .await
+    .unwrap();
 
     // A failing bootstrap script fails the create, names itself and leaves nothing.
     let bad = format!("k-bad-{}", run_id());
@@ -199,7 +224,10 @@ async fn the_upstream_config_is_honoured_on_the_real_engine() {
     .await;
     assert_eq!(failure_name(&r), "BootstrapScriptFailed", "{r:?}");
     let text = format!("{r:?}");
-    assert!(text.contains("exited with 4") && text.contains("cannot-boot"), "{text}");
+    assert!(
+        text.contains("exited with 4") && text.contains("cannot-boot"),
+        "{text}"
+    );
 
     // A required key missing is named.
     let r = create_one(

@@ -388,7 +388,10 @@ async fn sync_kernel_registry_reports_unknown_kernels_and_destroys_unlisted_ones
     let fx = AgentFixture::new("sync", 31300, 4);
     let agent = start(&fx).await;
     let peer = client(agent.endpoint()).await;
-    let (live, orphan) = (format!("k-live-{}", run_id()), format!("k-orphan-{}", run_id()));
+    let (live, orphan) = (
+        format!("k-live-{}", run_id()),
+        format!("k-orphan-{}", run_id()),
+    );
     for k in [&live, &orphan] {
         create_one(&peer, "s-sync", k, kernel_config("0.1", 32 * MIB, vec![]))
             .await
@@ -431,7 +434,12 @@ async fn sync_kernel_registry_reports_unknown_kernels_and_destroys_unlisted_ones
             exit_code,
         } => assert_eq!(
             (kernel_id, session_id, reason.as_str(), exit_code),
-            (ghost.clone(), "s-ghost".to_owned(), "already-terminated", None)
+            (
+                ghost.clone(),
+                "s-ghost".to_owned(),
+                "already-terminated",
+                None
+            )
         ),
         other => panic!("unexpected {other:?}"),
     }

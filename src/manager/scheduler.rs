@@ -23,8 +23,7 @@ use crate::agent::kernel::config::ACCESS_KEY_ENV;
 use crate::rpc::agent_api::exec::{Execute, ExecuteArgs, GetLogs, GetLogsArgs};
 use crate::rpc::agent_api::kernel::{
     ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
-    KernelCreationConfig,
-    ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
+    KernelCreationConfig, ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
 };
 use crate::rpc::agent_api::{decode_reply, encode_args, to_value};
 use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
@@ -574,8 +573,7 @@ impl Handler<DestroySession> for Scheduler {
                 reason: Some("user-requested".into()),
                 suppress_events: None,
             };
-            match call_method::<DestroyKernel>(&pool, &metrics, &k.agent_id, &args, timeout).await
-            {
+            match call_method::<DestroyKernel>(&pool, &metrics, &k.agent_id, &args, timeout).await {
                 Ok(_) => {}
                 Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => {}
                 Err(e) => return Err(agent_error(&e)),

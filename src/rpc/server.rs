@@ -374,8 +374,7 @@ impl Serving {
         match header.msg_type {
             MsgType::Function => {
                 ServerStats::bump(&stats.requests);
-                let call = match Call::decode_payload(msg.payload.as_deref().unwrap_or_default())
-                {
+                let call = match Call::decode_payload(msg.payload.as_deref().unwrap_or_default()) {
                     Ok(c) => Call {
                         peer_user_id: user_id,
                         ..c

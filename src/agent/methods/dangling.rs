@@ -10,10 +10,10 @@ use std::sync::Arc;
 use actix::Addr;
 use rmpv::Value;
 
-use crate::rpc::agent_api::kernel as api;
 use crate::agent::context::AgentContext;
 use crate::agent::dangling;
 use crate::agent::registry::KernelRegistry;
+use crate::rpc::agent_api::kernel as api;
 use crate::rpc::Dispatcher;
 
 /// Registers the dangling-kernel methods on `dispatcher`.

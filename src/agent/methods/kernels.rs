@@ -22,16 +22,15 @@ use crate::agent::context::AgentContext;
 use crate::agent::engine::probe;
 use crate::agent::events::AgentEvent;
 use crate::agent::exec::{RunError, RunIds, RunRequest};
+use crate::agent::kernel::KernelInfo;
 use crate::agent::kernel::{KernelConfig, KernelError, KernelStatus};
 use crate::agent::logs::LogChunk;
 use crate::agent::registry::{
     CreateKernels, DestroyKernel, KernelRegistry, ListKernels, Reconcile, ResetAgent, RestartKernel,
 };
-use crate::agent::kernel::KernelInfo;
 use crate::rpc::agent_api::exec as exec_api;
 use crate::rpc::agent_api::kernel as api;
 use crate::rpc::{Dispatcher, ErrorMeta};
-
 
 /// Registers the kernel methods on `dispatcher`.
 pub fn register(
@@ -120,8 +119,9 @@ pub fn register(
                 Some(u) => {
                     let current = lookup(&r, &args.kernel_id).await?.config;
                     let types = c.slots.lock().expect("slots lock").slot_types().clone();
-                    let new = KernelConfig::from_value(&crate::rpc::agent_api::to_value(&u), &types)
-                        .map_err(|e| e.to_meta())?;
+                    let new =
+                        KernelConfig::from_value(&crate::rpc::agent_api::to_value(&u), &types)
+                            .map_err(|e| e.to_meta())?;
                     let changed: Vec<&str> = [
                         ("image", new.image != current.image),
                         ("resource_slots", new.slots != current.slots),
@@ -264,7 +264,9 @@ pub fn register(
     dispatcher.register("sync_kernel_registry", move |call| {
         let (r, c, a) = (r.clone(), c.clone(), a.clone());
         async move {
-            let listed = call.arg(0, "raw_kernel_session_ids").is_some_and(|v| !v.is_nil());
+            let listed = call
+                .arg(0, "raw_kernel_session_ids")
+                .is_some_and(|v| !v.is_nil());
             let args = if listed {
                 Some(
                     crate::rpc::agent_api::decode_args::<api::SyncKernelRegistry>(&call)
@@ -601,11 +603,9 @@ async fn execute(
     let kernel_id = args.kernel_id;
     let run_id = args.run_id.filter(|r| !r.is_empty());
     let mode = args.mode;
-    let opts_map: Option<Vec<(Value, Value)>> = args.opts.map(|o| {
-        o.into_iter()
-            .map(|(k, v)| (Value::from(k), v))
-            .collect()
-    });
+    let opts_map: Option<Vec<(Value, Value)>> = args
+        .opts
+        .map(|o| o.into_iter().map(|(k, v)| (Value::from(k), v)).collect());
     let opts = opts_map.as_deref();
     let flush = seconds(args.flush_timeout.map(Value::F64).as_ref());
     let need_run_id = || {
@@ -689,7 +689,11 @@ async fn get_logs(
     args: exec_api::GetLogsArgs,
 ) -> Result<exec_api::LogsReply, ErrorMeta> {
     let kernel_id = args.kernel_id;
-    let opts = args.opts.as_ref().and_then(Value::as_map).map(Vec::as_slice);
+    let opts = args
+        .opts
+        .as_ref()
+        .and_then(Value::as_map)
+        .map(Vec::as_slice);
     let offset = opt(opts, "offset").and_then(Value::as_u64);
     let max = opt(opts, "max_bytes")
         .and_then(Value::as_u64)

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 
 use super::super::calls::call_method;
-use crate::rpc::agent_api::kernel::{AdoptKernel, DestroyDanglingKernel, KernelIdArgs};
 use super::super::metrics::ManagerMetrics;
 use super::super::pool::{AgentCallError, AgentPool};
 use super::super::store::{now, DanglingReport, Store};
+use crate::rpc::agent_api::kernel::{AdoptKernel, DestroyDanglingKernel, KernelIdArgs};
 
 /// Longest wait between two tries of an agent that cannot be reached.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);

@@ -46,12 +46,12 @@ pub use heartbeat::Heartbeat;
 pub use inbox::{HeartbeatInbox, InboxFull, Put};
 
 use super::calls::call_method;
-use crate::rpc::agent_api::kernel::{NoArgs, ResetAgent};
 use super::events::{superseded, AgentEvent, EventBody};
 use super::leader::Leadership;
 use super::metrics::ManagerMetrics;
 use super::pool::{AgentEndpoint, AgentPool, Connect, Invalidate, Reconnect, RegisterAgent};
 use super::store::{now, AgentRow, Applied, KernelRow, Store};
+use crate::rpc::agent_api::kernel::{NoArgs, ResetAgent};
 use crate::rpc::curve::CurveKey;
 
 /// Liveness statuses, as stored and shown.

@@ -140,7 +140,7 @@ pub fn container_spec(
             .as_ref()
             .map(|cmd| vec!["sh".into(), "-c".into(), cmd.clone()]),
         working_dir: config.command.as_ref().map(|_| "/home/work".into()),
-        user: container_user(&config, c.kernel_uid, c.kernel_gid),
+        user: container_user(config, c.kernel_uid, c.kernel_gid),
         group_add: config
             .supplementary_gids
             .iter()
@@ -200,7 +200,10 @@ async fn run_bootstrap(handle: &KernelHandle, id: &str, script: &str) -> Result<
         }
         Ok::<(), crate::agent::backend::BackendError>(())
     };
-    if tokio::time::timeout(BOOTSTRAP_TIMEOUT, drain).await.is_err() {
+    if tokio::time::timeout(BOOTSTRAP_TIMEOUT, drain)
+        .await
+        .is_err()
+    {
         let _ = backend.exec_kill(&exec_id).await;
         return Err(KernelError::BootstrapFailed(format!(
             "bootstrap_script ran longer than {} s",

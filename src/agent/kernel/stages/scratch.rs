@@ -135,7 +135,7 @@ impl Provisioner for ScratchStage {
             }
             // `/home/work` belongs to the kernel's user (Backend.AI chowns the scratch to the
             // kernel's uid/gid), so user code running as that user can write its home.
-            std::os::unix::fs::chown(&dir.work_dir(), Some(owner.0), Some(owner.1))?;
+            std::os::unix::fs::chown(dir.work_dir(), Some(owner.0), Some(owner.1))?;
             write_lines(&dir.config_dir().join("environ.txt"), &spec.environ)?;
             write_lines(&dir.config_dir().join("resource.txt"), &spec.resources)
         })();
