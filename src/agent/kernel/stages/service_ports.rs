@@ -21,7 +21,8 @@ pub struct ServicePortInfo {
 }
 
 impl ServicePortInfo {
-    /// As the wire map.
+    /// As the wire map, Backend.AI's `ServicePort` shape:
+    /// `{name, protocol, container_ports, host_ports, is_inference}`.
     pub fn to_value(&self) -> Value {
         let ports = |p: &[u16]| Value::Array(p.iter().map(|&x| x.into()).collect());
         Value::Map(vec![
@@ -29,6 +30,8 @@ impl ServicePortInfo {
             ("protocol".into(), self.protocol.clone().into()),
             ("container_ports".into(), ports(&self.container_ports)),
             ("host_ports".into(), ports(&self.host_ports)),
+            // Backend.AI's `ServicePort` carries it; no inference endpoints here.
+            ("is_inference".into(), false.into()),
         ])
     }
 }
