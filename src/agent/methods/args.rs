@@ -1,28 +1,14 @@
-//! Argument and kernel lookups every agent method module shares.
+//! Kernel lookups and error conversions every agent method module shares (arguments are
+//! decoded by the typed contract, `crate::rpc::agent_api`).
 
 use actix::Addr;
-use rmpv::Value;
 
 use crate::agent::kernel::{KernelError, KernelInfo, KernelStatus};
 use crate::agent::registry::{GetKernel, KernelRegistry};
-use crate::rpc::{Call, ErrorMeta};
+use crate::rpc::ErrorMeta;
 
 pub(crate) fn type_error(msg: String) -> ErrorMeta {
     ErrorMeta::new("TypeError", msg)
-}
-
-/// Argument `i` named `name` (positional or keyword), required.
-pub(crate) fn arg<'a>(call: &'a Call, i: usize, name: &str) -> Result<&'a Value, ErrorMeta> {
-    call.arg(i, name)
-        .filter(|v| !v.is_nil())
-        .ok_or_else(|| type_error(format!("missing required argument: '{name}'")))
-}
-
-pub(crate) fn str_arg(call: &Call, i: usize, name: &str) -> Result<String, ErrorMeta> {
-    arg(call, i, name)?
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| type_error(format!("argument '{name}' must be a string")))
 }
 
 pub(crate) fn mailbox(e: actix::MailboxError) -> ErrorMeta {
