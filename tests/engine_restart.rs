@@ -418,8 +418,8 @@ async fn health(peer: &Peer) -> (String, Value) {
 async fn kernels(peer: &Peer) -> Vec<(String, String, String)> {
     let synced = call_within(
         peer,
-        "sync_kernel_registry",
-        vec![Value::Array(vec![])],
+        "list_kernels",
+        vec![],
         Duration::from_secs(5),
     )
     .await
