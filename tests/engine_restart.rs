@@ -416,14 +416,9 @@ async fn health(peer: &Peer) -> (String, Value) {
 
 /// Every kernel the agent holds: id → (status, container id).
 async fn kernels(peer: &Peer) -> Vec<(String, String, String)> {
-    let synced = call_within(
-        peer,
-        "list_kernels",
-        vec![],
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let synced = call_within(peer, "list_kernels", vec![], Duration::from_secs(5))
+        .await
+        .unwrap();
     let mut out: Vec<_> = field(&synced, "kernels")
         .as_array()
         .unwrap()
