@@ -33,6 +33,7 @@ use crate::agent::files::transfer::UploadRequest;
 use crate::agent::files::{absolute, listing, whole, FileError};
 use crate::agent::registry::KernelRegistry;
 use crate::rpc::agent_api::files as api;
+use crate::rpc::agent_api::to_value;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
 /// Largest chunk one call moves (bytes).
@@ -119,7 +120,7 @@ async fn upload(
         .upload_chunk(&id, data, eof)
         .await
         .map_err(to_meta)?;
-    Ok(Value::Map(vec![("received".into(), received.into())]))
+    Ok(to_value(&api::UploadProgress { received }))
 }
 
 async fn download_single(
@@ -147,17 +148,14 @@ async fn download_single(
                 .await
                 .map_err(to_meta)?;
             let eof = s.download_id.is_none();
-            Ok(Value::Map(vec![
-                (
-                    "download_id".into(),
-                    s.download_id.map_or(Value::Nil, Value::from),
-                ),
-                ("size".into(), s.size.into()),
-                ("mode".into(), s.mode.into()),
-                ("mtime".into(), s.mtime.into()),
-                ("data".into(), Value::Binary(s.data.to_vec())),
-                ("eof".into(), eof.into()),
-            ]))
+            Ok(to_value(&api::DownloadChunkReply {
+                download_id: s.download_id,
+                size: Some(s.size),
+                mode: Some(s.mode),
+                mtime: Some(s.mtime as f64),
+                data: api::Blob(s.data.to_vec()),
+                eof,
+            }))
         }
         Some(id) => {
             let (data, eof) = ctx
@@ -165,14 +163,12 @@ async fn download_single(
                 .download_chunk(id, chunk)
                 .await
                 .map_err(to_meta)?;
-            Ok(Value::Map(vec![
-                (
-                    "download_id".into(),
-                    if eof { Value::Nil } else { id.into() },
-                ),
-                ("data".into(), Value::Binary(data.to_vec())),
-                ("eof".into(), eof.into()),
-            ]))
+            Ok(to_value(&api::DownloadChunkReply {
+                download_id: (!eof).then(|| id.to_owned()),
+                data: api::Blob(data.to_vec()),
+                eof,
+                ..Default::default()
+            }))
         }
     }
 }
@@ -205,23 +201,20 @@ async fn list(
     let result = listing::list(&ctx.backend, &container_id, &path).await;
     if given(args.opts).is_some() {
         let l = result.map_err(to_meta)?;
-        let files = l
-            .files
-            .iter()
-            .map(|f| {
-                Value::Map(vec![
-                    ("name".into(), f.name.clone().into()),
-                    ("type".into(), f.kind.into()),
-                    ("size".into(), f.size.into()),
-                    ("mode".into(), f.mode.into()),
-                    ("mtime".into(), f.mtime.into()),
-                ])
-            })
-            .collect();
-        return Ok(Value::Map(vec![
-            ("files".into(), Value::Array(files)),
-            ("truncated".into(), l.truncated.into()),
-        ]));
+        return Ok(to_value(&api::RichListing {
+            files: l
+                .files
+                .iter()
+                .map(|f| api::RichEntry {
+                    name: f.name.clone(),
+                    kind: f.kind.to_owned(),
+                    size: f.size,
+                    mode: f.mode,
+                    mtime: f.mtime as f64,
+                })
+                .collect(),
+            truncated: l.truncated,
+        }));
     }
     let reply = match result {
         Ok(l) => api::ListFilesReply {

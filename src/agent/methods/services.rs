@@ -15,7 +15,6 @@
 use std::sync::Arc;
 
 use actix::Addr;
-use rmpv::Value;
 
 use super::args::running;
 use crate::agent::context::AgentContext;
@@ -33,20 +32,20 @@ fn to_meta(e: ServiceError) -> ErrorMeta {
     meta
 }
 
-fn service_value(ctx: &AgentContext, sp: &ServicePortInfo, status: ServiceStatus) -> Value {
-    let Value::Map(mut map) = sp.to_value() else {
-        unreachable!("a service port is a map")
-    };
-    map.push(("status".into(), status.as_str().into()));
-    map.push((
-        "advertised_host".into(),
-        ctx.config
-            .container
-            .advertised_host
-            .clone()
-            .map_or(Value::Nil, Value::from),
-    ));
-    Value::Map(map)
+fn service_value(
+    ctx: &AgentContext,
+    sp: &ServicePortInfo,
+    status: ServiceStatus,
+) -> api::ServiceState {
+    api::ServiceState {
+        name: sp.name.clone(),
+        protocol: sp.protocol.clone(),
+        container_ports: sp.container_ports.clone(),
+        host_ports: sp.host_ports.clone(),
+        is_inference: false,
+        status: status.as_str().to_owned(),
+        advertised_host: ctx.config.container.advertised_host.clone(),
+    }
 }
 
 async fn target(
@@ -106,13 +105,10 @@ pub fn register(
                 .stop(&c.backend, &t, &args.service)
                 .await
                 .map_err(to_meta)?;
-            Ok(Value::Map(vec![
-                ("status".into(), "stopped".into()),
-                (
-                    "service".into(),
-                    service_value(&c, &sp, ServiceStatus::Stopped),
-                ),
-            ]))
+            Ok(api::ServiceStopped {
+                status: "stopped".into(),
+                service: service_value(&c, &sp, ServiceStatus::Stopped),
+            })
         }
     });
 
@@ -123,14 +119,12 @@ pub fn register(
             c.engine.check()?;
             let t = target(&r, &args.kernel_id).await?;
             let list = c.services.list(&c.backend, &t).await.map_err(to_meta)?;
-            Ok(Value::Map(vec![(
-                "services".into(),
-                Value::Array(
-                    list.iter()
-                        .map(|(sp, status)| service_value(&c, sp, *status))
-                        .collect(),
-                ),
-            )]))
+            Ok(api::ServiceList {
+                services: list
+                    .iter()
+                    .map(|(sp, status)| service_value(&c, sp, *status))
+                    .collect(),
+            })
         }
     });
 }

@@ -19,9 +19,14 @@ use serde::Deserialize;
 use super::auth::Caller;
 use super::openapi;
 use super::{running_kernel, ApiState, Res};
-use crate::manager::calls::{agent_error, call_agent, to_json};
+use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::store::KernelRow;
+use crate::rpc::agent_api::files::{
+    Blob, DownloadChunk, DownloadOpts, DownloadSingleArgs, ListFilesArgs, ListFilesRich,
+    UploadChunk, UploadFileArgs, UploadOpts, UploadProgress,
+};
+use crate::rpc::agent_api::{to_value, Method};
 
 /// Bytes per agent call.
 pub const CHUNK: usize = 1 << 20;
@@ -29,22 +34,14 @@ pub const CHUNK: usize = 1 << 20;
 /// Deadline of one chunk's call (it may wait for a slow engine).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-async fn call(
+async fn call<M: Method>(
     s: &ApiState,
     k: &KernelRow,
-    method: &str,
-    args: Vec<Value>,
-) -> Result<Value, ManagerError> {
-    call_agent(&s.pool, &s.metrics, &k.agent_id, method, args, CALL_TIMEOUT)
+    args: &M::Args,
+) -> Result<M::Reply, ManagerError> {
+    call_method::<M>(&s.pool, &s.metrics, &k.agent_id, args, CALL_TIMEOUT)
         .await
         .map_err(|e| agent_error(&e))
-}
-
-fn take(v: &mut Value, key: &str) -> Option<Value> {
-    let Value::Map(map) = v else { return None };
-    map.iter_mut()
-        .find(|(k, _)| k.as_str() == Some(key))
-        .map(|(_, v)| std::mem::replace(v, Value::Nil))
 }
 
 /// Writes the raw body to a file in the kernel (replacing it; missing directories are
@@ -97,24 +94,22 @@ pub(super) async fn upload(
     let k = running_kernel(&s, &caller, &id).await?;
     let upload_id = uuid::Uuid::new_v4().simple().to_string();
     let send = |data: Bytes, first: bool, eof: bool| {
-        let mut opts = vec![
-            ("upload_id".into(), upload_id.clone().into()),
-            ("eof".into(), eof.into()),
-        ];
-        if first {
-            opts.push(("size".into(), size.into()));
-        }
-        let args = vec![
-            k.id.clone().into(),
-            path.clone().into(),
-            Value::Binary(data.to_vec()),
-            Value::Map(opts),
-        ];
+        let opts = UploadOpts {
+            upload_id: upload_id.clone(),
+            size: first.then_some(size),
+            eof,
+        };
+        let args = UploadFileArgs {
+            kernel_id: k.id.clone(),
+            filename: path.clone(),
+            filedata: Blob(data.to_vec()),
+            opts: Some(to_value(&opts)),
+        };
         let (s, k) = (s.clone(), k.clone());
-        async move { call(&s, &k, "upload_file", args).await }
+        async move { call::<UploadChunk>(&s, &k, &args).await }
     };
     // One chunk is sent while the next is read from the client (at most two held).
-    let mut in_flight: Option<tokio::task::JoinHandle<Result<Value, ManagerError>>> = None;
+    let mut in_flight: Option<tokio::task::JoinHandle<Result<UploadProgress, ManagerError>>> = None;
     let mut buf = BytesMut::new();
     let mut first = true;
     while let Some(chunk) = body.next().await {
@@ -177,44 +172,34 @@ pub(super) async fn download(
 ) -> Res {
     let (id, path) = p.into_inner();
     let k = running_kernel(&s, &caller, &id).await?;
-    let opts = Value::Map(vec![("chunk_size".into(), (CHUNK as u64).into())]);
-    let mut first = call(
-        &s,
-        &k,
-        "download_single",
-        vec![k.id.clone().into(), path.clone().into(), opts],
-    )
-    .await?;
-    let size = take(&mut first, "size")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(0);
-    let data = match take(&mut first, "data") {
-        Some(Value::Binary(b)) => Bytes::from(b),
-        _ => Bytes::new(),
+    let args = DownloadSingleArgs {
+        kernel_id: k.id.clone(),
+        filepath: path.clone(),
+        opts: Some(to_value(&DownloadOpts {
+            download_id: None,
+            chunk_size: CHUNK as u64,
+        })),
     };
-    let next_id = take(&mut first, "download_id").and_then(|v| v.as_str().map(str::to_owned));
+    let first = call::<DownloadChunk>(&s, &k, &args).await?;
+    let size = first.size.unwrap_or(0);
+    let data = Bytes::from(first.data.0);
+    let next_id = first.download_id;
     // Each chunk is fetched while the one before goes to the client (at most two held).
     let fetch = {
         let (s, k, path) = (s.clone(), k.clone(), path.clone());
         move |id: String| {
             let (s, k, path) = (s.clone(), k.clone(), path.clone());
             actix_rt::spawn(async move {
-                let opts = Value::Map(vec![
-                    ("download_id".into(), id.into()),
-                    ("chunk_size".into(), (CHUNK as u64).into()),
-                ]);
-                let mut v = call(
-                    &s,
-                    &k,
-                    "download_single",
-                    vec![k.id.clone().into(), path.into(), opts],
-                )
-                .await?;
-                let data = match take(&mut v, "data") {
-                    Some(Value::Binary(b)) => Bytes::from(b),
-                    _ => Bytes::new(),
+                let args = DownloadSingleArgs {
+                    kernel_id: k.id.clone(),
+                    filepath: path,
+                    opts: Some(to_value(&DownloadOpts {
+                        download_id: Some(id),
+                        chunk_size: CHUNK as u64,
+                    })),
                 };
-                let next = take(&mut v, "download_id").and_then(|v| v.as_str().map(str::to_owned));
+                let v = call::<DownloadChunk>(&s, &k, &args).await?;
+                let (data, next) = (Bytes::from(v.data.0), v.download_id);
                 Ok::<_, ManagerError>((data, next))
             })
         }
@@ -283,36 +268,24 @@ pub(super) async fn list(
     let k = running_kernel(&s, &caller, &id).await?;
     // `opts` (any map) asks for kernelvisor's rich listing; without it the agent answers
     // upstream's `{"files": JSON text, "errors", "abspath"}`.
-    let out = call(
-        &s,
-        &k,
-        "list_files",
-        vec![
-            k.id.clone().into(),
-            q.dir.clone().into(),
-            Value::Map(vec![]),
-        ],
-    )
-    .await?;
-    let j = to_json(&out);
-    let files: Vec<serde_json::Value> = j
-        .get("files")
-        .and_then(|f| f.as_array())
-        .map(|a| {
-            a.iter()
-                .map(|f| {
-                    let mode = f.get("mode").and_then(|m| m.as_u64()).unwrap_or(0);
-                    let mtime = f.get("mtime").and_then(|m| m.as_u64()).unwrap_or(0);
-                    serde_json::json!({
-                        "name": f.get("name"), "type": f.get("type"), "size": f.get("size"),
-                        "mode": format!("{mode:04o}"), "mtime": mtime as f64,
-                    })
-                })
-                .collect()
+    let args = ListFilesArgs {
+        kernel_id: k.id.clone(),
+        path: Some(q.dir.clone()),
+        opts: Some(Value::Map(vec![])),
+    };
+    let out = call::<ListFilesRich>(&s, &k, &args).await?;
+    let files: Vec<serde_json::Value> = out
+        .files
+        .iter()
+        .map(|f| {
+            serde_json::json!({
+                "name": f.name, "type": f.kind, "size": f.size,
+                "mode": format!("{:04o}", f.mode), "mtime": f.mtime,
+            })
         })
-        .unwrap_or_default();
+        .collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "files": files,
-        "truncated": j.get("truncated").and_then(|t| t.as_bool()).unwrap_or(false),
+        "truncated": out.truncated,
     })))
 }

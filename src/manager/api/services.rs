@@ -9,15 +9,20 @@
 use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
-use rmpv::Value;
 
 use super::auth::Caller;
 use super::openapi;
 use super::{running_kernel, ApiState, Res};
-use crate::manager::calls::{agent_error, call_agent, to_json};
+use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::AgentAddr;
 use crate::manager::store::KernelRow;
+use crate::rpc::agent_api::kernel::KernelIdArgs;
+use crate::rpc::agent_api::services::{
+    ListServices, ServiceState, ShutdownService, ShutdownServiceArgs, StartService,
+    StartServiceArgs,
+};
+use crate::rpc::agent_api::Method;
 
 /// How long the manager waits for `start_service`: the agent's readiness wait
 /// (`service-start-timeout`, 30 s by default) and a prestart, with margin.
@@ -49,45 +54,34 @@ async fn agent_host(s: &ApiState, agent_id: &str) -> String {
 }
 
 /// The agent's service map as the API shows it.
-fn service_json(v: &Value, fallback_host: &str) -> serde_json::Value {
-    let mut j = to_json(v);
-    let host = j
-        .get("advertised_host")
-        .and_then(|h| h.as_str())
-        .map_or_else(|| fallback_host.to_owned(), str::to_owned);
-    let scheme = match j.get("protocol").and_then(|p| p.as_str()) {
-        Some("tcp") => "tcp",
+fn service_json(v: &ServiceState, fallback_host: &str) -> serde_json::Value {
+    let host = v.advertised_host.as_deref().unwrap_or(fallback_host);
+    let scheme = match v.protocol.as_str() {
+        "tcp" => "tcp",
         _ => "http",
     };
-    let url = j
-        .get("host_ports")
-        .and_then(|p| p.get(0))
-        .and_then(|p| p.as_u64())
+    let url = v
+        .host_ports
+        .first()
         .map(|port| format!("{scheme}://{host}:{port}"));
+    let mut j = serde_json::to_value(v).unwrap_or_default();
     if let Some(map) = j.as_object_mut() {
         map.remove("advertised_host");
+        map.remove("is_inference");
         map.insert("url".into(), url.into());
     }
     j
 }
 
-async fn call(
+async fn call<M: Method>(
     s: &ApiState,
     k: &KernelRow,
-    method: &str,
-    args: Vec<Value>,
+    args: &M::Args,
     timeout: Duration,
-) -> Result<Value, crate::manager::error::ManagerError> {
-    call_agent(&s.pool, &s.metrics, &k.agent_id, method, args, timeout)
+) -> Result<M::Reply, crate::manager::error::ManagerError> {
+    call_method::<M>(&s.pool, &s.metrics, &k.agent_id, args, timeout)
         .await
         .map_err(|e| agent_error(&e))
-}
-
-fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-    v.as_map()?
-        .iter()
-        .find(|(k, _)| k.as_str() == Some(key))
-        .map(|(_, v)| v)
 }
 
 /// Every service port of the session, with whether its service runs.
@@ -107,19 +101,16 @@ fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
 )]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     let k = running_kernel(&s, &caller, &id).await?;
-    let out = call(
-        &s,
-        &k,
-        "list_services",
-        vec![k.id.clone().into()],
-        CALL_TIMEOUT,
-    )
-    .await?;
+    let args = KernelIdArgs {
+        kernel_id: k.id.clone(),
+    };
+    let out = call::<ListServices>(&s, &k, &args, CALL_TIMEOUT).await?;
     let host = agent_host(&s, &k.agent_id).await;
-    let services: Vec<serde_json::Value> = field(&out, "services")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().map(|v| service_json(v, &host)).collect())
-        .unwrap_or_default();
+    let services: Vec<serde_json::Value> = out
+        .services
+        .iter()
+        .map(|v| service_json(v, &host))
+        .collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "services": services })))
 }
 
@@ -149,29 +140,30 @@ pub(super) async fn start(
 ) -> Res {
     let (id, name) = p.into_inner();
     let k = running_kernel(&s, &caller, &id).await?;
-    let args = vec![k.id.clone().into(), name.into(), Value::Map(Vec::new())];
-    let out = call(&s, &k, "start_service", args, START_TIMEOUT).await?;
-    if field(&out, "status").and_then(Value::as_str) == Some("failed") {
+    let args = StartServiceArgs {
+        kernel_id: k.id.clone(),
+        service: name,
+        opts: Some(Default::default()),
+    };
+    let out = call::<StartService>(&s, &k, &args, START_TIMEOUT).await?;
+    if out.status == "failed" {
         // Upstream's shape: a failed start is an answer, not a FAILURE.
-        let text = |key| {
-            field(&out, key)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned()
-        };
-        return Err(match field(&out, "error_name").and_then(Value::as_str) {
-            Some("ServiceNotFound") => ManagerError::ServiceNotFound(text("error")),
+        let message = out.error.unwrap_or_default();
+        return Err(match out.error_name.as_deref() {
+            Some("ServiceNotFound") => ManagerError::ServiceNotFound(message),
             _ => ManagerError::ServiceFailed {
-                message: text("error"),
-                output: text("output"),
+                message,
+                output: out.output.unwrap_or_default(),
             },
         });
     }
     let host = agent_host(&s, &k.agent_id).await;
-    let mut j = field(&out, "service").map_or(serde_json::Value::Null, |v| service_json(v, &host));
-    let started = field(&out, "status").and_then(Value::as_str) == Some("started");
+    let mut j = out
+        .service
+        .as_ref()
+        .map_or(serde_json::Value::Null, |v| service_json(v, &host));
     if let Some(map) = j.as_object_mut() {
-        map.insert("started".into(), started.into());
+        map.insert("started".into(), (out.status == "started").into());
     }
     Ok(HttpResponse::Ok().json(j))
 }
@@ -201,9 +193,12 @@ pub(super) async fn stop(
 ) -> Res {
     let (id, name) = p.into_inner();
     let k = running_kernel(&s, &caller, &id).await?;
-    let args = vec![k.id.clone().into(), name.into()];
-    let out = call(&s, &k, "shutdown_service", args, CALL_TIMEOUT).await?;
+    let args = ShutdownServiceArgs {
+        kernel_id: k.id.clone(),
+        service: name,
+    };
+    let out = call::<ShutdownService>(&s, &k, &args, CALL_TIMEOUT).await?;
     let host = agent_host(&s, &k.agent_id).await;
-    let j = field(&out, "service").map_or(serde_json::Value::Null, |v| service_json(v, &host));
+    let j = service_json(&out.service, &host);
     Ok(HttpResponse::Ok().json(j))
 }

@@ -199,6 +199,118 @@ pub struct ListedFile {
     pub filename: String,
 }
 
+/// kernelvisor's chunked `upload_file` (the same wire method with `opts` = [`UploadOpts`]):
+/// each call answers [`UploadProgress`].
+pub struct UploadChunk;
+
+/// `opts` of [`UploadChunk`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadOpts {
+    /// Names the upload across its calls.
+    pub upload_id: String,
+    /// Total bytes, declared by the first call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// The last chunk: the call waits for the engine to take the file.
+    #[serde(default)]
+    pub eof: bool,
+}
+
+/// `{"received": bytes so far}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadProgress {
+    /// Bytes received so far.
+    pub received: u64,
+}
+
+impl Method for UploadChunk {
+    const NAME: &'static str = "upload_file";
+    const PARAMS: &'static [&'static str] = UploadFile::PARAMS;
+    type Args = UploadFileArgs;
+    type Reply = UploadProgress;
+}
+
+/// kernelvisor's chunked `download_single` (the same wire method with `opts` =
+/// [`DownloadOpts`]): each call answers one [`DownloadChunkReply`].
+pub struct DownloadChunk;
+
+/// `opts` of [`DownloadChunk`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownloadOpts {
+    /// The download to go on with; absent: a new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_id: Option<String>,
+    /// Most bytes this call answers.
+    pub chunk_size: u64,
+}
+
+/// One chunk of a download.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DownloadChunkReply {
+    /// Where to go on from; nil once the file is done.
+    #[serde(default)]
+    pub download_id: Option<String>,
+    /// The file's size in bytes (first chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// The file's permission bits (first chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    /// The file's modification time, Unix seconds (first chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtime: Option<f64>,
+    /// The bytes of this chunk.
+    #[serde(default)]
+    pub data: Blob,
+    /// The last chunk.
+    #[serde(default)]
+    pub eof: bool,
+}
+
+impl Method for DownloadChunk {
+    const NAME: &'static str = "download_single";
+    const PARAMS: &'static [&'static str] = DownloadSingle::PARAMS;
+    type Args = DownloadSingleArgs;
+    type Reply = DownloadChunkReply;
+}
+
+/// kernelvisor's listing (`list_files` with any `opts` map): `{"files": [RichEntry],
+/// "truncated"}`.
+pub struct ListFilesRich;
+
+/// One entry of [`RichListing`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RichEntry {
+    /// Name in the directory.
+    pub name: String,
+    /// `file`, `dir`, `symlink`, `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time, Unix seconds.
+    pub mtime: f64,
+}
+
+/// The reply of [`ListFilesRich`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RichListing {
+    /// Entries, sorted by name.
+    pub files: Vec<RichEntry>,
+    /// More entries than the cap, or the time budget ran out.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+impl Method for ListFilesRich {
+    const NAME: &'static str = "list_files";
+    const PARAMS: &'static [&'static str] = ListFiles::PARAMS;
+    type Args = ListFilesArgs;
+    type Reply = RichListing;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

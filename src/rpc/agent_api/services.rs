@@ -9,6 +9,43 @@ use serde::{Deserialize, Serialize};
 use super::kernel::KernelIdArgs;
 use super::Method;
 
+/// A service port of a kernel with whether its service runs (kernelvisor's answers).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceState {
+    /// Service name.
+    pub name: String,
+    /// `http`, `tcp`, `preopen`, ….
+    pub protocol: String,
+    /// Ports in the container.
+    pub container_ports: Vec<u16>,
+    /// Host ports they are published on, index for index.
+    pub host_ports: Vec<u16>,
+    /// Backend.AI's `ServicePort` flag (always false here).
+    #[serde(default)]
+    pub is_inference: bool,
+    /// `running` or `stopped`.
+    pub status: String,
+    /// The agent's `[container] advertised-host`, when it has one.
+    #[serde(default)]
+    pub advertised_host: Option<String>,
+}
+
+/// `{"services": [ServiceState]}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceList {
+    /// Every service port of the kernel.
+    pub services: Vec<ServiceState>,
+}
+
+/// kernelvisor's `shutdown_service` answer: `{"status": "stopped", "service"}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceStopped {
+    /// `stopped`.
+    pub status: String,
+    /// The service, stopped.
+    pub service: ServiceState,
+}
+
 /// `start_service(kernel_id, service, opts)` → [`StartServiceReply`]: upstream's
 /// `{"status": "started" | "running" | "failed", "error"}` (the kernel runner's answer; a
 /// service the kernel does not have, or one that fails to start, is `failed` with its `error`,
@@ -48,7 +85,7 @@ pub struct StartServiceReply {
     /// kernelvisor: the service (`{"name", "protocol", "container_ports", "host_ports",
     /// "status", "advertised_host"}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<Value>,
+    pub service: Option<ServiceState>,
 }
 
 impl Method for StartService {
@@ -75,7 +112,7 @@ impl Method for ShutdownService {
     const NAME: &'static str = "shutdown_service";
     const PARAMS: &'static [&'static str] = &["kernel_id", "service"];
     type Args = ShutdownServiceArgs;
-    type Reply = Value;
+    type Reply = ServiceStopped;
 }
 
 /// `list_services(kernel_id)` → `{"services": [{…, "status": "running" | "stopped"}]}`
@@ -86,5 +123,5 @@ impl Method for ListServices {
     const NAME: &'static str = "list_services";
     const PARAMS: &'static [&'static str] = &["kernel_id"];
     type Args = KernelIdArgs;
-    type Reply = Value;
+    type Reply = ServiceList;
 }
