@@ -746,7 +746,7 @@ async fn without_live_restore_the_kernels_follow_their_restart_policy() {
     tokio::time::sleep(Duration::from_millis(150)).await; // port cooldown of the fixture
     for (kernel_id, _, _) in ended {
         assert_eq!(
-            failure_name(&call(&peer, "check_running", vec![kernel_id.clone().into()]).await),
+            failure_name(&call(&peer, "get_kernel", vec![kernel_id.clone().into()]).await),
             "KernelNotFound"
         );
     }

@@ -156,7 +156,10 @@ pub fn register(
     let (r, a) = (registry.clone(), agent_id.clone());
     dispatcher.register_method::<api::GetKernel, _, _>(move |args, _| {
         let (r, a) = (r.clone(), a.clone());
-        async move { Ok(lookup(&r, &args.kernel_id).await?.to_value(&a)) }
+        async move {
+            crate::rpc::agent_api::from_value(lookup(&r, &args.kernel_id).await?.to_value(&a))
+                .map_err(|e| ErrorMeta::new("InvalidReply", e.to_string()))
+        }
     });
 
     // interrupt_kernel(kernel_id) → {}: SIGINT to the container's main process.

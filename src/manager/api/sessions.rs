@@ -12,12 +12,13 @@ use super::auth::Caller;
 use super::body::Object;
 use super::openapi;
 use super::{count_error, not_in_grace, owned_kernel, session_json, ApiState, Res};
-use crate::manager::calls::{call_agent, to_json};
+use crate::manager::calls::{call_method, to_json};
 use crate::manager::error::ManagerError;
 use crate::manager::scheduler::{
     CreateSession, DestroySession, ExecuteInSession, LogsChunk, ReadLogs, Scheduler, SessionRequest,
 };
 use crate::manager::store::KernelRow;
+use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
 
 /// Creates a session: places its kernel on the least-loaded `ALIVE` agent with enough free
 /// slots and answers when the agent has answered. On any error nothing stays reserved.
@@ -156,20 +157,14 @@ async fn stages(s: &ApiState, k: &KernelRow) -> serde_json::Value {
     if !k.is_live() || k.status == "PENDING" {
         return serde_json::Value::Null;
     }
-    match call_agent(
-        &s.pool,
-        &s.metrics,
-        &k.agent_id,
-        "get_kernel",
-        vec![k.id.clone().into()],
-        STAGES_TIMEOUT,
-    )
-    .await
-    {
-        Ok(info) => to_json(&info)
-            .get_mut("stages")
-            .map(serde_json::Value::take)
-            .unwrap_or(serde_json::Value::Null),
+    let args = KernelIdArgs {
+        kernel_id: k.id.clone(),
+    };
+    match call_method::<GetKernel>(&s.pool, &s.metrics, &k.agent_id, &args, STAGES_TIMEOUT).await {
+        Ok(mut info) => info
+            .rest
+            .remove("stages")
+            .map_or(serde_json::Value::Null, |v| to_json(&v)),
         Err(e) => {
             tracing::debug!(kernel_id = %k.id, error = %e, "no stages from the agent");
             serde_json::Value::Null

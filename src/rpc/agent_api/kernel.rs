@@ -527,7 +527,7 @@ kernel_query!(
 );
 kernel_query!(
     /// `get_kernel(kernel_id)` → the kernel's info map (kernelvisor).
-    GetKernel, "get_kernel", Value
+    GetKernel, "get_kernel", KernelInfoReply
 );
 
 /// `sync_kernel_registry(raw_kernel_session_ids)` → `{"kernels": [info]}` (nil upstream; the
