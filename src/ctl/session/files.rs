@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::client::{segment, segments, Client, Reply};
-use super::Failure;
+use super::logs::copy_stream;
+use crate::ctl::client::{segment, segments, Client, Reply};
+use crate::ctl::Failure;
 
 /// The API path of file `path` (relative to `/home/work`) of session `id`, each segment
 /// percent-encoded.
@@ -141,13 +142,13 @@ pub fn download(
     let url = client.url(&api_path);
     if local == "-" {
         let body = client.get_file(&api_path)?;
-        return Ok(Downloaded::Stdout(super::copy_stream(&url, body, stdout)?));
+        return Ok(Downloaded::Stdout(copy_stream(&url, body, stdout)?));
     }
     let target = target_of(local, path)?;
     // The temporary file first: a local problem shows before anything is asked of the manager.
     let mut partial = Partial::create(&target)?;
     let body = client.get_file(&api_path)?;
-    let size = super::copy_stream(&url, body, &mut partial.file).map_err(|f| match f {
+    let size = copy_stream(&url, body, &mut partial.file).map_err(|f| match f {
         Failure::Io(e) => Failure::Local(format!("writing {}: {e}", partial.path.display())),
         other => other,
     })?;

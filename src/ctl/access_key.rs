@@ -144,3 +144,123 @@ pub(super) fn run(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::ctl::client::ClientOptions;
+    use crate::ctl::format;
+    use crate::ctl::test_util::{key_command, parse, text};
+    use crate::ctl::testserver::{Answer, Server};
+
+    fn key_object(extra: Value) -> Value {
+        let mut v = json!({"access_key": "AKNEW", "role": "user", "name": "ci",
+                           "concurrency_limit": 4, "concurrency_used": 0, "enabled": true,
+                           "created_at": 1_700_000_000.0});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    }
+
+    #[test]
+    fn access_key_commands_send_their_requests() {
+        let created = key_object(json!({"secret_key": "sk-secret"})).to_string();
+        let key = key_object(json!({})).to_string();
+        let server = Server::start(vec![
+            Answer::json(201, created.clone()),
+            Answer::json(201, created.clone()),
+            Answer::json(
+                200,
+                json!({"access_keys": [key_object(json!({}))]}).to_string(),
+            ),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+            Answer::json(200, key.clone()),
+        ]);
+        let options = ClientOptions {
+            token: Some("admin-token".to_owned()),
+            ca_cert: None,
+        };
+        let client = Client::with_options(&server.url, &options).unwrap();
+        let run = |args: &[&str], out: Output| {
+            let mut stdout = Vec::new();
+            let code = super::run(&client, &key_command(args), out, &mut stdout).unwrap();
+            assert_eq!(code, 0);
+            text(stdout)
+        };
+        let table = run(
+            &[
+                "create",
+                "--admin",
+                "--concurrency-limit",
+                "4",
+                "--name",
+                "ci",
+            ],
+            Output::Table,
+        );
+        assert!(table.contains("Secret key:  sk-secret\n"), "{table}");
+        assert!(table.contains("shown only this once"), "{table}");
+        let printed = run(&["create"], Output::Json);
+        assert_eq!(
+            printed,
+            format::pretty_json(&created) + "\n",
+            "as the API wrote it"
+        );
+        let table = run(&["list"], Output::Table);
+        assert!(
+            table.starts_with("ACCESS KEY") && table.contains("AKNEW"),
+            "{table}"
+        );
+        run(&["show", "AK/1"], Output::Table);
+        run(&["disable", "AKNEW"], Output::Table);
+        run(&["enable", "AKNEW"], Output::Table);
+        let table = run(&["set-limit", "AKNEW", "0"], Output::Table);
+        assert!(table.contains("State:       enabled"), "{table}");
+        run(&["delete", "AKNEW"], Output::Table);
+
+        let requests = server.requests();
+        let seen: Vec<(&str, Option<Value>)> = requests
+            .iter()
+            .map(|r| {
+                assert_eq!(r.header("authorization"), Some("Bearer admin-token"));
+                (r.line.as_str(), serde_json::from_str(&r.body).ok())
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    "POST /v1/access-keys",
+                    Some(json!({"role": "admin", "concurrency_limit": 4, "name": "ci"}))
+                ),
+                ("POST /v1/access-keys", Some(json!({"role": "user"}))),
+                ("GET /v1/access-keys", None),
+                ("GET /v1/access-keys/AK%2F1", None),
+                (
+                    "PATCH /v1/access-keys/AKNEW",
+                    Some(json!({"enabled": false}))
+                ),
+                (
+                    "PATCH /v1/access-keys/AKNEW",
+                    Some(json!({"enabled": true}))
+                ),
+                (
+                    "PATCH /v1/access-keys/AKNEW",
+                    Some(json!({"concurrency_limit": 0}))
+                ),
+                ("DELETE /v1/access-keys/AKNEW", None),
+            ]
+        );
+        for r in &requests[..2] {
+            assert_eq!(r.header("content-type"), Some("application/json"));
+        }
+        assert!(parse(&["access-key", "set-limit", "AK", "-1"]).is_err());
+        assert!(parse(&["access-key", "create", "--concurrency-limit", "x"]).is_err());
+    }
+}

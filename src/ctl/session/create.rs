@@ -1,0 +1,410 @@
+//! `session create`: start a session (`POST /v1/sessions`) from its image, resources, mounts,
+//! type and restart policy.
+
+use clap::{Args, ValueEnum};
+use serde_json::{json, Map, Value};
+
+use crate::ctl::parse::{self, Mount};
+use crate::ctl::{render, show, Client, Failure, Output};
+
+/// Session type of `session create --type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SessionType {
+    /// Runs until terminated; code runs in it with `session exec`.
+    Interactive,
+    /// Runs --command; its exit ends the session (SUCCESS on exit 0, else FAILURE).
+    Batch,
+}
+
+impl SessionType {
+    /// The API's name of the type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionType::Interactive => "interactive",
+            SessionType::Batch => "batch",
+        }
+    }
+}
+
+/// Arguments of `kernelvisor ctl session create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Container image, e.g. kernelvisor-test:latest.
+    #[arg(long)]
+    pub image: String,
+    /// CPU cores, up to 3 decimals (e.g. 1 or 0.5).
+    #[arg(long, value_name = "CORES")]
+    pub cpu: String,
+    /// Memory: bytes, or with a unit suffix such as 256m or 1g.
+    #[arg(long, value_name = "SIZE")]
+    pub mem: String,
+    /// An accelerator slot an agent advertises, e.g. cuda.device=1 or cuda.shares=0.5
+    /// (repeatable; a later NAME wins). A slot no agent has is refused (unknown-slot).
+    #[arg(long = "slot", value_name = "NAME=AMOUNT", value_parser = parse::slot)]
+    pub slots: Vec<(String, String)>,
+    /// Access key the session is charged to [default: the token's]; an admin token may name
+    /// another key, to create the session on its behalf.
+    #[arg(long, value_name = "KEY")]
+    pub access_key: Option<String>,
+    /// Environment variable for the kernel (repeatable; a later KEY wins).
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse::env)]
+    pub env: Vec<(String, String)>,
+    /// A vfolder to mount at /home/work/NAME, read-write unless :ro (repeatable).
+    #[arg(long = "mount", value_name = "NAME[:ro|:rw]", value_parser = parse::mount)]
+    pub mounts: Vec<Mount>,
+    /// Session type [default: interactive]; batch needs --command.
+    #[arg(long = "type", value_name = "TYPE", value_enum)]
+    pub session_type: Option<SessionType>,
+    /// Shell command line, run as `sh -c` in /home/work: a batch session's job (required with
+    /// --type batch), or what an interactive session runs instead of the image's command.
+    #[arg(long, value_name = "SHELL", required_if_eq("session_type", "batch"))]
+    pub command: Option<String>,
+    /// Batch sessions: end the job as FAILURE (reason batch-timeout) after this many seconds.
+    #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds)]
+    pub batch_timeout: Option<f64>,
+    /// Restart the container when it exits [default: never]: on-failure after a non-zero exit,
+    /// an OOM kill or a failing HEALTHCHECK (a batch job is retried); always after any exit.
+    #[arg(long = "restart", value_name = "MODE", value_enum)]
+    pub restart: Option<RestartMode>,
+    /// With --restart: at most this many restarts within --restart-window [default: 3]; one
+    /// more and the session ends with reason restart-limit-exceeded.
+    #[arg(long, value_name = "N", requires = "restart")]
+    pub max_restarts: Option<u32>,
+    /// With --restart: the window of --max-restarts, in seconds [default: 60].
+    #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds, requires = "restart")]
+    pub restart_window: Option<f64>,
+    /// With --restart: seconds before the first restart, doubling with each further one up to
+    /// 300 [default: 1].
+    #[arg(long, value_name = "SECS", value_parser = parse::seconds, requires = "restart")]
+    pub restart_backoff: Option<f64>,
+}
+
+/// `--restart`: the restart policy's mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RestartMode {
+    /// A container exit ends the session.
+    Never,
+    /// Restart after a failure.
+    OnFailure,
+    /// Restart after every exit.
+    Always,
+}
+
+impl CreateArgs {
+    /// The `POST /v1/sessions` body; `access_key`, `environ`, `mounts` (`[{"name",
+    /// "permission"}]`), `type`, `command`, `batch_timeout` and `restart_policy` (`{"mode", …}`
+    /// with the limits given) only when given.
+    pub fn to_json(&self) -> Value {
+        let mut body = json!({
+            "image": self.image,
+            "resource_slots": {"cpu": self.cpu, "mem": self.mem},
+        });
+        for (name, amount) in &self.slots {
+            body["resource_slots"][name] = json!(amount);
+        }
+        if let Some(key) = &self.access_key {
+            body["access_key"] = json!(key);
+        }
+        if !self.env.is_empty() {
+            let environ: Map<String, Value> = self
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .collect();
+            body["environ"] = Value::Object(environ);
+        }
+        if !self.mounts.is_empty() {
+            body["mounts"] = self.mounts.iter().map(Mount::to_json).collect();
+        }
+        if let Some(t) = self.session_type {
+            body["type"] = json!(t.as_str());
+        }
+        if let Some(command) = &self.command {
+            body["command"] = json!(command);
+        }
+        if let Some(t) = self.batch_timeout {
+            body["batch_timeout"] = parse::seconds_json(t);
+        }
+        if let Some(mode) = self.restart {
+            let mut policy = json!({"mode": match mode {
+                RestartMode::Never => "never",
+                RestartMode::OnFailure => "on-failure",
+                RestartMode::Always => "always",
+            }});
+            if let Some(n) = self.max_restarts {
+                policy["max_restarts"] = json!(n);
+            }
+            if let Some(w) = self.restart_window {
+                policy["window"] = parse::seconds_json(w);
+            }
+            if let Some(b) = self.restart_backoff {
+                policy["backoff"] = parse::seconds_json(b);
+            }
+            body["restart_policy"] = policy;
+        }
+        body
+    }
+}
+
+/// Creates the session and prints what was created, or with `-o json` the API's JSON as it is.
+pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32, Failure> {
+    show(
+        out,
+        &client.post("/v1/sessions", &args.to_json(), None)?,
+        render::created,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::ctl::test_util::parse;
+    use crate::ctl::{CtlCommand, SessionCommand};
+
+    #[test]
+    fn create_body() {
+        let a = parse(&[
+            "session",
+            "create",
+            "--image",
+            "img:1",
+            "--cpu",
+            "0.5",
+            "--mem",
+            "256m",
+            "--access-key",
+            "AK",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--mount",
+            "data:ro",
+            "--mount",
+            "scratch",
+        ])
+        .unwrap();
+        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else {
+            panic!("not create")
+        };
+        assert_eq!(
+            c.to_json(),
+            json!({"image": "img:1", "resource_slots": {"cpu": "0.5", "mem": "256m"}, "access_key": "AK",
+                   "environ": {"A": "1", "B": "x=y"},
+                   "mounts": [{"name": "data", "permission": "ro"},
+                              {"name": "scratch", "permission": "rw"}]})
+        );
+        let a = parse(&[
+            "session",
+            "create",
+            "--image",
+            "i",
+            "--cpu",
+            "1",
+            "--mem",
+            "1g",
+            "--access-key",
+            "AK",
+        ])
+        .unwrap();
+        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else {
+            panic!("not create")
+        };
+        assert!(c.to_json().get("environ").is_none() && c.to_json().get("mounts").is_none());
+    }
+
+    #[test]
+    fn create_with_accelerator_slots() {
+        let c = create(&[
+            "--slot",
+            "cuda.device=2",
+            "--slot",
+            "cuda.shares=0.5",
+            "--slot",
+            "cuda.device=1",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.to_json()["resource_slots"],
+            json!({"cpu": "1", "mem": "1g", "cuda.device": "1", "cuda.shares": "0.5"})
+        );
+        for (bad, word) in [
+            ("cuda.device", "'='"),
+            ("Cuda=1", "slot name"),
+            ("cpu=2", "--cpu"),
+            ("mem=1g", "--mem"),
+            ("cuda.device=", "empty"),
+        ] {
+            let e = create(&["--slot", bad]).unwrap_err().to_string();
+            assert!(e.contains(word), "{bad}: {e}");
+        }
+    }
+
+    fn create(extra: &[&str]) -> Result<CreateArgs, clap::Error> {
+        let base = [
+            "session",
+            "create",
+            "--image",
+            "i",
+            "--cpu",
+            "1",
+            "--mem",
+            "1g",
+            "--access-key",
+            "AK",
+        ];
+        match parse(&[&base[..], extra].concat())?.command {
+            CtlCommand::Session(SessionCommand::Create(c)) => Ok(*c),
+            other => panic!("not create: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn create_restart_policy() {
+        let c = create(&[
+            "--restart",
+            "on-failure",
+            "--max-restarts",
+            "2",
+            "--restart-backoff",
+            "0.5",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.to_json()["restart_policy"],
+            json!({"mode": "on-failure", "max_restarts": 2, "backoff": 0.5})
+        );
+        assert_eq!(
+            create(&["--restart", "always", "--restart-window", "30"])
+                .unwrap()
+                .to_json()["restart_policy"],
+            json!({"mode": "always", "window": 30})
+        );
+        assert!(create(&[])
+            .unwrap()
+            .to_json()
+            .get("restart_policy")
+            .is_none());
+        assert!(
+            create(&["--max-restarts", "2"]).is_err(),
+            "limits need --restart"
+        );
+        assert!(create(&["--restart", "sometimes"]).is_err());
+    }
+
+    #[test]
+    fn create_batch_body() {
+        let c = create(&[
+            "--type",
+            "batch",
+            "--command",
+            "python train.py > out.txt",
+            "--batch-timeout",
+            "3600",
+        ])
+        .unwrap();
+        assert_eq!(c.session_type, Some(SessionType::Batch));
+        assert_eq!(
+            c.to_json(),
+            json!({"image": "i", "resource_slots": {"cpu": "1", "mem": "1g"}, "access_key": "AK",
+                   "type": "batch", "command": "python train.py > out.txt", "batch_timeout": 3600})
+        );
+        assert_eq!(
+            create(&[
+                "--type",
+                "batch",
+                "--command",
+                "x",
+                "--batch-timeout",
+                "1.5"
+            ])
+            .unwrap()
+            .to_json()["batch_timeout"],
+            json!(1.5)
+        );
+        // An interactive session may replace the image's command; the type is sent when given.
+        let body = create(&["--command", "sleep infinity"]).unwrap().to_json();
+        assert_eq!(
+            (body.get("type"), &body["command"]),
+            (None, &json!("sleep infinity"))
+        );
+        assert_eq!(
+            create(&["--type", "interactive"]).unwrap().to_json()["type"],
+            "interactive"
+        );
+        assert!(create(&[]).unwrap().to_json().get("command").is_none());
+    }
+
+    #[test]
+    fn batch_without_command_is_a_usage_error() {
+        let err = create(&["--type", "batch"]).err().unwrap();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--command <SHELL>"), "{err}");
+        let err = create(&["--type", "cron", "--command", "x"]).err().unwrap();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        let err = create(&["--batch-timeout=-5"]).err().unwrap();
+        assert!(
+            err.to_string()
+                .contains("expected a non-negative number of seconds"),
+            "{err}"
+        );
+        assert!(
+            create(&["--batch-timeout", "0"]).is_err(),
+            "the manager wants a positive batch_timeout"
+        );
+    }
+
+    #[test]
+    fn malformed_env_and_mount_are_usage_errors() {
+        let base = [
+            "session",
+            "create",
+            "--image",
+            "i",
+            "--cpu",
+            "1",
+            "--mem",
+            "1g",
+            "--access-key",
+            "AK",
+        ];
+        let err = parse(&[&base[..], &["--env", "NOEQUALS"]].concat())
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        let text = err.to_string();
+        assert!(
+            text.contains("NOEQUALS") && text.contains("expected KEY=VALUE"),
+            "{text}"
+        );
+        let text = parse(&[&base[..], &["--mount", "data=/vfroot/data"]].concat())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(text.contains("expected NAME[:ro|:rw]"), "{text}");
+        assert!(
+            parse(&["session", "create", "--image", "i"]).is_err(),
+            "cpu/mem are required"
+        );
+    }
+
+    #[test]
+    fn create_without_access_key_and_with_one() {
+        let a = parse(&[
+            "session", "create", "--image", "i", "--cpu", "1", "--mem", "1g", "--mount", "d:ro",
+        ])
+        .unwrap();
+        let CtlCommand::Session(SessionCommand::Create(c)) = a.command else {
+            panic!("not create")
+        };
+        assert_eq!(
+            c.to_json(),
+            json!({"image": "i", "resource_slots": {"cpu": "1", "mem": "1g"},
+                   "mounts": [{"name": "d", "permission": "ro"}]})
+        );
+        assert_eq!(create(&[]).unwrap().to_json()["access_key"], "AK");
+    }
+}

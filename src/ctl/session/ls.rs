@@ -1,0 +1,82 @@
+//! `session ls`: list a directory of a session (`GET /v1/sessions/{id}/files?dir=PATH`).
+
+use std::io::Write;
+
+use clap::Args;
+
+use crate::ctl::client::segment;
+use crate::ctl::{parse, render, show_to, Client, Failure, Output};
+
+/// Arguments of `kernelvisor ctl session ls`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Session id (UUID).
+    pub id: String,
+    /// Directory relative to /home/work [default: /home/work itself].
+    #[arg(value_parser = parse::session_path)]
+    pub path: Option<String>,
+}
+
+/// `session ls`.
+pub(super) fn ls(
+    client: &Client,
+    id: &str,
+    dir: &str,
+    out: Output,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
+    let dir = dir.trim_end_matches('/');
+    let reply = client.get(
+        &format!("/v1/sessions/{}/files", segment(id)),
+        &[("dir", dir)],
+    )?;
+    show_to(out, &reply, render::files, stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ctl::format;
+    use crate::ctl::test_util::text;
+    use crate::ctl::testserver::{Answer, Server};
+
+    #[test]
+    fn ls_table_sorted_and_dir_encoded() {
+        let body = r#"{"files": [
+            {"name": "zeta.txt", "type": "file", "size": 12, "mode": "0644", "mtime": 1700000000.0},
+            {"name": "data", "type": "dir", "size": 4096, "mode": "0755", "mtime": 1700000060.5},
+            {"name": "b.py", "type": "file", "size": 0, "mode": "0600", "mtime": 1699999999}
+        ]}"#;
+        let server = Server::start(vec![
+            Answer::json(200, body),
+            Answer::json(200, body),
+            Answer::json(200, r#"{"files": []}"#),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let mut out = Vec::new();
+        ls(&client, "S", "sub dir/a&b=ü/", Output::Table, &mut out).unwrap();
+        let table = text(out);
+        let rows: Vec<Vec<&str>> = table.lines().map(render::tests::cells).collect();
+        assert_eq!(
+            rows,
+            [
+                vec!["MODE", "SIZE", "MTIME", "NAME"],
+                vec!["-rw-------", "0", "2023-11-14T22:13:19Z", "b.py"],
+                vec!["drwxr-xr-x", "4096", "2023-11-14T22:14:20Z", "data/"],
+                vec!["-rw-r--r--", "12", "2023-11-14T22:13:20Z", "zeta.txt"],
+            ]
+        );
+        let mut out = Vec::new();
+        ls(&client, "S", "", Output::Json, &mut out).unwrap();
+        assert_eq!(text(out), format::pretty_json(body) + "\n");
+        let mut out = Vec::new();
+        ls(&client, "S", "", Output::Table, &mut out).unwrap();
+        assert_eq!(text(out), "MODE  SIZE  MTIME  NAME\n");
+        let requests = server.requests();
+        assert_eq!(
+            requests[0].line,
+            "GET /v1/sessions/S/files?dir=sub+dir%2Fa%26b%3D%C3%BC"
+        );
+        assert_eq!(requests[1].line, "GET /v1/sessions/S/files?dir=");
+    }
+}
