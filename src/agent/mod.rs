@@ -28,6 +28,7 @@ pub mod accelerators;
 pub mod backend;
 pub mod context;
 pub mod dangling;
+pub mod dangling_table;
 pub mod engine;
 pub mod event_sender;
 pub mod events;
@@ -344,7 +345,7 @@ fn context(
         )?),
         services: services::Services::new(c.service_start_timeout.0),
         transfers: files::transfer::Transfers::new(a.exec_idle_timeout.0),
-        dangling: dangling::DanglingTable::default(),
+        dangling: dangling_table::DanglingTable::default(),
         node: node::NodeState::default(),
         config: config.clone(),
     }))

@@ -12,7 +12,7 @@ use actors::{
     Backoff, BoxError, Detached, Intensity, Provisioner, StageError, StageTree, StageTreeBuilder,
 };
 
-use super::actor::{ContainerEnded, StagesChanged};
+use super::messages::{ContainerEnded, StagesChanged};
 use super::config::{Injection, ServicePortRequest};
 use super::stages::{
     self, ContainerHandle, ContainerStage, ImageStage, MountStage, PortStage, ScratchDir,
