@@ -86,7 +86,8 @@ async fn the_agent_tree_is_the_drawn_one() {
     assert_eq!(root, "agent");
     for manager in [true, false] {
         let fx = AgentFixture::new("trees", 30_980, 4);
-        let dummy = Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>;
+        let dummy =
+            Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>;
         let agent = Agent::start(agent_config(&fx, manager), Some(dummy))
             .await
             .unwrap();

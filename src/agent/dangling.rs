@@ -26,6 +26,7 @@ use actix::Addr;
 
 use super::backend::{labels, Bind, ContainerDescription, ImageInfo};
 use super::context::AgentContext;
+pub use super::dangling_table::{DanglingKernel, DanglingTable, Rebuilt};
 use super::events::AgentEvent;
 use super::kernel::config::{check_kernel_id, Injection, ServicePortRequest};
 use super::kernel::stages::scratch::{remove_scratch, scratch_path};
@@ -35,7 +36,6 @@ use super::kernel::{
 };
 use super::registry::{Adopt, GetKernel, KernelRegistry, Reconcile};
 use super::resources::{SlotAllocation, SlotRequest};
-pub use super::dangling_table::{DanglingKernel, DanglingTable, Rebuilt};
 use crate::rpc::ErrorMeta;
 use crate::slots::ResourceSlots;
 
