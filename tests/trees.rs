@@ -1,7 +1,8 @@
-//! The supervision trees drawn in the module docs of `src/agent/mod.rs` and
-//! `src/manager/mod.rs` are the trees that run: each test starts the real thing (an agent on
-//! the dummy backend, a manager on SQLite), asks its root supervisor `WhichChildren`, and
-//! compares the ids in order with the ```text drawing parsed from the source file.
+//! The supervision trees drawn in the module docs of `src/agent/mod.rs`,
+//! `src/agent/kernel/mod.rs` and `src/manager/mod.rs` are the trees that run: each test starts
+//! the real thing (an agent on the dummy backend, a kernel on it, a manager on SQLite), asks its
+//! supervisor `WhichChildren`, and compares the ids in order with the ```text drawing parsed
+//! from the source file.
 
 mod common;
 
@@ -9,9 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use actors::WhichChildren;
-use common::agent::{free_port, AgentFixture};
+use common::agent::{client, create_one, free_port, kernel_config, run_id, AgentFixture};
 use kernelvisor::agent::backend::dummy::{DummyBackend, DummyDelays};
 use kernelvisor::agent::backend::ContainerBackend;
+use kernelvisor::agent::registry::KernelStages;
 use kernelvisor::agent::Agent;
 use kernelvisor::config::{AgentConfig, ManagerConfig, OnShutdown};
 use kernelvisor::manager::Manager;
@@ -103,6 +105,36 @@ async fn the_agent_tree_is_the_drawn_one() {
         );
         agent.shutdown(OnShutdown::Preserve).await;
     }
+}
+
+#[actix_rt::test]
+async fn the_kernel_tree_is_the_drawn_one() {
+    let (root, drawn) = drawn_tree("src/agent/kernel/mod.rs");
+    assert_eq!(root, "Kernel");
+    let fx = AgentFixture::new("trees-kernel", 30_990, 4);
+    let dummy = Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>;
+    let agent = Agent::start(agent_config(&fx, false), Some(dummy))
+        .await
+        .unwrap();
+    let peer = client(agent.endpoint()).await;
+    let kid = format!("k-tree-{}", run_id());
+    create_one(
+        &peer,
+        "s-tree",
+        &kid,
+        kernel_config("0.1", 32 << 20, vec![]),
+    )
+    .await
+    .unwrap();
+    let stages = agent
+        .registry()
+        .send(KernelStages(kid))
+        .await
+        .unwrap()
+        .expect("a running kernel has a stage supervisor");
+    let expected: Vec<&str> = drawn.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(running(&stages).await, expected);
+    agent.shutdown(OnShutdown::Terminate).await;
 }
 
 #[actix_rt::test]

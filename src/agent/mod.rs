@@ -297,10 +297,10 @@ impl Agent {
         self.metrics_addr
     }
 
-    /// Stops the tree in reverse order (RPC, heartbeat, metrics, stats, watcher, kernels —
-    /// detached or destroyed per `mode` — then the outbox writer, which stores the last events
-    /// such as `agent_terminated`, then the event sender's last delivery attempt), then closes
-    /// the store.
+    /// Stops the tree in reverse order (RPC, heartbeat, metrics, stats, the three sweeps,
+    /// watcher, kernels — detached or destroyed per `mode` — then the outbox writer, which
+    /// stores the last events such as `agent_terminated`, then the event sender's last delivery
+    /// attempt), then closes the store.
     pub async fn shutdown(self, mode: OnShutdown) {
         self.final_shutdown.begin(mode);
         let exit = self.root.shutdown().await;
