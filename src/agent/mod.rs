@@ -78,7 +78,7 @@ use self::registry::KernelRegistry;
 use self::resources::PortPool;
 use self::store::Store;
 use crate::config::{AgentConfig, BackendKind, OnShutdown};
-use crate::rpc::curve::{load_certificate, load_keypair};
+use crate::rpc::curve::{load_certificate, load_keypair, KeyPair};
 use crate::rpc::socket::ClientCurve;
 use crate::rpc::PeerOptions;
 
@@ -106,9 +106,12 @@ pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn Con
     })
 }
 
-/// With a `[manager]` section: the outbox writer and the event sender, and the channel the
-/// event bus feeds the writer through.
-struct Delivery {
+/// With a `[manager]` section: how the agent reaches the manager's intakes (events and
+/// heartbeats), the outbox writer and the event sender, and the channel the event bus feeds
+/// the writer through.
+struct ManagerLink {
+    peer: PeerOptions,
+    intakes: Arc<intakes::Intakes>,
     sender: EventSender,
     writer: OutboxWriter,
     rx: mpsc::UnboundedReceiver<AgentEvent>,
@@ -171,53 +174,11 @@ impl Agent {
             .as_deref()
             .map(load_keypair)
             .transpose()?;
-        let intakes = config
-            .manager
-            .as_ref()
-            .map(|m| Arc::new(intakes::Intakes::new(m.intake_endpoints())));
-        let manager_peer = match &config.manager {
-            Some(m) => Some(PeerOptions {
-                endpoint: m.intake_endpoints()[0].clone(),
-                curve: match (&a.rpc_auth_manager_public_key, &agent_keypair) {
-                    (Some(manager), Some(pair)) => Some(ClientCurve {
-                        keypair: pair.clone(),
-                        server_key: load_certificate(manager)?.public,
-                    }),
-                    _ => None,
-                },
-                keepalive: Some(Default::default()),
-                handshake_timeout: m.event_ack_timeout.0.min(Duration::from_secs(5)),
-            }),
-            None => None,
-        };
+        let link = manager_link(&config, agent_keypair.as_ref(), &store, &metrics, outbox_rx)?;
         let identity = heartbeat::Identity {
             region: a.region.clone(),
             rpc_addr: advertised_rpc_addr(&config, &endpoint),
             public_key: agent_keypair.as_ref().map(|pair| pair.public.to_z85()),
-        };
-        let delivery = match (&config.manager, outbox_rx, &manager_peer, &intakes) {
-            (Some(m), Some(rx), Some(peer), Some(intakes)) => {
-                let outbox = Outbox::new(&store, m.outbox_max_events);
-                let appended = Arc::new(Notify::new());
-                Some(Delivery {
-                    writer: OutboxWriter {
-                        outbox: outbox.clone(),
-                        metrics: metrics.clone(),
-                        appended: appended.clone(),
-                    },
-                    sender: EventSender {
-                        agent_id: a.id.clone(),
-                        peer: peer.clone(),
-                        intakes: intakes.clone(),
-                        config: m.clone(),
-                        outbox,
-                        appended,
-                        metrics: metrics.clone(),
-                    },
-                    rx,
-                })
-            }
-            _ => None,
         };
         let beat_interval = config
             .manager
@@ -228,9 +189,11 @@ impl Agent {
         let final_shutdown = FinalShutdown::new(a.on_shutdown);
         let (kernels, registry) = kernels::child_spec(ctx.clone(), kernels, final_shutdown.clone());
         let mut children: Vec<ChildSpec> = Vec::new();
-        if let Some(d) = delivery {
-            children.push(event_sender::child_spec(d.sender));
-            children.push(outbox::child_spec(d.writer, d.rx));
+        let mut beat_to = None;
+        if let Some(link) = link {
+            children.push(event_sender::child_spec(link.sender));
+            children.push(outbox::child_spec(link.writer, link.rx));
+            beat_to = Some((link.peer, link.intakes));
         }
         children.extend([
             kernels,
@@ -247,7 +210,7 @@ impl Agent {
                 ctx.clone(),
                 registry.clone(),
                 identity,
-                manager_peer.zip(intakes),
+                beat_to,
                 beat_interval,
             ),
             rpc_endpoint::child_spec(server, ctx.clone(), registry.clone(), metrics.clone()),
@@ -348,6 +311,58 @@ fn context(
         dangling: dangling_table::DanglingTable::default(),
         node: node::NodeState::default(),
         config: config.clone(),
+    }))
+}
+
+/// The [`ManagerLink`] of a `[manager]` section (`None` without one): CURVE with
+/// `agent_keypair` and `[agent] rpc-auth-manager-public-key` when both are set; the outbox in
+/// `store`, fed through `rx`.
+///
+/// Errors: the manager's public key file is unreadable.
+fn manager_link(
+    config: &AgentConfig,
+    agent_keypair: Option<&KeyPair>,
+    store: &Store,
+    metrics: &Arc<AgentMetrics>,
+    rx: Option<mpsc::UnboundedReceiver<AgentEvent>>,
+) -> anyhow::Result<Option<ManagerLink>> {
+    let (Some(m), Some(rx)) = (&config.manager, rx) else {
+        return Ok(None);
+    };
+    let a = &config.agent;
+    let intakes = Arc::new(intakes::Intakes::new(m.intake_endpoints()));
+    let peer = PeerOptions {
+        endpoint: m.intake_endpoints()[0].clone(),
+        curve: match (&a.rpc_auth_manager_public_key, agent_keypair) {
+            (Some(manager), Some(pair)) => Some(ClientCurve {
+                keypair: pair.clone(),
+                server_key: load_certificate(manager)?.public,
+            }),
+            _ => None,
+        },
+        keepalive: Some(Default::default()),
+        handshake_timeout: m.event_ack_timeout.0.min(Duration::from_secs(5)),
+    };
+    let outbox = Outbox::new(store, m.outbox_max_events);
+    let appended = Arc::new(Notify::new());
+    Ok(Some(ManagerLink {
+        writer: OutboxWriter {
+            outbox: outbox.clone(),
+            metrics: metrics.clone(),
+            appended: appended.clone(),
+        },
+        sender: EventSender {
+            agent_id: a.id.clone(),
+            peer: peer.clone(),
+            intakes: intakes.clone(),
+            config: m.clone(),
+            outbox,
+            appended,
+            metrics: metrics.clone(),
+        },
+        peer,
+        intakes,
+        rx,
     }))
 }
 
