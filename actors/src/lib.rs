@@ -162,8 +162,8 @@ pub use child::{ExitHandle, ExitReason, StopSignal};
 pub use stage::{
     BoxError, DetachChain, Detached, MissingResource, NoopHook, Observer, Phase, Provisioner,
     Resources, Runner, SetupChain, SetupError, Stage, StageChain, StageChainBuilder, StageError,
-    StageHook, StageInfo, StageStatus, StageTree, StageTreeBuilder, TeardownChain, TeardownError,
-    WatchFn,
+    StageHook, StageInfo, StageKey, StageStatus, StageTree, StageTreeBuilder, TeardownChain,
+    TeardownError, WatchFn,
 };
 pub use supervisor::{
     AddChild, Backoff, ChildInfo, ChildSpec, Intensity, RemoveChild, RestartType, Root, Shutdown,

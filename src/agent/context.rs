@@ -42,7 +42,7 @@ pub struct AgentContext {
     pub transfers: super::files::transfer::Transfers,
     /// Containers with this agent's id that its store does not know, waiting for the manager
     /// to adopt or destroy them (seed 001).
-    pub dangling: super::dangling::DanglingTable,
+    pub dangling: super::dangling_table::DanglingTable,
     /// Image pulls in flight, ports `assign_port` handed out, a requested shutdown.
     pub node: super::node::NodeState,
 }

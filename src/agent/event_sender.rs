@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use actors::{ChildSpec, Shutdown, StopSignal};
 use rmpv::Value;
 use tokio::sync::Notify;
 
@@ -58,6 +59,21 @@ pub struct EventSender {
     pub appended: Arc<Notify>,
     /// Send counters, failures and the depth gauge.
     pub metrics: Arc<AgentMetrics>,
+}
+
+/// The agent tree's `event-sender` child: runs `sender` until stopped. Its stop waits the ack
+/// timeout plus 2 s, room for the last delivery attempt (which carries `agent_terminated`).
+pub fn child_spec(sender: EventSender) -> ChildSpec {
+    let grace = sender.config.event_ack_timeout.0 + Duration::from_secs(2);
+    let sender = Arc::new(sender);
+    ChildSpec::task("event-sender", move |stop: StopSignal| {
+        let sender = sender.clone();
+        async move {
+            sender.run(stop.requested()).await;
+            Ok::<_, String>(())
+        }
+    })
+    .shutdown(Shutdown::Graceful(grace))
 }
 
 enum Attempt {

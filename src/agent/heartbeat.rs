@@ -8,9 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
+use actors::{ChildSpec, StopSignal};
 use rmpv::Value;
 
 use super::context::AgentContext;
+use super::intakes::Intakes;
+use super::kernels::CurrentRegistry;
 use super::registry::{KernelRegistry, ListKernels};
 use crate::rpc::{Call, Peer, PeerOptions};
 
@@ -88,13 +91,37 @@ pub fn slot_key_and_units(types: &crate::slots::SlotTypes) -> Value {
     )
 }
 
+/// The agent tree's `heartbeat` child: [`run`] with the current registry until stopped.
+pub fn child_spec(
+    ctx: Arc<AgentContext>,
+    registry: CurrentRegistry,
+    who: Identity,
+    peer: Option<(PeerOptions, Arc<Intakes>)>,
+    interval: Duration,
+) -> ChildSpec {
+    ChildSpec::task("heartbeat", move |stop: StopSignal| {
+        let run = run(
+            ctx.clone(),
+            registry.get(),
+            who.clone(),
+            peer.clone(),
+            interval,
+            async move { stop.requested().await },
+        );
+        async move {
+            run.await;
+            Ok::<_, String>(())
+        }
+    })
+}
+
 /// Sends a heartbeat every `interval` until `stop`. Without `peer` (standalone) it still
 /// refreshes `backendai_agent_heartbeat`.
 pub async fn run(
     ctx: Arc<AgentContext>,
     registry: Addr<KernelRegistry>,
     who: Identity,
-    peer: Option<(PeerOptions, Arc<super::intakes::Intakes>)>,
+    peer: Option<(PeerOptions, Arc<Intakes>)>,
     interval: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) {

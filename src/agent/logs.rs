@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use actors::{ChildSpec, StopSignal};
 use futures::StreamExt;
 use tokio::sync::Notify;
 
@@ -128,6 +129,18 @@ pub struct LogChunk {
     pub next: u64,
     /// The container still runs: more may come.
     pub active: bool,
+}
+
+/// The agent tree's `log-retention` child: [`LogStore::sweep`] every minute until stopped.
+pub fn retention_spec(logs: Arc<LogStore>) -> ChildSpec {
+    ChildSpec::task("log-retention", move |stop: StopSignal| {
+        let logs = logs.clone();
+        async move {
+            logs.sweep_every(Duration::from_secs(60), stop.requested())
+                .await;
+            Ok::<_, String>(())
+        }
+    })
 }
 
 /// Every kernel's log file under `<var-base-path>/logs`.

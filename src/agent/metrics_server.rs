@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
+use actors::{ChildSpec, StopSignal};
 
+use super::first_start::FirstStart;
 use super::metrics::AgentMetrics;
 use crate::config::HostPort;
 
@@ -66,4 +68,22 @@ impl MetricsServer {
             }
         }
     }
+}
+
+/// The agent tree's `metrics` child: serves `first` (bound by `Agent::start`, so a port in use
+/// stops the start) until stopped; a restart binds the address `first` got again (its port
+/// may have been 0).
+pub fn child_spec(first: MetricsServer, metrics: Arc<AgentMetrics>) -> ChildSpec {
+    let addr = HostPort {
+        host: first.addr.ip().to_string(),
+        port: first.addr.port(),
+    };
+    let first = FirstStart::new(first);
+    ChildSpec::task("metrics", move |stop: StopSignal| {
+        let server = first
+            .take()
+            .map(Ok)
+            .unwrap_or_else(|| MetricsServer::bind(&addr, metrics.clone()));
+        async move { server?.run(stop.requested()).await }
+    })
 }

@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use actors::{ChildSpec, Shutdown, StopSignal};
 use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, Notify};
 
@@ -202,6 +203,22 @@ pub struct OutboxWriter {
     pub metrics: Arc<AgentMetrics>,
     /// Notified after every append.
     pub appended: Arc<Notify>,
+}
+
+/// The agent tree's `outbox-writer` child: runs `writer` on the event bus's channel `rx` until
+/// stopped. A restart goes on with the same channel; its stop waits up to 10 s for the last
+/// append.
+pub fn child_spec(writer: OutboxWriter, rx: mpsc::UnboundedReceiver<AgentEvent>) -> ChildSpec {
+    let writer = Arc::new(writer);
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    ChildSpec::task("outbox-writer", move |stop: StopSignal| {
+        let (writer, rx) = (writer.clone(), rx.clone());
+        async move {
+            writer.run(&mut *rx.lock().await, stop.requested()).await;
+            Ok::<_, String>(())
+        }
+    })
+    .shutdown(Shutdown::millis(10_000))
 }
 
 impl OutboxWriter {

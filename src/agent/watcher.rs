@@ -13,12 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
+use actors::{ChildSpec, StopSignal};
 use futures::StreamExt;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::backend::labels;
 use super::context::AgentContext;
 use super::engine::{probe, PROBE_INTERVAL};
+use super::kernels::CurrentRegistry;
 use super::registry::{ContainerExited, ContainerOom, KernelRegistry, Reconcile};
 
 /// First wait before probing again after the stream failed or a probe did.
@@ -33,6 +35,20 @@ const HEALTHY_SUBSCRIPTION: Duration = Duration::from_secs(30);
 
 /// Seconds between reconciliations while subscribed.
 const RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The agent tree's `watcher` child: [`watch_exits`] for the current registry until stopped;
+/// the registry stopping under it is a failure (the `kernels` child restarts it first).
+pub fn child_spec(ctx: Arc<AgentContext>, registry: CurrentRegistry) -> ChildSpec {
+    ChildSpec::task("watcher", move |stop: StopSignal| {
+        let (ctx, registry) = (ctx.clone(), registry.get());
+        async move {
+            tokio::select! {
+                _ = watch_exits(ctx, registry) => Err("the kernel registry stopped".to_owned()),
+                _ = stop.requested() => Ok(()),
+            }
+        }
+    })
+}
 
 /// Watches until the registry is gone.
 pub async fn watch_exits(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>) {

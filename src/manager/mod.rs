@@ -1,15 +1,19 @@
 //! The manager actor host: the agent side of the control plane (seed 003).
 //!
 //! ```text
-//! manager process
-//! ├─ Store          sqlx: SQLite file by default, PostgreSQL by URL; migrations   store/
-//! ├─ AgentPool      one persistent DEALER per agent, ping health checks (seed 000) pool/
-//! ├─ AgentRegistry  liveness ALIVE/LOST/PENDING/TERMINATED, grace, event batches registry/
-//! ├─ EventIntake    ROUTER :6021 (callosum, CURVE): agent_events, agent_heartbeat intake.rs
-//! ├─ Scheduler      placement, create/destroy/execute through the pool           scheduler.rs
-//! └─ Api            actix-web :8081, /metrics                                     api/
+//! manager (one_for_all, no restart: fail-stop)
+//! ├─ store      sqlx: SQLite file by default, PostgreSQL by URL; migrations    store/
+//! ├─ leader     which replica runs the single-leader duties                    leader.rs
+//! ├─ pool       one persistent DEALER per agent, ping health checks            pool/
+//! ├─ registry   liveness ALIVE/LOST/PENDING/TERMINATED, grace, event batches  registry/
+//! ├─ intake     ROUTER :6021 (callosum, CURVE): agent_events, agent_heartbeat  intake.rs
+//! ├─ scheduler  placement, create/destroy/execute through the pool            scheduler.rs
+//! └─ api        actix-web :8081, /metrics                                      api/
 //! ```
-//! Started in that order (each needs only those before it), stopped in reverse.
+//! Started in that order (each needs only those before it), stopped in reverse: the API (in-
+//! flight requests get 5 s), the intake, the registry (flushing agent rows), the pool, the
+//! store. Each child is built in `tree.rs`, which says why the tree is fail-stop;
+//! `tests/trees.rs` compares this drawing with the running tree (`WhichChildren`).
 
 pub mod api;
 pub mod bootstrap;
@@ -25,19 +29,21 @@ pub mod registry;
 pub mod scheduler;
 pub mod store;
 pub mod tls;
+mod tree;
 pub mod vfolder_name;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
 use actix::{Actor, Addr};
+use actors::{ChildSpec, Root, Supervisor};
 use anyhow::Context as _;
 
 use crate::config::ManagerConfig;
 use crate::rpc::curve::{load_certificate, load_keypair};
 use crate::rpc::{RpcServer, ServerCurve};
-use pool::{AgentEndpoint, AgentPool, ClosePool, RegisterAgent};
-use registry::{AgentRegistry, FlushAgents, HeartbeatInbox, RegistrySpec};
+use pool::{AgentEndpoint, AgentPool, RegisterAgent};
+use registry::{AgentRegistry, HeartbeatInbox, RegistrySpec};
 use scheduler::{Scheduler, SchedulerSpec};
 use store::Store;
 
@@ -47,17 +53,11 @@ use store::Store;
 /// `agent_events` batches waiting for the registry.
 const INTAKE_MAX_IN_FLIGHT: usize = 1024;
 
-/// A running manager.
+/// A running manager: the manager supervisor's tree.
 pub struct Manager {
-    store: Store,
-    _sqlite_lock: Option<leader::SqliteLock>,
+    root: Root,
     leader: leader::Leadership,
-    pool: Addr<AgentPool>,
-    registry: Addr<AgentRegistry>,
-    intake: Addr<RpcServer>,
-    intake_thread: actix::Arbiter,
     intake_endpoint: String,
-    api: actix_web::dev::ServerHandle,
     api_addr: SocketAddr,
 }
 
@@ -215,29 +215,43 @@ impl Manager {
         let state = api::ApiState {
             store: store.clone(),
             registry: registry.clone(),
-            scheduler,
+            scheduler: scheduler.clone(),
             pool: pool.clone(),
             metrics,
             leader: leader.clone(),
             max_upload_size: config.api.max_upload_size.0,
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let server = api::serve(listener, config.api.workers, state, tls)?;
-        let api = server.handle();
-        actix_rt::spawn(server);
-        tracing::info!(api = %api_addr, scheme, intake = %intake_endpoint, store = ?store.backend(), grace = ?m.startup_grace.0, "manager started");
+        let api = api::serve(listener, config.api.workers, state, tls)?;
+        let backend = store.backend();
+
+        // The tree, in start order (see the module doc).
+        let children: [ChildSpec; 7] = [
+            tree::store(store, sqlite_lock),
+            tree::leader(leader.clone()),
+            tree::pool(pool),
+            tree::registry(registry),
+            tree::intake(intake, intake_thread),
+            tree::scheduler(scheduler),
+            tree::api(api),
+        ];
+        let root = children
+            .into_iter()
+            .fold(tree::supervisor(), |tree, child| tree.child(child))
+            .start();
+        tracing::info!(api = %api_addr, scheme, intake = %intake_endpoint, store = ?backend, grace = ?m.startup_grace.0, "manager started");
         Ok(Manager {
-            store,
-            _sqlite_lock: sqlite_lock,
+            root,
             leader,
-            pool,
-            registry,
-            intake,
-            intake_thread,
             intake_endpoint,
-            api,
             api_addr,
         })
+    }
+
+    /// The manager supervisor (the root of the tree in the module doc), for
+    /// [`actors::WhichChildren`].
+    pub fn supervisor(&self) -> Addr<Supervisor> {
+        self.root.addr()
     }
 
     /// Where the API listens.
@@ -255,15 +269,11 @@ impl Manager {
         &self.intake_endpoint
     }
 
-    /// Stops in reverse order: API (in-flight requests get 5 s), intake, registry (flushing
-    /// agent rows), pool, store.
+    /// Stops the tree in reverse order: API (in-flight requests get 5 s), scheduler, intake,
+    /// registry (flushing agent rows), pool, leadership, store.
     pub async fn stop(self) {
-        self.api.stop(true).await;
-        let _ = self.intake.send(crate::rpc::server::Shutdown).await;
-        self.intake_thread.stop();
-        let _ = self.registry.send(FlushAgents).await;
-        let _ = self.pool.send(ClosePool).await;
-        self.store.close().await;
+        let exit = self.root.shutdown().await;
+        tracing::debug!(?exit, "manager supervisor stopped");
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod chain;
 mod hook;
+mod key;
 mod owned;
 mod provisioner;
 mod runner;
@@ -12,6 +13,7 @@ pub use chain::{
     Detached, MissingResource, Resources, SetupError, StageChain, StageChainBuilder, TeardownError,
 };
 pub use hook::{NoopHook, StageHook};
+pub use key::StageKey;
 pub use owned::{Phase, Stage, StageError};
 pub use provisioner::{BoxError, Provisioner};
 pub use runner::{DetachChain, Runner, SetupChain, TeardownChain};

@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use actors::{ChildSpec, StopSignal};
 use futures::StreamExt;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -343,6 +344,26 @@ async fn pump(
     }
     shared.state().end = Some(end);
     shared.data.notify_waiters();
+}
+
+/// The agent tree's `exec-reaper` child: every second, [`Runs::reap`] on the runs `runs`
+/// finds in `owner`, reporting [`Runs::usage`] to `report`. (The owner is the agent's context,
+/// which holds the runs; taking it generically keeps this module free of the context.)
+pub fn reaper_spec<O: Send + Sync + 'static>(
+    owner: Arc<O>,
+    runs: fn(&O) -> &Runs,
+    backend: Arc<dyn ContainerBackend>,
+    report: impl Fn(usize, usize) + Clone + Send + Sync + 'static,
+) -> ChildSpec {
+    ChildSpec::task("exec-reaper", move |stop: StopSignal| {
+        let (owner, backend, report) = (owner.clone(), backend.clone(), report.clone());
+        async move {
+            runs(&owner)
+                .reap_every(backend, Duration::from_secs(1), report, stop.requested())
+                .await;
+            Ok::<_, String>(())
+        }
+    })
 }
 
 /// The agent's runs by id.

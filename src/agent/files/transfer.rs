@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use actors::{ChildSpec, StopSignal};
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -65,6 +66,29 @@ struct Upload {
 struct Download {
     reader: TarReader,
     last_touch: Instant,
+}
+
+/// The agent tree's `transfer-reaper` child: every 5 s, [`Transfers::reap`] on the transfers
+/// `transfers` finds in `owner`, so uploads and downloads nobody continues for
+/// `exec-idle-timeout` are dropped. (The owner is the agent's context, which holds the
+/// transfers; taking it generically keeps this module free of the context.)
+pub fn reaper_spec<O: Send + Sync + 'static>(
+    owner: Arc<O>,
+    transfers: fn(&O) -> &Transfers,
+) -> ChildSpec {
+    ChildSpec::task("transfer-reaper", move |stop: StopSignal| {
+        let owner = owner.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            let mut stop = std::pin::pin!(stop.requested());
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => { transfers(&owner).reap(); }
+                    _ = &mut stop => return Ok::<_, String>(()),
+                }
+            }
+        }
+    })
 }
 
 /// Open transfers by id. Each is behind its own async lock: one call at a time per transfer.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ::actors::{ExitReason, StageStatus, StageTree, Supervisor};
 use actix::prelude::*;
 
+use super::messages::{ContainerEnded, StagesChanged};
 use super::tree::{self, KernelRecipients};
 use super::{KernelError, KernelHandle, KernelInfo, KernelStatus};
 use crate::agent::events::AgentEvent;
@@ -30,23 +31,6 @@ pub struct Terminate {
     /// Publish no `kernel_terminated` (`reset_agent`, or `destroy_kernel(suppress_events=True)`).
     pub suppress_events: bool,
 }
-
-/// The container stage's watcher saw the container end, and the restart policy does not
-/// restart it: the kernel ends with `reason` (`self-terminated`, `oom-killed`, `shm-exceeded`).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct ContainerEnded {
-    /// Why the container ended.
-    pub reason: String,
-    /// Its exit code, when it exited.
-    pub exit_code: Option<i64>,
-}
-
-/// A stage's status changed (the stage tree's observer): a restart by the restart policy
-/// began, or finished.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct StagesChanged;
 
 /// The stage tree's supervisor exited (`Failed`: its restart intensity ran out).
 #[derive(Debug, Message)]

@@ -16,6 +16,7 @@
 pub mod actor;
 pub mod config;
 pub mod error;
+pub mod messages;
 pub mod stages;
 mod status;
 pub mod tree;

@@ -12,16 +12,15 @@ use actors::{
     Backoff, BoxError, Detached, Intensity, Provisioner, StageError, StageTree, StageTreeBuilder,
 };
 
-use super::actor::{ContainerEnded, StagesChanged};
 use super::config::{Injection, ServicePortRequest};
+use super::messages::{ContainerEnded, StagesChanged};
 use super::stages::{
-    self, ContainerHandle, ContainerStage, ImageStage, MountStage, PortStage, ScratchDir,
-    ScratchSpec, ScratchStage, ServicePortInfo, ServicePortStage, SlotStage,
+    self, ContainerStage, ImageStage, MountStage, PortStage, ScratchSpec, ScratchStage,
+    ServicePortStage, SlotStage,
 };
 use super::{KernelError, KernelHandle, KernelResources};
-use crate::agent::backend::{Bind, ImageInfo};
+use crate::agent::backend::ImageInfo;
 use crate::agent::metrics::StageMetricsHook;
-use crate::agent::resources::SlotAllocation;
 use crate::workload::restart_policy::{RestartPolicy, MAX_BACKOFF_SECONDS};
 
 /// Wraps a provisioner with the kernel's test-only [`Injection`] (inert unless the config
@@ -120,7 +119,7 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
                 inject: inject.clone(),
             },
             move |r| {
-                let all = service_ports_of(r.get::<ImageInfo>("image")?, &req_ports)?;
+                let all = service_ports_of(r.of(stages::IMAGE)?, &req_ports)?;
                 Ok(all.iter().map(|s| s.container_ports.len()).sum::<usize>())
             },
         )
@@ -130,8 +129,8 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
                 inject: inject.clone(),
             },
             move |r| {
-                let alloc = r.get::<SlotAllocation>("slots")?;
-                let ports = r.get::<Vec<u16>>("ports")?;
+                let alloc = r.of(stages::SLOTS)?;
+                let ports = r.of(stages::PORTS)?;
                 // Every slot held, then the devices: their ids in the agent's numbering and
                 // the allocation per slot (`{slot: {device id: amount}}` as JSON).
                 let mut resources: Vec<(String, String)> = alloc
@@ -174,15 +173,15 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
                 inject: inject.clone(),
             },
             move |r| {
-                let image = r.get::<ImageInfo>("image")?;
+                let image = r.of(stages::IMAGE)?;
                 Ok(stages::container_spec(
                     &h_container,
                     &image.id,
                     &service_ports_of(image, &req_container)?,
-                    r.get::<SlotAllocation>("slots")?,
-                    r.get::<Vec<u16>>("ports")?,
-                    r.get::<ScratchDir>("scratch")?,
-                    r.get::<Vec<Bind>>("mounts")?,
+                    r.of(stages::SLOTS)?,
+                    r.of(stages::PORTS)?,
+                    r.of(stages::SCRATCH)?,
+                    r.of(stages::MOUNTS)?,
                 ))
             },
             watcher,
@@ -193,11 +192,11 @@ fn describe(handle: &KernelHandle, kernel: &KernelRecipients) -> StageTreeBuilde
                 inject,
             },
             move |r| {
-                let container = r.get::<ContainerHandle>("container")?;
-                let all = service_ports_of(r.get::<ImageInfo>("image")?, &req_assign)?;
+                let container = r.of(stages::CONTAINER)?;
+                let all = service_ports_of(r.of(stages::IMAGE)?, &req_assign)?;
                 Ok((
                     container.id.clone(),
-                    stages::service_ports::assign(&all, r.get::<Vec<u16>>("ports")?),
+                    stages::service_ports::assign(&all, r.of(stages::PORTS)?),
                 ))
             },
         )
@@ -239,13 +238,13 @@ pub fn rebuild(
     r: KernelResources,
 ) -> Result<StageTree, StageError> {
     let existing = Detached::new()
-        .with("image", r.image)
-        .with("slots", r.slots)
-        .with("ports", r.ports)
-        .with("scratch", r.scratch)
-        .with("mounts", r.mounts)
-        .with("container", r.container)
-        .with("service-ports", r.service_ports);
+        .with_key(stages::IMAGE, r.image)
+        .with_key(stages::SLOTS, r.slots)
+        .with_key(stages::PORTS, r.ports)
+        .with_key(stages::SCRATCH, r.scratch)
+        .with_key(stages::MOUNTS, r.mounts)
+        .with_key(stages::CONTAINER, r.container)
+        .with_key(stages::SERVICE_PORTS, r.service_ports);
     describe(handle, kernel).rebuild(existing)
 }
 
@@ -253,13 +252,13 @@ pub fn rebuild(
 pub fn resources(tree: &StageTree) -> Option<KernelResources> {
     tree.resources(|r| {
         Some(KernelResources {
-            image: r.get::<ImageInfo>("image").ok()?.clone(),
-            slots: r.get::<SlotAllocation>("slots").ok()?.clone(),
-            ports: r.get::<Vec<u16>>("ports").ok()?.clone(),
-            scratch: r.get::<ScratchDir>("scratch").ok()?.clone(),
-            mounts: r.get::<Vec<Bind>>("mounts").ok()?.clone(),
-            container: r.get::<ContainerHandle>("container").ok()?.clone(),
-            service_ports: r.get::<Vec<ServicePortInfo>>("service-ports").ok()?.clone(),
+            image: r.of(stages::IMAGE).ok()?.clone(),
+            slots: r.of(stages::SLOTS).ok()?.clone(),
+            ports: r.of(stages::PORTS).ok()?.clone(),
+            scratch: r.of(stages::SCRATCH).ok()?.clone(),
+            mounts: r.of(stages::MOUNTS).ok()?.clone(),
+            container: r.of(stages::CONTAINER).ok()?.clone(),
+            service_ports: r.of(stages::SERVICE_PORTS).ok()?.clone(),
         })
     })
 }

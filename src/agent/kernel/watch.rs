@@ -14,7 +14,7 @@ use actix::Recipient;
 use actors::BoxError;
 use futures::future::{FutureExt, LocalBoxFuture};
 
-use super::actor::ContainerEnded;
+use super::messages::ContainerEnded;
 use super::stages::ContainerHandle;
 use super::{KernelHandle, KernelStatus};
 

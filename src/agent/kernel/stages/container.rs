@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use actors::{BoxError, Provisioner};
+use actors::{BoxError, Provisioner, StageKey};
 use serde::{Deserialize, Serialize};
 
 use super::ScratchDir;
@@ -233,12 +233,15 @@ async fn run_bootstrap(handle: &KernelHandle, id: &str, script: &str) -> Result<
 /// Creates and starts the kernel's container.
 pub struct ContainerStage(pub KernelHandle);
 
+/// This stage's key: its name, typed with its resource.
+pub const CONTAINER: StageKey<ContainerHandle> = StageKey::of::<ContainerStage>("container");
+
 impl Provisioner for ContainerStage {
     type Spec = ContainerSpec;
     type Resource = ContainerHandle;
 
     fn name(&self) -> &'static str {
-        "container"
+        CONTAINER.name()
     }
 
     async fn setup(&self, spec: ContainerSpec) -> Result<ContainerHandle, BoxError> {

@@ -1,6 +1,6 @@
 //! `image`: the local image, or a pull reported as `PULLING`.
 
-use actors::{BoxError, Provisioner};
+use actors::{BoxError, Provisioner, StageKey};
 
 use crate::agent::backend::ImageInfo;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
@@ -8,12 +8,15 @@ use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
 /// Resolves the kernel's image reference. Teardown keeps the image (it is a cache).
 pub struct ImageStage(pub KernelHandle);
 
+/// This stage's key: its name, typed with its resource.
+pub const IMAGE: StageKey<ImageInfo> = StageKey::of::<ImageStage>("image");
+
 impl Provisioner for ImageStage {
     type Spec = String;
     type Resource = ImageInfo;
 
     fn name(&self) -> &'static str {
-        "image"
+        IMAGE.name()
     }
 
     async fn setup(&self, reference: String) -> Result<ImageInfo, BoxError> {

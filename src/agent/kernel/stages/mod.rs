@@ -10,21 +10,23 @@ pub mod scratch;
 pub mod service_ports;
 mod slots;
 
-pub use container::{container_spec, recreate_container, ContainerHandle, ContainerStage};
-pub use image::ImageStage;
-pub use mounts::MountStage;
-pub use ports::PortStage;
-pub use scratch::{ScratchDir, ScratchSpec, ScratchStage};
-pub use service_ports::{ServicePortInfo, ServicePortStage};
-pub use slots::SlotStage;
+pub use container::{
+    container_spec, recreate_container, ContainerHandle, ContainerStage, CONTAINER,
+};
+pub use image::{ImageStage, IMAGE};
+pub use mounts::{MountStage, MOUNTS};
+pub use ports::{PortStage, PORTS};
+pub use scratch::{ScratchDir, ScratchSpec, ScratchStage, SCRATCH};
+pub use service_ports::{ServicePortInfo, ServicePortStage, SERVICE_PORTS};
+pub use slots::{SlotStage, SLOTS};
 
 /// Stage names, in setup order: the chain's names, metric labels and error prefixes.
 pub const STAGES: [&str; 7] = [
-    "image",
-    "slots",
-    "ports",
-    "scratch",
-    "mounts",
-    "container",
-    "service-ports",
+    IMAGE.name(),
+    SLOTS.name(),
+    PORTS.name(),
+    SCRATCH.name(),
+    MOUNTS.name(),
+    CONTAINER.name(),
+    SERVICE_PORTS.name(),
 ];

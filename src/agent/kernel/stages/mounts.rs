@@ -6,7 +6,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use actors::{BoxError, Provisioner};
+use actors::{BoxError, Provisioner, StageKey};
 
 use crate::agent::backend::Bind;
 use crate::agent::kernel::config::{check_mount_name, MountRequest};
@@ -16,12 +16,15 @@ use crate::agent::kernel::{KernelError, KernelHandle};
 /// teardown has nothing to release.
 pub struct MountStage(pub KernelHandle);
 
+/// This stage's key: its name, typed with its resource.
+pub const MOUNTS: StageKey<Vec<Bind>> = StageKey::of::<MountStage>("mounts");
+
 impl Provisioner for MountStage {
     type Spec = Vec<MountRequest>;
     type Resource = Vec<Bind>;
 
     fn name(&self) -> &'static str {
-        "mounts"
+        MOUNTS.name()
     }
 
     async fn setup(&self, mounts: Vec<MountRequest>) -> Result<Vec<Bind>, BoxError> {

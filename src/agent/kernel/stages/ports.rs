@@ -1,18 +1,21 @@
 //! `ports`: host ports from `[container] port-range`.
 
-use actors::{BoxError, Provisioner};
+use actors::{BoxError, Provisioner, StageKey};
 
 use crate::agent::kernel::{KernelError, KernelHandle};
 
 /// Takes one host port per service container port; released ports cool down before reuse.
 pub struct PortStage(pub KernelHandle);
 
+/// This stage's key: its name, typed with its resource.
+pub const PORTS: StageKey<Vec<u16>> = StageKey::of::<PortStage>("ports");
+
 impl Provisioner for PortStage {
     type Spec = usize;
     type Resource = Vec<u16>;
 
     fn name(&self) -> &'static str {
-        "ports"
+        PORTS.name()
     }
 
     /// The manager's `allocated_host_ports` come first (each one handed out by `assign_port`,

@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use actors::{BoxError, Provisioner};
+use actors::{BoxError, Provisioner, StageKey};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::kernel::{KernelError, KernelHandle};
@@ -99,12 +99,15 @@ pub fn remove_scratch(path: &Path, tmpfs: bool) -> std::io::Result<()> {
     }
 }
 
+/// This stage's key: its name, typed with its resource.
+pub const SCRATCH: StageKey<ScratchDir> = StageKey::of::<ScratchStage>("scratch");
+
 impl Provisioner for ScratchStage {
     type Spec = ScratchSpec;
     type Resource = ScratchDir;
 
     fn name(&self) -> &'static str {
-        "scratch"
+        SCRATCH.name()
     }
 
     async fn setup(&self, spec: ScratchSpec) -> Result<ScratchDir, BoxError> {

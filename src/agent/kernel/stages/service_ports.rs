@@ -1,6 +1,6 @@
 //! `service-ports`: the kernel's service ports as the engine mapped them, checked and reported.
 
-use actors::{BoxError, Provisioner};
+use actors::{BoxError, Provisioner, StageKey};
 use rmpv::Value;
 use serde::{Deserialize, Serialize};
 
@@ -58,13 +58,17 @@ pub fn assign(requests: &[ServicePortRequest], host_ports: &[u16]) -> Vec<Servic
 /// Checks with the engine that every service port is published where planned.
 pub struct ServicePortStage(pub KernelHandle);
 
+/// This stage's key: its name, typed with its resource.
+pub const SERVICE_PORTS: StageKey<Vec<ServicePortInfo>> =
+    StageKey::of::<ServicePortStage>("service-ports");
+
 impl Provisioner for ServicePortStage {
     /// (container id, planned service ports).
     type Spec = (String, Vec<ServicePortInfo>);
     type Resource = Vec<ServicePortInfo>;
 
     fn name(&self) -> &'static str {
-        "service-ports"
+        SERVICE_PORTS.name()
     }
 
     async fn setup(

@@ -1,6 +1,6 @@
 //! `slots`: every slot asked for (cpu, mem, accelerator devices) from the agent's capacity.
 
-use actors::{BoxError, Provisioner};
+use actors::{BoxError, Provisioner, StageKey};
 
 use crate::agent::kernel::{KernelError, KernelHandle};
 use crate::agent::resources::SlotAllocation;
@@ -10,12 +10,15 @@ use crate::slots::ResourceSlots;
 /// `ResourceExhausted` when short.
 pub struct SlotStage(pub KernelHandle);
 
+/// This stage's key: its name, typed with its resource.
+pub const SLOTS: StageKey<SlotAllocation> = StageKey::of::<SlotStage>("slots");
+
 impl Provisioner for SlotStage {
     type Spec = ResourceSlots;
     type Resource = SlotAllocation;
 
     fn name(&self) -> &'static str {
-        "slots"
+        SLOTS.name()
     }
 
     async fn setup(&self, request: ResourceSlots) -> Result<SlotAllocation, BoxError> {

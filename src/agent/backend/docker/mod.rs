@@ -1,6 +1,6 @@
 //! [`DockerBackend`]: the local Docker engine through bollard.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -20,6 +20,13 @@ use bollard::system::EventsOptions;
 use bollard::Docker;
 use futures::stream::{BoxStream, StreamExt};
 
+mod convert;
+mod errors;
+mod process;
+
+use self::convert::{listed_exit_code, port_mappings, with_tag};
+use self::errors::{archive_err, container_err, engine, optional, status};
+use self::process::kill_tree;
 use super::{
     BackendError, Bind, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
     ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream,
@@ -74,195 +81,6 @@ impl DockerBackend {
     /// The bollard client, for what the trait does not cover.
     pub fn client(&self) -> &Docker {
         &self.docker
-    }
-}
-
-/// A bollard error as a [`BackendError`]: [`BackendError::Unavailable`] when the engine could
-/// not be reached (see [`unreachable`]), `Engine` otherwise; the message carries the error's
-/// causes (`error trying to connect: Connection refused (os error 111)`).
-fn engine(e: DockerError) -> BackendError {
-    let message = describe(&e);
-    if unreachable(&e) {
-        BackendError::Unavailable(message)
-    } else {
-        BackendError::Engine(message)
-    }
-}
-
-/// `e` and its causes, `: `-separated, each once.
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        let text = err.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        cur = err.source();
-    }
-    parts.join(": ")
-}
-
-/// Whether `e` means the engine could not be reached at all, rather than refused the request:
-/// no socket, connection refused or reset, the connection closed mid-request, a request
-/// timeout. A response from the engine (any status) is never one.
-fn unreachable(e: &DockerError) -> bool {
-    match e {
-        DockerError::DockerResponseServerError { .. } => false,
-        DockerError::RequestTimeoutError | DockerError::SocketNotFoundError(_) => true,
-        DockerError::HyperResponseError { err }
-            if err.is_closed() || err.is_incomplete_message() || err.is_canceled() =>
-        {
-            true
-        }
-        DockerError::HyperLegacyError { err } if err.is_connect() => true,
-        DockerError::IOError { err } => lost_connection(err) || io_unreachable(err),
-        _ => io_unreachable(e),
-    }
-}
-
-/// An I/O error of a missing socket, or a refused or lost connection.
-fn lost_connection(io: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        io.kind(),
-        ConnectionRefused
-            | ConnectionReset
-            | ConnectionAborted
-            | NotConnected
-            | BrokenPipe
-            | UnexpectedEof
-            | TimedOut
-            | NotFound
-    )
-}
-
-/// A [`lost_connection`] I/O error somewhere in `e`'s causes.
-fn io_unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if err
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(lost_connection)
-        {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-fn status(e: &DockerError) -> Option<u16> {
-    match e {
-        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
-        _ => None,
-    }
-}
-
-/// Maps a 404 to [`BackendError::ContainerNotFound`], anything else to `Engine`.
-fn container_err(id: &str) -> impl Fn(DockerError) -> BackendError + '_ {
-    move |e| match status(&e) {
-        Some(404) => BackendError::ContainerNotFound(id.to_owned()),
-        _ => engine(e),
-    }
-}
-
-/// The archive API answers 404 both for a missing container and a missing path; the engine's
-/// message tells them apart ("No such container" vs "Could not find the file").
-fn archive_err(id: &str, path: &str) -> impl Fn(DockerError) -> BackendError {
-    let (id, path) = (id.to_owned(), path.to_owned());
-    move |e| match &e {
-        DockerError::DockerResponseServerError {
-            status_code: 404,
-            message,
-        } if message.contains("No such container") => BackendError::ContainerNotFound(id.clone()),
-        DockerError::DockerResponseServerError {
-            status_code: 404, ..
-        } => BackendError::PathNotFound(path.clone()),
-        _ => engine(e),
-    }
-}
-
-/// `Ok(None)` for a 404.
-fn optional<T>(r: Result<T, DockerError>) -> Result<Option<T>, DockerError> {
-    match r {
-        Err(e) if status(&e) == Some(404) => Ok(None),
-        r => r.map(Some),
-    }
-}
-
-/// `reference` with `:latest` when it names neither a tag nor a digest (the engine would
-/// otherwise pull every tag).
-fn with_tag(reference: &str) -> String {
-    let last = reference.rsplit('/').next().unwrap_or(reference);
-    if reference.contains('@') || last.contains(':') {
-        reference.to_owned()
-    } else {
-        format!("{reference}:latest")
-    }
-}
-
-/// Published TCP ports from the engine's port map, one per (container, host) port pair.
-fn port_mappings(ports: Option<PortMap>) -> Vec<PortMapping> {
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for (key, bindings) in ports.unwrap_or_default() {
-        let Some(container_port) = key.strip_suffix("/tcp").and_then(|p| p.parse().ok()) else {
-            continue;
-        };
-        for b in bindings.unwrap_or_default() {
-            if let Some(host_port) = b.host_port.and_then(|p| p.parse().ok()) {
-                if seen.insert((container_port, host_port)) {
-                    out.push(PortMapping {
-                        container_port,
-                        host_port,
-                    });
-                }
-            }
-        }
-    }
-    out.sort_by_key(|p| (p.container_port, p.host_port));
-    out
-}
-
-/// The exit code in a container list's status text (`Exited (137) 5 seconds ago`).
-fn listed_exit_code(status: &str) -> Option<i64> {
-    status
-        .strip_prefix("Exited (")?
-        .split(')')
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// SIGKILLs the host process `pid` and all its descendants (found through `/proc`, collected
-/// before killing so none is reparented away first).
-fn kill_tree(pid: i32) {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
-        if let Some(ppid) = ppid {
-            children.entry(ppid).or_default().push(p);
-        }
-    }
-    let mut tree = vec![pid];
-    let mut i = 0;
-    while i < tree.len() {
-        tree.extend(children.get(&tree[i]).into_iter().flatten());
-        i += 1;
-    }
-    for p in tree {
-        // SAFETY: kill(2) has no memory-safety preconditions.
-        unsafe { libc::kill(p, libc::SIGKILL) };
     }
 }
 
@@ -904,45 +722,6 @@ impl ContainerBackend for DockerBackend {
 mod tests {
     use super::*;
 
-    #[test]
-    fn tags_and_exit_codes() {
-        assert_eq!(with_tag("busybox"), "busybox:latest");
-        assert_eq!(with_tag("localhost:5000/a/b"), "localhost:5000/a/b:latest");
-        assert_eq!(with_tag("a/b:1.0"), "a/b:1.0");
-        assert_eq!(with_tag("a@sha256:00"), "a@sha256:00");
-        assert_eq!(listed_exit_code("Exited (137) 5 seconds ago"), Some(137));
-        assert_eq!(listed_exit_code("Up 3 minutes"), None);
-    }
-
-    #[test]
-    fn unreachable_engines_are_told_from_refusals() {
-        let io = |kind| DockerError::IOError {
-            err: std::io::Error::from(kind),
-        };
-        for e in [
-            io(std::io::ErrorKind::ConnectionRefused),
-            io(std::io::ErrorKind::ConnectionReset),
-            io(std::io::ErrorKind::NotFound),
-            DockerError::RequestTimeoutError,
-            DockerError::SocketNotFoundError("/x.sock".into()),
-        ] {
-            assert!(engine(e).is_unavailable());
-        }
-        for e in [
-            DockerError::DockerResponseServerError {
-                status_code: 500,
-                message: "connection refused by the registry".into(),
-            },
-            DockerError::DockerResponseServerError {
-                status_code: 409,
-                message: "conflict".into(),
-            },
-            io(std::io::ErrorKind::InvalidData),
-        ] {
-            assert!(!engine(e).is_unavailable());
-        }
-    }
-
     /// A socket nobody listens on (an engine that was SIGKILLed leaves its socket file):
     /// refused at once, as `Unavailable`, by the probe and by an ordinary call; a missing
     /// socket refuses the connection.
@@ -976,28 +755,5 @@ mod tests {
             .await
             .unwrap_err();
         assert!(!e.is_unavailable(), "{e}");
-    }
-
-    #[test]
-    fn ports_are_parsed_and_deduplicated() {
-        let binding = |port: &str| PortBinding {
-            host_ip: Some("0.0.0.0".into()),
-            host_port: Some(port.into()),
-        };
-        let map = PortMap::from([
-            (
-                "8080/tcp".into(),
-                Some(vec![binding("30000"), binding("30000")]),
-            ),
-            ("53/udp".into(), Some(vec![binding("30001")])),
-            ("22/tcp".into(), None),
-        ]);
-        assert_eq!(
-            port_mappings(Some(map)),
-            vec![PortMapping {
-                container_port: 8080,
-                host_port: 30000
-            }]
-        );
     }
 }

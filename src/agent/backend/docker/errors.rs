@@ -1,0 +1,155 @@
+//! Engine errors as [`BackendError`]s: an engine that cannot be reached
+//! ([`BackendError::Unavailable`]) told from one that refused the request, and the 404s that
+//! mean a missing container or path.
+
+use bollard::errors::Error as DockerError;
+
+use crate::agent::backend::BackendError;
+
+/// A bollard error as a [`BackendError`]: [`BackendError::Unavailable`] when the engine could
+/// not be reached (see [`unreachable`]), `Engine` otherwise; the message carries the error's
+/// causes (`error trying to connect: Connection refused (os error 111)`).
+pub(super) fn engine(e: DockerError) -> BackendError {
+    let message = describe(&e);
+    if unreachable(&e) {
+        BackendError::Unavailable(message)
+    } else {
+        BackendError::Engine(message)
+    }
+}
+
+/// `e` and its causes, `: `-separated, each once.
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = err.source();
+    }
+    parts.join(": ")
+}
+
+/// Whether `e` means the engine could not be reached at all, rather than refused the request:
+/// no socket, connection refused or reset, the connection closed mid-request, a request
+/// timeout. A response from the engine (any status) is never one.
+fn unreachable(e: &DockerError) -> bool {
+    match e {
+        DockerError::DockerResponseServerError { .. } => false,
+        DockerError::RequestTimeoutError | DockerError::SocketNotFoundError(_) => true,
+        DockerError::HyperResponseError { err }
+            if err.is_closed() || err.is_incomplete_message() || err.is_canceled() =>
+        {
+            true
+        }
+        DockerError::HyperLegacyError { err } if err.is_connect() => true,
+        DockerError::IOError { err } => lost_connection(err) || io_unreachable(err),
+        _ => io_unreachable(e),
+    }
+}
+
+/// An I/O error of a missing socket, or a refused or lost connection.
+fn lost_connection(io: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        io.kind(),
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | BrokenPipe
+            | UnexpectedEof
+            | TimedOut
+            | NotFound
+    )
+}
+
+/// A [`lost_connection`] I/O error somewhere in `e`'s causes.
+fn io_unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(lost_connection)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+pub(super) fn status(e: &DockerError) -> Option<u16> {
+    match e {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// Maps a 404 to [`BackendError::ContainerNotFound`], anything else to `Engine`.
+pub(super) fn container_err(id: &str) -> impl Fn(DockerError) -> BackendError + '_ {
+    move |e| match status(&e) {
+        Some(404) => BackendError::ContainerNotFound(id.to_owned()),
+        _ => engine(e),
+    }
+}
+
+/// The archive API answers 404 both for a missing container and a missing path; the engine's
+/// message tells them apart ("No such container" vs "Could not find the file").
+pub(super) fn archive_err(id: &str, path: &str) -> impl Fn(DockerError) -> BackendError {
+    let (id, path) = (id.to_owned(), path.to_owned());
+    move |e| match &e {
+        DockerError::DockerResponseServerError {
+            status_code: 404,
+            message,
+        } if message.contains("No such container") => BackendError::ContainerNotFound(id.clone()),
+        DockerError::DockerResponseServerError {
+            status_code: 404, ..
+        } => BackendError::PathNotFound(path.clone()),
+        _ => engine(e),
+    }
+}
+
+/// `Ok(None)` for a 404.
+pub(super) fn optional<T>(r: Result<T, DockerError>) -> Result<Option<T>, DockerError> {
+    match r {
+        Err(e) if status(&e) == Some(404) => Ok(None),
+        r => r.map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_engines_are_told_from_refusals() {
+        let io = |kind| DockerError::IOError {
+            err: std::io::Error::from(kind),
+        };
+        for e in [
+            io(std::io::ErrorKind::ConnectionRefused),
+            io(std::io::ErrorKind::ConnectionReset),
+            io(std::io::ErrorKind::NotFound),
+            DockerError::RequestTimeoutError,
+            DockerError::SocketNotFoundError("/x.sock".into()),
+        ] {
+            assert!(engine(e).is_unavailable());
+        }
+        for e in [
+            DockerError::DockerResponseServerError {
+                status_code: 500,
+                message: "connection refused by the registry".into(),
+            },
+            DockerError::DockerResponseServerError {
+                status_code: 409,
+                message: "conflict".into(),
+            },
+            io(std::io::ErrorKind::InvalidData),
+        ] {
+            assert!(!engine(e).is_unavailable());
+        }
+    }
+}
