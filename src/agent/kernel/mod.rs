@@ -16,7 +16,9 @@
 pub mod actor;
 pub mod config;
 pub mod error;
+pub mod handle;
 pub mod messages;
+pub mod resources;
 pub mod stages;
 mod status;
 pub mod tree;
@@ -25,30 +27,6 @@ pub mod watch;
 pub use actor::Kernel;
 pub use config::{KernelConfig, Owner, SessionType};
 pub use error::KernelError;
-pub use status::{KernelHandle, KernelInfo, KernelStatus};
-
-use serde::{Deserialize, Serialize};
-
-use self::stages::{ContainerHandle, ScratchDir, ServicePortInfo};
-use super::backend::{Bind, ImageInfo};
-use super::resources::SlotAllocation;
-
-/// Every stage's resource of a set-up kernel, as persisted in the store and re-adopted on
-/// restart. Field names are the JSON layout of `resources_version` 1.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct KernelResources {
-    /// `image` stage.
-    pub image: ImageInfo,
-    /// `slots` stage.
-    pub slots: SlotAllocation,
-    /// `ports` stage.
-    pub ports: Vec<u16>,
-    /// `scratch` stage.
-    pub scratch: ScratchDir,
-    /// `mounts` stage.
-    pub mounts: Vec<Bind>,
-    /// `container` stage.
-    pub container: ContainerHandle,
-    /// `service-ports` stage.
-    pub service_ports: Vec<ServicePortInfo>,
-}
+pub use handle::KernelHandle;
+pub use resources::KernelResources;
+pub use status::{KernelInfo, KernelStatus};

@@ -4,23 +4,14 @@
 use std::collections::HashMap;
 
 use actors::{BoxError, Provisioner, StageKey};
-use serde::{Deserialize, Serialize};
 
 use super::ScratchDir;
 use crate::agent::accelerators::ContainerConfig;
 use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
 use crate::agent::kernel::config::ServicePortRequest;
+pub use crate::agent::kernel::resources::ContainerHandle;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
 use crate::agent::resources::SlotAllocation;
-
-/// A created and started container.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerHandle {
-    /// Engine id.
-    pub id: String,
-    /// Engine name (`kernel.<kernel-id>`).
-    pub name: String,
-}
 
 /// The container's environment: the config's `environ`, then the agent's
 /// `BACKEND_KERNEL_ID`, `BACKEND_SESSION_ID`, and the accelerators' variables for the devices

@@ -7,8 +7,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use actors::{BoxError, Provisioner, StageKey};
-use serde::{Deserialize, Serialize};
 
+pub use crate::agent::kernel::resources::ScratchDir;
 use crate::agent::kernel::{KernelError, KernelHandle};
 
 /// What goes into the config files: `KEY=VALUE` lines.
@@ -18,27 +18,6 @@ pub struct ScratchSpec {
     pub environ: Vec<(String, String)>,
     /// Its slots and ports (`config/resource.txt`).
     pub resources: Vec<(String, String)>,
-}
-
-/// A kernel's scratch directory.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ScratchDir {
-    /// Absolute path `<scratch-root>/<kernel-id>`.
-    pub path: PathBuf,
-    /// `work/` is a tmpfs mount (size quota) that teardown unmounts.
-    pub tmpfs: bool,
-}
-
-impl ScratchDir {
-    /// `<path>/config`.
-    pub fn config_dir(&self) -> PathBuf {
-        self.path.join("config")
-    }
-
-    /// `<path>/work`.
-    pub fn work_dir(&self) -> PathBuf {
-        self.path.join("work")
-    }
 }
 
 /// Creates and removes scratch directories.

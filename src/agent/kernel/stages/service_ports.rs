@@ -1,40 +1,10 @@
 //! `service-ports`: the kernel's service ports as the engine mapped them, checked and reported.
 
 use actors::{BoxError, Provisioner, StageKey};
-use rmpv::Value;
-use serde::{Deserialize, Serialize};
 
 use crate::agent::kernel::config::ServicePortRequest;
+pub use crate::agent::kernel::resources::ServicePortInfo;
 use crate::agent::kernel::{KernelError, KernelHandle};
-
-/// A published service port: Backend.AI's `{"name", "protocol", "container_ports", "host_ports"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServicePortInfo {
-    /// Service name.
-    pub name: String,
-    /// Protocol as requested.
-    pub protocol: String,
-    /// Ports in the container.
-    pub container_ports: Vec<u16>,
-    /// The host ports they are published on, index for index.
-    pub host_ports: Vec<u16>,
-}
-
-impl ServicePortInfo {
-    /// As the wire map, Backend.AI's `ServicePort` shape:
-    /// `{name, protocol, container_ports, host_ports, is_inference}`.
-    pub fn to_value(&self) -> Value {
-        let ports = |p: &[u16]| Value::Array(p.iter().map(|&x| x.into()).collect());
-        Value::Map(vec![
-            ("name".into(), self.name.clone().into()),
-            ("protocol".into(), self.protocol.clone().into()),
-            ("container_ports".into(), ports(&self.container_ports)),
-            ("host_ports".into(), ports(&self.host_ports)),
-            // Backend.AI's `ServicePort` carries it; no inference endpoints here.
-            ("is_inference".into(), false.into()),
-        ])
-    }
-}
 
 /// Pairs service ports with host ports in order: the container stage publishes
 /// `container_ports[i]` on the i-th allocated host port.
