@@ -793,7 +793,7 @@ mod tests {
         }
         AgentRow {
             id: id.into(),
-            status: "ALIVE".into(),
+            status: crate::manager::registry::AgentStatus::Alive,
             addr: None,
             public_key: None,
             region: None,

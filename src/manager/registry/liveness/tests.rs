@@ -1,0 +1,1 @@
+//! Transition-by-transition tests.
