@@ -131,3 +131,117 @@ impl Mode {
         }
     }
 }
+
+/// Named after the steps of `docs/scenarios.md`, "Manager restart".
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hb(agent: &str, ts: f64) -> Heartbeat {
+        Heartbeat {
+            agent_id: agent.into(),
+            addr: "tcp://127.0.0.1:1".into(),
+            public_key: None,
+            region: "local".into(),
+            version: "test".into(),
+            ts,
+            slots_total: Default::default(),
+            slot_types: Default::default(),
+            kernels: vec![],
+        }
+    }
+
+    fn alive(ids: &[&str]) -> HashSet<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    const GRACE: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn manager_restart_without_a_live_agent_has_no_grace() {
+        let mut mode = Mode::at_start(alive(&[]), Instant::now(), GRACE);
+        assert!(mode.is_normal());
+        assert_eq!(mode.refusing(Instant::now()), None);
+        assert_eq!(mode.receive(hb("a", 1.0)), Some(hb("a", 1.0)));
+    }
+
+    #[test]
+    fn manager_restart_grace_refuses_the_kernel_api_with_its_time_left() {
+        let t0 = Instant::now();
+        let mode = Mode::at_start(alive(&["a"]), t0, GRACE);
+        assert!(!mode.is_normal());
+        assert_eq!(mode.refusing(t0), Some(GRACE));
+        assert_eq!(
+            mode.refusing(t0 + Duration::from_secs(4)),
+            Some(Duration::from_secs(6))
+        );
+        // At least a second, even once it ran out.
+        assert_eq!(mode.refusing(t0 + GRACE * 2), Some(Duration::from_secs(1)));
+        assert_eq!(mode.grace_over(t0 + Duration::from_secs(4)), None);
+    }
+
+    #[test]
+    fn manager_restart_heartbeats_during_the_grace_keep_the_newest_per_agent() {
+        let t0 = Instant::now();
+        let mut mode = Mode::at_start(alive(&["a", "b"]), t0, GRACE);
+        // Several at once, out of order: the newest (`ts`) wins; none is applied yet.
+        assert_eq!(mode.receive(hb("a", 2.0)), None);
+        assert_eq!(mode.receive(hb("a", 3.0)), None);
+        assert_eq!(mode.receive(hb("a", 1.0)), None);
+        // An agent the store did not have ALIVE is kept too.
+        assert_eq!(mode.receive(hb("c", 1.0)), None);
+        assert_eq!(mode.grace_over(t0), None, "b not heard yet");
+        assert_eq!(mode.receive(hb("b", 5.0)), None);
+        assert_eq!(mode.grace_over(t0), Some(GraceEnd::AllReported));
+        let mut latest: Vec<(String, f64)> = mode
+            .end_grace()
+            .into_iter()
+            .map(|(id, hb)| (id, hb.ts))
+            .collect();
+        latest.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(
+            latest,
+            [("a".into(), 3.0), ("b".into(), 5.0), ("c".into(), 1.0)]
+        );
+    }
+
+    #[test]
+    fn manager_restart_agent_heard_by_another_replica_is_not_waited_for() {
+        let t0 = Instant::now();
+        let mut mode = Mode::at_start(alive(&["a"]), t0, GRACE);
+        mode.heard_from("a");
+        assert_eq!(mode.grace_over(t0), Some(GraceEnd::AllReported));
+        // Nothing of its own to reconcile.
+        assert!(mode.end_grace().is_empty());
+    }
+
+    #[test]
+    fn manager_restart_grace_runs_out_before_every_agent_reported() {
+        let t0 = Instant::now();
+        let mut mode = Mode::at_start(alive(&["a", "b", "c"]), t0, GRACE);
+        assert_eq!(mode.receive(hb("a", 1.0)), None);
+        assert_eq!(mode.grace_over(t0 + GRACE - Duration::from_millis(1)), None);
+        assert_eq!(
+            mode.grace_over(t0 + GRACE),
+            Some(GraceEnd::TimedOut { silent: 2 })
+        );
+        assert_eq!(mode.end_grace().len(), 1);
+    }
+
+    #[test]
+    fn manager_restart_reconciling_refuses_the_api_then_normal_mode_applies_heartbeats() {
+        let t0 = Instant::now();
+        let mut mode = Mode::at_start(alive(&["a"]), t0, GRACE);
+        assert_eq!(mode.receive(hb("a", 1.0)), None);
+        let _ = mode.end_grace();
+        assert!(matches!(mode, Mode::Reconciling));
+        assert_eq!(mode.refusing(t0), Some(Duration::from_secs(1)));
+        // Only proof of life while reconciling.
+        assert_eq!(mode.receive(hb("a", 2.0)), None);
+        assert_eq!(mode.grace_over(t0 + GRACE), None);
+        mode.reconciled();
+        assert!(mode.is_normal());
+        assert_eq!(mode.refusing(t0), None);
+        assert_eq!(mode.receive(hb("a", 3.0)), Some(hb("a", 3.0)));
+    }
+}
