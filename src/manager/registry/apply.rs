@@ -80,4 +80,3 @@ impl Handler<ApplyEvents> for AgentRegistry {
         )
     }
 }
-

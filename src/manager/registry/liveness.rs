@@ -298,10 +298,7 @@ pub enum LossRecord {
 /// `mark_agent_lost` ended: `LOST` (stamped) and its pool connection dropped when recorded,
 /// otherwise unchanged; either way no record is in flight any more.
 pub fn loss_recorded(l: Liveness, record: LossRecord) -> Step {
-    let l = Liveness {
-        losing: false,
-        ..l
-    };
+    let l = Liveness { losing: false, ..l };
     match record {
         LossRecord::Recorded => Step::to(
             l,

@@ -651,4 +651,3 @@ impl Actor for AgentRegistry {
         });
     }
 }
-

@@ -14,7 +14,11 @@ use crate::manager::store::{KernelRow, Store, StoreError};
 
 impl AgentRegistry {
     /// End of the grace period: reconcile the store with each agent's newest heartbeat.
-    pub(super) fn end_grace(&mut self, latest: HashMap<String, Heartbeat>, ctx: &mut Context<Self>) {
+    pub(super) fn end_grace(
+        &mut self,
+        latest: HashMap<String, Heartbeat>,
+        ctx: &mut Context<Self>,
+    ) {
         tracing::info!(
             agents = latest.len(),
             "start-up grace over; reconciling the store with the latest heartbeats"
@@ -82,4 +86,3 @@ async fn reconcile(
     }
     Ok(())
 }
-

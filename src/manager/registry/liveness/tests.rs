@@ -252,7 +252,10 @@ fn agent_suspended_loss_recorded_elsewhere_or_failed_changes_nothing_here() {
 
 #[test]
 fn agent_suspended_lost_agent_stays_lost_while_silent() {
-    assert_eq!(swept(at(Lost), sweep(true, false)), step(Lost, false, false, &[]));
+    assert_eq!(
+        swept(at(Lost), sweep(true, false)),
+        step(Lost, false, false, &[])
+    );
     assert_eq!(
         swept(at(Lost), sweep(false, false)),
         step(Lost, false, false, &[])
@@ -358,7 +361,12 @@ fn agent_resumed_then_silent_again_is_lost_again() {
     // Silent after a failed reset: reset tried again and the loss recorded, in that order.
     assert_eq!(
         swept(at(Pending), sweep(true, false)),
-        step(Pending, true, true, &[Effect::StartReset, Effect::RecordLoss])
+        step(
+            Pending,
+            true,
+            true,
+            &[Effect::StartReset, Effect::RecordLoss]
+        )
     );
 }
 
