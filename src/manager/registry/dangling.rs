@@ -1,4 +1,5 @@
-//! Dangling kernels (seed 001): what the manager does with an agent's `kernel_dangling` report.
+//! Dangling kernels: what the manager does with an agent's `kernel_dangling` report
+//! (`docs/events.md`).
 //!
 //! - The store holds the kernel live **on that agent** (same session when the report names one)
 //!   and the agent could rebuild it → `adopt_kernel(kernel_id)` at once: the agent re-reserves
@@ -15,7 +16,7 @@
 //! Every outcome is logged and counted in `kernelvisor_manager_dangling_kernels_total{action}`
 //! (`reported`, `adopted`, `destroyed`, `gone`: the agent no longer has it, `failed`).
 //!
-//! Several replicas (issue 17): the report is stored with its event (`dangling_reports`); the
+//! Several replicas: the report is stored with its event (`dangling_reports`); the
 //! leader loads what the store holds each tick and deletes a report once resolved, so one taken
 //! by a standby, or left unresolved by a leader that died, is resolved by the next leader.
 
