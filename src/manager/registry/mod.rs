@@ -27,7 +27,7 @@
 
 mod apply;
 mod dangling;
-pub mod grace;
+mod grace;
 pub mod heartbeat;
 pub mod inbox;
 pub mod liveness;
