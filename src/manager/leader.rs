@@ -1,4 +1,4 @@
-//! Which replica runs the single-leader duties (issue 17): the heartbeat-timeout sweep (`LOST`),
+//! Which replica runs the single-leader duties: the heartbeat-timeout sweep (`LOST`),
 //! the `reset_instance` flow, processed-event pruning and dangling-kernel decisions.
 //!
 //! - **PostgreSQL** (a fleet, several managers): the replica holding the session-level advisory

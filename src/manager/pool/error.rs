@@ -2,7 +2,7 @@
 
 use crate::rpc::CallError;
 
-/// The pool will not call this agent now (seed 000's `AgentConnectionUnavailable`): it is
+/// The pool will not call this agent now (Backend.AI's `AgentConnectionUnavailable`): it is
 /// unknown, its connection could not be opened, or its entry is unhealthy and awaiting the
 /// health check's recovery or eviction. The manager's API maps it to HTTP 503.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! `AgentPool`: one persistent ZeroMQ peer per agent, with ping health checks (seed 000, as an actor).
+//! `AgentPool`: one persistent ZeroMQ peer per agent, with ping health checks (Backend.AI's
+//! agent RPC connection pooling, as an actor).
 //!
 //! - An entry is created on first use: a DEALER, CURVE when the agent has a public key, TCP
 //!   keepalive, and callosum's PING/PONG handshake. Concurrent first callers share one handshake.
@@ -9,7 +10,7 @@
 //!   marks it unhealthy; one unhealthy for longer than `recovery_timeout` is closed and evicted,
 //!   so the next call reconnects from scratch (e.g. after the agent restarted).
 //! - [`Invalidate`] marks an entry unhealthy (the registry calls it when an agent is lost).
-//! - Fleet scale (issue 17): every agent's connection is a route of one ROUTER ([`Mux`]), one
+//! - Fleet scale: every agent's connection is a route of one ROUTER ([`Mux`]), one
 //!   file descriptor each where a DEALER costs two and a socket of the context's 1,023; the
 //!   context has `io-threads`. The periodic sweep keeps at most `health-check-concurrency`
 //!   pings in flight and paces their start over half the interval, so 10,000 agents are not

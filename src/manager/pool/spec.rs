@@ -1,4 +1,4 @@
-//! `PoolSpec`: the agent pool's timing and failure policy (seed 000's `AgentPoolSpec`).
+//! `PoolSpec`: the agent pool's timing and failure policy (Backend.AI's `AgentPoolSpec`).
 
 use std::time::Duration;
 
@@ -9,7 +9,8 @@ const FDS_PER_AGENT: u64 = 2;
 /// Descriptors for everything else (store, API clients, logs).
 const FDS_HEADROOM: u64 = 4096;
 
-/// Timing and failure policy of the [`super::AgentPool`]; defaults are seed 000's.
+/// Timing and failure policy of the [`super::AgentPool`]; defaults are Backend.AI's
+/// `AgentPoolSpec` ones.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolSpec {
     /// Period of the health-check sweep that pings every entry (default 30 s).

@@ -1,4 +1,5 @@
-//! Dangling kernels (seed 001): what the manager does with an agent's `kernel_dangling` report.
+//! Dangling kernels: what the manager does with an agent's `kernel_dangling` report
+//! (`docs/events.md`).
 //!
 //! - The store holds the kernel live **on that agent** (same session when the report names one)
 //!   and the agent could rebuild it → `adopt_kernel(kernel_id)` at once: the agent re-reserves
@@ -15,14 +16,14 @@
 //! Every outcome is logged and counted in `kernelvisor_manager_dangling_kernels_total{action}`
 //! (`reported`, `adopted`, `destroyed`, `gone`: the agent no longer has it, `failed`).
 //!
-//! Several replicas (issue 17): the report is stored with its event (`dangling_reports`); the
+//! Several replicas: the report is stored with its event (`dangling_reports`); the
 //! leader loads what the store holds each tick and deletes a report once resolved, so one taken
 //! by a standby, or left unresolved by a leader that died, is resolved by the next leader.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use actix::Addr;
+use actix::prelude::*;
 
 use super::super::calls::call_method;
 use super::super::metrics::ManagerMetrics;
@@ -263,6 +264,75 @@ async fn not_adoptable(store: &Store, p: &Pending, why: &str) -> Outcome {
         Ok(_) if Instant::now() < p.destroy_after => Outcome::Wait,
         Ok(_) => Outcome::Retry("terminated in the store; destroying next".into()),
         Err(e) => Outcome::Retry(format!("store: {e}")),
+    }
+}
+
+impl super::AgentRegistry {
+    /// Takes the reports the store holds (other replicas', the previous leader's) into the
+    /// book, then drives it; the leader's duty. One read at a time.
+    pub(super) fn load_dangling(&mut self, ctx: &mut Context<Self>) {
+        if !self.leader.is_leader() || self.loading_dangling {
+            return;
+        }
+        self.loading_dangling = true;
+        let store = self.store.clone();
+        ctx.spawn(
+            async move { store.dangling_reports().await }
+                .into_actor(self)
+                .map(|res, act, ctx| {
+                    act.loading_dangling = false;
+                    match res {
+                        Ok(reports) => {
+                            act.dangling.load(&reports, act.spec.dangling_grace);
+                            act.drive_dangling(ctx);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading dangling kernel reports failed")
+                        }
+                    }
+                }),
+        );
+    }
+
+    /// Runs a step for every dangling report that is due (dangling.rs); the leader's duty.
+    pub(super) fn drive_dangling(&mut self, ctx: &mut Context<Self>) {
+        if !self.leader.is_leader() {
+            return;
+        }
+        for p in self.dangling.due() {
+            let (store, pool, metrics, timeout) = (
+                self.store.clone(),
+                self.pool.clone(),
+                self.metrics.clone(),
+                self.spec.dangling_call_timeout,
+            );
+            let key = (p.agent_id.clone(), p.kernel_id.clone());
+            ctx.spawn(
+                async move { step(store, pool, &metrics, p, timeout).await }
+                    .into_actor(self)
+                    .map(move |outcome, act, _| {
+                        match &outcome {
+                            Outcome::Done(action) => act
+                                .metrics
+                                .dangling_kernels
+                                .with_label_values(&[action])
+                                .inc(),
+                            Outcome::Retry(why) => {
+                                tracing::debug!(agent_id = %key.0, kernel_id = %key.1, %why, "dangling kernel: retrying")
+                            }
+                            Outcome::Wait => {}
+                        }
+                        if let Some(p) = act.dangling.settle(key, &outcome) {
+                            tracing::error!(agent_id = %p.agent_id, kernel_id = %p.kernel_id, "dangling kernel unresolved after many tries: given up (reported again on the agent's next start)");
+                            act.metrics.dangling_kernels.with_label_values(&["failed"]).inc();
+                            let store = act.store.clone();
+                            actix::spawn(async move {
+                                let _ = store.resolve_dangling_report(&p.agent_id, &p.kernel_id).await;
+                            });
+                        }
+                    }),
+            );
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! `HeartbeatInbox`: where the event intake leaves heartbeats for the registry, one per agent
-//! (latest wins), taken by the registry in batches (issue 17: a fleet's heartbeats applied in
-//! batches, memory that does not grow with what agents send).
+//! (latest wins), taken by the registry in batches (a fleet's heartbeats applied in batches, memory
+//! that does not grow with what agents send).
 //!
 //! An agent's heartbeat supersedes the previous one it sent (`docs/events.md`), so a manager
 //! that falls behind keeps one heartbeat per agent, never a queue: what is held is bounded by

@@ -3,59 +3,18 @@
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
+use super::columns::{legacy_columns, slots_column};
 use super::{now, Store, StoreError};
-use crate::slots::{Amount, ResourceSlots, SlotTypes};
-
-/// Slots from the columns written before `0005_resource_slots` (millicores, bytes, devices);
-/// `cuda.device` only when non-zero.
-pub(super) fn legacy_slots(cpu_millis: i64, mem_bytes: i64, cuda_devices: i64) -> ResourceSlots {
-    let mut s = ResourceSlots::new();
-    s.set(
-        crate::slots::CPU,
-        Amount::from_milli(cpu_millis.max(0) as u64),
-    );
-    s.set(
-        crate::slots::MEM,
-        Amount::from_units(mem_bytes.max(0) as u64),
-    );
-    if cuda_devices > 0 {
-        s.set("cuda.device", Amount::from_units(cuda_devices as u64));
-    }
-    s
-}
-
-/// Slots from their JSON column, or (`''`, a row from before `0005_resource_slots`) from the old
-/// columns.
-pub(super) fn slots_column(r: &AnyRow, column: &str) -> Result<ResourceSlots, sqlx::Error> {
-    let text: String = r.try_get(column)?;
-    if text.is_empty() {
-        return Ok(legacy_slots(
-            r.try_get("cpu_millis")?,
-            r.try_get("mem_bytes")?,
-            r.try_get("cuda_devices")?,
-        ));
-    }
-    serde_json::from_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-}
-
-/// The old columns' values for `slots` (still written, for compatibility): millicores, bytes,
-/// whole `cuda.device`s.
-pub(super) fn legacy_columns(slots: &ResourceSlots) -> (i64, i64, i64) {
-    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    (
-        clamp(slots.get(crate::slots::CPU).milli()),
-        clamp(slots.get(crate::slots::MEM).units()),
-        clamp(slots.get("cuda.device").units()),
-    )
-}
+use crate::manager::registry::liveness::AgentStatus;
+use crate::slots::{ResourceSlots, SlotTypes};
 
 /// One agent row: liveness, address, and its slots in total with their types.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentRow {
     /// Agent id.
     pub id: String,
-    /// `ALIVE`, `LOST`, `PENDING`, `TERMINATED`.
-    pub status: String,
+    /// Liveness (stored as `ALIVE`, `LOST`, `PENDING`, `TERMINATED`).
+    pub status: AgentStatus,
     /// `tcp://host:port` of its RPC server.
     pub addr: Option<String>,
     /// Z85 CURVE public key.
@@ -87,7 +46,10 @@ impl AgentRow {
     fn from_row(r: &AnyRow) -> Result<AgentRow, sqlx::Error> {
         Ok(AgentRow {
             id: r.try_get("id")?,
-            status: r.try_get("status")?,
+            status: r
+                .try_get::<String, _>("status")?
+                .parse()
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
             addr: r.try_get("addr")?,
             public_key: r.try_get("public_key")?,
             region: r.try_get("region")?,
@@ -133,7 +95,7 @@ pub(super) async fn upsert_in(
            updated_at = excluded.updated_at, updated_by = excluded.updated_by",
     )
     .bind(&a.id)
-    .bind(&a.status)
+    .bind(a.status.as_str())
     .bind(&a.addr)
     .bind(&a.public_key)
     .bind(&a.region)
@@ -192,8 +154,8 @@ impl Store {
     pub async fn set_agent_status(
         &self,
         agent_id: &str,
-        from: &[&str],
-        to: &str,
+        from: &[AgentStatus],
+        to: AgentStatus,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let moved = set_status_in(&mut tx, agent_id, from, to, &self.replica).await?;
@@ -210,8 +172,8 @@ impl Store {
         if !set_status_in(
             &mut tx,
             agent_id,
-            &["ALIVE", "PENDING"],
-            "LOST",
+            &[AgentStatus::Alive, AgentStatus::Pending],
+            AgentStatus::Lost,
             &self.replica,
         )
         .await?
@@ -235,14 +197,14 @@ impl Store {
 async fn set_status_in(
     tx: &mut Transaction<'_, Any>,
     agent_id: &str,
-    from: &[&str],
-    to: &str,
+    from: &[AgentStatus],
+    to: AgentStatus,
     by: &str,
 ) -> Result<bool, sqlx::Error> {
-    // `from` is a fixed list of status names, never user input.
+    // Status names are the enum's fixed strings, never user input.
     let list = from
         .iter()
-        .map(|s| format!("'{s}'"))
+        .map(|s| format!("'{}'", s.as_str()))
         .collect::<Vec<_>>()
         .join(", ");
     let t = now();
@@ -250,7 +212,7 @@ async fn set_status_in(
         "UPDATE agents SET status = $1, status_changed = $2, updated_at = $2, updated_by = $3 \
          WHERE id = $4 AND status IN ({list})"
     ))
-    .bind(to)
+    .bind(to.as_str())
     .bind(t)
     .bind(by)
     .bind(agent_id)

@@ -1,4 +1,4 @@
-//! Dangling kernel reports (seed 001's `kernel_dangling`) awaiting the leader's decision
+//! Dangling kernel reports (`kernel_dangling`, `docs/events.md`) awaiting the leader's decision
 //! (`migrations/manager/0007_dangling_reports.sql`): written in the reporting event's
 //! transaction by whichever replica takes it, read by the leader, deleted once resolved.
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
-use super::agents::{legacy_columns, slots_column};
+use super::columns::{legacy_columns, slots_column};
 use super::{now, Store, StoreError};
 use crate::slots::ResourceSlots;
 

@@ -7,6 +7,7 @@
 //! (invariant 2 of `docs/scenarios.md`; the column also has `CHECK (concurrency_used >= 0)`).
 
 mod agents;
+mod columns;
 mod dangling;
 mod events;
 mod kernels;

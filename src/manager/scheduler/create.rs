@@ -1,0 +1,272 @@
+//! `CreateSession`: resolve the mounts, place and reserve (retrying lost races), then
+//! `create_kernels` on the chosen agent; any failure undoes the reservation.
+
+use std::collections::BTreeMap;
+
+use actix::prelude::*;
+use rmpv::Value;
+
+use super::place::{parse_request, place};
+use super::request::{MountSpec, SessionRequest};
+use super::Scheduler;
+use crate::agent::kernel::config::ACCESS_KEY_ENV;
+use crate::manager::calls::{agent_error, call_agent, call_method};
+use crate::manager::error::ManagerError;
+use crate::manager::registry::PlacementCandidates;
+use crate::manager::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store};
+use crate::rpc::agent_api::kernel::{
+    ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
+    KernelCreationConfig, ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
+};
+use crate::rpc::agent_api::{decode_reply, encode_args, to_value};
+use crate::workload::RestartPolicy;
+
+/// Placements tried before a create gives up with `no-capacity` when every try lost a race for
+/// the chosen agent's slots (other replicas placing at the same time).
+const MAX_PLACEMENT_ATTEMPTS: u32 = 5;
+
+/// The agent's `mounts` for `owner`'s vfolders: `{"name", "host_path": "<owner>/<name>",
+/// "permission"}`, the path relative to the agent's `[container] vfolder-root`.
+///
+/// Errors: 400 for a bad name or permission or a name mounted twice, 404
+/// `vfolder-not-found` for a name the owner has no vfolder of.
+async fn resolve_mounts(
+    store: &Store,
+    owner: &str,
+    mounts: &[MountSpec],
+) -> Result<Vec<VFolderMount>, ManagerError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(mounts.len());
+    for m in mounts {
+        crate::manager::vfolder_name::check(&m.name)?;
+        let permission = m.checked_permission()?;
+        if !seen.insert(m.name.as_str()) {
+            return Err(ManagerError::InvalidRequest(format!(
+                "vfolder `{}` is mounted twice",
+                m.name
+            )));
+        }
+        if store.vfolder(owner, &m.name).await?.is_none() {
+            return Err(ManagerError::VfolderNotFound(m.name.clone()));
+        }
+        out.push(VFolderMount {
+            name: m.name.clone(),
+            host_path: format!("{owner}/{}", m.name),
+            kernel_path: Some(format!("/home/work/{}", m.name)),
+            mount_perm: permission.into(),
+            ..VFolderMount::default()
+        });
+    }
+    Ok(out)
+}
+
+/// Creates a session: its kernel row as stored after the agent answered.
+#[derive(Message)]
+#[rtype(result = "Result<KernelRow, ManagerError>")]
+pub struct CreateSession {
+    /// The access key that will own it (the caller, or the key an admin named).
+    pub owner: String,
+    /// What was asked for.
+    pub request: SessionRequest,
+}
+
+impl Handler<CreateSession> for Scheduler {
+    type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
+
+    fn handle(&mut self, msg: CreateSession, _: &mut Context<Self>) -> Self::Result {
+        let (owner, req) = (msg.owner, msg.request);
+        let (store, pool, registry, metrics, spec, placing) = (
+            self.store.clone(),
+            self.pool.clone(),
+            self.registry.clone(),
+            self.metrics.clone(),
+            self.spec.clone(),
+            self.placing.clone(),
+        );
+        Box::pin(async move {
+            if req.image.trim().is_empty() {
+                return Err(ManagerError::InvalidRequest(
+                    "`image` must not be empty".into(),
+                ));
+            }
+            if owner.is_empty() {
+                return Err(ManagerError::InvalidRequest(
+                    "`access_key` must not be empty".into(),
+                ));
+            }
+            let session_type = req.checked_type()?;
+            let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
+            let kernel_id = uuid::Uuid::new_v4().to_string();
+            let session_id = uuid::Uuid::new_v4().to_string();
+            let (agent_id, slots) = {
+                // One placement at a time per replica; the store serializes reservations on an
+                // agent across replicas and re-checks its room, so a lost race places again.
+                let _guard = placing.lock().await;
+                let all = registry.send(PlacementCandidates).await?;
+                let slots = parse_request(&req.resource_slots, &all)?;
+                // Agents the store turned out to hold LOST/PENDING (rare: copied only then).
+                let mut fewer: Option<Vec<AgentRow>> = None;
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(&all);
+                    let usage = store.usage_by_agent().await?;
+                    let agent_id = place(candidates, &usage, &slots)?;
+                    let total = candidates
+                        .iter()
+                        .find(|a| a.id == agent_id)
+                        .map(|a| a.slots_total.clone())
+                        .unwrap_or_default();
+                    let new = NewKernel {
+                        id: kernel_id.clone(),
+                        session_id: session_id.clone(),
+                        agent_id: agent_id.clone(),
+                        access_key: owner.clone(),
+                        image: req.image.clone(),
+                        resource_slots: slots.clone(),
+                        session_type: session_type.to_owned(),
+                        command: req.command.clone(),
+                        batch_timeout: req.batch_timeout,
+                        mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
+                        restart_policy: serde_json::to_string(
+                            &req.restart_policy.unwrap_or_default(),
+                        )
+                        .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
+                    };
+                    match store.reserve_kernel(&new, &total).await {
+                        Ok(()) => break (agent_id, slots),
+                        Err(ReserveError::UnknownAccessKey(k)) => {
+                            return Err(ManagerError::AccessKeyNotFound(k))
+                        }
+                        Err(e @ ReserveError::ConcurrencyLimit(..)) => {
+                            return Err(ManagerError::ConcurrencyLimit(e.to_string()))
+                        }
+                        Err(ReserveError::Store(e)) => return Err(e.into()),
+                        Err(e) if attempt >= MAX_PLACEMENT_ATTEMPTS => {
+                            tracing::warn!(error = %e, attempt, "placement kept losing races");
+                            return Err(ManagerError::NoCapacity(format!(
+                                "{e}; retry after a session ends"
+                            )));
+                        }
+                        Err(ReserveError::AgentNotAlive(id, status)) => {
+                            tracing::info!(agent_id = %id, %status, "placement: the store holds the agent not alive; placing elsewhere");
+                            let mut rest = candidates.to_vec();
+                            rest.retain(|a| a.id != id);
+                            fewer = Some(rest);
+                        }
+                        Err(ReserveError::NoRoom(id)) => {
+                            tracing::debug!(agent_id = %id, attempt, "placement: lost a race for the agent's slots; placing again");
+                        }
+                    }
+                }
+            };
+            let mut environ: BTreeMap<String, Value> = req
+                .environ
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .collect();
+            environ.insert(ACCESS_KEY_ENV.into(), owner.as_str().into());
+            let config = KernelCreationConfig {
+                image: ImageConfig::by_reference(&req.image),
+                kernel_id: Some(kernel_id.clone()),
+                session_id: Some(session_id.clone()),
+                network_id: Some(session_id.clone()),
+                session_type: match session_type {
+                    "batch" => SessionTypes::Batch,
+                    _ => SessionTypes::Interactive,
+                },
+                cluster_role: Some("main".into()),
+                cluster_idx: Some(1),
+                cluster_hostname: Some("main1".into()),
+                resource_slots: match slots.to_msgpack() {
+                    Value::Map(m) => m
+                        .into_iter()
+                        .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
+                        .collect(),
+                    _ => BTreeMap::new(),
+                },
+                environ,
+                mounts,
+                startup_command: req.command.clone(),
+                service_ports: req
+                    .service_ports
+                    .iter()
+                    .map(|sp| WireServicePort {
+                        name: sp.name.clone(),
+                        protocol: sp.protocol.clone().unwrap_or_else(|| "tcp".into()),
+                        container_ports: sp.container_ports.clone(),
+                    })
+                    .collect(),
+                batch_timeout: req.batch_timeout,
+                restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
+                agent_addr: None,
+                ..KernelCreationConfig::default()
+            };
+            let call = encode_args::<CreateKernels>(&CreateKernelsArgs {
+                session_id: session_id.clone(),
+                kernel_ids: vec![kernel_id.clone()],
+                configs: vec![to_value(&config)],
+                cluster_info: Some(ClusterInfo::default()),
+                kernel_image_refs: None,
+            });
+            let args = call.args;
+            match call_agent(
+                &pool,
+                &metrics,
+                &agent_id,
+                "create_kernels",
+                args,
+                spec.create_timeout,
+            )
+            .await
+            {
+                Ok(reply) => {
+                    let status = decode_reply::<CreateKernels>(reply)
+                        .map_err(|e| ManagerError::Internal(e.to_string()))?
+                        .first()
+                        .and_then(|r| r.info.get("status"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("RUNNING")
+                        .to_owned();
+                    store.advance_kernel(&kernel_id, &status).await?;
+                    metrics.sessions_created.inc();
+                }
+                Err(e) if e.failure().is_some() => {
+                    // The agent refused it whole: nothing exists there.
+                    store.discard_reservation(&kernel_id).await?;
+                    return Err(agent_error(&e));
+                }
+                Err(e) => {
+                    // Unknown outcome: the kernel may exist. Release it here, and ask the agent
+                    // to destroy it when it can be reached (its kernel_terminated is then a no-op).
+                    store
+                        .terminate_kernel(&kernel_id, "failed-to-create", None)
+                        .await?;
+                    let (pool, metrics, agent, kid, sid, t) = (
+                        pool.clone(),
+                        metrics.clone(),
+                        agent_id.clone(),
+                        kernel_id.clone(),
+                        session_id.clone(),
+                        spec.destroy_timeout,
+                    );
+                    actix::spawn(async move {
+                        let args = DestroyKernelArgs {
+                            kernel_id: kid,
+                            session_id: Some(sid),
+                            reason: Some("failed-to-create".into()),
+                            suppress_events: None,
+                        };
+                        let _ =
+                            call_method::<DestroyKernel>(&pool, &metrics, &agent, &args, t).await;
+                    });
+                    return Err(ManagerError::AgentUnavailable(e.to_string()));
+                }
+            }
+            store
+                .kernel(&kernel_id)
+                .await?
+                .ok_or_else(|| ManagerError::Internal("created kernel row vanished".into()))
+        })
+    }
+}

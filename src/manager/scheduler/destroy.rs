@@ -1,0 +1,58 @@
+//! `DestroySession`: `destroy_kernel` on the agent, then out of the live set.
+
+use actix::prelude::*;
+
+use super::Scheduler;
+use crate::manager::calls::{agent_error, call_method};
+use crate::manager::error::ManagerError;
+use crate::manager::store::KernelRow;
+use crate::rpc::agent_api::kernel::{DestroyKernel, DestroyKernelArgs};
+
+/// Destroys a session's kernel on its agent and takes it out of the live set.
+#[derive(Message)]
+#[rtype(result = "Result<KernelRow, ManagerError>")]
+pub struct DestroySession(pub String);
+
+impl Handler<DestroySession> for Scheduler {
+    type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
+
+    fn handle(
+        &mut self,
+        DestroySession(id): DestroySession,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let (store, pool, metrics, timeout) = (
+            self.store.clone(),
+            self.pool.clone(),
+            self.metrics.clone(),
+            self.spec.destroy_timeout,
+        );
+        Box::pin(async move {
+            let k = store
+                .kernel(&id)
+                .await?
+                .ok_or_else(|| ManagerError::SessionNotFound(id.clone()))?;
+            if !k.is_live() {
+                return Ok(k);
+            }
+            let args = DestroyKernelArgs {
+                kernel_id: k.id.clone(),
+                session_id: Some(k.session_id.clone()),
+                reason: Some("user-requested".into()),
+                suppress_events: None,
+            };
+            match call_method::<DestroyKernel>(&pool, &metrics, &k.agent_id, &args, timeout).await {
+                Ok(_) => {}
+                Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => {}
+                Err(e) => return Err(agent_error(&e)),
+            }
+            store
+                .terminate_kernel(&k.id, "user-requested", None)
+                .await?;
+            store
+                .kernel(&k.id)
+                .await?
+                .ok_or(ManagerError::SessionNotFound(id))
+        })
+    }
+}

@@ -1,0 +1,328 @@
+//! Placement, pure: which agent gets a session's kernel, from the candidates' slots in total
+//! and their usage.
+
+use std::collections::BTreeMap;
+
+use crate::manager::error::ManagerError;
+use crate::manager::store::{AgentRow, Usage};
+use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
+
+/// The slot types a request may name: the built-in `cpu` / `mem` and every slot type the
+/// `candidates` (the `ALIVE` agents) advertise. Where agents disagree on a slot's type, the
+/// agent with the smallest id wins (deterministic; the built-ins always win).
+pub fn known_slot_types(candidates: &[AgentRow]) -> SlotTypes {
+    let mut types = crate::slots::builtin_types();
+    let mut by_id: Vec<&AgentRow> = candidates.iter().collect();
+    by_id.sort_by(|a, b| a.id.cmp(&b.id));
+    for a in by_id {
+        for (name, ty) in &a.slot_types {
+            types.entry(name.clone()).or_insert(*ty);
+        }
+    }
+    types
+}
+
+/// Parses a session's `resource_slots` against the slots the `candidates` have
+/// ([`known_slot_types`]): `cpu` (> 0) and `mem` required, amounts in the slot's unit (cores
+/// with up to 3 decimals, whole bytes or a size such as `"256m"`, counts with up to 3 decimals,
+/// whole `unique` devices).
+///
+/// Errors: [`ManagerError::UnknownSlot`] for a slot no candidate has (with no candidate at all,
+/// [`ManagerError::NoAgents`]); [`ManagerError::InvalidRequest`] naming the slot for a bad or
+/// missing amount.
+pub fn parse_request(
+    slots: &BTreeMap<String, serde_json::Value>,
+    candidates: &[AgentRow],
+) -> Result<ResourceSlots, ManagerError> {
+    ResourceSlots::request_from_json(slots, &known_slot_types(candidates)).map_err(|e| match e {
+        SlotError::Unknown(_) if candidates.is_empty() => ManagerError::NoAgents,
+        SlotError::Unknown(name) => ManagerError::UnknownSlot(name),
+        other => ManagerError::InvalidRequest(other.to_string()),
+    })
+}
+
+/// An agent's load after placing `req`: the fullest slot's `(used + req) / total`
+/// ([`ResourceSlots::load`]; lower = less loaded).
+fn load_after(total: &ResourceSlots, used: &ResourceSlots, req: &ResourceSlots) -> f64 {
+    let after = used.checked_add(req).unwrap_or_else(|_| total.clone());
+    ResourceSlots::load(&after, total)
+}
+
+/// Picks the agent for `req` over every slot: among the `candidates` whose total has every
+/// non-zero slot of `req` and whose free slots (`total − usage`) fit it, the least loaded after
+/// placing it ([`load_after`]); ties go to fewer kernels, then the id. An agent without a slot
+/// the request needs (an accelerator) is never chosen.
+///
+/// Errors: no candidates → `NoAgents`; none could ever fit (not in any agent's total) →
+/// `SlotsExceedCapacity`, naming the slot; none fits now → `NoCapacity`.
+pub fn place(
+    candidates: &[AgentRow],
+    usage: &std::collections::HashMap<String, Usage>,
+    req: &ResourceSlots,
+) -> Result<String, ManagerError> {
+    if candidates.is_empty() {
+        return Err(ManagerError::NoAgents);
+    }
+    if !candidates
+        .iter()
+        .any(|a| req.fits_in(&a.slots_total).is_ok())
+    {
+        // Name the first slot that no agent has enough of in total, with the largest total.
+        let (slot, largest) = req
+            .nonzero()
+            .map(|(slot, want)| {
+                let largest = candidates
+                    .iter()
+                    .map(|a| a.slots_total.get(slot))
+                    .max()
+                    .unwrap_or_default();
+                (slot, want, largest)
+            })
+            .find(|(_, want, largest)| want > largest)
+            .map(|(slot, _, largest)| (slot.to_owned(), largest))
+            .unwrap_or_else(|| ("(combined)".to_owned(), Amount::ZERO));
+        return Err(ManagerError::SlotsExceedCapacity(format!(
+            "requested {req}: no ALIVE agent has that much in total (largest {slot}: {largest})"
+        )));
+    }
+    let empty = Usage::default();
+    // Each candidate's load computed once (10,000 agents: one pass, not one per comparison).
+    candidates
+        .iter()
+        .map(|a| (a, usage.get(&a.id).unwrap_or(&empty)))
+        .filter(|(a, u)| req.fits_in(&a.slots_total.saturating_sub(&u.slots)).is_ok())
+        .map(|(a, u)| (load_after(&a.slots_total, &u.slots, req), u.kernels, a))
+        .min_by(|(la, ka, a), (lb, kb, b)| la.total_cmp(lb).then(ka.cmp(kb)).then(a.id.cmp(&b.id)))
+        .map(|(_, _, a)| a.id.clone())
+        .ok_or_else(|| {
+            ManagerError::NoCapacity(
+                "every agent that could run it is full; retry after a session ends".into(),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::manager::store::Usage;
+    use crate::slots::SlotType;
+
+    fn slots(pairs: &[(&str, &str)]) -> ResourceSlots {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Amount::parse(v).unwrap()))
+            .collect()
+    }
+
+    fn agent(id: &str, total: &[(&str, &str)], accel: &[(&str, SlotType)]) -> AgentRow {
+        let mut slot_types = crate::slots::builtin_types();
+        for (k, t) in accel {
+            slot_types.insert(k.to_string(), *t);
+        }
+        AgentRow {
+            id: id.into(),
+            status: crate::manager::registry::AgentStatus::Alive,
+            addr: None,
+            public_key: None,
+            region: None,
+            version: None,
+            slots_total: slots(total),
+            slot_types,
+            last_heartbeat: None,
+            seen_at: 0.0,
+            status_changed: 0.0,
+        }
+    }
+
+    fn used(pairs: &[(&str, &str)], kernels: i64) -> Usage {
+        Usage {
+            slots: slots(pairs),
+            kernels,
+        }
+    }
+
+    fn request(
+        json: serde_json::Value,
+        candidates: &[AgentRow],
+    ) -> Result<ResourceSlots, ManagerError> {
+        parse_request(&serde_json::from_value(json).unwrap(), candidates)
+    }
+
+    const GIB: &str = "1073741824";
+
+    #[test]
+    fn slot_parsing() {
+        let fleet = [
+            agent("a", &[("cpu", "4"), ("mem", GIB)], &[]),
+            agent(
+                "g",
+                &[("cpu", "4"), ("mem", GIB), ("cuda.shares", "2")],
+                &[("cuda.shares", SlotType::Count)],
+            ),
+        ];
+        let r = request(serde_json::json!({"cpu": 1.5, "mem": "256m"}), &fleet).unwrap();
+        assert_eq!(r, slots(&[("cpu", "1.5"), ("mem", "268435456")]));
+        let r = request(
+            serde_json::json!({"cpu": "1", "mem": 1024, "cuda.shares": "0.25"}),
+            &fleet,
+        )
+        .unwrap();
+        assert_eq!(r.get("cuda.shares"), Amount::from_milli(250));
+        for (v, word) in [
+            (serde_json::json!({"cpu": 0, "mem": "1g"}), "`cpu`"),
+            (serde_json::json!({"cpu": 0.0001, "mem": "1g"}), "decimals"),
+            (serde_json::json!({"cpu": 1, "mem": "lots"}), "`mem`"),
+            (serde_json::json!({"cpu": 1}), "`mem`"),
+            (
+                serde_json::json!({"cpu": 1, "mem": 1, "cuda.shares": -1}),
+                "`cuda.shares`",
+            ),
+        ] {
+            let e = request(v.clone(), &fleet).unwrap_err();
+            assert_eq!(e.code(), "invalid-request", "{v}");
+            assert!(e.to_string().contains(word), "{v}: {e}");
+        }
+        let e = request(
+            serde_json::json!({"cpu": 1, "mem": 1, "tpu.device": 1}),
+            &fleet,
+        )
+        .unwrap_err();
+        assert_eq!((e.code(), e.status()), ("unknown-slot", 400), "{e}");
+        assert!(e.to_string().contains("`tpu.device`"), "{e}");
+        // Agents that predate `slot_key_and_units` know `cuda.device`.
+        let old = [agent(
+            "o",
+            &[("cpu", "4"), ("mem", GIB)],
+            &[("cuda.device", SlotType::Count)],
+        )];
+        assert!(request(
+            serde_json::json!({"cpu": 1, "mem": 1, "cuda.device": 1}),
+            &old
+        )
+        .is_ok());
+        assert_eq!(
+            request(
+                serde_json::json!({"cpu": 1, "mem": 1, "cuda.device": 1}),
+                &[]
+            )
+            .unwrap_err()
+            .code(),
+            "no-agents"
+        );
+    }
+
+    #[test]
+    fn placement_least_loaded_and_errors() {
+        let agents = vec![
+            agent("a", &[("cpu", "4"), ("mem", "8")], &[]),
+            agent("b", &[("cpu", "4"), ("mem", "8")], &[]),
+        ];
+        let req = slots(&[("cpu", "1"), ("mem", "1")]);
+        let mut usage = HashMap::new();
+        usage.insert("a".to_string(), used(&[("cpu", "2"), ("mem", "1")], 2));
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "b");
+        usage.insert("b".to_string(), used(&[("cpu", "3"), ("mem", "1")], 1));
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "a");
+        // Equal load: fewer kernels wins.
+        usage.insert("a".to_string(), used(&[("cpu", "3"), ("mem", "1")], 3));
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "b");
+        usage.insert("a".to_string(), used(&[("cpu", "4"), ("mem", "1")], 4));
+        usage.insert("b".to_string(), used(&[("cpu", "3.5"), ("mem", "1")], 1));
+        assert_eq!(
+            place(&agents, &usage, &req).unwrap_err().code(),
+            "no-capacity"
+        );
+        let huge = slots(&[("cpu", "64"), ("mem", "1")]);
+        let e = place(&agents, &usage, &huge).unwrap_err();
+        assert_eq!(e.code(), "slots-exceed-capacity");
+        assert!(e.to_string().contains("largest cpu: 4"), "{e}");
+        assert_eq!(place(&[], &usage, &req).unwrap_err().code(), "no-agents");
+    }
+
+    #[test]
+    fn placement_never_picks_an_agent_without_the_slot() {
+        let agents = vec![
+            agent("cpu-only", &[("cpu", "64"), ("mem", GIB)], &[]),
+            agent(
+                "gpu",
+                &[("cpu", "4"), ("mem", GIB), ("cuda.device", "4")],
+                &[("cuda.device", SlotType::Count)],
+            ),
+        ];
+        let mut usage = HashMap::new();
+        // The GPU agent is far busier, yet the only one with the device.
+        usage.insert(
+            "gpu".to_string(),
+            used(&[("cpu", "3"), ("cuda.device", "2")], 2),
+        );
+        let gpu_req = slots(&[("cpu", "0.5"), ("mem", "1"), ("cuda.device", "2")]);
+        assert_eq!(place(&agents, &usage, &gpu_req).unwrap(), "gpu");
+        // A plain request goes to the least loaded one.
+        let plain = slots(&[("cpu", "0.5"), ("mem", "1")]);
+        assert_eq!(place(&agents, &usage, &plain).unwrap(), "cpu-only");
+        // A zero amount of a slot the agent lacks does not exclude it.
+        let zero = slots(&[("cpu", "0.5"), ("mem", "1"), ("cuda.device", "0")]);
+        assert_eq!(place(&agents, &usage, &zero).unwrap(), "cpu-only");
+        // All 4 devices in use: full now, not over capacity.
+        usage.insert(
+            "gpu".to_string(),
+            used(&[("cpu", "1"), ("cuda.device", "4")], 2),
+        );
+        assert_eq!(
+            place(&agents, &usage, &gpu_req).unwrap_err().code(),
+            "no-capacity"
+        );
+        // More devices than any agent has, or an accelerator on CPU-only agents: never fits.
+        let five = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.device", "5")]);
+        let e = place(&agents, &usage, &five).unwrap_err();
+        assert_eq!(e.code(), "slots-exceed-capacity");
+        assert!(e.to_string().contains("largest cuda.device: 4"), "{e}");
+        assert_eq!(
+            place(&agents[..1], &HashMap::new(), &gpu_req)
+                .unwrap_err()
+                .code(),
+            "slots-exceed-capacity"
+        );
+    }
+
+    #[test]
+    fn fractional_shares_are_exact() {
+        let agents = vec![
+            agent(
+                "s1",
+                &[("cpu", "8"), ("mem", GIB), ("cuda.shares", "1")],
+                &[("cuda.shares", SlotType::Count)],
+            ),
+            agent(
+                "s2",
+                &[("cpu", "8"), ("mem", GIB), ("cuda.shares", "1")],
+                &[("cuda.shares", SlotType::Count)],
+            ),
+        ];
+        // 0.1 + 0.2 + 0.7 fill s1 exactly (no float drift): 0.3 more does not fit there.
+        let mut usage = HashMap::new();
+        let held = slots(&[("cuda.shares", "0.1")])
+            .checked_add(&slots(&[("cuda.shares", "0.2")]))
+            .unwrap()
+            .checked_add(&slots(&[("cuda.shares", "0.4")]))
+            .unwrap();
+        usage.insert("s1".to_string(), used(&[], 3));
+        usage.get_mut("s1").unwrap().slots = held;
+        usage.insert("s2".to_string(), used(&[("cuda.shares", "0.8")], 1));
+        let req = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.shares", "0.3")]);
+        // s1: 0.7 + 0.3 = 1.0 exactly fits; s2: 0.8 + 0.3 does not.
+        assert_eq!(place(&agents, &usage, &req).unwrap(), "s1");
+        let more = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.shares", "0.301")]);
+        assert_eq!(
+            place(&agents, &usage, &more).unwrap_err().code(),
+            "no-capacity"
+        );
+        // Least loaded by shares: s2 at 0.25 beats s1 at 0.5.
+        usage.insert("s1".to_string(), used(&[("cuda.shares", "0.5")], 1));
+        usage.insert("s2".to_string(), used(&[("cuda.shares", "0.25")], 5));
+        let half = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.shares", "0.5")]);
+        assert_eq!(place(&agents, &usage, &half).unwrap(), "s2");
+    }
+}
