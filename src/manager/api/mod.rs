@@ -11,6 +11,8 @@ mod keys;
 pub mod openapi;
 mod services;
 mod sessions;
+#[cfg(test)]
+mod surface_tests;
 mod system;
 mod vfolders;
 
