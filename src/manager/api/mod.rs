@@ -4,11 +4,11 @@
 //! `docs/manager-api.md`.
 
 pub mod auth;
-pub mod body;
 mod error;
 mod files;
 mod keys;
 pub mod openapi;
+mod responses;
 mod services;
 mod sessions;
 #[cfg(test)]
@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use actix::Addr;
 use actix_web::http::StatusCode;
-use actix_web::{web, App, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpResponse, HttpResponseBuilder, HttpServer};
+use serde::Serialize;
 
 use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
@@ -29,6 +30,7 @@ use super::pool::AgentPool;
 use super::registry::{AgentRegistry, GraceRemaining};
 use super::scheduler::Scheduler;
 use super::store::{KernelRow, Store};
+use crate::model::session::{Session, SessionMount, SessionResult, SessionType};
 use auth::Caller;
 
 /// What the handlers share.
@@ -52,18 +54,53 @@ pub struct ApiState {
 
 type Res = Result<HttpResponse, ManagerError>;
 
-/// A session as the API shows it.
-pub fn session_json(k: &KernelRow) -> serde_json::Value {
-    serde_json::json!({
-        "session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "access_key": k.access_key,
-        "image": k.image, "status": k.status, "status_reason": k.status_reason, "exit_code": k.exit_code,
-        "type": k.session_type, "command": k.command, "batch_timeout": k.batch_timeout, "result": k.result,
-        "resource_slots": k.resource_slots.to_json(),
-        "mounts": serde_json::from_str::<serde_json::Value>(&k.mounts).unwrap_or_else(|_| serde_json::json!([])),
-        "restart_policy": serde_json::from_str::<crate::workload::RestartPolicy>(&k.restart_policy).unwrap_or_default(),
-        "restart_count": k.restart_count,
-        "created_at": k.created_at, "terminated_at": k.terminated_at,
-    })
+/// A session as the API shows it (`stages` absent: [`sessions::get`] adds them).
+pub fn session(k: &KernelRow) -> Session {
+    Session {
+        session_id: k.session_id.clone(),
+        kernel_id: k.id.clone(),
+        agent_id: k.agent_id.clone(),
+        access_key: k.access_key.clone(),
+        image: k.image.clone(),
+        status: k.status.clone(),
+        status_reason: k.status_reason.clone(),
+        exit_code: k.exit_code,
+        session_type: parse_word::<SessionType>(&k.session_type),
+        command: k.command.clone(),
+        batch_timeout: k.batch_timeout,
+        result: parse_word::<SessionResult>(&k.result),
+        resource_slots: slot_amounts(&k.resource_slots),
+        mounts: serde_json::from_str::<Vec<SessionMount>>(&k.mounts).unwrap_or_default(),
+        restart_policy: serde_json::from_str(&k.restart_policy).unwrap_or_default(),
+        restart_count: k.restart_count,
+        created_at: Some(k.created_at),
+        terminated_at: k.terminated_at,
+        stages: None,
+    }
+}
+
+/// A stored word (`batch`, `SUCCESS`) as the model's enum; `None` (null) for a word it does
+/// not have.
+fn parse_word<T: serde::de::DeserializeOwned>(word: &str) -> Option<T> {
+    serde_json::from_value(serde_json::Value::from(word)).ok()
+}
+
+/// Slots as the API writes them: `{name: decimal string}`.
+fn slot_amounts(slots: &crate::slots::ResourceSlots) -> crate::model::slots::SlotAmounts {
+    slots
+        .iter()
+        .map(|(name, amount)| (name.to_owned(), amount.to_string()))
+        .collect()
+}
+
+/// `body` as the JSON answer of `resp`. It goes through `serde_json::Value`, whose map is
+/// sorted: every answer's keys are in alphabetical order at every level, as they were when the
+/// handlers built `json!` values (clients must not care, but a byte-stable body is easier to
+/// diff and cache).
+fn reply<T: Serialize>(mut resp: HttpResponseBuilder, body: &T) -> Res {
+    let value = serde_json::to_value(body)
+        .map_err(|e| ManagerError::Internal(format!("answer does not serialize: {e}")))?;
+    Ok(resp.json(value))
 }
 
 /// Kernel API calls are refused during the start-up grace period.
