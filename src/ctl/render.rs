@@ -1038,6 +1038,20 @@ pub(crate) mod tests {
         );
     }
 
+    /// An answer whose field has another type says so (it would have been a row of `-`).
+    #[test]
+    fn an_answer_that_does_not_read_says_so() {
+        let out = sessions(&json!({"sessions": [{"session_id": 5}]}), NOW);
+        assert!(
+            out.starts_with("cannot read the manager's answer as SessionList:"),
+            "{out}"
+        );
+        assert!(out.ends_with("(see it with -o json)\n"), "{out}");
+        // Unknown keys (a newer manager) are ignored.
+        let out = health(&json!({"status": "ok", "mode": "normal", "agents_alive": 1, "new": 2}));
+        assert!(out.starts_with("Status:"), "{out}");
+    }
+
     /// A table line's cells (columns are separated by two or more spaces).
     pub(crate) fn cells(line: &str) -> Vec<&str> {
         line.split("  ")

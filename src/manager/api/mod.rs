@@ -286,3 +286,94 @@ pub fn serve(
     };
     Ok(server.run())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slots::Amount;
+
+    fn row() -> KernelRow {
+        KernelRow {
+            id: "k1".into(),
+            session_id: "s1".into(),
+            agent_id: "a1".into(),
+            access_key: "AK1".into(),
+            image: "img".into(),
+            status: "RUNNING".into(),
+            status_reason: None,
+            exit_code: None,
+            resource_slots: [
+                ("cpu".to_owned(), Amount::parse("1.5").unwrap()),
+                ("mem".to_owned(), Amount::parse("268435456").unwrap()),
+            ]
+            .into_iter()
+            .collect(),
+            created_at: 1.5,
+            terminated_at: None,
+            session_type: "batch".into(),
+            command: Some("true".into()),
+            batch_timeout: Some(60.0),
+            result: "UNDEFINED".into(),
+            mounts: r#"[{"name":"data","permission":null}]"#.into(),
+            restart_policy: r#"{"mode":"never","max_restarts":3,"window":60.0,"backoff":1.0}"#
+                .into(),
+            restart_count: 0,
+        }
+    }
+
+    async fn body(r: Res) -> String {
+        let resp = r.unwrap();
+        String::from_utf8(
+            actix_web::body::to_bytes(resp.into_body())
+                .await
+                .unwrap()
+                .to_vec(),
+        )
+        .unwrap()
+    }
+
+    /// A session answers the keys (and nulls) the handlers wrote as `json!` before the model,
+    /// in the same (alphabetical) order: `stages` only where `GET /v1/sessions/{id}` adds it.
+    #[actix_web::test]
+    async fn session_body_is_the_documented_shape() {
+        let listed = body(reply(HttpResponse::Ok(), &session(&row()))).await;
+        let before = serde_json::json!({
+            "session_id": "s1", "kernel_id": "k1", "agent_id": "a1", "access_key": "AK1",
+            "image": "img", "status": "RUNNING", "status_reason": null, "exit_code": null,
+            "type": "batch", "command": "true", "batch_timeout": 60.0, "result": "UNDEFINED",
+            "resource_slots": {"cpu": "1.5", "mem": "268435456"},
+            "mounts": [{"name": "data", "permission": null}],
+            "restart_policy": {"mode": "never", "max_restarts": 3, "window": 60.0, "backoff": 1.0},
+            "restart_count": 0, "created_at": 1.5, "terminated_at": null,
+        });
+        assert_eq!(listed, before.to_string());
+        let got = Session {
+            stages: Some(None),
+            ..session(&row())
+        };
+        let mut with_stages = before.clone();
+        with_stages["stages"] = serde_json::Value::Null;
+        assert_eq!(
+            body(reply(HttpResponse::Ok(), &got)).await,
+            with_stages.to_string()
+        );
+    }
+
+    /// An error is `{"error": {"code", "message"}}`, `output` only for `service-failed`.
+    #[actix_web::test]
+    async fn error_body_keys() {
+        use actix_web::ResponseError;
+        let plain = ManagerError::SessionNotFound("x".into()).error_response();
+        let text = body(Ok(plain)).await;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], "session-not-found");
+        assert!(v["error"].get("output").is_none(), "{text}");
+        let failed = ManagerError::ServiceFailed {
+            message: "m".into(),
+            output: "tail".into(),
+        }
+        .error_response();
+        let v: serde_json::Value = serde_json::from_str(&body(Ok(failed)).await).unwrap();
+        assert_eq!(v["error"]["output"], "tail");
+    }
+}
