@@ -62,3 +62,25 @@ fn openapi_surface_is_unchanged() {
         );
     }
 }
+
+/// The model's lists of reply schemas name schemas the document has (a renamed type would
+/// otherwise silently lose its `additionalProperties: false`).
+#[test]
+fn reply_lists_name_document_schemas() {
+    let doc: serde_json::Value =
+        serde_json::from_str(super::openapi::document()).expect("the document is JSON");
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for name in crate::model::REPLIES {
+        assert!(schemas.contains_key(*name), "{name} is not in the document");
+    }
+    for name in crate::model::CLOSED_REPLIES {
+        assert!(
+            crate::model::REPLIES.contains(name),
+            "{name} is not a reply"
+        );
+        assert_eq!(
+            schemas[*name]["additionalProperties"], false,
+            "{name} is closed"
+        );
+    }
+}
