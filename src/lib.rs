@@ -8,6 +8,7 @@ pub mod config;
 pub mod ctl;
 pub mod limits;
 pub mod manager;
+pub mod model;
 pub mod rpc;
 pub mod signals;
 pub mod slots;

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::model::error::ErrorBody;
+
 /// How long to wait for the TCP connection to the manager.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Whole-request limit for calls that do not run user code or stream (everything but execute
@@ -54,13 +56,11 @@ pub struct ApiError {
 impl ApiError {
     /// Builds the error from a non-2xx status and its body.
     pub fn from_body(status: u16, body: String) -> Self {
-        let envelope = serde_json::from_str::<Value>(&body).ok().and_then(|v| {
-            let e = v.get("error")?;
-            Some((
-                e.get("code")?.as_str()?.to_owned(),
-                e.get("message").and_then(Value::as_str)?.to_owned(),
-            ))
-        });
+        // The API's envelope has a code; any other body (a proxy's HTML page) has none.
+        let envelope = serde_json::from_str::<ErrorBody>(&body)
+            .ok()
+            .filter(|e| !e.error.code.is_empty())
+            .map(|e| (e.error.code, e.error.message));
         let (code, message) = envelope.unwrap_or_else(|| {
             let text: String = body.trim().chars().take(200).collect();
             (
@@ -87,15 +87,17 @@ impl ApiError {
     }
 
     /// The `output` string of the error (`service-failed`: the tail of the service's output),
-    /// read from `error.output` or, failing that, a top-level `output`.
+    /// read from `error.output` or, failing that, a top-level `output` (a shape outside the
+    /// model, read as it is).
     pub fn output(&self) -> Option<String> {
+        if let Some(output) = serde_json::from_str::<ErrorBody>(&self.body)
+            .ok()
+            .and_then(|e| e.error.output)
+        {
+            return Some(output);
+        }
         let v = serde_json::from_str::<Value>(&self.body).ok()?;
-        let output = v
-            .get("error")
-            .and_then(|e| e.get("output"))
-            .filter(|o| o.is_string())
-            .or_else(|| v.get("output"))?;
-        output.as_str().map(str::to_owned)
+        v.get("output")?.as_str().map(str::to_owned)
     }
 }
 

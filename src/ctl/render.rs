@@ -1,46 +1,95 @@
 //! Table-mode rendering of API answers for `kernelvisor ctl`.
 //!
-//! Every function takes the JSON value exactly as the API returns it (`docs/manager-api.md`) and
-//! answers the text to print, ending in a newline. Missing or `null` fields show as `-`; times
-//! are relative to the `now` passed in (Unix seconds), so output is deterministic in tests.
+//! Every function takes the JSON value exactly as the API returns it (`docs/manager-api.md`),
+//! reads it into the API's own reply type ([`crate::model`], lenient: a missing key is its
+//! default, an unknown key is ignored) and answers the text to print, ending in a newline.
+//! Missing or `null` fields show as `-`; an answer that does not read as its type (a field of
+//! another type) shows as one line saying so, not as a table of `-`. Times are relative to the
+//! `now` passed in (Unix seconds), so output is deterministic in tests.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
 
 use comfy_table::{presets::NOTHING, Table};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
-use super::format::{ago, bytes, cores, duration, file_mode, timestamp};
+use super::format::{ago, amount, bytes, cores, duration, file_mode, timestamp};
+use crate::model::access_key::{AccessKey, AccessKeyList, NewAccessKey};
+use crate::model::agent::AgentList;
+use crate::model::exec::ExecuteAnswer;
+use crate::model::file::FileList;
+use crate::model::health::Health;
+use crate::model::service::{Service, ServiceList, ServiceStarted};
+use crate::model::session::{Session, SessionCreated, SessionList, SessionResult};
+use crate::model::slots::SlotAmounts;
+use crate::model::vfolder::{Vfolder, VfolderList};
 
-/// A string field, or `-`.
-fn text(v: &Value, key: &str) -> String {
-    match v.get(key) {
-        None | Some(Value::Null) => "-".to_owned(),
-        Some(Value::String(s)) if s.is_empty() => "-".to_owned(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => other.to_string(),
+/// The answer `v` as the reply type `T` (`null`, an answer without a body: `T`'s default).
+///
+/// Errors: the line to print instead of the table, naming what did not read.
+fn read<T: DeserializeOwned + Default>(v: &Value) -> Result<T, String> {
+    if v.is_null() {
+        return Ok(T::default());
+    }
+    T::deserialize(v).map_err(|e| {
+        format!(
+            "cannot read the manager's answer as {}: {e} (see it with -o json)\n",
+            std::any::type_name::<T>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("its type")
+        )
+    })
+}
+
+/// Renders `v` read as `T` with `f`, or the line saying it does not read.
+fn with<T: DeserializeOwned + Default>(v: &Value, f: impl FnOnce(T) -> String) -> String {
+    read(v).map_or_else(|e| e, f)
+}
+
+/// A string, or `-` when empty.
+fn text(s: &str) -> String {
+    if s.is_empty() {
+        "-".to_owned()
+    } else {
+        s.to_owned()
     }
 }
 
-fn slot<'a>(v: &'a Value, slots: &str, name: &str) -> Option<&'a Value> {
-    v.get(slots)?.get(name)
+/// An optional value, or `-` (an empty string too).
+fn opt<T: Display>(v: Option<T>) -> String {
+    v.map_or("-".to_owned(), |v| text(&v.to_string()))
 }
 
-fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key)
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
+/// An enum's wire name (`batch`, `SUCCESS`, `setting-up`), or `-`.
+fn word<T: Serialize>(v: Option<&T>) -> String {
+    v.and_then(|v| serde_json::to_value(v).ok())
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .map_or("-".to_owned(), |s| text(&s))
 }
 
-/// The accelerator slots (every slot but `cpu` and `mem`) some row has a non-zero amount of
-/// under `slots`, by name: one column each.
-fn extra_slots(rows: &[Value], slots: &str) -> Vec<String> {
+/// Slot `name` of `slots` as the formatters take it (a decimal string).
+fn slot(slots: &SlotAmounts, name: &str) -> Option<Value> {
+    slots.get(name).map(|v| Value::from(v.as_str()))
+}
+
+/// A number as the formatters take it.
+fn num(n: f64) -> Value {
+    Value::from(n)
+}
+
+/// The accelerator slots (every slot but `cpu` and `mem`) some row has a non-zero amount of,
+/// by name: one column each.
+fn extra_slots<'a>(rows: impl Iterator<Item = &'a SlotAmounts>) -> Vec<String> {
     let mut names = std::collections::BTreeSet::new();
-    for r in rows {
-        for (name, v) in r
-            .get(slots)
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-        {
-            if name != "cpu" && name != "mem" && super::format::amount(v).is_some_and(|n| n > 0.0) {
+    for slots in rows {
+        for (name, v) in slots {
+            if name != "cpu"
+                && name != "mem"
+                && amount(&Value::from(v.as_str())).is_some_and(|n| n > 0.0)
+            {
                 names.insert(name.clone());
             }
         }
@@ -57,10 +106,10 @@ fn slot_label(name: &str) -> String {
     }
 }
 
-/// An amount of slot `name` of a row: bytes in binary units when its `slot_types` (or the
-/// built-in `mem`) says `bytes`, else a count.
-fn slot_amount(row: &Value, name: &str, v: Option<&Value>) -> String {
-    let ty = slot(row, "slot_types", name).and_then(Value::as_str);
+/// An amount of slot `name`: bytes in binary units when `types` (or the built-in `mem`) says
+/// `bytes`, else a count.
+fn slot_amount(types: &BTreeMap<String, String>, name: &str, v: Option<&Value>) -> String {
+    let ty = types.get(name).map(String::as_str);
     if ty == Some("bytes") || (ty.is_none() && name == "mem") {
         bytes(v)
     } else {
@@ -98,51 +147,49 @@ fn fields(pairs: &[(&str, String)]) -> String {
 /// used/total, one used/total column per accelerator slot some agent has (`GPU` for
 /// `cuda.device`, else the slot name in capitals: `CUDA.SHARES`), KERNELS, LAST HEARTBEAT.
 pub fn agents(v: &Value, now: f64) -> String {
-    let agents = array(v, "agents");
-    let extra = extra_slots(agents, "slots_total");
-    let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
-    let mut header = vec!["AGENT", "STATUS", "ADDR", "CPU", "MEM"];
-    header.extend(labels.iter().map(String::as_str));
-    header.extend(["KERNELS", "LAST HEARTBEAT"]);
-    let rows = agents
-        .iter()
-        .map(|a| {
-            let used_total = |f: fn(Option<&Value>) -> String, name: &str| {
-                format!(
-                    "{}/{}",
-                    f(slot(a, "slots_used", name)),
-                    f(slot(a, "slots_total", name))
-                )
-            };
-            let mut row = vec![text(a, "agent_id"), text(a, "status"), text(a, "addr")];
-            row.push(used_total(cores, "cpu"));
-            row.push(used_total(bytes, "mem"));
-            for name in &extra {
-                row.push(format!(
-                    "{}/{}",
-                    slot_amount(a, name, slot(a, "slots_used", name)),
-                    slot_amount(a, name, slot(a, "slots_total", name))
-                ));
-            }
-            row.push(text(a, "kernels"));
-            row.push(ago(a.get("last_heartbeat"), now));
-            row
-        })
-        .collect();
-    table(header, rows)
-}
-
-/// Whether a session is over (`terminated_at` set or status `TERMINATED`).
-fn terminated(s: &Value) -> bool {
-    s.get("terminated_at").is_some_and(|t| !t.is_null())
-        || s.get("status").and_then(Value::as_str) == Some("TERMINATED")
+    with(v, |list: AgentList| {
+        let extra = extra_slots(list.agents.iter().map(|a| &a.slots_total));
+        let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
+        let mut header = vec!["AGENT", "STATUS", "ADDR", "CPU", "MEM"];
+        header.extend(labels.iter().map(String::as_str));
+        header.extend(["KERNELS", "LAST HEARTBEAT"]);
+        let rows = list
+            .agents
+            .iter()
+            .map(|a| {
+                let used_total = |f: fn(Option<&Value>) -> String, name: &str| {
+                    format!(
+                        "{}/{}",
+                        f(slot(&a.slots_used, name).as_ref()),
+                        f(slot(&a.slots_total, name).as_ref())
+                    )
+                };
+                let mut row = vec![text(&a.agent_id), text(&a.status), opt(a.addr.as_ref())];
+                row.push(used_total(cores, "cpu"));
+                row.push(used_total(bytes, "mem"));
+                for name in &extra {
+                    row.push(format!(
+                        "{}/{}",
+                        slot_amount(&a.slot_types, name, slot(&a.slots_used, name).as_ref()),
+                        slot_amount(&a.slot_types, name, slot(&a.slots_total, name).as_ref())
+                    ));
+                }
+                row.push(opt(a.kernels));
+                row.push(ago(a.last_heartbeat.map(num).as_ref(), now));
+                row
+            })
+            .collect();
+        table(header, rows)
+    })
 }
 
 /// A session's status, with a batch session's outcome once it has one: `TERMINATED (FAILURE)`.
-fn status_with_result(s: &Value) -> String {
-    match s.get("result").and_then(Value::as_str) {
-        Some(r @ ("SUCCESS" | "FAILURE")) => format!("{} ({r})", text(s, "status")),
-        _ => text(s, "status"),
+fn status_with_result(s: &Session) -> String {
+    match s.result {
+        Some(r @ (SessionResult::Success | SessionResult::Failure)) => {
+            format!("{} ({})", text(&s.status), word(Some(&r)))
+        }
+        _ => text(&s.status),
     }
 }
 
@@ -152,45 +199,46 @@ fn status_with_result(s: &Value) -> String {
 /// AGE/REASON (the age of a live session, the `status_reason` of a
 /// terminated one).
 pub fn sessions(v: &Value, now: f64) -> String {
-    let sessions = array(v, "sessions");
-    let extra = extra_slots(sessions, "resource_slots");
-    let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
-    let mut header = vec!["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM"];
-    header.extend(labels.iter().map(String::as_str));
-    header.extend(["ACCESS KEY", "AGE/REASON"]);
-    let rows = sessions
-        .iter()
-        .map(|s| {
-            let mut row = vec![
-                text(s, "session_id"),
-                text(s, "agent_id"),
-                status_with_result(s),
-                text(s, "type"),
-            ];
-            row.push(text(s, "image"));
-            row.push(cores(slot(s, "resource_slots", "cpu")));
-            row.push(bytes(slot(s, "resource_slots", "mem")));
-            for name in &extra {
-                row.push(cores(slot(s, "resource_slots", name)));
-            }
-            row.push(text(s, "access_key"));
-            row.push(if terminated(s) {
-                text(s, "status_reason")
-            } else {
-                s.get("created_at")
-                    .and_then(Value::as_f64)
-                    .map_or("-".to_owned(), |t| duration(now - t))
-            });
-            row
-        })
-        .collect();
-    table(header, rows)
+    with(v, |list: SessionList| {
+        let extra = extra_slots(list.sessions.iter().map(|s| &s.resource_slots));
+        let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
+        let mut header = vec!["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM"];
+        header.extend(labels.iter().map(String::as_str));
+        header.extend(["ACCESS KEY", "AGE/REASON"]);
+        let rows = list
+            .sessions
+            .iter()
+            .map(|s| {
+                let slots = &s.resource_slots;
+                let mut row = vec![
+                    text(&s.session_id),
+                    text(&s.agent_id),
+                    status_with_result(s),
+                    word(s.session_type.as_ref()),
+                ];
+                row.push(text(&s.image));
+                row.push(cores(slot(slots, "cpu").as_ref()));
+                row.push(bytes(slot(slots, "mem").as_ref()));
+                for name in &extra {
+                    row.push(cores(slot(slots, name).as_ref()));
+                }
+                row.push(text(&s.access_key));
+                row.push(if s.terminated() {
+                    opt(s.status_reason.as_ref())
+                } else {
+                    s.created_at.map_or("-".to_owned(), |t| duration(now - t))
+                });
+                row
+            })
+            .collect();
+        table(header, rows)
+    })
 }
 
-/// A time field as `2023-11-14T22:13:20Z (5m ago)`, or `-`.
-fn when(v: &Value, key: &str, now: f64) -> String {
-    match v.get(key).and_then(Value::as_f64) {
-        Some(t) => format!("{} ({})", timestamp(t), ago(Some(&Value::from(t)), now)),
+/// A time as `2023-11-14T22:13:20Z (5m ago)`, or `-`.
+fn when(t: Option<f64>, now: f64) -> String {
+    match t {
+        Some(t) => format!("{} ({})", timestamp(t), ago(Some(&num(t)), now)),
         None => "-".to_owned(),
     }
 }
@@ -199,115 +247,122 @@ fn when(v: &Value, key: &str, now: f64) -> String {
 /// units with the exact byte count, times in UTC with their age. `Type` carries a batch
 /// session's `batch_timeout` (`batch (timeout 3600s)`); `Command` is shown on one line (line
 /// breaks as `\n`).
-pub fn session(s: &Value, now: f64) -> String {
-    let mem = match slot(s, "resource_slots", "mem") {
-        Some(m) if super::format::amount(m).is_some() => {
-            format!("{} ({} bytes)", bytes(Some(m)), cores(Some(m)))
+pub fn session(v: &Value, now: f64) -> String {
+    with(v, |s: Session| session_fields(&s, now))
+}
+
+fn session_fields(s: &Session, now: f64) -> String {
+    let slots = &s.resource_slots;
+    let mem = match slot(slots, "mem") {
+        Some(m) if amount(&m).is_some() => {
+            format!("{} ({} bytes)", bytes(Some(&m)), cores(Some(&m)))
         }
-        m => bytes(m),
+        m => bytes(m.as_ref()),
     };
-    let kind = match s.get("batch_timeout").and_then(super::format::amount) {
+    let kind = match s.batch_timeout {
         Some(t) => format!(
             "{} (timeout {}s)",
-            text(s, "type"),
-            cores(Some(&Value::from(t)))
+            word(s.session_type.as_ref()),
+            cores(Some(&num(t)))
         ),
-        None => text(s, "type"),
+        None => word(s.session_type.as_ref()),
     };
-    let command = text(s, "command").replace('\r', "\\r").replace('\n', "\\n");
+    let command = opt(s.command.as_ref())
+        .replace('\r', "\\r")
+        .replace('\n', "\\n");
     let mut pairs = vec![
-        ("Session", text(s, "session_id")),
-        ("Kernel", text(s, "kernel_id")),
-        ("Agent", text(s, "agent_id")),
-        ("Access key", text(s, "access_key")),
-        ("Image", text(s, "image")),
+        ("Session", text(&s.session_id)),
+        ("Kernel", text(&s.kernel_id)),
+        ("Agent", text(&s.agent_id)),
+        ("Access key", text(&s.access_key)),
+        ("Image", text(&s.image)),
         ("Type", kind),
         ("Command", command),
-        ("Status", text(s, "status")),
-        ("Reason", text(s, "status_reason")),
-        ("Result", text(s, "result")),
-        ("Exit code", text(s, "exit_code")),
-        ("CPU", cores(slot(s, "resource_slots", "cpu"))),
+        ("Status", text(&s.status)),
+        ("Reason", opt(s.status_reason.as_ref())),
+        ("Result", word(s.result.as_ref())),
+        ("Exit code", opt(s.exit_code)),
+        ("CPU", cores(slot(slots, "cpu").as_ref())),
         ("Memory", mem),
     ];
     // Every other slot it asked for, by name (`GPU` for `cuda.device`).
-    let extra: Vec<(String, String)> = s
-        .get("resource_slots")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
+    let extra: Vec<(String, String)> = slots
+        .iter()
         .filter(|(name, _)| *name != "cpu" && *name != "mem")
         .map(|(name, v)| {
             let label = match name.as_str() {
                 "cuda.device" => "GPU".to_owned(),
                 other => other.to_owned(),
             };
-            (label, cores(Some(v)))
+            (label, cores(Some(&Value::from(v.as_str()))))
         })
         .collect();
     pairs.extend(extra.iter().map(|(k, v)| (k.as_str(), v.clone())));
-    if let Some(p) = s.get("restart_policy").filter(|p| p["mode"] != "never") {
+    let p = &s.restart_policy;
+    if p.mode != crate::model::session::RestartMode::Never {
         pairs.push((
             "Restarts",
             format!(
                 "{} ({}, at most {} in {}s)",
-                text(s, "restart_count"),
-                text(p, "mode"),
-                text(p, "max_restarts"),
-                cores(p.get("window"))
+                s.restart_count,
+                p.mode.as_str(),
+                p.max_restarts,
+                cores(Some(&num(p.window)))
             ),
         ));
     }
-    if let Some(stages) = s.get("stages").and_then(Value::as_array) {
+    if let Some(Some(stages)) = &s.stages {
         let line: Vec<String> = stages
             .iter()
-            .map(|st| match st.get("restarts").and_then(Value::as_u64) {
-                Some(n) if n > 0 => {
-                    format!("{} {} ({n} restarts)", text(st, "name"), text(st, "status"))
-                }
-                _ => format!("{} {}", text(st, "name"), text(st, "status")),
+            .map(|st| match st.restarts {
+                n if n > 0 => format!(
+                    "{} {} ({n} restarts)",
+                    text(&st.name),
+                    word(Some(&st.status))
+                ),
+                _ => format!("{} {}", text(&st.name), word(Some(&st.status))),
             })
             .collect();
         pairs.push(("Stages", line.join(", ")));
     }
-    pairs.push(("Created", when(s, "created_at", now)));
-    pairs.push(("Terminated", when(s, "terminated_at", now)));
+    pairs.push(("Created", when(s.created_at, now)));
+    pairs.push(("Terminated", when(s.terminated_at, now)));
     fields(&pairs)
 }
 
 /// The answer of `POST /v1/sessions` (`session_id`, `kernel_id`, `agent_id`, `status`).
 pub fn created(v: &Value) -> String {
-    fields(&[
-        ("Session", text(v, "session_id")),
-        ("Kernel", text(v, "kernel_id")),
-        ("Agent", text(v, "agent_id")),
-        ("Status", text(v, "status")),
-    ])
+    with(v, |c: SessionCreated| {
+        fields(&[
+            ("Session", text(&c.session_id)),
+            ("Kernel", text(&c.kernel_id)),
+            ("Agent", text(&c.agent_id)),
+            ("Status", text(&c.status)),
+        ])
+    })
 }
 
 /// An access key's concurrency, `used/limit` (`unlimited` for a limit of 0).
-fn concurrency(v: &Value) -> String {
-    let limit = match v.get("concurrency_limit").and_then(Value::as_u64) {
+fn concurrency(k: &AccessKey) -> String {
+    let limit = match k.concurrency_limit {
         Some(0) => "unlimited".to_owned(),
-        _ => text(v, "concurrency_limit"),
+        l => opt(l),
     };
-    format!("{}/{limit}", text(v, "concurrency_used"))
+    format!("{}/{limit}", opt(k.concurrency_used))
 }
 
 /// An access key's `enabled` as `enabled` / `disabled` (`-` when missing).
-fn key_state(v: &Value) -> String {
-    match v.get("enabled").and_then(Value::as_bool) {
+fn key_state(enabled: Option<bool>) -> String {
+    match enabled {
         Some(true) => "enabled".to_owned(),
         Some(false) => "disabled".to_owned(),
         None => "-".to_owned(),
     }
 }
 
-/// A Unix time field in UTC (`2023-11-14T22:13:20Z`), or `-`.
-fn utc(v: &Value, key: &str) -> String {
-    v.get(key)
-        .and_then(Value::as_f64)
-        .map_or("-".to_owned(), timestamp)
+/// A Unix time in UTC (`2023-11-14T22:13:20Z`), or `-`.
+fn utc(t: Option<f64>) -> String {
+    t.map_or("-".to_owned(), timestamp)
 }
 
 /// One access key (`GET /v1/access-keys/{key}`, and the answers of `PATCH` / `DELETE` on it)
@@ -315,23 +370,23 @@ fn utc(v: &Value, key: &str) -> String {
 /// `Created` (UTC) when the answer has them, and its concurrency, `used/limit` (`unlimited` for
 /// 0).
 pub fn access_key(v: &Value) -> String {
-    fields(&key_fields(v))
+    with(v, |k: AccessKey| fields(&key_fields(&k)))
 }
 
-fn key_fields(v: &Value) -> Vec<(&'static str, String)> {
-    let mut pairs = vec![("Access key", text(v, "access_key"))];
-    if v.get("name").is_some() {
-        pairs.push(("Name", text(v, "name")));
+fn key_fields(k: &AccessKey) -> Vec<(&'static str, String)> {
+    let mut pairs = vec![("Access key", text(&k.access_key))];
+    if let Some(name) = &k.name {
+        pairs.push(("Name", opt(name.as_ref())));
     }
-    if v.get("role").is_some() {
-        pairs.push(("Role", text(v, "role")));
+    if let Some(role) = &k.role {
+        pairs.push(("Role", opt(role.as_ref())));
     }
-    if v.get("enabled").is_some() {
-        pairs.push(("State", key_state(v)));
+    if let Some(enabled) = k.enabled {
+        pairs.push(("State", key_state(enabled)));
     }
-    pairs.push(("Concurrency", concurrency(v)));
-    if v.get("created_at").is_some() {
-        pairs.push(("Created", utc(v, "created_at")));
+    pairs.push(("Concurrency", concurrency(k)));
+    if let Some(created) = k.created_at {
+        pairs.push(("Created", utc(created)));
     }
     pairs
 }
@@ -339,178 +394,190 @@ fn key_fields(v: &Value) -> Vec<(&'static str, String)> {
 /// The answer of `POST /v1/access-keys`: the key as [`access_key`] shows it with its
 /// `Secret key`, then a note that the secret is shown only this once and is the key's token.
 pub fn access_key_created(v: &Value) -> String {
-    let mut pairs = key_fields(v);
-    pairs.insert(1, ("Secret key", text(v, "secret_key")));
-    let mut out = fields(&pairs);
-    out.push_str(
-        "\nThe secret key is shown only this once: the manager keeps no copy it could show \
-         again. Store it now. It is the key's token: kernelvisor ctl --token SECRET (or \
-         KERNELVISOR_TOKEN=SECRET).\n",
-    );
-    out
+    with(v, |k: NewAccessKey| {
+        let mut pairs = key_fields(&k.key());
+        pairs.insert(1, ("Secret key", text(&k.secret_key)));
+        let mut out = fields(&pairs);
+        out.push_str(
+            "\nThe secret key is shown only this once: the manager keeps no copy it could show \
+             again. Store it now. It is the key's token: kernelvisor ctl --token SECRET (or \
+             KERNELVISOR_TOKEN=SECRET).\n",
+        );
+        out
+    })
 }
 
 /// `GET /v1/access-keys` (`{"access_keys": [...]}`) as a table: ACCESS KEY, NAME, ROLE, STATE
 /// (`enabled`/`disabled`), CONCURRENCY (`used/limit`), CREATED (UTC).
 pub fn access_keys(v: &Value) -> String {
-    let rows = array(v, "access_keys")
-        .iter()
-        .map(|k| {
+    with(v, |list: AccessKeyList| {
+        let rows = list
+            .access_keys
+            .iter()
+            .map(|k| {
+                vec![
+                    text(&k.access_key),
+                    opt(k.name.clone().flatten()),
+                    opt(k.role.clone().flatten()),
+                    key_state(k.enabled.flatten()),
+                    concurrency(k),
+                    utc(k.created_at.flatten()),
+                ]
+            })
+            .collect();
+        table(
             vec![
-                text(k, "access_key"),
-                text(k, "name"),
-                text(k, "role"),
-                key_state(k),
-                concurrency(k),
-                utc(k, "created_at"),
-            ]
-        })
-        .collect();
-    table(
-        vec![
-            "ACCESS KEY",
-            "NAME",
-            "ROLE",
-            "STATE",
-            "CONCURRENCY",
-            "CREATED",
-        ],
-        rows,
-    )
+                "ACCESS KEY",
+                "NAME",
+                "ROLE",
+                "STATE",
+                "CONCURRENCY",
+                "CREATED",
+            ],
+            rows,
+        )
+    })
 }
 
 /// One vfolder (`{"name", "owner", "created_at"}`: the answer of `POST /v1/vfolders`) as
 /// `key: value` lines, the creation time in UTC.
 pub fn vfolder(v: &Value) -> String {
-    fields(&[
-        ("Vfolder", text(v, "name")),
-        ("Owner", text(v, "owner")),
-        ("Created", utc(v, "created_at")),
-    ])
+    with(v, |f: Vfolder| {
+        fields(&[
+            ("Vfolder", text(&f.name)),
+            ("Owner", text(&f.owner)),
+            ("Created", utc(f.created_at)),
+        ])
+    })
 }
 
 /// `GET /v1/vfolders` (`{"vfolders": [...]}`) as a table: NAME, OWNER (an access key),
 /// CREATED (UTC).
 pub fn vfolders(v: &Value) -> String {
-    let rows = array(v, "vfolders")
-        .iter()
-        .map(|f| vec![text(f, "name"), text(f, "owner"), utc(f, "created_at")])
-        .collect();
-    table(vec!["NAME", "OWNER", "CREATED"], rows)
+    with(v, |list: VfolderList| {
+        let rows = list
+            .vfolders
+            .iter()
+            .map(|f| vec![text(&f.name), text(&f.owner), utc(f.created_at)])
+            .collect();
+        table(vec!["NAME", "OWNER", "CREATED"], rows)
+    })
 }
 
 /// The answer of `DELETE /v1/vfolders/{name}`: `vfolder NAME deleted` (the name of the answer
 /// when it has one, else `name`).
 pub fn vfolder_deleted(v: &Value, name: &str) -> String {
-    let name = v.get("name").and_then(Value::as_str).unwrap_or(name);
-    format!("vfolder {name} deleted\n")
+    with(v, |f: Vfolder| {
+        let name = if f.name.is_empty() { name } else { &f.name };
+        format!("vfolder {name} deleted\n")
+    })
 }
 
 /// `GET /health`: status, mode and the number of `ALIVE` agents.
 pub fn health(v: &Value) -> String {
-    fields(&[
-        ("Status", text(v, "status")),
-        ("Mode", text(v, "mode")),
-        ("Agents alive", text(v, "agents_alive")),
-    ])
+    with(v, |h: Health| {
+        fields(&[
+            ("Status", word(h.status.as_ref())),
+            ("Mode", word(h.mode.as_ref())),
+            ("Agents alive", opt(h.agents_alive)),
+        ])
+    })
 }
 
-/// A list of ports (`[8080, 8081]`) as `8080,8081`; empty or missing as `-`.
-fn ports(v: &Value, key: &str) -> String {
-    let list: Vec<String> = array(v, key)
-        .iter()
-        .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_owned))
-        .collect();
+/// A list of ports (`[8080, 8081]`) as `8080,8081`; empty as `-`.
+fn ports(list: &[u16]) -> String {
     if list.is_empty() {
         "-".to_owned()
     } else {
-        list.join(",")
+        list.iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
 /// `GET /v1/sessions/{id}/services` (`{"services": [...]}`) as a table: NAME, PROTOCOL, STATUS,
 /// CONTAINER-PORTS, HOST-PORTS (comma-separated), URL; in the manager's order.
 pub fn services(v: &Value) -> String {
-    let rows = array(v, "services")
-        .iter()
-        .map(|s| {
+    with(v, |list: ServiceList| {
+        let rows = list
+            .services
+            .iter()
+            .map(|s| {
+                vec![
+                    text(&s.name),
+                    text(&s.protocol),
+                    text(&s.status),
+                    ports(&s.container_ports),
+                    ports(&s.host_ports),
+                    opt(s.url.as_ref()),
+                ]
+            })
+            .collect();
+        table(
             vec![
-                text(s, "name"),
-                text(s, "protocol"),
-                text(s, "status"),
-                ports(s, "container_ports"),
-                ports(s, "host_ports"),
-                text(s, "url"),
-            ]
-        })
-        .collect();
-    table(
-        vec![
-            "NAME",
-            "PROTOCOL",
-            "STATUS",
-            "CONTAINER-PORTS",
-            "HOST-PORTS",
-            "URL",
-        ],
-        rows,
-    )
+                "NAME",
+                "PROTOCOL",
+                "STATUS",
+                "CONTAINER-PORTS",
+                "HOST-PORTS",
+                "URL",
+            ],
+            rows,
+        )
+    })
 }
 
 /// The answer of `POST /v1/sessions/{id}/services/{name}`: `web started: URL`, or
 /// `web already running: URL` when `started` is false (without a URL: no `: URL`). `name` is
 /// used when the answer has none.
 pub fn service_started(v: &Value, name: &str) -> String {
-    let name = v.get("name").and_then(Value::as_str).unwrap_or(name);
-    let what = if v.get("started").and_then(Value::as_bool) == Some(false) {
-        "already running"
-    } else {
-        "started"
-    };
-    match v
-        .get("url")
-        .and_then(Value::as_str)
-        .filter(|u| !u.is_empty())
-    {
-        Some(url) => format!("{name} {what}: {url}\n"),
-        None => format!("{name} {what}\n"),
-    }
+    with(v, |s: ServiceStarted| {
+        let name = if s.name.is_empty() { name } else { &s.name };
+        let what = if s.started == Some(false) {
+            "already running"
+        } else {
+            "started"
+        };
+        match s.url.as_deref().filter(|u| !u.is_empty()) {
+            Some(url) => format!("{name} {what}: {url}\n"),
+            None => format!("{name} {what}\n"),
+        }
+    })
 }
 
 /// The answer of `DELETE /v1/sessions/{id}/services/{name}`: `web stopped`.
 pub fn service_stopped(v: &Value, name: &str) -> String {
-    let name = v.get("name").and_then(Value::as_str).unwrap_or(name);
-    format!("{name} stopped\n")
+    with(v, |s: Service| {
+        let name = if s.name.is_empty() { name } else { &s.name };
+        format!("{name} stopped\n")
+    })
 }
 
 /// `GET /v1/sessions/{id}/files` (`{"files": [...]}`) as a table sorted by name: MODE (as
 /// `ls -l`: `drwxr-xr-x`), SIZE (bytes), MTIME (UTC), NAME (a directory's with a trailing `/`).
 pub fn files(v: &Value) -> String {
-    let mut entries: Vec<&Value> = array(v, "files").iter().collect();
-    let name = |f: &Value| {
-        f.get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned()
-    };
-    entries.sort_by_key(|f| name(f));
-    let rows = entries
-        .into_iter()
-        .map(|f| {
-            let kind = f.get("type").and_then(Value::as_str);
-            let mode = f.get("mode").and_then(Value::as_str);
-            let mtime = f
-                .get("mtime")
-                .and_then(Value::as_f64)
-                .map_or("-".to_owned(), timestamp);
-            let mut shown = text(f, "name");
-            if kind == Some("dir") {
-                shown.push('/');
-            }
-            vec![file_mode(kind, mode), text(f, "size"), mtime, shown]
-        })
-        .collect();
-    table(vec!["MODE", "SIZE", "MTIME", "NAME"], rows)
+    with(v, |mut list: FileList| {
+        list.files.sort_by(|a, b| a.name.cmp(&b.name));
+        let rows = list
+            .files
+            .iter()
+            .map(|f| {
+                let kind = f.file_type.as_deref();
+                let mut shown = text(&f.name);
+                if kind == Some("dir") {
+                    shown.push('/');
+                }
+                vec![
+                    file_mode(kind, f.mode.as_deref()),
+                    opt(f.size),
+                    utc(f.mtime),
+                    shown,
+                ]
+            })
+            .collect();
+        table(vec!["MODE", "SIZE", "MTIME", "NAME"], rows)
+    })
 }
 
 /// Which stream a piece of console output belongs on.
@@ -522,20 +589,24 @@ pub enum Stream {
 
 /// The `console` of an execute answer (`[["stdout", text], ["stderr", text], …]`) as pieces in
 /// order. Kinds other than stdout/stderr (`media`, `html`, …) go to stdout as `[kind] value`.
+/// An answer that does not read is one stderr piece saying so.
 pub fn console(v: &Value) -> Vec<(Stream, String)> {
-    array(v, "console")
-        .iter()
-        .filter_map(|item| {
-            let kind = item.get(0)?.as_str()?;
-            let data = item.get(1)?;
+    let answer: ExecuteAnswer = match read(v) {
+        Ok(a) => a,
+        Err(e) => return vec![(Stream::Stderr, e)],
+    };
+    answer
+        .console
+        .into_iter()
+        .map(|(kind, data)| {
             let data_text = data
                 .as_str()
                 .map_or_else(|| data.to_string(), str::to_owned);
-            Some(match kind {
+            match kind.as_str() {
                 "stdout" => (Stream::Stdout, data_text),
                 "stderr" => (Stream::Stderr, data_text),
                 other => (Stream::Stdout, format!("[{other}] {data_text}\n")),
-            })
+            }
         })
         .collect()
 }
@@ -965,6 +1036,20 @@ pub(crate) mod tests {
             ),
             "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\n"
         );
+    }
+
+    /// An answer whose field has another type says so (it would have been a row of `-`).
+    #[test]
+    fn an_answer_that_does_not_read_says_so() {
+        let out = sessions(&json!({"sessions": [{"session_id": 5}]}), NOW);
+        assert!(
+            out.starts_with("cannot read the manager's answer as SessionList:"),
+            "{out}"
+        );
+        assert!(out.ends_with("(see it with -o json)\n"), "{out}");
+        // Unknown keys (a newer manager) are ignored.
+        let out = health(&json!({"status": "ok", "mode": "normal", "agents_alive": 1, "new": 2}));
+        assert!(out.starts_with("Status:"), "{out}");
     }
 
     /// A table line's cells (columns are separated by two or more spaces).

@@ -1,30 +1,15 @@
 //! `session create`: start a session (`POST /v1/sessions`) from its image, resources, mounts,
 //! type and restart policy.
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::ctl::parse::{self, Mount};
 use crate::ctl::{render, show, Client, Failure, Output};
 
-/// Session type of `session create --type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SessionType {
-    /// Runs until terminated; code runs in it with `session exec`.
-    Interactive,
-    /// Runs --command; its exit ends the session (SUCCESS on exit 0, else FAILURE).
-    Batch,
-}
-
-impl SessionType {
-    /// The API's name of the type.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionType::Interactive => "interactive",
-            SessionType::Batch => "batch",
-        }
-    }
-}
+/// Session type of `session create --type` and the restart policy's mode of `--restart`: the
+/// API's own enums (their CLI help is in `crate::model::session`).
+pub use crate::model::session::{RestartMode, SessionType};
 
 /// Arguments of `kernelvisor ctl session create`.
 #[derive(Debug, Args)]
@@ -77,17 +62,6 @@ pub struct CreateArgs {
     /// 300 [default: 1].
     #[arg(long, value_name = "SECS", value_parser = parse::seconds, requires = "restart")]
     pub restart_backoff: Option<f64>,
-}
-
-/// `--restart`: the restart policy's mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RestartMode {
-    /// A container exit ends the session.
-    Never,
-    /// Restart after a failure.
-    OnFailure,
-    /// Restart after every exit.
-    Always,
 }
 
 impl CreateArgs {

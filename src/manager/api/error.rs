@@ -6,6 +6,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::manager::error::ManagerError;
+use crate::model::error::{ErrorBody, InvalidField};
 
 /// Seconds a client should wait before retrying after `store-unavailable`.
 const STORE_RETRY_AFTER: &str = "5";
@@ -29,20 +30,21 @@ impl ResponseError for ManagerError {
             }
             _ => {}
         }
-        let mut body = error_body(self.code(), &self.to_string());
+        let mut body = ErrorBody::new(self.code(), &self.to_string());
         if let ManagerError::ServiceFailed { output, .. } = self {
-            body["error"]["output"] = output.clone().into();
+            body.error.output = Some(output.clone());
         }
         resp.json(body)
     }
 }
 
-/// The error body.
-pub fn error_body(code: &str, message: &str) -> serde_json::Value {
-    serde_json::json!({"error": {"code": code, "message": message}})
-}
-
 /// An error response outside `ManagerError` (routing: `not-found`, `method-not-allowed`).
 pub fn plain(status: StatusCode, code: &str, message: &str) -> HttpResponse {
-    HttpResponse::build(status).json(error_body(code, message))
+    HttpResponse::build(status).json(ErrorBody::new(code, message))
+}
+
+impl From<InvalidField> for ManagerError {
+    fn from(e: InvalidField) -> ManagerError {
+        ManagerError::InvalidRequest(e.0)
+    }
 }

@@ -17,11 +17,13 @@ use rmpv::Value;
 use serde::Deserialize;
 
 use super::auth::Caller;
-use super::openapi;
-use super::{running_kernel, ApiState, Res};
+use super::responses;
+use super::{reply, running_kernel, ApiState, Res};
 use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::store::KernelRow;
+use crate::model::error::ErrorBody;
+use crate::model::file::{Binary, FileEntry, FileList, Uploaded};
 use crate::rpc::agent_api::files::{
     Blob, DownloadChunk, DownloadOpts, DownloadSingleArgs, ListFilesArgs, ListFilesRich,
     UploadChunk, UploadFileArgs, UploadOpts, UploadProgress,
@@ -55,16 +57,14 @@ async fn call<M: Method>(
         ("id" = String, Path, description = "Session or kernel id"),
         ("path" = String, Path, description = "Path relative to /home/work (may contain `/`)"),
     ),
-    request_body(content = openapi::Binary, content_type = "application/octet-stream", description = "The file's bytes"),
+    request_body(content = Binary, content_type = "application/octet-stream", description = "The file's bytes"),
     responses(
-        (status = 201, description = "Written", body = openapi::Uploaded),
-        (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory), `invalid-request` (the body could not be read, or its size is not `Content-Length`)", body = openapi::ErrorBody),
-        (status = 404, description = "`session-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
-        (status = 411, description = "`length-required`: no `Content-Length`", body = openapi::ErrorBody),
-        (status = 413, description = "`upload-too-large`: above `[api] max-upload-size`", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 201, description = "Written", body = Uploaded),
+        (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory), `invalid-request` (the body could not be read, or its size is not `Content-Length`)", body = ErrorBody),
+        (status = 404, description = "`session-not-found`", body = ErrorBody),
+        (status = 411, description = "`length-required`: no `Content-Length`", body = ErrorBody),
+        (status = 413, description = "`upload-too-large`: above `[api] max-upload-size`", body = ErrorBody),
+        responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn upload(
@@ -143,7 +143,7 @@ pub(super) async fn upload(
         joined(h.await)?;
     }
     send(buf.freeze(), first, true).await?;
-    Ok(HttpResponse::Created().json(serde_json::json!({"path": path, "size": size})))
+    reply(HttpResponse::Created(), &Uploaded { path, size })
 }
 
 /// A file's bytes, with `Content-Length`, streamed in chunks.
@@ -157,12 +157,10 @@ pub(super) async fn upload(
         ("path" = String, Path, description = "Path relative to /home/work (may contain `/`)"),
     ),
     responses(
-        (status = 200, description = "The file", body = openapi::Binary, content_type = "application/octet-stream"),
-        (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory)", body = openapi::ErrorBody),
-        (status = 404, description = "`session-not-found`, `file-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The file", body = Binary, content_type = "application/octet-stream"),
+        (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory)", body = ErrorBody),
+        (status = 404, description = "`session-not-found`, `file-not-found`", body = ErrorBody),
+        responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn download(
@@ -251,12 +249,10 @@ pub(super) struct ListQuery {
         ("dir" = Option<String>, Query, description = "Directory relative to /home/work (default: /home/work)"),
     ),
     responses(
-        (status = 200, description = "The entries", body = openapi::FileList),
-        (status = 400, description = "`invalid-path`, `invalid-request`", body = openapi::ErrorBody),
-        (status = 404, description = "`session-not-found`, `file-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The entries", body = FileList),
+        (status = 400, description = "`invalid-path`, `invalid-request`", body = ErrorBody),
+        (status = 404, description = "`session-not-found`, `file-not-found`", body = ErrorBody),
+        responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn list(
@@ -274,18 +270,22 @@ pub(super) async fn list(
         opts: Some(Value::Map(vec![])),
     };
     let out = call::<ListFilesRich>(&s, &k, &args).await?;
-    let files: Vec<serde_json::Value> = out
+    let files = out
         .files
         .iter()
-        .map(|f| {
-            serde_json::json!({
-                "name": f.name, "type": f.kind, "size": f.size,
-                "mode": format!("{:04o}", f.mode), "mtime": f.mtime,
-            })
+        .map(|f| FileEntry {
+            name: f.name.clone(),
+            file_type: Some(f.kind.clone()),
+            size: Some(f.size),
+            mode: Some(format!("{:04o}", f.mode)),
+            mtime: Some(f.mtime),
         })
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({
-        "files": files,
-        "truncated": out.truncated,
-    })))
+    reply(
+        HttpResponse::Ok(),
+        &FileList {
+            files,
+            truncated: out.truncated,
+        },
+    )
 }

@@ -2,41 +2,28 @@
 //! ever shows a secret key), list, get, change (limit, enabled, name), delete.
 
 use actix_web::{web, HttpResponse};
-use serde::Deserialize;
 
 use super::auth::Caller;
-use super::body::Object;
-use super::openapi;
-use super::{ApiState, Res};
+use super::responses;
+use super::{reply, ApiState, Res};
 use crate::manager::credentials;
 use crate::manager::error::ManagerError;
 use crate::manager::store::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
+use crate::model::access_key::{AccessKey, AccessKeyList, ChangeBody, NewAccessKey, NewKeyBody};
+use crate::model::error::ErrorBody;
+use crate::model::object::Object;
 
 /// A key as the API shows it (never its secret or the secret's hash).
-pub fn key_json(k: &AccessKeyRow) -> serde_json::Value {
-    serde_json::json!({
-        "access_key": k.access_key, "role": k.role, "name": k.name, "enabled": k.enabled,
-        "concurrency_used": k.concurrency_used, "concurrency_limit": k.concurrency_limit,
-        "created_at": k.created_at,
-    })
-}
-
-/// `POST /v1/access-keys` body.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct NewKeyBody {
-    /// `user` (default) or `admin`.
-    #[serde(default)]
-    #[schema(value_type = Option<openapi::Role>)]
-    role: Option<String>,
-    /// At most this many live sessions (0, the default: unlimited).
-    #[serde(default)]
-    #[schema(value_type = Option<u64>, maximum = 4294967295_u64)]
-    concurrency_limit: Option<u32>,
-    /// A label for people: at most 128 bytes, no control characters.
-    #[serde(default)]
-    #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
-    name: Option<String>,
+pub fn shown(k: &AccessKeyRow) -> AccessKey {
+    AccessKey {
+        access_key: k.access_key.clone(),
+        role: Some(Some(k.role.clone())),
+        name: Some(Some(k.name.clone())),
+        enabled: Some(Some(k.enabled)),
+        concurrency_used: Some(k.concurrency_used),
+        concurrency_limit: Some(k.concurrency_limit),
+        created_at: Some(Some(k.created_at)),
+    }
 }
 
 /// Longest key label, in bytes.
@@ -59,9 +46,9 @@ fn check_name(name: &str) -> Result<(), ManagerError> {
     tag = "access-keys",
     request_body = NewKeyBody,
     responses(
-        (status = 201, description = "Created, with its `secret_key`", body = openapi::NewAccessKey),
-        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad role or name", body = openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+        (status = 201, description = "Created, with its `secret_key`", body = NewAccessKey),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad role or name", body = ErrorBody),
+        responses::AdminOnly,
     ),
 )]
 pub(super) async fn create(
@@ -93,9 +80,18 @@ pub(super) async fn create(
             b.concurrency_limit.unwrap_or(0).into(),
         )
         .await?;
-    let mut body = key_json(&k);
-    body["secret_key"] = secret.into();
-    Ok(HttpResponse::Created().json(body))
+    let k = shown(&k);
+    let created = NewAccessKey {
+        access_key: k.access_key,
+        role: k.role,
+        name: k.name,
+        enabled: k.enabled,
+        concurrency_used: k.concurrency_used,
+        concurrency_limit: k.concurrency_limit,
+        created_at: k.created_at,
+        secret_key: secret,
+    };
+    reply(HttpResponse::Created(), &created)
 }
 
 /// Every access key (admin).
@@ -105,15 +101,15 @@ pub(super) async fn create(
     operation_id = "list_access_keys",
     tag = "access-keys",
     responses(
-        (status = 200, description = "The keys", body = openapi::AccessKeyList),
-        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+        (status = 200, description = "The keys", body = AccessKeyList),
+        responses::AdminOnly,
     ),
 )]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller) -> Res {
     caller.require_admin()?;
     let keys = s.store.access_keys().await?;
-    Ok(HttpResponse::Ok()
-        .json(serde_json::json!({"access_keys": keys.iter().map(key_json).collect::<Vec<_>>()})))
+    let access_keys = keys.iter().map(shown).collect();
+    reply(HttpResponse::Ok(), &AccessKeyList { access_keys })
 }
 
 /// Any key may read itself (its concurrency); others' are an admin's.
@@ -124,9 +120,9 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller) -> Res {
     tag = "access-keys",
     params(("key" = String, Path, description = "Access key (`AK…`)")),
     responses(
-        (status = 200, description = "The key", body = openapi::AccessKey),
-        (status = 403, description = "`forbidden`: a user key reading another key", body = openapi::ErrorBody),
-        (status = 404, description = "`access-key-not-found`", body = openapi::ErrorBody),
+        (status = 200, description = "The key", body = AccessKey),
+        (status = 403, description = "`forbidden`: a user key reading another key", body = ErrorBody),
+        (status = 404, description = "`access-key-not-found`", body = ErrorBody),
     ),
 )]
 pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, key: web::Path<String>) -> Res {
@@ -138,24 +134,7 @@ pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, key: web::Path<S
         .access_key(&key)
         .await?
         .ok_or_else(|| ManagerError::AccessKeyNotFound(key.into_inner()))?;
-    Ok(HttpResponse::Ok().json(key_json(&k)))
-}
-
-/// `PATCH /v1/access-keys/{key}` body: what to change.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ChangeBody {
-    /// At most this many live sessions (0: unlimited).
-    #[serde(default)]
-    #[schema(value_type = Option<u64>, maximum = 4294967295_u64)]
-    concurrency_limit: Option<u32>,
-    /// Enable or disable the key (not the one this request is made with).
-    #[serde(default)]
-    enabled: Option<bool>,
-    /// A label for people: at most 128 bytes, no control characters.
-    #[serde(default)]
-    #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
-    name: Option<String>,
+    reply(HttpResponse::Ok(), &shown(&k))
 }
 
 /// An admin cannot disable or delete the key it is calling with (nobody could undo it if it
@@ -178,10 +157,10 @@ fn not_own(caller: &Caller, key: &str, what: &str) -> Result<(), ManagerError> {
     params(("key" = String, Path, description = "Access key (`AK…`)")),
     request_body = ChangeBody,
     responses(
-        (status = 200, description = "The key, changed", body = openapi::AccessKey),
-        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name, disabling the key this request is made with", body = openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
-        (status = 404, description = "`access-key-not-found`", body = openapi::ErrorBody),
+        (status = 200, description = "The key, changed", body = AccessKey),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name, disabling the key this request is made with", body = ErrorBody),
+        (status = 404, description = "`access-key-not-found`", body = ErrorBody),
+        responses::AdminOnly,
     ),
 )]
 pub(super) async fn change(
@@ -208,7 +187,7 @@ pub(super) async fn change(
         .update_access_key(&key, &change)
         .await?
         .ok_or_else(|| ManagerError::AccessKeyNotFound(key.into_inner()))?;
-    Ok(HttpResponse::Ok().json(key_json(&k)))
+    reply(HttpResponse::Ok(), &shown(&k))
 }
 
 /// Deletes a key (admin): not while it has live sessions, not the key this request is made
@@ -220,11 +199,11 @@ pub(super) async fn change(
     tag = "access-keys",
     params(("key" = String, Path, description = "Access key (`AK…`)")),
     responses(
-        (status = 200, description = "The key as it was, `enabled` false", body = openapi::AccessKey),
-        (status = 400, description = "`invalid-request`: the key this request is made with", body = openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
-        (status = 404, description = "`access-key-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`access-key-in-use`: it has live sessions", body = openapi::ErrorBody),
+        (status = 200, description = "The key as it was, `enabled` false", body = AccessKey),
+        (status = 400, description = "`invalid-request`: the key this request is made with", body = ErrorBody),
+        (status = 404, description = "`access-key-not-found`", body = ErrorBody),
+        (status = 409, description = "`access-key-in-use`: it has live sessions", body = ErrorBody),
+        responses::AdminOnly,
     ),
 )]
 pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, key: web::Path<String>) -> Res {
@@ -235,7 +214,9 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, key: web::Pat
         e @ DeleteKeyError::InUse(..) => ManagerError::AccessKeyInUse(e.to_string()),
         DeleteKeyError::Store(e) => e.into(),
     })?;
-    let mut body = key_json(&k);
-    body["enabled"] = false.into();
-    Ok(HttpResponse::Ok().json(body))
+    let gone = AccessKey {
+        enabled: Some(Some(false)),
+        ..shown(&k)
+    };
+    reply(HttpResponse::Ok(), &gone)
 }

@@ -4,13 +4,15 @@
 //! `docs/manager-api.md`.
 
 pub mod auth;
-pub mod body;
 mod error;
 mod files;
 mod keys;
 pub mod openapi;
+mod responses;
 mod services;
 mod sessions;
+#[cfg(test)]
+mod surface_tests;
 mod system;
 mod vfolders;
 
@@ -19,7 +21,8 @@ use std::sync::Arc;
 
 use actix::Addr;
 use actix_web::http::StatusCode;
-use actix_web::{web, App, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpResponse, HttpResponseBuilder, HttpServer};
+use serde::Serialize;
 
 use super::error::ManagerError;
 use super::metrics::ManagerMetrics;
@@ -27,6 +30,7 @@ use super::pool::AgentPool;
 use super::registry::{AgentRegistry, GraceRemaining};
 use super::scheduler::Scheduler;
 use super::store::{KernelRow, Store};
+use crate::model::session::{Session, SessionMount, SessionResult, SessionType};
 use auth::Caller;
 
 /// What the handlers share.
@@ -50,18 +54,53 @@ pub struct ApiState {
 
 type Res = Result<HttpResponse, ManagerError>;
 
-/// A session as the API shows it.
-pub fn session_json(k: &KernelRow) -> serde_json::Value {
-    serde_json::json!({
-        "session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "access_key": k.access_key,
-        "image": k.image, "status": k.status, "status_reason": k.status_reason, "exit_code": k.exit_code,
-        "type": k.session_type, "command": k.command, "batch_timeout": k.batch_timeout, "result": k.result,
-        "resource_slots": k.resource_slots.to_json(),
-        "mounts": serde_json::from_str::<serde_json::Value>(&k.mounts).unwrap_or_else(|_| serde_json::json!([])),
-        "restart_policy": serde_json::from_str::<crate::workload::RestartPolicy>(&k.restart_policy).unwrap_or_default(),
-        "restart_count": k.restart_count,
-        "created_at": k.created_at, "terminated_at": k.terminated_at,
-    })
+/// A session as the API shows it (`stages` absent: [`sessions::get`] adds them).
+pub fn session(k: &KernelRow) -> Session {
+    Session {
+        session_id: k.session_id.clone(),
+        kernel_id: k.id.clone(),
+        agent_id: k.agent_id.clone(),
+        access_key: k.access_key.clone(),
+        image: k.image.clone(),
+        status: k.status.clone(),
+        status_reason: k.status_reason.clone(),
+        exit_code: k.exit_code,
+        session_type: parse_word::<SessionType>(&k.session_type),
+        command: k.command.clone(),
+        batch_timeout: k.batch_timeout,
+        result: parse_word::<SessionResult>(&k.result),
+        resource_slots: slot_amounts(&k.resource_slots),
+        mounts: serde_json::from_str::<Vec<SessionMount>>(&k.mounts).unwrap_or_default(),
+        restart_policy: serde_json::from_str(&k.restart_policy).unwrap_or_default(),
+        restart_count: k.restart_count,
+        created_at: Some(k.created_at),
+        terminated_at: k.terminated_at,
+        stages: None,
+    }
+}
+
+/// A stored word (`batch`, `SUCCESS`) as the model's enum; `None` (null) for a word it does
+/// not have.
+fn parse_word<T: serde::de::DeserializeOwned>(word: &str) -> Option<T> {
+    serde_json::from_value(serde_json::Value::from(word)).ok()
+}
+
+/// Slots as the API writes them: `{name: decimal string}`.
+fn slot_amounts(slots: &crate::slots::ResourceSlots) -> crate::model::slots::SlotAmounts {
+    slots
+        .iter()
+        .map(|(name, amount)| (name.to_owned(), amount.to_string()))
+        .collect()
+}
+
+/// `body` as the JSON answer of `resp`. It goes through `serde_json::Value`, whose map is
+/// sorted: every answer's keys are in alphabetical order at every level, as they were when the
+/// handlers built `json!` values (clients must not care, but a byte-stable body is easier to
+/// diff and cache).
+fn reply<T: Serialize>(mut resp: HttpResponseBuilder, body: &T) -> Res {
+    let value = serde_json::to_value(body)
+        .map_err(|e| ManagerError::Internal(format!("answer does not serialize: {e}")))?;
+    Ok(resp.json(value))
 }
 
 /// Kernel API calls are refused during the start-up grace period.
@@ -246,4 +285,95 @@ pub fn serve(
         None => server.listen(listener)?,
     };
     Ok(server.run())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slots::Amount;
+
+    fn row() -> KernelRow {
+        KernelRow {
+            id: "k1".into(),
+            session_id: "s1".into(),
+            agent_id: "a1".into(),
+            access_key: "AK1".into(),
+            image: "img".into(),
+            status: "RUNNING".into(),
+            status_reason: None,
+            exit_code: None,
+            resource_slots: [
+                ("cpu".to_owned(), Amount::parse("1.5").unwrap()),
+                ("mem".to_owned(), Amount::parse("268435456").unwrap()),
+            ]
+            .into_iter()
+            .collect(),
+            created_at: 1.5,
+            terminated_at: None,
+            session_type: "batch".into(),
+            command: Some("true".into()),
+            batch_timeout: Some(60.0),
+            result: "UNDEFINED".into(),
+            mounts: r#"[{"name":"data","permission":null}]"#.into(),
+            restart_policy: r#"{"mode":"never","max_restarts":3,"window":60.0,"backoff":1.0}"#
+                .into(),
+            restart_count: 0,
+        }
+    }
+
+    async fn body(r: Res) -> String {
+        let resp = r.unwrap();
+        String::from_utf8(
+            actix_web::body::to_bytes(resp.into_body())
+                .await
+                .unwrap()
+                .to_vec(),
+        )
+        .unwrap()
+    }
+
+    /// A session answers the keys (and nulls) the handlers wrote as `json!` before the model,
+    /// in the same (alphabetical) order: `stages` only where `GET /v1/sessions/{id}` adds it.
+    #[actix_web::test]
+    async fn session_body_is_the_documented_shape() {
+        let listed = body(reply(HttpResponse::Ok(), &session(&row()))).await;
+        let before = serde_json::json!({
+            "session_id": "s1", "kernel_id": "k1", "agent_id": "a1", "access_key": "AK1",
+            "image": "img", "status": "RUNNING", "status_reason": null, "exit_code": null,
+            "type": "batch", "command": "true", "batch_timeout": 60.0, "result": "UNDEFINED",
+            "resource_slots": {"cpu": "1.5", "mem": "268435456"},
+            "mounts": [{"name": "data", "permission": null}],
+            "restart_policy": {"mode": "never", "max_restarts": 3, "window": 60.0, "backoff": 1.0},
+            "restart_count": 0, "created_at": 1.5, "terminated_at": null,
+        });
+        assert_eq!(listed, before.to_string());
+        let got = Session {
+            stages: Some(None),
+            ..session(&row())
+        };
+        let mut with_stages = before.clone();
+        with_stages["stages"] = serde_json::Value::Null;
+        assert_eq!(
+            body(reply(HttpResponse::Ok(), &got)).await,
+            with_stages.to_string()
+        );
+    }
+
+    /// An error is `{"error": {"code", "message"}}`, `output` only for `service-failed`.
+    #[actix_web::test]
+    async fn error_body_keys() {
+        use actix_web::ResponseError;
+        let plain = ManagerError::SessionNotFound("x".into()).error_response();
+        let text = body(Ok(plain)).await;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], "session-not-found");
+        assert!(v["error"].get("output").is_none(), "{text}");
+        let failed = ManagerError::ServiceFailed {
+            message: "m".into(),
+            output: "tail".into(),
+        }
+        .error_response();
+        let v: serde_json::Value = serde_json::from_str(&body(Ok(failed)).await).unwrap();
+        assert_eq!(v["error"]["output"], "tail");
+    }
 }

@@ -11,12 +11,14 @@ use std::time::Duration;
 use actix_web::{web, HttpResponse};
 
 use super::auth::Caller;
-use super::openapi;
-use super::{running_kernel, ApiState, Res};
+use super::responses;
+use super::{reply, running_kernel, ApiState, Res};
 use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::AgentAddr;
 use crate::manager::store::KernelRow;
+use crate::model::error::ErrorBody;
+use crate::model::service::{Service, ServiceList, ServiceStarted};
 use crate::rpc::agent_api::kernel::KernelIdArgs;
 use crate::rpc::agent_api::services::{
     ListServices, ServiceState, ShutdownService, ShutdownServiceArgs, StartService,
@@ -53,24 +55,25 @@ async fn agent_host(s: &ApiState, agent_id: &str) -> String {
     }
 }
 
-/// The agent's service map as the API shows it.
-fn service_json(v: &ServiceState, fallback_host: &str) -> serde_json::Value {
+/// The agent's service as the API shows it: without the agent's `advertised_host` and
+/// `is_inference`, with its `url`.
+fn service(v: &ServiceState, fallback_host: &str) -> Service {
     let host = v.advertised_host.as_deref().unwrap_or(fallback_host);
     let scheme = match v.protocol.as_str() {
         "tcp" => "tcp",
         _ => "http",
     };
-    let url = v
-        .host_ports
-        .first()
-        .map(|port| format!("{scheme}://{host}:{port}"));
-    let mut j = serde_json::to_value(v).unwrap_or_default();
-    if let Some(map) = j.as_object_mut() {
-        map.remove("advertised_host");
-        map.remove("is_inference");
-        map.insert("url".into(), url.into());
+    Service {
+        name: v.name.clone(),
+        protocol: v.protocol.clone(),
+        container_ports: v.container_ports.clone(),
+        host_ports: v.host_ports.clone(),
+        status: v.status.clone(),
+        url: v
+            .host_ports
+            .first()
+            .map(|port| format!("{scheme}://{host}:{port}")),
     }
-    j
 }
 
 async fn call<M: Method>(
@@ -92,11 +95,9 @@ async fn call<M: Method>(
     tag = "services",
     params(("id" = String, Path, description = "Session or kernel id")),
     responses(
-        (status = 200, description = "The services", body = openapi::ServiceList),
-        (status = 404, description = "`session-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The services", body = ServiceList),
+        (status = 404, description = "`session-not-found`", body = ErrorBody),
+        responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
@@ -106,12 +107,8 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<S
     };
     let out = call::<ListServices>(&s, &k, &args, CALL_TIMEOUT).await?;
     let host = agent_host(&s, &k.agent_id).await;
-    let services: Vec<serde_json::Value> = out
-        .services
-        .iter()
-        .map(|v| service_json(v, &host))
-        .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "services": services })))
+    let services = out.services.iter().map(|v| service(v, &host)).collect();
+    reply(HttpResponse::Ok(), &ServiceList { services })
 }
 
 /// Starts a service (its prestart commands, then its command) and answers once its first
@@ -126,11 +123,10 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<S
         ("name" = String, Path, description = "Service name"),
     ),
     responses(
-        (status = 200, description = "The service, running; `started`: whether this call started it", body = openapi::ServiceStarted),
-        (status = 404, description = "`session-not-found`, `service-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`session-not-running`, `service-failed` (the error has `output`)", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The service, running; `started`: whether this call started it", body = ServiceStarted),
+        (status = 404, description = "`session-not-found`, `service-not-found`", body = ErrorBody),
+        (status = 409, description = "`session-not-running`, `service-failed` (the error has `output`)", body = ErrorBody),
+        responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn start(
@@ -158,14 +154,22 @@ pub(super) async fn start(
         });
     }
     let host = agent_host(&s, &k.agent_id).await;
-    let mut j = out
-        .service
-        .as_ref()
-        .map_or(serde_json::Value::Null, |v| service_json(v, &host));
-    if let Some(map) = j.as_object_mut() {
-        map.insert("started".into(), (out.status == "started").into());
-    }
-    Ok(HttpResponse::Ok().json(j))
+    // A `started`/`running` answer always has the service; without it the answer is `null`,
+    // as before the model.
+    let Some(v) = out.service.as_ref() else {
+        return reply(HttpResponse::Ok(), &serde_json::Value::Null);
+    };
+    let sv = service(v, &host);
+    let started = ServiceStarted {
+        name: sv.name,
+        protocol: sv.protocol,
+        container_ports: sv.container_ports,
+        host_ports: sv.host_ports,
+        status: sv.status,
+        url: sv.url,
+        started: Some(out.status == "started"),
+    };
+    reply(HttpResponse::Ok(), &started)
 }
 
 /// Stops a service (kills its process tree); stopping a stopped one is not an error.
@@ -179,11 +183,9 @@ pub(super) async fn start(
         ("name" = String, Path, description = "Service name"),
     ),
     responses(
-        (status = 200, description = "The service, stopped", body = openapi::Service),
-        (status = 404, description = "`session-not-found`, `service-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`session-not-running`", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The service, stopped", body = Service),
+        (status = 404, description = "`session-not-found`, `service-not-found`", body = ErrorBody),
+        responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn stop(
@@ -199,6 +201,5 @@ pub(super) async fn stop(
     };
     let out = call::<ShutdownService>(&s, &k, &args, CALL_TIMEOUT).await?;
     let host = agent_host(&s, &k.agent_id).await;
-    let j = service_json(&out.service, &host);
-    Ok(HttpResponse::Ok().json(j))
+    reply(HttpResponse::Ok(), &service(&out.service, &host))
 }

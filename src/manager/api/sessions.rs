@@ -9,15 +9,20 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 
 use super::auth::Caller;
-use super::body::Object;
-use super::openapi;
-use super::{count_error, not_in_grace, owned_kernel, session_json, ApiState, Res};
+use super::responses;
+use super::{count_error, not_in_grace, owned_kernel, reply, session, ApiState, Res};
 use crate::manager::calls::{call_method, to_json};
 use crate::manager::error::ManagerError;
 use crate::manager::scheduler::{
-    CreateSession, DestroySession, ExecuteInSession, LogsChunk, ReadLogs, Scheduler, SessionRequest,
+    CreateSession, DestroySession, ExecuteInSession, LogsChunk, ReadLogs, Scheduler,
 };
 use crate::manager::store::KernelRow;
+use crate::model::error::ErrorBody;
+use crate::model::exec::{ExecuteAnswer, ExecuteBody};
+use crate::model::object::Object;
+use crate::model::session::{
+    KernelStatus, Session, SessionCreated, SessionList, SessionRequest, Stage,
+};
 use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
 
 /// Creates a session: places its kernel on the least-loaded `ALIVE` agent with enough free
@@ -29,14 +34,14 @@ use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
     tag = "sessions",
     request_body = SessionRequest,
     responses(
-        (status = 201, description = "Created", body = openapi::SessionCreated),
-        (status = 400, description = "`invalid-request` (malformed JSON, a missing or ill-typed field, a bad slot amount, type, command or mount), `image-not-found`, `slots-exceed-capacity`", body = openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: a user key naming another `access_key`", body = openapi::ErrorBody),
-        (status = 404, description = "`access-key-not-found` (an admin naming an unknown key), `vfolder-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`no-capacity`: every agent that could fit it is full now", body = openapi::ErrorBody),
-        (status = 429, description = "`concurrency-limit-exceeded`", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `no-agents`, `store-unavailable`", body = openapi::ErrorBody),
+        (status = 201, description = "Created", body = SessionCreated),
+        (status = 400, description = "`invalid-request` (malformed JSON, a missing or ill-typed field, a bad slot amount, type, command or mount), `image-not-found`, `slots-exceed-capacity`", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a user key naming another `access_key`", body = ErrorBody),
+        (status = 404, description = "`access-key-not-found` (an admin naming an unknown key), `vfolder-not-found`", body = ErrorBody),
+        (status = 409, description = "`no-capacity`: every agent that could fit it is full now", body = ErrorBody),
+        (status = 429, description = "`concurrency-limit-exceeded`", body = ErrorBody),
+        (status = 503, description = "`starting-up` (with `Retry-After`), `no-agents`, `store-unavailable`", body = ErrorBody),
+        responses::AgentFailed,
     ),
 )]
 pub(super) async fn create(
@@ -61,7 +66,13 @@ pub(super) async fn create(
     }
     .await;
     let k = count_error(&s, r)?;
-    Ok(HttpResponse::Created().json(serde_json::json!({"session_id": k.session_id, "kernel_id": k.id, "agent_id": k.agent_id, "status": k.status})))
+    let created = SessionCreated {
+        session_id: k.session_id,
+        kernel_id: k.id,
+        agent_id: k.agent_id,
+        status: k.status,
+    };
+    reply(HttpResponse::Created(), &created)
 }
 
 /// Requested service ports as the API documents them: names as an image's label may have them
@@ -104,10 +115,10 @@ pub(super) struct ListQuery {
         ("all" = Option<bool>, Query, description = "Include `TERMINATED` sessions (default: live only)"),
     ),
     responses(
-        (status = 200, description = "The sessions", body = openapi::SessionList),
-        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: a user key naming another `access_key`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The sessions", body = SessionList),
+        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a user key naming another `access_key`", body = ErrorBody),
+        responses::StartingUp,
     ),
 )]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<ListQuery>) -> Res {
@@ -122,8 +133,8 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
         None => Some(caller.access_key.as_str()),
     };
     let rows = s.store.kernels(of, q.all).await?;
-    Ok(HttpResponse::Ok()
-        .json(serde_json::json!({"sessions": rows.iter().map(session_json).collect::<Vec<_>>()})))
+    let sessions = rows.iter().map(session).collect();
+    reply(HttpResponse::Ok(), &SessionList { sessions })
 }
 
 /// A session, by session or kernel id.
@@ -134,28 +145,31 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
     tag = "sessions",
     params(("id" = String, Path, description = "Session or kernel id")),
     responses(
-        (status = 200, description = "The session", body = openapi::Session),
-        (status = 404, description = "`session-not-found` (also another key's session)", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The session", body = Session),
+        (status = 404, description = "`session-not-found` (also another key's session)", body = ErrorBody),
+        responses::StartingUp,
     ),
 )]
 pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     not_in_grace(&s).await?;
     let k = owned_kernel(&s, &caller, &id).await?;
-    let mut body = session_json(&k);
-    body["stages"] = stages(&s, &k).await;
-    Ok(HttpResponse::Ok().json(body))
+    let body = Session {
+        stages: Some(stages(&s, &k).await),
+        ..session(&k)
+    };
+    reply(HttpResponse::Ok(), &body)
 }
 
 /// Longest wait for the agent's view of a kernel's stages.
 const STAGES_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The kernel's stage actors as its agent reports them (`get_kernel`): `[{"name", "status",
-/// "restarts", "setup_seconds"}]` in order, or `null` when the kernel has ended or its agent
-/// does not answer in time (the session itself still answers).
-async fn stages(s: &ApiState, k: &KernelRow) -> serde_json::Value {
-    if !k.is_live() || k.status == "PENDING" {
-        return serde_json::Value::Null;
+/// "restarts", "setup_seconds"}]` in order, or `None` (null) when the kernel has ended, its
+/// agent does not answer in time, or its answer has no such list (the session itself still
+/// answers).
+async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
+    if !k.is_live() || k.status == KernelStatus::Pending.as_str() {
+        return None;
     }
     let args = KernelIdArgs {
         kernel_id: k.id.clone(),
@@ -164,10 +178,10 @@ async fn stages(s: &ApiState, k: &KernelRow) -> serde_json::Value {
         Ok(mut info) => info
             .rest
             .remove("stages")
-            .map_or(serde_json::Value::Null, |v| to_json(&v)),
+            .and_then(|v| serde_json::from_value(to_json(&v)).ok()),
         Err(e) => {
             tracing::debug!(kernel_id = %k.id, error = %e, "no stages from the agent");
-            serde_json::Value::Null
+            None
         }
     }
 }
@@ -181,10 +195,9 @@ async fn stages(s: &ApiState, k: &KernelRow) -> serde_json::Value {
     tag = "sessions",
     params(("id" = String, Path, description = "Session or kernel id")),
     responses(
-        (status = 200, description = "The session, terminated", body = openapi::Session),
-        (status = 404, description = "`session-not-found` (also another key's session)", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "The session, terminated", body = Session),
+        (status = 404, description = "`session-not-found` (also another key's session)", body = ErrorBody),
+        responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
@@ -194,39 +207,7 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path
         s.scheduler.send(DestroySession(id.into_inner())).await?
     }
     .await;
-    Ok(HttpResponse::Ok().json(session_json(&count_error(&s, r)?)))
-}
-
-/// `POST /v1/sessions/{id}/execute` body: one call of Backend.AI's continuation protocol.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ExecuteBody {
-    /// `query` (default): start `code`; `continue`: more output of `run_id`; `input`: write
-    /// `code` to `run_id`'s stdin.
-    #[serde(default)]
-    #[schema(value_type = Option<openapi::ExecMode>)]
-    mode: Option<String>,
-    /// The code (`query`, required) or the text for stdin (`input`).
-    #[serde(default)]
-    code: Option<String>,
-    /// The run (`continue` / `input`, required; `query`: optional, a new id by default).
-    #[serde(default)]
-    run_id: Option<String>,
-    /// Seconds; the run is killed when exceeded (`query`; default `[scheduler]
-    /// execute-timeout`).
-    #[serde(default)]
-    #[schema(minimum = 0, exclusive_minimum = 0)]
-    timeout: Option<f64>,
-    /// Seconds to wait for output before answering `continued` (at most 60 are used).
-    #[serde(default)]
-    #[schema(minimum = 0, exclusive_minimum = 0)]
-    flush_timeout: Option<f64>,
-    /// Keep the run's stdin open for `input` calls (`query`).
-    #[serde(default)]
-    stdin: bool,
-    /// Close stdin after writing (`input`).
-    #[serde(default)]
-    eof: bool,
+    reply(HttpResponse::Ok(), &session(&count_error(&s, r)?))
 }
 
 /// Runs code in the session's kernel, or continues or feeds a run: Backend.AI's continuation
@@ -239,12 +220,11 @@ pub(super) struct ExecuteBody {
     params(("id" = String, Path, description = "Session or kernel id")),
     request_body = ExecuteBody,
     responses(
-        (status = 200, description = "An answer: `continued` (more to come), `finished` or `exec-timeout`", body = openapi::ExecuteAnswer),
-        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field or mode, a missing `code` / `run_id`, a non-positive timeout, a run id in use, stdin closed", body = openapi::ErrorBody),
-        (status = 404, description = "`session-not-found`, `run-not-found` (unknown or finished run)", body = openapi::ErrorBody),
-        (status = 409, description = "`session-not-running` (`query`), `run-has-no-stdin` (`input`)", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 200, description = "An answer: `continued` (more to come), `finished` or `exec-timeout`", body = ExecuteAnswer),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field or mode, a missing `code` / `run_id`, a non-positive timeout, a run id in use, stdin closed", body = ErrorBody),
+        (status = 404, description = "`session-not-found`, `run-not-found` (unknown or finished run)", body = ErrorBody),
+        (status = 409, description = "`session-not-running` (`query`), `run-has-no-stdin` (`input`)", body = ErrorBody),
+        responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn execute(
@@ -270,7 +250,10 @@ pub(super) async fn execute(
         s.scheduler.send(msg).await?
     }
     .await;
-    Ok(HttpResponse::Ok().json(count_error(&s, r)?))
+    // The scheduler answers the agent's result map; it is read back as the model's answer.
+    let answer: ExecuteAnswer = serde_json::from_value(count_error(&s, r)?)
+        .map_err(|e| ManagerError::Internal(format!("execute answer: {e}")))?;
+    reply(HttpResponse::Ok(), &answer)
 }
 
 #[derive(Deserialize)]
@@ -320,10 +303,9 @@ const FOLLOW_WAIT: f64 = 10.0;
     ),
     responses(
         (status = 200, description = "The logs", body = String, content_type = "text/plain"),
-        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = openapi::ErrorBody),
-        (status = 404, description = "`session-not-found`, `logs-not-found` (never started, or past retention)", body = openapi::ErrorBody),
-        (status = 502, description = "`agent-unavailable` (transient), `agent-error`", body = openapi::ErrorBody),
-        (status = 503, description = "`starting-up` (with `Retry-After`), `store-unavailable`", body = openapi::ErrorBody),
+        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = ErrorBody),
+        (status = 404, description = "`session-not-found`, `logs-not-found` (never started, or past retention)", body = ErrorBody),
+        responses::AgentFailed, responses::StartingUp,
     ),
 )]
 pub(super) async fn logs(

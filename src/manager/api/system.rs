@@ -4,10 +4,12 @@
 use actix_web::{web, HttpResponse};
 
 use super::auth::Caller;
-use super::openapi;
-use super::{ApiState, Res};
+use super::responses;
+use super::{reply, slot_amounts, ApiState, Res};
 use crate::manager::pool::GetPoolStats;
 use crate::manager::registry::{CountByStatus, GraceRemaining, ListAgents, ALIVE};
+use crate::model::agent::{Agent, AgentList};
+use crate::model::health::{Health, HealthMode, HealthStatus};
 
 /// Every known agent: liveness, slots, kernels (admin). `slots_total` is every slot the agent
 /// has, `slots_used` the sum of the slots its live kernels hold over the same slots (and any
@@ -18,15 +20,15 @@ use crate::manager::registry::{CountByStatus, GraceRemaining, ListAgents, ALIVE}
     operation_id = "list_agents",
     tag = "system",
     responses(
-        (status = 200, description = "The agents", body = openapi::AgentList),
-        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+        (status = 200, description = "The agents", body = AgentList),
+        responses::AdminOnly,
     ),
 )]
 pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
     caller.require_admin()?;
     let agents = s.registry.send(ListAgents).await?;
     let usage = s.store.usage_by_agent().await?;
-    let list: Vec<serde_json::Value> = agents
+    let agents = agents
         .iter()
         .map(|a| {
             let r = &a.row;
@@ -38,16 +40,25 @@ pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
                 .map(|(k, _)| (k.to_owned(), crate::slots::Amount::ZERO))
                 .collect();
             let used = zeros.checked_add(&u.slots).unwrap_or(u.slots);
-            serde_json::json!({
-                "agent_id": r.id, "status": r.status, "addr": r.addr, "region": r.region, "version": r.version,
-                "slots_total": r.slots_total.to_json(),
-                "slots_used": used.to_json(),
-                "slot_types": r.slot_types,
-                "kernels": u.kernels, "last_heartbeat": r.last_heartbeat,
-            })
+            Agent {
+                agent_id: r.id.clone(),
+                status: r.status.to_string(),
+                addr: r.addr.clone(),
+                region: r.region.clone(),
+                version: r.version.clone(),
+                slots_total: slot_amounts(&r.slots_total),
+                slots_used: slot_amounts(&used),
+                slot_types: r
+                    .slot_types
+                    .iter()
+                    .map(|(name, t)| (name.clone(), t.as_str().to_owned()))
+                    .collect(),
+                kernels: Some(u.kernels),
+                last_heartbeat: r.last_heartbeat,
+            }
         })
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({"agents": list})))
+    reply(HttpResponse::Ok(), &AgentList { agents })
 }
 
 /// Liveness (no token needed): whether the start-up grace is over, how many agents are alive.
@@ -57,7 +68,7 @@ pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
     operation_id = "health",
     tag = "system",
     security(()),
-    responses((status = 200, description = "The manager answers", body = openapi::Health)),
+    responses((status = 200, description = "The manager answers", body = Health)),
 )]
 pub(super) async fn health(s: web::Data<ApiState>) -> Res {
     let grace = s.registry.send(GraceRemaining).await?;
@@ -68,10 +79,18 @@ pub(super) async fn health(s: web::Data<ApiState>) -> Res {
         .get(ALIVE)
         .copied()
         .unwrap_or(0);
-    Ok(HttpResponse::Ok().json(serde_json::json!({
-        "status": "ok", "mode": if grace.is_some() { "grace" } else { "normal" }, "agents_alive": alive,
-        "leader": s.leader.is_leader(), "replica": s.store.replica_id(),
-    })))
+    let health = Health {
+        status: Some(HealthStatus::Ok),
+        mode: Some(if grace.is_some() {
+            HealthMode::Grace
+        } else {
+            HealthMode::Normal
+        }),
+        agents_alive: Some(alive as u64),
+        leader: s.leader.is_leader(),
+        replica: s.store.replica_id().to_owned(),
+    };
+    reply(HttpResponse::Ok(), &health)
 }
 
 /// The manager's Prometheus metrics (admin).
@@ -82,7 +101,7 @@ pub(super) async fn health(s: web::Data<ApiState>) -> Res {
     tag = "system",
     responses(
         (status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain"),
-        (status = 403, description = "`forbidden`: not an admin key", body = openapi::ErrorBody),
+        responses::AdminOnly,
     ),
 )]
 pub(super) async fn metrics(s: web::Data<ApiState>, caller: Caller) -> Res {

@@ -6,24 +6,21 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 
 use super::auth::Caller;
-use super::body::Object;
-use super::openapi;
-use super::{ApiState, Res};
+use super::{reply, ApiState, Res};
 use crate::manager::error::ManagerError;
 use crate::manager::store::VfolderRow;
 use crate::manager::vfolder_name;
+use crate::model::error::ErrorBody;
+use crate::model::object::Object;
+use crate::model::vfolder::{NewVfolder, Vfolder, VfolderList};
 
-fn vfolder_json(v: &VfolderRow) -> serde_json::Value {
-    serde_json::json!({"name": v.name, "owner": v.owner, "created_at": v.created_at})
-}
-
-/// `POST /v1/vfolders` body.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct NewVfolder {
-    /// 1–64 characters of `A-Z a-z 0-9 . _ -`, not starting with `.`.
-    #[schema(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")]
-    name: String,
+/// A vfolder as the API shows it.
+fn vfolder(v: &VfolderRow) -> Vfolder {
+    Vfolder {
+        name: v.name.clone(),
+        owner: v.owner.clone(),
+        created_at: Some(v.created_at),
+    }
 }
 
 /// Creates a vfolder of the caller's.
@@ -34,9 +31,9 @@ pub(super) struct NewVfolder {
     tag = "vfolders",
     request_body = NewVfolder,
     responses(
-        (status = 201, description = "Created", body = openapi::Vfolder),
-        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name", body = openapi::ErrorBody),
-        (status = 409, description = "`vfolder-exists`", body = openapi::ErrorBody),
+        (status = 201, description = "Created", body = Vfolder),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name", body = ErrorBody),
+        (status = 409, description = "`vfolder-exists`", body = ErrorBody),
     ),
 )]
 pub(super) async fn create(
@@ -54,7 +51,7 @@ pub(super) async fn create(
         .vfolder(&caller.access_key, &name)
         .await?
         .ok_or(ManagerError::VfolderNotFound(name))?;
-    Ok(HttpResponse::Created().json(vfolder_json(&v)))
+    reply(HttpResponse::Created(), &vfolder(&v))
 }
 
 #[derive(Deserialize)]
@@ -72,9 +69,9 @@ pub(super) struct ListQuery {
     tag = "vfolders",
     params(("all" = Option<bool>, Query, description = "Every key's vfolders (admin only)")),
     responses(
-        (status = 200, description = "The vfolders", body = openapi::VfolderList),
-        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: `all=true` with a user key", body = openapi::ErrorBody),
+        (status = 200, description = "The vfolders", body = VfolderList),
+        (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = ErrorBody),
+        (status = 403, description = "`forbidden`: `all=true` with a user key", body = ErrorBody),
     ),
 )]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<ListQuery>) -> Res {
@@ -85,8 +82,8 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
         Some(caller.access_key.as_str())
     };
     let rows = s.store.vfolders(owner).await?;
-    Ok(HttpResponse::Ok()
-        .json(serde_json::json!({"vfolders": rows.iter().map(vfolder_json).collect::<Vec<_>>()})))
+    let vfolders = rows.iter().map(vfolder).collect();
+    reply(HttpResponse::Ok(), &VfolderList { vfolders })
 }
 
 /// Deletes the caller's vfolder record (not while a live session mounts it). The data stays
@@ -98,9 +95,9 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
     tag = "vfolders",
     params(("name" = String, Path, description = "The caller's vfolder")),
     responses(
-        (status = 200, description = "The vfolder record, deleted", body = openapi::Vfolder),
-        (status = 404, description = "`vfolder-not-found`", body = openapi::ErrorBody),
-        (status = 409, description = "`vfolder-in-use`: a live session mounts it", body = openapi::ErrorBody),
+        (status = 200, description = "The vfolder record, deleted", body = Vfolder),
+        (status = 404, description = "`vfolder-not-found`", body = ErrorBody),
+        (status = 409, description = "`vfolder-in-use`: a live session mounts it", body = ErrorBody),
     ),
 )]
 pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, name: web::Path<String>) -> Res {
@@ -118,7 +115,7 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, name: web::Pa
         )));
     }
     s.store.delete_vfolder(&caller.access_key, &name).await?;
-    Ok(HttpResponse::Ok().json(vfolder_json(&v)))
+    reply(HttpResponse::Ok(), &vfolder(&v))
 }
 
 /// Whether a kernel's `mounts` JSON names vfolder `name`.

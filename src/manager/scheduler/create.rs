@@ -7,13 +7,13 @@ use actix::prelude::*;
 use rmpv::Value;
 
 use super::place::{parse_request, place};
-use super::request::{MountSpec, SessionRequest};
 use super::Scheduler;
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
 use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::PlacementCandidates;
 use crate::manager::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store};
+use crate::model::session::{MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
     ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
     KernelCreationConfig, ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
@@ -124,7 +124,7 @@ impl Handler<CreateSession> for Scheduler {
                         access_key: owner.clone(),
                         image: req.image.clone(),
                         resource_slots: slots.clone(),
-                        session_type: session_type.to_owned(),
+                        session_type: session_type.as_str().to_owned(),
                         command: req.command.clone(),
                         batch_timeout: req.batch_timeout,
                         mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
@@ -172,8 +172,8 @@ impl Handler<CreateSession> for Scheduler {
                 session_id: Some(session_id.clone()),
                 network_id: Some(session_id.clone()),
                 session_type: match session_type {
-                    "batch" => SessionTypes::Batch,
-                    _ => SessionTypes::Interactive,
+                    SessionType::Batch => SessionTypes::Batch,
+                    SessionType::Interactive => SessionTypes::Interactive,
                 },
                 cluster_role: Some("main".into()),
                 cluster_idx: Some(1),

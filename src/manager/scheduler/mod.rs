@@ -5,7 +5,7 @@
 //! same free slots; the agent call runs outside the lock. On any failure the reservation is
 //! undone in the store: no kernel stays live and `concurrency_used` is as before.
 //!
-//! One file per concern: the request bodies (`request.rs`), the pure placement (`place.rs`),
+//! One file per concern (the request body is `model::session::SessionRequest`): the pure placement (`place.rs`),
 //! and one per message: create (`create.rs`), destroy (`destroy.rs`), execute and logs
 //! (`exec.rs`).
 
@@ -13,18 +13,17 @@ mod create;
 mod destroy;
 mod exec;
 mod place;
-mod request;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 
+pub use crate::model::session::{MountSpec, ServicePortSpec, SessionRequest};
 pub use create::CreateSession;
 pub use destroy::DestroySession;
 pub use exec::{ExecuteInSession, LogsChunk, ReadLogs};
 pub use place::{known_slot_types, parse_request, place};
-pub use request::{MountSpec, ServicePortSpec, SessionRequest};
 
 use super::metrics::ManagerMetrics;
 use super::pool::AgentPool;

@@ -8,29 +8,14 @@ use sqlx::{Any, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
 use super::{now, Store, StoreError};
+use crate::model::session::KernelStatus;
 use crate::slots::ResourceSlots;
 
-/// Kernel statuses in lifecycle order; a status update only moves forward in this list
-/// (events and RPC replies may race; `TERMINATED` is final). `RESTARTING` ranks with `RUNNING`.
-const ORDER: [&str; 8] = [
-    "PENDING",
-    "PREPARING",
-    "PULLING",
-    "CREATING",
-    "RUNNING",
-    "RESTARTING",
-    "TERMINATING",
-    "TERMINATED",
-];
-
-fn rank(status: &str) -> Option<usize> {
-    match status {
-        "RESTARTING" => Some(4),
-        s => ORDER
-            .iter()
-            .position(|o| *o == s)
-            .map(|i| if i > 5 { i - 1 } else { i }),
-    }
+/// A stored status's place in the lifecycle ([`KernelStatus::rank`]): a status update only
+/// moves forward (events and RPC replies may race; `TERMINATED` is final). `None` for a name
+/// that is no status.
+fn rank(status: &str) -> Option<u8> {
+    KernelStatus::parse(status).map(KernelStatus::rank)
 }
 
 /// One kernel row.
@@ -202,10 +187,10 @@ pub(super) async fn advance_in(
     let Some(r) = rank(status).filter(|_| status != "TERMINATED") else {
         return Ok(false);
     };
-    let mut earlier: Vec<String> = ORDER
+    let mut earlier: Vec<String> = KernelStatus::ALL
         .iter()
-        .filter(|s| rank(s).is_some_and(|x| x < r))
-        .map(|s| format!("'{s}'"))
+        .filter(|s| s.rank() < r)
+        .map(|s| format!("'{}'", s.as_str()))
         .collect();
     if status == "RUNNING" {
         // A restart (by the restart policy or `restart_kernel`) ends in `kernel_started`.
@@ -214,7 +199,7 @@ pub(super) async fn advance_in(
     if earlier.is_empty() {
         return Ok(false);
     }
-    // `earlier` comes from the constant ORDER, never from input.
+    // `earlier` comes from the constant `KernelStatus::ALL`, never from input.
     let sql = format!(
         "UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({})",
         earlier.join(", ")
@@ -395,7 +380,7 @@ impl Store {
         Ok(was_live)
     }
 
-    /// Moves a kernel's status forward (see [`ORDER`]); returns whether it changed.
+    /// Moves a kernel's status forward (see [`KernelStatus::rank`]); returns whether it changed.
     pub async fn advance_kernel(&self, kernel_id: &str, status: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let changed = advance_in(&mut tx, kernel_id, status).await?;

@@ -1,4 +1,4 @@
-//! JSON bodies that must be objects. serde's derived `Deserialize` of a struct also takes an
+//! JSON bodies that must be objects (request bodies of the API). serde's derived `Deserialize` of a struct also takes an
 //! array of its fields in order (so `[]` is a struct whose fields all have defaults, and
 //! `["img", {…}]` a session request); the API takes objects only, as its OpenAPI document says.
 //! [`Object`] wraps a request body, [`objects`] an array field of structs.

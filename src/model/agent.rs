@@ -1,0 +1,126 @@
+//! Agents as the manager knows them: `GET /v1/agents` (admin).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::slots::{slot_amounts_schema, slot_types_schema, SlotAmounts};
+
+/// An agent's liveness status, as stored in `agents.status` and shown by the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum AgentStatus {
+    /// Heard from within the heartbeat timeout: kernels may be placed on it.
+    Alive,
+    /// No replica heard from it within the heartbeat timeout: its kernels were released.
+    Lost,
+    /// Lost, then heard from again: being reset (`reset_instance`); nothing is placed on it.
+    Pending,
+    /// Shut down cleanly (`agent_terminated`); its kernels stay live.
+    Terminated,
+}
+
+impl AgentStatus {
+    /// Every status, in the order the metrics list them.
+    pub const ALL: [AgentStatus; 4] = [
+        AgentStatus::Alive,
+        AgentStatus::Lost,
+        AgentStatus::Pending,
+        AgentStatus::Terminated,
+    ];
+
+    /// The stored and shown name: `ALIVE`, `LOST`, `PENDING`, `TERMINATED`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Alive => "ALIVE",
+            AgentStatus::Lost => "LOST",
+            AgentStatus::Pending => "PENDING",
+            AgentStatus::Terminated => "TERMINATED",
+        }
+    }
+
+    /// Whether the agent was lost and has not been reset since (`LOST` or `PENDING`): the
+    /// kernel lists of its heartbeats are ignored, it must be reset before it is used again.
+    pub const fn needs_reset(self) -> bool {
+        matches!(self, AgentStatus::Lost | AgentStatus::Pending)
+    }
+
+    /// Whether kernels may be placed on it (only `ALIVE`).
+    pub const fn places_kernels(self) -> bool {
+        matches!(self, AgentStatus::Alive)
+    }
+}
+
+impl fmt::Display for AgentStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored status that is none of the four.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown agent status `{0}`")]
+pub struct UnknownAgentStatus(pub String);
+
+impl FromStr for AgentStatus {
+    type Err = UnknownAgentStatus;
+
+    /// Parses a stored name (exact, upper case).
+    ///
+    /// Errors: [`UnknownAgentStatus`] for anything else.
+    fn from_str(s: &str) -> Result<AgentStatus, UnknownAgentStatus> {
+        AgentStatus::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownAgentStatus(s.to_owned()))
+    }
+}
+
+/// An agent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct Agent {
+    /// Agent id.
+    #[schema(required = true)]
+    pub agent_id: String,
+    /// Liveness.
+    // A string, so that a reader takes a status it does not know yet.
+    #[schema(value_type = AgentStatus, required = true)]
+    pub status: String,
+    /// `tcp://host:port` of its RPC server.
+    #[schema(required = true)]
+    pub addr: Option<String>,
+    /// Region.
+    #[schema(required = true)]
+    pub region: Option<String>,
+    /// Agent version.
+    #[schema(required = true)]
+    pub version: Option<String>,
+    /// Every slot it has (`cpu`, `mem`, accelerator slots such as `cuda.device`), in total.
+    #[schema(schema_with = slot_amounts_schema, required = true)]
+    pub slots_total: SlotAmounts,
+    /// What the manager has placed there: its live kernels' slots, summed, over the same slots.
+    #[schema(schema_with = slot_amounts_schema, required = true)]
+    pub slots_used: SlotAmounts,
+    /// Each slot's unit: `count`, `bytes` or `unique` (`slot_key_and_units`).
+    #[schema(schema_with = slot_types_schema, required = true)]
+    pub slot_types: BTreeMap<String, String>,
+    /// Live kernels placed there.
+    #[schema(value_type = i64, required = true)]
+    pub kernels: Option<i64>,
+    /// Unix seconds of its newest heartbeat.
+    #[schema(required = true)]
+    pub last_heartbeat: Option<f64>,
+}
+
+/// `GET /v1/agents`'s answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct AgentList {
+    /// Every known agent.
+    #[schema(required = true)]
+    pub agents: Vec<Agent>,
+}

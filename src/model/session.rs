@@ -1,0 +1,512 @@
+//! Sessions (one kernel each): `POST /v1/sessions`'s request, the session as the API shows it,
+//! its kernel's stages, and the enums both ends share: [`SessionType`], [`KernelStatus`] (with
+//! its lifecycle order), [`SessionResult`], and the restart policy's [`RestartMode`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::error::InvalidField;
+use super::slots::{
+    container_ports_schema, resource_slots_schema, slot_amounts_schema, SlotAmounts,
+};
+pub use crate::workload::{RestartMode, RestartPolicy};
+
+/// `interactive` or `batch`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionType {
+    /// Runs until destroyed.
+    #[default]
+    Interactive,
+    /// Its `command`'s exit ends it.
+    Batch,
+}
+
+impl SessionType {
+    /// The API's (and the store's) name: `interactive`, `batch`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionType::Interactive => "interactive",
+            SessionType::Batch => "batch",
+        }
+    }
+}
+
+/// `kernelvisor ctl session create --type`: the same two values, with the CLI's help.
+impl clap::ValueEnum for SessionType {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[SessionType::Interactive, SessionType::Batch]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            SessionType::Interactive => {
+                "Runs until terminated; code runs in it with `session exec`"
+            }
+            SessionType::Batch => {
+                "Runs --command; its exit ends the session (SUCCESS on exit 0, else FAILURE)"
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(help))
+    }
+}
+
+/// `kernelvisor ctl session create --restart`: the restart policy's mode, with the CLI's help.
+impl clap::ValueEnum for RestartMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            RestartMode::Never,
+            RestartMode::OnFailure,
+            RestartMode::Always,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            RestartMode::Never => "A container exit ends the session",
+            RestartMode::OnFailure => "Restart after a failure",
+            RestartMode::Always => "Restart after every exit",
+        };
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(help))
+    }
+}
+
+/// A kernel's (and so its session's) status, in lifecycle order. The store moves a status only
+/// forward in this order ([`KernelStatus::rank`]): events and RPC replies may race, and
+/// `TERMINATED` is final. The stored and shown names are the upper-case ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum KernelStatus {
+    /// Placed; the agent has not answered yet.
+    Pending,
+    /// The agent prepares it.
+    Preparing,
+    /// Its image is being pulled.
+    Pulling,
+    /// Its container is being created.
+    Creating,
+    /// Its container runs.
+    Running,
+    /// Its container is restarting by its restart policy (ranks with `RUNNING`).
+    Restarting,
+    /// Being destroyed.
+    Terminating,
+    /// Ended (final).
+    Terminated,
+}
+
+impl KernelStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [KernelStatus; 8] = [
+        KernelStatus::Pending,
+        KernelStatus::Preparing,
+        KernelStatus::Pulling,
+        KernelStatus::Creating,
+        KernelStatus::Running,
+        KernelStatus::Restarting,
+        KernelStatus::Terminating,
+        KernelStatus::Terminated,
+    ];
+
+    /// The stored name: `PENDING`, …, `TERMINATED`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelStatus::Pending => "PENDING",
+            KernelStatus::Preparing => "PREPARING",
+            KernelStatus::Pulling => "PULLING",
+            KernelStatus::Creating => "CREATING",
+            KernelStatus::Running => "RUNNING",
+            KernelStatus::Restarting => "RESTARTING",
+            KernelStatus::Terminating => "TERMINATING",
+            KernelStatus::Terminated => "TERMINATED",
+        }
+    }
+
+    /// The status of a stored name; `None` for a name that is none of them.
+    pub fn parse(name: &str) -> Option<KernelStatus> {
+        KernelStatus::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// Its place in the lifecycle: a status update only moves to a higher rank. `RESTARTING`
+    /// ranks with `RUNNING` (a restart ends in `RUNNING` again).
+    pub fn rank(self) -> u8 {
+        match self {
+            KernelStatus::Pending => 0,
+            KernelStatus::Preparing => 1,
+            KernelStatus::Pulling => 2,
+            KernelStatus::Creating => 3,
+            KernelStatus::Running | KernelStatus::Restarting => 4,
+            KernelStatus::Terminating => 5,
+            KernelStatus::Terminated => 6,
+        }
+    }
+}
+
+/// A requested service port's protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceProtocol {
+    /// An HTTP service.
+    Http,
+    /// A TCP service (the default).
+    Tcp,
+    /// Backend.AI's pre-opened port: published, nothing started by the agent.
+    Preopen,
+}
+
+/// A vfolder mount's permission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MountPermission {
+    /// Read-only.
+    Ro,
+    /// Read-write (the default).
+    Rw,
+}
+
+/// A batch session's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum SessionResult {
+    /// Interactive, or not ended yet.
+    Undefined,
+    /// Exit 0.
+    Success,
+    /// Non-zero exit, killed, or `batch_timeout` exceeded.
+    Failure,
+}
+
+/// `POST /v1/sessions` body (`docs/manager-api.md`).
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// Image reference.
+    #[schema(min_length = 1)]
+    pub image: String,
+    /// `{"cpu": cores, "mem": bytes or "256m", "cuda.device": n}`.
+    #[schema(schema_with = resource_slots_schema)]
+    pub resource_slots: BTreeMap<String, serde_json::Value>,
+    /// Admin keys only: create the session on behalf of this access key. Without it the owner
+    /// is the caller (`CreateSession::owner`).
+    #[serde(default)]
+    pub access_key: Option<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub environ: BTreeMap<String, String>,
+    /// The owner's vfolders: `{"name", "permission"}` (never a host path: the manager resolves
+    /// names to `<owner>/<name>` under the agents' vfolder root).
+    #[serde(default, deserialize_with = "super::object::objects")]
+    pub mounts: Vec<MountSpec>,
+    /// `interactive` (default) or `batch`.
+    // A string: `SessionRequest::checked_type` parses it, with a message naming the field.
+    #[serde(default, rename = "type")]
+    #[schema(value_type = Option<SessionType>)]
+    pub session_type: Option<String>,
+    /// Shell command for the main process: required for batch, optional for interactive.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Seconds a batch session may run (batch only).
+    #[serde(default)]
+    #[schema(minimum = 0, exclusive_minimum = 0)]
+    pub batch_timeout: Option<f64>,
+    /// Service ports beyond those the image declares: `{"name", "protocol", "container_ports"}`
+    /// (the agent checks them: names, protocols, ports).
+    #[serde(default, deserialize_with = "super::object::objects")]
+    pub service_ports: Vec<ServicePortSpec>,
+    /// What the kernel's supervisor does when its container exits: `{"mode": "never" |
+    /// "on-failure" | "always", "max_restarts", "window", "backoff"}` (default `never`).
+    #[serde(default)]
+    pub restart_policy: Option<RestartPolicy>,
+}
+
+impl SessionRequest {
+    /// The session type, checked: `interactive` or `batch`; `command` required for batch,
+    /// non-blank when given; `batch_timeout` positive and batch only; `restart_policy` within
+    /// its bounds.
+    ///
+    /// Errors: [`InvalidField`] naming the field (400 `invalid-request`).
+    pub fn checked_type(&self) -> Result<SessionType, InvalidField> {
+        let bad = |m: &str| Err(InvalidField(m.to_owned()));
+        let t = match self.session_type.as_deref() {
+            None | Some("interactive") => SessionType::Interactive,
+            Some("batch") => SessionType::Batch,
+            Some(_) => return bad("`type` must be `interactive` or `batch`"),
+        };
+        if self.command.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            return bad("`command` must not be empty");
+        }
+        if t == SessionType::Batch && self.command.is_none() {
+            return bad("a batch session needs a `command`");
+        }
+        match self.batch_timeout {
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                bad("`batch_timeout` must be a positive number of seconds")
+            }
+            Some(_) if t != SessionType::Batch => {
+                bad("`batch_timeout` applies to batch sessions only")
+            }
+            _ => Ok(t),
+        }?;
+        if let Some(p) = &self.restart_policy {
+            p.check().map_err(InvalidField)?;
+        }
+        Ok(t)
+    }
+}
+
+/// A service port a session asks for (`POST /v1/sessions`).
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePortSpec {
+    /// Service name (its def file is `/etc/backend.ai/service-defs/<name>.json` in the image).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    pub name: String,
+    /// `http`, `tcp` or `preopen` (default `tcp`).
+    #[serde(default)]
+    #[schema(value_type = Option<ServiceProtocol>)]
+    pub protocol: Option<String>,
+    /// Ports inside the container.
+    #[schema(schema_with = container_ports_schema)]
+    pub container_ports: Vec<u16>,
+}
+
+/// A vfolder mount of a session request: one of the owner's vfolders (`POST /v1/vfolders`).
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountSpec {
+    /// vfolder name; mounted at `/home/work/<name>`.
+    #[schema(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")]
+    pub name: String,
+    /// `rw` (default, Backend.AI's for an owned vfolder) or `ro`.
+    #[serde(default)]
+    #[schema(value_type = Option<MountPermission>)]
+    pub permission: Option<String>,
+}
+
+impl MountSpec {
+    /// `ro` or `rw`.
+    ///
+    /// Errors: [`InvalidField`] for another value.
+    pub fn checked_permission(&self) -> Result<&'static str, InvalidField> {
+        match self.permission.as_deref() {
+            None | Some("rw") => Ok("rw"),
+            Some("ro") => Ok("ro"),
+            Some(p) => Err(InvalidField(format!(
+                "mount `{}`: permission `{p}` must be `ro` or `rw`",
+                self.name
+            ))),
+        }
+    }
+}
+
+/// A vfolder a session mounts, as asked for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct SessionMount {
+    /// The vfolder's name.
+    #[schema(required = true)]
+    pub name: String,
+    /// `ro` or `rw`; null when not given (`rw`).
+    pub permission: Option<String>,
+}
+
+/// A session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct Session {
+    /// Session UUID.
+    #[schema(required = true)]
+    pub session_id: String,
+    /// Its kernel's UUID.
+    #[schema(required = true)]
+    pub kernel_id: String,
+    /// The agent it is placed on.
+    #[schema(required = true)]
+    pub agent_id: String,
+    /// The owning access key.
+    #[schema(required = true)]
+    pub access_key: String,
+    /// Image reference.
+    #[schema(required = true)]
+    pub image: String,
+    /// `PENDING`, `PREPARING`, …, `RUNNING`, …, `TERMINATED`.
+    // A `KernelStatus` name; a string, so that a reader takes a status it does not know yet.
+    #[schema(required = true)]
+    pub status: String,
+    /// Why it terminated (`user-requested`, `agent-lost`, `batch-timeout`, …).
+    #[schema(required = true)]
+    pub status_reason: Option<String>,
+    /// Exit code, when it ended by itself.
+    #[schema(required = true)]
+    pub exit_code: Option<i64>,
+    /// Session type.
+    #[serde(rename = "type")]
+    #[schema(value_type = SessionType, required = true)]
+    pub session_type: Option<SessionType>,
+    /// The main process's shell command, if one was given.
+    #[schema(required = true)]
+    pub command: Option<String>,
+    /// Seconds a batch session may run.
+    #[schema(required = true)]
+    pub batch_timeout: Option<f64>,
+    /// A batch session's outcome.
+    #[schema(value_type = SessionResult, required = true)]
+    pub result: Option<SessionResult>,
+    /// Every slot it asked for (`{name: decimal string}`).
+    #[schema(schema_with = slot_amounts_schema, required = true)]
+    pub resource_slots: SlotAmounts,
+    /// Its vfolders.
+    #[schema(required = true)]
+    pub mounts: Vec<SessionMount>,
+    /// Unix seconds.
+    #[schema(value_type = f64, required = true)]
+    pub created_at: Option<f64>,
+    /// Unix seconds; null while live.
+    #[schema(required = true)]
+    pub terminated_at: Option<f64>,
+    /// Its restart policy (`never` unless it asked for one).
+    #[schema(required = true)]
+    pub restart_policy: RestartPolicy,
+    /// Restarts by its restart policy so far.
+    #[schema(required = true)]
+    pub restart_count: i64,
+    /// `GET /v1/sessions/{id}` only: its kernel's stage actors in order, as its agent reports
+    /// them; null once it has ended or when the agent does not answer within 2 s.
+    // Absent from the other answers: the outer `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Stage>>)]
+    pub stages: Option<Option<Vec<Stage>>>,
+}
+
+impl Session {
+    /// Whether it is over (`terminated_at` set or status `TERMINATED`).
+    pub fn terminated(&self) -> bool {
+        self.terminated_at.is_some() || self.status == KernelStatus::Terminated.as_str()
+    }
+}
+
+/// One stage actor of a session's kernel.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct Stage {
+    /// `image`, `slots`, `ports`, `scratch`, `mounts`, `container` or `service-ports`.
+    #[schema(required = true)]
+    pub name: String,
+    /// Where it stands.
+    #[schema(required = true)]
+    pub status: StageState,
+    /// How many times its supervisor restarted it.
+    #[schema(required = true)]
+    pub restarts: u32,
+    /// Seconds its last setup took; null when it adopted its resource (after an agent restart).
+    #[schema(required = true)]
+    pub setup_seconds: Option<f64>,
+}
+
+/// A stage actor's state.
+// `actors::StageStatus` on the wire (its `as_str` names; a test holds the two together).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageState {
+    /// Waiting for the stages before it.
+    #[default]
+    Pending,
+    /// Setting its resource up.
+    SettingUp,
+    /// Holds its resource.
+    Ready,
+    /// Its setup or its resource failed.
+    Failed,
+    /// Released its resource.
+    Stopped,
+    /// Let go of its resource (agent shutdown with `preserve`).
+    Detached,
+}
+
+impl From<actors::StageStatus> for StageState {
+    fn from(s: actors::StageStatus) -> StageState {
+        use actors::StageStatus as S;
+        match s {
+            S::Pending => StageState::Pending,
+            S::SettingUp => StageState::SettingUp,
+            S::Ready => StageState::Ready,
+            S::Failed => StageState::Failed,
+            S::Stopped => StageState::Stopped,
+            S::Detached => StageState::Detached,
+        }
+    }
+}
+
+/// `POST /v1/sessions`'s answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct SessionCreated {
+    /// Session UUID.
+    #[schema(required = true)]
+    pub session_id: String,
+    /// Kernel UUID.
+    #[schema(required = true)]
+    pub kernel_id: String,
+    /// The agent it runs on.
+    #[schema(required = true)]
+    pub agent_id: String,
+    /// `RUNNING` when the agent has started it.
+    #[schema(required = true)]
+    pub status: String,
+}
+
+/// `GET /v1/sessions`'s answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct SessionList {
+    /// The sessions.
+    #[schema(required = true)]
+    pub sessions: Vec<Session>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_state_names_are_the_actors_names() {
+        use actors::StageStatus as S;
+        for s in [
+            S::Pending,
+            S::SettingUp,
+            S::Ready,
+            S::Failed,
+            S::Stopped,
+            S::Detached,
+        ] {
+            assert_eq!(
+                serde_json::to_value(StageState::from(s)).unwrap(),
+                s.as_str()
+            );
+        }
+    }
+
+    #[test]
+    fn kernel_status_order() {
+        let rank = |s: &str| KernelStatus::parse(s).map(KernelStatus::rank);
+        assert!(rank("PENDING") < rank("PREPARING"));
+        assert!(rank("CREATING") < rank("RUNNING"));
+        assert_eq!(rank("RESTARTING"), rank("RUNNING"));
+        assert!(rank("RUNNING") < rank("TERMINATING"));
+        assert!(rank("TERMINATING") < rank("TERMINATED"));
+        assert_eq!(rank("BOGUS"), None);
+        for s in KernelStatus::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+            assert_eq!(KernelStatus::parse(s.as_str()), Some(s));
+        }
+    }
+
+    #[test]
+    fn session_type_names() {
+        for t in [SessionType::Interactive, SessionType::Batch] {
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
+        }
+    }
+}
