@@ -1,4 +1,4 @@
-//! The agent's event path (issue 5): durable outbox, delivery with acks, resend of unacked
+//! The agent's event path: durable outbox, delivery with acks, resend of unacked
 //! batches with the same ids, delivery across an agent restart, and latest-wins heartbeats;
 //! over real ZeroMQ with CURVE, real SQLite, kernels on the dummy backend.
 

@@ -1,4 +1,4 @@
-//! The agent's metrics (issue 5): `/metrics` over HTTP parsed as Prometheus text, every seed-002
+//! The agent's metrics: `/metrics` over HTTP parsed as Prometheus text, every Backend.AI
 //! family with its labels after a kernel ran, a busy container's CPU from its cgroup files,
 //! and a kernel's series gone when it terminates. Real Docker engine, real HTTP.
 
@@ -147,7 +147,7 @@ async fn busy_kernel_shows_in_seed_metrics_and_its_series_go_when_it_ends() {
         None
     );
 
-    // Every seed-002 family, declared and with exactly its labels on every sample.
+    // Every Backend.AI agent metric family, declared and with exactly its labels on every sample.
     let seed: HashMap<&str, &[&str]> = HashMap::from([
         ("backendai_rpc_requests_total", &["method"][..]),
         (

@@ -1,4 +1,4 @@
-//! Compatibility with the real Backend.AI 26.x agent client (issue 23, section 5): the agent
+//! Compatibility with the real Backend.AI 26.x agent client: the agent
 //! client of `backend.ai-manager` 26.9.6 (`AgentRPCCache` → `AgentClientPool` → `AgentClient` →
 //! callosum, CURVE on, `ai.backend.common.msgpack`) drives one kernel's whole life on an agent
 //! process on the real Docker engine, with `create_kernels` arguments built by the manager's own

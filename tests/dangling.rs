@@ -1,4 +1,4 @@
-//! Dangling kernels resolved (seed 001; issue 15, part 5), end to end: a manager process and an
+//! Dangling kernels resolved (`docs/design.md`, kernels as supervision trees), end to end: a manager process and an
 //! agent process (the `kernelvisor` binary, CURVE on), the real Docker engine, the manager on
 //! SQLite and on PostgreSQL, with `dangling-grace` shortened to 3 s.
 //!

@@ -1,4 +1,4 @@
-//! Availability (issue 17), with real processes: the start-up grace that ends when its work is
+//! Availability (`docs/design.md`, high availability), with real processes: the start-up grace that ends when its work is
 //! done, and several managers on one PostgreSQL with leader failover and intake failover.
 
 mod common;

@@ -41,7 +41,7 @@ pub struct AgentContext {
     /// File uploads and downloads in progress.
     pub transfers: super::files::transfer::Transfers,
     /// Containers with this agent's id that its store does not know, waiting for the manager
-    /// to adopt or destroy them (seed 001).
+    /// to adopt or destroy them (`docs/design.md`).
     pub dangling: super::dangling_table::DanglingTable,
     /// Image pulls in flight, ports `assign_port` handed out, a requested shutdown.
     pub node: super::node::NodeState,

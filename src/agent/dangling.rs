@@ -1,4 +1,4 @@
-//! Dangling kernels (seed 001): containers carrying this agent's id (`ai.backend.agent-id`) that
+//! Dangling kernels (`docs/design.md`): containers carrying this agent's id (`ai.backend.agent-id`) that
 //! its store does not know, because the store was lost or an older agent made them.
 //!
 //! Recovery rebuilds what it can of each one from the engine alone ([`rebuild`]): the kernel and

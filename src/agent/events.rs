@@ -124,7 +124,7 @@ pub enum AgentEvent {
         /// The run.
         run_id: String,
     },
-    /// A container carrying this agent's id that the agent does not know (seed 001), with what
+    /// A container carrying this agent's id that the agent does not know (`docs/design.md`), with what
     /// the engine tells of it (`crate::agent::dangling`). The fields after `container_id` were
     /// added later: receivers that do not know them ignore them, and an outbox row written
     /// before them reads with their defaults.

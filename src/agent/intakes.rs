@@ -1,4 +1,4 @@
-//! Which manager intake the agent talks to (`[manager] event-addrs`, issue 17): one at a time,
+//! Which manager intake the agent talks to (`[manager] event-addrs`): one at a time,
 //! shared by the event sender and the heartbeat loop, moving round-robin to the next when the
 //! current one stops answering (as Nomad clients rotate through their server list).
 

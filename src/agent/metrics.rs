@@ -1,4 +1,4 @@
-//! The agent's Prometheus metrics: seed 002's names and labels exactly (an interface that
+//! The agent's Prometheus metrics: Backend.AI's agent metric names and labels exactly (`docs/design.md`) (an interface that
 //! dashboards and alerts are written against), plus kernelvisor's own under `kernelvisor_`.
 //!
 //! One [`AgentMetrics`] per agent, each with its own registry (several agents may share a test
@@ -13,7 +13,7 @@ use prometheus::{
     TextEncoder,
 };
 
-/// `backendai_rpc_request_duration_seconds` buckets, seconds (seed 002).
+/// `backendai_rpc_request_duration_seconds` buckets, seconds (Backend.AI's agent).
 pub const RPC_BUCKETS: [f64; 10] = [0.001, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
 /// Stage setup/teardown duration buckets, seconds (image pulls may take minutes).
@@ -72,7 +72,7 @@ pub struct AgentMetrics {
 }
 
 /// A counter exposed as `<name>_total`, as Python's prometheus_client (Backend.AI's) does and
-/// as seed 002's queries expect (`rate(backendai_rpc_requests_total[5m])`).
+/// as Backend.AI's queries expect (`rate(backendai_rpc_requests_total[5m])`).
 /// A registry that remembers every family's name, help and type, to declare empty ones.
 struct Families {
     registry: Registry,

@@ -1,5 +1,5 @@
 //! The durable event outbox: every event is a SQLite row (`migrations/agent/0002_outbox.sql`)
-//! before the event sender may send it, and stays until the manager acks its id (seed 004:
+//! before the event sender may send it, and stays until the manager acks its id (`docs/design.md`, the event path:
 //! never drop a message; ack after durable enqueue).
 //!
 //! [`OutboxWriter`] takes events off the agent's [`EventBus`](super::events::EventBus), drops

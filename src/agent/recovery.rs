@@ -1,4 +1,4 @@
-//! Start-up recovery (seed 001): rebuild every kernel actor from the store and the containers'
+//! Start-up recovery (`docs/design.md`): rebuild every kernel actor from the store and the containers'
 //! labels, re-reserve what they hold, clean up kernels caught mid-creation by a crash, and
 //! report containers with this agent's id that nobody knows as dangling, described from the
 //! engine alone so that the manager can have them adopted (`crate::agent::dangling`).

@@ -2,7 +2,7 @@
 //!
 //! It holds the kernel registry: each kernel's config from creation on, and every stage's
 //! resources once it is `RUNNING`, so a restarted agent can rebuild its kernel actors
-//! (seed 001: no pickle; the container labels are the second source of truth).
+//! (`docs/design.md`: no pickle; the container labels are the second source of truth).
 
 use std::path::Path;
 use std::str::FromStr;

@@ -45,14 +45,14 @@ pub enum BackendKind {
     Dummy,
 }
 
-/// What a graceful shutdown (SIGTERM/SIGINT) does with running kernels (seed 001).
+/// What a graceful shutdown (SIGTERM/SIGINT) does with running kernels (`docs/design.md`).
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum OnShutdown {
     /// Detach: containers keep serving; the next start re-attaches them.
     #[default]
     Preserve,
-    /// Destroy every kernel (seed 003, scenario 2).
+    /// Destroy every kernel (`docs/scenarios.md`, scenario 2).
     Terminate,
 }
 
@@ -205,7 +205,7 @@ pub struct AgentManagerSection {
     /// `event-addrs`; give exactly one of the two.
     #[serde(default)]
     pub event_addr: Option<HostPort>,
-    /// Several managers' intakes (`[{ host, port }, …]`, issue 17): events and heartbeats go to
+    /// Several managers' intakes (`[{ host, port }, …]`): events and heartbeats go to
     /// one at a time; when it stops acking (connection failure or ack timeout) the agent moves
     /// to the next, round-robin, and resends what was not acked (the managers drop duplicates
     /// by event id). Every manager must have the key `rpc-auth-manager-public-key` names.

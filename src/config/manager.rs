@@ -16,7 +16,7 @@ pub struct ManagerConfig {
     /// `[manager]`.
     #[serde(default)]
     pub manager: ManagerSection,
-    /// `[agent-pool]`: seed 000's intervals.
+    /// `[agent-pool]`: the agent pool's intervals (`docs/design.md`, agent pool).
     #[serde(default)]
     pub agent_pool: PoolSection,
     /// `[[agents]]`: agents known at start (the agent registry adds the rest at run time).
@@ -54,14 +54,14 @@ pub struct ManagerSection {
     pub agent_keys_dir: Option<PathBuf>,
     /// The agents' heartbeat interval (20), used to check `startup-grace`.
     pub heartbeat_interval: Seconds,
-    /// No heartbeat for this long → the agent is `LOST` (40, seed 003).
+    /// No heartbeat for this long → the agent is `LOST` (40; `docs/scenarios.md`, scenario 4).
     pub heartbeat_timeout: Seconds,
     /// After start, kernel API calls answer 503 for this long while the latest heartbeats come
-    /// in (45; must exceed 2 × `heartbeat-interval`, seed 003).
+    /// in (45; must exceed 2 × `heartbeat-interval`; `docs/scenarios.md`, scenario 3).
     pub startup_grace: Seconds,
     /// Processed event ids are kept this long for deduplication (7 days).
     pub processed_event_retention: Seconds,
-    /// A dangling kernel (`kernel_dangling`, seed 001) whose kernel the store does not hold
+    /// A dangling kernel (`kernel_dangling`, `docs/design.md`) whose kernel the store does not hold
     /// live on its agent is destroyed (`destroy_dangling_kernel`) this long after it was first
     /// reported (300, as Nomad's dangling-container reaper); one it holds live is adopted at once.
     pub dangling_grace: Seconds,
@@ -174,7 +174,7 @@ impl Default for SchedulerSection {
     }
 }
 
-/// `[agent-pool]`; every duration in seconds. Defaults: seed 000.
+/// `[agent-pool]`; every duration in seconds. Defaults: the agent-pool design's (`docs/design.md`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct PoolSection {

@@ -7,7 +7,7 @@
 //! [`Client::get_file`], which hand back the body as a reader for answers that stream
 //! (`/logs?follow=true`, a file's bytes). [`Client::put_file`] sends a file as it reads it.
 //!
-//! Several managers (issue 17): the base may be a comma-separated list of URLs. A request goes
+//! Several managers (`docs/design.md`, high availability): the base may be a comma-separated list of URLs. A request goes
 //! to the one that answered last (the first at start); when it cannot be reached (connection
 //! refused, DNS, connect timeout: nothing was sent) the next is tried, and an error names every
 //! URL tried. A request that reached a manager is never sent again.

@@ -1,4 +1,4 @@
-//! The manager actor host: the agent side of the control plane (seed 003).
+//! The manager actor host: the agent side of the control plane (`docs/scenarios.md`).
 //!
 //! ```text
 //! manager (one_for_all, no restart: fail-stop)

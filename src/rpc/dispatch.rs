@@ -34,7 +34,7 @@ impl ErrorMeta {
     }
 }
 
-/// Told about every request a [`Dispatcher`] resolved or refused (metrics: seed 002's
+/// Told about every request a [`Dispatcher`] resolved or refused (metrics: Backend.AI's
 /// `backendai_rpc_requests`, `…_failure_requests`, `…_request_duration_seconds`).
 pub trait RequestObserver: Send + Sync + 'static {
     /// `method` finished after `duration`; `failure` is the FAILURE/ERROR name when it failed

@@ -1,7 +1,7 @@
 //! `Mux`: one ROUTER socket connected to many callosum servers, one route per server.
 //!
 //! Why: a DEALER per server costs two file descriptors (its TCP connection and its mailbox's
-//! eventfd) and a socket of the context's limit; at fleet scale (10,000 agents, issue 17) that is
+//! eventfd) and a socket of the context's limit; at fleet scale (10,000 agents) that is
 //! the process's whole open-file limit on common hosts. A ROUTER that `connect`s to every server
 //! costs one descriptor per connection. Each connection gets its own routing id
 //! (`ZMQ_CONNECT_ROUTING_ID`), CURVE server key and keepalive (socket options are copied into a

@@ -61,7 +61,7 @@ pub enum CallError {
 
 impl CallError {
     /// Whether this error says the connection is bad (timeouts, I/O), as opposed to an answer
-    /// from a working server. Only these count toward a pool entry's failure threshold (seed 000).
+    /// from a working server. Only these count toward a pool entry's failure threshold (`docs/design.md`, agent pool).
     pub fn is_connection_error(&self) -> bool {
         matches!(self, CallError::Timeout { .. } | CallError::Disconnected(_))
     }

@@ -1,4 +1,4 @@
-//! ZeroMQ socket construction with the options callosum and seed 000 prescribe.
+//! ZeroMQ socket construction with the options callosum and the agent-pool design (`docs/design.md`) prescribe.
 //!
 //! Sockets are made with the `zmq` crate (system libzmq, which has CURVE) and handed to `tmq`
 //! for async I/O (`docs/wire-protocol.md`). Options that must precede `bind`/`connect` are set here.
@@ -13,7 +13,7 @@ use super::curve::{CurveKey, KeyPair};
 /// callosum's `LINGER` for every socket, in ms: pending frames get 100 ms on close, no more.
 pub const LINGER_MS: i32 = 100;
 
-/// TCP keepalive for the manager's persistent DEALERs (seed 000: idle 60 s, interval 20 s, 3 probes).
+/// TCP keepalive for the manager's persistent DEALERs (`docs/design.md`, agent pool: idle 60 s, interval 20 s, 3 probes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Keepalive {
     /// Idle time before the first probe, in seconds.

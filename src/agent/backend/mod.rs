@@ -17,7 +17,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 /// Labels every kernel container carries (Backend.AI's names); the second source of truth
-/// after the agent's store (seed 001).
+/// after the agent's store (`docs/design.md`).
 pub mod labels {
     /// The kernel id.
     pub const KERNEL_ID: &str = "ai.backend.kernel-id";
@@ -207,7 +207,7 @@ pub struct ContainerState {
 }
 
 /// What the engine still knows of a container's creation: enough to rebuild a kernel whose
-/// store record is gone (a dangling container, seed 001).
+/// store record is gone (a dangling container, `docs/design.md`).
 #[derive(Clone, Debug, Default)]
 pub struct ContainerDescription {
     /// The engine's id.

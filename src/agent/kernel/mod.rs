@@ -1,5 +1,5 @@
 //! The kernel: one supervised actor per kernel owning one child actor per resource stage
-//! (seed 001), under a `rest_for_one` supervisor whose intensity is the restart policy.
+//! (`docs/design.md`), under a `rest_for_one` supervisor whose intensity is the restart policy.
 //!
 //! ```text
 //! Kernel <id>            actor owning a StageTree; stages stopped in reverse

@@ -1,4 +1,4 @@
-//! Dangling kernels (seed 001), decided by the manager: `list_dangling_kernels`,
+//! Dangling kernels (`docs/design.md`), decided by the manager: `list_dangling_kernels`,
 //! `adopt_kernel` and `destroy_dangling_kernel` (see `crate::agent::dangling`).
 //!
 //! FAILURE names: `KernelNotFound` (no dangling kernel with this id), `KernelNotAdoptable`

@@ -1,6 +1,6 @@
 //! The stats sampler: every `[stats]` interval it reads the node (procfs), each running
 //! kernel's container (its cgroup files; Docker's stats API when they cannot be read) and the
-//! GPUs (NVML), and sets seed 002's gauges:
+//! GPUs (NVML), and sets Backend.AI's gauges:
 //!
 //! | `backendai_device_utilization` `device_metric_name` | `device_id` | `current` | `capacity` | `pct` |
 //! |---|---|---|---|---|

@@ -564,7 +564,7 @@ pub struct KernelInfoReply {
     pub rest: BTreeMap<String, Value>,
 }
 
-/// `adopt_kernel(kernel_id)` → [`KernelInfoReply`] (kernelvisor; seed 001's dangling kernels):
+/// `adopt_kernel(kernel_id)` → [`KernelInfoReply`] (kernelvisor; the agent design's dangling kernels):
 /// the dangling kernel runs under a kernel actor again.
 pub struct AdoptKernel;
 

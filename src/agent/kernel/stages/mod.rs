@@ -1,4 +1,4 @@
-//! The kernel's stages, one provisioner per resource, in setup order (seed 001). Each holds
+//! The kernel's stages, one provisioner per resource, in setup order (`docs/design.md`). Each holds
 //! the kernel's [`KernelHandle`](super::KernelHandle) for the agent context and status
 //! reports, and no per-resource state: what it made is its `Resource`, owned by the chain.
 
