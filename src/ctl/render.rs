@@ -45,6 +45,13 @@ fn read<T: DeserializeOwned + Default>(v: &Value) -> Result<T, String> {
 }
 
 /// Renders `v` read as `T` with `f`, or the line saying it does not read.
+/// `v` read as the model's `T`, or `T::default()` when it does not read (the caller then acts
+/// on defaults: no exit code, an unknown status), for the few answers ctl decides on rather
+/// than shows.
+pub(crate) fn lenient<T: DeserializeOwned + Default>(v: &Value) -> T {
+    read(v).unwrap_or_default()
+}
+
 fn with<T: DeserializeOwned + Default>(v: &Value, f: impl FnOnce(T) -> String) -> String {
     read(v).map_or_else(|e| e, f)
 }

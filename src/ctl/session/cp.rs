@@ -4,11 +4,12 @@
 use std::io::{Read, Write};
 
 use clap::{ArgMatches, Args, FromArgMatches};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::files::{self, Downloaded};
 use crate::ctl::parse::{self, Endpoint, Transfer};
-use crate::ctl::{show_to, Client, Failure, Output};
+use crate::ctl::{render, show_to, Client, Failure, Output};
+use crate::model::file::Uploaded;
 
 /// Arguments of `kernelvisor ctl session cp`: what to copy where. Parsing fails (a usage error)
 /// unless exactly one side is `ID:PATH`.
@@ -75,10 +76,9 @@ pub(super) fn cp(
             show_to(
                 out,
                 &up.reply,
-                |v| {
-                    let size = v.get("size").and_then(Value::as_u64).unwrap_or(up.size);
-                    let path = v.get("path").and_then(Value::as_str).unwrap_or(&up.path);
-                    format!("uploaded {size} bytes to {id}:{path}\n")
+                |v| match render::lenient::<Option<Uploaded>>(v) {
+                    Some(done) => format!("uploaded {} bytes to {id}:{}\n", done.size, done.path),
+                    None => format!("uploaded {} bytes to {id}:{}\n", up.size, up.path),
                 },
                 stdout,
             )
@@ -187,7 +187,7 @@ mod tests {
             b"hello",
         )
         .unwrap();
-        let v: Value = serde_json::from_str(&printed).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&printed).unwrap();
         assert_eq!(v, json!({"path": "sub dir/a?.txt", "size": 5}));
 
         let requests = server.requests();
@@ -327,7 +327,7 @@ mod tests {
         std::fs::write(&named, b"old").unwrap();
         let printed =
             download(&client, "S:x y.bin", named.to_str().unwrap(), Output::Json).unwrap();
-        let v: Value = serde_json::from_slice(&printed).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&printed).unwrap();
         assert_eq!(
             v,
             json!({"path": named.to_str().unwrap(), "size": data.len()})

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::ctl::client::segment;
 use crate::ctl::render::{self, Stream};
 use crate::ctl::{format, parse, Client, ClientError, Failure, Output, EXIT_TIMEOUT};
+use crate::model::exec::ExecuteAnswer;
 
 /// Extra time each execute call waits beyond `flush_timeout`: the agent answers within
 /// `flush_timeout`, or earlier when its output buffer fills.
@@ -112,8 +113,13 @@ impl ExecEnd {
     /// Reads an execute answer `{"runId", "status", "console", "exitCode"}` (the last of a run:
     /// a `continued` one reads as `NoExitCode`).
     pub fn of(v: &Value) -> Self {
-        let status = v.get("status").and_then(Value::as_str).unwrap_or("-");
-        match v.get("exitCode").and_then(Value::as_i64) {
+        let answer: ExecuteAnswer = render::lenient(v);
+        let status = if answer.status.is_empty() {
+            "-"
+        } else {
+            answer.status.as_str()
+        };
+        match answer.exit_code {
             _ if status == "exec-timeout" => ExecEnd::TimedOut,
             Some(c @ 0..=255) => ExecEnd::Exited(c as i32),
             Some(_) => ExecEnd::Exited(1),
@@ -162,17 +168,19 @@ fn exec(
         }
         stdout.flush()?;
         stderr.flush()?;
-        if reply.json.get("status").and_then(Value::as_str) != Some("continued") {
+        let answer: ExecuteAnswer = render::lenient(&reply.json);
+        if answer.status != "continued" {
             return Ok(ExecEnd::of(&reply.json));
         }
-        let Some(run_id) = reply.json.get("runId").and_then(Value::as_str) else {
+        let run_id = answer.run_id.as_str();
+        if run_id.is_empty() {
             let detail = "a \"continued\" answer without a runId".to_owned();
             return Err(ClientError::InvalidResponse {
                 url: client.url(path),
                 detail,
             }
             .into());
-        };
+        }
         body = options.continue_body(run_id);
     }
 }

@@ -11,6 +11,7 @@ use crate::ctl::client::segment;
 use crate::ctl::{
     parse, render, show, unix_now, Client, ClientError, Failure, Output, Reply, EXIT_TIMEOUT,
 };
+use crate::model::session::{KernelStatus, Session, SessionResult};
 
 /// Arguments of `kernelvisor ctl session wait`.
 #[derive(Debug, Args)]
@@ -43,11 +44,12 @@ pub(super) fn run(client: &Client, args: &WaitArgs, out: Output) -> Result<i32, 
             Ok(wait_exit_code(&reply.json))
         }
         Waited::TimedOut(reply) => {
-            let status = reply
-                .json
-                .get("status")
-                .and_then(Value::as_str)
-                .unwrap_or("-");
+            let session: Session = render::lenient(&reply.json);
+            let status = if session.status.is_empty() {
+                "-"
+            } else {
+                session.status.as_str()
+            };
             let t = timeout.unwrap_or_default();
             writeln!(
                 io::stderr(),
@@ -62,14 +64,11 @@ pub(super) fn run(client: &Client, args: &WaitArgs, out: Output) -> Result<i32, 
 /// 0–255 (other codes: 1, so a failure never reads as success); without an exit code, 0 when
 /// `result` is `SUCCESS`, else 1.
 pub fn wait_exit_code(session: &Value) -> i32 {
-    match session.get("exit_code") {
-        None | Some(Value::Null) => {
-            i32::from(session.get("result").and_then(Value::as_str) != Some("SUCCESS"))
-        }
-        Some(code) => match code.as_i64() {
-            Some(c @ 0..=255) => c as i32,
-            _ => 1,
-        },
+    let session: Session = render::lenient(session);
+    match session.exit_code {
+        None => i32::from(session.result != Some(SessionResult::Success)),
+        Some(c @ 0..=255) => c as i32,
+        Some(_) => 1,
     }
 }
 
@@ -89,7 +88,8 @@ fn wait_terminated(
 ) -> Result<Waited, ClientError> {
     loop {
         let reply = client.get(path, &[])?;
-        if reply.json.get("status").and_then(Value::as_str) == Some("TERMINATED") {
+        let session: Session = render::lenient(&reply.json);
+        if session.status == KernelStatus::Terminated.as_str() {
             return Ok(Waited::Terminated(reply));
         }
         let now = Instant::now();
