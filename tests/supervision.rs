@@ -190,7 +190,16 @@ async fn on_failure_restarts_the_container_in_place_then_ends_at_the_limit() {
     assert_eq!(restarts_of(&restarted, "container"), 1);
     assert_eq!(restarts_of(&restarted, "service-ports"), 1);
     assert_eq!(read(&work.join("marker")), "first\n", "scratch survives");
-    assert!(read(&work.join("lives")).lines().count() >= 2);
+    // RUNNING means the container started, not that its shell has run its first line yet.
+    let mut lives = 0;
+    for _ in 0..100 {
+        lives = read(&work.join("lives")).lines().count();
+        if lives >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(lives >= 2, "the second life wrote its line: {lives}");
     assert_eq!(fx.containers().len(), 1, "one container at a time");
 
     let story = stories(&mut events, &[&kid]).await.remove(&kid).unwrap();
