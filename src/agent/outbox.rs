@@ -20,6 +20,13 @@ use super::events::AgentEvent;
 use super::metrics::AgentMetrics;
 use super::store::{now, Store};
 
+/// How every outbox transaction begins: `IMMEDIATE` takes the write lock first, so a second
+/// writer waits in the busy handler (`busy_timeout`). A deferred transaction that reads, then
+/// writes, cannot wait: in WAL mode its upgrade fails at once with `SQLITE_BUSY` ("database is
+/// locked") when another connection wrote since its read began, which is what the writer hit
+/// while several kernels were created at once.
+const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
+
 /// An event in the outbox.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PendingEvent {
@@ -71,7 +78,7 @@ impl Outbox {
     /// Errors: the database fails (nothing of this batch is written).
     pub async fn append(&self, events: &[AgentEvent]) -> anyhow::Result<AppendReport> {
         let mut report = AppendReport::default();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let depth: i64 = sqlx::query("SELECT COUNT(*) FROM outbox")
             .fetch_one(&mut *tx)
             .await?
@@ -138,7 +145,7 @@ impl Outbox {
     /// Deletes the acked events; returns how many were pending. Unknown ids are ignored (an
     /// ack of an earlier resend).
     pub async fn ack(&self, ids: &[String]) -> anyhow::Result<u64> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let mut n = 0;
         for id in ids {
             n += sqlx::query("DELETE FROM outbox WHERE id = ?")
