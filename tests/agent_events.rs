@@ -445,3 +445,105 @@ async fn events_and_heartbeats_fail_over_and_shutdown_is_bounded() {
         "the agent took {took:?} to stop with no manager"
     );
 }
+
+/// Fifty kernels created at once, then destroyed at once, on the dummy engine: the outbox
+/// writer, the kernel store and the sender's acks write one SQLite file concurrently, and no
+/// write fails with "database is locked" (`kernelvisor_outbox_write_failures_total` stays
+/// absent); every event reaches the intake, each id once after de-duplication, every kernel's
+/// whole story among them.
+#[actix_rt::test]
+async fn fifty_kernels_at_once_never_lock_the_outbox() {
+    let fx = AgentFixture::new("locked", 31760, 4);
+    let keys = Keys::new();
+    keys.write(fx.dir.path());
+    let intake_port = free_port();
+    let received = Received::default();
+    let _intake = start_intake(
+        &format!("tcp://127.0.0.1:{intake_port}"),
+        &keys.manager,
+        keys.agent.public,
+        &received,
+    );
+    let dummy = Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>;
+    let agent = Agent::start(config(&fx, intake_port), Some(dummy))
+        .await
+        .unwrap();
+    let peer = manager_client(&agent, &keys).await;
+    let call = |method: &'static str, args: Vec<Value>| {
+        let peer = peer.clone();
+        async move {
+            let call = Call {
+                args,
+                kwargs: vec![],
+                peer_user_id: None,
+            };
+            peer.call(method, &call, Duration::from_secs(120))
+                .await
+                .unwrap_or_else(|e| panic!("{method}: {e}"))
+        }
+    };
+    let kernels: Vec<String> = (0..50).map(|i| format!("k-locked-{i}")).collect();
+    futures::future::join_all(kernels.iter().map(|k| {
+        call(
+            "create_kernels",
+            vec![
+                format!("s-{k}").into(),
+                Value::Array(vec![k.clone().into()]),
+                Value::Array(vec![kernel_config("0.01", 8 << 20, vec![])]),
+            ],
+        )
+    }))
+    .await;
+    futures::future::join_all(kernels.iter().map(|k| {
+        call(
+            "destroy_kernel",
+            vec![k.clone().into(), format!("s-{k}").into()],
+        )
+    }))
+    .await;
+    wait_until(Duration::from_secs(60), "the outbox drains", || {
+        let depth = gauge(&agent, "kernelvisor_outbox_depth");
+        async move { depth == 0.0 }
+    })
+    .await;
+
+    let metrics = agent.ctx.metrics.render();
+    let failures: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("kernelvisor_outbox_write_failures_total{"))
+        .collect();
+    assert!(failures.is_empty(), "outbox writes failed: {failures:?}");
+
+    let events = received.events.lock().unwrap().clone();
+    let mut seen = HashSet::new();
+    let mut stories: HashMap<String, Vec<String>> = HashMap::new();
+    for e in &events {
+        let id = str_field(e, "id")
+            .expect("every event has an id")
+            .to_owned();
+        if !seen.insert(id) {
+            continue; // a resend: the manager drops it by id
+        }
+        if let Some(k) = str_field(e, "kernel_id") {
+            let name = str_field(e, "name").unwrap_or("-").to_owned();
+            stories.entry(k.to_owned()).or_default().push(name);
+        }
+    }
+    for k in &kernels {
+        let story = stories.get(k).map(Vec::as_slice).unwrap_or_default();
+        for name in [
+            "kernel_preparing",
+            "kernel_creating",
+            "kernel_started",
+            "kernel_terminated",
+        ] {
+            assert_eq!(
+                story.iter().filter(|n| n.as_str() == name).count(),
+                1,
+                "{k}: {name} once in {story:?}"
+            );
+        }
+    }
+    peer.close();
+    agent.shutdown(OnShutdown::Preserve).await;
+}

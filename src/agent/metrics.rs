@@ -61,6 +61,7 @@ pub struct AgentMetrics {
     engine_up: IntGauge,
     outbox_capacity: IntGauge,
     outbox_dropped: IntCounterVec,
+    outbox_write_failures: IntCounterVec,
     events_sent: IntCounterVec,
     events_deduplicated: IntCounterVec,
     event_send_failures: IntCounterVec,
@@ -270,6 +271,12 @@ impl AgentMetrics {
                 "kernelvisor_outbox_dropped_events",
                 "Events dropped because the outbox was full",
                 &["policy"],
+            ),
+            outbox_write_failures: counter(
+                &r,
+                "kernelvisor_outbox_write_failures",
+                "Failed attempts to write events to the outbox (retried: nothing is lost), by cause",
+                &["cause"],
             ),
             events_sent: counter(
                 &r,
@@ -504,6 +511,11 @@ impl AgentMetrics {
     /// `n` events dropped by a full outbox; `policy` says which (`superseded`, `newest`).
     pub fn outbox_dropped(&self, policy: &str, n: u64) {
         self.outbox_dropped.with_label_values(&[policy]).inc_by(n);
+    }
+
+    /// A failed outbox write; `cause` is `locked` for SQLite's busy errors, else `other`.
+    pub fn outbox_write_failed(&self, cause: &str) {
+        self.outbox_write_failures.with_label_values(&[cause]).inc();
     }
 
     /// `n` events acked by the manager.

@@ -278,6 +278,9 @@ impl OutboxWriter {
             match self.outbox.append(&batch).await {
                 Ok(r) => break r,
                 Err(e) => {
+                    let locked = e.to_string().contains("database is locked");
+                    self.metrics
+                        .outbox_write_failed(if locked { "locked" } else { "other" });
                     tracing::error!(agent_id = %self.metrics.agent_id(), error = %e, events = batch.len(), "cannot write events to the outbox; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(5));
