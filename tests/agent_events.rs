@@ -501,6 +501,24 @@ async fn fifty_kernels_at_once_never_lock_the_outbox() {
         )
     }))
     .await;
+    // `destroy_kernel` answers before its teardown's last event is in the outbox: wait for
+    // every kernel_terminated at the intake, then for the outbox to drain.
+    wait_until(
+        Duration::from_secs(60),
+        "every kernel_terminated arrives",
+        || {
+            let terminated: HashSet<String> = received
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| str_field(e, "name") == Some("kernel_terminated"))
+                .filter_map(|e| str_field(e, "kernel_id").map(str::to_owned))
+                .collect();
+            async move { terminated.len() == 50 }
+        },
+    )
+    .await;
     wait_until(Duration::from_secs(60), "the outbox drains", || {
         let depth = gauge(&agent, "kernelvisor_outbox_depth");
         async move { depth == 0.0 }
