@@ -66,11 +66,12 @@ bai-env:
 # Every test: lint first, then unit, property, actors, RPC over real ZeroMQ, callosum interop,
 # the kernel lifecycle and workloads on the real Docker engine (with test-only failure
 # injection), the manager scenarios on SQLite and PostgreSQL, the real Backend.AI 26.9.6 agent
-# client driving a kernel (tests/bai_compat.rs), doctests, examples.
-test-all: setup docker test-image postgres bai-env lint
+# client driving a kernel (tests/bai_compat.rs), the agent's events read off a real Redis by the
+# real 26.9.6 consumer (tests/bai_events.rs), doctests, examples.
+test-all: setup docker test-image postgres redis bai-env lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
-    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" KV_BAI_ROOT="{{bai_root}}" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
+    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" KV_BAI_ROOT="{{bai_root}}" KV_REDIS_SERVER="$(command -v redis-server)" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
 
 # Make sure a local PostgreSQL answers at {{pg_url}}: install Debian's `postgresql` when
 # missing, create and start a cluster, create the `kv` role. Idempotent.
@@ -93,6 +94,22 @@ postgres:
       || as_pg psql -qc "create role kv login password 'kv' createdb"
     PGPASSWORD=kv psql "{{pg_url}}" -qtAc 'select 1' >/dev/null
     echo "postgres: ready at {{pg_url}}"
+
+# Nothing is started here: tests/bai_events.rs starts its own servers, each on a free port with
+# its own data directory (append-only file on, so a server stopped and started again keeps the
+# streams, as a production Redis/Valkey does). `just test-all` hands the tests its path as
+# `KV_REDIS_SERVER`.
+# Install `redis-server` (Debian's package) when missing, for tests/bai_events.rs.
+redis:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    command -v redis-server >/dev/null && exit 0
+    echo "redis: installing redis-server"
+    sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+    $sudo_ apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq redis-server >/dev/null
+    # The package's own service is not needed (and may not start without systemd).
+    command -v redis-server >/dev/null
 
 # Make sure a Docker engine answers; when none does, install `docker.io` and start `dockerd` in
 # the background (log in /tmp/dockerd.log), waiting up to 30 s for it. The `dockerd` and
