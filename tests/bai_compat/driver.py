@@ -7,7 +7,7 @@ with `backend.ai-manager` 26.9.6 at /opt/bai):
         --addr tcp://127.0.0.1:PORT --agent-id ID \
         --manager-keypair manager.key_secret --agent-public-key agent.key \
         [--session-id UUID] [--kernel-id UUID] [--image-digest sha256:...] [--image-labels JSON] \
-        [--host-hook] [--write-fixtures DIR]
+        [--host-hook] [--write-fixtures DIR] [--only STEP,...]
 
 The client is built the way the 26.x manager builds it: `AgentRPCCache(None, manager_pub,
 manager_sec).update(agent_id, addr, agent_pub)`, then `AgentClientPool` → `AgentClient` → callosum
@@ -23,6 +23,10 @@ not stop the run (one run shows every gap); the exit status is 1 when any step f
 "kernel_id": ...}` and waits for one line on stdin: the caller removes the image's `find` from the
 container meanwhile (`docker exec -u 0 CID rm /bin/find`). Without it the driver tries that itself
 with `execute` (which may lack the permission).
+
+`--only STEP,...`: only the named steps run (`create_kernels`, through the launcher, always does);
+tests/bai_events.rs creates and destroys one kernel this way while the real consumer reads the
+agent's events off Redis.
 
 `--write-fixtures DIR`: for every method called, the real `ai.backend.common.msgpack.packb` bytes of
 its first request body (`{"args", "kwargs", "metadata"}`, exactly the callosum FUNCTION body) go to
@@ -316,6 +320,8 @@ async def main(args: argparse.Namespace) -> int:
     )
 
     async def step(name: str, method: str, fn, timeout: float = 60.0) -> Any:
+        if args.only is not None and name not in args.only:
+            return None
         since = len(RECORDED)
         try:
             async with asyncio.timeout(timeout):
@@ -771,6 +777,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image-digest", default="", help="the image's config digest (its Id)")
     p.add_argument("--image-labels", default="{}", help="the image's labels, JSON")
     p.add_argument("--host-hook", action="store_true")
+    p.add_argument(
+        "--only",
+        default=None,
+        type=lambda v: set(filter(None, v.split(","))),
+        metavar="STEP,...",
+        help="run only these steps (create_kernels, through the launcher, always runs), e.g.\n"
+        "ping,check_running,destroy_kernel,check_running_after_destroy for one kernel's\n"
+        "creation and destruction (tests/bai_events.rs)",
+    )
     p.add_argument("--write-fixtures", default=None, metavar="DIR")
     p.add_argument(
         "--diagnose-without-pickles",
