@@ -43,8 +43,8 @@ use rmpv::Value;
 use serde_json::Value as Json;
 
 use common::agent::{
-    call, client, create_one, docker, free_port, kernel_config, read, run_id,
-    spawn_agent_process, AgentFixture,
+    call, client, create_one, docker, free_port, kernel_config, read, run_id, spawn_agent_process,
+    AgentFixture,
 };
 use common::Keys;
 
@@ -125,10 +125,19 @@ impl Redis {
     /// the append-only file).
     fn up(&mut self) {
         assert!(self.child.is_none(), "redis-server already running");
-        let before = read(&self.log()).matches("Ready to accept connections").count();
+        let before = read(&self.log())
+            .matches("Ready to accept connections")
+            .count();
         let child = Command::new(Self::bin())
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
@@ -264,7 +273,12 @@ impl Consumer {
         let mut child = KillOnDrop(
             dir.python("consumer.py")
                 .args(["--consume", "--redis-port", &redis.port.to_string()])
-                .args(["--timeout", "1200", "--node-id", &format!("kv-test-{}", run_id())])
+                .args([
+                    "--timeout",
+                    "1200",
+                    "--node-id",
+                    &format!("kv-test-{}", run_id()),
+                ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::from(std::fs::File::create(&stderr).unwrap()))
@@ -379,12 +393,10 @@ fn agent_config(
     redis_extra: &str,
     manager: bool,
 ) -> PathBuf {
-    let mut text = fx
-        .config_toml(agent_extra)
-        .replace(
-            "service-addr = { host = \"127.0.0.1\", port = 0 }",
-            &format!("service-addr = {{ host = \"127.0.0.1\", port = {metrics_port} }}"),
-        );
+    let mut text = fx.config_toml(agent_extra).replace(
+        "service-addr = { host = \"127.0.0.1\", port = 0 }",
+        &format!("service-addr = {{ host = \"127.0.0.1\", port = {metrics_port} }}"),
+    );
     assert!(text.contains(&format!("port = {metrics_port} }}")));
     text += &format!(
         "\n[redis]\naddr = {{ host = \"127.0.0.1\", port = {redis_port} }}\nretry-max = 0.5\n{redis_extra}\n"
@@ -480,7 +492,9 @@ const LIFECYCLE: [&str; 4] = [
 
 /// Stream entry ids (`<ms>-<seq>`) as sortable pairs.
 fn entry_id(e: &Json) -> (u64, u64) {
-    let id = e["msg_id"].as_str().expect("an anycast event has its entry id");
+    let id = e["msg_id"]
+        .as_str()
+        .expect("an anycast event has its entry id");
     let (ms, seq) = id.split_once('-').unwrap();
     (ms.parse().unwrap(), seq.parse().unwrap())
 }
@@ -513,12 +527,8 @@ fn assert_heartbeat(hb: &Json, rpc_port: u16, public_key: Option<&str>) {
         None => assert!(view["public_key"].is_null(), "{hb}"),
     }
     assert_eq!(view["resource_group"], "default", "{hb}");
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "x86_64",
-        "aarch64" => "aarch64",
-        other => other,
-    };
-    assert_eq!(view["architecture"], arch, "{hb}");
+    // Upstream's `get_arch_name()` spells them as Rust does (`x86_64`, not Docker's `amd64`).
+    assert_eq!(view["architecture"], std::env::consts::ARCH, "{hb}");
     let slots = &view["available_slots"];
     for slot in ["cpu", "mem"] {
         let v: f64 = slots[slot]
@@ -698,10 +708,17 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
         "ai.backend.common.events.event_types.kernel.types.KernelCreationInfo"
     );
     assert_eq!(view["container_id"], container_id.as_str(), "{started}");
-    assert_eq!(container_id.len(), 64, "the full container id: {container_id}");
+    assert_eq!(
+        container_id.len(),
+        64,
+        "the full container id: {container_id}"
+    );
     assert_eq!(view["kernel_host"], "127.0.0.1", "{started}");
     for port in ["repl_in_port", "repl_out_port"] {
-        assert!(view[port].as_u64().is_some_and(|p| p > 0), "{port}: {started}");
+        assert!(
+            view[port].as_u64().is_some_and(|p| p > 0),
+            "{port}: {started}"
+        );
     }
     assert_eq!(view["occupied_slots"]["cpu"], "1", "{started}");
     assert_eq!(view["occupied_slots"]["mem"], "268435456", "{started}");
@@ -712,7 +729,10 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
 
     // kernel_terminated: the destroy call's reason.
     let terminated = &anycast[3];
-    assert_eq!(terminated["fields"]["reason"], "user-requested", "{terminated}");
+    assert_eq!(
+        terminated["fields"]["reason"], "user-requested",
+        "{terminated}"
+    );
     assert!(terminated["fields"]["exit_code"].is_i64(), "{terminated}");
 
     // Heartbeats go on; nothing undecodable; nothing of ours without an upstream class.
@@ -727,7 +747,10 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
     });
     consumer.assert_no_failures(&agent_log);
     let depth = bus_depth(metrics_port);
-    assert!(depth <= 1.0, "bus outbox depth {depth} after everything was read");
+    assert!(
+        depth <= 1.0,
+        "bus outbox depth {depth} after everything was read"
+    );
     drop(agent);
 }
 
@@ -746,11 +769,15 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     let mut agent = KillOnDrop(spawn_agent_process(&fx, &config));
     wait_for_port(fx.rpc_port, &mut agent.0, &agent_log);
     let id = fx.agent_id.clone();
-    consumer.wait(Duration::from_secs(60), "agent_started and a heartbeat", |_| {
-        let ev = consumer.events(&id);
-        ev.iter().any(|e| e["name"] == "agent_started")
-            && ev.iter().any(|e| e["name"] == "agent_heartbeat")
-    });
+    consumer.wait(
+        Duration::from_secs(60),
+        "agent_started and a heartbeat",
+        |_| {
+            let ev = consumer.events(&id);
+            ev.iter().any(|e| e["name"] == "agent_started")
+                && ev.iter().any(|e| e["name"] == "agent_heartbeat")
+        },
+    );
     for hb in consumer
         .events(&id)
         .iter()
@@ -845,9 +872,14 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     // another name repeated beyond heartbeats).
     let mut seen: HashMap<String, usize> = HashMap::new();
     for e in ev.iter().filter(|e| e["delivery"] == "anycast") {
-        *seen.entry(e["msg_id"].as_str().unwrap().to_owned()).or_default() += 1;
+        *seen
+            .entry(e["msg_id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
     }
-    assert!(seen.values().all(|n| *n == 1), "an entry read twice: {seen:?}");
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "an entry read twice: {seen:?}"
+    );
     assert_eq!(
         ev.iter()
             .filter(|e| e["delivery"] == "anycast" && e["name"] == "agent_started")
@@ -964,5 +996,8 @@ async fn the_agents_memory_and_bus_outbox_stay_bounded_while_redis_is_down() {
         );
         actix_rt::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(agent.0.try_wait().unwrap().is_none(), "the agent is still up");
+    assert!(
+        agent.0.try_wait().unwrap().is_none(),
+        "the agent is still up"
+    );
 }
