@@ -237,3 +237,57 @@ fn manager_sections_defaults_and_checks_name_the_key() {
         assert!(err.contains(key), "{text} → {err}");
     }
 }
+
+#[test]
+fn redis_section_and_scaling_group() {
+    let dir = tempfile::tempdir().unwrap();
+    // Defaults: no bus, scaling group "default".
+    let plain = write(dir.path(), "p.toml", "[agent]\nid = \"a\"\n");
+    let c = AgentConfig::load(&plain).unwrap();
+    assert!(c.redis.is_none());
+    assert_eq!(c.agent.scaling_group, "default");
+
+    let full = write(
+        dir.path(),
+        "r.toml",
+        "[agent]\nid = \"a\"\nscaling-group = \"gpu\"\n\
+         [redis]\naddr = { host = \"127.0.0.1\", port = 6390 }\npassword = \"s3cret-pw\"\n",
+    );
+    let c = AgentConfig::load(&full).unwrap();
+    assert_eq!(c.agent.scaling_group, "gpu");
+    let r = c.redis.as_ref().unwrap();
+    assert_eq!((r.addr.host.as_str(), r.addr.port), ("127.0.0.1", 6390));
+    assert_eq!(r.password.as_deref(), Some("s3cret-pw"));
+    assert_eq!(r.outbox_max_events, 100_000);
+    // The password never shows in a Debug rendering (logs of the config).
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("s3cret-pw"), "{shown}");
+    assert!(shown.contains("<redacted>"), "{shown}");
+
+    // Unknown keys are refused, naming the key.
+    let typo = write(
+        dir.path(),
+        "t.toml",
+        "[agent]\nid = \"a\"\n[redis]\naddr = { host = \"h\", port = 1 }\ndb = 4\n",
+    );
+    let err = AgentConfig::load(&typo).unwrap_err().to_string();
+    assert!(err.contains("db"), "{err}");
+    // The address is a table like every other host/port setting.
+    let flat = write(
+        dir.path(),
+        "f.toml",
+        "[agent]\nid = \"a\"\n[redis]\naddr = \"127.0.0.1:6379\"\n",
+    );
+    let err = AgentConfig::load(&flat).unwrap_err().to_string();
+    assert!(err.contains("addr"), "{err}");
+    let no_addr = write(dir.path(), "n.toml", "[agent]\nid = \"a\"\n[redis]\n");
+    let err = AgentConfig::load(&no_addr).unwrap_err().to_string();
+    assert!(err.contains("addr"), "{err}");
+    let empty_group = write(
+        dir.path(),
+        "g.toml",
+        "[agent]\nid = \"a\"\nscaling-group = \" \"\n",
+    );
+    let err = AgentConfig::load(&empty_group).unwrap_err().to_string();
+    assert!(err.contains("agent.scaling-group"), "{err}");
+}

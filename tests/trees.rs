@@ -24,6 +24,20 @@ struct Drawn {
     id: String,
     /// Inside a `┐ … ┘` bracket: started only under a condition the drawing names.
     conditional: bool,
+    /// The config sections its bracket line names (`[manager]`, `[redis]`): started when any
+    /// of them is configured (the previous line's when this one names none).
+    sections: Vec<String>,
+}
+
+impl Drawn {
+    /// Whether it runs with the `configured` sections.
+    fn runs_with(&self, configured: &[&str]) -> bool {
+        !self.conditional
+            || self
+                .sections
+                .iter()
+                .any(|s| configured.contains(&s.as_str()))
+    }
 }
 
 /// The root's direct children in the first ```text block of the module doc of `file`
@@ -53,9 +67,25 @@ fn drawn_tree(file: &str) -> (String, Vec<Drawn>) {
             continue;
         };
         let opens = line.contains('┐');
+        let conditional = bracket || opens;
+        let mut sections: Vec<String> = match line.rfind(['┐', '│', '┘']) {
+            Some(at) if conditional => line[at..]
+                .split('[')
+                .skip(1)
+                .filter_map(|t| t.split_once(']').map(|(name, _)| name.to_owned()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if conditional && sections.is_empty() {
+            sections = children
+                .last()
+                .map(|c: &Drawn| c.sections.clone())
+                .unwrap_or_default();
+        }
         children.push(Drawn {
             id: rest.split_whitespace().next().unwrap().to_owned(),
-            conditional: bracket || opens,
+            conditional,
+            sections,
         });
         bracket = (bracket || opens) && !line.contains('┘');
     }
@@ -70,10 +100,21 @@ async fn running(supervisor: &actix::Addr<actors::Supervisor>) -> Vec<String> {
 }
 
 fn agent_config(fx: &AgentFixture, manager: bool) -> AgentConfig {
+    agent_config_with(fx, manager, false)
+}
+
+fn agent_config_with(fx: &AgentFixture, manager: bool, redis: bool) -> AgentConfig {
     let mut toml = fx.config_toml("backend = \"dummy\"\n");
     if manager {
         toml += &format!(
             "[manager]\nevent-addr = {{ host = \"127.0.0.1\", port = {} }}\n",
+            free_port()
+        );
+    }
+    if redis {
+        // Nothing listens there: the bus sender keeps its events and retries.
+        toml += &format!(
+            "[redis]\naddr = {{ host = \"127.0.0.1\", port = {} }}\n",
             free_port()
         );
     }
@@ -86,22 +127,26 @@ fn agent_config(fx: &AgentFixture, manager: bool) -> AgentConfig {
 async fn the_agent_tree_is_the_drawn_one() {
     let (root, drawn) = drawn_tree("src/agent/mod.rs");
     assert_eq!(root, "agent");
-    for manager in [true, false] {
+    for (manager, redis) in [(true, true), (true, false), (false, true), (false, false)] {
         let fx = AgentFixture::new("trees", 30_980, 4);
         let dummy =
             Arc::new(DummyBackend::new(DummyDelays::default())) as Arc<dyn ContainerBackend>;
-        let agent = Agent::start(agent_config(&fx, manager), Some(dummy))
+        let agent = Agent::start(agent_config_with(&fx, manager, redis), Some(dummy))
             .await
             .unwrap();
+        let configured: Vec<&str> = [("manager", manager), ("redis", redis)]
+            .into_iter()
+            .filter_map(|(s, on)| on.then_some(s))
+            .collect();
         let expected: Vec<&str> = drawn
             .iter()
-            .filter(|c| manager || !c.conditional)
+            .filter(|c| c.runs_with(&configured))
             .map(|c| c.id.as_str())
             .collect();
         assert_eq!(
             running(&agent.supervisor()).await,
             expected,
-            "with a [manager] section: {manager}"
+            "with [manager]: {manager}, with [redis]: {redis}"
         );
         agent.shutdown(OnShutdown::Preserve).await;
     }

@@ -421,6 +421,7 @@ pub async fn adopt(
     }
     tracing::info!(agent_id = %ctx.agent_id, %kernel_id, container_id = %k.container_id, host_ports = ?k.host_ports, "dangling kernel adopted");
     ctx.events.emit(AgentEvent::KernelStarted {
+        creation_info: None,
         kernel_id: kernel_id.to_owned(),
         session_id: k.session_id.clone(),
     });

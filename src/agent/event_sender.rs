@@ -14,6 +14,7 @@ use actors::{ChildSpec, Shutdown, StopSignal};
 use rmpv::Value;
 use tokio::sync::Notify;
 
+use super::events::AgentEvent;
 use super::intakes::Intakes;
 use super::metrics::AgentMetrics;
 use super::outbox::{Outbox, PendingEvent};
@@ -28,7 +29,9 @@ pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(1000);
 /// The intake method that takes a batch: `agent_events(agent_id, events)` → `{"acked": [id]}`.
 pub const EVENTS_METHOD: &str = "agent_events";
 
-/// Encodes one pending event for the wire: its fields plus `id`, `seq` and `ts` (Unix seconds).
+/// Encodes one pending event for the wire: its fields (less the bus-only `image` of
+/// `kernel_pulling` and `creation_info` of `kernel_started`) plus `id`, `seq` and `ts` (Unix
+/// seconds).
 pub fn encode_event(p: &PendingEvent) -> Value {
     // Named fields (rmpv's own serializer would write structs as arrays).
     let bytes = rmp_serde::to_vec_named(&p.event).expect("an event always serializes");
@@ -37,6 +40,13 @@ pub fn encode_event(p: &PendingEvent) -> Value {
         // AgentEvent is an internally tagged enum of structs: always a map.
         other => unreachable!("event encodes as a map, got {other:?}"),
     };
+    // What only Backend.AI's bus reads stays off our manager's wire (its shape is unchanged).
+    if matches!(
+        p.event,
+        AgentEvent::KernelPulling { .. } | AgentEvent::KernelStarted { .. }
+    ) {
+        map.retain(|(k, _)| !matches!(k.as_str(), Some("image" | "creation_info")));
+    }
     map.push(("id".into(), p.id.clone().into()));
     map.push(("seq".into(), p.seq.into()));
     map.push(("ts".into(), p.created_at.into()));
@@ -244,7 +254,6 @@ fn acked_ids(reply: &Value) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::events::AgentEvent;
 
     #[test]
     fn wire_shape() {

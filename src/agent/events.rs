@@ -32,6 +32,10 @@ pub enum AgentEvent {
         kernel_id: String,
         /// Session id.
         session_id: String,
+        /// The image (its canonical name): upstream's `reason` of `kernel_pulling`. Bus only:
+        /// left out of our manager's wire (`event_sender::encode_event`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        image: Option<String>,
     },
     /// The container is being created.
     KernelCreating {
@@ -46,6 +50,10 @@ pub enum AgentEvent {
         kernel_id: String,
         /// Session id.
         session_id: String,
+        /// How it came up (upstream's `KernelCreationInfo`), when the agent created it (not
+        /// when it adopted it). Bus only: left out of our manager's wire.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        creation_info: Option<Box<StartedInfo>>,
     },
     /// The kernel's container ended and its restart policy restarts it (Kubernetes' restart
     /// with back-off; durable and never superseded, so the manager counts every restart).
@@ -124,6 +132,46 @@ pub enum AgentEvent {
         /// The run.
         run_id: String,
     },
+    /// An image pull began (bus only: upstream's `image_pull_started`).
+    ImagePullStarted {
+        /// The image's canonical name.
+        image: String,
+        /// Unix seconds.
+        timestamp: f64,
+    },
+    /// An image pull ended, or was not needed (bus only: upstream's `image_pull_finished`).
+    ImagePullFinished {
+        /// The image's canonical name.
+        image: String,
+        /// Unix seconds.
+        timestamp: f64,
+        /// `"Image already exists"` when no pull was needed.
+        #[serde(default)]
+        msg: Option<String>,
+    },
+    /// An image pull failed (bus only: upstream's `image_pull_failed`).
+    ImagePullFailed {
+        /// The image's canonical name.
+        image: String,
+        /// Why.
+        msg: String,
+    },
+    /// The kernel's logs are complete (its container ended): bus only, upstream's
+    /// `do_sync_kernel_logs`.
+    DoSyncKernelLogs {
+        /// Kernel id.
+        kernel_id: String,
+        /// The engine's container id.
+        container_id: String,
+    },
+    /// An error the agent could not attribute to a call (bus only: upstream's `agent_error`).
+    AgentError {
+        /// One line: what failed.
+        message: String,
+        /// More detail, when any.
+        #[serde(default)]
+        traceback: Option<String>,
+    },
     /// A container carrying this agent's id that the agent does not know (`docs/design.md`), with what
     /// the engine tells of it (`crate::agent::dangling`). The fields after `container_id` were
     /// added later: receivers that do not know them ignore them, and an outbox row written
@@ -164,7 +212,13 @@ impl AgentEvent {
     /// The kernel it is about; `None` for agent events.
     pub fn kernel_id(&self) -> Option<&str> {
         match self {
-            AgentEvent::AgentStarted | AgentEvent::AgentTerminated { .. } => None,
+            AgentEvent::AgentStarted
+            | AgentEvent::AgentTerminated { .. }
+            | AgentEvent::AgentError { .. }
+            | AgentEvent::ImagePullStarted { .. }
+            | AgentEvent::ImagePullFinished { .. }
+            | AgentEvent::ImagePullFailed { .. } => None,
+            AgentEvent::DoSyncKernelLogs { kernel_id, .. } => Some(kernel_id),
             AgentEvent::KernelPreparing { kernel_id, .. }
             | AgentEvent::KernelPulling { kernel_id, .. }
             | AgentEvent::KernelCreating { kernel_id, .. }
@@ -197,7 +251,25 @@ impl AgentEvent {
             AgentEvent::ExecutionStarted { .. } => "execution_started",
             AgentEvent::ExecutionFinished { .. } => "execution_finished",
             AgentEvent::ExecutionTimeout { .. } => "execution_timeout",
+            AgentEvent::ImagePullStarted { .. } => "image_pull_started",
+            AgentEvent::ImagePullFinished { .. } => "image_pull_finished",
+            AgentEvent::ImagePullFailed { .. } => "image_pull_failed",
+            AgentEvent::DoSyncKernelLogs { .. } => "do_sync_kernel_logs",
+            AgentEvent::AgentError { .. } => "agent_error",
         }
+    }
+
+    /// An event only Backend.AI's bus takes: our manager's intake has no name for it, so it
+    /// never enters the manager's outbox.
+    pub fn is_bus_only(&self) -> bool {
+        matches!(
+            self,
+            AgentEvent::ImagePullStarted { .. }
+                | AgentEvent::ImagePullFinished { .. }
+                | AgentEvent::ImagePullFailed { .. }
+                | AgentEvent::DoSyncKernelLogs { .. }
+                | AgentEvent::AgentError { .. }
+        )
     }
 
     /// A kernel status transition (`kernel_preparing` … `kernel_terminated`): the only events
@@ -212,6 +284,52 @@ impl AgentEvent {
                 | AgentEvent::KernelTerminated { .. }
         )
     }
+}
+
+/// What `kernel_started` tells Backend.AI's manager of a kernel the agent created: upstream's
+/// `KernelCreationInfo` (`ai/backend/common/events/event_types/kernel/types.py`), as plain data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StartedInfo {
+    /// The engine's full container id.
+    pub container_id: String,
+    /// Host name or address its ports are reached at.
+    pub kernel_host: String,
+    /// REPL input port (0: no REPL here).
+    pub repl_in_port: u16,
+    /// REPL output port (0: no REPL here).
+    pub repl_out_port: u16,
+    /// Published service ports: `(name, protocol, container ports, host ports)`.
+    pub service_ports: Vec<StartedServicePort>,
+    /// `{device name: {device id: unit}}`: upstream's `UsedDevices.units`, from which the
+    /// manager books the kernel's resources.
+    pub used_devices:
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, UsedDevice>>,
+}
+
+/// One published service (upstream's `ServicePortInfo`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartedServicePort {
+    /// Service name.
+    pub name: String,
+    /// `http`, `tcp`, `preopen`, …
+    pub protocol: String,
+    /// Ports in the container.
+    pub container_ports: Vec<u16>,
+    /// Host ports, index for index.
+    pub host_ports: Vec<u16>,
+}
+
+/// One device unit the kernel holds (upstream's `UsedDevice`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsedDevice {
+    /// The device's model (`""` for the intrinsic cpu/mem devices, as upstream reports them).
+    pub model_name: Option<String>,
+    /// `{slot: "decimal"}` held of this unit.
+    pub used: std::collections::BTreeMap<String, String>,
+    /// Processing units of the device (accelerators only).
+    pub processing_units: Option<i64>,
+    /// Memory of the device, bytes (accelerators only).
+    pub memory_size: Option<i64>,
 }
 
 /// Fan-out of [`AgentEvent`]s: to the outbox writer when there is one (nothing lost), and to

@@ -56,6 +56,9 @@ pub struct AgentMetrics {
     stage_failures: IntCounterVec,
     kernel_restarts: IntCounterVec,
     outbox_depth: IntGauge,
+    bus_outbox_depth: IntGauge,
+    bus_published: IntCounterVec,
+    bus_failures: IntCounterVec,
     exec_runs: IntGauge,
     exec_buffered: IntGauge,
     engine_up: IntGauge,
@@ -153,6 +156,10 @@ impl AgentMetrics {
         let outbox_depth = int_gauge(
             "kernelvisor_outbox_depth",
             "Events in the durable outbox not yet acked by the manager",
+        );
+        let bus_outbox_depth = int_gauge(
+            "kernelvisor_bus_outbox_depth",
+            "Events in the durable bus outbox not yet accepted by Backend.AI's Redis ([redis])",
         );
         let outbox_capacity = int_gauge(
             "kernelvisor_outbox_capacity",
@@ -296,6 +303,22 @@ impl AgentMetrics {
                 "Failed attempts to deliver an event batch",
                 &["reason"],
             ),
+            bus_published: {
+                let c = counter(
+                    &r,
+                    "kernelvisor_bus_events_published",
+                    "Events Backend.AI's Redis accepted from the bus outbox (each once)",
+                    &[],
+                );
+                c.with_label_values(&[]).inc_by(0);
+                c
+            },
+            bus_failures: counter(
+                &r,
+                "kernelvisor_bus_publish_failures",
+                "Failed attempts to publish on Backend.AI's bus (retried), by reason",
+                &["reason"],
+            ),
             heartbeat_failures: counter(
                 &r,
                 "kernelvisor_heartbeat_failures",
@@ -318,6 +341,7 @@ impl AgentMetrics {
             heartbeat,
             kernel_count,
             outbox_depth,
+            bus_outbox_depth,
             outbox_capacity,
             exec_runs,
             exec_buffered,
@@ -495,6 +519,22 @@ impl AgentMetrics {
     pub fn outbox(&self, depth: i64, capacity: i64) {
         self.outbox_depth.set(depth);
         self.outbox_capacity.set(capacity);
+    }
+
+    /// The bus outbox holds `depth` events (`kernelvisor_bus_outbox_depth`).
+    pub fn bus_outbox(&self, depth: i64) {
+        self.bus_outbox_depth.set(depth);
+    }
+
+    /// `n` events accepted by Backend.AI's Redis (`kernelvisor_bus_events_published_total`).
+    pub fn bus_published(&self, n: u64) {
+        self.bus_published.with_label_values(&[]).inc_by(n);
+    }
+
+    /// A failed publish on the bus: `reason` is `connect`, `io`, `rejected`, `outbox` or
+    /// `encode` (`kernelvisor_bus_publish_failures_total{reason}`).
+    pub fn bus_publish_failed(&self, reason: &str) {
+        self.bus_failures.with_label_values(&[reason]).inc();
     }
 
     /// `runs` execute runs are held with `buffered` bytes of unread output in all.

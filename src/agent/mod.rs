@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! agent (rest_for_one, at most 5 restarts in 60 s)
-//! ├─ event-sender     outbox → manager's event intake, until acked      ┐ with a [manager]
-//! ├─ outbox-writer    events → durable SQLite outbox (outbox.rs)        ┘ section only
+//! ├─ event-sender     outbox → manager's event intake, until acked      ┐ with [manager]
+//! ├─ bus-sender       bus outbox → Backend.AI's bus, once each (bus/)   │ with [redis]
+//! ├─ outbox-writer    events → durable SQLite outboxes (outbox.rs)      ┘ with [manager] or [redis]
 //! ├─ kernels          KernelRegistry + one_for_one Supervisor of Kernel actors (kernels.rs, registry.rs, kernel/)
 //! ├─ watcher          engine events → ContainerExited; engine health probes (watcher.rs, engine.rs)
 //! ├─ exec-reaper      runs nobody reads for exec-idle-timeout are killed (exec/)
@@ -26,6 +27,7 @@
 
 pub mod accelerators;
 pub mod backend;
+pub mod bus;
 pub mod context;
 pub mod dangling;
 pub mod dangling_table;
@@ -73,7 +75,7 @@ use self::events::{AgentEvent, EventBus};
 use self::kernels::{CurrentRegistry, FinalShutdown, Kernels};
 use self::metrics::AgentMetrics;
 use self::metrics_server::MetricsServer;
-use self::outbox::{Outbox, OutboxWriter};
+use self::outbox::{Destination, DestinationKind, Outbox, OutboxWriter};
 use self::registry::KernelRegistry;
 use self::resources::PortPool;
 use self::store::Store;
@@ -107,14 +109,12 @@ pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn Con
 }
 
 /// With a `[manager]` section: how the agent reaches the manager's intakes (events and
-/// heartbeats), the outbox writer and the event sender, and the channel the event bus feeds
-/// the writer through.
+/// heartbeats), the event sender, and its outbox (a destination of the writer).
 struct ManagerLink {
     peer: PeerOptions,
     intakes: Arc<intakes::Intakes>,
     sender: EventSender,
-    writer: OutboxWriter,
-    rx: mpsc::UnboundedReceiver<AgentEvent>,
+    destination: Destination,
 }
 
 /// A running agent (inside an actix system): the agent supervisor's tree.
@@ -150,15 +150,12 @@ impl Agent {
             None => connect_backend(&config).await?,
         };
         let metrics = Arc::new(AgentMetrics::new(&a.id));
-        let (events, outbox_rx) = match &config.manager {
-            Some(_) => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                (EventBus::with_outbox(tx), Some(rx))
-            }
-            None => {
-                tracing::info!(agent_id = %a.id, "no [manager] section: running standalone (events are not sent)");
-                (EventBus::default(), None)
-            }
+        let (events, outbox_rx) = if config.manager.is_some() || config.redis.is_some() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (EventBus::with_outbox(tx), Some(rx))
+        } else {
+            tracing::info!(agent_id = %a.id, "no [manager] or [redis] section: running standalone (events are not sent)");
+            (EventBus::default(), None)
         };
         let ctx = context(&config, backend, &store, events, &metrics)?;
 
@@ -174,7 +171,7 @@ impl Agent {
             .as_deref()
             .map(load_keypair)
             .transpose()?;
-        let link = manager_link(&config, agent_keypair.as_ref(), &store, &metrics, outbox_rx)?;
+        let link = manager_link(&config, agent_keypair.as_ref(), &store, &metrics)?;
         let identity = heartbeat::Identity {
             region: a.region.clone(),
             rpc_addr: advertised_rpc_addr(&config, &endpoint),
@@ -184,16 +181,49 @@ impl Agent {
             .manager
             .as_ref()
             .map_or(Duration::from_secs(20), |m| m.heartbeat_interval.0);
+        let bus = config.redis.as_ref().map(|r| {
+            let destination = Destination {
+                kind: DestinationKind::Bus,
+                outbox: Outbox::bus(&store, r.outbox_max_events),
+                appended: Arc::new(Notify::new()),
+            };
+            let sender = bus::sender::BusSender {
+                agent_id: a.id.clone(),
+                config: r.clone(),
+                outbox: destination.outbox.clone(),
+                appended: destination.appended.clone(),
+                metrics: metrics.clone(),
+                heartbeat: bus::sender::HeartbeatIdentity {
+                    ctx: ctx.clone(),
+                    rpc_addr: identity.rpc_addr.clone(),
+                    public_key: identity.public_key.clone(),
+                    interval: beat_interval,
+                },
+            };
+            (destination, sender)
+        });
 
         // The tree, in start order (see the module doc).
         let final_shutdown = FinalShutdown::new(a.on_shutdown);
         let (kernels, registry) = kernels::child_spec(ctx.clone(), kernels, final_shutdown.clone());
         let mut children: Vec<ChildSpec> = Vec::new();
         let mut beat_to = None;
+        let mut destinations = Vec::new();
         if let Some(link) = link {
             children.push(event_sender::child_spec(link.sender));
-            children.push(outbox::child_spec(link.writer, link.rx));
+            destinations.push(link.destination);
             beat_to = Some((link.peer, link.intakes));
+        }
+        if let Some((destination, sender)) = bus {
+            children.push(bus::sender::child_spec(sender));
+            destinations.push(destination);
+        }
+        if let Some(rx) = outbox_rx {
+            let writer = OutboxWriter {
+                destinations,
+                metrics: metrics.clone(),
+            };
+            children.push(outbox::child_spec(writer, rx));
         }
         children.extend([
             kernels,
@@ -316,7 +346,7 @@ fn context(
 
 /// The [`ManagerLink`] of a `[manager]` section (`None` without one): CURVE with
 /// `agent_keypair` and `[agent] rpc-auth-manager-public-key` when both are set; the outbox in
-/// `store`, fed through `rx`.
+/// `store`.
 ///
 /// Errors: the manager's public key file is unreadable.
 fn manager_link(
@@ -324,9 +354,8 @@ fn manager_link(
     agent_keypair: Option<&KeyPair>,
     store: &Store,
     metrics: &Arc<AgentMetrics>,
-    rx: Option<mpsc::UnboundedReceiver<AgentEvent>>,
 ) -> anyhow::Result<Option<ManagerLink>> {
-    let (Some(m), Some(rx)) = (&config.manager, rx) else {
+    let Some(m) = &config.manager else {
         return Ok(None);
     };
     let a = &config.agent;
@@ -346,9 +375,9 @@ fn manager_link(
     let outbox = Outbox::new(store, m.outbox_max_events);
     let appended = Arc::new(Notify::new());
     Ok(Some(ManagerLink {
-        writer: OutboxWriter {
+        destination: Destination {
+            kind: DestinationKind::Manager,
             outbox: outbox.clone(),
-            metrics: metrics.clone(),
             appended: appended.clone(),
         },
         sender: EventSender {
@@ -362,7 +391,6 @@ fn manager_link(
         },
         peer,
         intakes,
-        rx,
     }))
 }
 

@@ -51,20 +51,32 @@ pub struct AppendReport {
     pub dropped_newest: u64,
 }
 
-/// The outbox table, holding at most `capacity` events.
+/// One outbox table, holding at most `capacity` events: `outbox` (0002, towards our manager)
+/// or `bus_outbox` (0003, towards Backend.AI's bus).
 #[derive(Clone, Debug)]
 pub struct Outbox {
     pool: SqlitePool,
     capacity: u64,
+    table: &'static str,
 }
 
 impl Outbox {
-    /// The outbox in the agent's database, bounded to `capacity` events (`[manager]
+    /// The manager's outbox in the agent's database, bounded to `capacity` events (`[manager]
     /// outbox-max-events`).
     pub fn new(store: &Store, capacity: u64) -> Outbox {
         Outbox {
             pool: store.pool().clone(),
             capacity: capacity.max(1),
+            table: "outbox",
+        }
+    }
+
+    /// The outbox towards Backend.AI's bus (`bus_outbox`), bounded to `capacity` events
+    /// (`[redis] outbox-max-events`).
+    pub fn bus(store: &Store, capacity: u64) -> Outbox {
+        Outbox {
+            table: "bus_outbox",
+            ..Outbox::new(store, capacity)
         }
     }
 
@@ -73,13 +85,33 @@ impl Outbox {
         self.capacity
     }
 
+    /// Its table's name.
+    pub fn table(&self) -> &'static str {
+        self.table
+    }
+
     /// Appends `events` in order, in one transaction, each with a fresh id.
     ///
     /// Errors: the database fails (nothing of this batch is written).
     pub async fn append(&self, events: &[AgentEvent]) -> anyhow::Result<AppendReport> {
-        let mut report = AppendReport::default();
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
-        let depth: i64 = sqlx::query("SELECT COUNT(*) FROM outbox")
+        let report = self.append_in(&mut tx, events.iter()).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    /// Appends `events` in order inside the caller's transaction `tx` (which must have begun
+    /// with `BEGIN IMMEDIATE`), each with a fresh id.
+    ///
+    /// Errors: the database fails (the caller rolls back).
+    pub async fn append_in<'e>(
+        &self,
+        tx: &mut sqlx::SqliteConnection,
+        events: impl Iterator<Item = &'e AgentEvent>,
+    ) -> anyhow::Result<AppendReport> {
+        let table = self.table;
+        let mut report = AppendReport::default();
+        let depth: i64 = sqlx::query(&format!("SELECT COUNT(*) FROM {table}"))
             .fetch_one(&mut *tx)
             .await?
             .get(0);
@@ -89,11 +121,11 @@ impl Outbox {
             if free == 0 {
                 // Make room by dropping the oldest superseded state, if any (also one this
                 // very batch superseded).
-                let r = sqlx::query(
-                    "DELETE FROM outbox WHERE seq IN (SELECT o.seq FROM outbox o WHERE o.kernel_id IS NOT NULL \
-                     AND o.name IN ('kernel_preparing', 'kernel_pulling', 'kernel_creating', 'kernel_started') AND EXISTS (SELECT 1 FROM outbox n WHERE n.kernel_id = o.kernel_id AND n.seq > o.seq) \
+                let r = sqlx::query(&format!(
+                    "DELETE FROM {table} WHERE seq IN (SELECT o.seq FROM {table} o WHERE o.kernel_id IS NOT NULL \
+                     AND o.name IN ('kernel_preparing', 'kernel_pulling', 'kernel_creating', 'kernel_started') AND EXISTS (SELECT 1 FROM {table} n WHERE n.kernel_id = o.kernel_id AND n.seq > o.seq) \
                      ORDER BY o.seq LIMIT 1)",
-                )
+                ))
                     .execute(&mut *tx)
                     .await?;
                 report.dropped_superseded += r.rows_affected();
@@ -103,7 +135,7 @@ impl Outbox {
                 report.dropped_newest += 1;
                 continue;
             }
-            sqlx::query("INSERT INTO outbox (id, name, kernel_id, event, created_at) VALUES (?, ?, ?, ?, ?)")
+            sqlx::query(&format!("INSERT INTO {table} (id, name, kernel_id, event, created_at) VALUES (?, ?, ?, ?, ?)"))
                 .bind(uuid::Uuid::new_v4().to_string())
                 .bind(event.name())
                 .bind(event.kernel_id())
@@ -114,7 +146,6 @@ impl Outbox {
             free -= 1;
             report.appended += 1;
         }
-        tx.commit().await?;
         Ok(report)
     }
 
@@ -122,11 +153,13 @@ impl Outbox {
     ///
     /// Errors: the database fails, or a row cannot be read (written by a newer agent).
     pub async fn pending(&self, limit: u32) -> anyhow::Result<Vec<PendingEvent>> {
-        let rows =
-            sqlx::query("SELECT seq, id, event, created_at FROM outbox ORDER BY seq LIMIT ?")
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT seq, id, event, created_at FROM {} ORDER BY seq LIMIT ?",
+            self.table
+        ))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
         rows.into_iter()
             .map(|r| {
                 let id: String = r.get("id");
@@ -148,7 +181,7 @@ impl Outbox {
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let mut n = 0;
         for id in ids {
-            n += sqlx::query("DELETE FROM outbox WHERE id = ?")
+            n += sqlx::query(&format!("DELETE FROM {} WHERE id = ?", self.table))
                 .bind(id)
                 .execute(&mut *tx)
                 .await?
@@ -160,7 +193,7 @@ impl Outbox {
 
     /// How many events are pending.
     pub async fn depth(&self) -> anyhow::Result<i64> {
-        Ok(sqlx::query("SELECT COUNT(*) FROM outbox")
+        Ok(sqlx::query(&format!("SELECT COUNT(*) FROM {}", self.table))
             .fetch_one(&self.pool)
             .await?
             .get(0))
@@ -202,14 +235,45 @@ impl LastStates {
     }
 }
 
-/// Moves events from the bus's channel into the outbox, then wakes the sender.
-pub struct OutboxWriter {
-    /// The table.
+/// Which events a destination takes, and how its depth is reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DestinationKind {
+    /// Our manager's intake (`[manager]`): every event but the bus-only ones
+    /// ([`AgentEvent::is_bus_only`]); depth in `kernelvisor_outbox_depth`.
+    Manager,
+    /// Backend.AI's bus (`[redis]`): the events upstream has a class for
+    /// ([`crate::agent::bus::encode::on_bus`]); depth in `kernelvisor_bus_outbox_depth`.
+    Bus,
+}
+
+impl DestinationKind {
+    /// Whether this destination takes `event`.
+    pub fn takes(self, event: &AgentEvent) -> bool {
+        match self {
+            DestinationKind::Manager => !event.is_bus_only(),
+            DestinationKind::Bus => super::bus::encode::on_bus(event),
+        }
+    }
+}
+
+/// One outbox the writer fills, and the sender it wakes.
+#[derive(Clone, Debug)]
+pub struct Destination {
+    /// What it takes.
+    pub kind: DestinationKind,
+    /// Its table.
     pub outbox: Outbox,
-    /// Counters and the depth gauge.
-    pub metrics: Arc<AgentMetrics>,
     /// Notified after every append.
     pub appended: Arc<Notify>,
+}
+
+/// Moves events from the bus's channel into every destination's outbox (one transaction per
+/// batch for all of them), then wakes their senders.
+pub struct OutboxWriter {
+    /// The outboxes, each with the events its destination takes.
+    pub destinations: Vec<Destination>,
+    /// Counters and the depth gauges.
+    pub metrics: Arc<AgentMetrics>,
 }
 
 /// The agent tree's `outbox-writer` child: runs `writer` on the event bus's channel `rx` until
@@ -274,8 +338,8 @@ impl OutboxWriter {
         }
         // A database error must not lose the batch: retry until it is written.
         let mut delay = std::time::Duration::from_millis(100);
-        let report = loop {
-            match self.outbox.append(&batch).await {
+        let reports = loop {
+            match self.append(&batch).await {
                 Ok(r) => break r,
                 Err(e) => {
                     let locked = e.to_string().contains("database is locked");
@@ -287,22 +351,50 @@ impl OutboxWriter {
                 }
             }
         };
-        if report.dropped_superseded + report.dropped_newest > 0 {
-            tracing::warn!(
-                agent_id = %self.metrics.agent_id(),
-                capacity = self.outbox.capacity(),
-                superseded = report.dropped_superseded,
-                newest = report.dropped_newest,
-                "event outbox full: dropped events (is the manager reachable?)"
-            );
-            self.metrics
-                .outbox_dropped("superseded", report.dropped_superseded);
-            self.metrics.outbox_dropped("newest", report.dropped_newest);
+        for (d, report) in self.destinations.iter().zip(reports) {
+            if report.dropped_superseded + report.dropped_newest > 0 {
+                tracing::warn!(
+                    agent_id = %self.metrics.agent_id(),
+                    outbox = d.outbox.table(),
+                    capacity = d.outbox.capacity(),
+                    superseded = report.dropped_superseded,
+                    newest = report.dropped_newest,
+                    "event outbox full: dropped events (is {} reachable?)",
+                    match d.kind {
+                        DestinationKind::Manager => "the manager",
+                        DestinationKind::Bus => "Redis",
+                    }
+                );
+                self.metrics
+                    .outbox_dropped("superseded", report.dropped_superseded);
+                self.metrics.outbox_dropped("newest", report.dropped_newest);
+            }
+            if let Ok(depth) = d.outbox.depth().await {
+                match d.kind {
+                    DestinationKind::Manager => {
+                        self.metrics.outbox(depth, d.outbox.capacity() as i64)
+                    }
+                    DestinationKind::Bus => self.metrics.bus_outbox(depth),
+                }
+            }
+            d.appended.notify_one();
         }
-        if let Ok(depth) = self.outbox.depth().await {
-            self.metrics.outbox(depth, self.outbox.capacity() as i64);
+    }
+
+    /// Appends `batch` to every destination (the events each takes), all in one `BEGIN
+    /// IMMEDIATE` transaction: either every outbox has the batch or none.
+    async fn append(&self, batch: &[AgentEvent]) -> anyhow::Result<Vec<AppendReport>> {
+        let Some(first) = self.destinations.first() else {
+            return Ok(Vec::new());
+        };
+        let mut tx = first.outbox.pool.begin_with(BEGIN_WRITE).await?;
+        let mut reports = Vec::with_capacity(self.destinations.len());
+        for d in &self.destinations {
+            let events = batch.iter().filter(|e| d.kind.takes(e));
+            reports.push(d.outbox.append_in(&mut tx, events).await?);
         }
-        self.appended.notify_one();
+        tx.commit().await?;
+        Ok(reports)
     }
 }
 
@@ -314,6 +406,7 @@ mod tests {
         AgentEvent::KernelStarted {
             kernel_id: k.into(),
             session_id: "s".into(),
+            creation_info: None,
         }
     }
 

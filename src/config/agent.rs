@@ -23,6 +23,10 @@ pub struct AgentConfig {
     pub dummy: DummySection,
     /// `[manager]`: where events and heartbeats go. Absent: the agent runs standalone.
     pub manager: Option<AgentManagerSection>,
+    /// `[redis]`: Backend.AI's event bus (Backend.AI's `config/redis`). Present: every event
+    /// upstream has a class for, and a heartbeat every `[manager] heartbeat-interval` (20 s
+    /// without `[manager]`), are also published there (`crate::agent::bus`).
+    pub redis: Option<RedisSection>,
     /// `[stats]`: sampling intervals.
     #[serde(default)]
     pub stats: StatsSection,
@@ -262,6 +266,43 @@ fn default_event_retry_max() -> Seconds {
     Seconds(std::time::Duration::from_secs(30))
 }
 
+/// `[redis]`: the Redis (or Valkey) that carries Backend.AI's event bus. The streams live in
+/// the logical database Backend.AI fixes for them (`REDIS_STREAM_DB` = 4,
+/// `ai/backend/common/defs/__init__.py`), not a configurable one.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RedisSection {
+    /// `{ host = "127.0.0.1", port = 6379 }` (Backend.AI's `config/redis/addr`).
+    pub addr: HostPort,
+    /// `AUTH` password; never logged (`Debug` shows `<redacted>`).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Most events kept while Redis is unreachable (default 100000); beyond it, older states
+    /// of kernels with a newer pending state are dropped first, then new events
+    /// (`kernelvisor_outbox_dropped_events_total`, as for `[manager]`).
+    #[serde(default = "default_outbox_max_events")]
+    pub outbox_max_events: u64,
+    /// Longest wait, in seconds, between publish attempts while Redis is down; the wait starts
+    /// at 0.2 s and doubles after each failure (default 5).
+    #[serde(default = "default_bus_retry_max")]
+    pub retry_max: Seconds,
+}
+
+impl std::fmt::Debug for RedisSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSection")
+            .field("addr", &self.addr)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("outbox_max_events", &self.outbox_max_events)
+            .field("retry_max", &self.retry_max)
+            .finish()
+    }
+}
+
+fn default_bus_retry_max() -> Seconds {
+    Seconds(std::time::Duration::from_secs(5))
+}
+
 /// `[stats]`: how often the stats sampler reads the node, the containers and the GPUs.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
@@ -318,6 +359,11 @@ pub struct AgentSection {
     /// The region reported in heartbeats (default `local`).
     #[serde(default = "default_region")]
     pub region: String,
+    /// The scaling group (resource group) the agent joins, sent in `agent_heartbeat`'s
+    /// `AgentInfo` on Backend.AI's bus (Backend.AI's `initial-resource-group-name`; default
+    /// `default`).
+    #[serde(default = "default_scaling_group")]
+    pub scaling_group: String,
     /// The RPC address the manager should dial, sent in heartbeats (default: the bound
     /// `rpc-listen-addr`; set it when that is `0.0.0.0` and the manager is on another host).
     #[serde(default)]
@@ -344,6 +390,10 @@ fn default_service_addr() -> HostPort {
         host: "0.0.0.0".into(),
         port: 6003,
     }
+}
+
+fn default_scaling_group() -> String {
+    "default".into()
 }
 
 fn default_region() -> String {
@@ -486,6 +536,26 @@ impl AgentConfig {
                     "must be at least 1".into(),
                 ));
             }
+        }
+        if let Some(r) = &self.redis {
+            if r.outbox_max_events == 0 {
+                return Err(ConfigError::Invalid(
+                    "redis.outbox-max-events",
+                    "must be at least 1".into(),
+                ));
+            }
+            if r.addr.host.trim().is_empty() || r.addr.port == 0 {
+                return Err(ConfigError::Invalid(
+                    "redis.addr",
+                    format!("{} is not a Redis address", r.addr),
+                ));
+            }
+        }
+        if a.scaling_group.trim().is_empty() {
+            return Err(ConfigError::Invalid(
+                "agent.scaling-group",
+                "must not be empty".into(),
+            ));
         }
         let d = &self.dummy;
         if [d.pull_delay, d.create_delay, d.start_delay, d.remove_delay]

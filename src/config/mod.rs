@@ -11,7 +11,7 @@ mod manager;
 pub use agent::{
     AcceleratorSection, AgentConfig, AgentManagerSection, AgentSection, BackendKind,
     ContainerSection, DummySection, MockAcceleratorSection, MockDeviceConfig, OnShutdown,
-    ResourceSection, StatsSection,
+    RedisSection, ResourceSection, StatsSection,
 };
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{

@@ -77,6 +77,7 @@ impl KernelHandle {
             KernelStatus::Pulling => AgentEvent::KernelPulling {
                 kernel_id,
                 session_id,
+                image: Some(self.info().config.image.clone()),
             },
             KernelStatus::Creating => AgentEvent::KernelCreating {
                 kernel_id,
@@ -85,6 +86,10 @@ impl KernelHandle {
             KernelStatus::Running => AgentEvent::KernelStarted {
                 kernel_id,
                 session_id,
+                creation_info: Some(Box::new(super::started::started_info(
+                    &self.ctx,
+                    &self.info(),
+                ))),
             },
             _ => return,
         };

@@ -20,6 +20,7 @@ pub mod handle;
 pub mod messages;
 pub mod resources;
 pub mod stages;
+pub mod started;
 mod status;
 pub mod tree;
 pub mod watch;
