@@ -143,6 +143,7 @@ impl Redis {
             .arg("--logfile")
             .arg(self.log())
             .args(["--daemonize", "no", "--protected-mode", "no"])
+            .args(["--enable-debug-command", "local"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -168,6 +169,22 @@ impl Redis {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.child = Some(child);
+    }
+
+    /// Makes the server sleep `d` (`DEBUG SLEEP`: it reads nor answers anything meanwhile), from
+    /// a thread; returns once the command was sent.
+    fn stall(&self, d: Duration) -> std::thread::JoinHandle<()> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap();
+        let mut con = client.get_connection().expect("connect to redis-server");
+        let h = std::thread::spawn(move || {
+            redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(d.as_secs_f64())
+                .query::<()>(&mut con)
+                .expect("DEBUG SLEEP");
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        h
     }
 
     /// SIGTERM (a clean shutdown) and wait for the port to close.
@@ -772,6 +789,69 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
     drop(agent);
 }
 
+/// Creates a kernel of the test image on the agent at `rpc_port` and destroys it (our own RPC
+/// client); returns its session id, kernel id and container id.
+async fn create_and_destroy(rpc_port: u16, agent_log: &Path) -> (String, String, String) {
+    let peer = client(&format!("tcp://127.0.0.1:{rpc_port}")).await;
+    let session_id = uuid::Uuid::new_v4().to_string();
+    let kernel_id = uuid::Uuid::new_v4().to_string();
+    let info = create_one(
+        &peer,
+        &session_id,
+        &kernel_id,
+        kernel_config("0.5", 64 << 20, vec![]),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("create_kernels: {e}; log:\n{}", tail(&read(agent_log), 40)));
+    let container_id = common::agent::field(&info, "container_id")
+        .as_str()
+        .unwrap()
+        .to_owned();
+    call(
+        &peer,
+        "destroy_kernel",
+        vec![kernel_id.clone().into(), session_id.clone().into()],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("destroy_kernel: {e}; log:\n{}", tail(&read(agent_log), 40)));
+    peer.close();
+    (session_id, kernel_id, container_id)
+}
+
+/// The stream `events` of database 4 as Redis holds it: `(entry id, name, payload)` of every
+/// entry from `source`, read with XRANGE (independently of the consumer).
+fn stream_entries(redis: &Redis, source: &str) -> Vec<(String, String, Json)> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/4", redis.port)).unwrap();
+    let mut con = client.get_connection().expect("connect to redis-server");
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg("events")
+        .arg("-")
+        .arg("+")
+        .query(&mut con)
+        .expect("XRANGE events");
+    entries
+        .into_iter()
+        .filter(|(_, f)| f.get("source").map(String::as_str) == Some(source))
+        .map(|(id, f)| {
+            let payload = serde_json::from_str(&f["payload"]).unwrap_or(Json::Null);
+            (id, f["name"].clone(), payload)
+        })
+        .collect()
+}
+
+/// Asserts that the stream holds kernel `kernel_id`'s lifecycle exactly once, in order.
+fn assert_stream_lifecycle(redis: &Redis, source: &str, kernel_id: &str, what: &str) {
+    let on_stream: Vec<String> = stream_entries(redis, source)
+        .into_iter()
+        .filter(|(_, _, p)| p["kernel_id"] == kernel_id)
+        .map(|(_, name, _)| name)
+        .collect();
+    assert_eq!(
+        on_stream, LIFECYCLE,
+        "{what}: the kernel's entries in Redis's stream `events`"
+    );
+}
+
 #[actix_rt::test]
 async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_order() {
     let Some(root) = bai_root("a_kernel_created_and_destroyed_while_redis_is_down") else {
@@ -787,6 +867,13 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     let mut agent = KillOnDrop(spawn_agent_process(&fx, &config));
     wait_for_port(fx.rpc_port, &mut agent.0, &agent_log);
     let id = fx.agent_id.clone();
+    let heartbeats = || {
+        consumer
+            .events(&id)
+            .iter()
+            .filter(|e| e["name"] == "agent_heartbeat")
+            .count()
+    };
     consumer.wait(
         Duration::from_secs(60),
         "agent_started and a heartbeat",
@@ -807,30 +894,8 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     // Redis goes away; a kernel lives and dies meanwhile (our own RPC client, Docker engine).
     redis.down();
     let down_at = Instant::now();
-    let peer = client(&format!("tcp://127.0.0.1:{}", fx.rpc_port)).await;
-    let session_id = uuid::Uuid::new_v4().to_string();
-    let kernel_id = uuid::Uuid::new_v4().to_string();
-    let info = create_one(
-        &peer,
-        &session_id,
-        &kernel_id,
-        kernel_config("0.5", 64 << 20, vec![]),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("create_kernels: {e}; log:\n{}", tail(&read(&agent_log), 40)));
-    let container_id = common::agent::field(&info, "container_id")
-        .as_str()
-        .unwrap()
-        .to_owned();
-    call(
-        &peer,
-        "destroy_kernel",
-        vec![kernel_id.clone().into(), session_id.clone().into()],
-    )
-    .await
-    .unwrap();
-    peer.close();
-    // Every event of the kernel waits in the bus outbox (heartbeats may wait too).
+    let (session_id, kernel_id, container_id) = create_and_destroy(fx.rpc_port, &agent_log).await;
+    // Every event of the kernel waits in the bus outbox (heartbeats are never queued).
     let start = Instant::now();
     loop {
         let depth = bus_depth(metrics_port);
@@ -844,11 +909,7 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         );
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
-    let hbs_before = consumer
-        .events(&id)
-        .iter()
-        .filter(|e| e["name"] == "agent_heartbeat")
-        .count();
+    let hbs_before = heartbeats();
     // Down for a few seconds at least (several failed attempts), then back.
     let left = Duration::from_secs(4).saturating_sub(down_at.elapsed());
     actix_rt::time::sleep(left).await;
@@ -869,16 +930,9 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         up_at.elapsed().as_secs_f64()
     );
     consumer.wait(Duration::from_secs(30), "heartbeats resume", |_| {
-        consumer
-            .events(&id)
-            .iter()
-            .filter(|e| e["name"] == "agent_heartbeat")
-            .count()
-            >= hbs_before + 2
+        heartbeats() >= hbs_before + 2
     });
-    std::thread::sleep(Duration::from_secs(2));
-    let ev = consumer.events(&id);
-    let anycast = kernel_events(&ev, &kernel_id, "anycast");
+    let anycast = kernel_events(&consumer.events(&id), &kernel_id, "anycast");
     assert_lifecycle(&anycast, &session_id, "Redis down");
     assert_eq!(
         anycast[2]["manager_view"]["container_id"],
@@ -886,8 +940,41 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         "{}",
         anycast[2]
     );
-    // Nothing of the agent's came twice on the stream (every entry id once, and no event of
-    // another name repeated beyond heartbeats).
+    assert_stream_lifecycle(&redis, &id, &kernel_id, "Redis down");
+
+    // Redis stalls (DEBUG SLEEP) past the agent's reply timeout while a second kernel lives:
+    // publishes sent meanwhile get no reply, so the agent cannot know whether they happened and
+    // publishes them again on a new connection; when Redis wakes up it runs the first attempts
+    // too. Each event must still be on the stream once.
+    let failures =
+        |text: &str| metric(text, "kernelvisor_bus_publish_failures_total").unwrap_or(0.0);
+    let failures_before = failures(&scrape(metrics_port));
+    let stall = redis.stall(Duration::from_secs(5));
+    actix_rt::time::sleep(Duration::from_millis(300)).await;
+    let (session2, kernel2, _) = create_and_destroy(fx.rpc_port, &agent_log).await;
+    stall.join().unwrap();
+    consumer.wait(
+        Duration::from_secs(60),
+        "the second kernel's kernel_terminated after the stall",
+        |_| {
+            kernel_events(&consumer.events(&id), &kernel2, "anycast")
+                .iter()
+                .any(|e| e["name"] == "kernel_terminated")
+        },
+    );
+    let text = scrape(metrics_port);
+    assert!(
+        failures(&text) > failures_before,
+        "no publish failed while Redis stalled, so no retry was shown:\n{text}"
+    );
+    // A moment for anything that would follow (a duplicate, a stray event).
+    std::thread::sleep(Duration::from_secs(2));
+    let anycast2 = kernel_events(&consumer.events(&id), &kernel2, "anycast");
+    assert_lifecycle(&anycast2, &session2, "Redis stalled");
+    assert_stream_lifecycle(&redis, &id, &kernel2, "Redis stalled");
+
+    // Nothing of the agent's came twice: every entry read once, agent_started once.
+    let ev = consumer.events(&id);
     let mut seen: HashMap<String, usize> = HashMap::new();
     for e in ev.iter().filter(|e| e["delivery"] == "anycast") {
         *seen
@@ -898,23 +985,30 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         seen.values().all(|n| *n == 1),
         "an entry read twice: {seen:?}"
     );
-    assert_eq!(
-        ev.iter()
-            .filter(|e| e["delivery"] == "anycast" && e["name"] == "agent_started")
-            .count(),
-        1,
-        "agent_started once"
-    );
+    let started = stream_entries(&redis, &id)
+        .iter()
+        .filter(|(_, name, _)| name == "agent_started")
+        .count();
+    assert_eq!(started, 1, "agent_started once on the stream");
     consumer.assert_no_failures(&agent_log);
     let text = scrape(metrics_port);
     assert!(
         metric(&text, "kernelvisor_bus_publish_failures_total").unwrap_or(0.0) >= 1.0,
         "publishes failed while Redis was down:\n{text}"
     );
-    // agent_started and the kernel's four (heartbeats are not outbox events).
-    assert!(
-        metric(&text, "kernelvisor_bus_events_published_total").unwrap_or(0.0) >= 5.0,
-        "{text}"
+    // The counter counts each event on the stream once: agent_started and the two kernels'
+    // four each (heartbeats are not outbox events), including those whose publish was only
+    // confirmed by the retry (the script answering "already published").
+    let entries = stream_entries(&redis, &id);
+    let events_on_stream = entries
+        .iter()
+        .filter(|(_, name, _)| name != "agent_heartbeat")
+        .count();
+    assert_eq!(events_on_stream, 1 + 2 * LIFECYCLE.len());
+    assert_eq!(
+        metric(&text, "kernelvisor_bus_events_published_total"),
+        Some(events_on_stream as f64),
+        "kernelvisor_bus_events_published_total vs the agent's events in the stream:\n{text}"
     );
     assert!(bus_depth(metrics_port) <= 1.0);
     drop(agent);
