@@ -28,9 +28,13 @@ pub const STREAM_KEY: &str = "events";
 pub const BROADCAST_CHANNEL: &str = "events_all";
 /// The logical database of the streams (`ai.backend.common.defs.REDIS_STREAM_DB`).
 pub const STREAM_DB: i64 = 4;
-/// The approximate length the stream is trimmed to on every `XADD` (`MAXLEN ~ 128`:
-/// `_MAX_STREAM_LENGTH` of `valkey_stream/client.py`).
-pub const STREAM_MAXLEN: usize = 128;
+/// The approximate length our `XADD`s trim the stream to. Upstream trims to about 128
+/// (`_MAX_STREAM_LENGTH` of `valkey_stream/client.py`), which drops entries the manager has not
+/// read yet when more than that arrive at once: exactly what an agent does when it flushes the
+/// events it kept while Redis was down. 10,000 entries (a few MiB of Redis memory) keep such a
+/// backlog readable; a larger one is still paced by the manager's reads only as far as this
+/// bound, and in a fleet that mixes upstream agents their own `XADD`s trim to 128.
+pub const STREAM_MAXLEN: usize = 10_000;
 /// `MessageMetadata.from_current_context().serialize()` outside any request: every field null.
 pub const METADATA: &str =
     r#"{"request_id":null,"user":null,"triggered_user":null,"traceparent":null}"#;

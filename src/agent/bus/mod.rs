@@ -13,3 +13,6 @@
 
 pub mod encode;
 pub mod sender;
+
+#[cfg(test)]
+mod fixtures;
