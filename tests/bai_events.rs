@@ -474,6 +474,14 @@ fn metric(text: &str, name: &str) -> Option<f64> {
     found
 }
 
+/// The outbox and bus lines of a `/metrics` text (for failure messages).
+fn outbox_lines(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && (l.contains("_bus_") || l.contains("_outbox_")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn bus_depth(metrics_port: u16) -> f64 {
     let text = scrape(metrics_port);
     metric(&text, "kernelvisor_bus_outbox_depth")
@@ -965,7 +973,8 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     let text = scrape(metrics_port);
     assert!(
         failures(&text) > failures_before,
-        "no publish failed while Redis stalled, so no retry was shown:\n{text}"
+        "no publish failed while Redis stalled, so no retry was shown:\n{}",
+        outbox_lines(&text)
     );
     // A moment for anything that would follow (a duplicate, a stray event).
     std::thread::sleep(Duration::from_secs(2));
@@ -994,7 +1003,8 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     let text = scrape(metrics_port);
     assert!(
         metric(&text, "kernelvisor_bus_publish_failures_total").unwrap_or(0.0) >= 1.0,
-        "publishes failed while Redis was down:\n{text}"
+        "publishes failed while Redis was down:\n{}",
+        outbox_lines(&text)
     );
     // The counter counts each event on the stream once: agent_started and the two kernels'
     // four each (heartbeats are not outbox events), including those whose publish was only
@@ -1008,7 +1018,8 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     assert_eq!(
         metric(&text, "kernelvisor_bus_events_published_total"),
         Some(events_on_stream as f64),
-        "kernelvisor_bus_events_published_total vs the agent's events in the stream:\n{text}"
+        "kernelvisor_bus_events_published_total vs the agent's events in the stream:\n{}",
+        outbox_lines(&text)
     );
     assert!(bus_depth(metrics_port) <= 1.0);
     drop(agent);
@@ -1090,7 +1101,8 @@ async fn the_agents_memory_and_bus_outbox_stay_bounded_while_redis_is_down() {
     );
     assert!(
         metric(&text, "kernelvisor_outbox_dropped_events_total").unwrap_or(0.0) > 0.0,
-        "a full bus outbox drops (superseded states first):\n{text}"
+        "a full bus outbox drops (superseded states first):\n{}",
+        outbox_lines(&text)
     );
     // After the first round warmed everything up, three more rounds (2400 events) add little.
     let growth = rss[3].saturating_sub(rss[0]);
@@ -1115,5 +1127,40 @@ async fn the_agents_memory_and_bus_outbox_stay_bounded_while_redis_is_down() {
     assert!(
         agent.0.try_wait().unwrap().is_none(),
         "the agent is still up"
+    );
+    // What was kept went out once each, each kernel's states in lifecycle order.
+    let entries = stream_entries(&redis, &fx.agent_id);
+    let mut per_kernel: HashMap<String, Vec<String>> = HashMap::new();
+    for (_, name, payload) in &entries {
+        if let Some(k) = payload["kernel_id"].as_str() {
+            per_kernel
+                .entry(k.to_owned())
+                .or_default()
+                .push(name.clone());
+        }
+    }
+    assert!(!per_kernel.is_empty(), "no kernel event reached the stream");
+    for (k, names) in &per_kernel {
+        let order: Vec<usize> = names
+            .iter()
+            .map(|n| LIFECYCLE.iter().position(|l| l == n).unwrap_or(usize::MAX))
+            .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]) && !order.contains(&usize::MAX),
+            "kernel {k}: {names:?} on the stream (each once, in lifecycle order)"
+        );
+    }
+    let published = metric(
+        &scrape(metrics_port),
+        "kernelvisor_bus_events_published_total",
+    );
+    let on_stream = entries
+        .iter()
+        .filter(|(_, n, _)| n != "agent_heartbeat")
+        .count();
+    eprintln!(
+        "{} kernels' events and {} entries in all on the stream; published_total {published:?}",
+        per_kernel.len(),
+        on_stream
     );
 }
