@@ -862,6 +862,37 @@ fn stream_entries(redis: &Redis, source: &str) -> Vec<(String, String, Json)> {
         .collect()
 }
 
+/// Kernel ids of the rows named `name` in table `table` (`outbox`: towards our manager;
+/// `bus_outbox`: towards Backend.AI's bus) of the agent's store, read while it runs.
+async fn outbox_rows(fx: &AgentFixture, table: &str, name: &str) -> Vec<String> {
+    let db = fx.dir.path().join("var/agent.db");
+    let start = Instant::now();
+    loop {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(&db)
+                    .read_only(true),
+            )
+            .await
+            .expect("open the agent's store");
+        let rows: Vec<(Option<String>,)> =
+            sqlx::query_as(&format!("SELECT kernel_id FROM {table} WHERE name = ?"))
+                .bind(name)
+                .fetch_all(&pool)
+                .await
+                .expect("read the outbox");
+        pool.close().await;
+        let ids: Vec<String> = rows.into_iter().filter_map(|r| r.0).collect();
+        // The `outbox` row is written at the agent's start; wait for it.
+        if !ids.is_empty() || table != "outbox" || start.elapsed() > Duration::from_secs(30) {
+            return ids;
+        }
+        actix_rt::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Asserts that the stream holds kernel `kernel_id`'s lifecycle exactly once, in order.
 fn assert_stream_lifecycle(redis: &Redis, source: &str, kernel_id: &str, what: &str) {
     let on_stream: Vec<String> = stream_entries(redis, source)
@@ -887,6 +918,10 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     let metrics_port = free_port();
     let config = agent_config(&fx, metrics_port, redis.port, "", "", true);
     let agent_log = fx.dir.path().join("agent.log");
+    // A container labelled as this agent's that its store does not know: reported at start as
+    // `kernel_dangling`, which upstream has no class for, so it must stay off the bus.
+    let ghost_kernel = uuid::Uuid::new_v4().to_string();
+    common::agent::ghost_container(&fx.agent_id, &ghost_kernel);
     let mut agent = KillOnDrop(spawn_agent_process(&fx, &config));
     wait_for_port(fx.rpc_port, &mut agent.0, &agent_log);
     let id = fx.agent_id.clone();
@@ -913,6 +948,21 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
     {
         assert_heartbeat(hb, fx.rpc_port, None);
     }
+    let dangling = outbox_rows(&fx, "outbox", "kernel_dangling").await;
+    assert_eq!(
+        dangling,
+        vec![ghost_kernel.clone()],
+        "the ghost container reported as kernel_dangling (to our manager's outbox)"
+    );
+    assert!(
+        outbox_rows(&fx, "bus_outbox", "kernel_dangling")
+            .await
+            .is_empty()
+            && !stream_entries(&redis, &id)
+                .iter()
+                .any(|(_, name, p)| name == "kernel_dangling" || p["kernel_id"] == ghost_kernel),
+        "kernel_dangling went towards Backend.AI's bus"
+    );
 
     // Redis goes away; a kernel lives and dies meanwhile (our own RPC client, Docker engine).
     redis.down();
