@@ -217,10 +217,13 @@ impl BusSender {
             }
             let mut c = self.connection(conn).await?;
             for p in &batch {
-                let published = match encode::encode(&p.event, &self.agent_id) {
+                // On the bus now, or by an earlier attempt whose reply was lost (the script
+                // answered "already published"): counted once either way.
+                let on_bus = match encode::encode(&p.event, &self.agent_id) {
                     Some(msg) => self
                         .publish(script, &mut c, p, &msg)
                         .await
+                        .map(|_| true)
                         .inspect_err(|_| {
                             // A fresh connection next time.
                             *conn = None;
@@ -232,7 +235,7 @@ impl BusSender {
                     tracing::error!(agent_id = %self.agent_id, error = %e, "cannot delete a published event");
                     "outbox"
                 })?;
-                if published {
+                if on_bus {
                     self.metrics.bus_published(1);
                 }
             }
