@@ -28,7 +28,7 @@ use super::peer::{
     cancel_frames, function_frames, on_reply, ping_frames, reply_value, CallError, ConnectError,
     PeerOptions,
 };
-use super::socket::{self, LINGER_MS};
+use super::socket::{self, LINGER_MS, ROUTER_HWM};
 
 type Pending = HashMap<u32, (String, oneshot::Sender<Message>)>;
 
@@ -80,6 +80,8 @@ impl Mux {
     pub fn start(ctx: &impl SocketSource) -> Result<Mux, zmq::Error> {
         let mut sock = ctx.socket(zmq::ROUTER)?;
         sock.set_linger(LINGER_MS)?;
+        sock.set_sndhwm(ROUTER_HWM)?;
+        sock.set_rcvhwm(ROUTER_HWM)?;
         // An unknown route is an error (EHOSTUNREACH), not a silent drop.
         sock.set_router_mandatory(true)?;
         let raw = RawSocket(sock.as_mut_ptr());

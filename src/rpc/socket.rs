@@ -43,6 +43,13 @@ pub struct ClientCurve {
     pub server_key: CurveKey,
 }
 
+/// Messages a ROUTER queues per peer in each direction before it drops (send) or stops reading
+/// (receive). libzmq's default of 1,000 is reachable by one manager that has 1,000 calls in
+/// flight to one agent: the 1,001st reply queued for a slow reader is silently dropped and its
+/// caller times out. Each queued message answers a call in flight, so the bound still holds
+/// memory to what callers are waiting for.
+pub const ROUTER_HWM: i32 = 100_000;
+
 /// Makes a ROUTER bound at `endpoint` (`tcp://host:port`). With `curve`, it is a CURVE server
 /// in ZAP domain `local` whose clients a [`super::zap::ZapHandler`] in `ctx` must admit.
 ///
@@ -54,6 +61,8 @@ pub fn router(
 ) -> Result<zmq::Socket, zmq::Error> {
     let sock = ctx.socket(zmq::ROUTER)?;
     sock.set_linger(LINGER_MS)?;
+    sock.set_sndhwm(ROUTER_HWM)?;
+    sock.set_rcvhwm(ROUTER_HWM)?;
     if let Some(pair) = curve {
         sock.set_zap_domain("local")?;
         sock.set_curve_server(true)?;
