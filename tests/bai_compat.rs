@@ -25,6 +25,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::agent::{docker, read, run_id, spawn_agent_process, AgentFixture, TEST_IMAGE};
+use common::bai::{is_root, tail, KillOnDrop, RemoveOnDrop};
 use common::Keys;
 
 /// The steps the driver reports, in order; each must be `ok`.
@@ -51,39 +52,6 @@ const STEPS: &[&str] = &[
 
 /// The whole driver run may take this long (each of its steps has its own, shorter, limit).
 const DRIVER_LIMIT: Duration = Duration::from_secs(600);
-
-/// A child process killed (and reaped) on drop.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A directory removed on drop (best effort: the chroot may have written into it as root).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// The last `n` lines of `text`.
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
 
 /// Container ids (running or not) labelled as kernel `kernel_id`.
 fn kernel_containers(kernel_id: &str) -> Vec<String> {

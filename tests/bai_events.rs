@@ -46,32 +46,8 @@ use common::agent::{
     call, client, create_one, docker, free_port, kernel_config, read, run_id, spawn_agent_process,
     AgentFixture,
 };
+use common::bai::{is_root, tail, KillOnDrop, RemoveOnDrop};
 use common::Keys;
-
-/// A child process killed (and reaped) on drop.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A directory removed on drop (best effort: the chroot may have written into it as root).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The last `n` lines of `text`.
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
 
 // ------------------------------------------------------------------------------------------
 // redis-server
@@ -233,14 +209,6 @@ fn bai_root(test: &str) -> Option<PathBuf> {
         root.display()
     );
     Some(root)
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 /// A directory inside the root (`inner`, as the chroot sees it) holding copies of the scripts

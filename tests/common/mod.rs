@@ -152,6 +152,7 @@ pub fn interop_script(name: &str) -> PathBuf {
         .join(name)
 }
 pub mod agent;
+pub mod bai;
 pub mod cluster;
 pub mod intake;
 
