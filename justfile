@@ -68,10 +68,10 @@ bai-env:
 # injection), the manager scenarios on SQLite and PostgreSQL, the real Backend.AI 26.9.6 agent
 # client driving a kernel (tests/bai_compat.rs), the agent's events read off a real Redis by the
 # real 26.9.6 consumer (tests/bai_events.rs), doctests, examples.
-test-all: setup docker test-image postgres redis bai-env lint
+test-all: setup docker test-image postgres redis registry bai-env lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
-    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" KV_BAI_ROOT="{{bai_root}}" KV_REDIS_SERVER="$(command -v redis-server)" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
+    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" KV_BAI_ROOT="{{bai_root}}" KV_REDIS_SERVER="$(command -v redis-server)" KV_REGISTRY_SERVER="$(command -v docker-registry)" KV_HTPASSWD="$(command -v htpasswd)" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
 
 # Make sure a local PostgreSQL answers at {{pg_url}}: install Debian's `postgresql` when
 # missing, create and start a cluster, create the `kv` role. Idempotent.
@@ -115,6 +115,22 @@ redis:
 # the background (log in /tmp/dockerd.log), waiting up to 30 s for it. The `dockerd` and
 # `containerd` binaries are installed even when an engine answers: tests/engine_restart.rs starts
 # a private engine of its own with them (as root).
+# The container registry the image tests start (tests/common/registry.rs): Debian's
+# `docker-registry` (the CNCF distribution registry 2.8) and `htpasswd` (apache2-utils) for its
+# basic auth. Each test starts its own on a free loopback port; the package's service is not used.
+registry:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    need=()
+    command -v docker-registry >/dev/null || need+=(docker-registry)
+    command -v htpasswd >/dev/null || need+=(apache2-utils)
+    [ ${#need[@]} -eq 0 ] && exit 0
+    echo "registry: installing ${need[*]}"
+    sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+    $sudo_ apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    command -v docker-registry >/dev/null && command -v htpasswd >/dev/null
+
 docker:
     #!/usr/bin/env bash
     set -euo pipefail
