@@ -392,12 +392,12 @@ async fn missing_things_are_classified() {
         b.create_container(&spec).await,
         Err(BackendError::ImageNotFound(_))
     ));
-    // A registry nobody listens on.
+    // A registry nobody listens on: unreachable, not a missing image.
     let pulled = b
-        .pull_image("127.0.0.1:1/kernelvisor-none:1", &|_| {})
+        .pull_image("127.0.0.1:1/kernelvisor-none:1", None, &|_| {})
         .await;
     assert!(
-        matches!(pulled, Err(BackendError::ImageNotFound(_))),
+        matches!(pulled, Err(BackendError::RegistryUnreachable(_))),
         "{pulled:?}"
     );
 }

@@ -31,6 +31,10 @@ pub struct ManagerConfig {
     /// `[scheduler]`.
     #[serde(default)]
     pub scheduler: SchedulerSection,
+    /// `[[registry]]`: container registries and their credentials, handed to the agent with
+    /// each kernel of an image they hold (Backend.AI's `ImageConfig.registry`).
+    #[serde(default)]
+    pub registry: Vec<RegistrySection>,
     /// `[[access-keys]]` is gone: keys are created over the API (`ctl access-key create`) so
     /// that no secret sits in a config file. Still parsed, to refuse it with that message.
     #[serde(default)]
@@ -254,6 +258,24 @@ impl PoolSection {
     }
 }
 
+/// `[[registry]]`: one container registry. An image whose reference names this registry's
+/// host (`<host>/<repository>:<tag>`) is pulled with these credentials; any other image
+/// anonymously.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RegistrySection {
+    /// A name for it (Backend.AI's registry name: `ImageRegistry.name`).
+    pub name: String,
+    /// `https://registry.example.com` or `http://127.0.0.1:5000`: its host (and port) is
+    /// what image references name. A URL without a scheme is taken as `https://`.
+    pub url: String,
+    /// User name, when the registry needs one.
+    pub username: Option<String>,
+    /// A file holding the password or token (first line; never in this file, never logged).
+    /// Required with `username`.
+    pub password_file: Option<PathBuf>,
+}
+
 /// `[[agents]]`: an agent the manager knows without waiting for its heartbeat.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -321,6 +343,10 @@ impl ManagerConfig {
                 "api.tls-key",
                 "tls-cert and tls-key go together (TLS on the API), or neither (plain HTTP)".into(),
             ));
+        }
+        for r in &self.registry {
+            crate::manager::image_registries::check(r)
+                .map_err(|why| ConfigError::Invalid("registry", why))?;
         }
         if self.api.workers == 0 {
             return Err(ConfigError::Invalid(

@@ -15,7 +15,7 @@ pub use agent::{
 };
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{
-    ApiSection, ManagerConfig, ManagerSection, PoolSection, SchedulerSection, StaticAgent,
+    ApiSection, ManagerConfig, RegistrySection, ManagerSection, PoolSection, SchedulerSection, StaticAgent,
     StoreSection,
 };
 

@@ -50,6 +50,9 @@ pub fn agent_error(e: &AgentCallError) -> ManagerError {
     match e.failure() {
         Some(meta) => match meta.name.as_str() {
             "ImageNotFound" => ManagerError::ImageNotFound(meta.repr.clone()),
+            "RegistryUnreachable" => ManagerError::RegistryUnreachable(meta.repr.clone()),
+            "RegistryAuthFailed" => ManagerError::RegistryAuthFailed(meta.repr.clone()),
+            "ImagePullTimeout" => ManagerError::ImagePullTimeout(meta.repr.clone()),
             "InvalidKernelConfig" | "TypeError" => ManagerError::InvalidRequest(meta.repr.clone()),
             "ResourceExhausted" => ManagerError::NoCapacity(meta.repr.clone()),
             "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),

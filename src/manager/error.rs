@@ -87,6 +87,17 @@ pub enum ManagerError {
     /// 429 `concurrency-limit-exceeded`.
     #[error("{0}")]
     ConcurrencyLimit(String),
+    /// The image's registry cannot be reached from the agent. 502 `registry-unreachable`.
+    #[error("{0}")]
+    RegistryUnreachable(String),
+    /// The image's registry refused the configured credentials (or wanted some). 502
+    /// `registry-auth-failed`.
+    #[error("{0}")]
+    RegistryAuthFailed(String),
+    /// The image pull outlasted the agent's `[container] image-pull-timeout`. 504
+    /// `image-pull-timeout`.
+    #[error("{0}")]
+    ImagePullTimeout(String),
     /// The agent did not answer. 502 `agent-unavailable`.
     #[error("{0}")]
     AgentUnavailable(String),
@@ -137,6 +148,9 @@ impl ManagerError {
             ManagerError::LengthRequired(_) => "length-required",
             ManagerError::UploadTooLarge(_) => "upload-too-large",
             ManagerError::ConcurrencyLimit(_) => "concurrency-limit-exceeded",
+            ManagerError::RegistryUnreachable(_) => "registry-unreachable",
+            ManagerError::RegistryAuthFailed(_) => "registry-auth-failed",
+            ManagerError::ImagePullTimeout(_) => "image-pull-timeout",
             ManagerError::AgentUnavailable(_) => "agent-unavailable",
             ManagerError::AgentError(_) => "agent-error",
             ManagerError::StartingUp(_) => "starting-up",
@@ -172,7 +186,11 @@ impl ManagerError {
             | ManagerError::RunHasNoStdin(_)
             | ManagerError::ServiceFailed { .. } => 409,
             ManagerError::ConcurrencyLimit(_) => 429,
-            ManagerError::AgentUnavailable(_) | ManagerError::AgentError(_) => 502,
+            ManagerError::AgentUnavailable(_)
+            | ManagerError::AgentError(_)
+            | ManagerError::RegistryUnreachable(_)
+            | ManagerError::RegistryAuthFailed(_) => 502,
+            ManagerError::ImagePullTimeout(_) => 504,
             ManagerError::StartingUp(_)
             | ManagerError::NoAgents
             | ManagerError::StoreUnavailable(_) => 503,

@@ -21,6 +21,7 @@ pub mod calls;
 pub mod credentials;
 pub mod error;
 pub mod events;
+pub mod image_registries;
 pub mod intake;
 pub mod leader;
 pub mod metrics;

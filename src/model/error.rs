@@ -49,7 +49,7 @@ pub struct ErrorDetail {
 pub enum ErrorCode {
     /// 400: malformed JSON, a missing or ill-typed field, a bad amount or parameter.
     InvalidRequest,
-    /// 400: the agent has no such image.
+    /// 400: the image is not on the agent and its registry has no such image or tag.
     ImageNotFound,
     /// 400: more slots than any agent has in total.
     SlotsExceedCapacity,
@@ -105,6 +105,12 @@ pub enum ErrorCode {
     AgentUnavailable,
     /// 502: the agent answered with another error.
     AgentError,
+    /// 502: the image's registry cannot be reached from the agent.
+    RegistryUnreachable,
+    /// 502: the image's registry refused the configured credentials.
+    RegistryAuthFailed,
+    /// 504: the image pull outlasted the agent's `[container] image-pull-timeout`.
+    ImagePullTimeout,
     /// 503: start-up grace period (kernel routes).
     StartingUp,
     /// 503: no agent is `ALIVE`.

@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 use super::{
     BackendError, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
     ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream,
-    PullProgress,
+    PullProgress, RegistryAuth,
 };
 
 /// How long each simulated operation takes (all zero by default).
@@ -203,6 +203,7 @@ impl ContainerBackend for DummyBackend {
     async fn pull_image(
         &self,
         reference: &str,
+        _auth: Option<&RegistryAuth>,
         progress: &(dyn Fn(PullProgress) + Send + Sync),
     ) -> Result<ImageInfo, BackendError> {
         tokio::time::sleep(self.delays.pull).await;
@@ -210,8 +211,7 @@ impl ContainerBackend for DummyBackend {
         let image = image.ok_or_else(|| BackendError::ImageNotFound(reference.to_owned()))?;
         progress(PullProgress {
             status: "Pull complete".to_owned(),
-            current: None,
-            total: None,
+            ..PullProgress::default()
         });
         Ok(image)
     }
@@ -516,7 +516,7 @@ mod tests {
         let b = DummyBackend::new(DummyDelays::default());
         let lines = Mutex::new(Vec::new());
         let image = b
-            .pull_image("python:3.12", &|p| lines.lock().unwrap().push(p.status))
+            .pull_image("python:3.12", None, &|p| lines.lock().unwrap().push(p.status))
             .await
             .unwrap();
         assert!(image.id.starts_with("sha256:"));
@@ -525,7 +525,7 @@ mod tests {
         b.forget_image("gone:1");
         assert!(b.inspect_image("gone:1").await.unwrap().is_none());
         assert!(matches!(
-            b.pull_image("gone:1", &|_| {}).await,
+            b.pull_image("gone:1", None, &|_| {}).await,
             Err(BackendError::ImageNotFound(_))
         ));
         let missing = ContainerSpec {

@@ -45,9 +45,18 @@ pub mod labels {
 /// An engine error, classified for the kernel's error names.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    /// The image is neither local nor pullable (no registry reachable, unknown name).
+    /// The registry answered that it has no such image (or tag), or the image is not local and
+    /// may not be pulled.
     #[error("image not found: {0}")]
     ImageNotFound(String),
+    /// The image's registry cannot be reached: its name does not resolve, it refuses
+    /// connections, TLS fails, or it does not answer (FAILURE name `RegistryUnreachable`).
+    #[error("registry unreachable: {0}")]
+    RegistryUnreachable(String),
+    /// The registry refused the credentials (or asked for some and none were given) (FAILURE
+    /// name `RegistryAuthFailed`).
+    #[error("registry authentication failed: {0}")]
+    RegistryAuthFailed(String),
     /// No such container.
     #[error("container not found: {0}")]
     ContainerNotFound(String),
@@ -86,9 +95,35 @@ pub struct ImageInfo {
     pub labels: HashMap<String, String>,
 }
 
-/// One step of an image pull, as the engine reports it.
-#[derive(Clone, Debug)]
+/// Credentials for a registry (Backend.AI's `ImageRegistry` without its name). `Debug` never
+/// prints the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RegistryAuth {
+    /// User name.
+    pub username: String,
+    /// Password or token.
+    pub password: String,
+    /// The registry's host (`registry.example.com`, `127.0.0.1:5000`), as the engine keys its
+    /// credentials.
+    pub server: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+/// One step of an image pull (or push), as the engine reports it.
+#[derive(Clone, Debug, Default)]
 pub struct PullProgress {
+    /// The layer it is about (the engine's short layer id); `None` for lines about the whole
+    /// image (`Pulling from …`, `Digest: …`, `Status: …`).
+    pub layer: Option<String>,
     /// The engine's status line (`Downloading`, `Pull complete`, …).
     pub status: String,
     /// Bytes done and total of the current layer, when known.
@@ -323,12 +358,15 @@ pub trait ContainerBackend: Send + Sync + 'static {
     /// The local image `reference`, or `None` when absent.
     async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError>;
 
-    /// Pulls `reference`, reporting each progress line.
+    /// Pulls `reference` with `auth` (anonymously when `None`), reporting each progress line.
     ///
-    /// Errors: [`BackendError::ImageNotFound`] when no registry has it (or none is reachable).
+    /// Errors: [`BackendError::ImageNotFound`] when the registry has no such image or tag,
+    /// [`BackendError::RegistryUnreachable`], [`BackendError::RegistryAuthFailed`],
+    /// [`BackendError::Unavailable`] when the engine itself cannot be reached.
     async fn pull_image(
         &self,
         reference: &str,
+        auth: Option<&RegistryAuth>,
         progress: &(dyn Fn(PullProgress) + Send + Sync),
     ) -> Result<ImageInfo, BackendError>;
 

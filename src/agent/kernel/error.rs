@@ -23,6 +23,15 @@ pub enum KernelError {
     /// The image is not local and cannot be pulled (`ImageNotFound`).
     #[error("image not found: {0}")]
     ImageNotFound(String),
+    /// The image's registry cannot be reached (`RegistryUnreachable`).
+    #[error("registry unreachable: {0}")]
+    RegistryUnreachable(String),
+    /// The registry refused the credentials, or wanted some (`RegistryAuthFailed`).
+    #[error("registry authentication failed: {0}")]
+    RegistryAuthFailed(String),
+    /// The image pull took longer than `[container] image-pull-timeout` (`ImagePullTimeout`).
+    #[error("image pull timed out: {0}")]
+    PullTimeout(String),
     /// The kernel is not in a state that allows the operation (`KernelNotRunning`).
     #[error("kernel {0} is {1}")]
     NotRunning(String, &'static str),
@@ -55,6 +64,9 @@ impl KernelError {
             KernelError::InvalidConfig(_) => "InvalidKernelConfig",
             KernelError::ResourceExhausted(_) => "ResourceExhausted",
             KernelError::ImageNotFound(_) => "ImageNotFound",
+            KernelError::RegistryUnreachable(_) => "RegistryUnreachable",
+            KernelError::RegistryAuthFailed(_) => "RegistryAuthFailed",
+            KernelError::PullTimeout(_) => "ImagePullTimeout",
             KernelError::NotRunning(..) => "KernelNotRunning",
             KernelError::Engine(_) => "ContainerEngineError",
             KernelError::EngineUnavailable(_) => crate::agent::backend::ENGINE_UNAVAILABLE,
@@ -88,6 +100,8 @@ impl From<BackendError> for KernelError {
     fn from(e: BackendError) -> Self {
         match e {
             BackendError::ImageNotFound(i) => KernelError::ImageNotFound(i),
+            BackendError::RegistryUnreachable(i) => KernelError::RegistryUnreachable(i),
+            BackendError::RegistryAuthFailed(i) => KernelError::RegistryAuthFailed(i),
             BackendError::Unavailable(e) => KernelError::EngineUnavailable(e),
             other => KernelError::Engine(other.to_string()),
         }

@@ -81,6 +81,80 @@ fn io_unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// A failed pull of `reference`, told apart by what the engine says of the registry (Docker
+/// passes the registry's failure on as text, in a 4xx/5xx answer or in the progress stream):
+/// credentials refused or missing → [`BackendError::RegistryAuthFailed`]; the registry's name
+/// does not resolve, it refuses connections, TLS fails, it does not answer →
+/// [`BackendError::RegistryUnreachable`]; no such repository, tag or manifest →
+/// [`BackendError::ImageNotFound`]. The engine itself unreachable stays `Unavailable`.
+pub(super) fn pull_err(reference: &str, e: DockerError) -> BackendError {
+    let message = match &e {
+        DockerError::DockerResponseServerError { message, .. } => message.clone(),
+        DockerError::DockerStreamError { error } => error.clone(),
+        _ => return engine(e),
+    };
+    let text = format!("{reference}: {message}");
+    match classify_pull_failure(&message) {
+        PullFailure::Auth => BackendError::RegistryAuthFailed(text),
+        PullFailure::Unreachable => BackendError::RegistryUnreachable(text),
+        PullFailure::NotFound => BackendError::ImageNotFound(text),
+        PullFailure::Other => BackendError::Engine(text),
+    }
+}
+
+/// What a registry failure message means; see [`pull_err`].
+#[derive(Debug, PartialEq, Eq)]
+enum PullFailure {
+    Auth,
+    Unreachable,
+    NotFound,
+    Other,
+}
+
+fn classify_pull_failure(message: &str) -> PullFailure {
+    let m = message.to_ascii_lowercase();
+    let any = |needles: &[&str]| needles.iter().any(|n| m.contains(n));
+    // Order matters: a 401 on a manifest mentions the manifest, and the engine words a
+    // repository it may not see ("pull access denied … may require 'docker login'") as both.
+    if any(&[
+        "no basic auth credentials",
+        "unauthorized",
+        "authentication required",
+        "incorrect username or password",
+        "401 unauthorized",
+        "denied: requested access",
+        "may require 'docker login'",
+    ]) {
+        PullFailure::Auth
+    } else if any(&[
+        "no such host",
+        "connection refused",
+        "i/o timeout",
+        "server misbehaving",
+        "network is unreachable",
+        "no route to host",
+        "tls handshake",
+        "x509:",
+        "http: server gave http response to https client",
+        "context deadline exceeded",
+        "connection reset by peer",
+        "eof",
+    ]) {
+        PullFailure::Unreachable
+    } else if any(&[
+        "manifest unknown",
+        "not found",
+        "name unknown",
+        "does not exist",
+        "repository name must",
+        "invalid reference format",
+    ]) {
+        PullFailure::NotFound
+    } else {
+        PullFailure::Other
+    }
+}
+
 pub(super) fn status(e: &DockerError) -> Option<u16> {
     match e {
         DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
@@ -123,6 +197,23 @@ pub(super) fn optional<T>(r: Result<T, DockerError>) -> Result<Option<T>, Docker
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Messages as Docker 28 words them (seen against Debian's docker-registry 2.8).
+    #[test]
+    fn registry_failures_are_told_apart() {
+        use PullFailure::*;
+        for (message, want) in [
+            (r#"Head "http://127.0.0.1:5055/v2/team/busy/manifests/1": no basic auth credentials"#, Auth),
+            (r#"Head "http://127.0.0.1:5055/v2/team/busy/manifests/1": unauthorized: authentication required"#, Auth),
+            ("pull access denied for x, repository does not exist or may require 'docker login': denied: requested access to the resource is denied", Auth),
+            (r#"Get "http://127.0.0.1:5056/v2/": dial tcp 127.0.0.1:5056: connect: connection refused"#, Unreachable),
+            (r#"Get "https://nosuchhost.invalid/v2/": dial tcp: lookup nosuchhost.invalid on 10.255.255.53:53: no such host"#, Unreachable),
+            ("manifest for 127.0.0.1:5055/team/busy:nope not found: manifest unknown: manifest unknown", NotFound),
+            ("received unexpected HTTP status: 500 Internal Server Error", Other),
+        ] {
+            assert_eq!(classify_pull_failure(message), want, "{message}");
+        }
+    }
 
     #[test]
     fn unreachable_engines_are_told_from_refusals() {

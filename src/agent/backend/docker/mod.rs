@@ -9,8 +9,8 @@ use bollard::container::{
     ListContainersOptions, LogOutput, LogsOptions, RemoveContainerOptions, RestartContainerOptions,
     StartContainerOptions, UploadToContainerOptions,
 };
-use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::auth::DockerCredentials;
 use bollard::image::CreateImageOptions;
 use bollard::models::{
     ContainerStateStatusEnum, DeviceMapping, DeviceRequest, HealthStatusEnum, HostConfig,
@@ -25,12 +25,12 @@ mod errors;
 mod process;
 
 use self::convert::{listed_exit_code, port_mappings, with_tag};
-use self::errors::{archive_err, container_err, engine, optional, status};
+use self::errors::{archive_err, container_err, engine, optional, pull_err, status};
 use self::process::kill_tree;
 use super::{
     BackendError, Bind, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
     ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream,
-    PortMapping, PullProgress,
+    PortMapping, PullProgress, RegistryAuth,
 };
 
 /// The local Docker engine (its default socket, `DOCKER_HOST`, or `[container] docker-host`),
@@ -113,26 +113,29 @@ impl ContainerBackend for DockerBackend {
     async fn pull_image(
         &self,
         reference: &str,
+        auth: Option<&RegistryAuth>,
         progress: &(dyn Fn(PullProgress) + Send + Sync),
     ) -> Result<ImageInfo, BackendError> {
         let options = CreateImageOptions {
             from_image: with_tag(reference),
             ..Default::default()
         };
-        let mut pull = self.docker.create_image(Some(options), None, None);
+        let credentials = auth.map(|a| DockerCredentials {
+            username: Some(a.username.clone()),
+            password: Some(a.password.clone()),
+            serveraddress: Some(a.server.clone()),
+            ..DockerCredentials::default()
+        });
+        let mut pull = self.docker.create_image(Some(options), None, credentials);
         while let Some(item) = pull.next().await {
             match item {
                 Ok(info) => progress(PullProgress {
+                    layer: info.id.filter(|id| !id.is_empty() && !id.contains(':')),
                     status: info.status.unwrap_or_default(),
                     current: info.progress_detail.as_ref().and_then(|d| d.current),
                     total: info.progress_detail.and_then(|d| d.total),
                 }),
-                // The engine answered: the registry is unreachable or has no such image.
-                Err(
-                    e @ (DockerError::DockerResponseServerError { .. }
-                    | DockerError::DockerStreamError { .. }),
-                ) => return Err(BackendError::ImageNotFound(format!("{reference}: {e}"))),
-                Err(e) => return Err(engine(e)),
+                Err(e) => return Err(pull_err(reference, e)),
             }
         }
         self.inspect_image(reference)

@@ -42,7 +42,7 @@ impl Provisioner for ImageStage {
         // `check_pulling` answers true meanwhile.
         let _pulling = self.0.ctx.node.pull_started(&reference);
         Ok(backend
-            .pull_image(&reference, &progress)
+            .pull_image(&reference, None, &progress)
             .await
             .map_err(KernelError::from)?)
     }
