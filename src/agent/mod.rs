@@ -48,6 +48,7 @@ pub mod metrics;
 pub mod metrics_server;
 pub mod node;
 pub mod outbox;
+pub mod pulls;
 pub mod recovery;
 pub mod registry;
 pub mod resources;
@@ -325,7 +326,7 @@ fn context(
             c.port_range[1],
             c.port_reuse_cooldown.0,
         )),
-        backend,
+        backend: backend.clone(),
         engine: Arc::new(engine::EngineHealth::new(Some(metrics.clone()))),
         store: store.clone(),
         events,
@@ -340,6 +341,11 @@ fn context(
         transfers: files::transfer::Transfers::new(a.exec_idle_timeout.0),
         dangling: dangling_table::DanglingTable::default(),
         node: node::NodeState::default(),
+        pulls: Arc::new(pulls::ImagePulls::new(
+            backend.clone(),
+            metrics.clone(),
+            c.image_pull_timeout.0,
+        )),
         config: config.clone(),
     }))
 }

@@ -19,6 +19,7 @@ pub mod exec;
 pub mod file;
 pub mod health;
 pub mod object;
+pub mod pull;
 pub mod service;
 pub mod session;
 pub mod slots;
