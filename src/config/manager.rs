@@ -152,8 +152,11 @@ impl Default for ApiSection {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct SchedulerSection {
-    /// `create_kernels` (120: may include an image pull).
+    /// `create_kernels` (120). An image pull is not part of it: see `image-pull-timeout`.
     pub create_timeout: Seconds,
+    /// Longest a session waits in `PULLING` for its image (7200; the agent's own
+    /// `[container] image-pull-timeout`, 3600 by default, normally ends a pull first).
+    pub image_pull_timeout: Seconds,
     /// `destroy_kernel` (60).
     pub destroy_timeout: Seconds,
     /// Seconds an `execute` run may take when the request gives no `timeout` (600): the agent
@@ -170,6 +173,7 @@ impl Default for SchedulerSection {
     fn default() -> Self {
         SchedulerSection {
             create_timeout: Seconds(Duration::from_secs(120)),
+            image_pull_timeout: Seconds(Duration::from_secs(7200)),
             destroy_timeout: Seconds(Duration::from_secs(60)),
             execute_timeout: Seconds(Duration::from_secs(600)),
             flush_timeout: Seconds(Duration::from_secs(2)),

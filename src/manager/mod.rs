@@ -188,6 +188,11 @@ impl Manager {
             destroy_timeout: config.scheduler.destroy_timeout.0,
             execute_timeout: config.scheduler.execute_timeout.0,
             flush_timeout: config.scheduler.flush_timeout.0,
+            image_pull_timeout: config.scheduler.image_pull_timeout.0,
+            registries: Arc::new(
+                image_registries::ImageRegistries::load(&config.registry)
+                    .context("[[registry]]")?,
+            ),
         };
         let scheduler = Scheduler::new(
             store.clone(),

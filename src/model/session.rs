@@ -372,6 +372,10 @@ pub struct Session {
     /// Restarts by its restart policy so far.
     #[schema(required = true)]
     pub restart_count: i64,
+    /// Its image pull's progress in bytes while it is `PULLING` (and the last figures after);
+    /// null when its agent had the image.
+    #[schema(required = true)]
+    pub pull_progress: Option<crate::model::pull::PullProgress>,
     /// `GET /v1/sessions/{id}` only: its kernel's stage actors in order, as its agent reports
     /// them; null once it has ended or when the agent does not answer within 2 s.
     // Absent from the other answers: the outer `None`.

@@ -13,6 +13,7 @@ mod create;
 mod destroy;
 mod exec;
 mod place;
+mod pull;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,11 @@ pub struct SchedulerSpec {
     pub execute_timeout: Duration,
     /// `execute`'s `flush_timeout` when the request gives none (Backend.AI's default: 2 s).
     pub flush_timeout: Duration,
+    /// Longest a session waits in `PULLING` for its image (the agent's own
+    /// `[container] image-pull-timeout` normally ends a pull first).
+    pub image_pull_timeout: Duration,
+    /// The registries' credentials, put into each kernel's `ImageConfig.registry`.
+    pub registries: Arc<crate::manager::image_registries::ImageRegistries>,
 }
 
 /// The scheduler actor.
