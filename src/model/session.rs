@@ -456,7 +456,8 @@ pub struct SessionCreated {
     /// The agent it runs on.
     #[schema(required = true)]
     pub agent_id: String,
-    /// `RUNNING` when the agent has started it.
+    /// `RUNNING` when the agent has started it; `PULLING` when its image is still being pulled
+    /// (the session goes on by itself: follow it with `GET /v1/sessions/{id}`).
     #[schema(required = true)]
     pub status: String,
 }
