@@ -65,7 +65,22 @@ struct Layers {
 
 impl Layers {
     fn apply(&mut self, line: &EngineLine) {
+        // Lines about the whole image carry the tag or digest as their id (`Pulling from
+        // team/img`, id `1`): only layer statuses make a layer.
+        const LAYER_STATUSES: &[&str] = &[
+            "Pulling fs layer",
+            "Waiting",
+            "Downloading",
+            "Verifying Checksum",
+            "Download complete",
+            "Extracting",
+            "Pull complete",
+            "Already exists",
+        ];
         let Some(id) = &line.layer else { return };
+        if !LAYER_STATUSES.contains(&line.status.as_str()) {
+            return;
+        }
         let entry = self.layers.entry(id.clone()).or_default();
         let (current, total) = (
             line.current.unwrap_or(0).max(0) as u64,
@@ -351,6 +366,7 @@ mod tests {
     fn layer_lines_sum_into_bytes() {
         let mut l = Layers::default();
         l.apply(&EngineLine {
+            layer: Some("1".into()),
             status: "Pulling from team/busy".into(),
             ..EngineLine::default()
         });
@@ -384,7 +400,11 @@ mod tests {
         image.registry.password = Some("pw".into());
         let auth = registry_auth(&image).unwrap();
         assert_eq!(
-            (auth.username.as_str(), auth.password.as_str(), auth.server.as_str()),
+            (
+                auth.username.as_str(),
+                auth.password.as_str(),
+                auth.server.as_str()
+            ),
             ("kv", "pw", "127.0.0.1:5000")
         );
         assert!(!format!("{auth:?}").contains("pw\""), "{auth:?}");

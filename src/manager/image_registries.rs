@@ -20,7 +20,10 @@ pub fn check(r: &RegistrySection) -> Result<(), String> {
         return Err("every [[registry]] needs a `name`".into());
     }
     if host_of_url(&r.url).is_empty() {
-        return Err(format!("registry `{}`: `url` has no host: {:?}", r.name, r.url));
+        return Err(format!(
+            "registry `{}`: `url` has no host: {:?}",
+            r.name, r.url
+        ));
     }
     if r.username.is_some() != r.password_file.is_some() {
         return Err(format!(
@@ -42,9 +45,7 @@ fn host_of_url(url: &str) -> String {
 /// Docker Hub (`docker.io`).
 pub fn registry_host(reference: &str) -> String {
     match reference.split_once('/') {
-        Some((first, _))
-            if first.contains('.') || first.contains(':') || first == "localhost" =>
-        {
+        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
             first.to_ascii_lowercase()
         }
         _ => "docker.io".into(),
@@ -143,7 +144,10 @@ mod tests {
         assert_eq!(registry_host("nvcr.io/nvidia/pytorch:24.01"), "nvcr.io");
         assert_eq!(registry_host("127.0.0.1:5000/team/img:1"), "127.0.0.1:5000");
         assert_eq!(registry_host("localhost/img"), "localhost");
-        assert_eq!(registry_host("Registry.Example.com/a/b"), "registry.example.com");
+        assert_eq!(
+            registry_host("Registry.Example.com/a/b"),
+            "registry.example.com"
+        );
     }
 
     #[test]

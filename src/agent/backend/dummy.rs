@@ -516,7 +516,9 @@ mod tests {
         let b = DummyBackend::new(DummyDelays::default());
         let lines = Mutex::new(Vec::new());
         let image = b
-            .pull_image("python:3.12", None, &|p| lines.lock().unwrap().push(p.status))
+            .pull_image("python:3.12", None, &|p| {
+                lines.lock().unwrap().push(p.status)
+            })
             .await
             .unwrap();
         assert!(image.id.starts_with("sha256:"));

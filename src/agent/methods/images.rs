@@ -11,9 +11,9 @@ use std::sync::Arc;
 use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
 use crate::agent::pulls::registry_auth;
+use crate::rpc::agent_api::images as api;
 use crate::rpc::agent_api::images::PullState;
 use crate::rpc::agent_api::kernel::ImageConfig;
-use crate::rpc::agent_api::images as api;
 use crate::rpc::agent_api::Method;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
@@ -109,7 +109,8 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
                     match pull.now() {
                         PullState::Pulling { .. } => {
                             if !pull.changed().await {
-                                events.emit(failed(&canonical, "the image pull task stopped".into()));
+                                events
+                                    .emit(failed(&canonical, "the image pull task stopped".into()));
                                 return;
                             }
                         }

@@ -334,8 +334,9 @@ impl Creation {
                     reason: Some(reason.into()),
                     suppress_events: None,
                 };
-                let _ = call_method::<DestroyKernel>(&pool, &metrics, &agent, &args, destroy_timeout)
-                    .await;
+                let _ =
+                    call_method::<DestroyKernel>(&pool, &metrics, &agent, &args, destroy_timeout)
+                        .await;
             });
         };
         match call_agent(
@@ -357,7 +358,11 @@ impl Creation {
                     .unwrap_or("RUNNING")
                     .to_owned();
                 store.advance_kernel(&kernel_id, &status).await?;
-                if store.kernel(&kernel_id).await?.is_some_and(|k| !k.is_live()) {
+                if store
+                    .kernel(&kernel_id)
+                    .await?
+                    .is_some_and(|k| !k.is_live())
+                {
                     // Destroyed while it was being created (a `PULLING` session deleted).
                     destroy("user-requested");
                     return Err(ManagerError::SessionNotFound(session_id));
@@ -373,7 +378,9 @@ impl Creation {
                         store.discard_reservation(&kernel_id).await?;
                     }
                     OnRefusal::Terminate => {
-                        store.terminate_kernel(&kernel_id, error.code(), None).await?;
+                        store
+                            .terminate_kernel(&kernel_id, error.code(), None)
+                            .await?;
                     }
                 }
                 Err(error)

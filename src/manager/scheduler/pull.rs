@@ -121,9 +121,8 @@ impl PullPhase {
                             .advance_kernel(&self.kernel_id, KernelStatus::Pulling.as_str())
                             .await;
                     }
-                    let due = last_written.is_none_or(|(p, at)| {
-                        p != progress && at.elapsed() >= POLL_INTERVAL
-                    });
+                    let due = last_written
+                        .is_none_or(|(p, at)| p != progress && at.elapsed() >= POLL_INTERVAL);
                     if due {
                         self.write_progress(&progress).await;
                         last_written = Some((progress, Instant::now()));
@@ -143,13 +142,19 @@ impl PullPhase {
             if Instant::now() >= until {
                 return PullOutcome::Pulling;
             }
-            actix_rt::time::sleep(POLL_INTERVAL.min(until.saturating_duration_since(Instant::now())))
-                .await;
+            actix_rt::time::sleep(
+                POLL_INTERVAL.min(until.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
     }
 
     async fn write_progress(&self, progress: &PullProgress) {
-        if let Err(e) = self.store.set_pull_progress(&self.kernel_id, progress).await {
+        if let Err(e) = self
+            .store
+            .set_pull_progress(&self.kernel_id, progress)
+            .await
+        {
             tracing::warn!(kernel_id = %self.kernel_id, error = %e, "cannot store the pull progress");
         }
     }

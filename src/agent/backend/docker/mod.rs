@@ -4,13 +4,13 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use bollard::auth::DockerCredentials;
 use bollard::container::{
     Config, CreateContainerOptions, DownloadFromContainerOptions, KillContainerOptions,
     ListContainersOptions, LogOutput, LogsOptions, RemoveContainerOptions, RestartContainerOptions,
     StartContainerOptions, UploadToContainerOptions,
 };
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::auth::DockerCredentials;
 use bollard::image::CreateImageOptions;
 use bollard::models::{
     ContainerStateStatusEnum, DeviceMapping, DeviceRequest, HealthStatusEnum, HostConfig,
