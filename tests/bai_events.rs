@@ -644,7 +644,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
         .args(["--image-labels", &labels])
         .args([
             "--only",
-            "ping,check_running,destroy_kernel,check_running_after_destroy",
+            "ping,check_and_pull,check_running,destroy_kernel,check_running_after_destroy",
         ])
         .stdin(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&driver_stderr).unwrap()))
@@ -662,6 +662,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
         step_names,
         [
             "ping",
+            "check_and_pull",
             "create_kernels",
             "check_running",
             "destroy_kernel",
@@ -679,7 +680,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
         );
     }
     assert!(out.status.success(), "driver exited with {}", out.status);
-    let created = &steps[1]["value"][0];
+    let created = &steps[2]["value"][0];
     let container_id = created["container_id"]
         .as_str()
         .unwrap_or_else(|| panic!("create_kernels answered no container_id: {created}"))
@@ -718,6 +719,32 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
             "{e}"
         );
     }
+
+    // check_and_pull of the (local, present) image: `image_pull_finished`, `Image already
+    // exists`, read by upstream's own class.
+    let pulled: Vec<&Json> = ev
+        .iter()
+        .filter(|e| e["name"] == "image_pull_finished")
+        .collect();
+    assert_eq!(pulled.len(), 1, "one image_pull_finished: {pulled:?}");
+    assert_eq!(
+        pulled[0]["class"],
+        "ai.backend.common.events.event_types.image.anycast.ImagePullFinishedEvent",
+        "{}",
+        pulled[0]
+    );
+    assert_eq!(pulled[0]["delivery"], "anycast", "{}", pulled[0]);
+    assert_eq!(
+        pulled[0]["fields"]["msg"], "Image already exists",
+        "{}",
+        pulled[0]
+    );
+    assert_eq!(
+        pulled[0]["fields"]["agent_id"],
+        fx.agent_id.as_str(),
+        "{}",
+        pulled[0]
+    );
 
     // kernel_started: a valid KernelCreationInfo naming the kernel's container, its host and
     // the slots the launcher asked for (cpu 1, mem 256 MiB: driver.py).

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::backend::{ContainerBackend, ImageInfo, PullProgress as EngineLine, RegistryAuth};
+use super::kernel::config::run_reference;
 use super::kernel::KernelError;
 use super::metrics::AgentMetrics;
 use super::node::normalize_image;
@@ -237,7 +238,7 @@ impl ImagePulls {
         recent.push_back((key, state));
     }
 
-    /// Whether `image` must be pulled: never for a local image (`is_local`, registry `local`)
+    /// Whether `image` must be pulled (the engine's name for it: `run_reference`): never for a local image (`is_local`, registry `local`)
     /// or with `auto_pull = none`; otherwise when the node lacks it, or, with `auto_pull =
     /// digest` and a known `digest`, when the local image's id differs (Backend.AI's
     /// `check_image`). A `digest` policy without a digest behaves as `tag`.
@@ -245,14 +246,14 @@ impl ImagePulls {
     /// Errors: [`KernelError::ImageNotFound`] when it is absent and may not be pulled; an engine
     /// error.
     pub async fn needs_pull(&self, image: &ImageConfig) -> Result<bool, KernelError> {
-        let local = self.backend.inspect_image(&image.canonical).await?;
+        let local = self.backend.inspect_image(&run_reference(image)).await?;
         let never = image.is_local
             || image.registry.name == "local"
             || image.auto_pull == AutoPullBehavior::None;
         match local {
             None if never => Err(KernelError::ImageNotFound(format!(
                 "{} is not on this node, and a local image (or `auto_pull = none`) is never pulled",
-                image.canonical
+                run_reference(image)
             ))),
             None => Ok(true),
             Some(_) if never => Ok(false),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
+use crate::agent::kernel::config::run_reference;
 use crate::agent::pulls::registry_auth;
 use crate::rpc::agent_api::images as api;
 use crate::rpc::agent_api::images::PullState;
@@ -78,6 +79,7 @@ fn now() -> f64 {
 async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
     let task_id = uuid::Uuid::new_v4().simple().to_string();
     let canonical = image.canonical.clone();
+    let reference = run_reference(&image);
     let events = ctx.events.clone();
     let failed = |image: &str, msg: String| AgentEvent::ImagePullFailed {
         image: image.to_owned(),
@@ -85,11 +87,11 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
     };
     match ctx.pulls.needs_pull(&image).await {
         Err(e) => {
-            ctx.pulls.note_failed(&canonical, &e);
+            ctx.pulls.note_failed(&reference, &e);
             events.emit(failed(&canonical, e.to_string()));
         }
         Ok(false) => {
-            ctx.pulls.note_present(&canonical);
+            ctx.pulls.note_present(&reference);
             events.emit(AgentEvent::ImagePullFinished {
                 image: canonical.clone(),
                 timestamp: now(),
@@ -97,7 +99,7 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
             });
         }
         Ok(true) => {
-            let mut pull = ctx.pulls.start(&canonical, registry_auth(&image));
+            let mut pull = ctx.pulls.start(&reference, registry_auth(&image));
             if pull.started {
                 events.emit(AgentEvent::ImagePullStarted {
                     image: canonical.clone(),
