@@ -99,12 +99,16 @@ pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn Con
         BackendKind::Dummy => {
             let d = &config.dummy;
             let s = Duration::from_secs_f64;
-            Arc::new(DummyBackend::new(DummyDelays {
+            let backend = DummyBackend::new(DummyDelays {
                 pull: s(d.pull_delay),
                 create: s(d.create_delay),
                 start: s(d.start_delay),
                 remove: s(d.remove_delay),
-            }))
+            });
+            for image in &d.images {
+                backend.hold_image(image);
+            }
+            Arc::new(backend)
         }
     })
 }

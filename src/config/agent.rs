@@ -190,10 +190,13 @@ fn default_mock_slot() -> String {
     "cuda.device".into()
 }
 
-/// `[dummy]`: simulated engine delays in seconds (all default 0).
+/// `[dummy]`: simulated engine delays in seconds (all default 0), and the images it holds.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct DummySection {
+    /// Image references the simulated engine holds from the start (its image list, which
+    /// heartbeats report; default none). Any image still "pulls" at once.
+    pub images: Vec<String>,
     /// Image pull.
     pub pull_delay: f64,
     /// Container create.

@@ -14,7 +14,7 @@ use super::Scheduler;
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
 use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
-use crate::manager::registry::PlacementCandidates;
+use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store};
 use crate::model::session::{MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
@@ -107,6 +107,7 @@ impl Handler<CreateSession> for Scheduler {
                 let _guard = placing.lock().await;
                 let all = registry.send(PlacementCandidates).await?;
                 let slots = parse_request(&req.resource_slots, &all)?;
+                let images = registry.send(AgentImages).await?;
                 // Agents the store turned out to hold LOST/PENDING (rare: copied only then).
                 let mut fewer: Option<Vec<AgentRow>> = None;
                 let mut attempt = 0;
@@ -114,7 +115,7 @@ impl Handler<CreateSession> for Scheduler {
                     attempt += 1;
                     let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(&all);
                     let usage = store.usage_by_agent().await?;
-                    let agent_id = place(candidates, &usage, &slots)?;
+                    let agent_id = place(candidates, &usage, &slots, &req.image, &images)?;
                     let total = candidates
                         .iter()
                         .find(|a| a.id == agent_id)

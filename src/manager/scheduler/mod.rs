@@ -1,5 +1,6 @@
-//! `Scheduler`: places a session's kernel on the least-loaded `ALIVE` agent with enough free
-//! slots, creates it through the agent pool, and destroys and executes in it.
+//! `Scheduler`: places a session's kernel on an `ALIVE` agent with enough free slots (one
+//! already holding its image first, then the least loaded), creates it through the agent pool,
+//! and destroys and executes in it.
 //!
 //! Placement is serialized (choose + reserve under one lock), so two requests never take the
 //! same free slots; the agent call runs outside the lock. On any failure the reservation is
