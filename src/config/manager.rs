@@ -280,6 +280,37 @@ pub struct RegistrySection {
     pub password_file: Option<PathBuf>,
 }
 
+impl RegistrySection {
+    /// Checks the entry: a name, a URL with a host, a password file with a user name (and only
+    /// with one).
+    ///
+    /// Errors: the reason, for `ConfigError::Invalid("registry", …)`.
+    pub fn check(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("every [[registry]] needs a `name`".into());
+        }
+        if registry_url_host(&self.url).is_empty() {
+            return Err(format!(
+                "registry `{}`: `url` has no host: {:?}",
+                self.name, self.url
+            ));
+        }
+        if self.username.is_some() != self.password_file.is_some() {
+            return Err(format!(
+                "registry `{}`: `username` and `password-file` go together",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `https://host:port/path` → `host:port`, lower-cased: what image references name.
+pub fn registry_url_host(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or("").to_ascii_lowercase()
+}
+
 /// `[[agents]]`: an agent the manager knows without waiting for its heartbeat.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -349,7 +380,7 @@ impl ManagerConfig {
             ));
         }
         for r in &self.registry {
-            crate::manager::image_registries::check(r)
+            r.check()
                 .map_err(|why| ConfigError::Invalid("registry", why))?;
         }
         if self.api.workers == 0 {
