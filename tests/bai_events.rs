@@ -1027,6 +1027,43 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         .filter(|(_, name, _)| name == "agent_started")
         .count();
     assert_eq!(started, 1, "agent_started once on the stream");
+
+    // A call whose handler fails is an `agent_error` (upstream's `collect_error` →
+    // `produce_error_event`), read by the consumer with upstream's class.
+    let peer = client(&format!("tcp://127.0.0.1:{}", fx.rpc_port)).await;
+    let missing = uuid::Uuid::new_v4().to_string();
+    let failed = call(&peer, "get_logs", vec![Value::from(missing.as_str())]).await;
+    assert!(failed.is_err(), "get_logs of no kernel: {failed:?}");
+    consumer.wait(
+        Duration::from_secs(30),
+        "agent_error of the failed call",
+        |_| {
+            consumer.events(&id).iter().any(|e| {
+                e["name"] == "agent_error"
+                    && e["fields"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(&missing))
+            })
+        },
+    );
+    let errors: Vec<Json> = consumer
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["name"] == "agent_error")
+        .collect();
+    assert_eq!(
+        errors[0]["class"], "ai.backend.common.events.event_types.agent.anycast.AgentErrorEvent",
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[0]["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(in get_logs)"),
+        "{}",
+        errors[0]
+    );
     consumer.assert_no_failures(&agent_log);
     let text = scrape(metrics_port);
     assert!(
@@ -1034,14 +1071,14 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         "publishes failed while Redis was down:\n{}",
         outbox_lines(&text)
     );
-    // The counter counts each event on the stream once: agent_started and the kernel's four
-    // (heartbeats are not outbox events).
+    // The counter counts each event on the stream once: agent_started, the kernel's four and
+    // the failed call's agent_error (heartbeats are not outbox events).
     let entries = stream_entries(&redis, &id);
     let events_on_stream = entries
         .iter()
         .filter(|(_, name, _)| name != "agent_heartbeat")
         .count();
-    assert_eq!(events_on_stream, 1 + LIFECYCLE.len());
+    assert_eq!(events_on_stream, 1 + LIFECYCLE.len() + 1);
     assert_eq!(
         metric(&text, "kernelvisor_bus_events_published_total"),
         Some(events_on_stream as f64),
