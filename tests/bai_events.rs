@@ -490,8 +490,18 @@ fn names(events: &[Json]) -> Vec<String> {
         .collect()
 }
 
-/// The kernel lifecycle every kernel goes through here (a local image: no `kernel_pulling`).
-const LIFECYCLE: [&str; 4] = [
+/// The kernel lifecycle every kernel goes through here on the stream (a local image: no
+/// `kernel_pulling`; its logs handed over before it ends, as upstream's `clean_kernel` does).
+const LIFECYCLE: [&str; 5] = [
+    "kernel_preparing",
+    "kernel_creating",
+    "kernel_started",
+    "do_sync_kernel_logs",
+    "kernel_terminated",
+];
+
+/// The same on the channel `events_all` (`do_sync_kernel_logs` is anycast only).
+const BROADCAST_LIFECYCLE: [&str; 4] = [
     "kernel_preparing",
     "kernel_creating",
     "kernel_started",
@@ -520,7 +530,7 @@ fn assert_lifecycle(events: &[Json], session_id: &str, what: &str) {
         ids.windows(2).all(|w| w[0] < w[1]),
         "{what}: entry ids not increasing: {ids:?}"
     );
-    for e in events {
+    for e in events.iter().filter(|e| e["name"] != "do_sync_kernel_logs") {
         assert_eq!(e["fields"]["session_id"], session_id, "{what}: {e}");
         assert_eq!(e["retry_count"], 0, "{what}: delivered once: {e}");
     }
@@ -707,7 +717,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
     let broadcast = kernel_events(&ev, &kernel_id, "broadcast");
     assert_eq!(
         names(&broadcast),
-        LIFECYCLE,
+        BROADCAST_LIFECYCLE,
         "the kernel's events on the channel events_all"
     );
     for e in &anycast {
@@ -781,7 +791,14 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
     );
 
     // kernel_terminated: the destroy call's reason.
-    let terminated = &anycast[3];
+    // do_sync_kernel_logs: the container's logs are in `containerlog.<id>` (none printed here).
+    assert_eq!(
+        anycast[3]["fields"]["container_id"],
+        container_id.as_str(),
+        "{}",
+        anycast[3]
+    );
+    let terminated = &anycast[4];
     assert_eq!(
         terminated["fields"]["reason"], "user-requested",
         "{terminated}"
@@ -817,7 +834,14 @@ async fn create_and_destroy(rpc_port: u16, agent_log: &Path) -> (String, String,
         &peer,
         &session_id,
         &kernel_id,
-        kernel_config("0.5", 64 << 20, vec![]),
+        kernel_config(
+            "0.5",
+            64 << 20,
+            vec![(
+                "startup_command",
+                Value::from("echo kv-bus-log-line; exec sleep infinity"),
+            )],
+        ),
     )
     .await
     .unwrap_or_else(|e| panic!("create_kernels: {e}; log:\n{}", tail(&read(agent_log), 40)));
@@ -825,6 +849,17 @@ async fn create_and_destroy(rpc_port: u16, agent_log: &Path) -> (String, String,
         .as_str()
         .unwrap()
         .to_owned();
+    // Its line in the agent's log of it before it goes (the kernel's logs are handed over).
+    let start = Instant::now();
+    loop {
+        let logs = call(&peer, "get_logs", vec![Value::from(kernel_id.as_str())]).await;
+        if format!("{logs:?}").contains("kv-bus-log-line")
+            || start.elapsed() > Duration::from_secs(10)
+        {
+            break;
+        }
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
     call(
         &peer,
         "destroy_kernel",
@@ -855,6 +890,33 @@ fn stream_entries(redis: &Redis, source: &str) -> Vec<(String, String, Json)> {
             (id, f["name"].clone(), payload)
         })
         .collect()
+}
+
+/// The logs handed over for `container_id` (`containerlog.<id>` in database 6), decoded as
+/// upstream's `ContainerLogData.get_content` does: base64, then zlib.
+fn container_logs(redis: &Redis, container_id: &str) -> Vec<u8> {
+    use base64::Engine;
+    use std::io::Read as _;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/6", redis.port)).unwrap();
+    let mut con = client.get_connection().expect("connect to redis-server");
+    let chunks: Vec<String> = redis::cmd("LRANGE")
+        .arg(format!("containerlog.{container_id}"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .expect("LRANGE");
+    let mut out = Vec::new();
+    for c in chunks {
+        let v: Json = serde_json::from_str(&c).expect("a ContainerLogData JSON");
+        assert_eq!(v["compress_type"], "zlib", "{v}");
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(v["content"].as_str().unwrap())
+            .unwrap();
+        flate2::read::ZlibDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .unwrap();
+    }
+    out
 }
 
 /// Kernel ids of the rows named `name` in table `table` (`outbox`: towards our manager;
@@ -1079,6 +1141,14 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         .filter(|(_, name, _)| name != "agent_heartbeat")
         .count();
     assert_eq!(events_on_stream, 1 + LIFECYCLE.len() + 1);
+    // The kernel's logs, handed over before its do_sync_kernel_logs: what it printed, in
+    // upstream's `ContainerLogData` chunks.
+    let logs = container_logs(&redis, &container_id);
+    assert!(
+        String::from_utf8_lossy(&logs).contains("kv-bus-log-line"),
+        "containerlog.{container_id}: {:?}",
+        String::from_utf8_lossy(&logs)
+    );
     assert_eq!(
         metric(&text, "kernelvisor_bus_events_published_total"),
         Some(events_on_stream as f64),
@@ -1323,7 +1393,7 @@ async fn a_publish_whose_reply_is_lost_is_not_repeated() {
     assert_eq!(
         events_on_stream,
         1 + LIFECYCLE.len(),
-        "agent_started and the kernel's four, once each: {:?}",
+        "agent_started and the kernel's five, once each: {:?}",
         entries.iter().map(|(_, n, _)| n).collect::<Vec<_>>()
     );
     // The counter counts each event on the stream once, including one whose publish only the

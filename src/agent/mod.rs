@@ -204,6 +204,7 @@ impl Agent {
                     public_key: identity.public_key.clone(),
                     interval: beat_interval,
                 },
+                log_conn: std::sync::Mutex::new(None),
             };
             (destination, sender)
         });

@@ -7,11 +7,14 @@
 //!
 //! - [`encode`]: our [`AgentEvent`](super::events::AgentEvent)s as upstream's event classes
 //!   (names, JSON bodies, stream fields, broadcast JSON), and `AgentInfo`;
+//! - [`logs`]: a finished kernel's logs as upstream's `ContainerLogData` chunks, pushed before
+//!   its `do_sync_kernel_logs`;
 //! - [`sender`]: the `bus-sender` child, which publishes the bus outbox (`bus_outbox`) oldest
 //!   first, each event exactly once (dedup by event id in Redis, atomically with the publish),
 //!   and a heartbeat every heartbeat interval.
 
 pub mod encode;
+pub mod logs;
 pub mod sender;
 
 #[cfg(test)]

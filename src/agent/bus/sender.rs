@@ -23,7 +23,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::Notify;
 
 use super::encode::{self, AgentInfo, BusMessage, SlotEntry};
+use super::logs;
 use crate::agent::context::AgentContext;
+use crate::agent::events::AgentEvent;
 use crate::agent::metrics::AgentMetrics;
 use crate::agent::outbox::{Outbox, PendingEvent};
 use crate::config::RedisSection;
@@ -78,6 +80,8 @@ pub struct BusSender {
     pub metrics: Arc<AgentMetrics>,
     /// Heartbeats.
     pub heartbeat: HeartbeatIdentity,
+    /// The connection to the log lists' database (6), made when first needed.
+    pub log_conn: std::sync::Mutex<Option<ConnectionManager>>,
 }
 
 /// The agent tree's `bus-sender` child: runs `sender` until stopped; its stop waits up to 3 s
@@ -161,13 +165,22 @@ impl BusSender {
         &self,
         conn: &mut Option<ConnectionManager>,
     ) -> Result<ConnectionManager, Failure> {
+        self.connection_to(conn, encode::STREAM_DB).await
+    }
+
+    /// A connection to logical database `db`, made if needed.
+    async fn connection_to(
+        &self,
+        conn: &mut Option<ConnectionManager>,
+        db: i64,
+    ) -> Result<ConnectionManager, Failure> {
         if let Some(c) = conn {
             return Ok(c.clone());
         }
         let info = redis::ConnectionInfo {
             addr: redis::ConnectionAddr::Tcp(self.config.addr.host.clone(), self.config.addr.port),
             redis: redis::RedisConnectionInfo {
-                db: encode::STREAM_DB,
+                db,
                 password: self.config.password.clone(),
                 ..Default::default()
             },
@@ -185,7 +198,7 @@ impl BusSender {
         .await
         {
             Ok(Ok(c)) => {
-                tracing::info!(agent_id = %self.agent_id, addr = %self.config.addr, "connected to Backend.AI's event bus");
+                tracing::info!(agent_id = %self.agent_id, addr = %self.config.addr, db, "connected to Backend.AI's event bus");
                 *conn = Some(c.clone());
                 Ok(c)
             }
@@ -217,6 +230,16 @@ impl BusSender {
             }
             let mut c = self.connection(conn).await?;
             for p in &batch {
+                if let AgentEvent::DoSyncKernelLogs {
+                    kernel_id,
+                    container_id,
+                } = &p.event
+                {
+                    // The logs first: the manager fetches them when it reads the event.
+                    self.push_logs(&p.id, kernel_id, container_id)
+                        .await
+                        .inspect_err(|_| *self.log_conn.lock().expect("log connection") = None)?;
+                }
                 // On the bus now, or by an earlier attempt whose reply was lost (the script
                 // answered "already published"): counted once either way.
                 let on_bus = match encode::encode(&p.event, &self.agent_id) {
@@ -242,6 +265,58 @@ impl BusSender {
             if let Ok(depth) = self.outbox.depth().await {
                 self.metrics.bus_outbox(depth);
             }
+        }
+    }
+
+    /// Pushes the logs the agent keeps of `kernel_id` to `containerlog.<container_id>` (see
+    /// [`super::logs`]), at most once per event `id`. No log kept (retention passed, or none
+    /// written): nothing pushed, the event still goes.
+    async fn push_logs(
+        &self,
+        id: &str,
+        kernel_id: &str,
+        container_id: &str,
+    ) -> Result<(), Failure> {
+        let logs = match self
+            .heartbeat
+            .ctx
+            .logs
+            .read(kernel_id, Some(0), logs::MAX_BYTES, None)
+            .await
+        {
+            Ok(Some(chunk)) => chunk.data,
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(agent_id = %self.agent_id, %kernel_id, error = %e, "cannot read the kernel's log for do_sync_kernel_logs; handing over none");
+                Vec::new()
+            }
+        };
+        let mut slot = self.log_conn.lock().expect("log connection").clone();
+        let mut c = self
+            .connection_to(&mut slot, logs::CONTAINER_LOG_DB)
+            .await?;
+        *self.log_conn.lock().expect("log connection") = slot;
+        let script = redis::Script::new(logs::PUSH_SCRIPT);
+        let mut inv = script.key(logs::dedup_key(id));
+        inv.key(logs::list_key(container_id))
+            .arg(DEDUP_TTL_SECS)
+            .arg(logs::LIST_TTL_SECS);
+        for chunk in logs::chunks(&logs) {
+            inv.arg(chunk);
+        }
+        match tokio::time::timeout(Self::TIMEOUT * 2, inv.invoke_async::<i64>(&mut c)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::warn!(agent_id = %self.agent_id, %kernel_id, error = %e, "pushing the kernel's logs failed; will retry");
+                Err(
+                    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                        "io"
+                    } else {
+                        "rejected"
+                    },
+                )
+            }
+            Err(_) => Err("io"),
         }
     }
 

@@ -96,8 +96,8 @@ impl KernelHandle {
         self.ctx.events.emit(event);
     }
 
-    /// Marks the kernel `TERMINATED` with `reason` and publishes `kernel_terminated`
-    /// unless `suppress_events`.
+    /// Marks the kernel `TERMINATED` with `reason` and publishes `do_sync_kernel_logs` (when it
+    /// had a container) and `kernel_terminated` unless `suppress_events`.
     pub fn terminated(&self, reason: &str, exit_code: Option<i64>, suppress_events: bool) {
         self.update(|i| {
             i.status = KernelStatus::Terminated;
@@ -106,6 +106,14 @@ impl KernelHandle {
         });
         tracing::info!(agent_id = %self.ctx.agent_id, kernel_id = %self.id, reason, ?exit_code, "kernel terminated");
         if !suppress_events {
+            // Its logs are complete: Backend.AI's manager fetches them (upstream sends this from
+            // `clean_kernel`, before `kernel_terminated`; on its bus only).
+            if let Some(container_id) = self.info().container_id {
+                self.ctx.events.emit(AgentEvent::DoSyncKernelLogs {
+                    kernel_id: self.id.clone(),
+                    container_id,
+                });
+            }
             self.ctx.events.emit(AgentEvent::KernelTerminated {
                 kernel_id: self.id.clone(),
                 session_id: self.session_id.clone(),
