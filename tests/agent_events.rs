@@ -111,9 +111,13 @@ async fn churn(peer: &Peer, tag: &str, n: usize) -> Vec<String> {
     ids
 }
 
+/// The events the manager's outbox takes (bus-only ones, such as `do_sync_kernel_logs`, go to
+/// Backend.AI's bus alone).
 fn collect(events: &mut tokio::sync::broadcast::Receiver<AgentEvent>, into: &mut Vec<AgentEvent>) {
     while let Ok(e) = events.try_recv() {
-        into.push(e);
+        if !e.is_bus_only() {
+            into.push(e);
+        }
     }
 }
 
