@@ -413,6 +413,80 @@ impl ContainerBackend for DummyBackend {
         stream::empty().boxed()
     }
 
+    /// Forgets the image (as [`DummyBackend::forget_image`]); refused without `force` while
+    /// a container was created from that reference (Docker's conflict message).
+    async fn remove_image(
+        &self,
+        reference: &str,
+        force: bool,
+        _noprune: bool,
+    ) -> Result<Vec<String>, BackendError> {
+        let Some(image) = self.inspect_image(reference).await? else {
+            return Err(BackendError::ImageNotFound(format!(
+                "{reference}: no such local image"
+            )));
+        };
+        let mut state = self.state();
+        let user = state
+            .containers
+            .iter()
+            .find(|(_, c)| c.spec.image == reference || c.spec.image == image.id);
+        if let (Some((id, _)), false) = (user, force) {
+            return Err(BackendError::Engine(format!(
+                "conflict: unable to remove repository reference \"{reference}\" (must force) - container {} is using its referenced image {}",
+                &id[..12],
+                &image.id["sha256:".len()..][..12]
+            )));
+        }
+        state.missing_images.insert(reference.to_owned());
+        Ok(vec![
+            format!("Untagged: {reference}"),
+            format!("Deleted: {}", image.id),
+        ])
+    }
+
+    /// Makes `reference` present (its labels are not kept: `inspect_image` has none).
+    async fn commit_container(
+        &self,
+        id: &str,
+        reference: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<ImageInfo, BackendError> {
+        {
+            let mut state = self.state();
+            state.find(id)?;
+            state.missing_images.remove(reference);
+        }
+        let image = self.inspect_image(reference).await?;
+        let image = image.ok_or_else(|| BackendError::ImageNotFound(reference.to_owned()))?;
+        Ok(ImageInfo {
+            labels: labels.clone(),
+            ..image
+        })
+    }
+
+    /// Waits `delays.pull`, then reports one `Pushed` line of 1 byte.
+    async fn push_image(
+        &self,
+        reference: &str,
+        _auth: Option<&RegistryAuth>,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<(), BackendError> {
+        if self.inspect_image(reference).await?.is_none() {
+            return Err(BackendError::ImageNotFound(format!(
+                "{reference}: no such local image"
+            )));
+        }
+        tokio::time::sleep(self.delays.pull).await;
+        progress(PullProgress {
+            status: "Pushed".to_owned(),
+            current: Some(1),
+            total: Some(1),
+            ..PullProgress::default()
+        });
+        Ok(())
+    }
+
     /// Exits published after this call. When the subscriber falls more than 1024 exits
     /// behind, it gets one `Engine` error and the stream ends.
     fn exits(
@@ -516,7 +590,9 @@ mod tests {
         let b = DummyBackend::new(DummyDelays::default());
         let lines = Mutex::new(Vec::new());
         let image = b
-            .pull_image("python:3.12", None, &|p| lines.lock().unwrap().push(p.status))
+            .pull_image("python:3.12", None, &|p| {
+                lines.lock().unwrap().push(p.status)
+            })
             .await
             .unwrap();
         assert!(image.id.starts_with("sha256:"));

@@ -1,7 +1,8 @@
 //! Image methods (the typed contract of [`crate::rpc::agent_api::images`]): `check_pulling`
-//! answers from the pulls the kernels' image stages have in flight; `check_and_pull`,
-//! `purge_images`, `commit`, `get_commit_status` and `push_image` are registered so that they
-//! answer FAILURE `NotImplemented` (not `UnknownMethod`) until the agent implements them.
+//! answers from the pulls the kernels' image stages have in flight; `check_and_pull` is
+//! registered so that it answers FAILURE `NotImplemented` (not `UnknownMethod`) until the
+//! agent implements it. `purge_images` is in [`super::purge`]; `commit`,
+//! `get_commit_status`, `push_image` in [`super::commit`].
 
 use std::sync::Arc;
 
@@ -32,8 +33,4 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>) {
         async move { Ok(pulling) }
     });
     refuse::<api::CheckAndPull>(dispatcher);
-    refuse::<api::PurgeImages>(dispatcher);
-    refuse::<api::Commit>(dispatcher);
-    refuse::<api::GetCommitStatus>(dispatcher);
-    refuse::<api::PushImage>(dispatcher);
 }

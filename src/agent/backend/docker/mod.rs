@@ -4,13 +4,13 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use bollard::auth::DockerCredentials;
 use bollard::container::{
     Config, CreateContainerOptions, DownloadFromContainerOptions, KillContainerOptions,
     ListContainersOptions, LogOutput, LogsOptions, RemoveContainerOptions, RestartContainerOptions,
     StartContainerOptions, UploadToContainerOptions,
 };
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::auth::DockerCredentials;
 use bollard::image::CreateImageOptions;
 use bollard::models::{
     ContainerStateStatusEnum, DeviceMapping, DeviceRequest, HealthStatusEnum, HostConfig,
@@ -22,6 +22,7 @@ use futures::stream::{BoxStream, StreamExt};
 
 mod convert;
 mod errors;
+mod images;
 mod process;
 
 use self::convert::{listed_exit_code, port_mappings, with_tag};
@@ -621,6 +622,33 @@ impl ContainerBackend for DockerBackend {
             Err(e) if status(&e) == Some(404) => Ok(false),
             Err(e) => Err(engine(e)),
         }
+    }
+
+    async fn remove_image(
+        &self,
+        reference: &str,
+        force: bool,
+        noprune: bool,
+    ) -> Result<Vec<String>, BackendError> {
+        images::remove_image(&self.docker, reference, force, noprune).await
+    }
+
+    async fn commit_container(
+        &self,
+        id: &str,
+        reference: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<ImageInfo, BackendError> {
+        images::commit_container(&self.docker, id, reference, labels).await
+    }
+
+    async fn push_image(
+        &self,
+        reference: &str,
+        auth: Option<&RegistryAuth>,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<(), BackendError> {
+        images::push_image(&self.docker, reference, auth, progress).await
     }
 
     async fn stats(&self, id: &str) -> Result<Option<super::EngineStats>, BackendError> {
