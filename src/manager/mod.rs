@@ -18,6 +18,7 @@
 pub mod api;
 pub mod bootstrap;
 pub mod calls;
+pub mod commits;
 pub mod credentials;
 pub mod error;
 pub mod events;
@@ -221,6 +222,11 @@ impl Manager {
             metrics,
             leader: leader.clone(),
             max_upload_size: config.api.max_upload_size.0,
+            registries: Arc::new(
+                image_registries::ImageRegistries::load(&config.registry)
+                    .context("[[registry]]")?,
+            ),
+            commits: commits::Commits::default(),
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
         let api = api::serve(listener, config.api.workers, state, tls)?;

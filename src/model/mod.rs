@@ -18,6 +18,7 @@ pub mod error;
 pub mod exec;
 pub mod file;
 pub mod health;
+pub mod image;
 pub mod object;
 pub mod service;
 pub mod session;
@@ -33,6 +34,7 @@ pub const CLOSED_REPLIES: &[&str] = &[
     "AccessKeyList",
     "Agent",
     "AgentList",
+    "Commit",
     "ErrorBody",
     "ErrorDetail",
     "ExecuteAnswer",
@@ -40,6 +42,8 @@ pub const CLOSED_REPLIES: &[&str] = &[
     "FileList",
     "Health",
     "NewAccessKey",
+    "PurgedImage",
+    "PurgedImages",
     "ServiceList",
     "Session",
     "SessionCreated",
@@ -58,6 +62,7 @@ pub const REPLIES: &[&str] = &[
     "AccessKeyList",
     "Agent",
     "AgentList",
+    "Commit",
     "ErrorBody",
     "ErrorDetail",
     "ExecuteAnswer",
@@ -65,6 +70,8 @@ pub const REPLIES: &[&str] = &[
     "FileList",
     "Health",
     "NewAccessKey",
+    "PurgedImage",
+    "PurgedImages",
     "Service",
     "ServiceList",
     "ServiceStarted",
