@@ -47,40 +47,83 @@ impl Bgtasks {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records a new running task of `kind` on `image` (with the committed `kernel` and its
-    /// `subdir` for a commit); returns its id (a fresh UUID).
-    pub fn start(&self, kind: BgtaskKind, image: &str, kernel: Option<(&str, &str)>) -> String {
+    /// Records a new running push of `image`; returns its id (a fresh UUID).
+    pub fn start_push(&self, image: &str) -> String {
         let id = uuid::Uuid::new_v4().to_string();
+        let at = now();
         let state = BgtaskState {
             bgtask_id: id.clone(),
-            kind,
+            kind: BgtaskKind::Push,
             image: image.to_owned(),
-            kernel: kernel.map(|(k, _)| k.to_owned()),
             status: BgtaskStatus::Ongoing,
-            started_at: now(),
+            started_at: at,
             ..BgtaskState::default()
         };
         let mut table = self.table();
-        prune(&mut table, now());
+        prune(&mut table, at);
         table.insert(
             id.clone(),
             Entry {
                 state,
-                subdir: kernel.map(|(_, s)| s.to_owned()),
+                subdir: None,
                 layers: HashMap::new(),
             },
         );
         id
     }
 
+    /// Records a commit of `kernel` under `subdir` as `image`: `Ok(id)` of a new running task,
+    /// or, while another commit of that kernel and `subdir` runs, `Err(id)` of a task recorded
+    /// as failed with `error_name` and a message saying so (upstream's commit lock does the
+    /// same: the second task fails). Checked and recorded at once, so two concurrent calls
+    /// never both run.
+    pub fn start_commit(
+        &self,
+        image: &str,
+        kernel: &str,
+        subdir: &str,
+        error_name: &str,
+    ) -> Result<String, String> {
+        let mut table = self.table();
+        let busy = ongoing(&table, kernel, subdir);
+        let id = uuid::Uuid::new_v4().to_string();
+        let at = now();
+        prune(&mut table, at);
+        let mut state = BgtaskState {
+            bgtask_id: id.clone(),
+            kind: BgtaskKind::Commit,
+            image: image.to_owned(),
+            kernel: Some(kernel.to_owned()),
+            status: BgtaskStatus::Ongoing,
+            started_at: at,
+            ..BgtaskState::default()
+        };
+        if busy {
+            state.status = BgtaskStatus::Failed;
+            state.error_name = Some(error_name.to_owned());
+            state.message = Some(format!(
+                "a commit of kernel {kernel} ({subdir}) is already in progress"
+            ));
+            state.finished_at = Some(at);
+        }
+        table.insert(
+            id.clone(),
+            Entry {
+                state,
+                subdir: Some(subdir.to_owned()),
+                layers: HashMap::new(),
+            },
+        );
+        if busy {
+            Err(id)
+        } else {
+            Ok(id)
+        }
+    }
+
     /// Whether a commit of `kernel` under `subdir` is running.
     pub fn commit_ongoing(&self, kernel: &str, subdir: &str) -> bool {
-        self.table().values().any(|e| {
-            e.state.kind == BgtaskKind::Commit
-                && e.state.status == BgtaskStatus::Ongoing
-                && e.state.kernel.as_deref() == Some(kernel)
-                && e.subdir.as_deref() == Some(subdir)
-        })
+        ongoing(&self.table(), kernel, subdir)
     }
 
     /// Counts one engine progress line of a push: a `Pushing` line's bytes (`current` of
@@ -135,6 +178,15 @@ impl Bgtasks {
     }
 }
 
+fn ongoing(table: &HashMap<String, Entry>, kernel: &str, subdir: &str) -> bool {
+    table.values().any(|e| {
+        e.state.kind == BgtaskKind::Commit
+            && e.state.status == BgtaskStatus::Ongoing
+            && e.state.kernel.as_deref() == Some(kernel)
+            && e.subdir.as_deref() == Some(subdir)
+    })
+}
+
 /// Forgets tasks that ended more than [`RETENTION`] ago, then the oldest ended ones while
 /// more than [`MAX_TASKS`] - 1 are kept.
 fn prune(table: &mut HashMap<String, Entry>, now: f64) {
@@ -170,7 +222,7 @@ mod tests {
     #[test]
     fn a_push_sums_its_layers_bytes() {
         let t = Bgtasks::default();
-        let id = t.start(BgtaskKind::Push, "r/img:1", None);
+        let id = t.start_push("r/img:1");
         t.progress(&id, &line(100, 1000));
         t.progress(&id, &line(50, 300));
         t.progress(&id, &line(600, 1000));
@@ -189,7 +241,14 @@ mod tests {
     #[test]
     fn commits_are_ongoing_per_kernel_and_subdir() {
         let t = Bgtasks::default();
-        let id = t.start(BgtaskKind::Commit, "r/img:1", Some(("k1", "a_b.c")));
+        let id = t.start_commit("r/img:1", "k1", "a_b.c", "Busy").unwrap();
+        let second = t
+            .start_commit("r/img:2", "k1", "a_b.c", "Busy")
+            .unwrap_err();
+        let s = t.get(&second).unwrap();
+        assert_eq!(s.status, BgtaskStatus::Failed);
+        assert_eq!(s.error_name.as_deref(), Some("Busy"));
+        assert!(s.message.unwrap().contains("already in progress"));
         assert!(t.commit_ongoing("k1", "a_b.c"));
         assert!(!t.commit_ongoing("k1", "other"));
         assert!(!t.commit_ongoing("k2", "a_b.c"));
@@ -204,14 +263,14 @@ mod tests {
     #[test]
     fn ended_tasks_are_forgotten_after_the_retention_or_past_the_cap() {
         let t = Bgtasks::default();
-        let old = t.start(BgtaskKind::Push, "a", None);
+        let old = t.start_push("a");
         t.done(&old, None);
         t.table().get_mut(&old).unwrap().state.finished_at =
             Some(now() - RETENTION.as_secs_f64() - 1.0);
-        let running = t.start(BgtaskKind::Push, "b", None);
+        let running = t.start_push("b");
         assert!(t.get(&old).is_none());
         for _ in 0..MAX_TASKS + 5 {
-            let id = t.start(BgtaskKind::Push, "c", None);
+            let id = t.start_push("c");
             t.done(&id, None);
         }
         assert!(t.table().len() <= MAX_TASKS);

@@ -698,4 +698,44 @@ mod tests {
         // The name is free again.
         b.create_container(&spec("k1", "kernel-1")).await.unwrap();
     }
+
+    #[tokio::test]
+    async fn images_are_removed_committed_and_pushed() {
+        let b = DummyBackend::new(DummyDelays::default());
+        let id = b.create_container(&spec("k1", "kernel-1")).await.unwrap();
+        let e = b
+            .remove_image("python:3.12", false, false)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("must force"), "{e}");
+        let image = b
+            .commit_container(
+                &id,
+                "r.io/saved:1",
+                &HashMap::from([("a".into(), "b".into())]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(image.labels["a"], "b");
+        let lines = Mutex::new(Vec::new());
+        b.push_image("r.io/saved:1", None, &|p| {
+            lines.lock().unwrap().push(p.status)
+        })
+        .await
+        .unwrap();
+        assert_eq!(lines.into_inner().unwrap(), ["Pushed"]);
+        let steps = b.remove_image("r.io/saved:1", false, false).await.unwrap();
+        assert_eq!(steps[0], "Untagged: r.io/saved:1");
+        assert!(b.inspect_image("r.io/saved:1").await.unwrap().is_none());
+        assert!(matches!(
+            b.remove_image("r.io/saved:1", false, false).await,
+            Err(BackendError::ImageNotFound(_))
+        ));
+        assert!(matches!(
+            b.push_image("r.io/saved:1", None, &|_| {}).await,
+            Err(BackendError::ImageNotFound(_))
+        ));
+        // With force, an image a container uses goes (its tag, as with Docker).
+        b.remove_image("python:3.12", true, false).await.unwrap();
+    }
 }

@@ -34,7 +34,7 @@ use crate::agent::bgtasks::Bgtasks;
 use crate::agent::context::AgentContext;
 use crate::agent::kernel::KernelError;
 use crate::agent::registry::KernelRegistry;
-use crate::rpc::agent_api::images::{self as api, BgtaskKind};
+use crate::rpc::agent_api::images as api;
 use crate::rpc::agent_api::kernel::ImageRegistry;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
@@ -153,34 +153,27 @@ pub fn register(
                         .to_meta(),
                 );
             };
-            // Checked before this commit's own task is recorded.
-            let busy = t.commit_ongoing(&args.kernel_id, &args.subdir);
-            let id = t.start(
-                BgtaskKind::Commit,
+            let id = match t.start_commit(
                 &canonical,
-                Some((&args.kernel_id, &args.subdir)),
-            );
-            if busy {
-                t.failed(
-                    &id,
-                    COMMIT_IN_PROGRESS,
-                    format!(
-                        "a commit of kernel {} ({}) is already in progress",
-                        args.kernel_id, args.subdir
-                    ),
-                );
-            } else {
-                tracing::info!(kernel = %args.kernel_id, image = %canonical, bgtask = %id, "committing the kernel's container");
-                let labels = args.extra_labels.clone().unwrap_or_default();
-                tokio::spawn(run_commit(
-                    t,
-                    c.backend.clone(),
-                    id.clone(),
-                    container_id,
-                    canonical,
-                    labels.into_iter().collect(),
-                ));
-            }
+                &args.kernel_id,
+                &args.subdir,
+                COMMIT_IN_PROGRESS,
+            ) {
+                Err(id) => id,
+                Ok(id) => {
+                    tracing::info!(kernel = %args.kernel_id, image = %canonical, bgtask = %id, "committing the kernel's container");
+                    let labels = args.extra_labels.clone().unwrap_or_default();
+                    tokio::spawn(run_commit(
+                        t,
+                        c.backend.clone(),
+                        id.clone(),
+                        container_id,
+                        canonical,
+                        labels.into_iter().collect(),
+                    ));
+                    id
+                }
+            };
             Ok(api::CommitReply {
                 bgtask_id: id,
                 kernel: args.kernel_id,
@@ -212,11 +205,13 @@ pub fn register(
         let (c, t) = (c.clone(), t.clone());
         async move {
             let canonical = api::canonical(&args.image_ref);
-            let id = t.start(BgtaskKind::Push, &canonical, None);
+            if !args.image_ref.is_local {
+                c.engine.check()?;
+            }
+            let id = t.start_push(&canonical);
             if args.image_ref.is_local {
                 t.done(&id, None);
             } else {
-                c.engine.check()?;
                 let auth = registry_auth(&canonical, &args.registry_conf);
                 tracing::info!(image = %canonical, registry = %args.registry_conf.name, authenticated = auth.is_some(), bgtask = %id, "pushing an image");
                 tokio::spawn(run_push(t, c.backend.clone(), id.clone(), canonical.clone(), auth));
