@@ -6,10 +6,12 @@
 //! memory does not grow with the output. `session logs` copies the kernel's logs to stdout as
 //! they stream (`--follow`). `session wait` polls a session until it is `TERMINATED`.
 //! `session cp` streams a file to or from a session; `session ls` lists a directory of it;
-//! `session services`, `service-start` and `service-stop` manage its services. `access-key …`
-//! manages access keys, `vfolder …` the caller's vfolders.
+//! `session services`, `service-start` and `service-stop` manage its services; `session commit`
+//! saves it as an image (pushed with `--push`, followed with `--wait`). `agent purge-images`
+//! removes images from an agent. `access-key …` manages access keys, `vfolder …` the caller's
+//! vfolders.
 //!
-//! One module per noun, as cargo has one per command: `agent` (`agents`), `session` (`sessions`
+//! One module per noun, as cargo has one per command: `agent` (`agents`, `agent …`), `session` (`sessions`
 //! and `session …`, one module per subcommand), `access_key`, `vfolder` and `health`. Each
 //! holds its clap arguments, the function that runs it and its tests; this module parses the
 //! global options, dispatches by noun and reports failures.

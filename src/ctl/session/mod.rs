@@ -80,8 +80,8 @@ pub enum SessionCommand {
     /// Save a session's container as an image, pushed to its registry with --push (POST
     /// /v1/sessions/{id}/commit).
     ///
-    /// The image holds the container's files outside /home/work (the scratch directory) and
-    /// the vfolders, which are not part of it. Without --wait it prints the commit's state as it
+    /// The image holds the container's files except those of its mounts: /home/work (the
+    /// scratch directory) and the vfolders are not part of it. Without --wait it prints the commit's state as it
     /// starts (`committing`); `--wait` follows it to `done` or `failed` (exit 1), printing the
     /// pushed bytes on stderr.
     Commit(CommitArgs),
