@@ -494,6 +494,7 @@ enum Source {
         ctx: Arc<AgentContext>,
         registry: Addr<KernelRegistry>,
         identity: Identity,
+        images: Box<heartbeat::LocalImages>,
     },
     /// A simulated one: the documented map, built here.
     Sim {
@@ -518,6 +519,7 @@ impl Source {
                 ctx,
                 registry,
                 identity,
+                images,
                 ..
             } => {
                 if cache
@@ -526,7 +528,7 @@ impl Source {
                 {
                     *cache = Some((
                         Instant::now(),
-                        heartbeat::build(ctx, registry, identity).await,
+                        heartbeat::build(ctx, registry, identity, images).await,
                     ));
                 }
                 let mut v = cache.as_ref().expect("cached").1.clone();
@@ -1190,6 +1192,7 @@ async fn measure(
             ctx: agent.ctx.clone(),
             registry: agent.registry(),
             identity,
+            images: Box::default(),
         });
         world.real.push(agent);
     }

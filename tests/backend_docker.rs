@@ -359,6 +359,28 @@ async fn an_oom_kill_is_reported_as_an_oom_event_and_an_exit() {
 }
 
 #[tokio::test]
+async fn local_images_are_listed_with_their_tags_and_sizes() {
+    let run = Run::new().await;
+    let b = &run.backend;
+    let inspected = b.inspect_image(IMAGE).await.unwrap().unwrap();
+    let listed = b.list_images().await.unwrap();
+    let ours = listed
+        .iter()
+        .find(|i| i.tags.iter().any(|t| t == IMAGE))
+        .unwrap_or_else(|| panic!("{IMAGE} not listed: {listed:?}"));
+    assert_eq!(ours.id, inspected.id);
+    assert!(ours.size_bytes > 0, "{ours:?}");
+    // The engine's placeholder for untagged images never shows.
+    assert!(
+        listed
+            .iter()
+            .flat_map(|i| &i.tags)
+            .all(|t| !t.contains("<none>")),
+        "{listed:?}"
+    );
+}
+
+#[tokio::test]
 async fn missing_things_are_classified() {
     let run = Run::new().await;
     let b = &run.backend;

@@ -38,6 +38,7 @@ const STEPS: &[&str] = &[
     "ping",
     "health",
     "gather_hwinfo",
+    "check_and_pull",
     "create_kernels",
     "check_running",
     "remove_find",

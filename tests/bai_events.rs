@@ -644,7 +644,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
         .args(["--image-labels", &labels])
         .args([
             "--only",
-            "ping,check_running,destroy_kernel,check_running_after_destroy",
+            "ping,check_and_pull,check_running,destroy_kernel,check_running_after_destroy",
         ])
         .stdin(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&driver_stderr).unwrap()))
@@ -662,6 +662,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
         step_names,
         [
             "ping",
+            "check_and_pull",
             "create_kernels",
             "check_running",
             "destroy_kernel",
@@ -679,7 +680,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
         );
     }
     assert!(out.status.success(), "driver exited with {}", out.status);
-    let created = &steps[1]["value"][0];
+    let created = &steps[2]["value"][0];
     let container_id = created["container_id"]
         .as_str()
         .unwrap_or_else(|| panic!("create_kernels answered no container_id: {created}"))
@@ -718,6 +719,32 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
             "{e}"
         );
     }
+
+    // check_and_pull of the (local, present) image: `image_pull_finished`, `Image already
+    // exists`, read by upstream's own class.
+    let pulled: Vec<&Json> = ev
+        .iter()
+        .filter(|e| e["name"] == "image_pull_finished")
+        .collect();
+    assert_eq!(pulled.len(), 1, "one image_pull_finished: {pulled:?}");
+    assert_eq!(
+        pulled[0]["class"],
+        "ai.backend.common.events.event_types.image.anycast.ImagePullFinishedEvent",
+        "{}",
+        pulled[0]
+    );
+    assert_eq!(pulled[0]["delivery"], "anycast", "{}", pulled[0]);
+    assert_eq!(
+        pulled[0]["fields"]["msg"], "Image already exists",
+        "{}",
+        pulled[0]
+    );
+    assert_eq!(
+        pulled[0]["fields"]["agent_id"],
+        fx.agent_id.as_str(),
+        "{}",
+        pulled[0]
+    );
 
     // kernel_started: a valid KernelCreationInfo naming the kernel's container, its host and
     // the slots the launcher asked for (cpu 1, mem 256 MiB: driver.py).
@@ -1000,6 +1027,43 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         .filter(|(_, name, _)| name == "agent_started")
         .count();
     assert_eq!(started, 1, "agent_started once on the stream");
+
+    // A call whose handler fails is an `agent_error` (upstream's `collect_error` →
+    // `produce_error_event`), read by the consumer with upstream's class.
+    let peer = client(&format!("tcp://127.0.0.1:{}", fx.rpc_port)).await;
+    let missing = uuid::Uuid::new_v4().to_string();
+    let failed = call(&peer, "get_logs", vec![Value::from(missing.as_str())]).await;
+    assert!(failed.is_err(), "get_logs of no kernel: {failed:?}");
+    consumer.wait(
+        Duration::from_secs(30),
+        "agent_error of the failed call",
+        |_| {
+            consumer.events(&id).iter().any(|e| {
+                e["name"] == "agent_error"
+                    && e["fields"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(&missing))
+            })
+        },
+    );
+    let errors: Vec<Json> = consumer
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["name"] == "agent_error")
+        .collect();
+    assert_eq!(
+        errors[0]["class"], "ai.backend.common.events.event_types.agent.anycast.AgentErrorEvent",
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[0]["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(in get_logs)"),
+        "{}",
+        errors[0]
+    );
     consumer.assert_no_failures(&agent_log);
     let text = scrape(metrics_port);
     assert!(
@@ -1007,14 +1071,14 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         "publishes failed while Redis was down:\n{}",
         outbox_lines(&text)
     );
-    // The counter counts each event on the stream once: agent_started and the kernel's four
-    // (heartbeats are not outbox events).
+    // The counter counts each event on the stream once: agent_started, the kernel's four and
+    // the failed call's agent_error (heartbeats are not outbox events).
     let entries = stream_entries(&redis, &id);
     let events_on_stream = entries
         .iter()
         .filter(|(_, name, _)| name != "agent_heartbeat")
         .count();
-    assert_eq!(events_on_stream, 1 + LIFECYCLE.len());
+    assert_eq!(events_on_stream, 1 + LIFECYCLE.len() + 1);
     assert_eq!(
         metric(&text, "kernelvisor_bus_events_published_total"),
         Some(events_on_stream as f64),

@@ -9,8 +9,8 @@
 //! - `ctl agent purge-images` (admin; a user key is refused) refuses the image that session runs,
 //!   naming its kernel, and removes it once the session is gone.
 //!
-//! `a_pushed_image_runs_on_an_agent_without_it` (ignored until the image stage pulls with the
-//! `[[registry]]` credentials): the local copy purged, a new session pulls it from the registry.
+//! - once its local copy is purged, a new session of the pushed image pulls it from the
+//!   registry with the `[[registry]]` credentials and sees the file.
 //!
 //! Agent host ports: 34320–34339 (before the fixture's shift).
 
@@ -225,10 +225,9 @@ fn a_session_committed_and_pushed_runs_again_and_its_image_is_purged() {
     c.check_invariants();
 }
 
-/// The image stage does not pull with the `[[registry]]` credentials yet (issue 28 item 1):
-/// enable once it does.
+/// The pushed image, its local copy purged, runs a new session: the agent pulls it with the
+/// `[[registry]]` credentials.
 #[test]
-#[ignore = "needs the image stage's pull with the [[registry]] credentials"]
 fn a_pushed_image_runs_on_an_agent_without_it() {
     let registry = TestRegistry::start();
     let c = cluster(&registry);

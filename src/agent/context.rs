@@ -43,8 +43,10 @@ pub struct AgentContext {
     /// Containers with this agent's id that its store does not know, waiting for the manager
     /// to adopt or destroy them (`docs/design.md`).
     pub dangling: super::dangling_table::DanglingTable,
-    /// Image pulls in flight, ports `assign_port` handed out, a requested shutdown.
+    /// Ports `assign_port` handed out, a requested shutdown.
     pub node: super::node::NodeState,
+    /// Image pulls: one engine pull per image at a time, with progress (`pulls.rs`).
+    pub pulls: Arc<super::pulls::ImagePulls>,
 }
 
 impl AgentContext {

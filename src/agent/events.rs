@@ -164,7 +164,9 @@ pub enum AgentEvent {
         /// The engine's container id.
         container_id: String,
     },
-    /// An error the agent could not attribute to a call (bus only: upstream's `agent_error`).
+    /// An RPC handler failed (a FAILURE it answered, or a panic): bus only, upstream's
+    /// `agent_error`, which Backend.AI's agent sends from every RPC function that raises
+    /// (`collect_error`).
     AgentError {
         /// One line: what failed.
         message: String,

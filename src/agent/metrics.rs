@@ -59,6 +59,7 @@ pub struct AgentMetrics {
     bus_outbox_depth: IntGauge,
     bus_published: IntCounterVec,
     bus_failures: IntCounterVec,
+    image_pulls: IntCounterVec,
     exec_runs: IntGauge,
     exec_buffered: IntGauge,
     engine_up: IntGauge,
@@ -319,6 +320,12 @@ impl AgentMetrics {
                 "Failed attempts to publish on Backend.AI's bus (retried), by reason",
                 &["reason"],
             ),
+            image_pulls: counter(
+                &r,
+                "kernelvisor_image_pulls",
+                "Image pulls the engine ran (one per image however many kernels wait), by result",
+                &["result"],
+            ),
             heartbeat_failures: counter(
                 &r,
                 "kernelvisor_heartbeat_failures",
@@ -535,6 +542,12 @@ impl AgentMetrics {
     /// `encode` (`kernelvisor_bus_publish_failures_total{reason}`).
     pub fn bus_publish_failed(&self, reason: &str) {
         self.bus_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// An engine pull of an image ended: `result` is `pulled`, `not-found`, `unreachable`,
+    /// `auth-failed`, `timeout` or `error` (`kernelvisor_image_pulls_total{result}`).
+    pub fn image_pulled(&self, result: &str) {
+        self.image_pulls.with_label_values(&[result]).inc();
     }
 
     /// `runs` execute runs are held with `buffered` bytes of unread output in all.

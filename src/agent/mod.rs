@@ -49,6 +49,7 @@ pub mod metrics;
 pub mod metrics_server;
 pub mod node;
 pub mod outbox;
+pub mod pulls;
 pub mod recovery;
 pub mod registry;
 pub mod resources;
@@ -99,12 +100,16 @@ pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn Con
         BackendKind::Dummy => {
             let d = &config.dummy;
             let s = Duration::from_secs_f64;
-            Arc::new(DummyBackend::new(DummyDelays {
+            let backend = DummyBackend::new(DummyDelays {
                 pull: s(d.pull_delay),
                 create: s(d.create_delay),
                 start: s(d.start_delay),
                 remove: s(d.remove_delay),
-            }))
+            });
+            for image in &d.images {
+                backend.hold_image(image);
+            }
+            Arc::new(backend)
         }
     })
 }
@@ -326,7 +331,7 @@ fn context(
             c.port_range[1],
             c.port_reuse_cooldown.0,
         )),
-        backend,
+        backend: backend.clone(),
         engine: Arc::new(engine::EngineHealth::new(Some(metrics.clone()))),
         store: store.clone(),
         events,
@@ -341,6 +346,11 @@ fn context(
         transfers: files::transfer::Transfers::new(a.exec_idle_timeout.0),
         dangling: dangling_table::DanglingTable::default(),
         node: node::NodeState::default(),
+        pulls: Arc::new(pulls::ImagePulls::new(
+            backend.clone(),
+            metrics.clone(),
+            c.image_pull_timeout.0,
+        )),
         config: config.clone(),
     }))
 }

@@ -1,8 +1,8 @@
-//! Node-level state the RPC methods share with the kernel stages and the agent's run loop:
-//! image pulls in flight (`check_pulling`), host ports handed out by `assign_port` until
-//! `release_port`, and a shutdown asked for by `shutdown_agent`.
+//! Node-level state the RPC methods share with the agent's run loop: host ports handed out by
+//! `assign_port` until `release_port`, and a shutdown asked for by `shutdown_agent` (image
+//! pulls are `pulls.rs`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use tokio::sync::watch;
@@ -11,7 +11,6 @@ use crate::config::OnShutdown;
 
 /// See the module docs. Every method is cheap and never holds a lock across an await.
 pub struct NodeState {
-    pulls: Mutex<HashMap<String, usize>>,
     assigned_ports: Mutex<BTreeSet<u16>>,
     shutdown: watch::Sender<Option<OnShutdown>>,
 }
@@ -19,7 +18,6 @@ pub struct NodeState {
 impl Default for NodeState {
     fn default() -> Self {
         NodeState {
-            pulls: Mutex::default(),
             assigned_ports: Mutex::default(),
             shutdown: watch::channel(None).0,
         }
@@ -40,46 +38,7 @@ pub fn normalize_image(reference: &str) -> String {
     }
 }
 
-/// An image pull in flight, counted until dropped.
-pub struct PullGuard<'a> {
-    node: &'a NodeState,
-    key: String,
-}
-
-impl Drop for PullGuard<'_> {
-    fn drop(&mut self) {
-        let mut pulls = self.node.pulls.lock().expect("pulls lock");
-        if let Some(n) = pulls.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                pulls.remove(&self.key);
-            }
-        }
-    }
-}
-
 impl NodeState {
-    /// Records a pull of `reference` until the guard is dropped (the image stage holds it
-    /// across `pull_image`).
-    pub fn pull_started(&self, reference: &str) -> PullGuard<'_> {
-        let key = normalize_image(reference);
-        *self
-            .pulls
-            .lock()
-            .expect("pulls lock")
-            .entry(key.clone())
-            .or_default() += 1;
-        PullGuard { node: self, key }
-    }
-
-    /// Whether a pull of `reference` is in flight.
-    pub fn is_pulling(&self, reference: &str) -> bool {
-        self.pulls
-            .lock()
-            .expect("pulls lock")
-            .contains_key(&normalize_image(reference))
-    }
-
     /// Records `port` as handed out by `assign_port`.
     pub fn port_assigned(&self, port: u16) {
         self.assigned_ports
@@ -139,17 +98,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pulls_are_counted_under_the_engine_s_name() {
-        let n = NodeState::default();
-        assert!(!n.is_pulling("python"));
-        let a = n.pull_started("python");
-        let b = n.pull_started("docker.io/library/python:latest");
-        assert!(n.is_pulling("python:latest") && n.is_pulling("library/python"));
-        assert!(!n.is_pulling("python:3.12"));
-        drop(a);
-        assert!(n.is_pulling("python"));
-        drop(b);
-        assert!(!n.is_pulling("python"));
+    fn images_are_named_as_the_engine_names_them() {
+        assert_eq!(normalize_image("python"), "python:latest");
+        assert_eq!(
+            normalize_image("docker.io/library/python:latest"),
+            "python:latest"
+        );
+        assert_eq!(normalize_image("library/python"), "python:latest");
         assert_eq!(
             normalize_image("cr.backend.ai/stable/python:3.9"),
             "cr.backend.ai/stable/python:3.9"

@@ -57,8 +57,38 @@ pub fn agent_server(
 ) -> anyhow::Result<RpcServer> {
     rpc_server(&ctx.config, |d| {
         methods::register_kernel_methods(d, ctx.clone(), registry);
-        d.observe(metrics.clone());
+        d.observe(observer(ctx, metrics));
     })
+}
+
+/// What watches the agent's requests: the metrics count each, and a failed handler is an
+/// `agent_error` event, as Backend.AI's agent sends one from every RPC function that raises
+/// (`collect_error` → `produce_error_event`; on the bus only).
+fn observer(ctx: &Arc<AgentContext>, metrics: &Arc<AgentMetrics>) -> Arc<RequestWatch> {
+    Arc::new(RequestWatch {
+        metrics: metrics.clone(),
+        events: ctx.events.clone(),
+    })
+}
+
+/// See [`observer`].
+struct RequestWatch {
+    metrics: Arc<AgentMetrics>,
+    events: crate::agent::events::EventBus,
+}
+
+impl crate::rpc::RequestObserver for RequestWatch {
+    fn observe(&self, method: &str, duration: std::time::Duration, failure: Option<&str>) {
+        self.metrics.observe(method, duration, failure);
+    }
+
+    fn failed(&self, method: &str, error: &crate::rpc::ErrorMeta) {
+        self.events
+            .emit(crate::agent::events::AgentEvent::AgentError {
+                message: format!("{}: {} (in {method})", error.name, error.repr),
+                traceback: (!error.traceback.is_empty()).then(|| error.traceback.clone()),
+            });
+    }
 }
 
 /// The agent tree's `rpc` child: serves `first` (bound by `Agent::start`, so a bad key file or
@@ -77,7 +107,7 @@ pub fn child_spec(
             let registry = registry.get();
             rpc_server_at(&ctx.config, &endpoint, |d| {
                 methods::register_kernel_methods(d, ctx.clone(), registry);
-                d.observe(metrics.clone());
+                d.observe(observer(&ctx, &metrics));
             })
         });
         async move {

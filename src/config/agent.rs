@@ -101,6 +101,10 @@ pub struct ContainerSection {
     /// The Docker engine's socket, `unix:///path/docker.sock` (or the bare path). Default: none,
     /// and the local default is used (`DOCKER_HOST`, else `/var/run/docker.sock`).
     pub docker_host: Option<String>,
+    /// Seconds one image pull may take before it fails with `ImagePullTimeout` (default 3600,
+    /// Backend.AI's `api.pull-timeout` is unbounded by default). A pull is its own phase: this,
+    /// not the manager's `create-timeout`, bounds it.
+    pub image_pull_timeout: Seconds,
 }
 
 impl Default for ContainerSection {
@@ -121,6 +125,7 @@ impl Default for ContainerSection {
             kernel_uid: 1000,
             kernel_gid: 1000,
             docker_host: None,
+            image_pull_timeout: Seconds(std::time::Duration::from_secs(3600)),
         }
     }
 }
@@ -185,10 +190,13 @@ fn default_mock_slot() -> String {
     "cuda.device".into()
 }
 
-/// `[dummy]`: simulated engine delays in seconds (all default 0).
+/// `[dummy]`: simulated engine delays in seconds (all default 0), and the images it holds.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct DummySection {
+    /// Image references the simulated engine holds from the start (its image list, which
+    /// heartbeats report; default none). Any image still "pulls" at once.
+    pub images: Vec<String>,
     /// Image pull.
     pub pull_delay: f64,
     /// Container create.

@@ -152,8 +152,11 @@ impl Default for ApiSection {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct SchedulerSection {
-    /// `create_kernels` (120: may include an image pull).
+    /// `create_kernels` (120). An image pull is not part of it: see `image-pull-timeout`.
     pub create_timeout: Seconds,
+    /// Longest a session waits in `PULLING` for its image (7200; the agent's own
+    /// `[container] image-pull-timeout`, 3600 by default, normally ends a pull first).
+    pub image_pull_timeout: Seconds,
     /// `destroy_kernel` (60).
     pub destroy_timeout: Seconds,
     /// Seconds an `execute` run may take when the request gives no `timeout` (600): the agent
@@ -170,6 +173,7 @@ impl Default for SchedulerSection {
     fn default() -> Self {
         SchedulerSection {
             create_timeout: Seconds(Duration::from_secs(120)),
+            image_pull_timeout: Seconds(Duration::from_secs(7200)),
             destroy_timeout: Seconds(Duration::from_secs(60)),
             execute_timeout: Seconds(Duration::from_secs(600)),
             flush_timeout: Seconds(Duration::from_secs(2)),
@@ -276,6 +280,37 @@ pub struct RegistrySection {
     pub password_file: Option<PathBuf>,
 }
 
+impl RegistrySection {
+    /// Checks the entry: a name, a URL with a host, a password file with a user name (and only
+    /// with one).
+    ///
+    /// Errors: the reason, for `ConfigError::Invalid("registry", …)`.
+    pub fn check(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("every [[registry]] needs a `name`".into());
+        }
+        if registry_url_host(&self.url).is_empty() {
+            return Err(format!(
+                "registry `{}`: `url` has no host: {:?}",
+                self.name, self.url
+            ));
+        }
+        if self.username.is_some() != self.password_file.is_some() {
+            return Err(format!(
+                "registry `{}`: `username` and `password-file` go together",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `https://host:port/path` → `host:port`, lower-cased: what image references name.
+pub fn registry_url_host(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or("").to_ascii_lowercase()
+}
+
 /// `[[agents]]`: an agent the manager knows without waiting for its heartbeat.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -345,7 +380,7 @@ impl ManagerConfig {
             ));
         }
         for r in &self.registry {
-            crate::manager::image_registries::check(r)
+            r.check()
                 .map_err(|why| ConfigError::Invalid("registry", why))?;
         }
         if self.api.workers == 0 {

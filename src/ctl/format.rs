@@ -38,6 +38,31 @@ pub fn bytes(v: Option<&Value>) -> String {
     }
 }
 
+/// An image pull's progress: a 20-cell bar, the percentage, the bytes and the layers:
+/// `[########------------]  40%  4 MiB / 10 MiB, 1/3 layers`. Before any layer's size is known
+/// the bar is empty and the percentage `?`.
+pub fn pull_bar(p: &crate::model::pull::PullProgress) -> String {
+    const CELLS: u64 = 20;
+    let (filled, percent) = if p.total_bytes == 0 {
+        (0, "  ?%".to_owned())
+    } else {
+        let done = p.current_bytes.min(p.total_bytes);
+        (
+            (done * CELLS / p.total_bytes) as usize,
+            format!("{:>3}%", done * 100 / p.total_bytes),
+        )
+    };
+    format!(
+        "[{}{}] {percent}  {} / {}, {}/{} layers",
+        "#".repeat(filled),
+        "-".repeat(CELLS as usize - filled),
+        human_bytes(p.current_bytes as f64),
+        human_bytes(p.total_bytes as f64),
+        p.layers_done,
+        p.layers_total
+    )
+}
+
 /// `n` bytes with one decimal in the largest binary unit that keeps it ≥ 1: `1.5 GiB`.
 pub fn human_bytes(n: f64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -243,6 +268,29 @@ pub fn compact_json(raw: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn pull_bars() {
+        use crate::model::pull::PullProgress;
+        let p = |current_bytes, total_bytes, layers_done, layers_total| PullProgress {
+            current_bytes,
+            total_bytes,
+            layers_done,
+            layers_total,
+        };
+        assert_eq!(
+            pull_bar(&p(0, 0, 0, 2)),
+            "[--------------------]   ?%  0 B / 0 B, 0/2 layers"
+        );
+        assert_eq!(
+            pull_bar(&p(4 << 20, 10 << 20, 1, 3)),
+            "[########------------]  40%  4 MiB / 10 MiB, 1/3 layers"
+        );
+        assert_eq!(
+            pull_bar(&p(10 << 20, 10 << 20, 3, 3)),
+            "[####################] 100%  10 MiB / 10 MiB, 3/3 layers"
+        );
+    }
 
     #[test]
     fn memory_in_binary_units() {

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::format::{ago, amount, bytes, cores, duration, file_mode, timestamp};
+use super::format::{ago, amount, bytes, cores, duration, file_mode, pull_bar, timestamp};
 use crate::model::access_key::{AccessKey, AccessKeyList, NewAccessKey};
 use crate::model::agent::AgentList;
 use crate::model::exec::ExecuteAnswer;
@@ -305,6 +305,9 @@ fn session_fields(s: &Session, now: f64) -> String {
         })
         .collect();
     pairs.extend(extra.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    if let Some(p) = &s.pull_progress {
+        pairs.push(("Pull", pull_bar(p)));
+    }
     let p = &s.restart_policy;
     if p.mode != crate::model::session::RestartMode::Never {
         pairs.push((
@@ -901,6 +904,19 @@ pub(crate) mod tests {
             .filter(|c| !c.is_empty())
             .collect();
         assert_eq!(row[..4], ["s", "-", "RUNNING", "-"], "{old}");
+    }
+
+    #[test]
+    fn session_detail_shows_the_pull() {
+        let mut v = live_session();
+        v["status"] = json!("PULLING");
+        v["pull_progress"] = json!({"current_bytes": 4194304, "total_bytes": 10485760, "layers_done": 1, "layers_total": 3});
+        let out = session(&v, NOW);
+        assert!(
+            out.contains("Pull:       [########------------]  40%  4 MiB / 10 MiB, 1/3 layers\n"),
+            "{out}"
+        );
+        assert!(!session(&live_session(), NOW).contains("Pull:"));
     }
 
     #[test]

@@ -11,40 +11,12 @@ use std::collections::BTreeMap;
 use crate::config::RegistrySection;
 use crate::rpc::agent_api::kernel::ImageRegistry;
 
-/// Checks one `[[registry]]` entry: a name, a URL with a host, a password file with a user
-/// name (and only with one).
-///
-/// Errors: the reason, as text for `ConfigError::Invalid("registry", …)`.
-pub fn check(r: &RegistrySection) -> Result<(), String> {
-    if r.name.trim().is_empty() {
-        return Err("every [[registry]] needs a `name`".into());
-    }
-    if host_of_url(&r.url).is_empty() {
-        return Err(format!("registry `{}`: `url` has no host: {:?}", r.name, r.url));
-    }
-    if r.username.is_some() != r.password_file.is_some() {
-        return Err(format!(
-            "registry `{}`: `username` and `password-file` go together",
-            r.name
-        ));
-    }
-    Ok(())
-}
-
-/// `https://host:port/path` → `host:port` (lower-cased; what image references name).
-fn host_of_url(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    rest.split('/').next().unwrap_or("").to_ascii_lowercase()
-}
-
 /// The registry host an image reference names, Docker's rule: the first path component when
 /// the reference has several and that one has a `.` or a `:` or is `localhost`; otherwise
 /// Docker Hub (`docker.io`).
 pub fn registry_host(reference: &str) -> String {
     match reference.split_once('/') {
-        Some((first, _))
-            if first.contains('.') || first.contains(':') || first == "localhost" =>
-        {
+        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
             first.to_ascii_lowercase()
         }
         _ => "docker.io".into(),
@@ -83,7 +55,7 @@ impl ImageRegistries {
             } else {
                 format!("https://{}", r.url)
             };
-            let host = host_of_url(&url);
+            let host = crate::config::registry_url_host(&url);
             let entry = ImageRegistry {
                 name: r.name.clone(),
                 url,
@@ -143,7 +115,10 @@ mod tests {
         assert_eq!(registry_host("nvcr.io/nvidia/pytorch:24.01"), "nvcr.io");
         assert_eq!(registry_host("127.0.0.1:5000/team/img:1"), "127.0.0.1:5000");
         assert_eq!(registry_host("localhost/img"), "localhost");
-        assert_eq!(registry_host("Registry.Example.com/a/b"), "registry.example.com");
+        assert_eq!(
+            registry_host("Registry.Example.com/a/b"),
+            "registry.example.com"
+        );
     }
 
     #[test]
@@ -172,9 +147,11 @@ mod tests {
 
     #[test]
     fn bad_entries_are_refused_clearly() {
-        assert!(check(&section("", "https://r", None, None)).is_err());
-        assert!(check(&section("r", "https://", None, None)).is_err());
-        let e = check(&section("r", "https://r", Some("u"), None)).unwrap_err();
+        assert!(section("", "https://r", None, None).check().is_err());
+        assert!(section("r", "https://", None, None).check().is_err());
+        let e = section("r", "https://r", Some("u"), None)
+            .check()
+            .unwrap_err();
         assert!(e.contains("password-file"), "{e}");
         let e = ImageRegistries::load(&[section("r", "r.io", Some("u"), Some("/nonexistent/pw"))])
             .unwrap_err()

@@ -184,11 +184,17 @@ impl Manager {
         let intake_thread = actix::Arbiter::new();
         let intake = RpcServer::start_in_arbiter(&intake_thread.handle(), |_| server);
 
+        // `[[registry]]`'s passwords, read once: the scheduler's pulls and the API's pushes.
+        let registries = Arc::new(
+            image_registries::ImageRegistries::load(&config.registry).context("[[registry]]")?,
+        );
         let sched_spec = SchedulerSpec {
             create_timeout: config.scheduler.create_timeout.0,
             destroy_timeout: config.scheduler.destroy_timeout.0,
             execute_timeout: config.scheduler.execute_timeout.0,
             flush_timeout: config.scheduler.flush_timeout.0,
+            image_pull_timeout: config.scheduler.image_pull_timeout.0,
+            registries: registries.clone(),
         };
         let scheduler = Scheduler::new(
             store.clone(),
@@ -222,10 +228,7 @@ impl Manager {
             metrics,
             leader: leader.clone(),
             max_upload_size: config.api.max_upload_size.0,
-            registries: Arc::new(
-                image_registries::ImageRegistries::load(&config.registry)
-                    .context("[[registry]]")?,
-            ),
+            registries,
             commits: commits::Commits::default(),
         };
         let scheme = if tls.is_some() { "https" } else { "http" };

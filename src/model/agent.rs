@@ -114,6 +114,10 @@ pub struct Agent {
     /// Unix seconds of its newest heartbeat.
     #[schema(required = true)]
     pub last_heartbeat: Option<f64>,
+    /// How many image references its engine holds, as its newest heartbeat to this manager
+    /// listed them (at most 1,000; 0 before one did): what image-aware placement knows of it.
+    #[schema(required = true)]
+    pub image_count: i64,
 }
 
 /// `GET /v1/agents`'s answer.

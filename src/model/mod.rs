@@ -20,6 +20,7 @@ pub mod file;
 pub mod health;
 pub mod image;
 pub mod object;
+pub mod pull;
 pub mod service;
 pub mod session;
 pub mod slots;
@@ -42,6 +43,7 @@ pub const CLOSED_REPLIES: &[&str] = &[
     "FileList",
     "Health",
     "NewAccessKey",
+    "PullProgress",
     "PurgedImage",
     "PurgedImages",
     "ServiceList",
@@ -70,6 +72,7 @@ pub const REPLIES: &[&str] = &[
     "FileList",
     "Health",
     "NewAccessKey",
+    "PullProgress",
     "PurgedImage",
     "PurgedImages",
     "Service",

@@ -372,6 +372,10 @@ pub struct Session {
     /// Restarts by its restart policy so far.
     #[schema(required = true)]
     pub restart_count: i64,
+    /// Its image pull's progress in bytes while it is `PULLING` (and the last figures after);
+    /// null when its agent had the image.
+    #[schema(required = true)]
+    pub pull_progress: Option<crate::model::pull::PullProgress>,
     /// `GET /v1/sessions/{id}` only: its kernel's stage actors in order, as its agent reports
     /// them; null once it has ended or when the agent does not answer within 2 s.
     // Absent from the other answers: the outer `None`.
@@ -452,7 +456,8 @@ pub struct SessionCreated {
     /// The agent it runs on.
     #[schema(required = true)]
     pub agent_id: String,
-    /// `RUNNING` when the agent has started it.
+    /// `RUNNING` when the agent has started it; `PULLING` when its image is still being pulled
+    /// (the session goes on by itself: follow it with `GET /v1/sessions/{id}`).
     #[schema(required = true)]
     pub status: String,
 }

@@ -40,6 +40,13 @@ pub trait RequestObserver: Send + Sync + 'static {
     /// `method` finished after `duration`; `failure` is the FAILURE/ERROR name when it failed
     /// (`UnknownMethod`, a handler's error name, `HandlerPanicked`, `CancelledError`).
     fn observe(&self, method: &str, duration: Duration, failure: Option<&str>);
+
+    /// A registered handler of `method` failed with `error` (a FAILURE it returned, or
+    /// `HandlerPanicked`); not called for unknown methods nor refused `agent_id`s, which never
+    /// reach a handler. Backend.AI's agent sends `agent_error` here (`collect_error`).
+    fn failed(&self, method: &str, error: &ErrorMeta) {
+        let _ = (method, error);
+    }
 }
 
 /// Reports a request when dropped: after its handler's future finished, or when it was
@@ -55,7 +62,14 @@ impl Drop for Observed {
     fn drop(&mut self) {
         let failure = match &self.outcome {
             Some(f) => f.as_deref(),
-            None if std::thread::panicking() => Some("HandlerPanicked"),
+            None if std::thread::panicking() => {
+                let e = ErrorMeta::new(
+                    "HandlerPanicked",
+                    format!("the handler of {} panicked", self.method),
+                );
+                self.observer.failed(&self.method, &e);
+                Some("HandlerPanicked")
+            }
             None => Some("CancelledError"),
         };
         self.observer
@@ -165,6 +179,9 @@ impl Dispatcher {
                     let work = handler(call);
                     async move {
                         let result = work.await;
+                        if let Err(e) = &result {
+                            guard.observer.failed(&guard.method, e);
+                        }
                         guard.outcome = Some(result.as_ref().err().map(|e| e.name.clone()));
                         drop(guard);
                         result

@@ -396,6 +396,7 @@ async def main(args: argparse.Namespace) -> int:
     from ai.backend.common.types import (
         AccessKey,
         AgentId,
+        AutoPullBehavior,
         ClusterMode,
         KernelId,
         ResourceSlot,
@@ -573,6 +574,27 @@ async def main(args: argparse.Namespace) -> int:
             valkey_schedule=StubValkey(),  # type: ignore[arg-type]
         )
     )
+
+    # -- check_and_pull, as the launcher's prepare phase sends it (before create_kernels) -------
+
+    async def check_and_pull(c: AgentClient) -> Any:
+        # `SessionLauncher._trigger_image_pulling_for_sessions` converts the same way, then
+        # gathers the replies with `return_exceptions=True` (dropping them): called directly here
+        # so that the answer can be checked.
+        image_config = image_config_data.to_image_config(AutoPullBehavior("digest"))
+        r = await c.check_and_pull({image_canonical: image_config})
+        check(
+            isinstance(r, dict) and set(r) == {image_canonical},
+            f"check_and_pull answered {r!r}, upstream maps each image to its bgtask id",
+        )
+        bgtask_id = r[image_canonical]
+        check(
+            isinstance(bgtask_id, str) and uuid.UUID(hex=bgtask_id).hex == bgtask_id,
+            f"bgtask id {bgtask_id!r} is not a UUID's hex",
+        )
+        return r
+
+    await step("check_and_pull", "check_and_pull", check_and_pull)
 
     def first_container_id(result: Any) -> Any:
         """`container_id` of the first `KernelCreationResult` of a create_kernels reply."""

@@ -109,6 +109,10 @@ pub struct Cluster {
     /// Extra `[manager]` lines of the manager's config (e.g. `dangling-grace = 3`), used from
     /// the next [`Cluster::start_manager`].
     pub manager_extra: String,
+    /// Extra `[scheduler]` lines of the manager's config (e.g. `create-timeout = 2`).
+    pub scheduler_extra: String,
+    /// Further tables appended to the manager's config (e.g. `[[registry]]`).
+    pub manager_tail: String,
     /// `[manager] startup-grace` of the next manager start, seconds (2.5).
     pub startup_grace: f64,
     /// `[manager] heartbeat-timeout` of the next manager start, seconds (3).
@@ -192,6 +196,8 @@ impl Cluster {
             manager: None,
             agents: Vec::new(),
             manager_extra: String::new(),
+            scheduler_extra: String::new(),
+            manager_tail: String::new(),
             startup_grace: 2.5,
             heartbeat_timeout: 3.0,
             agent_intakes: Vec::new(),
@@ -214,10 +220,12 @@ impl Cluster {
              agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = {timeout}\nstartup-grace = {grace}\n{extra}\n\
              [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\nadmin-token-file = \"{d}/admin-token\"\n\n\
              [agent-pool]\nhealth-check-interval = 1\nping-timeout = 1\nrecovery-timeout = 2\n\n\
-             [scheduler]\nreset-timeout = 30\n\n[logging]\nlevel = \"info\"\n",
+             [scheduler]\nreset-timeout = 30\n{scheduler}\n\n[logging]\nlevel = \"info\"\n{tail}",
             intake = intake_port,
             url = self.store_url,
             extra = self.manager_extra,
+            scheduler = self.scheduler_extra,
+            tail = self.manager_tail,
             grace = self.startup_grace,
             timeout = self.heartbeat_timeout,
         );

@@ -134,6 +134,41 @@ impl TestRegistry {
         }
     }
 
+    /// An image of its own (a layer of `blob_bytes` random bytes at `/blob` on top of `base`,
+    /// so the engine has none of it cached once the local tag is gone), pushed as
+    /// `<host>/<repo>:<tag>` ([`TestRegistry::push`]). Returns the full reference.
+    pub async fn push_unique(
+        &self,
+        base: &str,
+        repo: &str,
+        tag: &str,
+        blob_bytes: usize,
+    ) -> String {
+        let name = format!("kv-unique-{}", super::agent::run_id());
+        let run = Command::new("docker")
+            .args(["run", "--name", &name, base, "sh", "-c"])
+            .arg(format!("head -c {blob_bytes} /dev/urandom > /blob"))
+            .output()
+            .expect("docker run");
+        assert!(run.status.success(), "docker run: {run:?}");
+        // The base's command again (a commit keeps the one the container ran).
+        let cmd = Command::new("docker")
+            .args(["image", "inspect", "-f", "{{json .Config.Cmd}}", base])
+            .output()
+            .expect("docker image inspect");
+        let cmd = String::from_utf8_lossy(&cmd.stdout).trim().to_owned();
+        let local = format!("kv-unique:{name}");
+        let commit = Command::new("docker")
+            .args(["commit", "--change", &format!("CMD {cmd}"), &name, &local])
+            .output()
+            .expect("docker commit");
+        let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+        assert!(commit.status.success(), "docker commit: {commit:?}");
+        let reference = self.push(&local, repo, tag).await;
+        let _ = Command::new("docker").args(["rmi", &local]).output();
+        reference
+    }
+
     /// Tags the local image `local` as `<host>/<repo>:<tag>`, pushes it with the registry's
     /// credentials, then removes that tag from the engine (the registry holds the only copy
     /// under that name). Returns the full reference.

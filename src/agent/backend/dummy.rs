@@ -1,7 +1,7 @@
 //! [`DummyBackend`]: containers simulated in memory, for scale tests and for agents on hosts
 //! without an engine. Nothing runs: a "container" is a record with a state, and `exec` echoes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -12,9 +12,10 @@ use tokio::sync::broadcast;
 
 use super::{
     BackendError, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
-    ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream,
-    PullProgress, RegistryAuth,
+    ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, ImageSummary,
+    OutputStream, PullProgress, RegistryAuth,
 };
+use crate::agent::node::normalize_image;
 
 /// How long each simulated operation takes (all zero by default).
 #[derive(Clone, Copy, Debug, Default)]
@@ -29,11 +30,15 @@ pub struct DummyDelays {
     pub remove: Duration,
 }
 
-/// An in-memory engine. Every image reference is present unless [`forget_image`]d; containers
-/// are created stopped, run once started, and exit only through [`kill`], a terminating
+/// An in-memory engine. Every image reference is present unless [`forget_image`]d, but its
+/// image list ([`list_images`]) shows only the images it was told it holds ([`hold_image`],
+/// `[dummy] images`) and those it pulled or created a container of, as an engine lists what
+/// it stored (so agents on it can hold distinct images); containers are created stopped, run once started, and exit only through [`kill`], a terminating
 /// signal, a restart or a removal, each of which publishes a [`ContainerExit`] on [`exits`].
 ///
 /// [`forget_image`]: DummyBackend::forget_image
+/// [`hold_image`]: DummyBackend::hold_image
+/// [`list_images`]: ContainerBackend::list_images
 /// [`kill`]: DummyBackend::kill
 /// [`exits`]: ContainerBackend::exits
 #[derive(Debug)]
@@ -47,6 +52,11 @@ pub struct DummyBackend {
 struct State {
     containers: HashMap<String, Container>,
     missing_images: HashSet<String>,
+    /// What `list_images` shows, by the engine's name ([`normalize_image`]).
+    held_images: BTreeSet<String>,
+    /// Image id → the name it was inspected under: a container created from the id (as the
+    /// container stage creates them) stores the image under that name.
+    image_names: HashMap<String, String>,
 }
 
 #[derive(Debug)]
@@ -126,6 +136,14 @@ fn signal_exit_code(signal: &str) -> Option<Option<i64>> {
     Some(ends.then_some(128 + n))
 }
 
+/// A simulated image id: `sha256:` and a stable hash of the reference (64 hex digits).
+fn image_id(reference: &str) -> String {
+    let mut h = DefaultHasher::new();
+    reference.hash(&mut h);
+    let h = h.finish();
+    format!("sha256:{h:016x}{h:016x}{h:016x}{h:016x}")
+}
+
 /// A Docker-like id: 64 lowercase hex digits.
 fn new_id() -> String {
     format!(
@@ -148,7 +166,15 @@ impl DummyBackend {
     /// Makes `reference` absent and unpullable ([`BackendError::ImageNotFound`] from
     /// `pull_image` and `create_container`).
     pub fn forget_image(&self, reference: &str) {
-        self.state().missing_images.insert(reference.to_owned());
+        let mut state = self.state();
+        state.missing_images.insert(reference.to_owned());
+        state.held_images.remove(&normalize_image(reference));
+    }
+
+    /// Records `reference` as stored in the engine: [`list_images`](ContainerBackend::list_images)
+    /// shows it from now on (under the engine's name, [`normalize_image`]).
+    pub fn hold_image(&self, reference: &str) {
+        self.state().held_images.insert(normalize_image(reference));
     }
 
     /// Simulates the container's main process exiting with `exit_code` (`oom`: killed by the
@@ -185,18 +211,35 @@ impl ContainerBackend for DummyBackend {
 
     /// Present unless forgotten; the id is a stable hash of the reference, no labels.
     async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError> {
-        if self.state().missing_images.contains(reference) {
+        let mut state = self.state();
+        if state.missing_images.contains(reference) {
             return Ok(None);
         }
-        let mut h = DefaultHasher::new();
-        reference.hash(&mut h);
-        let h = h.finish();
-        let id = format!("sha256:{h:016x}{h:016x}{h:016x}{h:016x}");
+        let id = image_id(reference);
+        state
+            .image_names
+            .insert(id.clone(), normalize_image(reference));
         Ok(Some(ImageInfo {
             id,
             reference: reference.to_owned(),
             labels: HashMap::new(),
         }))
+    }
+
+    /// The held images ([`DummyBackend::hold_image`], pulled, or run), by name; one tag each,
+    /// the id as [`inspect_image`](ContainerBackend::inspect_image) gives it, size 0 (nothing
+    /// is stored).
+    async fn list_images(&self) -> Result<Vec<ImageSummary>, BackendError> {
+        Ok(self
+            .state()
+            .held_images
+            .iter()
+            .map(|name| ImageSummary {
+                id: image_id(name),
+                tags: vec![name.clone()],
+                size_bytes: 0,
+            })
+            .collect())
     }
 
     /// Waits `delays.pull`, then reports one `Pull complete` line.
@@ -209,6 +252,7 @@ impl ContainerBackend for DummyBackend {
         tokio::time::sleep(self.delays.pull).await;
         let image = self.inspect_image(reference).await?;
         let image = image.ok_or_else(|| BackendError::ImageNotFound(reference.to_owned()))?;
+        self.hold_image(reference);
         progress(PullProgress {
             status: "Pull complete".to_owned(),
             ..PullProgress::default()
@@ -222,6 +266,9 @@ impl ContainerBackend for DummyBackend {
         if state.missing_images.contains(&spec.image) {
             return Err(BackendError::ImageNotFound(spec.image.clone()));
         }
+        let name = (state.image_names.get(&spec.image).cloned())
+            .unwrap_or_else(|| normalize_image(&spec.image));
+        state.held_images.insert(name);
         let id = new_id();
         let name = if spec.name.is_empty() {
             id[..12].to_owned()
@@ -583,6 +630,51 @@ mod tests {
             b.start_container("nope").await,
             Err(BackendError::ContainerNotFound(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn lists_only_the_images_it_holds() {
+        let b = DummyBackend::new(DummyDelays::default());
+        assert!(b.list_images().await.unwrap().is_empty());
+        b.hold_image("docker.io/library/python");
+        b.hold_image("python:latest");
+        b.hold_image("cr.example.com/team/cuda:12");
+        // Present to `inspect_image` (every image is), yet not stored.
+        assert!(b.inspect_image("other:1").await.unwrap().is_some());
+        let tags = |v: Vec<ImageSummary>| v.into_iter().flat_map(|i| i.tags).collect::<Vec<_>>();
+        assert_eq!(
+            tags(b.list_images().await.unwrap()),
+            ["cr.example.com/team/cuda:12", "python:latest"]
+        );
+        // A container of an image (by reference, or by the id inspecting it gave) stores it; a
+        // forgotten image is gone.
+        b.create_container(&ContainerSpec {
+            image: "busybox".into(),
+            ..spec("k", "x")
+        })
+        .await
+        .unwrap();
+        let alpine = b.inspect_image("alpine:3").await.unwrap().unwrap();
+        assert_eq!(
+            tags(b.list_images().await.unwrap()).len(),
+            3,
+            "inspected only"
+        );
+        b.create_container(&ContainerSpec {
+            image: alpine.id,
+            ..spec("k2", "y")
+        })
+        .await
+        .unwrap();
+        b.forget_image("python:latest");
+        let listed = b.list_images().await.unwrap();
+        assert_eq!(
+            tags(listed.clone()),
+            ["alpine:3", "busybox:latest", "cr.example.com/team/cuda:12"]
+        );
+        assert!(listed
+            .iter()
+            .all(|i| i.id.starts_with("sha256:") && i.id.len() == 71));
     }
 
     #[tokio::test]

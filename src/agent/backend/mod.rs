@@ -118,6 +118,20 @@ impl std::fmt::Debug for RegistryAuth {
     }
 }
 
+/// One image the engine holds, as its image list shows it (`docker image ls`; the engine's
+/// `GET /images/json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageSummary {
+    /// The engine's id (`sha256:…`).
+    pub id: String,
+    /// Its references (`repo:tag`) as the engine lists them (`python:3.12`,
+    /// `registry.example.com:5000/team/cuda:12.4`), without Docker's `<none>:<none>`; may be
+    /// empty (an untagged image).
+    pub tags: Vec<String>,
+    /// Its size on disk in bytes (the engine's `Size`: every layer, shared ones included).
+    pub size_bytes: u64,
+}
+
 /// One step of an image pull (or push), as the engine reports it.
 #[derive(Clone, Debug, Default)]
 pub struct PullProgress {
@@ -357,6 +371,10 @@ pub trait ContainerBackend: Send + Sync + 'static {
 
     /// The local image `reference`, or `None` when absent.
     async fn inspect_image(&self, reference: &str) -> Result<Option<ImageInfo>, BackendError>;
+
+    /// Every image the engine holds (Backend.AI's `scan_images` lists the same), in the
+    /// engine's order. Errors: `Unavailable` / `Engine` as for every call.
+    async fn list_images(&self) -> Result<Vec<ImageSummary>, BackendError>;
 
     /// Pulls `reference` with `auth` (anonymously when `None`), reporting each progress line.
     ///

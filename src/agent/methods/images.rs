@@ -1,36 +1,117 @@
-//! Image methods (the typed contract of [`crate::rpc::agent_api::images`]): `check_pulling`
-//! answers from the pulls the kernels' image stages have in flight; `check_and_pull` is
-//! registered so that it answers FAILURE `NotImplemented` (not `UnknownMethod`) until the
-//! agent implements it. `purge_images` is in [`super::purge`]; `commit`,
-//! `get_commit_status`, `push_image` in [`super::commit`].
+//! Image methods (the typed contract of [`crate::rpc::agent_api::images`]): `check_and_pull`
+//! (Backend.AI 26.x's: check, pull in the background, tell the outcome by events),
+//! `check_pulling` and kernelvisor's `image_pull_status`, from the agent's
+//! [`ImagePulls`](crate::agent::pulls::ImagePulls). `purge_images` is in [`super::purge`];
+//! `commit`, `get_commit_status`, `push_image` and kernelvisor's `get_bgtask` in
+//! [`super::commit`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::agent::context::AgentContext;
+use crate::agent::events::AgentEvent;
+use crate::agent::kernel::config::run_reference;
+use crate::agent::pulls::registry_auth;
 use crate::rpc::agent_api::images as api;
-use crate::rpc::agent_api::Method;
-use crate::rpc::{Dispatcher, ErrorMeta};
-
-/// The FAILURE of a method the agent does not implement yet.
-pub fn not_implemented(method: &str) -> ErrorMeta {
-    ErrorMeta::new(
-        api::NOT_IMPLEMENTED,
-        format!(
-            "{method}() is not implemented by this agent (kernelvisor {}) yet",
-            env!("CARGO_PKG_VERSION")
-        ),
-    )
-}
-
-fn refuse<M: Method + 'static>(dispatcher: &mut Dispatcher) {
-    dispatcher.register_method::<M, _, _>(|_, _| async { Err(not_implemented(M::NAME)) });
-}
+use crate::rpc::agent_api::images::PullState;
+use crate::rpc::agent_api::kernel::ImageConfig;
+use crate::rpc::Dispatcher;
 
 /// Registers the image methods on `dispatcher`.
 pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>) {
+    let c = ctx.clone();
     dispatcher.register_method::<api::CheckPulling, _, _>(move |args, _| {
-        let pulling = ctx.node.is_pulling(&args.image_name);
+        let pulling = c.pulls.is_pulling(&args.image_name);
         async move { Ok(pulling) }
     });
-    refuse::<api::CheckAndPull>(dispatcher);
+    let c = ctx.clone();
+    dispatcher.register_method::<api::ImagePullStatus, _, _>(move |args, _| {
+        let status = c.pulls.status(&args.image_name);
+        async move { Ok(status) }
+    });
+    dispatcher.register_method::<api::CheckAndPull, _, _>(move |args, _| {
+        let ctx = ctx.clone();
+        async move {
+            ctx.engine.check()?;
+            let mut tasks = BTreeMap::new();
+            for (key, image) in args.image_configs {
+                tasks.insert(key, check_and_pull(&ctx, image).await);
+            }
+            Ok(tasks)
+        }
+    });
+}
+
+/// Unix seconds now.
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One image of `check_and_pull`: decides before answering whether it must be pulled (so that
+/// `image_pull_status` right after the answer knows the image), then pulls in the background.
+/// Events as upstream's `check_and_pull`: `image_pull_started` when this call starts the pull,
+/// then `image_pull_finished` or `image_pull_failed`; `image_pull_finished` with `Image already
+/// exists` at once when no pull is needed. Unlike upstream (which stays silent), a call that
+/// finds the image being pulled waits for that pull and tells its outcome too, so every caller
+/// hears how its image ended. Returns the background task's id (32 hex digits).
+async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
+    let task_id = uuid::Uuid::new_v4().simple().to_string();
+    let canonical = image.canonical.clone();
+    let reference = run_reference(&image);
+    let events = ctx.events.clone();
+    let failed = |image: &str, msg: String| AgentEvent::ImagePullFailed {
+        image: image.to_owned(),
+        msg,
+    };
+    match ctx.pulls.needs_pull(&image).await {
+        Err(e) => {
+            ctx.pulls.note_failed(&reference, &e);
+            events.emit(failed(&canonical, e.to_string()));
+        }
+        Ok(false) => {
+            ctx.pulls.note_present(&reference);
+            events.emit(AgentEvent::ImagePullFinished {
+                image: canonical.clone(),
+                timestamp: now(),
+                msg: Some("Image already exists".into()),
+            });
+        }
+        Ok(true) => {
+            let mut pull = ctx.pulls.start(&reference, registry_auth(&image));
+            if pull.started {
+                events.emit(AgentEvent::ImagePullStarted {
+                    image: canonical.clone(),
+                    timestamp: now(),
+                });
+            }
+            actix_rt::spawn(async move {
+                loop {
+                    match pull.now() {
+                        PullState::Pulling { .. } => {
+                            if !pull.changed().await {
+                                events
+                                    .emit(failed(&canonical, "the image pull task stopped".into()));
+                                return;
+                            }
+                        }
+                        PullState::Done { .. } => {
+                            events.emit(AgentEvent::ImagePullFinished {
+                                image: canonical.clone(),
+                                timestamp: now(),
+                                msg: None,
+                            });
+                            return;
+                        }
+                        PullState::Failed { message, .. } => {
+                            events.emit(failed(&canonical, message));
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    }
+    task_id
 }

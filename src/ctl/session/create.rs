@@ -122,11 +122,18 @@ impl CreateArgs {
 
 /// Creates the session and prints what was created, or with `-o json` the API's JSON as it is.
 pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32, Failure> {
-    show(
-        out,
-        &client.post("/v1/sessions", &args.to_json(), None)?,
-        render::created,
-    )
+    let reply = client.post("/v1/sessions", &args.to_json(), None)?;
+    let created: crate::model::session::SessionCreated = render::lenient(&reply.json);
+    let code = show(out, &reply, render::created)?;
+    if created.status == crate::model::session::KernelStatus::Pulling.as_str() {
+        // On stderr: stdout stays the answer (a pipe reading `-o json` gets only that).
+        eprintln!(
+            "the agent is pulling the image; the session starts when it is done \
+             (progress: kernelvisor ctl session show {id}; wait for it to end: kernelvisor ctl session wait {id})",
+            id = created.session_id
+        );
+    }
+    Ok(code)
 }
 
 #[cfg(test)]

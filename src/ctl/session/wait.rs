@@ -1,7 +1,7 @@
 //! `session wait`: poll a session (`GET /v1/sessions/{id}`) until it is `TERMINATED`, then show
 //! it and exit with its exit code.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -86,9 +86,24 @@ fn wait_terminated(
     interval: Duration,
     deadline: Option<Instant>,
 ) -> Result<Waited, ClientError> {
+    // While the image is pulled, a live progress line on stderr when it is a terminal.
+    let live = io::stderr().is_terminal();
+    let mut drew = false;
     loop {
         let reply = client.get(path, &[])?;
         let session: Session = render::lenient(&reply.json);
+        let pulling = session.status == KernelStatus::Pulling.as_str();
+        if live && (pulling || drew) {
+            let line = match (&session.pull_progress, pulling) {
+                (Some(p), true) => format!("pulling {}", crate::ctl::format::pull_bar(p)),
+                (None, true) => "pulling …".to_owned(),
+                (_, false) => String::new(),
+            };
+            // `\r` and erase-line: the bar redraws in place, and is wiped once the pull is over.
+            let _ = write!(io::stderr(), "\r\x1b[2K{line}");
+            let _ = io::stderr().flush();
+            drew = pulling;
+        }
         if session.status == KernelStatus::Terminated.as_str() {
             return Ok(Waited::Terminated(reply));
         }

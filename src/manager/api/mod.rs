@@ -78,6 +78,7 @@ pub fn session(k: &KernelRow) -> Session {
         mounts: serde_json::from_str::<Vec<SessionMount>>(&k.mounts).unwrap_or_default(),
         restart_policy: serde_json::from_str(&k.restart_policy).unwrap_or_default(),
         restart_count: k.restart_count,
+        pull_progress: k.pull_progress,
         created_at: Some(k.created_at),
         terminated_at: k.terminated_at,
         stages: None,
@@ -334,6 +335,7 @@ mod tests {
             restart_policy: r#"{"mode":"never","max_restarts":3,"window":60.0,"backoff":1.0}"#
                 .into(),
             restart_count: 0,
+            pull_progress: None,
         }
     }
 
@@ -361,6 +363,7 @@ mod tests {
             "mounts": [{"name": "data", "permission": null}],
             "restart_policy": {"mode": "never", "max_restarts": 3, "window": 60.0, "backoff": 1.0},
             "restart_count": 0, "created_at": 1.5, "terminated_at": null,
+            "pull_progress": null,
         });
         assert_eq!(listed, before.to_string());
         let got = Session {

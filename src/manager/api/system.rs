@@ -55,6 +55,7 @@ pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
                     .collect(),
                 kernels: Some(u.kernels),
                 last_heartbeat: r.last_heartbeat,
+                image_count: i64::try_from(a.image_count).unwrap_or(i64::MAX),
             }
         })
         .collect();

@@ -148,6 +148,7 @@ mod tests {
             slots_total: Default::default(),
             slot_types: Default::default(),
             kernels: vec![],
+            images: vec![],
         }
     }
 

@@ -2,11 +2,13 @@
 
 use rmpv::Value;
 
+use crate::agent::heartbeat::MAX_HEARTBEAT_IMAGES;
+use crate::agent::node::normalize_image;
 use crate::manager::events::field;
 use crate::slots::{builtin_types, ResourceSlots, SlotType, SlotTypes};
 
 /// One heartbeat: the agent's address and key, its slots in total (every slot it has: `cpu`,
-/// `mem`, accelerator slots) with their types, and its kernels.
+/// `mem`, accelerator slots) with their types, its kernels, and its local images.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Heartbeat {
     /// Agent id.
@@ -27,6 +29,10 @@ pub struct Heartbeat {
     pub slot_types: SlotTypes,
     /// `(kernel id, session id, status)` of every kernel not `TERMINATED`.
     pub kernels: Vec<(String, String, String)>,
+    /// `images`: the references of the images its engine holds, as the engine names them
+    /// ([`normalize_image`]), each once, at most [`MAX_HEARTBEAT_IMAGES`] (more are cut);
+    /// empty when the agent sends none (one that predates it).
+    pub images: Vec<String>,
 }
 
 fn text(map: &[(Value, Value)], key: &str) -> Option<String> {
@@ -85,6 +91,18 @@ impl Heartbeat {
                     .collect()
             })
             .unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        let images = field(map, "images")
+            .and_then(Value::as_array)
+            .map(|refs| {
+                refs.iter()
+                    .filter_map(Value::as_str)
+                    .map(normalize_image)
+                    .filter(|r| seen.insert(r.clone()))
+                    .take(MAX_HEARTBEAT_IMAGES)
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Heartbeat {
             agent_id: agent_id.to_owned(),
             addr,
@@ -95,6 +113,7 @@ impl Heartbeat {
             slots_total,
             slot_types: slot_types(field(map, "slot_key_and_units")),
             kernels,
+            images,
         })
     }
 }
@@ -133,6 +152,8 @@ mod tests {
         assert_eq!(hb.slot_types.get("cuda.device"), Some(&SlotType::Count));
         assert_eq!(hb.slot_types.len(), 3);
         assert_eq!(hb.kernels, vec![("k".into(), "s".into(), "RUNNING".into())]);
+        // No `images`: none known.
+        assert!(hb.images.is_empty());
         let units = Value::Map(vec![
             ("cpu".into(), "count".into()),
             ("mem".into(), "bytes".into()),
@@ -150,5 +171,32 @@ mod tests {
         assert!(Heartbeat::from_value("a1", &Value::Map(vec![]))
             .unwrap_err()
             .contains("addr"));
+    }
+
+    #[test]
+    fn images_are_normalized_deduplicated_and_capped() {
+        let info = |images: Vec<Value>| {
+            Value::Map(vec![
+                ("addr".into(), "tcp://127.0.0.1:6011".into()),
+                ("images".into(), Value::Array(images)),
+            ])
+        };
+        let hb = Heartbeat::from_value(
+            "a1",
+            &info(vec![
+                "python".into(),
+                "docker.io/library/python:latest".into(),
+                "localhost:5000/team/cuda:12".into(),
+                Value::from(7),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(hb.images, ["python:latest", "localhost:5000/team/cuda:12"]);
+        let many: Vec<Value> = (0..MAX_HEARTBEAT_IMAGES + 5)
+            .map(|i| format!("img:{i}").into())
+            .collect();
+        let hb = Heartbeat::from_value("a1", &info(many)).unwrap();
+        assert_eq!(hb.images.len(), MAX_HEARTBEAT_IMAGES);
+        assert_eq!(hb.images[0], "img:0");
     }
 }

@@ -105,6 +105,7 @@ mod tests {
             slots_total: Default::default(),
             slot_types: Default::default(),
             kernels: vec![],
+            images: vec![],
         }
     }
 

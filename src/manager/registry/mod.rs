@@ -34,7 +34,7 @@ pub mod liveness;
 mod queries;
 mod reconcile;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,8 +45,8 @@ pub use heartbeat::Heartbeat;
 pub use inbox::{HeartbeatInbox, InboxFull, Put};
 pub use liveness::AgentStatus;
 pub use queries::{
-    AgentAddr, AgentSnapshot, CountByStatus, FlushAgents, GraceRemaining, ListAgents,
-    PlacementCandidates,
+    AgentAddr, AgentImageSets, AgentImages, AgentSnapshot, CountByStatus, FlushAgents,
+    GraceRemaining, ListAgents, PlacementCandidates,
 };
 
 use super::calls::call_method;
@@ -101,6 +101,10 @@ struct AgentState {
     /// A `mark_agent_lost` is in flight ([`Liveness::losing`]).
     losing: bool,
     endpoint: Option<AgentEndpoint>,
+    /// The images its engine holds, from the newest heartbeat this replica took (references
+    /// as the engine names them; empty until one says). Kept in memory only, beside the row:
+    /// another replica's row does not carry them.
+    images: Arc<HashSet<String>>,
 }
 
 impl AgentState {
@@ -112,6 +116,7 @@ impl AgentState {
             resetting: false,
             losing: false,
             endpoint: None,
+            images: Arc::default(),
         }
     }
 
@@ -147,6 +152,9 @@ pub struct AgentRegistry {
     /// slot total changes (not on every heartbeat's `seen_at`): a fleet's worth of rows is not
     /// copied for every create.
     candidates: Option<Arc<Vec<AgentRow>>>,
+    /// Every agent's images ([`AgentImages`]), built on demand and dropped when an agent's
+    /// images change.
+    image_sets: Option<Arc<AgentImageSets>>,
     /// Heartbeats the intake left, taken every [`HEARTBEAT_BATCH_INTERVAL`].
     inbox: Arc<HeartbeatInbox>,
 }
@@ -201,6 +209,7 @@ impl AgentRegistry {
             flushing: false,
             loading_dangling: false,
             candidates: None,
+            image_sets: None,
             inbox,
         }
     }
@@ -229,6 +238,7 @@ impl AgentRegistry {
                 resetting: false,
                 losing: false,
                 endpoint: None,
+                images: Arc::default(),
             })
     }
 
@@ -327,8 +337,14 @@ impl AgentRegistry {
         }
     }
 
-    /// Takes the heartbeat's facts (address, key, slots) and tells the pool a changed endpoint.
+    /// Takes the heartbeat's facts (address, key, slots, images) and tells the pool a changed
+    /// endpoint.
     fn absorb(&mut self, hb: &Heartbeat) {
+        let s = self.state(&hb.agent_id);
+        if s.images.len() != hb.images.len() || hb.images.iter().any(|r| !s.images.contains(r)) {
+            s.images = Arc::new(hb.images.iter().cloned().collect());
+            self.image_sets = None;
+        }
         let s = self.state(&hb.agent_id);
         let changed = s.row.slots_total != hb.slots_total || s.row.slot_types != hb.slot_types;
         s.row.addr = Some(hb.addr.clone());

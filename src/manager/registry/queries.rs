@@ -1,7 +1,8 @@
 //! What the registry answers: the agents as the API shows them, their counts by status, an
-//! agent's address, placement candidates, the start-up grace, and the flush at shutdown.
+//! agent's address, placement candidates and their images, the start-up grace, and the flush
+//! at shutdown.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,8 @@ use crate::manager::store::AgentRow;
 pub struct AgentSnapshot {
     /// The row (status, address, slots total, last heartbeat).
     pub row: AgentRow,
+    /// How many image references its newest heartbeat to this replica listed.
+    pub image_count: usize,
 }
 
 /// Every known agent.
@@ -28,7 +31,10 @@ impl Handler<ListAgents> for AgentRegistry {
         let mut v: Vec<AgentSnapshot> = self
             .agents
             .values()
-            .map(|s| AgentSnapshot { row: s.row.clone() })
+            .map(|s| AgentSnapshot {
+                row: s.row.clone(),
+                image_count: s.images.len(),
+            })
             .collect();
         v.sort_by(|a, b| a.row.id.cmp(&b.row.id));
         MessageResult(v)
@@ -91,6 +97,34 @@ impl Handler<PlacementCandidates> for AgentRegistry {
             )
         });
         MessageResult(list.clone())
+    }
+}
+
+/// Agent id → the references of the images its engine holds (as the engine names them,
+/// [`crate::agent::node::normalize_image`]), from its newest heartbeat this replica took.
+pub type AgentImageSets = HashMap<String, Arc<HashSet<String>>>;
+
+/// Every agent's local images, for image-aware placement (the scheduler's `place`).
+/// Only what this replica's intake heard: with several replicas, an agent reporting to another
+/// one is absent (placed on as if it held nothing). Cached until an agent's images change.
+#[derive(Message)]
+#[rtype(result = "Arc<AgentImageSets>")]
+pub struct AgentImages;
+
+impl Handler<AgentImages> for AgentRegistry {
+    type Result = MessageResult<AgentImages>;
+    fn handle(&mut self, _: AgentImages, _: &mut Context<Self>) -> Self::Result {
+        let agents = &self.agents;
+        let sets = self.image_sets.get_or_insert_with(|| {
+            Arc::new(
+                agents
+                    .iter()
+                    .filter(|(_, s)| !s.images.is_empty())
+                    .map(|(id, s)| (id.clone(), s.images.clone()))
+                    .collect(),
+            )
+        });
+        MessageResult(sets.clone())
     }
 }
 

@@ -3,15 +3,18 @@
 
 use std::collections::BTreeMap;
 
+use std::time::{Duration, Instant};
+
 use actix::prelude::*;
 use rmpv::Value;
 
 use super::place::{parse_request, place};
+use super::pull::{PullOutcome, PullPhase};
 use super::Scheduler;
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
 use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
-use crate::manager::registry::PlacementCandidates;
+use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store};
 use crate::model::session::{MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
@@ -104,6 +107,7 @@ impl Handler<CreateSession> for Scheduler {
                 let _guard = placing.lock().await;
                 let all = registry.send(PlacementCandidates).await?;
                 let slots = parse_request(&req.resource_slots, &all)?;
+                let images = registry.send(AgentImages).await?;
                 // Agents the store turned out to hold LOST/PENDING (rare: copied only then).
                 let mut fewer: Option<Vec<AgentRow>> = None;
                 let mut attempt = 0;
@@ -111,7 +115,7 @@ impl Handler<CreateSession> for Scheduler {
                     attempt += 1;
                     let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(&all);
                     let usage = store.usage_by_agent().await?;
-                    let agent_id = place(candidates, &usage, &slots)?;
+                    let agent_id = place(candidates, &usage, &slots, &req.image, &images)?;
                     let total = candidates
                         .iter()
                         .find(|a| a.id == agent_id)
@@ -167,7 +171,10 @@ impl Handler<CreateSession> for Scheduler {
                 .collect();
             environ.insert(ACCESS_KEY_ENV.into(), owner.as_str().into());
             let config = KernelCreationConfig {
-                image: ImageConfig::by_reference(&req.image),
+                image: ImageConfig {
+                    registry: spec.registries.for_image(&req.image),
+                    ..ImageConfig::by_reference(&req.image)
+                },
                 kernel_id: Some(kernel_id.clone()),
                 session_id: Some(session_id.clone()),
                 network_id: Some(session_id.clone()),
@@ -202,71 +209,246 @@ impl Handler<CreateSession> for Scheduler {
                 agent_addr: None,
                 ..KernelCreationConfig::default()
             };
-            let call = encode_args::<CreateKernels>(&CreateKernelsArgs {
+            let creation = Creation {
+                pool: pool.clone(),
+                metrics: metrics.clone(),
+                store: store.clone(),
+                agent_id: agent_id.clone(),
+                kernel_id: kernel_id.clone(),
                 session_id: session_id.clone(),
-                kernel_ids: vec![kernel_id.clone()],
-                configs: vec![to_value(&config)],
-                cluster_info: Some(ClusterInfo::default()),
-                kernel_image_refs: None,
-            });
-            let args = call.args;
-            match call_agent(
-                &pool,
-                &metrics,
-                &agent_id,
-                "create_kernels",
-                args,
-                spec.create_timeout,
-            )
-            .await
-            {
-                Ok(reply) => {
-                    let status = decode_reply::<CreateKernels>(reply)
-                        .map_err(|e| ManagerError::Internal(e.to_string()))?
-                        .first()
-                        .and_then(|r| r.info.get("status"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("RUNNING")
-                        .to_owned();
-                    store.advance_kernel(&kernel_id, &status).await?;
-                    metrics.sessions_created.inc();
-                }
-                Err(e) if e.failure().is_some() => {
-                    // The agent refused it whole: nothing exists there.
-                    store.discard_reservation(&kernel_id).await?;
-                    return Err(agent_error(&e));
-                }
+                config,
+                create_timeout: spec.create_timeout,
+                destroy_timeout: spec.destroy_timeout,
+            };
+            let pull = PullPhase {
+                pool: pool.clone(),
+                metrics: metrics.clone(),
+                store: store.clone(),
+                agent_id: agent_id.clone(),
+                kernel_id: kernel_id.clone(),
+                image: creation.config.image.clone(),
+            };
+            let follow = match pull.start().await {
+                Ok(follow) => follow,
                 Err(e) => {
-                    // Unknown outcome: the kernel may exist. Release it here, and ask the agent
-                    // to destroy it when it can be reached (its kernel_terminated is then a no-op).
-                    store
-                        .terminate_kernel(&kernel_id, "failed-to-create", None)
-                        .await?;
-                    let (pool, metrics, agent, kid, sid, t) = (
-                        pool.clone(),
-                        metrics.clone(),
-                        agent_id.clone(),
-                        kernel_id.clone(),
-                        session_id.clone(),
-                        spec.destroy_timeout,
-                    );
-                    actix::spawn(async move {
-                        let args = DestroyKernelArgs {
-                            kernel_id: kid,
-                            session_id: Some(sid),
-                            reason: Some("failed-to-create".into()),
-                            suppress_events: None,
-                        };
-                        let _ =
-                            call_method::<DestroyKernel>(&pool, &metrics, &agent, &args, t).await;
-                    });
-                    return Err(ManagerError::AgentUnavailable(e.to_string()));
+                    store.discard_reservation(&kernel_id).await?;
+                    return Err(e);
+                }
+            };
+            if follow {
+                let now = Instant::now();
+                match pull
+                    .follow(now + PULL_ANSWER_WAIT, now + spec.create_timeout)
+                    .await
+                {
+                    PullOutcome::Ready => {}
+                    PullOutcome::Failed(e) => {
+                        store.discard_reservation(&kernel_id).await?;
+                        return Err(e);
+                    }
+                    PullOutcome::Pulling => {
+                        // A long pull: answer `PULLING` now; the pull and the create go on.
+                        actix::spawn(finish_in_background(
+                            pull,
+                            creation,
+                            now + spec.image_pull_timeout,
+                        ));
+                        return store.kernel(&kernel_id).await?.ok_or_else(|| {
+                            ManagerError::Internal("pulling kernel row vanished".into())
+                        });
+                    }
                 }
             }
+            creation.create(OnRefusal::Discard).await?;
             store
                 .kernel(&kernel_id)
                 .await?
                 .ok_or_else(|| ManagerError::Internal("created kernel row vanished".into()))
         })
+    }
+}
+
+/// How long `POST /v1/sessions` waits for a pull before it answers `PULLING` and lets the pull
+/// go on (a present image, or a pull that fails at once, still answers in the call).
+const PULL_ANSWER_WAIT: Duration = Duration::from_secs(2);
+
+/// What a refused `create_kernels` does to the kernel's row.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnRefusal {
+    /// Delete it (the caller gets the error; nothing was ever visible).
+    Discard,
+    /// Keep it `TERMINATED` with the error's code as its reason (a create the caller no longer
+    /// waits for: the session shows why it ended).
+    Terminate,
+}
+
+/// A placed and reserved kernel's `create_kernels` call.
+struct Creation {
+    pool: Addr<crate::manager::pool::AgentPool>,
+    metrics: std::sync::Arc<crate::manager::metrics::ManagerMetrics>,
+    store: Store,
+    agent_id: String,
+    kernel_id: String,
+    session_id: String,
+    config: KernelCreationConfig,
+    create_timeout: Duration,
+    destroy_timeout: Duration,
+}
+
+impl Creation {
+    /// Calls `create_kernels` and records the answer; any failure undoes the reservation.
+    ///
+    /// Errors: the agent's refusal as the manager's error (the row deleted or terminated per
+    /// `on_refusal`); `agent-unavailable` when the outcome is unknown (the row terminated
+    /// `failed-to-create`, and the agent asked to destroy the kernel when it can be reached).
+    async fn create(self, on_refusal: OnRefusal) -> Result<(), ManagerError> {
+        let Creation {
+            pool,
+            metrics,
+            store,
+            agent_id,
+            kernel_id,
+            session_id,
+            config,
+            create_timeout,
+            destroy_timeout,
+        } = self;
+        let call = encode_args::<CreateKernels>(&CreateKernelsArgs {
+            session_id: session_id.clone(),
+            kernel_ids: vec![kernel_id.clone()],
+            configs: vec![to_value(&config)],
+            cluster_info: Some(ClusterInfo::default()),
+            kernel_image_refs: None,
+        });
+        let destroy = |reason: &'static str| {
+            let (pool, metrics, agent, kid, sid) = (
+                pool.clone(),
+                metrics.clone(),
+                agent_id.clone(),
+                kernel_id.clone(),
+                session_id.clone(),
+            );
+            actix::spawn(async move {
+                let args = DestroyKernelArgs {
+                    kernel_id: kid,
+                    session_id: Some(sid),
+                    reason: Some(reason.into()),
+                    suppress_events: None,
+                };
+                let _ =
+                    call_method::<DestroyKernel>(&pool, &metrics, &agent, &args, destroy_timeout)
+                        .await;
+            });
+        };
+        match call_agent(
+            &pool,
+            &metrics,
+            &agent_id,
+            "create_kernels",
+            call.args,
+            create_timeout,
+        )
+        .await
+        {
+            Ok(reply) => {
+                let status = decode_reply::<CreateKernels>(reply)
+                    .map_err(|e| ManagerError::Internal(e.to_string()))?
+                    .first()
+                    .and_then(|r| r.info.get("status"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("RUNNING")
+                    .to_owned();
+                store.advance_kernel(&kernel_id, &status).await?;
+                if store
+                    .kernel(&kernel_id)
+                    .await?
+                    .is_some_and(|k| !k.is_live())
+                {
+                    // Destroyed while it was being created (a `PULLING` session deleted).
+                    destroy("user-requested");
+                    return Err(ManagerError::SessionNotFound(session_id));
+                }
+                metrics.sessions_created.inc();
+                Ok(())
+            }
+            Err(e) if e.failure().is_some() => {
+                // The agent refused it whole: nothing exists there.
+                let error = agent_error(&e);
+                match on_refusal {
+                    OnRefusal::Discard => {
+                        store.discard_reservation(&kernel_id).await?;
+                    }
+                    OnRefusal::Terminate => {
+                        store
+                            .terminate_kernel(&kernel_id, error.code(), None)
+                            .await?;
+                    }
+                }
+                Err(error)
+            }
+            Err(e) => {
+                // Unknown outcome: the kernel may exist. Release it here, and ask the agent
+                // to destroy it when it can be reached (its kernel_terminated is then a no-op).
+                store
+                    .terminate_kernel(&kernel_id, "failed-to-create", None)
+                    .await?;
+                destroy("failed-to-create");
+                Err(ManagerError::AgentUnavailable(e.to_string()))
+            }
+        }
+    }
+}
+
+/// How long one stretch of following a background pull lasts before the kernel's row is looked
+/// at again (a session deleted, or its agent lost, meanwhile stops the follow).
+const BACKGROUND_STRETCH: Duration = Duration::from_secs(10);
+
+/// Follows a pull the create call no longer waits for until it ends or `deadline` (`[scheduler]
+/// image-pull-timeout`) passes, then creates the kernel; a failure ends the session
+/// `TERMINATED` with the error's code as its reason (`registry-auth-failed`, …).
+async fn finish_in_background(pull: PullPhase, creation: Creation, deadline: Instant) {
+    let (store, kernel_id) = (creation.store.clone(), creation.kernel_id.clone());
+    let live = || async {
+        store
+            .kernel(&kernel_id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|k| k.is_live())
+    };
+    let failed = |e: ManagerError| {
+        let (store, kernel_id) = (store.clone(), kernel_id.clone());
+        async move {
+            tracing::info!(kernel_id = %kernel_id, error = %e, "the session's image pull failed");
+            if let Err(se) = store.terminate_kernel(&kernel_id, e.code(), None).await {
+                tracing::warn!(kernel_id = %kernel_id, error = %se, "cannot end a session whose pull failed");
+            }
+        }
+    };
+    loop {
+        let stretch = (Instant::now() + BACKGROUND_STRETCH).min(deadline);
+        match pull.follow(stretch, deadline).await {
+            PullOutcome::Ready => break,
+            PullOutcome::Failed(e) => return failed(e).await,
+            PullOutcome::Pulling if Instant::now() >= deadline => {
+                return failed(ManagerError::ImagePullTimeout(format!(
+                    "{}: still pulling at [scheduler] image-pull-timeout",
+                    pull.image.canonical
+                )))
+                .await;
+            }
+            PullOutcome::Pulling => {
+                if !live().await {
+                    return;
+                }
+            }
+        }
+    }
+    if !live().await {
+        return;
+    }
+    let kernel_id = creation.kernel_id.clone();
+    if let Err(e) = creation.create(OnRefusal::Terminate).await {
+        tracing::info!(kernel_id = %kernel_id, error = %e, "create after a pull failed");
     }
 }

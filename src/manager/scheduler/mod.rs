@@ -1,5 +1,6 @@
-//! `Scheduler`: places a session's kernel on the least-loaded `ALIVE` agent with enough free
-//! slots, creates it through the agent pool, and destroys and executes in it.
+//! `Scheduler`: places a session's kernel on an `ALIVE` agent with enough free slots (one
+//! already holding its image first, then the least loaded), creates it through the agent pool,
+//! and destroys and executes in it.
 //!
 //! Placement is serialized (choose + reserve under one lock), so two requests never take the
 //! same free slots; the agent call runs outside the lock. On any failure the reservation is
@@ -13,6 +14,7 @@ mod create;
 mod destroy;
 mod exec;
 mod place;
+mod pull;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,11 @@ pub struct SchedulerSpec {
     pub execute_timeout: Duration,
     /// `execute`'s `flush_timeout` when the request gives none (Backend.AI's default: 2 s).
     pub flush_timeout: Duration,
+    /// Longest a session waits in `PULLING` for its image (the agent's own
+    /// `[container] image-pull-timeout` normally ends a pull first).
+    pub image_pull_timeout: Duration,
+    /// The registries' credentials, put into each kernel's `ImageConfig.registry`.
+    pub registries: Arc<crate::manager::image_registries::ImageRegistries>,
 }
 
 /// The scheduler actor.

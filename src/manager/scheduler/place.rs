@@ -1,9 +1,11 @@
-//! Placement, pure: which agent gets a session's kernel, from the candidates' slots in total
-//! and their usage.
+//! Placement, pure: which agent gets a session's kernel, from the candidates' slots in total,
+//! their usage and the images they hold.
 
 use std::collections::BTreeMap;
 
+use crate::agent::node::normalize_image;
 use crate::manager::error::ManagerError;
+use crate::manager::registry::AgentImageSets;
 use crate::manager::store::{AgentRow, Usage};
 use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
 
@@ -48,10 +50,19 @@ fn load_after(total: &ResourceSlots, used: &ResourceSlots, req: &ResourceSlots) 
     ResourceSlots::load(&after, total)
 }
 
-/// Picks the agent for `req` over every slot: among the `candidates` whose total has every
-/// non-zero slot of `req` and whose free slots (`total − usage`) fit it, the least loaded after
-/// placing it ([`load_after`]); ties go to fewer kernels, then the id. An agent without a slot
-/// the request needs (an accelerator) is never chosen.
+/// Picks the agent for `req` (a session of `image`) over every slot: among the `candidates`
+/// whose total has every non-zero slot of `req` and whose free slots (`total − usage`) fit it,
+/// one that already holds `image` (`images`: agent id → the references its engine holds, from
+/// its heartbeats; compared as the engine names them, [`normalize_image`], so `python` matches
+/// `python:latest`), then the least loaded after placing it ([`load_after`]); ties go to fewer
+/// kernels, then the id. An agent without a slot the request needs (an accelerator) is never
+/// chosen, whatever it holds.
+///
+/// Image locality is Kubernetes' `ImageLocality` score plugin (kube-scheduler: nodes already
+/// holding a pod's images score higher, weighted by the images' size and spread). Here holding
+/// the image ranks first among the agents that fit: pulling a 10–20 GB image costs minutes,
+/// more than any imbalance of load, so the second session of an image does not pull it again
+/// on another agent. An agent that cannot fit the request still loses to one that can.
 ///
 /// Errors: no candidates → `NoAgents`; none could ever fit (not in any agent's total) →
 /// `SlotsExceedCapacity`, naming the slot; none fits now → `NoCapacity`.
@@ -59,6 +70,8 @@ pub fn place(
     candidates: &[AgentRow],
     usage: &std::collections::HashMap<String, Usage>,
     req: &ResourceSlots,
+    image: &str,
+    images: &AgentImageSets,
 ) -> Result<String, ManagerError> {
     if candidates.is_empty() {
         return Err(ManagerError::NoAgents);
@@ -86,14 +99,29 @@ pub fn place(
         )));
     }
     let empty = Usage::default();
+    let wanted = normalize_image(image);
+    // Whether it lacks the image: `false` (holds it) sorts first.
+    let lacks = |a: &AgentRow| !images.get(&a.id).is_some_and(|s| s.contains(&wanted));
     // Each candidate's load computed once (10,000 agents: one pass, not one per comparison).
     candidates
         .iter()
         .map(|a| (a, usage.get(&a.id).unwrap_or(&empty)))
         .filter(|(a, u)| req.fits_in(&a.slots_total.saturating_sub(&u.slots)).is_ok())
-        .map(|(a, u)| (load_after(&a.slots_total, &u.slots, req), u.kernels, a))
-        .min_by(|(la, ka, a), (lb, kb, b)| la.total_cmp(lb).then(ka.cmp(kb)).then(a.id.cmp(&b.id)))
-        .map(|(_, _, a)| a.id.clone())
+        .map(|(a, u)| {
+            (
+                lacks(a),
+                load_after(&a.slots_total, &u.slots, req),
+                u.kernels,
+                a,
+            )
+        })
+        .min_by(|(ia, la, ka, a), (ib, lb, kb, b)| {
+            ia.cmp(ib)
+                .then(la.total_cmp(lb))
+                .then(ka.cmp(kb))
+                .then(a.id.cmp(&b.id))
+        })
+        .map(|(_, _, _, a)| a.id.clone())
         .ok_or_else(|| {
             ManagerError::NoCapacity(
                 "every agent that could run it is full; retry after a session ends".into(),
@@ -134,6 +162,32 @@ mod tests {
             seen_at: 0.0,
             status_changed: 0.0,
         }
+    }
+
+    /// [`super::place`] of an image no agent holds: load, kernels and id decide.
+    fn place(
+        candidates: &[AgentRow],
+        usage: &HashMap<String, Usage>,
+        req: &ResourceSlots,
+    ) -> Result<String, ManagerError> {
+        super::place(
+            candidates,
+            usage,
+            req,
+            "nobody-has:1",
+            &AgentImageSets::new(),
+        )
+    }
+
+    /// Agent id → the images it holds.
+    fn holding(pairs: &[(&str, &[&str])]) -> AgentImageSets {
+        pairs
+            .iter()
+            .map(|(id, refs)| {
+                let set = refs.iter().map(|r| r.to_string()).collect();
+                (id.to_string(), std::sync::Arc::new(set))
+            })
+            .collect()
     }
 
     fn used(pairs: &[(&str, &str)], kernels: i64) -> Usage {
@@ -281,6 +335,93 @@ mod tests {
         assert!(e.to_string().contains("largest cuda.device: 4"), "{e}");
         assert_eq!(
             place(&agents[..1], &HashMap::new(), &gpu_req)
+                .unwrap_err()
+                .code(),
+            "slots-exceed-capacity"
+        );
+    }
+
+    #[test]
+    fn placement_prefers_an_agent_that_holds_the_image() {
+        let agents = vec![
+            agent("a", &[("cpu", "4"), ("mem", "8")], &[]),
+            agent("b", &[("cpu", "4"), ("mem", "8")], &[]),
+            agent("c", &[("cpu", "4"), ("mem", "8")], &[]),
+        ];
+        let req = slots(&[("cpu", "1"), ("mem", "1")]);
+        let images = holding(&[("b", &["python:latest", "cuda:12"]), ("c", &["cuda:12"])]);
+        let mut usage = HashMap::new();
+        // Idle and equal: the id would pick `a`; `b` holds the image (any spelling of it).
+        for spelling in ["python", "python:latest", "docker.io/library/python:latest"] {
+            assert_eq!(
+                super::place(&agents, &usage, &req, spelling, &images).unwrap(),
+                "b",
+                "{spelling}"
+            );
+        }
+        // Busier than the others, `b` still gets it: a pull costs more than the imbalance.
+        usage.insert("b".to_string(), used(&[("cpu", "2"), ("mem", "1")], 2));
+        assert_eq!(
+            super::place(&agents, &usage, &req, "python", &images).unwrap(),
+            "b"
+        );
+        // Several hold it: the least loaded of them (`c`), not the least loaded overall (`a`).
+        usage.insert("c".to_string(), used(&[("cpu", "1"), ("mem", "1")], 1));
+        assert_eq!(
+            super::place(&agents, &usage, &req, "cuda:12", &images).unwrap(),
+            "c"
+        );
+        usage.insert("c".to_string(), used(&[("cpu", "2.5"), ("mem", "1")], 1));
+        assert_eq!(
+            super::place(&agents, &usage, &req, "cuda:12", &images).unwrap(),
+            "b"
+        );
+        // Nobody holds it (another tag of a held repository is another image): least loaded.
+        for other in ["python:3.12", "cuda", "nobody:1"] {
+            assert_eq!(
+                super::place(&agents, &usage, &req, other, &images).unwrap(),
+                "a",
+                "{other}"
+            );
+        }
+    }
+
+    #[test]
+    fn holding_the_image_never_overrides_fit() {
+        let agents = vec![
+            agent("a", &[("cpu", "4"), ("mem", GIB)], &[]),
+            agent(
+                "gpu",
+                &[("cpu", "4"), ("mem", GIB), ("cuda.device", "2")],
+                &[("cuda.device", SlotType::Count)],
+            ),
+        ];
+        let images = holding(&[("a", &["cuda:12"])]);
+        let mut usage = HashMap::new();
+        // `a` holds the image but has no GPU: the GPU request goes where the device is.
+        let gpu = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.device", "1")]);
+        assert_eq!(
+            super::place(&agents, &usage, &gpu, "cuda:12", &images).unwrap(),
+            "gpu"
+        );
+        // `a` holds the image but is full: the other agent, which must pull it.
+        usage.insert("a".to_string(), used(&[("cpu", "3.5")], 3));
+        let plain = slots(&[("cpu", "1"), ("mem", "1")]);
+        assert_eq!(
+            super::place(&agents, &usage, &plain, "cuda:12", &images).unwrap(),
+            "gpu"
+        );
+        // Nobody fits: the same errors as without images.
+        usage.insert("gpu".to_string(), used(&[("cpu", "3.5")], 3));
+        assert_eq!(
+            super::place(&agents, &usage, &plain, "cuda:12", &images)
+                .unwrap_err()
+                .code(),
+            "no-capacity"
+        );
+        let huge = slots(&[("cpu", "64"), ("mem", "1")]);
+        assert_eq!(
+            super::place(&agents, &HashMap::new(), &huge, "cuda:12", &images)
                 .unwrap_err()
                 .code(),
             "slots-exceed-capacity"

@@ -58,6 +58,9 @@ pub struct KernelRow {
     pub restart_policy: String,
     /// Restarts by its restart policy so far (`kernel_restarting` events).
     pub restart_count: i64,
+    /// Its image pull's progress, while (and after) it was `PULLING`; `None` when it never
+    /// pulled.
+    pub pull_progress: Option<crate::model::pull::PullProgress>,
 }
 
 impl KernelRow {
@@ -86,6 +89,9 @@ impl KernelRow {
             mounts: r.try_get("mounts")?,
             restart_policy: r.try_get("restart_policy")?,
             restart_count: r.try_get("restart_count")?,
+            pull_progress: r
+                .try_get::<Option<String>, _>("pull_progress")?
+                .and_then(|j| serde_json::from_str(&j).ok()),
         })
     }
 }
@@ -147,7 +153,7 @@ pub struct Usage {
     pub kernels: i64,
 }
 
-const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots";
+const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress";
 
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns whether it was live (a second call for the same kernel is a no-op).
@@ -282,7 +288,7 @@ impl Store {
         self.check_room_in(&mut tx, k, agent_total).await?;
         let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
         let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15)"))
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15, NULL)"))
             .bind(&k.id)
             .bind(&k.session_id)
             .bind(&k.agent_id)
@@ -386,6 +392,25 @@ impl Store {
         let changed = advance_in(&mut tx, kernel_id, status).await?;
         tx.commit().await?;
         Ok(changed)
+    }
+
+    /// Records the image pull progress of a live kernel (`PULLING`). Returns whether the row
+    /// changed.
+    pub async fn set_pull_progress(
+        &self,
+        kernel_id: &str,
+        progress: &crate::model::pull::PullProgress,
+    ) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(progress).unwrap_or_default();
+        Ok(sqlx::query(
+            "UPDATE kernels SET pull_progress = $2 WHERE id = $1 AND status <> 'TERMINATED'",
+        )
+        .bind(kernel_id)
+        .bind(json)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0)
     }
 
     /// One kernel by its kernel id or its session id.

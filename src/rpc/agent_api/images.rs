@@ -1,19 +1,16 @@
-//! Image methods: `check_pulling`, and `check_and_pull`, `purge_images`, `commit`,
+//! Image methods: `check_pulling`, `check_and_pull`, `purge_images`, `commit`,
 //! `get_commit_status`, `push_image` (`ai.backend.agent.server.AgentRPCServer`), and
-//! kernelvisor's `get_bgtask` (the progress of a `commit` or `push_image`). `check_and_pull`
-//! is not implemented yet: it answers FAILURE `NotImplemented`.
-//!
-//! Arguments of the unimplemented one are loose (every field optional), so a call reaches
-//! the `NotImplemented` answer rather than a `TypeError`.
+//! kernelvisor's `image_pull_status` (where a pull stands, with its progress in bytes) and
+//! `get_bgtask` (the state and progress of a `commit` or `push_image`).
 
 use std::collections::BTreeMap;
 
-use rmpv::Value;
 use serde::{Deserialize, Serialize};
 
 use super::Method;
+use crate::model::pull::PullProgress;
 
-/// The FAILURE name of a method the agent does not implement yet.
+/// The FAILURE name of what the agent does not implement (`commit` to a file).
 pub const NOT_IMPLEMENTED: &str = "NotImplemented";
 
 /// `check_pulling(image_name)` → bool: a pull of that image is in flight on this agent (for a
@@ -34,15 +31,18 @@ impl Method for CheckPulling {
     type Reply = bool;
 }
 
-/// `check_and_pull(image_configs)` → `{image: bgtask id}` (not implemented).
+/// `check_and_pull(image_configs)` → `{image: bgtask id (32 hex digits)}`: starts, per image,
+/// a check and (when needed) a pull in the background and answers at once; the outcome is
+/// told by the events `image_pull_started` / `image_pull_finished` (`msg` `Image already
+/// exists` when no pull was needed) / `image_pull_failed`, as Backend.AI 26.x's agent does
+/// (`AbstractAgent.check_and_pull`), and by [`ImagePullStatus`].
 pub struct CheckAndPull;
 
 /// Arguments of [`CheckAndPull`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckAndPullArgs {
     /// `{canonical: ImageConfig}`.
-    #[serde(default)]
-    pub image_configs: Option<Value>,
+    pub image_configs: BTreeMap<String, super::kernel::ImageConfig>,
 }
 
 impl Method for CheckAndPull {
@@ -50,6 +50,49 @@ impl Method for CheckAndPull {
     const PARAMS: &'static [&'static str] = &["image_configs"];
     type Args = CheckAndPullArgs;
     type Reply = BTreeMap<String, String>;
+}
+
+/// `image_pull_status(image_name)` → [`PullState`] or nil (kernelvisor's): the pull of that
+/// image in flight on this agent, else the outcome of its last pull or check there (`done`
+/// when it was already present); nil when the agent has not seen it lately.
+pub struct ImagePullStatus;
+
+impl Method for ImagePullStatus {
+    const NAME: &'static str = "image_pull_status";
+    const PARAMS: &'static [&'static str] = &["image_name"];
+    type Args = CheckPullingArgs;
+    type Reply = Option<PullState>;
+}
+
+/// Where one image pull stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum PullState {
+    /// The engine is pulling it.
+    Pulling {
+        /// Bytes and layers so far.
+        progress: PullProgress,
+    },
+    /// Pulled (or already present): the image is local.
+    Done {
+        /// The final progress (zero when no pull was needed).
+        progress: PullProgress,
+    },
+    /// The pull failed.
+    Failed {
+        /// The FAILURE name: `ImageNotFound`, `RegistryUnreachable`, `RegistryAuthFailed`,
+        /// `ImagePullTimeout`, `ContainerEngineUnavailable` or `ContainerEngineError`.
+        error: String,
+        /// What went wrong, in words.
+        message: String,
+    },
+}
+
+impl PullState {
+    /// `true` once the pull ended either way.
+    pub fn is_over(&self) -> bool {
+        !matches!(self, PullState::Pulling { .. })
+    }
 }
 
 /// `purge_images(image_canonicals, force, noprune)` → [`PurgeImagesReply`]

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use bollard::models::PortMap;
 
-use crate::agent::backend::PortMapping;
+use crate::agent::backend::{ImageSummary, PortMapping};
 
 /// `reference` with `:latest` when it names neither a tag nor a digest (the engine would
 /// otherwise pull every tag).
@@ -15,6 +15,20 @@ pub(super) fn with_tag(reference: &str) -> String {
         reference.to_owned()
     } else {
         format!("{reference}:latest")
+    }
+}
+
+/// An entry of the engine's image list in the backend's terms: Docker's placeholder
+/// `<none>:<none>` (an untagged image) dropped from the tags, a negative size read as 0.
+pub(super) fn summary(image: bollard::models::ImageSummary) -> ImageSummary {
+    ImageSummary {
+        id: image.id,
+        tags: image
+            .repo_tags
+            .into_iter()
+            .filter(|t| t != "<none>:<none>")
+            .collect(),
+        size_bytes: u64::try_from(image.size).unwrap_or(0),
     }
 }
 
@@ -65,6 +79,26 @@ mod tests {
         assert_eq!(with_tag("a@sha256:00"), "a@sha256:00");
         assert_eq!(listed_exit_code("Exited (137) 5 seconds ago"), Some(137));
         assert_eq!(listed_exit_code("Up 3 minutes"), None);
+    }
+
+    #[test]
+    fn untagged_images_have_no_tags() {
+        let listed = |tags: &[&str], size| bollard::models::ImageSummary {
+            id: "sha256:ab".into(),
+            repo_tags: tags.iter().map(|t| t.to_string()).collect(),
+            size,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary(listed(&["python:3.12", "py:latest"], 1000)),
+            ImageSummary {
+                id: "sha256:ab".into(),
+                tags: vec!["python:3.12".into(), "py:latest".into()],
+                size_bytes: 1000,
+            }
+        );
+        let none = summary(listed(&["<none>:<none>"], -1));
+        assert!(none.tags.is_empty() && none.size_bytes == 0, "{none:?}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use bollard::container::{
     StartContainerOptions, UploadToContainerOptions,
 };
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::image::CreateImageOptions;
+use bollard::image::{CreateImageOptions, ListImagesOptions};
 use bollard::models::{
     ContainerStateStatusEnum, DeviceMapping, DeviceRequest, HealthStatusEnum, HostConfig,
     PortBinding, PortMap, PortTypeEnum,
@@ -25,13 +25,13 @@ mod errors;
 mod images;
 mod process;
 
-use self::convert::{listed_exit_code, port_mappings, with_tag};
+use self::convert::{listed_exit_code, port_mappings, summary, with_tag};
 use self::errors::{archive_err, container_err, engine, optional, pull_err, status};
 use self::process::kill_tree;
 use super::{
     BackendError, Bind, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
-    ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, OutputStream,
-    PortMapping, PullProgress, RegistryAuth,
+    ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, ImageSummary,
+    OutputStream, PortMapping, PullProgress, RegistryAuth,
 };
 
 /// The local Docker engine (its default socket, `DOCKER_HOST`, or `[container] docker-host`),
@@ -109,6 +109,19 @@ impl ContainerBackend for DockerBackend {
             reference: reference.to_owned(),
             labels: i.config.and_then(|c| c.labels).unwrap_or_default(),
         }))
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageSummary>, BackendError> {
+        let options = ListImagesOptions::<String> {
+            all: false,
+            ..Default::default()
+        };
+        let images = self
+            .docker
+            .list_images(Some(options))
+            .await
+            .map_err(engine)?;
+        Ok(images.into_iter().map(summary).collect())
     }
 
     async fn pull_image(

@@ -1,9 +1,17 @@
 //! `image`: the local image, or a pull reported as `PULLING`.
+//!
+//! The pull goes through the agent's [`ImagePulls`](crate::agent::pulls::ImagePulls): one engine
+//! pull per image however many kernels need it, with the registry's credentials from the
+//! kernel's `ImageConfig.registry`, bounded by `[container] image-pull-timeout`. Under a
+//! manager that calls `check_and_pull` first (Backend.AI 26.x, kernelvisor's own) the image is
+//! already local here.
 
 use actors::{BoxError, Provisioner, StageKey};
 
 use crate::agent::backend::ImageInfo;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
+use crate::agent::pulls::registry_auth;
+use crate::rpc::agent_api::kernel::ImageConfig;
 
 /// Resolves the kernel's image reference. Teardown keeps the image (it is a cache).
 pub struct ImageStage(pub KernelHandle);
@@ -20,31 +28,33 @@ impl Provisioner for ImageStage {
     }
 
     async fn setup(&self, reference: String) -> Result<ImageInfo, BoxError> {
-        let backend = &self.0.ctx.backend;
-        if let Some(image) = backend
+        let ctx = &self.0.ctx;
+        let image = self
+            .0
+            .info()
+            .config
+            .image_config
+            .clone()
+            .unwrap_or_else(|| ImageConfig::by_reference(&reference));
+        let image = ImageConfig {
+            canonical: reference.clone(),
+            ..image
+        };
+        if ctx.pulls.needs_pull(&image).await? {
+            self.0.set_status(KernelStatus::Pulling);
+            ctx.pulls
+                .start(&reference, registry_auth(&image))
+                .finish()
+                .await?;
+        }
+        Ok(ctx
+            .backend
             .inspect_image(&reference)
             .await
             .map_err(KernelError::from)?
-        {
-            return Ok(image);
-        }
-        if !self.0.info().config.may_pull() {
-            return Err(KernelError::ImageNotFound(format!(
-                "{reference} is not on this node, and a local image (or `auto_pull = none`) is never pulled"
-            ))
-            .into());
-        }
-        self.0.set_status(KernelStatus::Pulling);
-        let (agent_id, kernel_id) = (self.0.ctx.agent_id.clone(), self.0.id.clone());
-        let progress = move |p: crate::agent::backend::PullProgress| {
-            tracing::debug!(%agent_id, %kernel_id, status = %p.status, current = ?p.current, total = ?p.total, "pulling");
-        };
-        // `check_pulling` answers true meanwhile.
-        let _pulling = self.0.ctx.node.pull_started(&reference);
-        Ok(backend
-            .pull_image(&reference, None, &progress)
-            .await
-            .map_err(KernelError::from)?)
+            .ok_or_else(|| {
+                KernelError::ImageNotFound(format!("{reference}: gone right after its pull"))
+            })?)
     }
 
     async fn teardown(&self, _image: ImageInfo) -> Result<(), BoxError> {
