@@ -8,7 +8,8 @@
 //! - `create_local_network` / `destroy_local_network`: a labelled bridge network, both
 //!   idempotent, a network not ours left alone;
 //! - `assign_port` / `release_port` from the agent's port pool;
-//! - the image methods not implemented yet answer `NotImplemented`; `check_pulling` is false;
+//! - `check_pulling` is false, `check_and_pull` of no image answers no task (the image methods:
+//!   tests/images.rs, and `purge_images`, `commit`, `push_image`: tests/image_commit.rs);
 //! - files on a kernel whose image has no `find` (removed in the container): `upload_file`,
 //!   `list_files` (JSON text as upstream's script prints it), `download_single`,
 //!   `download_file` (a tar), and the 1 MiB cap;
@@ -191,7 +192,7 @@ fn networks(name: &str) -> Vec<String> {
 }
 
 #[actix_rt::test]
-async fn local_networks_ports_and_unimplemented_image_methods() {
+async fn local_networks_ports_and_image_checks() {
     let fx = AgentFixture::new("up-net", 34020, 3);
     let agent = start(&fx).await;
     let peer = client(agent.endpoint()).await;
@@ -264,23 +265,8 @@ async fn local_networks_ports_and_unimplemented_image_methods() {
     // Image methods.
     let r = call(&peer, "check_pulling", vec!["python:3.12".into()]).await;
     assert_eq!(r.unwrap(), Value::from(false));
-    for (method, args) in [
-        ("check_and_pull", vec![map(vec![])]),
-        (
-            "purge_images",
-            vec![Value::Array(vec![]), false.into(), false.into()],
-        ),
-        ("commit", vec!["k".into(), "sub".into()]),
-        ("get_commit_status", vec!["k".into(), "sub".into()]),
-        ("push_image", vec![map(vec![]), map(vec![])]),
-    ] {
-        let r = call(&peer, method, args).await;
-        assert_eq!(failure_name(&r), "NotImplemented", "{method}");
-        let kernelvisor::rpc::CallError::Failure(meta) = r.unwrap_err() else {
-            unreachable!()
-        };
-        assert!(meta.repr.contains(method), "{}", meta.repr);
-    }
+    let r = call(&peer, "check_and_pull", vec![map(vec![])]).await;
+    assert_eq!(r.unwrap(), map(vec![]), "no image, no task");
     agent.shutdown(OnShutdown::Terminate).await;
 }
 

@@ -101,3 +101,36 @@ fn destroy_restart_execute_and_queries_decode() {
     assert!(!e.code.is_empty());
     assert!(!args::<CheckRunning>().kernel_id.is_empty());
 }
+
+/// `commit` (keyword-only `canonical`, `extra_labels`), `get_commit_status`, `push_image` (a
+/// pickled `ImageRef`, ext 7, and the `ImageRegistry` map) and `purge_images` as
+/// `AgentRegistry` sends them decode into the image contract.
+#[test]
+fn image_calls_decode() {
+    use kernelvisor::rpc::agent_api::images::{
+        canonical, Commit, GetCommitStatus, PurgeImages, PushImage,
+    };
+    let c = args::<Commit>();
+    assert_eq!(c.subdir, "admin_lablup.com", "the e-mail, `@` as `_`");
+    let image = c.canonical.expect("canonical, a keyword");
+    assert_eq!(c.extra_labels.unwrap()["kv.bai"], "1");
+    assert_eq!(c.filename, None);
+    let s = args::<GetCommitStatus>();
+    assert_eq!(
+        (s.kernel_id.as_str(), s.subdir.as_str()),
+        (c.kernel_id.as_str(), "admin_lablup.com")
+    );
+    let p = args::<PushImage>();
+    assert_eq!(
+        canonical(&p.image_ref),
+        image,
+        "the ImageRef names the committed image"
+    );
+    assert_eq!(p.image_ref.project.as_deref(), Some("kv"));
+    assert!(!p.image_ref.is_local);
+    assert_eq!(p.registry_conf.username.as_deref(), Some("kv"));
+    assert_eq!(p.registry_conf.password.as_deref(), Some("<placeholder>"));
+    let g = args::<PurgeImages>();
+    assert_eq!(g.image_canonicals[0], image);
+    assert!(!g.force && !g.noprune);
+}

@@ -2,10 +2,14 @@
 //! client of `backend.ai-manager` 26.9.6 (`AgentRPCCache` → `AgentClientPool` → `AgentClient` →
 //! callosum, CURVE on, `ai.backend.common.msgpack`) drives one kernel's whole life on an agent
 //! process on the real Docker engine, with `create_kernels` arguments built by the manager's own
-//! `SessionLauncher`. The Python side is `tests/bai_compat/driver.py`, run with the venv of the
-//! Debian trixie root `scripts/bai-compat-env.sh` builds (`just bai-env`; Backend.AI 26.x needs
-//! Python 3.13): `chroot $KV_BAI_ROOT /opt/bai/bin/python driver.py ...`. The root shares the
-//! host's network namespace, so the driver reaches the agent on 127.0.0.1.
+//! `SessionLauncher`; and saves the kernel as an image (`commit`, `get_commit_status`), pushes
+//! it to a real registry (`push_image`; the test checks the registry lists it) and purges images
+//! (`purge_images`), each reply checked against upstream's shape. The Python side is
+//! `tests/bai_compat/driver.py`, run with the venv of the Debian trixie root
+//! `scripts/bai-compat-env.sh` builds (`just bai-env`; Backend.AI 26.x needs Python 3.13):
+//! `chroot $KV_BAI_ROOT /opt/bai/bin/python driver.py ...`. The root shares the host's network
+//! namespace, so the driver reaches the agent (and the agent's engine the registry) on
+//! 127.0.0.1. The registry is Debian's `docker-registry` (`just registry`, `KV_REGISTRY_SERVER`).
 //!
 //! `KV_BAI_ROOT` names the root; `just test-all` always sets it. Without it the test is skipped
 //! (said on stderr). `KV_BAI_WRITE_FIXTURES=DIR` (relative to the crate root, e.g.
@@ -26,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::agent::{docker, read, run_id, spawn_agent_process, AgentFixture, TEST_IMAGE};
 use common::bai::{is_root, tail, KillOnDrop, RemoveOnDrop};
+use common::registry::{TestRegistry, PASSWORD, USER};
 use common::Keys;
 
 /// The steps the driver reports, in order; each must be `ok`.
@@ -45,6 +50,10 @@ const STEPS: &[&str] = &[
     "interrupt_kernel",
     "sync_kernel_registry",
     "scan_gpu_alloc_map",
+    "commit",
+    "get_commit_status",
+    "push_image",
+    "purge_images",
     "restart_kernel",
     "check_running_after_restart",
     "destroy_kernel",
@@ -124,6 +133,46 @@ fn copy_dir(from: &Path, to: &Path) -> Vec<String> {
     names
 }
 
+/// Removes the local images of the test registry `host` on drop (what `commit` made, should
+/// the driver's `purge_images` not have run).
+struct RemoveRegistryImages(String);
+
+impl Drop for RemoveRegistryImages {
+    fn drop(&mut self) {
+        let ids = docker(&[
+            "images",
+            "-q",
+            "--filter",
+            &format!("reference={}/*/*", self.0),
+        ]);
+        for id in ids.lines() {
+            let _ = Command::new("docker").args(["rmi", "-f", id]).output();
+        }
+    }
+}
+
+/// Whether the registry lists `canonical`'s tag (`GET /v2/<repo>/tags/list`, basic auth).
+fn registry_has(registry: &TestRegistry, canonical: &str) -> Result<(), String> {
+    use base64::Engine as _;
+    let rest = canonical
+        .strip_prefix(&format!("{}/", registry.host))
+        .ok_or_else(|| format!("{canonical} is not in {}", registry.host))?;
+    let (repo, tag) = rest.rsplit_once(':').unwrap_or((rest, "latest"));
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    let body: serde_json::Value = ureq::get(&format!("{}/v2/{repo}/tags/list", registry.url()))
+        .set("Authorization", &format!("Basic {basic}"))
+        .call()
+        .map_err(|e| format!("GET /v2/{repo}/tags/list: {e}"))?
+        .into_json()
+        .map_err(|e| e.to_string())?;
+    let listed = body["tags"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|x| x == tag));
+    listed
+        .then_some(())
+        .ok_or_else(|| format!("the registry lists {body} for {repo}, not tag {tag}"))
+}
+
 #[test]
 fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
     let Some(root) = std::env::var_os("KV_BAI_ROOT").map(PathBuf::from) else {
@@ -140,6 +189,10 @@ fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
         "KV_BAI_ROOT={} has no /opt/bai/bin/python: run `just bai-env` (scripts/bai-compat-env.sh)",
         root.display()
     );
+
+    // A registry for `commit` / `push_image` (basic auth).
+    let registry = TestRegistry::start();
+    let _committed = RemoveRegistryImages(registry.host.clone());
 
     // An agent process, CURVE on, on the real engine.
     let fx = AgentFixture::new("bai-compat", 34_000, 8);
@@ -203,6 +256,8 @@ fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
         .args(["--image", TEST_IMAGE, "--image-digest", &digest])
         .args(["--image-labels", &labels])
         .arg("--host-hook")
+        .args(["--registry", &registry.host, "--registry-user", USER])
+        .env("KV_REGISTRY_PASSWORD", PASSWORD)
         .args(["--write-fixtures", &format!("{inner}/fixtures")])
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::piped());
@@ -304,6 +359,17 @@ fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
         problems.push(format!(
             "containers of kernel {kernel_id} left after destroy_kernel: {left:?}"
         ));
+    }
+    // What push_image pushed is in the registry.
+    let pushed: Vec<String> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["pushed"].as_str().map(str::to_owned))
+        .collect();
+    for canonical in &pushed {
+        if let Err(e) = registry_has(&registry, canonical) {
+            problems.push(format!("push_image: {e}"));
+        }
     }
     drop(agent);
     assert!(

@@ -27,6 +27,7 @@
 
 pub mod accelerators;
 pub mod backend;
+pub mod bgtasks;
 pub mod bus;
 pub mod context;
 pub mod dangling;

@@ -6,10 +6,12 @@
 //! memory does not grow with the output. `session logs` copies the kernel's logs to stdout as
 //! they stream (`--follow`). `session wait` polls a session until it is `TERMINATED`.
 //! `session cp` streams a file to or from a session; `session ls` lists a directory of it;
-//! `session services`, `service-start` and `service-stop` manage its services. `access-key …`
-//! manages access keys, `vfolder …` the caller's vfolders.
+//! `session services`, `service-start` and `service-stop` manage its services; `session commit`
+//! saves it as an image (pushed with `--push`, followed with `--wait`). `agent purge-images`
+//! removes images from an agent. `access-key …` manages access keys, `vfolder …` the caller's
+//! vfolders.
 //!
-//! One module per noun, as cargo has one per command: `agent` (`agents`), `session` (`sessions`
+//! One module per noun, as cargo has one per command: `agent` (`agents`, `agent …`), `session` (`sessions`
 //! and `session …`, one module per subcommand), `access_key`, `vfolder` and `health`. Each
 //! holds its clap arguments, the function that runs it and its tests; this module parses the
 //! global options, dispatches by noun and reports failures.
@@ -48,12 +50,13 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 
 pub use access_key::AccessKeyCommand;
+pub use agent::{AgentCommand, PurgeImagesArgs};
 pub use client::{ApiError, Client, ClientError, ClientOptions, Reply};
 pub use parse::{Endpoint, Mount, Permission, Transfer};
 pub use session::{
-    wait_exit_code, CpArgs, CreateArgs, ExecArgs, ExecEnd, ExecOptions, LogsArgs, LsArgs,
-    RestartMode, RmArgs, ServiceArgs, ServicesArgs, SessionCommand, SessionType, SessionsArgs,
-    ShowArgs, WaitArgs,
+    wait_exit_code, CommitArgs, CpArgs, CreateArgs, ExecArgs, ExecEnd, ExecOptions, LogsArgs,
+    LsArgs, RestartMode, RmArgs, ServiceArgs, ServicesArgs, SessionCommand, SessionType,
+    SessionsArgs, ShowArgs, WaitArgs,
 };
 pub use vfolder::VfolderCommand;
 
@@ -108,6 +111,9 @@ pub enum Output {
 pub enum CtlCommand {
     /// List agents with their slots, kernels and last heartbeat (GET /v1/agents).
     Agents,
+    /// Act on one agent (admin): remove images from it.
+    #[command(subcommand)]
+    Agent(AgentCommand),
     /// List sessions, live ones unless --all (GET /v1/sessions).
     Sessions(SessionsArgs),
     /// Create, inspect, run code in, wait for, read the logs of, copy files to and from, list
@@ -219,6 +225,9 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
     let out = args.output;
     match &args.command {
         CtlCommand::Agents => agent::run(client, out),
+        CtlCommand::Agent(command) => {
+            agent::run_command(client, command, out, &mut io::stdout().lock())
+        }
         CtlCommand::Sessions(list) => session::list(client, list, out),
         CtlCommand::Session(command) => session::run(client, command, out),
         CtlCommand::AccessKey(command) => {

@@ -141,3 +141,67 @@ pub async fn call_method<M: Method>(
         )),
     })
 }
+
+/// As [`call_method`] for a method with keyword-only parameters (upstream's `commit`:
+/// `canonical`, `filename`, `extra_labels` after a `*`): the fields of `args` named in
+/// `M::PARAMS` go positional in that order, every other field that is not nil as a keyword
+/// argument.
+///
+/// Errors: as [`call_method`].
+pub async fn call_method_kw<M: Method>(
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    agent_id: &str,
+    args: &M::Args,
+    timeout: Duration,
+) -> Result<M::Reply, AgentCallError> {
+    let Value::Map(mut fields) = crate::rpc::agent_api::to_value(args) else {
+        panic!("{}: Args must serialize as a map", M::NAME);
+    };
+    let positional = M::PARAMS
+        .iter()
+        .map(|name| {
+            fields
+                .iter()
+                .position(|(k, _)| k.as_str() == Some(name))
+                .map(|i| fields.remove(i).1)
+                .unwrap_or(Value::Nil)
+        })
+        .collect();
+    let kwargs = fields
+        .into_iter()
+        .filter(|(_, v)| !v.is_nil())
+        .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v)))
+        .collect();
+    let started = Instant::now();
+    let call = AgentCall {
+        agent_id: agent_id.to_owned(),
+        method: M::NAME.to_owned(),
+        args: positional,
+        kwargs,
+        timeout,
+    };
+    let res = match pool.send(call).await {
+        Ok(r) => r,
+        Err(e) => Err(AgentCallError::Unavailable(
+            super::pool::AgentConnectionUnavailable {
+                agent_id: agent_id.to_owned(),
+                reason: format!("agent pool stopped: {e}"),
+            },
+        )),
+    };
+    let kind = match &res {
+        Ok(_) => None,
+        Err(e @ AgentCallError::Call { .. }) if e.failure().is_some() => Some("failure"),
+        Err(AgentCallError::Call { .. }) => Some("connection"),
+        Err(AgentCallError::Unavailable(_)) => Some("unavailable"),
+    };
+    metrics.agent_call(M::NAME, started.elapsed(), kind);
+    decode_reply::<M>(res?).map_err(|e| AgentCallError::Call {
+        agent_id: agent_id.to_owned(),
+        source: crate::rpc::CallError::Failure(crate::rpc::ErrorMeta::new(
+            "InvalidReply",
+            e.to_string(),
+        )),
+    })
+}

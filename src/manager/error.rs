@@ -114,6 +114,15 @@ pub enum ManagerError {
     /// after the duration. 503 `store-unavailable`.
     #[error("the manager's store is unavailable: {0}")]
     StoreUnavailable(String),
+    /// No agent with this id is known. 404 `agent-not-found`.
+    #[error("agent `{0}` not found")]
+    AgentNotFound(String),
+    /// The session has no commit this manager knows of. 404 `commit-not-found`.
+    #[error("{0}")]
+    CommitNotFound(String),
+    /// A commit of the session is still committing or pushing. 409 `commit-in-progress`.
+    #[error("{0}")]
+    CommitInProgress(String),
     /// A bug or an unexpected store answer. 500 `internal`.
     #[error("{0}")]
     Internal(String),
@@ -155,6 +164,9 @@ impl ManagerError {
             ManagerError::AgentError(_) => "agent-error",
             ManagerError::StartingUp(_) => "starting-up",
             ManagerError::NoAgents => "no-agents",
+            ManagerError::AgentNotFound(_) => "agent-not-found",
+            ManagerError::CommitNotFound(_) => "commit-not-found",
+            ManagerError::CommitInProgress(_) => "commit-in-progress",
             ManagerError::Internal(_) => "internal",
         }
     }
@@ -175,7 +187,9 @@ impl ManagerError {
             | ManagerError::RunNotFound(_)
             | ManagerError::LogsNotFound(_)
             | ManagerError::ServiceNotFound(_)
-            | ManagerError::FileNotFound(_) => 404,
+            | ManagerError::FileNotFound(_)
+            | ManagerError::AgentNotFound(_)
+            | ManagerError::CommitNotFound(_) => 404,
             ManagerError::LengthRequired(_) => 411,
             ManagerError::UploadTooLarge(_) => 413,
             ManagerError::NoCapacity(_)
@@ -184,7 +198,8 @@ impl ManagerError {
             | ManagerError::AccessKeyInUse(_)
             | ManagerError::SessionNotRunning(..)
             | ManagerError::RunHasNoStdin(_)
-            | ManagerError::ServiceFailed { .. } => 409,
+            | ManagerError::ServiceFailed { .. }
+            | ManagerError::CommitInProgress(_) => 409,
             ManagerError::ConcurrencyLimit(_) => 429,
             ManagerError::AgentUnavailable(_)
             | ManagerError::AgentError(_)

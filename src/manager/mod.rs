@@ -18,6 +18,7 @@
 pub mod api;
 pub mod bootstrap;
 pub mod calls;
+pub mod commits;
 pub mod credentials;
 pub mod error;
 pub mod events;
@@ -183,16 +184,17 @@ impl Manager {
         let intake_thread = actix::Arbiter::new();
         let intake = RpcServer::start_in_arbiter(&intake_thread.handle(), |_| server);
 
+        // `[[registry]]`'s passwords, read once: the scheduler's pulls and the API's pushes.
+        let registries = Arc::new(
+            image_registries::ImageRegistries::load(&config.registry).context("[[registry]]")?,
+        );
         let sched_spec = SchedulerSpec {
             create_timeout: config.scheduler.create_timeout.0,
             destroy_timeout: config.scheduler.destroy_timeout.0,
             execute_timeout: config.scheduler.execute_timeout.0,
             flush_timeout: config.scheduler.flush_timeout.0,
             image_pull_timeout: config.scheduler.image_pull_timeout.0,
-            registries: Arc::new(
-                image_registries::ImageRegistries::load(&config.registry)
-                    .context("[[registry]]")?,
-            ),
+            registries: registries.clone(),
         };
         let scheduler = Scheduler::new(
             store.clone(),
@@ -226,6 +228,8 @@ impl Manager {
             metrics,
             leader: leader.clone(),
             max_upload_size: config.api.max_upload_size.0,
+            registries,
+            commits: commits::Commits::default(),
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
         let api = api::serve(listener, config.api.workers, state, tls)?;

@@ -77,6 +77,10 @@ pub enum ErrorCode {
     ServiceNotFound,
     /// 404.
     FileNotFound,
+    /// 404: no agent with that id.
+    AgentNotFound,
+    /// 404: the session has no commit this manager knows of.
+    CommitNotFound,
     /// 405: wrong method on a known route.
     MethodNotAllowed,
     /// 409: every agent that could fit it is full now.
@@ -93,6 +97,8 @@ pub enum ErrorCode {
     VfolderInUse,
     /// 409: the key still has live sessions.
     AccessKeyInUse,
+    /// 409: a commit of the session is still committing or pushing.
+    CommitInProgress,
     /// 411: an upload without `Content-Length`.
     LengthRequired,
     /// 413: an upload above `[api] max-upload-size`.

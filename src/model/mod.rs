@@ -18,6 +18,7 @@ pub mod error;
 pub mod exec;
 pub mod file;
 pub mod health;
+pub mod image;
 pub mod object;
 pub mod pull;
 pub mod service;
@@ -34,6 +35,7 @@ pub const CLOSED_REPLIES: &[&str] = &[
     "AccessKeyList",
     "Agent",
     "AgentList",
+    "Commit",
     "ErrorBody",
     "ErrorDetail",
     "ExecuteAnswer",
@@ -42,6 +44,8 @@ pub const CLOSED_REPLIES: &[&str] = &[
     "Health",
     "NewAccessKey",
     "PullProgress",
+    "PurgedImage",
+    "PurgedImages",
     "ServiceList",
     "Session",
     "SessionCreated",
@@ -60,6 +64,7 @@ pub const REPLIES: &[&str] = &[
     "AccessKeyList",
     "Agent",
     "AgentList",
+    "Commit",
     "ErrorBody",
     "ErrorDetail",
     "ExecuteAnswer",
@@ -68,6 +73,8 @@ pub const REPLIES: &[&str] = &[
     "Health",
     "NewAccessKey",
     "PullProgress",
+    "PurgedImage",
+    "PurgedImages",
     "Service",
     "ServiceList",
     "ServiceStarted",

@@ -7,7 +7,8 @@ with `backend.ai-manager` 26.9.6 at /opt/bai):
         --addr tcp://127.0.0.1:PORT --agent-id ID \
         --manager-keypair manager.key_secret --agent-public-key agent.key \
         [--session-id UUID] [--kernel-id UUID] [--image-digest sha256:...] [--image-labels JSON] \
-        [--host-hook] [--write-fixtures DIR] [--only STEP,...]
+        [--host-hook] [--registry HOST:PORT --registry-user USER] [--write-fixtures DIR]
+        [--only STEP,...]
 
 The client is built the way the 26.x manager builds it: `AgentRPCCache(None, manager_pub,
 manager_sec).update(agent_id, addr, agent_pub)`, then `AgentClientPool` → `AgentClient` → callosum
@@ -23,6 +24,11 @@ not stop the run (one run shows every gap); the exit status is 1 when any step f
 "kernel_id": ...}` and waits for one line on stdin: the caller removes the image's `find` from the
 container meanwhile (`docker exec -u 0 CID rm /bin/find`). Without it the driver tries that itself
 with `execute` (which may lack the permission).
+
+`--registry`: the registry (plain HTTP on loopback, basic auth: `--registry-user`, the password in
+`$KV_REGISTRY_PASSWORD`) that `commit` names its image in and `push_image` pushes to; the steps
+`commit`, `get_commit_status`, `push_image` and `purge_images` (`image_steps`) need it. The driver
+prints `{"pushed": canonical}` once the push is done.
 
 `--only STEP,...`: only the named steps run (`create_kernels`, through the launcher, always does);
 tests/bai_events.rs creates and destroys one kernel this way while the real consumer reads the
@@ -181,8 +187,9 @@ def record_fixture(method: str, since: int) -> None:
 
 def _without_private_keys(raw: bytes) -> bytes:
     """`raw` re-packed by the real `packb` with the cluster SSH key pair the launcher generated
-    replaced by placeholders: a fixture in the repository holds no private key, even a
-    throwaway one (secret scanners flag it)."""
+    and a registry's password (`push_image`) replaced by placeholders: a fixture in the
+    repository holds no private key nor password, even a throwaway one (secret scanners flag
+    it)."""
     from ai.backend.common import msgpack as bai_msgpack
 
     def scrub(v: Any) -> Any:
@@ -191,6 +198,8 @@ def _without_private_keys(raw: bytes) -> bytes:
                 k: (
                     {"public_key": "ssh-rsa <placeholder>", "private_key": "<placeholder>"}
                     if k == "ssh_keypair" and isinstance(x, dict)
+                    else "<placeholder>"
+                    if k == "password" and isinstance(x, str)
                     else scrub(x)
                 )
                 for k, x in v.items()
@@ -263,6 +272,115 @@ def without_pickles(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [without_pickles(x) for x in v]
     return v
+
+
+# ---------------------------------------------------------------------------------------------
+# Images: commit, get_commit_status, push_image, purge_images
+
+
+async def wait_bgtask(c: Any, bgtask_id: str, agent_id: Any, limit: float = 90.0) -> dict[str, Any]:
+    """Polls kernelvisor's `get_bgtask` (upstream's manager waits for `bgtask_*` events) until
+    the agent's background task ends; its last state."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while True:
+        state = dict(await c._peer.call.get_bgtask(bgtask_id, agent_id=agent_id))
+        if state.get("status") != "ongoing":
+            return state
+        check(loop.time() < deadline, f"task {bgtask_id} still ongoing after {limit:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+async def image_steps(step: Any, args: argparse.Namespace, ids: dict[str, Any]) -> None:
+    """`commit` (as `AgentRegistry.commit_session` calls it: the kernel, the owner's e-mail with
+    `@` as `_`, `canonical` and `extra_labels` as keywords), `get_commit_status` (the agent
+    method, on the raw peer: the 26.x client reads the status from Valkey instead),
+    `push_image` (an `ImageRef` and the registry's `ImageRegistry` map, as
+    `AgentRegistry.push_image` passes them), `purge_images` (the request's images, `force`,
+    `noprune`; the reply read as `AgentRegistry.purge_images` reads it). Each reply is checked
+    against upstream's shape; the background tasks are followed with kernelvisor's
+    `get_bgtask`."""
+    import uuid as uuid_mod
+
+    from ai.backend.common.docker import ImageRef
+    from ai.backend.common.dto.agent.response import PurgeImageResp, PurgeImagesResp
+
+    kernel_id, agent_id, arch = ids["kernel_id"], ids["agent_id"], ids["arch"]
+    registry = args.registry
+    tag_run = uuid_mod.uuid4().hex[:8]
+    canonical = f"{registry}/kv/bai-compat-{tag_run}:1" if registry else None
+    email = "admin_lablup.com"
+
+    async def commit(c: Any) -> Any:
+        check(canonical is not None, "no --registry given")
+        r = await c.commit(kernel_id, email, canonical=canonical, extra_labels={"kv.bai": "1"})
+        check(isinstance(r, dict), f"commit answered {r!r}, not a map")
+        check(set(r) == {"bgtask_id", "kernel", "path"}, f"commit keys {sorted(r)}")
+        uuid_mod.UUID(str(r["bgtask_id"]))
+        check(r["kernel"] == str(kernel_id), f"kernel {r['kernel']!r} != {kernel_id}")
+        check(r["path"] is None, f"path {r['path']!r}: upstream answers None without filename")
+        state = await wait_bgtask(c, str(r["bgtask_id"]), agent_id)
+        check(state.get("status") == "done", f"the commit task ended {state!r}")
+        return {**r, "task": state}
+
+    await step("commit", "commit", commit, timeout=120)
+
+    async def commit_status(c: Any) -> Any:
+        r = await c._peer.call.get_commit_status(str(kernel_id), email, agent_id=agent_id)
+        check(isinstance(r, dict), f"get_commit_status answered {r!r}, not a map")
+        check(set(r) == {"kernel", "status"}, f"get_commit_status keys {sorted(r)}")
+        check(r["kernel"] == str(kernel_id), f"kernel {r['kernel']!r}")
+        check(r["status"] == "ready", f"status {r['status']!r}, want 'ready' after the commit")
+        return r
+
+    await step("get_commit_status", "get_commit_status", commit_status)
+
+    async def push_image(c: Any) -> Any:
+        check(canonical is not None, "no --registry given")
+        image_ref = ImageRef.from_image_str(
+            canonical, "kv", registry, architecture=arch, is_local=False
+        )
+        conf = {
+            "name": registry,
+            "url": f"http://{registry}",
+            "username": args.registry_user,
+            "password": os.environ.get("KV_REGISTRY_PASSWORD"),
+        }
+        r = await c.push_image(image_ref, conf)
+        check(isinstance(r, dict), f"push_image answered {r!r}, not a map")
+        check(set(r) == {"bgtask_id", "canonical"}, f"push_image keys {sorted(r)}")
+        check(r["canonical"] == image_ref.canonical, f"canonical {r['canonical']!r}")
+        state = await wait_bgtask(c, str(r["bgtask_id"]), agent_id)
+        check(state.get("status") == "done", f"the push task ended {state!r}")
+        print(json.dumps({"pushed": image_ref.canonical}), flush=True)
+        return {**r, "task": state}
+
+    await step("push_image", "push_image", push_image, timeout=120)
+
+    async def purge_images(c: Any) -> Any:
+        check(canonical is not None, "no --registry given")
+        in_use = args.image  # the running kernel's image: refused, never removed
+        images = [canonical, "kv-no-such-image:0", in_use]
+        r = await c.purge_images(images, False, False)
+        check(isinstance(r, dict) and set(r) == {"responses"}, f"purge_images answered {r!r}")
+        resp = PurgeImagesResp(
+            responses=[
+                PurgeImageResp(image=x["image"], error=x.get("error")) for x in r["responses"]
+            ]
+        )
+        check([x.image for x in resp.responses] == images, f"images {resp!r}")
+        for x in r["responses"]:
+            check(set(x) == {"image", "error"}, f"entry keys {sorted(x)}")
+        removed, missing, used = resp.responses
+        check(removed.error is None, f"{canonical} not removed: {removed.error!r}")
+        check(missing.error is not None, "a missing image reported as removed")
+        check(
+            used.error is not None and str(kernel_id) in used.error,
+            f"the running kernel's image: {used.error!r}",
+        )
+        return r
+
+    await step("purge_images", "purge_images", purge_images, timeout=120)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -709,6 +827,10 @@ async def main(args: argparse.Namespace) -> int:
 
     await step("scan_gpu_alloc_map", "scan_gpu_alloc_map", gpu_map)
 
+    # -- images: commit, get_commit_status, push_image, purge_images (image_steps) ----------------
+
+    await image_steps(step, args, {"kernel_id": kernel_id, "agent_id": agent_id, "arch": arch})
+
     # -- restart (same kernel id, config as created) ----------------------------------------------
 
     async def restart(c: AgentClient) -> Any:
@@ -799,6 +921,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image-digest", default="", help="the image's config digest (its Id)")
     p.add_argument("--image-labels", default="{}", help="the image's labels, JSON")
     p.add_argument("--host-hook", action="store_true")
+    p.add_argument(
+        "--registry",
+        default=None,
+        metavar="HOST:PORT",
+        help="a registry for commit/push_image (its password in $KV_REGISTRY_PASSWORD)",
+    )
+    p.add_argument("--registry-user", default=None)
     p.add_argument(
         "--only",
         default=None,

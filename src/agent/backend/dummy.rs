@@ -460,6 +460,80 @@ impl ContainerBackend for DummyBackend {
         stream::empty().boxed()
     }
 
+    /// Forgets the image (as [`DummyBackend::forget_image`]); refused without `force` while
+    /// a container was created from that reference (Docker's conflict message).
+    async fn remove_image(
+        &self,
+        reference: &str,
+        force: bool,
+        _noprune: bool,
+    ) -> Result<Vec<String>, BackendError> {
+        let Some(image) = self.inspect_image(reference).await? else {
+            return Err(BackendError::ImageNotFound(format!(
+                "{reference}: no such local image"
+            )));
+        };
+        let mut state = self.state();
+        let user = state
+            .containers
+            .iter()
+            .find(|(_, c)| c.spec.image == reference || c.spec.image == image.id);
+        if let (Some((id, _)), false) = (user, force) {
+            return Err(BackendError::Engine(format!(
+                "conflict: unable to remove repository reference \"{reference}\" (must force) - container {} is using its referenced image {}",
+                &id[..12],
+                &image.id["sha256:".len()..][..12]
+            )));
+        }
+        state.missing_images.insert(reference.to_owned());
+        Ok(vec![
+            format!("Untagged: {reference}"),
+            format!("Deleted: {}", image.id),
+        ])
+    }
+
+    /// Makes `reference` present (its labels are not kept: `inspect_image` has none).
+    async fn commit_container(
+        &self,
+        id: &str,
+        reference: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<ImageInfo, BackendError> {
+        {
+            let mut state = self.state();
+            state.find(id)?;
+            state.missing_images.remove(reference);
+        }
+        let image = self.inspect_image(reference).await?;
+        let image = image.ok_or_else(|| BackendError::ImageNotFound(reference.to_owned()))?;
+        Ok(ImageInfo {
+            labels: labels.clone(),
+            ..image
+        })
+    }
+
+    /// Waits `delays.pull`, then reports one `Pushed` line of 1 byte.
+    async fn push_image(
+        &self,
+        reference: &str,
+        _auth: Option<&RegistryAuth>,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<(), BackendError> {
+        if self.inspect_image(reference).await?.is_none() {
+            return Err(BackendError::ImageNotFound(format!(
+                "{reference}: no such local image"
+            )));
+        }
+        tokio::time::sleep(self.delays.pull).await;
+        progress(PullProgress {
+            status: "Pushed".to_owned(),
+            current: Some(1),
+            total: Some(1),
+            ..PullProgress::default()
+        });
+        Ok(())
+    }
+
     /// Exits published after this call. When the subscriber falls more than 1024 exits
     /// behind, it gets one `Engine` error and the stream ends.
     fn exits(
@@ -715,5 +789,45 @@ mod tests {
         ));
         // The name is free again.
         b.create_container(&spec("k1", "kernel-1")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn images_are_removed_committed_and_pushed() {
+        let b = DummyBackend::new(DummyDelays::default());
+        let id = b.create_container(&spec("k1", "kernel-1")).await.unwrap();
+        let e = b
+            .remove_image("python:3.12", false, false)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("must force"), "{e}");
+        let image = b
+            .commit_container(
+                &id,
+                "r.io/saved:1",
+                &HashMap::from([("a".into(), "b".into())]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(image.labels["a"], "b");
+        let lines = Mutex::new(Vec::new());
+        b.push_image("r.io/saved:1", None, &|p| {
+            lines.lock().unwrap().push(p.status)
+        })
+        .await
+        .unwrap();
+        assert_eq!(lines.into_inner().unwrap(), ["Pushed"]);
+        let steps = b.remove_image("r.io/saved:1", false, false).await.unwrap();
+        assert_eq!(steps[0], "Untagged: r.io/saved:1");
+        assert!(b.inspect_image("r.io/saved:1").await.unwrap().is_none());
+        assert!(matches!(
+            b.remove_image("r.io/saved:1", false, false).await,
+            Err(BackendError::ImageNotFound(_))
+        ));
+        assert!(matches!(
+            b.push_image("r.io/saved:1", None, &|_| {}).await,
+            Err(BackendError::ImageNotFound(_))
+        ));
+        // With force, an image a container uses goes (its tag, as with Docker).
+        b.remove_image("python:3.12", true, false).await.unwrap();
     }
 }

@@ -506,6 +506,56 @@ pub trait ContainerBackend: Send + Sync + 'static {
         let _ = name;
         Ok(false)
     }
+
+    /// Removes the local image `reference` (a tag or an id) as `docker rmi` does (Backend.AI's
+    /// `purge_images` calls the engine the same way): with `force` also when stopped
+    /// containers use it or it has other tags (the engine then only untags an image a running
+    /// container uses, its layers stay), with `noprune` its untagged parents stay. Returns what
+    /// the engine did, one line per step: `Untagged: <reference>`, `Deleted: sha256:…`.
+    ///
+    /// Errors: [`BackendError::ImageNotFound`] when there is no such local image; `Engine` when
+    /// the engine refuses (a container uses it and no `force`: `conflict: unable to remove
+    /// repository reference …`).
+    async fn remove_image(
+        &self,
+        reference: &str,
+        force: bool,
+        noprune: bool,
+    ) -> Result<Vec<String>, BackendError>;
+
+    /// Saves container `id`'s filesystem as the local image `reference` (`repo[:tag]`,
+    /// `latest` when it has no tag) as `docker commit` does, the container paused meanwhile.
+    /// Bind mounts (the kernel's `/home/work` scratch, vfolders) are not part of it. The
+    /// image's config is the container's with `labels` added, except that the kernel labels of
+    /// [`labels`] the container carries are set back to the base image's values (empty when
+    /// it had none: the engine cannot drop a label), so a container of the new image is not
+    /// taken for this kernel's; and its command is the base image's (not a session's
+    /// `command`).
+    ///
+    /// Errors: [`BackendError::ContainerNotFound`]; `Engine` for a bad reference or a refusal.
+    async fn commit_container(
+        &self,
+        id: &str,
+        reference: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<ImageInfo, BackendError>;
+
+    /// Pushes the local image `reference` (`host[:port]/repo:tag`; `latest` when it has no
+    /// tag) to its registry with `auth` (anonymously when `None`), reporting each progress
+    /// line: `Pushing` with the bytes done and total of one layer, `Pushed`, `Layer already
+    /// exists`. `layer` is `None`: the engine's push lines as bollard reads them do not name
+    /// their layer.
+    ///
+    /// Errors: [`BackendError::ImageNotFound`] when there is no such local image,
+    /// [`BackendError::RegistryUnreachable`], [`BackendError::RegistryAuthFailed`] (the
+    /// registry refused the credentials, or the push, for want of them),
+    /// [`BackendError::Unavailable`] when the engine itself cannot be reached.
+    async fn push_image(
+        &self,
+        reference: &str,
+        auth: Option<&RegistryAuth>,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<(), BackendError>;
 }
 
 /// Re-inspections (20 ms apart) of an exec whose output ended before the engine recorded its

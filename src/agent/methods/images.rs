@@ -1,9 +1,9 @@
 //! Image methods (the typed contract of [`crate::rpc::agent_api::images`]): `check_and_pull`
 //! (Backend.AI 26.x's: check, pull in the background, tell the outcome by events),
 //! `check_pulling` and kernelvisor's `image_pull_status`, from the agent's
-//! [`ImagePulls`](crate::agent::pulls::ImagePulls); `purge_images`, `commit`,
-//! `get_commit_status` and `push_image` are registered so that they answer FAILURE
-//! `NotImplemented` (not `UnknownMethod`) until the agent implements them.
+//! [`ImagePulls`](crate::agent::pulls::ImagePulls). `purge_images` is in [`super::purge`];
+//! `commit`, `get_commit_status`, `push_image` and kernelvisor's `get_bgtask` in
+//! [`super::commit`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,23 +15,7 @@ use crate::agent::pulls::registry_auth;
 use crate::rpc::agent_api::images as api;
 use crate::rpc::agent_api::images::PullState;
 use crate::rpc::agent_api::kernel::ImageConfig;
-use crate::rpc::agent_api::Method;
-use crate::rpc::{Dispatcher, ErrorMeta};
-
-/// The FAILURE of a method the agent does not implement yet.
-pub fn not_implemented(method: &str) -> ErrorMeta {
-    ErrorMeta::new(
-        api::NOT_IMPLEMENTED,
-        format!(
-            "{method}() is not implemented by this agent (kernelvisor {}) yet",
-            env!("CARGO_PKG_VERSION")
-        ),
-    )
-}
-
-fn refuse<M: Method + 'static>(dispatcher: &mut Dispatcher) {
-    dispatcher.register_method::<M, _, _>(|_, _| async { Err(not_implemented(M::NAME)) });
-}
+use crate::rpc::Dispatcher;
 
 /// Registers the image methods on `dispatcher`.
 pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>) {
@@ -56,10 +40,6 @@ pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>) {
             Ok(tasks)
         }
     });
-    refuse::<api::PurgeImages>(dispatcher);
-    refuse::<api::Commit>(dispatcher);
-    refuse::<api::GetCommitStatus>(dispatcher);
-    refuse::<api::PushImage>(dispatcher);
 }
 
 /// Unix seconds now.

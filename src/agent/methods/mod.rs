@@ -2,15 +2,18 @@
 //! ([`crate::rpc::agent_api`]): the node methods ([`node`]: `ping`, `health` / `health_v2`,
 //! `gather_hwinfo` / `gather_hwinfo_v2`, `get_local_config`, `shutdown_agent`), the kernel
 //! lifecycle ([`kernels`]), services ([`services`]), files ([`files`]), local networks and
-//! host ports ([`network`]), images ([`images`]) and dangling kernels ([`dangling`]).
+//! host ports ([`network`]), images ([`images`], [`purge`], [`commit`]) and dangling kernels
+//! ([`dangling`]).
 
 mod args;
+pub mod commit;
 pub mod dangling;
 pub mod files;
 pub mod images;
 pub mod kernels;
 pub mod network;
 pub mod node;
+pub mod purge;
 pub mod services;
 
 use std::sync::Arc;
@@ -36,6 +39,8 @@ pub fn register_kernel_methods(
     files::register(dispatcher, ctx.clone(), registry.clone());
     network::register(dispatcher, ctx.clone());
     images::register(dispatcher, ctx.clone());
+    purge::register(dispatcher, ctx.clone(), registry.clone());
+    commit::register(dispatcher, ctx.clone(), registry.clone());
     dangling::register(dispatcher, ctx, registry);
 }
 

@@ -2,6 +2,7 @@
 //! (`services`, `service-start` and `service-stop`), each with its clap arguments, the function
 //! that runs it and its tests.
 
+mod commit;
 mod cp;
 mod create;
 mod exec;
@@ -18,6 +19,7 @@ use clap::Subcommand;
 
 use super::{Client, Failure, Output};
 
+pub use commit::CommitArgs;
 pub use cp::CpArgs;
 pub use create::{CreateArgs, RestartMode, SessionType};
 pub use exec::{ExecArgs, ExecEnd, ExecOptions};
@@ -75,6 +77,14 @@ pub enum SessionCommand {
     Ls(LsArgs),
     /// Terminate a session (DELETE /v1/sessions/{id}).
     Rm(RmArgs),
+    /// Save a session's container as an image, pushed to its registry with --push (POST
+    /// /v1/sessions/{id}/commit).
+    ///
+    /// The image holds the container's files except those of its mounts: /home/work (the
+    /// scratch directory) and the vfolders are not part of it. Without --wait it prints the commit's state as it
+    /// starts (`committing`); `--wait` follows it to `done` or `failed` (exit 1), printing the
+    /// pushed bytes on stderr.
+    Commit(CommitArgs),
 }
 
 /// Runs one `session …` command; what it prints and how it exits are told by each subcommand.
@@ -109,6 +119,7 @@ pub(super) fn run(client: &Client, command: &SessionCommand, out: Output) -> Res
             &mut io::stdout().lock(),
         ),
         SessionCommand::Rm(args) => show::rm(client, args, out),
+        SessionCommand::Commit(args) => commit::run(client, args, out),
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod auth;
 mod error;
 mod files;
+mod images;
 mod keys;
 pub mod openapi;
 mod responses;
@@ -50,6 +51,10 @@ pub struct ApiState {
     pub leader: crate::manager::leader::Leadership,
     /// `[api] max-upload-size`, bytes.
     pub max_upload_size: u64,
+    /// `[[registry]]`: the credentials a commit pushes with.
+    pub registries: Arc<crate::manager::image_registries::ImageRegistries>,
+    /// The sessions' commits this manager follows.
+    pub commits: crate::manager::commits::Commits,
 }
 
 type Res = Result<HttpResponse, ManagerError>;
@@ -191,6 +196,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .default_service(not_allowed()),
     )
     .service(
+        web::resource("/v1/sessions/{id}/commit")
+            .route(web::post().to(images::commit))
+            .route(web::get().to(images::commit_state))
+            .default_service(not_allowed()),
+    )
+    .service(
         web::resource("/v1/sessions/{id}/services")
             .route(web::get().to(services::list))
             .default_service(not_allowed()),
@@ -215,6 +226,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/v1/agents")
             .route(web::get().to(system::list_agents))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/agents/{id}/images/purge")
+            .route(web::post().to(images::purge))
             .default_service(not_allowed()),
     )
     .service(

@@ -22,6 +22,7 @@ use futures::stream::{BoxStream, StreamExt};
 
 mod convert;
 mod errors;
+mod images;
 mod process;
 
 use self::convert::{listed_exit_code, port_mappings, summary, with_tag};
@@ -634,6 +635,33 @@ impl ContainerBackend for DockerBackend {
             Err(e) if status(&e) == Some(404) => Ok(false),
             Err(e) => Err(engine(e)),
         }
+    }
+
+    async fn remove_image(
+        &self,
+        reference: &str,
+        force: bool,
+        noprune: bool,
+    ) -> Result<Vec<String>, BackendError> {
+        images::remove_image(&self.docker, reference, force, noprune).await
+    }
+
+    async fn commit_container(
+        &self,
+        id: &str,
+        reference: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<ImageInfo, BackendError> {
+        images::commit_container(&self.docker, id, reference, labels).await
+    }
+
+    async fn push_image(
+        &self,
+        reference: &str,
+        auth: Option<&RegistryAuth>,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<(), BackendError> {
+        images::push_image(&self.docker, reference, auth, progress).await
     }
 
     async fn stats(&self, id: &str) -> Result<Option<super::EngineStats>, BackendError> {
