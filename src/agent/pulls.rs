@@ -22,7 +22,7 @@ use super::metrics::AgentMetrics;
 use super::node::normalize_image;
 use crate::model::pull::PullProgress;
 use crate::rpc::agent_api::images::PullState;
-use crate::rpc::agent_api::kernel::{AutoPullBehavior, ImageConfig};
+use crate::rpc::agent_api::kernel::{registry_host, AutoPullBehavior, ImageConfig, ImageRegistry};
 
 /// Outcomes of ended pulls kept for `image_pull_status`.
 pub const RECENT: usize = 256;
@@ -44,17 +44,18 @@ pub fn pull_error(state: &PullState) -> Option<KernelError> {
     })
 }
 
-/// The credentials of `image`'s registry for the engine; `None` without a user name (an
-/// anonymous pull).
-pub fn registry_auth(image: &ImageConfig) -> Option<RegistryAuth> {
-    let r = &image.registry;
-    let username = r.username.clone().filter(|u| !u.is_empty())?;
-    let rest = r.url.split_once("://").map_or(r.url.as_str(), |(_, x)| x);
-    Some(RegistryAuth {
-        username,
-        password: r.password.clone().unwrap_or_default(),
-        server: rest.split('/').next().unwrap_or_default().to_owned(),
-    })
+/// The credentials of `registry` for pulling or pushing `reference`, keyed by the host the
+/// reference names (as the engine keys them): only when it has both a user name and a password
+/// (upstream's rule); `None` is an anonymous pull or push.
+pub fn registry_auth(reference: &str, registry: &ImageRegistry) -> Option<RegistryAuth> {
+    match (registry.username.as_deref(), registry.password.as_deref()) {
+        (Some(u), Some(p)) if !u.is_empty() && !p.is_empty() => Some(RegistryAuth {
+            username: u.to_owned(),
+            password: p.to_owned(),
+            server: registry_host(reference),
+        }),
+        _ => None,
+    }
 }
 
 /// The per-layer lines of one pull, summed.
@@ -394,12 +395,18 @@ mod tests {
 
     #[test]
     fn credentials_come_from_the_registry_of_the_image_config() {
-        let mut image = ImageConfig::by_reference("127.0.0.1:5000/team/img:1");
-        assert_eq!(registry_auth(&image), None, "anonymous");
+        let reference = "127.0.0.1:5000/team/img:1";
+        let mut image = ImageConfig::by_reference(reference);
+        assert_eq!(registry_auth(reference, &image.registry), None, "anonymous");
         image.registry.url = "http://127.0.0.1:5000".into();
         image.registry.username = Some("kv".into());
+        assert_eq!(
+            registry_auth(reference, &image.registry),
+            None,
+            "no password"
+        );
         image.registry.password = Some("pw".into());
-        let auth = registry_auth(&image).unwrap();
+        let auth = registry_auth(reference, &image.registry).unwrap();
         assert_eq!(
             (
                 auth.username.as_str(),

@@ -11,17 +11,7 @@ use std::collections::BTreeMap;
 use crate::config::RegistrySection;
 use crate::rpc::agent_api::kernel::ImageRegistry;
 
-/// The registry host an image reference names, Docker's rule: the first path component when
-/// the reference has several and that one has a `.` or a `:` or is `localhost`; otherwise
-/// Docker Hub (`docker.io`).
-pub fn registry_host(reference: &str) -> String {
-    match reference.split_once('/') {
-        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
-            first.to_ascii_lowercase()
-        }
-        _ => "docker.io".into(),
-    }
-}
+pub use crate::rpc::agent_api::kernel::registry_host;
 
 /// The configured registries by host, with their passwords read.
 #[derive(Clone, Debug, Default)]

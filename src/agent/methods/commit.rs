@@ -33,38 +33,14 @@ use crate::agent::backend::{ContainerBackend, PullProgress, RegistryAuth};
 use crate::agent::bgtasks::Bgtasks;
 use crate::agent::context::AgentContext;
 use crate::agent::kernel::KernelError;
+use crate::agent::pulls::registry_auth;
 use crate::agent::registry::KernelRegistry;
 use crate::rpc::agent_api::images as api;
-use crate::rpc::agent_api::kernel::ImageRegistry;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
 /// The FAILURE of a second commit of one kernel and `subdir` while the first runs (in the
 /// task's state).
 pub const COMMIT_IN_PROGRESS: &str = "CommitInProgress";
-
-/// The registry host a reference names (Docker's rule): its first path component when it has
-/// several and that one has a `.` or a `:` or is `localhost`; otherwise Docker Hub.
-fn registry_host(reference: &str) -> String {
-    match reference.split_once('/') {
-        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
-            first.to_ascii_lowercase()
-        }
-        _ => "docker.io".into(),
-    }
-}
-
-/// The credentials of `registry` for pushing `reference`: only when it has both a user name
-/// and a password (upstream's rule), keyed by the reference's registry host.
-fn registry_auth(reference: &str, registry: &ImageRegistry) -> Option<RegistryAuth> {
-    match (registry.username.as_deref(), registry.password.as_deref()) {
-        (Some(u), Some(p)) if !u.is_empty() && !p.is_empty() => Some(RegistryAuth {
-            username: u.to_owned(),
-            password: p.to_owned(),
-            server: registry_host(reference),
-        }),
-        _ => None,
-    }
-}
 
 fn fail(tasks: &Bgtasks, id: &str, e: KernelError) {
     tasks.failed(id, e.name(), e.to_string());
@@ -243,6 +219,7 @@ pub fn register(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rpc::agent_api::kernel::ImageRegistry;
 
     #[test]
     fn credentials_need_a_user_and_a_password() {
@@ -259,7 +236,9 @@ mod tests {
         );
         assert!(registry_auth("r.io/x:1", &reg(Some("kv"), None)).is_none());
         assert!(registry_auth("r.io/x:1", &reg(Some(""), Some("pw"))).is_none());
-        assert_eq!(registry_host("python:3"), "docker.io");
-        assert_eq!(registry_host("localhost/x"), "localhost");
+        assert_eq!(
+            crate::rpc::agent_api::kernel::registry_host("localhost/x"),
+            "localhost"
+        );
     }
 }

@@ -79,7 +79,9 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
             });
         }
         Ok(true) => {
-            let mut pull = ctx.pulls.start(&reference, registry_auth(&image));
+            let mut pull = ctx
+                .pulls
+                .start(&reference, registry_auth(&reference, &image.registry));
             if pull.started {
                 events.emit(AgentEvent::ImagePullStarted {
                     image: canonical.clone(),

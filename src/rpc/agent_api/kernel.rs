@@ -81,6 +81,18 @@ impl fmt::Debug for ImageRegistry {
     }
 }
 
+/// The registry host an image reference names, Docker's rule: its first path component when
+/// it has several and that one has a `.` or a `:` or is `localhost`; otherwise Docker Hub
+/// (`docker.io`). Lower-cased.
+pub fn registry_host(reference: &str) -> String {
+    match reference.split_once('/') {
+        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
+            first.to_ascii_lowercase()
+        }
+        _ => "docker.io".into(),
+    }
+}
+
 /// `ai.backend.common.types.ImageConfig`: the image a kernel runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageConfig {

@@ -43,7 +43,7 @@ impl Provisioner for ImageStage {
         if ctx.pulls.needs_pull(&image).await? {
             self.0.set_status(KernelStatus::Pulling);
             ctx.pulls
-                .start(&reference, registry_auth(&image))
+                .start(&reference, registry_auth(&reference, &image.registry))
                 .finish()
                 .await?;
         }
