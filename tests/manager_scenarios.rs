@@ -332,9 +332,11 @@ fn bad_requests(db: Db, ports: u16) {
     let ak = c.access_key.clone();
     let cases = [
         (
-            json!({"image": "kernelvisor-no-such-image:9", "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": ak}),
-            400,
-            "image-not-found",
+            // A registry nobody listens on (a missing image in a registry that answers is
+            // `image-not-found`: tests/images.rs).
+            json!({"image": "127.0.0.1:1/kernelvisor-no-such-image:9", "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": ak}),
+            502,
+            "registry-unreachable",
         ),
         (
             json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 4096, "mem": "64m"}, "access_key": ak}),

@@ -114,16 +114,19 @@ enum PullFailure {
 fn classify_pull_failure(message: &str) -> PullFailure {
     let m = message.to_ascii_lowercase();
     let any = |needles: &[&str]| needles.iter().any(|n| m.contains(n));
-    // Order matters: a 401 on a manifest mentions the manifest, and the engine words a
-    // repository it may not see ("pull access denied … may require 'docker login'") as both.
-    if any(&[
+    // Order matters. Docker Hub words a repository that does not exist as one it may not see
+    // ("pull access denied for x, repository does not exist or may require 'docker login':
+    // denied: requested access to the resource is denied"): a missing image, the likelier
+    // reading (refused credentials are "incorrect username or password" there).
+    if m.contains("repository does not exist") {
+        PullFailure::NotFound
+    } else if any(&[
         "no basic auth credentials",
         "unauthorized",
         "authentication required",
         "incorrect username or password",
         "401 unauthorized",
         "denied: requested access",
-        "may require 'docker login'",
     ]) {
         PullFailure::Auth
     } else if any(&[
@@ -205,7 +208,8 @@ mod tests {
         for (message, want) in [
             (r#"Head "http://127.0.0.1:5055/v2/team/busy/manifests/1": no basic auth credentials"#, Auth),
             (r#"Head "http://127.0.0.1:5055/v2/team/busy/manifests/1": unauthorized: authentication required"#, Auth),
-            ("pull access denied for x, repository does not exist or may require 'docker login': denied: requested access to the resource is denied", Auth),
+            ("pull access denied for x, repository does not exist or may require 'docker login': denied: requested access to the resource is denied", NotFound),
+            ("Head \"https://registry-1.docker.io/v2/team/x/manifests/1\": unauthorized: incorrect username or password", Auth),
             (r#"Get "http://127.0.0.1:5056/v2/": dial tcp 127.0.0.1:5056: connect: connection refused"#, Unreachable),
             (r#"Get "https://nosuchhost.invalid/v2/": dial tcp: lookup nosuchhost.invalid on 10.255.255.53:53: no such host"#, Unreachable),
             ("manifest for 127.0.0.1:5055/team/busy:nope not found: manifest unknown: manifest unknown", NotFound),
