@@ -21,15 +21,28 @@ pub async fn call_agent(
     args: Vec<Value>,
     timeout: Duration,
 ) -> Result<Value, AgentCallError> {
+    send_counted(
+        pool,
+        metrics,
+        AgentCall::new(agent_id, method, args, timeout),
+    )
+    .await
+}
+
+/// Sends `call` through `pool`, timed and counted by its method and outcome (`failure`,
+/// `connection`, `unavailable`); a stopped pool is `Unavailable`.
+async fn send_counted(
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    call: AgentCall,
+) -> Result<Value, AgentCallError> {
     let started = Instant::now();
-    let res = match pool
-        .send(AgentCall::new(agent_id, method, args, timeout))
-        .await
-    {
+    let (agent_id, method) = (call.agent_id.clone(), call.method.clone());
+    let res = match pool.send(call).await {
         Ok(r) => r,
         Err(e) => Err(AgentCallError::Unavailable(
             super::pool::AgentConnectionUnavailable {
-                agent_id: agent_id.to_owned(),
+                agent_id,
                 reason: format!("agent pool stopped: {e}"),
             },
         )),
@@ -40,7 +53,7 @@ pub async fn call_agent(
         Err(AgentCallError::Call { .. }) => Some("connection"),
         Err(AgentCallError::Unavailable(_)) => Some("unavailable"),
     };
-    metrics.agent_call(method, started.elapsed(), kind);
+    metrics.agent_call(&method, started.elapsed(), kind);
     res
 }
 
@@ -173,7 +186,6 @@ pub async fn call_method_kw<M: Method>(
         .filter(|(_, v)| !v.is_nil())
         .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v)))
         .collect();
-    let started = Instant::now();
     let call = AgentCall {
         agent_id: agent_id.to_owned(),
         method: M::NAME.to_owned(),
@@ -181,22 +193,7 @@ pub async fn call_method_kw<M: Method>(
         kwargs,
         timeout,
     };
-    let res = match pool.send(call).await {
-        Ok(r) => r,
-        Err(e) => Err(AgentCallError::Unavailable(
-            super::pool::AgentConnectionUnavailable {
-                agent_id: agent_id.to_owned(),
-                reason: format!("agent pool stopped: {e}"),
-            },
-        )),
-    };
-    let kind = match &res {
-        Ok(_) => None,
-        Err(e @ AgentCallError::Call { .. }) if e.failure().is_some() => Some("failure"),
-        Err(AgentCallError::Call { .. }) => Some("connection"),
-        Err(AgentCallError::Unavailable(_)) => Some("unavailable"),
-    };
-    metrics.agent_call(M::NAME, started.elapsed(), kind);
+    let res = send_counted(pool, metrics, call).await;
     decode_reply::<M>(res?).map_err(|e| AgentCallError::Call {
         agent_id: agent_id.to_owned(),
         source: crate::rpc::CallError::Failure(crate::rpc::ErrorMeta::new(

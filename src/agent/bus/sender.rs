@@ -101,6 +101,16 @@ pub fn child_spec(sender: BusSender) -> ChildSpec {
 /// Why an attempt failed, as the failure metric's `reason`.
 type Failure = &'static str;
 
+/// A failed script call: `io` when the connection broke or timed out (retried on a fresh one),
+/// `rejected` when Redis answered with an error.
+fn failure(e: &redis::RedisError) -> Failure {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+        "io"
+    } else {
+        "rejected"
+    }
+}
+
 impl BusSender {
     const FIRST_RETRY: Duration = Duration::from_millis(200);
     /// Events read from the outbox at once (published one by one, in order).
@@ -308,13 +318,7 @@ impl BusSender {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => {
                 tracing::warn!(agent_id = %self.agent_id, %kernel_id, error = %e, "pushing the kernel's logs failed; will retry");
-                Err(
-                    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                        "io"
-                    } else {
-                        "rejected"
-                    },
-                )
+                Err(failure(&e))
             }
             Err(_) => Err("io"),
         }
@@ -349,13 +353,7 @@ impl BusSender {
             Ok(Ok(n)) => Ok(n == 1),
             Ok(Err(e)) => {
                 tracing::warn!(agent_id = %self.agent_id, error = %e, event = msg.name, id = %p.id, "bus publish failed; will retry");
-                Err(
-                    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                        "io"
-                    } else {
-                        "rejected"
-                    },
-                )
+                Err(failure(&e))
             }
             Err(_) => Err("io"),
         }
