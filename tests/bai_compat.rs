@@ -22,14 +22,13 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::agent::{docker, read, run_id, spawn_agent_process, AgentFixture, TEST_IMAGE};
-use common::bai::{is_root, tail, KillOnDrop, RemoveOnDrop};
+use common::bai::{is_root, tail, wait_for_port, KillOnDrop, RemoveOnDrop};
 use common::registry::{TestRegistry, PASSWORD, USER};
 use common::Keys;
 
@@ -104,21 +103,6 @@ fn remove_find(kernel_id: &str, stdin: &mut ChildStdin) {
     };
     let _ = writeln!(stdin, "{}", answer.replace('\n', " "));
     let _ = stdin.flush();
-}
-
-fn wait_for_port(port: u16, agent: &mut Child, log: &Path) {
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = agent.try_wait() {
-            panic!("the agent exited ({status}); log:\n{}", read(log));
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the agent's RPC port {port} did not open in 60 s; log:\n{}",
-            read(log)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Vec<String> {

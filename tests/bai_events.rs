@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,7 +46,7 @@ use common::agent::{
     call, client, create_one, docker, free_port, kernel_config, read, run_id, spawn_agent_process,
     AgentFixture,
 };
-use common::bai::{is_root, tail, KillOnDrop, RemoveOnDrop};
+use common::bai::{is_root, tail, wait_for_port, KillOnDrop, RemoveOnDrop};
 use common::Keys;
 
 // ------------------------------------------------------------------------------------------
@@ -411,21 +411,6 @@ fn agent_config(
     let path = fx.dir.path().join("agent.toml");
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn wait_for_port(port: u16, agent: &mut Child, log: &Path) {
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = agent.try_wait() {
-            panic!("the agent exited ({status}); log:\n{}", read(log));
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the agent's port {port} did not open in 60 s; log:\n{}",
-            tail(&read(log), 60)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// `GET /metrics` over plain HTTP/1.0: the body.

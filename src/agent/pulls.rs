@@ -239,14 +239,15 @@ impl ImagePulls {
         recent.push_back((key, state));
     }
 
-    /// Whether `image` must be pulled (the engine's name for it: `run_reference`): never for a local image (`is_local`, registry `local`)
-    /// or with `auto_pull = none`; otherwise when the node lacks it, or, with `auto_pull =
-    /// digest` and a known `digest`, when the local image's id differs (Backend.AI's
-    /// `check_image`). A `digest` policy without a digest behaves as `tag`.
+    /// The local image to use for `image` (the engine's name for it: `run_reference`), or
+    /// `None` when it must be pulled: never for a local image (`is_local`, registry `local`) or
+    /// with `auto_pull = none`; otherwise when the node lacks it, or, with `auto_pull = digest`
+    /// and a known `digest`, when the local image's id differs (Backend.AI's `check_image`). A
+    /// `digest` policy without a digest behaves as `tag`.
     ///
     /// Errors: [`KernelError::ImageNotFound`] when it is absent and may not be pulled; an engine
     /// error.
-    pub async fn needs_pull(&self, image: &ImageConfig) -> Result<bool, KernelError> {
+    pub async fn local_image(&self, image: &ImageConfig) -> Result<Option<ImageInfo>, KernelError> {
         let local = self.backend.inspect_image(&run_reference(image)).await?;
         let never = image.is_local
             || image.registry.name == "local"
@@ -256,11 +257,14 @@ impl ImagePulls {
                 "{} is not on this node, and a local image (or `auto_pull = none`) is never pulled",
                 run_reference(image)
             ))),
-            None => Ok(true),
-            Some(_) if never => Ok(false),
-            Some(info) => Ok(image.auto_pull == AutoPullBehavior::Digest
-                && !image.digest.is_empty()
-                && info.id != image.digest),
+            None => Ok(None),
+            Some(info) if never => Ok(Some(info)),
+            Some(info) => {
+                let stale = image.auto_pull == AutoPullBehavior::Digest
+                    && !image.digest.is_empty()
+                    && info.id != image.digest;
+                Ok((!stale).then_some(info))
+            }
         }
     }
 

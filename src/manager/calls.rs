@@ -61,37 +61,43 @@ async fn send_counted(
 /// (`docs/manager-api.md`), anything else `agent-error`; no answer at all is `agent-unavailable`.
 pub fn agent_error(e: &AgentCallError) -> ManagerError {
     match e.failure() {
-        Some(meta) => match meta.name.as_str() {
-            "ImageNotFound" => ManagerError::ImageNotFound(meta.repr.clone()),
-            "RegistryUnreachable" => ManagerError::RegistryUnreachable(meta.repr.clone()),
-            "RegistryAuthFailed" => ManagerError::RegistryAuthFailed(meta.repr.clone()),
-            "ImagePullTimeout" => ManagerError::ImagePullTimeout(meta.repr.clone()),
-            "InvalidKernelConfig" | "TypeError" => ManagerError::InvalidRequest(meta.repr.clone()),
-            "ResourceExhausted" => ManagerError::NoCapacity(meta.repr.clone()),
-            "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),
-            "RunNotFound" => ManagerError::RunNotFound(meta.repr.clone()),
-            "RunHasNoStdin" => ManagerError::RunHasNoStdin(meta.repr.clone()),
-            "RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode" => {
-                ManagerError::InvalidRequest(meta.repr.clone())
-            }
-            "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),
-            // The agent answers but its Docker engine does not: transient, like a lost agent.
-            "ContainerEngineUnavailable" => {
-                ManagerError::AgentUnavailable(format!("container engine: {}", meta.repr))
-            }
-            "ServiceNotFound" => ManagerError::ServiceNotFound(meta.repr.clone()),
-            "ServiceStartFailed" => ManagerError::ServiceFailed {
-                message: meta.repr.clone(),
-                output: meta.traceback.clone(),
-            },
-            "InvalidPath" => ManagerError::InvalidPath(meta.repr.clone()),
-            "FileNotFound" => ManagerError::FileNotFound(meta.repr.clone()),
-            "FileTooLarge" | "UploadSizeMismatch" | "TransferNotFound" => {
-                ManagerError::InvalidRequest(meta.repr.clone())
-            }
-            name => ManagerError::AgentError(format!("{name}: {}", meta.repr)),
-        },
+        Some(meta) => failure_error(meta),
         None => ManagerError::AgentUnavailable(e.to_string()),
+    }
+}
+
+/// A FAILURE the agent answered (or reported, as a background task's or a pull's outcome) as
+/// the user-facing error of its name; an unknown name is `agent-error`.
+pub fn failure_error(meta: &crate::rpc::ErrorMeta) -> ManagerError {
+    match meta.name.as_str() {
+        "ImageNotFound" => ManagerError::ImageNotFound(meta.repr.clone()),
+        "RegistryUnreachable" => ManagerError::RegistryUnreachable(meta.repr.clone()),
+        "RegistryAuthFailed" => ManagerError::RegistryAuthFailed(meta.repr.clone()),
+        "ImagePullTimeout" => ManagerError::ImagePullTimeout(meta.repr.clone()),
+        "InvalidKernelConfig" | "TypeError" => ManagerError::InvalidRequest(meta.repr.clone()),
+        "ResourceExhausted" => ManagerError::NoCapacity(meta.repr.clone()),
+        "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),
+        "RunNotFound" => ManagerError::RunNotFound(meta.repr.clone()),
+        "RunHasNoStdin" => ManagerError::RunHasNoStdin(meta.repr.clone()),
+        "RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode" => {
+            ManagerError::InvalidRequest(meta.repr.clone())
+        }
+        "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),
+        // The agent answers but its Docker engine does not: transient, like a lost agent.
+        "ContainerEngineUnavailable" => {
+            ManagerError::AgentUnavailable(format!("container engine: {}", meta.repr))
+        }
+        "ServiceNotFound" => ManagerError::ServiceNotFound(meta.repr.clone()),
+        "ServiceStartFailed" => ManagerError::ServiceFailed {
+            message: meta.repr.clone(),
+            output: meta.traceback.clone(),
+        },
+        "InvalidPath" => ManagerError::InvalidPath(meta.repr.clone()),
+        "FileNotFound" => ManagerError::FileNotFound(meta.repr.clone()),
+        "FileTooLarge" | "UploadSizeMismatch" | "TransferNotFound" => {
+            ManagerError::InvalidRequest(meta.repr.clone())
+        }
+        name => ManagerError::AgentError(format!("{name}: {}", meta.repr)),
     }
 }
 
@@ -144,21 +150,12 @@ pub async fn call_method<M: Method>(
     args: &M::Args,
     timeout: Duration,
 ) -> Result<M::Reply, AgentCallError> {
-    let call = encode_args::<M>(args);
-    let reply = call_agent(pool, metrics, agent_id, M::NAME, call.args, timeout).await?;
-    decode_reply::<M>(reply).map_err(|e| AgentCallError::Call {
-        agent_id: agent_id.to_owned(),
-        source: crate::rpc::CallError::Failure(crate::rpc::ErrorMeta::new(
-            "InvalidReply",
-            e.to_string(),
-        )),
-    })
+    call_encoded::<M>(pool, metrics, agent_id, encode_args::<M>(args), timeout).await
 }
 
 /// As [`call_method`] for a method with keyword-only parameters (upstream's `commit`:
-/// `canonical`, `filename`, `extra_labels` after a `*`): the fields of `args` named in
-/// `M::PARAMS` go positional in that order, every other field that is not nil as a keyword
-/// argument.
+/// `canonical`, `filename`, `extra_labels` after a `*`): see
+/// [`encode_args_with_kwargs`](crate::rpc::agent_api::encode_args_with_kwargs).
 ///
 /// Errors: as [`call_method`].
 pub async fn call_method_kw<M: Method>(
@@ -168,33 +165,28 @@ pub async fn call_method_kw<M: Method>(
     args: &M::Args,
     timeout: Duration,
 ) -> Result<M::Reply, AgentCallError> {
-    let Value::Map(mut fields) = crate::rpc::agent_api::to_value(args) else {
-        panic!("{}: Args must serialize as a map", M::NAME);
-    };
-    let positional = M::PARAMS
-        .iter()
-        .map(|name| {
-            fields
-                .iter()
-                .position(|(k, _)| k.as_str() == Some(name))
-                .map(|i| fields.remove(i).1)
-                .unwrap_or(Value::Nil)
-        })
-        .collect();
-    let kwargs = fields
-        .into_iter()
-        .filter(|(_, v)| !v.is_nil())
-        .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v)))
-        .collect();
+    let call = crate::rpc::agent_api::encode_args_with_kwargs::<M>(args);
+    call_encoded::<M>(pool, metrics, agent_id, call, timeout).await
+}
+
+/// Sends an encoded call of `M` and decodes its reply (one that does not decode: FAILURE
+/// `InvalidReply`).
+async fn call_encoded<M: Method>(
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    agent_id: &str,
+    call: crate::rpc::Call,
+    timeout: Duration,
+) -> Result<M::Reply, AgentCallError> {
     let call = AgentCall {
         agent_id: agent_id.to_owned(),
         method: M::NAME.to_owned(),
-        args: positional,
-        kwargs,
+        args: call.args,
+        kwargs: call.kwargs,
         timeout,
     };
-    let res = send_counted(pool, metrics, call).await;
-    decode_reply::<M>(res?).map_err(|e| AgentCallError::Call {
+    let reply = send_counted(pool, metrics, call).await?;
+    decode_reply::<M>(reply).map_err(|e| AgentCallError::Call {
         agent_id: agent_id.to_owned(),
         source: crate::rpc::CallError::Failure(crate::rpc::ErrorMeta::new(
             "InvalidReply",

@@ -1,8 +1,10 @@
 //! Helpers of the tests that run Backend.AI's own Python in the trixie root (`tests/bai_compat.rs`,
 //! `tests/bai_events.rs`): processes and directories cleaned up on drop, log tails.
 
-use std::path::PathBuf;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 /// A child process killed (and reaped) on drop.
 pub struct KillOnDrop(pub Child);
@@ -36,4 +38,24 @@ pub fn is_root() -> bool {
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Waits up to 60 s until the agent process `agent` listens on `port` (its RPC port); panics
+/// with the tail of its `log` when it exits or does not.
+pub fn wait_for_port(port: u16, agent: &mut Child, log: &Path) {
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = agent.try_wait() {
+            panic!(
+                "the agent exited ({status}); log:\n{}",
+                super::agent::read(log)
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the agent's RPC port {port} did not open in 60 s; log:\n{}",
+            tail(&super::agent::read(log), 60)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -65,12 +65,12 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
         image: image.to_owned(),
         msg,
     };
-    match ctx.pulls.needs_pull(&image).await {
+    match ctx.pulls.local_image(&image).await {
         Err(e) => {
             ctx.pulls.note_failed(&reference, &e);
             events.emit(failed(&canonical, e.to_string()));
         }
-        Ok(false) => {
+        Ok(Some(_)) => {
             ctx.pulls.note_present(&reference);
             events.emit(AgentEvent::ImagePullFinished {
                 image: canonical.clone(),
@@ -78,7 +78,7 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
                 msg: Some("Image already exists".into()),
             });
         }
-        Ok(true) => {
+        Ok(None) => {
             let mut pull = ctx
                 .pulls
                 .start(&reference, registry_auth(&reference, &image.registry));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use crate::manager::calls::{agent_error, call_method};
+use crate::manager::calls::{agent_error, call_method, failure_error};
 use crate::manager::error::ManagerError;
 use crate::manager::metrics::ManagerMetrics;
 use crate::manager::pool::AgentPool;
@@ -22,6 +22,7 @@ use crate::rpc::agent_api::images::{
     CheckAndPull, CheckAndPullArgs, CheckPullingArgs, ImagePullStatus, PullState,
 };
 use crate::rpc::agent_api::kernel::ImageConfig;
+use crate::rpc::ErrorMeta;
 
 /// How often the pull's state is asked for.
 pub(super) const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -111,7 +112,7 @@ impl PullPhase {
                     return PullOutcome::Ready;
                 }
                 Ok(Some(PullState::Failed { error, message })) => {
-                    return PullOutcome::Failed(pull_failure(&error, message));
+                    return PullOutcome::Failed(failure_error(&ErrorMeta::new(error, message)));
                 }
                 Ok(Some(PullState::Pulling { progress })) => {
                     if !marked_pulling {
@@ -157,19 +158,5 @@ impl PullPhase {
         {
             tracing::warn!(kernel_id = %self.kernel_id, error = %e, "cannot store the pull progress");
         }
-    }
-}
-
-/// A failed pull as the manager's error of its FAILURE name.
-fn pull_failure(name: &str, message: String) -> ManagerError {
-    match name {
-        "ImageNotFound" => ManagerError::ImageNotFound(message),
-        "RegistryUnreachable" => ManagerError::RegistryUnreachable(message),
-        "RegistryAuthFailed" => ManagerError::RegistryAuthFailed(message),
-        "ImagePullTimeout" => ManagerError::ImagePullTimeout(message),
-        "ContainerEngineUnavailable" => {
-            ManagerError::AgentUnavailable(format!("container engine: {message}"))
-        }
-        other => ManagerError::AgentError(format!("{other}: {message}")),
     }
 }

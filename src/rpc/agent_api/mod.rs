@@ -102,10 +102,35 @@ pub fn decode_args<M: Method>(call: &Call) -> Result<M::Args, DecodeError> {
 
 /// `args` as a call with every parameter positional, in `M::PARAMS` order (nil where absent).
 pub fn encode_args<M: Method>(args: &M::Args) -> Call {
+    let (args, _) = split_args::<M>(args);
+    Call {
+        args,
+        ..Call::default()
+    }
+}
+
+/// As [`encode_args`] for a method with keyword-only parameters (upstream's `commit`:
+/// `canonical`, `filename`, `extra_labels` after a `*`): the fields named in `M::PARAMS` go
+/// positional in that order, every other field that is not nil as a keyword argument.
+pub fn encode_args_with_kwargs<M: Method>(args: &M::Args) -> Call {
+    let (args, rest) = split_args::<M>(args);
+    Call {
+        args,
+        kwargs: rest
+            .into_iter()
+            .filter(|(_, v)| !v.is_nil())
+            .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v)))
+            .collect(),
+        ..Call::default()
+    }
+}
+
+/// `args`' fields named in `M::PARAMS`, in that order (nil for a missing one), and the rest.
+fn split_args<M: Method>(args: &M::Args) -> (Vec<Value>, Vec<(Value, Value)>) {
     let Value::Map(mut fields) = to_value(args) else {
         panic!("{}: Args must serialize as a map", M::NAME);
     };
-    let args = M::PARAMS
+    let positional = M::PARAMS
         .iter()
         .map(|name| {
             fields
@@ -115,10 +140,7 @@ pub fn encode_args<M: Method>(args: &M::Args) -> Call {
                 .unwrap_or(Value::Nil)
         })
         .collect();
-    Call {
-        args,
-        ..Call::default()
-    }
+    (positional, fields)
 }
 
 /// A RESULT value as `M::Reply`.

@@ -40,13 +40,14 @@ impl Provisioner for ImageStage {
             canonical: reference.clone(),
             ..image
         };
-        if ctx.pulls.needs_pull(&image).await? {
-            self.0.set_status(KernelStatus::Pulling);
-            ctx.pulls
-                .start(&reference, registry_auth(&reference, &image.registry))
-                .finish()
-                .await?;
+        if let Some(local) = ctx.pulls.local_image(&image).await? {
+            return Ok(local);
         }
+        self.0.set_status(KernelStatus::Pulling);
+        ctx.pulls
+            .start(&reference, registry_auth(&reference, &image.registry))
+            .finish()
+            .await?;
         Ok(ctx
             .backend
             .inspect_image(&reference)
