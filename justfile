@@ -200,9 +200,15 @@ test-image:
 bench name: setup docker test-image
     cargo bench --bench {{name}}
 
-# From nothing: build, dev keys, a manager (SQLite) and an agent (Docker) with CURVE on; wait
-# until the agent is ALIVE, create a session, run code in it, print what to try next; Ctrl+C
-# stops both.
+# Put `kernelvisor` on the PATH: `cargo install --path .` (an optimized build, reusing
+# target/release) into ${CARGO_HOME:-~/.cargo}/bin.
+install: setup
+    ./scripts/install.sh release
+
+# From nothing: install `kernelvisor` (reusing the release or the debug build already made, saying
+# which), dev keys, a manager (SQLite) and an agent (Docker) with CURVE on; wait until the agent is
+# ALIVE, create a demo session, run code in it, print what to try next. Ctrl+C stops both, whatever
+# the output is piped to; a pair an earlier run left is stopped first (scripts/dev-run.sh).
 run: setup docker test-image
-    cargo build --release
+    ./scripts/install.sh auto
     ./scripts/dev-run.sh

@@ -1,8 +1,8 @@
-//! The `kernelvisor` binary: `agent`, `manager`, `keygen`.
+//! The `kernelvisor` binary: `agent`, `manager`, `keygen`, `ctl`, `completions`.
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use kernelvisor::config::{AgentConfig, ManagerConfig};
 use kernelvisor::rpc::curve::{write_certificates, KeyPair};
@@ -39,6 +39,13 @@ enum Command {
     },
     /// Talk to a running manager over its HTTP API (agents, sessions, access keys, health).
     Ctl(kernelvisor::ctl::CtlArgs),
+    /// Print a shell completion script to stdout (`kernelvisor completions bash >
+    /// /etc/bash_completion.d/kernelvisor`; zsh: a file named `_kernelvisor` in `$fpath`; fish:
+    /// `~/.config/fish/completions/kernelvisor.fish`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,5 +71,14 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Ctl(args) => std::process::exit(kernelvisor::ctl::run(args)?),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "kernelvisor", &mut script);
+            // `| head` closing the pipe early is no error.
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                _ => Ok(()),
+            }
+        }
     }
 }

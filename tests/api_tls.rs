@@ -185,7 +185,7 @@ fn plain_http_is_warned_about_at_start() {
     // An https:// URL of a plain HTTP API: no answer, and a hint at the scheme.
     let out = ctl(&["--api", &format!("https://127.0.0.1:{port}"), "health"]);
     let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("use an http:// URL"), "{err}");
 }
 
@@ -241,10 +241,10 @@ fn https_api_with_the_cli() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 
     // Without --ca-cert the self-signed certificate is not trusted (webpki roots): no answer,
-    // exit 2, an error that says so and how to fix it.
+    // exit 3, an error that says so and how to fix it.
     let out = ctl(&["--api", &api, "health"]);
     let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(
         err.starts_with("error: ") && err.contains("certificate"),
         "{err}"
@@ -262,7 +262,7 @@ fn https_api_with_the_cli() {
         other_cert.to_str().unwrap(),
         "health",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("certificate"),
         "{}",
@@ -272,7 +272,7 @@ fn https_api_with_the_cli() {
     // Plain HTTP to the TLS port gets no HTTP answer (a TLS alert), and a hint at the scheme.
     let out = ctl(&["--api", &format!("http://127.0.0.1:{port}"), "health"]);
     let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("use an https:// URL"), "{err}");
     assert!(out.stdout.is_empty());
 

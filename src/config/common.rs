@@ -107,7 +107,9 @@ impl LoggingConfig {
         .map_err(|e| ConfigError::Invalid("logging.level", e.to_string()))?;
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr);
+            .with_writer(std::io::stderr)
+            // Colour only for a person at a terminal: a log file or a pipe gets plain text.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
         let _ = match self.format {
             LogFormat::Json => builder.json().flatten_event(true).try_init(),
             LogFormat::Pretty => builder.try_init(),

@@ -101,13 +101,18 @@ impl ApiError {
     }
 }
 
+/// Exit status of `ctl` when the API could not be reached or the connection broke: 3, apart
+/// from clap's 2 for a usage error, so a script can tell "retry later" from "fix the command".
+pub const EXIT_UNREACHABLE: i32 = 3;
+
 /// Why a call got no usable answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The API answered with an error status (ctl exits 1).
     #[error(transparent)]
     Api(#[from] ApiError),
-    /// No answer: bad URL, DNS, connection refused, I/O error or timeout (ctl exits 2).
+    /// No answer: bad URL, DNS, connection refused, TLS, I/O error or timeout (ctl exits
+    /// [`EXIT_UNREACHABLE`]).
     #[error("error: {what} {url}: {detail}")]
     Transport {
         what: &'static str,
@@ -120,10 +125,11 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The process exit status this error maps to: 2 when the API could not be reached, else 1.
+    /// The process exit status this error maps to: [`EXIT_UNREACHABLE`] when the API could not
+    /// be reached or the connection broke, else 1.
     pub fn exit_code(&self) -> i32 {
         match self {
-            ClientError::Transport { .. } => 2,
+            ClientError::Transport { .. } => EXIT_UNREACHABLE,
             ClientError::Api(_) | ClientError::InvalidResponse { .. } => 1,
         }
     }
@@ -774,7 +780,7 @@ mod tests {
             text.starts_with("error: could not reach http://127.0.0.1:1/v1/agents: "),
             "{text}"
         );
-        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.exit_code(), EXIT_UNREACHABLE);
     }
 
     #[test]
@@ -818,7 +824,7 @@ mod tests {
             text.contains(&format!("{dead}/health")) && text.contains(&format!("{dead2}/health")),
             "{text}"
         );
-        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.exit_code(), EXIT_UNREACHABLE);
         assert_eq!(
             host_port("https://m.example/"),
             Some(("m.example".into(), 443))
@@ -833,7 +839,7 @@ mod tests {
             err.to_string(),
             "error: invalid API URL ftp://127.0.0.1:1: expected http://HOST:PORT or https://HOST:PORT"
         );
-        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.exit_code(), EXIT_UNREACHABLE);
         assert!(Client::new("127.0.0.1:8081").is_err());
         assert!(Client::new("http://").is_err());
         assert!(Client::new("https://").is_err());
@@ -866,7 +872,7 @@ mod tests {
             )),
             "{err}"
         );
-        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.exit_code(), EXIT_UNREACHABLE);
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, "hello\n").unwrap();
         let err = with_ca(&junk).err().unwrap();
@@ -949,7 +955,7 @@ mod tests {
             ),
             "{text}"
         );
-        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.exit_code(), EXIT_UNREACHABLE);
     }
 
     #[test]
@@ -1042,7 +1048,7 @@ mod tests {
             .get_stream("/x", &[], None)
             .err()
             .unwrap();
-        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.exit_code(), EXIT_UNREACHABLE);
     }
 
     #[test]

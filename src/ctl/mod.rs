@@ -23,8 +23,8 @@
 //! Exit status: 0 on success; 1 when the API answers an error (printed as
 //! `error: <code>: <message> (HTTP <status>)`, followed by the error's `output` when it has one,
 //! as `service-failed` does, and by a `hint: …` line on a 401), an answer is not JSON, or a local file cannot be read or written
-//! (`session cp`); 2 when the API cannot be reached or the connection breaks (and on usage
-//! errors, from clap); 141 when stdout is closed early (`| head`). `session exec` exits with the
+//! (`session cp`); 2 on usage errors (clap's); 3 when the API cannot be reached or the
+//! connection breaks ([`client::EXIT_UNREACHABLE`]); 141 when stdout is closed early (`| head`). `session exec` exits with the
 //! executed code's exit code, or 124 when it timed out. `session wait` exits with the session's
 //! exit code (see [`wait_exit_code`]), or 124 when `--timeout` passed first.
 

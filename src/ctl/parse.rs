@@ -45,6 +45,30 @@ pub fn seconds(s: &str) -> Result<f64, String> {
     Ok(n)
 }
 
+/// A whole number of seconds (`exec --timeout`): digits only, no sign or fraction.
+pub fn whole_seconds(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| "expected a whole, non-negative number of seconds (such as 60)".to_owned())
+}
+
+/// `--cpu CORES`: a number of cores above 0 (`1`, `0.5`), passed on as written.
+pub fn cores(s: &str) -> Result<String, String> {
+    match s.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 => Ok(s.trim().to_owned()),
+        _ => Err("expected a number of cores above 0 (such as 1 or 0.5)".to_owned()),
+    }
+}
+
+/// `--mem SIZE`: bytes as an integer or with a binary suffix (`256m`, `1g`), above 0.
+pub fn mem_size(s: &str) -> Result<String, String> {
+    match crate::config::ByteSize::parse(s) {
+        Ok(b) if b.0 > 0 => Ok(s.trim().to_owned()),
+        Ok(_) => Err("expected a size above 0 (such as 256m or 1g)".to_owned()),
+        Err(e) => Err(format!("{e} (such as 256m or 1g)")),
+    }
+}
+
 /// Like [`seconds`], but more than zero (`--batch-timeout`; `wait --interval`: no busy polling).
 pub fn positive_seconds(s: &str) -> Result<f64, String> {
     match seconds(s)? {

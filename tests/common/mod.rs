@@ -155,6 +155,7 @@ pub mod agent;
 pub mod bai;
 pub mod cluster;
 pub mod intake;
+pub mod pty;
 pub mod registry;
 
 /// A `/proc/<pid>/status` size field (`VmHWM`, `VmRSS`), in bytes.

@@ -261,7 +261,7 @@ impl Services {
             let (code, output) = run_to_end(backend, &target.container_id, cmd, &env).await?;
             if code != Some(0) {
                 return Err(failed(
-                    format!("prestart {cmd:?} exited with {code:?}"),
+                    format!("prestart `{}` {}", cmd.join(" "), exit_words(code)),
                     output,
                 ));
             }
@@ -294,7 +294,7 @@ impl Services {
                 // It may have exited between the two checks after all: a last connect would
                 // only reach a dead port, so report the exit.
                 return Err(failed(
-                    format!("its process exited with {:?}", status.exit_code),
+                    format!("its process {}", exit_words(status.exit_code)),
                     log_tail(backend, &target.container_id, &log).await,
                 ));
             }
@@ -446,6 +446,15 @@ impl Tail {
 
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0).into_owned()
+    }
+}
+
+/// How a process ended, in words: "exited with code 3", or "ended without an exit code" when
+/// the engine did not say (the container went away under it).
+fn exit_words(code: Option<i64>) -> String {
+    match code {
+        Some(c) => format!("exited with code {c}"),
+        None => "ended without an exit code".to_owned(),
     }
 }
 

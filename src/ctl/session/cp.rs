@@ -231,7 +231,7 @@ mod tests {
                 let text = e.to_string();
                 assert!(text.starts_with("error: upload cut off by "), "{text}");
                 assert!(text.contains("check the session id and path"), "{text}");
-                assert_eq!(e.exit_code(), 2);
+                assert_eq!(e.exit_code(), crate::ctl::client::EXIT_UNREACHABLE);
             }
             other => panic!("{other:?}"),
         }
@@ -386,7 +386,9 @@ mod tests {
 
         // The body ends before its Content-Length: the old file stays as it was.
         match download(&client, "S:x.bin", t, Output::Table) {
-            Err(Failure::Client(e)) => assert_eq!(e.exit_code(), 2, "{e}"),
+            Err(Failure::Client(e)) => {
+                assert_eq!(e.exit_code(), crate::ctl::client::EXIT_UNREACHABLE, "{e}")
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(names(dir.path()), ["keep.bin"]);

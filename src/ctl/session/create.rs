@@ -18,10 +18,10 @@ pub struct CreateArgs {
     #[arg(long)]
     pub image: String,
     /// CPU cores, up to 3 decimals (e.g. 1 or 0.5).
-    #[arg(long, value_name = "CORES")]
+    #[arg(long, value_name = "CORES", allow_hyphen_values = true, value_parser = parse::cores)]
     pub cpu: String,
     /// Memory: bytes, or with a unit suffix such as 256m or 1g.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse::mem_size)]
     pub mem: String,
     /// An accelerator slot an agent advertises, e.g. cuda.device=1 or cuda.shares=0.5
     /// (repeatable; a later NAME wins). A slot no agent has is refused (unknown-slot).

@@ -24,7 +24,7 @@ pub struct ExecArgs {
     /// The code to run (for the test image: a shell command line).
     pub code: String,
     /// Kill the execution after this many seconds (default: the manager's).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true, value_parser = parse::whole_seconds)]
     pub timeout: Option<u64>,
     /// Print what came so far after at most this many seconds of waiting.
     #[arg(long, value_name = "SECS", default_value_t = 0.5, value_parser = parse::seconds)]

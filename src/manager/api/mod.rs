@@ -117,11 +117,49 @@ async fn not_in_grace(s: &ApiState) -> Result<(), ManagerError> {
     }
 }
 
-/// The session's kernel (by session or kernel id) when `caller` may act on it.
+/// Shortest session id prefix the API resolves (`docker` takes any; four hex digits keep a typo
+/// from naming a session by chance).
+const MIN_ID_PREFIX: usize = 4;
+
+/// The session's kernel when `caller` may act on it: by session or kernel id, or by a unique
+/// prefix (≥ [`MIN_ID_PREFIX`] characters) of the id of one of the caller's sessions (an admin:
+/// anyone's), as `docker` and `git` take a short id.
 ///
-/// Errors: 404 `session-not-found`, also for another key's session.
+/// Errors: 404 `session-not-found`, also for another key's session; 400 `invalid-request` when
+/// the prefix names several sessions (some of them listed).
 async fn owned_kernel(s: &ApiState, caller: &Caller, id: &str) -> Result<KernelRow, ManagerError> {
-    caller.owned(id, s.store.kernel(id).await?)
+    let exact = s.store.kernel(id).await?;
+    if exact.is_some() || id.len() < MIN_ID_PREFIX {
+        return caller.owned(id, exact);
+    }
+    let owner = (!caller.admin).then_some(caller.access_key.as_str());
+    let mut found = s.store.session_ids_with_prefix(id, owner, 4).await?;
+    match found.len() {
+        0 => Err(ManagerError::SessionNotFound(id.to_owned())),
+        1 => {
+            let session_id = found.remove(0);
+            caller.owned(id, s.store.kernel(&session_id).await?)
+        }
+        n => Err(ManagerError::InvalidRequest(format!(
+            "`{id}` is the start of {} sessions' ids ({}…): give more of the id",
+            if n > 3 {
+                "more than 3".to_owned()
+            } else {
+                n.to_string()
+            },
+            found[..n.min(3)].join(", ")
+        ))),
+    }
+}
+
+/// The id a scheduler message names for what the caller asked with `asked`: the kernel id when
+/// `asked` is one, else the session id (`asked` was the session id or a prefix of it).
+fn resolved_id(asked: &str, k: &KernelRow) -> String {
+    if asked == k.id {
+        k.id.clone()
+    } else {
+        k.session_id.clone()
+    }
 }
 
 /// The caller's session's kernel, which must be `RUNNING` (files and services live in its

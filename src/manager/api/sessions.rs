@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::auth::Caller;
 use super::responses;
-use super::{count_error, not_in_grace, owned_kernel, reply, session, ApiState, Res};
+use super::{count_error, not_in_grace, owned_kernel, reply, resolved_id, session, ApiState, Res};
 use crate::manager::calls::{call_method, to_json};
 use crate::manager::error::ManagerError;
 use crate::manager::scheduler::{
@@ -53,6 +53,7 @@ pub(super) async fn create(
         not_in_grace(&s).await?;
         let request = body.into_inner().into_inner();
         check_service_ports(&request)?;
+        check_environ(&request)?;
         let owner = match request.access_key.as_deref() {
             None => caller.access_key.clone(),
             Some(k) if k == caller.access_key => k.to_owned(),
@@ -91,6 +92,36 @@ fn check_service_ports(request: &SessionRequest) -> Result<(), ManagerError> {
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// The `environ` entries a container can start with: names as POSIX's portable ones
+/// (`[A-Za-z_][A-Za-z0-9_]*`; `=` or a space in a name would change what the process sees), no
+/// NUL byte in a value, and a `PATH` that is not empty (nothing in the image could be found: the
+/// engine would fail the start with runc's `executable file not found`).
+///
+/// Errors: 400 `invalid-request` naming the entry.
+fn check_environ(request: &SessionRequest) -> Result<(), ManagerError> {
+    for (name, value) in &request.environ {
+        let mut chars = name.chars();
+        let portable = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let problem = if !portable {
+            "names are letters, digits and `_`, not starting with a digit"
+        } else if value.contains('\0') {
+            "a value cannot hold a NUL byte"
+        } else if name == "PATH" && value.trim().is_empty() {
+            "an empty PATH leaves the container nothing to run (leave PATH out to keep the image's)"
+        } else {
+            continue;
+        };
+        return Err(ManagerError::InvalidRequest(format!(
+            "environ entry `{}`: {problem}",
+            name.escape_debug()
+        )));
     }
     Ok(())
 }
@@ -203,8 +234,10 @@ async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
 pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     let r = async {
         not_in_grace(&s).await?;
-        owned_kernel(&s, &caller, &id).await?;
-        s.scheduler.send(DestroySession(id.into_inner())).await?
+        let k = owned_kernel(&s, &caller, &id).await?;
+        s.scheduler
+            .send(DestroySession(resolved_id(&id, &k)))
+            .await?
     }
     .await;
     reply(HttpResponse::Ok(), &session(&count_error(&s, r)?))
@@ -235,10 +268,10 @@ pub(super) async fn execute(
 ) -> Res {
     let r = async {
         not_in_grace(&s).await?;
-        owned_kernel(&s, &caller, &id).await?;
+        let k = owned_kernel(&s, &caller, &id).await?;
         let b = body.into_inner().into_inner();
         let msg = ExecuteInSession {
-            id: id.into_inner(),
+            id: resolved_id(&id, &k),
             mode: b.mode,
             code: b.code,
             run_id: b.run_id,
@@ -287,8 +320,19 @@ async fn read_more(
     }
 }
 
-/// Seconds one follow read waits at the agent for new output before asking again.
+/// Seconds one follow read waits at the agent for new output before asking again (the agent
+/// answers as soon as output comes; this only bounds an idle read).
 const FOLLOW_WAIT: f64 = 10.0;
+
+/// Where a followed log stands between two chunks sent.
+enum Follow {
+    /// A chunk read, not sent yet.
+    Have(LogsChunk, KernelRow),
+    /// Read on from this offset (after a chunk was sent).
+    From(u64, KernelRow),
+    /// The kernel has ended and everything was sent.
+    Done,
+}
 
 /// The kernel's stdout and stderr (merged): the last `[container] log-tail` bytes;
 /// `?follow=true` streams new output until the kernel ends.
@@ -330,13 +374,19 @@ pub(super) async fn logs(
     if !q.follow {
         return Ok(resp.body(first.data));
     }
-    // Follow: the tail, then each newer chunk as the agent has it, until the kernel has ended and
-    // everything is sent. One chunk (≤ 1 MiB) is held at a time; a slow reader slows the reads.
+    // Follow: the tail, then each newer chunk as soon as the agent has it, until the kernel has
+    // ended and everything is sent. A chunk is sent before the next read starts (that read waits
+    // at the agent for new output): reading ahead would hold each chunk back until the next one
+    // came. One chunk (≤ 1 MiB) is held at a time; a slow reader slows the reads.
     let scheduler = s.scheduler.clone();
-    let stream = futures::stream::unfold(Some((first, kernel)), move |state| {
+    let stream = futures::stream::unfold(Follow::Have(first, kernel), move |state| {
         let scheduler = scheduler.clone();
         async move {
-            let (mut chunk, kernel) = state?;
+            let (mut chunk, kernel) = match state {
+                Follow::Have(chunk, kernel) => (chunk, kernel),
+                Follow::From(next, kernel) => (read_more(&scheduler, &kernel, next).await?, kernel),
+                Follow::Done => return None,
+            };
             // Never a zero-length chunk (it would read as the end of a chunked body): ask again
             // until there are bytes to send or the kernel has ended.
             while chunk.data.is_empty() {
@@ -345,14 +395,11 @@ pub(super) async fn logs(
                 }
                 chunk = read_more(&scheduler, &kernel, chunk.next).await?;
             }
-            let next = chunk.next;
             let data = actix_web::web::Bytes::from(std::mem::take(&mut chunk.data));
             let following = if chunk.active {
-                read_more(&scheduler, &kernel, next)
-                    .await
-                    .map(|c| (c, kernel))
+                Follow::From(chunk.next, kernel)
             } else {
-                None
+                Follow::Done
             };
             Some((Ok::<_, actix_web::Error>(data), following))
         }
@@ -383,6 +430,30 @@ mod tests {
         ] {
             let e = check_service_ports(&request(bad.clone())).unwrap_err();
             assert_eq!(e.code(), "invalid-request", "{bad}");
+        }
+    }
+
+    fn with_environ(environ: serde_json::Value) -> SessionRequest {
+        serde_json::from_value(serde_json::json!({
+            "image": "img", "resource_slots": {"cpu": 1, "mem": "64m"}, "environ": environ,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn environ_is_checked() {
+        let ok = serde_json::json!({"A": "1", "_b2": "x=y", "PATH": "/bin", "EMPTY": ""});
+        assert!(check_environ(&with_environ(ok)).is_ok());
+        for (bad, says) in [
+            (serde_json::json!({"PATH": ""}), "empty PATH"),
+            (serde_json::json!({"2X": "1"}), "not starting with a digit"),
+            (serde_json::json!({"A B": "1"}), "letters, digits"),
+            (serde_json::json!({"": "1"}), "letters, digits"),
+            (serde_json::json!({"A": "x\u{0}y"}), "NUL"),
+        ] {
+            let e = check_environ(&with_environ(bad.clone())).unwrap_err();
+            assert_eq!(e.code(), "invalid-request", "{bad}");
+            assert!(e.to_string().contains(says), "{bad}: {e}");
         }
     }
 }

@@ -413,6 +413,29 @@ impl Store {
             > 0)
     }
 
+    /// Up to `limit` distinct session ids starting with `prefix`, of `access_key`'s sessions when
+    /// given, any status. `prefix` must be hex digits and dashes (a UUID's alphabet: nothing
+    /// `LIKE` would read as a pattern); anything else matches nothing.
+    pub async fn session_ids_with_prefix(
+        &self,
+        prefix: &str,
+        access_key: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT DISTINCT session_id FROM kernels WHERE session_id LIKE $1 AND ($2 = '' OR access_key = $2) LIMIT $3",
+        )
+        .bind(format!("{}%", prefix.to_ascii_lowercase()))
+        .bind(access_key.unwrap_or(""))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
     /// One kernel by its kernel id or its session id.
     pub async fn kernel(&self, id: &str) -> Result<Option<KernelRow>, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY created_at DESC LIMIT 1"))
