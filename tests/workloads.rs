@@ -450,9 +450,16 @@ fn streaming_exec_input_and_logs_follow() {
     }
     assert!(child.wait().unwrap().success());
     let texts: Vec<&str> = lines.iter().map(|(l, _)| l.as_str()).collect();
-    assert_eq!(texts, ["line1", "line2", "line3", "line4", "line5"], "by a unique id prefix");
+    assert_eq!(
+        texts,
+        ["line1", "line2", "line3", "line4", "line5"],
+        "by a unique id prefix"
+    );
     for (text, delay) in &lines {
-        assert!(*delay < 1.0, "{text} reached logs -f {delay:.2} s after it was printed: {lines:?}");
+        assert!(
+            *delay < 1.0,
+            "{text} reached logs -f {delay:.2} s after it was printed: {lines:?}"
+        );
     }
     let job = wait_terminated(&c, &jid);
     assert_eq!(job["result"], "SUCCESS");

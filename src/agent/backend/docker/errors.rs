@@ -173,6 +173,45 @@ pub(super) fn container_err(id: &str) -> impl Fn(DockerError) -> BackendError + 
     }
 }
 
+/// A failed container start: a missing container, or the OCI runtime's refusal said in words
+/// first (what was wrong with the command), then the engine's own text, which alone is a wall of
+/// runc internals (`failed to create shim task: OCI runtime create failed: …`).
+pub(super) fn start_err(id: &str) -> impl Fn(DockerError) -> BackendError + '_ {
+    move |e| match &e {
+        DockerError::DockerResponseServerError { message, .. }
+            if message.contains("OCI runtime") =>
+        {
+            BackendError::Engine(format!(
+                "the container could not start: {} (engine: {message})",
+                runtime_refusal(message)
+            ))
+        }
+        _ => container_err(id)(e),
+    }
+}
+
+/// What runc's refusal to start a container's process means, in words.
+fn runtime_refusal(message: &str) -> String {
+    // runc: `exec: "/nothing": stat /nothing: no such file or directory`, or
+    // `exec: "python": executable file not found in $PATH`.
+    let command = message
+        .split_once("exec: \"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(cmd, _)| cmd);
+    match command {
+        Some(cmd) if message.contains("executable file not found") => {
+            format!("its command `{cmd}` is not in any directory of the container's PATH")
+        }
+        Some(cmd) if message.contains("no such file or directory") => {
+            format!("its command `{cmd}` does not exist in the image")
+        }
+        Some(cmd) if message.contains("permission denied") => {
+            format!("its command `{cmd}` is not executable")
+        }
+        _ => "the OCI runtime refused to start its process".to_owned(),
+    }
+}
+
 /// The archive API answers 404 both for a missing container and a missing path; the engine's
 /// message tells them apart ("No such container" vs "Could not find the file").
 pub(super) fn archive_err(id: &str, path: &str) -> impl Fn(DockerError) -> BackendError {
@@ -200,6 +239,29 @@ pub(super) fn optional<T>(r: Result<T, DockerError>) -> Result<Option<T>, Docker
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_refusals_in_words() {
+        let missing = r#"failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: exec: "/nothing": stat /nothing: no such file or directory: unknown"#;
+        assert_eq!(
+            runtime_refusal(missing),
+            "its command `/nothing` does not exist in the image"
+        );
+        let path = r#"failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: exec: "sh": executable file not found in $PATH: unknown"#;
+        assert_eq!(
+            runtime_refusal(path),
+            "its command `sh` is not in any directory of the container's PATH"
+        );
+        let denied = r#"OCI runtime create failed: runc create failed: unable to start container process: exec: "/etc/passwd": permission denied: unknown"#;
+        assert_eq!(
+            runtime_refusal(denied),
+            "its command `/etc/passwd` is not executable"
+        );
+        assert_eq!(
+            runtime_refusal("OCI runtime create failed: cgroup"),
+            "the OCI runtime refused to start its process"
+        );
+    }
 
     /// Messages as Docker 28 words them (seen against Debian's docker-registry 2.8).
     #[test]

@@ -26,7 +26,7 @@ mod images;
 mod process;
 
 use self::convert::{listed_exit_code, port_mappings, summary, with_tag};
-use self::errors::{archive_err, container_err, engine, optional, pull_err, status};
+use self::errors::{archive_err, container_err, engine, optional, pull_err, start_err, status};
 use self::process::kill_tree;
 use super::{
     BackendError, Bind, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
@@ -247,7 +247,7 @@ impl ContainerBackend for DockerBackend {
         self.docker
             .start_container(id, None::<StartContainerOptions<String>>)
             .await
-            .map_err(container_err(id))
+            .map_err(start_err(id))
     }
 
     async fn inspect_container(&self, id: &str) -> Result<Option<ContainerState>, BackendError> {
