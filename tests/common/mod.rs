@@ -154,6 +154,7 @@ pub fn interop_script(name: &str) -> PathBuf {
 pub mod agent;
 pub mod bai;
 pub mod cluster;
+pub mod dev;
 pub mod intake;
 pub mod pty;
 pub mod registry;

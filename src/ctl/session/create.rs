@@ -1,6 +1,8 @@
 //! `session create`: start a session (`POST /v1/sessions`) from its image, resources, mounts,
 //! type and restart policy.
 
+use std::io::Write;
+
 use clap::Args;
 use serde_json::{json, Map, Value};
 
@@ -62,6 +64,9 @@ pub struct CreateArgs {
     /// 300 [default: 1].
     #[arg(long, value_name = "SECS", value_parser = parse::seconds, requires = "restart")]
     pub restart_backoff: Option<f64>,
+    /// Print only the new session's id (for `sid=$(kernelvisor ctl session create … -q)`).
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 impl CreateArgs {
@@ -124,7 +129,14 @@ impl CreateArgs {
 pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32, Failure> {
     let reply = client.post("/v1/sessions", &args.to_json(), None)?;
     let created: crate::model::session::SessionCreated = render::lenient(&reply.json);
-    let code = show(out, &reply, render::created)?;
+    let code = if args.quiet {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{}", created.session_id)?;
+        stdout.flush()?;
+        0
+    } else {
+        show(out, &reply, render::created)?
+    };
     if created.status == crate::model::session::KernelStatus::Pulling.as_str() {
         // On stderr: stdout stays the answer (a pipe reading `-o json` gets only that).
         eprintln!(
