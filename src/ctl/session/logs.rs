@@ -120,7 +120,7 @@ mod tests {
         .unwrap_err();
         match err {
             Failure::Client(e) => {
-                assert_eq!(e.exit_code(), 2);
+                assert_eq!(e.exit_code(), crate::ctl::client::EXIT_UNREACHABLE);
                 assert!(
                     e.to_string()
                         .starts_with("error: reading the response from http://m/logs: "),
