@@ -122,8 +122,17 @@ stop() {
 # The last lines of the log of the process that failed, and exit 1.
 failed_start() {
   local name=$1 why=$2
-  say "$why; the last lines of $dev/logs/$name.log:" >&2
-  tail -n 15 "$dev/logs/$name.log" 2>/dev/null | sed 's/^/  | /' >&2
+  local log="$dev/logs/$name.log" this_run
+  # This run's part of the log; its `Error: …` (the reason, without a backtrace) when the process
+  # returned one, else its last lines.
+  this_run=$(awk -v m="--- just run $start_mark" '$0 == m { n = NR } { line[NR] = $0 } END { for (i = n + 1; i <= NR; i++) print line[i] }' "$log" 2>/dev/null)
+  if printf '%s\n' "$this_run" | grep -q '^Error: '; then
+    say "$why; from $log:" >&2
+    printf '%s\n' "$this_run" | sed -n '/^Error: /,$p' | sed '/^Stack backtrace:/,$d' | head -n 20 | sed 's/^/  | /' >&2
+  else
+    say "$why; the last lines of $log:" >&2
+    printf '%s\n' "$this_run" | tail -n 15 | sed 's/^/  | /' >&2
+  fi
   stop
   exit 1
 }

@@ -112,6 +112,85 @@ fn ctrl_c_stops_the_pair_with_its_output_piped() {
     // The API answers with the token the script wrote.
     assert!(!port_free(root.api));
     interrupt_and_check(&mut pty, &root, from, &sid);
+    // Log files are for reading with less and grep: no colour codes (the terminal gets them).
+    for name in ["manager", "agent"] {
+        let text =
+            std::fs::read_to_string(root.path().join(format!("var/dev/logs/{name}.log"))).unwrap();
+        assert!(text.contains("INFO"), "{name}.log has lines: {text}");
+        assert!(!text.contains('\x1b'), "{name}.log carries ANSI codes");
+    }
+}
+
+#[test]
+fn a_failed_start_shows_the_failing_log_lines() {
+    let root = DevRoot::new();
+    let config = root.path().join("configs/dev/manager.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("[store]", "heartbeat-intervall = 2\n\n[store]"),
+    )
+    .unwrap();
+    let out = std::process::Command::new("./scripts/dev-run.sh")
+        .current_dir(root.path())
+        .env("KV_BIN", env!("CARGO_BIN_EXE_kernelvisor"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("the manager exited; from var/dev/logs/manager.log:"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("backtrace"),
+        "the reason, not a backtrace: {stderr}"
+    );
+    assert!(
+        stderr.contains("heartbeat-intervall"),
+        "the config error is shown: {stderr}"
+    );
+    assert!(
+        root.pid("manager").is_none() && root.pid("agent").is_none(),
+        "nothing left running"
+    );
+}
+
+#[test]
+fn shell_completions_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{shell}");
+        assert!(
+            script.contains("kernelvisor") && script.contains("session"),
+            "{shell}: {script}"
+        );
+    }
+    // Piped into a reader that stops early: no panic, no error.
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            &format!(
+                "{} completions bash | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+                env!("CARGO_BIN_EXE_kernelvisor")
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

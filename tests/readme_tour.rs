@@ -98,7 +98,10 @@ fn the_readme_tour_runs_as_written() {
         );
     }
     // `printf 'one\ntwo\n' | … exec … 'tr a-z A-Z'`: stdin was forwarded.
-    assert!(stdout.contains("ONE\nTWO\n"), "stdin was forwarded:\n{stdout}");
+    assert!(
+        stdout.contains("ONE\nTWO\n"),
+        "stdin was forwarded:\n{stdout}"
+    );
 
     // Ctrl+C as at the terminal: the pair stops, saying so.
     // SAFETY: signalling our child.

@@ -290,6 +290,53 @@ mod tests {
     }
 
     #[test]
+    fn cores_sizes_and_whole_seconds() {
+        assert_eq!(cores("0.5"), Ok("0.5".into()));
+        assert_eq!(cores(" 2 "), Ok("2".into()));
+        for bad in ["-1", "0", "many", "inf"] {
+            assert!(cores(bad).unwrap_err().contains("above 0"), "{bad}");
+        }
+        assert_eq!(mem_size("256m"), Ok("256m".into()));
+        assert!(mem_size("0").unwrap_err().contains("above 0"));
+        assert!(mem_size("-1g").unwrap_err().contains("such as 256m"));
+        assert_eq!(whole_seconds("60"), Ok(60));
+        for bad in ["-1", "1.5", "x"] {
+            assert!(
+                whole_seconds(bad)
+                    .unwrap_err()
+                    .contains("whole, non-negative"),
+                "{bad}"
+            );
+        }
+    }
+
+    /// Negative values reach the value parsers (clap would read `-1` as a flag), so the message
+    /// says what is wrong with the value.
+    #[test]
+    fn negative_values_get_the_parsers_message() {
+        use crate::ctl::test_util::parse;
+        let err = parse(&[
+            "session", "create", "--image", "i", "--cpu", "-1", "--mem", "1g",
+        ])
+        .err()
+        .unwrap();
+        assert!(
+            err.to_string()
+                .contains("expected a number of cores above 0"),
+            "{err}"
+        );
+        let err = parse(&["session", "exec", "S", "true", "--timeout=-1"])
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .contains("whole, non-negative number of seconds"),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
     fn seconds_values() {
         assert_eq!(seconds("0.5"), Ok(0.5));
         assert_eq!(seconds("3600"), Ok(3600.0));
