@@ -80,6 +80,11 @@ listener() {
   fi
 }
 
+# Another `just run` still running keeps its pair: refuse rather than take it away from it.
+if other=$(cat "$dev/run.pid" 2>/dev/null) && [ "$other" != $$ ] && alive "$other" \
+  && tr '\0' ' ' <"/proc/$other/cmdline" 2>/dev/null | grep -q dev-run.sh; then
+  fail "\`just run\` is already running here (pid $other): use that pair, or stop it (Ctrl+C there, or kill $other). Nothing was started."
+fi
 # A pair an earlier run left (its script killed, or an older script's Ctrl+C): stop it.
 for name in agent manager; do
   pid=$(cat "$dev/$name.pid" 2>/dev/null) || continue
@@ -95,6 +100,7 @@ for p in "$api_port:manager API" "$event_port:manager event intake" "$rpc_port:a
 done
 
 mkdir -p "$dev/keys" "$dev/agent-keys" "$dev/logs"
+echo $$ >"$dev/run.pid"
 [ -f "$dev/keys/manager.key_secret" ] || "$bin" keygen manager --dir "$dev/keys" >/dev/null
 [ -f "$dev/keys/agent-dev.key_secret" ] || "$bin" keygen agent-dev --dir "$dev/keys" >/dev/null
 # The manager's intake admits the public keys in agent-keys-dir (new files: no restart needed).
@@ -116,7 +122,7 @@ stop() {
   say "stopping the agent and the manager…"
   stop_pid "$agent" agent
   stop_pid "$manager" manager
-  rm -f "$dev/agent.pid" "$dev/manager.pid"
+  rm -f "$dev/agent.pid" "$dev/manager.pid" "$dev/run.pid"
   say "kernelvisor dev pair stopped."
 }
 # The last lines of the log of the process that failed, and exit 1.

@@ -199,6 +199,23 @@ fn a_stale_pair_is_stopped_and_a_foreign_port_refused() {
     let mut pty = root.shell();
     let (_, _) = start(&mut pty, 0);
     let (manager, agent) = (root.pid("manager").unwrap(), root.pid("agent").unwrap());
+    // A second `just run` while the first runs: refused, naming it; the first pair untouched.
+    let second = std::process::Command::new("./scripts/dev-run.sh")
+        .current_dir(root.path())
+        .env("KV_BIN", env!("CARGO_BIN_EXE_kernelvisor"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("`just run` is already running here (pid "),
+        "{said}"
+    );
+    assert!(
+        alive(manager) && alive(agent),
+        "the running pair was left alone"
+    );
     // The script dies without its trap (kill -9): the pair goes on, as a hung `just run` left it.
     let script = std::fs::read_to_string(format!("/proc/{manager}/status"))
         .unwrap()
