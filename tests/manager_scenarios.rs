@@ -695,5 +695,5 @@ fn ctl_cli_against_a_live_manager() {
             )
         })
         .unwrap();
-    assert_eq!(code, 2, "unreachable API: {err}");
+    assert_eq!(code, 3, "unreachable API: {err}");
 }
