@@ -21,6 +21,7 @@ pub mod calls;
 pub mod commits;
 pub mod credentials;
 pub mod error;
+pub mod event_hub;
 pub mod events;
 pub mod image_registries;
 pub mod intake;
@@ -75,12 +76,21 @@ impl Manager {
         let m = &config.manager;
         // Before anything migrates: SQLite serves one manager.
         let sqlite_lock = leader::SqliteLock::acquire(&config.store.url)?;
+        let metrics = Arc::new(metrics::ManagerMetrics::new());
+        // The event stream: fed by the store's status writes and the registry's liveness.
+        let events = event_hub::EventHub::new(
+            event_hub::HubSpec {
+                history: config.events.history,
+                queue: config.events.queue,
+            },
+            Some(metrics.clone()),
+        );
         let store = Store::connect(&config.store.url)
             .await
-            .with_context(|| format!("store {}", redact(&config.store.url)))?;
+            .with_context(|| format!("store {}", redact(&config.store.url)))?
+            .with_events(events.clone());
         bootstrap::ensure_admin_key(&store, &config.api.admin_token_file).await?;
         let keypair = m.rpc_keypair.as_deref().map(load_keypair).transpose()?;
-        let metrics = Arc::new(metrics::ManagerMetrics::new());
 
         let mut pool_spec = config.agent_pool.spec();
         // The heartbeat inbox's bound: the configured fleet, not the descriptor-derived estimate
@@ -230,6 +240,7 @@ impl Manager {
             max_upload_size: config.api.max_upload_size.0,
             registries,
             commits: commits::Commits::default(),
+            events,
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
         let api = api::serve(listener, config.api.workers, state, tls)?;

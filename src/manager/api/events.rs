@@ -1,0 +1,372 @@
+//! `GET /v1/events`: the manager's event stream as server-sent events (the hub,
+//! `manager::event_hub`). A user key sees its own sessions' events only, an admin every event;
+//! filters narrow that. Without `follow` the answer is the recent events the manager keeps, and
+//! it ends; with `follow=true` they come first and the stream goes on, a keep-alive comment
+//! every [`KEEP_ALIVE`] so that proxies do not cut an idle stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+
+use super::auth::Caller;
+use super::{ApiState, Res};
+use crate::manager::error::ManagerError;
+use crate::manager::event_hub::{EventHub, Filter, Subscription};
+use crate::model::error::ErrorBody;
+use crate::model::event::{Event, EventType};
+
+/// How often a followed stream with nothing to say sends a comment line (`: keep-alive`):
+/// below the 30–60 s idle timeouts common proxies have.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Longest `agent_id` filter: agent ids are names an operator gives (`[agent] id`).
+const MAX_AGENT_ID: usize = 256;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EventsQuery {
+    session_id: Option<String>,
+    agent_id: Option<String>,
+    #[serde(rename = "type")]
+    types: Option<String>,
+    #[serde(default)]
+    follow: bool,
+    history: Option<bool>,
+}
+
+/// The events the caller may see, as server-sent events (`id:`, `event:` the type, `data:` the
+/// [`Event`] as one line of JSON): the recent ones the manager keeps (`[api] events-history`),
+/// then with `follow=true` every new one as it happens. A follower that leaves `[api]
+/// events-queue` events unread gets a last `dropped` event and the stream ends.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    operation_id = "stream_events",
+    tag = "events",
+    params(
+        ("session_id" = Option<String>, Query, description = "Only this session's events (its session or kernel id, a UUID)"),
+        ("agent_id" = Option<String>, Query, description = "Only events about this agent's sessions, or its liveness"),
+        ("type" = Option<String>, Query, description = "Only these types, comma-separated: `session_status`, `pull_progress`, `agent_status` (admin keys only)"),
+        ("follow" = Option<bool>, Query, description = "Keep the stream open and send new events as they happen (default: answer the recent ones and end)"),
+        ("history" = Option<bool>, Query, description = "Send the recent events the manager keeps first (default true; `false` with `follow`: only what happens from now)"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id: only kept events newer than it (what an EventSource sends when it reconnects)"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events: frames of `id: <id>`, `event: <type>`, `data: <Event as JSON>`, and `: keep-alive` comments", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "`invalid-request`: an unknown type, a session_id that is no UUID, an empty or overlong agent_id, a Last-Event-ID that is no event id, an unknown or ill-typed query parameter", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a user key asking for `agent_status`", body = ErrorBody),
+    ),
+)]
+pub(super) async fn stream(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    q: web::Query<EventsQuery>,
+    req: HttpRequest,
+) -> Res {
+    answer(&s.events, &caller, q.into_inner(), last_event_id(&req)?)
+}
+
+/// The answer to `q` from `hub` for `caller`, resuming after `after` when given.
+///
+/// Errors: as [`filter`].
+fn answer(hub: &EventHub, caller: &Caller, q: EventsQuery, after: Option<u64>) -> Res {
+    let filter = filter(caller, &q)?;
+    let history = q.history.unwrap_or(true) || after.is_some();
+    let mut resp = HttpResponse::Ok();
+    resp.content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        // nginx buffers a proxied answer unless told not to.
+        .insert_header(("X-Accel-Buffering", "no"));
+    if !q.follow {
+        let recent = if history {
+            hub.recent(&filter, after)
+        } else {
+            Vec::new()
+        };
+        let body: String = recent.iter().map(|e| frame(e)).collect();
+        return Ok(resp.body(body));
+    }
+    // Subscribed before the answer starts: what happens once the caller has the headers is on
+    // its stream.
+    let sub = hub.subscribe(filter, history, after);
+    Ok(resp.streaming(follow(sub)))
+}
+
+/// The reader's filter: its key's view narrowed by the query.
+///
+/// Errors: 400 `invalid-request` naming the bad value; 403 `forbidden` for a user key asking
+/// for `agent_status`.
+fn filter(caller: &Caller, q: &EventsQuery) -> Result<Filter, ManagerError> {
+    let session_id = q.session_id.as_deref().map(str::trim).map(|id| {
+        uuid::Uuid::parse_str(id)
+            .map(|_| id.to_owned())
+            .map_err(|_| {
+                ManagerError::InvalidRequest(format!(
+                    "session_id `{id}` is not a session or kernel id (a UUID)"
+                ))
+            })
+    });
+    let agent_id = match q.agent_id.as_deref().map(str::trim) {
+        Some("") => {
+            return Err(ManagerError::InvalidRequest(
+                "agent_id is empty: give an agent id, or leave the parameter out".into(),
+            ))
+        }
+        Some(a) if a.len() > MAX_AGENT_ID || a.chars().any(char::is_control) => {
+            return Err(ManagerError::InvalidRequest(format!(
+                "agent_id is not an agent id (at most {MAX_AGENT_ID} bytes, no control characters)"
+            )))
+        }
+        other => other.map(str::to_owned),
+    };
+    let mut types = Vec::new();
+    for word in q.types.iter().flat_map(|t| t.split(',')).map(str::trim) {
+        let t = EventType::parse(word)
+            .filter(|t| *t != EventType::Dropped)
+            .ok_or_else(|| {
+                ManagerError::InvalidRequest(format!(
+                    "type `{word}` is not an event type: expected session_status, \
+                     pull_progress or agent_status (comma-separated for several)"
+                ))
+            })?;
+        if t == EventType::AgentStatus && !caller.admin {
+            return Err(ManagerError::Forbidden(format!(
+                "agent_status events are for admin keys; access key `{}` is not one",
+                caller.access_key
+            )));
+        }
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
+    if !types.is_empty() {
+        // A stream that ends because its reader was too slow says so, whatever the filter.
+        types.push(EventType::Dropped);
+    }
+    Ok(Filter {
+        owner: (!caller.admin).then(|| caller.access_key.clone()),
+        session_id: session_id.transpose()?,
+        agent_id,
+        types,
+    })
+}
+
+/// The `Last-Event-ID` header's event id, if any.
+///
+/// Errors: 400 `invalid-request` when it is not an event id.
+fn last_event_id(req: &HttpRequest) -> Result<Option<u64>, ManagerError> {
+    let Some(v) = req.headers().get("Last-Event-ID") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ManagerError::InvalidRequest(
+                "Last-Event-ID is not an event id (the decimal `id:` of an event)".into(),
+            )
+        })
+}
+
+/// One event as a server-sent event frame. The JSON is one line (serde escapes newlines in
+/// strings), as a `data:` field needs.
+fn frame(e: &Event) -> String {
+    let kind = e.kind.map_or("message", EventType::as_str);
+    let data = serde_json::to_string(e).unwrap_or_else(|_| "{}".into());
+    format!("id: {}\nevent: {kind}\ndata: {data}\n\n", e.id)
+}
+
+/// A followed stream: a first comment (so a client sees the answer start at once), then each
+/// event as its frame, a keep-alive comment after [`KEEP_ALIVE`] of silence, and the end after
+/// a `dropped` event. Only what the subscription holds is buffered: a reader that does not read
+/// stops actix polling this stream (its write buffer is bounded), the subscription's queue fills
+/// and the hub drops it.
+fn follow(
+    sub: Subscription,
+) -> impl futures::Stream<Item = Result<Bytes, actix_web::Error>> + 'static {
+    let opening = Bytes::from_static(b": kernelvisor events\n\n");
+    futures::stream::unfold((Some(sub), Some(opening)), |(sub, opening)| async move {
+        if let Some(first) = opening {
+            return Some((Ok(first), (sub, None)));
+        }
+        let mut sub = sub?;
+        let next: Option<Option<Arc<Event>>> =
+            tokio::time::timeout(KEEP_ALIVE, sub.next()).await.ok();
+        match next {
+            None => Some((
+                Ok(Bytes::from_static(b": keep-alive\n\n")),
+                (Some(sub), None),
+            )),
+            Some(None) => None,
+            Some(Some(e)) => Some((Ok(Bytes::from(frame(&e))), (Some(sub), None))),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &str) -> EventsQuery {
+        web::Query::<EventsQuery>::from_query(pairs)
+            .unwrap()
+            .into_inner()
+    }
+
+    fn user() -> Caller {
+        Caller {
+            access_key: "AKUSER".into(),
+            admin: false,
+        }
+    }
+
+    fn admin() -> Caller {
+        Caller {
+            access_key: "AKADMIN".into(),
+            admin: true,
+        }
+    }
+
+    #[test]
+    fn a_user_key_sees_its_own_sessions_only() {
+        let f = filter(&user(), &query("")).unwrap();
+        assert_eq!(f.owner.as_deref(), Some("AKUSER"));
+        assert_eq!(filter(&admin(), &query("")).unwrap().owner, None);
+    }
+
+    #[test]
+    fn filters_parse_and_bad_values_are_named() {
+        let sid = "0b0a8a3e-7a55-4a0c-9d5e-2f3b6a4c1d00";
+        let f = filter(
+            &admin(),
+            &query(&format!(
+                "session_id={sid}&agent_id=a1&type=session_status,agent_status"
+            )),
+        )
+        .unwrap();
+        assert_eq!(f.session_id.as_deref(), Some(sid));
+        assert_eq!(f.agent_id.as_deref(), Some("a1"));
+        assert_eq!(
+            f.types,
+            [
+                EventType::SessionStatus,
+                EventType::AgentStatus,
+                EventType::Dropped
+            ]
+        );
+        let err = |c: &Caller, q: &str| filter(c, &query(q)).unwrap_err();
+        let e = err(&admin(), "type=session");
+        assert_eq!(e.code(), "invalid-request");
+        assert!(
+            e.to_string()
+                .contains("type `session` is not an event type"),
+            "{e}"
+        );
+        let e = err(&admin(), "session_id=abc");
+        assert!(e.to_string().contains("session_id `abc` is not"), "{e}");
+        assert_eq!(err(&admin(), "agent_id=").code(), "invalid-request");
+        assert_eq!(err(&user(), "type=agent_status").code(), "forbidden");
+    }
+
+    /// Serves [`answer`] for an admin from `hub` over real HTTP on a port of its own (its own
+    /// actix system on a thread, as the manager's API runs).
+    fn serve(hub: EventHub) -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                actix_web::HttpServer::new(move || {
+                    let hub = hub.clone();
+                    actix_web::App::new().route(
+                        "/v1/events",
+                        web::get().to(move |q: web::Query<EventsQuery>| {
+                            let hub = hub.clone();
+                            async move { answer(&hub, &admin(), q.into_inner(), None) }
+                        }),
+                    )
+                })
+                .workers(1)
+                .listen(listener)
+                .unwrap()
+                .run()
+                .await
+            })
+        });
+        addr
+    }
+
+    fn rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// A follower that reads nothing while far more events are published than the connection
+    /// can hold: the hub drops it (its queue drains, then `dropped` ends the stream), and the
+    /// process's memory does not grow with what it missed.
+    #[test]
+    fn a_reader_that_stops_reading_is_dropped_over_http_in_bounded_memory() {
+        use std::io::Read;
+        let hub = EventHub::new(
+            crate::manager::event_hub::HubSpec {
+                history: 10,
+                queue: 8,
+            },
+            None,
+        );
+        let addr = serve(hub.clone());
+        let url = format!("http://{addr}/v1/events?follow=true");
+        let resp = ureq::get(&url).call().unwrap();
+        assert_eq!(resp.content_type(), "text/event-stream");
+        let mut body = resp.into_reader();
+        let mut opening = [0u8; 22];
+        body.read_exact(&mut opening).unwrap();
+        assert_eq!(&opening, b": kernelvisor events\n\n");
+        assert_eq!(hub.subscribers(), 1);
+        // 200,000 events of ~300 bytes: 60 MB, far past the socket buffers (a few MB).
+        let reason = "x".repeat(200);
+        let before = rss_kib();
+        let published = 200_000;
+        for i in 0..published {
+            let mut e = Event::of(EventType::SessionStatus);
+            e.session_id = Some(format!("s{i}"));
+            e.reason = Some(reason.clone());
+            hub.publish(e);
+        }
+        let grown_mib = rss_kib().saturating_sub(before) / 1024;
+        assert_eq!(hub.subscribers(), 0, "the stalled reader was dropped");
+        assert!(
+            grown_mib < 24,
+            "memory grew {grown_mib} MiB while a reader stalled"
+        );
+        // Reading now: what the connection held, then the end of the stream.
+        let mut text = String::new();
+        body.read_to_string(&mut text).unwrap();
+        let got = text.matches("event: session_status\n").count();
+        assert!(
+            got > 0 && got < published / 2,
+            "{got} of {published} events came"
+        );
+        let last = text.trim_end().rsplit("\n\n").next().unwrap();
+        assert!(last.contains("event: dropped\n"), "{last}");
+        assert!(last.contains("reader-too-slow"), "{last}");
+    }
+
+    #[test]
+    fn a_frame_is_one_sse_event() {
+        let mut e = Event::of(EventType::SessionStatus);
+        e.id = 42;
+        e.reason = Some("two\nlines".into());
+        let f = frame(&e);
+        assert!(
+            f.starts_with("id: 42\nevent: session_status\ndata: {"),
+            "{f}"
+        );
+        assert!(f.ends_with("}\n\n"));
+        assert_eq!(f.matches('\n').count(), 4, "the data is one line: {f}");
+    }
+}
