@@ -49,10 +49,10 @@ pub(super) struct EventsQuery {
     params(
         ("session_id" = Option<String>, Query, description = "Only this session's events (its session or kernel id, a UUID)"),
         ("agent_id" = Option<String>, Query, description = "Only events about this agent's sessions, or its liveness"),
-        ("type" = Option<String>, Query, description = "Only these types, comma-separated: `session_status`, `pull_progress`, `agent_status` (admin keys only)"),
+        ("type" = Option<String>, Query, description = "Only these types, comma-separated: `session_status`, `pull_progress`, `agent_status` (admin keys only); `dropped` ends any stream whose reader falls behind"),
         ("follow" = Option<bool>, Query, description = "Keep the stream open and send new events as they happen (default: answer the recent ones and end)"),
         ("history" = Option<bool>, Query, description = "Send the recent events the manager keeps first (default true; `false` with `follow`: only what happens from now)"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id: only kept events newer than it (what an EventSource sends when it reconnects)"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id (decimal): only kept events newer than it (what an EventSource sends when it reconnects)"),
     ),
     responses(
         (status = 200, description = "Server-sent events: frames of `id: <id>`, `event: <type>`, `data: <Event as JSON>`, and `: keep-alive` comments", body = String, content_type = "text/event-stream"),
@@ -124,14 +124,13 @@ fn filter(caller: &Caller, q: &EventsQuery) -> Result<Filter, ManagerError> {
     };
     let mut types = Vec::new();
     for word in q.types.iter().flat_map(|t| t.split(',')).map(str::trim) {
-        let t = EventType::parse(word)
-            .filter(|t| *t != EventType::Dropped)
-            .ok_or_else(|| {
-                ManagerError::InvalidRequest(format!(
-                    "type `{word}` is not an event type: expected session_status, \
+        // `dropped` is taken and changes nothing: a stream ends with it whatever the filter.
+        let t = EventType::parse(word).ok_or_else(|| {
+            ManagerError::InvalidRequest(format!(
+                "type `{word}` is not an event type: expected session_status, \
                      pull_progress or agent_status (comma-separated for several)"
-                ))
-            })?;
+            ))
+        })?;
         if t == EventType::AgentStatus && !caller.admin {
             return Err(ManagerError::Forbidden(format!(
                 "agent_status events are for admin keys; access key `{}` is not one",
@@ -161,10 +160,14 @@ fn last_event_id(req: &HttpRequest) -> Result<Option<u64>, ManagerError> {
     let Some(v) = req.headers().get("Last-Event-ID") else {
         return Ok(None);
     };
-    v.to_str()
+    let digits = v
+        .to_str()
         .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .map(Some)
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()));
+    // An id past every id there can be resumes after all of them: nothing is missed.
+    digits
+        .map(|t| Some(t.parse().unwrap_or(u64::MAX)))
         .ok_or_else(|| {
             ManagerError::InvalidRequest(
                 "Last-Event-ID is not an event id (the decimal `id:` of an event)".into(),
@@ -354,6 +357,22 @@ mod tests {
         let last = text.trim_end().rsplit("\n\n").next().unwrap();
         assert!(last.contains("event: dropped\n"), "{last}");
         assert!(last.contains("reader-too-slow"), "{last}");
+    }
+
+    #[test]
+    fn last_event_ids_are_decimal_and_saturate() {
+        let id = |v: &str| {
+            let req = actix_web::test::TestRequest::default()
+                .insert_header(("Last-Event-ID", v))
+                .to_http_request();
+            last_event_id(&req)
+        };
+        assert_eq!(id(" 42 ").unwrap(), Some(42));
+        assert_eq!(id("99999999999999999999999").unwrap(), Some(u64::MAX));
+        assert_eq!(id("-1").unwrap_err().code(), "invalid-request");
+        assert_eq!(id("").unwrap_err().code(), "invalid-request");
+        let none = actix_web::test::TestRequest::default().to_http_request();
+        assert_eq!(last_event_id(&none).unwrap(), None);
     }
 
     #[test]
