@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::metrics::ManagerMetrics;
 use crate::model::event::{Event, EventType};
 
-/// Ring and queue sizes (`[api] events-history`, `[api] events-queue`).
+/// Ring and queue sizes (`[events] history`, `[events] queue`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HubSpec {
     /// Most recent events kept for `GET /v1/events` without `follow`, for a follower's first

@@ -38,9 +38,15 @@ pub(super) struct EventsQuery {
 }
 
 /// The events the caller may see, as server-sent events (`id:`, `event:` the type, `data:` the
-/// [`Event`] as one line of JSON): the recent ones the manager keeps (`[api] events-history`),
-/// then with `follow=true` every new one as it happens. A follower that leaves `[api]
-/// events-queue` events unread gets a last `dropped` event and the stream ends.
+/// [`Event`] as one line of JSON): the recent ones the manager keeps (`[events] history`),
+/// then with `follow=true` every new one as it happens. A follower that leaves `[events]
+/// queue` events unread gets a last `dropped` event and the stream ends.
+///
+/// The `Last-Event-ID` header (what an EventSource sends when it reconnects) resumes after that
+/// event id: only kept events newer than it (400 when it is not a decimal id).
+// `Last-Event-ID` is described above rather than listed as a header parameter: a fuzzer's
+// header values that HTTP itself refuses would be answered by actix's parser (400, no JSON
+// body), not by this API.
 #[utoipa::path(
     get,
     path = "/v1/events",
@@ -52,11 +58,10 @@ pub(super) struct EventsQuery {
         ("type" = Option<String>, Query, description = "Only these types, comma-separated: `session_status`, `pull_progress`, `agent_status` (admin keys only); `dropped` ends any stream whose reader falls behind"),
         ("follow" = Option<bool>, Query, description = "Keep the stream open and send new events as they happen (default: answer the recent ones and end)"),
         ("history" = Option<bool>, Query, description = "Send the recent events the manager keeps first (default true; `false` with `follow`: only what happens from now)"),
-        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id (decimal): only kept events newer than it (what an EventSource sends when it reconnects)"),
     ),
     responses(
         (status = 200, description = "Server-sent events: frames of `id: <id>`, `event: <type>`, `data: <Event as JSON>`, and `: keep-alive` comments", body = String, content_type = "text/event-stream"),
-        (status = 400, description = "`invalid-request`: an unknown type, a session_id that is no UUID, an empty or overlong agent_id, a Last-Event-ID that is no event id, an unknown or ill-typed query parameter", body = ErrorBody),
+        (status = 400, description = "`invalid-request`: an unknown type, a session_id that is no UUID, an empty or overlong agent_id, a `Last-Event-ID` header that is no event id, an unknown or ill-typed query parameter", body = ErrorBody),
         (status = 403, description = "`forbidden`: a user key asking for `agent_status`", body = ErrorBody),
     ),
 )]
