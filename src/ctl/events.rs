@@ -39,7 +39,8 @@ const WIDTHS: [usize; 4] = [20, 14, 36, 11];
 ///
 /// Errors: the API's (400 for a bad filter, 403 for `agent_status` with a user key); with
 /// `-f`, a stream the manager dropped because this reader fell behind (after printing its last
-/// event) is an error too: events were missed.
+/// event) is an error too (events were missed, exit 1), and so is one the manager closed
+/// (exit 2).
 pub(super) fn run(client: &Client, args: &EventsArgs, out: Output) -> Result<i32, Failure> {
     let mut query: Vec<(&str, String)> = Vec::new();
     if let Some(s) = &args.session {
@@ -60,6 +61,15 @@ pub(super) fn run(client: &Client, args: &EventsArgs, out: Output) -> Result<i32
         writeln!(stdout, "{}", header())?;
     }
     stream.print(out, stdout, |_| false)?;
+    if args.follow {
+        // A followed stream has no end of its own: the manager went away (stopped, restarted).
+        return Err(ClientError::Transport {
+            what: "the event stream ended:",
+            url: client.url("/v1/events"),
+            detail: "the manager closed it".into(),
+        }
+        .into());
+    }
     Ok(0)
 }
 

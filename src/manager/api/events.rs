@@ -97,7 +97,7 @@ fn answer(hub: &EventHub, caller: &Caller, q: EventsQuery, after: Option<u64>) -
     // Subscribed before the answer starts: what happens once the caller has the headers is on
     // its stream.
     let sub = hub.subscribe(filter, history, after);
-    Ok(resp.streaming(follow(sub)))
+    Ok(resp.streaming(follow(sub, KEEP_ALIVE)))
 }
 
 /// The reader's filter: its key's view narrowed by the query.
@@ -189,30 +189,34 @@ fn frame(e: &Event) -> String {
 }
 
 /// A followed stream: a first comment (so a client sees the answer start at once), then each
-/// event as its frame, a keep-alive comment after [`KEEP_ALIVE`] of silence, and the end after
+/// event as its frame, a keep-alive comment after `keep_alive` of silence, and the end after
 /// a `dropped` event. Only what the subscription holds is buffered: a reader that does not read
 /// stops actix polling this stream (its write buffer is bounded), the subscription's queue fills
 /// and the hub drops it.
 fn follow(
     sub: Subscription,
+    keep_alive: Duration,
 ) -> impl futures::Stream<Item = Result<Bytes, actix_web::Error>> + 'static {
     let opening = Bytes::from_static(b": kernelvisor events\n\n");
-    futures::stream::unfold((Some(sub), Some(opening)), |(sub, opening)| async move {
-        if let Some(first) = opening {
-            return Some((Ok(first), (sub, None)));
-        }
-        let mut sub = sub?;
-        let next: Option<Option<Arc<Event>>> =
-            tokio::time::timeout(KEEP_ALIVE, sub.next()).await.ok();
-        match next {
-            None => Some((
-                Ok(Bytes::from_static(b": keep-alive\n\n")),
-                (Some(sub), None),
-            )),
-            Some(None) => None,
-            Some(Some(e)) => Some((Ok(Bytes::from(frame(&e))), (Some(sub), None))),
-        }
-    })
+    futures::stream::unfold(
+        (Some(sub), Some(opening)),
+        move |(sub, opening)| async move {
+            if let Some(first) = opening {
+                return Some((Ok(first), (sub, None)));
+            }
+            let mut sub = sub?;
+            let next: Option<Option<Arc<Event>>> =
+                tokio::time::timeout(keep_alive, sub.next()).await.ok();
+            match next {
+                None => Some((
+                    Ok(Bytes::from_static(b": keep-alive\n\n")),
+                    (Some(sub), None),
+                )),
+                Some(None) => None,
+                Some(Some(e)) => Some((Ok(Bytes::from(frame(&e))), (Some(sub), None))),
+            }
+        },
+    )
 }
 
 #[cfg(test)]
@@ -378,6 +382,26 @@ mod tests {
         assert_eq!(id("").unwrap_err().code(), "invalid-request");
         let none = actix_web::test::TestRequest::default().to_http_request();
         assert_eq!(last_event_id(&none).unwrap(), None);
+    }
+
+    #[actix_rt::test]
+    async fn a_quiet_stream_keeps_alive_and_events_follow() {
+        use futures::StreamExt;
+        let hub = EventHub::new(Default::default(), None);
+        let sub = hub.subscribe(Filter::default(), true, None);
+        let mut stream = Box::pin(follow(sub, Duration::from_millis(50)));
+        let mut texts = Vec::new();
+        for publish in [false, false, true, false] {
+            if publish {
+                hub.publish(Event::of(EventType::SessionStatus));
+            }
+            let item = stream.next().await.unwrap().unwrap();
+            texts.push(String::from_utf8(item.to_vec()).unwrap());
+        }
+        assert_eq!(texts[0], ": kernelvisor events\n\n");
+        assert_eq!(texts[1], ": keep-alive\n\n");
+        assert!(texts[2].contains("event: session_status\n"), "{}", texts[2]);
+        assert_eq!(texts[3], ": keep-alive\n\n");
     }
 
     #[test]
