@@ -3,7 +3,7 @@
 //! - a session's statuses as they happen, in order, with reasons, on `ctl events -f` (user and
 //!   admin keys) and on `ctl session show --watch`, which ends with the session;
 //! - tenancy: a user key's stream never shows another key's sessions nor agent liveness; an
-//!   admin's shows both;
+//!   admin's shows both, the agent's stop and return included;
 //! - the filters (`session_id`, `agent_id`, `type`), `Last-Event-ID` resume, and bad values
 //!   answered 400 (403 for a user asking for `agent_status`) with a message naming them.
 //!
@@ -307,6 +307,25 @@ fn events_end_to_end(db: Db, ports: u16) {
     assert!(!table.contains(&theirs), "{table}");
 
     filters(&c, &sid, &theirs, &agent);
+
+    // Agent liveness as it changes, for the admin only: a clean stop, then back.
+    c.stop_agent(a);
+    let stopped = all.until("the agent TERMINATED", |l| {
+        l.contains("\"agent_status\"") && l.contains("\"TERMINATED\"")
+    });
+    assert!(
+        stopped.contains(&agent) && stopped.contains("\"terminated\""),
+        "{stopped}"
+    );
+    c.start_agent(a);
+    let back = all.until("the agent ALIVE again", |l| {
+        l.contains("\"agent_status\"") && l.contains("\"ALIVE\"") && l.contains("heard-from")
+    });
+    assert!(back.contains(&agent), "{back}");
+    assert!(
+        mine.events().iter().all(|e| e["type"] != "agent_status"),
+        "agent liveness is for admins"
+    );
     c.check_invariants();
 }
 
