@@ -14,6 +14,10 @@
 //! flight requests get 5 s), the intake, the registry (flushing agent rows), the pool, the
 //! store. Each child is built in `tree.rs`, which says why the tree is fail-stop;
 //! `tests/trees.rs` compares this drawing with the running tree (`WhichChildren`).
+//!
+//! The event stream (`event_hub.rs`, `GET /v1/events`) is no child: a shared value the store
+//! (session status changes, as it commits them) and the registry (agent liveness) publish to and
+//! the API's followers read, bounded whatever they do; it lives as long as its holders.
 
 pub mod api;
 pub mod bootstrap;
