@@ -222,7 +222,8 @@ fn events_end_to_end(db: Db, ports: u16) {
     mine.until("RUNNING", |l| l.contains(&sid) && l.contains("\"RUNNING\""));
     let mut watch = Lines::spawn({
         let mut cmd = ctl(&c, &user);
-        cmd.args(["session", "show", &sid, "--watch"]);
+        // By a prefix of its id, as the session routes take one.
+        cmd.args(["session", "show", &sid[..8], "--watch"]);
         cmd
     });
     watch.until("the session shown", |l| l.contains("RUNNING"));
@@ -341,6 +342,12 @@ fn filters(c: &Cluster, sid: &str, theirs: &str, agent: &str) {
     let kid = only[0]["kernel_id"].as_str().unwrap();
     let (_, by_kernel) = events_http(c, admin, &format!("session_id={kid}"), None);
     assert_eq!(frames(&by_kernel), only);
+    // By a prefix of its id; a prefix of nobody's is 404.
+    let (_, by_prefix) = events_http(c, admin, &format!("session_id={}", &sid[..8]), None);
+    assert_eq!(frames(&by_prefix), only);
+    let (status, body) = events_http(c, user, &format!("session_id={}", &theirs[..8]), None);
+    assert_eq!(status, 404, "another key's session by prefix: {body}");
+    assert!(body.contains("session-not-found"), "{body}");
     // A user asking for another key's session sees nothing of it.
     let (status, body) = events_http(c, user, &format!("session_id={theirs}"), None);
     assert_eq!((status, frames(&body).len()), (200, 0), "{body}");
@@ -381,6 +388,7 @@ fn filters(c: &Cluster, sid: &str, theirs: &str, agent: &str) {
             "type `bogus` is not an event type",
         ),
         (admin, "session_id=nope", 400, "session_id `nope` is not"),
+        (admin, "session_id=abc", 400, "at least 4 hex digits"),
         (admin, "agent_id=", 400, "agent_id is empty"),
         (admin, "follow=maybe", 400, ""),
         (admin, "colour=red", 400, "colour"),

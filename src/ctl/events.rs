@@ -40,7 +40,7 @@ const WIDTHS: [usize; 4] = [20, 14, 36, 11];
 /// Errors: the API's (400 for a bad filter, 403 for `agent_status` with a user key); with
 /// `-f`, a stream the manager dropped because this reader fell behind (after printing its last
 /// event) is an error too (events were missed, exit 1), and so is one the manager closed
-/// (exit 2).
+/// (exit 3).
 pub(super) fn run(client: &Client, args: &EventsArgs, out: Output) -> Result<i32, Failure> {
     let mut query: Vec<(&str, String)> = Vec::new();
     if let Some(s) = &args.session {
@@ -84,7 +84,7 @@ pub(in crate::ctl) struct EventStream {
 /// bounded by the usual request timeout; with it, it may stream for hours.
 ///
 /// Errors: the API's (400 for a bad filter, 403 for `agent_status` with a user key), or none
-/// reached (exit 2).
+/// reached (exit 3).
 pub(in crate::ctl) fn open(
     client: &Client,
     query: &[(&str, String)],
@@ -103,7 +103,7 @@ impl EventStream {
     /// Prints each event (see the module doc) until the stream ends or `last(event)` says the
     /// event just printed is the last one wanted. Answers the last event printed.
     ///
-    /// Errors: a broken stream (exit 2); a `dropped` stream, after printing its last event
+    /// Errors: a broken stream (exit 3); a `dropped` stream, after printing its last event
     /// (exit 1).
     pub(in crate::ctl) fn print(
         self,

@@ -12,7 +12,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
 use super::auth::Caller;
-use super::{ApiState, Res};
+use super::{owned_kernel, ApiState, Res, MIN_ID_PREFIX};
 use crate::manager::error::ManagerError;
 use crate::manager::event_hub::{EventHub, Filter, Subscription};
 use crate::model::error::ErrorBody;
@@ -53,7 +53,7 @@ pub(super) struct EventsQuery {
     operation_id = "stream_events",
     tag = "events",
     params(
-        ("session_id" = Option<String>, Query, description = "Only this session's events (its session or kernel id, a UUID)"),
+        ("session_id" = Option<String>, Query, description = "Only this session's events: its session or kernel id, or a unique prefix (at least 4 hex digits) of the id of one of the caller's sessions"),
         ("agent_id" = Option<String>, Query, description = "Only events about this agent's sessions, or its liveness"),
         ("type" = Option<String>, Query, description = "Only these types, comma-separated: `session_status`, `pull_progress`, `agent_status` (admin keys only); `dropped` ends any stream whose reader falls behind"),
         ("follow" = Option<bool>, Query, description = "Keep the stream open and send new events as they happen (default: answer the recent ones and end)"),
@@ -61,8 +61,9 @@ pub(super) struct EventsQuery {
     ),
     responses(
         (status = 200, description = "Server-sent events: frames of `id: <id>`, `event: <type>`, `data: <Event as JSON>`, and `: keep-alive` comments", body = String, content_type = "text/event-stream"),
-        (status = 400, description = "`invalid-request`: an unknown type, a session_id that is no UUID, an empty or overlong agent_id, a `Last-Event-ID` header that is no event id, an unknown or ill-typed query parameter", body = ErrorBody),
+        (status = 400, description = "`invalid-request`: an unknown type, a session_id that is neither a UUID nor the start of one, a prefix naming several sessions, an empty or overlong agent_id, a `Last-Event-ID` header that is no event id, an unknown or ill-typed query parameter", body = ErrorBody),
         (status = 403, description = "`forbidden`: a user key asking for `agent_status`", body = ErrorBody),
+        (status = 404, description = "`session-not-found`: a session_id prefix that starts none of the caller's sessions' ids", body = ErrorBody),
     ),
 )]
 pub(super) async fn stream(
@@ -71,7 +72,20 @@ pub(super) async fn stream(
     q: web::Query<EventsQuery>,
     req: HttpRequest,
 ) -> Res {
-    answer(&s.events, &caller, q.into_inner(), last_event_id(&req)?)
+    let mut q = q.into_inner();
+    if let Some(id) = q.session_id.as_deref().map(str::trim) {
+        // A session id prefix, as the session routes take one: the session it names.
+        if uuid::Uuid::parse_str(id).is_err() && is_id_prefix(id) {
+            q.session_id = Some(owned_kernel(&s, &caller, id).await?.session_id);
+        }
+    }
+    answer(&s.events, &caller, q, last_event_id(&req)?)
+}
+
+/// Whether `id` may be the start of a session id: at least [`MIN_ID_PREFIX`] of a UUID's
+/// characters (hex digits and dashes).
+fn is_id_prefix(id: &str) -> bool {
+    id.len() >= MIN_ID_PREFIX && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
 /// The answer to `q` from `hub` for `caller`, resuming after `after` when given.
@@ -110,7 +124,8 @@ fn filter(caller: &Caller, q: &EventsQuery) -> Result<Filter, ManagerError> {
             .map(|_| id.to_owned())
             .map_err(|_| {
                 ManagerError::InvalidRequest(format!(
-                    "session_id `{id}` is not a session or kernel id (a UUID)"
+                    "session_id `{id}` is not a session or kernel id (a UUID) nor the start \
+                     of one (at least {MIN_ID_PREFIX} hex digits)"
                 ))
             })
     });
