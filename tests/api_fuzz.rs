@@ -4,11 +4,13 @@
 //! token and with a user token. Checks: no 5xx, status codes, content types, headers and bodies
 //! as the document says, schema-invalid requests refused with 4xx, and auth enforced.
 //!
-//! Two passes per token: every operation with generated ids (mostly `session-not-found` on
-//! the session routes), then the session routes that work on the dummy backend (show, execute,
-//! services) pinned to a real running session (`--set-path id=…`). Not pinned: `files` (a dummy
-//! container has no filesystem: the agent answers 502 `agent-error`, by design), `logs`
-//! (`?follow=true` on a kernel that never ends streams until the client gives up) and `DELETE`.
+//! Three passes per token: every operation but the event stream with generated ids (mostly
+//! `session-not-found` on the session routes), the event stream (`GET /v1/events`) with
+//! `follow=false` (followed, it never ends), then the session routes that work on the dummy
+//! backend (show, execute, services) pinned to a real running session (`--set-path id=…`). Not
+//! pinned: `files` (a dummy container has no filesystem: the agent answers 502 `agent-error`, by
+//! design), `logs` (`?follow=true` on a kernel that never ends streams until the client gives up)
+//! and `DELETE`.
 //!
 //! Negative data (requests that break the schema) must get a 4xx, checked by
 //! `tests/fuzz/kv_fuzz_hooks.py` in place of schemathesis' own check: the same, but not for
@@ -234,8 +236,22 @@ fn schemathesis_finds_nothing() {
     let mut summary = Vec::new();
     for (who, token) in [("admin", &admin), ("user", &user)] {
         let pinned_path = format!("id={session_id}");
-        let passes: [(&str, Vec<&str>); 2] = [
-            ("every operation", vec![]),
+        let passes: [(&str, Vec<&str>); 3] = [
+            (
+                "every operation",
+                vec!["--exclude-operation-id", "stream_events"],
+            ),
+            // Followed, the stream lasts until the client gives up; not followed, it answers
+            // the recent events and ends.
+            (
+                "the event stream, not followed",
+                vec![
+                    "--include-operation-id",
+                    "stream_events",
+                    "--set-query",
+                    "follow=false",
+                ],
+            ),
             (
                 "show, execute and services on a running session",
                 vec![

@@ -235,6 +235,41 @@ fn a_slow_pull_outlasts_create_timeout_shows_progress_and_is_shared() {
         seen.len() >= 2 && seen.windows(2).all(|w| w[0] < w[1]),
         "progress rose in steps: {seen:?}"
     );
+    // The event stream told the same story, in order: PULLING, rising progress, RUNNING.
+    let body = ureq::get(&format!("{}/v1/events?session_id={}", c.api, ids[0]))
+        .set("Authorization", &c.auth())
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let events: Vec<serde_json::Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let at = |status: &str| {
+        events
+            .iter()
+            .position(|e| e["type"] == "session_status" && e["status"] == status)
+            .unwrap_or_else(|| panic!("no {status} event: {body}"))
+    };
+    let (pulling, running) = (at("PULLING"), at("RUNNING"));
+    let progress: Vec<u64> = events[pulling..running]
+        .iter()
+        .filter(|e| e["type"] == "pull_progress")
+        .map(|e| e["pull_progress"]["current_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        progress.len() >= 2
+            && progress.windows(2).all(|w| w[0] <= w[1])
+            && progress[0] < progress[progress.len() - 1],
+        "pull_progress events between PULLING and RUNNING, rising: {progress:?}"
+    );
+    assert_eq!(
+        progress.last().copied(),
+        p["total_bytes"].as_u64(),
+        "the last one at the total"
+    );
 
     // Five sessions, one pull.
     for id in &ids {

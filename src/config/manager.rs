@@ -31,6 +31,9 @@ pub struct ManagerConfig {
     /// `[scheduler]`.
     #[serde(default)]
     pub scheduler: SchedulerSection,
+    /// `[events]`: the event stream's bounds (`GET /v1/events`).
+    #[serde(default)]
+    pub events: EventsSection,
     /// `[[registry]]`: container registries and their credentials, handed to the agent with
     /// each kernel of an image they hold (Backend.AI's `ImageConfig.registry`).
     #[serde(default)]
@@ -144,6 +147,28 @@ impl Default for ApiSection {
             admin_token_file: PathBuf::from("var/manager/admin-token"),
             tls_cert: None,
             tls_key: None,
+        }
+    }
+}
+
+/// `[events]`: the bounds of the event stream (`GET /v1/events`), which hold the manager's
+/// memory whatever its readers do.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct EventsSection {
+    /// Most recent events kept in memory (1000): what `GET /v1/events` answers without
+    /// `follow`, a follower's first lines, and how far back `Last-Event-ID` resumes.
+    pub history: usize,
+    /// Events one follower may leave unread (256, at least 1); one more and its stream ends with
+    /// a `dropped` event.
+    pub queue: usize,
+}
+
+impl Default for EventsSection {
+    fn default() -> Self {
+        EventsSection {
+            history: 1000,
+            queue: 256,
         }
     }
 }

@@ -9,10 +9,12 @@
 //! `session services`, `service-start` and `service-stop` manage its services; `session commit`
 //! saves it as an image (pushed with `--push`, followed with `--wait`). `agent purge-images`
 //! removes images from an agent. `access-key …` manages access keys, `vfolder …` the caller's
-//! vfolders.
+//! vfolders. `events [-f]` prints the manager's event stream, one line per event, and `session
+//! show --watch` a session followed by a line per change of it until it ends.
 //!
 //! One module per noun, as cargo has one per command: `agent` (`agents`, `agent …`), `session` (`sessions`
-//! and `session …`, one module per subcommand), `access_key`, `vfolder` and `health`. Each
+//! and `session …`, one module per subcommand), `access_key`, `vfolder`, `health` and `events`
+//! (with `sse`, the server-sent events reader it and `session show --watch` share). Each
 //! holds its clap arguments, the function that runs it and its tests; this module parses the
 //! global options, dispatches by noun and reports failures.
 //!
@@ -31,11 +33,13 @@
 mod access_key;
 mod agent;
 mod client;
+mod events;
 mod format;
 mod health;
 mod parse;
 mod render;
 mod session;
+mod sse;
 #[cfg(test)]
 mod test_util;
 #[cfg(test)]
@@ -52,6 +56,7 @@ use serde_json::Value;
 pub use access_key::AccessKeyCommand;
 pub use agent::{AgentCommand, PurgeImagesArgs};
 pub use client::{ApiError, Client, ClientError, ClientOptions, Reply};
+pub use events::EventsArgs;
 pub use parse::{Endpoint, Mount, Permission, Transfer};
 pub use session::{
     wait_exit_code, CommitArgs, CpArgs, CreateArgs, ExecArgs, ExecEnd, ExecOptions, LogsArgs,
@@ -128,6 +133,13 @@ pub enum CtlCommand {
     Vfolder(VfolderCommand),
     /// The manager's health: status, mode and live agents (GET /health).
     Health,
+    /// Print the manager's recent events, and with -f each new one as it happens (GET
+    /// /v1/events): session status changes with reasons, image pull progress, agent liveness
+    /// (admin keys).
+    ///
+    /// One line per event: time, type, session, status, reason; with -o json each event as one
+    /// JSON line. A user key sees its own sessions' events only.
+    Events(EventsArgs),
 }
 
 /// Runs one `kernelvisor ctl` command against the API and answers the process exit status (see
@@ -237,6 +249,7 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
             vfolder::run(client, command, out, &mut io::stdout().lock())
         }
         CtlCommand::Health => health::run(client, out),
+        CtlCommand::Events(args) => events::run(client, args, out),
     }
 }
 
@@ -288,7 +301,7 @@ mod tests {
         .unwrap();
         assert_eq!((a.api.as_str(), a.output), ("http://m:9000", Output::Json));
         assert!(
-            matches!(a.command, CtlCommand::Session(SessionCommand::Show(ShowArgs { ref id })) if id == "abc")
+            matches!(a.command, CtlCommand::Session(SessionCommand::Show(ShowArgs { ref id, watch: false })) if id == "abc")
         );
         let a = parse(&["sessions", "--all", "--access-key", "K"]).unwrap();
         assert!(

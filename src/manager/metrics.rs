@@ -64,6 +64,13 @@ pub struct ManagerMetrics {
     pub leader: prometheus::IntGauge,
     /// `kernelvisor_manager_session_errors_total{code}`: API error codes of session calls.
     pub session_errors: IntCounterVec,
+    /// `kernelvisor_manager_event_subscribers`: `GET /v1/events` streams following now.
+    pub event_subscribers: prometheus::IntGauge,
+    /// `kernelvisor_manager_events_published_total`: events this replica put on its stream.
+    pub events_published: IntCounter,
+    /// `kernelvisor_manager_event_subscribers_dropped_total`: streams ended because their reader
+    /// fell `[api] events-queue` events behind.
+    pub event_subscribers_dropped: IntCounter,
 }
 
 impl Default for ManagerMetrics {
@@ -130,8 +137,23 @@ impl ManagerMetrics {
         )
         .expect("valid gauge");
         reg(Box::new(leader.clone()));
+        let event_subscribers = prometheus::IntGauge::new(
+            "kernelvisor_manager_event_subscribers",
+            "GET /v1/events streams following now",
+        )
+        .expect("valid gauge");
+        reg(Box::new(event_subscribers.clone()));
         ManagerMetrics {
             leader,
+            event_subscribers,
+            events_published: counter(
+                "events_published",
+                "Events put on this replica's event stream",
+            ),
+            event_subscribers_dropped: counter(
+                "event_subscribers_dropped",
+                "Event streams dropped because their reader fell a whole queue behind",
+            ),
             pool_last_sweep,
             pool_last_sweep_entries,
             agents: gauge_vec("agents", "Agents by liveness status", &["status"]),

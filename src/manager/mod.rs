@@ -14,6 +14,10 @@
 //! flight requests get 5 s), the intake, the registry (flushing agent rows), the pool, the
 //! store. Each child is built in `tree.rs`, which says why the tree is fail-stop;
 //! `tests/trees.rs` compares this drawing with the running tree (`WhichChildren`).
+//!
+//! The event stream (`event_hub.rs`, `GET /v1/events`) is no child: a shared value the store
+//! (session status changes, as it commits them) and the registry (agent liveness) publish to and
+//! the API's followers read, bounded whatever they do; it lives as long as its holders.
 
 pub mod api;
 pub mod bootstrap;
@@ -21,6 +25,7 @@ pub mod calls;
 pub mod commits;
 pub mod credentials;
 pub mod error;
+pub mod event_hub;
 pub mod events;
 pub mod image_registries;
 pub mod intake;
@@ -75,12 +80,21 @@ impl Manager {
         let m = &config.manager;
         // Before anything migrates: SQLite serves one manager.
         let sqlite_lock = leader::SqliteLock::acquire(&config.store.url)?;
+        let metrics = Arc::new(metrics::ManagerMetrics::new());
+        // The event stream: fed by the store's status writes and the registry's liveness.
+        let events = event_hub::EventHub::new(
+            event_hub::HubSpec {
+                history: config.events.history,
+                queue: config.events.queue,
+            },
+            Some(metrics.clone()),
+        );
         let store = Store::connect(&config.store.url)
             .await
-            .with_context(|| format!("store {}", redact(&config.store.url)))?;
+            .with_context(|| format!("store {}", redact(&config.store.url)))?
+            .with_events(events.clone());
         bootstrap::ensure_admin_key(&store, &config.api.admin_token_file).await?;
         let keypair = m.rpc_keypair.as_deref().map(load_keypair).transpose()?;
-        let metrics = Arc::new(metrics::ManagerMetrics::new());
 
         let mut pool_spec = config.agent_pool.spec();
         // The heartbeat inbox's bound: the configured fleet, not the descriptor-derived estimate
@@ -230,6 +244,7 @@ impl Manager {
             max_upload_size: config.api.max_upload_size.0,
             registries,
             commits: commits::Commits::default(),
+            events,
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
         let api = api::serve(listener, config.api.workers, state, tls)?;

@@ -15,6 +15,7 @@
 pub mod access_key;
 pub mod agent;
 pub mod error;
+pub mod event;
 pub mod exec;
 pub mod file;
 pub mod health;
@@ -38,6 +39,7 @@ pub const CLOSED_REPLIES: &[&str] = &[
     "Commit",
     "ErrorBody",
     "ErrorDetail",
+    "Event",
     "ExecuteAnswer",
     "FileEntry",
     "FileList",
@@ -67,6 +69,7 @@ pub const REPLIES: &[&str] = &[
     "Commit",
     "ErrorBody",
     "ErrorDetail",
+    "Event",
     "ExecuteAnswer",
     "FileEntry",
     "FileList",

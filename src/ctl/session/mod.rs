@@ -36,7 +36,8 @@ pub(super) use show::list;
 pub enum SessionCommand {
     /// Start a session on the least-loaded agent that fits it (POST /v1/sessions).
     Create(Box<CreateArgs>),
-    /// Show one session (GET /v1/sessions/{id}).
+    /// Show one session (GET /v1/sessions/{id}); with --watch, then a line per change of it
+    /// until it is TERMINATED (GET /v1/events).
     Show(ShowArgs),
     /// Run code in a session, printing its output as it comes (POST /v1/sessions/{id}/execute).
     ///

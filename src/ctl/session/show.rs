@@ -1,10 +1,14 @@
-//! `sessions` (the listing), `session show` and `session rm`: the sessions' records as the
-//! manager keeps them (`GET /v1/sessions`, `GET` and `DELETE /v1/sessions/{id}`).
+//! `sessions` (the listing), `session show [--watch]` and `session rm`: the sessions' records
+//! as the manager keeps them (`GET /v1/sessions`, `GET` and `DELETE /v1/sessions/{id}`), and
+//! a session's changes as they happen (`GET /v1/events`).
+
+use std::io::{self, Write};
 
 use clap::Args;
 
 use crate::ctl::client::segment;
-use crate::ctl::{render, show as print, unix_now, Client, Failure, Output};
+use crate::ctl::{events, render, show as print, show_to, unix_now, Client, Failure, Output};
+use crate::model::event::EventType;
 
 /// Arguments of `kernelvisor ctl sessions`.
 #[derive(Debug, Args)]
@@ -22,6 +26,10 @@ pub struct SessionsArgs {
 pub struct ShowArgs {
     /// Session id (UUID).
     pub id: String,
+    /// Then print a line per change of the session (status with its reason, pull progress) as
+    /// it happens, until it is TERMINATED.
+    #[arg(long, short)]
+    pub watch: bool,
 }
 
 /// Arguments of `kernelvisor ctl session rm`.
@@ -50,14 +58,50 @@ pub(in crate::ctl) fn list(
     })
 }
 
-/// `session show`.
+/// `session show`; with `--watch`, the session's changes after it, one line each (as `ctl
+/// events` prints them), until it is `TERMINATED`. The stream is opened before the session is
+/// read, so no change falls between the two (one made in between is shown twice at worst).
 pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32, Failure> {
+    let stdout = &mut io::stdout().lock();
+    let path = format!("/v1/sessions/{}", segment(&args.id));
+    if !args.watch {
+        let now = unix_now();
+        return show_to(
+            out,
+            &client.get(&path, &[])?,
+            |v| render::session(v, now),
+            stdout,
+        );
+    }
+    let query = [
+        ("session_id", args.id.clone()),
+        ("follow", "true".to_owned()),
+        ("history", "false".to_owned()),
+        (
+            "type",
+            format!("{},{}", EventType::SessionStatus, EventType::PullProgress),
+        ),
+    ];
+    let stream = events::open(client, &query)?;
+    let reply = client.get(&path, &[])?;
     let now = unix_now();
-    print(
-        out,
-        &client.get(&format!("/v1/sessions/{}", segment(&args.id)), &[])?,
-        |v| render::session(v, now),
-    )
+    show_to(out, &reply, |v| render::session(v, now), stdout)?;
+    let session: crate::model::session::Session = render::lenient(&reply.json);
+    if session.terminated() {
+        return Ok(0);
+    }
+    if out == Output::Table {
+        writeln!(stdout, "\n{}", events::header())?;
+    }
+    match stream.print(out, stdout, |e| e.is_final_session_status())? {
+        Some(e) if e.is_final_session_status() => Ok(0),
+        _ => Err(crate::ctl::ClientError::Transport {
+            what: "the event stream ended early:",
+            url: client.url("/v1/events"),
+            detail: "the manager closed it before the session ended".into(),
+        }
+        .into()),
+    }
 }
 
 /// `session rm`: the session as it is once terminated.

@@ -5,6 +5,7 @@
 
 pub mod auth;
 mod error;
+mod events;
 mod files;
 mod images;
 mod keys;
@@ -55,6 +56,8 @@ pub struct ApiState {
     pub registries: Arc<crate::manager::image_registries::ImageRegistries>,
     /// The sessions' commits this manager follows.
     pub commits: crate::manager::commits::Commits,
+    /// The event stream (`GET /v1/events`).
+    pub events: crate::manager::event_hub::EventHub,
 }
 
 type Res = Result<HttpResponse, ManagerError>;
@@ -215,6 +218,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::resource("/v1/sessions")
             .route(web::post().to(sessions::create))
             .route(web::get().to(sessions::list))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/events")
+            .route(web::get().to(events::stream))
             .default_service(not_allowed()),
     )
     .service(

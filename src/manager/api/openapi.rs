@@ -32,7 +32,7 @@ pub const SECURITY_SCHEME: &str = "bearer";
     info(
         title = "kernelvisor manager API",
         description = "Sessions (one kernel each), their execute runs, logs, services and files; \
-                       vfolders; agents; access keys; health and metrics. Every error is \
+                       the event stream; vfolders; agents; access keys; health and metrics. Every error is \
                        `{\"error\": {\"code\", \"message\"}}`: clients branch on `code`. \
                        Contract: docs/manager-api.md.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
@@ -52,6 +52,7 @@ pub const SECURITY_SCHEME: &str = "bearer";
         super::files::list,
         super::files::upload,
         super::files::download,
+        super::events::stream,
         super::system::list_agents,
         super::images::purge,
         super::keys::create,
@@ -66,13 +67,14 @@ pub const SECURITY_SCHEME: &str = "bearer";
         super::system::metrics,
         serve,
     ),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, crate::model::event::Event)),
     modifiers(&Fixups),
     security(("bearer" = [])),
     tags(
         (name = "sessions", description = "Sessions: create, list, show, destroy, execute, logs"),
         (name = "services", description = "Services on a session's service ports"),
         (name = "files", description = "Files in a session's /home/work"),
+        (name = "events", description = "The event stream: session status, pull progress, agent liveness (server-sent events)"),
         (name = "vfolders", description = "The caller's vfolders"),
         (name = "access-keys", description = "Access keys (admin, but a key may read itself)"),
         (name = "system", description = "Agents, health, metrics, this document"),
@@ -294,6 +296,7 @@ mod tests {
         ("get", "/v1/sessions/{id}/files"),
         ("put", "/v1/sessions/{id}/files/{path}"),
         ("get", "/v1/sessions/{id}/files/{path}"),
+        ("get", "/v1/events"),
         ("get", "/v1/agents"),
         ("post", "/v1/agents/{id}/images/purge"),
         ("post", "/v1/access-keys"),

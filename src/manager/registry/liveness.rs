@@ -167,6 +167,20 @@ pub fn terminated(l: Liveness) -> Step {
     }
 }
 
+/// Why an agent went from `from` to `to`, in the words of the event stream's `agent_status`
+/// `reason`: `heartbeat-timeout` (lost), `resetting` (a lost agent heard from again),
+/// `reset` (the reset flow made it `ALIVE`), `terminated` (its `agent_terminated`),
+/// `heard-from` (a terminated agent back).
+pub fn change_reason(from: AgentStatus, to: AgentStatus) -> &'static str {
+    match (from, to) {
+        (_, AgentStatus::Lost) => "heartbeat-timeout",
+        (_, AgentStatus::Pending) => "resetting",
+        (AgentStatus::Lost | AgentStatus::Pending, AgentStatus::Alive) => "reset",
+        (_, AgentStatus::Terminated) => "terminated",
+        (_, AgentStatus::Alive) => "heard-from",
+    }
+}
+
 /// Whether no replica heard from an agent for longer than `timeout` (seconds), at `now` (Unix
 /// seconds): counted from `started_at` (this replica's start) at the earliest, so a manager
 /// that was down loses nobody sooner than a timeout after it comes back.

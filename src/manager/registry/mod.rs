@@ -217,6 +217,7 @@ impl AgentRegistry {
     fn state(&mut self, agent_id: &str) -> &mut AgentState {
         if !self.agents.contains_key(agent_id) {
             self.candidates = None;
+            self.publish_status(agent_id, Liveness::first_contact().status, "first-contact");
         }
         self.agents
             .entry(agent_id.to_owned())
@@ -240,6 +241,18 @@ impl AgentRegistry {
                 endpoint: None,
                 images: Arc::default(),
             })
+    }
+
+    /// Puts an agent's new liveness on the event stream (`agent_status`). Every replica
+    /// publishes the changes it applies, its own and those it reads from the others' rows, so a
+    /// watcher of any replica sees them.
+    fn publish_status(&self, agent_id: &str, status: AgentStatus, reason: &str) {
+        self.store.events().publish(crate::model::event::Event {
+            agent_id: Some(agent_id.to_owned()),
+            status: Some(status.as_str().to_owned()),
+            reason: Some(reason.to_owned()),
+            ..crate::model::event::Event::of(crate::model::event::EventType::AgentStatus)
+        });
     }
 
     /// Runs one liveness transition of `agent_id` (known or first heard from) and applies it.
@@ -271,6 +284,7 @@ impl AgentRegistry {
         s.losing = step.next.losing;
         if from != to {
             self.candidates = None;
+            self.publish_status(agent_id, to, liveness::change_reason(from, to));
         }
         for effect in step.effects {
             match effect {

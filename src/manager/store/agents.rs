@@ -186,10 +186,14 @@ impl Store {
         .bind(agent_id)
         .fetch_all(&mut *tx)
         .await?;
+        let mut ended = Vec::with_capacity(ids.len());
         for id in &ids {
-            super::kernels::terminate_in(&mut tx, id, "agent-lost", None).await?;
+            ended.push(super::kernels::terminate_in(&mut tx, id, "agent-lost", None).await?);
         }
         tx.commit().await?;
+        for e in ended {
+            self.publish(e);
+        }
         Ok(Some(ids))
     }
 }

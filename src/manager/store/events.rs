@@ -56,11 +56,13 @@ impl Store {
             tx.commit().await?;
             return Ok(Applied::Compacted);
         }
+        // The stream's event of what changed, published once the change commits.
+        let mut changed = None;
         match &ev.body {
             EventBody::KernelStatus {
                 kernel_id, status, ..
             } => {
-                advance_in(&mut tx, kernel_id, status).await?;
+                changed = advance_in(&mut tx, kernel_id, status).await?;
             }
             EventBody::KernelTerminated {
                 kernel_id,
@@ -68,7 +70,7 @@ impl Store {
                 exit_code,
                 ..
             } => {
-                terminate_in(&mut tx, kernel_id, reason, *exit_code).await?;
+                changed = terminate_in(&mut tx, kernel_id, reason, *exit_code).await?;
             }
             EventBody::AgentStarted | EventBody::AgentTerminated { .. } => {
                 if let Some(row) = agent_row {
@@ -81,7 +83,7 @@ impl Store {
                 set_result_in(&mut tx, kernel_id, result).await?;
             }
             EventBody::KernelRestarting { kernel_id, .. } => {
-                restarting_in(&mut tx, kernel_id).await?;
+                changed = restarting_in(&mut tx, kernel_id).await?;
             }
             EventBody::KernelDangling {
                 kernel_id,
@@ -94,6 +96,7 @@ impl Store {
             EventBody::Other { .. } => {}
         }
         tx.commit().await?;
+        self.publish(changed);
         Ok(Applied::Applied)
     }
 

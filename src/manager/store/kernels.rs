@@ -8,6 +8,8 @@ use sqlx::{Any, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
 use super::{now, Store, StoreError};
+use crate::model::event::{Event, EventType};
+use crate::model::pull::PullProgress;
 use crate::model::session::KernelStatus;
 use crate::slots::ResourceSlots;
 
@@ -155,20 +157,37 @@ pub struct Usage {
 
 const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress";
 
+/// The `session_status` (or `pull_progress`) event of the kernel a `RETURNING session_id,
+/// agent_id, access_key` row names.
+fn session_event(
+    kind: EventType,
+    kernel_id: &str,
+    (session_id, agent_id, access_key): (String, String, String),
+) -> Event {
+    Event {
+        session_id: Some(session_id),
+        kernel_id: Some(kernel_id.to_owned()),
+        agent_id: Some(agent_id),
+        access_key: Some(access_key),
+        ..Event::of(kind)
+    }
+}
+
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
-/// Returns whether it was live (a second call for the same kernel is a no-op).
+/// Returns its `TERMINATED` event when it was live (a second call for the same kernel is a
+/// no-op and returns `None`); the caller publishes it once `tx` commits.
 pub(super) async fn terminate_in(
     tx: &mut Transaction<'_, Any>,
     kernel_id: &str,
     reason: &str,
     exit_code: Option<i64>,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Option<Event>, sqlx::Error> {
     // A batch session that ends without a session_success / session_failure of its agent (destroyed
     // by its user, its agent lost) failed.
-    let key: Option<String> = sqlx::query_scalar(
+    let owner: Option<(String, String, String)> = sqlx::query_as(
         "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
-         WHERE id = $1 AND status <> 'TERMINATED' RETURNING access_key",
+         WHERE id = $1 AND status <> 'TERMINATED' RETURNING session_id, agent_id, access_key",
     )
     .bind(kernel_id)
     .bind(reason)
@@ -176,22 +195,28 @@ pub(super) async fn terminate_in(
     .bind(now())
     .fetch_optional(&mut **tx)
     .await?;
-    let Some(key) = key else { return Ok(false) };
+    let Some(owner) = owner else { return Ok(None) };
     sqlx::query("UPDATE access_keys SET concurrency_used = concurrency_used - 1 WHERE access_key = $1 AND concurrency_used > 0")
-        .bind(key)
+        .bind(&owner.2)
         .execute(&mut **tx)
         .await?;
-    Ok(true)
+    Ok(Some(Event {
+        status: Some(KernelStatus::Terminated.as_str().into()),
+        reason: Some(reason.to_owned()),
+        exit_code,
+        ..session_event(EventType::SessionStatus, kernel_id, owner)
+    }))
 }
 
 /// Moves a kernel's status forward (never back, never out of `TERMINATED`) inside `tx`.
+/// Returns its `session_status` event when the status changed.
 pub(super) async fn advance_in(
     tx: &mut Transaction<'_, Any>,
     kernel_id: &str,
     status: &str,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Option<Event>, sqlx::Error> {
     let Some(r) = rank(status).filter(|_| status != "TERMINATED") else {
-        return Ok(false);
+        return Ok(None);
     };
     let mut earlier: Vec<String> = KernelStatus::ALL
         .iter()
@@ -203,40 +228,50 @@ pub(super) async fn advance_in(
         earlier.push("'RESTARTING'".into());
     }
     if earlier.is_empty() {
-        return Ok(false);
+        return Ok(None);
     }
     // `earlier` comes from the constant `KernelStatus::ALL`, never from input.
     let sql = format!(
-        "UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({})",
+        "UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({}) \
+         RETURNING session_id, agent_id, access_key",
         earlier.join(", ")
     );
-    Ok(sqlx::query(&sql)
+    let owner: Option<(String, String, String)> = sqlx::query_as(&sql)
         .bind(kernel_id)
         .bind(status)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected()
-        > 0)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(owner.map(|owner| Event {
+        status: Some(status.to_owned()),
+        ..session_event(EventType::SessionStatus, kernel_id, owner)
+    }))
 }
 
 /// Records that a live kernel's container is restarting by its restart policy, inside `tx`:
 /// status `RESTARTING` (from `CREATING`, `RUNNING` or `RESTARTING`) and one more restart (the
 /// event is applied once: ids are deduplicated). Counted here rather than taken from the event's
-/// `restart_count`, which starts again from 0 when the agent restarts. Returns whether the row
-/// changed.
+/// `restart_count`, which starts again from 0 when the agent restarts. Returns the
+/// `session_status` event (`RESTARTING`, reason `restart-policy: restart N`) when the kernel is
+/// now `RESTARTING`.
 pub(super) async fn restarting_in(
     tx: &mut Transaction<'_, Any>,
     kernel_id: &str,
-) -> Result<bool, sqlx::Error> {
-    Ok(sqlx::query(
+) -> Result<Option<Event>, sqlx::Error> {
+    let row: Option<(String, i64, String, String, String)> = sqlx::query_as(
         "UPDATE kernels SET status = CASE WHEN status IN ('RUNNING', 'RESTARTING', 'CREATING') THEN 'RESTARTING' ELSE status END, \
-         restart_count = restart_count + 1 WHERE id = $1 AND status <> 'TERMINATED'",
+         restart_count = restart_count + 1 WHERE id = $1 AND status <> 'TERMINATED' \
+         RETURNING status, restart_count, session_id, agent_id, access_key",
     )
     .bind(kernel_id)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected()
-        > 0)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row
+        .filter(|r| r.0 == "RESTARTING")
+        .map(|(status, count, session, agent, key)| Event {
+            status: Some(status),
+            reason: Some(format!("restart-policy: restart {count}")),
+            ..session_event(EventType::SessionStatus, kernel_id, (session, agent, key))
+        }))
 }
 
 /// Records a batch session's result (`SUCCESS` / `FAILURE`) inside `tx`, once: a result already
@@ -309,6 +344,19 @@ impl Store {
             .await
             .map_err(StoreError::from)?;
         tx.commit().await.map_err(StoreError::from)?;
+        self.events.publish(Event {
+            status: Some("PENDING".into()),
+            reason: Some("placed".into()),
+            ..session_event(
+                EventType::SessionStatus,
+                &k.id,
+                (
+                    k.session_id.clone(),
+                    k.agent_id.clone(),
+                    k.access_key.clone(),
+                ),
+            )
+        });
         Ok(())
     }
 
@@ -364,13 +412,14 @@ impl Store {
     /// concurrency comes back, in one transaction. Returns whether it was still live.
     pub async fn discard_reservation(&self, kernel_id: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let was_live = terminate_in(&mut tx, kernel_id, "failed-to-create", None).await?;
+        let ended = terminate_in(&mut tx, kernel_id, "failed-to-create", None).await?;
         sqlx::query("DELETE FROM kernels WHERE id = $1")
             .bind(kernel_id)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(was_live)
+        // Its `PENDING` was on the stream: a watcher learns it ended too.
+        Ok(self.publish(ended))
     }
 
     /// Takes a kernel out of the live set (releasing its concurrency). Returns whether it was live.
@@ -381,9 +430,9 @@ impl Store {
         exit_code: Option<i64>,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let was_live = terminate_in(&mut tx, kernel_id, reason, exit_code).await?;
+        let ended = terminate_in(&mut tx, kernel_id, reason, exit_code).await?;
         tx.commit().await?;
-        Ok(was_live)
+        Ok(self.publish(ended))
     }
 
     /// Moves a kernel's status forward (see [`KernelStatus::rank`]); returns whether it changed.
@@ -391,7 +440,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let changed = advance_in(&mut tx, kernel_id, status).await?;
         tx.commit().await?;
-        Ok(changed)
+        Ok(self.publish(changed))
     }
 
     /// Records the image pull progress of a live kernel (`PULLING`). Returns whether the row
@@ -399,18 +448,21 @@ impl Store {
     pub async fn set_pull_progress(
         &self,
         kernel_id: &str,
-        progress: &crate::model::pull::PullProgress,
+        progress: &PullProgress,
     ) -> Result<bool, StoreError> {
         let json = serde_json::to_string(progress).unwrap_or_default();
-        Ok(sqlx::query(
-            "UPDATE kernels SET pull_progress = $2 WHERE id = $1 AND status <> 'TERMINATED'",
+        let owner: Option<(String, String, String)> = sqlx::query_as(
+            "UPDATE kernels SET pull_progress = $2 WHERE id = $1 AND status <> 'TERMINATED' \
+             RETURNING session_id, agent_id, access_key",
         )
         .bind(kernel_id)
         .bind(json)
-        .execute(&self.pool)
-        .await?
-        .rows_affected()
-            > 0)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(self.publish(owner.map(|owner| Event {
+            pull_progress: Some(*progress),
+            ..session_event(EventType::PullProgress, kernel_id, owner)
+        })))
     }
 
     /// Up to `limit` distinct session ids starting with `prefix`, of `access_key`'s sessions when

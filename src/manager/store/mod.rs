@@ -20,6 +20,9 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Executor};
 
+use super::event_hub::{EventHub, HubSpec};
+use crate::model::event::Event;
+
 pub use agents::AgentRow;
 pub use dangling::DanglingReport;
 pub use events::Applied;
@@ -87,6 +90,9 @@ pub enum Backend {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// Where every kernel status change it commits is published (the event stream,
+    /// `GET /v1/events`): the store is the one place they all pass.
+    events: EventHub,
     /// This process's replica id (a fresh UUID per start): rows it writes carry it, so that it
     /// re-reads only what other replicas wrote.
     replica: std::sync::Arc<str>,
@@ -162,8 +168,27 @@ impl Store {
         Ok(Store {
             pool,
             backend,
+            events: EventHub::new(HubSpec::default(), None),
             replica: uuid::Uuid::new_v4().simple().to_string().into(),
         })
+    }
+
+    /// This store publishing to `events` (the manager's hub, with its configured bounds and
+    /// metrics) instead of the unobserved one [`Store::connect`] gives it.
+    pub fn with_events(mut self, events: EventHub) -> Store {
+        self.events = events;
+        self
+    }
+
+    /// The hub its changes are published to.
+    pub fn events(&self) -> &EventHub {
+        &self.events
+    }
+
+    /// Publishes a committed change's event, answering whether there was one (what the
+    /// callers' `bool` results have always meant: the row changed).
+    fn publish(&self, event: Option<Event>) -> bool {
+        event.map(|e| self.events.publish(e)).is_some()
     }
 
     /// This process's replica id (a UUID, fresh per start).

@@ -397,3 +397,14 @@ fn agent_suspended_past_its_timeout_whole_scenario() {
         ]
     );
 }
+
+#[test]
+fn change_reasons_name_what_moved_the_agent() {
+    assert_eq!(change_reason(Alive, Lost), "heartbeat-timeout");
+    assert_eq!(change_reason(Pending, Lost), "heartbeat-timeout");
+    assert_eq!(change_reason(Lost, Pending), "resetting");
+    assert_eq!(change_reason(Pending, Alive), "reset");
+    assert_eq!(change_reason(Lost, Alive), "reset");
+    assert_eq!(change_reason(Alive, Terminated), "terminated");
+    assert_eq!(change_reason(Terminated, Alive), "heard-from");
+}
