@@ -91,6 +91,8 @@ fn the_readme_tour_runs_as_written() {
         "start\ndone\n",
         "SUCCESS",
         "TERMINATED",
+        "PREPARING",
+        "RUNNING",
     ] {
         assert!(
             stdout.contains(expected),
