@@ -483,6 +483,52 @@ impl Client {
         }
     }
 
+    /// The full URL of `path` at the first base, from the one in use, that takes a TCP
+    /// connection: for a connection of its own (the terminal's WebSocket).
+    pub(crate) fn reachable_url(&self, path: &str) -> String {
+        format!("{}{path}", self.bases[self.reachable_base()])
+    }
+
+    /// The `Authorization` header value (`Bearer <token>`), when there is a token.
+    pub(crate) fn authorization(&self) -> Option<&str> {
+        self.authorization.as_deref()
+    }
+
+    /// The TLS configuration for an `https://` connection made outside ureq (the terminal's
+    /// WebSocket): exactly the `--ca-cert` certificates, else the webpki roots, on `ring`.
+    ///
+    /// Errors: as [`Client::with_options`] for a `--ca-cert` it cannot use.
+    pub(crate) fn tls_config(&self) -> Result<rustls::ClientConfig, ClientError> {
+        if let Some(path) = &self.ca_cert {
+            return tls_config(path);
+        }
+        let roots: rustls::RootCertStore = webpki_roots::TLS_SERVER_ROOTS.iter().cloned().collect();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        Ok(rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ClientError::Transport {
+                what: "cannot set up TLS for",
+                url: self.bases[self.current.get()].clone(),
+                detail: e.to_string(),
+            })?
+            .with_root_certificates(roots)
+            .with_no_client_auth())
+    }
+
+    /// An error answer (`status`, `body`) as every call reports it: a 401 with a hint about
+    /// the token.
+    pub(crate) fn api_error(&self, status: u16, body: String) -> ClientError {
+        let mut api = ApiError::from_body(status, body);
+        if status == 401 {
+            let hint = match self.authorization {
+                None => NO_TOKEN_HINT,
+                Some(_) => BAD_TOKEN_HINT,
+            };
+            api.hint = Some(hint.to_owned());
+        }
+        api.into()
+    }
+
     /// A call's error: the API's error answer (a 401 with a hint about the token), or why there
     /// was none (a certificate error with a hint about `--ca-cert`).
     fn failure(&self, url: &str, e: ureq::Error) -> ClientError {
@@ -490,15 +536,7 @@ impl Client {
             ureq::Error::Status(status, resp) => {
                 // A body we cannot read still leaves the status worth reporting.
                 let body = read_body(url, resp).unwrap_or_default();
-                let mut api = ApiError::from_body(status, body);
-                if status == 401 {
-                    let hint = match self.authorization {
-                        None => NO_TOKEN_HINT,
-                        Some(_) => BAD_TOKEN_HINT,
-                    };
-                    api.hint = Some(hint.to_owned());
-                }
-                api.into()
+                self.api_error(status, body)
             }
             ureq::Error::Transport(t) => {
                 let unreached = std::mem::take(&mut *self.unreached.borrow_mut());

@@ -45,6 +45,7 @@ mod test_util;
 #[cfg(test)]
 mod testserver;
 mod vfolder;
+mod websocket;
 
 use std::io::{self, Write};
 use std::path::PathBuf;

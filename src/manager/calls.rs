@@ -79,7 +79,7 @@ pub fn failure_error(meta: &crate::rpc::ErrorMeta) -> ManagerError {
         "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),
         "RunNotFound" => ManagerError::RunNotFound(meta.repr.clone()),
         "RunHasNoStdin" => ManagerError::RunHasNoStdin(meta.repr.clone()),
-        "RunExists" | "RunStdinClosed" | "UnsupportedExecutionMode" => {
+        "RunExists" | "RunStdinClosed" | "RunHasNoTty" | "UnsupportedExecutionMode" => {
             ManagerError::InvalidRequest(meta.repr.clone())
         }
         "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),

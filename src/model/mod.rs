@@ -25,6 +25,7 @@ pub mod pull;
 pub mod service;
 pub mod session;
 pub mod slots;
+pub mod terminal;
 pub mod vfolder;
 
 /// Reply schemas whose keys are exactly the type's fields (the handler writes nothing else):

@@ -329,6 +329,19 @@ pub struct ExecSpec {
     /// Start it and return at once, attached to nothing (a service that writes its own log):
     /// the session's output stream is empty.
     pub detach: bool,
+    /// Give it a pseudo-terminal of this size (its stdin, stdout and stderr; the output is
+    /// one stream, [`OutputStream::Stdout`], with the terminal's bytes as the line discipline
+    /// made them: echo, `\r\n`). `None`: plain pipes.
+    pub tty: Option<TtySize>,
+}
+
+/// A terminal's size in character cells (`rows` lines of `cols` columns), as `TIOCSWINSZ` sets it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtySize {
+    /// Lines.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
 }
 
 /// An exec the engine still knows for a container (found again after an agent restart).
@@ -455,6 +468,19 @@ pub trait ContainerBackend: Send + Sync + 'static {
 
     /// Kills an exec's process and all its descendants (no-op once it ended).
     async fn exec_kill(&self, exec_id: &str) -> Result<(), BackendError>;
+
+    /// Sets the terminal size of an exec started with [`ExecSpec::tty`] (its processes get
+    /// `SIGWINCH`).
+    ///
+    /// Errors: `Engine` when the exec has no terminal or is gone; the dummy engine has no
+    /// terminals (`Engine`).
+    async fn exec_resize(&self, exec_id: &str, size: TtySize) -> Result<(), BackendError> {
+        let _ = (exec_id, size);
+        Err(BackendError::Engine(format!(
+            "the {} engine has no terminals",
+            self.kind()
+        )))
+    }
 
     /// The container's stdout and stderr (merged) from `since` (Unix seconds; 0 for all), then
     /// as they are written, until the container stops or is removed.

@@ -10,6 +10,7 @@
 //! [`Runs::reap`]; a run whose last answer was given is forgotten at once.
 
 pub mod console;
+pub mod terminal;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -23,7 +24,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use self::console::{Console, Utf8Carry};
-use super::backend::{exec_exit_code, ContainerBackend, ExecSession, ExecSpec, OutputStream};
+use super::backend::{
+    exec_exit_code, ContainerBackend, ExecSession, ExecSpec, OutputStream, TtySize,
+};
 use super::events::{AgentEvent, EventBus};
 
 /// How a run ended.
@@ -87,6 +90,9 @@ pub enum RunError {
     /// Writing its stdin failed (it exited, or closed its stdin).
     #[error("cannot write the stdin of run `{0}`: {1}")]
     Stdin(String, String),
+    /// A terminal request (resize) to a run started without a terminal.
+    #[error("run `{0}` has no terminal")]
+    NoTty(String),
     /// The engine refused to start it (the container is gone, …).
     #[error(transparent)]
     Engine(#[from] crate::agent::backend::BackendError),
@@ -100,6 +106,7 @@ impl RunError {
             RunError::NoStdin(_) => "RunHasNoStdin",
             RunError::Exists(_) => "RunExists",
             RunError::Stdin(..) => "RunStdinClosed",
+            RunError::NoTty(_) => "RunHasNoTty",
             RunError::Engine(crate::agent::backend::BackendError::Unavailable(_)) => {
                 crate::agent::backend::ENGINE_UNAVAILABLE
             }
@@ -152,6 +159,8 @@ pub struct Run {
     shared: Arc<Shared>,
     stdin: tokio::sync::Mutex<Option<Stdin>>,
     has_stdin: bool,
+    /// Started with a terminal ([`RunRequest::tty`]).
+    tty: bool,
     /// Held by the one reader at a time (answers never interleave); the decoder's state.
     reader: tokio::sync::Mutex<Utf8Carry>,
     pump: tokio::task::JoinHandle<()>,
@@ -386,6 +395,10 @@ pub struct RunRequest {
     pub timeout: Option<Duration>,
     /// Keep its stdin open for `input`.
     pub stdin: bool,
+    /// Give it a terminal of this size ([`terminal`]); `None`: pipes.
+    pub tty: Option<TtySize>,
+    /// Extra `KEY=VALUE` environment (a terminal's `TERM`).
+    pub env: Vec<String>,
 }
 
 impl Runs {
@@ -422,6 +435,8 @@ impl Runs {
                     cmd: req.cmd,
                     working_dir: Some("/home/work".into()),
                     stdin: req.stdin,
+                    tty: req.tty,
+                    env: req.env,
                     ..Default::default()
                 },
             )
@@ -460,6 +475,7 @@ impl Runs {
             shared,
             stdin,
             has_stdin,
+            tty: req.tty.is_some(),
             reader: tokio::sync::Mutex::new(Utf8Carry::default()),
             pump,
         });

@@ -509,6 +509,8 @@ async fn trigger_batch(
             .filter(|t| t.is_finite() && *t > 0.0)
             .and_then(|t| Duration::try_from_secs_f64(t).ok()),
         stdin: false,
+        tty: None,
+        env: Vec::new(),
     };
     let run = ctx
         .runs
@@ -634,6 +636,8 @@ async fn execute(
                 cmd: vec![interpreter, "-c".into(), code],
                 timeout: seconds(opt(opts, "timeout")),
                 stdin: opt(opts, "stdin").and_then(Value::as_bool).unwrap_or(false),
+                tty: None,
+                env: Vec::new(),
             };
             ctx.runs
                 .start(&ctx.backend, &ctx.events, req)

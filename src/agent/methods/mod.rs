@@ -2,8 +2,8 @@
 //! ([`crate::rpc::agent_api`]): the node methods ([`node`]: `ping`, `health` / `health_v2`,
 //! `gather_hwinfo` / `gather_hwinfo_v2`, `get_local_config`, `shutdown_agent`), the kernel
 //! lifecycle ([`kernels`]), services ([`services`]), files ([`files`]), local networks and
-//! host ports ([`network`]), images ([`images`], [`purge`], [`commit`]) and dangling kernels
-//! ([`dangling`]).
+//! host ports ([`network`]), images ([`images`], [`purge`], [`commit`]), dangling kernels
+//! ([`dangling`]) and kernelvisor's terminals ([`terminal`]).
 
 mod args;
 pub mod commit;
@@ -15,6 +15,7 @@ pub mod network;
 pub mod node;
 pub mod purge;
 pub mod services;
+pub mod terminal;
 
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ use crate::rpc::Dispatcher;
 /// Registers every method that needs the agent's context: `health` / `health_v2` again, now
 /// reporting the engine's health; `gather_hwinfo` / `gather_hwinfo_v2` again, now with the
 /// accelerators' devices; `get_local_config`, `shutdown_agent`; the lifecycle ([`kernels`]),
-/// services, files, networks and ports, images, and dangling kernels.
+/// services, files, networks and ports, images, dangling kernels, and terminals.
 pub fn register_kernel_methods(
     dispatcher: &mut Dispatcher,
     ctx: Arc<AgentContext>,
@@ -41,6 +42,7 @@ pub fn register_kernel_methods(
     images::register(dispatcher, ctx.clone());
     purge::register(dispatcher, ctx.clone(), registry.clone());
     commit::register(dispatcher, ctx.clone(), registry.clone());
+    terminal::register(dispatcher, ctx.clone(), registry.clone());
     dangling::register(dispatcher, ctx, registry);
 }
 

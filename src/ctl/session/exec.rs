@@ -1,12 +1,15 @@
 //! `session exec`: run code in a session through the execute continuation protocol
-//! (`POST /v1/sessions/{id}/execute`), printing each answer as it comes.
+//! (`POST /v1/sessions/{id}/execute`), printing each answer as it comes, and forwarding ctl's
+//! stdin (when it is not a terminal, or with `-i`) through the protocol's `input` mode; with
+//! `-t`, a terminal instead ([`super::terminal`]).
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::time::Duration;
 
 use clap::Args;
 use serde_json::{json, Value};
 
+use super::stdin::{Input, StdinChunks};
 use crate::ctl::client::segment;
 use crate::ctl::render::{self, Stream};
 use crate::ctl::{format, parse, Client, ClientError, Failure, Output, EXIT_TIMEOUT};
@@ -21,8 +24,17 @@ const EXEC_HTTP_GRACE: Duration = Duration::from_secs(60);
 pub struct ExecArgs {
     /// Session id (UUID).
     pub id: String,
-    /// The code to run (for the test image: a shell command line).
-    pub code: String,
+    /// The code to run (for the test image: a shell command line). With -t: a shell command
+    /// line, by default the image's shell (bash when it has one, else sh).
+    #[arg(required_unless_present = "tty")]
+    pub code: Option<String>,
+    /// Forward stdin to the code (the default when stdin is not a terminal).
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Run it in a terminal (stdin must be one): raw keys, window size, Ctrl+C to the remote
+    /// process; exits with its exit code.
+    #[arg(short = 't', long)]
+    pub tty: bool,
     /// Kill the execution after this many seconds (default: the manager's).
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, value_parser = parse::whole_seconds)]
     pub timeout: Option<u64>,
@@ -40,6 +52,13 @@ pub struct ExecOptions {
     pub flush_timeout: f64,
 }
 
+/// `flush_timeout` of an `input` call: the agent answers it (with the output so far) this long
+/// after the write, so input streams at one chunk per round trip.
+const INPUT_FLUSH: f64 = 0.01;
+/// `flush_timeout` of the `continue` calls made while stdin is open but has nothing to send: a
+/// chunk of input waits at most this long for the call before it.
+const POLL_FLUSH: f64 = 0.1;
+
 impl ExecOptions {
     /// The body that starts the run: `{"mode": "query", "code", "flush_timeout", "timeout"?}`.
     pub fn query_body(&self, code: &str) -> Value {
@@ -48,6 +67,22 @@ impl ExecOptions {
             body["timeout"] = json!(t);
         }
         body
+    }
+
+    /// The body that starts a run whose stdin ctl forwards: as [`ExecOptions::query_body`] with
+    /// `"stdin": true` and the short flush of forwarding.
+    pub fn query_stdin_body(&self, code: &str) -> Value {
+        let mut body = self.query_body(code);
+        body["stdin"] = json!(true);
+        body["flush_timeout"] = json!(self.flush_timeout.min(POLL_FLUSH));
+        body
+    }
+
+    /// The body that writes `text` to the run's stdin (closing it after when `eof`):
+    /// `{"mode": "input", "run_id", "code", "eof", "flush_timeout"}`.
+    pub fn input_body(&self, run_id: &str, text: &str, eof: bool) -> Value {
+        json!({"mode": "input", "run_id": run_id, "code": text, "eof": eof,
+               "flush_timeout": self.flush_timeout.min(INPUT_FLUSH)})
     }
 
     /// The body that fetches the run's next answer: `{"mode": "continue", "run_id", "flush_timeout"}`.
@@ -66,17 +101,23 @@ impl ExecOptions {
 /// Runs the code and exits as it did (see [`ExecEnd::exit_code`]); in table mode a timeout or
 /// an end without exit code is told on stderr.
 pub(super) fn run(client: &Client, args: &ExecArgs, out: Output) -> Result<i32, Failure> {
+    if args.tty {
+        return super::terminal::run(client, &args.id, args.code.as_deref());
+    }
     let options = ExecOptions {
         timeout: args.timeout,
         flush_timeout: args.flush_timeout,
     };
     let path = format!("/v1/sessions/{}/execute", segment(&args.id));
+    let stdin = io::stdin();
+    let input = (args.interactive || !stdin.is_terminal()).then(|| StdinChunks::spawn(stdin));
     let (mut stdout, mut stderr) = (io::stdout().lock(), io::stderr().lock());
     let end = exec(
         client,
         &path,
-        &args.code,
+        args.code.as_deref().unwrap_or_default(),
         &options,
+        input,
         out,
         &mut stdout,
         &mut stderr,
@@ -143,18 +184,40 @@ impl ExecEnd {
 /// `stderr`), JSON mode the answer as one compact line on `stdout`; both are flushed after each
 /// answer. Answers how the run ended (the last answer's [`ExecEnd`]); printing a message about it
 /// is left to the caller.
+///
+/// With `input`, the run's stdin is kept open and fed: each chunk ready is sent with an `input`
+/// call instead of a `continue` (whose answer carries the output as well), the end with `eof`.
+/// One call at a time, so answers are printed in the order the run wrote them. The run may
+/// close its stdin early (`head -1`): the `invalid-request` of the next `input` ends the
+/// forwarding, not the run.
+#[allow(clippy::too_many_arguments)]
 fn exec(
     client: &Client,
     path: &str,
     code: &str,
     options: &ExecOptions,
+    mut input: Option<StdinChunks>,
     out: Output,
     stdout: &mut impl Write,
     stderr: &mut impl Write,
 ) -> Result<ExecEnd, Failure> {
-    let mut body = options.query_body(code);
+    let mut body = match input {
+        Some(_) => options.query_stdin_body(code),
+        None => options.query_body(code),
+    };
     loop {
-        let reply = client.post(path, &body, Some(options.http_timeout()))?;
+        let feeding = body["mode"] == "input";
+        let reply = match client.post(path, &body, Some(options.http_timeout())) {
+            Err(ClientError::Api(e)) if feeding && e.code == "invalid-request" => {
+                // Its stdin is closed (the process closed it, or ended): the rest of the
+                // input has no reader; the run's output still comes.
+                input = None;
+                let run_id = body["run_id"].as_str().unwrap_or_default().to_owned();
+                body = options.continue_body(&run_id);
+                continue;
+            }
+            r => r?,
+        };
         match out {
             Output::Json => writeln!(stdout, "{}", format::compact_json(&reply.text))?,
             Output::Table => {
@@ -181,7 +244,26 @@ fn exec(
             }
             .into());
         }
-        body = options.continue_body(run_id);
+        body = match input.as_mut().map(StdinChunks::next) {
+            Some(Input::Text(text)) => options.input_body(run_id, &text, false),
+            Some(Input::End(error)) => {
+                if let Some(e) = error {
+                    writeln!(
+                        stderr,
+                        "warning: reading stdin failed: {e}; closing the run's stdin"
+                    )?;
+                }
+                input = None;
+                options.input_body(run_id, "", true)
+            }
+            // Nothing to send yet: ask for output, briefly, so input is not held up.
+            Some(Input::Pending) => {
+                let mut b = options.continue_body(run_id);
+                b["flush_timeout"] = json!(options.flush_timeout.min(POLL_FLUSH));
+                b
+            }
+            None => options.continue_body(run_id),
+        };
     }
 }
 
@@ -268,6 +350,7 @@ mod tests {
             "/v1/sessions/S/execute",
             "work",
             &options,
+            None,
             out,
             &mut stdout,
             &mut stderr,

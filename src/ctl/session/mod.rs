@@ -11,6 +11,8 @@ mod logs;
 mod ls;
 mod services;
 mod show;
+mod stdin;
+mod terminal;
 mod wait;
 
 use std::io;
@@ -39,10 +41,17 @@ pub enum SessionCommand {
     /// Show one session (GET /v1/sessions/{id}); with --watch, then a line per change of it
     /// until it is TERMINATED (GET /v1/events).
     Show(ShowArgs),
-    /// Run code in a session, printing its output as it comes (POST /v1/sessions/{id}/execute).
+    /// Run code in a session, printing its output as it comes (POST /v1/sessions/{id}/execute),
+    /// or a terminal in it with -t (GET /v1/sessions/{id}/pty).
     ///
     /// Exits with the code's exit code, or 124 on timeout. Stdout and stderr of the code go to
     /// ctl's stdout and stderr; with -o json each answer of the API is printed as one JSON line.
+    /// When ctl's stdin is not a terminal (or with -i) it is the code's stdin, sent in chunks as
+    /// it is read (text: bytes that are not UTF-8 become U+FFFD).
+    ///
+    /// `-it ID [CMD]`: CMD (default: the image's shell) in a terminal of the window's size;
+    /// keys go as typed (Ctrl+C interrupts the remote process), window changes follow, and ctl
+    /// exits with the process's exit code.
     Exec(ExecArgs),
     /// Wait until a session is TERMINATED, then show it (polls GET /v1/sessions/{id}).
     ///

@@ -10,6 +10,7 @@ mod files;
 mod images;
 mod keys;
 pub mod openapi;
+mod pty;
 mod responses;
 mod services;
 mod sessions;
@@ -239,6 +240,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/v1/sessions/{id}/logs")
             .route(web::get().to(sessions::logs))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/sessions/{id}/pty")
+            .route(web::get().to(pty::open))
             .default_service(not_allowed()),
     )
     .service(

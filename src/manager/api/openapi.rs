@@ -44,6 +44,7 @@ pub const SECURITY_SCHEME: &str = "bearer";
         super::sessions::delete,
         super::sessions::execute,
         super::sessions::logs,
+        super::pty::open,
         super::images::commit,
         super::images::commit_state,
         super::services::list,

@@ -17,6 +17,8 @@
 //! - [`services`]: `start_service`, `shutdown_service`.
 //! - [`files`]: `upload_file`, `download_file`, `download_single`, `list_files`.
 //! - [`images`]: `check_and_pull`, `purge_images`, `commit`, `get_commit_status`, `push_image`.
+//! - [`terminal`] (kernelvisor's own): `pty_start`, `pty_read`, `pty_write`, `pty_resize`,
+//!   `pty_close`.
 //!
 //! Decoding tolerates unknown keys (a newer manager adds fields); a missing required one is an
 //! error naming it. Values arrive with Backend.AI's msgpack ext types already turned into plain
@@ -29,6 +31,7 @@ pub mod kernel;
 pub mod network;
 pub mod node;
 pub mod services;
+pub mod terminal;
 
 use rmpv::Value;
 use serde::de::DeserializeOwned;

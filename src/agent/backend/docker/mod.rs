@@ -10,7 +10,7 @@ use bollard::container::{
     ListContainersOptions, LogOutput, LogsOptions, RemoveContainerOptions, RestartContainerOptions,
     StartContainerOptions, UploadToContainerOptions,
 };
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
 use bollard::image::{CreateImageOptions, ListImagesOptions};
 use bollard::models::{
     ContainerStateStatusEnum, DeviceMapping, DeviceRequest, HealthStatusEnum, HostConfig,
@@ -31,7 +31,7 @@ use self::process::kill_tree;
 use super::{
     BackendError, Bind, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
     ContainerState, ExecProcess, ExecSession, ExecSpec, ExecStatus, ImageInfo, ImageSummary,
-    OutputStream, PortMapping, PullProgress, RegistryAuth,
+    OutputStream, PortMapping, PullProgress, RegistryAuth, TtySize,
 };
 
 /// The local Docker engine (its default socket, `DOCKER_HOST`, or `[container] docker-host`),
@@ -445,11 +445,13 @@ impl ContainerBackend for DockerBackend {
 
     async fn exec_start(&self, id: &str, spec: ExecSpec) -> Result<ExecSession, BackendError> {
         let attach = !spec.detach;
+        let tty = spec.tty.is_some();
         let options = CreateExecOptions {
             cmd: Some(spec.cmd),
             attach_stdin: Some(spec.stdin && attach),
             attach_stdout: Some(attach),
             attach_stderr: Some(attach),
+            tty: Some(tty),
             working_dir: spec.working_dir,
             env: (!spec.env.is_empty()).then_some(spec.env),
             ..Default::default()
@@ -462,15 +464,20 @@ impl ContainerBackend for DockerBackend {
             .id;
         let start = StartExecOptions {
             detach: spec.detach,
-            tty: false,
+            tty,
             output_capacity: None,
         };
-        match self
+        let started = self
             .docker
             .start_exec(&exec_id, Some(start))
             .await
-            .map_err(engine)?
-        {
+            .map_err(engine)?;
+        if let Some(size) = spec.tty {
+            // The engine's exec create takes no size (API < 1.42 has no `ConsoleSize`): set it
+            // at once; a shell that read the default 0x0 first gets SIGWINCH.
+            self.exec_resize(&exec_id, size).await?;
+        }
+        match started {
             StartExecResults::Attached { output, input } => {
                 let output = output
                     .filter_map(|chunk| {
@@ -573,6 +580,17 @@ impl ContainerBackend for DockerBackend {
             kill_tree(pid as i32);
         }
         Ok(())
+    }
+
+    async fn exec_resize(&self, exec_id: &str, size: TtySize) -> Result<(), BackendError> {
+        let options = ResizeExecOptions {
+            height: size.rows,
+            width: size.cols,
+        };
+        self.docker
+            .resize_exec(exec_id, options)
+            .await
+            .map_err(engine)
     }
 
     fn follow_logs(

@@ -1,0 +1,182 @@
+//! The terminal methods ([`crate::rpc::agent_api::terminal`]): `pty_start`, `pty_read`,
+//! `pty_write`, `pty_resize`, `pty_close`, on the agent's runs ([`crate::agent::exec::terminal`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use rmpv::Value;
+
+use super::args::{running, type_error};
+use crate::agent::backend::{BackendError, TtySize};
+use crate::agent::context::AgentContext;
+use crate::agent::exec::{Run, RunError, RunIds, RunRequest};
+use crate::agent::kernel::KernelError;
+use crate::agent::registry::KernelRegistry;
+use crate::rpc::agent_api::terminal as api;
+use crate::rpc::{Dispatcher, ErrorMeta};
+
+/// The container's shell when no command is given: `bash` when the image has one (as users
+/// expect of an interactive shell), else POSIX `sh`, which every image the agent runs has.
+const DEFAULT_SHELL: &str = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi";
+
+/// `TERM` of the terminal: what the CLI's own terminals emulate in practice.
+const TERM: &str = "TERM=xterm-256color";
+
+/// Longest `pty_read` wait, seconds: the manager asks again.
+const MAX_READ_WAIT: f64 = 60.0;
+
+/// How long typing may wait for the terminal to take it.
+const WRITE_LIMIT: Duration = Duration::from_secs(10);
+
+fn run_error(ctx: &AgentContext, e: RunError) -> ErrorMeta {
+    match e {
+        RunError::Engine(e) => engine_error(ctx, e),
+        other => ErrorMeta::new(other.name(), other.to_string()),
+    }
+}
+
+/// An engine error as a FAILURE; an unreachable engine is marked down on the way.
+fn engine_error(ctx: &AgentContext, e: BackendError) -> ErrorMeta {
+    let meta = KernelError::from(e).to_meta();
+    if meta.name == crate::agent::backend::ENGINE_UNAVAILABLE {
+        ctx.engine.mark_down(&meta.repr);
+    }
+    meta
+}
+
+/// `rows`×`cols`, both at least 1. Errors: `TypeError`.
+fn size(rows: u16, cols: u16) -> Result<TtySize, ErrorMeta> {
+    if rows == 0 || cols == 0 {
+        return Err(type_error(format!(
+            "a terminal of {rows}x{cols}: rows and cols must be at least 1"
+        )));
+    }
+    Ok(TtySize { rows, cols })
+}
+
+/// The terminal `run_id` of `kernel_id`. Errors: `RunNotFound` (also another kernel's run, or
+/// one without a terminal: not this method family's business).
+fn terminal(ctx: &AgentContext, kernel_id: &str, run_id: &str) -> Result<Arc<Run>, ErrorMeta> {
+    let not_found = || run_error(ctx, RunError::NotFound(run_id.to_owned()));
+    let run = ctx.runs.get(run_id).map_err(|_| not_found())?;
+    if run.ids().kernel_id != kernel_id || !run.is_tty() {
+        return Err(not_found());
+    }
+    Ok(run)
+}
+
+/// Registers the terminal methods on `dispatcher`.
+pub fn register(
+    dispatcher: &mut Dispatcher,
+    ctx: Arc<AgentContext>,
+    registry: Addr<KernelRegistry>,
+) {
+    let c = ctx.clone();
+    dispatcher.register_method::<api::PtyStart, _, _>(move |args, _| {
+        let (r, c) = (registry.clone(), c.clone());
+        async move {
+            let size = size(args.rows, args.cols)?;
+            let info = running(&r, &args.kernel_id).await?;
+            c.engine.check()?;
+            let command = args.command.unwrap_or_else(|| DEFAULT_SHELL.to_owned());
+            let req = RunRequest {
+                ids: RunIds {
+                    run_id: args
+                        .run_id
+                        .filter(|r| !r.is_empty())
+                        .unwrap_or_else(|| format!("pty-{}", uuid::Uuid::new_v4().simple())),
+                    kernel_id: args.kernel_id,
+                    session_id: info.session_id.clone(),
+                },
+                container_id: info.container_id.clone().unwrap_or_default(),
+                cmd: vec!["sh".into(), "-c".into(), command],
+                timeout: None,
+                stdin: true,
+                tty: Some(size),
+                env: vec![TERM.to_owned()],
+            };
+            let run = c
+                .runs
+                .start(&c.backend, &c.events, req)
+                .await
+                .map_err(|e| run_error(&c, e))?;
+            Ok(api::PtyStarted {
+                run_id: run.ids().run_id.clone(),
+            })
+        }
+    });
+
+    let c = ctx.clone();
+    dispatcher.register_method::<api::PtyRead, _, _>(move |args, _| {
+        let c = c.clone();
+        async move {
+            let run = terminal(&c, &args.kernel_id, &args.run_id)?;
+            let wait = if args.wait.is_finite() && args.wait > 0.0 {
+                Duration::from_secs_f64(args.wait.min(MAX_READ_WAIT))
+            } else {
+                Duration::ZERO
+            };
+            let max = usize::try_from(args.max_bytes).unwrap_or(usize::MAX);
+            let read = run.read_bytes(max, wait).await;
+            c.runs.forget_if_done(&run);
+            Ok(api::PtyOutput {
+                data: serde_bytes::ByteBuf::from(read.data),
+                finished: read.finished,
+                exit_code: read.exit_code,
+            })
+        }
+    });
+
+    let c = ctx.clone();
+    dispatcher.register_method::<api::PtyWrite, _, _>(move |args, _| {
+        let c = c.clone();
+        async move {
+            let run = terminal(&c, &args.kernel_id, &args.run_id)?;
+            run.input(&args.data, false, WRITE_LIMIT)
+                .await
+                .map_err(|e| run_error(&c, e))?;
+            Ok(Value::Nil)
+        }
+    });
+
+    let c = ctx.clone();
+    dispatcher.register_method::<api::PtyResize, _, _>(move |args, _| {
+        let c = c.clone();
+        async move {
+            let size = size(args.rows, args.cols)?;
+            let run = terminal(&c, &args.kernel_id, &args.run_id)?;
+            c.engine.check()?;
+            run.resize(&c.backend, size)
+                .await
+                .map_err(|e| run_error(&c, e))?;
+            Ok(Value::Nil)
+        }
+    });
+
+    dispatcher.register_method::<api::PtyClose, _, _>(move |args, _| {
+        let c = ctx.clone();
+        async move {
+            terminal(&c, &args.kernel_id, &args.run_id)?;
+            c.runs
+                .close(&c.backend, &args.run_id)
+                .await
+                .map_err(|e| run_error(&c, e))?;
+            Ok(Value::Nil)
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_at_least_one_cell() {
+        assert_eq!(size(24, 80).unwrap(), TtySize { rows: 24, cols: 80 });
+        for (rows, cols) in [(0, 80), (24, 0), (0, 0)] {
+            let e = size(rows, cols).unwrap_err();
+            assert_eq!(e.name, "TypeError", "{rows}x{cols}");
+        }
+    }
+}
