@@ -47,6 +47,8 @@ fn ctl(c: &Cluster, args: &[&str]) -> Command {
 
 /// Runs `cmd` with `input` piped to its stdin (written by a thread, as a pipe would feed it);
 /// returns its exit code, stdout, stderr and its peak resident memory in KiB.
+// The child is waited for with wait4(2), for its rusage, which clippy cannot see.
+#[allow(clippy::zombie_processes)]
 fn run_piped(mut cmd: Command, input: Vec<u8>) -> (i32, String, String, i64) {
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -401,7 +403,14 @@ fn pty_route_serves_and_refuses() {
         let mut req = url.into_client_request().unwrap();
         req.headers_mut()
             .insert("Authorization", Cluster::bearer(token).parse().unwrap());
-        tungstenite::connect(req)
+        let connected = tungstenite::connect(req);
+        if let Ok((ws, _)) = &connected {
+            // A frame that never comes fails the test instead of hanging it.
+            if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_ref() {
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            }
+        }
+        connected
     };
     // Reads frames until `want` says it has what it waits for (binary frames as text).
     let read_until = |ws: &mut tungstenite::WebSocket<_>, want: &dyn Fn(&str, &Message) -> bool| {

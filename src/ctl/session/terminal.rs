@@ -179,10 +179,14 @@ fn relay(
                         return Ok(exit_code);
                     }
                     Ok(_) => {}
+                    // Nothing more for now; or a signal (SIGWINCH) interrupted the read, which
+                    // a socket with a read timeout never restarts: poll again.
                     Err(tungstenite::Error::Io(e))
                         if matches!(
                             e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                            io::ErrorKind::WouldBlock
+                                | io::ErrorKind::TimedOut
+                                | io::ErrorKind::Interrupted
                         ) =>
                     {
                         break
@@ -200,14 +204,14 @@ fn relay(
             if let Some(size) = window_size(stdin) {
                 let frame = serde_json::to_string(&ClientControl { resize: size })
                     .expect("a control frame serializes");
-                socket.send(Message::text(frame))?;
+                send(socket, Message::text(frame))?;
             }
         }
         if stdin_open && fds[2].revents != 0 {
             // SAFETY: reads at most `buf.len()` bytes into `buf`, which lives across the call.
             let n = unsafe { libc::read(stdin, buf.as_mut_ptr().cast(), buf.len()) };
             match n {
-                n if n > 0 => socket.send(Message::binary(buf[..n as usize].to_vec()))?,
+                n if n > 0 => send(socket, Message::binary(buf[..n as usize].to_vec()))?,
                 0 => stdin_open = false,
                 _ => {
                     let e = io::Error::last_os_error();
@@ -216,6 +220,20 @@ fn relay(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Sends `message`, finishing the write when a signal interrupted it (the frame is buffered by
+/// then: flushing again sends the rest).
+fn send(socket: &mut Socket, message: Message) -> Result<(), Relay> {
+    let mut result = socket.send(message);
+    loop {
+        match result {
+            Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::Interrupted => {
+                result = socket.flush();
+            }
+            r => return Ok(r?),
         }
     }
 }

@@ -85,6 +85,23 @@ impl DockerBackend {
     }
 }
 
+/// `cmd` run in a terminal of `size` from its first instruction on. bollard's exec create
+/// has no `ConsoleSize`, and a resize after the start comes too late for a process that reads
+/// the size at once (`stty size` saw 0x0): a `sh` sets the size with `stty` (when the image has
+/// it, else the resize that follows the start does) and `exec`s `cmd`.
+fn sized_tty_cmd(size: TtySize, cmd: Vec<String>) -> Vec<String> {
+    let mut argv = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        r#"stty rows "$1" cols "$2" 2>/dev/null; shift 2; exec "$@""#.to_owned(),
+        "sh".to_owned(),
+        size.rows.to_string(),
+        size.cols.to_string(),
+    ];
+    argv.extend(cmd);
+    argv
+}
+
 #[async_trait]
 impl ContainerBackend for DockerBackend {
     fn kind(&self) -> &'static str {
@@ -446,8 +463,12 @@ impl ContainerBackend for DockerBackend {
     async fn exec_start(&self, id: &str, spec: ExecSpec) -> Result<ExecSession, BackendError> {
         let attach = !spec.detach;
         let tty = spec.tty.is_some();
+        let cmd = match spec.tty {
+            Some(size) => sized_tty_cmd(size, spec.cmd),
+            None => spec.cmd,
+        };
         let options = CreateExecOptions {
-            cmd: Some(spec.cmd),
+            cmd: Some(cmd),
             attach_stdin: Some(spec.stdin && attach),
             attach_stdout: Some(attach),
             attach_stderr: Some(attach),
@@ -473,8 +494,7 @@ impl ContainerBackend for DockerBackend {
             .await
             .map_err(engine)?;
         if let Some(size) = spec.tty {
-            // The engine's exec create takes no size (API < 1.42 has no `ConsoleSize`): set it
-            // at once; a shell that read the default 0x0 first gets SIGWINCH.
+            // Also from outside, for an image without `stty` (see `sized_tty_cmd`).
             self.exec_resize(&exec_id, size).await?;
         }
         match started {
