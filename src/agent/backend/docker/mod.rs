@@ -494,8 +494,11 @@ impl ContainerBackend for DockerBackend {
             .await
             .map_err(engine)?;
         if let Some(size) = spec.tty {
-            // Also from outside, for an image without `stty` (see `sized_tty_cmd`).
-            self.exec_resize(&exec_id, size).await?;
+            // Also from outside, for an image without `stty` (see `sized_tty_cmd`). Best effort:
+            // a command may be done already ("cannot resize a stopped container").
+            if let Err(e) = self.exec_resize(&exec_id, size).await {
+                tracing::debug!(%exec_id, error = %e, "resizing a new terminal");
+            }
         }
         match started {
             StartExecResults::Attached { output, input } => {
