@@ -330,6 +330,71 @@ mod tests {
         );
     }
 
+    #[test]
+    fn stdin_bodies() {
+        let o = ExecOptions {
+            timeout: None,
+            flush_timeout: 2.0,
+        };
+        assert_eq!(
+            o.query_stdin_body("cat"),
+            json!({"mode": "query", "code": "cat", "flush_timeout": 0.1, "stdin": true})
+        );
+        assert_eq!(
+            o.input_body("r1", "x\n", false),
+            json!({"mode": "input", "run_id": "r1", "code": "x\n", "eof": false, "flush_timeout": 0.01})
+        );
+        assert_eq!(o.input_body("r1", "", true)["eof"], json!(true));
+    }
+
+    /// stdin goes out in `input` calls; a closed stdin (`invalid-request`) ends the forwarding,
+    /// not the run, whose output is read on.
+    #[test]
+    fn stdin_is_forwarded_until_the_run_closes_it() {
+        let server = Server::start(vec![
+            answer("continued", "r1", json!([]), Value::Null),
+            Answer::json(
+                400,
+                r#"{"error": {"code": "invalid-request", "message": "stdin was closed"}}"#,
+            ),
+            answer("finished", "r1", json!([["stdout", "out\n"]]), json!(0)),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let options = ExecOptions {
+            timeout: None,
+            flush_timeout: 0.5,
+        };
+        let input = StdinChunks::spawn(std::io::Cursor::new(b"abc".to_vec()));
+        // The reader holds its one chunk in the channel by then (and waits to tell the end).
+        std::thread::sleep(Duration::from_millis(200));
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let end = exec(
+            &client,
+            "/v1/sessions/S/execute",
+            "head -c 1",
+            &options,
+            Some(input),
+            Output::Table,
+            &mut stdout,
+            &mut stderr,
+        );
+        assert_eq!(end.unwrap(), ExecEnd::Exited(0));
+        assert_eq!(String::from_utf8(stdout).unwrap(), "out\n");
+        let bodies: Vec<Value> = server
+            .requests()
+            .iter()
+            .map(|r| serde_json::from_str(&r.body).unwrap())
+            .collect();
+        assert_eq!(
+            bodies,
+            [
+                json!({"mode": "query", "code": "head -c 1", "flush_timeout": 0.1, "stdin": true}),
+                json!({"mode": "input", "run_id": "r1", "code": "abc", "eof": false, "flush_timeout": 0.01}),
+                json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5}),
+            ]
+        );
+    }
+
     fn answer(status: &str, run: &str, console: Value, exit: Value) -> Answer {
         Answer::json(
             200,

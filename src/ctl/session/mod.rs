@@ -199,6 +199,31 @@ mod tests {
     }
 
     #[test]
+    fn exec_terminal_flags() {
+        let a = parse(&["session", "exec", "-it", "S"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Exec(ExecArgs { ref id, code: None, interactive: true, tty: true, .. })) if id == "S")
+        );
+        let a = parse(&["session", "exec", "-t", "S", "top"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Exec(ExecArgs { code: Some(ref c), interactive: false, tty: true, .. })) if c == "top")
+        );
+        let a = parse(&["session", "exec", "-i", "S", "cat"]).unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Session(SessionCommand::Exec(ExecArgs {
+                interactive: true,
+                tty: false,
+                ..
+            }))
+        ));
+        assert!(
+            parse(&["session", "exec", "S"]).is_err(),
+            "code is required without -t"
+        );
+    }
+
+    #[test]
     fn services_cp_ls_parse() {
         let a = parse(&["session", "service-start", "S", "web"]).unwrap();
         assert!(
