@@ -390,9 +390,14 @@ impl ContainerBackend for DummyBackend {
 
     /// A simulation: exits 0 at once, its stdout the last element of `cmd` (the code, for
     /// `[runtime, "-c", code]`) plus a newline, in one chunk (its exec id is `dummy-exec`, always
-    /// finished with exit code 0). No stdin. `Engine` error when the container is not running or
-    /// `cmd` is empty.
+    /// finished with exit code 0). No stdin. `Engine` error when the container is not running,
+    /// `cmd` is empty, or a terminal is asked for (nothing runs that could use one).
     async fn exec_start(&self, id: &str, spec: ExecSpec) -> Result<ExecSession, BackendError> {
+        if spec.tty.is_some() {
+            return Err(BackendError::Engine(
+                "the dummy engine has no terminals".to_owned(),
+            ));
+        }
         let cmd = spec.cmd;
         let mut state = self.state();
         let (id, c) = state.find(id)?;
@@ -727,6 +732,18 @@ mod tests {
                 exit_code: Some(0)
             }
         );
+        let tty = ExecSpec {
+            tty: Some(crate::agent::backend::TtySize { rows: 24, cols: 80 }),
+            ..cmd(&["sh"])
+        };
+        assert!(b.exec_start(&id, tty).await.is_err(), "no terminals");
+        assert!(b
+            .exec_resize(
+                "dummy-exec",
+                crate::agent::backend::TtySize { rows: 1, cols: 1 }
+            )
+            .await
+            .is_err());
     }
 
     #[tokio::test]
