@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 
 use kernelvisor::config::ManagerConfig;
 
+#[path = "common/pty.rs"]
+#[allow(dead_code)]
+mod pty;
+
 /// A loopback port free right now.
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -268,6 +272,26 @@ fn https_api_with_the_cli() {
         "{}",
         text(&out.stderr)
     );
+
+    // The terminal's WebSocket (`session exec -t`) goes over the same TLS, trusting the same
+    // --ca-cert: the API's answer to its upgrade (401, no token given) comes back through it;
+    // without --ca-cert the certificate is refused as for every call.
+    let mut terminal = pty::Pty::shell(dir.path(), 24, 80, &[]);
+    let bin = env!("CARGO_BIN_EXE_kernelvisor");
+    for (ca_arg, says, code) in [
+        (format!("--ca-cert {ca}"), "unauthorized", 1),
+        (String::new(), "certificate", 3),
+    ] {
+        let from = terminal.mark();
+        terminal.send(&format!(
+            "env -u KERNELVISOR_TOKEN -u KERNELVISOR_CA_CERT {bin} ctl --api {api} {ca_arg} \
+             session exec -it some-session; echo EXIT=$((0+$?))\n"
+        ));
+        let end = terminal.expect_from(from, &format!("EXIT={code}"), Duration::from_secs(30));
+        let shown = terminal.output();
+        assert!(end.is_some(), "{ca_arg:?}: {shown}");
+        assert!(shown[from..].contains(says), "{ca_arg:?}: {shown}");
+    }
 
     // Plain HTTP to the TLS port gets no HTTP answer (a TLS alert), and a hint at the scheme.
     let out = ctl(&["--api", &format!("http://127.0.0.1:{port}"), "health"]);

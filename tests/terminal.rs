@@ -8,12 +8,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::cluster::{wait_for, Cluster, Db};
+use common::pty::Pty;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -156,170 +155,64 @@ fn exec_forwards_stdin_in_bounded_chunks() {
     assert!(err.contains("-t needs a terminal on stdin"), "{err}");
 }
 
-/// A pseudo-terminal: the test holds the master side, a child gets the slave side as its
-/// controlling terminal. What the child writes is collected by a thread.
-struct Pty {
-    master: std::fs::File,
-    slave: OwnedFd,
-    output: Arc<Mutex<Vec<u8>>>,
+/// Types `line` into the terminal and waits up to `limit` for `want` after it; answers what the
+/// terminal showed meanwhile. `want` must differ from the typed line's echo (`M$((1))` shows
+/// as `M1`).
+fn line(pty: &mut Pty, line: &str, want: &str, limit: Duration) -> String {
+    let from = pty.mark();
+    pty.send(line);
+    let end = pty.expect_from(from, want, limit).unwrap_or_else(|| {
+        panic!(
+            "no {want:?} within {limit:?} after typing {line:?}; the terminal shows:\n{}",
+            String::from_utf8_lossy(&pty.output().as_bytes()[from..])
+        )
+    });
+    String::from_utf8_lossy(&pty.output().as_bytes()[from..end]).into_owned()
 }
 
-impl Pty {
-    fn open(rows: u16, cols: u16) -> Pty {
-        let (mut m, mut s) = (0, 0);
-        // SAFETY: openpty writes two new descriptors; null pointers: no name, default settings.
-        let rc = unsafe {
-            libc::openpty(
-                &mut m,
-                &mut s,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(rc, 0, "openpty");
-        // SAFETY: both descriptors are new and owned here.
-        let (master, slave) = unsafe { (std::fs::File::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
-        let pty = Pty {
-            master,
-            slave,
-            output: Arc::new(Mutex::new(Vec::new())),
-        };
-        pty.resize(rows, cols);
-        let mut reader = pty.master.try_clone().unwrap();
-        let output = pty.output.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            // Ends with EIO once no process holds the slave side.
-            while let Ok(n) = reader.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                output.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        pty
+/// Runs `command` in the remote shell (a line ended by Enter, `\r`), followed by a marker;
+/// answers what it printed (after the echo of the typed line).
+fn remote(pty: &mut Pty, command: &str, n: u32) -> String {
+    let echo = format!("M$(({n}-1+1))");
+    let shown = line(
+        pty,
+        &format!("{command}; echo {echo}\r"),
+        &format!("M{n}\r\n"),
+        Duration::from_secs(20),
+    );
+    match shown.rfind(&echo) {
+        Some(i) => shown[i + echo.len()..].to_owned(),
+        None => shown,
     }
-
-    /// Sets the window size (the kernel sends SIGWINCH to the terminal's foreground group).
-    fn resize(&self, rows: u16, cols: u16) {
-        let ws = libc::winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCSWINSZ reads one winsize from a local.
-        assert_eq!(
-            unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &ws) },
-            0
-        );
-    }
-
-    /// Starts `cmd` in a new session with this terminal as its stdin, stdout, stderr and
-    /// controlling terminal.
-    fn spawn(&self, mut cmd: Command) -> Child {
-        use std::os::unix::process::CommandExt;
-        let fd = || Stdio::from(self.slave.try_clone().unwrap());
-        cmd.stdin(fd()).stdout(fd()).stderr(fd());
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        cmd.spawn().unwrap()
-    }
-
-    /// Types `bytes`, as a user would.
-    fn type_in(&mut self, bytes: &[u8]) {
-        self.master.write_all(bytes).unwrap();
-    }
-
-    /// Everything written to the terminal so far, as text.
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
-    }
-
-    /// Waits until the output (after `from` bytes) contains `needle`; answers the output after
-    /// `from` up to the end of the needle.
-    fn wait_for(&self, from: usize, needle: &str, limit: Duration) -> String {
-        let started = Instant::now();
-        loop {
-            let text = self.text();
-            let after = text.get(from..).unwrap_or_default();
-            if let Some(i) = after.find(needle) {
-                return after[..i + needle.len()].to_owned();
-            }
-            assert!(
-                started.elapsed() < limit,
-                "no {needle:?} on the terminal within {limit:?}; it shows:\n{after}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Runs `line` in the remote shell, followed by a marker whose output (`M<n>`) differs
-    /// from its echo (`M$((n-1+1))`); answers the output between the command and the marker.
-    fn run_line(&mut self, line: &str, n: u32) -> String {
-        let from = self.text().len();
-        self.type_in(format!("{line}; echo M$(({n}-1+1))\r").as_bytes());
-        let out = self.wait_for(from, &format!("M{n}\r\n"), Duration::from_secs(20));
-        // The echo of the typed line ends with the marker's expression: skip past it.
-        let echo = format!("M$(({n}-1+1))");
-        match out.rfind(&echo) {
-            Some(i) => out[i + echo.len()..].to_owned(),
-            None => out,
-        }
-    }
-
-    /// The slave side's local flags (ICANON, ECHO, ISIG, …).
-    fn lflag(&self) -> libc::tcflag_t {
-        // SAFETY: reads the settings of an open terminal into a zeroed termios.
-        let mut t: libc::termios = unsafe { std::mem::zeroed() };
-        assert_eq!(
-            unsafe { libc::tcgetattr(self.slave.as_raw_fd(), &mut t) },
-            0
-        );
-        t.c_lflag
-    }
-}
-
-/// Waits up to `limit` for `child` to exit; answers its exit code.
-fn exit_code(child: &mut Child, limit: Duration) -> Option<i32> {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    None
 }
 
 #[test]
 fn exec_it_is_a_real_terminal() {
     let (c, sid) = cluster("tty", 34820);
-    let mut pty = Pty::open(33, 101);
-    let cooked = pty.lflag();
-    let mut child = pty.spawn(ctl(&c, &["session", "exec", "-it", &sid]));
-
-    // The image's shell answers; ctl put the local terminal in raw mode meanwhile.
-    let tty = pty.run_line("tty", 1);
-    assert!(tty.contains("/dev/pts/"), "tty: {tty:?}");
-    assert_eq!(
-        pty.lflag() & (libc::ICANON | libc::ECHO | libc::ISIG),
-        0,
-        "raw mode"
+    let bin = env!("CARGO_BIN_EXE_kernelvisor");
+    let env = [
+        ("KERNELVISOR_API", c.api.as_str()),
+        ("KERNELVISOR_TOKEN", c.token.as_str()),
+    ];
+    // A person's shell on a 33x101 terminal, from which ctl runs as the foreground job.
+    let mut pty = Pty::shell(c.dir.path(), 33, 101, &env);
+    let long = Duration::from_secs(30);
+    line(
+        &mut pty,
+        "stty -g > before.stty; echo R$((1))\n",
+        "R1",
+        long,
     );
+    pty.send(&format!(
+        "{bin} ctl session exec -it {sid}; echo EXIT=$((0+$?))\n"
+    ));
 
-    // The window size went with the upgrade, and a resize follows (SIGWINCH → resize frame).
-    let size = pty.run_line("stty size", 2);
+    // The image's shell answers, on a terminal of the window's size (sent with the upgrade).
+    let tty = remote(&mut pty, "tty", 1);
+    assert!(tty.contains("/dev/pts/"), "tty: {tty:?}");
+    let size = remote(&mut pty, "stty size", 2);
     assert!(size.contains("33 101"), "stty size: {size:?}");
+    // A resize follows (SIGWINCH to ctl, a resize frame, the engine's resize).
     pty.resize(40, 120);
     let mut n = 3;
     wait_for(
@@ -327,74 +220,69 @@ fn exec_it_is_a_real_terminal() {
         "the resize to reach the remote terminal",
         || {
             n += 1;
-            pty.run_line("stty size", n)
+            remote(&mut pty, "stty size", n)
                 .contains("40 120")
                 .then_some(())
         },
     );
 
-    // Ctrl+C interrupts the foreground process: the prompt comes back long before 100 s.
-    let from = pty.text().len();
-    pty.type_in(b"sleep 100\r");
-    pty.wait_for(from, "sleep 100\r\n", Duration::from_secs(10));
+    // Ctrl+C interrupts the remote foreground process (not ctl: raw mode), and the remote
+    // shell's prompt comes back long before 100 s.
+    line(&mut pty, "sleep 100\r", "sleep 100\r\n", long);
     std::thread::sleep(Duration::from_millis(500));
     let interrupted = Instant::now();
-    pty.type_in(&[0x03]);
-    let after = pty.run_line("echo back", 100);
-    assert!(after.contains("back"), "{after:?}");
+    pty.send("\x03");
+    let pwd = remote(&mut pty, "pwd", 100);
     assert!(
-        interrupted.elapsed() < Duration::from_secs(20),
-        "Ctrl+C did not interrupt sleep"
+        pwd.contains("/home/work"),
+        "still the remote shell: {pwd:?}"
     );
+    assert!(interrupted.elapsed() < Duration::from_secs(20));
 
-    // The shell's exit code is ctl's, and the local terminal is as it was.
-    pty.type_in(b"exit 7\r");
-    assert_eq!(
-        exit_code(&mut child, Duration::from_secs(30)),
-        Some(7),
-        "{}",
-        pty.text()
-    );
-    assert_eq!(pty.lflag(), cooked, "ctl restored the terminal's settings");
+    // The remote shell's exit code is ctl's, and the local terminal is as it was.
+    line(&mut pty, "exit 7\r", "EXIT=7", long);
+    let same = "stty -g | cmp -s - before.stty; echo CMP=$((0+$?))\n";
+    line(&mut pty, same, "CMP=0", long);
 
     // A command instead of the shell, and its exit code.
-    let from = pty.text().len();
-    let mut child = pty.spawn(ctl(
-        &c,
-        &[
-            "session",
-            "exec",
-            "-it",
-            &sid,
-            "echo in-a-tty; [ -t 0 ] && exit 3",
-        ],
-    ));
-    pty.wait_for(from, "in-a-tty", Duration::from_secs(20));
-    assert_eq!(exit_code(&mut child, Duration::from_secs(30)), Some(3));
+    let shown = line(
+        &mut pty,
+        &format!("{bin} ctl session exec -it {sid} 'echo in-a-tty; [ -t 0 ] && exit 3'; echo EXIT=$((0+$?))\n"),
+        "EXIT=3",
+        long,
+    );
+    assert!(shown.contains("in-a-tty"), "{shown}");
 
     // `-i` forwards a terminal's input without a remote terminal (cooked: line by line).
-    let from = pty.text().len();
-    let mut child = pty.spawn(ctl(
-        &c,
-        &["session", "exec", "-i", &sid, "head -1 | tr a-z A-Z"],
+    let from = pty.mark();
+    pty.send(&format!(
+        "{bin} ctl session exec -i {sid} 'head -1 | tr a-z A-Z'; echo EXIT=$((0+$?))\n"
     ));
-    pty.type_in(b"hello\r");
-    pty.wait_for(from, "HELLO", Duration::from_secs(20));
-    assert_eq!(exit_code(&mut child, Duration::from_secs(30)), Some(0));
+    std::thread::sleep(Duration::from_millis(500));
+    line(&mut pty, "hello\n", "HELLO", long);
+    assert!(
+        pty.expect_from(from, "EXIT=0", long).is_some(),
+        "{}",
+        pty.output()
+    );
 
-    // An unknown session, and another key's session: the API's 404, ctl exits 1.
+    // An unknown session, and another key's session: the API's 404 before any upgrade, ctl
+    // exits 1, the terminal untouched.
     let (_, other_token) = c.new_key(false);
     for (id, token) in [
         ("no-such-session", c.token.as_str()),
         (sid.as_str(), other_token.as_str()),
     ] {
-        let from = pty.text().len();
-        let mut cmd = ctl(&c, &["session", "exec", "-it", id]);
-        cmd.env("KERNELVISOR_TOKEN", token);
-        let mut child = pty.spawn(cmd);
-        assert_eq!(exit_code(&mut child, Duration::from_secs(30)), Some(1));
-        pty.wait_for(from, "session-not-found", Duration::from_secs(5));
-        assert_eq!(pty.lflag(), cooked);
+        let shown = line(
+            &mut pty,
+            &format!(
+                "KERNELVISOR_TOKEN={token} {bin} ctl session exec -it {id}; echo EXIT=$((0+$?))\n"
+            ),
+            "EXIT=1",
+            long,
+        );
+        assert!(shown.contains("session-not-found"), "{shown}");
+        line(&mut pty, same, "CMP=0", long);
     }
 }
 
