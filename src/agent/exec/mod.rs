@@ -222,15 +222,7 @@ impl Run {
                     exit_code,
                 };
             }
-            match deadline {
-                Some(d) => {
-                    tokio::select! {
-                        _ = notified => {}
-                        _ = tokio::time::sleep_until(d) => {}
-                    }
-                }
-                None => notified.await,
-            }
+            notified_or_due(notified, deadline).await;
         }
     }
 
@@ -561,5 +553,22 @@ impl Runs {
                 _ = &mut stop => return,
             }
         }
+    }
+}
+
+/// Waits until `notified` fires or `deadline` passes (`None`: no deadline, as for a wait too
+/// long for an `Instant`): a read's wait for output, in [`Run`] and in the terminal's reads.
+pub(crate) async fn notified_or_due(
+    notified: tokio::sync::futures::Notified<'_>,
+    deadline: Option<Instant>,
+) {
+    match deadline {
+        Some(d) => {
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(d) => {}
+            }
+        }
+        None => notified.await,
     }
 }

@@ -69,16 +69,8 @@ impl Run {
                     },
                 };
             }
-            match deadline {
-                Some(d) => {
-                    tokio::select! {
-                        _ = notified => {}
-                        _ = tokio::time::sleep_until(d) => {}
-                    }
-                }
-                // A wait too long for an `Instant` is no deadline.
-                None => notified.await,
-            }
+            // A wait too long for an `Instant` is no deadline.
+            super::notified_or_due(notified, deadline).await;
         }
     }
 
