@@ -137,6 +137,31 @@ impl Shared {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("run state lock")
     }
+
+    /// A read's wait: until `ready` holds of the state, the run ended, or `deadline` passed
+    /// (`None`: no deadline); then `take` from the state and wake the pump (there is room). Each
+    /// look touches the run, so a reader keeps it from the idle reaper.
+    async fn take_when<T>(
+        &self,
+        deadline: Option<Instant>,
+        ready: impl Fn(&State) -> bool,
+        mut take: impl FnMut(&mut State) -> T,
+    ) -> T {
+        loop {
+            let notified = self.data.notified();
+            let taken = {
+                let mut st = self.state();
+                st.last_touch = Instant::now();
+                let due = deadline.is_some_and(|d| Instant::now() >= d);
+                (st.end.is_some() || due || ready(&st)).then(|| take(&mut st))
+            };
+            if let Some(t) = taken {
+                self.room.notify_waiters();
+                return t;
+            }
+            notified_or_due(notified, deadline).await;
+        }
+    }
 }
 
 /// Identity of a run, for its events.
@@ -184,45 +209,38 @@ impl Run {
         let mut carry = self.reader.lock().await;
         // A flush too far away for an `Instant` is no flush deadline.
         let deadline = flush.and_then(|f| Instant::now().checked_add(f));
-        loop {
-            let notified = self.shared.data.notified();
-            let taken = {
-                let mut st = self.shared.state();
-                st.last_touch = Instant::now();
-                let due = deadline.is_some_and(|d| Instant::now() >= d);
-                if st.end.is_some() || st.console.len() >= self.shared.cap || due {
-                    let chunks = st.console.take(self.shared.cap);
-                    let end = st.end.clone().filter(|_| st.console.is_empty());
-                    Some((chunks, end))
-                } else {
-                    None
+        let cap = self.shared.cap;
+        let (chunks, end) = self
+            .shared
+            .take_when(
+                deadline,
+                |st| st.console.len() >= cap,
+                |st| {
+                    let chunks = st.console.take(cap);
+                    (chunks, st.end.clone().filter(|_| st.console.is_empty()))
+                },
+            )
+            .await;
+        let mut console: Vec<(OutputStream, String)> = chunks
+            .into_iter()
+            .map(|(s, b)| (s, carry.decode(s, b)))
+            .filter(|(_, t)| !t.is_empty())
+            .collect();
+        let (status, exit_code) = match end {
+            None => (AnswerStatus::Continued, None),
+            Some(end) => {
+                console.extend(carry.finish());
+                match end {
+                    RunEnd::Exited(code) => (AnswerStatus::Finished, code),
+                    RunEnd::TimedOut => (AnswerStatus::ExecTimeout, None),
+                    RunEnd::Abandoned | RunEnd::Failed(_) => (AnswerStatus::Finished, None),
                 }
-            };
-            if let Some((chunks, end)) = taken {
-                self.shared.room.notify_waiters();
-                let mut console: Vec<(OutputStream, String)> = chunks
-                    .into_iter()
-                    .map(|(s, b)| (s, carry.decode(s, b)))
-                    .filter(|(_, t)| !t.is_empty())
-                    .collect();
-                let (status, exit_code) = match end {
-                    None => (AnswerStatus::Continued, None),
-                    Some(end) => {
-                        console.extend(carry.finish());
-                        match end {
-                            RunEnd::Exited(code) => (AnswerStatus::Finished, code),
-                            RunEnd::TimedOut => (AnswerStatus::ExecTimeout, None),
-                            RunEnd::Abandoned | RunEnd::Failed(_) => (AnswerStatus::Finished, None),
-                        }
-                    }
-                };
-                return Answer {
-                    status,
-                    console,
-                    exit_code,
-                };
             }
-            notified_or_due(notified, deadline).await;
+        };
+        Answer {
+            status,
+            console,
+            exit_code,
         }
     }
 
@@ -557,11 +575,8 @@ impl Runs {
 }
 
 /// Waits until `notified` fires or `deadline` passes (`None`: no deadline, as for a wait too
-/// long for an `Instant`): a read's wait for output, in [`Run`] and in the terminal's reads.
-pub(crate) async fn notified_or_due(
-    notified: tokio::sync::futures::Notified<'_>,
-    deadline: Option<Instant>,
-) {
+/// long for an `Instant`): one step of [`Shared::take_when`].
+async fn notified_or_due(notified: tokio::sync::futures::Notified<'_>, deadline: Option<Instant>) {
     match deadline {
         Some(d) => {
             tokio::select! {

@@ -39,38 +39,29 @@ impl Run {
     pub async fn read_bytes(&self, max: usize, wait: Duration) -> TerminalRead {
         let _one_reader = self.reader.lock().await;
         let deadline = Instant::now().checked_add(wait);
-        loop {
-            let notified = self.shared.data.notified();
-            let taken = {
-                let mut st = self.shared.state();
-                st.last_touch = Instant::now();
-                let due = deadline.is_some_and(|d| Instant::now() >= d);
-                if !st.console.is_empty() || st.end.is_some() || due {
+        let (data, end) = self
+            .shared
+            .take_when(
+                deadline,
+                |st| !st.console.is_empty(),
+                |st| {
                     let data: Vec<u8> = st
                         .console
                         .take(max.max(1))
                         .into_iter()
                         .flat_map(|(_, bytes)| bytes)
                         .collect();
-                    let end = st.end.clone().filter(|_| st.console.is_empty());
-                    Some((data, end))
-                } else {
-                    None
-                }
-            };
-            if let Some((data, end)) = taken {
-                self.shared.room.notify_waiters();
-                return TerminalRead {
-                    data,
-                    finished: end.is_some(),
-                    exit_code: match end {
-                        Some(RunEnd::Exited(code)) => code,
-                        _ => None,
-                    },
-                };
-            }
-            // A wait too long for an `Instant` is no deadline.
-            super::notified_or_due(notified, deadline).await;
+                    (data, st.end.clone().filter(|_| st.console.is_empty()))
+                },
+            )
+            .await;
+        TerminalRead {
+            data,
+            finished: end.is_some(),
+            exit_code: match end {
+                Some(RunEnd::Exited(code)) => code,
+                _ => None,
+            },
         }
     }
 
