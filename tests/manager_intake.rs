@@ -131,6 +131,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             batch_timeout: None,
             mounts: "[]".into(),
             restart_policy: r#"{"mode":"never"}"#.into(),
+            priority: 10,
         };
         store.reserve_kernel(&new, &roomy()).await.unwrap();
     }
@@ -461,6 +462,7 @@ async fn curve_key_binds_the_agent_id() {
         batch_timeout: None,
         mounts: "[]".into(),
         restart_policy: r#"{"mode":"never"}"#.into(),
+        priority: 10,
     };
     store.reserve_kernel(&kb, &roomy()).await.unwrap();
     store.advance_kernel("kb", "RUNNING").await.unwrap();

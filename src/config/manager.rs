@@ -173,7 +173,8 @@ impl Default for EventsSection {
     }
 }
 
-/// `[scheduler]`: agent call deadlines, seconds.
+/// `[scheduler]`: agent call deadlines, the queue's admission, and the transient states'
+/// deadlines; durations in seconds.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct SchedulerSection {
@@ -192,6 +193,30 @@ pub struct SchedulerSection {
     pub flush_timeout: Seconds,
     /// `reset_instance` of an agent back from `LOST` (60).
     pub reset_timeout: Seconds,
+    /// Order of admission within one priority: `fifo` (default) or `drf` (dominant resource
+    /// fairness across access keys).
+    pub policy: crate::model::queue::QueuePolicy,
+    /// Admission rounds a head of its priority that does not fit blocks the sessions behind it
+    /// (and lower priorities) before it is passed over (5; Backend.AI's `num_retries_to_skip`).
+    /// 0: never blocks (small sessions always fill the gaps).
+    pub head_skip_rounds: u32,
+    /// Seconds between admission rounds when nothing else starts one (1; a session ending or
+    /// being queued on this replica starts one at once).
+    pub admission_interval: Seconds,
+    /// Pending sessions one admission round looks at, in priority and queue order (1000).
+    pub admission_window: u32,
+    /// Longest a kernel stays `SCHEDULED` or `PREPARING` before the reconcile sweep asks its
+    /// agent and resolves it (300).
+    pub preparing_timeout: Seconds,
+    /// Longest a kernel stays `CREATING` (300; `create-timeout` normally ends the call first).
+    pub creating_timeout: Seconds,
+    /// Longest a kernel stays `TERMINATING` (300).
+    pub terminating_timeout: Seconds,
+    /// Longest a kernel stays `RESTARTING` (600).
+    pub restarting_timeout: Seconds,
+    /// Seconds between reconcile sweeps over kernels past their state's deadline and agents
+    /// past their drain deadline (10).
+    pub sweep_interval: Seconds,
 }
 
 impl Default for SchedulerSection {
@@ -203,6 +228,15 @@ impl Default for SchedulerSection {
             execute_timeout: Seconds(Duration::from_secs(600)),
             flush_timeout: Seconds(Duration::from_secs(2)),
             reset_timeout: Seconds(Duration::from_secs(60)),
+            policy: crate::model::queue::QueuePolicy::Fifo,
+            head_skip_rounds: 5,
+            admission_interval: Seconds(Duration::from_secs(1)),
+            admission_window: 1000,
+            preparing_timeout: Seconds(Duration::from_secs(300)),
+            creating_timeout: Seconds(Duration::from_secs(300)),
+            terminating_timeout: Seconds(Duration::from_secs(300)),
+            restarting_timeout: Seconds(Duration::from_secs(600)),
+            sweep_interval: Seconds(Duration::from_secs(10)),
         }
     }
 }

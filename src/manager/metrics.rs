@@ -71,6 +71,19 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_event_subscribers_dropped_total`: streams ended because their reader
     /// fell `[api] events-queue` events behind.
     pub event_subscribers_dropped: IntCounter,
+    /// `kernelvisor_manager_queue_depth{priority}`: `PENDING` sessions by priority (written by
+    /// the leader's admission rounds).
+    pub queue_depth: IntGaugeVec,
+    /// `kernelvisor_manager_admissions_total`: queued sessions admitted (placed).
+    pub admissions: IntCounter,
+    /// `kernelvisor_manager_admission_wait_seconds`: time from queued to admitted, seconds.
+    pub admission_wait: prometheus::Histogram,
+    /// `kernelvisor_manager_stuck_kernels_resolved_total{state,outcome}`: kernels past their
+    /// state's deadline that the reconcile sweep resolved (`running`, `terminated`).
+    pub stuck_kernels_resolved: IntCounterVec,
+    /// `kernelvisor_manager_drained_sessions_total`: sessions terminated at their agent's drain
+    /// deadline (`agent-drained`).
+    pub drained_sessions: IntCounter,
 }
 
 impl Default for ManagerMetrics {
@@ -143,7 +156,34 @@ impl ManagerMetrics {
         )
         .expect("valid gauge");
         reg(Box::new(event_subscribers.clone()));
+        let admission_wait = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "kernelvisor_manager_admission_wait_seconds",
+                "Time a queued session waited before it was admitted, seconds",
+            )
+            .buckets(vec![
+                0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0,
+            ]),
+        )
+        .expect("valid histogram");
+        reg(Box::new(admission_wait.clone()));
         ManagerMetrics {
+            queue_depth: gauge_vec(
+                "queue_depth",
+                "PENDING sessions waiting for capacity, by priority",
+                &["priority"],
+            ),
+            admissions: counter("admissions", "Queued sessions admitted onto an agent"),
+            admission_wait,
+            stuck_kernels_resolved: counter_vec(
+                "stuck_kernels_resolved",
+                "Kernels past their state's deadline resolved by the reconcile sweep",
+                &["state", "outcome"],
+            ),
+            drained_sessions: counter(
+                "drained_sessions",
+                "Sessions terminated at their agent's drain deadline",
+            ),
             leader,
             event_subscribers,
             events_published: counter(
@@ -229,6 +269,16 @@ impl ManagerMetrics {
             .observe(took.as_secs_f64());
         if let Some(kind) = failure {
             self.rpc_failures.with_label_values(&[method, kind]).inc();
+        }
+    }
+
+    /// Sets `queue_depth` from `(priority, count)` pairs; priorities absent now read 0.
+    pub fn set_queue_depth(&self, depth: &[(i64, i64)]) {
+        self.queue_depth.reset();
+        for (priority, n) in depth {
+            self.queue_depth
+                .with_label_values(&[&priority.to_string()])
+                .set(*n);
         }
     }
 

@@ -209,6 +209,10 @@ impl Manager {
             flush_timeout: config.scheduler.flush_timeout.0,
             image_pull_timeout: config.scheduler.image_pull_timeout.0,
             registries: registries.clone(),
+            policy: config.scheduler.policy,
+            head_skip_rounds: config.scheduler.head_skip_rounds,
+            admission_interval: config.scheduler.admission_interval.0,
+            admission_window: config.scheduler.admission_window.max(1),
         };
         let scheduler = Scheduler::new(
             store.clone(),
@@ -216,6 +220,7 @@ impl Manager {
             registry.clone(),
             metrics.clone(),
             sched_spec,
+            leader.clone(),
         )
         .start();
 

@@ -22,6 +22,7 @@ pub mod health;
 pub mod image;
 pub mod object;
 pub mod pull;
+pub mod queue;
 pub mod service;
 pub mod session;
 pub mod slots;

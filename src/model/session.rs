@@ -79,8 +79,12 @@ impl clap::ValueEnum for RestartMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum KernelStatus {
-    /// Placed; the agent has not answered yet.
+    /// Queued: waiting for capacity (no agent yet, no concurrency taken; `pending_reason` says
+    /// why). Backend.AI's `PENDING`.
     Pending,
+    /// Placed on an agent and reserved; the agent has not answered yet (Backend.AI's
+    /// `SCHEDULED`).
+    Scheduled,
     /// The agent prepares it.
     Preparing,
     /// Its image is being pulled.
@@ -95,12 +99,16 @@ pub enum KernelStatus {
     Terminating,
     /// Ended (final).
     Terminated,
+    /// Deleted while `PENDING`: never placed, no agent touched (final; Backend.AI's
+    /// `CANCELLED`).
+    Cancelled,
 }
 
 impl KernelStatus {
     /// Every status, in lifecycle order.
-    pub const ALL: [KernelStatus; 8] = [
+    pub const ALL: [KernelStatus; 10] = [
         KernelStatus::Pending,
+        KernelStatus::Scheduled,
         KernelStatus::Preparing,
         KernelStatus::Pulling,
         KernelStatus::Creating,
@@ -108,12 +116,14 @@ impl KernelStatus {
         KernelStatus::Restarting,
         KernelStatus::Terminating,
         KernelStatus::Terminated,
+        KernelStatus::Cancelled,
     ];
 
     /// The stored name: `PENDING`, …, `TERMINATED`.
     pub fn as_str(self) -> &'static str {
         match self {
             KernelStatus::Pending => "PENDING",
+            KernelStatus::Scheduled => "SCHEDULED",
             KernelStatus::Preparing => "PREPARING",
             KernelStatus::Pulling => "PULLING",
             KernelStatus::Creating => "CREATING",
@@ -121,6 +131,7 @@ impl KernelStatus {
             KernelStatus::Restarting => "RESTARTING",
             KernelStatus::Terminating => "TERMINATING",
             KernelStatus::Terminated => "TERMINATED",
+            KernelStatus::Cancelled => "CANCELLED",
         }
     }
 
@@ -134,12 +145,13 @@ impl KernelStatus {
     pub fn rank(self) -> u8 {
         match self {
             KernelStatus::Pending => 0,
-            KernelStatus::Preparing => 1,
-            KernelStatus::Pulling => 2,
-            KernelStatus::Creating => 3,
-            KernelStatus::Running | KernelStatus::Restarting => 4,
-            KernelStatus::Terminating => 5,
-            KernelStatus::Terminated => 6,
+            KernelStatus::Scheduled => 1,
+            KernelStatus::Preparing => 2,
+            KernelStatus::Pulling => 3,
+            KernelStatus::Creating => 4,
+            KernelStatus::Running | KernelStatus::Restarting => 5,
+            KernelStatus::Terminating => 6,
+            KernelStatus::Terminated | KernelStatus::Cancelled => 7,
         }
     }
 }
@@ -179,7 +191,7 @@ pub enum SessionResult {
 }
 
 /// `POST /v1/sessions` body (`docs/manager-api.md`).
-#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRequest {
     /// Image reference.
@@ -219,9 +231,40 @@ pub struct SessionRequest {
     /// "on-failure" | "always", "max_restarts", "window", "backoff"}` (default `never`).
     #[serde(default)]
     pub restart_policy: Option<RestartPolicy>,
+    /// 0 (lowest) to 100; higher is admitted first when sessions wait for capacity (default 10,
+    /// Backend.AI's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 100)]
+    pub priority: Option<i64>,
+    /// `false`: answer 409 `no-capacity` (or `concurrency-limit`) at once instead of queueing
+    /// the session `PENDING` when nothing fits now (default `true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueue: Option<bool>,
+    /// Tests only (a `fault-injection` build): passed to the agent as the kernel config's
+    /// `_inject` (fail or pause a stage).
+    #[cfg(feature = "fault-injection")]
+    #[serde(default, rename = "_inject", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub inject: Option<serde_json::Value>,
 }
 
 impl SessionRequest {
+    /// The priority, checked: 0–100, [`crate::model::queue::DEFAULT_PRIORITY`] when absent.
+    ///
+    /// Errors: [`InvalidField`] naming the range (400 `invalid-request`).
+    pub fn checked_priority(&self) -> Result<i64, InvalidField> {
+        let p = self
+            .priority
+            .unwrap_or(crate::model::queue::DEFAULT_PRIORITY);
+        if crate::model::queue::PRIORITY_RANGE.contains(&p) {
+            Ok(p)
+        } else {
+            Err(InvalidField(format!(
+                "`priority` must be 0 to 100 (higher first), not {p}"
+            )))
+        }
+    }
+
     /// The session type, checked: `interactive` or `batch`; `command` required for batch,
     /// non-blank when given; `batch_timeout` positive and batch only; `restart_policy` within
     /// its bounds.
@@ -257,7 +300,7 @@ impl SessionRequest {
 }
 
 /// A service port a session asks for (`POST /v1/sessions`).
-#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServicePortSpec {
     /// Service name (its def file is `/etc/backend.ai/service-defs/<name>.json` in the image).
@@ -331,7 +374,8 @@ pub struct Session {
     /// Image reference.
     #[schema(required = true)]
     pub image: String,
-    /// `PENDING`, `PREPARING`, …, `RUNNING`, …, `TERMINATED`.
+    /// `PENDING` (queued), `SCHEDULED`, `PREPARING`, …, `RUNNING`, …, `TERMINATED`,
+    /// `CANCELLED`.
     // A `KernelStatus` name; a string, so that a reader takes a status it does not know yet.
     #[schema(required = true)]
     pub status: String,
@@ -376,6 +420,22 @@ pub struct Session {
     /// null when its agent had the image.
     #[schema(required = true)]
     pub pull_progress: Option<crate::model::pull::PullProgress>,
+    /// 0 (lowest) to 100: its place in the queue's order.
+    #[schema(required = true)]
+    pub priority: i64,
+    /// While `PENDING`: why it waits; null otherwise.
+    #[schema(required = true)]
+    pub pending_reason: Option<crate::model::queue::PendingReason>,
+    /// While `PENDING`: 1 for the next session to be admitted, in priority then queue order;
+    /// null otherwise.
+    #[schema(required = true)]
+    pub queue_position: Option<i64>,
+    /// Unix seconds it entered the queue; null when it was placed at once.
+    #[schema(required = true)]
+    pub queued_at: Option<f64>,
+    /// Unix seconds it left the queue (was placed); null while pending or when never queued.
+    #[schema(required = true)]
+    pub admitted_at: Option<f64>,
     /// `GET /v1/sessions/{id}` only: its kernel's stage actors in order, as its agent reports
     /// them; null once it has ended or when the agent does not answer within 2 s.
     // Absent from the other answers: the outer `None`.
@@ -453,13 +513,20 @@ pub struct SessionCreated {
     /// Kernel UUID.
     #[schema(required = true)]
     pub kernel_id: String,
-    /// The agent it runs on.
+    /// The agent it runs on; empty while `PENDING`.
     #[schema(required = true)]
     pub agent_id: String,
     /// `RUNNING` when the agent has started it; `PULLING` when its image is still being pulled
-    /// (the session goes on by itself: follow it with `GET /v1/sessions/{id}`).
+    /// (the session goes on by itself: follow it with `GET /v1/sessions/{id}`); `PENDING` when
+    /// it waits in the queue for capacity.
     #[schema(required = true)]
     pub status: String,
+    /// While `PENDING`: why it waits; null otherwise.
+    #[schema(required = true)]
+    pub pending_reason: Option<crate::model::queue::PendingReason>,
+    /// While `PENDING`: its place in the queue (1 = next); null otherwise.
+    #[schema(required = true)]
+    pub queue_position: Option<i64>,
 }
 
 /// `GET /v1/sessions`'s answer.

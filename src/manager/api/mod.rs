@@ -85,6 +85,12 @@ pub fn session(k: &KernelRow) -> Session {
         pull_progress: k.pull_progress,
         created_at: Some(k.created_at),
         terminated_at: k.terminated_at,
+        priority: k.priority,
+        pending_reason: k.pending_reason.clone().filter(|_| k.is_pending()),
+        // Filled in by the handlers that answer a queued session (a store query).
+        queue_position: None,
+        queued_at: k.queued_at,
+        admitted_at: k.admitted_at,
         stages: None,
     }
 }
@@ -388,6 +394,11 @@ mod tests {
                 .into(),
             restart_count: 0,
             pull_progress: None,
+            priority: 10,
+            queued_at: None,
+            admitted_at: None,
+            pending_reason: None,
+            status_changed_at: 1.5,
         }
     }
 

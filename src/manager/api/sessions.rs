@@ -26,7 +26,10 @@ use crate::model::session::{
 use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
 
 /// Creates a session: places its kernel on the least-loaded `ALIVE` agent with enough free
-/// slots and answers when the agent has answered. On any error nothing stays reserved.
+/// slots and answers when the agent has answered; when nothing fits now (but an agent could
+/// fit it in total) the session is queued `PENDING` with its `pending_reason` and
+/// `queue_position`, unless the request says `"enqueue": false`. On any error nothing stays
+/// reserved.
 #[utoipa::path(
     post,
     path = "/v1/sessions",
@@ -34,11 +37,11 @@ use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
     tag = "sessions",
     request_body = SessionRequest,
     responses(
-        (status = 201, description = "Created", body = SessionCreated),
+        (status = 201, description = "Created (`RUNNING`, `PULLING`), or queued (`PENDING`, with `pending_reason` and `queue_position`)", body = SessionCreated),
         (status = 400, description = "`invalid-request` (malformed JSON, a missing or ill-typed field, a bad slot amount, type, command or mount), `image-not-found`, `slots-exceed-capacity`", body = ErrorBody),
         (status = 403, description = "`forbidden`: a user key naming another `access_key`", body = ErrorBody),
         (status = 404, description = "`access-key-not-found` (an admin naming an unknown key), `vfolder-not-found`", body = ErrorBody),
-        (status = 409, description = "`no-capacity`: every agent that could fit it is full now", body = ErrorBody),
+        (status = 409, description = "`no-capacity`: with `\"enqueue\": false`, every agent that could fit it is full now (or cordoned)", body = ErrorBody),
         (status = 429, description = "`concurrency-limit-exceeded`", body = ErrorBody),
         (status = 503, description = "`starting-up` (with `Retry-After`), `no-agents`, `store-unavailable`", body = ErrorBody),
         responses::AgentFailed,
@@ -67,7 +70,13 @@ pub(super) async fn create(
     }
     .await;
     let k = count_error(&s, r)?;
+    let queue_position = match k.is_pending() {
+        true => Some(s.store.queue_position(&k).await?),
+        false => None,
+    };
     let created = SessionCreated {
+        pending_reason: k.pending_reason.clone().filter(|_| k.is_pending()),
+        queue_position,
         session_id: k.session_id,
         kernel_id: k.id,
         agent_id: k.agent_id,
@@ -164,7 +173,17 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
         None => Some(caller.access_key.as_str()),
     };
     let rows = s.store.kernels(of, q.all).await?;
-    let sessions = rows.iter().map(session).collect();
+    let positions = match rows.iter().any(KernelRow::is_pending) {
+        true => s.store.queue_positions().await?,
+        false => Default::default(),
+    };
+    let sessions = rows
+        .iter()
+        .map(|k| Session {
+            queue_position: positions.get(&k.id).copied(),
+            ..session(k)
+        })
+        .collect();
     reply(HttpResponse::Ok(), &SessionList { sessions })
 }
 
@@ -184,8 +203,13 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
 pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     not_in_grace(&s).await?;
     let k = owned_kernel(&s, &caller, &id).await?;
+    let queue_position = match k.is_pending() {
+        true => Some(s.store.queue_position(&k).await?),
+        false => None,
+    };
     let body = Session {
         stages: Some(stages(&s, &k).await),
+        queue_position,
         ..session(&k)
     };
     reply(HttpResponse::Ok(), &body)
@@ -199,7 +223,7 @@ const STAGES_TIMEOUT: Duration = Duration::from_secs(2);
 /// agent does not answer in time, or its answer has no such list (the session itself still
 /// answers).
 async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
-    if !k.is_live() || k.status == KernelStatus::Pending.as_str() {
+    if !k.is_live() || k.is_pending() || k.status == KernelStatus::Scheduled.as_str() {
         return None;
     }
     let args = KernelIdArgs {

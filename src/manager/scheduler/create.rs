@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use rmpv::Value;
 
-use super::place::{parse_request, place};
+use super::place::{parse_request, place, PlaceError};
 use super::pull::{PullOutcome, PullPhase};
 use super::Scheduler;
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
@@ -16,12 +16,14 @@ use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store};
+use crate::model::queue::{PendingCode, PendingReason};
 use crate::model::session::{MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
     ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
     KernelCreationConfig, ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
 };
 use crate::rpc::agent_api::{decode_reply, encode_args, to_value};
+use crate::slots::ResourceSlots;
 use crate::workload::RestartPolicy;
 
 /// Placements tried before a create gives up with `no-capacity` when every try lost a race for
@@ -33,7 +35,7 @@ const MAX_PLACEMENT_ATTEMPTS: u32 = 5;
 ///
 /// Errors: 400 for a bad name or permission or a name mounted twice, 404
 /// `vfolder-not-found` for a name the owner has no vfolder of.
-async fn resolve_mounts(
+pub(super) async fn resolve_mounts(
     store: &Store,
     owner: &str,
     mounts: &[MountSpec],
@@ -63,7 +65,8 @@ async fn resolve_mounts(
     Ok(out)
 }
 
-/// Creates a session: its kernel row as stored after the agent answered.
+/// Creates a session: its kernel row as stored after the agent answered, or `PENDING` when it
+/// was queued.
 #[derive(Message)]
 #[rtype(result = "Result<KernelRow, ManagerError>")]
 pub struct CreateSession {
@@ -73,19 +76,83 @@ pub struct CreateSession {
     pub request: SessionRequest,
 }
 
+/// A session's kernel placed and reserved on an agent: what its creation needs.
+pub(super) struct Placed {
+    pub(super) owner: String,
+    pub(super) request: SessionRequest,
+    pub(super) kernel_id: String,
+    pub(super) session_id: String,
+    pub(super) agent_id: String,
+    pub(super) slots: ResourceSlots,
+    pub(super) mounts: Vec<VFolderMount>,
+}
+
+/// The scheduler's parts a creation uses, cloned out of the actor.
+#[derive(Clone)]
+pub(super) struct Launcher {
+    pub(super) store: Store,
+    pub(super) pool: Addr<crate::manager::pool::AgentPool>,
+    pub(super) metrics: std::sync::Arc<crate::manager::metrics::ManagerMetrics>,
+    pub(super) spec: super::SchedulerSpec,
+}
+
+/// Whether the caller waits for the creation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waiter {
+    /// `POST /v1/sessions` waits (a short pull answers `PULLING` and goes on): a failure
+    /// discards the row and is the caller's error.
+    Caller,
+    /// An admission from the queue: nobody waits; a failure ends the session `TERMINATED`
+    /// with the error's code as its reason.
+    Nobody,
+}
+
+/// The stored row of a session that was queued or placed.
+fn new_kernel(
+    owner: &str,
+    req: &SessionRequest,
+    ids: (&str, &str),
+    agent_id: &str,
+    slots: &ResourceSlots,
+    priority: i64,
+) -> Result<NewKernel, ManagerError> {
+    Ok(NewKernel {
+        id: ids.0.to_owned(),
+        session_id: ids.1.to_owned(),
+        agent_id: agent_id.to_owned(),
+        access_key: owner.to_owned(),
+        image: req.image.clone(),
+        resource_slots: slots.clone(),
+        session_type: req.checked_type()?.as_str().to_owned(),
+        command: req.command.clone(),
+        batch_timeout: req.batch_timeout,
+        mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
+        restart_policy: serde_json::to_string(&req.restart_policy.unwrap_or_default())
+            .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
+        priority,
+    })
+}
+
+/// What a direct placement ended in when it did not place.
+enum Unplaced {
+    /// Nothing fits now: queue it with this reason (or refuse it with the error).
+    Wait(PendingReason, ManagerError),
+    /// A hard error (the request is wrong, the store failed).
+    Error(ManagerError),
+}
+
 impl Handler<CreateSession> for Scheduler {
     type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
 
-    fn handle(&mut self, msg: CreateSession, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: CreateSession, ctx: &mut Context<Self>) -> Self::Result {
         let (owner, req) = (msg.owner, msg.request);
-        let (store, pool, registry, metrics, spec, placing) = (
+        let (store, registry, placing, launcher) = (
             self.store.clone(),
-            self.pool.clone(),
             self.registry.clone(),
-            self.metrics.clone(),
-            self.spec.clone(),
             self.placing.clone(),
+            self.launcher(),
         );
+        let me = ctx.address();
         Box::pin(async move {
             if req.image.trim().is_empty() {
                 return Err(ManagerError::InvalidRequest(
@@ -97,175 +164,309 @@ impl Handler<CreateSession> for Scheduler {
                     "`access_key` must not be empty".into(),
                 ));
             }
-            let session_type = req.checked_type()?;
+            req.checked_type()?;
+            let priority = req.checked_priority()?;
+            let enqueue = req.enqueue.unwrap_or(true);
             let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
             let kernel_id = uuid::Uuid::new_v4().to_string();
             let session_id = uuid::Uuid::new_v4().to_string();
-            let (agent_id, slots) = {
+            let ids = (kernel_id.as_str(), session_id.as_str());
+            let placed = {
                 // One placement at a time per replica; the store serializes reservations on an
                 // agent across replicas and re-checks its room, so a lost race places again.
                 let _guard = placing.lock().await;
                 let all = registry.send(PlacementCandidates).await?;
-                let slots = parse_request(&req.resource_slots, &all)?;
-                let images = registry.send(AgentImages).await?;
-                // Agents the store turned out to hold LOST/PENDING (rare: copied only then).
-                let mut fewer: Option<Vec<AgentRow>> = None;
-                let mut attempt = 0;
-                loop {
-                    attempt += 1;
-                    let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(&all);
-                    let usage = store.usage_by_agent().await?;
-                    let agent_id = place(candidates, &usage, &slots, &req.image, &images)?;
-                    let total = candidates
-                        .iter()
-                        .find(|a| a.id == agent_id)
-                        .map(|a| a.slots_total.clone())
-                        .unwrap_or_default();
-                    let new = NewKernel {
-                        id: kernel_id.clone(),
-                        session_id: session_id.clone(),
-                        agent_id: agent_id.clone(),
-                        access_key: owner.clone(),
-                        image: req.image.clone(),
-                        resource_slots: slots.clone(),
-                        session_type: session_type.as_str().to_owned(),
-                        command: req.command.clone(),
-                        batch_timeout: req.batch_timeout,
-                        mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
-                        restart_policy: serde_json::to_string(
-                            &req.restart_policy.unwrap_or_default(),
-                        )
-                        .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
-                    };
-                    match store.reserve_kernel(&new, &total).await {
-                        Ok(()) => break (agent_id, slots),
+                let slots = match parse_request(&req.resource_slots, &all) {
+                    // No agent at all: a request of the built-in slots can wait for one.
+                    Err(ManagerError::NoAgents) if enqueue => {
+                        parse_request(&req.resource_slots, &[fake_builtin_agent()])?
+                    }
+                    other => other?,
+                };
+                let ahead = match enqueue {
+                    true => store.queued_at_or_above(priority).await?,
+                    false => 0,
+                };
+                let outcome = if ahead > 0 {
+                    // Sessions of its priority or higher wait: it queues behind them, so that
+                    // the queue's order holds.
+                    Err(Unplaced::Wait(
+                        PendingReason::new(
+                            PendingCode::Priority,
+                            format!("{ahead} session(s) of priority {priority} or higher are ahead of it"),
+                        ),
+                        ManagerError::NoCapacity(String::new()),
+                    ))
+                } else {
+                    place_now(&store, &registry, &all, &owner, &req, ids, &slots, priority).await
+                };
+                match outcome {
+                    Ok(agent_id) => Ok((agent_id, slots)),
+                    Err(Unplaced::Error(e)) => return Err(e),
+                    Err(Unplaced::Wait(reason, e)) if !enqueue => {
+                        let _ = reason;
+                        return Err(e);
+                    }
+                    Err(Unplaced::Wait(reason, _)) => Err((reason, slots)),
+                }
+            };
+            let (agent_id, slots) = match placed {
+                Ok(placed) => placed,
+                Err((reason, slots)) => {
+                    let new = new_kernel(&owner, &req, ids, "", &slots, priority)?;
+                    let request = serde_json::to_string(&req)
+                        .map_err(|e| ManagerError::Internal(e.to_string()))?;
+                    let row = match store.enqueue_kernel(&new, &request, &reason).await {
+                        Ok(row) => row,
                         Err(ReserveError::UnknownAccessKey(k)) => {
                             return Err(ManagerError::AccessKeyNotFound(k))
                         }
-                        Err(e @ ReserveError::ConcurrencyLimit(..)) => {
-                            return Err(ManagerError::ConcurrencyLimit(e.to_string()))
-                        }
-                        Err(ReserveError::Store(e)) => return Err(e.into()),
-                        Err(e) if attempt >= MAX_PLACEMENT_ATTEMPTS => {
-                            tracing::warn!(error = %e, attempt, "placement kept losing races");
-                            return Err(ManagerError::NoCapacity(format!(
-                                "{e}; retry after a session ends"
-                            )));
-                        }
-                        Err(ReserveError::AgentNotAlive(id, status)) => {
-                            tracing::info!(agent_id = %id, %status, "placement: the store holds the agent not alive; placing elsewhere");
-                            let mut rest = candidates.to_vec();
-                            rest.retain(|a| a.id != id);
-                            fewer = Some(rest);
-                        }
-                        Err(ReserveError::NoRoom(id)) => {
-                            tracing::debug!(agent_id = %id, attempt, "placement: lost a race for the agent's slots; placing again");
-                        }
-                    }
+                        Err(e) => return Err(ManagerError::Internal(e.to_string())),
+                    };
+                    tracing::info!(session_id = %session_id, priority, reason = %reason.code, "session queued");
+                    me.do_send(super::admit::AdmitNow);
+                    return Ok(row);
                 }
             };
-            let mut environ: BTreeMap<String, Value> = req
-                .environ
-                .iter()
-                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-                .collect();
-            environ.insert(ACCESS_KEY_ENV.into(), owner.as_str().into());
-            let config = KernelCreationConfig {
-                image: ImageConfig {
-                    registry: spec.registries.for_image(&req.image),
-                    ..ImageConfig::by_reference(&req.image)
-                },
-                kernel_id: Some(kernel_id.clone()),
-                session_id: Some(session_id.clone()),
-                network_id: Some(session_id.clone()),
-                session_type: match session_type {
-                    SessionType::Batch => SessionTypes::Batch,
-                    SessionType::Interactive => SessionTypes::Interactive,
-                },
-                cluster_role: Some("main".into()),
-                cluster_idx: Some(1),
-                cluster_hostname: Some("main1".into()),
-                resource_slots: match slots.to_msgpack() {
-                    Value::Map(m) => m
-                        .into_iter()
-                        .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
-                        .collect(),
-                    _ => BTreeMap::new(),
-                },
-                environ,
+            let placed = Placed {
+                owner,
+                request: req,
+                kernel_id: kernel_id.clone(),
+                session_id,
+                agent_id,
+                slots,
                 mounts,
-                startup_command: req.command.clone(),
-                service_ports: req
-                    .service_ports
-                    .iter()
-                    .map(|sp| WireServicePort {
-                        name: sp.name.clone(),
-                        protocol: sp.protocol.clone().unwrap_or_else(|| "tcp".into()),
-                        container_ports: sp.container_ports.clone(),
-                    })
-                    .collect(),
-                batch_timeout: req.batch_timeout,
-                restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
-                agent_addr: None,
-                ..KernelCreationConfig::default()
             };
-            let creation = Creation {
-                pool: pool.clone(),
-                metrics: metrics.clone(),
-                store: store.clone(),
-                agent_id: agent_id.clone(),
-                kernel_id: kernel_id.clone(),
-                session_id: session_id.clone(),
-                config,
-                create_timeout: spec.create_timeout,
-                destroy_timeout: spec.destroy_timeout,
-            };
-            let pull = PullPhase {
-                pool: pool.clone(),
-                metrics: metrics.clone(),
-                store: store.clone(),
-                agent_id: agent_id.clone(),
-                kernel_id: kernel_id.clone(),
-                image: creation.config.image.clone(),
-            };
-            let follow = match pull.start().await {
-                Ok(follow) => follow,
-                Err(e) => {
-                    store.discard_reservation(&kernel_id).await?;
-                    return Err(e);
-                }
-            };
-            if follow {
-                let now = Instant::now();
-                match pull
-                    .follow(now + PULL_ANSWER_WAIT, now + spec.create_timeout)
-                    .await
-                {
-                    PullOutcome::Ready => {}
-                    PullOutcome::Failed(e) => {
-                        store.discard_reservation(&kernel_id).await?;
-                        return Err(e);
-                    }
-                    PullOutcome::Pulling => {
-                        // A long pull: answer `PULLING` now; the pull and the create go on.
-                        actix::spawn(finish_in_background(
-                            pull,
-                            creation,
-                            now + spec.image_pull_timeout,
-                        ));
-                        return store.kernel(&kernel_id).await?.ok_or_else(|| {
-                            ManagerError::Internal("pulling kernel row vanished".into())
-                        });
-                    }
-                }
-            }
-            creation.create(OnRefusal::Discard).await?;
+            launcher.launch(placed, Waiter::Caller).await?;
             store
                 .kernel(&kernel_id)
                 .await?
                 .ok_or_else(|| ManagerError::Internal("created kernel row vanished".into()))
         })
     }
+}
+
+/// An agent with only the built-in slots, to parse a request by when no agent is `ALIVE`.
+fn fake_builtin_agent() -> AgentRow {
+    AgentRow {
+        id: String::new(),
+        status: crate::manager::registry::AgentStatus::Alive,
+        addr: None,
+        public_key: None,
+        region: None,
+        version: None,
+        slots_total: ResourceSlots::new(),
+        slot_types: crate::slots::builtin_types(),
+        last_heartbeat: None,
+        seen_at: 0.0,
+        status_changed: 0.0,
+        schedulable: false,
+        draining: false,
+        drain_deadline: None,
+    }
+}
+
+/// Places and reserves a session now (retrying lost races): the agent it is reserved on.
+#[allow(clippy::too_many_arguments)]
+async fn place_now(
+    store: &Store,
+    registry: &Addr<crate::manager::registry::AgentRegistry>,
+    all: &[AgentRow],
+    owner: &str,
+    req: &SessionRequest,
+    ids: (&str, &str),
+    slots: &ResourceSlots,
+    priority: i64,
+) -> Result<String, Unplaced> {
+    let images = registry
+        .send(AgentImages)
+        .await
+        .map_err(|e| Unplaced::Error(e.into()))?;
+    // Agents the store turned out to hold LOST/PENDING (rare: copied only then).
+    let mut fewer: Option<Vec<AgentRow>> = None;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(all);
+        let usage = store
+            .usage_by_agent()
+            .await
+            .map_err(|e| Unplaced::Error(e.into()))?;
+        let agent_id = match place(candidates, &usage, slots, &req.image, &images) {
+            Ok(id) => id,
+            Err(e @ PlaceError::SlotsExceedCapacity(_)) => return Err(Unplaced::Error(e.into())),
+            Err(e) => return Err(Unplaced::Wait(e.pending_reason(), e.into())),
+        };
+        let total = candidates
+            .iter()
+            .find(|a| a.id == agent_id)
+            .map(|a| a.slots_total.clone())
+            .unwrap_or_default();
+        let new =
+            new_kernel(owner, req, ids, &agent_id, slots, priority).map_err(Unplaced::Error)?;
+        match store.reserve_kernel(&new, &total).await {
+            Ok(()) => return Ok(agent_id),
+            Err(ReserveError::UnknownAccessKey(k)) => {
+                return Err(Unplaced::Error(ManagerError::AccessKeyNotFound(k)))
+            }
+            Err(e @ ReserveError::ConcurrencyLimit(..)) => {
+                return Err(Unplaced::Wait(
+                    PendingReason::new(PendingCode::ConcurrencyLimit, e.to_string()),
+                    ManagerError::ConcurrencyLimit(e.to_string()),
+                ))
+            }
+            Err(ReserveError::Store(e)) => return Err(Unplaced::Error(e.into())),
+            Err(e) if attempt >= MAX_PLACEMENT_ATTEMPTS => {
+                tracing::warn!(error = %e, attempt, "placement kept losing races");
+                return Err(Unplaced::Wait(
+                    PendingReason::new(PendingCode::NoCapacity, e.to_string()),
+                    ManagerError::NoCapacity(format!("{e}; retry after a session ends")),
+                ));
+            }
+            Err(ReserveError::AgentNotAlive(id, status)) => {
+                tracing::info!(agent_id = %id, %status, "placement: the store holds the agent not alive; placing elsewhere");
+                let mut rest = candidates.to_vec();
+                rest.retain(|a| a.id != id);
+                fewer = Some(rest);
+            }
+            Err(ReserveError::NoRoom(id)) => {
+                tracing::debug!(agent_id = %id, attempt, "placement: lost a race for the agent's slots; placing again");
+            }
+        }
+    }
+}
+
+impl Launcher {
+    /// Creates a placed kernel: builds its `KernelCreationConfig`, pulls its image when its
+    /// agent lacks it, and calls `create_kernels`. With [`Waiter::Caller`] a pull longer than
+    /// 2 s goes on in the background (the row shows `PULLING`) and a failure discards the
+    /// reservation; with [`Waiter::Nobody`] a failure ends the session `TERMINATED` with the
+    /// error's code as its reason. Either way, no failure leaves a reservation behind.
+    pub(super) async fn launch(&self, p: Placed, waiter: Waiter) -> Result<(), ManagerError> {
+        let Launcher {
+            store,
+            pool,
+            metrics,
+            spec,
+        } = self.clone();
+        let req = &p.request;
+        let session_type = req.checked_type()?;
+        let mut environ: BTreeMap<String, Value> = req
+            .environ
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        environ.insert(ACCESS_KEY_ENV.into(), p.owner.as_str().into());
+        let config = KernelCreationConfig {
+            image: ImageConfig {
+                registry: spec.registries.for_image(&req.image),
+                ..ImageConfig::by_reference(&req.image)
+            },
+            kernel_id: Some(p.kernel_id.clone()),
+            session_id: Some(p.session_id.clone()),
+            network_id: Some(p.session_id.clone()),
+            session_type: match session_type {
+                SessionType::Batch => SessionTypes::Batch,
+                SessionType::Interactive => SessionTypes::Interactive,
+            },
+            cluster_role: Some("main".into()),
+            cluster_idx: Some(1),
+            cluster_hostname: Some("main1".into()),
+            resource_slots: match p.slots.to_msgpack() {
+                Value::Map(m) => m
+                    .into_iter()
+                    .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
+                    .collect(),
+                _ => BTreeMap::new(),
+            },
+            environ,
+            mounts: p.mounts,
+            startup_command: req.command.clone(),
+            service_ports: req
+                .service_ports
+                .iter()
+                .map(|sp| WireServicePort {
+                    name: sp.name.clone(),
+                    protocol: sp.protocol.clone().unwrap_or_else(|| "tcp".into()),
+                    container_ports: sp.container_ports.clone(),
+                })
+                .collect(),
+            batch_timeout: req.batch_timeout,
+            restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
+            agent_addr: None,
+            #[cfg(feature = "fault-injection")]
+            inject: req.inject.as_ref().map(json_to_msgpack),
+            ..KernelCreationConfig::default()
+        };
+        let on_refusal = match waiter {
+            Waiter::Caller => OnRefusal::Discard,
+            Waiter::Nobody => OnRefusal::Terminate,
+        };
+        let kernel_id = p.kernel_id.clone();
+        // A failure before the agent was asked: undo the reservation the way the waiter needs.
+        let undo = |e: ManagerError| {
+            let (store, kernel_id) = (store.clone(), kernel_id.clone());
+            async move {
+                match on_refusal {
+                    OnRefusal::Discard => store.discard_reservation(&kernel_id).await?,
+                    OnRefusal::Terminate => {
+                        store.terminate_kernel(&kernel_id, e.code(), None).await?
+                    }
+                };
+                Err::<(), ManagerError>(e)
+            }
+        };
+        let creation = Creation {
+            pool: pool.clone(),
+            metrics: metrics.clone(),
+            store: store.clone(),
+            agent_id: p.agent_id.clone(),
+            kernel_id: p.kernel_id.clone(),
+            session_id: p.session_id.clone(),
+            config,
+            create_timeout: spec.create_timeout,
+            destroy_timeout: spec.destroy_timeout,
+        };
+        let pull = PullPhase {
+            pool: pool.clone(),
+            metrics: metrics.clone(),
+            store: store.clone(),
+            agent_id: p.agent_id.clone(),
+            kernel_id: p.kernel_id.clone(),
+            image: creation.config.image.clone(),
+        };
+        let follow = match pull.start().await {
+            Ok(follow) => follow,
+            Err(e) => return undo(e).await,
+        };
+        if follow {
+            let now = Instant::now();
+            let answer_by = match waiter {
+                Waiter::Caller => now + PULL_ANSWER_WAIT,
+                Waiter::Nobody => now,
+            };
+            match pull.follow(answer_by, now + spec.create_timeout).await {
+                PullOutcome::Ready => {}
+                PullOutcome::Failed(e) => return undo(e).await,
+                PullOutcome::Pulling => {
+                    // A long pull: answer `PULLING` now; the pull and the create go on.
+                    actix::spawn(finish_in_background(
+                        pull,
+                        creation,
+                        now + spec.image_pull_timeout,
+                    ));
+                    return Ok(());
+                }
+            }
+        }
+        creation.create(on_refusal).await
+    }
+}
+
+/// A JSON value as msgpack (the fault-injection `_inject` passthrough).
+#[cfg(feature = "fault-injection")]
+fn json_to_msgpack(v: &serde_json::Value) -> Value {
+    rmpv::ext::to_value(v).unwrap_or(Value::Nil)
 }
 
 /// How long `POST /v1/sessions` waits for a pull before it answers `PULLING` and lets the pull

@@ -1,4 +1,5 @@
-//! `DestroySession`: `destroy_kernel` on the agent, then out of the live set.
+//! `DestroySession`: `destroy_kernel` on the agent, then out of the live set; a queued
+//! (`PENDING`) session is `CANCELLED` without any agent call.
 
 use actix::prelude::*;
 
@@ -34,6 +35,14 @@ impl Handler<DestroySession> for Scheduler {
                 .ok_or_else(|| ManagerError::SessionNotFound(id.clone()))?;
             if !k.is_live() {
                 return Ok(k);
+            }
+            if k.is_pending() {
+                // Queued: no agent holds anything of it.
+                store.cancel_pending(&k.id, "user-requested").await?;
+                return store
+                    .kernel(&k.id)
+                    .await?
+                    .ok_or(ManagerError::SessionNotFound(id));
             }
             let args = DestroyKernelArgs {
                 kernel_id: k.id.clone(),

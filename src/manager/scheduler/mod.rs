@@ -6,15 +6,21 @@
 //! same free slots; the agent call runs outside the lock. On any failure the reservation is
 //! undone in the store: no kernel stays live and `concurrency_used` is as before.
 //!
-//! One file per concern (the request body is `model::session::SessionRequest`): the pure placement (`place.rs`),
-//! and one per message: create (`create.rs`), destroy (`destroy.rs`), execute and logs
-//! (`exec.rs`).
+//! A session that does not fit now waits in the queue (`PENDING` rows in the store): the
+//! leader's admission rounds (`admit.rs`, planned by the pure `queue.rs`) place it once room
+//! frees, in priority order, FIFO or DRF within a priority.
+//!
+//! One file per concern (the request body is `model::session::SessionRequest`): the pure
+//! placement (`place.rs`) and queue order (`queue.rs`), and one per message: create
+//! (`create.rs`), admission (`admit.rs`), destroy (`destroy.rs`), execute and logs (`exec.rs`).
 
+mod admit;
 mod create;
 mod destroy;
 mod exec;
 mod place;
 mod pull;
+mod queue;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,17 +28,19 @@ use std::time::Duration;
 use actix::prelude::*;
 
 pub use crate::model::session::{MountSpec, ServicePortSpec, SessionRequest};
+pub use admit::AdmitNow;
 pub use create::CreateSession;
 pub use destroy::DestroySession;
 pub use exec::{ExecuteInSession, LogsChunk, ReadLogs};
-pub use place::{known_slot_types, parse_request, place};
+pub use place::{known_slot_types, parse_request, place, PlaceError};
+pub use queue::{dominant_share, plan, Fleet, Plan};
 
 use super::metrics::ManagerMetrics;
 use super::pool::AgentPool;
 use super::registry::AgentRegistry;
 use super::store::Store;
 
-/// Agent call deadlines.
+/// Agent call deadlines and the queue's settings (`[scheduler]`).
 #[derive(Clone, Debug)]
 pub struct SchedulerSpec {
     /// `create_kernels`.
@@ -48,6 +56,14 @@ pub struct SchedulerSpec {
     pub image_pull_timeout: Duration,
     /// The registries' credentials, put into each kernel's `ImageConfig.registry`.
     pub registries: Arc<crate::manager::image_registries::ImageRegistries>,
+    /// Admission order within a priority.
+    pub policy: crate::model::queue::QueuePolicy,
+    /// Rounds a head that does not fit holds back the sessions after it.
+    pub head_skip_rounds: u32,
+    /// Period of the admission rounds.
+    pub admission_interval: Duration,
+    /// Queued sessions one round looks at.
+    pub admission_window: u32,
 }
 
 /// The scheduler actor.
@@ -57,7 +73,14 @@ pub struct Scheduler {
     registry: Addr<AgentRegistry>,
     metrics: Arc<ManagerMetrics>,
     spec: SchedulerSpec,
+    /// Held while placing: by a direct create, and by an admission round.
     placing: Arc<tokio::sync::Mutex<()>>,
+    /// Only the leader admits from the queue.
+    leader: crate::manager::leader::Leadership,
+    /// An admission round is running.
+    round_running: bool,
+    /// Another round was asked for while one ran.
+    round_again: bool,
 }
 
 impl Scheduler {
@@ -68,6 +91,7 @@ impl Scheduler {
         registry: Addr<AgentRegistry>,
         metrics: Arc<ManagerMetrics>,
         spec: SchedulerSpec,
+        leader: crate::manager::leader::Leadership,
     ) -> Self {
         Scheduler {
             store,
@@ -76,10 +100,41 @@ impl Scheduler {
             metrics,
             spec,
             placing: Arc::new(tokio::sync::Mutex::new(())),
+            leader,
+            round_running: false,
+            round_again: false,
+        }
+    }
+
+    /// The parts a kernel's creation needs.
+    fn launcher(&self) -> create::Launcher {
+        create::Launcher {
+            store: self.store.clone(),
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            spec: self.spec.clone(),
         }
     }
 }
 
 impl Actor for Scheduler {
     type Context = Context<Self>;
+
+    /// Admission rounds: every `admission-interval`, and whenever this replica ends a kernel.
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.spec.admission_interval, |act, ctx| {
+            act.start_round(ctx)
+        });
+        let released = self.store.released();
+        let me = ctx.address().downgrade();
+        actix::spawn(async move {
+            loop {
+                released.notified().await;
+                match me.upgrade() {
+                    Some(addr) => addr.do_send(AdmitNow),
+                    None => break,
+                }
+            }
+        });
+    }
 }

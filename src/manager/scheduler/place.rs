@@ -7,6 +7,7 @@ use crate::agent::node::normalize_image;
 use crate::manager::error::ManagerError;
 use crate::manager::registry::AgentImageSets;
 use crate::manager::store::{AgentRow, Usage};
+use crate::model::queue::{PendingCode, PendingReason};
 use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
 
 /// The slot types a request may name: the built-in `cpu` / `mem` and every slot type the
@@ -50,13 +51,71 @@ fn load_after(total: &ResourceSlots, used: &ResourceSlots, req: &ResourceSlots) 
     ResourceSlots::load(&after, total)
 }
 
-/// Picks the agent for `req` (a session of `image`) over every slot: among the `candidates`
-/// whose total has every non-zero slot of `req` and whose free slots (`total − usage`) fit it,
-/// one that already holds `image` (`images`: agent id → the references its engine holds, from
-/// its heartbeats; compared as the engine names them, [`normalize_image`], so `python` matches
-/// `python:latest`), then the least loaded after placing it ([`load_after`]); ties go to fewer
-/// kernels, then the id. An agent without a slot the request needs (an accelerator) is never
-/// chosen, whatever it holds.
+/// Why [`place`] found no agent.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlaceError {
+    /// No `ALIVE` agent at all.
+    #[error("no agent is ALIVE")]
+    NoAgents,
+    /// No `ALIVE` agent has that much in total (the message names the slot and the largest).
+    #[error("{0}")]
+    SlotsExceedCapacity(String),
+    /// Only cordoned or draining agents (these ids, at most 5 named) could ever fit it.
+    #[error("only cordoned agents could fit it ({})", .0.join(", "))]
+    Cordoned(Vec<String>),
+    /// Every schedulable agent that could fit it in total is too full now: which slot is
+    /// short, and the most of it free on one agent.
+    #[error("{0}")]
+    NoCapacity(String),
+}
+
+impl PlaceError {
+    /// The manager error's code: `no-agents`, `slots-exceed-capacity`, `no-capacity`.
+    pub fn code(&self) -> &'static str {
+        ManagerError::from(self.clone()).code()
+    }
+
+    /// Why a queued session that this error left unplaced waits.
+    pub fn pending_reason(&self) -> PendingReason {
+        match self {
+            PlaceError::NoAgents => PendingReason::new(
+                PendingCode::NoAliveAgent,
+                "no agent is ALIVE; it is admitted when one joins",
+            ),
+            PlaceError::SlotsExceedCapacity(m) => PendingReason::new(
+                PendingCode::NoCapacity,
+                format!("{m}; it waits for such an agent to join"),
+            ),
+            PlaceError::Cordoned(_) => {
+                PendingReason::new(PendingCode::AgentsCordoned, format!("{self}"))
+            }
+            PlaceError::NoCapacity(m) => PendingReason::new(PendingCode::NoCapacity, m.clone()),
+        }
+    }
+}
+
+impl From<PlaceError> for ManagerError {
+    fn from(e: PlaceError) -> ManagerError {
+        match e {
+            PlaceError::NoAgents => ManagerError::NoAgents,
+            PlaceError::SlotsExceedCapacity(m) => ManagerError::SlotsExceedCapacity(m),
+            e @ PlaceError::Cordoned(_) => {
+                ManagerError::NoCapacity(format!("{e}; retry after they are uncordoned"))
+            }
+            PlaceError::NoCapacity(m) => {
+                ManagerError::NoCapacity(format!("{m}; retry after a session ends"))
+            }
+        }
+    }
+}
+
+/// Picks the agent for `req` (a session of `image`) over every slot: among the schedulable
+/// (not cordoned, not draining) `candidates` whose total has every non-zero slot of `req` and
+/// whose free slots (`total − usage`) fit it, one that already holds `image` (`images`: agent
+/// id → the references its engine holds, from its heartbeats; compared as the engine names
+/// them, [`normalize_image`], so `python` matches `python:latest`), then the least loaded after
+/// placing it ([`load_after`]); ties go to fewer kernels, then the id. An agent without a slot
+/// the request needs (an accelerator) is never chosen, whatever it holds.
 ///
 /// Image locality is Kubernetes' `ImageLocality` score plugin (kube-scheduler: nodes already
 /// holding a pod's images score higher, weighted by the images' size and spread). Here holding
@@ -64,17 +123,18 @@ fn load_after(total: &ResourceSlots, used: &ResourceSlots, req: &ResourceSlots) 
 /// more than any imbalance of load, so the second session of an image does not pull it again
 /// on another agent. An agent that cannot fit the request still loses to one that can.
 ///
-/// Errors: no candidates → `NoAgents`; none could ever fit (not in any agent's total) →
-/// `SlotsExceedCapacity`, naming the slot; none fits now → `NoCapacity`.
+/// Errors ([`PlaceError`]): no candidates → `NoAgents`; none could ever fit (not in any
+/// agent's total) → `SlotsExceedCapacity`, naming the slot; only cordoned ones could →
+/// `Cordoned`; none fits now → `NoCapacity`, naming the slot short and the most of it free.
 pub fn place(
     candidates: &[AgentRow],
     usage: &std::collections::HashMap<String, Usage>,
     req: &ResourceSlots,
     image: &str,
     images: &AgentImageSets,
-) -> Result<String, ManagerError> {
+) -> Result<String, PlaceError> {
     if candidates.is_empty() {
-        return Err(ManagerError::NoAgents);
+        return Err(PlaceError::NoAgents);
     }
     if !candidates
         .iter()
@@ -94,7 +154,7 @@ pub fn place(
             .find(|(_, want, largest)| want > largest)
             .map(|(slot, _, largest)| (slot.to_owned(), largest))
             .unwrap_or_else(|| ("(combined)".to_owned(), Amount::ZERO));
-        return Err(ManagerError::SlotsExceedCapacity(format!(
+        return Err(PlaceError::SlotsExceedCapacity(format!(
             "requested {req}: no ALIVE agent has that much in total (largest {slot}: {largest})"
         )));
     }
@@ -102,9 +162,11 @@ pub fn place(
     let wanted = normalize_image(image);
     // Whether it lacks the image: `false` (holds it) sorts first.
     let lacks = |a: &AgentRow| !images.get(&a.id).is_some_and(|s| s.contains(&wanted));
+    let schedulable = |a: &&AgentRow| a.schedulable && !a.draining;
     // Each candidate's load computed once (10,000 agents: one pass, not one per comparison).
     candidates
         .iter()
+        .filter(schedulable)
         .map(|a| (a, usage.get(&a.id).unwrap_or(&empty)))
         .filter(|(a, u)| req.fits_in(&a.slots_total.saturating_sub(&u.slots)).is_ok())
         .map(|(a, u)| {
@@ -122,11 +184,66 @@ pub fn place(
                 .then(a.id.cmp(&b.id))
         })
         .map(|(_, _, _, a)| a.id.clone())
-        .ok_or_else(|| {
-            ManagerError::NoCapacity(
-                "every agent that could run it is full; retry after a session ends".into(),
-            )
+        .ok_or_else(|| short_of(candidates, usage, req))
+}
+
+/// Why no schedulable agent fits `req` now (some agent fits it in total): only cordoned ones
+/// could, or the slot most short (compared with the most of it free on one schedulable agent
+/// that could fit it in total), or, when every slot alone fits somewhere, that no agent has
+/// all of them free at once (naming the least loaded such agent's free slots).
+fn short_of(
+    candidates: &[AgentRow],
+    usage: &std::collections::HashMap<String, Usage>,
+    req: &ResourceSlots,
+) -> PlaceError {
+    let empty = Usage::default();
+    let could: Vec<&AgentRow> = candidates
+        .iter()
+        .filter(|a| a.schedulable && !a.draining && req.fits_in(&a.slots_total).is_ok())
+        .collect();
+    if could.is_empty() {
+        let mut ids: Vec<String> = candidates
+            .iter()
+            .filter(|a| req.fits_in(&a.slots_total).is_ok())
+            .map(|a| a.id.clone())
+            .collect();
+        ids.sort();
+        ids.truncate(5);
+        return PlaceError::Cordoned(ids);
+    }
+    let free = |a: &AgentRow| {
+        a.slots_total
+            .saturating_sub(&usage.get(&a.id).unwrap_or(&empty).slots)
+    };
+    for (slot, want) in req.nonzero() {
+        let (most, agent) = could
+            .iter()
+            .map(|a| (free(a).get(slot), a.id.as_str()))
+            .max_by(|(x, ia), (y, ib)| x.cmp(y).then(ib.cmp(ia)))
+            .unwrap_or((Amount::ZERO, ""));
+        if want > most {
+            return PlaceError::NoCapacity(format!(
+                "not enough `{slot}` free: it needs {want}, the most free on one schedulable agent is {most} (agent {agent})"
+            ));
+        }
+    }
+    let best = could
+        .iter()
+        .min_by(|a, b| {
+            let (ua, ub) = (
+                usage.get(&a.id).unwrap_or(&empty),
+                usage.get(&b.id).unwrap_or(&empty),
+            );
+            ResourceSlots::load(&ua.slots, &a.slots_total)
+                .total_cmp(&ResourceSlots::load(&ub.slots, &b.slots_total))
+                .then(a.id.cmp(&b.id))
         })
+        .map(|a| (a.id.clone(), free(a)))
+        .unwrap_or_default();
+    PlaceError::NoCapacity(format!(
+        "no schedulable agent has all of {req} free at once (agent {} has {} free)",
+        best.0, best.1
+    ))
 }
 
 #[cfg(test)]
@@ -161,6 +278,9 @@ mod tests {
             last_heartbeat: None,
             seen_at: 0.0,
             status_changed: 0.0,
+            schedulable: true,
+            draining: false,
+            drain_deadline: None,
         }
     }
 
@@ -169,7 +289,7 @@ mod tests {
         candidates: &[AgentRow],
         usage: &HashMap<String, Usage>,
         req: &ResourceSlots,
-    ) -> Result<String, ManagerError> {
+    ) -> Result<String, PlaceError> {
         super::place(
             candidates,
             usage,

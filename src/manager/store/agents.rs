@@ -34,9 +34,17 @@ pub struct AgentRow {
     pub seen_at: f64,
     /// Unix seconds of its last status change.
     pub status_changed: f64,
+    /// Whether it takes new sessions (`false`: cordoned; Backend.AI's `schedulable`).
+    pub schedulable: bool,
+    /// Whether it is being drained (cordoned; its sessions end by themselves or at
+    /// `drain_deadline`).
+    pub draining: bool,
+    /// Unix seconds at which a drain terminates its remaining sessions (`agent-drained`);
+    /// `None` without a deadline.
+    pub drain_deadline: Option<f64>,
 }
 
-const SELECT: &str = "SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat, slots_total, slot_types, seen_at, status_changed FROM agents";
+const SELECT: &str = "SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat, slots_total, slot_types, seen_at, status_changed, schedulable, draining, drain_deadline FROM agents";
 
 impl AgentRow {
     fn from_rows(rows: &[AnyRow]) -> Result<Vec<AgentRow>, sqlx::Error> {
@@ -63,6 +71,9 @@ impl AgentRow {
             last_heartbeat: r.try_get("last_heartbeat")?,
             seen_at: r.try_get("seen_at")?,
             status_changed: r.try_get("status_changed")?,
+            schedulable: r.try_get::<i64, _>("schedulable")? != 0,
+            draining: r.try_get::<i64, _>("draining")? != 0,
+            drain_deadline: r.try_get("drain_deadline")?,
         })
     }
 }
@@ -180,9 +191,10 @@ impl Store {
         {
             return Ok(None);
         }
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'",
-        )
+        let ids: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT id FROM kernels WHERE agent_id = $1 AND {}",
+            super::kernels::LIVE
+        ))
         .bind(agent_id)
         .fetch_all(&mut *tx)
         .await?;

@@ -10,6 +10,7 @@ use super::columns::{legacy_columns, slots_column};
 use super::{now, Store, StoreError};
 use crate::model::event::{Event, EventType};
 use crate::model::pull::PullProgress;
+use crate::model::queue::PendingReason;
 use crate::model::session::KernelStatus;
 use crate::slots::ResourceSlots;
 
@@ -33,7 +34,8 @@ pub struct KernelRow {
     pub access_key: String,
     /// Image reference.
     pub image: String,
-    /// `PENDING` (placed, agent not answered yet), `PREPARING` … `RUNNING` … `TERMINATED`.
+    /// `PENDING` (queued, no agent yet), `SCHEDULED` (placed, agent not answered yet),
+    /// `PREPARING` … `RUNNING` … `TERMINATED`, or `CANCELLED` (deleted while queued).
     pub status: String,
     /// Why it terminated (`user-requested`, `agent-lost`, …).
     pub status_reason: Option<String>,
@@ -63,15 +65,31 @@ pub struct KernelRow {
     /// Its image pull's progress, while (and after) it was `PULLING`; `None` when it never
     /// pulled.
     pub pull_progress: Option<crate::model::pull::PullProgress>,
+    /// 0 (lowest) to 100.
+    pub priority: i64,
+    /// Unix seconds it entered the queue; `None` when it was placed at once.
+    pub queued_at: Option<f64>,
+    /// Unix seconds it left the queue; `None` while `PENDING` or when never queued.
+    pub admitted_at: Option<f64>,
+    /// While `PENDING`: why it waits.
+    pub pending_reason: Option<PendingReason>,
+    /// Unix seconds of its last status change (the transient states' deadlines count from it).
+    pub status_changed_at: f64,
 }
 
 impl KernelRow {
-    /// Whether the kernel is in the live set (anything but `TERMINATED`).
+    /// Whether the kernel is in the live set (anything but `TERMINATED` and `CANCELLED`; a
+    /// `PENDING` session is live but holds no agent's slots).
     pub fn is_live(&self) -> bool {
-        self.status != "TERMINATED"
+        self.status != "TERMINATED" && self.status != "CANCELLED"
     }
 
-    fn from_row(r: &AnyRow) -> Result<KernelRow, sqlx::Error> {
+    /// Whether it waits in the queue (`PENDING`: no agent, no concurrency taken).
+    pub fn is_pending(&self) -> bool {
+        self.status == "PENDING"
+    }
+
+    pub(super) fn from_row(r: &AnyRow) -> Result<KernelRow, sqlx::Error> {
         Ok(KernelRow {
             id: r.try_get("id")?,
             session_id: r.try_get("session_id")?,
@@ -94,6 +112,13 @@ impl KernelRow {
             pull_progress: r
                 .try_get::<Option<String>, _>("pull_progress")?
                 .and_then(|j| serde_json::from_str(&j).ok()),
+            priority: r.try_get("priority")?,
+            queued_at: r.try_get("queued_at")?,
+            admitted_at: r.try_get("admitted_at")?,
+            pending_reason: r
+                .try_get::<Option<String>, _>("pending_reason")?
+                .and_then(|j| serde_json::from_str(&j).ok()),
+            status_changed_at: r.try_get("status_changed_at")?,
         })
     }
 }
@@ -123,6 +148,8 @@ pub struct NewKernel {
     pub mounts: String,
     /// Restart policy, JSON `{"mode", "max_restarts", "window", "backoff"}`.
     pub restart_policy: String,
+    /// 0 (lowest) to 100.
+    pub priority: i64,
 }
 
 /// Why a reservation was refused.
@@ -155,11 +182,14 @@ pub struct Usage {
     pub kernels: i64,
 }
 
-const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress";
+pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at";
+
+/// The live set in SQL: every status but the two final ones.
+pub(super) const LIVE: &str = "status NOT IN ('TERMINATED', 'CANCELLED')";
 
 /// The `session_status` (or `pull_progress`) event of the kernel a `RETURNING session_id,
 /// agent_id, access_key` row names.
-fn session_event(
+pub(super) fn session_event(
     kind: EventType,
     kernel_id: &str,
     (session_id, agent_id, access_key): (String, String, String),
@@ -173,6 +203,24 @@ fn session_event(
     }
 }
 
+/// Takes one unit of `access_key`'s concurrency inside `tx`: `false` when the key is unknown,
+/// disabled, deleted or at its `concurrency_limit` (nothing taken).
+pub(super) async fn take_concurrency_in(
+    tx: &mut Transaction<'_, Any>,
+    access_key: &str,
+) -> Result<bool, StoreError> {
+    let taken = sqlx::query(
+        "UPDATE access_keys SET concurrency_used = concurrency_used + 1 \
+         WHERE access_key = $1 AND enabled = 1 AND deleted_at IS NULL \
+         AND (concurrency_limit = 0 OR concurrency_used < concurrency_limit)",
+    )
+    .bind(access_key)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(taken > 0)
+}
+
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns its `TERMINATED` event when it was live (a second call for the same kernel is a
 /// no-op and returns `None`); the caller publishes it once `tx` commits.
@@ -184,11 +232,13 @@ pub(super) async fn terminate_in(
 ) -> Result<Option<Event>, sqlx::Error> {
     // A batch session that ends without a session_success / session_failure of its agent (destroyed
     // by its user, its agent lost) failed.
-    let owner: Option<(String, String, String)> = sqlx::query_as(
+    // A `PENDING` row is never placed and holds no concurrency: only `cancel_pending` ends it.
+    let owner: Option<(String, String, String)> = sqlx::query_as(&format!(
         "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
+         status_changed_at = $4, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
-         WHERE id = $1 AND status <> 'TERMINATED' RETURNING session_id, agent_id, access_key",
-    )
+         WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key",
+    ))
     .bind(kernel_id)
     .bind(reason)
     .bind(exit_code)
@@ -218,9 +268,10 @@ pub(super) async fn advance_in(
     let Some(r) = rank(status).filter(|_| status != "TERMINATED") else {
         return Ok(None);
     };
+    // Never out of `PENDING`: only an admission places a queued session.
     let mut earlier: Vec<String> = KernelStatus::ALL
         .iter()
-        .filter(|s| s.rank() < r)
+        .filter(|s| s.rank() < r && **s != KernelStatus::Pending)
         .map(|s| format!("'{}'", s.as_str()))
         .collect();
     if status == "RUNNING" {
@@ -232,13 +283,14 @@ pub(super) async fn advance_in(
     }
     // `earlier` comes from the constant `KernelStatus::ALL`, never from input.
     let sql = format!(
-        "UPDATE kernels SET status = $2 WHERE id = $1 AND status IN ({}) \
+        "UPDATE kernels SET status = $2, status_changed_at = $3 WHERE id = $1 AND status IN ({}) \
          RETURNING session_id, agent_id, access_key",
         earlier.join(", ")
     );
     let owner: Option<(String, String, String)> = sqlx::query_as(&sql)
         .bind(kernel_id)
         .bind(status)
+        .bind(now())
         .fetch_optional(&mut **tx)
         .await?;
     Ok(owner.map(|owner| Event {
@@ -257,12 +309,15 @@ pub(super) async fn restarting_in(
     tx: &mut Transaction<'_, Any>,
     kernel_id: &str,
 ) -> Result<Option<Event>, sqlx::Error> {
-    let row: Option<(String, i64, String, String, String)> = sqlx::query_as(
-        "UPDATE kernels SET status = CASE WHEN status IN ('RUNNING', 'RESTARTING', 'CREATING') THEN 'RESTARTING' ELSE status END, \
-         restart_count = restart_count + 1 WHERE id = $1 AND status <> 'TERMINATED' \
+    let row: Option<(String, i64, String, String, String)> = sqlx::query_as(&format!(
+        "UPDATE kernels SET \
+         status_changed_at = CASE WHEN status IN ('RUNNING', 'CREATING') THEN $2 ELSE status_changed_at END, \
+         status = CASE WHEN status IN ('RUNNING', 'RESTARTING', 'CREATING') THEN 'RESTARTING' ELSE status END, \
+         restart_count = restart_count + 1 WHERE id = $1 AND {LIVE} AND status <> 'PENDING' \
          RETURNING status, restart_count, session_id, agent_id, access_key",
-    )
+    ))
     .bind(kernel_id)
+    .bind(now())
     .fetch_optional(&mut **tx)
     .await?;
     Ok(row
@@ -290,7 +345,7 @@ pub(super) async fn set_result_in(
 }
 
 impl Store {
-    /// Records a placed kernel as `PENDING` and takes one unit of its key's concurrency, in one
+    /// Records a placed kernel as `SCHEDULED` and takes one unit of its key's concurrency, in one
     /// transaction.
     ///
     /// Errors: unknown key, key at its limit, the database.
@@ -300,17 +355,7 @@ impl Store {
         agent_total: &ResourceSlots,
     ) -> Result<(), ReserveError> {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        let taken = sqlx::query(
-            "UPDATE access_keys SET concurrency_used = concurrency_used + 1 \
-             WHERE access_key = $1 AND enabled = 1 AND deleted_at IS NULL \
-             AND (concurrency_limit = 0 OR concurrency_used < concurrency_limit)",
-        )
-        .bind(&k.access_key)
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?
-        .rows_affected();
-        if taken == 0 {
+        if !take_concurrency_in(&mut tx, &k.access_key).await? {
             drop(tx);
             return match self.access_key(&k.access_key).await? {
                 Some(key) if key.enabled => Err(ReserveError::ConcurrencyLimit(
@@ -320,10 +365,11 @@ impl Store {
                 _ => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
             };
         }
-        self.check_room_in(&mut tx, k, agent_total).await?;
+        self.check_room_in(&mut tx, &k.agent_id, &k.resource_slots, agent_total)
+            .await?;
         let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
         let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'PENDING', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15, NULL)"))
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'SCHEDULED', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15, NULL, $16, NULL, NULL, NULL, $9)"))
             .bind(&k.id)
             .bind(&k.session_id)
             .bind(&k.agent_id)
@@ -340,12 +386,13 @@ impl Store {
             .bind(&k.mounts)
             .bind(&k.restart_policy)
             .bind(slots)
+            .bind(k.priority)
             .execute(&mut *tx)
             .await
             .map_err(StoreError::from)?;
         tx.commit().await.map_err(StoreError::from)?;
         self.events.publish(Event {
-            status: Some("PENDING".into()),
+            status: Some("SCHEDULED".into()),
             reason: Some("placed".into()),
             ..session_event(
                 EventType::SessionStatus,
@@ -360,50 +407,51 @@ impl Store {
         Ok(())
     }
 
-    /// Inside a reservation: serializes every reservation on `k.agent_id` across replicas
+    /// Inside a reservation (or an admission): serializes every reservation on `k.agent_id` across replicas
     /// (PostgreSQL: a transaction-scoped advisory lock on the agent id, which needs no agent row
     /// yet; SQLite has one writer), then checks the agent is not `LOST`/`PENDING` and that its
     /// live kernels plus this one fit `agent_total`.
-    async fn check_room_in(
+    pub(super) async fn check_room_in(
         &self,
         tx: &mut Transaction<'_, Any>,
-        k: &NewKernel,
+        agent_id: &str,
+        slots: &ResourceSlots,
         agent_total: &ResourceSlots,
     ) -> Result<(), ReserveError> {
         if self.backend == super::Backend::Postgres {
             sqlx::query(
                 "SELECT 1 FROM (SELECT pg_advisory_xact_lock(1, hashtext($1))) AS agent_lock",
             )
-            .bind(&k.agent_id)
+            .bind(agent_id)
             .execute(&mut **tx)
             .await
             .map_err(StoreError::from)?;
         }
         let status: Option<String> = sqlx::query_scalar("SELECT status FROM agents WHERE id = $1")
-            .bind(&k.agent_id)
+            .bind(agent_id)
             .fetch_optional(&mut **tx)
             .await
             .map_err(StoreError::from)?;
         if let Some(st) = status.filter(|st| st == "LOST" || st == "PENDING") {
-            return Err(ReserveError::AgentNotAlive(k.agent_id.clone(), st));
+            return Err(ReserveError::AgentNotAlive(agent_id.to_owned(), st));
         }
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "SELECT resource_slots, cpu_millis, mem_bytes, cuda_devices FROM kernels \
-             WHERE agent_id = $1 AND status <> 'TERMINATED'",
-        )
-        .bind(&k.agent_id)
+             WHERE agent_id = $1 AND {LIVE}",
+        ))
+        .bind(agent_id)
         .fetch_all(&mut **tx)
         .await
         .map_err(StoreError::from)?;
-        let mut used = k.resource_slots.clone();
+        let mut used = slots.clone();
         for r in &rows {
             let slots = slots_column(r, "resource_slots").map_err(StoreError::from)?;
             used = used
                 .checked_add(&slots)
-                .map_err(|_| ReserveError::NoRoom(k.agent_id.clone()))?;
+                .map_err(|_| ReserveError::NoRoom(agent_id.to_owned()))?;
         }
         if used.fits_in(agent_total).is_err() {
-            return Err(ReserveError::NoRoom(k.agent_id.clone()));
+            return Err(ReserveError::NoRoom(agent_id.to_owned()));
         }
         Ok(())
     }
@@ -418,7 +466,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        // Its `PENDING` was on the stream: a watcher learns it ended too.
+        // Its `SCHEDULED` was on the stream: a watcher learns it ended too.
         Ok(self.publish(ended))
     }
 
@@ -451,10 +499,10 @@ impl Store {
         progress: &PullProgress,
     ) -> Result<bool, StoreError> {
         let json = serde_json::to_string(progress).unwrap_or_default();
-        let owner: Option<(String, String, String)> = sqlx::query_as(
-            "UPDATE kernels SET pull_progress = $2 WHERE id = $1 AND status <> 'TERMINATED' \
+        let owner: Option<(String, String, String)> = sqlx::query_as(&format!(
+            "UPDATE kernels SET pull_progress = $2 WHERE id = $1 AND {LIVE} \
              RETURNING session_id, agent_id, access_key",
-        )
+        ))
         .bind(kernel_id)
         .bind(json)
         .fetch_optional(&self.pool)
@@ -504,7 +552,7 @@ impl Store {
         all: bool,
     ) -> Result<Vec<KernelRow>, StoreError> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR status <> 'TERMINATED') AND ($2 = '' OR access_key = $2) ORDER BY created_at DESC"
+            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR {LIVE}) AND ($2 = '' OR access_key = $2) ORDER BY created_at DESC"
         );
         // `$1` as an integer comparison: Any binds booleans differently per backend.
         let sql = sql.replace("($1 OR", "($1 = 1 OR");
@@ -521,9 +569,9 @@ impl Store {
 
     /// Live kernels by status: `(status, count)`.
     pub async fn live_kernel_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT status, COUNT(*) FROM kernels WHERE status <> 'TERMINATED' GROUP BY status",
-        )
+        let rows = sqlx::query(&format!(
+            "SELECT status, COUNT(*) FROM kernels WHERE {LIVE} GROUP BY status",
+        ))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -535,7 +583,7 @@ impl Store {
     /// Live kernels on one agent.
     pub async fn live_kernels_of(&self, agent_id: &str) -> Result<Vec<KernelRow>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM kernels WHERE agent_id = $1 AND status <> 'TERMINATED'"
+            "SELECT {COLUMNS} FROM kernels WHERE agent_id = $1 AND {LIVE}"
         ))
         .bind(agent_id)
         .fetch_all(&self.pool)
@@ -546,12 +594,12 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
-    /// Every live kernel, by agent: one query for the whole fleet (the grace's reconciliation).
+    /// Every placed live kernel (not `PENDING`), by agent: one query for the whole fleet (the grace's reconciliation).
     pub async fn live_kernels_by_agent(
         &self,
     ) -> Result<HashMap<String, Vec<KernelRow>>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM kernels WHERE status <> 'TERMINATED'"
+            "SELECT {COLUMNS} FROM kernels WHERE {LIVE} AND status <> 'PENDING'"
         ))
         .fetch_all(&self.pool)
         .await?;
@@ -566,10 +614,10 @@ impl Store {
     /// Slots the manager has placed on each agent: the exact sum of its live kernels'
     /// `resource_slots` (summed here, not in SQL: the amounts are decimal JSON text).
     pub async fn usage_by_agent(&self) -> Result<HashMap<String, Usage>, StoreError> {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "SELECT agent_id, resource_slots, cpu_millis, mem_bytes, cuda_devices \
-             FROM kernels WHERE status <> 'TERMINATED'",
-        )
+             FROM kernels WHERE {LIVE} AND status <> 'PENDING'",
+        ))
         .fetch_all(&self.pool)
         .await?;
         let mut out: HashMap<String, Usage> = HashMap::new();
@@ -663,6 +711,7 @@ mod tests {
                         batch_timeout: None,
                         mounts: "[]".into(),
                         restart_policy: r#"{"mode":"never"}"#.into(),
+                        priority: 10,
                     },
                     &roomy,
                 )
@@ -689,7 +738,9 @@ mod tests {
 
     #[test]
     fn status_order_moves_forward_only() {
-        assert!(rank("PENDING") < rank("PREPARING"));
+        assert!(rank("PENDING") < rank("SCHEDULED"));
+        assert!(rank("SCHEDULED") < rank("PREPARING"));
+        assert_eq!(rank("CANCELLED"), rank("TERMINATED"));
         assert!(rank("CREATING") < rank("RUNNING"));
         assert_eq!(rank("RESTARTING"), rank("RUNNING"));
         assert!(rank("RUNNING") < rank("TERMINATING"));

@@ -12,6 +12,7 @@ mod dangling;
 mod events;
 mod kernels;
 mod keys;
+mod queue;
 mod vfolders;
 
 use std::str::FromStr;
@@ -28,6 +29,7 @@ pub use dangling::DanglingReport;
 pub use events::Applied;
 pub use kernels::{KernelRow, NewKernel, ReserveError, Usage};
 pub use keys::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
+pub use queue::{Admitted, KeyShare, QueuedSession};
 pub use vfolders::VfolderRow;
 
 /// Store errors: the database failed or refused (constraint); the message names the query.
@@ -96,6 +98,9 @@ pub struct Store {
     /// This process's replica id (a fresh UUID per start): rows it writes carry it, so that it
     /// re-reads only what other replicas wrote.
     replica: std::sync::Arc<str>,
+    /// Notified when this replica commits a kernel's end (its slots and concurrency freed): the
+    /// queue's admission round starts at once instead of at its next tick.
+    released: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Unix time now, seconds.
@@ -170,6 +175,7 @@ impl Store {
             backend,
             events: EventHub::new(HubSpec::default(), None),
             replica: uuid::Uuid::new_v4().simple().to_string().into(),
+            released: Default::default(),
         })
     }
 
@@ -188,7 +194,19 @@ impl Store {
     /// Publishes a committed change's event, answering whether there was one (what the
     /// callers' `bool` results have always meant: the row changed).
     fn publish(&self, event: Option<Event>) -> bool {
+        if event
+            .as_ref()
+            .is_some_and(|e| e.status.as_deref() == Some("TERMINATED"))
+        {
+            self.released.notify_one();
+        }
         event.map(|e| self.events.publish(e)).is_some()
+    }
+
+    /// Notified (one waiter, a permit kept when none waits) each time this replica ends a
+    /// placed kernel: capacity may have freed for a `PENDING` session.
+    pub fn released(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.released.clone()
     }
 
     /// This process's replica id (a UUID, fresh per start).

@@ -1,0 +1,206 @@
+//! Admission rounds: the leader takes queued (`PENDING`) sessions out of the store in order,
+//! plans which fit where ([`super::queue::plan`]), admits each in the store (the agent's room
+//! re-checked in the transaction, as a direct create's reservation is) and creates it the way
+//! a direct create does, with nobody waiting ([`Waiter::Nobody`]).
+//!
+//! A round starts every `[scheduler] admission-interval`, when this replica ends a kernel
+//! (`Store::released`), and when a session is queued here ([`AdmitNow`]). One round runs at a
+//! time; a request during a round runs one more after it. Only the leader admits (the
+//! queue is shared by every replica through the store), so a failover hands the queue over
+//! with its order.
+
+use std::time::Instant;
+
+use actix::prelude::*;
+
+use super::create::{resolve_mounts, Placed, Waiter};
+use super::queue::{plan, Fleet};
+use super::Scheduler;
+use crate::manager::error::ManagerError;
+use crate::manager::registry::{AgentImages, PlacementCandidates};
+use crate::manager::store::{now, ReserveError};
+use crate::model::queue::{PendingCode, PendingReason};
+use crate::model::session::SessionRequest;
+
+/// Start an admission round now (or one more after the one running).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AdmitNow;
+
+/// What one round did (for tests and the bench: `kernelvisor_manager_admissions_total` is the
+/// running count).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundOutcome {
+    /// Sessions admitted.
+    pub admitted: usize,
+    /// Sessions the plan placed that lost their agent's room to another create.
+    pub lost_races: usize,
+}
+
+impl Handler<AdmitNow> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, _: AdmitNow, ctx: &mut Context<Self>) {
+        self.start_round(ctx);
+    }
+}
+
+impl Scheduler {
+    /// Starts a round unless one runs (then one more runs after it); nothing on a replica that
+    /// does not lead.
+    pub(super) fn start_round(&mut self, ctx: &mut Context<Self>) {
+        if !self.leader.is_leader() {
+            return;
+        }
+        if self.round_running {
+            self.round_again = true;
+            return;
+        }
+        self.round_running = true;
+        self.round_again = false;
+        let fut = self.round();
+        ctx.spawn(fut.into_actor(self).map(|r, act, ctx| {
+            act.round_running = false;
+            match r {
+                Ok(out) if out.lost_races > 0 => act.round_again = true,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "admission round failed; the next one retries")
+                }
+            }
+            if act.round_again {
+                act.start_round(ctx);
+            }
+        }));
+    }
+
+    /// One round: plan over the window, admit, launch, write the reasons, update metrics.
+    fn round(&self) -> impl std::future::Future<Output = Result<RoundOutcome, ManagerError>> {
+        let (store, registry, placing, launcher, metrics) = (
+            self.store.clone(),
+            self.registry.clone(),
+            self.placing.clone(),
+            self.launcher(),
+            self.metrics.clone(),
+        );
+        let (policy, skips, window_size) = (
+            self.spec.policy,
+            self.spec.head_skip_rounds,
+            self.spec.admission_window,
+        );
+        async move {
+            let started = Instant::now();
+            let mut out = RoundOutcome::default();
+            let depth = store.queue_depth().await?;
+            metrics.set_queue_depth(&depth);
+            if depth.is_empty() {
+                return Ok(out);
+            }
+            // Direct creates on this replica wait while a round places (they would race it for
+            // the same room).
+            let _guard = placing.lock().await;
+            let window = store.pending_window(window_size).await?;
+            let candidates = registry.send(PlacementCandidates).await?;
+            let images = registry.send(AgentImages).await?;
+            let fleet = Fleet {
+                candidates: &candidates,
+                usage: store.usage_by_agent().await?,
+                images: &images,
+                keys: store.key_shares().await?,
+            };
+            let p = plan(window, fleet, policy, skips);
+            let mut reasons = p.reasons;
+            for (q, agent_id) in p.admit {
+                let total = candidates
+                    .iter()
+                    .find(|a| a.id == agent_id)
+                    .map(|a| a.slots_total.clone())
+                    .unwrap_or_default();
+                let admitted = match store.admit_kernel(&q, &agent_id, &total).await {
+                    Ok(Some(a)) => a,
+                    Ok(None) => continue,
+                    Err(ReserveError::NoRoom(_) | ReserveError::AgentNotAlive(..)) => {
+                        out.lost_races += 1;
+                        continue;
+                    }
+                    Err(e @ ReserveError::ConcurrencyLimit(..)) => {
+                        let r = PendingReason::new(PendingCode::ConcurrencyLimit, e.to_string());
+                        reasons.push((q.id.clone(), r, q.head_skips));
+                        continue;
+                    }
+                    Err(ReserveError::UnknownAccessKey(k)) => {
+                        // Its key was disabled or deleted while it waited.
+                        tracing::info!(session_id = %q.session_id, access_key = %k, "queued session's access key is gone; cancelling it");
+                        store.cancel_pending(&q.id, "access-key-disabled").await?;
+                        continue;
+                    }
+                    Err(ReserveError::Store(e)) => return Err(e.into()),
+                };
+                out.admitted += 1;
+                metrics.admissions.inc();
+                if let Some(at) = admitted.row.queued_at {
+                    metrics
+                        .admission_wait
+                        .observe((admitted.row.admitted_at.unwrap_or_else(now) - at).max(0.0));
+                }
+                let launcher = launcher.clone();
+                actix::spawn(async move {
+                    let id = admitted.row.id.clone();
+                    if let Err(e) = launch_admitted(&launcher, admitted).await {
+                        tracing::info!(kernel_id = %id, error = %e, "an admitted session could not be created");
+                    }
+                });
+            }
+            store.set_pending_reasons(&reasons).await?;
+            if out.admitted > 0 {
+                let depth = store.queue_depth().await?;
+                metrics.set_queue_depth(&depth);
+                tracing::debug!(
+                    admitted = out.admitted,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "admission round"
+                );
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Creates an admitted session from its stored request; any failure ends it `TERMINATED`
+/// with the error's code as its reason (its reservation released).
+async fn launch_admitted(
+    launcher: &super::create::Launcher,
+    admitted: crate::manager::store::Admitted,
+) -> Result<(), ManagerError> {
+    let row = admitted.row;
+    let fail = |e: ManagerError| {
+        let (store, id) = (launcher.store.clone(), row.id.clone());
+        async move {
+            store.terminate_kernel(&id, e.code(), None).await?;
+            Err::<(), ManagerError>(e)
+        }
+    };
+    let request: SessionRequest = match serde_json::from_str(&admitted.request) {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(ManagerError::Internal(format!(
+                "the queued request cannot be read back: {e}"
+            )))
+            .await
+        }
+    };
+    let mounts = match resolve_mounts(&launcher.store, &row.access_key, &request.mounts).await {
+        Ok(m) => m,
+        Err(e) => return fail(e).await,
+    };
+    let placed = Placed {
+        owner: row.access_key.clone(),
+        request,
+        kernel_id: row.id.clone(),
+        session_id: row.session_id.clone(),
+        agent_id: row.agent_id.clone(),
+        slots: row.resource_slots.clone(),
+        mounts,
+    };
+    launcher.launch(placed, Waiter::Nobody).await
+}

@@ -1,0 +1,352 @@
+//! The session queue (issue 27): `PENDING` kernel rows, persistent so that a restarted manager
+//! or a replica taking over the leadership finds the queue and its order as they were.
+//!
+//! A queued row has no agent (`agent_id` is empty), takes no concurrency and holds no slots;
+//! it keeps its whole request (`request`, JSON) to be created from once admitted. Admission
+//! ([`Store::admit_kernel`]) is a reservation made later: in one transaction the agent's room
+//! is checked as a direct create's is, the key's concurrency taken, and the row moves
+//! `PENDING` → `SCHEDULED`. A queued row ends only by admission or by
+//! [`Store::cancel_pending`] (`CANCELLED`).
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use super::columns::{legacy_columns, slots_column};
+use super::kernels::{
+    session_event, take_concurrency_in, KernelRow, NewKernel, ReserveError, COLUMNS, LIVE,
+};
+use super::{now, Store, StoreError};
+use crate::model::event::{Event, EventType};
+use crate::model::queue::PendingReason;
+use crate::slots::ResourceSlots;
+
+/// A `PENDING` session as an admission round sees it (no request body: read once admitted).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueuedSession {
+    /// Kernel UUID.
+    pub id: String,
+    /// Session UUID.
+    pub session_id: String,
+    /// Owner.
+    pub access_key: String,
+    /// Image reference.
+    pub image: String,
+    /// The slots it asks for.
+    pub resource_slots: ResourceSlots,
+    /// 0..=100.
+    pub priority: i64,
+    /// Unix seconds it was queued.
+    pub queued_at: f64,
+    /// Rounds it has held back the sessions behind it as a head that did not fit.
+    pub head_skips: i64,
+    /// The reason last written.
+    pub pending_reason: Option<PendingReason>,
+}
+
+/// One access key's placed live sessions: what DRF and the concurrency limit look at.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KeyShare {
+    /// The slots its placed live kernels hold.
+    pub slots: ResourceSlots,
+    /// `concurrency_used` (its placed live sessions).
+    pub used: i64,
+    /// `concurrency_limit`; 0 = unlimited.
+    pub limit: i64,
+    /// Whether it may create sessions at all (enabled, not deleted).
+    pub enabled: bool,
+}
+
+/// An admitted session: its row as placed and its request, to create it from.
+#[derive(Clone, Debug)]
+pub struct Admitted {
+    /// The row, `SCHEDULED` on its agent.
+    pub row: KernelRow,
+    /// The request it was queued with (`SessionRequest` JSON).
+    pub request: String,
+}
+
+/// The queue's order in SQL: priority first (higher first), then the time it was queued.
+const ORDER: &str = "ORDER BY priority DESC, queued_at ASC, id ASC";
+
+impl Store {
+    /// Queues a session `PENDING` with `reason`: no agent, no concurrency taken, its request
+    /// kept as `request` (JSON). `k.agent_id` is ignored.
+    ///
+    /// Errors: [`ReserveError::UnknownAccessKey`] for a key that does not exist or is disabled;
+    /// the database.
+    pub async fn enqueue_kernel(
+        &self,
+        k: &NewKernel,
+        request: &str,
+        reason: &PendingReason,
+    ) -> Result<KernelRow, ReserveError> {
+        match self.access_key(&k.access_key).await? {
+            Some(key) if key.enabled => {}
+            _ => return Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
+        }
+        let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
+        let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
+        let reason_json = serde_json::to_string(reason).unwrap_or_default();
+        let at = now();
+        sqlx::query(&format!(
+            "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, '', $3, $4, 'PENDING', NULL, NULL, $5, $6, $7, $8, NULL, $9, $10, NULLIF($11, -1.0), 'UNDEFINED', $12, $13, 0, $14, NULL, $15, $8, NULL, $16, $8, 0, $17)"
+        ))
+        .bind(&k.id)
+        .bind(&k.session_id)
+        .bind(&k.access_key)
+        .bind(&k.image)
+        .bind(cpu_millis)
+        .bind(mem_bytes)
+        .bind(cuda_devices)
+        .bind(at)
+        .bind(&k.session_type)
+        .bind(&k.command)
+        .bind(k.batch_timeout.unwrap_or(-1.0))
+        .bind(&k.mounts)
+        .bind(&k.restart_policy)
+        .bind(slots)
+        .bind(k.priority)
+        .bind(reason_json)
+        .bind(request)
+        .execute(&self.pool)
+        .await
+        .map_err(StoreError::from)?;
+        self.events.publish(Event {
+            status: Some("PENDING".into()),
+            reason: Some(reason.code.clone()),
+            ..session_event(
+                EventType::SessionStatus,
+                &k.id,
+                (k.session_id.clone(), String::new(), k.access_key.clone()),
+            )
+        });
+        self.kernel(&k.id)
+            .await?
+            .ok_or_else(|| ReserveError::Store(StoreError::Db(sqlx::Error::RowNotFound)))
+    }
+
+    /// Whether any session of priority `priority` or higher waits: a new session of that
+    /// priority queues behind it rather than being placed first.
+    pub async fn queued_at_or_above(&self, priority: i64) -> Result<i64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM kernels WHERE status = 'PENDING' AND priority >= $1",
+        )
+        .bind(priority)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n)
+    }
+
+    /// The first `limit` queued sessions in the queue's order (priority, then queued time).
+    pub async fn pending_window(&self, limit: u32) -> Result<Vec<QueuedSession>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT id, session_id, access_key, image, resource_slots, cpu_millis, mem_bytes, cuda_devices, \
+             priority, queued_at, head_skips, pending_reason FROM kernels WHERE status = 'PENDING' {ORDER} LIMIT $1"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(QueuedSession {
+                    id: r.try_get("id")?,
+                    session_id: r.try_get("session_id")?,
+                    access_key: r.try_get("access_key")?,
+                    image: r.try_get("image")?,
+                    resource_slots: slots_column(r, "resource_slots")?,
+                    priority: r.try_get("priority")?,
+                    queued_at: r.try_get::<Option<f64>, _>("queued_at")?.unwrap_or(0.0),
+                    head_skips: r.try_get("head_skips")?,
+                    pending_reason: r
+                        .try_get::<Option<String>, _>("pending_reason")?
+                        .and_then(|j| serde_json::from_str(&j).ok()),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    /// Every access key's placed live slots, concurrency and limit (DRF's shares and the
+    /// concurrency check of an admission round): one pass over the live kernels and the keys.
+    pub async fn key_shares(&self) -> Result<HashMap<String, KeyShare>, StoreError> {
+        let mut out: HashMap<String, KeyShare> = HashMap::new();
+        for k in self.access_keys().await? {
+            out.insert(
+                k.access_key.clone(),
+                KeyShare {
+                    slots: ResourceSlots::new(),
+                    used: k.concurrency_used,
+                    limit: k.concurrency_limit,
+                    enabled: k.enabled,
+                },
+            );
+        }
+        let rows = sqlx::query(&format!(
+            "SELECT access_key, resource_slots, cpu_millis, mem_bytes, cuda_devices \
+             FROM kernels WHERE {LIVE} AND status <> 'PENDING'"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        for r in rows {
+            let slots = slots_column(&r, "resource_slots")?;
+            let share = out.entry(r.try_get("access_key")?).or_default();
+            share.slots = share
+                .slots
+                .checked_add(&slots)
+                .unwrap_or_else(|_| share.slots.clone());
+        }
+        Ok(out)
+    }
+
+    /// Admits a queued session onto `agent_id` (whose slots in total are `agent_total`): in
+    /// one transaction, the agent's room is checked (serialized across replicas as a direct
+    /// create's reservation is), one unit of the key's concurrency taken, and the row moved
+    /// `PENDING` → `SCHEDULED` with its agent and `admitted_at`. Returns the row and its
+    /// request, or `None` when it is no longer `PENDING` (cancelled meanwhile).
+    ///
+    /// Errors: [`ReserveError::NoRoom`] / [`ReserveError::AgentNotAlive`] (another create took
+    /// the room first: it stays queued), [`ReserveError::ConcurrencyLimit`] /
+    /// [`ReserveError::UnknownAccessKey`], the database. Nothing changes on an error.
+    pub async fn admit_kernel(
+        &self,
+        q: &QueuedSession,
+        agent_id: &str,
+        agent_total: &ResourceSlots,
+    ) -> Result<Option<Admitted>, ReserveError> {
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        self.check_room_in(&mut tx, agent_id, &q.resource_slots, agent_total)
+            .await?;
+        if !take_concurrency_in(&mut tx, &q.access_key).await? {
+            drop(tx);
+            return match self.access_key(&q.access_key).await? {
+                Some(key) if key.enabled => Err(ReserveError::ConcurrencyLimit(
+                    q.access_key.clone(),
+                    key.concurrency_limit,
+                )),
+                _ => Err(ReserveError::UnknownAccessKey(q.access_key.clone())),
+            };
+        }
+        let at = now();
+        let request: Option<(Option<String>,)> = sqlx::query_as(
+            "UPDATE kernels SET status = 'SCHEDULED', agent_id = $2, admitted_at = $3, \
+             status_changed_at = $3, pending_reason = NULL, request = NULL \
+             WHERE id = $1 AND status = 'PENDING' RETURNING request",
+        )
+        .bind(&q.id)
+        .bind(agent_id)
+        .bind(at)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+        let Some((request,)) = request else {
+            // Cancelled meanwhile: the concurrency taken above goes back with the rollback.
+            return Ok(None);
+        };
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1"))
+            .bind(&q.id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+        let row = KernelRow::from_row(&row).map_err(StoreError::from)?;
+        tx.commit().await.map_err(StoreError::from)?;
+        self.events.publish(Event {
+            status: Some("SCHEDULED".into()),
+            reason: Some("admitted".into()),
+            ..session_event(
+                EventType::SessionStatus,
+                &q.id,
+                (
+                    q.session_id.clone(),
+                    agent_id.to_owned(),
+                    q.access_key.clone(),
+                ),
+            )
+        });
+        Ok(Some(Admitted {
+            row,
+            request: request.unwrap_or_default(),
+        }))
+    }
+
+    /// Cancels a queued session (`CANCELLED`, reason `reason`, `terminated_at` now): no agent
+    /// was touched and no concurrency taken. Returns whether it was `PENDING`.
+    pub async fn cancel_pending(&self, kernel_id: &str, reason: &str) -> Result<bool, StoreError> {
+        let at = now();
+        let owner: Option<(String, String, String)> = sqlx::query_as(
+            "UPDATE kernels SET status = 'CANCELLED', status_reason = $2, terminated_at = $3, \
+             status_changed_at = $3, pending_reason = NULL, request = NULL, \
+             result = CASE WHEN session_type = 'batch' THEN 'FAILURE' ELSE result END \
+             WHERE id = $1 AND status = 'PENDING' RETURNING session_id, agent_id, access_key",
+        )
+        .bind(kernel_id)
+        .bind(reason)
+        .bind(at)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(self.publish(owner.map(|owner| Event {
+            status: Some("CANCELLED".into()),
+            reason: Some(reason.to_owned()),
+            ..session_event(EventType::SessionStatus, kernel_id, owner)
+        })))
+    }
+
+    /// Writes the reasons (and head-skip counts) an admission round found, in one
+    /// transaction; rows no longer `PENDING` are left alone.
+    pub async fn set_pending_reasons(
+        &self,
+        updates: &[(String, PendingReason, i64)],
+    ) -> Result<(), StoreError> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for (id, reason, skips) in updates {
+            sqlx::query(
+                "UPDATE kernels SET pending_reason = $2, head_skips = $3 WHERE id = $1 AND status = 'PENDING'",
+            )
+            .bind(id)
+            .bind(serde_json::to_string(reason).unwrap_or_default())
+            .bind(skips)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A queued session's place in the queue: 1 + the sessions ahead of it (higher priority,
+    /// or the same priority queued earlier).
+    pub async fn queue_position(&self, k: &KernelRow) -> Result<i64, StoreError> {
+        let ahead: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM kernels WHERE status = 'PENDING' AND \
+             (priority > $1 OR (priority = $1 AND (queued_at < $2 OR (queued_at = $2 AND id < $3))))",
+        )
+        .bind(k.priority)
+        .bind(k.queued_at.unwrap_or(0.0))
+        .bind(&k.id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(ahead + 1)
+    }
+
+    /// Every queued session's place in the queue (1 = next): kernel id → position.
+    pub async fn queue_positions(&self) -> Result<HashMap<String, i64>, StoreError> {
+        let ids: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT id FROM kernels WHERE status = 'PENDING' {ORDER}"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids.into_iter().zip(1..).collect())
+    }
+
+    /// Queued sessions per priority: `(priority, count)`, highest priority first.
+    pub async fn queue_depth(&self) -> Result<Vec<(i64, i64)>, StoreError> {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT priority, COUNT(*) FROM kernels WHERE status = 'PENDING' GROUP BY priority ORDER BY priority DESC",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+}
