@@ -213,6 +213,14 @@ impl Manager {
             head_skip_rounds: config.scheduler.head_skip_rounds,
             admission_interval: config.scheduler.admission_interval.0,
             admission_window: config.scheduler.admission_window.max(1),
+            deadlines: scheduler::StateDeadlines {
+                preparing: config.scheduler.preparing_timeout.0,
+                pulling: config.scheduler.image_pull_timeout.0,
+                creating: config.scheduler.creating_timeout.0,
+                terminating: config.scheduler.terminating_timeout.0,
+                restarting: config.scheduler.restarting_timeout.0,
+            },
+            sweep_interval: config.scheduler.sweep_interval.0,
         };
         let scheduler = Scheduler::new(
             store.clone(),

@@ -64,6 +64,25 @@ pub struct SchedulerSpec {
     pub admission_interval: Duration,
     /// Queued sessions one round looks at.
     pub admission_window: u32,
+    /// Deadlines of the transient states, past which the reconcile sweep resolves a kernel.
+    pub deadlines: StateDeadlines,
+    /// Period of the reconcile sweep (stuck kernels, drain deadlines).
+    pub sweep_interval: Duration,
+}
+
+/// How long a kernel may stay in each transient state (`[scheduler] *-timeout`).
+#[derive(Clone, Copy, Debug)]
+pub struct StateDeadlines {
+    /// `SCHEDULED` and `PREPARING`.
+    pub preparing: Duration,
+    /// `PULLING` (`image-pull-timeout`).
+    pub pulling: Duration,
+    /// `CREATING`.
+    pub creating: Duration,
+    /// `TERMINATING`.
+    pub terminating: Duration,
+    /// `RESTARTING`.
+    pub restarting: Duration,
 }
 
 /// The scheduler actor.
