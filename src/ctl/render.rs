@@ -192,10 +192,12 @@ pub fn agents(v: &Value, now: f64) -> String {
 
 /// A session's status, with a batch session's outcome once it has one: `TERMINATED (FAILURE)`.
 fn status_with_result(s: &Session) -> String {
-    match s.result {
-        Some(r @ (SessionResult::Success | SessionResult::Failure)) => {
+    match (s.result, s.queue_position) {
+        (Some(r @ (SessionResult::Success | SessionResult::Failure)), _) => {
             format!("{} ({})", text(&s.status), word(Some(&r)))
         }
+        // Its place in the queue: `PENDING #3`.
+        (_, Some(n)) => format!("{} #{n}", text(&s.status)),
         _ => text(&s.status),
     }
 }
@@ -230,10 +232,12 @@ pub fn sessions(v: &Value, now: f64) -> String {
                     row.push(cores(slot(slots, name).as_ref()));
                 }
                 row.push(text(&s.access_key));
-                row.push(if s.terminated() {
-                    opt(s.status_reason.as_ref())
-                } else {
-                    s.created_at.map_or("-".to_owned(), |t| duration(now - t))
+                let age = s.created_at.map_or("-".to_owned(), |t| duration(now - t));
+                row.push(match (&s.pending_reason, s.terminated()) {
+                    // A queued session: why it waits first, then for how long.
+                    (Some(r), false) => format!("{} {age}", text(&r.code)),
+                    (_, true) => opt(s.status_reason.as_ref()),
+                    (None, false) => age,
                 });
                 row
             })
@@ -335,20 +339,45 @@ fn session_fields(s: &Session, now: f64) -> String {
             .collect();
         pairs.push(("Stages", line.join(", ")));
     }
+    pairs.push(("Priority", s.priority.to_string()));
+    if let Some(r) = &s.pending_reason {
+        pairs.push((
+            "Waiting",
+            format!("{}: {}", text(&r.code), text(&r.message)),
+        ));
+    }
+    if let Some(n) = s.queue_position {
+        pairs.push(("Queue position", n.to_string()));
+    }
     pairs.push(("Created", when(s.created_at, now)));
+    if s.queued_at.is_some() {
+        pairs.push(("Queued", when(s.queued_at, now)));
+        pairs.push(("Admitted", when(s.admitted_at, now)));
+    }
     pairs.push(("Terminated", when(s.terminated_at, now)));
     fields(&pairs)
 }
 
-/// The answer of `POST /v1/sessions` (`session_id`, `kernel_id`, `agent_id`, `status`).
+/// The answer of `POST /v1/sessions` (`session_id`, `kernel_id`, `agent_id`, `status`; a
+/// queued session's `queue_position` and `pending_reason` too).
 pub fn created(v: &Value) -> String {
     with(v, |c: SessionCreated| {
-        fields(&[
+        let mut pairs = vec![
             ("Session", text(&c.session_id)),
             ("Kernel", text(&c.kernel_id)),
             ("Agent", text(&c.agent_id)),
             ("Status", text(&c.status)),
-        ])
+        ];
+        if let Some(n) = c.queue_position {
+            pairs.push(("Queue position", n.to_string()));
+        }
+        if let Some(r) = &c.pending_reason {
+            pairs.push((
+                "Waiting",
+                format!("{}: {}", text(&r.code), text(&r.message)),
+            ));
+        }
+        fields(&pairs)
     })
 }
 

@@ -64,6 +64,13 @@ pub struct CreateArgs {
     /// 300 [default: 1].
     #[arg(long, value_name = "SECS", value_parser = parse::seconds, requires = "restart")]
     pub restart_backoff: Option<f64>,
+    /// 0 (lowest) to 100: a higher priority is admitted first when sessions wait for room
+    /// [default: 10].
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(0..=100))]
+    pub priority: Option<i64>,
+    /// Fail (exit 1, `no-capacity`) instead of queueing the session when nothing fits now.
+    #[arg(long)]
+    pub no_queue: bool,
     /// Print only the new session's id (for `sid=$(kernelvisor ctl session create … -q)`).
     #[arg(long, short)]
     pub quiet: bool,
@@ -121,6 +128,12 @@ impl CreateArgs {
             }
             body["restart_policy"] = policy;
         }
+        if let Some(p) = self.priority {
+            body["priority"] = json!(p);
+        }
+        if self.no_queue {
+            body["enqueue"] = json!(false);
+        }
         body
     }
 }
@@ -137,6 +150,20 @@ pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32
     } else {
         show(out, &reply, render::created)?
     };
+    if created.status == crate::model::session::KernelStatus::Pending.as_str() {
+        // On stderr, as the pull's note: stdout stays the answer.
+        let why = created
+            .pending_reason
+            .as_ref()
+            .map(|r| format!(" ({}: {})", r.code, r.message))
+            .unwrap_or_default();
+        eprintln!(
+            "queued at position {pos}{why}; it starts when there is room \
+             (kernelvisor ctl session show {id}; kernelvisor ctl session wait {id})",
+            pos = created.queue_position.unwrap_or(0),
+            id = created.session_id
+        );
+    }
     if created.status == crate::model::session::KernelStatus::Pulling.as_str() {
         // On stderr: stdout stays the answer (a pipe reading `-o json` gets only that).
         eprintln!(
@@ -206,6 +233,18 @@ mod tests {
             panic!("not create")
         };
         assert!(c.to_json().get("environ").is_none() && c.to_json().get("mounts").is_none());
+        assert!(c.to_json().get("priority").is_none() && c.to_json().get("enqueue").is_none());
+    }
+
+    #[test]
+    fn create_priority_and_no_queue() {
+        let c = create(&["--priority", "50", "--no-queue"]).unwrap();
+        assert_eq!(c.to_json()["priority"], json!(50));
+        assert_eq!(c.to_json()["enqueue"], json!(false));
+        for bad in ["101", "-1", "x"] {
+            let e = create(&["--priority", bad]).unwrap_err().to_string();
+            assert!(e.contains("--priority"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -203,3 +203,275 @@ impl Order {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slots::Amount;
+
+    fn slots(cpu: &str, mem: u64) -> ResourceSlots {
+        [
+            ("cpu".to_owned(), Amount::parse(cpu).unwrap()),
+            ("mem".to_owned(), Amount::from_units(mem)),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    fn agent(id: &str, cpu: &str, mem: u64) -> AgentRow {
+        AgentRow {
+            id: id.into(),
+            status: crate::manager::registry::AgentStatus::Alive,
+            addr: None,
+            public_key: None,
+            region: None,
+            version: None,
+            slots_total: slots(cpu, mem),
+            slot_types: crate::slots::builtin_types(),
+            last_heartbeat: None,
+            seen_at: 0.0,
+            status_changed: 0.0,
+            schedulable: true,
+            draining: false,
+            drain_deadline: None,
+        }
+    }
+
+    fn queued(id: &str, key: &str, priority: i64, at: f64, cpu: &str) -> QueuedSession {
+        QueuedSession {
+            id: id.into(),
+            session_id: format!("{id}-session"),
+            access_key: key.into(),
+            image: "img".into(),
+            resource_slots: slots(cpu, 1),
+            priority,
+            queued_at: at,
+            head_skips: 0,
+            pending_reason: None,
+        }
+    }
+
+    /// `window` in the store's order (priority descending, then queued time).
+    fn sorted(mut window: Vec<QueuedSession>) -> Vec<QueuedSession> {
+        window.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.queued_at.total_cmp(&b.queued_at))
+        });
+        window
+    }
+
+    fn run(
+        agents: &[AgentRow],
+        window: Vec<QueuedSession>,
+        policy: QueuePolicy,
+        skips: u32,
+    ) -> Plan {
+        let images = AgentImageSets::new();
+        let fleet = Fleet {
+            candidates: agents,
+            usage: HashMap::new(),
+            images: &images,
+            keys: HashMap::new(),
+        };
+        plan(sorted(window), fleet, policy, skips)
+    }
+
+    fn admitted(p: &Plan) -> Vec<&str> {
+        p.admit.iter().map(|(q, _)| q.id.as_str()).collect()
+    }
+
+    fn reason<'a>(p: &'a Plan, id: &str) -> &'a PendingReason {
+        &p.reasons.iter().find(|(i, _, _)| i == id).unwrap().1
+    }
+
+    #[test]
+    fn fifo_admits_what_fits_in_order_and_says_why_the_rest_wait() {
+        let agents = [agent("a", "4", 1 << 30)];
+        let window = (0..10)
+            .map(|i| queued(&format!("s{i}"), "K", 10, i as f64, "1"))
+            .collect();
+        let p = run(&agents, window, QueuePolicy::Fifo, 0);
+        assert_eq!(admitted(&p), ["s0", "s1", "s2", "s3"]);
+        let r = reason(&p, "s4");
+        assert_eq!(r.code, "no-capacity");
+        assert!(
+            r.message.contains("`cpu`") && r.message.contains("is 0 (agent a)"),
+            "{}",
+            r.message
+        );
+        assert_eq!(p.reasons.len(), 6);
+    }
+
+    #[test]
+    fn a_higher_priority_goes_first_whenever_it_was_queued() {
+        let agents = [agent("a", "2", 1 << 30)];
+        let window = vec![
+            queued("old", "K", 10, 1.0, "1"),
+            queued("older", "K", 10, 0.0, "1"),
+            queued("urgent", "K", 50, 9.0, "1"),
+        ];
+        let p = run(&agents, window, QueuePolicy::Fifo, 0);
+        assert_eq!(admitted(&p), ["urgent", "older"]);
+    }
+
+    #[test]
+    fn a_head_that_does_not_fit_holds_the_rest_back_for_its_rounds_only() {
+        let agents = [agent("a", "4", 1 << 30)];
+        let mut big = queued("big", "K", 10, 0.0, "8");
+        // Fits nothing now but could: another agent has 8 in total.
+        let agents = [agents[0].clone(), agent("b", "8", 1 << 30)];
+        let usage_b: HashMap<String, Usage> = [(
+            "b".to_owned(),
+            Usage {
+                slots: slots("1", 0),
+                kernels: 1,
+            },
+        )]
+        .into_iter()
+        .collect();
+        let window = |big: &QueuedSession| {
+            vec![
+                big.clone(),
+                queued("small", "K", 10, 1.0, "1"),
+                queued("low", "K", 5, 2.0, "1"),
+            ]
+        };
+        let images = AgentImageSets::new();
+        let fleet = |usage: HashMap<String, Usage>| Fleet {
+            candidates: &agents,
+            usage,
+            images: &images,
+            keys: HashMap::new(),
+        };
+        // Round 1 of 2: the head holds everything after it (its priority and lower).
+        let p = plan(window(&big), fleet(usage_b.clone()), QueuePolicy::Fifo, 2);
+        assert!(p.admit.is_empty());
+        let (_, r, skips) = p.reasons.iter().find(|(i, _, _)| i == "big").unwrap();
+        assert_eq!((r.code.as_str(), *skips), ("no-capacity", 1));
+        assert_eq!(reason(&p, "small").code, "priority");
+        assert_eq!(reason(&p, "low").code, "priority");
+        // Its rounds used up: passed over, the others fill the gaps.
+        big.head_skips = 2;
+        let p = plan(window(&big), fleet(usage_b), QueuePolicy::Fifo, 2);
+        assert_eq!(admitted(&p), ["small", "low"]);
+        assert_eq!(reason(&p, "big").code, "no-capacity");
+    }
+
+    #[test]
+    fn concurrency_limit_keeps_a_session_waiting_without_holding_others() {
+        let agents = [agent("a", "8", 1 << 30)];
+        let images = AgentImageSets::new();
+        let keys: HashMap<String, KeyShare> = [(
+            "LIMITED".to_owned(),
+            KeyShare {
+                slots: ResourceSlots::new(),
+                used: 1,
+                limit: 2,
+                enabled: true,
+            },
+        )]
+        .into_iter()
+        .collect();
+        let window = vec![
+            queued("l1", "LIMITED", 10, 0.0, "1"),
+            queued("l2", "LIMITED", 10, 1.0, "1"),
+            queued("o1", "OTHER", 10, 2.0, "1"),
+        ];
+        let fleet = Fleet {
+            candidates: &agents,
+            usage: HashMap::new(),
+            images: &images,
+            keys,
+        };
+        let p = plan(window, fleet, QueuePolicy::Fifo, 5);
+        assert_eq!(admitted(&p), ["l1", "o1"]);
+        assert_eq!(reason(&p, "l2").code, "concurrency-limit");
+    }
+
+    #[test]
+    fn cordoned_and_absent_agents_are_named_as_the_reason() {
+        let mut cordoned = agent("c", "8", 1 << 30);
+        cordoned.schedulable = false;
+        let p = run(
+            &[cordoned],
+            vec![queued("s", "K", 10, 0.0, "1")],
+            QueuePolicy::Fifo,
+            0,
+        );
+        assert_eq!(reason(&p, "s").code, "agents-cordoned");
+        let p = run(
+            &[],
+            vec![queued("s", "K", 10, 0.0, "1")],
+            QueuePolicy::Fifo,
+            0,
+        );
+        assert_eq!(reason(&p, "s").code, "no-alive-agent");
+    }
+
+    #[test]
+    fn an_unchanged_reason_is_not_written_again() {
+        let agents = [agent("a", "1", 1 << 30)];
+        let first = run(
+            &agents,
+            vec![
+                queued("x", "K", 10, 0.0, "1"),
+                queued("y", "K", 10, 1.0, "1"),
+            ],
+            QueuePolicy::Fifo,
+            0,
+        );
+        let mut y = queued("y", "K", 10, 1.0, "1");
+        y.pending_reason = Some(reason(&first, "y").clone());
+        let again = run(
+            &agents,
+            vec![queued("x", "K", 10, 0.0, "1"), y],
+            QueuePolicy::Fifo,
+            0,
+        );
+        assert!(again.reasons.is_empty(), "{:?}", again.reasons);
+    }
+
+    /// Two keys, one submitting big (4-core) sessions and one small (1-core) ones, alternately:
+    /// DRF admits so that their dominant shares stay within one session's worth of each other,
+    /// where FIFO hands the big key as much as its turn in the queue gives it.
+    #[test]
+    fn drf_equalizes_dominant_shares_across_keys() {
+        let agents = [agent("a", "16", 64 << 30)];
+        let mut window = Vec::new();
+        for i in 0..8 {
+            window.push(queued(&format!("big{i}"), "BIG", 10, (2 * i) as f64, "4"));
+            window.push(queued(
+                &format!("small{i}"),
+                "SMALL",
+                10,
+                (2 * i + 1) as f64,
+                "1",
+            ));
+        }
+        let share = |p: &Plan, key: &str| {
+            let cores: u64 = p
+                .admit
+                .iter()
+                .filter(|(q, _)| q.access_key == key)
+                .map(|(q, _)| {
+                    q.resource_slots
+                        .get("cpu")
+                        .to_string()
+                        .parse::<u64>()
+                        .unwrap()
+                })
+                .sum();
+            cores as f64 / 16.0
+        };
+        let drf = run(&agents, window.clone(), QueuePolicy::Drf, 0);
+        let (big, small) = (share(&drf, "BIG"), share(&drf, "SMALL"));
+        assert!(
+            (big - small).abs() <= 4.0 / 16.0,
+            "drf: big {big} small {small}"
+        );
+        assert!(big + small > 0.9, "drf fills the agent: {big} + {small}");
+        let fifo = run(&agents, window, QueuePolicy::Fifo, 0);
+        assert!(share(&fifo, "BIG") > share(&fifo, "SMALL") + 4.0 / 16.0);
+    }
+}
