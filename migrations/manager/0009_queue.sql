@@ -8,7 +8,7 @@
 --   admitted_at       Unix seconds it left the queue (placed); NULL while pending / never queued
 --   pending_reason    JSON {"code", "message"} while PENDING: why it waits
 --   head_skips        admission rounds it blocked its priority as a head that did not fit
---   request           the SessionRequest as JSON while it waits (created from it on admission)
+--   request           the SessionRequest as JSON of a session that was queued (created from it on admission)
 --   status_changed_at Unix seconds of the last status change: the transient states' deadlines
 ALTER TABLE kernels ADD COLUMN priority BIGINT NOT NULL DEFAULT 10;
 ALTER TABLE kernels ADD COLUMN queued_at DOUBLE PRECISION;

@@ -753,6 +753,8 @@ impl Cluster {
 
     fn invariant_violation(&self) -> Option<String> {
         let rows = self.store(|s| Box::pin(async move { s.kernels(None, false).await.unwrap() }));
+        // Queued sessions hold no agent, slots or concurrency.
+        let rows: Vec<_> = rows.into_iter().filter(|k| !k.is_pending()).collect();
         // The slots the store's live kernels hold, per agent: every slot, summed exactly.
         let mut held_slots: BTreeMap<String, kernelvisor::slots::ResourceSlots> = BTreeMap::new();
         for k in &rows {

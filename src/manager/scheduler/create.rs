@@ -187,6 +187,16 @@ impl Handler<CreateSession> for Scheduler {
                     true => store.queued_at_or_above(priority).await?,
                     false => 0,
                 };
+                // One that no agent could ever hold is refused, queue or not.
+                if let Err(e @ PlaceError::SlotsExceedCapacity(_)) = place(
+                    &all,
+                    &Default::default(),
+                    &slots,
+                    &req.image,
+                    &Default::default(),
+                ) {
+                    return Err(e.into());
+                }
                 let outcome = if ahead > 0 {
                     // Sessions of its priority or higher wait: it queues behind them, so that
                     // the queue's order holds.

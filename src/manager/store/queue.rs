@@ -230,7 +230,7 @@ impl Store {
         let at = now();
         let request: Option<(Option<String>,)> = sqlx::query_as(
             "UPDATE kernels SET status = 'SCHEDULED', agent_id = $2, admitted_at = $3, \
-             status_changed_at = $3, pending_reason = NULL, request = NULL \
+             status_changed_at = $3, pending_reason = NULL \
              WHERE id = $1 AND status = 'PENDING' RETURNING request",
         )
         .bind(&q.id)
