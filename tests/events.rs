@@ -169,11 +169,11 @@ fn statuses(events: &[Value], sid: &str) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-/// A session's life seen in order: `PENDING` (placed) first, `RUNNING`, `TERMINATED` with the
+/// A session's life seen in order: `SCHEDULED` (placed) first, `RUNNING`, `TERMINATED` with the
 /// reason last, every status a step forward.
 fn assert_life(seen: &[(String, Option<String>)], reason: &str) {
     let names: Vec<&str> = seen.iter().map(|(s, _)| s.as_str()).collect();
-    assert_eq!(names.first(), Some(&"PENDING"), "{seen:?}");
+    assert_eq!(names.first(), Some(&"SCHEDULED"), "{seen:?}");
     assert!(names.contains(&"RUNNING"), "{seen:?}");
     assert_eq!(
         seen.last().map(|(s, r)| (s.as_str(), r.as_deref())),
