@@ -426,7 +426,8 @@ mod tests {
             "mounts": [{"name": "data", "permission": null}],
             "restart_policy": {"mode": "never", "max_restarts": 3, "window": 60.0, "backoff": 1.0},
             "restart_count": 0, "created_at": 1.5, "terminated_at": null,
-            "pull_progress": null,
+            "pull_progress": null, "priority": 10, "pending_reason": null,
+            "queue_position": null, "queued_at": null, "admitted_at": null,
         });
         assert_eq!(listed, before.to_string());
         let got = Session {
