@@ -158,10 +158,28 @@ fn accelerator_requests_land_on_the_agent_that_has_it() {
         (devices_shown && kernel_shown).then_some(())
     });
 
-    // The GPU agent is full: a third accelerator request cannot be placed now.
+    // The GPU agent is full: a third accelerator request waits, saying which slot is short
+    // (and with `enqueue: false` is refused at once). Deleting it cancels it.
     let (status, body) = create(&c, json!({"cpu": 0.25, "mem": "64m", "cuda.device": 1}));
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(body["error"]["code"], "no-capacity", "{body}");
+    assert_eq!((status, body["status"].as_str()), (201, Some("PENDING")), "{body}");
+    assert_eq!(body["pending_reason"]["code"], "no-capacity", "{body}");
+    assert!(
+        body["pending_reason"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`cuda.device`"),
+        "{body}"
+    );
+    let d = c.delete(&format!(
+        "/v1/sessions/{}",
+        body["session_id"].as_str().unwrap()
+    ));
+    assert_eq!(d.body["status"], "CANCELLED", "{d:?}");
+    let a = c.post(
+        "/v1/sessions",
+        &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m", "cuda.device": 1}, "enqueue": false}),
+    );
+    assert_eq!((a.status, a.code()), (409, "no-capacity"), "{a:?}");
     // More than any agent has, or a slot no agent has.
     let (status, body) = create(&c, json!({"cpu": 0.25, "mem": "64m", "cuda.device": 5}));
     assert_eq!(
