@@ -161,7 +161,11 @@ fn accelerator_requests_land_on_the_agent_that_has_it() {
     // The GPU agent is full: a third accelerator request waits, saying which slot is short
     // (and with `enqueue: false` is refused at once). Deleting it cancels it.
     let (status, body) = create(&c, json!({"cpu": 0.25, "mem": "64m", "cuda.device": 1}));
-    assert_eq!((status, body["status"].as_str()), (201, Some("PENDING")), "{body}");
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (201, Some("PENDING")),
+        "{body}"
+    );
     assert_eq!(body["pending_reason"]["code"], "no-capacity", "{body}");
     assert!(
         body["pending_reason"]["message"]

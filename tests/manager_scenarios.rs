@@ -282,9 +282,24 @@ fn agent_suspended(db: Db, ports: u16) {
         c.manager_metric("kernelvisor_manager_agents_lost_total", ""),
         1.0
     );
-    // No placement on a lost agent.
-    let refused = c.post("/v1/sessions", &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key}));
+    // No placement on a lost agent: a session waits for one (`no-alive-agent`), or with
+    // `enqueue: false` is refused.
+    let refused = c.post("/v1/sessions", &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key, "enqueue": false}));
     assert_eq!(refused.code(), "no-agents", "{refused:?}");
+    let queued = c.post(
+        "/v1/sessions",
+        &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}}),
+    );
+    assert_eq!(queued.body["status"], "PENDING", "{queued:?}");
+    assert_eq!(
+        queued.body["pending_reason"]["code"], "no-alive-agent",
+        "{queued:?}"
+    );
+    let cancelled = c.delete(&format!(
+        "/v1/sessions/{}",
+        queued.body["session_id"].as_str().unwrap()
+    ));
+    assert_eq!(cancelled.body["status"], "CANCELLED", "{cancelled:?}");
 
     signal(pid, "CONT");
     // PENDING until reset_instance returns, then ALIVE with no kernels.
