@@ -198,6 +198,8 @@ fn three_managers_on_postgres_fail_over() {
                                 .send_json(serde_json::json!({
                                     "image": "kernelvisor-test:latest",
                                     "resource_slots": {"cpu": "0.5", "mem": "32m"},
+                                    // Racing replicas for the same room (not the queue).
+                                    "enqueue": false,
                                 }));
                             match r {
                                 Ok(resp) => (resp.status(), resp.into_json().unwrap_or(Json::Null)),

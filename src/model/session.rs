@@ -243,8 +243,9 @@ pub struct SessionRequest {
     /// Tests only (a `fault-injection` build): passed to the agent as the kernel config's
     /// `_inject` (fail or pause a stage).
     #[cfg(feature = "fault-injection")]
+    // Not in the OpenAPI document: no client is meant to send it.
     #[serde(default, rename = "_inject", skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(ignore)]
     pub inject: Option<serde_json::Value>,
 }
 
