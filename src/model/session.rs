@@ -446,9 +446,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// Whether it is over (`terminated_at` set or status `TERMINATED`).
+    /// Whether it is over (`terminated_at` set, or status `TERMINATED` or `CANCELLED`).
     pub fn terminated(&self) -> bool {
-        self.terminated_at.is_some() || self.status == KernelStatus::Terminated.as_str()
+        self.terminated_at.is_some()
+            || self.status == KernelStatus::Terminated.as_str()
+            || self.status == KernelStatus::Cancelled.as_str()
     }
 }
 

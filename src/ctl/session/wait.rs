@@ -78,7 +78,8 @@ enum Waited {
     TimedOut(Reply),
 }
 
-/// Polls `GET path` every `interval` until the session's `status` is `TERMINATED`, or until
+/// Polls `GET path` every `interval` until the session's `status` is `TERMINATED` or
+/// `CANCELLED`, or until
 /// `deadline` (the last poll is at or just after it).
 fn wait_terminated(
     client: &Client,
@@ -104,7 +105,8 @@ fn wait_terminated(
             let _ = io::stderr().flush();
             drew = pulling;
         }
-        if session.status == KernelStatus::Terminated.as_str() {
+        // `CANCELLED` (deleted while queued) is as final as `TERMINATED`.
+        if session.terminated() {
             return Ok(Waited::Terminated(reply));
         }
         let now = Instant::now();
