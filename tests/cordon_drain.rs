@@ -4,7 +4,8 @@
 //! ends the sessions still on the agent `agent-drained` at the deadline (their containers gone,
 //! the metric counting them), one without a deadline leaves them running; the agent stays
 //! cordoned after a drain. The routes are admin-only and name known agents; `kernelvisor ctl
-//! agent cordon|uncordon|drain` and `ctl agents` through the real binary.
+//! agent cordon|uncordon|drain` and `ctl agents` through the real binary. On PostgreSQL a second
+//! manager replica on the same store shows each change within seconds (it re-reads the row).
 //!
 //! Agent host ports: 36000–36079 (20 per agent).
 
@@ -12,7 +13,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::agent::TEST_IMAGE;
+use common::agent::{free_port, TEST_IMAGE};
+use common::bai::KillOnDrop;
 use common::cluster::{wait_for, Answer, Cluster, Db};
 use serde_json::{json, Value};
 
@@ -64,6 +66,26 @@ fn ctl(c: &Cluster, token: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Waits until the manager at `api` shows agent `id` with `schedulable` and `draining`.
+fn wait_flags(c: &Cluster, api: &str, id: &str, schedulable: bool, draining: bool) -> Value {
+    wait_for(
+        Duration::from_secs(10),
+        &format!("{api} shows {id} schedulable={schedulable} draining={draining}"),
+        || {
+            let a = c
+                .call_at(api, "GET", "/v1/agents", Some(&c.admin_token), None)
+                .ok()?;
+            let agent = a.body["agents"]
+                .as_array()?
+                .iter()
+                .find(|x| x["agent_id"] == id)?
+                .clone();
+            (agent["schedulable"] == schedulable && agent["draining"] == draining)
+                .then_some(agent)
+        },
+    )
+}
+
 /// The `ctl agents` table row of agent `id`, split into its columns.
 fn agents_row(c: &Cluster, id: &str) -> Vec<String> {
     let (code, table, err) = ctl(c, &c.admin_token, &["agents"]);
@@ -99,6 +121,16 @@ fn cordon_and_drain(db: Db, ports: u16) {
         (&json!(true), &json!(false), &Value::Null),
         "{view}"
     );
+    // PostgreSQL: a standby replica, which learns of each change from the store.
+    let replica = (db == Db::Postgres).then(|| {
+        let port = free_port();
+        let child = KillOnDrop(c.spawn_replica("replica", port, free_port()));
+        (format!("http://127.0.0.1:{port}"), child)
+    });
+    let replica_api = replica.as_ref().map(|(api, _)| api.clone());
+    if let Some(api) = &replica_api {
+        wait_flags(&c, api, &ida, true, false);
+    }
 
     // Admin only, known agents only, a drain body that says what it means.
     for action in ["cordon", "uncordon", "drain"] {
@@ -147,6 +179,9 @@ fn cordon_and_drain(db: Db, ports: u16) {
     );
     assert_eq!(r.body["status"], "ALIVE");
     assert_eq!(c.agent_view(&ida).unwrap()["schedulable"], false);
+    if let Some(api) = &replica_api {
+        wait_flags(&c, api, &ida, false, false);
+    }
     let mut on_b = Vec::new();
     for _ in 0..3 {
         let s = c.create_session();
@@ -226,6 +261,10 @@ fn cordon_and_drain(db: Db, ports: u16) {
         (&r.body["schedulable"], &r.body["draining"]),
         (&json!(false), &json!(true))
     );
+    if let Some(api) = &replica_api {
+        let seen = wait_flags(&c, api, &ida, false, true);
+        assert_eq!(seen["drain_deadline"], r.body["drain_deadline"]);
+    }
     let ended = wait_status(&c, &waiting, "TERMINATED", Duration::from_secs(30));
     let took = asked.elapsed();
     assert_eq!(ended["status_reason"], "agent-drained", "{ended}");
@@ -262,6 +301,10 @@ fn cordon_and_drain(db: Db, ports: u16) {
         format!("agent {ida} schedulable: new sessions may be placed on it\n")
     );
     assert_eq!(agents_row(&c, &ida)[2], "yes");
+    if let Some(api) = &replica_api {
+        let seen = wait_flags(&c, api, &ida, true, false);
+        assert_eq!(seen["drain_deadline"], Value::Null, "{seen}");
+    }
     let (code, out, err) = ctl(&c, &c.admin_token, &["agent", "cordon", &ida]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
