@@ -24,6 +24,8 @@
 //! - Dangling kernels (`kernel_dangling`, Backend.AI's agent architecture): adopted when the
 //!   store holds them live on the reporting agent, destroyed after `dangling-grace` otherwise
 //!   (`dangling.rs`).
+//! - Cordon and drain (`cordon.rs`): each row's scheduling flags, which placement reads; the
+//!   API's store writes, taken at once by this replica and from the re-read rows by the others.
 
 mod apply;
 pub mod cordon;
