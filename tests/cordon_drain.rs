@@ -80,8 +80,7 @@ fn wait_flags(c: &Cluster, api: &str, id: &str, schedulable: bool, draining: boo
                 .iter()
                 .find(|x| x["agent_id"] == id)?
                 .clone();
-            (agent["schedulable"] == schedulable && agent["draining"] == draining)
-                .then_some(agent)
+            (agent["schedulable"] == schedulable && agent["draining"] == draining).then_some(agent)
         },
     )
 }
@@ -90,7 +89,10 @@ fn wait_flags(c: &Cluster, api: &str, id: &str, schedulable: bool, draining: boo
 fn agents_row(c: &Cluster, id: &str) -> Vec<String> {
     let (code, table, err) = ctl(c, &c.admin_token, &["agents"]);
     assert_eq!(code, 0, "{err}");
-    assert!(table.lines().next().unwrap().contains("SCHEDULING"), "{table}");
+    assert!(
+        table.lines().next().unwrap().contains("SCHEDULING"),
+        "{table}"
+    );
     let line = table
         .lines()
         .find(|l| l.starts_with(id))
@@ -117,7 +119,11 @@ fn cordon_and_drain(db: Db, ports: u16) {
     });
     let view = c.agent_view(&ida).unwrap();
     assert_eq!(
-        (&view["schedulable"], &view["draining"], &view["drain_deadline"]),
+        (
+            &view["schedulable"],
+            &view["draining"],
+            &view["drain_deadline"]
+        ),
         (&json!(true), &json!(false), &Value::Null),
         "{view}"
     );
@@ -172,7 +178,11 @@ fn cordon_and_drain(db: Db, ports: u16) {
     let r = admin_post(&c, &ida, "cordon", None);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(
-        (&r.body["agent_id"], &r.body["schedulable"], &r.body["draining"]),
+        (
+            &r.body["agent_id"],
+            &r.body["schedulable"],
+            &r.body["draining"]
+        ),
         (&json!(ida), &json!(false), &json!(false)),
         "answered as GET /v1/agents shows it: {}",
         r.body
@@ -185,7 +195,11 @@ fn cordon_and_drain(db: Db, ports: u16) {
     let mut on_b = Vec::new();
     for _ in 0..3 {
         let s = c.create_session();
-        assert_eq!(s["agent_id"], idb.as_str(), "placed on the cordoned agent: {s}");
+        assert_eq!(
+            s["agent_id"],
+            idb.as_str(),
+            "placed on the cordoned agent: {s}"
+        );
         on_b.push(s["session_id"].as_str().unwrap().to_owned());
     }
 
@@ -238,7 +252,11 @@ fn cordon_and_drain(db: Db, ports: u16) {
     let r = admin_post(&c, &idb, "drain", None);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(
-        (&r.body["schedulable"], &r.body["draining"], &r.body["drain_deadline"]),
+        (
+            &r.body["schedulable"],
+            &r.body["draining"],
+            &r.body["drain_deadline"]
+        ),
         (&json!(false), &json!(true), &Value::Null),
         "{}",
         r.body
@@ -293,7 +311,11 @@ fn cordon_and_drain(db: Db, ports: u16) {
     // ctl: the SCHEDULING column, cordon/uncordon/drain with their one-line confirmations.
     let row = agents_row(&c, &ida);
     assert_eq!(row[2], "draining (deadline passed)", "{row:?}");
-    assert_eq!(agents_row(&c, &idb)[2], "draining", "B drains without a deadline");
+    assert_eq!(
+        agents_row(&c, &idb)[2],
+        "draining",
+        "B drains without a deadline"
+    );
     let (code, out, err) = ctl(&c, &c.admin_token, &["agent", "uncordon", &ida]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(

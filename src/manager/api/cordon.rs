@@ -62,11 +62,7 @@ pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path
         responses::AdminOnly,
     ),
 )]
-pub(super) async fn uncordon(
-    s: web::Data<ApiState>,
-    caller: Caller,
-    id: web::Path<String>,
-) -> Res {
+pub(super) async fn uncordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
     let row = s.store.set_agent_schedulable(&id, true).await?;
     let agent = answer(&s, &id, row).await?;
@@ -149,7 +145,10 @@ async fn answer(s: &ApiState, id: &str, row: Option<AgentRow>) -> Result<Agent, 
         })
         .await?
         // Stored by another replica and not re-read here yet: the stored row.
-        .unwrap_or(AgentSnapshot { row, image_count: 0 });
+        .unwrap_or(AgentSnapshot {
+            row,
+            image_count: 0,
+        });
     let usage = s.store.usage_by_agent().await?;
     Ok(agent_view(&snapshot, &usage))
 }
