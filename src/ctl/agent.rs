@@ -172,10 +172,10 @@ mod tests {
         };
         let far = unix_now() + 3600.0 * 5.0;
         let server = Server::start(vec![
-            Answer::json(200, &agent(false, false, None)),
-            Answer::json(200, &agent(true, false, None)),
-            Answer::json(200, &agent(false, true, None)),
-            Answer::json(200, &agent(false, true, Some(far))),
+            Answer::json(200, agent(false, false, None)),
+            Answer::json(200, agent(true, false, None)),
+            Answer::json(200, agent(false, true, None)),
+            Answer::json(200, agent(false, true, Some(far))),
         ]);
         let client = Client::new(&server.url).unwrap();
         let run = |args: &[&str]| {
