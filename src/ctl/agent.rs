@@ -1,6 +1,7 @@
-//! `agents`: the agents the manager knows, with their slots, kernels and last heartbeat
-//! (`GET /v1/agents`); `agent purge-images`: remove images from one agent (`POST
-//! /v1/agents/{id}/images/purge`).
+//! `agents`: the agents the manager knows, with their scheduling, slots, kernels and last
+//! heartbeat (`GET /v1/agents`); `agent purge-images`: remove images from one agent (`POST
+//! /v1/agents/{id}/images/purge`); `agent cordon`, `uncordon` and `drain [--deadline SECS]`
+//! (`POST /v1/agents/{id}/cordon|uncordon|drain`).
 
 use std::io::Write;
 
@@ -9,6 +10,7 @@ use serde_json::json;
 
 use super::client::segment;
 use super::{render, show, unix_now, Client, Failure, Output};
+use crate::model::agent::Agent;
 use crate::model::image::PurgedImages;
 
 /// Lists the agents: a table, or with `-o json` the API's JSON as it is.
@@ -28,6 +30,33 @@ pub enum AgentCommand {
     /// agent runs is refused (naming the kernels) unless --force, which then removes only its
     /// tag while the kernel runs.
     PurgeImages(PurgeImagesArgs),
+    /// Stop placing new sessions on an agent; its sessions keep running (POST
+    /// /v1/agents/{id}/cordon). Backend.AI's `schedulable = false`.
+    Cordon {
+        /// Agent id.
+        id: String,
+    },
+    /// Place sessions on an agent again, ending a drain (POST /v1/agents/{id}/uncordon);
+    /// queued sessions that fit are placed at once.
+    Uncordon {
+        /// Agent id.
+        id: String,
+    },
+    /// Cordon an agent and let its sessions end (POST /v1/agents/{id}/drain); with --deadline,
+    /// the sessions still there after SECS seconds are terminated (reason `agent-drained`).
+    /// The agent stays cordoned afterwards, until `agent uncordon`.
+    Drain(DrainArgs),
+}
+
+/// Arguments of `kernelvisor ctl agent drain`.
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// Agent id.
+    pub id: String,
+    /// Seconds from now after which its remaining sessions are terminated (above 0, decimals
+    /// allowed); none by default: they end by themselves.
+    #[arg(long, value_name = "SECS", value_parser = super::parse::positive_seconds)]
+    pub deadline: Option<f64>,
 }
 
 /// Arguments of `kernelvisor ctl agent purge-images`.
@@ -59,6 +88,22 @@ fn purged(v: &serde_json::Value) -> String {
         .collect()
 }
 
+/// The one line confirming a cordon, uncordon or drain, from the agent the API answered.
+fn scheduled(v: &serde_json::Value, now: f64) -> String {
+    let a: Agent = render::lenient(v);
+    let state = match render::scheduling(&a, now).as_str() {
+        "yes" => "schedulable: new sessions may be placed on it".to_owned(),
+        "cordoned" => "cordoned: no new sessions are placed on it".to_owned(),
+        "draining" => {
+            "draining: no new sessions; its sessions end by themselves (no deadline)".to_owned()
+        }
+        other => format!(
+            "{other}: no new sessions; the remaining ones are terminated then (agent-drained)"
+        ),
+    };
+    format!("agent {} {state}\n", a.agent_id)
+}
+
 /// Runs one `agent …` command.
 pub(super) fn run_command(
     client: &Client,
@@ -76,7 +121,33 @@ pub(super) fn run_command(
             let p: PurgedImages = render::lenient(&reply.json);
             Ok(i32::from(p.images.iter().any(|i| !i.removed)))
         }
+        AgentCommand::Cordon { id } => scheduling(client, id, "cordon", &json!({}), out, stdout),
+        AgentCommand::Uncordon { id } => {
+            scheduling(client, id, "uncordon", &json!({}), out, stdout)
+        }
+        AgentCommand::Drain(args) => {
+            let body = match args.deadline {
+                Some(secs) => json!({"deadline": super::parse::seconds_json(secs)}),
+                None => json!({}),
+            };
+            scheduling(client, &args.id, "drain", &body, out, stdout)
+        }
     }
+}
+
+/// `POST /v1/agents/{id}/{action}` with `body`, printing the agent's new scheduling.
+fn scheduling(
+    client: &Client,
+    id: &str,
+    action: &str,
+    body: &serde_json::Value,
+    out: Output,
+    stdout: &mut impl Write,
+) -> Result<i32, Failure> {
+    let path = format!("/v1/agents/{}/{action}", segment(id));
+    let reply = client.post(&path, body, None)?;
+    let now = unix_now();
+    super::show_to(out, &reply, |v| scheduled(v, now), stdout)
 }
 
 #[cfg(test)]
@@ -85,6 +156,73 @@ mod tests {
     use crate::ctl::test_util::{parse, text};
     use crate::ctl::testserver::{Answer, Server};
     use crate::ctl::CtlCommand;
+
+    #[test]
+    fn cordon_uncordon_and_drain_post_and_confirm_in_one_line() {
+        assert!(
+            parse(&["agent", "drain", "A1", "--deadline", "0"]).is_err(),
+            "a deadline is above 0"
+        );
+        assert!(parse(&["agent", "drain", "A1", "--deadline", "soon"]).is_err());
+        assert!(parse(&["agent", "cordon"]).is_err(), "ID is required");
+        let agent = |schedulable: bool, draining: bool, deadline: Option<f64>| {
+            json!({"agent_id": "A1", "status": "ALIVE", "schedulable": schedulable,
+                   "draining": draining, "drain_deadline": deadline})
+            .to_string()
+        };
+        let far = unix_now() + 3600.0 * 5.0;
+        let server = Server::start(vec![
+            Answer::json(200, agent(false, false, None)),
+            Answer::json(200, agent(true, false, None)),
+            Answer::json(200, agent(false, true, None)),
+            Answer::json(200, agent(false, true, Some(far))),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let run = |args: &[&str]| {
+            let a = parse(args).unwrap();
+            let CtlCommand::Agent(command) = a.command else {
+                panic!("{:?}", a.command)
+            };
+            let mut out = Vec::new();
+            let code = run_command(&client, &command, Output::Table, &mut out).unwrap();
+            (code, text(out))
+        };
+        assert_eq!(
+            run(&["agent", "cordon", "A1"]),
+            (
+                0,
+                "agent A1 cordoned: no new sessions are placed on it\n".to_owned()
+            )
+        );
+        assert_eq!(
+            run(&["agent", "uncordon", "A1"]).1,
+            "agent A1 schedulable: new sessions may be placed on it\n"
+        );
+        assert_eq!(
+            run(&["agent", "drain", "A1"]).1,
+            "agent A1 draining: no new sessions; its sessions end by themselves (no deadline)\n"
+        );
+        let (code, line) = run(&["agent", "drain", "A1", "--deadline", "18000"]);
+        assert_eq!(code, 0);
+        assert!(
+            line.starts_with("agent A1 draining (deadline in 4h)")
+                || line.starts_with("agent A1 draining (deadline in 5h)"),
+            "{line}"
+        );
+        let requests = server.requests();
+        let lines: Vec<&str> = requests.iter().map(|r| r.line.as_str()).collect();
+        for (r, path) in lines.iter().zip([
+            "POST /v1/agents/A1/cordon",
+            "POST /v1/agents/A1/uncordon",
+            "POST /v1/agents/A1/drain",
+            "POST /v1/agents/A1/drain",
+        ]) {
+            assert!(r.starts_with(path), "{r}");
+        }
+        let body = |i: usize| serde_json::from_str::<serde_json::Value>(&requests[i].body).unwrap();
+        assert_eq!(body(2), json!({}));
+        assert_eq!(body(3), json!({"deadline": 18000}));
+    }
 
     #[test]
     fn purge_images_prints_each_outcome_and_fails_when_one_stays() {

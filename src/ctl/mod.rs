@@ -8,7 +8,8 @@
 //! `session cp` streams a file to or from a session; `session ls` lists a directory of it;
 //! `session services`, `service-start` and `service-stop` manage its services; `session commit`
 //! saves it as an image (pushed with `--push`, followed with `--wait`). `agent purge-images`
-//! removes images from an agent. `access-key …` manages access keys, `vfolder …` the caller's
+//! removes images from an agent; `agent cordon`, `uncordon` and `drain` stop and resume
+//! placements on it. `access-key …` manages access keys, `vfolder …` the caller's
 //! vfolders. `events [-f]` prints the manager's event stream, one line per event, and `session
 //! show --watch` a session followed by a line per change of it until it ends.
 //!
@@ -55,7 +56,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 
 pub use access_key::AccessKeyCommand;
-pub use agent::{AgentCommand, PurgeImagesArgs};
+pub use agent::{AgentCommand, DrainArgs, PurgeImagesArgs};
 pub use client::{ApiError, Client, ClientError, ClientOptions, Reply};
 pub use events::EventsArgs;
 pub use parse::{Endpoint, Mount, Permission, Transfer};
@@ -115,9 +116,10 @@ pub enum Output {
 /// The `kernelvisor ctl` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum CtlCommand {
-    /// List agents with their slots, kernels and last heartbeat (GET /v1/agents).
+    /// List agents with their scheduling (yes, cordoned, draining), slots, kernels and last
+    /// heartbeat (GET /v1/agents).
     Agents,
-    /// Act on one agent (admin): remove images from it.
+    /// Act on one agent (admin): cordon, uncordon or drain it, remove images from it.
     #[command(subcommand)]
     Agent(AgentCommand),
     /// List sessions, live ones unless --all (GET /v1/sessions).

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::format::{ago, amount, bytes, cores, duration, file_mode, pull_bar, timestamp};
 use crate::model::access_key::{AccessKey, AccessKeyList, NewAccessKey};
-use crate::model::agent::AgentList;
+use crate::model::agent::{Agent, AgentList};
 use crate::model::exec::ExecuteAnswer;
 use crate::model::file::FileList;
 use crate::model::health::Health;
@@ -150,14 +150,27 @@ fn fields(pairs: &[(&str, String)]) -> String {
         .collect()
 }
 
-/// `GET /v1/agents` (`{"agents": [...]}`) as a table: AGENT, STATUS, ADDR, CPU and MEM as
-/// used/total, one used/total column per accelerator slot some agent has (`GPU` for
-/// `cuda.device`, else the slot name in capitals: `CUDA.SHARES`), KERNELS, LAST HEARTBEAT.
+/// Whether an agent takes new sessions: `yes`, `cordoned`, `draining`, `draining (deadline in
+/// 42s)` or `draining (deadline passed)` (its sessions are being terminated).
+pub fn scheduling(a: &Agent, now: f64) -> String {
+    match (a.schedulable, a.draining, a.drain_deadline) {
+        (_, true, Some(d)) if d > now => format!("draining (deadline in {})", duration(d - now)),
+        (_, true, Some(_)) => "draining (deadline passed)".to_owned(),
+        (_, true, None) => "draining".to_owned(),
+        (true, false, _) => "yes".to_owned(),
+        (false, false, _) => "cordoned".to_owned(),
+    }
+}
+
+/// `GET /v1/agents` (`{"agents": [...]}`) as a table: AGENT, STATUS, SCHEDULING (see
+/// [`scheduling`]), ADDR, CPU and MEM as used/total, one used/total column per accelerator
+/// slot some agent has (`GPU` for `cuda.device`, else the slot name in capitals:
+/// `CUDA.SHARES`), KERNELS, LAST HEARTBEAT.
 pub fn agents(v: &Value, now: f64) -> String {
     with(v, |list: AgentList| {
         let extra = extra_slots(list.agents.iter().map(|a| &a.slots_total));
         let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
-        let mut header = vec!["AGENT", "STATUS", "ADDR", "CPU", "MEM"];
+        let mut header = vec!["AGENT", "STATUS", "SCHEDULING", "ADDR", "CPU", "MEM"];
         header.extend(labels.iter().map(String::as_str));
         header.extend(["KERNELS", "LAST HEARTBEAT"]);
         let rows = list
@@ -171,7 +184,12 @@ pub fn agents(v: &Value, now: f64) -> String {
                         f(slot(&a.slots_total, name).as_ref())
                     )
                 };
-                let mut row = vec![text(&a.agent_id), text(&a.status), opt(a.addr.as_ref())];
+                let mut row = vec![
+                    text(&a.agent_id),
+                    text(&a.status),
+                    scheduling(a, now),
+                    opt(a.addr.as_ref()),
+                ];
                 row.push(used_total(cores, "cpu"));
                 row.push(used_total(bytes, "mem"));
                 for name in &extra {
@@ -658,15 +676,38 @@ pub(crate) mod tests {
     const NOW: f64 = 1_700_000_000.0;
 
     #[test]
+    fn scheduling_words() {
+        let agent = |schedulable, draining, drain_deadline| Agent {
+            schedulable,
+            draining,
+            drain_deadline,
+            ..Agent::default()
+        };
+        assert_eq!(scheduling(&agent(true, false, None), NOW), "yes");
+        assert_eq!(scheduling(&agent(false, false, None), NOW), "cordoned");
+        assert_eq!(scheduling(&agent(false, true, None), NOW), "draining");
+        assert_eq!(
+            scheduling(&agent(false, true, Some(NOW + 90.0)), NOW),
+            "draining (deadline in 1m)"
+        );
+        assert_eq!(
+            scheduling(&agent(false, true, Some(NOW - 1.0)), NOW),
+            "draining (deadline passed)"
+        );
+    }
+
+    #[test]
     fn agents_table() {
         let v = json!({"agents": [
             {"agent_id": "i-node1", "status": "ALIVE", "addr": "tcp://10.0.0.5:6001", "region": "local",
              "version": "0.1.0", "slots_total": {"cpu": "8", "mem": "17179869184", "cuda.device": "0"},
              "slots_used": {"cpu": "1.500", "mem": "1610612736", "cuda.device": "0"},
-             "kernels": 2, "last_heartbeat": NOW - 3.2},
+             "kernels": 2, "last_heartbeat": NOW - 3.2, "schedulable": true, "draining": false,
+             "drain_deadline": null},
             {"agent_id": "i-node2", "status": "PENDING", "addr": "tcp://10.0.0.6:6001",
              "slots_total": {"cpu": "4", "mem": "8589934592"}, "slots_used": {}, "kernels": 0,
-             "last_heartbeat": null}
+             "last_heartbeat": null, "schedulable": false, "draining": true,
+             "drain_deadline": NOW + 42.5}
         ]});
         let out = agents(&v, NOW);
         let lines: Vec<&str> = out.lines().collect();
@@ -674,6 +715,7 @@ pub(crate) mod tests {
         for h in [
             "AGENT",
             "STATUS",
+            "SCHEDULING",
             "ADDR",
             "CPU",
             "MEM",
@@ -700,6 +742,7 @@ pub(crate) mod tests {
             [
                 "i-node1",
                 "ALIVE",
+                "yes",
                 "tcp://10.0.0.5:6001",
                 "1.5/8",
                 "1.5 GiB/16 GiB",
@@ -717,6 +760,7 @@ pub(crate) mod tests {
             [
                 "i-node2",
                 "PENDING",
+                "draining (deadline in 42s)",
                 "tcp://10.0.0.6:6001",
                 "-/4",
                 "-/8 GiB",

@@ -1,4 +1,5 @@
-//! Agents as the manager knows them: `GET /v1/agents` (admin).
+//! Agents as the manager knows them: `GET /v1/agents` (admin), and the body of
+//! `POST /v1/agents/{id}/drain`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -118,6 +119,30 @@ pub struct Agent {
     /// listed them (at most 1,000; 0 before one did): what image-aware placement knows of it.
     #[schema(required = true)]
     pub image_count: i64,
+    /// Whether new sessions may be placed on it: `false` once cordoned or draining
+    /// (Backend.AI's `schedulable`); `POST /v1/agents/{id}/uncordon` sets it again.
+    #[schema(required = true)]
+    pub schedulable: bool,
+    /// Whether it is being drained (`POST /v1/agents/{id}/drain`): cordoned, its sessions end
+    /// by themselves or at `drain_deadline`. Stays `true` once they have all ended, until it
+    /// is uncordoned.
+    #[schema(required = true)]
+    pub draining: bool,
+    /// Unix seconds at which a drain terminates its remaining sessions (status reason
+    /// `agent-drained`); `null` when not draining or draining without a deadline.
+    #[schema(required = true)]
+    pub drain_deadline: Option<f64>,
+}
+
+/// `POST /v1/agents/{id}/drain`'s body (optional: no body drains without a deadline).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// Seconds from now after which the sessions still on the agent are terminated
+    /// (`agent-drained`); a number above 0. Absent or `null`: no deadline, its sessions end
+    /// by themselves.
+    #[serde(default)]
+    pub deadline: Option<f64>,
 }
 
 /// `GET /v1/agents`'s answer.

@@ -4,6 +4,7 @@
 //! `docs/manager-api.md`.
 
 pub mod auth;
+mod cordon;
 mod error;
 mod events;
 mod files;
@@ -284,6 +285,21 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/v1/agents")
             .route(web::get().to(system::list_agents))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/agents/{id}/cordon")
+            .route(web::post().to(cordon::cordon))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/agents/{id}/uncordon")
+            .route(web::post().to(cordon::uncordon))
+            .default_service(not_allowed()),
+    )
+    .service(
+        web::resource("/v1/agents/{id}/drain")
+            .route(web::post().to(cordon::drain))
             .default_service(not_allowed()),
     )
     .service(

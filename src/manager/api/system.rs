@@ -1,19 +1,23 @@
 //! Fleet routes: agents (admin), `/health` (public: liveness probes carry no token) and
 //! `/metrics` (admin: the numbers describe every key's sessions).
 
+use std::collections::HashMap;
+
 use actix_web::{web, HttpResponse};
 
 use super::auth::Caller;
 use super::responses;
 use super::{reply, slot_amounts, ApiState, Res};
 use crate::manager::pool::GetPoolStats;
-use crate::manager::registry::{CountByStatus, GraceRemaining, ListAgents, ALIVE};
+use crate::manager::registry::{AgentSnapshot, CountByStatus, GraceRemaining, ListAgents, ALIVE};
+use crate::manager::store::Usage;
 use crate::model::agent::{Agent, AgentList};
 use crate::model::health::{Health, HealthMode, HealthStatus};
 
-/// Every known agent: liveness, slots, kernels (admin). `slots_total` is every slot the agent
-/// has, `slots_used` the sum of the slots its live kernels hold over the same slots (and any
-/// other a kernel holds), `slot_types` each slot's unit; amounts are decimal strings.
+/// Every known agent: liveness, slots, kernels, scheduling (admin). `slots_total` is every slot
+/// the agent has, `slots_used` the sum of the slots its live kernels hold over the same slots
+/// (and any other a kernel holds), `slot_types` each slot's unit; amounts are decimal strings.
+/// `schedulable`, `draining` and `drain_deadline` tell of a cordon or drain.
 #[utoipa::path(
     get,
     path = "/v1/agents",
@@ -28,38 +32,42 @@ pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
     caller.require_admin()?;
     let agents = s.registry.send(ListAgents).await?;
     let usage = s.store.usage_by_agent().await?;
-    let agents = agents
-        .iter()
-        .map(|a| {
-            let r = &a.row;
-            let u = usage.get(&r.id).cloned().unwrap_or_default();
-            // Every slot of the total shows in `slots_used`, zero when nothing holds it.
-            let zeros: crate::slots::ResourceSlots = r
-                .slots_total
-                .iter()
-                .map(|(k, _)| (k.to_owned(), crate::slots::Amount::ZERO))
-                .collect();
-            let used = zeros.checked_add(&u.slots).unwrap_or(u.slots);
-            Agent {
-                agent_id: r.id.clone(),
-                status: r.status.to_string(),
-                addr: r.addr.clone(),
-                region: r.region.clone(),
-                version: r.version.clone(),
-                slots_total: slot_amounts(&r.slots_total),
-                slots_used: slot_amounts(&used),
-                slot_types: r
-                    .slot_types
-                    .iter()
-                    .map(|(name, t)| (name.clone(), t.as_str().to_owned()))
-                    .collect(),
-                kernels: Some(u.kernels),
-                last_heartbeat: r.last_heartbeat,
-                image_count: i64::try_from(a.image_count).unwrap_or(i64::MAX),
-            }
-        })
-        .collect();
+    let agents = agents.iter().map(|a| agent_view(a, &usage)).collect();
     reply(HttpResponse::Ok(), &AgentList { agents })
+}
+
+/// One agent as `GET /v1/agents` shows it: the registry's row and image count, with the slots
+/// its live kernels hold from `usage` (the store's [`crate::manager::store::Store::usage_by_agent`]).
+pub(super) fn agent_view(a: &AgentSnapshot, usage: &HashMap<String, Usage>) -> Agent {
+    let r = &a.row;
+    let u = usage.get(&r.id).cloned().unwrap_or_default();
+    // Every slot of the total shows in `slots_used`, zero when nothing holds it.
+    let zeros: crate::slots::ResourceSlots = r
+        .slots_total
+        .iter()
+        .map(|(k, _)| (k.to_owned(), crate::slots::Amount::ZERO))
+        .collect();
+    let used = zeros.checked_add(&u.slots).unwrap_or(u.slots);
+    Agent {
+        agent_id: r.id.clone(),
+        status: r.status.to_string(),
+        addr: r.addr.clone(),
+        region: r.region.clone(),
+        version: r.version.clone(),
+        slots_total: slot_amounts(&r.slots_total),
+        slots_used: slot_amounts(&used),
+        slot_types: r
+            .slot_types
+            .iter()
+            .map(|(name, t)| (name.clone(), t.as_str().to_owned()))
+            .collect(),
+        kernels: Some(u.kernels),
+        last_heartbeat: r.last_heartbeat,
+        image_count: i64::try_from(a.image_count).unwrap_or(i64::MAX),
+        schedulable: r.schedulable,
+        draining: r.draining,
+        drain_deadline: r.drain_deadline,
+    }
 }
 
 /// Liveness (no token needed): whether the start-up grace is over, how many agents are alive.

@@ -24,8 +24,11 @@
 //! - Dangling kernels (`kernel_dangling`, Backend.AI's agent architecture): adopted when the
 //!   store holds them live on the reporting agent, destroyed after `dangling-grace` otherwise
 //!   (`dangling.rs`).
+//! - Cordon and drain (`cordon.rs`): each row's scheduling flags, which placement reads; the
+//!   API's store writes, taken at once by this replica and from the re-read rows by the others.
 
 mod apply;
+pub mod cordon;
 mod dangling;
 mod grace;
 pub mod heartbeat;
@@ -41,6 +44,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 pub use apply::ApplyEvents;
+pub use cordon::{Scheduling, SetScheduling};
 pub use heartbeat::Heartbeat;
 pub use inbox::{HeartbeatInbox, InboxFull, Put};
 pub use liveness::AgentStatus;
@@ -105,6 +109,9 @@ struct AgentState {
     /// as the engine names them; empty until one says). Kept in memory only, beside the row:
     /// another replica's row does not carry them.
     images: Arc<HashSet<String>>,
+    /// Unix seconds this replica last wrote the row's scheduling flags ([`SetScheduling`]);
+    /// 0 when never. A re-read that began earlier carries older flags.
+    scheduling_set_at: f64,
 }
 
 impl AgentState {
@@ -117,6 +124,7 @@ impl AgentState {
             losing: false,
             endpoint: None,
             images: Arc::default(),
+            scheduling_set_at: 0.0,
         }
     }
 
@@ -243,6 +251,7 @@ impl AgentRegistry {
                 losing: false,
                 endpoint: None,
                 images: Arc::default(),
+                scheduling_set_at: 0.0,
             })
     }
 
@@ -586,7 +595,7 @@ impl AgentRegistry {
                         Ok(rows) => {
                             act.refreshed_to = next;
                             for row in rows {
-                                act.merge(row, ctx);
+                                act.merge(row, next, ctx);
                             }
                         }
                         Err(e) => tracing::warn!(error = %e, "re-reading agent rows failed"),
@@ -595,10 +604,12 @@ impl AgentRegistry {
         );
     }
 
-    /// Takes a row another replica wrote: its status ([`liveness::keeps_own_status`],
-    /// [`liveness::replica_wrote`]) and newer facts, keeping what this replica heard since (it
-    /// is written with the next flush).
-    fn merge(&mut self, row: AgentRow, ctx: &mut Context<Self>) {
+    /// Takes a row another replica wrote (read from the store at `read_at`, Unix seconds): its
+    /// status ([`liveness::keeps_own_status`], [`liveness::replica_wrote`]) and newer facts,
+    /// keeping what this replica heard since (it is written with the next flush), and its
+    /// scheduling flags (cordon, drain), which only the API's writes change: the store's, unless
+    /// this replica wrote them after the read began.
+    fn merge(&mut self, row: AgentRow, read_at: f64, ctx: &mut Context<Self>) {
         let id = row.id.clone();
         if row.seen_at > self.started_at {
             self.mode.heard_from(&id);
@@ -615,13 +626,22 @@ impl AgentRegistry {
         let (theirs, their_changed) = (row.status, row.status_changed);
         let their_row_newer = row.seen_at >= s.row.seen_at;
         let keep = liveness::keeps_own_status(s.dirty, own_changed, their_changed, their_row_newer);
+        let own_flags = Scheduling::of(&s.row);
+        // The flags do not follow `seen_at`: a cordon by another replica stamps `updated_at`
+        // only, while this replica may have heard a heartbeat since.
+        let flags = if s.scheduling_set_at > read_at {
+            own_flags
+        } else {
+            Scheduling::of(&row)
+        };
         if their_row_newer {
             s.row = row;
         }
+        flags.apply_to(&mut s.row);
         // The status is set by the step (or kept) below.
         s.row.status = own.status;
         s.row.status_changed = if keep { own_changed } else { their_changed };
-        if before != (s.row.slots_total.clone(), s.row.addr.clone()) {
+        if before != (s.row.slots_total.clone(), s.row.addr.clone()) || flags != own_flags {
             self.candidates = None;
         }
         if !keep {

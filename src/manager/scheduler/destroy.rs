@@ -1,11 +1,15 @@
 //! `DestroySession`: `destroy_kernel` on the agent, then out of the live set; a queued
 //! (`PENDING`) session is `CANCELLED` without any agent call.
 
+use std::time::Duration;
+
 use actix::prelude::*;
 
 use super::Scheduler;
 use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
+use crate::manager::metrics::ManagerMetrics;
+use crate::manager::pool::{AgentCallError, AgentPool};
 use crate::manager::store::KernelRow;
 use crate::rpc::agent_api::kernel::{DestroyKernel, DestroyKernelArgs};
 
@@ -44,17 +48,9 @@ impl Handler<DestroySession> for Scheduler {
                     .await?
                     .ok_or(ManagerError::SessionNotFound(id));
             }
-            let args = DestroyKernelArgs {
-                kernel_id: k.id.clone(),
-                session_id: Some(k.session_id.clone()),
-                reason: Some("user-requested".into()),
-                suppress_events: None,
-            };
-            match call_method::<DestroyKernel>(&pool, &metrics, &k.agent_id, &args, timeout).await {
-                Ok(_) => {}
-                Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => {}
-                Err(e) => return Err(agent_error(&e)),
-            }
+            destroy_on_agent(&pool, &metrics, &k, "user-requested", timeout)
+                .await
+                .map_err(|e| agent_error(&e))?;
             store
                 .terminate_kernel(&k.id, "user-requested", None)
                 .await?;
@@ -63,5 +59,30 @@ impl Handler<DestroySession> for Scheduler {
                 .await?
                 .ok_or(ManagerError::SessionNotFound(id))
         })
+    }
+}
+
+/// `destroy_kernel` of a placed kernel `k` on its agent, with `reason` (`user-requested`,
+/// `agent-drained`); a kernel the agent no longer has (`KernelNotFound`) counts as destroyed.
+/// The store is left to the caller.
+///
+/// Errors: the call's, when the agent did not answer or failed otherwise.
+pub(super) async fn destroy_on_agent(
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    k: &KernelRow,
+    reason: &str,
+    timeout: Duration,
+) -> Result<(), AgentCallError> {
+    let args = DestroyKernelArgs {
+        kernel_id: k.id.clone(),
+        session_id: Some(k.session_id.clone()),
+        reason: Some(reason.into()),
+        suppress_events: None,
+    };
+    match call_method::<DestroyKernel>(pool, metrics, &k.agent_id, &args, timeout).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => Ok(()),
+        Err(e) => Err(e),
     }
 }

@@ -12,11 +12,13 @@
 //!
 //! One file per concern (the request body is `model::session::SessionRequest`): the pure
 //! placement (`place.rs`) and queue order (`queue.rs`), and one per message: create
-//! (`create.rs`), admission (`admit.rs`), destroy (`destroy.rs`), execute and logs (`exec.rs`).
+//! (`create.rs`), admission (`admit.rs`), destroy (`destroy.rs`), execute and logs (`exec.rs`),
+//! and the leader's drain-deadline check (`drain.rs`).
 
 mod admit;
 mod create;
 mod destroy;
+mod drain;
 mod exec;
 mod place;
 mod pull;
@@ -31,6 +33,7 @@ pub use crate::model::session::{MountSpec, ServicePortSpec, SessionRequest};
 pub use admit::AdmitNow;
 pub use create::CreateSession;
 pub use destroy::DestroySession;
+pub use drain::AGENT_DRAINED;
 pub use exec::{ExecuteInSession, LogsChunk, ReadLogs};
 pub use place::{known_slot_types, parse_request, place, PlaceError};
 pub use queue::{dominant_share, plan, Fleet, Plan};
@@ -139,8 +142,10 @@ impl Scheduler {
 impl Actor for Scheduler {
     type Context = Context<Self>;
 
-    /// Admission rounds: every `admission-interval`, and whenever this replica ends a kernel.
+    /// Admission rounds: every `admission-interval`, and whenever this replica ends a kernel;
+    /// the drain-deadline check every `sweep-interval` (`drain.rs`).
     fn started(&mut self, ctx: &mut Context<Self>) {
+        drain::start(self, ctx);
         ctx.run_interval(self.spec.admission_interval, |act, ctx| {
             act.start_round(ctx)
         });

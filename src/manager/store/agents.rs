@@ -4,7 +4,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
-use super::{now, Store, StoreError};
+use super::{now, KernelRow, Store, StoreError};
 use crate::manager::registry::liveness::AgentStatus;
 use crate::slots::{ResourceSlots, SlotTypes};
 
@@ -158,6 +158,101 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// One agent row, `None` when the store has no agent of this id.
+    pub async fn agent(&self, agent_id: &str) -> Result<Option<AgentRow>, StoreError> {
+        let row = sqlx::query(&format!("{SELECT} WHERE id = $1"))
+            .bind(agent_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(AgentRow::from_row).transpose()?)
+    }
+
+    /// Cordons an agent (`schedulable = false`: nothing new is placed on it; Backend.AI's
+    /// `schedulable` flag) or uncordons it (`true`: placed on again, and a drain in progress
+    /// ends: `draining` and `drain_deadline` are cleared). Cordoning a draining agent leaves the
+    /// drain as it is. Stamps `updated_at`/`updated_by`, so the other replicas re-read the row
+    /// within a second. Returns the row as written, `None` when there is no such agent.
+    pub async fn set_agent_schedulable(
+        &self,
+        agent_id: &str,
+        schedulable: bool,
+    ) -> Result<Option<AgentRow>, StoreError> {
+        let sql = if schedulable {
+            "UPDATE agents SET schedulable = 1, draining = 0, drain_deadline = NULL, \
+             updated_at = $1, updated_by = $2 WHERE id = $3"
+        } else {
+            "UPDATE agents SET schedulable = 0, updated_at = $1, updated_by = $2 WHERE id = $3"
+        };
+        self.write_scheduling(agent_id, sql, None).await
+    }
+
+    /// Drains an agent (Nomad's node drain): cordoned (`schedulable = false`) and `draining`;
+    /// its sessions end by themselves, or at `deadline` (Unix seconds; `None`: no deadline) the
+    /// leader terminates those left (`agent-drained`, [`Store::drain_due`]). Draining again
+    /// replaces the deadline. A drained agent stays cordoned until it is uncordoned. Stamps
+    /// `updated_at`/`updated_by` as [`Store::set_agent_schedulable`] does. Returns the row as
+    /// written, `None` when there is no such agent.
+    pub async fn drain_agent(
+        &self,
+        agent_id: &str,
+        deadline: Option<f64>,
+    ) -> Result<Option<AgentRow>, StoreError> {
+        // Never a NULL f64 parameter (see `upsert_in`): -1 stands for none.
+        self.write_scheduling(
+            agent_id,
+            "UPDATE agents SET schedulable = 0, draining = 1, drain_deadline = NULLIF($4, -1.0), \
+             updated_at = $1, updated_by = $2 WHERE id = $3",
+            Some(deadline.unwrap_or(-1.0)),
+        )
+        .await
+    }
+
+    /// Runs one of the scheduling updates (`$1` now, `$2` this replica, `$3` the agent, `$4`
+    /// the drain deadline when given) and reads the row back in the same transaction.
+    async fn write_scheduling(
+        &self,
+        agent_id: &str,
+        sql: &str,
+        deadline: Option<f64>,
+    ) -> Result<Option<AgentRow>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut q = sqlx::query(sql)
+            .bind(now())
+            .bind(self.replica.as_ref())
+            .bind(agent_id);
+        if let Some(d) = deadline {
+            q = q.bind(d);
+        }
+        if q.execute(&mut *tx).await?.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let row = sqlx::query(&format!("{SELECT} WHERE id = $1"))
+            .bind(agent_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(AgentRow::from_row(&row)?))
+    }
+
+    /// The placed live kernels (not `PENDING`) of draining agents whose drain deadline is at or
+    /// before `at` (Unix seconds): what the leader's drain check terminates (`agent-drained`).
+    pub async fn drain_due(&self, at: f64) -> Result<Vec<KernelRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM kernels WHERE {LIVE} AND status <> 'PENDING' AND agent_id IN \
+             (SELECT id FROM agents WHERE draining = 1 AND drain_deadline IS NOT NULL AND drain_deadline <= $1) \
+             ORDER BY agent_id, created_at",
+            COLUMNS = super::kernels::COLUMNS,
+            LIVE = super::kernels::LIVE,
+        ))
+        .bind(at)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(KernelRow::from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     /// Moves an agent from one of `from` to `to`; returns whether it did (another replica, or

@@ -1,0 +1,109 @@
+//! Drain deadlines (Nomad's node drain with a deadline): the leader checks every
+//! `[scheduler] sweep-interval` for draining agents past their `drain_deadline`
+//! ([`Store::drain_due`]) and ends each of their placed live sessions: `destroy_kernel` on the
+//! agent with reason `agent-drained`, then `TERMINATED` in the store with status reason
+//! `agent-drained` (its concurrency released, a queued session may take its place), counted
+//! in `kernelvisor_manager_drained_sessions_total`.
+//!
+//! An agent that cannot be reached does not hold its sessions past the deadline: the row is
+//! terminated anyway (logged). A container it still runs is cleaned up as after any loss: the
+//! reset of an agent back from `LOST`, or its `kernel_dangling` reports.
+//!
+//! A drained agent stays cordoned once its sessions are gone (Nomad: a drained node stays
+//! ineligible) until `POST /v1/agents/{id}/uncordon`. A drain without a deadline is never
+//! enforced here: its sessions end by themselves.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures::StreamExt;
+
+use super::destroy::destroy_on_agent;
+use super::Scheduler;
+use crate::manager::metrics::ManagerMetrics;
+use crate::manager::pool::AgentPool;
+use crate::manager::store::{now, KernelRow, Store};
+
+/// The status reason (and `destroy_kernel` reason) of a session ended by a drain deadline.
+pub const AGENT_DRAINED: &str = "agent-drained";
+
+/// Sessions one check ends at once (each `destroy_kernel` may wait `destroy-timeout` on an
+/// agent that does not answer).
+const CONCURRENCY: usize = 16;
+
+/// Starts the periodic check on `act`'s context (from [`Scheduler`]'s `started`): every
+/// `sweep_interval`, on the leader only, one check at a time.
+pub(super) fn start(act: &Scheduler, ctx: &mut Context<Scheduler>) {
+    let running = Rc::new(Cell::new(false));
+    ctx.run_interval(act.spec.sweep_interval, move |act, ctx| {
+        if !act.leader.is_leader() || running.get() {
+            return;
+        }
+        running.set(true);
+        let done = running.clone();
+        let check = enforce(
+            act.store.clone(),
+            act.pool.clone(),
+            act.metrics.clone(),
+            act.spec.destroy_timeout,
+        );
+        ctx.spawn(check.into_actor(act).map(move |(), _, _| done.set(false)));
+    });
+}
+
+/// One check: ends every session of draining agents whose deadline has passed. Returns when
+/// each has been tried; failures are logged and tried again by the next check.
+async fn enforce(
+    store: Store,
+    pool: Addr<AgentPool>,
+    metrics: Arc<ManagerMetrics>,
+    timeout: Duration,
+) {
+    let due = match store.drain_due(now()).await {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the sessions past their agent's drain deadline failed");
+            return;
+        }
+    };
+    futures::stream::iter(due)
+        .for_each_concurrent(CONCURRENCY, |k| {
+            let (store, pool, metrics) = (&store, &pool, &metrics);
+            async move { end_drained(store, pool, metrics, &k, timeout).await }
+        })
+        .await;
+}
+
+/// Ends one session of an agent past its drain deadline.
+async fn end_drained(
+    store: &Store,
+    pool: &Addr<AgentPool>,
+    metrics: &ManagerMetrics,
+    k: &KernelRow,
+    timeout: Duration,
+) {
+    if let Err(e) = destroy_on_agent(pool, metrics, k, AGENT_DRAINED, timeout).await {
+        tracing::warn!(
+            kernel_id = %k.id, agent_id = %k.agent_id, error = %e,
+            "could not destroy a session on its drained agent; ending it in the store anyway"
+        );
+    }
+    match store.terminate_kernel(&k.id, AGENT_DRAINED, None).await {
+        Ok(true) => {
+            metrics.drained_sessions.inc();
+            tracing::info!(
+                kernel_id = %k.id, session_id = %k.session_id, agent_id = %k.agent_id,
+                reason = AGENT_DRAINED, "session ended at its agent's drain deadline"
+            );
+        }
+        // It ended meanwhile (by itself, or by another call).
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            kernel_id = %k.id, error = %e,
+            "could not end a drained session in the store; retrying at the next check"
+        ),
+    }
+}
