@@ -11,8 +11,10 @@
 //! - `ctl session create` says it is queued and where; `ctl sessions` shows `PENDING #n`.
 //! - On PostgreSQL, the leader killed with a replica taking over: the replica admits the queue
 //!   in its order.
+//! - `policy = "drf"`: two keys, big and small sessions alternately, end with equal dominant
+//!   shares.
 //!
-//! Agent host ports: 35400–35499.
+//! Agent host ports: 35400–35479.
 
 mod common;
 
@@ -409,4 +411,88 @@ fn a_replica_taking_over_admits_the_queue_in_order() {
     c.check_invariants();
     signal(replica.id(), "TERM");
     assert!(wait_exit(&mut replica, Duration::from_secs(20)));
+}
+
+/// `policy = "drf"`: two keys queue alternately, one big sessions (half the agent) and one
+/// small ones (an eighth); once the room frees, each key ends with the same dominant share (half
+/// the agent). (FIFO on the same queue is in the unit tests of `scheduler::queue`.)
+#[test]
+fn drf_gives_each_key_its_dominant_share() {
+    let mut c = Cluster::new(Db::Sqlite);
+    c.scheduler_extra = "policy = \"drf\"\n".into();
+    c.start_manager();
+    let a = c.add_agent("drf", 35460, "");
+    let agent = c.agents[a].id().to_owned();
+    let cores = host_cores(&c, &agent);
+    // A blocker holds the whole agent while both keys queue.
+    let blocker = create(&c, &body(cores, json!({})));
+    assert_eq!(blocker["status"], "RUNNING", "{blocker}");
+    let (big_key, big_token) = c.new_key(false);
+    let (small_key, small_token) = c.new_key(false);
+    for _ in 0..4 {
+        for (token, share) in [(&big_token, 2.0), (&small_token, 8.0)] {
+            let a = c.post_as(Some(token), "/v1/sessions", &body(cores / share, json!({})));
+            assert_eq!(
+                (a.status, a.body["status"].as_str()),
+                (201, Some("PENDING")),
+                "{a:?}"
+            );
+        }
+    }
+    c.delete(&format!(
+        "/v1/sessions/{}",
+        blocker["session_id"].as_str().unwrap()
+    ));
+    // The agent fills up: what each key got.
+    let held = |key: &str| -> f64 {
+        let all = c
+            .get_as(
+                Some(&c.admin_token),
+                &format!("/v1/sessions?access_key={key}"),
+            )
+            .unwrap()
+            .body;
+        all["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["status"] == "RUNNING")
+            .map(|s| {
+                s["resource_slots"]["cpu"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<f64>()
+                    .unwrap()
+            })
+            .sum::<f64>()
+            / cores
+    };
+    let (big, small) = wait_for(LONG, "the agent full again", || {
+        let (big, small) = (held(&big_key), held(&small_key));
+        (big + small > 0.99).then_some((big, small))
+    });
+    eprintln!("drf: big key {big:.3} of the agent, small key {small:.3}");
+    assert!((big - small).abs() <= 0.5 + 1e-9, "big {big} small {small}");
+    assert!(
+        (big - 0.5).abs() < 1e-9 && (small - 0.5).abs() < 1e-9,
+        "big {big} small {small}"
+    );
+    let all = c.get_as(Some(&c.admin_token), "/v1/sessions").unwrap().body;
+    let mut ids: Vec<(String, bool)> = all["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["session_id"].as_str().unwrap().to_owned(),
+                s["status"] == "PENDING",
+            )
+        })
+        .collect();
+    // The pending ones first, so that none is admitted while the rest go.
+    ids.sort_by_key(|(_, pending)| !pending);
+    for (id, _) in ids {
+        c.delete_as(Some(&c.admin_token), &format!("/v1/sessions/{id}"));
+    }
+    c.check_invariants();
 }
