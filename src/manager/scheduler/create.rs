@@ -205,6 +205,7 @@ impl Handler<CreateSession> for Scheduler {
                             PendingCode::Priority,
                             format!("{ahead} session(s) of priority {priority} or higher are ahead of it"),
                         ),
+                        // Unused: `ahead` is counted only when it may queue.
                         ManagerError::NoCapacity(String::new()),
                     ))
                 } else {
@@ -213,10 +214,7 @@ impl Handler<CreateSession> for Scheduler {
                 match outcome {
                     Ok(agent_id) => Ok((agent_id, slots)),
                     Err(Unplaced::Error(e)) => return Err(e),
-                    Err(Unplaced::Wait(reason, e)) if !enqueue => {
-                        let _ = reason;
-                        return Err(e);
-                    }
+                    Err(Unplaced::Wait(_, e)) if !enqueue => return Err(e),
                     Err(Unplaced::Wait(reason, _)) => Err((reason, slots)),
                 }
             };
