@@ -172,9 +172,6 @@ impl Handler<CreateSession> for Scheduler {
             let session_id = uuid::Uuid::new_v4().to_string();
             let ids = (kernel_id.as_str(), session_id.as_str());
             let placed = {
-                // One placement at a time per replica; the store serializes reservations on an
-                // agent across replicas and re-checks its room, so a lost race places again.
-                let _guard = placing.lock().await;
                 let all = registry.send(PlacementCandidates).await?;
                 let slots = match parse_request(&req.resource_slots, &all) {
                     // No agent at all: a request of the built-in slots can wait for one.
@@ -209,6 +206,10 @@ impl Handler<CreateSession> for Scheduler {
                         ManagerError::NoCapacity(String::new()),
                     ))
                 } else {
+                    // One placement at a time per replica (an admission round holds the same
+                    // lock); the store serializes reservations on an agent across replicas and
+                    // re-checks its room, so a lost race places again. Queueing needs no lock.
+                    let _guard = placing.lock().await;
                     place_now(&store, &registry, &all, &owner, &req, ids, &slots, priority).await
                 };
                 match outcome {
