@@ -15,17 +15,12 @@ use actix::prelude::*;
 
 use super::create::{resolve_mounts, Placed, Waiter};
 use super::queue::{plan, Fleet};
-use super::Scheduler;
+use super::{AdmitNow, Scheduler};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{now, ReserveError};
 use crate::model::queue::{PendingCode, PendingReason};
 use crate::model::session::SessionRequest;
-
-/// Start an admission round now (or one more after the one running).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct AdmitNow;
 
 /// What one round did (for tests and the bench: `kernelvisor_manager_admissions_total` is the
 /// running count).

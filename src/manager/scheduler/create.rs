@@ -233,7 +233,7 @@ impl Handler<CreateSession> for Scheduler {
                         Err(e) => return Err(ManagerError::Internal(e.to_string())),
                     };
                     tracing::info!(session_id = %session_id, priority, reason = %reason.code, "session queued");
-                    me.do_send(super::admit::AdmitNow);
+                    me.do_send(super::AdmitNow);
                     return Ok(row);
                 }
             };
@@ -257,22 +257,7 @@ impl Handler<CreateSession> for Scheduler {
 
 /// An agent with only the built-in slots, to parse a request by when no agent is `ALIVE`.
 fn fake_builtin_agent() -> AgentRow {
-    AgentRow {
-        id: String::new(),
-        status: crate::manager::registry::AgentStatus::Alive,
-        addr: None,
-        public_key: None,
-        region: None,
-        version: None,
-        slots_total: ResourceSlots::new(),
-        slot_types: crate::slots::builtin_types(),
-        last_heartbeat: None,
-        seen_at: 0.0,
-        status_changed: 0.0,
-        schedulable: false,
-        draining: false,
-        drain_deadline: None,
-    }
+    AgentRow::alive("", ResourceSlots::new(), crate::slots::builtin_types())
 }
 
 /// Places and reserves a session now (retrying lost races): the agent it is reserved on.

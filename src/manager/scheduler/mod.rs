@@ -30,7 +30,6 @@ use std::time::Duration;
 use actix::prelude::*;
 
 pub use crate::model::session::{MountSpec, ServicePortSpec, SessionRequest};
-pub use admit::AdmitNow;
 pub use create::CreateSession;
 pub use destroy::DestroySession;
 pub use drain::AGENT_DRAINED;
@@ -87,6 +86,12 @@ pub struct StateDeadlines {
     /// `RESTARTING`.
     pub restarting: Duration,
 }
+
+/// Start an admission round now (or one more after the one running): `admit.rs` handles it;
+/// defined here because creates (`create.rs`) send it too.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AdmitNow;
 
 /// The scheduler actor.
 pub struct Scheduler {

@@ -266,22 +266,7 @@ mod tests {
         for (k, t) in accel {
             slot_types.insert(k.to_string(), *t);
         }
-        AgentRow {
-            id: id.into(),
-            status: crate::manager::registry::AgentStatus::Alive,
-            addr: None,
-            public_key: None,
-            region: None,
-            version: None,
-            slots_total: slots(total),
-            slot_types,
-            last_heartbeat: None,
-            seen_at: 0.0,
-            status_changed: 0.0,
-            schedulable: true,
-            draining: false,
-            drain_deadline: None,
-        }
+        AgentRow::alive(id, slots(total), slot_types)
     }
 
     /// [`super::place`] of an image no agent holds: load, kernels and id decide.

@@ -219,22 +219,7 @@ mod tests {
     }
 
     fn agent(id: &str, cpu: &str, mem: u64) -> AgentRow {
-        AgentRow {
-            id: id.into(),
-            status: crate::manager::registry::AgentStatus::Alive,
-            addr: None,
-            public_key: None,
-            region: None,
-            version: None,
-            slots_total: slots(cpu, mem),
-            slot_types: crate::slots::builtin_types(),
-            last_heartbeat: None,
-            seen_at: 0.0,
-            status_changed: 0.0,
-            schedulable: true,
-            draining: false,
-            drain_deadline: None,
-        }
+        AgentRow::alive(id, slots(cpu, mem), crate::slots::builtin_types())
     }
 
     fn queued(id: &str, key: &str, priority: i64, at: f64, cpu: &str) -> QueuedSession {

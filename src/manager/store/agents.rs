@@ -47,6 +47,27 @@ pub struct AgentRow {
 const SELECT: &str = "SELECT id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, last_heartbeat, slots_total, slot_types, seen_at, status_changed, schedulable, draining, drain_deadline FROM agents";
 
 impl AgentRow {
+    /// An `ALIVE`, schedulable agent with `slots_total` of `slot_types` and nothing else known
+    /// (placement's input in tests, and the built-in slots' stand-in when no agent is alive).
+    pub fn alive(id: &str, slots_total: ResourceSlots, slot_types: SlotTypes) -> AgentRow {
+        AgentRow {
+            id: id.to_owned(),
+            status: AgentStatus::Alive,
+            addr: None,
+            public_key: None,
+            region: None,
+            version: None,
+            slots_total,
+            slot_types,
+            last_heartbeat: None,
+            seen_at: 0.0,
+            status_changed: 0.0,
+            schedulable: true,
+            draining: false,
+            drain_deadline: None,
+        }
+    }
+
     fn from_rows(rows: &[AnyRow]) -> Result<Vec<AgentRow>, sqlx::Error> {
         rows.iter().map(AgentRow::from_row).collect()
     }

@@ -203,6 +203,28 @@ pub(super) fn session_event(
     }
 }
 
+/// The `session_status` event of a kernel that was placed on an agent (`SCHEDULED`, reason
+/// `placed` for a direct create, `admitted` for one from the queue).
+pub(super) fn scheduled_event(
+    kernel_id: &str,
+    (session_id, agent_id, access_key): (&str, &str, &str),
+    reason: &str,
+) -> Event {
+    Event {
+        status: Some(KernelStatus::Scheduled.as_str().into()),
+        reason: Some(reason.to_owned()),
+        ..session_event(
+            EventType::SessionStatus,
+            kernel_id,
+            (
+                session_id.to_owned(),
+                agent_id.to_owned(),
+                access_key.to_owned(),
+            ),
+        )
+    }
+}
+
 /// Takes one unit of `access_key`'s concurrency inside `tx`: `false` when the key is unknown,
 /// disabled, deleted or at its `concurrency_limit` (nothing taken).
 pub(super) async fn take_concurrency_in(
@@ -391,19 +413,11 @@ impl Store {
             .await
             .map_err(StoreError::from)?;
         tx.commit().await.map_err(StoreError::from)?;
-        self.events.publish(Event {
-            status: Some("SCHEDULED".into()),
-            reason: Some("placed".into()),
-            ..session_event(
-                EventType::SessionStatus,
-                &k.id,
-                (
-                    k.session_id.clone(),
-                    k.agent_id.clone(),
-                    k.access_key.clone(),
-                ),
-            )
-        });
+        self.events.publish(scheduled_event(
+            &k.id,
+            (&k.session_id, &k.agent_id, &k.access_key),
+            "placed",
+        ));
         Ok(())
     }
 

@@ -14,7 +14,8 @@ use sqlx::Row;
 
 use super::columns::{legacy_columns, slots_column};
 use super::kernels::{
-    session_event, take_concurrency_in, KernelRow, NewKernel, ReserveError, COLUMNS, LIVE,
+    scheduled_event, session_event, take_concurrency_in, KernelRow, NewKernel, ReserveError,
+    COLUMNS, LIVE,
 };
 use super::{now, Store, StoreError};
 use crate::model::event::{Event, EventType};
@@ -250,19 +251,11 @@ impl Store {
             .map_err(StoreError::from)?;
         let row = KernelRow::from_row(&row).map_err(StoreError::from)?;
         tx.commit().await.map_err(StoreError::from)?;
-        self.events.publish(Event {
-            status: Some("SCHEDULED".into()),
-            reason: Some("admitted".into()),
-            ..session_event(
-                EventType::SessionStatus,
-                &q.id,
-                (
-                    q.session_id.clone(),
-                    agent_id.to_owned(),
-                    q.access_key.clone(),
-                ),
-            )
-        });
+        self.events.publish(scheduled_event(
+            &q.id,
+            (&q.session_id, agent_id, &q.access_key),
+            "admitted",
+        ));
         Ok(Some(Admitted {
             row,
             request: request.unwrap_or_default(),
