@@ -24,10 +24,13 @@
 //! answer never leaks a reservation (slots, concurrency), and the next queued session is
 //! admitted at once (`Store::released`). What the agent still holds is cleaned up when it is
 //! heard from again: an in-flight `create_kernels` that answers after the sweep sees the row
-//! ended and destroys the kernel; a kernel its agent was still creating is destroyed once it
-//! can be (retried every [`DESTROY_RETRY`] for up to `create-timeout`); and a container the
-//! store does not hold live is reported `kernel_dangling` at the agent's next start and
-//! destroyed after `[manager] dangling-grace` (`registry/dangling.rs`).
+//! ended and destroys the kernel; the sweep's own destroy is tried again every
+//! [`DESTROY_RETRY`] for up to `create-timeout` (a kernel its agent is still creating can be
+//! destroyed once its stages are up); an agent silent for `heartbeat-timeout` is `LOST`
+//! (`registry`); and a container the store does not hold live is reported `kernel_dangling`
+//! at the agent's next start and destroyed after `[manager] dangling-grace`
+//! (`registry/dangling.rs`). No pass runs during the manager's start-up grace, while its
+//! agents are not all heard from yet.
 //!
 //! A row is ended only while it still has the status and change time the sweep read
 //! (`Store::end_stuck_kernel`), so an answer or event that lands meanwhile wins. Each
@@ -44,6 +47,7 @@ use super::{Scheduler, StateDeadlines};
 use crate::manager::calls::call_method;
 use crate::manager::metrics::ManagerMetrics;
 use crate::manager::pool::{AgentCallError, AgentPool};
+use crate::manager::registry::GraceRemaining;
 use crate::manager::store::{now, KernelRow, Store, StoreError};
 use crate::model::session::KernelStatus;
 use crate::rpc::agent_api::kernel::{
@@ -133,6 +137,7 @@ impl Scheduler {
             return;
         }
         self.sweep_running = true;
+        let registry = self.registry.clone();
         let sweep = Sweep {
             store: self.store.clone(),
             pool: self.pool.clone(),
@@ -141,14 +146,21 @@ impl Scheduler {
             call_timeout: self.spec.destroy_timeout.min(SWEEP_CALL_TIMEOUT),
             linger: self.spec.create_timeout,
         };
-        ctx.spawn(async move { sweep.pass().await }.into_actor(self).map(
-            |r, act, _| {
-                act.sweep_running = false;
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "reconcile sweep failed; the next one retries");
-                }
-            },
-        ));
+        let pass = async move {
+            // During the start-up grace the agents are not all heard from yet (the pool may
+            // not even know where they are): an agent would read as unreachable and a kernel
+            // that runs would be ended. The store is reconciled with their heartbeats first.
+            if registry.send(GraceRemaining).await.ok().flatten().is_some() {
+                return Ok(Vec::new());
+            }
+            sweep.pass().await
+        };
+        ctx.spawn(pass.into_actor(self).map(|r, act, _| {
+            act.sweep_running = false;
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "reconcile sweep failed; the next one retries");
+            }
+        }));
     }
 }
 
@@ -224,7 +236,7 @@ impl Sweep {
         match view {
             AgentView::Gone => {}
             AgentView::Unknown(why) => {
-                tracing::info!(kernel_id = %k.id, agent_id = %k.agent_id, error = %why, "reconcile sweep: the agent did not answer; ended the kernel anyway (its agent's next start reports what it still holds)");
+                tracing::info!(kernel_id = %k.id, agent_id = %k.agent_id, error = %why, "reconcile sweep: the agent did not answer; ended the kernel anyway");
                 self.destroy_in_background(k, &reason);
             }
             AgentView::Holds | AgentView::Running => self.destroy_in_background(k, &reason),
@@ -243,10 +255,8 @@ impl Sweep {
             Ok(()) => asked,
             Err(e) => {
                 tracing::info!(kernel_id = %k.id, agent_id = %k.agent_id, error = %e, "reconcile sweep: destroy_kernel failed again past terminating-timeout");
-                if e.failure().is_some() {
-                    // The agent holds it but cannot destroy it now (still being created).
-                    self.destroy_in_background(k, &asked);
-                }
+                // The agent may hold it still (being created, or back later): keep trying.
+                self.destroy_in_background(k, &asked);
                 timeout_reason(&k.status)
             }
         };
@@ -297,9 +307,11 @@ impl Sweep {
         .await
     }
 
-    /// Destroys what the agent holds of an ended kernel, off the pass: a kernel still being
-    /// created refuses (`KernelNotRunning`) and is tried again every [`DESTROY_RETRY`] for up
-    /// to `linger`; an agent that cannot be reached is left to its dangling report.
+    /// Destroys what the agent holds of an ended kernel, off the pass, tried again every
+    /// [`DESTROY_RETRY`] for up to `linger` while it fails: a kernel still being created
+    /// cannot be destroyed until its stages are up (the agent refuses, or holds the call until
+    /// then), and an agent may be back within that time. Past it, an agent that comes back
+    /// reports what it still holds as dangling.
     fn destroy_in_background(&self, k: &KernelRow, reason: &str) {
         let (pool, metrics, k, reason, timeout, until) = (
             self.pool.clone(),
@@ -313,7 +325,7 @@ impl Sweep {
             loop {
                 match destroy_on(&pool, &metrics, &k, &reason, timeout).await {
                     Ok(()) => return,
-                    Err(e) if e.failure().is_some() && Instant::now() < until => {
+                    Err(e) if Instant::now() < until => {
                         tracing::debug!(kernel_id = %k.id, error = %e, "reconcile sweep: the agent cannot destroy the kernel yet; trying again");
                         tokio::time::sleep(DESTROY_RETRY).await;
                     }
