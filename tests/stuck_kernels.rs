@@ -2,8 +2,9 @@
 //! past its transient state's deadline (`[scheduler] preparing-timeout`, `creating-timeout`,
 //! `terminating-timeout`, …) by asking its agent, so nothing stays in between forever and a lost
 //! answer never leaks a reservation. A manager process and an agent process (CURVE on), the
-//! real Docker engine and the test image, the manager's store on SQLite; the agent's create is
-//! held up with the `fault-injection` feature's `pause_before`.
+//! real Docker engine and the test image, the manager's store on SQLite (and PostgreSQL for the
+//! sweep's conditional writes); the agent's create is held up with the `fault-injection`
+//! feature's `pause_before`.
 //!
 //! - an agent that does not answer `create_kernels` within the deadline: the kernel ends
 //!   `preparing-timeout`, its concurrency comes back, and the session queued behind it is
@@ -14,7 +15,7 @@
 //! - a row whose answer was lost while its agent runs the kernel is resolved to `RUNNING`;
 //! - a DELETE records `TERMINATING` before `TERMINATED` (on the event stream).
 //!
-//! Agent host ports: 36000–36059 (20 per agent).
+//! Agent host ports: 36000–36079 (20 per agent).
 #![cfg(feature = "fault-injection")]
 
 mod common;
@@ -28,10 +29,15 @@ use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(90);
 
-/// A cluster whose transient-state deadlines are `deadline` seconds, swept twice a second,
-/// with one agent ALIVE. Returns it with the agent's cpu total.
+/// A cluster on SQLite with `scheduler` as its `[scheduler]` lines and one agent ALIVE.
+/// Returns it with the agent's cpu total.
 fn cluster(ports: u16, scheduler: &str) -> (Cluster, f64) {
-    let mut c = Cluster::new(Db::Sqlite);
+    cluster_on(Db::Sqlite, ports, scheduler)
+}
+
+/// As [`cluster`], with the manager's store on `db`.
+fn cluster_on(db: Db, ports: u16, scheduler: &str) -> (Cluster, f64) {
+    let mut c = Cluster::new(db);
     c.scheduler_extra = scheduler.to_owned();
     c.start_manager();
     let a = c.add_agent("stuck", ports, "");
@@ -168,9 +174,19 @@ fn a_manager_restarted_mid_create_ends_the_kernel_and_its_agent_drops_it() {
 }
 
 #[test]
-fn a_lost_answer_of_a_running_kernel_resolves_to_running() {
-    let (c, _) = cluster(
-        36040,
+fn a_lost_answer_of_a_running_kernel_resolves_to_running_sqlite() {
+    lost_answer_resolves_to_running(Db::Sqlite, 36040);
+}
+
+#[test]
+fn a_lost_answer_of_a_running_kernel_resolves_to_running_postgres() {
+    lost_answer_resolves_to_running(Db::Postgres, 36060);
+}
+
+fn lost_answer_resolves_to_running(db: Db, ports: u16) {
+    let (c, _) = cluster_on(
+        db,
+        ports,
         "creating-timeout = 2\nterminating-timeout = 2\nsweep-interval = 0.5",
     );
     let s = c.post("/v1/sessions", &session_body(0.25, None));
@@ -187,7 +203,7 @@ fn a_lost_answer_of_a_running_kernel_resolves_to_running() {
     c.store(move |_| {
         Box::pin(async move {
             use sqlx::{Connection, Executor};
-            let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+            let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
             conn.execute(
                 sqlx::query("UPDATE kernels SET status = 'CREATING', status_changed_at = 1 WHERE id = $1")
                     .bind(kid),
