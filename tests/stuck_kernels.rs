@@ -54,7 +54,8 @@ fn cluster_on(db: Db, ports: u16, scheduler: &str) -> (Cluster, f64) {
 /// The body of a session of `cpu` cores of the test image; its agent pauses `pause` seconds
 /// before the `image` stage (before it holds anything) when given.
 fn session_body(cpu: f64, pause: Option<f64>) -> Value {
-    let mut body = json!({"image": TEST_IMAGE, "resource_slots": {"cpu": format!("{cpu:.2}"), "mem": "64m"}});
+    let mut body =
+        json!({"image": TEST_IMAGE, "resource_slots": {"cpu": format!("{cpu:.2}"), "mem": "64m"}});
     if let Some(s) = pause {
         body["_inject"] = json!({"pause_before": ["image", s]});
     }
@@ -124,13 +125,19 @@ fn an_agent_that_never_answers_create_ends_at_the_deadline_and_the_queue_moves()
     // The agent never answers within `create-timeout`; the sweep ends the kernel after its
     // deadline (never before), whatever the in-flight create call still waits for.
     let k = terminated(&c, &first);
-    assert_eq!(k.status_reason.as_deref(), Some("preparing-timeout"), "{k:?}");
+    assert_eq!(
+        k.status_reason.as_deref(),
+        Some("preparing-timeout"),
+        "{k:?}"
+    );
     let since = k.admitted_at.unwrap_or(k.created_at);
     assert!(
         k.terminated_at.unwrap() >= since + 2.0,
         "ended before its deadline: {k:?}"
     );
-    assert!(resolved(&c, "PREPARING", "terminated") + resolved(&c, "SCHEDULED", "terminated") >= 1.0);
+    assert!(
+        resolved(&c, "PREPARING", "terminated") + resolved(&c, "SCHEDULED", "terminated") >= 1.0
+    );
 
     // Its reservation is back: the queued session is admitted onto the agent and runs.
     let s = wait_for(LONG, "the queued session RUNNING", || {
@@ -144,7 +151,10 @@ fn an_agent_that_never_answers_create_ends_at_the_deadline_and_the_queue_moves()
     let status = answer.recv_timeout(LONG).expect("the first create answers");
     assert!(status >= 400, "the late create failed: {status}");
     let k = c.store_kernel(&first);
-    assert_eq!((k.status.as_str(), k.status_reason.as_deref()), ("TERMINATED", Some("preparing-timeout")));
+    assert_eq!(
+        (k.status.as_str(), k.status_reason.as_deref()),
+        ("TERMINATED", Some("preparing-timeout"))
+    );
     assert_eq!(c.store_kernel(&second).status, "RUNNING");
     assert_eq!(c.concurrency_used(), 1);
     let d = c.delete(&format!("/v1/sessions/{second}"));
@@ -164,7 +174,11 @@ fn a_manager_restarted_mid_create_ends_the_kernel_and_its_agent_drops_it() {
     c.stop_manager("KILL");
     c.start_manager();
     let k = terminated(&c, &id);
-    assert_eq!(k.status_reason.as_deref(), Some("preparing-timeout"), "{k:?}");
+    assert_eq!(
+        k.status_reason.as_deref(),
+        Some("preparing-timeout"),
+        "{k:?}"
+    );
     assert_eq!(c.concurrency_used(), 0, "the reservation is released");
     // The agent finishes the create after its pause; the sweep's destroy (queued behind the
     // create on the agent) removes it: store, agent and engine agree again.
@@ -205,8 +219,10 @@ fn lost_answer_resolves_to_running(db: Db, ports: u16) {
             use sqlx::{Connection, Executor};
             let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
             conn.execute(
-                sqlx::query("UPDATE kernels SET status = 'CREATING', status_changed_at = 1 WHERE id = $1")
-                    .bind(kid),
+                sqlx::query(
+                    "UPDATE kernels SET status = 'CREATING', status_changed_at = 1 WHERE id = $1",
+                )
+                .bind(kid),
             )
             .await
             .unwrap();
@@ -217,7 +233,11 @@ fn lost_answer_resolves_to_running(db: Db, ports: u16) {
     });
     assert!(k.status_changed_at > 1.0, "{k:?}");
     assert!(resolved(&c, "CREATING", "running") >= 1.0);
-    assert_eq!(c.concurrency_used(), 1, "the reservation stays with the running kernel");
+    assert_eq!(
+        c.concurrency_used(),
+        1,
+        "the reservation stays with the running kernel"
+    );
 
     // A DELETE records `TERMINATING` before `TERMINATED` (the stream's history shows both).
     let d = c.delete(&format!("/v1/sessions/{sid}"));
@@ -242,6 +262,9 @@ fn lost_answer_resolves_to_running(db: Db, ports: u16) {
         at("TERMINATING").is_some() && at("TERMINATING") < at("TERMINATED"),
         "{statuses:?}"
     );
-    assert_eq!(c.store_kernel(&id).status_reason.as_deref(), Some("user-requested"));
+    assert_eq!(
+        c.store_kernel(&id).status_reason.as_deref(),
+        Some("user-requested")
+    );
     c.check_invariants();
 }

@@ -297,14 +297,7 @@ impl Sweep {
     ///
     /// Errors: the call's, but `KernelNotFound`.
     async fn destroy(&self, k: &KernelRow, reason: &str) -> Result<(), AgentCallError> {
-        destroy_on(
-            &self.pool,
-            &self.metrics,
-            k,
-            reason,
-            self.call_timeout,
-        )
-        .await
+        destroy_on(&self.pool, &self.metrics, k, reason, self.call_timeout).await
     }
 
     /// Destroys what the agent holds of an ended kernel, off the pass, tried again every
