@@ -111,3 +111,153 @@ pub fn is_transient(status: KernelStatus) -> bool {
             | KernelStatus::Terminating
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{NewKernel, Store};
+    use crate::model::session::KernelStatus;
+    use crate::slots::{Amount, ResourceSlots};
+
+    async fn reserve(store: &Store, id: &str) {
+        let slots: ResourceSlots = [("cpu".to_owned(), Amount::from_milli(100))]
+            .into_iter()
+            .collect();
+        let roomy: ResourceSlots = [("cpu".to_owned(), Amount::from_units(100))]
+            .into_iter()
+            .collect();
+        let k = NewKernel {
+            id: id.into(),
+            session_id: id.into(),
+            agent_id: "a".into(),
+            access_key: "AK".into(),
+            image: "img".into(),
+            resource_slots: slots,
+            session_type: "interactive".into(),
+            command: None,
+            batch_timeout: None,
+            mounts: "[]".into(),
+            restart_policy: r#"{"mode":"never"}"#.into(),
+            priority: 10,
+        };
+        store.reserve_kernel(&k, &roomy).await.unwrap();
+    }
+
+    async fn used(store: &Store) -> i64 {
+        store
+            .access_key("AK")
+            .await
+            .unwrap()
+            .unwrap()
+            .concurrency_used
+    }
+
+    /// Only rows past their own state's deadline are stuck; ending one is conditional on the
+    /// row as read, releases its concurrency once, and a refused create's discard keeps it.
+    #[actix_rt::test]
+    async fn stuck_rows_by_deadline_and_conditional_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+            .await
+            .unwrap();
+        store
+            .create_access_key("AK", "hash", "user", "", 0)
+            .await
+            .unwrap();
+        for id in ["sched", "creating", "running", "terminating"] {
+            reserve(&store, id).await;
+        }
+        assert!(store.advance_kernel("creating", "CREATING").await.unwrap());
+        assert!(store.advance_kernel("running", "RUNNING").await.unwrap());
+        assert!(store
+            .terminating_kernel("terminating", "user-requested")
+            .await
+            .unwrap());
+        let t = store.kernel("terminating").await.unwrap().unwrap();
+        assert_eq!(
+            (t.status.as_str(), t.status_reason.as_deref()),
+            ("TERMINATING", Some("user-requested"))
+        );
+        // A queued session is never terminating.
+        assert!(!store.terminating_kernel("nope", "x").await.unwrap());
+
+        let short = Duration::from_secs(5);
+        let long = Duration::from_secs(3600);
+        let deadlines = [
+            (KernelStatus::Scheduled, short),
+            (KernelStatus::Creating, long),
+            (KernelStatus::Terminating, short),
+            // No deadline for these: ignored.
+            (KernelStatus::Running, Duration::ZERO),
+            (KernelStatus::Pending, Duration::ZERO),
+        ];
+        let now = super::super::now();
+        assert!(store
+            .stuck_kernels(now, &deadlines, 100)
+            .await
+            .unwrap()
+            .is_empty());
+        let later = now + 60.0;
+        let ids = |rows: Vec<super::KernelRow>| {
+            let mut v: Vec<String> = rows.into_iter().map(|k| k.id).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            ids(store.stuck_kernels(later, &deadlines, 100).await.unwrap()),
+            ["sched", "terminating"]
+        );
+        assert_eq!(
+            store
+                .stuck_kernels(later, &deadlines, 1)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+
+        // Moved since it was read: left alone.
+        let sched = store.kernel("sched").await.unwrap().unwrap();
+        assert!(!store
+            .end_stuck_kernel("sched", "PREPARING", sched.status_changed_at, "x")
+            .await
+            .unwrap());
+        assert!(!store
+            .end_stuck_kernel("sched", "SCHEDULED", sched.status_changed_at - 1.0, "x")
+            .await
+            .unwrap());
+        assert_eq!(used(&store).await, 4);
+        // As read: ended once, its concurrency released once.
+        assert!(store
+            .end_stuck_kernel(
+                "sched",
+                "SCHEDULED",
+                sched.status_changed_at,
+                "preparing-timeout"
+            )
+            .await
+            .unwrap());
+        assert!(!store
+            .end_stuck_kernel(
+                "sched",
+                "SCHEDULED",
+                sched.status_changed_at,
+                "preparing-timeout"
+            )
+            .await
+            .unwrap());
+        assert_eq!(used(&store).await, 3);
+        // The create's late refusal does not discard what the sweep decided.
+        assert!(!store.discard_reservation("sched").await.unwrap());
+        let k = store.kernel("sched").await.unwrap().unwrap();
+        assert_eq!(
+            (k.status.as_str(), k.status_reason.as_deref()),
+            ("TERMINATED", Some("preparing-timeout"))
+        );
+        // A live row's refusal still removes it.
+        assert!(store.discard_reservation("creating").await.unwrap());
+        assert!(store.kernel("creating").await.unwrap().is_none());
+        assert_eq!(used(&store).await, 2);
+    }
+}
