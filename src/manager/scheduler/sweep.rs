@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 
+use super::destroy::destroy_on_agent;
 use super::{Scheduler, StateDeadlines};
 use crate::manager::calls::call_method;
 use crate::manager::metrics::ManagerMetrics;
@@ -50,9 +51,7 @@ use crate::manager::pool::{AgentCallError, AgentPool};
 use crate::manager::registry::GraceRemaining;
 use crate::manager::store::{now, KernelRow, Store, StoreError};
 use crate::model::session::KernelStatus;
-use crate::rpc::agent_api::kernel::{
-    CheckCreating, CheckRunning, DestroyKernel, DestroyKernelArgs, KernelIdArgs,
-};
+use crate::rpc::agent_api::kernel::{CheckCreating, CheckRunning, KernelIdArgs};
 
 /// Kernels one pass resolves at most: a pass stays bounded however many are stuck (the rest
 /// are the next pass's, oldest first).
@@ -297,7 +296,7 @@ impl Sweep {
     ///
     /// Errors: the call's, but `KernelNotFound`.
     async fn destroy(&self, k: &KernelRow, reason: &str) -> Result<(), AgentCallError> {
-        destroy_on(&self.pool, &self.metrics, k, reason, self.call_timeout).await
+        destroy_on_agent(&self.pool, &self.metrics, k, reason, self.call_timeout).await
     }
 
     /// Destroys what the agent holds of an ended kernel, off the pass, tried again every
@@ -316,7 +315,7 @@ impl Sweep {
         );
         actix::spawn(async move {
             loop {
-                match destroy_on(&pool, &metrics, &k, &reason, timeout).await {
+                match destroy_on_agent(&pool, &metrics, &k, &reason, timeout).await {
                     Ok(()) => return,
                     Err(e) if Instant::now() < until => {
                         tracing::debug!(kernel_id = %k.id, error = %e, "reconcile sweep: the agent cannot destroy the kernel yet; trying again");
@@ -329,27 +328,6 @@ impl Sweep {
                 }
             }
         });
-    }
-}
-
-/// `destroy_kernel(kernel_id, session_id, reason)` on `k`'s agent; `KernelNotFound` is success.
-async fn destroy_on(
-    pool: &Addr<AgentPool>,
-    metrics: &ManagerMetrics,
-    k: &KernelRow,
-    reason: &str,
-    timeout: Duration,
-) -> Result<(), AgentCallError> {
-    let args = DestroyKernelArgs {
-        kernel_id: k.id.clone(),
-        session_id: Some(k.session_id.clone()),
-        reason: Some(reason.to_owned()),
-        suppress_events: None,
-    };
-    match call_method::<DestroyKernel>(pool, metrics, &k.agent_id, &args, timeout).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => Ok(()),
-        Err(e) => Err(e),
     }
 }
 
