@@ -515,19 +515,20 @@ impl Creation {
             cluster_info: Some(ClusterInfo::default()),
             kernel_image_refs: None,
         });
-        let destroy = |reason: &'static str| {
-            let (pool, metrics, agent, kid, sid) = (
+        let destroy = |reason: &str| {
+            let (pool, metrics, agent, kid, sid, reason) = (
                 pool.clone(),
                 metrics.clone(),
                 agent_id.clone(),
                 kernel_id.clone(),
                 session_id.clone(),
+                reason.to_owned(),
             );
             actix::spawn(async move {
                 let args = DestroyKernelArgs {
                     kernel_id: kid,
                     session_id: Some(sid),
-                    reason: Some(reason.into()),
+                    reason: Some(reason),
                     suppress_events: None,
                 };
                 let _ =
@@ -554,13 +555,12 @@ impl Creation {
                     .unwrap_or("RUNNING")
                     .to_owned();
                 store.advance_kernel(&kernel_id, &status).await?;
-                if store
-                    .kernel(&kernel_id)
-                    .await?
-                    .is_some_and(|k| !k.is_live())
-                {
-                    // Destroyed while it was being created (a `PULLING` session deleted).
-                    destroy("user-requested");
+                let row = store.kernel(&kernel_id).await?;
+                if let Some(k) = row.filter(|k| !k.is_live() || k.status == "TERMINATING") {
+                    // Deleted while it was being created (a `PULLING` session deleted, a
+                    // destroy the agent refused mid-create), or ended by the reconcile sweep
+                    // past its state's deadline: what the row says stands, the kernel goes.
+                    destroy(k.status_reason.as_deref().unwrap_or("user-requested"));
                     return Err(ManagerError::SessionNotFound(session_id));
                 }
                 metrics.sessions_created.inc();

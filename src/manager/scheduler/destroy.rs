@@ -1,5 +1,9 @@
-//! `DestroySession`: `destroy_kernel` on the agent, then out of the live set; a queued
-//! (`PENDING`) session is `CANCELLED` without any agent call.
+//! `DestroySession`: `TERMINATING`, `destroy_kernel` on the agent, then out of the live set; a
+//! queued (`PENDING`) session is `CANCELLED` without any agent call.
+//!
+//! `TERMINATING` is recorded before the agent is called so that a destroy whose answer is lost
+//! has a deadline (`[scheduler] terminating-timeout`): the reconcile sweep (`sweep.rs`) drives
+//! it again and ends the row either way.
 
 use std::time::Duration;
 
@@ -48,6 +52,9 @@ impl Handler<DestroySession> for Scheduler {
                     .await?
                     .ok_or(ManagerError::SessionNotFound(id));
             }
+            store.terminating_kernel(&k.id, "user-requested").await?;
+            // On an error the row stays `TERMINATING`: the caller may ask again, and past
+            // `terminating-timeout` the sweep resolves it.
             destroy_on_agent(&pool, &metrics, &k, "user-requested", timeout)
                 .await
                 .map_err(|e| agent_error(&e))?;

@@ -13,7 +13,8 @@
 //! One file per concern (the request body is `model::session::SessionRequest`): the pure
 //! placement (`place.rs`) and queue order (`queue.rs`), and one per message: create
 //! (`create.rs`), admission (`admit.rs`), destroy (`destroy.rs`), execute and logs (`exec.rs`),
-//! and the leader's drain-deadline check (`drain.rs`).
+//! the leader's drain-deadline check (`drain.rs`) and the reconcile sweep over kernels past
+//! their state's deadline (`sweep.rs`).
 
 mod admit;
 mod create;
@@ -23,6 +24,7 @@ mod exec;
 mod place;
 mod pull;
 mod queue;
+mod sweep;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +38,7 @@ pub use drain::AGENT_DRAINED;
 pub use exec::{ExecuteInSession, LogsChunk, ReadLogs};
 pub use place::{known_slot_types, parse_request, place, PlaceError};
 pub use queue::{dominant_share, plan, Fleet, Plan};
+pub use sweep::{timeout_reason, Resolution, DESTROY_RETRY, SWEEP_BATCH, SWEEP_CALL_TIMEOUT};
 
 use super::metrics::ManagerMetrics;
 use super::pool::AgentPool;
@@ -108,6 +111,8 @@ pub struct Scheduler {
     round_running: bool,
     /// Another round was asked for while one ran.
     round_again: bool,
+    /// A reconcile sweep pass is running (`sweep.rs`).
+    sweep_running: bool,
 }
 
 impl Scheduler {
@@ -130,6 +135,7 @@ impl Scheduler {
             leader,
             round_running: false,
             round_again: false,
+            sweep_running: false,
         }
     }
 
@@ -148,12 +154,14 @@ impl Actor for Scheduler {
     type Context = Context<Self>;
 
     /// Admission rounds: every `admission-interval`, and whenever this replica ends a kernel;
-    /// the drain-deadline check every `sweep-interval` (`drain.rs`).
+    /// the drain-deadline check (`drain.rs`) and the reconcile sweep (`sweep.rs`) every
+    /// `sweep-interval`.
     fn started(&mut self, ctx: &mut Context<Self>) {
         drain::start(self, ctx);
         ctx.run_interval(self.spec.admission_interval, |act, ctx| {
             act.start_round(ctx)
         });
+        ctx.run_interval(self.spec.sweep_interval, |act, ctx| act.start_sweep(ctx));
         let released = self.store.released();
         let me = ctx.address().downgrade();
         actix::spawn(async move {

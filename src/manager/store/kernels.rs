@@ -471,14 +471,18 @@ impl Store {
     }
 
     /// Undoes a reservation the agent refused (nothing was created there): the row goes and the
-    /// concurrency comes back, in one transaction. Returns whether it was still live.
+    /// concurrency comes back, in one transaction. Returns whether it was still live. A row
+    /// that already ended (the reconcile sweep resolved it past its deadline while the call was
+    /// out) stays, with the reason it was given: its end was on the event stream.
     pub async fn discard_reservation(&self, kernel_id: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let ended = terminate_in(&mut tx, kernel_id, "failed-to-create", None).await?;
-        sqlx::query("DELETE FROM kernels WHERE id = $1")
-            .bind(kernel_id)
-            .execute(&mut *tx)
-            .await?;
+        if ended.is_some() {
+            sqlx::query("DELETE FROM kernels WHERE id = $1")
+                .bind(kernel_id)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         // Its `SCHEDULED` was on the stream: a watcher learns it ended too.
         Ok(self.publish(ended))
@@ -495,6 +499,35 @@ impl Store {
         let ended = terminate_in(&mut tx, kernel_id, reason, exit_code).await?;
         tx.commit().await?;
         Ok(self.publish(ended))
+    }
+
+    /// Records that a placed kernel is being destroyed for `reason`: status `TERMINATING` (from
+    /// `SCHEDULED` … `RESTARTING`; a queued, final or already terminating kernel is left as
+    /// it is), `status_reason` = `reason`, and its `session_status` event. From then on the
+    /// `[scheduler] terminating-timeout` deadline applies: a destroy whose answer is lost is
+    /// resolved by the reconcile sweep. Returns whether it changed.
+    ///
+    /// Errors: the database.
+    pub async fn terminating_kernel(
+        &self,
+        kernel_id: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let owner: Option<(String, String, String)> = sqlx::query_as(
+            "UPDATE kernels SET status = 'TERMINATING', status_reason = $2, status_changed_at = $3 \
+             WHERE id = $1 AND status IN ('SCHEDULED', 'PREPARING', 'PULLING', 'CREATING', 'RUNNING', 'RESTARTING') \
+             RETURNING session_id, agent_id, access_key",
+        )
+        .bind(kernel_id)
+        .bind(reason)
+        .bind(now())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(self.publish(owner.map(|owner| Event {
+            status: Some(KernelStatus::Terminating.as_str().into()),
+            reason: Some(reason.to_owned()),
+            ..session_event(EventType::SessionStatus, kernel_id, owner)
+        })))
     }
 
     /// Moves a kernel's status forward (see [`KernelStatus::rank`]); returns whether it changed.

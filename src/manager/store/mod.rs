@@ -13,6 +13,7 @@ mod events;
 mod kernels;
 mod keys;
 mod queue;
+mod sweep;
 mod vfolders;
 
 use std::str::FromStr;
@@ -30,6 +31,7 @@ pub use events::Applied;
 pub use kernels::{KernelRow, NewKernel, ReserveError, Usage};
 pub use keys::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
 pub use queue::{Admitted, KeyShare, QueuedSession};
+pub use sweep::{is_transient, Deadlines};
 pub use vfolders::VfolderRow;
 
 /// Store errors: the database failed or refused (constraint); the message names the query.

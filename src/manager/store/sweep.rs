@@ -1,0 +1,263 @@
+//! The reconcile sweep's side of the store ("no state without a deadline", issue 27): which
+//! kernels sit in a transient state past its deadline, and ending one only while it still sits
+//! there, so that a sweep never overwrites what an agent's answer or event recorded meanwhile.
+
+use std::time::Duration;
+
+use super::kernels::{terminate_in, KernelRow, COLUMNS};
+use super::{Store, StoreError};
+use crate::model::session::KernelStatus;
+
+/// The transient states the sweep looks at, with how long a kernel may stay in each.
+/// `PENDING` (queued) is never one: a queued session waits as long as it must and holds no
+/// agent's slots.
+pub type Deadlines = [(KernelStatus, Duration)];
+
+impl Store {
+    /// Up to `limit` kernels whose status is one of `deadlines`' states and whose last status
+    /// change (`status_changed_at`) is older than that state's deadline at `now` (Unix
+    /// seconds), oldest change first. A state named twice counts with each deadline; a
+    /// `PENDING`, `RUNNING` or final state is ignored (none of them has a deadline).
+    ///
+    /// Errors: the database.
+    pub async fn stuck_kernels(
+        &self,
+        now: f64,
+        deadlines: &Deadlines,
+        limit: u32,
+    ) -> Result<Vec<KernelRow>, StoreError> {
+        let transient: Vec<(KernelStatus, f64)> = deadlines
+            .iter()
+            .filter(|(s, _)| is_transient(*s))
+            .map(|(s, d)| (*s, now - d.as_secs_f64()))
+            .collect();
+        if transient.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The status names come from the `KernelStatus` constants, never from input; the
+        // cut-offs are bound.
+        let clauses: Vec<String> = transient
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| {
+                format!(
+                    "(status = '{}' AND status_changed_at < ${})",
+                    s.as_str(),
+                    i + 1
+                )
+            })
+            .collect();
+        let sql = format!(
+            "SELECT {COLUMNS} FROM kernels WHERE {} ORDER BY status_changed_at LIMIT {limit}",
+            clauses.join(" OR ")
+        );
+        let mut q = sqlx::query(&sql);
+        for (_, cutoff) in &transient {
+            q = q.bind(*cutoff);
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        Ok(rows
+            .iter()
+            .map(KernelRow::from_row)
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// Takes a stuck kernel out of the live set with `reason` (releasing its concurrency), but
+    /// only while it still has the `status` and `status_changed_at` the sweep read: a kernel
+    /// that moved meanwhile (its create answered, its agent's event arrived) is left as it is
+    /// now. Returns whether it ended here.
+    ///
+    /// Errors: the database.
+    pub async fn end_stuck_kernel(
+        &self,
+        kernel_id: &str,
+        status: &str,
+        status_changed_at: f64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // A no-op write on the row: it tells whether the row is still as read and, on
+        // PostgreSQL, locks it until the commit, so no advance slips in between.
+        let still = sqlx::query(
+            "UPDATE kernels SET status_changed_at = status_changed_at \
+             WHERE id = $1 AND status = $2 AND status_changed_at = $3",
+        )
+        .bind(kernel_id)
+        .bind(status)
+        .bind(status_changed_at)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        if !still {
+            return Ok(false);
+        }
+        let ended = terminate_in(&mut tx, kernel_id, reason, None).await?;
+        tx.commit().await?;
+        Ok(self.publish(ended))
+    }
+}
+
+/// Whether `status` is one the sweep resolves: placed and not yet answered, or on its way
+/// between two steady states.
+pub fn is_transient(status: KernelStatus) -> bool {
+    matches!(
+        status,
+        KernelStatus::Scheduled
+            | KernelStatus::Preparing
+            | KernelStatus::Pulling
+            | KernelStatus::Creating
+            | KernelStatus::Restarting
+            | KernelStatus::Terminating
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{NewKernel, Store};
+    use crate::model::session::KernelStatus;
+    use crate::slots::{Amount, ResourceSlots};
+
+    async fn reserve(store: &Store, id: &str) {
+        let slots: ResourceSlots = [("cpu".to_owned(), Amount::from_milli(100))]
+            .into_iter()
+            .collect();
+        let roomy: ResourceSlots = [("cpu".to_owned(), Amount::from_units(100))]
+            .into_iter()
+            .collect();
+        let k = NewKernel {
+            id: id.into(),
+            session_id: id.into(),
+            agent_id: "a".into(),
+            access_key: "AK".into(),
+            image: "img".into(),
+            resource_slots: slots,
+            session_type: "interactive".into(),
+            command: None,
+            batch_timeout: None,
+            mounts: "[]".into(),
+            restart_policy: r#"{"mode":"never"}"#.into(),
+            priority: 10,
+        };
+        store.reserve_kernel(&k, &roomy).await.unwrap();
+    }
+
+    async fn used(store: &Store) -> i64 {
+        store
+            .access_key("AK")
+            .await
+            .unwrap()
+            .unwrap()
+            .concurrency_used
+    }
+
+    /// Only rows past their own state's deadline are stuck; ending one is conditional on the
+    /// row as read, releases its concurrency once, and a refused create's discard keeps it.
+    #[actix_rt::test]
+    async fn stuck_rows_by_deadline_and_conditional_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+            .await
+            .unwrap();
+        store
+            .create_access_key("AK", "hash", "user", "", 0)
+            .await
+            .unwrap();
+        for id in ["sched", "creating", "running", "terminating"] {
+            reserve(&store, id).await;
+        }
+        assert!(store.advance_kernel("creating", "CREATING").await.unwrap());
+        assert!(store.advance_kernel("running", "RUNNING").await.unwrap());
+        assert!(store
+            .terminating_kernel("terminating", "user-requested")
+            .await
+            .unwrap());
+        let t = store.kernel("terminating").await.unwrap().unwrap();
+        assert_eq!(
+            (t.status.as_str(), t.status_reason.as_deref()),
+            ("TERMINATING", Some("user-requested"))
+        );
+        // A queued session is never terminating.
+        assert!(!store.terminating_kernel("nope", "x").await.unwrap());
+
+        let short = Duration::from_secs(5);
+        let long = Duration::from_secs(3600);
+        let deadlines = [
+            (KernelStatus::Scheduled, short),
+            (KernelStatus::Creating, long),
+            (KernelStatus::Terminating, short),
+            // No deadline for these: ignored.
+            (KernelStatus::Running, Duration::ZERO),
+            (KernelStatus::Pending, Duration::ZERO),
+        ];
+        let now = super::super::now();
+        assert!(store
+            .stuck_kernels(now, &deadlines, 100)
+            .await
+            .unwrap()
+            .is_empty());
+        let later = now + 60.0;
+        let ids = |rows: Vec<super::KernelRow>| {
+            let mut v: Vec<String> = rows.into_iter().map(|k| k.id).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            ids(store.stuck_kernels(later, &deadlines, 100).await.unwrap()),
+            ["sched", "terminating"]
+        );
+        assert_eq!(
+            store
+                .stuck_kernels(later, &deadlines, 1)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+
+        // Moved since it was read: left alone.
+        let sched = store.kernel("sched").await.unwrap().unwrap();
+        assert!(!store
+            .end_stuck_kernel("sched", "PREPARING", sched.status_changed_at, "x")
+            .await
+            .unwrap());
+        assert!(!store
+            .end_stuck_kernel("sched", "SCHEDULED", sched.status_changed_at - 1.0, "x")
+            .await
+            .unwrap());
+        assert_eq!(used(&store).await, 4);
+        // As read: ended once, its concurrency released once.
+        assert!(store
+            .end_stuck_kernel(
+                "sched",
+                "SCHEDULED",
+                sched.status_changed_at,
+                "preparing-timeout"
+            )
+            .await
+            .unwrap());
+        assert!(!store
+            .end_stuck_kernel(
+                "sched",
+                "SCHEDULED",
+                sched.status_changed_at,
+                "preparing-timeout"
+            )
+            .await
+            .unwrap());
+        assert_eq!(used(&store).await, 3);
+        // The create's late refusal does not discard what the sweep decided.
+        assert!(!store.discard_reservation("sched").await.unwrap());
+        let k = store.kernel("sched").await.unwrap().unwrap();
+        assert_eq!(
+            (k.status.as_str(), k.status_reason.as_deref()),
+            ("TERMINATED", Some("preparing-timeout"))
+        );
+        // A live row's refusal still removes it.
+        assert!(store.discard_reservation("creating").await.unwrap());
+        assert!(store.kernel("creating").await.unwrap().is_none());
+        assert_eq!(used(&store).await, 2);
+    }
+}
