@@ -4,6 +4,8 @@
 //! key, whose secret the manager writes to `[api] admin-token-file` (in the bench's directory).
 #![allow(dead_code)]
 
+pub mod fleet;
+
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
