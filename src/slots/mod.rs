@@ -382,6 +382,18 @@ impl ResourceSlots {
         Ok(())
     }
 
+    /// Whether this request fits beside `used` in `total`: what
+    /// `self.fits_in(&total.saturating_sub(used))` answers, without building the difference
+    /// (placement asks it of every agent for every session).
+    pub fn fits_beside(&self, used: &ResourceSlots, total: &ResourceSlots) -> bool {
+        self.nonzero().all(|(slot, requested)| {
+            total
+                .get(slot)
+                .checked_sub(used.get(slot))
+                .is_some_and(|free| requested <= free)
+        })
+    }
+
     /// The highest `used / total` over the slots `total` has (0.0 with none): how loaded an
     /// agent is, for least-loaded placement.
     pub fn load(used: &ResourceSlots, total: &ResourceSlots) -> f64 {

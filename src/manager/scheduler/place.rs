@@ -47,8 +47,19 @@ pub fn parse_request(
 /// An agent's load after placing `req`: the fullest slot's `(used + req) / total`
 /// ([`ResourceSlots::load`]; lower = less loaded).
 fn load_after(total: &ResourceSlots, used: &ResourceSlots, req: &ResourceSlots) -> f64 {
-    let after = used.checked_add(req).unwrap_or_else(|_| total.clone());
-    ResourceSlots::load(&after, total)
+    // `ResourceSlots::load(&(used + req), total)` without building the sum (asked of every
+    // agent that fits, for every session placed); a sum that overflows counts as `total`.
+    if req.nonzero().any(|(k, v)| used.get(k).checked_add(v).is_none()) {
+        return ResourceSlots::load(total, total);
+    }
+    total
+        .nonzero()
+        .map(|(k, t)| {
+            used.get(k)
+                .checked_add(req.get(k))
+                .map_or(1.0, |after| after.as_f64() / t.as_f64())
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Why [`place`] found no agent.
@@ -168,7 +179,7 @@ pub fn place(
         .iter()
         .filter(schedulable)
         .map(|a| (a, usage.get(&a.id).unwrap_or(&empty)))
-        .filter(|(a, u)| req.fits_in(&a.slots_total.saturating_sub(&u.slots)).is_ok())
+        .filter(|(a, u)| req.fits_beside(&u.slots, &a.slots_total))
         .map(|(a, u)| {
             (
                 lacks(a),

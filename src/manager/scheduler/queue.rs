@@ -70,6 +70,8 @@ pub fn plan(
     }
     // Set once a head holds the queue back: (its session id, its priority).
     let mut held_by: Option<(String, i64)> = None;
+    // Requests that found no room this round, and why.
+    let mut unplaceable: Vec<(ResourceSlots, super::place::PlaceError)> = Vec::new();
     for (std::cmp::Reverse(priority), group) in groups {
         let mut order = Order::new(group, policy);
         while let Some(q) = order.next(&fleet.keys, &total) {
@@ -103,13 +105,25 @@ pub fn plan(
                 );
                 continue;
             }
-            match place(
-                fleet.candidates,
-                &fleet.usage,
-                &q.resource_slots,
-                &q.image,
-                fleet.images,
-            ) {
+            // A request no agent had room for earlier in this round finds none now either
+            // (usage only grows within a round; the image only orders the agents that fit):
+            // one pass over the fleet per request shape, not one per queued session.
+            let placed = match unplaceable.iter().find(|(r, _)| *r == q.resource_slots) {
+                Some((_, e)) => Err(e.clone()),
+                None => place(
+                    fleet.candidates,
+                    &fleet.usage,
+                    &q.resource_slots,
+                    &q.image,
+                    fleet.images,
+                ),
+            };
+            if let Err(e) = &placed {
+                if !unplaceable.iter().any(|(r, _)| *r == q.resource_slots) {
+                    unplaceable.push((q.resource_slots.clone(), e.clone()));
+                }
+            }
+            match placed {
                 Ok(agent) => {
                     let u = fleet.usage.entry(agent.clone()).or_default();
                     u.slots = u
