@@ -4,7 +4,8 @@
 //! a direct create does, with nobody waiting ([`Waiter::Nobody`]).
 //!
 //! A round starts every `[scheduler] admission-interval`, when this replica ends a kernel
-//! (`Store::released`), and when a session is queued here ([`AdmitNow`]). One round runs at a
+//! (`Store::released`), and when a session is queued here ([`Queued`]: unless the last round
+//! found no room less than an interval ago). One round runs at a
 //! time; a request during a round runs one more after it. Only the leader admits (the
 //! queue is shared by every replica through the store), so a failover hands the queue over
 //! with its order.
@@ -15,7 +16,7 @@ use actix::prelude::*;
 
 use super::create::{resolve_mounts, Placed, Waiter};
 use super::queue::{plan, Fleet};
-use super::{AdmitNow, Scheduler};
+use super::{AdmitNow, Queued, Scheduler};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{now, ReserveError};
@@ -40,6 +41,19 @@ impl Handler<AdmitNow> for Scheduler {
     }
 }
 
+impl Handler<Queued> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, _: Queued, ctx: &mut Context<Self>) {
+        let stuck = self.last_round.is_some_and(|(at, admitted)| {
+            admitted == 0 && at.elapsed() < self.spec.admission_interval
+        });
+        if !stuck {
+            self.start_round(ctx);
+        }
+    }
+}
+
 impl Scheduler {
     /// Starts a round unless one runs (then one more runs after it); nothing on a replica that
     /// does not lead.
@@ -53,9 +67,11 @@ impl Scheduler {
         }
         self.round_running = true;
         self.round_again = false;
+        let started = Instant::now();
         let fut = self.round();
-        ctx.spawn(fut.into_actor(self).map(|r, act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
             act.round_running = false;
+            act.last_round = Some((started, r.as_ref().map_or(0, |out| out.admitted)));
             match r {
                 // Room may be left (a round looks at one window of the queue): another round
                 // at once rather than at the next tick, until one admits nothing.

@@ -233,7 +233,7 @@ impl Handler<CreateSession> for Scheduler {
                         Err(e) => return Err(ManagerError::Internal(e.to_string())),
                     };
                     tracing::info!(session_id = %session_id, priority, reason = %reason.code, "session queued");
-                    me.do_send(super::AdmitNow);
+                    me.do_send(super::Queued);
                     return Ok(row);
                 }
             };

@@ -96,6 +96,15 @@ pub struct StateDeadlines {
 #[rtype(result = "()")]
 pub struct AdmitNow;
 
+/// A session was queued on this replica (sent by `create.rs`, handled in `admit.rs`): a round
+/// now, unless the last round admitted nothing and started less than an `admission-interval`
+/// ago (no room then; the next tick looks again). A burst of creates that queue costs a round
+/// per interval, not one per create: with 10,000 agents and a long queue every round reads the
+/// whole fleet's usage.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Queued;
+
 /// The scheduler actor.
 pub struct Scheduler {
     store: Store,
@@ -113,6 +122,8 @@ pub struct Scheduler {
     round_again: bool,
     /// A reconcile sweep pass is running (`sweep.rs`).
     sweep_running: bool,
+    /// When the last round started and how many it admitted.
+    last_round: Option<(std::time::Instant, usize)>,
 }
 
 impl Scheduler {
@@ -136,6 +147,7 @@ impl Scheduler {
             round_running: false,
             round_again: false,
             sweep_running: false,
+            last_round: None,
         }
     }
 
