@@ -177,7 +177,8 @@ async fn measure(
         heartbeat_rate(http, mgr, || w.sent(), window).await?
     };
     // Fewer: under the flood each create queues behind heartbeats for the one thread.
-    let (flood, flood_errors) = timed_creates(http, sessions.min(10), 0.1, n, "under the flood").await?;
+    let (flood, flood_errors) =
+        timed_creates(http, sessions.min(10), 0.1, n, "under the flood").await?;
     world.set(Mode::Paced);
     let rss_mb = mgr.rss_mb()?;
     let hb_failed = world.failed();

@@ -221,7 +221,10 @@ async fn measure(
     // 1. Fill: one session per agent, placed at once.
     let (running, errors, secs) = create_many(http, n, k.clients, "fill").await;
     if let Some(e) = errors.first() {
-        bail!("{} of {n} creates to fill the fleet failed, e.g. {e}", errors.len());
+        bail!(
+            "{} of {n} creates to fill the fleet failed, e.g. {e}",
+            errors.len()
+        );
     }
     let not_running = running.iter().filter(|c| c.status != "RUNNING").count();
     if not_running > 0 {
@@ -233,7 +236,11 @@ async fn measure(
     // 2. The queue.
     let (queued, errors, secs) = create_many(http, k.queued, k.clients, "enqueue").await;
     if let Some(e) = errors.first() {
-        bail!("{} of {} creates to queue failed, e.g. {e}", errors.len(), k.queued);
+        bail!(
+            "{} of {} creates to queue failed, e.g. {e}",
+            errors.len(),
+            k.queued
+        );
     }
     row.enqueue_not_pending = queued.iter().filter(|c| c.status != "PENDING").count();
     row.enqueue_per_s = k.queued as f64 / secs;

@@ -1146,7 +1146,12 @@ pub async fn heartbeat_rate(
 }
 
 /// Waits until the manager's `/health` is `normal` with `n` agents ALIVE.
-pub async fn wait_all_alive(http: &Http, n: usize, limit: Duration, what: &str) -> anyhow::Result<()> {
+pub async fn wait_all_alive(
+    http: &Http,
+    n: usize,
+    limit: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
     wait_for(limit, what, || {
         let h = http.clone();
         async move {
@@ -1158,7 +1163,6 @@ pub async fn wait_all_alive(http: &Http, n: usize, limit: Duration, what: &str) 
     })
     .await
 }
-
 
 /// A fleet started by [`start_fleet`].
 pub struct FleetStarted {
@@ -1223,9 +1227,8 @@ pub async fn start_fleet(
     if n > real {
         // Spawned from this (the System's, long-lived) thread: the hosts die with the thread that
         // spawned them (PR_SET_PDEATHSIG), and a blocking-pool thread exits when idle.
-        let hosts =
-            SimHosts::start(real, n - real, &intake, interval, cpu, dir)
-                .context("simulated agents")?;
+        let hosts = SimHosts::start(real, n - real, &intake, interval, cpu, dir)
+            .context("simulated agents")?;
         world.hosts = Some(hosts);
     }
     let started_agents = t0.elapsed();

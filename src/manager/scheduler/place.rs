@@ -49,7 +49,10 @@ pub fn parse_request(
 fn load_after(total: &ResourceSlots, used: &ResourceSlots, req: &ResourceSlots) -> f64 {
     // `ResourceSlots::load(&(used + req), total)` without building the sum (asked of every
     // agent that fits, for every session placed); a sum that overflows counts as `total`.
-    if req.nonzero().any(|(k, v)| used.get(k).checked_add(v).is_none()) {
+    if req
+        .nonzero()
+        .any(|(k, v)| used.get(k).checked_add(v).is_none())
+    {
         return ResourceSlots::load(total, total);
     }
     total
