@@ -40,7 +40,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context as _};
+use anyhow::{bail, Context as _};
 
 use common::env_or;
 use common::fleet::*;
@@ -97,15 +97,7 @@ async fn run_phase(
         interval,
     )
     .await;
-    world.teardown().await;
-    let result = result.map_err(|e| {
-        anyhow!(
-            "{e:#}\n--- manager log tail ({}) ---\n{}",
-            mgr.log.display(),
-            mgr.log_tail()
-        )
-    });
-    mgr.stop();
+    let result = end_phase(mgr, world, result).await;
     drop(dir);
     result
 }
@@ -224,16 +216,7 @@ async fn measure(
 }
 
 fn main() {
-    if let Ok(spec) = std::env::var("KV_BENCH_SIM_HOST") {
-        if let Err(e) = sim_host_main(&spec) {
-            eprintln!("sim host: {e:#}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    if let Err(e) = kernelvisor::limits::raise_open_files() {
-        eprintln!("could not raise the open-file limit: {e}");
-    }
+    fleet_bench_start();
     let counts: Vec<usize> = std::env::var("KV_BENCH_AGENTS")
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
@@ -246,22 +229,9 @@ fn main() {
     let bin = env!("CARGO_BIN_EXE_kernelvisor");
 
     let started = Instant::now();
-    let rows = actix_rt::System::new().block_on(async move {
-        let mut rows = Vec::new();
-        for n in counts {
-            match run_phase(bin, n, real_max, sessions, window, interval).await {
-                Ok(r) => rows.push(r),
-                Err(e) => {
-                    eprintln!("manager bench failed at {n} agents: {e:#}");
-                    return Err(());
-                }
-            }
-        }
-        Ok(rows)
+    let rows = run_phases("manager", counts, |n| {
+        run_phase(bin, n, real_max, sessions, window, interval)
     });
-    let Ok(rows) = rows else {
-        std::process::exit(1)
-    };
 
     println!(
         "\nkernelvisor manager bench: one manager process (SQLite store, event intake and agents WITHOUT CURVE), dummy container backend, {} cores, {:.0} s",

@@ -398,30 +398,13 @@ async fn run_phase(bin: &str, store: &str, k: &Knobs) -> anyhow::Result<Row> {
     let http = Http::new(&mgr.api);
     let mut world = World::default();
     let result = measure(&mut mgr, &http, &mut world, dir.path(), store, k).await;
-    world.teardown().await;
-    let result = result.map_err(|e| {
-        anyhow!(
-            "{e:#}\n--- manager log tail ({}) ---\n{}",
-            mgr.log.display(),
-            mgr.log_tail()
-        )
-    });
-    mgr.stop();
+    let result = end_phase(mgr, world, result).await;
     drop(dir);
     result
 }
 
 fn main() {
-    if let Ok(spec) = std::env::var("KV_BENCH_SIM_HOST") {
-        if let Err(e) = sim_host_main(&spec) {
-            eprintln!("sim host: {e:#}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    if let Err(e) = kernelvisor::limits::raise_open_files() {
-        eprintln!("could not raise the open-file limit: {e}");
-    }
+    fleet_bench_start();
     let k = Knobs {
         agents: env_or("KV_BENCH_AGENTS", 10_000),
         queued: env_or("KV_BENCH_QUEUED", 100_000),
@@ -439,22 +422,7 @@ fn main() {
     }
     let bin = env!("CARGO_BIN_EXE_kernelvisor");
     let started = Instant::now();
-    let rows = actix_rt::System::new().block_on(async {
-        let mut rows = Vec::new();
-        for store in stores {
-            match run_phase(bin, store, &k).await {
-                Ok(r) => rows.push(r),
-                Err(e) => {
-                    eprintln!("scheduler bench failed on {store}: {e:#}");
-                    return Err(());
-                }
-            }
-        }
-        Ok(rows)
-    });
-    let Ok(rows) = rows else {
-        std::process::exit(1)
-    };
+    let rows = run_phases("scheduler", stores, |store| run_phase(bin, store, &k));
 
     println!(
         "\nkernelvisor scheduler bench: one manager process, {} simulated agents (wire level, no CURVE) of 1 core, then {} cores; sessions of 1 core; {} cores on this machine, {:.0} s",

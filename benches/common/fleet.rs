@@ -194,16 +194,25 @@ impl ManagerProc {
         if let Ok(None) = self.child.try_wait() {
             // SAFETY: signalling our own child by pid.
             unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(8);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
+            if exited_by(&mut self.child, Instant::now() + Duration::from_secs(8)) {
+                return;
             }
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
+    }
+}
+
+/// Whether `child` exited by `deadline` (polled every 50 ms).
+fn exited_by(child: &mut Child, deadline: Instant) -> bool {
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -1030,12 +1039,7 @@ impl SimHosts {
         self.set(Mode::Stop);
         let deadline = Instant::now() + Duration::from_secs(15);
         for h in &mut self.hosts {
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = h.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            exited_by(&mut h.child, deadline);
             let _ = h.child.kill();
             let _ = h.child.wait();
         }
@@ -1270,4 +1274,62 @@ pub async fn start_fleet(
         alive_s,
         warm_s,
     })
+}
+
+/// A fleet bench's `main` starts here: as a simulated agents' host when `KV_BENCH_SIM_HOST`
+/// says so (the process ends with it), otherwise with the open-file limit raised.
+pub fn fleet_bench_start() {
+    if let Ok(spec) = std::env::var("KV_BENCH_SIM_HOST") {
+        if let Err(e) = sim_host_main(&spec) {
+            eprintln!("sim host: {e:#}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+    if let Err(e) = kernelvisor::limits::raise_open_files() {
+        eprintln!("could not raise the open-file limit: {e}");
+    }
+}
+
+/// Runs `phase` for each of `phases` in turn on one actix System: the rows, or (the error
+/// printed) exit 1 at the first that fails.
+pub fn run_phases<P, R, F, Fut>(bench: &str, phases: Vec<P>, mut phase: F) -> Vec<R>
+where
+    P: std::fmt::Display + Copy,
+    F: FnMut(P) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<R>>,
+{
+    let rows = actix_rt::System::new().block_on(async {
+        let mut rows = Vec::new();
+        for p in phases {
+            match phase(p).await {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    eprintln!("{bench} bench failed ({p}): {e:#}");
+                    return Err(());
+                }
+            }
+        }
+        Ok(rows)
+    });
+    rows.unwrap_or_else(|()| std::process::exit(1))
+}
+
+/// Ends a phase whatever `result` is: `world`'s agents torn down, then the manager stopped; an
+/// error gets the tail of the manager's log.
+pub async fn end_phase<R>(
+    mgr: ManagerProc,
+    world: World,
+    result: anyhow::Result<R>,
+) -> anyhow::Result<R> {
+    world.teardown().await;
+    let result = result.map_err(|e| {
+        anyhow!(
+            "{e:#}\n--- manager log tail ({}) ---\n{}",
+            mgr.log.display(),
+            mgr.log_tail()
+        )
+    });
+    mgr.stop();
+    result
 }
