@@ -368,7 +368,7 @@ fn a_replica_taking_over_admits_the_queue_in_order() {
     c.manager_extra = "leader-lease = 4\n".into();
     c.start_manager();
     let (port, intake) = (common::agent::free_port(), common::agent::free_port());
-    let mut replica = c.spawn_replica("replica", port, intake);
+    let mut replica = Reaped(c.spawn_replica("replica", port, intake));
     let replica_api = format!("http://127.0.0.1:{port}");
     c.agent_intakes = vec![c.intake_port, intake];
     let a = c.add_agent("failover", 35440, "");
@@ -409,8 +409,18 @@ fn a_replica_taking_over_admits_the_queue_in_order() {
         assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 200);
     }
     c.check_invariants();
-    signal(replica.id(), "TERM");
-    assert!(wait_exit(&mut replica, Duration::from_secs(20)));
+    signal(replica.0.id(), "TERM");
+    assert!(wait_exit(&mut replica.0, Duration::from_secs(20)));
+}
+
+/// A replica process killed when the test ends, failed or not (no manager outlives its test).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `policy = "drf"`: two keys queue alternately, one big sessions (half the agent) and one
