@@ -343,7 +343,9 @@ async fn measure(
     // 5. Room for one: from a session's end to the next one RUNNING.
     let mut events = follow_statuses(http)?;
     let mut free = Vec::new();
-    for c in running.into_iter().take(k.trials) {
+    // (Only while sessions wait: the room takes the whole queue when it is larger.)
+    let trials = if k.queued > row.room { k.trials } else { 0 };
+    for c in running.into_iter().take(trials) {
         match free_to_running(http, &mut events, c.id, Duration::from_secs(30)).await? {
             Some(ms) => free.push(ms),
             None => row.free_failed += 1,
