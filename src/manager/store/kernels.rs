@@ -379,13 +379,7 @@ impl Store {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
         if !take_concurrency_in(&mut tx, &k.access_key).await? {
             drop(tx);
-            return match self.access_key(&k.access_key).await? {
-                Some(key) if key.enabled => Err(ReserveError::ConcurrencyLimit(
-                    k.access_key.clone(),
-                    key.concurrency_limit,
-                )),
-                _ => Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
-            };
+            return Err(self.concurrency_refused(&k.access_key).await);
         }
         self.check_room_in(&mut tx, &k.agent_id, &k.resource_slots, agent_total)
             .await?;
@@ -419,6 +413,18 @@ impl Store {
             "placed",
         ));
         Ok(())
+    }
+
+    /// Why [`take_concurrency_in`] took nothing for `access_key`: its limit, or a key that is
+    /// unknown, disabled or deleted (read after the transaction was dropped).
+    pub(super) async fn concurrency_refused(&self, access_key: &str) -> ReserveError {
+        match self.access_key(access_key).await {
+            Ok(Some(key)) if key.enabled => {
+                ReserveError::ConcurrencyLimit(access_key.to_owned(), key.concurrency_limit)
+            }
+            Ok(_) => ReserveError::UnknownAccessKey(access_key.to_owned()),
+            Err(e) => ReserveError::Store(e),
+        }
     }
 
     /// Inside a reservation (or an admission): serializes every reservation on `k.agent_id` across replicas

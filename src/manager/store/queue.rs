@@ -220,13 +220,7 @@ impl Store {
             .await?;
         if !take_concurrency_in(&mut tx, &q.access_key).await? {
             drop(tx);
-            return match self.access_key(&q.access_key).await? {
-                Some(key) if key.enabled => Err(ReserveError::ConcurrencyLimit(
-                    q.access_key.clone(),
-                    key.concurrency_limit,
-                )),
-                _ => Err(ReserveError::UnknownAccessKey(q.access_key.clone())),
-            };
+            return Err(self.concurrency_refused(&q.access_key).await);
         }
         let at = now();
         let request: Option<(Option<String>,)> = sqlx::query_as(
