@@ -19,9 +19,10 @@ use super::queue::{plan, Fleet};
 use super::{AdmitNow, Queued, Scheduler};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
-use crate::manager::store::{now, ReserveError};
+use crate::manager::store::{now, QueuedSession, ReserveError};
 use crate::model::queue::{PendingCode, PendingReason};
 use crate::model::session::SessionRequest;
+use crate::slots::ResourceSlots;
 
 /// What one round did (for tests and the bench: `kernelvisor_manager_admissions_total` is the
 /// running count).
@@ -130,13 +131,29 @@ impl Scheduler {
                 true => None,
                 false => Some(placing.lock().await),
             };
-            for (q, agent_id) in p.admit {
-                let total = candidates
-                    .iter()
-                    .find(|a| a.id == agent_id)
-                    .map(|a| a.slots_total.clone())
-                    .unwrap_or_default();
-                let admitted = match store.admit_kernel(&q, &agent_id, &total).await {
+            let totals: Vec<ResourceSlots> = p
+                .admit
+                .iter()
+                .map(|(_, agent_id)| {
+                    candidates
+                        .iter()
+                        .find(|a| &a.id == agent_id)
+                        .map(|a| a.slots_total.clone())
+                        .unwrap_or_default()
+                })
+                .collect();
+            let batch: Vec<(&QueuedSession, &str, &ResourceSlots)> = p
+                .admit
+                .iter()
+                .zip(&totals)
+                .map(|((q, agent_id), total)| (q, agent_id.as_str(), total))
+                .collect();
+            let outcomes = match batch.is_empty() {
+                true => Vec::new(),
+                false => store.admit_kernels(&batch).await?,
+            };
+            for ((q, _), outcome) in p.admit.iter().zip(outcomes) {
+                let admitted = match outcome {
                     Ok(Some(a)) => a,
                     Ok(None) => continue,
                     Err(ReserveError::NoRoom(_) | ReserveError::AgentNotAlive(..)) => {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use rmpv::Value;
 
-use super::place::{parse_request, place, PlaceError};
+use super::place::{fits_some_agent, parse_request, parse_request_typed, place, PlaceError};
 use super::pull::{PullOutcome, PullPhase};
 use super::Scheduler;
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
@@ -146,11 +146,12 @@ impl Handler<CreateSession> for Scheduler {
 
     fn handle(&mut self, msg: CreateSession, ctx: &mut Context<Self>) -> Self::Result {
         let (owner, req) = (msg.owner, msg.request);
-        let (store, registry, placing, launcher) = (
+        let (store, registry, placing, launcher, slot_types) = (
             self.store.clone(),
             self.registry.clone(),
             self.placing.clone(),
             self.launcher(),
+            self.slot_types.clone(),
         );
         let me = ctx.address();
         Box::pin(async move {
@@ -173,34 +174,26 @@ impl Handler<CreateSession> for Scheduler {
             let ids = (kernel_id.as_str(), session_id.as_str());
             let placed = {
                 let all = registry.send(PlacementCandidates).await?;
-                let slots = match parse_request(&req.resource_slots, &all) {
+                let types = slot_types.of(&all);
+                let slots = match parse_request_typed(&req.resource_slots, &types, all.is_empty()) {
                     // No agent at all: a request of the built-in slots can wait for one.
                     Err(ManagerError::NoAgents) if enqueue => {
                         parse_request(&req.resource_slots, &[fake_builtin_agent()])?
                     }
                     other => other?,
                 };
-                let ahead = match enqueue {
-                    true => store.queued_at_or_above(priority).await?,
-                    false => 0,
-                };
                 // One that no agent could ever hold is refused, queue or not.
-                if let Err(e @ PlaceError::SlotsExceedCapacity(_)) = place(
-                    &all,
-                    &Default::default(),
-                    &slots,
-                    &req.image,
-                    &Default::default(),
-                ) {
+                if let Err(e @ PlaceError::SlotsExceedCapacity(_)) = fits_some_agent(&all, &slots) {
                     return Err(e.into());
                 }
-                let outcome = if ahead > 0 {
+                let ahead = enqueue && store.queued_at_or_above(priority).await?;
+                let outcome = if ahead {
                     // Sessions of its priority or higher wait: it queues behind them, so that
-                    // the queue's order holds.
+                    // the queue's order holds (its position says how many).
                     Err(Unplaced::Wait(
                         PendingReason::new(
                             PendingCode::Priority,
-                            format!("{ahead} session(s) of priority {priority} or higher are ahead of it"),
+                            format!("sessions of priority {priority} or higher are ahead of it"),
                         ),
                         // Unused: `ahead` is counted only when it may queue.
                         ManagerError::NoCapacity(String::new()),
@@ -282,11 +275,11 @@ async fn place_now(
     loop {
         attempt += 1;
         let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(all);
-        let usage = store
-            .usage_by_agent()
+        let placed = store
+            .with_usage(|usage| place(candidates, usage, slots, &req.image, &images))
             .await
             .map_err(|e| Unplaced::Error(e.into()))?;
-        let agent_id = match place(candidates, &usage, slots, &req.image, &images) {
+        let agent_id = match placed {
             Ok(id) => id,
             Err(e @ PlaceError::SlotsExceedCapacity(_)) => return Err(Unplaced::Error(e.into())),
             Err(e) => return Err(Unplaced::Wait(e.pending_reason(), e.into())),

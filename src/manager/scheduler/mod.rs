@@ -36,7 +36,7 @@ pub use create::CreateSession;
 pub use destroy::DestroySession;
 pub use drain::AGENT_DRAINED;
 pub use exec::{ExecuteInSession, LogsChunk, ReadLogs};
-pub use place::{known_slot_types, parse_request, place, PlaceError};
+pub use place::{fits_some_agent, known_slot_types, parse_request, place, PlaceError};
 pub use queue::{dominant_share, plan, Fleet, Plan};
 pub use sweep::{timeout_reason, Resolution, DESTROY_RETRY, SWEEP_BATCH, SWEEP_CALL_TIMEOUT};
 
@@ -124,6 +124,8 @@ pub struct Scheduler {
     sweep_running: bool,
     /// When the last round started and how many it admitted.
     last_round: Option<(std::time::Instant, usize)>,
+    /// The candidates' slot types, computed once per fleet change.
+    slot_types: place::SlotTypesMemo,
 }
 
 impl Scheduler {
@@ -148,6 +150,7 @@ impl Scheduler {
             round_again: false,
             sweep_running: false,
             last_round: None,
+            slot_types: Default::default(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! their usage and the images they hold.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use crate::agent::node::normalize_image;
 use crate::manager::error::ManagerError;
@@ -25,6 +26,27 @@ pub fn known_slot_types(candidates: &[AgentRow]) -> SlotTypes {
     types
 }
 
+/// [`known_slot_types`] of the newest candidate list, computed once per list: the registry
+/// hands out the same `Arc` until the fleet changes, and at 10,000 agents computing it sorts
+/// them all.
+#[derive(Clone, Default)]
+pub struct SlotTypesMemo(Arc<Mutex<Option<(Arc<Vec<AgentRow>>, Arc<SlotTypes>)>>>);
+
+impl SlotTypesMemo {
+    /// The slot types `candidates` advertise.
+    pub fn of(&self, candidates: &Arc<Vec<AgentRow>>) -> Arc<SlotTypes> {
+        let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match memo.as_ref() {
+            Some((list, types)) if Arc::ptr_eq(list, candidates) => types.clone(),
+            _ => {
+                let types = Arc::new(known_slot_types(candidates));
+                *memo = Some((candidates.clone(), types.clone()));
+                types
+            }
+        }
+    }
+}
+
 /// Parses a session's `resource_slots` against the slots the `candidates` have
 /// ([`known_slot_types`]): `cpu` (> 0) and `mem` required, amounts in the slot's unit (cores
 /// with up to 3 decimals, whole bytes or a size such as `"256m"`, counts with up to 3 decimals,
@@ -37,8 +59,19 @@ pub fn parse_request(
     slots: &BTreeMap<String, serde_json::Value>,
     candidates: &[AgentRow],
 ) -> Result<ResourceSlots, ManagerError> {
-    ResourceSlots::request_from_json(slots, &known_slot_types(candidates)).map_err(|e| match e {
-        SlotError::Unknown(_) if candidates.is_empty() => ManagerError::NoAgents,
+    parse_request_typed(slots, &known_slot_types(candidates), candidates.is_empty())
+}
+
+/// [`parse_request`] against slot types already known (`known_slot_types` of the candidates,
+/// computed once per fleet change rather than once per request: at 10,000 agents it sorts them
+/// all); `no_agents` when there are no candidates.
+pub fn parse_request_typed(
+    slots: &BTreeMap<String, serde_json::Value>,
+    types: &SlotTypes,
+    no_agents: bool,
+) -> Result<ResourceSlots, ManagerError> {
+    ResourceSlots::request_from_json(slots, types).map_err(|e| match e {
+        SlotError::Unknown(_) if no_agents => ManagerError::NoAgents,
         SlotError::Unknown(name) => ManagerError::UnknownSlot(name),
         other => ManagerError::InvalidRequest(other.to_string()),
     })
@@ -147,31 +180,7 @@ pub fn place(
     image: &str,
     images: &AgentImageSets,
 ) -> Result<String, PlaceError> {
-    if candidates.is_empty() {
-        return Err(PlaceError::NoAgents);
-    }
-    if !candidates
-        .iter()
-        .any(|a| req.fits_in(&a.slots_total).is_ok())
-    {
-        // Name the first slot that no agent has enough of in total, with the largest total.
-        let (slot, largest) = req
-            .nonzero()
-            .map(|(slot, want)| {
-                let largest = candidates
-                    .iter()
-                    .map(|a| a.slots_total.get(slot))
-                    .max()
-                    .unwrap_or_default();
-                (slot, want, largest)
-            })
-            .find(|(_, want, largest)| want > largest)
-            .map(|(slot, _, largest)| (slot.to_owned(), largest))
-            .unwrap_or_else(|| ("(combined)".to_owned(), Amount::ZERO));
-        return Err(PlaceError::SlotsExceedCapacity(format!(
-            "requested {req}: no ALIVE agent has that much in total (largest {slot}: {largest})"
-        )));
-    }
+    fits_some_agent(candidates, req)?;
     let empty = Usage::default();
     let wanted = normalize_image(image);
     // Whether it lacks the image: `false` (holds it) sorts first.
@@ -199,6 +208,41 @@ pub fn place(
         })
         .map(|(_, _, _, a)| a.id.clone())
         .ok_or_else(|| short_of(candidates, usage, req))
+}
+
+/// Whether some candidate could ever hold `req` (its total has that much of every slot),
+/// whatever is placed on it now: a cheap check (it stops at the first agent that could) that a
+/// request which must wait can wait.
+///
+/// Errors: no candidates → [`PlaceError::NoAgents`]; none could → `SlotsExceedCapacity`,
+/// naming the first slot no agent has enough of in total, with the largest total.
+pub fn fits_some_agent(candidates: &[AgentRow], req: &ResourceSlots) -> Result<(), PlaceError> {
+    if candidates.is_empty() {
+        return Err(PlaceError::NoAgents);
+    }
+    if !candidates
+        .iter()
+        .any(|a| req.fits_in(&a.slots_total).is_ok())
+    {
+        // Name the first slot that no agent has enough of in total, with the largest total.
+        let (slot, largest) = req
+            .nonzero()
+            .map(|(slot, want)| {
+                let largest = candidates
+                    .iter()
+                    .map(|a| a.slots_total.get(slot))
+                    .max()
+                    .unwrap_or_default();
+                (slot, want, largest)
+            })
+            .find(|(_, want, largest)| want > largest)
+            .map(|(slot, _, largest)| (slot.to_owned(), largest))
+            .unwrap_or_else(|| ("(combined)".to_owned(), Amount::ZERO));
+        return Err(PlaceError::SlotsExceedCapacity(format!(
+            "requested {req}: no ALIVE agent has that much in total (largest {slot}: {largest})"
+        )));
+    }
+    Ok(())
 }
 
 /// Why no schedulable agent fits `req` now (some agent fits it in total): only cordoned ones

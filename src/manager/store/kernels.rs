@@ -7,6 +7,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
+use super::usage::Placed;
 use super::{now, Store, StoreError};
 use crate::model::event::{Event, EventType};
 use crate::model::pull::PullProgress;
@@ -243,6 +244,34 @@ pub(super) async fn take_concurrency_in(
     Ok(taken > 0)
 }
 
+/// [`Store::concurrency_refused`] inside `tx` (an admission batch holds SQLite's one
+/// connection: the key is read through the transaction).
+pub(super) async fn concurrency_refused_in(
+    tx: &mut Transaction<'_, Any>,
+    access_key: &str,
+) -> Result<ReserveError, StoreError> {
+    let key: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT CASE WHEN enabled = 1 AND deleted_at IS NULL THEN 1 ELSE 0 END, concurrency_limit \
+         FROM access_keys WHERE access_key = $1",
+    )
+    .bind(access_key)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(refusal(
+        access_key,
+        key.map(|(enabled, limit)| (enabled == 1, limit)),
+    ))
+}
+
+/// Why no concurrency was taken for `access_key`, given `(enabled, concurrency_limit)` of its
+/// row (`None`: no such key): its limit, or a key that is unknown, disabled or deleted.
+fn refusal(access_key: &str, key: Option<(bool, i64)>) -> ReserveError {
+    match key {
+        Some((true, limit)) => ReserveError::ConcurrencyLimit(access_key.to_owned(), limit),
+        _ => ReserveError::UnknownAccessKey(access_key.to_owned()),
+    }
+}
+
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
 /// Returns its `TERMINATED` event when it was live (a second call for the same kernel is a
 /// no-op and returns `None`); the caller publishes it once `tx` commits.
@@ -407,6 +436,14 @@ impl Store {
             .await
             .map_err(StoreError::from)?;
         tx.commit().await.map_err(StoreError::from)?;
+        self.usage.add(
+            &k.id,
+            Placed {
+                agent_id: k.agent_id.clone(),
+                access_key: k.access_key.clone(),
+                slots: k.resource_slots.clone(),
+            },
+        );
         self.events.publish(scheduled_event(
             &k.id,
             (&k.session_id, &k.agent_id, &k.access_key),
@@ -419,10 +456,7 @@ impl Store {
     /// unknown, disabled or deleted (read after the transaction was dropped).
     pub(super) async fn concurrency_refused(&self, access_key: &str) -> ReserveError {
         match self.access_key(access_key).await {
-            Ok(Some(key)) if key.enabled => {
-                ReserveError::ConcurrencyLimit(access_key.to_owned(), key.concurrency_limit)
-            }
-            Ok(_) => ReserveError::UnknownAccessKey(access_key.to_owned()),
+            Ok(key) => refusal(access_key, key.map(|k| (k.enabled, k.concurrency_limit))),
             Err(e) => ReserveError::Store(e),
         }
     }
@@ -665,26 +699,54 @@ impl Store {
     }
 
     /// Slots the manager has placed on each agent: the exact sum of its live kernels'
-    /// `resource_slots` (summed here, not in SQL: the amounts are decimal JSON text).
+    /// `resource_slots`, from the usage ledger (`usage.rs`; reloaded first when stale).
     pub async fn usage_by_agent(&self) -> Result<HashMap<String, Usage>, StoreError> {
+        self.with_usage(HashMap::clone).await
+    }
+
+    /// Runs `f` over [`Store::usage_by_agent`]'s map without copying it (placement reads it
+    /// once per create; at 10,000 agents a copy is not free).
+    pub async fn with_usage<R>(
+        &self,
+        f: impl FnOnce(&HashMap<String, Usage>) -> R,
+    ) -> Result<R, StoreError> {
+        self.fresh_usage().await?;
+        Ok(self.usage.with_by_agent(f))
+    }
+
+    /// Each access key's placed live slots, from the usage ledger.
+    pub(super) async fn slots_by_key(&self) -> Result<HashMap<String, ResourceSlots>, StoreError> {
+        self.fresh_usage().await?;
+        Ok(self.usage.by_key())
+    }
+
+    /// Reloads the usage ledger from every placed live kernel when it is older than its
+    /// refresh period (waiting for a reload another caller runs).
+    async fn fresh_usage(&self) -> Result<(), StoreError> {
+        let Some(reload) = self.usage.begin_reload().await else {
+            return Ok(());
+        };
         let rows = sqlx::query(&format!(
-            "SELECT agent_id, resource_slots, cpu_millis, mem_bytes, cuda_devices \
+            "SELECT id, agent_id, access_key, resource_slots, cpu_millis, mem_bytes, cuda_devices \
              FROM kernels WHERE {LIVE} AND status <> 'PENDING'",
         ))
         .fetch_all(&self.pool)
         .await?;
-        let mut out: HashMap<String, Usage> = HashMap::new();
-        for r in rows {
-            let slots = slots_column(&r, "resource_slots")?;
-            let u = out.entry(r.try_get("agent_id")?).or_default();
-            // Saturates rather than fails: a sum past 1.8e16 units is no real agent.
-            u.slots = u
-                .slots
-                .checked_add(&slots)
-                .unwrap_or_else(|_| u.slots.clone());
-            u.kernels += 1;
-        }
-        Ok(out)
+        let placed = rows
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>("id")?,
+                    Placed {
+                        agent_id: r.try_get("agent_id")?,
+                        access_key: r.try_get("access_key")?,
+                        slots: slots_column(r, "resource_slots")?,
+                    },
+                ))
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        reload.finish(placed);
+        Ok(())
     }
 }
 

@@ -14,6 +14,7 @@ mod kernels;
 mod keys;
 mod queue;
 mod sweep;
+mod usage;
 mod vfolders;
 
 use std::str::FromStr;
@@ -103,6 +104,8 @@ pub struct Store {
     /// Notified when this replica commits a kernel's end (its slots and concurrency freed): the
     /// queue's admission round starts at once instead of at its next tick.
     released: std::sync::Arc<tokio::sync::Notify>,
+    /// Every placed live kernel's slots by agent and by key, in memory (`usage.rs`).
+    usage: std::sync::Arc<usage::Ledger>,
 }
 
 /// Unix time now, seconds.
@@ -178,6 +181,12 @@ impl Store {
             events: EventHub::new(HubSpec::default(), None),
             replica: uuid::Uuid::new_v4().simple().to_string().into(),
             released: Default::default(),
+            usage: std::sync::Arc::new(usage::Ledger::new(match backend {
+                // Other replicas place and end kernels too: their writes arrive by reload.
+                Backend::Postgres => Duration::from_secs(1),
+                // One manager holds the file (`sqlite_lock`): every write is this one's.
+                Backend::Sqlite => Duration::from_secs(60),
+            })),
         })
     }
 
@@ -196,10 +205,13 @@ impl Store {
     /// Publishes a committed change's event, answering whether there was one (what the
     /// callers' `bool` results have always meant: the row changed).
     fn publish(&self, event: Option<Event>) -> bool {
-        if event
+        if let Some(e) = event
             .as_ref()
-            .is_some_and(|e| e.status.as_deref() == Some("TERMINATED"))
+            .filter(|e| e.status.as_deref() == Some("TERMINATED"))
         {
+            if let Some(id) = &e.kernel_id {
+                self.usage.remove(id);
+            }
             self.released.notify_one();
         }
         event.map(|e| self.events.publish(e)).is_some()

@@ -3,20 +3,21 @@
 //!
 //! A queued row has no agent (`agent_id` is empty), takes no concurrency and holds no slots;
 //! it keeps its whole request (`request`, JSON) to be created from once admitted. Admission
-//! ([`Store::admit_kernel`]) is a reservation made later: in one transaction the agent's room
-//! is checked as a direct create's is, the key's concurrency taken, and the row moves
-//! `PENDING` → `SCHEDULED`. A queued row ends only by admission or by
+//! ([`Store::admit_kernels`], a round's admissions in one transaction) is a reservation made
+//! later: for each, the agent's room is checked as a direct create's is, the key's concurrency
+//! taken, and the row moves `PENDING` → `SCHEDULED`. A queued row ends only by admission or by
 //! [`Store::cancel_pending`] (`CANCELLED`).
 
 use std::collections::HashMap;
 
-use sqlx::Row;
+use sqlx::{Any, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
 use super::kernels::{
-    scheduled_event, session_event, take_concurrency_in, KernelRow, NewKernel, ReserveError,
-    COLUMNS, LIVE,
+    concurrency_refused_in, scheduled_event, session_event, take_concurrency_in, KernelRow,
+    NewKernel, ReserveError, COLUMNS,
 };
+use super::usage::Placed;
 use super::{now, Store, StoreError};
 use crate::model::event::{Event, EventType};
 use crate::model::queue::PendingReason;
@@ -129,14 +130,16 @@ impl Store {
 
     /// Whether any session of priority `priority` or higher waits: a new session of that
     /// priority queues behind it rather than being placed first.
-    pub async fn queued_at_or_above(&self, priority: i64) -> Result<i64, StoreError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM kernels WHERE status = 'PENDING' AND priority >= $1",
+    /// (One row looked at through the queue's index, not a count: with 100,000 queued a count
+    /// costs every create milliseconds.)
+    pub async fn queued_at_or_above(&self, priority: i64) -> Result<bool, StoreError> {
+        let any: Option<i64> = sqlx::query_scalar(
+            "SELECT priority FROM kernels WHERE status = 'PENDING' AND priority >= $1 LIMIT 1",
         )
         .bind(priority)
-        .fetch_one(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        Ok(n)
+        Ok(any.is_some())
     }
 
     /// The first `limit` queued sessions in the queue's order (priority, then queued time).
@@ -183,77 +186,99 @@ impl Store {
                 },
             );
         }
-        let rows = sqlx::query(&format!(
-            "SELECT access_key, resource_slots, cpu_millis, mem_bytes, cuda_devices \
-             FROM kernels WHERE {LIVE} AND status <> 'PENDING'"
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        for r in rows {
-            let slots = slots_column(&r, "resource_slots")?;
-            let share = out.entry(r.try_get("access_key")?).or_default();
-            share.slots = share
-                .slots
-                .checked_add(&slots)
-                .unwrap_or_else(|_| share.slots.clone());
+        for (key, slots) in self.slots_by_key().await? {
+            out.entry(key).or_default().slots = slots;
         }
         Ok(out)
     }
 
-    /// Admits a queued session onto `agent_id` (whose slots in total are `agent_total`): in
-    /// one transaction, the agent's room is checked (serialized across replicas as a direct
-    /// create's reservation is), one unit of the key's concurrency taken, and the row moved
-    /// `PENDING` → `SCHEDULED` with its agent and `admitted_at`. Returns the row and its
-    /// request, or `None` when it is no longer `PENDING` (cancelled meanwhile).
+    /// Admits queued sessions, each onto its agent (whose slots in total are given), in one
+    /// transaction: for each, in order, the agent's room is checked (serialized across
+    /// replicas as a direct create's reservation is), one unit of the key's concurrency taken,
+    /// and the row moved `PENDING` → `SCHEDULED` with its agent and `admitted_at`. One
+    /// transaction for a round's admissions rather than one each: on SQLite's one connection
+    /// the per-transaction cost was most of an admission's (`just bench scheduler`).
     ///
-    /// Errors: [`ReserveError::NoRoom`] / [`ReserveError::AgentNotAlive`] (another create took
-    /// the room first: it stays queued), [`ReserveError::ConcurrencyLimit`] /
-    /// [`ReserveError::UnknownAccessKey`], the database. Nothing changes on an error.
-    pub async fn admit_kernel(
+    /// Each session's outcome, in order: its row and request; `Ok(None)` when it is no longer
+    /// `PENDING` (cancelled meanwhile); or, with nothing changed for it (a savepoint each),
+    /// [`ReserveError::NoRoom`] / [`ReserveError::AgentNotAlive`] (another create took the
+    /// room first: it stays queued), [`ReserveError::ConcurrencyLimit`] /
+    /// [`ReserveError::UnknownAccessKey`].
+    ///
+    /// Errors: the database (nothing admitted).
+    pub async fn admit_kernels(
         &self,
+        batch: &[(&QueuedSession, &str, &ResourceSlots)],
+    ) -> Result<Vec<Result<Option<Admitted>, ReserveError>>, StoreError> {
+        let mut out = Vec::with_capacity(batch.len());
+        let mut tx = self.pool.begin().await?;
+        for (q, agent_id, total) in batch {
+            let mut one = sqlx::Acquire::begin(&mut tx).await?;
+            let r = self.admit_in(&mut one, q, agent_id, total).await;
+            match r {
+                Ok(Some(_)) => one.commit().await?,
+                Err(ReserveError::Store(e)) => return Err(e),
+                _ => one.rollback().await?,
+            }
+            out.push(r);
+        }
+        tx.commit().await?;
+        for (admitted, (q, agent_id, _)) in out.iter().zip(batch) {
+            if let Ok(Some(_)) = admitted {
+                self.usage.add(
+                    &q.id,
+                    Placed {
+                        agent_id: (*agent_id).to_owned(),
+                        access_key: q.access_key.clone(),
+                        slots: q.resource_slots.clone(),
+                    },
+                );
+                self.events.publish(scheduled_event(
+                    &q.id,
+                    (&q.session_id, agent_id, &q.access_key),
+                    "admitted",
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One admission of [`Store::admit_kernels`] inside `tx` (the caller rolls it back unless
+    /// it returns a row).
+    async fn admit_in(
+        &self,
+        tx: &mut Transaction<'_, Any>,
         q: &QueuedSession,
         agent_id: &str,
         agent_total: &ResourceSlots,
     ) -> Result<Option<Admitted>, ReserveError> {
-        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        self.check_room_in(&mut tx, agent_id, &q.resource_slots, agent_total)
+        self.check_room_in(tx, agent_id, &q.resource_slots, agent_total)
             .await?;
-        if !take_concurrency_in(&mut tx, &q.access_key).await? {
-            drop(tx);
-            return Err(self.concurrency_refused(&q.access_key).await);
+        if !take_concurrency_in(tx, &q.access_key).await? {
+            return Err(concurrency_refused_in(tx, &q.access_key).await?);
         }
-        let at = now();
-        let request: Option<(Option<String>,)> = sqlx::query_as(
+        let row = sqlx::query(&format!(
             "UPDATE kernels SET status = 'SCHEDULED', agent_id = $2, admitted_at = $3, \
              status_changed_at = $3, pending_reason = NULL \
-             WHERE id = $1 AND status = 'PENDING' RETURNING request",
-        )
+             WHERE id = $1 AND status = 'PENDING' RETURNING request, {COLUMNS}"
+        ))
         .bind(&q.id)
         .bind(agent_id)
-        .bind(at)
-        .fetch_optional(&mut *tx)
+        .bind(now())
+        .fetch_optional(&mut **tx)
         .await
         .map_err(StoreError::from)?;
-        let Some((request,)) = request else {
-            // Cancelled meanwhile: the concurrency taken above goes back with the rollback.
-            return Ok(None);
-        };
-        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1"))
-            .bind(&q.id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(StoreError::from)?;
-        let row = KernelRow::from_row(&row).map_err(StoreError::from)?;
-        tx.commit().await.map_err(StoreError::from)?;
-        self.events.publish(scheduled_event(
-            &q.id,
-            (&q.session_id, agent_id, &q.access_key),
-            "admitted",
-        ));
-        Ok(Some(Admitted {
-            row,
-            request: request.unwrap_or_default(),
-        }))
+        // `None`: cancelled meanwhile (the concurrency taken goes back with the rollback).
+        row.map(|r| {
+            Ok(Admitted {
+                row: KernelRow::from_row(&r)?,
+                request: r
+                    .try_get::<Option<String>, _>("request")?
+                    .unwrap_or_default(),
+            })
+        })
+        .transpose()
+        .map_err(|e: sqlx::Error| ReserveError::Store(e.into()))
     }
 
     /// Cancels a queued session (`CANCELLED`, reason `reason`, `terminated_at` now): no agent
