@@ -77,6 +77,9 @@ pub const TERMINATED: &str = AgentStatus::Terminated.as_str();
 /// shows up.
 const REFRESH_OVERLAP: f64 = 2.0;
 
+/// Agent rows one write-behind transaction holds at most.
+const FLUSH_CHUNK: usize = 256;
+
 /// The registry's intervals.
 #[derive(Clone, Debug)]
 pub struct RegistrySpec {
@@ -98,8 +101,11 @@ pub struct RegistrySpec {
 struct AgentState {
     /// The row; its `status` is the liveness status.
     row: AgentRow,
-    /// Heard from by this replica since the last flush: its row is written behind.
+    /// Its row is to be written behind: its facts or liveness changed, or it was heard from
+    /// and the `seen_at` last written is older than [`AgentRegistry::seen_write_gap`].
     dirty: bool,
+    /// The `seen_at` of the row as last written (or read).
+    saved_seen_at: f64,
     /// The reset flow is in flight ([`Liveness::resetting`]).
     resetting: bool,
     /// A `mark_agent_lost` is in flight ([`Liveness::losing`]).
@@ -118,6 +124,7 @@ impl AgentState {
     /// A row as the store holds it: nothing to write back, no endpoint told to the pool yet.
     fn stored(row: AgentRow) -> AgentState {
         AgentState {
+            saved_seen_at: row.seen_at,
             row,
             dirty: false,
             resetting: false,
@@ -247,6 +254,7 @@ impl AgentRegistry {
                     drain_deadline: None,
                 },
                 dirty: true,
+                saved_seen_at: 0.0,
                 resetting: false,
                 losing: false,
                 endpoint: None,
@@ -326,10 +334,21 @@ impl AgentRegistry {
 
     /// Heard from `agent_id` now (heartbeat or event).
     fn seen(&mut self, agent_id: &str) {
+        let gap = self.seen_write_gap();
         let s = self.state(agent_id);
         s.row.seen_at = now();
-        s.dirty = true;
+        s.dirty |= s.row.seen_at - s.saved_seen_at >= gap;
         self.mode.heard_from(agent_id);
+    }
+
+    /// How stale the stored `seen_at` of a live agent may get before a heartbeat rewrites it:
+    /// an eighth of the heartbeat timeout. Other replicas read liveness from it (the leader
+    /// marks an agent silent for a timeout `LOST`), so it stays well inside the timeout, but a
+    /// fleet whose agents report more often than that (10,000 agents resending as soon as
+    /// answered: `just bench scheduler`'s flood) no longer writes every row every second,
+    /// holding SQLite's one connection from the creates.
+    fn seen_write_gap(&self) -> f64 {
+        self.spec.heartbeat_timeout.as_secs_f64() / 8.0
     }
 
     /// Tells the pool the agent's endpoint when it changed.
@@ -373,6 +392,11 @@ impl AgentRegistry {
         }
         let s = self.state(&hb.agent_id);
         let changed = s.row.slots_total != hb.slots_total || s.row.slot_types != hb.slot_types;
+        s.dirty |= changed
+            || s.row.addr.as_deref() != Some(hb.addr.as_str())
+            || s.row.public_key != hb.public_key
+            || s.row.region.as_deref() != Some(hb.region.as_str())
+            || s.row.version.as_deref() != Some(hb.version.as_str());
         s.row.addr = Some(hb.addr.clone());
         s.row.public_key = hb.public_key.clone();
         s.row.region = Some(hb.region.clone());
@@ -541,13 +565,15 @@ impl AgentRegistry {
             .filter(|s| s.dirty)
             .map(|s| {
                 s.dirty = false;
+                s.saved_seen_at = s.row.seen_at;
                 s.row.clone()
             })
             .collect()
     }
 
-    /// Write-behind of changed agent rows: every heartbeat this replica took in the last second,
-    /// in one transaction. One flush at a time; a failed one is retried.
+    /// Write-behind of changed agent rows, in transactions of at most [`FLUSH_CHUNK`] rows (SQLite
+    /// has one connection: a create waits for one chunk, not for a fleet's rows). One flush
+    /// at a time; a failed one is retried.
     fn flush(&mut self, ctx: &mut Context<Self>) {
         if self.flushing {
             return;
@@ -560,19 +586,24 @@ impl AgentRegistry {
         let store = self.store.clone();
         let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         ctx.spawn(
-            async move { store.save_agents(&rows).await }
-                .into_actor(self)
-                .map(move |res, act, _| {
-                    act.flushing = false;
-                    if let Err(e) = res {
-                        tracing::error!(error = %e, "could not save agent rows; retrying");
-                        for id in &ids {
-                            if let Some(s) = act.agents.get_mut(id) {
-                                s.dirty = true;
-                            }
+            async move {
+                for chunk in rows.chunks(FLUSH_CHUNK) {
+                    store.save_agents(chunk).await?;
+                }
+                Ok::<(), crate::manager::store::StoreError>(())
+            }
+            .into_actor(self)
+            .map(move |res, act, _| {
+                act.flushing = false;
+                if let Err(e) = res {
+                    tracing::error!(error = %e, "could not save agent rows; retrying");
+                    for id in &ids {
+                        if let Some(s) = act.agents.get_mut(id) {
+                            s.dirty = true;
                         }
                     }
-                }),
+                }
+            }),
         );
     }
 
