@@ -71,7 +71,7 @@ pub(super) async fn create(
     .await;
     let k = count_error(&s, r)?;
     let queue_position = match k.is_pending() {
-        true => Some(s.store.queue_position(&k).await?),
+        true => Some(s.store.new_queue_position(k.priority).await?),
         false => None,
     };
     let created = SessionCreated {
@@ -204,7 +204,7 @@ pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<St
     not_in_grace(&s).await?;
     let k = owned_kernel(&s, &caller, &id).await?;
     let queue_position = match k.is_pending() {
-        true => Some(s.store.queue_position(&k).await?),
+        true => Some(s.store.new_queue_position(k.priority).await?),
         false => None,
     };
     let body = Session {

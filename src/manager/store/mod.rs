@@ -9,6 +9,7 @@
 mod agents;
 mod columns;
 mod dangling;
+mod depth;
 mod events;
 mod kernels;
 mod keys;
@@ -106,6 +107,8 @@ pub struct Store {
     released: std::sync::Arc<tokio::sync::Notify>,
     /// Every placed live kernel's slots by agent and by key, in memory (`usage.rs`).
     usage: std::sync::Arc<usage::Ledger>,
+    /// Queued sessions per priority, in memory (`depth.rs`).
+    depth: std::sync::Arc<depth::Depth>,
 }
 
 /// Unix time now, seconds.
@@ -175,18 +178,20 @@ impl Store {
             }
         };
         sqlx::migrate!("migrations/manager").run(&pool).await?;
+        // Other replicas place and end kernels too: their writes arrive by reload. On SQLite one
+        // manager holds the file (`sqlite_lock`): every write is this one's.
+        let refresh = match backend {
+            Backend::Postgres => Duration::from_secs(1),
+            Backend::Sqlite => Duration::from_secs(60),
+        };
         Ok(Store {
             pool,
             backend,
             events: EventHub::new(HubSpec::default(), None),
             replica: uuid::Uuid::new_v4().simple().to_string().into(),
             released: Default::default(),
-            usage: std::sync::Arc::new(usage::Ledger::new(match backend {
-                // Other replicas place and end kernels too: their writes arrive by reload.
-                Backend::Postgres => Duration::from_secs(1),
-                // One manager holds the file (`sqlite_lock`): every write is this one's.
-                Backend::Sqlite => Duration::from_secs(60),
-            })),
+            usage: std::sync::Arc::new(usage::Ledger::new(refresh)),
+            depth: std::sync::Arc::new(depth::Depth::new(refresh)),
         })
     }
 

@@ -114,6 +114,7 @@ impl Store {
         .execute(&self.pool)
         .await
         .map_err(StoreError::from)?;
+        self.depth.add(k.priority, 1);
         self.events.publish(Event {
             status: Some("PENDING".into()),
             reason: Some(reason.code.clone()),
@@ -225,6 +226,7 @@ impl Store {
         tx.commit().await?;
         for (admitted, (q, agent_id, _)) in out.iter().zip(batch) {
             if let Ok(Some(_)) = admitted {
+                self.depth.add(q.priority, -1);
                 self.usage.add(
                     &q.id,
                     Placed {
@@ -285,17 +287,21 @@ impl Store {
     /// was touched and no concurrency taken. Returns whether it was `PENDING`.
     pub async fn cancel_pending(&self, kernel_id: &str, reason: &str) -> Result<bool, StoreError> {
         let at = now();
-        let owner: Option<(String, String, String)> = sqlx::query_as(
+        let row: Option<(String, String, String, i64)> = sqlx::query_as(
             "UPDATE kernels SET status = 'CANCELLED', status_reason = $2, terminated_at = $3, \
              status_changed_at = $3, pending_reason = NULL, request = NULL, \
              result = CASE WHEN session_type = 'batch' THEN 'FAILURE' ELSE result END \
-             WHERE id = $1 AND status = 'PENDING' RETURNING session_id, agent_id, access_key",
+             WHERE id = $1 AND status = 'PENDING' RETURNING session_id, agent_id, access_key, priority",
         )
         .bind(kernel_id)
         .bind(reason)
         .bind(at)
         .fetch_optional(&self.pool)
         .await?;
+        let owner = row.map(|(session_id, agent_id, access_key, priority)| {
+            self.depth.add(priority, -1);
+            (session_id, agent_id, access_key)
+        });
         Ok(self.publish(owner.map(|owner| Event {
             status: Some("CANCELLED".into()),
             reason: Some(reason.to_owned()),
@@ -330,9 +336,12 @@ impl Store {
     /// A queued session's place in the queue: 1 + the sessions ahead of it (higher priority,
     /// or the same priority queued earlier).
     pub async fn queue_position(&self, k: &KernelRow) -> Result<i64, StoreError> {
+        // Three ranges of the queue's index rather than one `OR` (which SQLite filters row by
+        // row): higher priorities, then earlier at its own, then the same instant's lower ids.
         let ahead: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM kernels WHERE status = 'PENDING' AND \
-             (priority > $1 OR (priority = $1 AND (queued_at < $2 OR (queued_at = $2 AND id < $3))))",
+            "SELECT (SELECT COUNT(*) FROM kernels WHERE status = 'PENDING' AND priority > $1) \
+             + (SELECT COUNT(*) FROM kernels WHERE status = 'PENDING' AND priority = $1 AND queued_at < $2) \
+             + (SELECT COUNT(*) FROM kernels WHERE status = 'PENDING' AND priority = $1 AND queued_at = $2 AND id < $3)",
         )
         .bind(k.priority)
         .bind(k.queued_at.unwrap_or(0.0))
@@ -359,6 +368,19 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
+        self.depth.install(&rows);
         Ok(rows)
+    }
+
+    /// Where a session just queued at `priority` stands: the sessions queued at its priority
+    /// or higher, itself included (it is the newest of its priority), from the in-memory depth
+    /// (`depth.rs`: read from the database when stale, moved by this replica's own changes;
+    /// not a count per create). [`Store::queue_position`] counts in the database.
+    pub async fn new_queue_position(&self, priority: i64) -> Result<i64, StoreError> {
+        if let Some(n) = self.depth.at_or_above(priority) {
+            return Ok(n.max(1));
+        }
+        self.queue_depth().await?;
+        Ok(self.depth.at_or_above(priority).unwrap_or(0).max(1))
     }
 }
