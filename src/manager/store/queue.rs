@@ -384,3 +384,115 @@ impl Store {
         Ok(self.depth.at_or_above(priority).unwrap_or(0).max(1))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{NewKernel, ReserveError, Store};
+    use crate::model::queue::{PendingCode, PendingReason};
+    use crate::slots::{Amount, ResourceSlots};
+
+    fn cpu(units: u64) -> ResourceSlots {
+        [("cpu".to_owned(), Amount::from_units(units))]
+            .into_iter()
+            .collect()
+    }
+
+    async fn enqueue(store: &Store, id: &str, key: &str, units: u64, priority: i64) {
+        let k = NewKernel {
+            id: id.into(),
+            session_id: id.into(),
+            agent_id: String::new(),
+            access_key: key.into(),
+            image: "img".into(),
+            resource_slots: cpu(units),
+            session_type: "interactive".into(),
+            command: None,
+            batch_timeout: None,
+            mounts: "[]".into(),
+            restart_policy: r#"{"mode":"never"}"#.into(),
+            priority,
+        };
+        let why = PendingReason::new(PendingCode::NoCapacity, "full");
+        store.enqueue_kernel(&k, "{}", &why).await.unwrap();
+    }
+
+    /// One transaction admits a round's sessions, each judged on its own: room re-checked
+    /// with the ones admitted before it in the batch, the key's limit, a cancelled one; what
+    /// is admitted shows in the usage ledger, the key's concurrency and the queue's depth.
+    #[actix_rt::test]
+    async fn a_batch_admits_each_on_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+            .await
+            .unwrap();
+        store
+            .create_access_key("AK", "hash", "user", "", 0)
+            .await
+            .unwrap();
+        store
+            .create_access_key("LIM", "hash2", "user", "", 1)
+            .await
+            .unwrap();
+        for (id, key, units) in [
+            ("a", "AK", 2),
+            ("b", "AK", 2),
+            ("c", "AK", 1),
+            ("l1", "LIM", 1),
+            ("l2", "LIM", 1),
+            ("gone", "AK", 1),
+        ] {
+            enqueue(&store, id, key, units, 10).await;
+        }
+        assert_eq!(store.new_queue_position(10).await.unwrap(), 6);
+        assert_eq!(store.new_queue_position(11).await.unwrap(), 1);
+        assert!(store
+            .cancel_pending("gone", "user-requested")
+            .await
+            .unwrap());
+        let window = store.pending_window(10).await.unwrap();
+        let ids: Vec<&str> = window.iter().map(|q| q.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c", "l1", "l2"], "the queue's order");
+        let (four, big) = (cpu(4), cpu(100));
+        let batch = [
+            (&window[0], "x", &four), // a: 2 of 4
+            (&window[1], "x", &four), // b: 4 of 4
+            (&window[2], "x", &four), // c: no room beside a and b
+            (&window[3], "y", &big),  // l1: LIM's one
+            (&window[4], "y", &big),  // l2: LIM at its limit
+        ];
+        let out = store.admit_kernels(&batch).await.unwrap();
+        let admitted: Vec<bool> = out.iter().map(|r| matches!(r, Ok(Some(_)))).collect();
+        assert_eq!(admitted, [true, true, false, true, false], "{out:?}");
+        assert!(matches!(out[2], Err(ReserveError::NoRoom(_))), "{out:?}");
+        assert!(
+            matches!(out[4], Err(ReserveError::ConcurrencyLimit(_, 1))),
+            "{out:?}"
+        );
+        let usage = store.usage_by_agent().await.unwrap();
+        assert_eq!((usage["x"].slots.clone(), usage["x"].kernels), (cpu(4), 2));
+        assert_eq!(usage["y"].kernels, 1);
+        let key = |k: &'static str| {
+            let store = store.clone();
+            async move { store.access_key(k).await.unwrap().unwrap().concurrency_used }
+        };
+        assert_eq!((key("AK").await, key("LIM").await), (2, 1));
+        assert_eq!(store.new_queue_position(10).await.unwrap(), 2);
+        let c = store.kernel("c").await.unwrap().unwrap();
+        assert_eq!(
+            (c.status.as_str(), store.queue_position(&c).await.unwrap()),
+            ("PENDING", 1)
+        );
+        // Ended: out of the ledger; a fresh store (another start) reads the same from the rows.
+        assert!(store
+            .terminate_kernel("a", "user-requested", None)
+            .await
+            .unwrap());
+        let usage = store.usage_by_agent().await.unwrap();
+        assert_eq!((usage["x"].slots.clone(), usage["x"].kernels), (cpu(2), 1));
+        let again = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+            .await
+            .unwrap();
+        assert_eq!(again.usage_by_agent().await.unwrap(), usage);
+        assert_eq!(again.new_queue_position(0).await.unwrap(), 2);
+    }
+}
