@@ -183,31 +183,181 @@ pub fn place(
     fits_some_agent(candidates, req)?;
     let empty = Usage::default();
     let wanted = normalize_image(image);
-    // Whether it lacks the image: `false` (holds it) sorts first.
-    let lacks = |a: &AgentRow| !images.get(&a.id).is_some_and(|s| s.contains(&wanted));
-    let schedulable = |a: &&AgentRow| a.schedulable && !a.draining;
-    // Each candidate's load computed once (10,000 agents: one pass, not one per comparison).
+    // Each candidate's rank computed once (10,000 agents: one pass, not one per comparison).
     candidates
         .iter()
-        .filter(schedulable)
-        .map(|a| (a, usage.get(&a.id).unwrap_or(&empty)))
-        .filter(|(a, u)| req.fits_beside(&u.slots, &a.slots_total))
-        .map(|(a, u)| {
-            (
-                lacks(a),
-                load_after(&a.slots_total, &u.slots, req),
-                u.kernels,
+        .enumerate()
+        .filter(|(_, a)| a.schedulable && !a.draining)
+        .filter_map(|(i, a)| {
+            rank(
+                i,
                 a,
+                usage.get(&a.id).unwrap_or(&empty),
+                req,
+                &wanted,
+                images,
             )
         })
-        .min_by(|(ia, la, ka, a), (ib, lb, kb, b)| {
-            ia.cmp(ib)
-                .then(la.total_cmp(lb))
-                .then(ka.cmp(kb))
-                .then(a.id.cmp(&b.id))
-        })
-        .map(|(_, _, _, a)| a.id.clone())
+        .min()
+        .map(|r| r.id.to_owned())
         .ok_or_else(|| short_of(candidates, usage, req))
+}
+
+/// How [`place`] ranks an agent for `req` (lower first): holding the image (`wanted`,
+/// normalized) first, then the load after placing it, then fewer kernels, then the id. `None`
+/// when `req` does not fit beside its `usage`.
+fn rank<'a>(
+    index: usize,
+    a: &'a AgentRow,
+    usage: &Usage,
+    req: &ResourceSlots,
+    wanted: &str,
+    images: &AgentImageSets,
+) -> Option<Rank<'a>> {
+    if !req.fits_beside(&usage.slots, &a.slots_total) {
+        return None;
+    }
+    Some(Rank {
+        lacks: !images.get(&a.id).is_some_and(|s| s.contains(wanted)),
+        load: TotalF64(load_after(&a.slots_total, &usage.slots, req)),
+        kernels: usage.kernels,
+        id: &a.id,
+        index,
+    })
+}
+
+/// An agent's place in [`place`]'s order (the derived order compares the fields in turn).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank<'a> {
+    /// `false` (holds the image) sorts first.
+    lacks: bool,
+    load: TotalF64,
+    kernels: i64,
+    id: &'a str,
+    /// Its index among the candidates.
+    index: usize,
+}
+
+/// An `f64` ordered by `total_cmp`.
+#[derive(Clone, Copy, Debug)]
+struct TotalF64(f64);
+
+impl PartialEq for TotalF64 {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.total_cmp(&other.0).is_eq()
+    }
+}
+impl Eq for TotalF64 {}
+impl PartialOrd for TotalF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for TotalF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Places many sessions, one after another, on a fleet whose usage only grows meanwhile (an
+/// admission round, `queue.rs`): each choice is [`place`]'s, but a round of 1,000 admissions on
+/// 10,000 agents does not rank the whole fleet 1,000 times. Per request shape (slots and image)
+/// the agents that fit are ranked once, in a heap; a choice pops the best and re-ranks it
+/// against the usage now. Usage only grows, so a rank only worsens and a heap entry is a lower
+/// bound of its agent's rank: the first one still equal to its agent's rank now is the best.
+/// O(agents) per shape, then O(log agents) per session.
+pub struct RoundPlacer<'a> {
+    candidates: &'a [AgentRow],
+    images: &'a AgentImageSets,
+    shapes: Vec<Shape<'a>>,
+}
+
+struct Shape<'a> {
+    req: ResourceSlots,
+    image: String,
+    wanted: String,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<Rank<'a>>>,
+    /// Why nothing fits, once the heap ran dry (it stays dry for the round).
+    dry: Option<PlaceError>,
+}
+
+impl<'a> RoundPlacer<'a> {
+    /// A placer over `candidates` and the `images` they hold.
+    pub fn new(candidates: &'a [AgentRow], images: &'a AgentImageSets) -> RoundPlacer<'a> {
+        RoundPlacer {
+            candidates,
+            images,
+            shapes: Vec::new(),
+        }
+    }
+
+    /// [`place`] of `req` and `image` against `usage`, which the caller grows by what it
+    /// places (and never shrinks while this placer lives).
+    pub fn place(
+        &mut self,
+        req: &ResourceSlots,
+        image: &str,
+        usage: &std::collections::HashMap<String, Usage>,
+    ) -> Result<String, PlaceError> {
+        let (candidates, images) = (self.candidates, self.images);
+        let empty = Usage::default();
+        let i = match self
+            .shapes
+            .iter()
+            .position(|s| s.req == *req && s.image == image)
+        {
+            Some(i) => i,
+            None => {
+                fits_some_agent(candidates, req)?;
+                let wanted = normalize_image(image);
+                let heap = candidates
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| a.schedulable && !a.draining)
+                    .filter_map(|(i, a)| {
+                        rank(
+                            i,
+                            a,
+                            usage.get(&a.id).unwrap_or(&empty),
+                            req,
+                            &wanted,
+                            images,
+                        )
+                    })
+                    .map(std::cmp::Reverse)
+                    .collect();
+                self.shapes.push(Shape {
+                    req: req.clone(),
+                    image: image.to_owned(),
+                    wanted,
+                    heap,
+                    dry: None,
+                });
+                self.shapes.len() - 1
+            }
+        };
+        let shape = &mut self.shapes[i];
+        if let Some(e) = &shape.dry {
+            return Err(e.clone());
+        }
+        while let Some(std::cmp::Reverse(top)) = shape.heap.pop() {
+            let a = &candidates[top.index];
+            let u = usage.get(&a.id).unwrap_or(&empty);
+            // Full now: full for the rest of the round.
+            let Some(now) = rank(top.index, a, u, &shape.req, &shape.wanted, images) else {
+                continue;
+            };
+            if now == top {
+                // Back in, as a lower bound of its rank once the caller adds this session.
+                shape.heap.push(std::cmp::Reverse(top));
+                return Ok(a.id.clone());
+            }
+            shape.heap.push(std::cmp::Reverse(now));
+        }
+        let e = short_of(candidates, usage, req);
+        shape.dry = Some(e.clone());
+        Err(e)
+    }
 }
 
 /// Whether some candidate could ever hold `req` (its total has that much of every slot),
@@ -628,5 +778,58 @@ mod tests {
         usage.insert("s2".to_string(), used(&[("cuda.shares", "0.25")], 5));
         let half = slots(&[("cpu", "1"), ("mem", "1"), ("cuda.shares", "0.5")]);
         assert_eq!(place(&agents, &usage, &half).unwrap(), "s2");
+    }
+
+    proptest::proptest! {
+        /// A round's placer chooses what `place` chooses, session after session, whatever the
+        /// fleet (some agents cordoned, some holding the image, some full), the request shapes
+        /// and their order; and fails when `place` fails (with the same code: the message is the
+        /// one of the shape's first failure in the round, as the free amounts were then).
+        #[test]
+        fn round_placer_chooses_as_place_does(
+            agents in proptest::collection::vec((1u8..8, 0u8..4, proptest::bool::ANY, proptest::bool::ANY), 1..24),
+            sessions in proptest::collection::vec((1u8..4, proptest::bool::ANY), 1..60),
+        ) {
+            let candidates: Vec<AgentRow> = agents
+                .iter()
+                .enumerate()
+                .map(|(i, (cpu, used, cordoned, _))| {
+                    let mut a = agent(&format!("a{i:02}"), &[("cpu", &cpu.to_string()), ("mem", "1024")], &[]);
+                    a.schedulable = !cordoned;
+                    let _ = used;
+                    a
+                })
+                .collect();
+            let mut usage: HashMap<String, Usage> = agents
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, used, _, _))| *used > 0)
+                .map(|(i, (_, used, _, _))| {
+                    (format!("a{i:02}"), Usage { slots: slots(&[("cpu", &used.to_string())]), kernels: i64::from(*used) })
+                })
+                .collect();
+            let images: AgentImageSets = agents
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, _, _, holds))| *holds)
+                .map(|(i, _)| (format!("a{i:02}"), std::sync::Arc::new(["img:latest".to_owned()].into_iter().collect())))
+                .collect();
+            let mut placer = RoundPlacer::new(&candidates, &images);
+            for (cpu, other_image) in sessions {
+                let req = slots(&[("cpu", &cpu.to_string()), ("mem", "1")]);
+                let image = if other_image { "other" } else { "img" };
+                let want = super::place(&candidates, &usage, &req, image, &images);
+                let got = placer.place(&req, image, &usage);
+                proptest::prop_assert_eq!(
+                    got.as_ref().map_err(PlaceError::code),
+                    want.as_ref().map_err(PlaceError::code)
+                );
+                if let Ok(id) = got {
+                    let u = usage.entry(id).or_default();
+                    u.slots = u.slots.checked_add(&req).unwrap();
+                    u.kernels += 1;
+                }
+            }
+        }
     }
 }

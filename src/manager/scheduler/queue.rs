@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use super::place::place;
+use super::place::RoundPlacer;
 use crate::manager::registry::AgentImageSets;
 use crate::manager::store::{AgentRow, KeyShare, QueuedSession, Usage};
 use crate::model::queue::{PendingCode, PendingReason, QueuePolicy};
@@ -70,8 +70,7 @@ pub fn plan(
     }
     // Set once a head holds the queue back: (its session id, its priority).
     let mut held_by: Option<(String, i64)> = None;
-    // Requests that found no room this round, and why.
-    let mut unplaceable: Vec<(ResourceSlots, super::place::PlaceError)> = Vec::new();
+    let mut placer = RoundPlacer::new(fleet.candidates, fleet.images);
     for (std::cmp::Reverse(priority), group) in groups {
         let mut order = Order::new(group, policy);
         while let Some(q) = order.next(&fleet.keys, &total) {
@@ -105,24 +104,9 @@ pub fn plan(
                 );
                 continue;
             }
-            // A request no agent had room for earlier in this round finds none now either
-            // (usage only grows within a round; the image only orders the agents that fit):
-            // one pass over the fleet per request shape, not one per queued session.
-            let placed = match unplaceable.iter().find(|(r, _)| *r == q.resource_slots) {
-                Some((_, e)) => Err(e.clone()),
-                None => place(
-                    fleet.candidates,
-                    &fleet.usage,
-                    &q.resource_slots,
-                    &q.image,
-                    fleet.images,
-                ),
-            };
-            if let Err(e) = &placed {
-                if !unplaceable.iter().any(|(r, _)| *r == q.resource_slots) {
-                    unplaceable.push((q.resource_slots.clone(), e.clone()));
-                }
-            }
+            // Each choice is `place`'s; the placer ranks the fleet once per request shape
+            // and round, not once per queued session.
+            let placed = placer.place(&q.resource_slots, &q.image, &fleet.usage);
             match placed {
                 Ok(agent) => {
                     let u = fleet.usage.entry(agent.clone()).or_default();
