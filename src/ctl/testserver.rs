@@ -137,9 +137,12 @@ fn serve_one(listener: &TcpListener, answer: Answer) -> Request {
     );
     if let [part] = answer.parts.as_slice() {
         let length = answer.announced_length.unwrap_or(part.len());
-        write!(out, "{head}Content-Length: {length}\r\n\r\n").unwrap();
+        // Head and body in one write, as an HTTP server sends a small answer: a WebSocket
+        // client reads a refused upgrade's body only from what came with the head.
+        let mut whole = format!("{head}Content-Length: {length}\r\n\r\n").into_bytes();
+        whole.extend_from_slice(part);
         // The client may give up on an answer that ends early: ignore a closed connection.
-        let _ = out.write_all(part);
+        let _ = out.write_all(&whole);
     } else {
         write!(out, "{head}Transfer-Encoding: chunked\r\n\r\n").unwrap();
         for (i, part) in answer.parts.iter().enumerate() {
