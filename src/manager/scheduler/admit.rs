@@ -157,6 +157,9 @@ impl Scheduler {
                     Ok(Some(a)) => a,
                     Ok(None) => continue,
                     Err(ReserveError::NoRoom(_) | ReserveError::AgentNotAlive(..)) => {
+                        if out.lost_races == 0 {
+                            store.expire_usage();
+                        }
                         out.lost_races += 1;
                         continue;
                     }

@@ -318,6 +318,7 @@ async fn place_now(
             }
             Err(ReserveError::NoRoom(id)) => {
                 tracing::debug!(agent_id = %id, attempt, "placement: lost a race for the agent's slots; placing again");
+                store.expire_usage();
             }
         }
     }

@@ -714,6 +714,13 @@ impl Store {
         Ok(self.usage.with_by_agent(f))
     }
 
+    /// Makes the next usage read reload the ledger from the database: called when a
+    /// reservation or admission lost a race for an agent's room (another replica's placement
+    /// the ledger has not seen yet), so that the next try does not choose the same agent.
+    pub fn expire_usage(&self) {
+        self.usage.expire();
+    }
+
     /// Each access key's placed live slots, from the usage ledger.
     pub(super) async fn slots_by_key(&self) -> Result<HashMap<String, ResourceSlots>, StoreError> {
         self.fresh_usage().await?;

@@ -197,6 +197,12 @@ impl Ledger {
         })
     }
 
+    /// Makes the next read reload (a reservation found the agent fuller than the ledger said:
+    /// another replica placed there).
+    pub(super) fn expire(&self) {
+        self.lock().loaded_at = None;
+    }
+
     /// A kernel placed on an agent (reserved or admitted), once committed.
     pub(super) fn add(&self, kernel_id: &str, p: Placed) {
         self.lock().apply(Change::Add(kernel_id.to_owned(), p));
