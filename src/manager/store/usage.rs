@@ -59,7 +59,14 @@ fn take(map: &mut HashMap<String, Usage>, id: &str, slots: &ResourceSlots) {
         if u.kernels <= 0 {
             map.remove(id);
         } else {
-            u.slots = u.slots.saturating_sub(slots);
+            // A slot the agent no longer holds any of is gone from the sum, as in a sum of
+            // the kernels left.
+            u.slots = u
+                .slots
+                .saturating_sub(slots)
+                .nonzero()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
         }
     }
 }
