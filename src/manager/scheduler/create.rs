@@ -548,8 +548,12 @@ impl Creation {
                     .and_then(Value::as_str)
                     .unwrap_or("RUNNING")
                     .to_owned();
-                store.advance_kernel(&kernel_id, &status).await?;
-                let row = store.kernel(&kernel_id).await?;
+                // Moved forward: it was live and not `TERMINATING` (a later state), so only a
+                // row that did not move is read back.
+                let row = match store.advance_kernel(&kernel_id, &status).await? {
+                    true => None,
+                    false => store.kernel(&kernel_id).await?,
+                };
                 if let Some(k) = row.filter(|k| !k.is_live() || k.status == "TERMINATING") {
                     // Deleted while it was being created (a `PULLING` session deleted, a
                     // destroy the agent refused mid-create), or ended by the reconcile sweep

@@ -62,7 +62,7 @@ impl Store {
             EventBody::KernelStatus {
                 kernel_id, status, ..
             } => {
-                changed = advance_in(&mut tx, kernel_id, status).await?;
+                changed = advance_in(&mut *tx, kernel_id, status).await?;
             }
             EventBody::KernelTerminated {
                 kernel_id,

@@ -244,32 +244,18 @@ pub(super) async fn take_concurrency_in(
     Ok(taken > 0)
 }
 
-/// [`Store::concurrency_refused`] inside `tx` (an admission batch holds SQLite's one
-/// connection: the key is read through the transaction).
-pub(super) async fn concurrency_refused_in(
+/// Inside a reservation or an admission on PostgreSQL: a transaction-scoped advisory lock on
+/// the agent id (which needs no agent row yet), serializing every reservation on that agent
+/// across replicas.
+pub(super) async fn lock_agent_in(
     tx: &mut Transaction<'_, Any>,
-    access_key: &str,
-) -> Result<ReserveError, StoreError> {
-    let key: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT CASE WHEN enabled = 1 AND deleted_at IS NULL THEN 1 ELSE 0 END, concurrency_limit \
-         FROM access_keys WHERE access_key = $1",
-    )
-    .bind(access_key)
-    .fetch_optional(&mut **tx)
-    .await?;
-    Ok(refusal(
-        access_key,
-        key.map(|(enabled, limit)| (enabled == 1, limit)),
-    ))
-}
-
-/// Why no concurrency was taken for `access_key`, given `(enabled, concurrency_limit)` of its
-/// row (`None`: no such key): its limit, or a key that is unknown, disabled or deleted.
-fn refusal(access_key: &str, key: Option<(bool, i64)>) -> ReserveError {
-    match key {
-        Some((true, limit)) => ReserveError::ConcurrencyLimit(access_key.to_owned(), limit),
-        _ => ReserveError::UnknownAccessKey(access_key.to_owned()),
-    }
+    agent_id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock(1, hashtext($1))) AS agent_lock")
+        .bind(agent_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// Moves one kernel out of the live set inside `tx`, releasing its access key's concurrency.
@@ -311,8 +297,8 @@ pub(super) async fn terminate_in(
 
 /// Moves a kernel's status forward (never back, never out of `TERMINATED`) inside `tx`.
 /// Returns its `session_status` event when the status changed.
-pub(super) async fn advance_in(
-    tx: &mut Transaction<'_, Any>,
+pub(super) async fn advance_in<'c>(
+    ex: impl sqlx::Executor<'c, Database = Any>,
     kernel_id: &str,
     status: &str,
 ) -> Result<Option<Event>, sqlx::Error> {
@@ -342,7 +328,7 @@ pub(super) async fn advance_in(
         .bind(kernel_id)
         .bind(status)
         .bind(now())
-        .fetch_optional(&mut **tx)
+        .fetch_optional(ex)
         .await?;
     Ok(owner.map(|owner| Event {
         status: Some(status.to_owned()),
@@ -456,7 +442,10 @@ impl Store {
     /// unknown, disabled or deleted (read after the transaction was dropped).
     pub(super) async fn concurrency_refused(&self, access_key: &str) -> ReserveError {
         match self.access_key(access_key).await {
-            Ok(key) => refusal(access_key, key.map(|k| (k.enabled, k.concurrency_limit))),
+            Ok(Some(key)) if key.enabled => {
+                ReserveError::ConcurrencyLimit(access_key.to_owned(), key.concurrency_limit)
+            }
+            Ok(_) => ReserveError::UnknownAccessKey(access_key.to_owned()),
             Err(e) => ReserveError::Store(e),
         }
     }
@@ -473,13 +462,9 @@ impl Store {
         agent_total: &ResourceSlots,
     ) -> Result<(), ReserveError> {
         if self.backend == super::Backend::Postgres {
-            sqlx::query(
-                "SELECT 1 FROM (SELECT pg_advisory_xact_lock(1, hashtext($1))) AS agent_lock",
-            )
-            .bind(agent_id)
-            .execute(&mut **tx)
-            .await
-            .map_err(StoreError::from)?;
+            lock_agent_in(tx, agent_id)
+                .await
+                .map_err(StoreError::from)?;
         }
         let status: Option<String> = sqlx::query_scalar("SELECT status FROM agents WHERE id = $1")
             .bind(agent_id)
@@ -572,9 +557,9 @@ impl Store {
 
     /// Moves a kernel's status forward (see [`KernelStatus::rank`]); returns whether it changed.
     pub async fn advance_kernel(&self, kernel_id: &str, status: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let changed = advance_in(&mut tx, kernel_id, status).await?;
-        tx.commit().await?;
+        // One statement: no transaction around it (on SQLite each statement is a round trip to
+        // its worker thread).
+        let changed = advance_in(&self.pool, kernel_id, status).await?;
         Ok(self.publish(changed))
     }
 

@@ -14,8 +14,8 @@ use sqlx::{Any, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
 use super::kernels::{
-    concurrency_refused_in, scheduled_event, session_event, take_concurrency_in, KernelRow,
-    NewKernel, ReserveError, COLUMNS,
+    lock_agent_in, scheduled_event, session_event, KernelRow, NewKernel, ReserveError, COLUMNS,
+    LIVE,
 };
 use super::usage::Placed;
 use super::{now, Store, StoreError};
@@ -70,6 +70,26 @@ pub struct Admitted {
 
 /// The queue's order in SQL: priority first (higher first), then the time it was queued.
 const ORDER: &str = "ORDER BY priority DESC, queued_at ASC, id ASC";
+
+/// Ids one `IN (…)` list of an admission batch binds at most.
+const IN_CHUNK: usize = 500;
+
+/// `$1, $2, …, $n`.
+fn placeholders(n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An agent as an admission batch sees it.
+#[derive(Default)]
+struct AgentRoom {
+    /// `Some(status)` when the store holds it `LOST` or `PENDING`.
+    not_alive: Option<String>,
+    /// The slots its live kernels hold (and, as the batch goes, the ones it admitted).
+    used: ResourceSlots,
+}
 
 impl Store {
     /// Queues a session `PENDING` with `reason`: no agent, no concurrency taken, its request
@@ -194,34 +214,107 @@ impl Store {
     }
 
     /// Admits queued sessions, each onto its agent (whose slots in total are given), in one
-    /// transaction: for each, in order, the agent's room is checked (serialized across
-    /// replicas as a direct create's reservation is), one unit of the key's concurrency taken,
-    /// and the row moved `PENDING` → `SCHEDULED` with its agent and `admitted_at`. One
-    /// transaction for a round's admissions rather than one each: on SQLite's one connection
-    /// the per-transaction cost was most of an admission's (`just bench scheduler`).
+    /// transaction: for each, in order, the agent must not be `LOST`/`PENDING` and its live
+    /// kernels plus the ones admitted before it in the batch plus this one must fit its total;
+    /// the key must be enabled and below its `concurrency_limit` with the ones before it; then
+    /// the row moves `PENDING` → `SCHEDULED` with its agent and `admitted_at`, and the keys'
+    /// `concurrency_used` grows by what was admitted. The agents' and keys' rows are read once
+    /// for the batch (PostgreSQL: each agent's reservation lock taken first, as a direct
+    /// create's, and the keys' rows locked), so an admission costs one statement: on SQLite
+    /// every statement is a round trip to its worker thread, and per-session checks made that
+    /// most of a round's time (`just bench scheduler`).
     ///
     /// Each session's outcome, in order: its row and request; `Ok(None)` when it is no longer
-    /// `PENDING` (cancelled meanwhile); or, with nothing changed for it (a savepoint each),
-    /// [`ReserveError::NoRoom`] / [`ReserveError::AgentNotAlive`] (another create took the
-    /// room first: it stays queued), [`ReserveError::ConcurrencyLimit`] /
-    /// [`ReserveError::UnknownAccessKey`].
+    /// `PENDING` (cancelled meanwhile); or, nothing changed for it, [`ReserveError::NoRoom`] /
+    /// [`ReserveError::AgentNotAlive`] (another create took the room first: it stays queued),
+    /// [`ReserveError::ConcurrencyLimit`] / [`ReserveError::UnknownAccessKey`].
     ///
     /// Errors: the database (nothing admitted).
     pub async fn admit_kernels(
         &self,
         batch: &[(&QueuedSession, &str, &ResourceSlots)],
     ) -> Result<Vec<Result<Option<Admitted>, ReserveError>>, StoreError> {
-        let mut out = Vec::with_capacity(batch.len());
+        let mut agents: Vec<&str> = batch.iter().map(|(_, a, _)| *a).collect();
+        agents.sort_unstable();
+        agents.dedup();
+        let mut keys: Vec<&str> = batch
+            .iter()
+            .map(|(q, _, _)| q.access_key.as_str())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
         let mut tx = self.pool.begin().await?;
-        for (q, agent_id, total) in batch {
-            let mut one = sqlx::Acquire::begin(&mut tx).await?;
-            let r = self.admit_in(&mut one, q, agent_id, total).await;
-            match r {
-                Ok(Some(_)) => one.commit().await?,
-                Err(ReserveError::Store(e)) => return Err(e),
-                _ => one.rollback().await?,
+        if self.backend == super::Backend::Postgres {
+            // In id order, so two batches never wait on each other's locks crosswise.
+            for a in &agents {
+                lock_agent_in(&mut tx, a).await?;
             }
-            out.push(r);
+        }
+        let mut room = self.agents_room_in(&mut tx, &agents).await?;
+        let quota = self.keys_quota_in(&mut tx, &keys).await?;
+        let mut out = Vec::with_capacity(batch.len());
+        let mut taken: HashMap<&str, i64> = HashMap::new();
+        let at = now();
+        for (q, agent_id, total) in batch {
+            let agent = room.entry((*agent_id).to_owned()).or_default();
+            if let Some(st) = &agent.not_alive {
+                out.push(Err(ReserveError::AgentNotAlive(
+                    (*agent_id).to_owned(),
+                    st.clone(),
+                )));
+                continue;
+            }
+            let used = agent.used.checked_add(&q.resource_slots);
+            let Some(used) = used.ok().filter(|u| u.fits_in(total).is_ok()) else {
+                out.push(Err(ReserveError::NoRoom((*agent_id).to_owned())));
+                continue;
+            };
+            let key = q.access_key.as_str();
+            match quota.get(key) {
+                Some(&(limit, used_now)) => {
+                    let n = taken.get(key).copied().unwrap_or(0);
+                    if limit > 0 && used_now + n >= limit {
+                        out.push(Err(ReserveError::ConcurrencyLimit(key.to_owned(), limit)));
+                        continue;
+                    }
+                }
+                None => {
+                    out.push(Err(ReserveError::UnknownAccessKey(key.to_owned())));
+                    continue;
+                }
+            }
+            let row = sqlx::query(&format!(
+                "UPDATE kernels SET status = 'SCHEDULED', agent_id = $2, admitted_at = $3, \
+                 status_changed_at = $3, pending_reason = NULL \
+                 WHERE id = $1 AND status = 'PENDING' RETURNING request, {COLUMNS}"
+            ))
+            .bind(&q.id)
+            .bind(*agent_id)
+            .bind(at)
+            .fetch_optional(&mut *tx)
+            .await?;
+            // `None`: cancelled meanwhile.
+            let Some(row) = row else {
+                out.push(Ok(None));
+                continue;
+            };
+            agent.used = used;
+            *taken.entry(key).or_default() += 1;
+            out.push(Ok(Some(Admitted {
+                row: KernelRow::from_row(&row)?,
+                request: row
+                    .try_get::<Option<String>, _>("request")?
+                    .unwrap_or_default(),
+            })));
+        }
+        for (key, n) in &taken {
+            sqlx::query(
+                "UPDATE access_keys SET concurrency_used = concurrency_used + $2 WHERE access_key = $1",
+            )
+            .bind(*key)
+            .bind(*n)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         for (admitted, (q, agent_id, _)) in out.iter().zip(batch) {
@@ -245,42 +338,76 @@ impl Store {
         Ok(out)
     }
 
-    /// One admission of [`Store::admit_kernels`] inside `tx` (the caller rolls it back unless
-    /// it returns a row).
-    async fn admit_in(
+    /// Inside an admission batch: each agent's status (`LOST`/`PENDING` refuse) and the slots
+    /// its live kernels hold, for `agents` (an agent without a row is one the store has not
+    /// saved yet: alive, as [`Store::check_room_in`] takes it).
+    async fn agents_room_in(
         &self,
         tx: &mut Transaction<'_, Any>,
-        q: &QueuedSession,
-        agent_id: &str,
-        agent_total: &ResourceSlots,
-    ) -> Result<Option<Admitted>, ReserveError> {
-        self.check_room_in(tx, agent_id, &q.resource_slots, agent_total)
-            .await?;
-        if !take_concurrency_in(tx, &q.access_key).await? {
-            return Err(concurrency_refused_in(tx, &q.access_key).await?);
+        agents: &[&str],
+    ) -> Result<HashMap<String, AgentRoom>, StoreError> {
+        let mut out: HashMap<String, AgentRoom> = HashMap::new();
+        for chunk in agents.chunks(IN_CHUNK) {
+            let list = placeholders(chunk.len());
+            let statuses = format!("SELECT id, status FROM agents WHERE id IN ({list})");
+            let mut q = sqlx::query(&statuses);
+            for a in chunk {
+                q = q.bind(*a);
+            }
+            for r in q.fetch_all(&mut **tx).await? {
+                let status: String = r.try_get("status")?;
+                let e = out.entry(r.try_get("id")?).or_default();
+                if status == "LOST" || status == "PENDING" {
+                    e.not_alive = Some(status);
+                }
+            }
+            let live = format!(
+                "SELECT agent_id, resource_slots, cpu_millis, mem_bytes, cuda_devices FROM kernels \
+                 WHERE agent_id IN ({list}) AND {LIVE}"
+            );
+            let mut q = sqlx::query(&live);
+            for a in chunk {
+                q = q.bind(*a);
+            }
+            for r in q.fetch_all(&mut **tx).await? {
+                let slots = slots_column(&r, "resource_slots")?;
+                let e = out.entry(r.try_get("agent_id")?).or_default();
+                e.used = e
+                    .used
+                    .checked_add(&slots)
+                    .unwrap_or_else(|_| e.used.clone());
+            }
         }
-        let row = sqlx::query(&format!(
-            "UPDATE kernels SET status = 'SCHEDULED', agent_id = $2, admitted_at = $3, \
-             status_changed_at = $3, pending_reason = NULL \
-             WHERE id = $1 AND status = 'PENDING' RETURNING request, {COLUMNS}"
-        ))
-        .bind(&q.id)
-        .bind(agent_id)
-        .bind(now())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(StoreError::from)?;
-        // `None`: cancelled meanwhile (the concurrency taken goes back with the rollback).
-        row.map(|r| {
-            Ok(Admitted {
-                row: KernelRow::from_row(&r)?,
-                request: r
-                    .try_get::<Option<String>, _>("request")?
-                    .unwrap_or_default(),
-            })
-        })
-        .transpose()
-        .map_err(|e: sqlx::Error| ReserveError::Store(e.into()))
+        Ok(out)
+    }
+
+    /// Inside an admission batch: `(concurrency_limit, concurrency_used)` of each of `keys`
+    /// that is enabled and not deleted (PostgreSQL: their rows locked until the end).
+    async fn keys_quota_in(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        keys: &[&str],
+    ) -> Result<HashMap<String, (i64, i64)>, StoreError> {
+        let lock = match self.backend {
+            super::Backend::Postgres => " FOR UPDATE",
+            super::Backend::Sqlite => "",
+        };
+        let mut out = HashMap::new();
+        for chunk in keys.chunks(IN_CHUNK) {
+            let sql = format!(
+                "SELECT access_key, concurrency_limit, concurrency_used FROM access_keys \
+                 WHERE access_key IN ({}) AND enabled = 1 AND deleted_at IS NULL{lock}",
+                placeholders(chunk.len())
+            );
+            let mut q = sqlx::query_as::<_, (String, i64, i64)>(&sql);
+            for k in chunk {
+                q = q.bind(*k);
+            }
+            for (key, limit, used) in q.fetch_all(&mut **tx).await? {
+                out.insert(key, (limit, used));
+            }
+        }
+        Ok(out)
     }
 
     /// Cancels a queued session (`CANCELLED`, reason `reason`, `terminated_at` now): no agent
