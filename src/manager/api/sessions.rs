@@ -204,7 +204,7 @@ pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<St
     not_in_grace(&s).await?;
     let k = owned_kernel(&s, &caller, &id).await?;
     let queue_position = match k.is_pending() {
-        true => Some(s.store.new_queue_position(k.priority).await?),
+        true => Some(s.store.queue_position(&k).await?),
         false => None,
     };
     let body = Session {
