@@ -392,17 +392,22 @@ impl AgentRegistry {
         }
         let s = self.state(&hb.agent_id);
         let changed = s.row.slots_total != hb.slots_total || s.row.slot_types != hb.slot_types;
-        s.dirty |= changed
-            || s.row.addr.as_deref() != Some(hb.addr.as_str())
+        let facts = s.row.addr.as_deref() != Some(hb.addr.as_str())
             || s.row.public_key != hb.public_key
             || s.row.region.as_deref() != Some(hb.region.as_str())
             || s.row.version.as_deref() != Some(hb.version.as_str());
-        s.row.addr = Some(hb.addr.clone());
-        s.row.public_key = hb.public_key.clone();
-        s.row.region = Some(hb.region.clone());
-        s.row.version = Some(hb.version.clone());
-        s.row.slots_total = hb.slots_total.clone();
-        s.row.slot_types = hb.slot_types.clone();
+        s.dirty |= changed || facts;
+        // Copied only when they differ: a fleet's heartbeats mostly repeat what is known.
+        if facts {
+            s.row.addr = Some(hb.addr.clone());
+            s.row.public_key = hb.public_key.clone();
+            s.row.region = Some(hb.region.clone());
+            s.row.version = Some(hb.version.clone());
+        }
+        if changed {
+            s.row.slots_total = hb.slots_total.clone();
+            s.row.slot_types = hb.slot_types.clone();
+        }
         s.row.last_heartbeat = Some(hb.ts);
         if changed {
             self.candidates = None;
