@@ -30,7 +30,10 @@ pub fn known_slot_types(candidates: &[AgentRow]) -> SlotTypes {
 /// hands out the same `Arc` until the fleet changes, and at 10,000 agents computing it sorts
 /// them all.
 #[derive(Clone, Default)]
-pub struct SlotTypesMemo(Arc<Mutex<Option<(Arc<Vec<AgentRow>>, Arc<SlotTypes>)>>>);
+pub struct SlotTypesMemo(Arc<Mutex<Option<Memo>>>);
+
+/// A candidate list and its slot types.
+type Memo = (Arc<Vec<AgentRow>>, Arc<SlotTypes>);
 
 impl SlotTypesMemo {
     /// The slot types `candidates` advertise.
