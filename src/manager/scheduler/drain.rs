@@ -85,14 +85,20 @@ async fn end_drained(
     k: &KernelRow,
     timeout: Duration,
 ) {
-    if let Err(e) = destroy_on_agent(pool, metrics, k, AGENT_DRAINED, timeout).await {
-        tracing::warn!(
-            kernel_id = %k.id, agent_id = %k.agent_id, error = %e,
-            "could not destroy a session on its drained agent; ending it in the store anyway"
-        );
-    }
+    let destroyed = match destroy_on_agent(pool, metrics, k, AGENT_DRAINED, timeout).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                kernel_id = %k.id, agent_id = %k.agent_id, error = %e,
+                "could not destroy a session on its drained agent; ending it in the store anyway"
+            );
+            false
+        }
+    };
     match store.terminate_kernel(&k.id, AGENT_DRAINED, None).await {
-        Ok(true) => {
+        // Ended here, or by the agent's `kernel_terminated` (reason `agent-drained`) for the
+        // destroy just asked, which may reach the store first: the drain ended it either way.
+        Ok(changed) if changed || destroyed => {
             metrics.drained_sessions.inc();
             tracing::info!(
                 kernel_id = %k.id, session_id = %k.session_id, agent_id = %k.agent_id,
@@ -100,7 +106,7 @@ async fn end_drained(
             );
         }
         // It ended meanwhile (by itself, or by another call).
-        Ok(false) => {}
+        Ok(_) => {}
         Err(e) => tracing::warn!(
             kernel_id = %k.id, error = %e,
             "could not end a drained session in the store; retrying at the next check"
