@@ -7,7 +7,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
-use super::usage::Placed;
+use super::usage::{Placed, Usage};
 use super::{now, Store, StoreError};
 use crate::model::event::{Event, EventType};
 use crate::model::pull::PullProgress;
@@ -172,15 +172,6 @@ pub enum ReserveError {
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// Slots placed on one agent by the manager: the sum of its live kernels' `resource_slots`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Every slot any of its live kernels holds, summed exactly.
-    pub slots: ResourceSlots,
-    /// Live kernels.
-    pub kernels: i64,
 }
 
 pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at";

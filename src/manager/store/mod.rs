@@ -30,10 +30,11 @@ use crate::model::event::Event;
 pub use agents::AgentRow;
 pub use dangling::DanglingReport;
 pub use events::Applied;
-pub use kernels::{KernelRow, NewKernel, ReserveError, Usage};
+pub use kernels::{KernelRow, NewKernel, ReserveError};
 pub use keys::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
 pub use queue::{Admitted, KeyShare, QueuedSession};
 pub use sweep::{is_transient, Deadlines};
+pub use usage::Usage;
 pub use vfolders::VfolderRow;
 
 /// Store errors: the database failed or refused (constraint); the message names the query.

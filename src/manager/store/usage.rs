@@ -19,8 +19,17 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::kernels::Usage;
 use crate::slots::ResourceSlots;
+
+/// Slots placed on one agent (or by one access key) by the manager: the sum of its live
+/// kernels' `resource_slots`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Every slot any of its live kernels holds, summed exactly.
+    pub slots: ResourceSlots,
+    /// Live kernels.
+    pub kernels: i64,
+}
 
 /// One placed live kernel as the ledger holds it.
 #[derive(Clone, Debug, PartialEq)]
