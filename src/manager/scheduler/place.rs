@@ -184,26 +184,36 @@ pub fn place(
     images: &AgentImageSets,
 ) -> Result<String, PlaceError> {
     fits_some_agent(candidates, req)?;
-    let empty = Usage::default();
-    let wanted = normalize_image(image);
     // Each candidate's rank computed once (10,000 agents: one pass, not one per comparison).
+    ranks(candidates, usage, req, &normalize_image(image), images)
+        .min()
+        .map(|r| r.id.to_owned())
+        .ok_or_else(|| short_of(candidates, usage, req))
+}
+
+/// The rank of every schedulable candidate that `req` fits beside its usage ([`rank`]).
+fn ranks<'a: 'b, 'b>(
+    candidates: &'a [AgentRow],
+    usage: &'b std::collections::HashMap<String, Usage>,
+    req: &'b ResourceSlots,
+    wanted: &'b str,
+    images: &'b AgentImageSets,
+) -> impl Iterator<Item = Rank<'a>> + 'b {
+    let empty = Usage::default();
     candidates
         .iter()
         .enumerate()
         .filter(|(_, a)| a.schedulable && !a.draining)
-        .filter_map(|(i, a)| {
+        .filter_map(move |(i, a)| {
             rank(
                 i,
                 a,
                 usage.get(&a.id).unwrap_or(&empty),
                 req,
-                &wanted,
+                wanted,
                 images,
             )
         })
-        .min()
-        .map(|r| r.id.to_owned())
-        .ok_or_else(|| short_of(candidates, usage, req))
 }
 
 /// How [`place`] ranks an agent for `req` (lower first): holding the image (`wanted`,
@@ -313,20 +323,7 @@ impl<'a> RoundPlacer<'a> {
             None => {
                 fits_some_agent(candidates, req)?;
                 let wanted = normalize_image(image);
-                let heap = candidates
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, a)| a.schedulable && !a.draining)
-                    .filter_map(|(i, a)| {
-                        rank(
-                            i,
-                            a,
-                            usage.get(&a.id).unwrap_or(&empty),
-                            req,
-                            &wanted,
-                            images,
-                        )
-                    })
+                let heap = ranks(candidates, usage, req, &wanted, images)
                     .map(std::cmp::Reverse)
                     .collect();
                 self.shapes.push(Shape {
