@@ -131,22 +131,20 @@ impl Scheduler {
                 true => None,
                 false => Some(placing.lock().await),
             };
-            let totals: Vec<ResourceSlots> = p
-                .admit
+            // Each admitted agent's total by id (a scan of the fleet per admission was
+            // O(agents) on the round's hot path).
+            let totals: std::collections::HashMap<&str, &ResourceSlots> = candidates
                 .iter()
-                .map(|(_, agent_id)| {
-                    candidates
-                        .iter()
-                        .find(|a| &a.id == agent_id)
-                        .map(|a| a.slots_total.clone())
-                        .unwrap_or_default()
-                })
+                .map(|a| (a.id.as_str(), &a.slots_total))
                 .collect();
+            let none = ResourceSlots::new();
             let batch: Vec<(&QueuedSession, &str, &ResourceSlots)> = p
                 .admit
                 .iter()
-                .zip(&totals)
-                .map(|((q, agent_id), total)| (q, agent_id.as_str(), total))
+                .map(|(q, agent_id)| {
+                    let total = totals.get(agent_id.as_str()).copied().unwrap_or(&none);
+                    (q, agent_id.as_str(), total)
+                })
                 .collect();
             let outcomes = match batch.is_empty() {
                 true => Vec::new(),
