@@ -289,3 +289,77 @@ fn a_slow_pull_outlasts_create_timeout_shows_progress_and_is_shared() {
     c.check_invariants();
     remove_image(&image);
 }
+
+/// A manager killed while two sessions pull (issue 27: no state without a deadline): nobody
+/// follows their pulls any more, and without a take-over they would sit `PULLING` until
+/// `image-pull-timeout` (10 minutes here). The restarted manager's sweep finds them unseen for
+/// 30 s and creates both from their stored requests: the one whose pull ended meanwhile
+/// (`redriven`) and the one still pulling (`adopted`: its pull joined, not started again).
+#[test]
+fn pulls_a_killed_manager_followed_are_taken_over_by_the_next() {
+    let rt = actix_rt::Runtime::new().unwrap();
+    let registry = TestRegistry::start();
+    let run = run_id();
+    let (short_repo, long_repo) = (format!("team/short-{run}"), format!("team/long-{run}"));
+    rt.block_on(registry.push_unique(TEST_IMAGE, &short_repo, "1", 100_000));
+    rt.block_on(registry.push_unique(TEST_IMAGE, &long_repo, "1", 1_000_000));
+    // 25 kB/s: ~4 s for the short image (it ends while no manager follows it), ~40 s for the
+    // long one (still in flight when the next manager takes it over, ~30 s after the kill).
+    let proxy = SlowProxy::start(&registry.host, 25_000);
+    let short = format!("{}/{short_repo}:1", proxy.host);
+    let long = format!("{}/{long_repo}:1", proxy.host);
+    let mut c = cluster_with_registry(
+        &proxy.host,
+        PASSWORD,
+        "image-pull-timeout = 600\nsweep-interval = 1",
+        34580,
+    );
+
+    let started = Instant::now();
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = [&short, &long]
+            .into_iter()
+            .map(|image| s.spawn(|| create(&c, image)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let a = h.join().unwrap();
+                assert_eq!(a.status, 201, "{a:?}");
+                assert_eq!(a.body["status"], "PULLING", "{a:?}");
+                a.body["session_id"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    });
+    c.stop_manager("KILL");
+    c.start_manager();
+
+    for id in &ids {
+        let s = settled(&c, id, Duration::from_secs(120));
+        assert_eq!(s["status"], "RUNNING", "{s}");
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(120),
+        "taken over well before image-pull-timeout: {took:?}"
+    );
+    let taken = |outcome: &str| {
+        c.manager_metric(
+            "kernelvisor_manager_stuck_kernels_resolved_total",
+            &format!("outcome=\"{outcome}\",state=\"PULLING\""),
+        )
+    };
+    assert_eq!(taken("redriven"), 1.0, "the short pull had ended");
+    assert_eq!(taken("adopted"), 1.0, "the long pull was in flight");
+    assert_eq!(
+        c.agent_metric(0, "kernelvisor_image_pulls_total{result=\"pulled\"}"),
+        Some(2.0),
+        "one engine pull per image: the adopted pull was joined, not started again"
+    );
+    for id in &ids {
+        assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 200);
+    }
+    c.check_invariants();
+    remove_image(&short);
+    remove_image(&long);
+}

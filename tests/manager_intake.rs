@@ -132,6 +132,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             mounts: "[]".into(),
             restart_policy: r#"{"mode":"never"}"#.into(),
             priority: 10,
+            request: None,
         };
         store.reserve_kernel(&new, &roomy()).await.unwrap();
     }
@@ -463,6 +464,7 @@ async fn curve_key_binds_the_agent_id() {
         mounts: "[]".into(),
         restart_policy: r#"{"mode":"never"}"#.into(),
         priority: 10,
+        request: None,
     };
     store.reserve_kernel(&kb, &roomy()).await.unwrap();
     store.advance_kernel("kb", "RUNNING").await.unwrap();

@@ -79,7 +79,8 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_admission_wait_seconds`: time from queued to admitted, seconds.
     pub admission_wait: prometheus::Histogram,
     /// `kernelvisor_manager_stuck_kernels_resolved_total{state,outcome}`: kernels past their
-    /// state's deadline that the reconcile sweep resolved (`running`, `terminated`).
+    /// state's deadline that the reconcile sweep resolved (`running`, `terminated`), and
+    /// orphaned pulls it took over (`adopted`, `redriven`).
     pub stuck_kernels_resolved: IntCounterVec,
     /// `kernelvisor_manager_drained_sessions_total`: sessions terminated at their agent's drain
     /// deadline (`agent-drained`).
@@ -177,7 +178,7 @@ impl ManagerMetrics {
             admission_wait,
             stuck_kernels_resolved: counter_vec(
                 "stuck_kernels_resolved",
-                "Kernels past their state's deadline resolved by the reconcile sweep",
+                "Kernels past their state's deadline resolved, and orphaned pulls taken over, by the reconcile sweep",
                 &["state", "outcome"],
             ),
             drained_sessions: counter(

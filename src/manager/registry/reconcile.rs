@@ -1,8 +1,10 @@
 //! The end of the start-up grace (`docs/scenarios.md`, "Manager restart"): the store is
 //! reconciled with each agent's newest heartbeat. Live kernels a heartbeat does not list are
-//! terminated (`missing-on-agent`); kernels it lists that the store does not hold live are
-//! reported (log + `kernelvisor_manager_unknown_kernels_total`). A lost agent's list is
-//! ignored: it is reset instead.
+//! terminated (`missing-on-agent`), but `PULLING` ones: a kernel waiting for its image is not
+//! on its agent yet, whether its pull is followed by another replica or by nobody since the
+//! restart (the reconcile sweep takes those over, `scheduler/sweep.rs`). Kernels it lists that
+//! the store does not hold live are reported (log + `kernelvisor_manager_unknown_kernels_total`).
+//! A lost agent's list is ignored: it is reset instead.
 
 use std::collections::{HashMap, HashSet};
 
@@ -11,6 +13,7 @@ use actix::prelude::*;
 use super::{liveness, AgentRegistry, Heartbeat};
 use crate::manager::metrics::ManagerMetrics;
 use crate::manager::store::{KernelRow, Store, StoreError};
+use crate::model::session::KernelStatus;
 
 impl AgentRegistry {
     /// End of the grace period: reconcile the store with each agent's newest heartbeat.
@@ -66,7 +69,11 @@ async fn reconcile(
     for hb in heartbeats {
         let live: Vec<KernelRow> = live_by_agent.remove(&hb.agent_id).unwrap_or_default();
         let listed: HashSet<&str> = hb.kernels.iter().map(|(id, _, _)| id.as_str()).collect();
-        for k in live.iter().filter(|k| !listed.contains(k.id.as_str())) {
+        let pulling = KernelStatus::Pulling.as_str();
+        for k in live
+            .iter()
+            .filter(|k| k.status != pulling && !listed.contains(k.id.as_str()))
+        {
             if store
                 .terminate_kernel(&k.id, "missing-on-agent", None)
                 .await?

@@ -14,14 +14,12 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::create::{resolve_mounts, Placed, Waiter};
 use super::queue::{plan, Fleet};
 use super::{AdmitNow, Queued, Scheduler};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{now, QueuedSession, ReserveError};
 use crate::model::queue::{PendingCode, PendingReason};
-use crate::model::session::SessionRequest;
 use crate::slots::ResourceSlots;
 
 /// What one round did (for tests and the bench: `kernelvisor_manager_admissions_total` is the
@@ -184,7 +182,7 @@ impl Scheduler {
                 let launcher = launcher.clone();
                 actix::spawn(async move {
                     let id = admitted.row.id.clone();
-                    if let Err(e) = launch_admitted(&launcher, admitted).await {
+                    if let Err(e) = launcher.launch_stored(admitted).await {
                         tracing::info!(kernel_id = %id, error = %e, "an admitted session could not be created");
                     }
                 });
@@ -202,43 +200,4 @@ impl Scheduler {
             Ok(out)
         }
     }
-}
-
-/// Creates an admitted session from its stored request; any failure ends it `TERMINATED`
-/// with the error's code as its reason (its reservation released).
-async fn launch_admitted(
-    launcher: &super::create::Launcher,
-    admitted: crate::manager::store::Admitted,
-) -> Result<(), ManagerError> {
-    let row = admitted.row;
-    let fail = |e: ManagerError| {
-        let (store, id) = (launcher.store.clone(), row.id.clone());
-        async move {
-            store.terminate_kernel(&id, e.code(), None).await?;
-            Err::<(), ManagerError>(e)
-        }
-    };
-    let request: SessionRequest = match serde_json::from_str(&admitted.request) {
-        Ok(r) => r,
-        Err(e) => {
-            return fail(ManagerError::Internal(format!(
-                "the queued request cannot be read back: {e}"
-            )))
-            .await
-        }
-    };
-    let mounts = match resolve_mounts(&launcher.store, &row.access_key, &request.mounts).await {
-        Ok(m) => m,
-        Err(e) => return fail(e).await,
-    };
-    let placed = Placed {
-        owner: row.access_key.clone(),
-        request,
-        kernel_id: row.id.clone(),
-        session_id: row.session_id.clone(),
-        agent_id: row.agent_id.clone(),
-        slots: row.resource_slots.clone(),
-        mounts,
-    };
-    launcher.launch(placed, Waiter::Nobody).await
 }

@@ -15,7 +15,7 @@ use crate::agent::kernel::config::ACCESS_KEY_ENV;
 use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
-use crate::manager::store::{AgentRow, KernelRow, NewKernel, ReserveError, Store};
+use crate::manager::store::{Admitted, AgentRow, KernelRow, NewKernel, ReserveError, Store};
 use crate::model::queue::{PendingCode, PendingReason};
 use crate::model::session::{MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
@@ -130,6 +130,9 @@ fn new_kernel(
         restart_policy: serde_json::to_string(&req.restart_policy.unwrap_or_default())
             .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
         priority,
+        request: Some(
+            serde_json::to_string(req).map_err(|e| ManagerError::Internal(e.to_string()))?,
+        ),
     })
 }
 
@@ -216,9 +219,7 @@ impl Handler<CreateSession> for Scheduler {
                 Ok(placed) => placed,
                 Err((reason, slots)) => {
                     let new = new_kernel(&owner, &req, ids, "", &slots, priority)?;
-                    let request = serde_json::to_string(&req)
-                        .map_err(|e| ManagerError::Internal(e.to_string()))?;
-                    let row = match store.enqueue_kernel(&new, &request, &reason).await {
+                    let row = match store.enqueue_kernel(&new, &reason).await {
                         Ok(row) => row,
                         Err(ReserveError::UnknownAccessKey(k)) => {
                             return Err(ManagerError::AccessKeyNotFound(k))
@@ -448,6 +449,47 @@ impl Launcher {
             }
         }
         creation.create(on_refusal).await
+    }
+}
+
+impl Launcher {
+    /// Creates a placed session from its stored row and request (an admitted queued session,
+    /// or an orphaned pull the reconcile sweep took over), with nobody waiting; any failure
+    /// ends it `TERMINATED` with the error's code as its reason (its reservation released).
+    ///
+    /// Errors: as [`Launcher::launch`]'s; `internal` when the stored request cannot be read.
+    pub(super) async fn launch_stored(&self, stored: Admitted) -> Result<(), ManagerError> {
+        let row = stored.row;
+        let fail = |e: ManagerError| {
+            let (store, id) = (self.store.clone(), row.id.clone());
+            async move {
+                store.terminate_kernel(&id, e.code(), None).await?;
+                Err::<(), ManagerError>(e)
+            }
+        };
+        let request: SessionRequest = match serde_json::from_str(&stored.request) {
+            Ok(r) => r,
+            Err(e) => {
+                return fail(ManagerError::Internal(format!(
+                    "the stored request cannot be read back: {e}"
+                )))
+                .await
+            }
+        };
+        let mounts = match resolve_mounts(&self.store, &row.access_key, &request.mounts).await {
+            Ok(m) => m,
+            Err(e) => return fail(e).await,
+        };
+        let placed = Placed {
+            owner: row.access_key.clone(),
+            request,
+            kernel_id: row.id.clone(),
+            session_id: row.session_id.clone(),
+            agent_id: row.agent_id.clone(),
+            slots: row.resource_slots.clone(),
+            mounts,
+        };
+        self.launch(placed, Waiter::Nobody).await
     }
 }
 

@@ -30,6 +30,11 @@ pub(super) const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Deadline of one `check_and_pull` or `image_pull_status` call (both answer at once).
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The longest a followed `PULLING` kernel goes without a store write (progress, else a touch,
+/// `Store::touch_pull`): the reconcile sweep takes a pull unseen for much longer
+/// (`sweep::ORPHANED_PULL_AFTER`) as one nobody follows.
+pub(super) const TOUCH_INTERVAL: Duration = Duration::from_secs(5);
+
 /// How the pull phase ended, or that it has not yet.
 pub(super) enum PullOutcome {
     /// The image is on the agent: go on with `create_kernels`.
@@ -92,6 +97,8 @@ impl PullPhase {
         };
         let mut last_written: Option<(PullProgress, Instant)> = None;
         let mut marked_pulling = false;
+        // The last store write of this follow (its status, progress or a touch).
+        let mut last_seen = Instant::now();
         loop {
             let state = call_method::<ImagePullStatus>(
                 &self.pool,
@@ -127,6 +134,12 @@ impl PullPhase {
                     if due {
                         self.write_progress(&progress).await;
                         last_written = Some((progress, Instant::now()));
+                        last_seen = Instant::now();
+                    } else if last_seen.elapsed() >= TOUCH_INTERVAL {
+                        if let Err(e) = self.store.touch_pull(&self.kernel_id).await {
+                            tracing::warn!(kernel_id = %self.kernel_id, error = %e, "cannot mark the pull as followed");
+                        }
+                        last_seen = Instant::now();
                     }
                 }
                 Err(e) if e.failure().is_some() => return PullOutcome::Failed(agent_error(&e)),

@@ -17,8 +17,18 @@
 //! - anything else → `TERMINATED` `<state>-timeout` (`preparing-timeout`, `pulling-timeout`,
 //!   `creating-timeout`, `restarting-timeout`; a `SCHEDULED` kernel reads `preparing-timeout`),
 //!   and the agent is asked to destroy what it holds of it (`check_creating`). A `PULLING`
-//!   kernel is not asked `check_pulling`: past `image-pull-timeout` it ends whether or not the
-//!   pull goes on.
+//!   kernel past `image-pull-timeout` ends whether or not the pull goes on.
+//!
+//! An orphaned pull is re-driven long before that: the process that follows a `PULLING`
+//! kernel writes to its row at least every `pull::TOUCH_INTERVAL` (5 s), so one unseen for
+//! [`ORPHANED_PULL_AFTER`] lost its follower (its manager was restarted, or failed over). The
+//! sweep claims it (`Store::claim_orphaned_pull`: one sweep, and never a live follower), asks
+//! the agent (`check_running`: then `RUNNING`; `check_creating`: then the agent's events settle
+//! it; else `check_pulling`) and creates it from its stored request
+//! through the usual launch: `check_and_pull` joins the pull in flight or finds the image, the
+//! follow and `create_kernels` go on as for a new session (outcome `adopted` when the pull was
+//! still in flight, `redriven` when it had ended; an agent that does not answer is asked again
+//! at the next claim, and `image-pull-timeout` still bounds it).
 //!
 //! An agent that cannot be reached does not keep the row: it ends all the same, so a lost
 //! answer never leaks a reservation (slots, concurrency), and the next queued session is
@@ -43,15 +53,17 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 
+use super::create::Launcher;
 use super::destroy::destroy_on_agent;
 use super::{Scheduler, StateDeadlines};
 use crate::manager::calls::call_method;
 use crate::manager::metrics::ManagerMetrics;
 use crate::manager::pool::{AgentCallError, AgentPool};
 use crate::manager::registry::GraceRemaining;
-use crate::manager::store::{now, KernelRow, Store, StoreError};
+use crate::manager::store::{now, KernelRow, OrphanedPull, Store, StoreError};
 use crate::model::session::KernelStatus;
-use crate::rpc::agent_api::kernel::{CheckCreating, CheckRunning, KernelIdArgs};
+use crate::rpc::agent_api::images::{CheckPulling, CheckPullingArgs};
+use crate::rpc::agent_api::kernel::{CheckCreating, CheckRunning, ImageConfig, KernelIdArgs};
 
 /// Kernels one pass resolves at most: a pass stays bounded however many are stuck (the rest
 /// are the next pass's, oldest first).
@@ -67,6 +79,10 @@ pub const SWEEP_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a destroy is tried again on a kernel its agent is still creating (it can be
 /// destroyed once its stages are up).
 pub const DESTROY_RETRY: Duration = Duration::from_secs(5);
+
+/// How long a `PULLING` kernel may go without a write from its follower before the sweep takes
+/// it as orphaned: six of the follower's touches (`pull::TOUCH_INTERVAL`).
+pub const ORPHANED_PULL_AFTER: Duration = Duration::from_secs(30);
 
 impl StateDeadlines {
     /// Each transient state with its deadline: `SCHEDULED` shares `PREPARING`'s.
@@ -89,6 +105,12 @@ pub enum Resolution {
     Running,
     /// Ended with this reason (its reservation released).
     Terminated(String),
+    /// An orphaned pull taken over: created from its request, the pull in flight joined
+    /// (`adopted`: `check_pulling` said it still runs) or found done (`redriven`).
+    Redriven {
+        /// Whether the agent still pulled its image.
+        pull_in_flight: bool,
+    },
     /// It moved meanwhile (an answer or event landed): left as it is now.
     Moved,
 }
@@ -99,6 +121,12 @@ impl Resolution {
         match self {
             Resolution::Running => Some("running"),
             Resolution::Terminated(_) => Some("terminated"),
+            Resolution::Redriven {
+                pull_in_flight: true,
+            } => Some("adopted"),
+            Resolution::Redriven {
+                pull_in_flight: false,
+            } => Some("redriven"),
             Resolution::Moved => None,
         }
     }
@@ -127,6 +155,8 @@ pub(super) struct Sweep {
     pub(super) call_timeout: Duration,
     /// How long a kernel its agent still creates is tried again (`create-timeout`).
     pub(super) linger: Duration,
+    /// Creates an orphaned pull's kernel.
+    pub(super) launcher: Launcher,
 }
 
 impl Scheduler {
@@ -144,6 +174,7 @@ impl Scheduler {
             deadlines: self.spec.deadlines,
             call_timeout: self.spec.destroy_timeout.min(SWEEP_CALL_TIMEOUT),
             linger: self.spec.create_timeout,
+            launcher: self.launcher(),
         };
         let pass = async move {
             // During the start-up grace the agents are not all heard from yet (the pool may
@@ -174,7 +205,7 @@ impl Sweep {
             .store
             .stuck_kernels(now(), &self.deadlines.by_state(), SWEEP_BATCH)
             .await?;
-        Ok(futures::stream::iter(stuck)
+        let mut done: Vec<(String, Resolution)> = futures::stream::iter(stuck)
             .map(|k| async move {
                 let resolution = self.resolve(&k).await;
                 (k.id, resolution)
@@ -182,7 +213,84 @@ impl Sweep {
             .buffer_unordered(SWEEP_CONCURRENCY)
             .filter_map(|(id, r)| async move { r.ok().map(|r| (id, r)) })
             .collect()
-            .await)
+            .await;
+        let orphans = self
+            .store
+            .orphaned_pulls(now() - ORPHANED_PULL_AFTER.as_secs_f64(), SWEEP_BATCH)
+            .await?;
+        let redriven: Vec<(String, Resolution)> = futures::stream::iter(orphans)
+            .map(|o| async move {
+                let id = o.kernel.row.id.clone();
+                (id, self.take_over(o).await)
+            })
+            .buffer_unordered(SWEEP_CONCURRENCY)
+            .filter_map(|(id, r)| async move { r.ok().flatten().map(|r| (id, r)) })
+            .collect()
+            .await;
+        done.extend(redriven);
+        Ok(done)
+    }
+
+    /// Takes over an orphaned pull (see the module's doc): `RUNNING` when its agent runs it,
+    /// else created from its request in the background. `None`: nothing done this pass (taken
+    /// by someone else, or the agent did not answer; the next claim asks again).
+    async fn take_over(&self, o: OrphanedPull) -> Result<Option<Resolution>, StoreError> {
+        let k = &o.kernel.row;
+        if !self.store.claim_orphaned_pull(&k.id, o.seen_at).await? {
+            return Ok(None);
+        }
+        let r = match self.ask(k).await {
+            AgentView::Running => match self.store.advance_kernel(&k.id, "RUNNING").await? {
+                true => Resolution::Running,
+                false => Resolution::Moved,
+            },
+            AgentView::Unknown(why) => {
+                tracing::info!(kernel_id = %k.id, agent_id = %k.agent_id, error = %why, "reconcile sweep: an orphaned pull's agent did not answer; asking again later");
+                return Ok(None);
+            }
+            AgentView::Holds => {
+                // Its create reached the agent before its follower went: the agent's
+                // kernel_started (or kernel_terminated) settles the row; creating it again
+                // would be refused as a duplicate and end it.
+                tracing::debug!(kernel_id = %k.id, "reconcile sweep: an orphaned pull's kernel is being created on its agent; leaving it to the agent's events");
+                return Ok(None);
+            }
+            AgentView::Gone => {
+                let image = ImageConfig::by_reference(&k.image).canonical;
+                let args = CheckPullingArgs { image_name: image };
+                let pull_in_flight = match call_method::<CheckPulling>(
+                    &self.pool,
+                    &self.metrics,
+                    &k.agent_id,
+                    &args,
+                    self.call_timeout,
+                )
+                .await
+                {
+                    Ok(pulling) => pulling,
+                    Err(e) => {
+                        tracing::info!(kernel_id = %k.id, agent_id = %k.agent_id, error = %e, "reconcile sweep: an orphaned pull's agent did not answer check_pulling; asking again later");
+                        return Ok(None);
+                    }
+                };
+                let (launcher, admitted) = (self.launcher.clone(), o.kernel.clone());
+                actix::spawn(async move {
+                    let id = admitted.row.id.clone();
+                    if let Err(e) = launcher.launch_stored(admitted).await {
+                        tracing::info!(kernel_id = %id, error = %e, "an orphaned pull's session could not be created");
+                    }
+                });
+                Resolution::Redriven { pull_in_flight }
+            }
+        };
+        if let Some(outcome) = r.outcome() {
+            tracing::info!(kernel_id = %k.id, session_id = %k.session_id, agent_id = %k.agent_id, outcome, "reconcile sweep: took over a pull whose follower was gone");
+            self.metrics
+                .stuck_kernels_resolved
+                .with_label_values(&[k.status.as_str(), outcome])
+                .inc();
+        }
+        Ok(Some(r))
     }
 
     /// Resolves one stuck kernel, logs and counts it.

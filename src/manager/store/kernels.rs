@@ -151,6 +151,10 @@ pub struct NewKernel {
     pub restart_policy: String,
     /// 0 (lowest) to 100.
     pub priority: i64,
+    /// The request it was made from (`SessionRequest` JSON), kept while it is live: the
+    /// reconcile sweep creates an orphaned pull's kernel from it (`Store::orphaned_pulls`).
+    /// `None` stores nothing (such a kernel is left to its state's deadline).
+    pub request: Option<String>,
 }
 
 /// Why a reservation was refused.
@@ -263,7 +267,7 @@ pub(super) async fn terminate_in(
     // A `PENDING` row is never placed and holds no concurrency: only `cancel_pending` ends it.
     let owner: Option<(String, String, String)> = sqlx::query_as(&format!(
         "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
-         status_changed_at = $4, \
+         status_changed_at = $4, request = NULL, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
          WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key",
     ))
@@ -391,7 +395,7 @@ impl Store {
             .await?;
         let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
         let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 'SCHEDULED', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15, NULL, $16, NULL, NULL, NULL, $9)"))
+        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}, request) VALUES ($1, $2, $3, $4, $5, 'SCHEDULED', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15, NULL, $16, NULL, NULL, NULL, $9, $17)"))
             .bind(&k.id)
             .bind(&k.session_id)
             .bind(&k.agent_id)
@@ -409,6 +413,7 @@ impl Store {
             .bind(&k.restart_policy)
             .bind(slots)
             .bind(k.priority)
+            .bind(&k.request)
             .execute(&mut *tx)
             .await
             .map_err(StoreError::from)?;
@@ -554,7 +559,8 @@ impl Store {
         Ok(self.publish(changed))
     }
 
-    /// Records the image pull progress of a live kernel (`PULLING`). Returns whether the row
+    /// Records the image pull progress of a live kernel (`PULLING`), and that its pull is
+    /// followed now (`pull_seen_at`, see [`Store::touch_pull`]). Returns whether the row
     /// changed.
     pub async fn set_pull_progress(
         &self,
@@ -563,11 +569,12 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let json = serde_json::to_string(progress).unwrap_or_default();
         let owner: Option<(String, String, String)> = sqlx::query_as(&format!(
-            "UPDATE kernels SET pull_progress = $2 WHERE id = $1 AND {LIVE} \
+            "UPDATE kernels SET pull_progress = $2, pull_seen_at = $3 WHERE id = $1 AND {LIVE} \
              RETURNING session_id, agent_id, access_key",
         ))
         .bind(kernel_id)
         .bind(json)
+        .bind(now())
         .fetch_optional(&self.pool)
         .await?;
         Ok(self.publish(owner.map(|owner| Event {
@@ -810,6 +817,7 @@ mod tests {
                         mounts: "[]".into(),
                         restart_policy: r#"{"mode":"never"}"#.into(),
                         priority: 10,
+                        request: None,
                     },
                     &roomy,
                 )

@@ -33,7 +33,7 @@ pub use events::Applied;
 pub use kernels::{KernelRow, NewKernel, ReserveError};
 pub use keys::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
 pub use queue::{Admitted, KeyShare, QueuedSession};
-pub use sweep::{is_transient, Deadlines};
+pub use sweep::{is_transient, Deadlines, OrphanedPull};
 pub use usage::Usage;
 pub use vfolders::VfolderRow;
 

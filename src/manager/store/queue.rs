@@ -93,14 +93,13 @@ struct AgentRoom {
 
 impl Store {
     /// Queues a session `PENDING` with `reason`: no agent, no concurrency taken, its request
-    /// kept as `request` (JSON). `k.agent_id` is ignored.
+    /// (`k.request`, JSON) kept to be created from once admitted. `k.agent_id` is ignored.
     ///
     /// Errors: [`ReserveError::UnknownAccessKey`] for a key that does not exist or is disabled;
     /// the database.
     pub async fn enqueue_kernel(
         &self,
         k: &NewKernel,
-        request: &str,
         reason: &PendingReason,
     ) -> Result<KernelRow, ReserveError> {
         match self.access_key(&k.access_key).await? {
@@ -130,7 +129,7 @@ impl Store {
         .bind(slots)
         .bind(k.priority)
         .bind(reason_json)
-        .bind(request)
+        .bind(k.request.as_deref().unwrap_or("{}"))
         .execute(&self.pool)
         .await
         .map_err(StoreError::from)?;
@@ -538,9 +537,10 @@ mod tests {
             mounts: "[]".into(),
             restart_policy: r#"{"mode":"never"}"#.into(),
             priority,
+            request: Some("{}".into()),
         };
         let why = PendingReason::new(PendingCode::NoCapacity, "full");
-        store.enqueue_kernel(&k, "{}", &why).await.unwrap();
+        store.enqueue_kernel(&k, &why).await.unwrap();
     }
 
     /// One transaction admits a round's sessions, each judged on its own: room re-checked

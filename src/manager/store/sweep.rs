@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use sqlx::Row as _;
+
 use super::kernels::{terminate_in, KernelRow, COLUMNS};
-use super::{Store, StoreError};
+use super::{now, Admitted, Store, StoreError};
 use crate::model::session::KernelStatus;
 
 /// The transient states the sweep looks at, with how long a kernel may stay in each.
@@ -98,6 +100,87 @@ impl Store {
     }
 }
 
+/// A `PULLING` kernel whose follower has not been heard from (see [`Store::orphaned_pulls`]).
+#[derive(Clone, Debug)]
+pub struct OrphanedPull {
+    /// The kernel, as placed (its slots still reserved) and its request.
+    pub kernel: Admitted,
+    /// When it was last seen followed (Unix seconds): what [`Store::claim_orphaned_pull`]
+    /// checks.
+    pub seen_at: f64,
+}
+
+impl Store {
+    /// Marks a `PULLING` kernel's pull as followed now (`pull_seen_at`), without an event:
+    /// the process that follows it touches it every few seconds, so that a pull nobody follows
+    /// any more (its manager restarted, or failed over) can be told apart.
+    ///
+    /// Errors: the database.
+    pub async fn touch_pull(&self, kernel_id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE kernels SET pull_seen_at = $2 WHERE id = $1 AND status = 'PULLING'")
+            .bind(kernel_id)
+            .bind(now())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Up to `limit` `PULLING` kernels not seen followed since `cutoff` (Unix seconds;
+    /// `pull_seen_at`, else their last status change), oldest first, that keep their request.
+    /// A kernel without a stored request (made before migration 0011) is left to
+    /// `image-pull-timeout`.
+    ///
+    /// Errors: the database.
+    pub async fn orphaned_pulls(
+        &self,
+        cutoff: f64,
+        limit: u32,
+    ) -> Result<Vec<OrphanedPull>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS}, request, COALESCE(pull_seen_at, status_changed_at) AS seen_at \
+             FROM kernels WHERE status = 'PULLING' AND request IS NOT NULL \
+             AND COALESCE(pull_seen_at, status_changed_at) < $1 ORDER BY seen_at LIMIT {limit}"
+        ))
+        .bind(cutoff)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OrphanedPull {
+                    kernel: Admitted {
+                        row: KernelRow::from_row(r)?,
+                        request: r.try_get::<Option<String>, _>("request")?.unwrap_or_default(),
+                    },
+                    seen_at: r.try_get("seen_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Takes over an orphaned pull: marks it followed now, but only while it is still
+    /// `PULLING` and unseen since `seen_at` (what [`Store::orphaned_pulls`] read), so that a
+    /// follower heard from meanwhile, or another sweep, keeps it. Returns whether it was taken.
+    ///
+    /// Errors: the database.
+    pub async fn claim_orphaned_pull(
+        &self,
+        kernel_id: &str,
+        seen_at: f64,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE kernels SET pull_seen_at = $3 WHERE id = $1 AND status = 'PULLING' \
+             AND COALESCE(pull_seen_at, status_changed_at) = $2",
+        )
+        .bind(kernel_id)
+        .bind(seen_at)
+        .bind(now())
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0)
+    }
+}
+
 /// Whether `status` is one the sweep resolves: placed and not yet answered, or on its way
 /// between two steady states.
 pub fn is_transient(status: KernelStatus) -> bool {
@@ -140,6 +223,7 @@ mod tests {
             mounts: "[]".into(),
             restart_policy: r#"{"mode":"never"}"#.into(),
             priority: 10,
+            request: None,
         };
         store.reserve_kernel(&k, &roomy).await.unwrap();
     }
