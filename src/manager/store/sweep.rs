@@ -149,7 +149,9 @@ impl Store {
                 Ok(OrphanedPull {
                     kernel: Admitted {
                         row: KernelRow::from_row(r)?,
-                        request: r.try_get::<Option<String>, _>("request")?.unwrap_or_default(),
+                        request: r
+                            .try_get::<Option<String>, _>("request")?
+                            .unwrap_or_default(),
                     },
                     seen_at: r.try_get("seen_at")?,
                 })
@@ -204,6 +206,10 @@ mod tests {
     use crate::slots::{Amount, ResourceSlots};
 
     async fn reserve(store: &Store, id: &str) {
+        reserve_with(store, id, None).await
+    }
+
+    async fn reserve_with(store: &Store, id: &str, request: Option<&str>) {
         let slots: ResourceSlots = [("cpu".to_owned(), Amount::from_milli(100))]
             .into_iter()
             .collect();
@@ -223,7 +229,7 @@ mod tests {
             mounts: "[]".into(),
             restart_policy: r#"{"mode":"never"}"#.into(),
             priority: 10,
-            request: None,
+            request: request.map(str::to_owned),
         };
         store.reserve_kernel(&k, &roomy).await.unwrap();
     }
@@ -343,5 +349,69 @@ mod tests {
         assert!(store.discard_reservation("creating").await.unwrap());
         assert!(store.kernel("creating").await.unwrap().is_none());
         assert_eq!(used(&store).await, 2);
+    }
+
+    /// A `PULLING` row is orphaned once unseen since the cut-off (and only with a stored
+    /// request); a touch or a progress write marks it seen; a claim takes it once, and the
+    /// request is dropped when the row ends.
+    #[actix_rt::test]
+    async fn orphaned_pulls_are_claimed_once_and_touches_keep_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+            .await
+            .unwrap();
+        store
+            .create_access_key("AK", "hash", "user", "", 0)
+            .await
+            .unwrap();
+        reserve_with(&store, "p", Some(r#"{"image":"img"}"#)).await;
+        reserve_with(&store, "legacy", None).await;
+        reserve_with(&store, "sched", Some("{}")).await;
+        for id in ["p", "legacy"] {
+            assert!(store.advance_kernel(id, "PULLING").await.unwrap());
+        }
+        let now = super::super::now();
+        assert!(store
+            .orphaned_pulls(now - 30.0, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        // Past the cut-off: only the PULLING row that keeps its request.
+        let orphans = store.orphaned_pulls(now + 60.0, 10).await.unwrap();
+        assert_eq!(orphans.len(), 1, "{orphans:?}");
+        let o = &orphans[0];
+        assert_eq!(o.kernel.row.id, "p");
+        assert_eq!(o.kernel.request, r#"{"image":"img"}"#);
+        // One claim wins; a second with what was read loses.
+        assert!(store.claim_orphaned_pull("p", o.seen_at).await.unwrap());
+        assert!(!store.claim_orphaned_pull("p", o.seen_at).await.unwrap());
+        // Claimed (seen now): not orphaned at a cut-off before now.
+        assert!(store
+            .orphaned_pulls(now - 1.0, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        // A touch is seen too; a row that left PULLING is never orphaned.
+        std::thread::sleep(Duration::from_millis(20));
+        let before = super::super::now();
+        store.touch_pull("p").await.unwrap();
+        assert!(store.orphaned_pulls(before, 10).await.unwrap().is_empty());
+        assert!(store.advance_kernel("p", "RUNNING").await.unwrap());
+        assert!(store
+            .orphaned_pulls(now + 60.0, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        // An ended row drops its request.
+        assert!(store
+            .terminate_kernel("p", "user-requested", None)
+            .await
+            .unwrap());
+        let request: Option<String> =
+            sqlx::query_scalar("SELECT request FROM kernels WHERE id = 'p'")
+                .fetch_one(&store.pool)
+                .await
+                .unwrap();
+        assert_eq!(request, None);
     }
 }
