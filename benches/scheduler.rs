@@ -25,7 +25,9 @@
 //! 6. `rss_mb`: VmRSS at the end (the rest still queued).
 //!
 //! `[scheduler] admission-interval = KV_BENCH_ADMISSION_INTERVAL` (0.25 s; rounds also start when
-//! a kernel ends or a session is queued). Everything runs on one machine: the simulated agents
+//! a kernel ends or a session is queued). `[agent-pool]` is the manager's default (each agent
+//! pinged every 30 s, a sweep's pings spread over 15 s); `KV_BENCH_UNPACED_SWEEP=1` pings the
+//! whole fleet at once every 10 s instead, as `just bench manager` does to time a sweep. Everything runs on one machine: the simulated agents
 //! and the HTTP clients compete with the manager for the same cores. Prints a table and ends
 //! with one JSON line: `[{"store", "agents", "queued", …}, …]`.
 
@@ -392,8 +394,15 @@ async fn run_phase(bin: &str, store: &str, k: &Knobs) -> anyhow::Result<Row> {
         }
         _ => None,
     };
+    // The manager's own health-check pacing (pings spread over half of 30 s), unless
+    // KV_BENCH_UNPACED_SWEEP=1 asks for `just bench manager`'s burst of every ping at once
+    // every 10 s (what this bench ran with before).
+    let pool = match env_or("KV_BENCH_UNPACED_SWEEP", 0) {
+        0 => String::new(),
+        _ => unpaced_sweep(),
+    };
     let extra = format!(
-        "[scheduler]\nadmission-interval = {}\n",
+        "{pool}[scheduler]\nadmission-interval = {}\n",
         k.admission_interval
     );
     let mut mgr = ManagerProc::spawn_with(bin, dir.path(), k.interval, url.as_deref(), &extra)?;

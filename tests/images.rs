@@ -71,7 +71,18 @@ fn cluster_with_registry(
     scheduler: &str,
     ports: u16,
 ) -> Cluster {
-    let mut c = Cluster::new(Db::Sqlite);
+    cluster_with_registry_on(Db::Sqlite, registry_host, password, scheduler, ports)
+}
+
+/// [`cluster_with_registry`] on `db`.
+fn cluster_with_registry_on(
+    db: Db,
+    registry_host: &str,
+    password: &str,
+    scheduler: &str,
+    ports: u16,
+) -> Cluster {
+    let mut c = Cluster::new(db);
     let pw = c.dir.path().join("registry-password");
     std::fs::write(&pw, format!("{password}\n")).unwrap();
     c.manager_tail = format!(
@@ -296,7 +307,16 @@ fn a_slow_pull_outlasts_create_timeout_shows_progress_and_is_shared() {
 /// 30 s and creates both from their stored requests: the one whose pull ended meanwhile
 /// (`redriven`) and the one still pulling (`adopted`: its pull joined, not started again).
 #[test]
-fn pulls_a_killed_manager_followed_are_taken_over_by_the_next() {
+fn pulls_a_killed_manager_followed_are_taken_over_sqlite() {
+    pulls_a_killed_manager_followed_are_taken_over(Db::Sqlite, 34580);
+}
+
+#[test]
+fn pulls_a_killed_manager_followed_are_taken_over_postgres() {
+    pulls_a_killed_manager_followed_are_taken_over(Db::Postgres, 34600);
+}
+
+fn pulls_a_killed_manager_followed_are_taken_over(db: Db, ports: u16) {
     let rt = actix_rt::Runtime::new().unwrap();
     let registry = TestRegistry::start();
     let run = run_id();
@@ -308,11 +328,12 @@ fn pulls_a_killed_manager_followed_are_taken_over_by_the_next() {
     let proxy = SlowProxy::start(&registry.host, 25_000);
     let short = format!("{}/{short_repo}:1", proxy.host);
     let long = format!("{}/{long_repo}:1", proxy.host);
-    let mut c = cluster_with_registry(
+    let mut c = cluster_with_registry_on(
+        db,
         &proxy.host,
         PASSWORD,
         "image-pull-timeout = 600\nsweep-interval = 1",
-        34580,
+        ports,
     );
 
     let started = Instant::now();

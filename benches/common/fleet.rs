@@ -64,6 +64,17 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // The manager process.
 
+/// `[agent-pool]` of `just bench manager`'s sweep: every pooled agent pinged every
+/// `KV_BENCH_SWEEP_INTERVAL` (10 s) as fast as the 256-in-flight bound allows
+/// (`health-check-spread = 0.001`), where a manager's default spreads a sweep over half its
+/// interval (30 s).
+pub fn unpaced_sweep() -> String {
+    format!(
+        "[agent-pool]\nhealth-check-interval = {}\nhealth-check-spread = 0.001\nping-timeout = 5\n\n",
+        env_or("KV_BENCH_SWEEP_INTERVAL", 10.0)
+    )
+}
+
 /// The manager child; killed (SIGTERM, then SIGKILL) when dropped, also on failure.
 pub struct ManagerProc {
     pub child: Child,
@@ -76,13 +87,15 @@ pub struct ManagerProc {
 }
 
 impl ManagerProc {
-    /// A manager on a fresh SQLite store in `dir`, agents beating every `interval`.
+    /// A manager on a fresh SQLite store in `dir`, agents beating every `interval`, its health
+    /// checks unpaced ([`unpaced_sweep`]).
     pub fn spawn(bin: &str, dir: &Path, interval: Duration) -> anyhow::Result<ManagerProc> {
-        Self::spawn_with(bin, dir, interval, None, "")
+        Self::spawn_with(bin, dir, interval, None, &unpaced_sweep())
     }
 
     /// [`ManagerProc::spawn`] on the store at `store_url` (a fresh SQLite file in `dir` when
-    /// `None`), with `extra` (TOML sections) appended to its config.
+    /// `None`), with `extra` (TOML sections) appended to its config; the `[agent-pool]`
+    /// section is `extra`'s (the manager's defaults when it has none).
     pub fn spawn_with(
         bin: &str,
         dir: &Path,
@@ -98,14 +111,12 @@ impl ManagerProc {
         let config = format!(
             "[manager]\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake_port} }}\n\
              heartbeat-interval = {secs}\nheartbeat-timeout = {timeout}\nstartup-grace = {grace}\n\n\
-             [agent-pool]\nhealth-check-interval = {sweep}\nhealth-check-spread = 0.001\nping-timeout = 5\n\n\
              [store]\nurl = \"{db}\"\n\n\
              [api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\n\
              admin-token-file = \"{token_file}\"\n\n\
              [logging]\nlevel = \"warn\"\n\n{extra}",
             timeout = 3.0 * secs,
             grace = 4.0 * secs,
-            sweep = env_or("KV_BENCH_SWEEP_INTERVAL", 10.0),
             db = store_url.map_or_else(
                 || format!("sqlite://{}", dir.join("manager.db").display()),
                 str::to_owned
