@@ -103,9 +103,11 @@ impl Scheduler {
         async move {
             let started = Instant::now();
             let mut out = RoundOutcome::default();
-            let depth = store.queue_depth().await?;
-            metrics.set_queue_depth(&depth);
-            if depth.is_empty() {
+            // Whether anything waits is one row looked at; the gauge comes from the in-memory
+            // depth (a count of every queued row, four times a second, held SQLite's one
+            // connection from the creates).
+            metrics.set_queue_depth(&store.queue_depth_cached().await?);
+            if !store.any_queued().await? {
                 return Ok(out);
             }
             let window = store.pending_window(window_size).await?;
@@ -189,8 +191,7 @@ impl Scheduler {
             }
             store.set_pending_reasons(&reasons).await?;
             if out.admitted > 0 {
-                let depth = store.queue_depth().await?;
-                metrics.set_queue_depth(&depth);
+                metrics.set_queue_depth(&store.queue_depth_cached().await?);
                 tracing::debug!(
                     admitted = out.admitted,
                     took_ms = started.elapsed().as_millis() as u64,

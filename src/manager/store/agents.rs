@@ -109,13 +109,37 @@ pub(super) async fn upsert_in(
     a: &AgentRow,
     by: &str,
 ) -> Result<(), sqlx::Error> {
+    upsert_many_in(tx, std::slice::from_ref(a), by).await
+}
+
+/// Parameters of one row of [`upsert_many_in`]'s statement.
+const UPSERT_PARAMS: usize = 15;
+
+/// [`upsert_in`] of every row of `rows` (distinct ids) in one statement: one round trip to the
+/// database (on SQLite, one hand-off to sqlx's worker thread) instead of one per row, so the
+/// write-behind flush holds SQLite's one connection for a short time.
+pub(super) async fn upsert_many_in(
+    tx: &mut Transaction<'_, Any>,
+    rows: &[AgentRow],
+    by: &str,
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
     let t = now();
-    let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&a.slots_total);
-    let slots_total = serde_json::to_string(&a.slots_total).unwrap_or_else(|_| "{}".into());
-    let slot_types = serde_json::to_string(&a.slot_types).unwrap_or_else(|_| "{}".into());
-    sqlx::query(
+    let values: Vec<String> = (0..rows.len())
+        .map(|i| {
+            let p = |n: usize| format!("${}", i * UPSERT_PARAMS + n);
+            format!(
+                "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, NULLIF({}, -1.0), {}, {}, {}, {}, {}, {})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(10), p(12),
+                p(13), p(14), p(10), p(15)
+            )
+        })
+        .collect();
+    let sql = format!(
         "INSERT INTO agents (id, status, addr, public_key, region, version, cpu_millis, mem_bytes, cuda_devices, first_contact, last_heartbeat, status_changed, slots_total, slot_types, seen_at, updated_at, updated_by) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULLIF($11, -1.0), $10, $12, $13, $14, $10, $15) \
+         VALUES {} \
          ON CONFLICT (id) DO UPDATE SET \
            status_changed = CASE WHEN agents.status = excluded.status OR agents.status IN ('LOST', 'PENDING') OR excluded.status IN ('LOST', 'PENDING') THEN agents.status_changed ELSE excluded.status_changed END, \
            status = CASE WHEN agents.status IN ('LOST', 'PENDING') OR excluded.status IN ('LOST', 'PENDING') THEN agents.status ELSE excluded.status END, \
@@ -125,26 +149,34 @@ pub(super) async fn upsert_in(
            slots_total = excluded.slots_total, slot_types = excluded.slot_types, \
            seen_at = CASE WHEN excluded.seen_at > agents.seen_at THEN excluded.seen_at ELSE agents.seen_at END, \
            updated_at = excluded.updated_at, updated_by = excluded.updated_by",
-    )
-    .bind(&a.id)
-    .bind(a.status.as_str())
-    .bind(&a.addr)
-    .bind(&a.public_key)
-    .bind(&a.region)
-    .bind(&a.version)
-    .bind(cpu_millis)
-    .bind(mem_bytes)
-    .bind(cuda_devices)
-    .bind(t)
-    // Never a NULL f64 parameter: sqlx 0.8's Any driver declares it float4 to PostgreSQL, and the
-    // connection's cached statement then refuses the next real (8-byte) value.
-    .bind(a.last_heartbeat.unwrap_or(-1.0))
-    .bind(slots_total)
-    .bind(slot_types)
-    .bind(a.seen_at)
-    .bind(by)
-    .execute(&mut **tx)
-    .await?;
+        values.join(", ")
+    );
+    let mut q = sqlx::query(&sql);
+    for a in rows {
+        let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&a.slots_total);
+        let slots_total = serde_json::to_string(&a.slots_total).unwrap_or_else(|_| "{}".into());
+        let slot_types = serde_json::to_string(&a.slot_types).unwrap_or_else(|_| "{}".into());
+        q = q
+            .bind(a.id.clone())
+            .bind(a.status.as_str())
+            .bind(a.addr.clone())
+            .bind(a.public_key.clone())
+            .bind(a.region.clone())
+            .bind(a.version.clone())
+            .bind(cpu_millis)
+            .bind(mem_bytes)
+            .bind(cuda_devices)
+            .bind(t)
+            // Never a NULL f64 parameter: sqlx 0.8's Any driver declares it float4 to
+            // PostgreSQL, and the connection's cached statement then refuses the next real
+            // (8-byte) value.
+            .bind(a.last_heartbeat.unwrap_or(-1.0))
+            .bind(slots_total)
+            .bind(slot_types)
+            .bind(a.seen_at)
+            .bind(by.to_owned());
+    }
+    q.execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -170,13 +202,11 @@ impl Store {
         Ok(AgentRow::from_rows(&rows)?)
     }
 
-    /// Writes agent rows (the registry's write-behind flush of heartbeats), in one transaction:
-    /// a fleet's heartbeats of the last second land in one commit.
+    /// Writes agent rows (the registry's write-behind flush of heartbeats; distinct ids) in one
+    /// statement and transaction: a chunk of the fleet's heartbeats lands in one commit.
     pub async fn save_agents(&self, rows: &[AgentRow]) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        for a in rows {
-            upsert_in(&mut tx, a, &self.replica).await?;
-        }
+        upsert_many_in(&mut tx, rows, &self.replica).await?;
         tx.commit().await?;
         Ok(())
     }

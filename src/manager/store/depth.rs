@@ -3,9 +3,10 @@
 //! database per create (with 100,000 queued that count was milliseconds of SQLite's one
 //! connection per create).
 //!
-//! Installed from the database by every `queue_depth` read (each admission round makes one)
-//! and by a read of its own when older than the refresh period; moved by this replica's own
-//! enqueues, admissions and cancels in between. So on one manager it is what the database
+//! Installed from the database by every `queue_depth` read, made when it is older than the
+//! refresh period (by a new session's position, or an admission round's gauge:
+//! [`super::Store::queue_depth_cached`]); moved by this replica's own enqueues, admissions and
+//! cancels in between. So on one manager it is what the database
 //! holds, give or take a change that committed while a read was under way (until the next
 //! read); with several replicas, what the others did since the last read is missing. The
 //! session's own `queue_position` (`GET /v1/sessions/{id}`) is always counted in the database.
@@ -58,6 +59,13 @@ impl Depth {
         }
     }
 
+    /// Every priority's count, highest first, `None` when the counts must be read first.
+    pub(super) fn counts(&self) -> Option<Vec<(i64, i64)>> {
+        let inner = self.lock();
+        let fresh = inner.read_at.is_some_and(|at| at.elapsed() < self.refresh);
+        fresh.then(|| inner.counts.iter().rev().map(|(p, n)| (*p, *n)).collect())
+    }
+
     /// Sessions queued at `priority` or higher, `None` when the counts must be read first.
     pub(super) fn at_or_above(&self, priority: i64) -> Option<i64> {
         let inner = self.lock();
@@ -82,8 +90,11 @@ mod tests {
         d.add(50, -1); // never below zero
         assert_eq!(d.at_or_above(0), Some(4));
         assert_eq!(d.at_or_above(11), Some(0));
+        d.add(90, 2);
+        assert_eq!(d.counts(), Some(vec![(90, 2), (10, 4)]), "highest first");
         let d = Depth::new(Duration::ZERO);
         d.install(&[(10, 1)]);
         assert_eq!(d.at_or_above(10), None, "stale at once");
+        assert_eq!(d.counts(), None);
     }
 }
