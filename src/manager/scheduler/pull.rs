@@ -135,11 +135,6 @@ impl PullPhase {
                         self.write_progress(&progress).await;
                         last_written = Some((progress, Instant::now()));
                         last_seen = Instant::now();
-                    } else if last_seen.elapsed() >= TOUCH_INTERVAL {
-                        if let Err(e) = self.store.touch_pull(&self.kernel_id).await {
-                            tracing::warn!(kernel_id = %self.kernel_id, error = %e, "cannot mark the pull as followed");
-                        }
-                        last_seen = Instant::now();
                     }
                 }
                 Err(e) if e.failure().is_some() => return PullOutcome::Failed(agent_error(&e)),
@@ -152,6 +147,14 @@ impl PullPhase {
                     }
                     tracing::debug!(agent_id = %self.agent_id, error = %e, "image_pull_status unanswered; asking again");
                 }
+            }
+            // Followed, whether or not the agent answered this time (a silent agent's pull is
+            // still this follower's: the sweep must not take it over).
+            if last_seen.elapsed() >= TOUCH_INTERVAL {
+                if let Err(e) = self.store.touch_pull(&self.kernel_id).await {
+                    tracing::warn!(kernel_id = %self.kernel_id, error = %e, "cannot mark the pull as followed");
+                }
+                last_seen = Instant::now();
             }
             if Instant::now() >= until {
                 return PullOutcome::Pulling;

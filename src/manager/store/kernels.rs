@@ -720,7 +720,7 @@ impl Store {
             "SELECT id, agent_id, access_key, resource_slots, cpu_millis, mem_bytes, cuda_devices \
              FROM kernels WHERE {LIVE} AND status <> 'PENDING'",
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         let placed = rows
             .iter()

@@ -96,6 +96,12 @@ pub enum Backend {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: AnyPool,
+    /// Where the long snapshot reads go (an admission round's window, the usage ledger's
+    /// reload, the queue's counts): on SQLite, two read-only connections beside the one that
+    /// writes, so that a create's write does not wait behind such a read (WAL readers and the
+    /// writer do not block each other; each read sees every commit made before it starts). On
+    /// PostgreSQL, the same pool.
+    reads: AnyPool,
     backend: Backend,
     /// Where every kernel status change it commits is published (the event stream,
     /// `GET /v1/events`): the store is the one place they all pass.
@@ -111,6 +117,9 @@ pub struct Store {
     /// Queued sessions per priority, in memory (`depth.rs`).
     depth: std::sync::Arc<depth::Depth>,
 }
+
+/// Read-only SQLite connections beside the writer ([`Store`]'s `reads`).
+const SQLITE_READERS: u32 = 2;
 
 /// Unix time now, seconds.
 pub fn now() -> f64 {
@@ -153,6 +162,7 @@ impl Store {
             }
         }
         let options = AnyConnectOptions::from_str(&url)?;
+        let read_url = url.replace("mode=rwc", "mode=ro");
         let pool = match backend {
             Backend::Sqlite => {
                 AnyPoolOptions::new()
@@ -179,6 +189,24 @@ impl Store {
             }
         };
         sqlx::migrate!("migrations/manager").run(&pool).await?;
+        // Opened after the migrations: the file exists, in WAL mode (a database setting).
+        let reads = match backend {
+            Backend::Sqlite => {
+                AnyPoolOptions::new()
+                    .max_connections(SQLITE_READERS)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute("PRAGMA busy_timeout = 5000").await?;
+                            conn.execute("PRAGMA query_only = ON").await?;
+                            Ok(())
+                        })
+                    })
+                    .connect_with(AnyConnectOptions::from_str(&read_url)?)
+                    .await?
+            }
+            Backend::Postgres => pool.clone(),
+        };
         // Other replicas place and end kernels too: their writes arrive by reload. On SQLite one
         // manager holds the file (`sqlite_lock`): every write is this one's.
         let refresh = match backend {
@@ -187,6 +215,7 @@ impl Store {
         };
         Ok(Store {
             pool,
+            reads,
             backend,
             events: EventHub::new(HubSpec::default(), None),
             replica: uuid::Uuid::new_v4().simple().to_string().into(),

@@ -157,7 +157,7 @@ impl Store {
             "SELECT priority FROM kernels WHERE status = 'PENDING' AND priority >= $1 LIMIT 1",
         )
         .bind(priority)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reads)
         .await?;
         Ok(any.is_some())
     }
@@ -169,7 +169,7 @@ impl Store {
              priority, queued_at, head_skips, pending_reason FROM kernels WHERE status = 'PENDING' {ORDER} LIMIT $1"
         ))
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         rows.iter()
             .map(|r| {
@@ -472,7 +472,7 @@ impl Store {
         .bind(k.priority)
         .bind(k.queued_at.unwrap_or(0.0))
         .bind(&k.id)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.reads)
         .await?;
         Ok(ahead + 1)
     }
@@ -482,7 +482,7 @@ impl Store {
         let ids: Vec<String> = sqlx::query_scalar(&format!(
             "SELECT id FROM kernels WHERE status = 'PENDING' {ORDER}"
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         Ok(ids.into_iter().zip(1..).collect())
     }
@@ -492,7 +492,7 @@ impl Store {
         let rows: Vec<(i64, i64)> = sqlx::query_as(
             "SELECT priority, COUNT(*) FROM kernels WHERE status = 'PENDING' GROUP BY priority ORDER BY priority DESC",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         self.depth.install(&rows);
         Ok(rows)
