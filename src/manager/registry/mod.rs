@@ -77,8 +77,9 @@ pub const TERMINATED: &str = AgentStatus::Terminated.as_str();
 /// shows up.
 const REFRESH_OVERLAP: f64 = 2.0;
 
-/// Agent rows one write-behind transaction holds at most.
-const FLUSH_CHUNK: usize = 256;
+/// Agent rows one write-behind transaction holds at most (two statements of the store's
+/// multi-row upsert): a create's write waits for one such transaction at most.
+const FLUSH_CHUNK: usize = 64;
 
 /// The registry's intervals.
 #[derive(Clone, Debug)]
