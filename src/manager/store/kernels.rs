@@ -743,21 +743,14 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::rank;
-    use super::{NewKernel, Store};
+    use super::NewKernel;
     use crate::slots::{Amount, ResourceSlots};
 
     /// Rows written before `0005_resource_slots` (no JSON slots) read from the old columns, and
     /// count in the usage with new rows' slots of any name, summed exactly.
     #[actix_rt::test]
     async fn old_rows_read_from_the_old_columns() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
-            .await
-            .unwrap();
-        store
-            .create_access_key("AK", "hash", "user", "", 0)
-            .await
-            .unwrap();
+        let (_dir, store) = super::super::test_store_with_key().await;
         sqlx::query(
             "INSERT INTO agents (id, status, cpu_millis, mem_bytes, cuda_devices, first_contact, status_changed) \
              VALUES ('a', 'ALIVE', 1500, 4096, 2, 0, 0)",

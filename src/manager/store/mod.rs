@@ -279,3 +279,18 @@ impl Store {
         self.pool.close().await;
     }
 }
+
+/// Tests' fixture: a fresh SQLite store (in its directory, kept alive by the caller) with the
+/// user key `AK` (no concurrency limit).
+#[cfg(test)]
+pub(crate) async fn test_store_with_key() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
+        .await
+        .unwrap();
+    store
+        .create_access_key("AK", "hash", "user", "", 0)
+        .await
+        .unwrap();
+    (dir, store)
+}

@@ -568,14 +568,7 @@ mod tests {
     /// is admitted shows in the usage ledger, the key's concurrency and the queue's depth.
     #[actix_rt::test]
     async fn a_batch_admits_each_on_its_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
-            .await
-            .unwrap();
-        store
-            .create_access_key("AK", "hash", "user", "", 0)
-            .await
-            .unwrap();
+        let (dir, store) = super::super::test_store_with_key().await;
         store
             .create_access_key("LIM", "hash2", "user", "", 1)
             .await

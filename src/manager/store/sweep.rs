@@ -234,19 +234,6 @@ mod tests {
         store.reserve_kernel(&k, &roomy).await.unwrap();
     }
 
-    /// A fresh SQLite store (in its directory, kept alive by the caller) with key `AK`.
-    async fn store_with_key() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::connect(&format!("sqlite://{}/m.db", dir.path().display()))
-            .await
-            .unwrap();
-        store
-            .create_access_key("AK", "hash", "user", "", 0)
-            .await
-            .unwrap();
-        (dir, store)
-    }
-
     async fn used(store: &Store) -> i64 {
         store
             .access_key("AK")
@@ -260,7 +247,7 @@ mod tests {
     /// row as read, releases its concurrency once, and a refused create's discard keeps it.
     #[actix_rt::test]
     async fn stuck_rows_by_deadline_and_conditional_end() {
-        let (_dir, store) = store_with_key().await;
+        let (_dir, store) = super::super::test_store_with_key().await;
         for id in ["sched", "creating", "running", "terminating"] {
             reserve(&store, id).await;
         }
@@ -362,7 +349,7 @@ mod tests {
     /// request is dropped when the row ends.
     #[actix_rt::test]
     async fn orphaned_pulls_are_claimed_once_and_touches_keep_them() {
-        let (_dir, store) = store_with_key().await;
+        let (_dir, store) = super::super::test_store_with_key().await;
         reserve_with(&store, "p", Some(r#"{"image":"img"}"#)).await;
         reserve_with(&store, "legacy", None).await;
         reserve_with(&store, "sched", Some("{}")).await;
