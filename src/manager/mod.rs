@@ -156,8 +156,13 @@ impl Manager {
             leader.clone(),
             rows,
             inbox.clone(),
-        )
-        .start();
+        );
+        // Its own thread: a fleet's heartbeat batches (thousands at a time, tens of ms) would
+        // otherwise hold up every continuation of the scheduler's futures — a create waited
+        // behind them for its INSERT's answer (issue 27's flood create p99; seed 004).
+        let registry_thread = actix::Arbiter::new();
+        let registry =
+            AgentRegistry::start_in_arbiter(&registry_thread.handle(), move |_| registry);
 
         let curve = match (&keypair, &m.agent_keys_dir) {
             (Some(keypair), Some(dir)) => {
@@ -194,7 +199,7 @@ impl Manager {
         .max_in_flight(INTAKE_MAX_IN_FLIGHT);
         let intake_endpoint = server.endpoint().to_owned();
         // Its own thread: decoding a fleet's heartbeats and events does not take the thread
-        // the registry, scheduler and pool share.
+        // the scheduler and pool share.
         let intake_thread = actix::Arbiter::new();
         // Below the API's and the scheduler's threads in the kernel's CPU scheduling: on a
         // saturated host a fleet's heartbeats (superseded by the next, latest wins) wait, not
@@ -274,7 +279,7 @@ impl Manager {
             tree::store(store, sqlite_lock),
             tree::leader(leader.clone()),
             tree::pool(pool),
-            tree::registry(registry),
+            tree::registry(registry, registry_thread),
             tree::intake(intake, intake_thread),
             tree::scheduler(scheduler),
             tree::api(api),

@@ -81,11 +81,17 @@ pub fn pool(pool: Addr<AgentPool>) -> ChildSpec {
     })
 }
 
-/// `registry`: agent liveness; stopped, it writes its agent rows ([`FlushAgents`]).
-pub fn registry(registry: Addr<AgentRegistry>) -> ChildSpec {
-    holder("registry", registry, |registry| async move {
-        let _ = registry.send(FlushAgents).await;
-    })
+/// `registry`: agent liveness on its own arbiter; stopped, it writes its agent rows
+/// ([`FlushAgents`]) and its thread ends.
+pub fn registry(registry: Addr<AgentRegistry>, thread: actix::Arbiter) -> ChildSpec {
+    holder(
+        "registry",
+        (registry, thread),
+        |(registry, thread)| async move {
+            let _ = registry.send(FlushAgents).await;
+            thread.stop();
+        },
+    )
 }
 
 /// `intake`: the event intake's RPC server on its own arbiter; stopped, the server shuts down
