@@ -11,7 +11,7 @@
 //!    `rss_queued_mb`: the manager's VmRSS then.
 //! 3. `create_p50_ms` / `create_p99_ms` with the queue present at the real heartbeat rate
 //!    (every agent every `KV_BENCH_HEARTBEAT_INTERVAL`, 20 s), then `create_flood_*` under the
-//!    heartbeat flood (every agent resends as soon as answered): `KV_BENCH_SESSIONS` (50)
+//!    heartbeat flood (every agent resends as soon as answered): `KV_BENCH_SESSIONS` (200)
 //!    sequential creates each (they queue, since sessions wait; then cancelled). Goal: p99 ≤
 //!    100 ms under the flood.
 //! 4. `admissions_per_s`: every agent reports `KV_BENCH_AGENT_CPU` (4) cores in one heartbeat
@@ -421,7 +421,7 @@ fn main() {
         queued: env_or("KV_BENCH_QUEUED", 100_000),
         cpu_after: env_or("KV_BENCH_AGENT_CPU", 4),
         clients: env_or("KV_BENCH_CLIENTS", 16),
-        sessions: env_or("KV_BENCH_SESSIONS", 50),
+        sessions: env_or("KV_BENCH_SESSIONS", 200),
         trials: env_or("KV_BENCH_TRIALS", 30),
         window: Duration::from_secs_f64(env_or("KV_BENCH_WINDOW", 5.0)),
         interval: Duration::from_secs_f64(env_or("KV_BENCH_HEARTBEAT_INTERVAL", 20.0)),

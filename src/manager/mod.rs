@@ -233,6 +233,7 @@ impl Manager {
             },
             sweep_interval: config.scheduler.sweep_interval.0,
         };
+        let rounds_thread = actix::Arbiter::new();
         let scheduler = Scheduler::new(
             store.clone(),
             pool.clone(),
@@ -240,6 +241,7 @@ impl Manager {
             metrics.clone(),
             sched_spec,
             leader.clone(),
+            rounds_thread.handle(),
         )
         .start();
 
@@ -281,7 +283,7 @@ impl Manager {
             tree::pool(pool),
             tree::registry(registry, registry_thread),
             tree::intake(intake, intake_thread),
-            tree::scheduler(scheduler),
+            tree::scheduler(scheduler, rounds_thread),
             tree::api(api),
         ];
         let root = children

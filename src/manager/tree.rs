@@ -104,8 +104,12 @@ pub fn intake(server: Addr<RpcServer>, thread: actix::Arbiter) -> ChildSpec {
 }
 
 /// `scheduler`: placement and the session calls; it ends once its last address is dropped.
-pub fn scheduler(scheduler: Addr<Scheduler>) -> ChildSpec {
-    holder("scheduler", scheduler, |_| async {})
+/// Stopped, the thread its admission rounds run on ends (a round in flight is dropped; the
+/// queue is in the store, so the next leader's first round does its work).
+pub fn scheduler(scheduler: Addr<Scheduler>, rounds: actix::Arbiter) -> ChildSpec {
+    holder("scheduler", (scheduler, rounds), |(_, rounds)| async move {
+        rounds.stop();
+    })
 }
 
 /// `api`: the HTTP API, serving from the tree's start; stopped, in-flight requests get the

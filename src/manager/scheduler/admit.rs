@@ -3,7 +3,8 @@
 //! re-checked in the transaction, as a direct create's reservation is) and creates it the way
 //! a direct create does, with nobody waiting ([`Waiter::Nobody`]).
 //!
-//! A round starts every `[scheduler] admission-interval`, when this replica ends a kernel
+//! Rounds run on an arbiter of their own (`Scheduler::new`'s `rounds`), their outcome handed
+//! back to the scheduler's actor. A round starts every `[scheduler] admission-interval`, when this replica ends a kernel
 //! (`Store::released`), and when a session is queued here ([`Queued`]: unless the last round
 //! found no room less than an interval ago). One round runs at a
 //! time; a request during a round runs one more after it. Only the leader admits (the
@@ -67,8 +68,27 @@ impl Scheduler {
         self.round_running = true;
         self.round_again = false;
         let started = Instant::now();
+        // On the rounds' own thread: the round's reads decode a window of the queue and copy
+        // the fleet's usage, and its plan is pure CPU; on this actor's thread every create and
+        // status call waited for them (issue 27's flood create p99). Its launches, spawned from
+        // the round, run there too.
         let fut = self.round();
-        ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if !self.rounds.spawn(async move {
+            let _ = tx.send(fut.await);
+        }) {
+            // The manager is stopping: its tree stopped the rounds' thread.
+            self.round_running = false;
+            return;
+        }
+        let done = async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(ManagerError::Internal(
+                    "the admission rounds' thread stopped".into(),
+                ))
+            })
+        };
+        ctx.spawn(done.into_actor(self).map(move |r, act, ctx| {
             act.round_running = false;
             act.last_round = Some((started, r.as_ref().map_or(0, |out| out.admitted)));
             match r {
@@ -113,11 +133,13 @@ impl Scheduler {
             let window = store.pending_window(window_size).await?;
             let candidates = registry.send(PlacementCandidates).await?;
             let images = registry.send(AgentImages).await?;
+            let usage = store.usage_by_agent().await?;
+            let keys = store.key_shares().await?;
             let fleet = Fleet {
                 candidates: &candidates,
-                usage: store.usage_by_agent().await?,
+                usage,
                 images: &images,
-                keys: store.key_shares().await?,
+                keys,
             };
             let p = plan(window, fleet, policy, skips);
             let mut reasons = p.reasons;

@@ -124,12 +124,16 @@ pub struct Scheduler {
     sweep_running: bool,
     /// When the last round started and how many it admitted.
     last_round: Option<(std::time::Instant, usize)>,
+    /// The thread admission rounds run on (`admit.rs`).
+    rounds: actix::ArbiterHandle,
     /// The candidates' slot types, computed once per fleet change.
     slot_types: place::SlotTypesMemo,
 }
 
 impl Scheduler {
-    /// A scheduler over the store, pool and registry.
+    /// A scheduler over the store, pool and registry; its admission rounds run on `rounds`
+    /// (an arbiter of their own: reading a window of the queue and the fleet's usage, and
+    /// planning, take tens of ms with 10,000 agents, which creates would otherwise wait for).
     pub fn new(
         store: Store,
         pool: Addr<AgentPool>,
@@ -137,6 +141,7 @@ impl Scheduler {
         metrics: Arc<ManagerMetrics>,
         spec: SchedulerSpec,
         leader: crate::manager::leader::Leadership,
+        rounds: actix::ArbiterHandle,
     ) -> Self {
         Scheduler {
             store,
@@ -150,6 +155,7 @@ impl Scheduler {
             round_again: false,
             sweep_running: false,
             last_round: None,
+            rounds,
             slot_types: Default::default(),
         }
     }
