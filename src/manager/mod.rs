@@ -15,6 +15,12 @@
 //! store. Each child is built in `tree.rs`, which says why the tree is fail-stop;
 //! `tests/trees.rs` compares this drawing with the running tree (`WhichChildren`).
 //!
+//! Threads: the registry, the intake and the scheduler's admission rounds each run on an actix
+//! arbiter of their own (the intake's at nice 10), so that a fleet's heartbeats and a long
+//! queue's rounds never hold up the creates and status changes served by the system thread
+//! (the pool, the scheduler's actor) and the API's workers (issue 27's flood create p99;
+//! seed 004's prioritised status updates).
+//!
 //! The event stream (`event_hub.rs`, `GET /v1/events`) is no child: a shared value the store
 //! (session status changes, as it commits them) and the registry (agent liveness) publish to and
 //! the API's followers read, bounded whatever they do; it lives as long as its holders.
