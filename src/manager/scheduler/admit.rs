@@ -4,10 +4,10 @@
 //! a direct create does, with nobody waiting ([`Waiter::Nobody`]).
 //!
 //! Rounds run on an arbiter of their own (`Scheduler::new`'s `rounds`), their outcome handed
-//! back to the scheduler's actor. A round starts every `[scheduler] admission-interval`, when this replica ends a kernel
-//! (`Store::released`), and when a session is queued here ([`Queued`]: unless the last round
-//! found no room less than an interval ago). One round runs at a
-//! time; a request during a round runs one more after it. Only the leader admits (the
+//! back to the scheduler's actor. A round starts every `[scheduler] admission-interval`, when
+//! this replica ends a kernel (`Store::released`), and when a session is queued here
+//! ([`Queued`]: unless the last round found no room less than an interval ago). One round runs
+//! at a time; a request during a round runs one more after it. Only the leader admits (the
 //! queue is shared by every replica through the store), so a failover hands the queue over
 //! with its order.
 
@@ -133,13 +133,11 @@ impl Scheduler {
             let window = store.pending_window(window_size).await?;
             let candidates = registry.send(PlacementCandidates).await?;
             let images = registry.send(AgentImages).await?;
-            let usage = store.usage_by_agent().await?;
-            let keys = store.key_shares().await?;
             let fleet = Fleet {
                 candidates: &candidates,
-                usage,
+                usage: store.usage_by_agent().await?,
                 images: &images,
-                keys,
+                keys: store.key_shares().await?,
             };
             let p = plan(window, fleet, policy, skips);
             let mut reasons = p.reasons;
