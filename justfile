@@ -14,6 +14,8 @@ default:
 setup:
     #!/usr/bin/env bash
     set -euo pipefail
+    # cargo-nextest runs the tests (`just test-all`): from crates.io when missing.
+    command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
     # `just lint` needs rustfmt and clippy (rustup's components; a no-op when present).
     cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 || rustup component add rustfmt clippy
     need=()
@@ -30,7 +32,7 @@ setup:
       python3 -m venv "{{venv}}"
       "{{venv}}/bin/pip" install --quiet 'callosum>=1.0,<1.1' pyzmq msgpack
     fi
-    # schemathesis 3 for the API fuzz test (tests/api_fuzz.rs), with hypothesis held below 6.131
+    # schemathesis 3 for the API fuzz test (tests/it/api_fuzz.rs), with hypothesis held below 6.131
     # (6.130 is the one tested here): hypothesis 6.170.10 dropped an internal (`many.more`)
     # that schemathesis 3's hypothesis-jsonschema still calls.
     st_ok='from importlib.metadata import version as v; import sys; h = tuple(int(x) for x in v("hypothesis").split(".")[:2]); sys.exit(not (v("schemathesis").startswith("3.") and h < (6, 131)))'
@@ -59,19 +61,37 @@ bai_root := env_var_or_default("KV_BAI_ROOT", "/var/cache/kernelvisor/bai-trixie
 # `debootstrap`, with a venv holding `backend.ai-manager` (about 2 minutes and 700 MB, once,
 # cached at {{bai_root}}, outside the clone). `just test-all` hands the tests its path as
 # `KV_BAI_ROOT`.
-# Build (once) the real Backend.AI 26.9.6 agent client's environment for tests/bai_compat.rs.
+# Build (once) the real Backend.AI 26.9.6 agent client's environment for tests/it/bai_compat.rs.
 bai-env:
     KV_BAI_ROOT="{{bai_root}}" ./scripts/bai-compat-env.sh >/dev/null
 
 # Every test: lint first, then unit, property, actors, RPC over real ZeroMQ, callosum interop,
 # the kernel lifecycle and workloads on the real Docker engine (with test-only failure
 # injection), the manager scenarios on SQLite and PostgreSQL, the real Backend.AI 26.9.6 agent
-# client driving a kernel (tests/bai_compat.rs), the agent's events read off a real Redis by the
-# real 26.9.6 consumer (tests/bai_events.rs), doctests, examples.
+# client driving a kernel (tests/it/bai_compat.rs), the agent's events read off a real Redis by the
+# real 26.9.6 consumer (tests/it/bai_events.rs), doctests, examples. The tests run under
+# cargo-nextest (.config/nextest.toml: a process per test, its duration on its line, groups for
+# what must not run side by side, no retries); the ten slowest are listed at the end. The fuzz
+# tests run a short budget here; `just fuzz` runs their full one.
 test-all: setup docker test-image postgres redis registry bai-env lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
-    KV_PYTHON="{{venv}}/bin/python" KV_TEST_POSTGRES_URL="{{pg_url}}" KV_BAI_ROOT="{{bai_root}}" KV_REDIS_SERVER="$(command -v redis-server)" KV_REGISTRY_SERVER="$(command -v docker-registry)" KV_HTPASSWD="$(command -v htpasswd)" cargo test --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples -- --test-threads 2
+    {{test_env}} KV_FUZZ_EXAMPLES=10 KV_FUZZ_ITERS=300000 cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples --no-tests=fail
+    ./scripts/slowest-tests.sh target/nextest/default/junit.xml 10
+
+# The environment every test run gets: the venv's python, PostgreSQL, Backend.AI's root, the
+# Redis, registry and htpasswd binaries.
+test_env := 'KV_PYTHON="' + venv + '/bin/python" KV_TEST_POSTGRES_URL="' + pg_url + '" KV_BAI_ROOT="' + bai_root + '" KV_REDIS_SERVER="$(command -v redis-server)" KV_REGISTRY_SERVER="$(command -v docker-registry)" KV_HTPASSWD="$(command -v htpasswd)"'
+
+# Some tests, by nextest filter (`just test kernels::`, `just test 'test(/^queue::/)'`): the same
+# environment as test-all, without lint. A plain word is a substring of the test's name.
+test *filter: setup docker test-image postgres redis registry bai-env
+    {{test_env}} cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples {{filter}}
+
+# The fuzz tests with their full budgets (schemathesis' 50 examples per operation, 1.5 M
+# msgpack/pickle inputs): minutes, not part of test-all.
+fuzz: setup docker test-image
+    {{test_env}} cargo nextest run --features kernelvisor/fault-injection --test it -E 'test(/^api_fuzz::/) | test(/^bai_ext_fuzz::/)'
 
 # Make sure a local PostgreSQL answers at {{pg_url}}: install Debian's `postgresql` when
 # missing, create and start a cluster, create the `kv` role. Idempotent.
@@ -95,11 +115,11 @@ postgres:
     PGPASSWORD=kv psql "{{pg_url}}" -qtAc 'select 1' >/dev/null
     echo "postgres: ready at {{pg_url}}"
 
-# Nothing is started here: tests/bai_events.rs starts its own servers, each on a free port with
+# Nothing is started here: tests/it/bai_events.rs starts its own servers, each on a free port with
 # its own data directory (append-only file on, so a server stopped and started again keeps the
 # streams, as a production Redis/Valkey does). `just test-all` hands the tests its path as
 # `KV_REDIS_SERVER`.
-# Install `redis-server` (Debian's package) when missing, for tests/bai_events.rs.
+# Install `redis-server` (Debian's package) when missing, for tests/it/bai_events.rs.
 redis:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -113,7 +133,7 @@ redis:
 
 # Make sure a Docker engine answers; when none does, install `docker.io` and start `dockerd` in
 # the background (log in /tmp/dockerd.log), waiting up to 30 s for it. The `dockerd` and
-# `containerd` binaries are installed even when an engine answers: tests/engine_restart.rs starts
+# `containerd` binaries are installed even when an engine answers: tests/it/engine_restart.rs starts
 # a private engine of its own with them (as root).
 # The container registry the image tests start (tests/common/registry.rs): Debian's
 # `docker-registry` (the CNCF distribution registry 2.8) and `htpasswd` (apache2-utils) for its
@@ -187,7 +207,7 @@ test-image:
     for tag in latest services healthcheck; do
       label=()
       [ "$tag" = services ] && label=(-c 'LABEL ai.backend.service-ports=web:http:8080,broken:http:8081')
-      # Healthy while /tmp/healthy exists (tests/supervision.rs).
+      # Healthy while /tmp/healthy exists (tests/it/supervision.rs).
       [ "$tag" = healthcheck ] && label=(-c 'HEALTHCHECK --interval=1s --timeout=2s --retries=1 CMD ["sh","-c","test -f /tmp/healthy"]')
       $sudo_ tar -C "$root" --numeric-owner -c . | docker import \
         -c 'CMD ["sh","-c","eval \"${KERNEL_CMD:-exec sleep infinity}\""]' -c 'ENV PATH=/bin' \

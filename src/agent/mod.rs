@@ -16,7 +16,7 @@
 //! └─ rpc              callosum over ZeroMQ, CURVE (rpc_endpoint.rs, methods/)
 //! ```
 //! Each child is built by a `child_spec` function in its own module; [`Agent::start`] lists
-//! them. `tests/trees.rs` compares this drawing with the running tree (`WhichChildren`).
+//! them. `tests/it/trees.rs` compares this drawing with the running tree (`WhichChildren`).
 //!
 //! The store (store.rs) is opened before the tree and closed after it. Children start in this
 //! order and stop in reverse (SIGTERM/SIGINT); a child that fails restarts with every child

@@ -13,7 +13,7 @@
 //! Started in that order (each needs only those before it), stopped in reverse: the API (in-
 //! flight requests get 5 s), the intake, the registry (flushing agent rows), the pool, the
 //! store. Each child is built in `tree.rs`, which says why the tree is fail-stop;
-//! `tests/trees.rs` compares this drawing with the running tree (`WhichChildren`).
+//! `tests/it/trees.rs` compares this drawing with the running tree (`WhichChildren`).
 //!
 //! Threads: the registry, the intake and the scheduler's admission rounds each run on an actix
 //! arbiter of their own (the intake's at nice 10), so that a fleet's heartbeats and a long

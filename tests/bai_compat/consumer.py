@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """
-The real Backend.AI 26.9.6 event consumer for tests/bai_events.rs: publish and consume Backend.AI
+The real Backend.AI 26.9.6 event consumer for tests/it/bai_events.rs: publish and consume Backend.AI
 26.x agent events on a real Redis/Valkey, with the real Backend.AI 26.9.6 classes
-(backend.ai-common / backend.ai-manager). tests/bai_events.rs runs `--consume` against the
+(backend.ai-common / backend.ai-manager). tests/it/bai_events.rs runs `--consume` against the
 redis-server it started and asserts on what kernelvisor's agent published there.
 
 Run it with the Python of the Backend.AI 26.9.6 environment, e.g.

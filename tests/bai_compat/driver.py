@@ -31,7 +31,7 @@ with `execute` (which may lack the permission).
 prints `{"pushed": canonical}` once the push is done.
 
 `--only STEP,...`: only the named steps run (`create_kernels`, through the launcher, always does);
-tests/bai_events.rs creates and destroys one kernel this way while the real consumer reads the
+tests/it/bai_events.rs creates and destroys one kernel this way while the real consumer reads the
 agent's events off Redis.
 
 `--write-fixtures DIR`: for every method called, the real `ai.backend.common.msgpack.packb` bytes of
@@ -935,7 +935,7 @@ def parse_args() -> argparse.Namespace:
         metavar="STEP,...",
         help="run only these steps (create_kernels, through the launcher, always runs), e.g.\n"
         "ping,check_running,destroy_kernel,check_running_after_destroy for one kernel's\n"
-        "creation and destruction (tests/bai_events.rs)",
+        "creation and destruction (tests/it/bai_events.rs)",
     )
     p.add_argument("--write-fixtures", default=None, metavar="DIR")
     p.add_argument(

@@ -1,5 +1,5 @@
-//! Helpers of the tests that run Backend.AI's own Python in the trixie root (`tests/bai_compat.rs`,
-//! `tests/bai_events.rs`): processes and directories cleaned up on drop, log tails.
+//! Helpers of the tests that run Backend.AI's own Python in the trixie root (`tests/it/bai_compat.rs`,
+//! `tests/it/bai_events.rs`): processes and directories cleaned up on drop, log tails.
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

@@ -21,7 +21,9 @@ impl DevRoot {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         std::fs::create_dir_all(dir.path().join("scripts")).unwrap();
         std::fs::create_dir_all(dir.path().join("configs/dev")).unwrap();
-        std::fs::copy(
+        // A link to the script, not a copy: a copy is a file this process wrote, and a sibling
+        // thread's fork while it was open for writing made exec fail with `Text file busy`.
+        std::os::unix::fs::symlink(
             repo.join("scripts/dev-run.sh"),
             dir.path().join("scripts/dev-run.sh"),
         )

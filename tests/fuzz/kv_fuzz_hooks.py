@@ -1,4 +1,4 @@
-"""schemathesis hooks for tests/api_fuzz.rs (loaded with SCHEMATHESIS_HOOKS=kv_fuzz_hooks).
+"""schemathesis hooks for tests/it/api_fuzz.rs (loaded with SCHEMATHESIS_HOOKS=kv_fuzz_hooks).
 
 `negative_data_rejection_on_the_wire`: schemathesis' `negative_data_rejection` (a request that
 breaks the schema must get a 4xx), except for requests whose only schema-breaking part is the

@@ -1,7 +1,7 @@
 //! The API's OpenAPI document (`GET /v1/openapi.json`): its frame. utoipa generates it from
 //! the handlers' `#[utoipa::path]` annotations and the request and reply types of
 //! [`crate::model`], the same types the handlers return (a handler's answer that does not match
-//! its schema is a bug, and the fuzz test `tests/api_fuzz.rs` looks for them); error answers
+//! its schema is a bug, and the fuzz test `tests/it/api_fuzz.rs` looks for them); error answers
 //! many operations share are declared once in `super::responses`.
 //!
 //! Every operation needs the `bearer` security scheme (an access key's secret key) except
