@@ -9,6 +9,7 @@ pub mod ctl;
 pub mod limits;
 pub mod manager;
 pub mod model;
+pub mod retry;
 pub mod rpc;
 pub mod signals;
 pub mod slots;

@@ -19,6 +19,7 @@ use super::intakes::Intakes;
 use super::metrics::AgentMetrics;
 use super::outbox::{Outbox, PendingEvent};
 use crate::config::AgentManagerSection;
+use crate::retry::Backoff;
 use crate::rpc::{Call, CallError, Peer, PeerOptions};
 
 /// How long the last delivery on shutdown may take at most, whatever `event-ack-timeout`: an
@@ -105,7 +106,7 @@ impl EventSender {
         let zmq = zmq::Context::new();
         let mut peer: Option<Peer> = None;
         let mut stop = std::pin::pin!(stop);
-        let mut retry = Self::FIRST_RETRY;
+        let mut retry = Backoff::new(Self::FIRST_RETRY, self.config.event_retry_max.0);
         loop {
             // A stop does not wait for an attempt in flight (an ack that may never come): what it
             // sent is resent later, and the managers drop duplicates by id.
@@ -117,7 +118,7 @@ impl EventSender {
             match attempt {
                 Attempt::Progress => continue,
                 Attempt::Drained => {
-                    retry = Self::FIRST_RETRY;
+                    retry.reset();
                     tokio::select! {
                         _ = self.appended.notified() => {}
                         _ = &mut stop => break,
@@ -127,14 +128,13 @@ impl EventSender {
                     self.metrics.event_send_failed(reason);
                     if moved {
                         // A fresh intake: try it at once.
-                        retry = Self::FIRST_RETRY;
+                        retry.reset();
                         continue;
                     }
                     tokio::select! {
-                        _ = tokio::time::sleep(retry) => {}
+                        _ = tokio::time::sleep(retry.next_wait()) => {}
                         _ = &mut stop => break,
                     }
-                    retry = (retry * 2).min(self.config.event_retry_max.0);
                 }
             }
         }

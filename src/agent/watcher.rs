@@ -22,8 +22,10 @@ use super::context::AgentContext;
 use super::engine::{probe, PROBE_INTERVAL};
 use super::kernels::CurrentRegistry;
 use super::registry::{ContainerExited, ContainerOom, KernelRegistry, Reconcile};
+use crate::retry::Backoff;
 
-/// First wait before probing again after the stream failed or a probe did.
+/// First step of the waits before probing again after the stream failed or a probe did (each
+/// wait is drawn within its step: `crate::retry`).
 pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
 
 /// Longest wait between probes while the engine is down: how late, at most, the agent sees
@@ -52,19 +54,18 @@ pub fn child_spec(ctx: Arc<AgentContext>, registry: CurrentRegistry) -> ChildSpe
 
 /// Watches until the registry is gone.
 pub async fn watch_exits(ctx: Arc<AgentContext>, registry: Addr<KernelRegistry>) {
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     while registry.connected() {
         if probe(&*ctx.backend, &ctx.engine).await {
             let subscribed = Instant::now();
             follow(&ctx, &registry).await;
             if subscribed.elapsed() >= HEALTHY_SUBSCRIPTION {
-                backoff = BACKOFF_MIN;
+                backoff.reset();
             }
             // Ended or failed: say at once whether the engine is still there.
             probe(&*ctx.backend, &ctx.engine).await;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        tokio::time::sleep(backoff.next_wait()).await;
     }
 }
 

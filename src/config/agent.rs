@@ -237,8 +237,8 @@ pub struct AgentManagerSection {
     /// Seconds to wait for the manager's ack of a batch before resending it (default 10).
     #[serde(default = "default_event_ack_timeout")]
     pub event_ack_timeout: Seconds,
-    /// Longest wait, in seconds, between delivery attempts; the wait starts at 0.2 s and
-    /// doubles after each failure (default 30).
+    /// Longest wait, in seconds, between delivery attempts; the wait's step starts at 0.2 s
+    /// and doubles after each failure, each wait drawn within `[step/2, step)` (default 30).
     #[serde(default = "default_event_retry_max")]
     pub event_retry_max: Seconds,
 }
@@ -290,8 +290,9 @@ pub struct RedisSection {
     /// (`kernelvisor_outbox_dropped_events_total`, as for `[manager]`).
     #[serde(default = "default_outbox_max_events")]
     pub outbox_max_events: u64,
-    /// Longest wait, in seconds, between publish attempts while Redis is down; the wait starts
-    /// at 0.2 s and doubles after each failure (default 5).
+    /// Longest wait, in seconds, between publish attempts while Redis is down; the wait's step
+    /// starts at 0.2 s and doubles after each failure, each wait drawn within `[step/2, step)`
+    /// (default 5).
     #[serde(default = "default_bus_retry_max")]
     pub retry_max: Seconds,
 }

@@ -163,7 +163,7 @@ fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
         eprintln!(
             "SKIPPED bai_compat: KV_BAI_ROOT is not set. `just test-all` sets it (after `just \
              bai-env` builds the Backend.AI 26.9.6 client environment); by hand: \
-             KV_BAI_ROOT=$(scripts/bai-compat-env.sh) cargo test --test bai_compat"
+             KV_BAI_ROOT=$(scripts/bai-compat-env.sh) cargo test --test it bai_compat::"
         );
         return;
     };

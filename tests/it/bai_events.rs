@@ -199,7 +199,7 @@ fn bai_root(test: &str) -> Option<PathBuf> {
         eprintln!(
             "SKIPPED bai_events::{test}: KV_BAI_ROOT is not set. `just test-all` sets it (after \
              `just bai-env` builds the Backend.AI 26.9.6 environment); by hand: \
-             KV_BAI_ROOT=$(scripts/bai-compat-env.sh) cargo test --test bai_events"
+             KV_BAI_ROOT=$(scripts/bai-compat-env.sh) cargo test --test it bai_events::"
         );
         return None;
     };

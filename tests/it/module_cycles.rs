@@ -9,7 +9,7 @@
 //! not an edge, since a parent and its children are one namespace by design. The test fails naming every cycle (a strongly connected component of more
 //! than one module) with the references that make it.
 //!
-//! Run alone: `cargo test --test module_cycles -- --nocapture` (prints the module count and edges).
+//! Run alone: `cargo test --test it module_cycles:: -- --nocapture` (prints the module count and edges).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

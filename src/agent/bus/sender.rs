@@ -29,6 +29,7 @@ use crate::agent::events::AgentEvent;
 use crate::agent::metrics::AgentMetrics;
 use crate::agent::outbox::{Outbox, PendingEvent};
 use crate::config::RedisSection;
+use crate::retry::Backoff;
 
 /// Seconds the dedup key of a published event lives (a retry comes long before).
 pub const DEDUP_TTL_SECS: u64 = 86_400;
@@ -126,7 +127,7 @@ impl BusSender {
         let script = redis::Script::new(PUBLISH_SCRIPT);
         let mut conn: Option<ConnectionManager> = None;
         let mut stop = std::pin::pin!(stop);
-        let mut retry = Self::FIRST_RETRY;
+        let mut retry = Backoff::new(Self::FIRST_RETRY, self.config.retry_max.0);
         let mut beat = tokio::time::interval(self.heartbeat.interval);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut retry_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
@@ -154,13 +155,12 @@ impl BusSender {
             };
             match attempt {
                 Ok(()) => {
-                    retry = Self::FIRST_RETRY;
+                    retry.reset();
                     retry_at = None;
                 }
                 Err(reason) => {
                     self.metrics.bus_publish_failed(reason);
-                    retry_at = Some(tokio::time::Instant::now() + retry);
-                    retry = (retry * 2).min(self.config.retry_max.0);
+                    retry_at = Some(tokio::time::Instant::now() + retry.next_wait());
                 }
             }
         }

@@ -4,7 +4,8 @@
 //! - The store holds the kernel live **on that agent** (same session when the report names one)
 //!   and the agent could rebuild it → `adopt_kernel(kernel_id)` at once: the agent re-reserves
 //!   its slots and ports and runs it under a kernel actor again; the store's row moves to (or
-//!   stays) `RUNNING`. An agent that cannot be reached is retried (backoff 1 s doubling to 30 s).
+//!   stays) `RUNNING`. An agent that cannot be reached is retried (waits doubling from 2 s to
+//!   30 s, each drawn within its step: `crate::retry`).
 //! - The store holds it live there but the agent answers `KernelNotAdoptable` (it could not
 //!   rebuild it) → it leaves the live set (`dangling-not-adoptable`, its concurrency released)
 //!   and is treated as unknown. Any other FAILURE (e.g. an agent without `adopt_kernel`) leaves
@@ -29,12 +30,16 @@ use super::super::calls::call_method;
 use super::super::metrics::ManagerMetrics;
 use super::super::pool::{AgentCallError, AgentPool};
 use super::super::store::{now, DanglingReport, Store};
+use crate::retry::Backoff;
 use crate::rpc::agent_api::kernel::{AdoptKernel, DestroyDanglingKernel, KernelIdArgs};
 
+/// First wait (at most) before trying an agent that could not be reached again.
+const FIRST_BACKOFF: Duration = Duration::from_secs(2);
 /// Longest wait between two tries of an agent that cannot be reached.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// A report still unresolved after this many tries is dropped (logged): roughly an hour.
-const MAX_ATTEMPTS: u32 = 130;
+/// A report still unresolved after this many tries is dropped (logged): roughly an hour (waits
+/// average 22.5 s once at the 30 s step).
+const MAX_ATTEMPTS: u32 = 165;
 
 /// One reported dangling kernel awaiting its outcome.
 #[derive(Clone, Debug)]
@@ -53,8 +58,8 @@ pub(super) struct Pending {
     pub next_try: Instant,
     /// A step is running.
     pub in_flight: bool,
-    /// Steps that ended in a retry.
-    pub attempts: u32,
+    /// The waits between retries; its `attempts()` counts the steps that ended in a retry.
+    pub backoff: Backoff,
 }
 
 /// What one step did.
@@ -97,7 +102,7 @@ impl DanglingBook {
                 destroy_after: now + Duration::from_secs_f64(left),
                 next_try: now,
                 in_flight: false,
-                attempts: 0,
+                backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
             });
         e.adoptable = r.adoptable;
         e.next_try = now;
@@ -144,13 +149,12 @@ impl DanglingBook {
                 None
             }
             Outcome::Retry(_) => {
-                e.attempts += 1;
-                if e.attempts >= MAX_ATTEMPTS {
+                let wait = e.backoff.next_wait();
+                if e.backoff.attempts() >= MAX_ATTEMPTS {
                     self.resolved.insert(key.clone(), Instant::now());
                     return self.entries.remove(&key);
                 }
-                let backoff = Duration::from_secs(1 << e.attempts.min(5)).min(MAX_BACKOFF);
-                e.next_try = Instant::now() + backoff;
+                e.next_try = Instant::now() + wait;
                 None
             }
         }
