@@ -510,12 +510,12 @@ fn tenancy(db: Db, ports: u16) {
 
 #[test]
 fn tenancy_and_credentials_sqlite() {
-    tenancy(Db::Sqlite, 32700);
+    tenancy(Db::Sqlite, 36300);
 }
 
 #[test]
 fn tenancy_and_credentials_postgres() {
-    tenancy(Db::Postgres, 32730);
+    tenancy(Db::Postgres, 36330);
 }
 
 /// PostgreSQL goes away (its database renamed under the manager): requests get 503

@@ -15,7 +15,7 @@
 //! - a row whose answer was lost while its agent runs the kernel is resolved to `RUNNING`;
 //! - a DELETE records `TERMINATING` before `TERMINATED` (on the event stream).
 //!
-//! Agent host ports: 36000–36079 (20 per agent).
+//! Agent host ports: 36500–36579 (20 per agent).
 #![cfg(feature = "fault-injection")]
 
 use crate::common;
@@ -110,7 +110,7 @@ fn resolved(c: &Cluster, state: &str, outcome: &str) -> f64 {
 #[test]
 fn an_agent_that_never_answers_create_ends_at_the_deadline_and_the_queue_moves() {
     let (c, cpu) = cluster(
-        36000,
+        36500,
         "create-timeout = 60\npreparing-timeout = 2\ncreating-timeout = 2\nsweep-interval = 0.5",
     );
     // Two sessions of 60% of the agent's cpu: the second fits only once the first is gone.
@@ -165,7 +165,7 @@ fn an_agent_that_never_answers_create_ends_at_the_deadline_and_the_queue_moves()
 #[test]
 fn a_manager_restarted_mid_create_ends_the_kernel_and_its_agent_drops_it() {
     let (mut c, _) = cluster(
-        36020,
+        36520,
         "preparing-timeout = 3\ncreating-timeout = 3\nsweep-interval = 0.5",
     );
     let _answer = post_in_background(&c, session_body(0.25, Some(10.0)));
@@ -189,12 +189,12 @@ fn a_manager_restarted_mid_create_ends_the_kernel_and_its_agent_drops_it() {
 
 #[test]
 fn a_lost_answer_of_a_running_kernel_resolves_to_running_sqlite() {
-    lost_answer_resolves_to_running(Db::Sqlite, 36040);
+    lost_answer_resolves_to_running(Db::Sqlite, 36540);
 }
 
 #[test]
 fn a_lost_answer_of_a_running_kernel_resolves_to_running_postgres() {
-    lost_answer_resolves_to_running(Db::Postgres, 36060);
+    lost_answer_resolves_to_running(Db::Postgres, 36560);
 }
 
 fn lost_answer_resolves_to_running(db: Db, ports: u16) {

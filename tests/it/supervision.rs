@@ -121,7 +121,7 @@ fn restarts_of(info: &Value, stage: &str) -> u64 {
 
 #[actix_rt::test]
 async fn on_failure_restarts_the_container_in_place_then_ends_at_the_limit() {
-    let fx = AgentFixture::new("onfailure", 32600, 4);
+    let fx = AgentFixture::new("onfailure", 36200, 4);
     let agent = start(&fx).await;
     let mut events = agent.ctx.events.subscribe();
     let peer = client(agent.endpoint()).await;
@@ -234,7 +234,7 @@ async fn on_failure_restarts_the_container_in_place_then_ends_at_the_limit() {
 
 #[actix_rt::test]
 async fn never_ends_at_the_first_exit_and_always_restarts_after_a_clean_one() {
-    let fx = AgentFixture::new("modes", 32620, 4);
+    let fx = AgentFixture::new("modes", 36220, 4);
     let agent = start(&fx).await;
     let mut events = agent.ctx.events.subscribe();
     let peer = client(agent.endpoint()).await;
@@ -287,7 +287,7 @@ async fn never_ends_at_the_first_exit_and_always_restarts_after_a_clean_one() {
 
 #[actix_rt::test]
 async fn a_failing_healthcheck_restarts_the_container_under_on_failure() {
-    let fx = AgentFixture::new("health", 32640, 4);
+    let fx = AgentFixture::new("health", 36240, 4);
     let agent = start(&fx).await;
     let mut events = agent.ctx.events.subscribe();
     let peer = client(agent.endpoint()).await;
@@ -343,7 +343,7 @@ async fn a_failing_healthcheck_restarts_the_container_under_on_failure() {
 
 #[actix_rt::test]
 async fn a_bad_restart_policy_is_refused_with_its_field() {
-    let fx = AgentFixture::new("badpolicy", 32660, 2);
+    let fx = AgentFixture::new("badpolicy", 36260, 2);
     let agent = start(&fx).await;
     let peer = client(agent.endpoint()).await;
     for (bad, word) in [
