@@ -202,18 +202,31 @@ fn sessions_wait_for_room_in_order() {
     );
     assert_eq!(d.body["status_reason"], "user-requested");
     assert!(!c.agent_kernels(a).contains(&c.store_kernel(&cancelled).id));
-    // Deleting a running session admits the next — the priority-50 one — within 2 s.
+    // Deleting a running session admits the next — the priority-50 one — within 2 s: the
+    // session's end starts a round at once. Timed to its admission (`admitted_at`, the manager's
+    // wall clock, this host's), not to RUNNING: starting its container is the engine's time, and
+    // took over 2 s with other tests beside this one on 2 cores.
     let admitted_metric = c.manager_metric("kernelvisor_manager_admissions_total", "");
     let freed = Instant::now();
+    let freed_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     assert_eq!(
         c.delete(&format!("/v1/sessions/{}", running[0])).status,
         200
     );
     wait_status(&c, &urgent, "RUNNING", LONG);
-    let took = freed.elapsed();
-    eprintln!("capacity freed → the next session RUNNING: {took:?}");
-    assert!(took < Duration::from_secs(2), "admitted after {took:?}");
+    eprintln!(
+        "capacity freed → the next session RUNNING: {:?}",
+        freed.elapsed()
+    );
     let u = session(&c, &urgent);
+    let admitted_after = u["admitted_at"].as_f64().unwrap() - freed_unix;
+    assert!(
+        admitted_after < 2.0,
+        "admitted {admitted_after:.3} s after the room was freed: {u}"
+    );
     assert!(
         u["admitted_at"].as_f64().unwrap() >= u["queued_at"].as_f64().unwrap(),
         "{u}"
