@@ -165,6 +165,39 @@ pub async fn stat(
     }
 }
 
+/// The regular file at the relative `path`, resolved as [`resolve`] does: its archive stream
+/// positioned at its data, and its entry (size, mode). What a whole-file read and a chunked
+/// download share.
+///
+/// Errors: [`FileError::NotFound`]; [`FileError::InvalidPath`] for a directory or another
+/// non-file, and what [`resolve`] refuses; [`FileError::Engine`].
+pub async fn open_file(
+    backend: &Arc<dyn ContainerBackend>,
+    container_id: &str,
+    path: &str,
+) -> Result<(TarReader, Entry), FileError> {
+    let r = resolve(backend, container_id, path).await?;
+    if !r.exists() {
+        return Err(FileError::NotFound(path.to_owned()));
+    }
+    if r.is_dir() {
+        return Err(FileError::InvalidPath(format!(
+            "`{path}` is a directory (list it instead)"
+        )));
+    }
+    let mut reader = TarReader::new(backend.archive_get(container_id, &absolute(&r.existing)));
+    let entry = reader
+        .next_entry()
+        .await?
+        .ok_or_else(|| FileError::NotFound(path.to_owned()))?;
+    if entry.kind != EntryKind::File {
+        return Err(FileError::InvalidPath(format!(
+            "`{path}` is not a regular file"
+        )));
+    }
+    Ok((reader, entry))
+}
+
 /// Resolves the relative `path` inside the container, following symlinks only while they stay
 /// under `/home/work`.
 ///

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::tar::{self, EntryKind, Ownership, TarReader};
-use super::{absolute, resolve, FileError};
+use super::tar::{self, Ownership, TarReader};
+use super::{absolute, open_file, resolve, FileError};
 use crate::agent::backend::{BackendError, ContainerBackend};
 
 /// Chunks queued between an upload's calls and the engine.
@@ -283,25 +283,7 @@ impl Transfers {
         path: &str,
         chunk: usize,
     ) -> Result<DownloadStart, FileError> {
-        let r = resolve(backend, container_id, path).await?;
-        if !r.exists() {
-            return Err(FileError::NotFound(path.to_owned()));
-        }
-        if r.is_dir() {
-            return Err(FileError::InvalidPath(format!(
-                "`{path}` is a directory (list it instead)"
-            )));
-        }
-        let mut reader = TarReader::new(backend.archive_get(container_id, &absolute(&r.existing)));
-        let entry = reader
-            .next_entry()
-            .await?
-            .ok_or_else(|| FileError::NotFound(path.to_owned()))?;
-        if entry.kind != EntryKind::File {
-            return Err(FileError::InvalidPath(format!(
-                "`{path}` is not a regular file"
-            )));
-        }
+        let (mut reader, entry) = open_file(backend, container_id, path).await?;
         let data = read_up_to(&mut reader, chunk).await?;
         let download_id = if (data.len() as u64) < entry.size {
             let id = uuid::Uuid::new_v4().simple().to_string();

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 
-use super::tar::{EntryKind, TarReader};
-use super::{absolute, resolve, FileError};
+use super::{absolute, open_file, resolve, FileError};
 use crate::agent::backend::ContainerBackend;
 
 /// The tar archive of `path` (a file, a symlink resolved inside `/home/work`, or a directory
@@ -52,25 +51,7 @@ pub async fn file(
     path: &str,
     max: usize,
 ) -> Result<Bytes, FileError> {
-    let r = resolve(backend, container_id, path).await?;
-    if !r.exists() {
-        return Err(FileError::NotFound(path.to_owned()));
-    }
-    if r.is_dir() {
-        return Err(FileError::InvalidPath(format!(
-            "`{path}` is a directory (list it instead)"
-        )));
-    }
-    let mut reader = TarReader::new(backend.archive_get(container_id, &absolute(&r.existing)));
-    let entry = reader
-        .next_entry()
-        .await?
-        .ok_or_else(|| FileError::NotFound(path.to_owned()))?;
-    if entry.kind != EntryKind::File {
-        return Err(FileError::InvalidPath(format!(
-            "`{path}` is not a regular file"
-        )));
-    }
+    let (mut reader, entry) = open_file(backend, container_id, path).await?;
     if entry.size > max as u64 {
         return Err(FileError::TooLarge(format!(
             "`{path}` is {} bytes, more than {} for a whole-file answer; pass opts to download it in chunks",
