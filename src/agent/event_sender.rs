@@ -17,9 +17,12 @@ use tokio::sync::Notify;
 use super::events::AgentEvent;
 use super::intakes::Intakes;
 use super::metrics::AgentMetrics;
-use super::outbox::{Outbox, PendingEvent};
-use crate::config::AgentManagerSection;
+use super::outbox::{Destination, DestinationKind, Outbox, PendingEvent};
+use super::store::Store;
+use crate::config::{AgentConfig, AgentManagerSection};
 use crate::retry::Backoff;
+use crate::rpc::curve::{load_certificate, KeyPair};
+use crate::rpc::socket::ClientCurve;
 use crate::rpc::{Call, CallError, Peer, PeerOptions};
 
 /// How long the last delivery on shutdown may take at most, whatever `event-ack-timeout`: an
@@ -85,6 +88,69 @@ pub fn child_spec(sender: EventSender) -> ChildSpec {
         }
     })
     .shutdown(Shutdown::Graceful(grace))
+}
+
+/// With a `[manager]` section: how the agent reaches the manager's intakes (events and
+/// heartbeats), the event sender, and its outbox (a destination of the outbox writer).
+pub struct ManagerLink {
+    /// How the heartbeat connects (the event sender's options).
+    pub peer: PeerOptions,
+    /// The intakes, in failover order, shared by the sender and the heartbeat.
+    pub intakes: Arc<Intakes>,
+    /// The `event-sender` child's sender.
+    pub sender: EventSender,
+    /// Its outbox, for the outbox writer.
+    pub destination: Destination,
+}
+
+/// The [`ManagerLink`] of a `[manager]` section (`None` without one): CURVE with
+/// `agent_keypair` and `[agent] rpc-auth-manager-public-key` when both are set; the outbox in
+/// `store`.
+///
+/// Errors: the manager's public key file is unreadable.
+pub fn link(
+    config: &AgentConfig,
+    agent_keypair: Option<&KeyPair>,
+    store: &Store,
+    metrics: &Arc<AgentMetrics>,
+) -> anyhow::Result<Option<ManagerLink>> {
+    let Some(m) = &config.manager else {
+        return Ok(None);
+    };
+    let a = &config.agent;
+    let intakes = Arc::new(Intakes::new(m.intake_endpoints()));
+    let peer = PeerOptions {
+        endpoint: m.intake_endpoints()[0].clone(),
+        curve: match (&a.rpc_auth_manager_public_key, agent_keypair) {
+            (Some(manager), Some(pair)) => Some(ClientCurve {
+                keypair: pair.clone(),
+                server_key: load_certificate(manager)?.public,
+            }),
+            _ => None,
+        },
+        keepalive: Some(Default::default()),
+        handshake_timeout: m.event_ack_timeout.0.min(Duration::from_secs(5)),
+    };
+    let outbox = Outbox::new(store, m.outbox_max_events);
+    let appended = Arc::new(Notify::new());
+    Ok(Some(ManagerLink {
+        destination: Destination {
+            kind: DestinationKind::Manager,
+            outbox: outbox.clone(),
+            appended: appended.clone(),
+        },
+        sender: EventSender {
+            agent_id: a.id.clone(),
+            peer: peer.clone(),
+            intakes: intakes.clone(),
+            config: m.clone(),
+            outbox,
+            appended,
+            metrics: metrics.clone(),
+        },
+        peer,
+        intakes,
+    }))
 }
 
 enum Attempt {

@@ -64,7 +64,7 @@ use std::time::Duration;
 
 use actix::Addr;
 use actors::{ChildSpec, Intensity, Root, Strategy, Supervisor};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 use self::backend::{
     docker::DockerBackend,
@@ -72,19 +72,16 @@ use self::backend::{
     ContainerBackend,
 };
 use self::context::AgentContext;
-use self::event_sender::EventSender;
 use self::events::{AgentEvent, EventBus};
 use self::kernels::{CurrentRegistry, FinalShutdown, Kernels};
 use self::metrics::AgentMetrics;
 use self::metrics_server::MetricsServer;
-use self::outbox::{Destination, DestinationKind, Outbox, OutboxWriter};
+use self::outbox::{Destination, OutboxWriter};
 use self::registry::KernelRegistry;
 use self::resources::PortPool;
 use self::store::Store;
 use crate::config::{AgentConfig, BackendKind, OnShutdown};
-use crate::rpc::curve::{load_certificate, load_keypair, KeyPair};
-use crate::rpc::socket::ClientCurve;
-use crate::rpc::PeerOptions;
+use crate::rpc::curve::load_keypair;
 
 pub use self::rpc_endpoint::rpc_server;
 
@@ -112,15 +109,6 @@ pub async fn connect_backend(config: &AgentConfig) -> anyhow::Result<Arc<dyn Con
             Arc::new(backend)
         }
     })
-}
-
-/// With a `[manager]` section: how the agent reaches the manager's intakes (events and
-/// heartbeats), the event sender, and its outbox (a destination of the writer).
-struct ManagerLink {
-    peer: PeerOptions,
-    intakes: Arc<intakes::Intakes>,
-    sender: EventSender,
-    destination: Destination,
 }
 
 /// A running agent (inside an actix system): the agent supervisor's tree.
@@ -177,83 +165,87 @@ impl Agent {
             .as_deref()
             .map(load_keypair)
             .transpose()?;
-        let link = manager_link(&config, agent_keypair.as_ref(), &store, &metrics)?;
+        let link = event_sender::link(&config, agent_keypair.as_ref(), &store, &metrics)?;
+        let beat_interval = config
+            .manager
+            .as_ref()
+            .map_or(Duration::from_secs(20), |m| m.heartbeat_interval.0);
         let identity = heartbeat::Identity {
             region: a.region.clone(),
             rpc_addr: advertised_rpc_addr(&config, &endpoint),
             public_key: agent_keypair.as_ref().map(|pair| pair.public.to_z85()),
         };
-        let beat_interval = config
-            .manager
-            .as_ref()
-            .map_or(Duration::from_secs(20), |m| m.heartbeat_interval.0);
-        let bus = config.redis.as_ref().map(|r| {
-            let destination = Destination {
-                kind: DestinationKind::Bus,
-                outbox: Outbox::bus(&store, r.outbox_max_events),
-                appended: Arc::new(Notify::new()),
-            };
-            let sender = bus::sender::BusSender {
-                agent_id: a.id.clone(),
-                config: r.clone(),
-                outbox: destination.outbox.clone(),
-                appended: destination.appended.clone(),
-                metrics: metrics.clone(),
-                heartbeat: bus::sender::HeartbeatIdentity {
-                    ctx: ctx.clone(),
-                    rpc_addr: identity.rpc_addr.clone(),
-                    public_key: identity.public_key.clone(),
-                    interval: beat_interval,
+        let bus = bus::sender::from_config(
+            &config,
+            &store,
+            &metrics,
+            bus::sender::HeartbeatIdentity {
+                ctx: ctx.clone(),
+                rpc_addr: identity.rpc_addr.clone(),
+                public_key: identity.public_key.clone(),
+                interval: beat_interval,
+            },
+        );
+        // The outbox writer fills one outbox per sender; the heartbeat goes where events go.
+        let destinations: Vec<Destination> = (link.iter().map(|l| l.destination.clone()))
+            .chain(bus.iter().map(|(d, _)| d.clone()))
+            .collect();
+        let beat_to = link.as_ref().map(|l| (l.peer.clone(), l.intakes.clone()));
+        let writer = outbox_rx.map(|rx| {
+            let metrics = metrics.clone();
+            (
+                OutboxWriter {
+                    destinations,
+                    metrics,
                 },
-                log_conn: std::sync::Mutex::new(None),
-            };
-            (destination, sender)
+                rx,
+            )
         });
-
-        // The tree, in start order (see the module doc).
         let final_shutdown = FinalShutdown::new(a.on_shutdown);
         let (kernels, registry) = kernels::child_spec(ctx.clone(), kernels, final_shutdown.clone());
-        let mut children: Vec<ChildSpec> = Vec::new();
-        let mut beat_to = None;
-        let mut destinations = Vec::new();
-        if let Some(link) = link {
-            children.push(event_sender::child_spec(link.sender));
-            destinations.push(link.destination);
-            beat_to = Some((link.peer, link.intakes));
-        }
-        if let Some((destination, sender)) = bus {
-            children.push(bus::sender::child_spec(sender));
-            destinations.push(destination);
-        }
-        if let Some(rx) = outbox_rx {
-            let writer = OutboxWriter {
-                destinations,
-                metrics: metrics.clone(),
-            };
-            children.push(outbox::child_spec(writer, rx));
-        }
-        children.extend([
-            kernels,
-            watcher::child_spec(ctx.clone(), registry.clone()),
-            exec::reaper_spec(ctx.clone(), |c| &c.runs, ctx.backend.clone(), {
-                let metrics = metrics.clone();
-                move |runs, buffered| metrics.exec_runs(runs, buffered)
-            }),
-            files::transfer::reaper_spec(ctx.clone(), |c| &c.transfers),
-            logs::retention_spec(ctx.logs.clone()),
-            stats::child_spec(ctx.clone(), registry.clone(), config.stats.clone()),
-            metrics_server::child_spec(metrics_server, metrics.clone()),
-            heartbeat::child_spec(
+        let exec_gauges = {
+            let metrics = metrics.clone();
+            move |runs, buffered| metrics.exec_runs(runs, buffered)
+        };
+
+        // The tree, in start order (see the module doc); `None`: a child its config leaves out.
+        let children: [Option<ChildSpec>; 12] = [
+            link.map(|l| event_sender::child_spec(l.sender)),
+            bus.map(|(_, sender)| bus::sender::child_spec(sender)),
+            writer.map(|(writer, rx)| outbox::child_spec(writer, rx)),
+            Some(kernels),
+            Some(watcher::child_spec(ctx.clone(), registry.clone())),
+            Some(exec::reaper_spec(
+                ctx.clone(),
+                |c| &c.runs,
+                ctx.backend.clone(),
+                exec_gauges,
+            )),
+            Some(files::transfer::reaper_spec(ctx.clone(), |c| &c.transfers)),
+            Some(logs::retention_spec(ctx.logs.clone())),
+            Some(stats::child_spec(
+                ctx.clone(),
+                registry.clone(),
+                config.stats.clone(),
+            )),
+            Some(metrics_server::child_spec(metrics_server, metrics.clone())),
+            Some(heartbeat::child_spec(
                 ctx.clone(),
                 registry.clone(),
                 identity,
                 beat_to,
                 beat_interval,
-            ),
-            rpc_endpoint::child_spec(server, ctx.clone(), registry.clone(), metrics.clone()),
-        ]);
+            )),
+            Some(rpc_endpoint::child_spec(
+                server,
+                ctx.clone(),
+                registry.clone(),
+                metrics.clone(),
+            )),
+        ];
         let root = children
             .into_iter()
+            .flatten()
             .fold(
                 Supervisor::build("agent")
                     .strategy(Strategy::RestForOne)
@@ -353,56 +345,6 @@ fn context(
             c.image_pull_timeout.0,
         )),
         config: config.clone(),
-    }))
-}
-
-/// The [`ManagerLink`] of a `[manager]` section (`None` without one): CURVE with
-/// `agent_keypair` and `[agent] rpc-auth-manager-public-key` when both are set; the outbox in
-/// `store`.
-///
-/// Errors: the manager's public key file is unreadable.
-fn manager_link(
-    config: &AgentConfig,
-    agent_keypair: Option<&KeyPair>,
-    store: &Store,
-    metrics: &Arc<AgentMetrics>,
-) -> anyhow::Result<Option<ManagerLink>> {
-    let Some(m) = &config.manager else {
-        return Ok(None);
-    };
-    let a = &config.agent;
-    let intakes = Arc::new(intakes::Intakes::new(m.intake_endpoints()));
-    let peer = PeerOptions {
-        endpoint: m.intake_endpoints()[0].clone(),
-        curve: match (&a.rpc_auth_manager_public_key, agent_keypair) {
-            (Some(manager), Some(pair)) => Some(ClientCurve {
-                keypair: pair.clone(),
-                server_key: load_certificate(manager)?.public,
-            }),
-            _ => None,
-        },
-        keepalive: Some(Default::default()),
-        handshake_timeout: m.event_ack_timeout.0.min(Duration::from_secs(5)),
-    };
-    let outbox = Outbox::new(store, m.outbox_max_events);
-    let appended = Arc::new(Notify::new());
-    Ok(Some(ManagerLink {
-        destination: Destination {
-            kind: DestinationKind::Manager,
-            outbox: outbox.clone(),
-            appended: appended.clone(),
-        },
-        sender: EventSender {
-            agent_id: a.id.clone(),
-            peer: peer.clone(),
-            intakes: intakes.clone(),
-            config: m.clone(),
-            outbox,
-            appended,
-            metrics: metrics.clone(),
-        },
-        peer,
-        intakes,
     }))
 }
 

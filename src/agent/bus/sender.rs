@@ -27,8 +27,9 @@ use super::logs;
 use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
 use crate::agent::metrics::AgentMetrics;
-use crate::agent::outbox::{Outbox, PendingEvent};
-use crate::config::RedisSection;
+use crate::agent::outbox::{Destination, DestinationKind, Outbox, PendingEvent};
+use crate::agent::store::Store;
+use crate::config::{AgentConfig, RedisSection};
 use crate::retry::Backoff;
 
 /// Seconds the dedup key of a published event lives (a retry comes long before).
@@ -83,6 +84,33 @@ pub struct BusSender {
     pub heartbeat: HeartbeatIdentity,
     /// The connection to the log lists' database (6), made when first needed.
     pub log_conn: std::sync::Mutex<Option<ConnectionManager>>,
+}
+
+/// The `bus-sender` child's sender and its outbox (a destination of the outbox writer) for a
+/// `[redis]` section (`None` without one); the bus outbox in `store`, bounded by
+/// `outbox-max-events`.
+pub fn from_config(
+    config: &AgentConfig,
+    store: &Store,
+    metrics: &Arc<AgentMetrics>,
+    heartbeat: HeartbeatIdentity,
+) -> Option<(Destination, BusSender)> {
+    let r = config.redis.as_ref()?;
+    let destination = Destination {
+        kind: DestinationKind::Bus,
+        outbox: Outbox::bus(store, r.outbox_max_events),
+        appended: Arc::new(Notify::new()),
+    };
+    let sender = BusSender {
+        agent_id: config.agent.id.clone(),
+        config: r.clone(),
+        outbox: destination.outbox.clone(),
+        appended: destination.appended.clone(),
+        metrics: metrics.clone(),
+        heartbeat,
+        log_conn: std::sync::Mutex::new(None),
+    };
+    Some((destination, sender))
 }
 
 /// The agent tree's `bus-sender` child: runs `sender` until stopped; its stop waits up to 3 s

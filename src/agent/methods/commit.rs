@@ -26,15 +26,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix::Addr;
-
 use super::args::lookup;
+use super::{Ctx, Table};
 use crate::agent::backend::{ContainerBackend, PullProgress, RegistryAuth};
 use crate::agent::bgtasks::Bgtasks;
-use crate::agent::context::AgentContext;
 use crate::agent::kernel::KernelError;
 use crate::agent::pulls::registry_auth;
-use crate::agent::registry::KernelRegistry;
 use crate::rpc::agent_api::images as api;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
@@ -96,124 +93,137 @@ async fn run_push(
     }
 }
 
+/// What the commit methods share: the agent's [`Ctx`] and one background-task table.
+#[derive(Clone)]
+struct Commits {
+    cx: Ctx,
+    tasks: Bgtasks,
+}
+
 /// Registers `commit`, `get_commit_status`, `push_image` and `get_bgtask` on `dispatcher`,
 /// sharing one task table.
-pub fn register(
-    dispatcher: &mut Dispatcher,
-    ctx: Arc<AgentContext>,
-    registry: Addr<KernelRegistry>,
-) {
-    let tasks = Bgtasks::default();
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    let state = Commits {
+        cx: cx.clone(),
+        tasks: Bgtasks::default(),
+    };
+    Table::new(dispatcher, state)
+        .method::<api::Commit, _, _>(commit)
+        .method::<api::GetCommitStatus, _, _>(get_commit_status)
+        .method::<api::PushImage, _, _>(push_image)
+        .method::<api::GetBgtask, _, _>(get_bgtask);
+}
 
-    let (r, c, t) = (registry.clone(), ctx.clone(), tasks.clone());
-    dispatcher.register_method::<api::Commit, _, _>(move |args, _| {
-        let (r, c, t) = (r.clone(), c.clone(), t.clone());
-        async move {
-            if let Some(f) = &args.filename {
-                return Err(ErrorMeta::new(
-                    api::NOT_IMPLEMENTED,
-                    format!("commit(filename={f:?}): exporting an image to a file is not implemented by this agent; commit with `canonical` (and push_image)"),
-                ));
-            }
-            let Some(canonical) = args.canonical.clone().filter(|c| !c.trim().is_empty()) else {
-                return Err(ErrorMeta::new(
-                    "InvalidArgument",
-                    "commit(): `canonical`, the new image's name (host/repo:tag), is required",
-                ));
-            };
-            c.engine.check()?;
-            let info = lookup(&r, &args.kernel_id).await?;
-            let Some(container_id) = info.container_id.clone() else {
-                return Err(
-                    KernelError::NotRunning(args.kernel_id.clone(), info.status.as_str())
-                        .to_meta(),
-                );
-            };
-            let id = match t.start_commit(
-                &canonical,
-                &args.kernel_id,
-                &args.subdir,
-                COMMIT_IN_PROGRESS,
-            ) {
-                Err(id) => id,
-                Ok(id) => {
-                    tracing::info!(kernel = %args.kernel_id, image = %canonical, bgtask = %id, "committing the kernel's container");
-                    let labels = args.extra_labels.clone().unwrap_or_default();
-                    tokio::spawn(run_commit(
-                        t,
-                        c.backend.clone(),
-                        id.clone(),
-                        container_id,
-                        canonical,
-                        labels.into_iter().collect(),
-                    ));
-                    id
-                }
-            };
-            Ok(api::CommitReply {
-                bgtask_id: id,
-                kernel: args.kernel_id,
-                path: None,
-            })
-        }
-    });
-
-    let (r, t) = (registry, tasks.clone());
-    dispatcher.register_method::<api::GetCommitStatus, _, _>(move |args, _| {
-        let (r, t) = (r.clone(), t.clone());
-        async move {
-            // Upstream looks the kernel up first (an unknown one is an error).
-            lookup(&r, &args.kernel_id).await?;
-            let status = if t.commit_ongoing(&args.kernel_id, &args.subdir) {
-                api::COMMIT_ONGOING
-            } else {
-                api::COMMIT_READY
-            };
-            Ok(api::CommitStatusReply {
-                kernel: args.kernel_id,
-                status: status.to_owned(),
-            })
-        }
-    });
-
-    let (c, t) = (ctx, tasks.clone());
-    dispatcher.register_method::<api::PushImage, _, _>(move |args, _| {
-        let (c, t) = (c.clone(), t.clone());
-        async move {
-            let canonical = api::canonical(&args.image_ref);
-            if !args.image_ref.is_local {
-                c.engine.check()?;
-            }
-            let id = t.start_push(&canonical);
-            if args.image_ref.is_local {
-                t.done(&id, None);
-            } else {
-                let auth = registry_auth(&canonical, &args.registry_conf);
-                tracing::info!(image = %canonical, registry = %args.registry_conf.name, authenticated = auth.is_some(), bgtask = %id, "pushing an image");
-                tokio::spawn(run_push(t, c.backend.clone(), id.clone(), canonical.clone(), auth));
-            }
-            Ok(api::PushImageReply {
-                bgtask_id: id,
+/// `commit(kernel_id, subdir, canonical=…, extra_labels=…)`: see the module's doc.
+async fn commit(s: Commits, args: api::CommitArgs) -> Result<api::CommitReply, ErrorMeta> {
+    let (c, t) = (&s.cx, s.tasks.clone());
+    if let Some(f) = &args.filename {
+        return Err(ErrorMeta::new(
+            api::NOT_IMPLEMENTED,
+            format!("commit(filename={f:?}): exporting an image to a file is not implemented by this agent; commit with `canonical` (and push_image)"),
+        ));
+    }
+    let Some(canonical) = args.canonical.clone().filter(|c| !c.trim().is_empty()) else {
+        return Err(ErrorMeta::new(
+            "InvalidArgument",
+            "commit(): `canonical`, the new image's name (host/repo:tag), is required",
+        ));
+    };
+    c.engine.check()?;
+    let info = lookup(&c.registry, &args.kernel_id).await?;
+    let Some(container_id) = info.container_id.clone() else {
+        return Err(
+            KernelError::NotRunning(args.kernel_id.clone(), info.status.as_str()).to_meta(),
+        );
+    };
+    let id = match t.start_commit(
+        &canonical,
+        &args.kernel_id,
+        &args.subdir,
+        COMMIT_IN_PROGRESS,
+    ) {
+        Err(id) => id,
+        Ok(id) => {
+            tracing::info!(kernel = %args.kernel_id, image = %canonical, bgtask = %id, "committing the kernel's container");
+            let labels = args.extra_labels.clone().unwrap_or_default();
+            tokio::spawn(run_commit(
+                t,
+                c.backend.clone(),
+                id.clone(),
+                container_id,
                 canonical,
-            })
+                labels.into_iter().collect(),
+            ));
+            id
         }
-    });
+    };
+    Ok(api::CommitReply {
+        bgtask_id: id,
+        kernel: args.kernel_id,
+        path: None,
+    })
+}
 
-    let t = tasks;
-    dispatcher.register_method::<api::GetBgtask, _, _>(move |args, _| {
-        let found = t.get(&args.bgtask_id);
-        async move {
-            found.ok_or_else(|| {
-                ErrorMeta::new(
-                    "BgtaskNotFound",
-                    format!(
-                        "no background task {} on this agent (unknown, ended over an hour ago, or started before the agent restarted)",
-                        args.bgtask_id
-                    ),
-                )
-            })
-        }
-    });
+/// `get_commit_status(kernel_id, subdir)` → `{"kernel", "status": "ongoing" | "ready"}`.
+async fn get_commit_status(
+    s: Commits,
+    args: api::GetCommitStatusArgs,
+) -> Result<api::CommitStatusReply, ErrorMeta> {
+    // Upstream looks the kernel up first (an unknown one is an error).
+    lookup(&s.cx.registry, &args.kernel_id).await?;
+    let status = if s.tasks.commit_ongoing(&args.kernel_id, &args.subdir) {
+        api::COMMIT_ONGOING
+    } else {
+        api::COMMIT_READY
+    };
+    Ok(api::CommitStatusReply {
+        kernel: args.kernel_id,
+        status: status.to_owned(),
+    })
+}
+
+/// `push_image(image_ref, registry_conf)` → `{"bgtask_id", "canonical"}`, pushing in the
+/// background.
+async fn push_image(
+    s: Commits,
+    args: api::PushImageArgs,
+) -> Result<api::PushImageReply, ErrorMeta> {
+    let (c, t) = (&s.cx, s.tasks.clone());
+    let canonical = api::canonical(&args.image_ref);
+    if !args.image_ref.is_local {
+        c.engine.check()?;
+    }
+    let id = t.start_push(&canonical);
+    if args.image_ref.is_local {
+        t.done(&id, None);
+    } else {
+        let auth = registry_auth(&canonical, &args.registry_conf);
+        tracing::info!(image = %canonical, registry = %args.registry_conf.name, authenticated = auth.is_some(), bgtask = %id, "pushing an image");
+        tokio::spawn(run_push(
+            t,
+            c.backend.clone(),
+            id.clone(),
+            canonical.clone(),
+            auth,
+        ));
+    }
+    Ok(api::PushImageReply {
+        bgtask_id: id,
+        canonical,
+    })
+}
+
+/// `get_bgtask(bgtask_id)` → the task's state, or FAILURE `BgtaskNotFound`.
+async fn get_bgtask(s: Commits, args: api::GetBgtaskArgs) -> Result<api::BgtaskState, ErrorMeta> {
+    s.tasks.get(&args.bgtask_id).ok_or_else(|| {
+        ErrorMeta::new(
+            "BgtaskNotFound",
+            format!(
+                "no background task {} on this agent (unknown, ended over an hour ago, or started before the agent restarted)",
+                args.bgtask_id
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

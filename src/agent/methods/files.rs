@@ -21,13 +21,12 @@
 //! `UploadSizeMismatch`, `KernelNotFound`, `KernelNotRunning`, `ContainerEngineError`,
 //! `ContainerEngineUnavailable`.
 
-use std::sync::Arc;
-
 use actix::Addr;
 use bytes::Bytes;
 use rmpv::Value;
 
 use super::args::{running, type_error};
+use super::{Ctx, Table};
 use crate::agent::context::AgentContext;
 use crate::agent::files::transfer::UploadRequest;
 use crate::agent::files::{absolute, listing, whole, FileError};
@@ -234,51 +233,36 @@ async fn list(
     Ok(crate::rpc::agent_api::to_value(&reply))
 }
 
-/// Registers the file methods on `dispatcher`.
-pub fn register(
-    dispatcher: &mut Dispatcher,
-    ctx: Arc<AgentContext>,
-    registry: Addr<KernelRegistry>,
-) {
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::UploadFile, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            upload(&c, &r, args).await
-        }
-    });
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::DownloadFile, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            let container_id = container_of(&r, &args.kernel_id).await?;
-            let tar = whole::archive(
-                &c.backend,
-                &container_id,
-                &args.filepath,
-                api::DOWNLOAD_FILE_MAX,
-            )
-            .await
-            .map_err(to_meta)?;
-            Ok(api::Blob(tar.to_vec()))
-        }
-    });
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::DownloadSingle, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            download_single(&c, &r, args).await
-        }
-    });
-    let (r, c) = (registry, ctx);
-    dispatcher.register_method::<api::ListFiles, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            list(&c, &r, args).await
-        }
-    });
+/// Registers the file methods on `dispatcher`; each first refuses while the engine is down.
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    Table::new(dispatcher, cx.clone())
+        .method::<api::UploadFile, _, _>(|cx, args| async move {
+            cx.engine.check()?;
+            upload(&cx, &cx.registry, args).await
+        })
+        .method::<api::DownloadFile, _, _>(download_file)
+        .method::<api::DownloadSingle, _, _>(|cx, args| async move {
+            cx.engine.check()?;
+            download_single(&cx, &cx.registry, args).await
+        })
+        .method::<api::ListFiles, _, _>(|cx, args| async move {
+            cx.engine.check()?;
+            list(&cx, &cx.registry, args).await
+        });
+}
+
+/// `download_file(kernel_id, filepath)`: the tar archive of the path, at most
+/// [`api::DOWNLOAD_FILE_MAX`] bytes of it.
+async fn download_file(cx: Ctx, args: api::DownloadFileArgs) -> Res<api::Blob> {
+    cx.engine.check()?;
+    let container_id = container_of(&cx.registry, &args.kernel_id).await?;
+    let tar = whole::archive(
+        &cx.backend,
+        &container_id,
+        &args.filepath,
+        api::DOWNLOAD_FILE_MAX,
+    )
+    .await
+    .map_err(to_meta)?;
+    Ok(api::Blob(tar.to_vec()))
 }

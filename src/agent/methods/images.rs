@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::{Ctx, Table};
 use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
 use crate::agent::kernel::config::run_reference;
@@ -15,31 +16,32 @@ use crate::agent::pulls::registry_auth;
 use crate::rpc::agent_api::images as api;
 use crate::rpc::agent_api::images::PullState;
 use crate::rpc::agent_api::kernel::ImageConfig;
-use crate::rpc::Dispatcher;
+use crate::rpc::{Dispatcher, ErrorMeta};
 
 /// Registers the image methods on `dispatcher`.
-pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>) {
-    let c = ctx.clone();
-    dispatcher.register_method::<api::CheckPulling, _, _>(move |args, _| {
-        let pulling = c.pulls.is_pulling(&args.image_name);
-        async move { Ok(pulling) }
-    });
-    let c = ctx.clone();
-    dispatcher.register_method::<api::ImagePullStatus, _, _>(move |args, _| {
-        let status = c.pulls.status(&args.image_name);
-        async move { Ok(status) }
-    });
-    dispatcher.register_method::<api::CheckAndPull, _, _>(move |args, _| {
-        let ctx = ctx.clone();
-        async move {
-            ctx.engine.check()?;
-            let mut tasks = BTreeMap::new();
-            for (key, image) in args.image_configs {
-                tasks.insert(key, check_and_pull(&ctx, image).await);
-            }
-            Ok(tasks)
-        }
-    });
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    Table::new(dispatcher, cx.clone())
+        .method::<api::CheckPulling, _, _>(|cx, args| async move {
+            Ok(cx.pulls.is_pulling(&args.image_name))
+        })
+        .method::<api::ImagePullStatus, _, _>(|cx, args| async move {
+            Ok(cx.pulls.status(&args.image_name))
+        })
+        .method::<api::CheckAndPull, _, _>(check_and_pull_all);
+}
+
+/// `check_and_pull(image_configs)` → `{key: background task id}`, one [`check_and_pull`] per
+/// image. Errors: `ContainerEngineUnavailable`.
+async fn check_and_pull_all(
+    cx: Ctx,
+    args: api::CheckAndPullArgs,
+) -> Result<BTreeMap<String, String>, ErrorMeta> {
+    cx.engine.check()?;
+    let mut tasks = BTreeMap::new();
+    for (key, image) in args.image_configs {
+        tasks.insert(key, check_and_pull(&cx.agent, image).await);
+    }
+    Ok(tasks)
 }
 
 /// Unix seconds now.

@@ -17,6 +17,7 @@ use actix::Addr;
 use rmpv::Value;
 
 use super::args::{lookup, mailbox, running, type_error};
+use super::{Ctx, Table};
 use crate::agent::backend::{BackendError, ENGINE_UNAVAILABLE};
 use crate::agent::context::AgentContext;
 use crate::agent::engine::probe;
@@ -30,337 +31,302 @@ use crate::agent::registry::{
 };
 use crate::rpc::agent_api::exec as exec_api;
 use crate::rpc::agent_api::kernel as api;
-use crate::rpc::{Dispatcher, ErrorMeta};
+use crate::rpc::{Call, Dispatcher, ErrorMeta};
 
 /// Registers the kernel methods on `dispatcher`.
-pub fn register(
-    dispatcher: &mut Dispatcher,
-    ctx: Arc<AgentContext>,
-    registry: Addr<KernelRegistry>,
-) {
-    let agent_id = ctx.agent_id.clone();
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    Table::new(dispatcher, cx.clone())
+        .method::<api::CreateKernels, _, _>(create_kernels)
+        .method::<api::DestroyKernel, _, _>(destroy_kernel)
+        .method::<api::RestartKernel, _, _>(restart_kernel)
+        .method::<api::GetKernel, _, _>(get_kernel)
+        .method::<exec_api::InterruptKernel, _, _>(interrupt_kernel)
+        .method::<exec_api::Execute, _, _>(|cx, args| async move {
+            execute(&cx, &cx.registry, args).await
+        })
+        .method::<exec_api::TriggerBatchExecution, _, _>(|cx, args| async move {
+            trigger_batch(&cx.agent, &cx.registry, args).await
+        })
+        .method::<exec_api::GetCompletions, _, _>(get_completions)
+        .method::<exec_api::GetLogs, _, _>(|cx, args| async move {
+            get_logs(&cx, &cx.registry, args).await
+        })
+        .method::<api::CheckRunning, _, _>(check_running)
+        .method::<api::PingKernel, _, _>(ping_kernel)
+        .method::<api::CheckCreating, _, _>(check_creating)
+        .raw("list_kernels", list_kernels)
+        .raw("sync_kernel_registry", sync_kernel_registry)
+        .method::<api::ResetAgent, _, _>(reset_agent)
+        .alias("reset_instance", "reset_agent")
+        .raw("resource_usage", resource_usage)
+        .raw("scan_gpu_alloc_map", scan_gpu_alloc_map);
+}
 
-    // create_kernels(session_id, kernel_ids, configs, cluster_info, kernel_image_refs)
-    //   → [KernelCreationResult]
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::CreateKernels, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            if args.kernel_ids.len() != args.configs.len() || args.kernel_ids.is_empty() {
+/// `create_kernels(session_id, kernel_ids, configs, cluster_info, kernel_image_refs)` →
+/// `[KernelCreationResult]`: all of them or none.
+async fn create_kernels(
+    cx: Ctx,
+    args: api::CreateKernelsArgs,
+) -> Result<Vec<api::KernelCreationResult>, ErrorMeta> {
+    if args.kernel_ids.len() != args.configs.len() || args.kernel_ids.is_empty() {
+        return Err(KernelError::InvalidConfig(format!(
+            "{} kernel ids for {} configs",
+            args.kernel_ids.len(),
+            args.configs.len()
+        ))
+        .to_meta());
+    }
+    let mut kernels = Vec::new();
+    let types = cx.slots.lock().expect("slots lock").slot_types().clone();
+    for (id, config) in args.kernel_ids.into_iter().zip(args.configs) {
+        let config = KernelConfig::from_value(&config, &types).map_err(|e| match e {
+            KernelError::InvalidConfig(m) => {
+                KernelError::InvalidConfig(format!("kernel {id}: {m}")).to_meta()
+            }
+            other => other.to_meta(),
+        })?;
+        kernels.push((id, config));
+    }
+    // Refused at once while the engine is down, and within a probe's timeout when it
+    // hangs without the watcher having noticed yet: nothing is reserved or recorded.
+    if cx.engine.is_up() {
+        probe(&*cx.backend, &cx.engine).await;
+    }
+    cx.engine.check()?;
+    let infos = cx
+        .registry
+        .send(CreateKernels {
+            session_id: args.session_id,
+            kernels,
+        })
+        .await
+        .map_err(mailbox)?
+        .map_err(|e| kernel_err(&cx, e))?;
+    Ok(infos.iter().map(|i| creation_result(&cx, i)).collect())
+}
+
+/// `destroy_kernel(kernel_id, session_id, reason=None, suppress_events=False)` → None.
+/// Refused while the engine is down (the kernel stays as it is, to be destroyed later): a
+/// teardown now would leave its container behind.
+async fn destroy_kernel(cx: Ctx, args: api::DestroyKernelArgs) -> Result<Value, ErrorMeta> {
+    cx.engine.check()?;
+    cx.registry
+        .send(DestroyKernel {
+            kernel_id: args.kernel_id,
+            reason: args
+                .reason
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "user-requested".into()),
+            suppress_events: args.suppress_events.unwrap_or(false),
+        })
+        .await
+        .map_err(mailbox)?
+        .map_err(|e| e.to_meta())?;
+    Ok(Value::Nil)
+}
+
+/// `restart_kernel(session_id, kernel_id, kernel_image, updated_config)` →
+/// `KernelCreationResult`.
+async fn restart_kernel(
+    cx: Ctx,
+    args: api::RestartKernelArgs,
+) -> Result<api::KernelCreationResult, ErrorMeta> {
+    // Upstream's `updated_config` is the kernel's whole `KernelCreationConfig`: the
+    // container is recreated from it. What was allocated (image, slots, vfolders,
+    // service ports) stays as it is; a config that changes it is refused.
+    let updated = match args.updated_config.filter(|u| !u.is_empty()) {
+        None => None,
+        Some(u) => {
+            let current = lookup(&cx.registry, &args.kernel_id).await?.config;
+            let types = cx.slots.lock().expect("slots lock").slot_types().clone();
+            let new = KernelConfig::from_value(&crate::rpc::agent_api::to_value(&u), &types)
+                .map_err(|e| e.to_meta())?;
+            let changed: Vec<&str> = [
+                ("image", new.image != current.image),
+                ("resource_slots", new.slots != current.slots),
+                ("mounts", new.mounts != current.mounts),
+                ("service_ports", new.service_ports != current.service_ports),
+            ]
+            .into_iter()
+            .filter_map(|(k, differs)| differs.then_some(k))
+            .collect();
+            if !changed.is_empty() {
                 return Err(KernelError::InvalidConfig(format!(
-                    "{} kernel ids for {} configs",
-                    args.kernel_ids.len(),
-                    args.configs.len()
+                    "restart_kernel cannot change {} (destroy and create instead)",
+                    changed.join(", ")
                 ))
                 .to_meta());
             }
-            let mut kernels = Vec::new();
-            let types = c.slots.lock().expect("slots lock").slot_types().clone();
-            for (id, config) in args.kernel_ids.into_iter().zip(args.configs) {
-                let config = KernelConfig::from_value(&config, &types).map_err(|e| match e {
-                    KernelError::InvalidConfig(m) => {
-                        KernelError::InvalidConfig(format!("kernel {id}: {m}")).to_meta()
-                    }
-                    other => other.to_meta(),
-                })?;
-                kernels.push((id, config));
-            }
-            // Refused at once while the engine is down, and within a probe's timeout when it
-            // hangs without the watcher having noticed yet: nothing is reserved or recorded.
-            if c.engine.is_up() {
-                probe(&*c.backend, &c.engine).await;
-            }
-            c.engine.check()?;
-            let infos = r
-                .send(CreateKernels {
-                    session_id: args.session_id,
-                    kernels,
-                })
-                .await
-                .map_err(mailbox)?
-                .map_err(|e| kernel_err(&c, e))?;
-            Ok(infos.iter().map(|i| creation_result(&c, i)).collect())
+            Some(Box::new(new))
         }
-    });
+    };
+    cx.engine.check()?;
+    let info = cx
+        .registry
+        .send(RestartKernel(args.kernel_id, updated))
+        .await
+        .map_err(mailbox)?
+        .map_err(|e| kernel_err(&cx, e))?;
+    Ok(creation_result(&cx, &info))
+}
 
-    // destroy_kernel(kernel_id, session_id, reason=None, suppress_events=False) → None
-    // Refused while the engine is down (the kernel stays as it is, to be destroyed later):
-    // a teardown now would leave its container behind.
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::DestroyKernel, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            r.send(DestroyKernel {
-                kernel_id: args.kernel_id,
-                reason: args
-                    .reason
-                    .filter(|r| !r.is_empty())
-                    .unwrap_or_else(|| "user-requested".into()),
-                suppress_events: args.suppress_events.unwrap_or(false),
+/// `get_kernel(kernel_id)` → the kernel's info map, with its restart count and its stages
+/// (`[{name, status, restarts, setup_seconds}]`, in order).
+async fn get_kernel(cx: Ctx, args: api::KernelIdArgs) -> Result<api::KernelInfoReply, ErrorMeta> {
+    crate::rpc::agent_api::from_value(
+        lookup(&cx.registry, &args.kernel_id)
+            .await?
+            .to_value(&cx.agent_id),
+    )
+    .map_err(|e| ErrorMeta::new("InvalidReply", e.to_string()))
+}
+
+/// `interrupt_kernel(kernel_id)` → `{}`: SIGINT to the container's main process.
+async fn interrupt_kernel(
+    cx: Ctx,
+    args: api::KernelIdArgs,
+) -> Result<std::collections::BTreeMap<String, Value>, ErrorMeta> {
+    let info = running(&cx.registry, &args.kernel_id).await?;
+    cx.engine.check()?;
+    cx.backend
+        .signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT")
+        .await
+        .map_err(|e| backend_err(&cx, e))?;
+    Ok(Default::default())
+}
+
+/// `get_completions(kernel_id, text, opts)` → `{"status", "error", "suggestions"}`.
+async fn get_completions(
+    cx: Ctx,
+    args: exec_api::GetCompletionsArgs,
+) -> Result<exec_api::CodeCompletionResult, ErrorMeta> {
+    running(&cx.registry, &args.kernel_id).await?;
+    // No code runner with a completer lives in the container (Backend.AI's kernel
+    // runner's `complete`): an empty, finished answer, as upstream gives when the
+    // runner has no completer.
+    Ok(exec_api::CodeCompletionResult {
+        status: "finished".into(),
+        error: None,
+        suggestions: Vec::new(),
+    })
+}
+
+/// `check_running(kernel_id)` → bool: the kernel is here, RUNNING, and so is its container;
+/// `false` for a kernel this agent does not hold (upstream).
+async fn check_running(cx: Ctx, args: api::KernelIdArgs) -> Result<bool, ErrorMeta> {
+    match lookup(&cx.registry, &args.kernel_id).await {
+        Ok(info) => container_running(&cx, &info).await,
+        Err(e) if e.name == "KernelNotFound" => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `ping_kernel(kernel_id)` → bool: the same question; FAILURE `KernelNotFound` for a kernel
+/// this agent does not hold (upstream raises there too).
+async fn ping_kernel(cx: Ctx, args: api::KernelIdArgs) -> Result<bool, ErrorMeta> {
+    container_running(&cx, &lookup(&cx.registry, &args.kernel_id).await?).await
+}
+
+/// `check_creating(kernel_id)` → bool: being created, or held here (upstream).
+async fn check_creating(cx: Ctx, args: api::KernelIdArgs) -> Result<bool, ErrorMeta> {
+    Ok(match lookup(&cx.registry, &args.kernel_id).await {
+        Ok(info) => info.status != KernelStatus::Terminated,
+        Err(_) => false,
+    })
+}
+
+/// `list_kernels()` → `{"kernels": [kernel info]}` (kernelvisor): what this agent holds.
+async fn list_kernels(cx: Ctx, _: Call) -> Result<Value, ErrorMeta> {
+    let ours = cx.registry.send(ListKernels).await.map_err(mailbox)?;
+    Ok(kernel_list(&ours, &cx.agent_id))
+}
+
+/// `sync_kernel_registry(raw_kernel_session_ids)` → None.
+/// Upstream's semantics: a listed kernel this agent does not hold gets `kernel_terminated`
+/// (`already-terminated`); a kernel held here but not listed is destroyed without events
+/// (`not-found-in-manager`). Without the argument (kernelvisor), only the listing.
+async fn sync_kernel_registry(cx: Ctx, call: Call) -> Result<Value, ErrorMeta> {
+    let listed = call
+        .arg(0, "raw_kernel_session_ids")
+        .is_some_and(|v| !v.is_nil());
+    let args = if listed {
+        Some(
+            crate::rpc::agent_api::decode_args::<api::SyncKernelRegistry>(&call)
+                .map_err(|e| type_error(format!("sync_kernel_registry(): {e}")))?,
+        )
+    } else {
+        None
+    };
+    let ours = cx.registry.send(ListKernels).await.map_err(mailbox)?;
+    let Some(args) = args else {
+        return Ok(kernel_list(&ours, &cx.agent_id));
+    };
+    let pairs = args.raw_kernel_session_ids;
+    for (kernel_id, session_id) in &pairs {
+        if !ours.iter().any(|k| &k.id == kernel_id) {
+            cx.events.emit(AgentEvent::KernelTerminated {
+                kernel_id: kernel_id.clone(),
+                session_id: session_id.clone(),
+                reason: "already-terminated".into(),
+                exit_code: None,
+            });
+        }
+    }
+    let mut kept = Vec::new();
+    for k in ours {
+        let known = pairs.iter().any(|(id, _)| *id == k.id);
+        if known || k.status == KernelStatus::Terminated {
+            kept.push(k);
+            continue;
+        }
+        cx.engine.check()?;
+        cx.registry
+            .send(DestroyKernel {
+                kernel_id: k.id.clone(),
+                reason: "not-found-in-manager".into(),
+                suppress_events: true,
             })
             .await
             .map_err(mailbox)?
             .map_err(|e| e.to_meta())?;
-            Ok(Value::Nil)
-        }
-    });
+    }
+    // While the engine is down the watcher reconciles once it is back.
+    if cx.engine.is_up() {
+        cx.registry.do_send(Reconcile);
+    }
+    // Upstream answers None.
+    Ok(Value::Nil)
+}
 
-    // restart_kernel(session_id, kernel_id, kernel_image, updated_config) → KernelCreationResult
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::RestartKernel, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            // Upstream's `updated_config` is the kernel's whole `KernelCreationConfig`: the
-            // container is recreated from it. What was allocated (image, slots, vfolders,
-            // service ports) stays as it is; a config that changes it is refused.
-            let updated = match args.updated_config.filter(|u| !u.is_empty()) {
-                None => None,
-                Some(u) => {
-                    let current = lookup(&r, &args.kernel_id).await?.config;
-                    let types = c.slots.lock().expect("slots lock").slot_types().clone();
-                    let new =
-                        KernelConfig::from_value(&crate::rpc::agent_api::to_value(&u), &types)
-                            .map_err(|e| e.to_meta())?;
-                    let changed: Vec<&str> = [
-                        ("image", new.image != current.image),
-                        ("resource_slots", new.slots != current.slots),
-                        ("mounts", new.mounts != current.mounts),
-                        ("service_ports", new.service_ports != current.service_ports),
-                    ]
-                    .into_iter()
-                    .filter_map(|(k, differs)| differs.then_some(k))
-                    .collect();
-                    if !changed.is_empty() {
-                        return Err(KernelError::InvalidConfig(format!(
-                            "restart_kernel cannot change {} (destroy and create instead)",
-                            changed.join(", ")
-                        ))
-                        .to_meta());
-                    }
-                    Some(Box::new(new))
-                }
-            };
-            c.engine.check()?;
-            let info = r
-                .send(RestartKernel(args.kernel_id, updated))
-                .await
-                .map_err(mailbox)?
-                .map_err(|e| kernel_err(&c, e))?;
-            Ok(creation_result(&c, &info))
-        }
-    });
+/// `reset_agent()` → `{"destroyed": n}`: every kernel destroyed, no termination events.
+/// Refused while the engine is down, as `destroy_kernel` is.
+async fn reset_agent(cx: Ctx, _: api::NoArgs) -> Result<api::Destroyed, ErrorMeta> {
+    cx.engine.check()?;
+    let n = cx.registry.send(ResetAgent).await.map_err(mailbox)?;
+    Ok(api::Destroyed {
+        destroyed: n as u64,
+    })
+}
 
-    // get_kernel(kernel_id) → the kernel's info map, with its restart count and its stages
-    // (`[{name, status, restarts, setup_seconds}]`, in order).
-    let (r, a) = (registry.clone(), agent_id.clone());
-    dispatcher.register_method::<api::GetKernel, _, _>(move |args, _| {
-        let (r, a) = (r.clone(), a.clone());
-        async move {
-            crate::rpc::agent_api::from_value(lookup(&r, &args.kernel_id).await?.to_value(&a))
-                .map_err(|e| ErrorMeta::new("InvalidReply", e.to_string()))
-        }
-    });
+/// `resource_usage()` → `{"total", "occupied", "available": slots; "free_host_ports": int}`.
+async fn resource_usage(cx: Ctx, _: Call) -> Result<Value, ErrorMeta> {
+    let (total, used, available) = {
+        let s = cx.slots.lock().expect("slots lock");
+        (s.capacity(), s.used(), s.available())
+    };
+    let free_ports = cx.ports.lock().expect("ports lock").available();
+    Ok(Value::Map(vec![
+        ("total".into(), total.to_msgpack()),
+        ("occupied".into(), used.to_msgpack()),
+        ("available".into(), available.to_msgpack()),
+        ("free_host_ports".into(), (free_ports as u64).into()),
+    ]))
+}
 
-    // interrupt_kernel(kernel_id) → {}: SIGINT to the container's main process.
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<exec_api::InterruptKernel, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            let info = running(&r, &args.kernel_id).await?;
-            c.engine.check()?;
-            c.backend
-                .signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT")
-                .await
-                .map_err(|e| backend_err(&c, e))?;
-            Ok(Default::default())
-        }
-    });
-
-    // execute(session_id, kernel_id, api_version, run_id, mode, code, opts, flush_timeout)
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<exec_api::Execute, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move { execute(&c, &r, args).await }
-    });
-
-    // trigger_batch_execution(session_id, kernel_id, code, timeout_seconds) → None
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<exec_api::TriggerBatchExecution, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move { trigger_batch(&c, &r, args).await }
-    });
-
-    // get_completions(kernel_id, text, opts) → {"status", "error", "suggestions"}
-    let r = registry.clone();
-    dispatcher.register_method::<exec_api::GetCompletions, _, _>(move |args, _| {
-        let r = r.clone();
-        async move {
-            running(&r, &args.kernel_id).await?;
-            // No code runner with a completer lives in the container (Backend.AI's kernel
-            // runner's `complete`): an empty, finished answer, as upstream gives when the
-            // runner has no completer.
-            Ok(exec_api::CodeCompletionResult {
-                status: "finished".into(),
-                error: None,
-                suggestions: Vec::new(),
-            })
-        }
-    });
-
-    // get_logs(kernel_id, opts=None) → {"logs" | "data", "start", "next", "active"}
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<exec_api::GetLogs, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move { get_logs(&c, &r, args).await }
-    });
-
-    // check_running(kernel_id) → bool: the kernel is here, RUNNING, and so is its container;
-    // `false` for a kernel this agent does not hold (upstream).
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::CheckRunning, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            match lookup(&r, &args.kernel_id).await {
-                Ok(info) => container_running(&c, &info).await,
-                Err(e) if e.name == "KernelNotFound" => Ok(false),
-                Err(e) => Err(e),
-            }
-        }
-    });
-
-    // ping_kernel(kernel_id) → bool: the same question; FAILURE `KernelNotFound` for a kernel
-    // this agent does not hold (upstream raises there too).
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::PingKernel, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move { container_running(&c, &lookup(&r, &args.kernel_id).await?).await }
-    });
-
-    // check_creating(kernel_id) → bool: being created, or held here (upstream).
-    let r = registry.clone();
-    dispatcher.register_method::<api::CheckCreating, _, _>(move |args, _| {
-        let r = r.clone();
-        async move {
-            Ok(match lookup(&r, &args.kernel_id).await {
-                Ok(info) => info.status != KernelStatus::Terminated,
-                Err(_) => false,
-            })
-        }
-    });
-
-    // list_kernels() → {"kernels": [kernel info]} (kernelvisor): what this agent holds.
-    let (r, a) = (registry.clone(), agent_id.clone());
-    dispatcher.register("list_kernels", move |_| {
-        let (r, a) = (r.clone(), a.clone());
-        async move {
-            let ours = r.send(ListKernels).await.map_err(mailbox)?;
-            Ok(kernel_list(&ours, &a))
-        }
-    });
-
-    // sync_kernel_registry(raw_kernel_session_ids) → None
-    // Upstream's semantics: a listed kernel this agent does not hold gets `kernel_terminated`
-    // (`already-terminated`); a kernel held here but not listed is destroyed without events
-    // (`not-found-in-manager`). Without the argument (kernelvisor), only the listing.
-    let (r, c, a) = (registry.clone(), ctx.clone(), agent_id.clone());
-    dispatcher.register("sync_kernel_registry", move |call| {
-        let (r, c, a) = (r.clone(), c.clone(), a.clone());
-        async move {
-            let listed = call
-                .arg(0, "raw_kernel_session_ids")
-                .is_some_and(|v| !v.is_nil());
-            let args = if listed {
-                Some(
-                    crate::rpc::agent_api::decode_args::<api::SyncKernelRegistry>(&call)
-                        .map_err(|e| type_error(format!("sync_kernel_registry(): {e}")))?,
-                )
-            } else {
-                None
-            };
-            let ours = r.send(ListKernels).await.map_err(mailbox)?;
-            let Some(args) = args else {
-                return Ok(kernel_list(&ours, &a));
-            };
-            let pairs = args.raw_kernel_session_ids;
-            for (kernel_id, session_id) in &pairs {
-                if !ours.iter().any(|k| &k.id == kernel_id) {
-                    c.events.emit(AgentEvent::KernelTerminated {
-                        kernel_id: kernel_id.clone(),
-                        session_id: session_id.clone(),
-                        reason: "already-terminated".into(),
-                        exit_code: None,
-                    });
-                }
-            }
-            let mut kept = Vec::new();
-            for k in ours {
-                let known = pairs.iter().any(|(id, _)| *id == k.id);
-                if known || k.status == KernelStatus::Terminated {
-                    kept.push(k);
-                    continue;
-                }
-                c.engine.check()?;
-                r.send(DestroyKernel {
-                    kernel_id: k.id.clone(),
-                    reason: "not-found-in-manager".into(),
-                    suppress_events: true,
-                })
-                .await
-                .map_err(mailbox)?
-                .map_err(|e| e.to_meta())?;
-            }
-            // While the engine is down the watcher reconciles once it is back.
-            if c.engine.is_up() {
-                r.do_send(Reconcile);
-            }
-            // Upstream answers None.
-            Ok(Value::Nil)
-        }
-    });
-    // reset_agent() → {"destroyed": n}: every kernel destroyed, no termination events.
-    // Refused while the engine is down, as `destroy_kernel` is.
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::ResetAgent, _, _>(move |_, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            let n = r.send(ResetAgent).await.map_err(mailbox)?;
-            Ok(api::Destroyed {
-                destroyed: n as u64,
-            })
-        }
-    });
-    dispatcher.alias("reset_instance", "reset_agent");
-
-    // resource_usage() → {"total", "occupied", "available": slots; "free_host_ports": int}
-    let c = ctx.clone();
-    dispatcher.register("resource_usage", move |_| {
-        let c = c.clone();
-        async move {
-            let (total, used, available) = {
-                let s = c.slots.lock().expect("slots lock");
-                (s.capacity(), s.used(), s.available())
-            };
-            let free_ports = c.ports.lock().expect("ports lock").available();
-            Ok(Value::Map(vec![
-                ("total".into(), total.to_msgpack()),
-                ("occupied".into(), used.to_msgpack()),
-                ("available".into(), available.to_msgpack()),
-                ("free_host_ports".into(), (free_ports as u64).into()),
-            ]))
-        }
-    });
-
-    // scan_gpu_alloc_map() → {kernel_id: {device_id: "amount"}} (Backend.AI's name)
-    let c = ctx.clone();
-    dispatcher.register("scan_gpu_alloc_map", move |_| {
-        let c = c.clone();
-        async move {
-            let s = c.slots.lock().expect("slots lock");
-            Ok(gpu_alloc_map(s.holders()))
-        }
-    });
+/// `scan_gpu_alloc_map()` → `{kernel_id: {device_id: "amount"}}` (Backend.AI's name).
+async fn scan_gpu_alloc_map(cx: Ctx, _: Call) -> Result<Value, ErrorMeta> {
+    let s = cx.slots.lock().expect("slots lock");
+    Ok(gpu_alloc_map(s.holders()))
 }
 
 /// `scan_gpu_alloc_map()`'s reply: every kernel holding accelerator devices, as

@@ -11,11 +11,12 @@
 //! `ContainerEngineError`, `ContainerEngineUnavailable`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
+use super::{Ctx, Table};
 use crate::agent::backend::{labels, BackendError, ENGINE_UNAVAILABLE};
 use crate::agent::context::AgentContext;
 use crate::rpc::agent_api::network as api;
+use crate::rpc::agent_api::node::NoArgs;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
 fn engine_meta(ctx: &AgentContext, e: BackendError) -> ErrorMeta {
@@ -78,43 +79,42 @@ async fn destroy(ctx: &AgentContext, name: &str) -> Result<(), ErrorMeta> {
 }
 
 /// Registers the network and port methods on `dispatcher`.
-pub fn register(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>) {
-    let c = ctx.clone();
-    dispatcher.register_method::<api::CreateLocalNetwork, _, _>(move |args, _| {
-        let c = c.clone();
-        async move {
-            c.engine.check()?;
-            create(&c, &args.network_name).await
-        }
-    });
-    let c = ctx.clone();
-    dispatcher.register_method::<api::DestroyLocalNetwork, _, _>(move |args, _| {
-        let c = c.clone();
-        async move {
-            c.engine.check()?;
-            destroy(&c, &args.network_name).await
-        }
-    });
-    let c = ctx.clone();
-    dispatcher.register_method::<api::AssignPort, _, _>(move |_, _| {
-        let port = c
-            .ports
-            .lock()
-            .expect("port pool lock")
-            .allocate(1)
-            .map(|p| p[0]);
-        if let Ok(p) = port {
-            c.node.port_assigned(p);
-        }
-        async move { port.map_err(|e| ErrorMeta::new("ResourceExhausted", e.to_string())) }
-    });
-    dispatcher.register_method::<api::ReleasePort, _, _>(move |args, _| {
-        let port = args.port_no;
-        if ctx.node.port_unassigned(port) {
-            ctx.ports.lock().expect("port pool lock").release(&[port]);
-        } else {
-            tracing::warn!(agent_id = %ctx.agent_id, port, "release_port: not a port assign_port handed out; left alone");
-        }
-        async { Ok(()) }
-    });
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    Table::new(dispatcher, cx.clone())
+        .method::<api::CreateLocalNetwork, _, _>(|cx, args| async move {
+            cx.engine.check()?;
+            create(&cx, &args.network_name).await
+        })
+        .method::<api::DestroyLocalNetwork, _, _>(|cx, args| async move {
+            cx.engine.check()?;
+            destroy(&cx, &args.network_name).await
+        })
+        .method::<api::AssignPort, _, _>(assign_port)
+        .method::<api::ReleasePort, _, _>(release_port);
+}
+
+/// `assign_port()` → a host port of the pool, held until `release_port`. Errors:
+/// `ResourceExhausted`.
+async fn assign_port(cx: Ctx, _: NoArgs) -> Result<u16, ErrorMeta> {
+    let port = cx
+        .ports
+        .lock()
+        .expect("port pool lock")
+        .allocate(1)
+        .map(|p| p[0]);
+    if let Ok(p) = port {
+        cx.node.port_assigned(p);
+    }
+    port.map_err(|e| ErrorMeta::new("ResourceExhausted", e.to_string()))
+}
+
+/// `release_port(port_no)`: only a port `assign_port` handed out goes back to the pool.
+async fn release_port(cx: Ctx, args: api::ReleasePortArgs) -> Result<(), ErrorMeta> {
+    let port = args.port_no;
+    if cx.node.port_unassigned(port) {
+        cx.ports.lock().expect("port pool lock").release(&[port]);
+    } else {
+        tracing::warn!(agent_id = %cx.agent_id, port, "release_port: not a port assign_port handed out; left alone");
+    }
+    Ok(())
 }

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rmpv::Value;
 
+use super::table::Table;
+use super::Ctx;
 use crate::agent::context::AgentContext;
 use crate::agent::engine::EngineHealth;
 use crate::config::OnShutdown;
@@ -98,15 +100,9 @@ impl HealthSource {
 }
 
 fn register_health(dispatcher: &mut Dispatcher, source: HealthSource) {
-    let s = source.clone();
-    dispatcher.register_method::<api::Health, _, _>(move |_, _| {
-        let reply = s.reply();
-        async move { Ok(reply) }
-    });
-    dispatcher.register_method::<api::HealthV2, _, _>(move |_, _| {
-        let reply = source.reply().health;
-        async move { Ok(reply) }
-    });
+    Table::new(dispatcher, source)
+        .method::<api::Health, _, _>(|s, _| async move { Ok(s.reply()) })
+        .method::<api::HealthV2, _, _>(|s, _| async move { Ok(s.reply().health) });
 }
 
 fn hwinfo_map(v: Value) -> Result<BTreeMap<String, api::HardwareMetadata>, ErrorMeta> {
@@ -213,54 +209,57 @@ pub fn local_config(ctx: &AgentContext) -> api::LocalConfig {
 /// Registers (or replaces) the node methods that need the agent's context: `health` /
 /// `health_v2` with the engine's health, `gather_hwinfo` / `gather_hwinfo_v2` with the
 /// accelerators, `get_local_config`, `shutdown_agent`.
-pub fn register_with_context(dispatcher: &mut Dispatcher, ctx: Arc<AgentContext>) {
+pub(crate) fn register_with_context(dispatcher: &mut Dispatcher, cx: &Ctx) {
     register_health(
         dispatcher,
         HealthSource {
-            agent_id: ctx.agent_id.clone(),
+            agent_id: cx.agent_id.clone(),
             started: Instant::now(),
-            engine: Some((ctx.engine.clone(), ctx.backend.kind())),
+            engine: Some((cx.engine.clone(), cx.backend.kind())),
         },
     );
-    let accelerators = ctx.slots.lock().expect("slots lock").accelerators().clone();
+    let accelerators = cx.slots.lock().expect("slots lock").accelerators().clone();
     register_hwinfo(dispatcher, move || {
         crate::agent::hwinfo::gather_with(&accelerators)
     });
+    Table::new(dispatcher, cx.clone())
+        .method::<api::GetLocalConfig, _, _>(get_local_config)
+        .method::<api::ShutdownAgent, _, _>(shutdown_agent);
+}
 
-    let c = ctx.clone();
-    dispatcher.register_method::<api::GetLocalConfig, _, _>(move |args, _| {
-        let c = c.clone();
-        async move {
-            if let Some(theirs) = args.agent_id.filter(|t| *t != c.agent_id) {
-                return Err(ErrorMeta::new(
-                    "AgentIdMismatch",
-                    format!(
-                        "{}() addressed to agent '{theirs}' reached agent '{}'",
-                        api::GetLocalConfig::NAME,
-                        c.agent_id
-                    ),
-                ));
-            }
-            Ok(local_config(&c))
-        }
-    });
+/// `get_local_config(agent_id=None)` → [`local_config`]; FAILURE `AgentIdMismatch` when
+/// `agent_id` names another agent.
+async fn get_local_config(
+    cx: Ctx,
+    args: api::GetLocalConfigArgs,
+) -> Result<api::LocalConfig, ErrorMeta> {
+    if let Some(theirs) = args.agent_id.filter(|t| *t != cx.agent_id) {
+        return Err(ErrorMeta::new(
+            "AgentIdMismatch",
+            format!(
+                "{}() addressed to agent '{theirs}' reached agent '{}'",
+                api::GetLocalConfig::NAME,
+                cx.agent_id
+            ),
+        ));
+    }
+    Ok(local_config(&cx))
+}
 
-    dispatcher.register_method::<api::ShutdownAgent, _, _>(move |args, _| {
-        let ctx = ctx.clone();
-        async move {
-            let mode = if args.terminate_kernels {
-                OnShutdown::Terminate
-            } else {
-                OnShutdown::Preserve
-            };
-            tracing::info!(agent_id = %ctx.agent_id, ?mode, "shutdown_agent: the agent stops");
-            actix_rt::spawn(async move {
-                tokio::time::sleep(SHUTDOWN_DELAY).await;
-                ctx.node.request_shutdown(mode);
-            });
-            Ok(())
-        }
+/// `shutdown_agent(terminate_kernels)`: answers, then stops the agent after
+/// [`SHUTDOWN_DELAY`], its kernels terminated or preserved as asked.
+async fn shutdown_agent(cx: Ctx, args: api::ShutdownAgentArgs) -> Result<(), ErrorMeta> {
+    let mode = if args.terminate_kernels {
+        OnShutdown::Terminate
+    } else {
+        OnShutdown::Preserve
+    };
+    tracing::info!(agent_id = %cx.agent_id, ?mode, "shutdown_agent: the agent stops");
+    actix_rt::spawn(async move {
+        tokio::time::sleep(SHUTDOWN_DELAY).await;
+        cx.node.request_shutdown(mode);
     });
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,11 +11,10 @@
 //! it asks the engine to remove it anyway, and the engine then removes the tag only (a running
 //! container keeps its image's layers; the kernel runs on).
 
-use std::sync::Arc;
-
 use actix::Addr;
 
 use super::args::mailbox;
+use super::{Ctx, Table};
 use crate::agent::context::AgentContext;
 use crate::agent::kernel::KernelStatus;
 use crate::agent::node::normalize_image;
@@ -62,59 +61,55 @@ async fn images_in_use(
 }
 
 /// Registers `purge_images` on `dispatcher`.
-pub fn register(
-    dispatcher: &mut Dispatcher,
-    ctx: Arc<AgentContext>,
-    registry: Addr<KernelRegistry>,
-) {
-    dispatcher.register_method::<api::PurgeImages, _, _>(move |args, _| {
-        let (c, r) = (ctx.clone(), registry.clone());
-        async move {
-            c.engine.check()?;
-            tracing::info!(images = ?args.image_canonicals, force = args.force, noprune = args.noprune, "purging images");
-            let in_use = images_in_use(&c, &r).await?;
-            let mut responses = Vec::with_capacity(args.image_canonicals.len());
-            for image in args.image_canonicals {
-                let id = c
-                    .backend
-                    .inspect_image(&image)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|i| i.id);
-                let reference = normalize_image(&image);
-                let users: Vec<&str> = in_use
-                    .iter()
-                    .filter(|u| {
-                        u.reference == reference
-                            || (id.is_some() && u.image_id == id)
-                    })
-                    .map(|u| u.kernel_id.as_str())
-                    .collect();
-                let error = if !users.is_empty() && !args.force {
-                    Some(format!(
-                        "image {image} is in use by kernel(s) {} of this agent: not removed (with force, only its tag would be removed while they run)",
-                        users.join(", ")
-                    ))
-                } else {
-                    match c
-                        .backend
-                        .remove_image(&image, args.force, args.noprune)
-                        .await
-                    {
-                        Ok(steps) => {
-                            tracing::info!(%image, ?steps, "image purged");
-                            None
-                        }
-                        Err(e) => Some(e.to_string()),
-                    }
-                };
-                if let Some(e) = &error {
-                    tracing::warn!(%image, error = %e, "image not purged");
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    Table::new(dispatcher, cx.clone()).method::<api::PurgeImages, _, _>(purge_images);
+}
+
+/// `purge_images(image_canonicals, force, noprune)`: see the module's doc.
+async fn purge_images(
+    cx: Ctx,
+    args: api::PurgeImagesArgs,
+) -> Result<api::PurgeImagesReply, crate::rpc::ErrorMeta> {
+    cx.engine.check()?;
+    tracing::info!(images = ?args.image_canonicals, force = args.force, noprune = args.noprune, "purging images");
+    let in_use = images_in_use(&cx, &cx.registry).await?;
+    let mut responses = Vec::with_capacity(args.image_canonicals.len());
+    for image in args.image_canonicals {
+        let id = cx
+            .backend
+            .inspect_image(&image)
+            .await
+            .ok()
+            .flatten()
+            .map(|i| i.id);
+        let reference = normalize_image(&image);
+        let users: Vec<&str> = in_use
+            .iter()
+            .filter(|u| u.reference == reference || (id.is_some() && u.image_id == id))
+            .map(|u| u.kernel_id.as_str())
+            .collect();
+        let error = if !users.is_empty() && !args.force {
+            Some(format!(
+                "image {image} is in use by kernel(s) {} of this agent: not removed (with force, only its tag would be removed while they run)",
+                users.join(", ")
+            ))
+        } else {
+            match cx
+                .backend
+                .remove_image(&image, args.force, args.noprune)
+                .await
+            {
+                Ok(steps) => {
+                    tracing::info!(%image, ?steps, "image purged");
+                    None
                 }
-                responses.push(api::PurgeImageResult { image, error });
+                Err(e) => Some(e.to_string()),
             }
-            Ok(api::PurgeImagesReply { responses })
+        };
+        if let Some(e) = &error {
+            tracing::warn!(%image, error = %e, "image not purged");
         }
-    });
+        responses.push(api::PurgeImageResult { image, error });
+    }
+    Ok(api::PurgeImagesReply { responses })
 }

@@ -12,11 +12,10 @@
 //! (`shutdown_service`), `KernelNotFound`, `KernelNotRunning`, `ContainerEngineError`,
 //! `ContainerEngineUnavailable`.
 
-use std::sync::Arc;
-
 use actix::Addr;
 
 use super::args::running;
+use super::{Ctx, Table};
 use crate::agent::context::AgentContext;
 use crate::agent::kernel::stages::ServicePortInfo;
 use crate::agent::registry::KernelRegistry;
@@ -61,70 +60,72 @@ async fn target(
 }
 
 /// Registers the service methods on `dispatcher`.
-pub fn register(
-    dispatcher: &mut Dispatcher,
-    ctx: Arc<AgentContext>,
-    registry: Addr<KernelRegistry>,
-) {
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::StartService, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            let t = target(&r, &args.kernel_id).await?;
-            match c.services.start(&c.backend, &t, &args.service).await {
-                Ok((outcome, sp)) => Ok(api::StartServiceReply {
-                    status: outcome.as_str().into(),
-                    error: None,
-                    host_ports: Some(sp.host_ports.clone()),
-                    service: Some(service_value(&c, &sp, ServiceStatus::Running)),
-                    ..Default::default()
-                }),
-                Err(e @ (ServiceError::NotFound(..) | ServiceError::StartFailed { .. })) => {
-                    Ok(api::StartServiceReply {
-                        status: "failed".into(),
-                        error: Some(e.to_string()),
-                        error_name: Some(e.name().into()),
-                        output: e.output().map(str::to_owned),
-                        ..Default::default()
-                    })
-                }
-                Err(e) => Err(to_meta(e)),
-            }
-        }
-    });
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    Table::new(dispatcher, cx.clone())
+        .method::<api::StartService, _, _>(start_service)
+        .method::<api::ShutdownService, _, _>(shutdown_service)
+        .method::<api::ListServices, _, _>(list_services);
+}
 
-    let (r, c) = (registry.clone(), ctx.clone());
-    dispatcher.register_method::<api::ShutdownService, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            let t = target(&r, &args.kernel_id).await?;
-            let sp = c
-                .services
-                .stop(&c.backend, &t, &args.service)
-                .await
-                .map_err(to_meta)?;
-            Ok(api::ServiceStopped {
-                status: "stopped".into(),
-                service: service_value(&c, &sp, ServiceStatus::Stopped),
+/// `start_service(kernel_id, service, opts=None)`: a service the kernel does not have, or one
+/// that did not start, is an answer (`status` `failed`), not a FAILURE.
+async fn start_service(
+    cx: Ctx,
+    args: api::StartServiceArgs,
+) -> Result<api::StartServiceReply, ErrorMeta> {
+    cx.engine.check()?;
+    let t = target(&cx.registry, &args.kernel_id).await?;
+    match cx.services.start(&cx.backend, &t, &args.service).await {
+        Ok((outcome, sp)) => Ok(api::StartServiceReply {
+            status: outcome.as_str().into(),
+            error: None,
+            host_ports: Some(sp.host_ports.clone()),
+            service: Some(service_value(&cx, &sp, ServiceStatus::Running)),
+            ..Default::default()
+        }),
+        Err(e @ (ServiceError::NotFound(..) | ServiceError::StartFailed { .. })) => {
+            Ok(api::StartServiceReply {
+                status: "failed".into(),
+                error: Some(e.to_string()),
+                error_name: Some(e.name().into()),
+                output: e.output().map(str::to_owned),
+                ..Default::default()
             })
         }
-    });
+        Err(e) => Err(to_meta(e)),
+    }
+}
 
-    let (r, c) = (registry, ctx);
-    dispatcher.register_method::<api::ListServices, _, _>(move |args, _| {
-        let (r, c) = (r.clone(), c.clone());
-        async move {
-            c.engine.check()?;
-            let t = target(&r, &args.kernel_id).await?;
-            let list = c.services.list(&c.backend, &t).await.map_err(to_meta)?;
-            Ok(api::ServiceList {
-                services: list
-                    .iter()
-                    .map(|(sp, status)| service_value(&c, sp, *status))
-                    .collect(),
-            })
-        }
-    });
+/// `shutdown_service(kernel_id, service)`.
+async fn shutdown_service(
+    cx: Ctx,
+    args: api::ShutdownServiceArgs,
+) -> Result<api::ServiceStopped, ErrorMeta> {
+    cx.engine.check()?;
+    let t = target(&cx.registry, &args.kernel_id).await?;
+    let sp = cx
+        .services
+        .stop(&cx.backend, &t, &args.service)
+        .await
+        .map_err(to_meta)?;
+    Ok(api::ServiceStopped {
+        status: "stopped".into(),
+        service: service_value(&cx, &sp, ServiceStatus::Stopped),
+    })
+}
+
+/// `list_services(kernel_id)` (kernelvisor).
+async fn list_services(
+    cx: Ctx,
+    args: crate::rpc::agent_api::kernel::KernelIdArgs,
+) -> Result<api::ServiceList, ErrorMeta> {
+    cx.engine.check()?;
+    let t = target(&cx.registry, &args.kernel_id).await?;
+    let list = cx.services.list(&cx.backend, &t).await.map_err(to_meta)?;
+    Ok(api::ServiceList {
+        services: list
+            .iter()
+            .map(|(sp, status)| service_value(&cx, sp, *status))
+            .collect(),
+    })
 }

@@ -4,15 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Addr;
 use rmpv::Value;
 
 use super::args::{running, type_error};
+use super::{Ctx, Table};
 use crate::agent::backend::{BackendError, TtySize};
 use crate::agent::context::AgentContext;
 use crate::agent::exec::{Run, RunError, RunIds, RunRequest};
 use crate::agent::kernel::KernelError;
-use crate::agent::registry::KernelRegistry;
 use crate::rpc::agent_api::terminal as api;
 use crate::rpc::{Dispatcher, ErrorMeta};
 
@@ -67,104 +66,95 @@ fn terminal(ctx: &AgentContext, kernel_id: &str, run_id: &str) -> Result<Arc<Run
 }
 
 /// Registers the terminal methods on `dispatcher`.
-pub fn register(
-    dispatcher: &mut Dispatcher,
-    ctx: Arc<AgentContext>,
-    registry: Addr<KernelRegistry>,
-) {
-    let c = ctx.clone();
-    dispatcher.register_method::<api::PtyStart, _, _>(move |args, _| {
-        let (r, c) = (registry.clone(), c.clone());
-        async move {
-            let size = size(args.rows, args.cols)?;
-            let info = running(&r, &args.kernel_id).await?;
-            c.engine.check()?;
-            let command = args.command.unwrap_or_else(|| DEFAULT_SHELL.to_owned());
-            let req = RunRequest {
-                ids: RunIds {
-                    run_id: args
-                        .run_id
-                        .filter(|r| !r.is_empty())
-                        .unwrap_or_else(|| format!("pty-{}", uuid::Uuid::new_v4().simple())),
-                    kernel_id: args.kernel_id,
-                    session_id: info.session_id.clone(),
-                },
-                container_id: info.container_id.clone().unwrap_or_default(),
-                cmd: vec!["sh".into(), "-c".into(), command],
-                timeout: None,
-                stdin: true,
-                tty: Some(size),
-                env: vec![TERM.to_owned()],
-            };
-            let run = c
-                .runs
-                .start(&c.backend, &c.events, req)
-                .await
-                .map_err(|e| run_error(&c, e))?;
-            Ok(api::PtyStarted {
-                run_id: run.ids().run_id.clone(),
-            })
-        }
-    });
+pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
+    Table::new(dispatcher, cx.clone())
+        .method::<api::PtyStart, _, _>(pty_start)
+        .method::<api::PtyRead, _, _>(pty_read)
+        .method::<api::PtyWrite, _, _>(pty_write)
+        .method::<api::PtyResize, _, _>(pty_resize)
+        .method::<api::PtyClose, _, _>(pty_close);
+}
 
-    let c = ctx.clone();
-    dispatcher.register_method::<api::PtyRead, _, _>(move |args, _| {
-        let c = c.clone();
-        async move {
-            let run = terminal(&c, &args.kernel_id, &args.run_id)?;
-            let wait = if args.wait.is_finite() && args.wait > 0.0 {
-                Duration::from_secs_f64(args.wait.min(MAX_READ_WAIT))
-            } else {
-                Duration::ZERO
-            };
-            let max = usize::try_from(args.max_bytes).unwrap_or(usize::MAX);
-            let read = run.read_bytes(max, wait).await;
-            c.runs.forget_if_done(&run);
-            Ok(api::PtyOutput {
-                data: serde_bytes::ByteBuf::from(read.data),
-                finished: read.finished,
-                exit_code: read.exit_code,
-            })
-        }
-    });
+/// `pty_start(kernel_id, rows, cols, command=None, run_id=None)` → `{"run_id"}`: `command`
+/// (else [`DEFAULT_SHELL`]) on a terminal of the kernel's container.
+async fn pty_start(cx: Ctx, args: api::PtyStartArgs) -> Result<api::PtyStarted, ErrorMeta> {
+    let size = size(args.rows, args.cols)?;
+    let info = running(&cx.registry, &args.kernel_id).await?;
+    cx.engine.check()?;
+    let command = args.command.unwrap_or_else(|| DEFAULT_SHELL.to_owned());
+    let req = RunRequest {
+        ids: RunIds {
+            run_id: args
+                .run_id
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| format!("pty-{}", uuid::Uuid::new_v4().simple())),
+            kernel_id: args.kernel_id,
+            session_id: info.session_id.clone(),
+        },
+        container_id: info.container_id.clone().unwrap_or_default(),
+        cmd: vec!["sh".into(), "-c".into(), command],
+        timeout: None,
+        stdin: true,
+        tty: Some(size),
+        env: vec![TERM.to_owned()],
+    };
+    let run = cx
+        .runs
+        .start(&cx.backend, &cx.events, req)
+        .await
+        .map_err(|e| run_error(&cx, e))?;
+    Ok(api::PtyStarted {
+        run_id: run.ids().run_id.clone(),
+    })
+}
 
-    let c = ctx.clone();
-    dispatcher.register_method::<api::PtyWrite, _, _>(move |args, _| {
-        let c = c.clone();
-        async move {
-            let run = terminal(&c, &args.kernel_id, &args.run_id)?;
-            run.input(&args.data, false, WRITE_LIMIT)
-                .await
-                .map_err(|e| run_error(&c, e))?;
-            Ok(Value::Nil)
-        }
-    });
+/// `pty_read(kernel_id, run_id, max_bytes, wait)`: what the terminal wrote, waiting up to
+/// `wait` seconds (at most [`MAX_READ_WAIT`]) for some.
+async fn pty_read(cx: Ctx, args: api::PtyReadArgs) -> Result<api::PtyOutput, ErrorMeta> {
+    let run = terminal(&cx, &args.kernel_id, &args.run_id)?;
+    let wait = if args.wait.is_finite() && args.wait > 0.0 {
+        Duration::from_secs_f64(args.wait.min(MAX_READ_WAIT))
+    } else {
+        Duration::ZERO
+    };
+    let max = usize::try_from(args.max_bytes).unwrap_or(usize::MAX);
+    let read = run.read_bytes(max, wait).await;
+    cx.runs.forget_if_done(&run);
+    Ok(api::PtyOutput {
+        data: serde_bytes::ByteBuf::from(read.data),
+        finished: read.finished,
+        exit_code: read.exit_code,
+    })
+}
 
-    let c = ctx.clone();
-    dispatcher.register_method::<api::PtyResize, _, _>(move |args, _| {
-        let c = c.clone();
-        async move {
-            let size = size(args.rows, args.cols)?;
-            let run = terminal(&c, &args.kernel_id, &args.run_id)?;
-            c.engine.check()?;
-            run.resize(&c.backend, size)
-                .await
-                .map_err(|e| run_error(&c, e))?;
-            Ok(Value::Nil)
-        }
-    });
+/// `pty_write(kernel_id, run_id, data)`: typing, waiting up to [`WRITE_LIMIT`].
+async fn pty_write(cx: Ctx, args: api::PtyWriteArgs) -> Result<Value, ErrorMeta> {
+    let run = terminal(&cx, &args.kernel_id, &args.run_id)?;
+    run.input(&args.data, false, WRITE_LIMIT)
+        .await
+        .map_err(|e| run_error(&cx, e))?;
+    Ok(Value::Nil)
+}
 
-    dispatcher.register_method::<api::PtyClose, _, _>(move |args, _| {
-        let c = ctx.clone();
-        async move {
-            terminal(&c, &args.kernel_id, &args.run_id)?;
-            c.runs
-                .close(&c.backend, &args.run_id)
-                .await
-                .map_err(|e| run_error(&c, e))?;
-            Ok(Value::Nil)
-        }
-    });
+/// `pty_resize(kernel_id, run_id, rows, cols)`.
+async fn pty_resize(cx: Ctx, args: api::PtyResizeArgs) -> Result<Value, ErrorMeta> {
+    let size = size(args.rows, args.cols)?;
+    let run = terminal(&cx, &args.kernel_id, &args.run_id)?;
+    cx.engine.check()?;
+    run.resize(&cx.backend, size)
+        .await
+        .map_err(|e| run_error(&cx, e))?;
+    Ok(Value::Nil)
+}
+
+/// `pty_close(kernel_id, run_id)`: the terminal's process ended.
+async fn pty_close(cx: Ctx, args: api::PtyCloseArgs) -> Result<Value, ErrorMeta> {
+    terminal(&cx, &args.kernel_id, &args.run_id)?;
+    cx.runs
+        .close(&cx.backend, &args.run_id)
+        .await
+        .map_err(|e| run_error(&cx, e))?;
+    Ok(Value::Nil)
 }
 
 #[cfg(test)]
