@@ -30,6 +30,7 @@ use super::super::metrics::ManagerMetrics;
 use super::super::pool::{AgentCallError, AgentPool};
 use super::super::store::{now, DanglingReport, Store};
 use crate::rpc::agent_api::kernel::{AdoptKernel, DestroyDanglingKernel, KernelIdArgs};
+use crate::rpc::Failure;
 
 /// Longest wait between two tries of an agent that cannot be reached.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -157,8 +158,10 @@ impl DanglingBook {
     }
 }
 
-fn failure_name(e: &AgentCallError) -> Option<&str> {
-    e.failure().map(|m| m.name.as_str())
+/// The FAILURE the agent answered: `Ok` a name this build knows, `Err` one it does not (a newer
+/// agent's); `None` when the agent did not answer.
+fn failure_name(e: &AgentCallError) -> Option<Result<Failure, &str>> {
+    e.failure().map(|m| m.known().ok_or(m.name.as_str()))
 }
 
 /// One step for `p`: decide from the store, then adopt or (once due) destroy. A resolved report
@@ -216,16 +219,16 @@ async fn decide(
             }
             Err(e) => match failure_name(&e) {
                 // Adopted or destroyed already (a repeated report), or the kernel is live there.
-                Some("KernelNotFound") | Some("InvalidKernelConfig") => {
+                Some(Ok(Failure::KernelNotFound | Failure::InvalidKernelConfig)) => {
                     tracing::info!(agent_id = %agent, kernel_id = %kernel, error = %e, "dangling kernel: nothing to adopt any more");
                     Outcome::Done("gone")
                 }
-                Some("KernelNotAdoptable") => {
+                Some(Ok(Failure::KernelNotAdoptable)) => {
                     let why = format!("{e} (reported adoptable: {})", p.adoptable);
                     not_adoptable(store, p, &why).await
                 }
                 // An agent without the method (older than dangling adoption): left alone.
-                Some(name) if name != "AgentShuttingDown" => {
+                Some(name) if name != Ok(Failure::AgentShuttingDown) => {
                     tracing::error!(agent_id = %agent, kernel_id = %kernel, error = %e, "adopting a dangling kernel failed; leaving it as it is");
                     Outcome::Done("failed")
                 }
@@ -244,7 +247,7 @@ async fn decide(
             tracing::warn!(agent_id = %agent, kernel_id = %kernel, destroyed = v.destroyed, "dangling kernel unknown to the store past dangling-grace: destroyed");
             Outcome::Done("destroyed")
         }
-        Err(e) if failure_name(&e) == Some("KernelNotFound") => Outcome::Done("gone"),
+        Err(e) if failure_name(&e) == Some(Ok(Failure::KernelNotFound)) => Outcome::Done("gone"),
         Err(e) if failure_name(&e).is_some() => {
             tracing::error!(agent_id = %agent, kernel_id = %kernel, error = %e, "destroying a dangling kernel failed");
             Outcome::Done("failed")
