@@ -25,7 +25,9 @@ use kernelvisor::agent::heartbeat::{self, Identity};
 use kernelvisor::agent::registry::KernelRegistry;
 use kernelvisor::agent::Agent;
 use kernelvisor::config::{AgentConfig, OnShutdown};
+use kernelvisor::rpc::intake_api::heartbeat::{HeartbeatInfo, HeartbeatKernel, HeartbeatSlots};
 use kernelvisor::rpc::{Call, Dispatcher, ErrorMeta, Peer, PeerOptions, RpcServer};
+use kernelvisor::slots::{Amount, ResourceSlots};
 
 use super::{env_or, free_port};
 
@@ -543,9 +545,9 @@ impl Source {
         }
     }
 
-    /// The heartbeat map; a real agent's is rebuilt at most once a second (its kernel list),
+    /// The heartbeat; a real agent's is rebuilt at most once a second (its kernel list),
     /// otherwise the cached one gets a fresh `ts`.
-    pub async fn info(&self, cache: &mut Option<(Instant, Value)>) -> Value {
+    pub async fn info(&self, cache: &mut Option<(Instant, HeartbeatInfo)>) -> Value {
         match self {
             Source::Real {
                 ctx,
@@ -563,15 +565,9 @@ impl Source {
                         heartbeat::build(ctx, registry, identity, images).await,
                     ));
                 }
-                let mut v = cache.as_ref().expect("cached").1.clone();
-                if let Value::Map(m) = &mut v {
-                    for (k, val) in m.iter_mut() {
-                        if k.as_str() == Some("ts") {
-                            *val = Value::F64(now_unix());
-                        }
-                    }
-                }
-                v
+                let beat = &mut cache.as_mut().expect("cached").1;
+                beat.ts = now_unix();
+                beat.to_value()
             }
             Source::Sim {
                 id,
@@ -579,44 +575,45 @@ impl Source {
                 kernels,
                 cpu,
             } => {
-                let live: Vec<Value> = kernels
+                let live = kernels
                     .lock()
                     .unwrap()
                     .iter()
-                    .map(|(k, s)| {
-                        kv(vec![
-                            ("id", k.clone().into()),
-                            ("session_id", s.clone().into()),
-                            ("status", "RUNNING".into()),
-                        ])
+                    .map(|(k, s)| HeartbeatKernel {
+                        id: k.clone(),
+                        session_id: s.clone(),
+                        status: "RUNNING".into(),
                     })
                     .collect();
-                let cores = cpu.load(Ordering::Relaxed).to_string();
-                let slots = |cpu: &str, mem: u64| {
-                    kv(vec![
-                        ("cpu", cpu.into()),
-                        ("mem", mem.to_string().into()),
-                        ("cuda.device", "0".into()),
-                    ])
+                let cores = cpu.load(Ordering::Relaxed);
+                let slots = |cpu: u64, mem: u64| -> ResourceSlots {
+                    [
+                        ("cpu".to_owned(), Amount::from_units(cpu)),
+                        ("mem".to_owned(), Amount::from_units(mem)),
+                        ("cuda.device".to_owned(), Amount::ZERO),
+                    ]
+                    .into_iter()
+                    .collect()
                 };
-                kv(vec![
-                    ("agent_id", id.clone().into()),
-                    ("region", "local".into()),
-                    ("addr", addr.clone().into()),
-                    ("public_key", Value::Nil),
-                    ("version", env!("CARGO_PKG_VERSION").into()),
-                    ("architecture", std::env::consts::ARCH.into()),
-                    ("ts", Value::F64(now_unix())),
-                    (
-                        "slots",
-                        kv(vec![
-                            ("total", slots(&cores, AGENT_MEM)),
-                            ("available", slots(&cores, AGENT_MEM)),
-                            ("occupied", slots("0", 0)),
-                        ]),
-                    ),
-                    ("kernels", Value::Array(live)),
-                ])
+                // As an agent that predates `slot_key_and_units` and `images` (none sent).
+                HeartbeatInfo {
+                    agent_id: id.clone(),
+                    region: "local".into(),
+                    addr: addr.clone(),
+                    public_key: None,
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    architecture: std::env::consts::ARCH.into(),
+                    ts: now_unix(),
+                    slots: HeartbeatSlots {
+                        total: slots(cores, AGENT_MEM),
+                        available: slots(cores, AGENT_MEM),
+                        occupied: slots(0, 0),
+                    },
+                    slot_key_and_units: None,
+                    kernels: live,
+                    images: Vec::new(),
+                }
+                .to_value()
             }
         }
     }

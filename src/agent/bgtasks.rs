@@ -154,11 +154,12 @@ impl Bgtasks {
         });
     }
 
-    /// Marks the task failed with an error name and message.
-    pub fn failed(&self, id: &str, error_name: &str, message: String) {
+    /// Marks the task failed with an error name (a [`Failure`](crate::rpc::Failure)'s, or a
+    /// FAILURE's name passed on) and message.
+    pub fn failed(&self, id: &str, error_name: impl Into<String>, message: String) {
         self.finish(id, |s| {
             s.status = BgtaskStatus::Failed;
-            s.error_name = Some(error_name.to_owned());
+            s.error_name = Some(error_name.into());
             s.message = Some(message);
         });
     }

@@ -36,7 +36,7 @@ use super::kernel::{
 };
 use super::registry::{Adopt, GetKernel, KernelRegistry, Reconcile};
 use super::resources::{SlotAllocation, SlotRequest};
-use crate::rpc::ErrorMeta;
+use crate::rpc::{ErrorMeta, Failure};
 use crate::slots::ResourceSlots;
 
 /// Why [`adopt`] or [`destroy`] refused; [`DanglingError::to_meta`] is the FAILURE.
@@ -60,9 +60,11 @@ impl DanglingError {
     /// As a FAILURE for the wire.
     pub fn to_meta(&self) -> ErrorMeta {
         match self {
-            DanglingError::NotFound(_) => ErrorMeta::new("KernelNotFound", self.to_string()),
+            DanglingError::NotFound(_) => {
+                ErrorMeta::failure(Failure::KernelNotFound, self.to_string())
+            }
             DanglingError::NotAdoptable(..) => {
-                ErrorMeta::new("KernelNotAdoptable", self.to_string())
+                ErrorMeta::failure(Failure::KernelNotAdoptable, self.to_string())
             }
             DanglingError::Kernel(e) => e.to_meta(),
         }

@@ -14,7 +14,6 @@ use actors::{ChildSpec, Shutdown, StopSignal};
 use rmpv::Value;
 use tokio::sync::Notify;
 
-use super::events::AgentEvent;
 use super::intakes::Intakes;
 use super::metrics::AgentMetrics;
 use super::outbox::{Destination, DestinationKind, Outbox, PendingEvent};
@@ -23,7 +22,7 @@ use crate::config::{AgentConfig, AgentManagerSection};
 use crate::retry::Backoff;
 use crate::rpc::curve::{load_certificate, KeyPair};
 use crate::rpc::socket::ClientCurve;
-use crate::rpc::{Call, CallError, Peer, PeerOptions};
+use crate::rpc::{intake_api, Call, CallError, Peer, PeerOptions};
 
 /// How long the last delivery on shutdown may take at most, whatever `event-ack-timeout`: an
 /// agent whose manager is gone stops within about this (what is not acked stays in the outbox
@@ -31,30 +30,13 @@ use crate::rpc::{Call, CallError, Peer, PeerOptions};
 pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(1000);
 
 /// The intake method that takes a batch: `agent_events(agent_id, events)` → `{"acked": [id]}`.
-pub const EVENTS_METHOD: &str = "agent_events";
+pub const EVENTS_METHOD: &str = crate::rpc::intake_api::EVENTS_METHOD;
 
-/// Encodes one pending event for the wire: its fields (less the bus-only `image` of
-/// `kernel_pulling` and `creation_info` of `kernel_started`) plus `id`, `seq` and `ts` (Unix
-/// seconds).
+/// Encodes one pending event for the wire ([`intake_api::events::encode`]): its fields (less
+/// the bus-only `image` of `kernel_pulling` and `creation_info` of `kernel_started`) plus `id`,
+/// `seq` and `ts` (Unix seconds).
 pub fn encode_event(p: &PendingEvent) -> Value {
-    // Named fields (rmpv's own serializer would write structs as arrays).
-    let bytes = rmp_serde::to_vec_named(&p.event).expect("an event always serializes");
-    let mut map = match rmpv::decode::read_value(&mut &bytes[..]) {
-        Ok(Value::Map(m)) => m,
-        // AgentEvent is an internally tagged enum of structs: always a map.
-        other => unreachable!("event encodes as a map, got {other:?}"),
-    };
-    // What only Backend.AI's bus reads stays off our manager's wire (its shape is unchanged).
-    if matches!(
-        p.event,
-        AgentEvent::KernelPulling { .. } | AgentEvent::KernelStarted { .. }
-    ) {
-        map.retain(|(k, _)| !matches!(k.as_str(), Some("image" | "creation_info")));
-    }
-    map.push(("id".into(), p.id.clone().into()));
-    map.push(("seq".into(), p.seq.into()));
-    map.push(("ts".into(), p.created_at.into()));
-    Value::Map(map)
+    intake_api::events::encode(&p.id, p.seq, p.created_at, &p.event)
 }
 
 /// Delivers the outbox to one manager.
@@ -320,6 +302,7 @@ fn acked_ids(reply: &Value) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::events::AgentEvent;
 
     #[test]
     fn wire_shape() {

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 use actors::{ChildSpec, StopSignal};
-use rmpv::Value;
 
 use super::backend::ContainerBackend;
 use super::context::AgentContext;
@@ -18,10 +17,11 @@ use super::intakes::Intakes;
 use super::kernels::CurrentRegistry;
 use super::node::normalize_image;
 use super::registry::{KernelRegistry, ListKernels};
+use crate::rpc::intake_api::heartbeat::{HeartbeatInfo, HeartbeatKernel, HeartbeatSlots};
 use crate::rpc::{Call, Peer, PeerOptions};
 
 /// The intake method that takes a heartbeat: `agent_heartbeat(agent_id, info)`.
-pub const HEARTBEAT_METHOD: &str = "agent_heartbeat";
+pub const HEARTBEAT_METHOD: &str = crate::rpc::intake_api::HEARTBEAT_METHOD;
 
 /// What a heartbeat says besides the live facts: set once at start.
 #[derive(Clone, Debug)]
@@ -146,38 +146,36 @@ pub fn heartbeat_images(mut images: Vec<super::backend::ImageSummary>) -> Vec<St
         .collect()
 }
 
-/// Builds the heartbeat map: `agent_id`, `region`, `addr`, `public_key`, `version`,
-/// `architecture`, `ts` (Unix seconds), `slots` (`total`, `available`, `occupied`, each
-/// `{slot: "decimal string"}` over every slot: `cpu` cores, `mem` bytes, and each accelerator
-/// slot such as `cuda.device` / `cuda.shares`), `slot_key_and_units` (`{slot: "count" |
-/// "bytes" | "unique"}`, Backend.AI's name), `kernels` (`[{"id", "session_id", "status"}]`,
-/// every kernel not `TERMINATED`) and `images` (`[reference]`: the engine's local images from
-/// `images`, [`LocalImages`]; at most [`MAX_HEARTBEAT_IMAGES`]).
+/// Builds the heartbeat ([`HeartbeatInfo`], `docs/events.md`): the identity, `ts` (Unix
+/// seconds), every slot's total, available and occupied amount (`cpu` cores, `mem` bytes, each
+/// accelerator slot such as `cuda.device` / `cuda.shares`) and unit, every kernel not
+/// `TERMINATED`, and the engine's local images from `images` ([`LocalImages`]; at most
+/// [`MAX_HEARTBEAT_IMAGES`]).
 pub async fn build(
     ctx: &AgentContext,
     registry: &Addr<KernelRegistry>,
     who: &Identity,
     images: &LocalImages,
-) -> Value {
-    let (total, available, occupied, units) = {
+) -> HeartbeatInfo {
+    let (slots, units) = {
         let slots = ctx.slots.lock().expect("slot allocator lock");
         (
-            slots.capacity().to_msgpack(),
-            slots.available().to_msgpack(),
-            slots.used().to_msgpack(),
-            slot_key_and_units(slots.slot_types()),
+            HeartbeatSlots {
+                total: slots.capacity(),
+                available: slots.available(),
+                occupied: slots.used(),
+            },
+            slots.slot_types().clone(),
         )
     };
     let kernels = registry.send(ListKernels).await.unwrap_or_default();
-    let live: Vec<Value> = kernels
+    let live = kernels
         .iter()
         .filter(|k| k.status != super::kernel::KernelStatus::Terminated)
-        .map(|k| {
-            Value::Map(vec![
-                ("id".into(), k.id.clone().into()),
-                ("session_id".into(), k.session_id.clone().into()),
-                ("status".into(), k.status.as_str().into()),
-            ])
+        .map(|k| HeartbeatKernel {
+            id: k.id.clone(),
+            session_id: k.session_id.clone(),
+            status: k.status.as_str().to_owned(),
         })
         .collect();
     // Kernels whose container exists: their images are stored in the engine.
@@ -189,43 +187,20 @@ pub async fn build(
         })
         .map(|k| k.config.image.as_str())
         .collect();
-    let images: Vec<Value> = images
-        .get(ctx.backend.as_ref(), &in_use)
-        .await
-        .iter()
-        .map(|r| r.as_str().into())
-        .collect();
-    let str_or_nil = |s: &Option<String>| s.clone().map_or(Value::Nil, Value::from);
-    Value::Map(vec![
-        ("agent_id".into(), ctx.agent_id.clone().into()),
-        ("region".into(), who.region.clone().into()),
-        ("addr".into(), who.rpc_addr.clone().into()),
-        ("public_key".into(), str_or_nil(&who.public_key)),
-        ("version".into(), env!("CARGO_PKG_VERSION").into()),
-        ("architecture".into(), std::env::consts::ARCH.into()),
-        ("ts".into(), super::store::now().into()),
-        (
-            "slots".into(),
-            Value::Map(vec![
-                ("total".into(), total),
-                ("available".into(), available),
-                ("occupied".into(), occupied),
-            ]),
-        ),
-        ("slot_key_and_units".into(), units),
-        ("kernels".into(), Value::Array(live)),
-        ("images".into(), Value::Array(images)),
-    ])
-}
-
-/// `{slot: "count" | "bytes" | "unique"}`.
-pub fn slot_key_and_units(types: &crate::slots::SlotTypes) -> Value {
-    Value::Map(
-        types
-            .iter()
-            .map(|(k, t)| (k.as_str().into(), t.as_str().into()))
-            .collect(),
-    )
+    let images = images.get(ctx.backend.as_ref(), &in_use).await.to_vec();
+    HeartbeatInfo {
+        agent_id: ctx.agent_id.clone(),
+        region: who.region.clone(),
+        addr: who.rpc_addr.clone(),
+        public_key: who.public_key.clone(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        architecture: std::env::consts::ARCH.into(),
+        ts: super::store::now(),
+        slots,
+        slot_key_and_units: Some(units),
+        kernels: live,
+        images,
+    }
 }
 
 /// The agent tree's `heartbeat` child: [`run`] with the current registry until stopped.
@@ -300,7 +275,7 @@ pub async fn run(
                 }
             };
             let call = Call {
-                args: vec![ctx.agent_id.clone().into(), beat],
+                args: vec![ctx.agent_id.clone().into(), beat.to_value()],
                 kwargs: Vec::new(),
                 peer_user_id: None,
             };

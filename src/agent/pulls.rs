@@ -34,12 +34,13 @@ pub fn pull_error(state: &PullState) -> Option<KernelError> {
         return None;
     };
     let m = message.clone();
-    Some(match error.as_str() {
-        "ImageNotFound" => KernelError::ImageNotFound(m),
-        "RegistryUnreachable" => KernelError::RegistryUnreachable(m),
-        "RegistryAuthFailed" => KernelError::RegistryAuthFailed(m),
-        "ImagePullTimeout" => KernelError::PullTimeout(m),
-        super::backend::ENGINE_UNAVAILABLE => KernelError::EngineUnavailable(m),
+    use crate::rpc::failure::Failure;
+    Some(match Failure::parse(error) {
+        Some(Failure::ImageNotFound) => KernelError::ImageNotFound(m),
+        Some(Failure::RegistryUnreachable) => KernelError::RegistryUnreachable(m),
+        Some(Failure::RegistryAuthFailed) => KernelError::RegistryAuthFailed(m),
+        Some(Failure::ImagePullTimeout) => KernelError::PullTimeout(m),
+        Some(Failure::ContainerEngineUnavailable) => KernelError::EngineUnavailable(m),
         _ => KernelError::Engine(m),
     })
 }

@@ -69,35 +69,38 @@ pub fn agent_error(e: &AgentCallError) -> ManagerError {
 /// A FAILURE the agent answered (or reported, as a background task's or a pull's outcome) as
 /// the user-facing error of its name; an unknown name is `agent-error`.
 pub fn failure_error(meta: &crate::rpc::ErrorMeta) -> ManagerError {
-    match meta.name.as_str() {
-        "ImageNotFound" => ManagerError::ImageNotFound(meta.repr.clone()),
-        "RegistryUnreachable" => ManagerError::RegistryUnreachable(meta.repr.clone()),
-        "RegistryAuthFailed" => ManagerError::RegistryAuthFailed(meta.repr.clone()),
-        "ImagePullTimeout" => ManagerError::ImagePullTimeout(meta.repr.clone()),
-        "InvalidKernelConfig" | "TypeError" => ManagerError::InvalidRequest(meta.repr.clone()),
-        "ResourceExhausted" => ManagerError::NoCapacity(meta.repr.clone()),
-        "KernelNotRunning" => ManagerError::AgentError(meta.repr.clone()),
-        "RunNotFound" => ManagerError::RunNotFound(meta.repr.clone()),
-        "RunHasNoStdin" => ManagerError::RunHasNoStdin(meta.repr.clone()),
-        "RunExists" | "RunStdinClosed" | "RunHasNoTty" | "UnsupportedExecutionMode" => {
-            ManagerError::InvalidRequest(meta.repr.clone())
+    use crate::rpc::Failure as F;
+    let repr = || meta.repr.clone();
+    match meta.known() {
+        Some(F::ImageNotFound) => ManagerError::ImageNotFound(repr()),
+        Some(F::RegistryUnreachable) => ManagerError::RegistryUnreachable(repr()),
+        Some(F::RegistryAuthFailed) => ManagerError::RegistryAuthFailed(repr()),
+        Some(F::ImagePullTimeout) => ManagerError::ImagePullTimeout(repr()),
+        Some(F::InvalidKernelConfig | F::TypeError) => ManagerError::InvalidRequest(repr()),
+        Some(F::ResourceExhausted) => ManagerError::NoCapacity(repr()),
+        Some(F::KernelNotRunning) => ManagerError::AgentError(repr()),
+        Some(F::RunNotFound) => ManagerError::RunNotFound(repr()),
+        Some(F::RunHasNoStdin) => ManagerError::RunHasNoStdin(repr()),
+        Some(F::RunExists | F::RunStdinClosed | F::RunHasNoTty | F::UnsupportedExecutionMode) => {
+            ManagerError::InvalidRequest(repr())
         }
-        "LogsNotFound" => ManagerError::LogsNotFound(meta.repr.clone()),
+        Some(F::LogsNotFound) => ManagerError::LogsNotFound(repr()),
         // The agent answers but its Docker engine does not: transient, like a lost agent.
-        "ContainerEngineUnavailable" => {
+        Some(F::ContainerEngineUnavailable) => {
             ManagerError::AgentUnavailable(format!("container engine: {}", meta.repr))
         }
-        "ServiceNotFound" => ManagerError::ServiceNotFound(meta.repr.clone()),
-        "ServiceStartFailed" => ManagerError::ServiceFailed {
-            message: meta.repr.clone(),
+        Some(F::ServiceNotFound) => ManagerError::ServiceNotFound(repr()),
+        Some(F::ServiceStartFailed) => ManagerError::ServiceFailed {
+            message: repr(),
             output: meta.traceback.clone(),
         },
-        "InvalidPath" => ManagerError::InvalidPath(meta.repr.clone()),
-        "FileNotFound" => ManagerError::FileNotFound(meta.repr.clone()),
-        "FileTooLarge" | "UploadSizeMismatch" | "TransferNotFound" => {
-            ManagerError::InvalidRequest(meta.repr.clone())
+        Some(F::InvalidPath) => ManagerError::InvalidPath(repr()),
+        Some(F::FileNotFound) => ManagerError::FileNotFound(repr()),
+        Some(F::FileTooLarge | F::UploadSizeMismatch | F::TransferNotFound) => {
+            ManagerError::InvalidRequest(repr())
         }
-        name => ManagerError::AgentError(format!("{name}: {}", meta.repr)),
+        // Every other name, this build's or a newer agent's: shown with its name.
+        _ => ManagerError::AgentError(format!("{}: {}", meta.name, meta.repr)),
     }
 }
 
@@ -188,8 +191,8 @@ async fn call_encoded<M: Method>(
     let reply = send_counted(pool, metrics, call).await?;
     decode_reply::<M>(reply).map_err(|e| AgentCallError::Call {
         agent_id: agent_id.to_owned(),
-        source: crate::rpc::CallError::Failure(crate::rpc::ErrorMeta::new(
-            "InvalidReply",
+        source: crate::rpc::CallError::Failure(crate::rpc::ErrorMeta::failure(
+            crate::rpc::Failure::InvalidReply,
             e.to_string(),
         )),
     })

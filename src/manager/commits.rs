@@ -128,7 +128,10 @@ fn task_error(agent_id: &str, state: &BgtaskState) -> ManagerError {
     let e = AgentCallError::Call {
         agent_id: agent_id.to_owned(),
         source: CallError::Failure(ErrorMeta::new(
-            state.error_name.as_deref().unwrap_or("BgtaskFailed"),
+            state
+                .error_name
+                .clone()
+                .unwrap_or_else(|| crate::rpc::Failure::BgtaskFailed.into()),
             state.message.clone().unwrap_or_default(),
         )),
     };

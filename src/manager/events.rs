@@ -1,9 +1,12 @@
-//! Agent events as the intake receives them (`docs/events.md`): parsed from the msgpack maps of
-//! `agent_events(agent_id, events)`, and compacted per batch.
+//! Agent events as the intake receives them (`docs/events.md`): read from the msgpack maps of
+//! `agent_events(agent_id, events)` through the agent's own type
+//! ([`crate::rpc::intake_api::events`]), seen as what they do here, and compacted per batch.
 
 use std::collections::HashSet;
 
 use rmpv::Value;
+
+use crate::rpc::intake_api::events::{AgentEvent as WireEvent, Received, ReceivedEvent};
 
 /// One event. `id` is the agent's UUID, the same on every resend.
 #[derive(Clone, Debug, PartialEq)]
@@ -113,99 +116,108 @@ impl EventBody {
     }
 }
 
-/// Present and not nil.
-pub(crate) fn field<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
-    crate::rpc::codec::map_get(map, key).filter(|v| !v.is_nil())
-}
-
-fn text(map: &[(Value, Value)], key: &str) -> Result<String, String> {
-    field(map, key)
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .ok_or_else(|| format!("missing or non-string `{key}`"))
+impl EventBody {
+    /// The manager's view of an event as the agent typed it ([`WireEvent`]).
+    pub fn of(event: Received) -> EventBody {
+        let event = match event {
+            Received::Known(e) => e,
+            Received::Unknown { name } => return EventBody::Other { name },
+        };
+        let name = event.name().to_owned();
+        match event {
+            WireEvent::AgentStarted => EventBody::AgentStarted,
+            WireEvent::AgentTerminated { reason } => EventBody::AgentTerminated { reason },
+            WireEvent::KernelPreparing { kernel_id, .. } => EventBody::KernelStatus {
+                name,
+                kernel_id,
+                status: "PREPARING",
+            },
+            WireEvent::KernelPulling { kernel_id, .. } => EventBody::KernelStatus {
+                name,
+                kernel_id,
+                status: "PULLING",
+            },
+            WireEvent::KernelCreating { kernel_id, .. } => EventBody::KernelStatus {
+                name,
+                kernel_id,
+                status: "CREATING",
+            },
+            WireEvent::KernelStarted { kernel_id, .. } => EventBody::KernelStatus {
+                name,
+                kernel_id,
+                status: "RUNNING",
+            },
+            WireEvent::KernelRestarting {
+                kernel_id,
+                restart_count,
+                ..
+            } => EventBody::KernelRestarting {
+                kernel_id,
+                restart_count: i64::from(restart_count),
+            },
+            WireEvent::KernelTerminated {
+                kernel_id,
+                reason,
+                exit_code,
+                ..
+            } => EventBody::KernelTerminated {
+                kernel_id,
+                reason,
+                exit_code,
+            },
+            WireEvent::SessionSuccess { kernel_id, .. } => EventBody::SessionResult {
+                name,
+                kernel_id,
+                result: "SUCCESS",
+            },
+            WireEvent::SessionFailure { kernel_id, .. } => EventBody::SessionResult {
+                name,
+                kernel_id,
+                result: "FAILURE",
+            },
+            WireEvent::KernelDangling {
+                kernel_id,
+                container_id,
+                session_id,
+                running,
+                host_ports,
+                adoptable,
+                ..
+            } => EventBody::KernelDangling {
+                kernel_id,
+                container_id,
+                session_id,
+                running,
+                host_ports,
+                adoptable,
+            },
+            // Recorded as processed, no effect yet (`docs/events.md`); the bus-only ones never
+            // arrive as `Known`.
+            WireEvent::ExecutionStarted { .. }
+            | WireEvent::ExecutionFinished { .. }
+            | WireEvent::ExecutionTimeout { .. }
+            | WireEvent::ImagePullStarted { .. }
+            | WireEvent::ImagePullFinished { .. }
+            | WireEvent::ImagePullFailed { .. }
+            | WireEvent::DoSyncKernelLogs { .. }
+            | WireEvent::AgentError { .. } => EventBody::Other { name },
+        }
+    }
 }
 
 impl AgentEvent {
-    /// Parses one event map.
+    /// Reads one event map through the agent's own type ([`ReceivedEvent::from_value`]).
     ///
     /// Errors: not a map, or a missing/ill-typed `id`, `name`, or field the name requires
     /// (the message names it). Such an event is not acked: the agent keeps it and the operator
     /// sees the error in the manager's log.
     pub fn from_value(v: &Value) -> Result<AgentEvent, String> {
-        let map = v.as_map().ok_or("an event must be a map")?;
-        let id = text(map, "id")?;
-        let seq = field(map, "seq").and_then(Value::as_i64).unwrap_or(0);
-        let name = text(map, "name")?;
-        let kernel = || text(map, "kernel_id");
-        let body = match name.as_str() {
-            "agent_started" => EventBody::AgentStarted,
-            "agent_terminated" => EventBody::AgentTerminated {
-                reason: field(map, "reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("shutdown")
-                    .to_owned(),
-            },
-            "kernel_preparing" | "kernel_pulling" | "kernel_creating" | "kernel_started" => {
-                let status = match name.as_str() {
-                    "kernel_preparing" => "PREPARING",
-                    "kernel_pulling" => "PULLING",
-                    "kernel_creating" => "CREATING",
-                    _ => "RUNNING",
-                };
-                EventBody::KernelStatus {
-                    kernel_id: kernel()?,
-                    status,
-                    name,
-                }
-            }
-            "kernel_restarting" => EventBody::KernelRestarting {
-                kernel_id: kernel()?,
-                restart_count: field(map, "restart_count")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(1),
-            },
-            "kernel_terminated" => EventBody::KernelTerminated {
-                kernel_id: kernel()?,
-                reason: field(map, "reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown")
-                    .to_owned(),
-                exit_code: field(map, "exit_code").and_then(Value::as_i64),
-            },
-            "session_success" | "session_failure" => {
-                let result = if name == "session_success" {
-                    "SUCCESS"
-                } else {
-                    "FAILURE"
-                };
-                EventBody::SessionResult {
-                    kernel_id: kernel()?,
-                    result,
-                    name,
-                }
-            }
-            "kernel_dangling" => EventBody::KernelDangling {
-                kernel_id: kernel()?,
-                container_id: text(map, "container_id").unwrap_or_default(),
-                session_id: text(map, "session_id").unwrap_or_default(),
-                running: field(map, "running")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-                host_ports: field(map, "host_ports")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|p| p.as_u64().and_then(|p| u16::try_from(p).ok()))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                adoptable: field(map, "adoptable")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-            },
-            _ => EventBody::Other { name },
-        };
-        Ok(AgentEvent { id, seq, body })
+        let ReceivedEvent { id, seq, event } = ReceivedEvent::from_value(v)?;
+        Ok(AgentEvent {
+            id,
+            seq,
+            body: EventBody::of(event),
+        })
     }
 }
 

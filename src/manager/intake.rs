@@ -25,7 +25,8 @@ use super::events::AgentEvent;
 use super::metrics::ManagerMetrics;
 use super::registry::{AgentRegistry, ApplyEvents, Heartbeat, HeartbeatInbox, Put};
 use crate::rpc::curve::{load_certificate, CurveKey, KeyError};
-use crate::rpc::{Call, Dispatcher, ErrorMeta};
+use crate::rpc::intake_api::{EventsReply, EVENTS_METHOD, HEARTBEAT_METHOD};
+use crate::rpc::{Call, Dispatcher, ErrorMeta, Failure};
 
 /// The agents' public keys: every `*.key` certificate in `dir`, named by file stem.
 ///
@@ -61,7 +62,9 @@ fn agent_id(call: &Call, method: &str, metrics: &ManagerMetrics) -> Result<Strin
         .arg(0, "agent_id")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| ErrorMeta::new("TypeError", "missing required argument: 'agent_id'"))?;
+        .ok_or_else(|| {
+            ErrorMeta::failure(Failure::TypeError, "missing required argument: 'agent_id'")
+        })?;
     match call.peer_user_id.as_deref() {
         Some(key_id) if key_id != agent_id => {
             tracing::warn!(method, claimed = %agent_id, key = %key_id, "intake call refused: agent_id is not the caller's key");
@@ -69,8 +72,8 @@ fn agent_id(call: &Call, method: &str, metrics: &ManagerMetrics) -> Result<Strin
                 .intake_identity_mismatches
                 .with_label_values(&[method])
                 .inc();
-            Err(ErrorMeta::new(
-                "AgentIdentityMismatch",
+            Err(ErrorMeta::failure(
+                Failure::AgentIdentityMismatch,
                 format!("agent '{key_id}' (by its CURVE key) cannot report as agent '{agent_id}'"),
             ))
         }
@@ -85,7 +88,7 @@ pub fn dispatcher(
     metrics: std::sync::Arc<ManagerMetrics>,
 ) -> Dispatcher {
     let mut d = Dispatcher::new(None);
-    for method in ["agent_events", "agent_heartbeat"] {
+    for method in [EVENTS_METHOD, HEARTBEAT_METHOD] {
         // Shown at 0 before the first refusal.
         metrics
             .intake_identity_mismatches
@@ -95,11 +98,11 @@ pub fn dispatcher(
         metrics.heartbeats_dropped.with_label_values(&[reason]);
     }
     let (r, m) = (registry.clone(), metrics.clone());
-    d.register("agent_events", move |call| {
+    d.register(EVENTS_METHOD, move |call| {
         let (r, m) = (r.clone(), m.clone());
         async move {
-            let agent_id = agent_id(&call, "agent_events", &m)?;
-            let raw = call.arg(1, "events").and_then(Value::as_array).ok_or_else(|| ErrorMeta::new("TypeError", "'events' must be a list"))?;
+            let agent_id = agent_id(&call, EVENTS_METHOD, &m)?;
+            let raw = call.arg(1, "events").and_then(Value::as_array).ok_or_else(|| ErrorMeta::failure(Failure::TypeError, "'events' must be a list"))?;
             let mut events = Vec::with_capacity(raw.len());
             for v in raw {
                 match AgentEvent::from_value(v) {
@@ -112,17 +115,17 @@ pub fn dispatcher(
                     }
                 }
             }
-            let acked = r.send(ApplyEvents { agent_id, events }).await.map_err(|e| ErrorMeta::new("ManagerShuttingDown", e.to_string()))?;
-            Ok(Value::Map(vec![("acked".into(), Value::Array(acked.into_iter().map(Value::from).collect()))]))
+            let acked = r.send(ApplyEvents { agent_id, events }).await.map_err(|e| ErrorMeta::failure(Failure::ManagerShuttingDown, e.to_string()))?;
+            Ok(crate::rpc::agent_api::to_value(&EventsReply { acked }))
         }
     });
-    d.register("agent_heartbeat", move |call| {
+    d.register(HEARTBEAT_METHOD, move |call| {
         let (inbox, m) = (inbox.clone(), metrics.clone());
         async move {
-            let agent_id = agent_id(&call, "agent_heartbeat", &m)?;
+            let agent_id = agent_id(&call, HEARTBEAT_METHOD, &m)?;
             let info = call.arg(1, "info").cloned().unwrap_or(Value::Nil);
             let hb = Heartbeat::from_value(&agent_id, &info)
-                .map_err(|e| ErrorMeta::new("InvalidHeartbeat", e))?;
+                .map_err(|e| ErrorMeta::failure(Failure::InvalidHeartbeat, e))?;
             match inbox.put(hb) {
                 Ok(put) => {
                     m.heartbeats.inc();
@@ -141,7 +144,10 @@ pub fn dispatcher(
                         .with_label_values(&["inbox-full"])
                         .inc();
                     tracing::warn!(%agent_id, error = %full, "heartbeat refused");
-                    Err(ErrorMeta::new("ManagerOverloaded", full.to_string()))
+                    Err(ErrorMeta::failure(
+                        Failure::ManagerOverloaded,
+                        full.to_string(),
+                    ))
                 }
             }
         }

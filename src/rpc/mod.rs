@@ -5,6 +5,8 @@
 //! - [`socket`]: socket options (LINGER, CURVE, TCP keepalive).
 //! - [`dispatch`] and [`server`]: the agent's ROUTER endpoint and its method table.
 //! - [`peer`]: one persistent DEALER connection, shared by concurrent callers.
+//! - [`intake_api`]: the manager's event intake (`agent_events`, `agent_heartbeat`), typed.
+//! - [`failure`]: the FAILURE names kernelvisor's ends answer with, one enum both read.
 
 pub mod agent_api;
 pub mod bai_ext;
@@ -12,6 +14,8 @@ pub mod codec;
 pub mod context;
 pub mod curve;
 pub mod dispatch;
+pub mod failure;
+pub mod intake_api;
 pub mod mux;
 pub mod peer;
 pub mod server;
@@ -21,5 +25,6 @@ pub mod zap;
 pub use codec::{Call, ErrorMeta};
 pub use curve::{CurveKey, KeyPair};
 pub use dispatch::{Dispatcher, RequestObserver};
+pub use failure::Failure;
 pub use peer::{CallError, Peer, PeerOptions};
 pub use server::{RpcServer, ServerCurve};

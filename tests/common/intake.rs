@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use rmpv::Value;
 
+use kernelvisor::rpc::agent_api::to_value;
 use kernelvisor::rpc::curve::KeyPair;
+use kernelvisor::rpc::intake_api::{EventsReply, EVENTS_METHOD, HEARTBEAT_METHOD};
 use kernelvisor::rpc::{Dispatcher, RpcServer, ServerCurve};
 
 /// What the receiver saw.
@@ -55,7 +57,7 @@ pub fn start_intake(
 ) -> Addr<RpcServer> {
     let mut d = Dispatcher::new(None);
     let r = received.clone();
-    d.register("agent_events", move |call| {
+    d.register(EVENTS_METHOD, move |call| {
         let r = r.clone();
         async move {
             let events = call
@@ -64,9 +66,9 @@ pub fn start_intake(
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
-            let ids: Vec<Value> = events
+            let acked = events
                 .iter()
-                .filter_map(|e| str_field(e, "id").map(Value::from))
+                .filter_map(|e| str_field(e, "id").map(str::to_owned))
                 .collect();
             r.events.lock().unwrap().extend(events);
             if r.lose_acks
@@ -76,11 +78,11 @@ pub fn start_intake(
                 // Applied, but the ack never makes it back in time.
                 actix_rt::time::sleep(Duration::from_secs(30)).await;
             }
-            Ok(Value::Map(vec![("acked".into(), Value::Array(ids))]))
+            Ok(to_value(&EventsReply { acked }))
         }
     });
     let r = received.clone();
-    d.register("agent_heartbeat", move |call| {
+    d.register(HEARTBEAT_METHOD, move |call| {
         let r = r.clone();
         async move {
             r.heartbeats.lock().unwrap().push((

@@ -28,6 +28,7 @@ use super::backend::{
     exec_exit_code, ContainerBackend, ExecSession, ExecSpec, OutputStream, TtySize,
 };
 use super::events::{AgentEvent, EventBus};
+use crate::rpc::failure::Failure;
 
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,17 +101,17 @@ pub enum RunError {
 
 impl RunError {
     /// The FAILURE name on the wire.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> Failure {
         match self {
-            RunError::NotFound(_) => "RunNotFound",
-            RunError::NoStdin(_) => "RunHasNoStdin",
-            RunError::Exists(_) => "RunExists",
-            RunError::Stdin(..) => "RunStdinClosed",
-            RunError::NoTty(_) => "RunHasNoTty",
+            RunError::NotFound(_) => Failure::RunNotFound,
+            RunError::NoStdin(_) => Failure::RunHasNoStdin,
+            RunError::Exists(_) => Failure::RunExists,
+            RunError::Stdin(..) => Failure::RunStdinClosed,
+            RunError::NoTty(_) => Failure::RunHasNoTty,
             RunError::Engine(crate::agent::backend::BackendError::Unavailable(_)) => {
-                crate::agent::backend::ENGINE_UNAVAILABLE
+                Failure::ContainerEngineUnavailable
             }
-            RunError::Engine(_) => "ContainerEngineError",
+            RunError::Engine(_) => Failure::ContainerEngineError,
         }
     }
 }

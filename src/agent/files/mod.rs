@@ -21,6 +21,7 @@ use futures::StreamExt;
 
 use self::tar::{Entry, EntryKind, TarReader};
 use crate::agent::backend::{BackendError, ContainerBackend};
+use crate::rpc::failure::Failure;
 
 /// The root every file path is relative to.
 pub const WORK_DIR: &str = "/home/work";
@@ -63,16 +64,16 @@ impl From<BackendError> for FileError {
 
 impl FileError {
     /// The FAILURE name on the wire.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> Failure {
         match self {
-            FileError::InvalidPath(_) => "InvalidPath",
-            FileError::NotFound(_) => "FileNotFound",
-            FileError::TransferNotFound(_) => "TransferNotFound",
-            FileError::TooLarge(_) => "FileTooLarge",
-            FileError::SizeMismatch(_) => "UploadSizeMismatch",
-            FileError::Engine(BackendError::ContainerNotFound(_)) => "KernelNotRunning",
-            FileError::Engine(BackendError::Unavailable(_)) => "ContainerEngineUnavailable",
-            FileError::Engine(_) => "ContainerEngineError",
+            FileError::InvalidPath(_) => Failure::InvalidPath,
+            FileError::NotFound(_) => Failure::FileNotFound,
+            FileError::TransferNotFound(_) => Failure::TransferNotFound,
+            FileError::TooLarge(_) => Failure::FileTooLarge,
+            FileError::SizeMismatch(_) => Failure::UploadSizeMismatch,
+            FileError::Engine(BackendError::ContainerNotFound(_)) => Failure::KernelNotRunning,
+            FileError::Engine(BackendError::Unavailable(_)) => Failure::ContainerEngineUnavailable,
+            FileError::Engine(_) => Failure::ContainerEngineError,
         }
     }
 }

@@ -5,6 +5,7 @@ use actors::SetupError;
 
 use crate::agent::backend::BackendError;
 use crate::agent::resources::{PortsExhausted, SlotError};
+use crate::rpc::failure::Failure;
 use crate::rpc::ErrorMeta;
 
 /// Why a kernel operation failed. [`KernelError::name`] is the FAILURE name.
@@ -58,19 +59,19 @@ pub enum KernelError {
 
 impl KernelError {
     /// The stable FAILURE name; a stage failure carries its cause's name.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> Failure {
         match self {
-            KernelError::NotFound(_) => "KernelNotFound",
-            KernelError::InvalidConfig(_) => "InvalidKernelConfig",
-            KernelError::ResourceExhausted(_) => "ResourceExhausted",
-            KernelError::ImageNotFound(_) => "ImageNotFound",
-            KernelError::RegistryUnreachable(_) => "RegistryUnreachable",
-            KernelError::RegistryAuthFailed(_) => "RegistryAuthFailed",
-            KernelError::PullTimeout(_) => "ImagePullTimeout",
-            KernelError::NotRunning(..) => "KernelNotRunning",
-            KernelError::Engine(_) => "ContainerEngineError",
-            KernelError::EngineUnavailable(_) => crate::agent::backend::ENGINE_UNAVAILABLE,
-            KernelError::BootstrapFailed(_) => "BootstrapScriptFailed",
+            KernelError::NotFound(_) => Failure::KernelNotFound,
+            KernelError::InvalidConfig(_) => Failure::InvalidKernelConfig,
+            KernelError::ResourceExhausted(_) => Failure::ResourceExhausted,
+            KernelError::ImageNotFound(_) => Failure::ImageNotFound,
+            KernelError::RegistryUnreachable(_) => Failure::RegistryUnreachable,
+            KernelError::RegistryAuthFailed(_) => Failure::RegistryAuthFailed,
+            KernelError::PullTimeout(_) => Failure::ImagePullTimeout,
+            KernelError::NotRunning(..) => Failure::KernelNotRunning,
+            KernelError::Engine(_) => Failure::ContainerEngineError,
+            KernelError::EngineUnavailable(_) => Failure::ContainerEngineUnavailable,
+            KernelError::BootstrapFailed(_) => Failure::BootstrapScriptFailed,
             KernelError::Stage { source, .. } => source.name(),
         }
     }

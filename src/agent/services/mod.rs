@@ -26,6 +26,7 @@ use crate::agent::backend::{exec_exit_code, BackendError, ContainerBackend, Exec
 use crate::agent::files::tar::TarReader;
 use crate::agent::files::WORK_DIR;
 use crate::agent::kernel::stages::ServicePortInfo;
+use crate::rpc::failure::Failure;
 
 /// Bytes of a failed service's output reported.
 pub const OUTPUT_TAIL: usize = 4096;
@@ -53,13 +54,15 @@ pub enum ServiceError {
 
 impl ServiceError {
     /// The FAILURE name on the wire.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> Failure {
         match self {
-            ServiceError::NotFound(..) => "ServiceNotFound",
-            ServiceError::StartFailed { .. } => "ServiceStartFailed",
-            ServiceError::Engine(BackendError::ContainerNotFound(_)) => "KernelNotRunning",
-            ServiceError::Engine(BackendError::Unavailable(_)) => "ContainerEngineUnavailable",
-            ServiceError::Engine(_) => "ContainerEngineError",
+            ServiceError::NotFound(..) => Failure::ServiceNotFound,
+            ServiceError::StartFailed { .. } => Failure::ServiceStartFailed,
+            ServiceError::Engine(BackendError::ContainerNotFound(_)) => Failure::KernelNotRunning,
+            ServiceError::Engine(BackendError::Unavailable(_)) => {
+                Failure::ContainerEngineUnavailable
+            }
+            ServiceError::Engine(_) => Failure::ContainerEngineError,
         }
     }
 

@@ -32,6 +32,7 @@ use super::super::pool::{AgentCallError, AgentPool};
 use super::super::store::{now, DanglingReport, Store};
 use crate::retry::Backoff;
 use crate::rpc::agent_api::kernel::{AdoptKernel, DestroyDanglingKernel, KernelIdArgs};
+use crate::rpc::Failure;
 
 /// First wait (at most) before trying an agent that could not be reached again.
 const FIRST_BACKOFF: Duration = Duration::from_secs(2);
@@ -161,8 +162,10 @@ impl DanglingBook {
     }
 }
 
-fn failure_name(e: &AgentCallError) -> Option<&str> {
-    e.failure().map(|m| m.name.as_str())
+/// The FAILURE the agent answered: `Ok` a name this build knows, `Err` one it does not (a newer
+/// agent's); `None` when the agent did not answer.
+fn failure_name(e: &AgentCallError) -> Option<Result<Failure, &str>> {
+    e.failure().map(|m| m.known().ok_or(m.name.as_str()))
 }
 
 /// One step for `p`: decide from the store, then adopt or (once due) destroy. A resolved report
@@ -220,16 +223,16 @@ async fn decide(
             }
             Err(e) => match failure_name(&e) {
                 // Adopted or destroyed already (a repeated report), or the kernel is live there.
-                Some("KernelNotFound") | Some("InvalidKernelConfig") => {
+                Some(Ok(Failure::KernelNotFound | Failure::InvalidKernelConfig)) => {
                     tracing::info!(agent_id = %agent, kernel_id = %kernel, error = %e, "dangling kernel: nothing to adopt any more");
                     Outcome::Done("gone")
                 }
-                Some("KernelNotAdoptable") => {
+                Some(Ok(Failure::KernelNotAdoptable)) => {
                     let why = format!("{e} (reported adoptable: {})", p.adoptable);
                     not_adoptable(store, p, &why).await
                 }
                 // An agent without the method (older than dangling adoption): left alone.
-                Some(name) if name != "AgentShuttingDown" => {
+                Some(name) if name != Ok(Failure::AgentShuttingDown) => {
                     tracing::error!(agent_id = %agent, kernel_id = %kernel, error = %e, "adopting a dangling kernel failed; leaving it as it is");
                     Outcome::Done("failed")
                 }
@@ -248,7 +251,7 @@ async fn decide(
             tracing::warn!(agent_id = %agent, kernel_id = %kernel, destroyed = v.destroyed, "dangling kernel unknown to the store past dangling-grace: destroyed");
             Outcome::Done("destroyed")
         }
-        Err(e) if failure_name(&e) == Some("KernelNotFound") => Outcome::Done("gone"),
+        Err(e) if failure_name(&e) == Some(Ok(Failure::KernelNotFound)) => Outcome::Done("gone"),
         Err(e) if failure_name(&e).is_some() => {
             tracing::error!(agent_id = %agent, kernel_id = %kernel, error = %e, "destroying a dangling kernel failed");
             Outcome::Done("failed")

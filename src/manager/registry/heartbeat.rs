@@ -1,10 +1,12 @@
-//! The heartbeat map of `agent_heartbeat(agent_id, info)` (`docs/events.md`), parsed.
+//! The heartbeat of `agent_heartbeat(agent_id, info)` (`docs/events.md`) as the registry keeps
+//! it: read through the agent's own type ([`HeartbeatInfo`]), images normalized, slot types
+//! completed.
 
 use rmpv::Value;
 
 use crate::agent::heartbeat::MAX_HEARTBEAT_IMAGES;
 use crate::agent::node::normalize_image;
-use crate::manager::events::field;
+use crate::rpc::intake_api::heartbeat::HeartbeatInfo;
 use crate::slots::{builtin_types, ResourceSlots, SlotType, SlotTypes};
 
 /// One heartbeat: the agent's address and key, its slots in total (every slot it has: `cpu`,
@@ -35,28 +37,21 @@ pub struct Heartbeat {
     pub images: Vec<String>,
 }
 
-fn text(map: &[(Value, Value)], key: &str) -> Option<String> {
-    field(map, key).and_then(Value::as_str).map(str::to_owned)
-}
-
 /// The slot types of a heartbeat's `slot_key_and_units` (`{name: "count" | "bytes" |
-/// "unique"}`), always with the built-in `cpu` (count) and `mem` (bytes). Agents that predate it
-/// send none: then `cuda.device` (count) besides the built-ins, the one accelerator slot they
-/// knew. Entries with a bad name or unit are skipped.
-pub fn slot_types(units: Option<&Value>) -> SlotTypes {
+/// "unique"}`, entries with a bad unit already skipped when read), always with the built-in
+/// `cpu` (count) and `mem` (bytes). Agents that predate it send none: then `cuda.device`
+/// (count) besides the built-ins, the one accelerator slot they knew. Entries with a bad name
+/// are skipped.
+pub fn slot_types(units: Option<&SlotTypes>) -> SlotTypes {
     let mut types = builtin_types();
-    match units.and_then(Value::as_map) {
+    match units {
         None => {
             types.insert("cuda.device".into(), SlotType::Count);
         }
         Some(map) => {
-            for (k, v) in map {
-                let (Some(name), Some(ty)) = (k.as_str(), v.as_str().and_then(SlotType::parse))
-                else {
-                    continue;
-                };
+            for (name, ty) in map {
                 if crate::slots::check_name(name).is_ok() && !types.contains_key(name) {
-                    types.insert(name.to_owned(), ty);
+                    types.insert(name.clone(), *ty);
                 }
             }
         }
@@ -65,54 +60,34 @@ pub fn slot_types(units: Option<&Value>) -> SlotTypes {
 }
 
 impl Heartbeat {
-    /// Parses `info` of agent `agent_id` (the call's first argument wins over `info.agent_id`).
+    /// Reads `info` ([`HeartbeatInfo`]) of agent `agent_id` (the call's first argument wins
+    /// over `info.agent_id`).
     ///
     /// Errors: `info` is not a map, or has no `addr`.
     pub fn from_value(agent_id: &str, info: &Value) -> Result<Heartbeat, String> {
-        let map = info.as_map().ok_or("heartbeat info must be a map")?;
-        let addr = text(map, "addr").ok_or("heartbeat without `addr`")?;
-        let slots_total = field(map, "slots")
-            .and_then(Value::as_map)
-            .and_then(|s| field(s, "total"))
-            .map(ResourceSlots::from_wire_msgpack)
-            .unwrap_or_default();
-        let kernels = field(map, "kernels")
-            .and_then(Value::as_array)
-            .map(|ks| {
-                ks.iter()
-                    .filter_map(Value::as_map)
-                    .filter_map(|k| {
-                        Some((
-                            text(k, "id")?,
-                            text(k, "session_id").unwrap_or_default(),
-                            text(k, "status").unwrap_or_default(),
-                        ))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let info = HeartbeatInfo::from_value(info)?;
         let mut seen = std::collections::HashSet::new();
-        let images = field(map, "images")
-            .and_then(Value::as_array)
-            .map(|refs| {
-                refs.iter()
-                    .filter_map(Value::as_str)
-                    .map(normalize_image)
-                    .filter(|r| seen.insert(r.clone()))
-                    .take(MAX_HEARTBEAT_IMAGES)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let images = info
+            .images
+            .iter()
+            .map(|r| normalize_image(r))
+            .filter(|r| seen.insert(r.clone()))
+            .take(MAX_HEARTBEAT_IMAGES)
+            .collect();
         Ok(Heartbeat {
             agent_id: agent_id.to_owned(),
-            addr,
-            public_key: text(map, "public_key"),
-            region: text(map, "region").unwrap_or_else(|| "local".into()),
-            version: text(map, "version").unwrap_or_default(),
-            ts: field(map, "ts").and_then(Value::as_f64).unwrap_or(0.0),
-            slots_total,
-            slot_types: slot_types(field(map, "slot_key_and_units")),
-            kernels,
+            slot_types: slot_types(info.slot_key_and_units.as_ref()),
+            kernels: info
+                .kernels
+                .into_iter()
+                .map(|k| (k.id, k.session_id, k.status))
+                .collect(),
+            addr: info.addr,
+            public_key: info.public_key,
+            region: info.region,
+            version: info.version,
+            ts: info.ts,
+            slots_total: info.slots.total,
             images,
         })
     }
@@ -162,7 +137,11 @@ mod tests {
             ("Bad Name".into(), "count".into()),
             ("x.y".into(), "furlongs".into()),
         ]);
-        let types = slot_types(Some(&units));
+        let info = Value::Map(vec![
+            ("addr".into(), "tcp://127.0.0.1:6011".into()),
+            ("slot_key_and_units".into(), units),
+        ]);
+        let types = Heartbeat::from_value("a1", &info).unwrap().slot_types;
         assert_eq!(
             types.keys().map(String::as_str).collect::<Vec<_>>(),
             ["cpu", "cuda.shares", "mem", "tpu.device"]

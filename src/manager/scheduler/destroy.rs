@@ -89,7 +89,12 @@ pub(super) async fn destroy_on_agent(
     };
     match call_method::<DestroyKernel>(pool, metrics, &k.agent_id, &args, timeout).await {
         Ok(_) => Ok(()),
-        Err(e) if e.failure().is_some_and(|m| m.name == "KernelNotFound") => Ok(()),
+        Err(e)
+            if e.failure()
+                .is_some_and(|m| m.known() == Some(crate::rpc::Failure::KernelNotFound)) =>
+        {
+            Ok(())
+        }
         Err(e) => Err(e),
     }
 }

@@ -22,7 +22,7 @@ use crate::rpc::agent_api::images::{
     CheckAndPull, CheckAndPullArgs, CheckPullingArgs, ImagePullStatus, PullState,
 };
 use crate::rpc::agent_api::kernel::ImageConfig;
-use crate::rpc::ErrorMeta;
+use crate::rpc::{ErrorMeta, Failure};
 
 /// How often the pull's state is asked for.
 pub(super) const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -79,8 +79,9 @@ impl PullPhase {
         {
             Ok(_) => Ok(true),
             Err(e)
-                if e.failure()
-                    .is_some_and(|m| m.name == "NotImplemented" || m.name == "UnknownMethod") =>
+                if e.failure().and_then(|m| m.known()).is_some_and(|f| {
+                    matches!(f, Failure::NotImplemented | Failure::UnknownMethod)
+                }) =>
             {
                 Ok(false)
             }

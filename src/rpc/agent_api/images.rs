@@ -11,7 +11,7 @@ use super::Method;
 use crate::model::pull::PullProgress;
 
 /// The FAILURE name of what the agent does not implement (`commit` to a file).
-pub const NOT_IMPLEMENTED: &str = "NotImplemented";
+pub const NOT_IMPLEMENTED: &str = crate::rpc::failure::Failure::NotImplemented.as_str();
 
 /// `check_pulling(image_name)` → bool: a pull of that image is in flight on this agent (for a
 /// kernel's image stage).
