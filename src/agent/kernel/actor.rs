@@ -377,7 +377,7 @@ impl Handler<StagesChanged> for Kernel {
             let container_restarts = info
                 .stages
                 .iter()
-                .find(|s| s.name == "container")
+                .find(|s| s.name == super::stages::CONTAINER.name())
                 .map_or(0, |s| s.restarts);
             if container_restarts > info.restart_count {
                 // The supervisor began a restart of `container` (and the stages after it).

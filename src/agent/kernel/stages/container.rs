@@ -3,9 +3,12 @@
 
 use std::collections::HashMap;
 
-use actors::{BoxError, Provisioner, StageKey};
+use std::sync::Arc;
 
-use super::ScratchDir;
+use actors::{BoxError, Provisioner, Resources, StageKey, StageTreeBuilder};
+
+use super::{KernelStage, Plan, ScratchDir, IMAGE, MOUNTS, PORTS, SCRATCH, SLOTS};
+use super::Injected;
 use crate::agent::accelerators::ContainerConfig;
 use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
 use crate::agent::kernel::config::ServicePortRequest;
@@ -280,6 +283,40 @@ impl Provisioner for ContainerStage {
 
     async fn teardown(&self, container: ContainerHandle) -> Result<(), BoxError> {
         Ok(self.0.ctx.backend.remove_container(&container.id).await?)
+    }
+}
+
+impl KernelStage for ContainerStage {
+    fn new(handle: KernelHandle) -> Self {
+        ContainerStage(handle)
+    }
+
+    fn spec(plan: &Plan, r: &Resources<'_>) -> Result<ContainerSpec, BoxError> {
+        let image = r.of(IMAGE)?;
+        Ok(container_spec(
+            &plan.handle,
+            &image.id,
+            &plan.service_ports(image)?,
+            r.of(SLOTS)?,
+            r.of(PORTS)?,
+            r.of(SCRATCH)?,
+            r.of(MOUNTS)?,
+        ))
+    }
+
+    /// A watched stage: the watcher reports the container's exits and health
+    /// (`crate::agent::kernel::watch`).
+    fn add(plan: &Arc<Plan>, tree: StageTreeBuilder) -> StageTreeBuilder {
+        let p = plan.clone();
+        let watcher = crate::agent::kernel::watch::container_watcher(
+            plan.handle.clone(),
+            plan.recipients.container_ended.clone(),
+        );
+        tree.watched_stage(
+            Injected::new(ContainerStage(plan.handle.clone()), plan),
+            move |r| Self::spec(&p, r),
+            watcher,
+        )
     }
 }
 

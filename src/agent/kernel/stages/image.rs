@@ -6,7 +6,9 @@
 //! manager that calls `check_and_pull` first (Backend.AI 26.x, kernelvisor's own) the image is
 //! already local here.
 
-use actors::{BoxError, Provisioner, StageKey};
+use actors::{BoxError, Provisioner, Resources, StageKey};
+
+use super::{KernelStage, Plan};
 
 use crate::agent::backend::ImageInfo;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
@@ -60,5 +62,16 @@ impl Provisioner for ImageStage {
 
     async fn teardown(&self, _image: ImageInfo) -> Result<(), BoxError> {
         Ok(())
+    }
+}
+
+impl KernelStage for ImageStage {
+    fn new(handle: KernelHandle) -> Self {
+        ImageStage(handle)
+    }
+
+    /// The config's image reference.
+    fn spec(plan: &Plan, _: &Resources<'_>) -> Result<String, BoxError> {
+        Ok(plan.config.image.clone())
     }
 }

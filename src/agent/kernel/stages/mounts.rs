@@ -6,7 +6,9 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use actors::{BoxError, Provisioner, StageKey};
+use actors::{BoxError, Provisioner, Resources, StageKey};
+
+use super::{KernelStage, Plan};
 
 use crate::agent::backend::Bind;
 use crate::agent::kernel::config::{check_mount_name, MountRequest};
@@ -43,6 +45,17 @@ impl Provisioner for MountStage {
 
     async fn teardown(&self, _binds: Vec<Bind>) -> Result<(), BoxError> {
         Ok(())
+    }
+}
+
+impl KernelStage for MountStage {
+    fn new(handle: KernelHandle) -> Self {
+        MountStage(handle)
+    }
+
+    /// The config's vfolders.
+    fn spec(plan: &Plan, _: &Resources<'_>) -> Result<Vec<MountRequest>, BoxError> {
+        Ok(plan.config.mounts.clone())
     }
 }
 

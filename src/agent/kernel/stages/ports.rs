@@ -1,6 +1,8 @@
 //! `ports`: host ports from `[container] port-range`.
 
-use actors::{BoxError, Provisioner, StageKey};
+use actors::{BoxError, Provisioner, Resources, StageKey};
+
+use super::{KernelStage, Plan, IMAGE};
 
 use crate::agent::kernel::{KernelError, KernelHandle};
 
@@ -54,5 +56,17 @@ impl Provisioner for PortStage {
     async fn teardown(&self, ports: Vec<u16>) -> Result<(), BoxError> {
         self.0.ctx.ports.lock().expect("ports lock").release(&ports);
         Ok(())
+    }
+}
+
+impl KernelStage for PortStage {
+    fn new(handle: KernelHandle) -> Self {
+        PortStage(handle)
+    }
+
+    /// One host port per container port of the kernel's service ports.
+    fn spec(plan: &Plan, r: &Resources<'_>) -> Result<usize, BoxError> {
+        let all = plan.service_ports(r.of(IMAGE)?)?;
+        Ok(all.iter().map(|s| s.container_ports.len()).sum::<usize>())
     }
 }

@@ -6,7 +6,9 @@ use std::ffi::CString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use actors::{BoxError, Provisioner, StageKey};
+use actors::{BoxError, Provisioner, Resources, StageKey};
+
+use super::{KernelStage, Plan, PORTS, SLOTS};
 
 pub use crate::agent::kernel::resources::ScratchDir;
 use crate::agent::kernel::{KernelError, KernelHandle};
@@ -131,5 +133,43 @@ impl Provisioner for ScratchStage {
 
     async fn teardown(&self, dir: ScratchDir) -> Result<(), BoxError> {
         Ok(remove_scratch(&dir.path, dir.tmpfs)?)
+    }
+}
+
+impl KernelStage for ScratchStage {
+    fn new(handle: KernelHandle) -> Self {
+        ScratchStage(handle)
+    }
+
+    fn spec(plan: &Plan, r: &Resources<'_>) -> Result<ScratchSpec, BoxError> {
+        let alloc = r.of(SLOTS)?;
+        let ports = r.of(PORTS)?;
+        // Every slot held, then the devices: their ids in the agent's numbering and
+        // the allocation per slot (`{slot: {device id: amount}}` as JSON).
+        let mut resources: Vec<(String, String)> = alloc
+            .slots
+            .iter()
+            .map(|(k, v)| (k.to_owned(), v.to_string()))
+            .collect();
+        resources.push((
+            "CUDA_GLOBAL_DEVICE_IDS".into(),
+            alloc.device_ids().join(","),
+        ));
+        resources.push((
+            "ALLOCATED_DEVICES".into(),
+            serde_json::to_string(&alloc.devices).unwrap_or_default(),
+        ));
+        resources.push((
+            "HOST_PORTS".into(),
+            ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ));
+        Ok(ScratchSpec {
+            environ: super::container::environ(&plan.handle, alloc),
+            resources,
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! `service-ports`: the kernel's service ports as the engine mapped them, checked and reported.
 
-use actors::{BoxError, Provisioner, StageKey};
+use actors::{BoxError, Provisioner, Resources, StageKey};
+
+use super::{KernelStage, Plan, CONTAINER, IMAGE, PORTS};
 
 use crate::agent::kernel::config::ServicePortRequest;
 pub use crate::agent::kernel::resources::ServicePortInfo;
@@ -76,5 +78,18 @@ impl Provisioner for ServicePortStage {
 
     async fn teardown(&self, _ports: Vec<ServicePortInfo>) -> Result<(), BoxError> {
         Ok(())
+    }
+}
+
+impl KernelStage for ServicePortStage {
+    fn new(handle: KernelHandle) -> Self {
+        ServicePortStage(handle)
+    }
+
+    /// The container's id and the kernel's service ports paired with its host ports.
+    fn spec(plan: &Plan, r: &Resources<'_>) -> Result<Self::Spec, BoxError> {
+        let container = r.of(CONTAINER)?;
+        let all = plan.service_ports(r.of(IMAGE)?)?;
+        Ok((container.id.clone(), assign(&all, r.of(PORTS)?)))
     }
 }

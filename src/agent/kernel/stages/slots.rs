@@ -1,6 +1,8 @@
 //! `slots`: every slot asked for (cpu, mem, accelerator devices) from the agent's capacity.
 
-use actors::{BoxError, Provisioner, StageKey};
+use actors::{BoxError, Provisioner, Resources, StageKey};
+
+use super::{KernelStage, Plan};
 
 use crate::agent::kernel::{KernelError, KernelHandle};
 use crate::agent::resources::SlotAllocation;
@@ -42,5 +44,16 @@ impl Provisioner for SlotStage {
             .expect("slots lock")
             .release(&self.0.id, &alloc);
         Ok(())
+    }
+}
+
+impl KernelStage for SlotStage {
+    fn new(handle: KernelHandle) -> Self {
+        SlotStage(handle)
+    }
+
+    /// The config's slots.
+    fn spec(plan: &Plan, _: &Resources<'_>) -> Result<ResourceSlots, BoxError> {
+        Ok(plan.config.slots.clone())
     }
 }
