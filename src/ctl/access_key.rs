@@ -5,10 +5,10 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use serde_json::{json, Value};
 
-use super::client::{segment, Client};
+use super::client::Client;
 use super::{render, show_to, Failure, Output};
+use crate::model::access_key::{ChangeBody, NewKeyBody};
 
 /// `kernelvisor ctl access-key …`.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
@@ -60,39 +60,33 @@ pub enum AccessKeyCommand {
 }
 
 impl AccessKeyCommand {
-    /// The body of `POST /v1/access-keys` for `create`: `{"role": "user"|"admin",
-    /// "concurrency_limit"?, "name"?}` (the optional ones only when given); of
-    /// `PATCH /v1/access-keys/{key}` for `enable` / `disable` (`{"enabled": bool}`) and
-    /// `set-limit` (`{"concurrency_limit": N}`); `None` for the others, which send no body.
-    pub fn body(&self) -> Option<Value> {
-        match self {
-            AccessKeyCommand::Create {
-                admin,
-                concurrency_limit,
-                name,
-            } => {
-                let mut body = json!({"role": if *admin { "admin" } else { "user" }});
-                if let Some(n) = concurrency_limit {
-                    body["concurrency_limit"] = json!(n);
-                }
-                if let Some(name) = name {
-                    body["name"] = json!(name);
-                }
-                Some(body)
-            }
-            AccessKeyCommand::Enable { .. } => Some(json!({"enabled": true})),
-            AccessKeyCommand::Disable { .. } => Some(json!({"enabled": false})),
-            AccessKeyCommand::SetLimit { limit, .. } => Some(json!({"concurrency_limit": limit})),
-            AccessKeyCommand::List
-            | AccessKeyCommand::Show { .. }
-            | AccessKeyCommand::Delete { .. } => None,
+    /// The body of `POST /v1/access-keys` for `create`: the role, and the limit and name only
+    /// when given.
+    fn new_key(admin: bool, concurrency_limit: Option<u32>, name: Option<&str>) -> NewKeyBody {
+        NewKeyBody {
+            role: Some(if admin { "admin" } else { "user" }.to_owned()),
+            concurrency_limit,
+            name: name.map(str::to_owned),
         }
     }
-}
 
-/// The API path of access key `key`.
-fn key_path(key: &str) -> String {
-    format!("/v1/access-keys/{}", segment(key))
+    /// The body of `PATCH /v1/access-keys/{key}` for `enable` / `disable` (`enabled`) and
+    /// `set-limit` (`concurrency_limit`); `None` for the others.
+    fn change(&self) -> Option<ChangeBody> {
+        match self {
+            AccessKeyCommand::Enable { .. } | AccessKeyCommand::Disable { .. } => {
+                Some(ChangeBody {
+                    enabled: Some(matches!(self, AccessKeyCommand::Enable { .. })),
+                    ..ChangeBody::default()
+                })
+            }
+            AccessKeyCommand::SetLimit { limit, .. } => Some(ChangeBody {
+                concurrency_limit: Some(*limit),
+                ..ChangeBody::default()
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Runs one `access-key` command and prints its answer to `stdout` (a table, or with `-o json`
@@ -103,42 +97,38 @@ pub(super) fn run(
     out: Output,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
-    let body = command.body();
-    let body = body.as_ref().unwrap_or(&Value::Null);
     match command {
-        AccessKeyCommand::Create { .. } => show_to(
-            out,
-            &client.post(
-                "/v1/access-keys",
-                body,
-                Some(super::client::REQUEST_TIMEOUT),
-            )?,
-            render::access_key_created,
-            stdout,
-        ),
-        AccessKeyCommand::List => show_to(
-            out,
-            &client.get("/v1/access-keys", &[])?,
-            render::access_keys,
-            stdout,
-        ),
-        AccessKeyCommand::Show { key } => show_to(
-            out,
-            &client.get(&key_path(key), &[])?,
-            render::access_key,
-            stdout,
-        ),
+        AccessKeyCommand::Create {
+            admin,
+            concurrency_limit,
+            name,
+        } => {
+            let body = AccessKeyCommand::new_key(*admin, *concurrency_limit, name.as_deref());
+            show_to(
+                out,
+                &client.create_access_key(&body)?,
+                render::access_key_created,
+                stdout,
+            )
+        }
+        AccessKeyCommand::List => show_to(out, &client.access_keys()?, render::access_keys, stdout),
+        AccessKeyCommand::Show { key } => {
+            show_to(out, &client.access_key(key)?, render::access_key, stdout)
+        }
         AccessKeyCommand::Enable { key }
         | AccessKeyCommand::Disable { key }
-        | AccessKeyCommand::SetLimit { key, .. } => show_to(
-            out,
-            &client.patch(&key_path(key), body)?,
-            render::access_key,
-            stdout,
-        ),
+        | AccessKeyCommand::SetLimit { key, .. } => {
+            let change = command.change().unwrap_or_default();
+            show_to(
+                out,
+                &client.change_access_key(key, &change)?,
+                render::access_key,
+                stdout,
+            )
+        }
         AccessKeyCommand::Delete { key } => show_to(
             out,
-            &client.delete(&key_path(key))?,
+            &client.delete_access_key(key)?,
             render::access_key,
             stdout,
         ),

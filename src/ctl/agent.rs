@@ -6,19 +6,16 @@
 use std::io::Write;
 
 use clap::{Args, Subcommand};
-use serde_json::json;
 
-use super::client::segment;
+use super::client::read;
 use super::{render, show, unix_now, Client, Failure, Output};
-use crate::model::agent::Agent;
-use crate::model::image::PurgedImages;
+use crate::model::agent::{Agent, DrainRequest};
+use crate::model::image::{PurgeImagesRequest, PurgedImages};
 
 /// Lists the agents: a table, or with `-o json` the API's JSON as it is.
 pub(super) fn run(client: &Client, out: Output) -> Result<i32, Failure> {
     let now = unix_now();
-    show(out, &client.get("/v1/agents", &[])?, |v| {
-        render::agents(v, now)
-    })
+    show(out, &client.agents()?, |v| render::agents(v, now))
 }
 
 /// `kernelvisor ctl agent …` (admin).
@@ -77,7 +74,7 @@ pub struct PurgeImagesArgs {
 
 /// `IMAGE  removed` / `IMAGE  not removed: why` lines.
 fn purged(v: &serde_json::Value) -> String {
-    let p: PurgedImages = render::lenient(v);
+    let p: PurgedImages = read(v).unwrap_or_default();
     let width = p.images.iter().map(|i| i.image.len()).max().unwrap_or(0);
     p.images
         .iter()
@@ -90,7 +87,7 @@ fn purged(v: &serde_json::Value) -> String {
 
 /// The one line confirming a cordon, uncordon or drain, from the agent the API answered.
 fn scheduled(v: &serde_json::Value, now: f64) -> String {
-    let a: Agent = render::lenient(v);
+    let a: Agent = read(v).unwrap_or_default();
     let state = match render::scheduling(&a, now).as_str() {
         "yes" => "schedulable: new sessions may be placed on it".to_owned(),
         "cordoned" => "cordoned: no new sessions are placed on it".to_owned(),
@@ -111,43 +108,31 @@ pub(super) fn run_command(
     out: Output,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
-    match command {
+    let answer = match command {
         AgentCommand::PurgeImages(args) => {
-            let body =
-                json!({"images": args.images, "force": args.force, "noprune": args.no_prune});
-            let path = format!("/v1/agents/{}/images/purge", segment(&args.id));
-            let reply = client.post(&path, &body, None)?;
-            super::show_to(out, &reply, purged, stdout)?;
-            let p: PurgedImages = render::lenient(&reply.json);
-            Ok(i32::from(p.images.iter().any(|i| !i.removed)))
-        }
-        AgentCommand::Cordon { id } => scheduling(client, id, "cordon", &json!({}), out, stdout),
-        AgentCommand::Uncordon { id } => {
-            scheduling(client, id, "uncordon", &json!({}), out, stdout)
-        }
-        AgentCommand::Drain(args) => {
-            let body = match args.deadline {
-                Some(secs) => json!({"deadline": super::parse::seconds_json(secs)}),
-                None => json!({}),
+            let request = PurgeImagesRequest {
+                images: args.images.clone(),
+                force: args.force,
+                noprune: args.no_prune,
             };
-            scheduling(client, &args.id, "drain", &body, out, stdout)
+            let answer = client.purge_images(&args.id, &request)?;
+            super::show_to(out, &answer, purged, stdout)?;
+            return Ok(i32::from(
+                answer.lenient().images.iter().any(|i| !i.removed),
+            ));
         }
-    }
-}
-
-/// `POST /v1/agents/{id}/{action}` with `body`, printing the agent's new scheduling.
-fn scheduling(
-    client: &Client,
-    id: &str,
-    action: &str,
-    body: &serde_json::Value,
-    out: Output,
-    stdout: &mut impl Write,
-) -> Result<i32, Failure> {
-    let path = format!("/v1/agents/{}/{action}", segment(id));
-    let reply = client.post(&path, body, None)?;
+        AgentCommand::Cordon { id } => client.cordon(id)?,
+        AgentCommand::Uncordon { id } => client.uncordon(id)?,
+        AgentCommand::Drain(args) => client.drain(
+            &args.id,
+            &DrainRequest {
+                deadline: args.deadline,
+            },
+        )?,
+    };
+    // The agent's new scheduling.
     let now = unix_now();
-    super::show_to(out, &reply, |v| scheduled(v, now), stdout)
+    super::show_to(out, &answer, |v| scheduled(v, now), stdout)
 }
 
 #[cfg(test)]
@@ -156,6 +141,7 @@ mod tests {
     use crate::ctl::test_util::{parse, text};
     use crate::ctl::testserver::{Answer, Server};
     use crate::ctl::CtlCommand;
+    use serde_json::json;
 
     #[test]
     fn cordon_uncordon_and_drain_post_and_confirm_in_one_line() {

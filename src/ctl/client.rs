@@ -22,6 +22,9 @@ use serde_json::Value;
 
 use crate::model::error::ErrorBody;
 
+mod api;
+pub use api::{lenient, read, Answer};
+
 /// How long to wait for the TCP connection to the manager.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Whole-request limit for calls that do not run user code or stream (everything but execute
@@ -142,6 +145,12 @@ pub struct Reply {
     pub text: String,
     /// The body parsed (`null` for an answer without a body).
     pub json: Value,
+}
+
+impl AsRef<Reply> for Reply {
+    fn as_ref(&self) -> &Reply {
+        self
+    }
 }
 
 /// How a [`Client`] authenticates and whom it trusts.

@@ -4,5 +4,5 @@ use super::{render, show, Client, Failure, Output};
 
 /// Shows the manager's health: `key: value` lines, or with `-o json` the API's JSON as it is.
 pub(super) fn run(client: &Client, out: Output) -> Result<i32, Failure> {
-    show(out, &client.get("/health", &[])?, render::health)
+    show(out, &client.health()?, render::health)
 }

@@ -257,17 +257,22 @@ fn dispatch(client: &Client, args: &CtlArgs) -> Result<i32, Failure> {
 }
 
 /// Prints a reply as JSON or through `table`, and answers exit status 0.
-fn show(out: Output, reply: &Reply, table: impl FnOnce(&Value) -> String) -> Result<i32, Failure> {
+fn show(
+    out: Output,
+    reply: &impl AsRef<Reply>,
+    table: impl FnOnce(&Value) -> String,
+) -> Result<i32, Failure> {
     show_to(out, reply, table, &mut io::stdout().lock())
 }
 
 /// [`show`] to `stdout`. An answer without a body prints nothing with `-o json`.
 fn show_to(
     out: Output,
-    reply: &Reply,
+    reply: &impl AsRef<Reply>,
     table: impl FnOnce(&Value) -> String,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
+    let reply = reply.as_ref();
     match out {
         Output::Json if reply.text.is_empty() => {}
         Output::Json => writeln!(stdout, "{}", format::pretty_json(&reply.text))?,

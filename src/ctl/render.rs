@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::client::read;
 use super::format::{ago, amount, bytes, cores, duration, file_mode, pull_bar, timestamp};
 use crate::model::access_key::{AccessKey, AccessKeyList, NewAccessKey};
 use crate::model::agent::{Agent, AgentList};
@@ -25,32 +26,6 @@ use crate::model::service::{Service, ServiceList, ServiceStarted};
 use crate::model::session::{Session, SessionCreated, SessionList, SessionResult};
 use crate::model::slots::SlotAmounts;
 use crate::model::vfolder::{Vfolder, VfolderList};
-
-/// The answer `v` as the reply type `T` (`null`, an answer without a body: `T`'s default).
-///
-/// Errors: the line to print instead of the table, naming what did not read.
-fn read<T: DeserializeOwned + Default>(v: &Value) -> Result<T, String> {
-    if v.is_null() {
-        return Ok(T::default());
-    }
-    T::deserialize(v).map_err(|e| {
-        format!(
-            "cannot read the manager's answer as {}: {e} (see it with -o json)\n",
-            std::any::type_name::<T>()
-                .rsplit("::")
-                .next()
-                .unwrap_or("its type")
-        )
-    })
-}
-
-/// Renders `v` read as `T` with `f`, or the line saying it does not read.
-/// `v` read as the model's `T`, or `T::default()` when it does not read (the caller then acts
-/// on defaults: no exit code, an unknown status), for the few answers ctl decides on rather
-/// than shows.
-pub(crate) fn lenient<T: DeserializeOwned + Default>(v: &Value) -> T {
-    read(v).unwrap_or_default()
-}
 
 fn with<T: DeserializeOwned + Default>(v: &Value, f: impl FnOnce(T) -> String) -> String {
     read(v).map_or_else(|e| e, f)

@@ -4,10 +4,10 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use serde_json::json;
 
-use super::client::{segment, Client, REQUEST_TIMEOUT};
+use super::client::Client;
 use super::{render, show_to, Failure, Output};
+use crate::model::vfolder::NewVfolder;
 
 /// `kernelvisor ctl vfolder …`.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
@@ -41,23 +41,16 @@ pub(super) fn run(
     match command {
         VfolderCommand::Create { name } => show_to(
             out,
-            &client.post(
-                "/v1/vfolders",
-                &json!({"name": name}),
-                Some(REQUEST_TIMEOUT),
-            )?,
+            &client.create_vfolder(&NewVfolder { name: name.clone() })?,
             render::vfolder,
             stdout,
         ),
-        VfolderCommand::List { all } => show_to(
-            out,
-            &client.get("/v1/vfolders", if *all { &[("all", "true")] } else { &[] })?,
-            render::vfolders,
-            stdout,
-        ),
+        VfolderCommand::List { all } => {
+            show_to(out, &client.vfolders(*all)?, render::vfolders, stdout)
+        }
         VfolderCommand::Delete { name } => show_to(
             out,
-            &client.delete(&format!("/v1/vfolders/{}", segment(name)))?,
+            &client.delete_vfolder(name)?,
             |v| render::vfolder_deleted(v, name),
             stdout,
         ),

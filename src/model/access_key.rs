@@ -14,37 +14,37 @@ pub enum Role {
     Admin,
 }
 
-/// `POST /v1/access-keys` body.
-#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+/// `POST /v1/access-keys` body (`ctl` sends it: a field left `None` is not written).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewKeyBody {
     /// `user` (default) or `admin`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Role>)]
     pub role: Option<String>,
     /// At most this many live sessions (0, the default: unlimited).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<u64>, maximum = 4294967295_u64)]
     pub concurrency_limit: Option<u32>,
     /// A label for people: at most 128 bytes, no control characters.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
     pub name: Option<String>,
 }
 
-/// `PATCH /v1/access-keys/{key}` body: what to change.
-#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+/// `PATCH /v1/access-keys/{key}` body: what to change (a field left `None` is not written).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChangeBody {
     /// At most this many live sessions (0: unlimited).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<u64>, maximum = 4294967295_u64)]
     pub concurrency_limit: Option<u32>,
     /// Enable or disable the key (not the one this request is made with).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// A label for people: at most 128 bytes, no control characters.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
     pub name: Option<String>,
 }

@@ -140,9 +140,25 @@ pub struct Agent {
 pub struct DrainRequest {
     /// Seconds from now after which the sessions still on the agent are terminated
     /// (`agent-drained`); a number above 0. Absent or `null`: no deadline, its sessions end
-    /// by themselves.
-    #[serde(default)]
+    /// by themselves. Written as an integer when whole (`3600`), as ctl always wrote it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
     pub deadline: Option<f64>,
+}
+
+/// `Some(secs)` as a JSON number: an integer when whole and exact in an `f64` (`3600`), else a
+/// float (`0.5`).
+fn whole_seconds<S: serde::Serializer>(secs: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match *secs {
+        Some(n) if n.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&n) => {
+            s.serialize_u64(n as u64)
+        }
+        Some(n) => s.serialize_f64(n),
+        None => s.serialize_none(),
+    }
 }
 
 /// `GET /v1/agents`'s answer.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// `POST /v1/agents/{id}/images/purge` body.
-#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PurgeImagesRequest {
     /// Images to remove from the agent: references (`repo:tag`, `host/repo:tag`) or ids
@@ -52,7 +52,7 @@ pub struct PurgedImages {
 }
 
 /// `POST /v1/sessions/{id}/commit` body.
-#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommitRequest {
     /// The new image's reference, `[host[:port]/]repo[:tag]` (`latest` when no tag), e.g.

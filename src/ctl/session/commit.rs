@@ -6,12 +6,10 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::json;
 
-use crate::ctl::client::segment;
 use crate::ctl::format::human_bytes;
-use crate::ctl::{parse, render, Client, Failure, Output};
-use crate::model::image::{Commit, CommitStatus};
+use crate::ctl::{parse, Client, Failure, Output};
+use crate::model::image::{Commit, CommitRequest, CommitStatus};
 
 /// Arguments of `kernelvisor ctl session commit`.
 #[derive(Debug, Args)]
@@ -95,15 +93,17 @@ fn progress_line(c: &Commit) -> String {
 /// time it changes; in a terminal the line is rewritten in place) and shows its end. Exit 1
 /// when it failed.
 pub(super) fn run(client: &Client, args: &CommitArgs, out: Output) -> Result<i32, Failure> {
-    let path = format!("/v1/sessions/{}/commit", segment(&args.id));
-    let body = json!({"image": args.image, "push": args.push});
-    let mut reply = client.post(&path, &body, Some(Duration::from_secs(60)))?;
+    let request = CommitRequest {
+        image: args.image.clone(),
+        push: args.push,
+    };
+    let mut reply = client.commit(&args.id, &request)?;
     if args.wait {
         let interval = Duration::try_from_secs_f64(args.interval).unwrap_or(Duration::ZERO);
         let tty = std::io::stderr().is_terminal();
         let mut last = String::new();
         loop {
-            let c: Commit = render::lenient(&reply.json);
+            let c = reply.lenient();
             let line = progress_line(&c);
             if line != last {
                 let mut err = std::io::stderr().lock();
@@ -122,10 +122,10 @@ pub(super) fn run(client: &Client, args: &CommitArgs, out: Output) -> Result<i32
                 break;
             }
             std::thread::sleep(interval);
-            reply = client.get(&path, &[])?;
+            reply = client.commit_state(&args.id)?;
         }
     }
-    let c: Commit = render::lenient(&reply.json);
+    let c = reply.lenient();
     crate::ctl::show(out, &reply, |_| fields(&c))?;
     Ok(i32::from(c.status == CommitStatus::Failed))
 }
@@ -133,7 +133,7 @@ pub(super) fn run(client: &Client, args: &CommitArgs, out: Output) -> Result<i32
 /// For tests: the JSON of a commit in `status`.
 #[cfg(test)]
 fn state(status: &str, current: u64, total: u64) -> serde_json::Value {
-    json!({
+    serde_json::json!({
         "session_id": "S", "kernel_id": "K", "agent_id": "A", "image": "r.io/a:1",
         "push": true, "status": status, "image_id": null, "current_bytes": current,
         "total_bytes": total, "error_code": null, "reason": null, "started_at": 1.0,
@@ -147,7 +147,7 @@ mod tests {
     use crate::ctl::test_util::parse;
     use crate::ctl::testserver::{Answer, Server};
     use crate::ctl::{CtlCommand, SessionCommand};
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     #[test]
     fn flags() {
@@ -164,7 +164,7 @@ mod tests {
 
     #[test]
     fn progress_is_shown_in_bytes() {
-        let c: Commit = render::lenient(&state("pushing", 3 << 20, 12 << 20));
+        let c: Commit = crate::ctl::client::lenient(&state("pushing", 3 << 20, 12 << 20));
         assert_eq!(progress_line(&c), "pushing 3 MiB of 12 MiB (25%)");
         let text = fields(&c);
         assert!(text.contains("status:  pushing"), "{text}");
@@ -172,7 +172,7 @@ mod tests {
         let mut failed = state("failed", 0, 0);
         failed["error_code"] = "registry-auth-failed".into();
         failed["reason"] = "denied".into();
-        let c: Commit = render::lenient(&failed);
+        let c: Commit = crate::ctl::client::lenient(&failed);
         assert_eq!(progress_line(&c), "failed: registry-auth-failed: denied");
     }
 

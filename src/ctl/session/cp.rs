@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::files::{self, Downloaded};
 use crate::ctl::parse::{self, Endpoint, Transfer};
-use crate::ctl::{render, show_to, Client, Failure, Output};
+use crate::ctl::{show_to, Client, Failure, Output};
 use crate::model::file::Uploaded;
 
 /// Arguments of `kernelvisor ctl session cp`: what to copy where. Parsing fails (a usage error)
@@ -76,7 +76,7 @@ pub(super) fn cp(
             show_to(
                 out,
                 &up.reply,
-                |v| match render::lenient::<Option<Uploaded>>(v) {
+                |v| match crate::ctl::client::lenient::<Option<Uploaded>>(v) {
                     Some(done) => format!("uploaded {} bytes to {id}:{}\n", done.size, done.path),
                     None => format!("uploaded {} bytes to {id}:{}\n", up.size, up.path),
                 },

@@ -141,7 +141,7 @@ impl CreateArgs {
 /// Creates the session and prints what was created, or with `-o json` the API's JSON as it is.
 pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32, Failure> {
     let reply = client.post("/v1/sessions", &args.to_json(), None)?;
-    let created: crate::model::session::SessionCreated = render::lenient(&reply.json);
+    let created: crate::model::session::SessionCreated = crate::ctl::client::lenient(&reply.json);
     let code = if args.quiet {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{}", created.session_id)?;

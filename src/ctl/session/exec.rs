@@ -154,7 +154,7 @@ impl ExecEnd {
     /// Reads an execute answer `{"runId", "status", "console", "exitCode"}` (the last of a run:
     /// a `continued` one reads as `NoExitCode`).
     pub fn of(v: &Value) -> Self {
-        let answer: ExecuteAnswer = render::lenient(v);
+        let answer: ExecuteAnswer = crate::ctl::client::lenient(v);
         let status = if answer.status.is_empty() {
             "-"
         } else {
@@ -231,7 +231,7 @@ fn exec(
         }
         stdout.flush()?;
         stderr.flush()?;
-        let answer: ExecuteAnswer = render::lenient(&reply.json);
+        let answer: ExecuteAnswer = crate::ctl::client::lenient(&reply.json);
         if answer.status != "continued" {
             return Ok(ExecEnd::of(&reply.json));
         }

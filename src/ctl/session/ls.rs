@@ -4,7 +4,6 @@ use std::io::Write;
 
 use clap::Args;
 
-use crate::ctl::client::segment;
 use crate::ctl::{parse, render, show_to, Client, Failure, Output};
 
 /// Arguments of `kernelvisor ctl session ls`.
@@ -26,10 +25,7 @@ pub(super) fn ls(
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
     let dir = dir.trim_end_matches('/');
-    let reply = client.get(
-        &format!("/v1/sessions/{}/files", segment(id)),
-        &[("dir", dir)],
-    )?;
+    let reply = client.files(id, dir)?;
     show_to(out, &reply, render::files, stdout)
 }
 

@@ -5,7 +5,6 @@ use std::io::Write;
 
 use clap::Args;
 
-use crate::ctl::client::segment;
 use crate::ctl::{render, show_to, Client, Failure, Output};
 
 /// Arguments of `kernelvisor ctl session services`.
@@ -24,11 +23,6 @@ pub struct ServiceArgs {
     pub name: String,
 }
 
-/// The API path of service `name` of session `id`.
-fn service_path(id: &str, name: &str) -> String {
-    format!("/v1/sessions/{}/services/{}", segment(id), segment(name))
-}
-
 /// `session services`.
 pub(super) fn services(
     client: &Client,
@@ -36,7 +30,7 @@ pub(super) fn services(
     out: Output,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
-    let reply = client.get(&format!("/v1/sessions/{}/services", segment(id)), &[])?;
+    let reply = client.services(id)?;
     show_to(out, &reply, render::services, stdout)
 }
 
@@ -48,8 +42,7 @@ pub(super) fn service_start(
     out: Output,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
-    // Starting may wait for the service to come up: no limit beyond the manager's.
-    let reply = client.post_empty(&service_path(id, name), None)?;
+    let reply = client.start_service(id, name)?;
     show_to(out, &reply, |v| render::service_started(v, name), stdout)
 }
 
@@ -61,7 +54,7 @@ pub(super) fn service_stop(
     out: Output,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
-    let reply = client.delete(&service_path(id, name))?;
+    let reply = client.stop_service(id, name)?;
     show_to(out, &reply, |v| render::service_stopped(v, name), stdout)
 }
 

@@ -6,7 +6,6 @@ use std::io::{self, Write};
 
 use clap::Args;
 
-use crate::ctl::client::segment;
 use crate::ctl::{events, render, show as print, show_to, unix_now, Client, Failure, Output};
 use crate::model::event::EventType;
 
@@ -46,16 +45,8 @@ pub(in crate::ctl) fn list(
     out: Output,
 ) -> Result<i32, Failure> {
     let now = unix_now();
-    let mut query = Vec::new();
-    if args.all {
-        query.push(("all", "true"));
-    }
-    if let Some(key) = &args.access_key {
-        query.push(("access_key", key.as_str()));
-    }
-    print(out, &client.get("/v1/sessions", &query)?, |v| {
-        render::sessions(v, now)
-    })
+    let answer = client.sessions(args.all, args.access_key.as_deref())?;
+    print(out, &answer, |v| render::sessions(v, now))
 }
 
 /// `session show`; with `--watch`, the session's changes after it, one line each (as `ctl
@@ -63,12 +54,11 @@ pub(in crate::ctl) fn list(
 /// read, so no change falls between the two (one made in between is shown twice at worst).
 pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32, Failure> {
     let stdout = &mut io::stdout().lock();
-    let path = format!("/v1/sessions/{}", segment(&args.id));
     if !args.watch {
         let now = unix_now();
         return show_to(
             out,
-            &client.get(&path, &[])?,
+            &client.session(&args.id)?,
             |v| render::session(v, now),
             stdout,
         );
@@ -83,10 +73,10 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
         ),
     ];
     let stream = events::open(client, &query)?;
-    let reply = client.get(&path, &[])?;
+    let reply = client.session(&args.id)?;
     let now = unix_now();
     show_to(out, &reply, |v| render::session(v, now), stdout)?;
-    let session: crate::model::session::Session = render::lenient(&reply.json);
+    let session = reply.lenient();
     if session.terminated() {
         return Ok(0);
     }
@@ -107,9 +97,7 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
 /// `session rm`: the session as it is once terminated.
 pub(super) fn rm(client: &Client, args: &RmArgs, out: Output) -> Result<i32, Failure> {
     let now = unix_now();
-    print(
-        out,
-        &client.delete(&format!("/v1/sessions/{}", segment(&args.id)))?,
-        |v| render::session(v, now),
-    )
+    print(out, &client.destroy_session(&args.id)?, |v| {
+        render::session(v, now)
+    })
 }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::Value;
 
-use crate::ctl::client::segment;
+use crate::ctl::client::{read, Answer};
 use crate::ctl::{
-    parse, render, show, unix_now, Client, ClientError, Failure, Output, Reply, EXIT_TIMEOUT,
+    parse, render, show, unix_now, Client, ClientError, Failure, Output, EXIT_TIMEOUT,
 };
 use crate::model::session::{KernelStatus, Session, SessionResult};
 
@@ -34,17 +34,16 @@ pub(super) fn run(client: &Client, args: &WaitArgs, out: Output) -> Result<i32, 
         interval,
         timeout,
     } = args;
-    let path = format!("/v1/sessions/{}", segment(id));
     let interval = Duration::try_from_secs_f64(*interval).unwrap_or(Duration::ZERO);
     let deadline =
         timeout.and_then(|t| Instant::now().checked_add(Duration::try_from_secs_f64(t).ok()?));
-    match wait_terminated(client, &path, interval, deadline)? {
+    match wait_terminated(client, id, interval, deadline)? {
         Waited::Terminated(reply) => {
             show(out, &reply, |v| render::session(v, unix_now()))?;
             Ok(wait_exit_code(&reply.json))
         }
         Waited::TimedOut(reply) => {
-            let session: Session = render::lenient(&reply.json);
+            let session = reply.lenient();
             let status = if session.status.is_empty() {
                 "-"
             } else {
@@ -64,7 +63,7 @@ pub(super) fn run(client: &Client, args: &WaitArgs, out: Output) -> Result<i32, 
 /// 0–255 (other codes: 1, so a failure never reads as success); without an exit code, 0 when
 /// `result` is `SUCCESS`, else 1.
 pub fn wait_exit_code(session: &Value) -> i32 {
-    let session: Session = render::lenient(session);
+    let session: Session = read(session).unwrap_or_default();
     match session.exit_code {
         None => i32::from(session.result != Some(SessionResult::Success)),
         Some(c @ 0..=255) => c as i32,
@@ -74,16 +73,16 @@ pub fn wait_exit_code(session: &Value) -> i32 {
 
 /// How [`wait_terminated`] ended, with the last answer.
 enum Waited {
-    Terminated(Reply),
-    TimedOut(Reply),
+    Terminated(Answer<Session>),
+    TimedOut(Answer<Session>),
 }
 
-/// Polls `GET path` every `interval` until the session's `status` is `TERMINATED` or
+/// Polls `GET /v1/sessions/{id}` every `interval` until the session's `status` is `TERMINATED` or
 /// `CANCELLED`, or until
 /// `deadline` (the last poll is at or just after it).
 fn wait_terminated(
     client: &Client,
-    path: &str,
+    id: &str,
     interval: Duration,
     deadline: Option<Instant>,
 ) -> Result<Waited, ClientError> {
@@ -91,8 +90,8 @@ fn wait_terminated(
     let live = io::stderr().is_terminal();
     let mut drew = false;
     loop {
-        let reply = client.get(path, &[])?;
-        let session: Session = render::lenient(&reply.json);
+        let reply = client.session(id)?;
+        let session = reply.lenient();
         let pulling = session.status == KernelStatus::Pulling.as_str();
         if live && (pulling || drew) {
             let line = match (&session.pull_progress, pulling) {
@@ -176,8 +175,7 @@ mod tests {
             session("TERMINATED"),
         ]);
         let client = Client::new(&server.url).unwrap();
-        let waited =
-            wait_terminated(&client, "/v1/sessions/S", Duration::from_millis(10), None).unwrap();
+        let waited = wait_terminated(&client, "S", Duration::from_millis(10), None).unwrap();
         assert!(matches!(waited, Waited::Terminated(ref r) if r.json["status"] == "TERMINATED"));
         let requests = server.requests();
         assert_eq!(
@@ -188,13 +186,8 @@ mod tests {
         // A deadline already passed: one poll, then the timeout.
         let server = Server::start(vec![session("RUNNING")]);
         let client = Client::new(&server.url).unwrap();
-        let waited = wait_terminated(
-            &client,
-            "/v1/sessions/S",
-            Duration::from_secs(60),
-            Some(Instant::now()),
-        )
-        .unwrap();
+        let waited =
+            wait_terminated(&client, "S", Duration::from_secs(60), Some(Instant::now())).unwrap();
         assert!(matches!(waited, Waited::TimedOut(ref r) if r.json["status"] == "RUNNING"));
         assert_eq!(server.requests().len(), 1);
     }

@@ -7,7 +7,7 @@
 //! at once, the others within a second; the leader enforces deadlines
 //! (`crate::manager::scheduler` `drain.rs`).
 
-use actix_web::{web, HttpResponse};
+use actix_web::{post, web, HttpResponse};
 
 use super::auth::Caller;
 use super::responses;
@@ -28,8 +28,6 @@ const MAX_DEADLINE: f64 = 365.0 * 24.0 * 3600.0;
 /// as `GET /v1/agents` shows it (`schedulable: false`). Cordoning a draining agent leaves the
 /// drain as it is.
 #[utoipa::path(
-    post,
-    path = "/v1/agents/{id}/cordon",
     operation_id = "cordon_agent",
     tag = "system",
     params(("id" = String, Path, description = "Agent id")),
@@ -39,6 +37,7 @@ const MAX_DEADLINE: f64 = 365.0 * 24.0 * 3600.0;
         responses::AdminOnly,
     ),
 )]
+#[post("/v1/agents/{id}/cordon")]
 pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
     let row = s.store.set_agent_schedulable(&id, false).await?;
@@ -51,8 +50,6 @@ pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path
 /// deadline with it). Starts an admission round, so queued sessions that fit are placed now.
 /// Answers the agent as `GET /v1/agents` shows it (`schedulable: true`, `draining: false`).
 #[utoipa::path(
-    post,
-    path = "/v1/agents/{id}/uncordon",
     operation_id = "uncordon_agent",
     tag = "system",
     params(("id" = String, Path, description = "Agent id")),
@@ -62,6 +59,7 @@ pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path
         responses::AdminOnly,
     ),
 )]
+#[post("/v1/agents/{id}/uncordon")]
 pub(super) async fn uncordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
     let row = s.store.set_agent_schedulable(&id, true).await?;
@@ -80,8 +78,6 @@ pub(super) async fn uncordon(s: web::Data<ApiState>, caller: Caller, id: web::Pa
 /// stays cordoned after its last session ended, until uncordoned. Answers the agent as
 /// `GET /v1/agents` shows it (`drain_deadline` in Unix seconds).
 #[utoipa::path(
-    post,
-    path = "/v1/agents/{id}/drain",
     operation_id = "drain_agent",
     tag = "system",
     params(("id" = String, Path, description = "Agent id")),
@@ -93,6 +89,7 @@ pub(super) async fn uncordon(s: web::Data<ApiState>, caller: Caller, id: web::Pa
         responses::AdminOnly,
     ),
 )]
+#[post("/v1/agents/{id}/drain")]
 pub(super) async fn drain(
     s: web::Data<ApiState>,
     caller: Caller,

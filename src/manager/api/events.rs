@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web::Bytes;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{get, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
 use super::auth::Caller;
@@ -48,8 +48,6 @@ pub(super) struct EventsQuery {
 // header values that HTTP itself refuses would be answered by actix's parser (400, no JSON
 // body), not by this API.
 #[utoipa::path(
-    get,
-    path = "/v1/events",
     operation_id = "stream_events",
     tag = "events",
     params(
@@ -66,6 +64,7 @@ pub(super) struct EventsQuery {
         (status = 404, description = "`session-not-found`: a session_id prefix that starts none of the caller's sessions' ids", body = ErrorBody),
     ),
 )]
+#[get("/v1/events")]
 pub(super) async fn stream(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -410,13 +409,13 @@ mod tests {
         use futures::StreamExt;
         let hub = EventHub::new(Default::default(), None);
         let sub = hub.subscribe(Filter::default(), true, None);
-        let mut stream = Box::pin(follow(sub, Duration::from_millis(50)));
+        let mut frames = Box::pin(follow(sub, Duration::from_millis(50)));
         let mut texts = Vec::new();
         for publish in [false, false, true, false] {
             if publish {
                 hub.publish(Event::of(EventType::SessionStatus));
             }
-            let item = stream.next().await.unwrap().unwrap();
+            let item = frames.next().await.unwrap().unwrap();
             texts.push(String::from_utf8(item.to_vec()).unwrap());
         }
         assert_eq!(texts[0], ": kernelvisor events\n\n");

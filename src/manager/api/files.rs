@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use actix_web::http::header;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{get, put, web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use rmpv::Value;
@@ -49,8 +49,6 @@ async fn call<M: Method>(
 /// Writes the raw body to a file in the kernel (replacing it; missing directories are
 /// created), in chunks; `Content-Length` is required.
 #[utoipa::path(
-    put,
-    path = "/v1/sessions/{id}/files/{path}",
     operation_id = "upload_file",
     tag = "files",
     params(
@@ -67,6 +65,7 @@ async fn call<M: Method>(
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[put("/v1/sessions/{id}/files/{path:.*}")]
 pub(super) async fn upload(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -148,8 +147,6 @@ pub(super) async fn upload(
 
 /// A file's bytes, with `Content-Length`, streamed in chunks.
 #[utoipa::path(
-    get,
-    path = "/v1/sessions/{id}/files/{path}",
     operation_id = "download_file",
     tag = "files",
     params(
@@ -163,6 +160,7 @@ pub(super) async fn upload(
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[get("/v1/sessions/{id}/files/{path:.*}")]
 pub(super) async fn download(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -240,8 +238,6 @@ pub(super) struct ListQuery {
 /// A directory's entries (at most 10 000, sorted by name), read from the engine's archive API
 /// (no tool of the image is needed).
 #[utoipa::path(
-    get,
-    path = "/v1/sessions/{id}/files",
     operation_id = "list_files",
     tag = "files",
     params(
@@ -255,6 +251,7 @@ pub(super) struct ListQuery {
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[get("/v1/sessions/{id}/files")]
 pub(super) async fn list(
     s: web::Data<ApiState>,
     caller: Caller,

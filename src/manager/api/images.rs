@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, post, web, HttpResponse};
 
 use super::auth::Caller;
 use super::responses;
@@ -30,8 +30,6 @@ const MAX_PURGE: usize = 100;
 /// Removes images from an agent, as `docker rmi` does; each image's outcome in the answer
 /// (an image a kernel of the agent runs is refused without `force`, naming the kernels).
 #[utoipa::path(
-    post,
-    path = "/v1/agents/{id}/images/purge",
     operation_id = "purge_agent_images",
     tag = "system",
     params(("id" = String, Path, description = "Agent id")),
@@ -43,6 +41,7 @@ const MAX_PURGE: usize = 100;
         responses::AdminOnly, responses::AgentFailed,
     ),
 )]
+#[post("/v1/agents/{id}/images/purge")]
 pub(super) async fn purge(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -97,8 +96,6 @@ pub(super) async fn purge(
 /// the manager's `[[registry]]` for the image's host). Answers at once with the commit's
 /// state; `GET` follows it.
 #[utoipa::path(
-    post,
-    path = "/v1/sessions/{id}/commit",
     operation_id = "commit_session",
     tag = "sessions",
     params(("id" = String, Path, description = "Session or kernel id")),
@@ -111,6 +108,7 @@ pub(super) async fn purge(
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[post("/v1/sessions/{id}/commit")]
 pub(super) async fn commit(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -158,8 +156,6 @@ pub(super) async fn commit(
 /// or `failed` with `error_code` and `reason`. Kept by the manager replica that started it
 /// (a day after it ended).
 #[utoipa::path(
-    get,
-    path = "/v1/sessions/{id}/commit",
     operation_id = "get_session_commit",
     tag = "sessions",
     params(("id" = String, Path, description = "Session or kernel id")),
@@ -168,6 +164,7 @@ pub(super) async fn commit(
         (status = 404, description = "`session-not-found`, `commit-not-found`", body = ErrorBody),
     ),
 )]
+#[get("/v1/sessions/{id}/commit")]
 pub(super) async fn commit_state(
     s: web::Data<ApiState>,
     caller: Caller,

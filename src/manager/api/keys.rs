@@ -1,7 +1,7 @@
 //! Access-key routes (admin only, but a key may read itself): create (the only answer that
 //! ever shows a secret key), list, get, change (limit, enabled, name), delete.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{delete, get, patch, post, web, HttpResponse};
 
 use super::auth::Caller;
 use super::responses;
@@ -40,8 +40,6 @@ fn check_name(name: &str) -> Result<(), ManagerError> {
 
 /// Creates an access key (admin): the only answer that ever shows a secret key.
 #[utoipa::path(
-    post,
-    path = "/v1/access-keys",
     operation_id = "create_access_key",
     tag = "access-keys",
     request_body = NewKeyBody,
@@ -51,6 +49,7 @@ fn check_name(name: &str) -> Result<(), ManagerError> {
         responses::AdminOnly,
     ),
 )]
+#[post("/v1/access-keys")]
 pub(super) async fn create(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -96,8 +95,6 @@ pub(super) async fn create(
 
 /// Every access key (admin).
 #[utoipa::path(
-    get,
-    path = "/v1/access-keys",
     operation_id = "list_access_keys",
     tag = "access-keys",
     responses(
@@ -105,6 +102,7 @@ pub(super) async fn create(
         responses::AdminOnly,
     ),
 )]
+#[get("/v1/access-keys")]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller) -> Res {
     caller.require_admin()?;
     let keys = s.store.access_keys().await?;
@@ -114,8 +112,6 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller) -> Res {
 
 /// Any key may read itself (its concurrency); others' are an admin's.
 #[utoipa::path(
-    get,
-    path = "/v1/access-keys/{key}",
     operation_id = "get_access_key",
     tag = "access-keys",
     params(("key" = String, Path, description = "Access key (`AK…`)")),
@@ -125,6 +121,7 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller) -> Res {
         (status = 404, description = "`access-key-not-found`", body = ErrorBody),
     ),
 )]
+#[get("/v1/access-keys/{key}")]
 pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, key: web::Path<String>) -> Res {
     if !caller.may_act_for(&key) {
         caller.require_admin()?;
@@ -150,8 +147,6 @@ fn not_own(caller: &Caller, key: &str, what: &str) -> Result<(), ManagerError> {
 
 /// Changes a key's limit, name or enabled flag (admin).
 #[utoipa::path(
-    patch,
-    path = "/v1/access-keys/{key}",
     operation_id = "change_access_key",
     tag = "access-keys",
     params(("key" = String, Path, description = "Access key (`AK…`)")),
@@ -163,6 +158,7 @@ fn not_own(caller: &Caller, key: &str, what: &str) -> Result<(), ManagerError> {
         responses::AdminOnly,
     ),
 )]
+#[patch("/v1/access-keys/{key}")]
 pub(super) async fn change(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -193,8 +189,6 @@ pub(super) async fn change(
 /// Deletes a key (admin): not while it has live sessions, not the key this request is made
 /// with.
 #[utoipa::path(
-    delete,
-    path = "/v1/access-keys/{key}",
     operation_id = "delete_access_key",
     tag = "access-keys",
     params(("key" = String, Path, description = "Access key (`AK…`)")),
@@ -206,6 +200,7 @@ pub(super) async fn change(
         responses::AdminOnly,
     ),
 )]
+#[delete("/v1/access-keys/{key}")]
 pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, key: web::Path<String>) -> Res {
     caller.require_admin()?;
     not_own(&caller, &key, "delete")?;

@@ -204,17 +204,48 @@ fn invalid(e: impl std::fmt::Display) -> actix_web::Error {
     ManagerError::InvalidRequest(e.to_string()).into()
 }
 
-/// The routes, for the server and for tests.
+/// Every route of the API, each once: a handler's actix route macro (`#[get("/v1/…")]`) gives
+/// its method and path, its `#[utoipa::path]` the rest of its operation, and
+/// utoipa-actix-web registers it with actix and with the OpenAPI document
+/// ([`openapi::document`]) at once. A new route is its handler plus one line here.
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
+    cfg.service(sessions::create)
+        .service(sessions::list)
+        .service(sessions::get)
+        .service(sessions::delete)
+        .service(sessions::execute)
+        .service(sessions::logs)
+        .service(pty::open)
+        .service(images::commit)
+        .service(images::commit_state)
+        .service(services::list)
+        .service(services::start)
+        .service(services::stop)
+        .service(files::list)
+        .service(files::upload)
+        .service(files::download)
+        .service(events::stream)
+        .service(system::list_agents)
+        .service(cordon::cordon)
+        .service(cordon::uncordon)
+        .service(cordon::drain)
+        .service(images::purge)
+        .service(keys::create)
+        .service(keys::list)
+        .service(keys::get)
+        .service(keys::change)
+        .service(keys::delete)
+        .service(vfolders::create)
+        .service(vfolders::list)
+        .service(vfolders::delete)
+        .service(openapi::serve)
+        .service(system::health)
+        .service(system::metrics);
+}
+
+/// The app's configuration, for the server and for tests: [`routes`], the extractors' error
+/// answers (400 `invalid-request`) and [`unrouted`] for what no route takes.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    let not_allowed = || {
-        web::to(|| async {
-            error::plain(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "method not allowed on this route",
-            )
-        })
-    };
     cfg.app_data(
         web::JsonConfig::default()
             .limit(1 << 20)
@@ -222,130 +253,26 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     )
     .app_data(web::QueryConfig::default().error_handler(|e, _| invalid(e)))
     .app_data(web::PathConfig::default().error_handler(|e, _| invalid(e)))
-    .service(
-        web::resource("/v1/sessions")
-            .route(web::post().to(sessions::create))
-            .route(web::get().to(sessions::list))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/events")
-            .route(web::get().to(events::stream))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}")
-            .route(web::get().to(sessions::get))
-            .route(web::delete().to(sessions::delete))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/execute")
-            .route(web::post().to(sessions::execute))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/logs")
-            .route(web::get().to(sessions::logs))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/pty")
-            .route(web::get().to(pty::open))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/commit")
-            .route(web::post().to(images::commit))
-            .route(web::get().to(images::commit_state))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/services")
-            .route(web::get().to(services::list))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/services/{name}")
-            .route(web::post().to(services::start))
-            .route(web::delete().to(services::stop))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/files")
-            .route(web::get().to(files::list))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/sessions/{id}/files/{path:.*}")
-            .route(web::put().to(files::upload))
-            .route(web::get().to(files::download))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/agents")
-            .route(web::get().to(system::list_agents))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/agents/{id}/cordon")
-            .route(web::post().to(cordon::cordon))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/agents/{id}/uncordon")
-            .route(web::post().to(cordon::uncordon))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/agents/{id}/drain")
-            .route(web::post().to(cordon::drain))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/agents/{id}/images/purge")
-            .route(web::post().to(images::purge))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/access-keys")
-            .route(web::post().to(keys::create))
-            .route(web::get().to(keys::list))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/access-keys/{key}")
-            .route(web::get().to(keys::get))
-            .route(web::patch().to(keys::change))
-            .route(web::delete().to(keys::delete))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/vfolders")
-            .route(web::post().to(vfolders::create))
-            .route(web::get().to(vfolders::list))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/vfolders/{name}")
-            .route(web::delete().to(vfolders::delete))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/v1/openapi.json")
-            .route(web::get().to(openapi::serve))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/health")
-            .route(web::get().to(system::health))
-            .default_service(not_allowed()),
-    )
-    .service(
-        web::resource("/metrics")
-            .route(web::get().to(system::metrics))
-            .default_service(not_allowed()),
-    );
+    .default_service(web::to(unrouted));
+    routes(&mut utoipa_actix_web::service_config::ServiceConfig::new(
+        cfg,
+    ));
+}
+
+/// The answer to a request no route took: 405 `method-not-allowed` when its path is a route's
+/// (for another method: each handler is a resource of its own, guarded by its method), else
+/// 404 `not-found`.
+async fn unrouted(req: actix_web::HttpRequest) -> HttpResponse {
+    // The path as the router matched it (requoted), not the raw URI.
+    if req.resource_map().has_resource(req.match_info().as_str()) {
+        error::plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "method not allowed on this route",
+        )
+    } else {
+        error::plain(StatusCode::NOT_FOUND, "not-found", "no such route")
+    }
 }
 
 /// Starts the API server on `listener` with `workers` threads; returns the server (a future
@@ -364,9 +291,6 @@ pub fn serve(
             .wrap(actix_web::middleware::from_fn(auth::authenticate))
             .app_data(web::Data::new(state.clone()))
             .configure(configure)
-            .default_service(web::to(|| async {
-                error::plain(StatusCode::NOT_FOUND, "not-found", "no such route")
-            }))
     })
     .workers(workers)
     .disable_signals()

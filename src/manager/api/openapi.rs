@@ -11,12 +11,13 @@
 
 use std::sync::OnceLock;
 
-use actix_web::HttpResponse;
+use actix_web::{get, HttpResponse};
 use utoipa::openapi::path::{HttpMethod, Operation};
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, HeaderBuilder, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+use utoipa_actix_web::AppExt;
 
 use super::auth::Caller;
 use crate::model::error::ErrorBody;
@@ -26,7 +27,8 @@ use crate::model::{CLOSED_REPLIES, REPLIES};
 /// of the `security(...)` attributes).
 pub const SECURITY_SCHEME: &str = "bearer";
 
-/// The OpenAPI document: every route of [`super::configure`].
+/// The OpenAPI document's frame: its info, tags and security; the operations come from
+/// [`super::routes`] ([`document`]).
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -37,42 +39,7 @@ pub const SECURITY_SCHEME: &str = "bearer";
                        Contract: docs/manager-api.md.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
-    paths(
-        super::sessions::create,
-        super::sessions::list,
-        super::sessions::get,
-        super::sessions::delete,
-        super::sessions::execute,
-        super::sessions::logs,
-        super::pty::open,
-        super::images::commit,
-        super::images::commit_state,
-        super::services::list,
-        super::services::start,
-        super::services::stop,
-        super::files::list,
-        super::files::upload,
-        super::files::download,
-        super::events::stream,
-        super::system::list_agents,
-        super::cordon::cordon,
-        super::cordon::uncordon,
-        super::cordon::drain,
-        super::images::purge,
-        super::keys::create,
-        super::keys::list,
-        super::keys::get,
-        super::keys::change,
-        super::keys::delete,
-        super::vfolders::create,
-        super::vfolders::list,
-        super::vfolders::delete,
-        super::system::health,
-        super::system::metrics,
-        serve,
-    ),
     components(schemas(ErrorBody, crate::model::event::Event)),
-    modifiers(&Fixups),
     security(("bearer" = [])),
     tags(
         (name = "sessions", description = "Sessions: create, list, show, destroy, execute, logs"),
@@ -86,25 +53,30 @@ pub const SECURITY_SCHEME: &str = "bearer";
 )]
 pub struct ApiDoc;
 
-/// The document as JSON text, built once.
+/// The document as JSON text, built once: [`ApiDoc`]'s frame, every operation of
+/// [`super::routes`] (and the schemas they name), then [`Fixups`].
 pub fn document() -> &'static str {
     static DOC: OnceLock<String> = OnceLock::new();
     DOC.get_or_init(|| {
-        ApiDoc::openapi()
-            .to_json()
-            .expect("the OpenAPI document serializes")
+        // The routes register with an app that is never run: only their operations are kept.
+        let (_, mut doc) = actix_web::App::new()
+            .into_utoipa_app()
+            .openapi(ApiDoc::openapi())
+            .configure(super::routes)
+            .split_for_parts();
+        Fixups.modify(&mut doc);
+        doc.to_json().expect("the OpenAPI document serializes")
     })
 }
 
 /// This document (OpenAPI 3.1). Readable with any valid key.
 #[utoipa::path(
-    get,
-    path = "/v1/openapi.json",
     operation_id = "openapi_document",
     tag = "system",
     security(("bearer" = [])),
     responses((status = 200, description = "The OpenAPI document", body = OpenApiDocument)),
 )]
+#[get("/v1/openapi.json")]
 pub(super) async fn serve(_caller: Caller) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
@@ -279,46 +251,31 @@ impl ToSchema for OpenApiDocument {}
 mod tests {
     use std::collections::BTreeSet;
 
-    use actix_web::{test as atest, web, App};
+    use actix_web::{test as atest, App};
 
     use super::*;
     use crate::manager::error::ManagerError;
 
-    /// Every route `configure` serves: (method, path in OpenAPI form).
-    const ROUTES: &[(&str, &str)] = &[
-        ("post", "/v1/sessions"),
-        ("get", "/v1/sessions"),
-        ("get", "/v1/sessions/{id}"),
-        ("delete", "/v1/sessions/{id}"),
-        ("post", "/v1/sessions/{id}/execute"),
-        ("get", "/v1/sessions/{id}/logs"),
-        ("get", "/v1/sessions/{id}/pty"),
-        ("post", "/v1/sessions/{id}/commit"),
-        ("get", "/v1/sessions/{id}/commit"),
-        ("get", "/v1/sessions/{id}/services"),
-        ("post", "/v1/sessions/{id}/services/{name}"),
-        ("delete", "/v1/sessions/{id}/services/{name}"),
-        ("get", "/v1/sessions/{id}/files"),
-        ("put", "/v1/sessions/{id}/files/{path}"),
-        ("get", "/v1/sessions/{id}/files/{path}"),
-        ("get", "/v1/events"),
-        ("get", "/v1/agents"),
-        ("post", "/v1/agents/{id}/cordon"),
-        ("post", "/v1/agents/{id}/uncordon"),
-        ("post", "/v1/agents/{id}/drain"),
-        ("post", "/v1/agents/{id}/images/purge"),
-        ("post", "/v1/access-keys"),
-        ("get", "/v1/access-keys"),
-        ("get", "/v1/access-keys/{key}"),
-        ("patch", "/v1/access-keys/{key}"),
-        ("delete", "/v1/access-keys/{key}"),
-        ("post", "/v1/vfolders"),
-        ("get", "/v1/vfolders"),
-        ("delete", "/v1/vfolders/{name}"),
-        ("get", "/health"),
-        ("get", "/metrics"),
-        ("get", "/v1/openapi.json"),
-    ];
+    /// Every route `configure` serves: (method, path in OpenAPI form), as pinned by the surface
+    /// fixture (`super::super::surface_tests`), so that no path is written here again.
+    fn routes() -> BTreeSet<(String, String)> {
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/openapi-surface.json"
+        );
+        let pinned: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture).expect("the fixture exists"))
+                .expect("the fixture is JSON");
+        pinned["operations"]
+            .as_array()
+            .expect("operations")
+            .iter()
+            .map(|op| {
+                let (method, path) = op.as_str().unwrap().split_once(' ').unwrap();
+                (method.to_owned(), path.to_owned())
+            })
+            .collect()
+    }
 
     const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
 
@@ -370,10 +327,7 @@ mod tests {
                 assert!(ok, "{method} {path}: no 2xx (or 101) answer");
             }
         }
-        let listed: BTreeSet<(String, String)> = ROUTES
-            .iter()
-            .map(|(m, p)| (m.to_string(), p.to_string()))
-            .collect();
+        let listed = routes();
         let missing: Vec<_> = listed.difference(&in_doc).collect();
         let extra: Vec<_> = in_doc.difference(&listed).collect();
         assert!(
@@ -391,27 +345,17 @@ mod tests {
             .flat_map(|i| i.as_object().unwrap().values())
             .filter_map(|op| op["operationId"].as_str())
             .collect();
-        assert_eq!(ids.len(), ROUTES.len(), "operation ids are unique");
+        assert_eq!(ids.len(), listed.len(), "operation ids are unique");
     }
 
-    /// `ROUTES` is what `configure` serves: each (method, path) reaches a handler (not the
-    /// app's 404 `not-found`, nor the resource's 405), and every other method on those paths
-    /// is 405 `method-not-allowed`.
+    /// [`routes`] is what `configure` serves: each (method, path) reaches a handler (not the
+    /// app's 404 `not-found`, nor 405), and every other method on those paths is 405
+    /// `method-not-allowed`; a path no route has is 404 `not-found`.
     #[actix_web::test]
     async fn routes_are_what_configure_serves() {
-        let app = atest::init_service(
-            App::new()
-                .configure(super::super::configure)
-                .default_service(web::to(|| async {
-                    super::super::error::plain(
-                        actix_web::http::StatusCode::NOT_FOUND,
-                        "not-found",
-                        "no such route",
-                    )
-                })),
-        )
-        .await;
-        let paths: BTreeSet<&str> = ROUTES.iter().map(|(_, p)| *p).collect();
+        let app = atest::init_service(App::new().configure(super::super::configure)).await;
+        let routes = routes();
+        let paths: BTreeSet<&str> = routes.iter().map(|(_, p)| p.as_str()).collect();
         for path in paths {
             let uri = path
                 .replace("{id}", "s1")
@@ -431,12 +375,24 @@ mod tests {
                 let unrouted = (status == 404 && code == "not-found")
                     || (status == 405 && code == "method-not-allowed");
                 let routed = !unrouted;
-                let listed = ROUTES.contains(&(method, path));
+                let listed = routes.contains(&(method.to_owned(), path.to_owned()));
                 assert_eq!(
                     routed, listed,
                     "{method} {uri}: {status} {code} (listed: {listed})"
                 );
+                if !listed {
+                    assert_eq!(
+                        (status, code.as_str()),
+                        (405, "method-not-allowed"),
+                        "{method} {uri}"
+                    );
+                }
             }
+        }
+        for uri in ["/v1/nothing", "/v1/sessions/s1/", "/v1/sessions/s1/files2"] {
+            let req = atest::TestRequest::get().uri(uri).to_request();
+            let resp = atest::call_service(&app, req).await;
+            assert_eq!(resp.status().as_u16(), 404, "{uri}");
         }
     }
 

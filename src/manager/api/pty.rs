@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpRequest};
+use actix_web::{get, web, HttpRequest};
 use actix_ws::{CloseCode, CloseReason, Message, MessageStream, Session};
 use futures::StreamExt;
 
@@ -42,8 +42,6 @@ const DEFAULT_COLS: u16 = 80;
 /// a `rows`×`cols` terminal and `TERM=xterm-256color`, relayed over a WebSocket (see the module
 /// doc for the frames).
 #[utoipa::path(
-    get,
-    path = "/v1/sessions/{id}/pty",
     operation_id = "session_pty",
     tag = "sessions",
     params(
@@ -60,6 +58,7 @@ const DEFAULT_COLS: u16 = 80;
         super::responses::AgentFailed, super::responses::StartingUp,
     ),
 )]
+#[get("/v1/sessions/{id}/pty")]
 pub(super) async fn open(
     s: web::Data<ApiState>,
     caller: Caller,

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpResponse};
 
 use super::auth::Caller;
 use super::responses;
@@ -89,8 +89,6 @@ async fn call<M: Method>(
 
 /// Every service port of the session, with whether its service runs.
 #[utoipa::path(
-    get,
-    path = "/v1/sessions/{id}/services",
     operation_id = "list_services",
     tag = "services",
     params(("id" = String, Path, description = "Session or kernel id")),
@@ -100,6 +98,7 @@ async fn call<M: Method>(
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[get("/v1/sessions/{id}/services")]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     let k = running_kernel(&s, &caller, &id).await?;
     let args = KernelIdArgs {
@@ -114,8 +113,6 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<S
 /// Starts a service (its prestart commands, then its command) and answers once its first
 /// container port accepts connections; one already running answers at once.
 #[utoipa::path(
-    post,
-    path = "/v1/sessions/{id}/services/{name}",
     operation_id = "start_service",
     tag = "services",
     params(
@@ -129,6 +126,7 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<S
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[post("/v1/sessions/{id}/services/{name}")]
 pub(super) async fn start(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -174,8 +172,6 @@ pub(super) async fn start(
 
 /// Stops a service (kills its process tree); stopping a stopped one is not an error.
 #[utoipa::path(
-    delete,
-    path = "/v1/sessions/{id}/services/{name}",
     operation_id = "stop_service",
     tag = "services",
     params(
@@ -188,6 +184,7 @@ pub(super) async fn start(
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[delete("/v1/sessions/{id}/services/{name}")]
 pub(super) async fn stop(
     s: web::Data<ApiState>,
     caller: Caller,

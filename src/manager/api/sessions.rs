@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use actix::Addr;
-use actix_web::{web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpResponse};
 use serde::Deserialize;
 
 use super::auth::Caller;
@@ -31,8 +31,6 @@ use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
 /// `queue_position`, unless the request says `"enqueue": false`. On any error nothing stays
 /// reserved.
 #[utoipa::path(
-    post,
-    path = "/v1/sessions",
     operation_id = "create_session",
     tag = "sessions",
     request_body = SessionRequest,
@@ -47,6 +45,7 @@ use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
         responses::AgentFailed,
     ),
 )]
+#[post("/v1/sessions")]
 pub(super) async fn create(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -146,8 +145,6 @@ pub(super) struct ListQuery {
 /// The caller's sessions; an admin sees everyone's, or one key's with `?access_key=`. A user
 /// naming another key gets 403.
 #[utoipa::path(
-    get,
-    path = "/v1/sessions",
     operation_id = "list_sessions",
     tag = "sessions",
     params(
@@ -161,6 +158,7 @@ pub(super) struct ListQuery {
         responses::StartingUp,
     ),
 )]
+#[get("/v1/sessions")]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<ListQuery>) -> Res {
     not_in_grace(&s).await?;
     let of = match q.access_key.as_deref() {
@@ -189,8 +187,6 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
 
 /// A session, by session or kernel id.
 #[utoipa::path(
-    get,
-    path = "/v1/sessions/{id}",
     operation_id = "get_session",
     tag = "sessions",
     params(("id" = String, Path, description = "Session or kernel id")),
@@ -200,6 +196,7 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
         responses::StartingUp,
     ),
 )]
+#[get("/v1/sessions/{id}")]
 pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     not_in_grace(&s).await?;
     let k = owned_kernel(&s, &caller, &id).await?;
@@ -244,8 +241,6 @@ async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
 /// Destroys a session: now `TERMINATED`, reason `user-requested`; an already terminated one is
 /// answered unchanged.
 #[utoipa::path(
-    delete,
-    path = "/v1/sessions/{id}",
     operation_id = "delete_session",
     tag = "sessions",
     params(("id" = String, Path, description = "Session or kernel id")),
@@ -255,6 +250,7 @@ async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[delete("/v1/sessions/{id}")]
 pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     let r = async {
         not_in_grace(&s).await?;
@@ -270,8 +266,6 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path
 /// Runs code in the session's kernel, or continues or feeds a run: Backend.AI's continuation
 /// protocol in bounded answers.
 #[utoipa::path(
-    post,
-    path = "/v1/sessions/{id}/execute",
     operation_id = "execute",
     tag = "sessions",
     params(("id" = String, Path, description = "Session or kernel id")),
@@ -284,6 +278,7 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[post("/v1/sessions/{id}/execute")]
 pub(super) async fn execute(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -361,8 +356,6 @@ enum Follow {
 /// The kernel's stdout and stderr (merged): the last `[container] log-tail` bytes;
 /// `?follow=true` streams new output until the kernel ends.
 #[utoipa::path(
-    get,
-    path = "/v1/sessions/{id}/logs",
     operation_id = "session_logs",
     tag = "sessions",
     params(
@@ -376,6 +369,7 @@ enum Follow {
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
+#[get("/v1/sessions/{id}/logs")]
 pub(super) async fn logs(
     s: web::Data<ApiState>,
     caller: Caller,

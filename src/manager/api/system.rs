@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, web, HttpResponse};
 
 use super::auth::Caller;
 use super::responses;
@@ -19,8 +19,6 @@ use crate::model::health::{Health, HealthMode, HealthStatus};
 /// (and any other a kernel holds), `slot_types` each slot's unit; amounts are decimal strings.
 /// `schedulable`, `draining` and `drain_deadline` tell of a cordon or drain.
 #[utoipa::path(
-    get,
-    path = "/v1/agents",
     operation_id = "list_agents",
     tag = "system",
     responses(
@@ -28,6 +26,7 @@ use crate::model::health::{Health, HealthMode, HealthStatus};
         responses::AdminOnly,
     ),
 )]
+#[get("/v1/agents")]
 pub(super) async fn list_agents(s: web::Data<ApiState>, caller: Caller) -> Res {
     caller.require_admin()?;
     let agents = s.registry.send(ListAgents).await?;
@@ -72,13 +71,12 @@ pub(super) fn agent_view(a: &AgentSnapshot, usage: &HashMap<String, Usage>) -> A
 
 /// Liveness (no token needed): whether the start-up grace is over, how many agents are alive.
 #[utoipa::path(
-    get,
-    path = "/health",
     operation_id = "health",
     tag = "system",
     security(()),
     responses((status = 200, description = "The manager answers", body = Health)),
 )]
+#[get("/health")]
 pub(super) async fn health(s: web::Data<ApiState>) -> Res {
     let grace = s.registry.send(GraceRemaining).await?;
     let alive = s
@@ -104,8 +102,6 @@ pub(super) async fn health(s: web::Data<ApiState>) -> Res {
 
 /// The manager's Prometheus metrics (admin).
 #[utoipa::path(
-    get,
-    path = "/metrics",
     operation_id = "metrics",
     tag = "system",
     responses(
@@ -113,6 +109,7 @@ pub(super) async fn health(s: web::Data<ApiState>) -> Res {
         responses::AdminOnly,
     ),
 )]
+#[get("/metrics")]
 pub(super) async fn metrics(s: web::Data<ApiState>, caller: Caller) -> Res {
     caller.require_admin()?;
     let m = &s.metrics;

@@ -2,7 +2,7 @@
 //! everyone's with `?all=true`). A session mounts them by name (`mounts` in `POST
 //! /v1/sessions`); nobody names a host path.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpResponse};
 use serde::Deserialize;
 
 use super::auth::Caller;
@@ -25,8 +25,6 @@ fn vfolder(v: &VfolderRow) -> Vfolder {
 
 /// Creates a vfolder of the caller's.
 #[utoipa::path(
-    post,
-    path = "/v1/vfolders",
     operation_id = "create_vfolder",
     tag = "vfolders",
     request_body = NewVfolder,
@@ -36,6 +34,7 @@ fn vfolder(v: &VfolderRow) -> Vfolder {
         (status = 409, description = "`vfolder-exists`", body = ErrorBody),
     ),
 )]
+#[post("/v1/vfolders")]
 pub(super) async fn create(
     s: web::Data<ApiState>,
     caller: Caller,
@@ -63,8 +62,6 @@ pub(super) struct ListQuery {
 
 /// The caller's vfolders; everyone's with `?all=true` (admin).
 #[utoipa::path(
-    get,
-    path = "/v1/vfolders",
     operation_id = "list_vfolders",
     tag = "vfolders",
     params(("all" = Option<bool>, Query, description = "Every key's vfolders (admin only)")),
@@ -74,6 +71,7 @@ pub(super) struct ListQuery {
         (status = 403, description = "`forbidden`: `all=true` with a user key", body = ErrorBody),
     ),
 )]
+#[get("/v1/vfolders")]
 pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<ListQuery>) -> Res {
     let owner = if q.all {
         caller.require_admin()?;
@@ -89,8 +87,6 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
 /// Deletes the caller's vfolder record (not while a live session mounts it). The data stays
 /// on the agents' storage under `<owner>/<name>`; creating the name again finds it.
 #[utoipa::path(
-    delete,
-    path = "/v1/vfolders/{name}",
     operation_id = "delete_vfolder",
     tag = "vfolders",
     params(("name" = String, Path, description = "The caller's vfolder")),
@@ -100,6 +96,7 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
         (status = 409, description = "`vfolder-in-use`: a live session mounts it", body = ErrorBody),
     ),
 )]
+#[delete("/v1/vfolders/{name}")]
 pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, name: web::Path<String>) -> Res {
     let name = name.into_inner();
     let v = s

@@ -1,0 +1,294 @@
+//! The manager's routes as typed calls: one method per route ctl uses, its path written here
+//! once, its request body a [`crate::model`] type and its answer an [`Answer`] of the route's
+//! reply type. The transport (bases, failover, TLS, errors) is the parent module's.
+//!
+//! A body is sent as its JSON value, whose object keys serde_json keeps sorted: the bytes on
+//! the wire are those of the `json!` bodies ctl built before these types (a field left `None`
+//! is omitted where the type says `skip_serializing_if`).
+
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{segment, Client, ClientError, Reply, REQUEST_TIMEOUT};
+use crate::model::access_key::{AccessKey, AccessKeyList, ChangeBody, NewAccessKey, NewKeyBody};
+use crate::model::agent::{Agent, AgentList, DrainRequest};
+use crate::model::file::FileList;
+use crate::model::health::Health;
+use crate::model::image::{Commit, CommitRequest, PurgeImagesRequest, PurgedImages};
+use crate::model::service::{Service, ServiceList, ServiceStarted};
+use crate::model::session::{Session, SessionList};
+use crate::model::vfolder::{NewVfolder, Vfolder, VfolderList};
+
+/// How long a commit's `POST` may take (the agent's commit starts within it).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A 2xx answer of a route whose reply is the model's `T`: the [`Reply`] as received (it
+/// derefs to it, and `ctl`'s printers take either: `-o json` prints its text unchanged, tables
+/// render its JSON), read as `T` on demand.
+#[derive(Debug, Clone)]
+pub struct Answer<T> {
+    reply: Reply,
+    reply_type: PhantomData<fn() -> T>,
+}
+
+impl<T> Answer<T> {
+    fn of(reply: Reply) -> Self {
+        Answer {
+            reply,
+            reply_type: PhantomData,
+        }
+    }
+
+    /// The answer as received.
+    pub fn into_reply(self) -> Reply {
+        self.reply
+    }
+}
+
+impl<T> Deref for Answer<T> {
+    type Target = Reply;
+
+    fn deref(&self) -> &Reply {
+        &self.reply
+    }
+}
+
+impl<T> AsRef<Reply> for Answer<T> {
+    fn as_ref(&self) -> &Reply {
+        &self.reply
+    }
+}
+
+impl<T: DeserializeOwned + Default> Answer<T> {
+    /// The body as `T`, lenient as the model's reply types are (a missing key is its default,
+    /// an unknown key ignored); an answer without a body is `T::default()`.
+    ///
+    /// Errors: the line to print instead of a table, naming what did not read.
+    pub fn read(&self) -> Result<T, String> {
+        read(&self.reply.json)
+    }
+
+    /// [`Answer::read`], or `T::default()` when the body does not read (the caller then acts on
+    /// defaults: no exit code, an unknown status), for the answers ctl decides on rather than
+    /// shows.
+    pub fn lenient(&self) -> T {
+        lenient(&self.reply.json)
+    }
+}
+
+/// `v` (an answer's JSON) as the reply type `T` (`null`, an answer without a body: `T`'s
+/// default).
+///
+/// Errors: the line to print instead of the table, naming what did not read.
+pub fn read<T: DeserializeOwned + Default>(v: &Value) -> Result<T, String> {
+    if v.is_null() {
+        return Ok(T::default());
+    }
+    T::deserialize(v).map_err(|e| {
+        format!(
+            "cannot read the manager's answer as {}: {e} (see it with -o json)\n",
+            std::any::type_name::<T>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("its type")
+        )
+    })
+}
+
+/// `v` read as the model's `T`, or `T::default()` when it does not read (the caller then acts
+/// on defaults), for the answers ctl decides on rather than shows.
+pub fn lenient<T: DeserializeOwned + Default>(v: &Value) -> T {
+    read(v).unwrap_or_default()
+}
+
+/// A request body as the JSON value sent (object keys sorted, as the `json!` bodies were).
+fn body<T: Serialize>(body: &T) -> Value {
+    // The model's request types are plain data: no map with non-string keys, no custom
+    // serializer that fails.
+    serde_json::to_value(body).expect("a request body serializes")
+}
+
+/// The body of routes that take no fields: `{}`.
+fn empty() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+fn session_path(id: &str) -> String {
+    format!("/v1/sessions/{}", segment(id))
+}
+
+fn service_path(id: &str, name: &str) -> String {
+    format!("/v1/sessions/{}/services/{}", segment(id), segment(name))
+}
+
+fn agent_path(id: &str, action: &str) -> String {
+    format!("/v1/agents/{}/{action}", segment(id))
+}
+
+fn key_path(key: &str) -> String {
+    format!("/v1/access-keys/{}", segment(key))
+}
+
+impl Client {
+    /// `GET /health`.
+    pub fn health(&self) -> Result<Answer<Health>, ClientError> {
+        self.get("/health", &[]).map(Answer::of)
+    }
+
+    /// `GET /v1/sessions`: the caller's live sessions; `all`: also `TERMINATED` ones;
+    /// `access_key`: that key's (another's: admin only).
+    pub fn sessions(
+        &self,
+        all: bool,
+        access_key: Option<&str>,
+    ) -> Result<Answer<SessionList>, ClientError> {
+        let mut query = Vec::new();
+        if all {
+            query.push(("all", "true"));
+        }
+        if let Some(key) = access_key {
+            query.push(("access_key", key));
+        }
+        self.get("/v1/sessions", &query).map(Answer::of)
+    }
+
+    /// `GET /v1/sessions/{id}` (a session or kernel id, or a unique prefix).
+    pub fn session(&self, id: &str) -> Result<Answer<Session>, ClientError> {
+        self.get(&session_path(id), &[]).map(Answer::of)
+    }
+
+    /// `DELETE /v1/sessions/{id}`: the session, terminated.
+    pub fn destroy_session(&self, id: &str) -> Result<Answer<Session>, ClientError> {
+        self.delete(&session_path(id)).map(Answer::of)
+    }
+
+    /// `POST /v1/sessions/{id}/commit`: the commit started (at most [`COMMIT_TIMEOUT`]).
+    pub fn commit(&self, id: &str, request: &CommitRequest) -> Result<Answer<Commit>, ClientError> {
+        let path = format!("{}/commit", session_path(id));
+        self.post(&path, &body(request), Some(COMMIT_TIMEOUT))
+            .map(Answer::of)
+    }
+
+    /// `GET /v1/sessions/{id}/commit`: where the session's last commit is.
+    pub fn commit_state(&self, id: &str) -> Result<Answer<Commit>, ClientError> {
+        self.get(&format!("{}/commit", session_path(id)), &[])
+            .map(Answer::of)
+    }
+
+    /// `GET /v1/sessions/{id}/services`.
+    pub fn services(&self, id: &str) -> Result<Answer<ServiceList>, ClientError> {
+        self.get(&format!("{}/services", session_path(id)), &[])
+            .map(Answer::of)
+    }
+
+    /// `POST /v1/sessions/{id}/services/{name}` (no body): may wait for the service to come
+    /// up, with no limit beyond the manager's.
+    pub fn start_service(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Result<Answer<ServiceStarted>, ClientError> {
+        self.post_empty(&service_path(id, name), None)
+            .map(Answer::of)
+    }
+
+    /// `DELETE /v1/sessions/{id}/services/{name}`: the service, stopped.
+    pub fn stop_service(&self, id: &str, name: &str) -> Result<Answer<Service>, ClientError> {
+        self.delete(&service_path(id, name)).map(Answer::of)
+    }
+
+    /// `GET /v1/sessions/{id}/files?dir=…`: the entries of `dir` (relative to `/home/work`).
+    pub fn files(&self, id: &str, dir: &str) -> Result<Answer<FileList>, ClientError> {
+        self.get(&format!("{}/files", session_path(id)), &[("dir", dir)])
+            .map(Answer::of)
+    }
+
+    /// `GET /v1/agents`.
+    pub fn agents(&self) -> Result<Answer<AgentList>, ClientError> {
+        self.get("/v1/agents", &[]).map(Answer::of)
+    }
+
+    /// `POST /v1/agents/{id}/cordon` (body `{}`): the agent.
+    pub fn cordon(&self, id: &str) -> Result<Answer<Agent>, ClientError> {
+        self.post(&agent_path(id, "cordon"), &empty(), None)
+            .map(Answer::of)
+    }
+
+    /// `POST /v1/agents/{id}/uncordon` (body `{}`): the agent.
+    pub fn uncordon(&self, id: &str) -> Result<Answer<Agent>, ClientError> {
+        self.post(&agent_path(id, "uncordon"), &empty(), None)
+            .map(Answer::of)
+    }
+
+    /// `POST /v1/agents/{id}/drain`: the agent.
+    pub fn drain(&self, id: &str, request: &DrainRequest) -> Result<Answer<Agent>, ClientError> {
+        self.post(&agent_path(id, "drain"), &body(request), None)
+            .map(Answer::of)
+    }
+
+    /// `POST /v1/agents/{id}/images/purge`: each image's outcome.
+    pub fn purge_images(
+        &self,
+        id: &str,
+        request: &PurgeImagesRequest,
+    ) -> Result<Answer<PurgedImages>, ClientError> {
+        self.post(&agent_path(id, "images/purge"), &body(request), None)
+            .map(Answer::of)
+    }
+
+    /// `POST /v1/access-keys`: the new key with its secret (shown this once).
+    pub fn create_access_key(
+        &self,
+        request: &NewKeyBody,
+    ) -> Result<Answer<NewAccessKey>, ClientError> {
+        self.post("/v1/access-keys", &body(request), Some(REQUEST_TIMEOUT))
+            .map(Answer::of)
+    }
+
+    /// `GET /v1/access-keys`.
+    pub fn access_keys(&self) -> Result<Answer<AccessKeyList>, ClientError> {
+        self.get("/v1/access-keys", &[]).map(Answer::of)
+    }
+
+    /// `GET /v1/access-keys/{key}`.
+    pub fn access_key(&self, key: &str) -> Result<Answer<AccessKey>, ClientError> {
+        self.get(&key_path(key), &[]).map(Answer::of)
+    }
+
+    /// `PATCH /v1/access-keys/{key}`: the key, changed.
+    pub fn change_access_key(
+        &self,
+        key: &str,
+        change: &ChangeBody,
+    ) -> Result<Answer<AccessKey>, ClientError> {
+        self.patch(&key_path(key), &body(change)).map(Answer::of)
+    }
+
+    /// `DELETE /v1/access-keys/{key}`: the key, deleted.
+    pub fn delete_access_key(&self, key: &str) -> Result<Answer<AccessKey>, ClientError> {
+        self.delete(&key_path(key)).map(Answer::of)
+    }
+
+    /// `POST /v1/vfolders`: the vfolder, created.
+    pub fn create_vfolder(&self, request: &NewVfolder) -> Result<Answer<Vfolder>, ClientError> {
+        self.post("/v1/vfolders", &body(request), Some(REQUEST_TIMEOUT))
+            .map(Answer::of)
+    }
+
+    /// `GET /v1/vfolders`: the caller's; `all`: every key's (admin only).
+    pub fn vfolders(&self, all: bool) -> Result<Answer<VfolderList>, ClientError> {
+        let query: &[(&str, &str)] = if all { &[("all", "true")] } else { &[] };
+        self.get("/v1/vfolders", query).map(Answer::of)
+    }
+
+    /// `DELETE /v1/vfolders/{name}`: the vfolder's record, deleted.
+    pub fn delete_vfolder(&self, name: &str) -> Result<Answer<Vfolder>, ClientError> {
+        self.delete(&format!("/v1/vfolders/{}", segment(name)))
+            .map(Answer::of)
+    }
+}
