@@ -77,6 +77,19 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Optio
     }
 }
 
+/// Polls `probe` every 100 ms until its value satisfies `done` or `limit` has passed; returns the
+/// last value seen, for the caller's own assertion (which then shows what was seen on failure).
+pub fn settle<T>(limit: Duration, mut probe: impl FnMut() -> T, done: impl Fn(&T) -> bool) -> T {
+    let start = Instant::now();
+    loop {
+        let v = probe();
+        if done(&v) || start.elapsed() >= limit {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// An HTTP answer: status and JSON body (Null when not JSON), `Retry-After` if any.
 #[derive(Debug)]
 pub struct Answer {

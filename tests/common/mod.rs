@@ -19,11 +19,16 @@ pub struct TestServer {
     pub stats: std::sync::Arc<ServerStats>,
 }
 
+/// How many `sleep` handlers of [`dispatcher`] have started (in this test's process: nextest
+/// runs each test in its own), for a test to wait until its slow call is being handled.
+pub static SLEEPS_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// The foundation's methods plus test ones: `sleep(secs)`, `fail()`, `panic(after_await)`.
 pub fn dispatcher() -> Dispatcher {
     let mut d = Dispatcher::new(Some("test-agent".into()));
     kernelvisor::agent::methods::register(&mut d, "test-agent");
     d.register("sleep", |call| async move {
+        SLEEPS_STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let secs = call.arg(0, "secs").and_then(Value::as_f64).unwrap_or(1.0);
         actix_rt::time::sleep(Duration::from_secs_f64(secs)).await;
         Ok(Value::from("slept"))
@@ -130,6 +135,34 @@ where
         assert!(start.elapsed() < limit, "timed out waiting for: {what}");
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Polls `probe` every 50 ms until its value satisfies `done` or `limit` has passed; returns the
+/// last value seen, for the caller's own assertion (which then shows what was seen on failure).
+/// (A liveness bound for the test, not a performance assertion.)
+pub async fn settle<T, F, Fut>(limit: Duration, mut probe: F, done: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let start = Instant::now();
+    loop {
+        let v = probe().await;
+        if done(&v) || start.elapsed() >= limit {
+            return v;
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether nothing listens at `endpoint` (`tcp://host:port`) any more: a TCP connect is refused.
+pub fn port_closed(endpoint: &str) -> bool {
+    let addr = endpoint.trim_start_matches("tcp://");
+    let addr: std::net::SocketAddr = addr.parse().expect("a tcp://ip:port endpoint");
+    matches!(
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }
 
 /// The Python interpreter of the venv that has callosum (`KV_PYTHON`, else `.venv/bin/python`).

@@ -438,7 +438,16 @@ async fn events_and_heartbeats_fail_over_and_shutdown_is_bounded() {
     // Every intake gone: shutdown does not wait out the 10 s ack timeout.
     let _ = b.send(kernelvisor::rpc::server::Shutdown).await;
     peer.close();
-    actix_rt::time::sleep(Duration::from_millis(300)).await;
+    let b_endpoint = format!("tcp://127.0.0.1:{pb}");
+    wait_until(
+        Duration::from_secs(10),
+        "the second intake's port closed",
+        || {
+            let closed = common::port_closed(&b_endpoint);
+            async move { closed }
+        },
+    )
+    .await;
     let started = std::time::Instant::now();
     agent.shutdown(OnShutdown::Preserve).await;
     let took = started.elapsed();

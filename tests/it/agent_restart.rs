@@ -139,8 +139,13 @@ async fn sigterm_preserves_kernels_and_restart_reattaches_them() {
     })
     .await;
     assert_eq!(fx.scratch_entries(), vec![k1.clone()]);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let (cpu, mem, free) = usage(&peer).await;
+    // k2's release is asynchronous (and its port rests 0.1 s): wait for the expected usage.
+    let (cpu, mem, free) = common::settle(
+        Duration::from_secs(10),
+        || usage(&peer),
+        |(cpu, mem, free)| (cpu.as_str(), mem.clone(), *free) == ("0.1", (32 * MIB).to_string(), 9),
+    )
+    .await;
     assert_eq!(
         (cpu.as_str(), mem, free),
         ("0.1", (32 * MIB).to_string(), 9),

@@ -270,10 +270,17 @@ async fn lifecycle_limits_ports_binds_exec() {
     );
     assert_eq!(out.exit_code, None);
     assert_eq!(out.console, [("stdout", "before\n".to_owned())]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let ps = exec(b, &id, vec!["ps".into(), "-o".into(), "args".into()], None)
-        .await
-        .unwrap();
+    // The kill lands asynchronously: wait for the process tree to go.
+    let ps = crate::common::settle(
+        Duration::from_secs(10),
+        || async {
+            exec(b, &id, vec!["ps".into(), "-o".into(), "args".into()], None)
+                .await
+                .unwrap()
+        },
+        |ps| !ps.console.iter().any(|(_, t)| t.contains("sleep 30")),
+    )
+    .await;
     assert!(
         !ps.console.iter().any(|(_, t)| t.contains("sleep 30")),
         "left behind: {ps:?}"

@@ -694,7 +694,7 @@ fn the_real_26_consumer_reads_the_agent_and_a_kernel_created_by_the_real_client(
             })
         },
     );
-    // A moment for anything that would follow (a duplicate, a stray event).
+    // A negative check: a moment for anything that would follow (a duplicate, a stray event).
     std::thread::sleep(Duration::from_secs(2));
     let ev = consumer.events(&fx.agent_id);
     let anycast = kernel_events(&ev, &kernel_id, "anycast");
@@ -1025,7 +1025,7 @@ async fn a_kernel_created_and_destroyed_while_redis_is_down_arrives_once_in_orde
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
     let hbs_before = heartbeats();
-    // Down for a few seconds at least (several failed attempts), then back.
+    // Down for a few seconds at least (several failed attempts), then back: a deliberate outage.
     let left = Duration::from_secs(4).saturating_sub(down_at.elapsed());
     actix_rt::time::sleep(left).await;
     redis.up();
@@ -1367,7 +1367,7 @@ async fn a_publish_whose_reply_is_lost_is_not_repeated() {
         "no publish failed while Redis stalled, so no retry was shown:\n{}",
         outbox_lines(&text)
     );
-    // A moment for anything that would follow (a duplicate).
+    // A negative check: a moment for anything that would follow (a duplicate).
     actix_rt::time::sleep(Duration::from_secs(1)).await;
     assert_stream_lifecycle(&redis, &id, &kernel_id, "Redis stalled");
     let entries = stream_entries(&redis, &id);

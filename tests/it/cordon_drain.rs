@@ -223,7 +223,7 @@ fn cordon_and_drain(db: Db, ports: u16) {
         queued.body
     );
     let waiting = queued.body["session_id"].as_str().unwrap().to_owned();
-    // Still waiting a few admission rounds later.
+    // Still waiting a few admission rounds later (a negative check).
     std::thread::sleep(Duration::from_secs(2));
     let s = session(&c, &waiting);
     assert_eq!(

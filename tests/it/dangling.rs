@@ -430,7 +430,7 @@ async fn agent_rebuilds_adopts_and_destroys_dangling_kernels() {
     .unwrap();
     assert_eq!(inspect(&container, "{{.Id}}"), None);
     assert!(fx.scratch_entries().is_empty());
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await; // port cooldown of the fixture
     assert_eq!(usage(&peer).await, ("0".into(), "0".into(), 6));
     peer.close();
     common::cluster::signal(agent.id(), "TERM");

@@ -159,9 +159,23 @@ async fn continued_answers_lose_and_repeat_nothing_and_are_bounded() {
     assert!(answers >= 3_000_000 / (64 * 1024), "{answers} answers");
     assert_eq!(field(&last, "exitCode").as_i64(), Some(0));
 
-    // Each run: one execution_started and one execution_finished with its exit code.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let seen = drained(&mut events);
+    // Each run: one execution_started and one execution_finished with its exit code (the
+    // events follow the answers: wait until both runs' execution_finished are in).
+    let mut seen = Vec::new();
+    common::wait_until(
+        Duration::from_secs(10),
+        "both runs' execution_finished",
+        || {
+            seen.extend(drained(&mut events));
+            let both = ["r-slow", "r-big"].iter().all(|run| {
+                seen.iter().any(
+                    |e| matches!(e, AgentEvent::ExecutionFinished { run_id, .. } if run_id == run),
+                )
+            });
+            async move { both }
+        },
+    )
+    .await;
     for (run, code) in [("r-slow", 4), ("r-big", 0)] {
         let started = seen
             .iter()
@@ -183,10 +197,14 @@ async fn continued_answers_lose_and_repeat_nothing_and_are_bounded() {
 
 /// A gauge of the agent's `/metrics` text.
 fn gauge(agent: &Agent, name: &str) -> f64 {
+    gauge_of(agent, name).unwrap_or_else(|| panic!("{name} not in the metrics"))
+}
+
+/// A gauge of the agent's `/metrics` text, if it is there.
+fn gauge_of(agent: &Agent, name: &str) -> Option<f64> {
     let text = agent.ctx.metrics.render();
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in the metrics"))
 }
 
 fn drained(events: &mut broadcast::Receiver<AgentEvent>) -> Vec<AgentEvent> {
@@ -213,7 +231,8 @@ async fn an_unread_run_is_held_back_then_killed_when_abandoned() {
     assert!(n <= 64 * 1024 && n > 0, "{n}");
     assert!(o.starts_with("abcdefghij\n"));
     // Nobody reads: the process blocks on its write. Its progress stays bounded by the pipes
-    // (the agent reads nothing), so a later answer is still at most one buffer.
+    // (the agent reads nothing), so a later answer is still at most one buffer. (A deliberate
+    // window for the process to run on: what is checked is that nothing grows past the bound.)
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = execute(&peer, &kid, "r-yes", "continue", "", vec![], 0.1)
         .await
@@ -240,7 +259,16 @@ async fn an_unread_run_is_held_back_then_killed_when_abandoned() {
     );
 
     // The runs in flight and their unread bytes are on /metrics (the reaper reports each second).
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    common::wait_until(
+        Duration::from_secs(10),
+        "the reaper's report of the run",
+        || {
+            let reported = gauge_of(&agent, "kernelvisor_exec_runs").is_some_and(|n| n >= 1.0)
+                && gauge_of(&agent, "kernelvisor_exec_buffered_bytes").is_some_and(|b| b > 0.0);
+            async move { reported }
+        },
+    )
+    .await;
     let buffered = gauge(&agent, "kernelvisor_exec_buffered_bytes");
     assert!(gauge(&agent, "kernelvisor_exec_runs") >= 1.0);
     assert!(
@@ -248,20 +276,36 @@ async fn an_unread_run_is_held_back_then_killed_when_abandoned() {
         "{buffered}"
     );
 
-    // Abandoned for exec-idle-timeout (2 s): killed and freed.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Abandoned for exec-idle-timeout (2 s): killed and freed. (Waited for without touching the
+    // run: the reaper forgets it, then kills its process.)
+    common::wait_until(Duration::from_secs(20), "the abandoned run reaped", || {
+        let empty = agent.ctx.runs.is_empty();
+        async move { empty }
+    })
+    .await;
     assert_eq!(
         failure_name(&execute(&peer, &kid, "r-yes", "continue", "", vec![], 0.1).await),
         "RunNotFound"
     );
-    let (peer, after) = ps(peer, kid.clone()).await;
+    let (mut peer, mut after) = ps(peer, kid.clone()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while after.lines().any(|l| l.trim() == "yes") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (peer, after) = ps(peer, kid.clone()).await;
+    }
     assert!(
         !after.lines().any(|l| l.trim() == "yes"),
         "the abandoned run's process is gone: {after}"
     );
     assert!(agent.ctx.runs.is_empty(), "no run held");
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(gauge(&agent, "kernelvisor_exec_buffered_bytes"), 0.0);
+    // The reaper's next report (each second) shows it.
+    let buffered = common::settle(
+        Duration::from_secs(10),
+        || async { gauge(&agent, "kernelvisor_exec_buffered_bytes") },
+        |b| *b == 0.0,
+    )
+    .await;
+    assert_eq!(buffered, 0.0);
     drop(peer);
     agent.shutdown(OnShutdown::Terminate).await;
 }
@@ -360,8 +404,17 @@ async fn input_feeds_stdin_and_timeouts_kill() {
         (o.as_str(), status(&last), field(&last, "exitCode")),
         ("before\n", "exec-timeout", &Value::Nil)
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(drained(&mut events)
+    let timeout = common::settle(
+        Duration::from_secs(10),
+        || std::future::ready(drained(&mut events)),
+        |seen| {
+            seen.iter().any(
+                |e| matches!(e, AgentEvent::ExecutionTimeout { run_id, .. } if run_id == "r-slow"),
+            )
+        },
+    );
+    assert!(timeout
+        .await
         .iter()
         .any(|e| matches!(e, AgentEvent::ExecutionTimeout { run_id, .. } if run_id == "r-slow")));
     agent.shutdown(OnShutdown::Terminate).await;

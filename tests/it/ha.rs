@@ -261,6 +261,11 @@ fn three_managers_on_postgres_fail_over() {
     let pid_b = c.agents[b].pid();
     signal(pid_b, "STOP");
     c.wait_agent_status(&id_b, "LOST", Duration::from_secs(20));
+    wait_for(Duration::from_secs(20), "the LOST counted", || {
+        (metric_sum(&c, &replicas, "kernelvisor_manager_agents_lost_total", "") >= 1.0)
+            .then_some(())
+    });
+    // A negative check: no other replica marks it LOST again meanwhile.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         metric_sum(&c, &replicas, "kernelvisor_manager_agents_lost_total", ""),
@@ -269,6 +274,24 @@ fn three_managers_on_postgres_fail_over() {
     );
     signal(pid_b, "CONT");
     c.wait_agent_status(&id_b, "ALIVE", Duration::from_secs(40));
+    let reset_oks = || -> f64 {
+        replicas
+            .iter()
+            .filter(|r| r.child.is_some())
+            .map(|r| {
+                metric_at(
+                    &c,
+                    &r.api,
+                    "kernelvisor_manager_agent_resets_total",
+                    "result=\"ok\"",
+                )
+            })
+            .sum()
+    };
+    wait_for(Duration::from_secs(20), "the reset counted", || {
+        (reset_oks() >= 1.0).then_some(())
+    });
+    // A negative check: no other replica resets it again meanwhile.
     std::thread::sleep(Duration::from_secs(3));
     let resets: Vec<f64> = replicas
         .iter()

@@ -444,7 +444,7 @@ async fn sync_kernel_registry_reports_unknown_kernels_and_destroys_unlisted_ones
         other => panic!("unexpected {other:?}"),
     }
     wait_forgotten(&peer, &orphan).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // a negative check: nothing follows
     let later = drain(&mut events);
     assert!(
         !later

@@ -502,7 +502,7 @@ async fn a_failure_at_any_stage_leaks_nothing_and_names_the_stage() {
         );
         assert!(fx.containers().is_empty(), "{stage}: container leaked");
         assert!(fx.scratch_entries().is_empty(), "{stage}: scratch leaked");
-        tokio::time::sleep(Duration::from_millis(150)).await; // port cooldown
+        tokio::time::sleep(Duration::from_millis(150)).await; // port cooldown of the fixture
         assert_eq!(
             usage(&peer).await,
             ("0".into(), "0".into(), 4),
@@ -627,7 +627,7 @@ async fn twenty_concurrent_kernels_run_and_clean_up() {
     }
     assert!(fx.containers().is_empty());
     assert!(fx.scratch_entries().is_empty());
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await; // port cooldown of the fixture
     assert_eq!(usage(&peer).await, ("0".into(), "0".into(), 40));
     agent.shutdown(OnShutdown::Terminate).await;
 }

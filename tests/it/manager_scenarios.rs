@@ -54,17 +54,22 @@ fn agent_start(db: Db, ports: u16) {
     let t0 = c.agent_view(&id).unwrap()["last_heartbeat"]
         .as_f64()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(2600));
+    // Two more heartbeats, their spacing read on the agent's own clock (the `ts` each carries,
+    // kept as `last_heartbeat`), not on this test's: a heartbeat every second, however slowly a
+    // loaded machine lets the test poll. (`t0` is read after `hb0` and `t1` before `hb1`, so
+    // `hb1 - hb0` beats cover at least `t1 - t0`.)
+    let (t1, hb1) = common::cluster::wait_for(LONG, "two more heartbeats", || {
+        let t1 = c.agent_view(&id)?["last_heartbeat"].as_f64()?;
+        let hb1 = c.manager_metric("kernelvisor_manager_heartbeats_total", "");
+        (hb1 >= hb0 + 2.0 && t1 > t0).then_some((t1, hb1))
+    });
     assert!(
-        c.manager_metric("kernelvisor_manager_heartbeats_total", "") >= hb0 + 2.0,
-        "a heartbeat every second"
+        hb1 >= hb0 + 2.0 && (t1 - t0) / (hb1 - hb0) <= 1.5,
+        "a heartbeat every second: {} beats over {:.2} s of the agent's clock",
+        hb1 - hb0,
+        t1 - t0
     );
-    assert!(
-        c.agent_view(&id).unwrap()["last_heartbeat"]
-            .as_f64()
-            .unwrap()
-            > t0
-    );
+    assert!(t1 > t0);
 
     let s = c.create_session();
     assert_eq!(s["agent_id"], id.as_str());
@@ -209,6 +214,7 @@ fn manager_restart(db: Db, ports: u16) {
     common::cluster::wait_for(LONG, "the agent queues its events", || {
         (c.agent_metric(a, "kernelvisor_outbox_depth")? >= 1.0).then_some(())
     });
+    // The manager stays down a while (a deliberate outage: the agent retries meanwhile).
     std::thread::sleep(Duration::from_secs(2));
 
     c.start_manager();

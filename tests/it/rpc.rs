@@ -101,7 +101,11 @@ async fn slow_handler_does_not_delay_ping() {
         Duration::from_secs(10),
     ));
     let slow = actix_rt::spawn(slow);
-    actix_rt::time::sleep(Duration::from_millis(100)).await; // the sleep handler is running
+    wait_until(Duration::from_secs(10), "the sleep handler running", || {
+        let started = common::SLEEPS_STARTED.load(std::sync::atomic::Ordering::SeqCst) >= 1;
+        async move { started }
+    })
+    .await;
     for i in 0..5 {
         let got = pool
             .send(ping("a1", Value::from(i), Duration::from_secs(10)))
@@ -250,7 +254,15 @@ async fn pool_marks_unhealthy_evicts_and_reconnects_after_agent_restart() {
         .is_ok());
 
     first.addr.send(Shutdown).await.unwrap();
-    actix_rt::time::sleep(Duration::from_millis(300)).await; // socket closed (100 ms linger)
+    wait_until(
+        Duration::from_secs(10),
+        "the first server's socket closed",
+        || {
+            let closed = common::port_closed(&endpoint);
+            async move { closed }
+        },
+    )
+    .await;
     for n in 1..=3 {
         let err = pool
             .send(ping("a1", Value::from(n), Duration::from_millis(200)))
@@ -285,7 +297,7 @@ async fn pool_marks_unhealthy_evicts_and_reconnects_after_agent_restart() {
     // A sweep within the recovery timeout keeps it; one past it evicts it.
     assert_eq!(pool.send(SweepNow).await.unwrap().evicted, 0);
     assert!(inspect().await.unwrap().is_some());
-    actix_rt::time::sleep(spec.recovery_timeout).await;
+    actix_rt::time::sleep(spec.recovery_timeout).await; // waits out the recovery timeout
     assert_eq!(pool.send(SweepNow).await.unwrap().evicted, 1);
     assert_eq!(inspect().await.unwrap(), None);
 
@@ -692,7 +704,7 @@ async fn a_send_at_the_high_water_mark_waits_for_room_and_keeps_order() {
         .await;
         let _ = done_tx.send((r.map_err(|e| e.to_string()), dealer));
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // a negative check: it stays blocked
     assert!(
         done_rx.try_recv().is_err(),
         "a send at the high-water mark returned without room"

@@ -331,6 +331,7 @@ async fn a_failing_healthcheck_restarts_the_container_under_on_failure() {
         inspect(&cid, "{{.State.Health.Status}}").as_deref(),
         Some("unhealthy")
     );
+    // A negative check: unhealthy for a while, yet neither restarted nor ended.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let i = call(&peer, "get_kernel", vec![k2.as_str().into()])
         .await

@@ -170,6 +170,19 @@ fn line(pty: &mut Pty, line: &str, want: &str, limit: Duration) -> String {
     String::from_utf8_lossy(&pty.output().as_bytes()[from..end]).into_owned()
 }
 
+/// How many processes of session `sid` run exactly `args` (asked through the API, beside the
+/// terminal).
+fn remote_processes(c: &Cluster, sid: &str, args: &str) -> usize {
+    let ps = c.post(
+        &format!("/v1/sessions/{sid}/execute"),
+        &serde_json::json!({"code": format!("ps -o args | grep -c '^{args}$' || true")}),
+    );
+    ps.body["console"][0][1]
+        .as_str()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Runs `command` in the remote shell (a line ended by Enter, `\r`), followed by a marker;
 /// answers what it printed (after the echo of the typed line).
 fn remote(pty: &mut Pty, command: &str, n: u32) -> String {
@@ -229,7 +242,9 @@ fn exec_it_is_a_real_terminal() {
     // Ctrl+C interrupts the remote foreground process (not ctl: raw mode), and the remote
     // shell's prompt comes back long before 100 s.
     line(&mut pty, "sleep 100\r", "sleep 100\r\n", long);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for(long, "the remote sleep running", || {
+        (remote_processes(&c, &sid, "sleep 100") >= 1).then_some(())
+    });
     let interrupted = Instant::now();
     pty.send("\x03");
     let pwd = remote(&mut pty, "pwd", 100);
@@ -258,6 +273,8 @@ fn exec_it_is_a_real_terminal() {
     pty.send(&format!(
         "{bin} ctl session exec -i {sid} 'head -1 | tr a-z A-Z'; echo EXIT=$((0+$?))\n"
     ));
+    // A head start for ctl before typing (no condition to wait for: input typed earlier waits
+    // in the terminal's buffer anyway).
     std::thread::sleep(Duration::from_millis(500));
     line(&mut pty, "hello\n", "HELLO", long);
     assert!(

@@ -517,7 +517,17 @@ fn a_gigabyte_through_exec_in_bounded_memory() {
     );
     assert_eq!(first.body["status"], "continued");
     let run = first.body["runId"].clone();
-    std::thread::sleep(Duration::from_secs(6));
+    // Waited for without touching the run (a `continue` would keep it alive): the reaper
+    // forgets it, then kills its process; another run's `ps` sees when that is done.
+    let count_yes = || {
+        c.post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": "ps -o comm | grep -c '^yes$' || true"}),
+        )
+    };
+    common::cluster::settle(Duration::from_secs(60), count_yes, |ps| {
+        ps.body["console"][0][1] == "0\n"
+    });
     let r = c.post(
         &format!("/v1/sessions/{sid}/execute"),
         &json!({"mode": "continue", "run_id": run}),
