@@ -210,6 +210,15 @@ fn lost_answer_resolves_to_running(db: Db, ports: u16) {
         Some(c.store_kernel(&sid)).filter(|k| k.status == "RUNNING")
     })
     .id;
+    // `kernel_started` applied first: arriving after the row is rewound below, it would move it
+    // to RUNNING itself and the sweep would have nothing to resolve (seen once in a clean run).
+    wait_for(LONG, "kernel_started applied", || {
+        (c.manager_metric(
+            "kernelvisor_manager_events_applied_total",
+            "name=\"kernel_started\"",
+        ) >= 1.0)
+            .then_some(())
+    });
     // The row as if neither `create_kernels`' answer nor `kernel_started` ever reached the
     // store: `CREATING` since long ago.
     let url = c.store_url.clone();
