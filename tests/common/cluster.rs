@@ -130,6 +130,11 @@ pub struct Cluster {
     pub startup_grace: f64,
     /// `[manager] heartbeat-timeout` of the next manager start, seconds (3).
     pub heartbeat_timeout: f64,
+    /// The agents' `[manager] heartbeat-interval` (agents added from now on) and the manager's
+    /// (its next start), seconds (1).
+    pub heartbeat_interval: f64,
+    /// `[agent-pool] health-check-interval` of the next manager start, seconds (1).
+    pub health_check_interval: f64,
     /// The intake ports agents added from now on report to (`event-addrs`, in order); empty:
     /// the cluster's one intake (`event-addr`).
     pub agent_intakes: Vec<u16>,
@@ -213,11 +218,25 @@ impl Cluster {
             manager_tail: String::new(),
             startup_grace: 2.5,
             heartbeat_timeout: 3.0,
+            heartbeat_interval: 1.0,
+            health_check_interval: 1.0,
             agent_intakes: Vec::new(),
             keys: (manager, keys_dir),
             pg_drop,
             dir,
         }
+    }
+
+    /// Fractional liveness intervals for the managers and agents started from now on: a
+    /// heartbeat and a health check every 0.5 s, `LOST` after 2 s of silence (four missed
+    /// heartbeats, one more than the whole-second default allows, as a loaded machine delays a
+    /// beat more often when beats are closer). The start-up grace stays 2.5 s, so that a test
+    /// started on a loaded machine still sees it. A scenario proves the same in less time, and
+    /// the config's fractional seconds are exercised on the way.
+    pub fn fractional_intervals(&mut self) {
+        self.heartbeat_interval = 0.5;
+        self.heartbeat_timeout = 2.0;
+        self.health_check_interval = 0.5;
     }
 
     fn manager_config(&self, api_port: u16) -> PathBuf {
@@ -230,9 +249,9 @@ impl Cluster {
         let d = self.dir.path().display();
         let text = format!(
             "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
-             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = 1\nheartbeat-timeout = {timeout}\nstartup-grace = {grace}\n{extra}\n\
+             agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = {interval}\nheartbeat-timeout = {timeout}\nstartup-grace = {grace}\n{extra}\n\
              [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\nadmin-token-file = \"{d}/admin-token\"\n\n\
-             [agent-pool]\nhealth-check-interval = 1\nping-timeout = 1\nrecovery-timeout = 2\n\n\
+             [agent-pool]\nhealth-check-interval = {health}\nping-timeout = 1\nrecovery-timeout = 2\n\n\
              [scheduler]\nreset-timeout = 30\n{scheduler}\n\n[logging]\nlevel = \"info\"\n{tail}",
             intake = intake_port,
             url = self.store_url,
@@ -241,6 +260,8 @@ impl Cluster {
             tail = self.manager_tail,
             grace = self.startup_grace,
             timeout = self.heartbeat_timeout,
+            interval = self.heartbeat_interval,
+            health = self.health_check_interval,
         );
         let p = self.dir.path().join(format!("{name}.toml"));
         std::fs::write(&p, text).unwrap();
@@ -415,7 +436,7 @@ impl Cluster {
                 .collect();
             format!("event-addrs = [{}]", list.join(", "))
         };
-        text.push_str(&format!("\n[manager]\n{intake}\nheartbeat-interval = 1\nevent-retry-max = 1\nevent-ack-timeout = 5\n"));
+        text.push_str(&format!("\n[manager]\n{intake}\nheartbeat-interval = {}\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.heartbeat_interval));
         text = text.replace("[logging]\nlevel = \"warn\"", "[logging]\nlevel = \"info\"");
         text.push_str(tail);
         let config = fixture.dir.path().join("agent.toml");

@@ -1,6 +1,8 @@
 //! The four scenarios of `docs/scenarios.md` end to end: a manager process and agent processes
-//! (the `kernelvisor` binary, CURVE on), the real Docker engine, 1 s heartbeats, a 3 s heartbeat
-//! timeout and a 2.5 s start-up grace. Each runs with the manager on SQLite and on PostgreSQL and
+//! (the `kernelvisor` binary, CURVE on), the real Docker engine, 0.5 s heartbeats and health
+//! checks, a 2 s heartbeat timeout and a 2.5 s start-up grace ([`Cluster::fractional_intervals`]);
+//! scenario 4 on SQLite keeps whole seconds (1 s heartbeats, a 3 s timeout), the intervals of
+//! every other cluster test. Each runs with the manager on SQLite and on PostgreSQL and
 //! ends with every invariant checked against the store, the engine and the agents.
 //! Also: bad API requests get 4xx with a stable code and leave nothing half-created.
 //!
@@ -16,10 +18,17 @@ use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// A cluster on `db` at fractional intervals.
+fn cluster(db: Db) -> Cluster {
+    let mut c = Cluster::new(db);
+    c.fractional_intervals();
+    c
+}
+
 /// Scenario 1: the manager runs; an agent starts → agent_started, then heartbeats every
 /// interval; the agent is ALIVE with its slots. Then a session runs code on it.
 fn agent_start(db: Db, ports: u16) {
-    let mut c = Cluster::new(db);
+    let mut c = cluster(db);
     c.start_manager();
     let a = c.add_agent("start", ports, "");
     let id = c.agents[a].id().to_owned();
@@ -55,7 +64,7 @@ fn agent_start(db: Db, ports: u16) {
         .as_f64()
         .unwrap();
     // Two more heartbeats, their spacing read on the agent's own clock (the `ts` each carries,
-    // kept as `last_heartbeat`), not on this test's: a heartbeat every second, however slowly a
+    // kept as `last_heartbeat`), not on this test's: a heartbeat every interval, however slowly a
     // loaded machine lets the test poll. (`t0` is read after `hb0` and `t1` before `hb1`, so
     // `hb1 - hb0` beats cover at least `t1 - t0`.)
     let (t1, hb1) = common::cluster::wait_for(LONG, "two more heartbeats", || {
@@ -64,8 +73,9 @@ fn agent_start(db: Db, ports: u16) {
         (hb1 >= hb0 + 2.0 && t1 > t0).then_some((t1, hb1))
     });
     assert!(
-        hb1 >= hb0 + 2.0 && (t1 - t0) / (hb1 - hb0) <= 1.5,
-        "a heartbeat every second: {} beats over {:.2} s of the agent's clock",
+        hb1 >= hb0 + 2.0 && (t1 - t0) / (hb1 - hb0) <= 1.5 * c.heartbeat_interval,
+        "a heartbeat every {} s: {} beats over {:.2} s of the agent's clock",
+        c.heartbeat_interval,
         hb1 - hb0,
         t1 - t0
     );
@@ -94,7 +104,7 @@ fn agent_start(db: Db, ports: u16) {
 
 /// Scenario 2: an agent with a few kernels is stopped with SIGTERM and started again.
 fn agent_restart(db: Db, ports: u16, terminate: bool) {
-    let mut c = Cluster::new(db);
+    let mut c = cluster(db);
     c.start_manager();
     let a = c.add_agent(
         "restart",
@@ -176,7 +186,7 @@ fn agent_restart(db: Db, ports: u16, terminate: bool) {
         assert_eq!(c.concurrency_used(), 3);
         // The re-attached kernels still serve. The pool may still hold the entry it marked
         // unhealthy while the agent was down: 502 `agent-unavailable` until its next health check
-        // heals it (`health-check-interval` 1 s), so a client retries that code.
+        // heals it (`health-check-interval`), so a client retries that code.
         let out = common::cluster::wait_for(LONG, "execute on a re-attached kernel", || {
             let out = c.post(
                 &format!("/v1/sessions/{}/execute", kernels[0]),
@@ -191,7 +201,7 @@ fn agent_restart(db: Db, ports: u16, terminate: bool) {
 
 /// Scenario 3: the manager restarts while agents run kernels; a kernel ends while it is down.
 fn manager_restart(db: Db, ports: u16) {
-    let mut c = Cluster::new(db);
+    let mut c = cluster(db);
     c.start_manager();
     let a = c.add_agent("mgr", ports, "");
     let id = c.agents[a].id().to_owned();
@@ -255,8 +265,12 @@ fn manager_restart(db: Db, ports: u16) {
 }
 
 /// Scenario 4: the agent is suspended past the heartbeat timeout, then resumed.
-fn agent_suspended(db: Db, ports: u16) {
-    let mut c = Cluster::new(db);
+fn agent_suspended(db: Db, ports: u16, fractional: bool) {
+    let mut c = if fractional {
+        cluster(db)
+    } else {
+        Cluster::new(db)
+    };
     c.start_manager();
     let a = c.add_agent("stop", ports, "");
     let id = c.agents[a].id().to_owned();
@@ -342,7 +356,7 @@ fn agent_suspended(db: Db, ports: u16) {
 
 /// Bad requests: 4xx with a stable code; nothing half-created.
 fn bad_requests(db: Db, ports: u16) {
-    let mut c = Cluster::new(db);
+    let mut c = cluster(db);
     c.start_manager();
     let a = c.add_agent("bad", ports, "");
     let id = c.agents[a].id().to_owned();
@@ -458,7 +472,7 @@ fn bad_requests(db: Db, ports: u16) {
 /// than any agent has → 400 `slots-exceed-capacity`, bad amounts → 400 `invalid-request` naming
 /// the slot, and a session's slots held and released.
 fn resource_slots(db: Db, ports: u16) {
-    let mut c = Cluster::new(db);
+    let mut c = cluster(db);
     c.start_manager();
     let a = c.add_agent("slots", ports, "");
     let id = c.agents[a].id().to_owned();
@@ -600,14 +614,15 @@ fn scenario_3_manager_restart_postgres() {
     manager_restart(Db::Postgres, 32140);
 }
 
+/// The one liveness scenario kept at whole seconds (1 s heartbeats, a 3 s timeout).
 #[test]
 fn scenario_4_agent_suspended_sqlite() {
-    agent_suspended(Db::Sqlite, 32160);
+    agent_suspended(Db::Sqlite, 32160, false);
 }
 
 #[test]
 fn scenario_4_agent_suspended_postgres() {
-    agent_suspended(Db::Postgres, 32180);
+    agent_suspended(Db::Postgres, 32180, true);
 }
 
 #[test]
