@@ -90,8 +90,9 @@ struct Replica {
 impl Drop for Replica {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            // Without the audit lines: a burst of creates would leave nothing else in the tail.
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
+            let lines: Vec<&str> = text.lines().filter(|l| !l.contains(" audit: ")).collect();
             eprintln!(
                 "---- {} (tail) ----\n{}",
                 self.log.display(),
@@ -168,12 +169,30 @@ fn three_managers_on_postgres_fail_over() {
     for id in [&id_a, &id_b] {
         c.wait_agent_status(id, "ALIVE", Duration::from_secs(30));
     }
-    // Every replica sees both agents ALIVE (liveness is in the store).
+    // Every replica sees both agents ALIVE with a heartbeat's facts (liveness is in the store).
+    // `agents_alive` alone is not enough: a replica may hold a row written at the agent's first
+    // event, before its first heartbeat (no address, no slots: nothing to place on), until its
+    // next re-read of the store.
     for r in &replicas {
         wait_for(
             Duration::from_secs(15),
             "every replica sees both agents",
             || health(&c, &r.api).filter(|h| h["agents_alive"] == 2),
+        );
+        wait_for(
+            Duration::from_secs(15),
+            "every replica knows both agents' slots",
+            || {
+                let list = c
+                    .call_at(&r.api, "GET", "/v1/agents", Some(&c.admin_token), None)
+                    .ok()?;
+                let agents = list.body["agents"].as_array()?;
+                let ready = agents
+                    .iter()
+                    .filter(|a| a["status"] == "ALIVE" && !a["last_heartbeat"].is_null())
+                    .count();
+                (ready == 2).then_some(())
+            },
         );
     }
     let first_leaders = wait_for(Duration::from_secs(15), "one leader", || {

@@ -679,8 +679,14 @@ impl AgentRegistry {
         } else {
             Scheduling::of(&row)
         };
-        if their_row_newer {
+        // A first-contact row (this replica heard only an event from the agent, no heartbeat)
+        // knows none of its facts: it takes theirs whatever their `seen_at`, keeping its own
+        // newer `seen_at`. Without that it stayed unplaceable (no address, no slots) until the
+        // agent's next heartbeat reached this replica, which may be never.
+        if their_row_newer || (s.row.addr.is_none() && row.addr.is_some()) {
+            let seen_at = s.row.seen_at.max(row.seen_at);
             s.row = row;
+            s.row.seen_at = seen_at;
         }
         flags.apply_to(&mut s.row);
         // The status is set by the step (or kept) below.

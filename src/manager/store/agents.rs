@@ -136,7 +136,11 @@ pub(super) async fn upsert_many_in(
     Ok(())
 }
 
-/// One statement of [`upsert_many_in`].
+/// One statement of [`upsert_many_in`]. A row that does not know the agent's facts (no
+/// address, key, region or version; no slots) keeps the stored ones: a replica that has heard
+/// only an event from an agent it has no row for yet (the agent failed over to its intake)
+/// holds a first-contact row, and writing it must not erase what the agent's heartbeats told
+/// another replica (that left every replica with no agent to place on: `no-agents`).
 async fn upsert_statement(
     tx: &mut Transaction<'_, Any>,
     rows: &[AgentRow],
@@ -162,10 +166,14 @@ async fn upsert_statement(
          ON CONFLICT (id) DO UPDATE SET \
            status_changed = CASE WHEN agents.status = excluded.status OR agents.status IN ('LOST', 'PENDING') OR excluded.status IN ('LOST', 'PENDING') THEN agents.status_changed ELSE excluded.status_changed END, \
            status = CASE WHEN agents.status IN ('LOST', 'PENDING') OR excluded.status IN ('LOST', 'PENDING') THEN agents.status ELSE excluded.status END, \
-           addr = excluded.addr, public_key = excluded.public_key, region = excluded.region, \
-           version = excluded.version, cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, \
-           cuda_devices = excluded.cuda_devices, last_heartbeat = excluded.last_heartbeat, \
-           slots_total = excluded.slots_total, slot_types = excluded.slot_types, \
+           addr = COALESCE(excluded.addr, agents.addr), public_key = COALESCE(excluded.public_key, agents.public_key), \
+           region = COALESCE(excluded.region, agents.region), version = COALESCE(excluded.version, agents.version), \
+           cpu_millis = CASE WHEN excluded.slots_total = '{{}}' THEN agents.cpu_millis ELSE excluded.cpu_millis END, \
+           mem_bytes = CASE WHEN excluded.slots_total = '{{}}' THEN agents.mem_bytes ELSE excluded.mem_bytes END, \
+           cuda_devices = CASE WHEN excluded.slots_total = '{{}}' THEN agents.cuda_devices ELSE excluded.cuda_devices END, \
+           last_heartbeat = COALESCE(excluded.last_heartbeat, agents.last_heartbeat), \
+           slot_types = CASE WHEN excluded.slots_total = '{{}}' THEN agents.slot_types ELSE excluded.slot_types END, \
+           slots_total = CASE WHEN excluded.slots_total = '{{}}' THEN agents.slots_total ELSE excluded.slots_total END, \
            seen_at = CASE WHEN excluded.seen_at > agents.seen_at THEN excluded.seen_at ELSE agents.seen_at END, \
            updated_at = excluded.updated_at, updated_by = excluded.updated_by",
         values.join(", ")
@@ -401,4 +409,44 @@ async fn set_status_in(
     .await?
     .rows_affected();
     Ok(n == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AgentRow;
+    use crate::slots::{Amount, ResourceSlots};
+
+    /// A replica that heard only an event from an agent writes a first-contact row (no address,
+    /// no slots): the facts another replica wrote from the agent's heartbeats stay, and the
+    /// newer `seen_at` is taken.
+    #[actix_rt::test]
+    async fn a_row_without_facts_keeps_the_stored_ones() {
+        let (_dir, store) = crate::manager::store::test_store_with_key().await;
+        let slots: ResourceSlots = [
+            ("cpu".to_owned(), Amount::from_units(4)),
+            ("mem".to_owned(), Amount::from_units(1 << 30)),
+        ]
+        .into_iter()
+        .collect();
+        let types = crate::manager::registry::heartbeat::slot_types(None);
+        let mut full = AgentRow::alive("a", slots.clone(), types.clone());
+        full.addr = Some("tcp://10.0.0.1:6001".into());
+        full.public_key = Some("key".into());
+        full.version = Some("26.9.6".into());
+        full.last_heartbeat = Some(100.0);
+        full.seen_at = 100.0;
+        store.save_agents(&[full]).await.unwrap();
+
+        let mut bare = AgentRow::alive("a", ResourceSlots::new(), types);
+        bare.seen_at = 105.0;
+        store.save_agents(&[bare]).await.unwrap();
+
+        let row = store.agents().await.unwrap().remove(0);
+        assert_eq!(row.addr.as_deref(), Some("tcp://10.0.0.1:6001"));
+        assert_eq!(row.public_key.as_deref(), Some("key"));
+        assert_eq!(row.version.as_deref(), Some("26.9.6"));
+        assert_eq!(row.slots_total, slots);
+        assert_eq!(row.last_heartbeat, Some(100.0));
+        assert_eq!(row.seen_at, 105.0);
+    }
 }
