@@ -7,7 +7,9 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::ctl::parse::{self, Mount};
-use crate::ctl::{render, show, Client, Failure, Output};
+use crate::ctl::render::{fields, text, with};
+use crate::ctl::{show, Client, Failure, Output};
+use crate::model::session::SessionCreated;
 
 /// Session type of `session create --type` and the restart policy's mode of `--restart`: the
 /// API's own enums (their CLI help is in `crate::model::session`).
@@ -148,7 +150,7 @@ pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32
         stdout.flush()?;
         0
     } else {
-        show(out, &reply, render::created)?
+        show(out, &reply, created_fields)?
     };
     if created.status == crate::model::session::KernelStatus::Pending.as_str() {
         // On stderr, as the pull's note: stdout stays the answer.
@@ -173,6 +175,29 @@ pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32
         );
     }
     Ok(code)
+}
+
+/// The answer of `POST /v1/sessions` (`session_id`, `kernel_id`, `agent_id`, `status`; a
+/// queued session's `queue_position` and `pending_reason` too).
+fn created_fields(v: &Value) -> String {
+    with(v, |c: SessionCreated| {
+        let mut pairs = vec![
+            ("Session", text(&c.session_id)),
+            ("Kernel", text(&c.kernel_id)),
+            ("Agent", text(&c.agent_id)),
+            ("Status", text(&c.status)),
+        ];
+        if let Some(n) = c.queue_position {
+            pairs.push(("Queue position", n.to_string()));
+        }
+        if let Some(r) = &c.pending_reason {
+            pairs.push((
+                "Waiting",
+                format!("{}: {}", text(&r.code), text(&r.message)),
+            ));
+        }
+        fields(&pairs)
+    })
 }
 
 #[cfg(test)]
@@ -438,5 +463,15 @@ mod tests {
                    "mounts": [{"name": "d", "permission": "ro"}]})
         );
         assert_eq!(create(&[]).unwrap().to_json()["access_key"], "AK");
+    }
+
+    #[test]
+    fn created_lines() {
+        assert_eq!(
+            created_fields(
+                &json!({"session_id": "s", "kernel_id": "k", "agent_id": "a", "status": "RUNNING"})
+            ),
+            "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\n"
+        );
     }
 }

@@ -10,8 +10,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::stdin::{Input, StdinChunks};
-use crate::ctl::client::segment;
-use crate::ctl::render::{self, Stream};
+use crate::ctl::client::{read, segment};
 use crate::ctl::{format, parse, Client, ClientError, Failure, Output, EXIT_TIMEOUT};
 use crate::model::exec::ExecuteAnswer;
 
@@ -221,7 +220,7 @@ fn exec(
         match out {
             Output::Json => writeln!(stdout, "{}", format::compact_json(&reply.text))?,
             Output::Table => {
-                for (stream, text) in render::console(&reply.json) {
+                for (stream, text) in console(&reply.json) {
                     match stream {
                         Stream::Stdout => stdout.write_all(text.as_bytes())?,
                         Stream::Stderr => stderr.write_all(text.as_bytes())?,
@@ -265,6 +264,39 @@ fn exec(
             None => options.continue_body(run_id),
         };
     }
+}
+
+/// Which stream a piece of console output belongs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// ctl's stdout (`stdout`, and kinds ctl shows as text: `media`, `html`, …).
+    Stdout,
+    /// ctl's stderr.
+    Stderr,
+}
+
+/// The `console` of an execute answer (`[["stdout", text], ["stderr", text], …]`) as pieces in
+/// order. Kinds other than stdout/stderr (`media`, `html`, …) go to stdout as `[kind] value`.
+/// An answer that does not read is one stderr piece saying so.
+pub fn console(v: &Value) -> Vec<(Stream, String)> {
+    let answer: ExecuteAnswer = match read(v) {
+        Ok(a) => a,
+        Err(e) => return vec![(Stream::Stderr, e)],
+    };
+    answer
+        .console
+        .into_iter()
+        .map(|(kind, data)| {
+            let data_text = data
+                .as_str()
+                .map_or_else(|| data.to_string(), str::to_owned);
+            match kind.as_str() {
+                "stdout" => (Stream::Stdout, data_text),
+                "stderr" => (Stream::Stderr, data_text),
+                other => (Stream::Stdout, format!("[{other}] {data_text}\n")),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -519,5 +551,24 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn console_pieces_in_order() {
+        let v = json!({"exitCode": 1, "status": "finished",
+            "console": [["stdout", "hi\n"], ["stderr", "oops\n"], ["media", ["image/png", "..."]], ["stdout", "bye"]]});
+        assert_eq!(
+            console(&v),
+            [
+                (Stream::Stdout, "hi\n".to_owned()),
+                (Stream::Stderr, "oops\n".to_owned()),
+                (
+                    Stream::Stdout,
+                    "[media] [\"image/png\",\"...\"]\n".to_owned()
+                ),
+                (Stream::Stdout, "bye".to_owned()),
+            ]
+        );
+        assert!(console(&json!({"exitCode": 0})).is_empty());
     }
 }
