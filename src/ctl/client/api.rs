@@ -17,11 +17,12 @@ use serde_json::Value;
 use super::{segment, Client, ClientError, Reply, REQUEST_TIMEOUT};
 use crate::model::access_key::{AccessKey, AccessKeyList, ChangeBody, NewAccessKey, NewKeyBody};
 use crate::model::agent::{Agent, AgentList, DrainRequest};
+use crate::model::exec::{ExecuteAnswer, ExecuteCall};
 use crate::model::file::FileList;
 use crate::model::health::Health;
 use crate::model::image::{Commit, CommitRequest, PurgeImagesRequest, PurgedImages};
 use crate::model::service::{Service, ServiceList, ServiceStarted};
-use crate::model::session::{Session, SessionList};
+use crate::model::session::{NewSession, Session, SessionCreated, SessionList};
 use crate::model::vfolder::{NewVfolder, Vfolder, VfolderList};
 
 /// How long a commit's `POST` may take (the agent's commit starts within it).
@@ -122,6 +123,11 @@ fn session_path(id: &str) -> String {
     format!("/v1/sessions/{}", segment(id))
 }
 
+/// The execute route of session `id` (also the URL its errors name).
+pub fn execute_path(id: &str) -> String {
+    format!("{}/execute", session_path(id))
+}
+
 fn service_path(id: &str, name: &str) -> String {
     format!("/v1/sessions/{}/services/{}", segment(id), segment(name))
 }
@@ -157,6 +163,16 @@ impl Client {
         self.get("/v1/sessions", &query).map(Answer::of)
     }
 
+    /// `POST /v1/sessions`: the session, created (or queued); may wait for the agent to start
+    /// it, with no limit beyond the manager's.
+    pub fn create_session(
+        &self,
+        request: &NewSession,
+    ) -> Result<Answer<SessionCreated>, ClientError> {
+        self.post("/v1/sessions", &body(request), None)
+            .map(Answer::of)
+    }
+
     /// `GET /v1/sessions/{id}` (a session or kernel id, or a unique prefix).
     pub fn session(&self, id: &str) -> Result<Answer<Session>, ClientError> {
         self.get(&session_path(id), &[]).map(Answer::of)
@@ -165,6 +181,18 @@ impl Client {
     /// `DELETE /v1/sessions/{id}`: the session, terminated.
     pub fn destroy_session(&self, id: &str) -> Result<Answer<Session>, ClientError> {
         self.delete(&session_path(id)).map(Answer::of)
+    }
+
+    /// `POST /v1/sessions/{id}/execute`: one call of the continuation protocol; its answer
+    /// waits at most `timeout` (the call's `flush_timeout` and a grace).
+    pub fn execute(
+        &self,
+        id: &str,
+        call: &ExecuteCall,
+        timeout: Duration,
+    ) -> Result<Answer<ExecuteAnswer>, ClientError> {
+        self.post(&execute_path(id), &body(call), Some(timeout))
+            .map(Answer::of)
     }
 
     /// `POST /v1/sessions/{id}/commit`: the commit started (at most [`COMMIT_TIMEOUT`]).
