@@ -6,6 +6,7 @@
 //! the wire are those of the `json!` bodies ctl built before these types (a field left `None`
 //! is omitted where the type says `skip_serializing_if`).
 
+use std::io::Read;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::time::Duration;
@@ -123,6 +124,14 @@ fn session_path(id: &str) -> String {
     format!("/v1/sessions/{}", segment(id))
 }
 
+/// The event stream's route (also the URL its errors name).
+pub const EVENTS_PATH: &str = "/v1/events";
+
+/// The logs route of session `id` (also the URL its read errors name).
+pub fn logs_path(id: &str) -> String {
+    format!("{}/logs", session_path(id))
+}
+
 /// The execute route of session `id` (also the URL its errors name).
 pub fn execute_path(id: &str) -> String {
     format!("{}/execute", session_path(id))
@@ -193,6 +202,26 @@ impl Client {
     ) -> Result<Answer<ExecuteAnswer>, ClientError> {
         self.post(&execute_path(id), &body(call), Some(timeout))
             .map(Answer::of)
+    }
+
+    /// `GET /v1/sessions/{id}/logs`: the kernel's logs as a reader, unread (any size); with
+    /// `follow`, also what the kernel writes until it ends, the call then unbounded (else at
+    /// most [`REQUEST_TIMEOUT`]). Map read errors with [`super::read_error`].
+    pub fn logs(&self, id: &str, follow: bool) -> Result<impl Read + Send, ClientError> {
+        let (query, timeout): (&[(&str, &str)], _) = if follow {
+            (&[("follow", "true")], None)
+        } else {
+            (&[], Some(REQUEST_TIMEOUT))
+        };
+        self.get_stream(&logs_path(id), query, timeout)
+    }
+
+    /// `GET /v1/events?query`: the event stream as a reader, its frames unread. With
+    /// `follow=true` in `query` it may stream for hours (the call is unbounded); without, the
+    /// call is bounded by [`REQUEST_TIMEOUT`].
+    pub fn events(&self, query: &[(&str, &str)]) -> Result<impl Read + Send, ClientError> {
+        let following = query.contains(&("follow", "true"));
+        self.get_stream(EVENTS_PATH, query, (!following).then_some(REQUEST_TIMEOUT))
     }
 
     /// `POST /v1/sessions/{id}/commit`: the commit started (at most [`COMMIT_TIMEOUT`]).
