@@ -10,9 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::backend::{BackendError, ContainerBackend, ENGINE_UNAVAILABLE};
+use super::backend::{BackendError, ContainerBackend};
 use super::metrics::AgentMetrics;
-use crate::rpc::ErrorMeta;
+use crate::rpc::{ErrorMeta, Failure};
 
 /// Longest wait for the engine's answer to a probe's ping.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -114,8 +114,8 @@ impl EngineHealth {
     pub fn check(&self) -> Result<(), ErrorMeta> {
         match self.down() {
             None => Ok(()),
-            Some((error, for_)) => Err(ErrorMeta::new(
-                ENGINE_UNAVAILABLE,
+            Some((error, for_)) => Err(ErrorMeta::failure(
+                Failure::ContainerEngineUnavailable,
                 format!(
                     "container engine unavailable for {:.1} s: {error}",
                     for_.as_secs_f64()

@@ -5,10 +5,12 @@
 use std::io::Write;
 
 use clap::Subcommand;
+use serde_json::Value;
 
 use super::client::Client;
-use super::{render, show_to, Failure, Output};
-use crate::model::access_key::{ChangeBody, NewKeyBody};
+use super::render::{fields, opt, table, text, utc, with};
+use super::{show_to, Failure, Output};
+use crate::model::access_key::{AccessKey, AccessKeyList, ChangeBody, NewAccessKey, NewKeyBody};
 
 /// `kernelvisor ctl access-key …`.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
@@ -107,13 +109,13 @@ pub(super) fn run(
             show_to(
                 out,
                 &client.create_access_key(&body)?,
-                render::access_key_created,
+                access_key_created,
                 stdout,
             )
         }
-        AccessKeyCommand::List => show_to(out, &client.access_keys()?, render::access_keys, stdout),
+        AccessKeyCommand::List => show_to(out, &client.access_keys()?, access_keys, stdout),
         AccessKeyCommand::Show { key } => {
-            show_to(out, &client.access_key(key)?, render::access_key, stdout)
+            show_to(out, &client.access_key(key)?, access_key, stdout)
         }
         AccessKeyCommand::Enable { key }
         | AccessKeyCommand::Disable { key }
@@ -122,17 +124,106 @@ pub(super) fn run(
             show_to(
                 out,
                 &client.change_access_key(key, &change)?,
-                render::access_key,
+                access_key,
                 stdout,
             )
         }
-        AccessKeyCommand::Delete { key } => show_to(
-            out,
-            &client.delete_access_key(key)?,
-            render::access_key,
-            stdout,
-        ),
+        AccessKeyCommand::Delete { key } => {
+            show_to(out, &client.delete_access_key(key)?, access_key, stdout)
+        }
     }
+}
+
+/// An access key's concurrency, `used/limit` (`unlimited` for a limit of 0).
+fn concurrency(k: &AccessKey) -> String {
+    let limit = match k.concurrency_limit {
+        Some(0) => "unlimited".to_owned(),
+        l => opt(l),
+    };
+    format!("{}/{limit}", opt(k.concurrency_used))
+}
+
+/// An access key's `enabled` as `enabled` / `disabled` (`-` when missing).
+fn key_state(enabled: Option<bool>) -> String {
+    match enabled {
+        Some(true) => "enabled".to_owned(),
+        Some(false) => "disabled".to_owned(),
+        None => "-".to_owned(),
+    }
+}
+
+/// One access key (`GET /v1/access-keys/{key}`, and the answers of `PATCH` / `DELETE` on it)
+/// as `key: value` lines: the key, then `Name`, `Role`, `State` (`enabled`/`disabled`) and
+/// `Created` (UTC) when the answer has them, and its concurrency, `used/limit` (`unlimited` for
+/// 0).
+fn access_key(v: &Value) -> String {
+    with(v, |k: AccessKey| fields(&key_fields(&k)))
+}
+
+fn key_fields(k: &AccessKey) -> Vec<(&'static str, String)> {
+    let mut pairs = vec![("Access key", text(&k.access_key))];
+    if let Some(name) = &k.name {
+        pairs.push(("Name", opt(name.as_ref())));
+    }
+    if let Some(role) = &k.role {
+        pairs.push(("Role", opt(role.as_ref())));
+    }
+    if let Some(enabled) = k.enabled {
+        pairs.push(("State", key_state(enabled)));
+    }
+    pairs.push(("Concurrency", concurrency(k)));
+    if let Some(created) = k.created_at {
+        pairs.push(("Created", utc(created)));
+    }
+    pairs
+}
+
+/// The answer of `POST /v1/access-keys`: the key as [`access_key`] shows it with its
+/// `Secret key`, then a note that the secret is shown only this once and is the key's token.
+fn access_key_created(v: &Value) -> String {
+    with(v, |k: NewAccessKey| {
+        let mut pairs = key_fields(&k.key());
+        pairs.insert(1, ("Secret key", text(&k.secret_key)));
+        let mut out = fields(&pairs);
+        out.push_str(
+            "\nThe secret key is shown only this once: the manager keeps no copy it could show \
+             again. Store it now. It is the key's token: kernelvisor ctl --token SECRET (or \
+             KERNELVISOR_TOKEN=SECRET).\n",
+        );
+        out
+    })
+}
+
+/// `GET /v1/access-keys` (`{"access_keys": [...]}`) as a table: ACCESS KEY, NAME, ROLE, STATE
+/// (`enabled`/`disabled`), CONCURRENCY (`used/limit`), CREATED (UTC).
+fn access_keys(v: &Value) -> String {
+    with(v, |list: AccessKeyList| {
+        let rows = list
+            .access_keys
+            .iter()
+            .map(|k| {
+                vec![
+                    text(&k.access_key),
+                    opt(k.name.clone().flatten()),
+                    opt(k.role.clone().flatten()),
+                    key_state(k.enabled.flatten()),
+                    concurrency(k),
+                    utc(k.created_at.flatten()),
+                ]
+            })
+            .collect();
+        table(
+            vec![
+                "ACCESS KEY",
+                "NAME",
+                "ROLE",
+                "STATE",
+                "CONCURRENCY",
+                "CREATED",
+            ],
+            rows,
+        )
+    })
 }
 
 #[cfg(test)]
@@ -142,6 +233,7 @@ mod tests {
     use super::*;
     use crate::ctl::client::ClientOptions;
     use crate::ctl::format;
+    use crate::ctl::render::tests::{cells, NOW};
     use crate::ctl::test_util::{key_command, parse, text};
     use crate::ctl::testserver::{Answer, Server};
 
@@ -252,5 +344,78 @@ mod tests {
         }
         assert!(parse(&["access-key", "set-limit", "AK", "-1"]).is_err());
         assert!(parse(&["access-key", "create", "--concurrency-limit", "x"]).is_err());
+    }
+
+    #[test]
+    fn access_keys_shown() {
+        let key = json!({"access_key": "AKUSER1", "role": "user", "name": "alice",
+                         "concurrency_limit": 2, "concurrency_used": 1, "enabled": true,
+                         "created_at": NOW});
+        assert_eq!(
+            access_key(&key),
+            "Access key:  AKUSER1\nName:        alice\nRole:        user\nState:       enabled\n\
+             Concurrency: 1/2\nCreated:     2023-11-14T22:13:20Z\n"
+        );
+        let mut created = key.clone();
+        created["secret_key"] = json!("sk-0123");
+        created["name"] = Value::Null;
+        let out = access_key_created(&created);
+        assert!(
+            out.starts_with("Access key:  AKUSER1\nSecret key:  sk-0123\nName:        -\n"),
+            "{out}"
+        );
+        assert!(out.contains("shown only this once"), "{out}");
+
+        let mut admin = key.clone();
+        admin["access_key"] = json!("AKADMIN");
+        admin["role"] = json!("admin");
+        admin["enabled"] = json!(false);
+        admin["concurrency_limit"] = json!(0);
+        admin["name"] = Value::Null;
+        let out = access_keys(&json!({"access_keys": [key, admin]}));
+        let rows: Vec<Vec<&str>> = out.lines().map(cells).collect();
+        assert_eq!(
+            rows,
+            [
+                vec![
+                    "ACCESS KEY",
+                    "NAME",
+                    "ROLE",
+                    "STATE",
+                    "CONCURRENCY",
+                    "CREATED"
+                ],
+                vec![
+                    "AKUSER1",
+                    "alice",
+                    "user",
+                    "enabled",
+                    "1/2",
+                    "2023-11-14T22:13:20Z"
+                ],
+                vec![
+                    "AKADMIN",
+                    "-",
+                    "admin",
+                    "disabled",
+                    "1/unlimited",
+                    "2023-11-14T22:13:20Z"
+                ],
+            ]
+        );
+    }
+
+    #[test]
+    fn small_objects() {
+        assert_eq!(
+            access_key(
+                &json!({"access_key": "AKIADEV", "concurrency_used": 1, "concurrency_limit": 0})
+            ),
+            "Access key:  AKIADEV\nConcurrency: 1/unlimited\n"
+        );
+        assert!(access_key(
+            &json!({"access_key": "K", "concurrency_used": 2, "concurrency_limit": 3})
+        )
+        .ends_with("2/3\n"));
     }
 }

@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::model::error::ErrorBody;
 
 mod api;
-pub use api::{lenient, read, Answer};
+pub use api::{execute_path, lenient, logs_path, read, Answer, EVENTS_PATH};
 
 /// How long to wait for the TCP connection to the manager.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

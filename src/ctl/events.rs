@@ -9,7 +9,7 @@ use std::io::{self, BufReader, Write};
 
 use clap::Args;
 
-use super::client;
+use super::client::{self, EVENTS_PATH};
 use super::sse::Frames;
 use super::{format, Client, ClientError, Failure, Output};
 use crate::model::event::{Event, EventType};
@@ -65,7 +65,7 @@ pub(super) fn run(client: &Client, args: &EventsArgs, out: Output) -> Result<i32
         // A followed stream has no end of its own: the manager went away (stopped, restarted).
         return Err(ClientError::Transport {
             what: "the event stream ended:",
-            url: client.url("/v1/events"),
+            url: client.url(EVENTS_PATH),
             detail: "the manager closed it".into(),
         }
         .into());
@@ -90,11 +90,9 @@ pub(in crate::ctl) fn open(
     query: &[(&str, String)],
 ) -> Result<EventStream, Failure> {
     let pairs: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let following = pairs.contains(&("follow", "true"));
-    let timeout = (!following).then_some(client::REQUEST_TIMEOUT);
-    let body = client.get_stream("/v1/events", &pairs, timeout)?;
+    let body = client.events(&pairs)?;
     Ok(EventStream {
-        url: client.url("/v1/events"),
+        url: client.url(EVENTS_PATH),
         body: Box::new(BufReader::new(body)),
     })
 }

@@ -2,7 +2,9 @@
 //! session paths and the sides of `session cp`), used as clap value parsers: their error text is
 //! shown after clap's `invalid value '…' for '--env …'`.
 
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::model::session::MountSpec;
 
 /// `--env KEY=VALUE`: split at the first `=`; the value may be empty or contain `=`.
 ///
@@ -77,15 +79,6 @@ pub fn positive_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Seconds as a JSON number: an integer when whole (`3600`), else a float (`0.5`).
-pub fn seconds_json(n: f64) -> Value {
-    if n.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&n) {
-        Value::from(n as u64)
-    } else {
-        Value::from(n)
-    }
-}
-
 /// Mount permission: read-only or read-write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Permission {
@@ -106,13 +99,21 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// The API's JSON object for this mount.
-    pub fn to_json(&self) -> Value {
+    /// The mount as the API takes it (`{"name", "permission"}`).
+    pub fn spec(&self) -> MountSpec {
         let permission = match self.permission {
             Permission::Ro => "ro",
             Permission::Rw => "rw",
         };
-        json!({"name": self.name, "permission": permission})
+        MountSpec {
+            name: self.name.clone(),
+            permission: Some(permission.to_owned()),
+        }
+    }
+
+    /// The API's JSON object for this mount.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self.spec()).expect("a mount serializes")
     }
 }
 
@@ -273,6 +274,7 @@ impl Transfer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn env_pairs() {
@@ -354,9 +356,6 @@ mod tests {
             positive_seconds("0").unwrap_err(),
             "expected a number of seconds above 0"
         );
-        assert_eq!(seconds_json(3600.0), json!(3600));
-        assert_eq!(seconds_json(0.5), json!(0.5));
-        assert_eq!(seconds_json(0.0), json!(0));
     }
 
     #[test]

@@ -4,10 +4,12 @@
 use std::io::Write;
 
 use clap::Subcommand;
+use serde_json::Value;
 
 use super::client::Client;
-use super::{render, show_to, Failure, Output};
-use crate::model::vfolder::NewVfolder;
+use super::render::{fields, table, text, utc, with};
+use super::{show_to, Failure, Output};
+use crate::model::vfolder::{NewVfolder, Vfolder, VfolderList};
 
 /// `kernelvisor ctl vfolder …`.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
@@ -42,19 +44,51 @@ pub(super) fn run(
         VfolderCommand::Create { name } => show_to(
             out,
             &client.create_vfolder(&NewVfolder { name: name.clone() })?,
-            render::vfolder,
+            vfolder,
             stdout,
         ),
-        VfolderCommand::List { all } => {
-            show_to(out, &client.vfolders(*all)?, render::vfolders, stdout)
-        }
+        VfolderCommand::List { all } => show_to(out, &client.vfolders(*all)?, vfolders, stdout),
         VfolderCommand::Delete { name } => show_to(
             out,
             &client.delete_vfolder(name)?,
-            |v| render::vfolder_deleted(v, name),
+            |v| vfolder_deleted(v, name),
             stdout,
         ),
     }
+}
+
+/// One vfolder (`{"name", "owner", "created_at"}`: the answer of `POST /v1/vfolders`) as
+/// `key: value` lines, the creation time in UTC.
+fn vfolder(v: &Value) -> String {
+    with(v, |f: Vfolder| {
+        fields(&[
+            ("Vfolder", text(&f.name)),
+            ("Owner", text(&f.owner)),
+            ("Created", utc(f.created_at)),
+        ])
+    })
+}
+
+/// `GET /v1/vfolders` (`{"vfolders": [...]}`) as a table: NAME, OWNER (an access key),
+/// CREATED (UTC).
+fn vfolders(v: &Value) -> String {
+    with(v, |list: VfolderList| {
+        let rows = list
+            .vfolders
+            .iter()
+            .map(|f| vec![text(&f.name), text(&f.owner), utc(f.created_at)])
+            .collect();
+        table(vec!["NAME", "OWNER", "CREATED"], rows)
+    })
+}
+
+/// The answer of `DELETE /v1/vfolders/{name}`: `vfolder NAME deleted` (the name of the answer
+/// when it has one, else `name`).
+fn vfolder_deleted(v: &Value, name: &str) -> String {
+    with(v, |f: Vfolder| {
+        let name = if f.name.is_empty() { name } else { &f.name };
+        format!("vfolder {name} deleted\n")
+    })
 }
 
 #[cfg(test)]
@@ -62,6 +96,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+    use crate::ctl::render::tests::NOW;
     use crate::ctl::test_util::{parse, text};
     use crate::ctl::testserver::{Answer, Server};
     use crate::ctl::CtlCommand;
@@ -123,5 +158,20 @@ mod tests {
             requests.iter().all(|r| r.header("authorization").is_none()),
             "no token, no Authorization header"
         );
+    }
+
+    #[test]
+    fn vfolders_shown() {
+        let folder = json!({"name": "data", "owner": "AKUSER1", "created_at": NOW});
+        assert_eq!(
+            vfolder(&folder),
+            "Vfolder: data\nOwner:   AKUSER1\nCreated: 2023-11-14T22:13:20Z\n"
+        );
+        assert_eq!(
+            vfolders(&json!({"vfolders": [folder]})),
+            "NAME  OWNER    CREATED\ndata  AKUSER1  2023-11-14T22:13:20Z\n"
+        );
+        assert_eq!(vfolders(&json!({"vfolders": []})), "NAME  OWNER  CREATED\n");
+        assert_eq!(vfolder_deleted(&Value::Null, "d"), "vfolder d deleted\n");
     }
 }

@@ -37,6 +37,59 @@ pub struct ExecuteBody {
     pub eof: bool,
 }
 
+/// One execute call as a client sends it (`kernelvisor ctl session exec`): each mode with the
+/// fields it takes, so a call cannot lack its `run_id` or carry another mode's fields. The
+/// server reads it as [`ExecuteBody`] (a test holds every variant to that); it is a type of its
+/// own because the body's reading is looser than what a client should write (`mode` a string,
+/// `timeout` any number, `eof` defaulted).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "mode", rename_all = "lowercase")]
+pub enum ExecuteCall {
+    /// Start `code`.
+    Query {
+        /// The code to run.
+        code: String,
+        /// Seconds to wait for output before answering `continued`.
+        flush_timeout: f64,
+        /// Whole seconds after which the run is killed (omitted: the manager's default).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout: Option<u64>,
+        /// Keep the run's stdin open for `input` calls (omitted when false).
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        stdin: bool,
+    },
+    /// Write `code` to `run_id`'s stdin, closing it after when `eof`.
+    Input {
+        /// The run.
+        run_id: String,
+        /// The text for its stdin.
+        code: String,
+        /// Close stdin after writing (always sent, false included).
+        eof: bool,
+        /// Seconds to wait for output after the write.
+        flush_timeout: f64,
+    },
+    /// More output of `run_id`.
+    Continue {
+        /// The run.
+        run_id: String,
+        /// Seconds to wait for output before answering `continued`.
+        flush_timeout: f64,
+    },
+}
+
+impl ExecuteCall {
+    /// The run a `continue` or `input` call names; `None` for a `query`.
+    pub fn run_id(&self) -> Option<&str> {
+        match self {
+            ExecuteCall::Query { .. } => None,
+            ExecuteCall::Input { run_id, .. } | ExecuteCall::Continue { run_id, .. } => {
+                Some(run_id)
+            }
+        }
+    }
+}
+
 /// An execute call's mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -92,4 +145,49 @@ fn console_schema() -> Schema {
                 .max_items(Some(2)),
         )
         .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every call a client writes reads back as the server's body, with the same meaning.
+    #[test]
+    fn calls_read_as_the_body() {
+        let read = |call: &ExecuteCall| -> ExecuteBody {
+            serde_json::from_value(serde_json::to_value(call).unwrap()).unwrap()
+        };
+        let b = read(&ExecuteCall::Query {
+            code: "ls".into(),
+            flush_timeout: 0.5,
+            timeout: Some(600),
+            stdin: true,
+        });
+        assert_eq!(b.mode.as_deref(), Some("query"));
+        assert_eq!((b.code.as_deref(), b.run_id), (Some("ls"), None));
+        assert_eq!((b.timeout, b.flush_timeout), (Some(600.0), Some(0.5)));
+        assert!(b.stdin && !b.eof);
+        let b = read(&ExecuteCall::Input {
+            run_id: "r1".into(),
+            code: "x".into(),
+            eof: true,
+            flush_timeout: 0.01,
+        });
+        assert_eq!(b.mode.as_deref(), Some("input"));
+        assert_eq!(
+            (b.run_id.as_deref(), b.code.as_deref()),
+            (Some("r1"), Some("x"))
+        );
+        assert!(b.eof && !b.stdin);
+        let b = read(&ExecuteCall::Continue {
+            run_id: "r1".into(),
+            flush_timeout: 2.0,
+        });
+        assert_eq!(b.mode.as_deref(), Some("continue"));
+        assert_eq!(
+            (b.run_id.as_deref(), b.flush_timeout),
+            (Some("r1"), Some(2.0))
+        );
+        assert_eq!((b.code, b.timeout), (None, None));
+    }
 }

@@ -300,6 +300,84 @@ impl SessionRequest {
     }
 }
 
+/// `POST /v1/sessions` body as a client writes it (`kernelvisor ctl session create`): only what
+/// was given is sent, seconds whole when they are (`3600`, not `3600.0`). The server reads it as
+/// [`SessionRequest`] (a test holds it to that); it is a type of its own because that one
+/// serializes every field, defaults included, for the rows that keep it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NewSession {
+    /// Image reference.
+    pub image: String,
+    /// Slot name → amount as typed (`{"cpu": "0.5", "mem": "256m", "cuda.device": "1"}`).
+    pub resource_slots: BTreeMap<String, String>,
+    /// Admin keys only: the access key the session is charged to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_key: Option<String>,
+    /// Extra environment (omitted when empty).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub environ: BTreeMap<String, String>,
+    /// The owner's vfolders to mount (omitted when empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountSpec>,
+    /// `interactive` or `batch` (omitted: the manager's default, interactive).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub session_type: Option<SessionType>,
+    /// Shell command for the main process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Seconds a batch session may run.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub batch_timeout: Option<f64>,
+    /// The restart policy, with only the limits given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<NewRestartPolicy>,
+    /// 0 (lowest) to 100 (omitted: the manager's default, 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// `Some(false)`: fail with `no-capacity` rather than queue (omitted: queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enqueue: Option<bool>,
+}
+
+/// A [`RestartPolicy`] as a client writes it: the mode, and each limit only when given (the
+/// server fills in the others).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct NewRestartPolicy {
+    /// When to restart.
+    pub mode: RestartMode,
+    /// Restarts allowed within `window`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
+    /// The intensity window in seconds.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub window: Option<f64>,
+    /// Seconds before the first restart.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub backoff: Option<f64>,
+}
+
+/// Seconds as a JSON number: an integer when whole (`3600`), else a float (`0.5`), as a person
+/// would write them (and as ctl's bodies always were).
+fn whole_seconds<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match *v {
+        // Whole and within the integers an f64 holds exactly.
+        Some(n) if n.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&n) => {
+            s.serialize_u64(n as u64)
+        }
+        Some(n) => s.serialize_f64(n),
+        None => s.serialize_none(),
+    }
+}
+
 /// A service port a session asks for (`POST /v1/sessions`).
 #[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -317,7 +395,7 @@ pub struct ServicePortSpec {
 }
 
 /// A vfolder mount of a session request: one of the owner's vfolders (`POST /v1/vfolders`).
-#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MountSpec {
     /// vfolder name; mounted at `/home/work/<name>`.
@@ -544,6 +622,68 @@ pub struct SessionList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Seconds go out as integers when whole (`3600`, as a person writes them), else as floats.
+    #[test]
+    fn seconds_whole_when_they_are() {
+        let window = |s: f64| {
+            let p = NewRestartPolicy {
+                window: Some(s),
+                ..NewRestartPolicy::default()
+            };
+            serde_json::to_value(p).unwrap()["window"].clone()
+        };
+        assert_eq!(window(3600.0), serde_json::json!(3600));
+        assert_eq!(window(0.5), serde_json::json!(0.5));
+        assert_eq!(window(0.0), serde_json::json!(0));
+    }
+
+    /// A client's body reads back as the server's, with the same meaning; whole seconds are
+    /// integers on the wire.
+    #[test]
+    fn new_session_reads_as_the_request() {
+        let new = NewSession {
+            image: "img:1".into(),
+            resource_slots: BTreeMap::from([("cpu".into(), "0.5".into())]),
+            environ: BTreeMap::from([("A".into(), "1".into())]),
+            mounts: vec![MountSpec {
+                name: "data".into(),
+                permission: Some("ro".into()),
+            }],
+            session_type: Some(SessionType::Batch),
+            command: Some("true".into()),
+            batch_timeout: Some(3600.0),
+            restart_policy: Some(NewRestartPolicy {
+                mode: RestartMode::OnFailure,
+                max_restarts: Some(2),
+                window: Some(0.5),
+                backoff: None,
+            }),
+            priority: Some(50),
+            enqueue: Some(false),
+            ..NewSession::default()
+        };
+        let v = serde_json::to_value(&new).unwrap();
+        assert_eq!(v["batch_timeout"], serde_json::json!(3600));
+        assert_eq!(
+            v["restart_policy"],
+            serde_json::json!({"mode": "on-failure", "max_restarts": 2, "window": 0.5})
+        );
+        assert!(v.get("access_key").is_none() && v.get("service_ports").is_none());
+        let r: SessionRequest = serde_json::from_value(v).unwrap();
+        assert_eq!(r.checked_type().unwrap(), SessionType::Batch);
+        assert_eq!(
+            (r.batch_timeout, r.priority, r.enqueue),
+            (Some(3600.0), Some(50), Some(false))
+        );
+        assert_eq!(r.environ, new.environ);
+        assert_eq!(r.mounts[0].checked_permission().unwrap(), "ro");
+        let p = r.restart_policy.unwrap();
+        assert_eq!(
+            (p.mode, p.max_restarts, p.window, p.backoff),
+            (RestartMode::OnFailure, 2, 0.5, 1.0)
+        );
+    }
 
     #[test]
     fn stage_state_names_are_the_actors_names() {

@@ -14,6 +14,7 @@ use futures::FutureExt;
 use rmpv::Value;
 
 use super::codec::{Call, ErrorMeta};
+use super::failure::Failure;
 
 /// What a handler returns: the RESULT value, or a FAILURE.
 pub type HandlerResult = Result<Value, ErrorMeta>;
@@ -63,12 +64,12 @@ impl Drop for Observed {
         let failure = match &self.outcome {
             Some(f) => f.as_deref(),
             None if std::thread::panicking() => {
-                let e = ErrorMeta::new(
-                    "HandlerPanicked",
+                let e = ErrorMeta::failure(
+                    Failure::HandlerPanicked,
                     format!("the handler of {} panicked", self.method),
                 );
                 self.observer.failed(&self.method, &e);
-                Some("HandlerPanicked")
+                Some(Failure::HandlerPanicked.as_str())
             }
             None => Some("CancelledError"),
         };
@@ -129,8 +130,9 @@ impl Dispatcher {
         self.register(M::NAME, move |call| {
             let handler = handler.clone();
             async move {
-                let args = super::agent_api::decode_args::<M>(&call)
-                    .map_err(|e| ErrorMeta::new("TypeError", format!("{}(): {e}", M::NAME)))?;
+                let args = super::agent_api::decode_args::<M>(&call).map_err(|e| {
+                    ErrorMeta::failure(Failure::TypeError, format!("{}(): {e}", M::NAME))
+                })?;
                 let reply = handler(args, call).await?;
                 Ok(super::agent_api::to_value(&reply))
             }
@@ -205,13 +207,16 @@ impl Dispatcher {
 
     fn lookup(&self, method: &str, mut call: Call) -> Result<(Handler, Call), ErrorMeta> {
         let handler = self.methods.get(method).ok_or_else(|| {
-            ErrorMeta::new("UnknownMethod", format!("unknown RPC method '{method}'"))
+            ErrorMeta::failure(
+                Failure::UnknownMethod,
+                format!("unknown RPC method '{method}'"),
+            )
         })?;
         if let Some(v) = call.take_kwarg("agent_id") {
             if let (Some(ours), Some(theirs)) = (&self.agent_id, v.as_str()) {
                 if ours != theirs {
-                    return Err(ErrorMeta::new(
-                        "AgentIdMismatch",
+                    return Err(ErrorMeta::failure(
+                        Failure::AgentIdMismatch,
                         format!("call addressed to agent '{theirs}' reached agent '{ours}'"),
                     ));
                 }

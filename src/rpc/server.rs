@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use super::codec::{self, Call, CodecError, ErrorMeta, Frames, Message, MsgType, OrderKey};
 use super::curve::{CurveKey, KeyPair};
 use super::dispatch::{Dispatcher, HandlerResult};
+use super::failure::Failure;
 use super::socket;
 use super::zap::ZapHandler;
 
@@ -452,8 +453,8 @@ fn reply_for(
             tracing::error!(method = %header.method, panic = %what, "RPC handler panicked");
             Message::error(
                 header,
-                ErrorMeta::new(
-                    "HandlerPanicked",
+                ErrorMeta::failure(
+                    Failure::HandlerPanicked,
                     format!("handler of '{}' panicked: {what}", header.method),
                 ),
             )

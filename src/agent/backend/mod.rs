@@ -81,10 +81,6 @@ impl BackendError {
     }
 }
 
-/// The FAILURE name of every operation refused because the engine is unreachable.
-pub const ENGINE_UNAVAILABLE: &str =
-    crate::rpc::failure::Failure::ContainerEngineUnavailable.as_str();
-
 /// A local image.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ImageInfo {

@@ -5,14 +5,14 @@ use actix::Addr;
 
 use crate::agent::kernel::{KernelError, KernelInfo, KernelStatus};
 use crate::agent::registry::{GetKernel, KernelRegistry};
-use crate::rpc::ErrorMeta;
+use crate::rpc::{ErrorMeta, Failure};
 
 pub(crate) fn type_error(msg: String) -> ErrorMeta {
-    ErrorMeta::new("TypeError", msg)
+    ErrorMeta::failure(Failure::TypeError, msg)
 }
 
 pub(crate) fn mailbox(e: actix::MailboxError) -> ErrorMeta {
-    ErrorMeta::new("AgentShuttingDown", e.to_string())
+    ErrorMeta::failure(Failure::AgentShuttingDown, e.to_string())
 }
 
 /// The kernel's facts, or FAILURE `KernelNotFound`.

@@ -33,7 +33,7 @@ use crate::agent::bgtasks::Bgtasks;
 use crate::agent::kernel::KernelError;
 use crate::agent::pulls::registry_auth;
 use crate::rpc::agent_api::images as api;
-use crate::rpc::{Dispatcher, ErrorMeta};
+use crate::rpc::{Dispatcher, ErrorMeta, Failure};
 
 /// The FAILURE of a second commit of one kernel and `subdir` while the first runs (in the
 /// task's state).
@@ -118,14 +118,14 @@ pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
 async fn commit(s: Commits, args: api::CommitArgs) -> Result<api::CommitReply, ErrorMeta> {
     let (c, t) = (&s.cx, s.tasks.clone());
     if let Some(f) = &args.filename {
-        return Err(ErrorMeta::new(
-            api::NOT_IMPLEMENTED,
+        return Err(ErrorMeta::failure(
+            Failure::NotImplemented,
             format!("commit(filename={f:?}): exporting an image to a file is not implemented by this agent; commit with `canonical` (and push_image)"),
         ));
     }
     let Some(canonical) = args.canonical.clone().filter(|c| !c.trim().is_empty()) else {
-        return Err(ErrorMeta::new(
-            "InvalidArgument",
+        return Err(ErrorMeta::failure(
+            Failure::InvalidArgument,
             "commit(): `canonical`, the new image's name (host/repo:tag), is required",
         ));
     };
@@ -216,8 +216,8 @@ async fn push_image(
 /// `get_bgtask(bgtask_id)` → the task's state, or FAILURE `BgtaskNotFound`.
 async fn get_bgtask(s: Commits, args: api::GetBgtaskArgs) -> Result<api::BgtaskState, ErrorMeta> {
     s.tasks.get(&args.bgtask_id).ok_or_else(|| {
-        ErrorMeta::new(
-            "BgtaskNotFound",
+        ErrorMeta::failure(
+            Failure::BgtaskNotFound,
             format!(
                 "no background task {} on this agent (unknown, ended over an hour ago, or started before the agent restarted)",
                 args.bgtask_id

@@ -10,7 +10,7 @@ use rmpv::Value;
 use super::{Ctx, Table};
 use crate::agent::dangling;
 use crate::rpc::agent_api::kernel as api;
-use crate::rpc::{Call, Dispatcher, ErrorMeta};
+use crate::rpc::{Call, Dispatcher, ErrorMeta, Failure};
 
 /// Registers the dangling-kernel methods on `dispatcher`.
 pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
@@ -34,7 +34,7 @@ async fn adopt_kernel(cx: Ctx, args: api::KernelIdArgs) -> Result<api::KernelInf
         .await
         .map_err(|e| e.to_meta())?;
     crate::rpc::agent_api::from_value(info.to_value(&cx.agent_id))
-        .map_err(|e| ErrorMeta::new("InvalidReply", e.to_string()))
+        .map_err(|e| ErrorMeta::failure(Failure::InvalidReply, e.to_string()))
 }
 
 /// `destroy_dangling_kernel(kernel_id)` → `{"destroyed": n}`.

@@ -18,7 +18,7 @@ use rmpv::Value;
 
 use super::args::{lookup, mailbox, running, type_error};
 use super::{Ctx, Table};
-use crate::agent::backend::{BackendError, ENGINE_UNAVAILABLE};
+use crate::agent::backend::BackendError;
 use crate::agent::context::AgentContext;
 use crate::agent::engine::probe;
 use crate::agent::events::AgentEvent;
@@ -31,7 +31,7 @@ use crate::agent::registry::{
 };
 use crate::rpc::agent_api::exec as exec_api;
 use crate::rpc::agent_api::kernel as api;
-use crate::rpc::{Call, Dispatcher, ErrorMeta};
+use crate::rpc::{Call, Dispatcher, ErrorMeta, Failure};
 
 /// Registers the kernel methods on `dispatcher`.
 pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
@@ -178,7 +178,7 @@ async fn get_kernel(cx: Ctx, args: api::KernelIdArgs) -> Result<api::KernelInfoR
             .await?
             .to_value(&cx.agent_id),
     )
-    .map_err(|e| ErrorMeta::new("InvalidReply", e.to_string()))
+    .map_err(|e| ErrorMeta::failure(Failure::InvalidReply, e.to_string()))
 }
 
 /// `interrupt_kernel(kernel_id)` → `{}`: SIGINT to the container's main process.
@@ -216,7 +216,7 @@ async fn get_completions(
 async fn check_running(cx: Ctx, args: api::KernelIdArgs) -> Result<bool, ErrorMeta> {
     match lookup(&cx.registry, &args.kernel_id).await {
         Ok(info) => container_running(&cx, &info).await,
-        Err(e) if e.name == "KernelNotFound" => Ok(false),
+        Err(e) if e.known() == Some(Failure::KernelNotFound) => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -540,7 +540,7 @@ fn backend_err(ctx: &AgentContext, e: BackendError) -> ErrorMeta {
 /// A kernel error as a FAILURE; `ContainerEngineUnavailable` marks the engine down.
 fn kernel_err(ctx: &AgentContext, e: KernelError) -> ErrorMeta {
     let meta = e.to_meta();
-    if meta.name == ENGINE_UNAVAILABLE {
+    if meta.known() == Some(Failure::ContainerEngineUnavailable) {
         ctx.engine.mark_down(&e.to_string());
     }
     meta
@@ -629,8 +629,8 @@ async fn execute(
             run
         }
         other => {
-            return Err(ErrorMeta::new(
-                "UnsupportedExecutionMode",
+            return Err(ErrorMeta::failure(
+                Failure::UnsupportedExecutionMode,
                 format!("mode '{other}' is not supported (query, batch, continue, input)"),
             ))
         }
@@ -676,14 +676,14 @@ async fn get_logs(
         .logs
         .read(&kernel_id, offset, max, wait)
         .await
-        .map_err(|e| ErrorMeta::new("LogsUnreadable", e.to_string()))?;
+        .map_err(|e| ErrorMeta::failure(Failure::LogsUnreadable, e.to_string()))?;
     let chunk = match chunk {
         Some(chunk) => chunk,
         // A kernel that has not written anything yet (or a backend with no logs) has empty ones.
         None => {
             let info = lookup(registry, &kernel_id).await.map_err(|_| {
-                ErrorMeta::new(
-                    "LogsNotFound",
+                ErrorMeta::failure(
+                    Failure::LogsNotFound,
                     format!("no logs kept for kernel {kernel_id}"),
                 )
             })?;

@@ -13,22 +13,22 @@
 use std::collections::HashMap;
 
 use super::{Ctx, Table};
-use crate::agent::backend::{labels, BackendError, ENGINE_UNAVAILABLE};
+use crate::agent::backend::{labels, BackendError};
 use crate::agent::context::AgentContext;
 use crate::rpc::agent_api::network as api;
 use crate::rpc::agent_api::node::NoArgs;
-use crate::rpc::{Dispatcher, ErrorMeta};
+use crate::rpc::{Dispatcher, ErrorMeta, Failure};
 
 fn engine_meta(ctx: &AgentContext, e: BackendError) -> ErrorMeta {
     if let BackendError::Unavailable(why) = &e {
         ctx.engine.mark_down(why);
     }
-    let name = if e.is_unavailable() {
-        ENGINE_UNAVAILABLE
+    let failure = if e.is_unavailable() {
+        Failure::ContainerEngineUnavailable
     } else {
-        "ContainerEngineError"
+        Failure::ContainerEngineError
     };
-    ErrorMeta::new(name, e.to_string())
+    ErrorMeta::failure(failure, e.to_string())
 }
 
 /// The labels a local network of this agent carries.
@@ -61,8 +61,8 @@ async fn destroy(ctx: &AgentContext, name: &str) -> Result<(), ErrorMeta> {
     let ours = found.get(api::CLUSTER_NETWORK_LABEL).map(String::as_str) == Some("1")
         && found.get(labels::AGENT_ID) == Some(&ctx.agent_id);
     if !ours {
-        return Err(ErrorMeta::new(
-            "NetworkNotOwned",
+        return Err(ErrorMeta::failure(
+            Failure::NetworkNotOwned,
             format!(
                 "network `{name}` was not made by agent `{}`'s create_local_network: left alone",
                 ctx.agent_id
@@ -105,7 +105,7 @@ async fn assign_port(cx: Ctx, _: NoArgs) -> Result<u16, ErrorMeta> {
     if let Ok(p) = port {
         cx.node.port_assigned(p);
     }
-    port.map_err(|e| ErrorMeta::new("ResourceExhausted", e.to_string()))
+    port.map_err(|e| ErrorMeta::failure(Failure::ResourceExhausted, e.to_string()))
 }
 
 /// `release_port(port_no)`: only a port `assign_port` handed out goes back to the pool.

@@ -20,7 +20,7 @@ use crate::agent::engine::EngineHealth;
 use crate::config::OnShutdown;
 use crate::rpc::agent_api::node as api;
 use crate::rpc::agent_api::{from_value, Method};
-use crate::rpc::{Dispatcher, ErrorMeta};
+use crate::rpc::{Dispatcher, ErrorMeta, Failure};
 
 /// Seconds between answering `shutdown_agent` and starting the shutdown (the answer leaves
 /// first).
@@ -106,7 +106,7 @@ fn register_health(dispatcher: &mut Dispatcher, source: HealthSource) {
 }
 
 fn hwinfo_map(v: Value) -> Result<BTreeMap<String, api::HardwareMetadata>, ErrorMeta> {
-    from_value(v).map_err(|e| ErrorMeta::new("HardwareProbeFailed", e.0))
+    from_value(v).map_err(|e| ErrorMeta::failure(Failure::HardwareProbeFailed, e.0))
 }
 
 fn register_hwinfo<F>(dispatcher: &mut Dispatcher, gather: F)
@@ -118,7 +118,7 @@ where
         async move {
             let v = tokio::task::spawn_blocking(gather)
                 .await
-                .map_err(|e| ErrorMeta::new("HardwareProbeFailed", e.to_string()))?;
+                .map_err(|e| ErrorMeta::failure(Failure::HardwareProbeFailed, e.to_string()))?;
             hwinfo_map(v)
         }
     };
@@ -234,8 +234,8 @@ async fn get_local_config(
     args: api::GetLocalConfigArgs,
 ) -> Result<api::LocalConfig, ErrorMeta> {
     if let Some(theirs) = args.agent_id.filter(|t| *t != cx.agent_id) {
-        return Err(ErrorMeta::new(
-            "AgentIdMismatch",
+        return Err(ErrorMeta::failure(
+            Failure::AgentIdMismatch,
             format!(
                 "{}() addressed to agent '{theirs}' reached agent '{}'",
                 api::GetLocalConfig::NAME,

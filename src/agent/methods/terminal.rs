@@ -13,7 +13,7 @@ use crate::agent::context::AgentContext;
 use crate::agent::exec::{Run, RunError, RunIds, RunRequest};
 use crate::agent::kernel::KernelError;
 use crate::rpc::agent_api::terminal as api;
-use crate::rpc::{Dispatcher, ErrorMeta};
+use crate::rpc::{Dispatcher, ErrorMeta, Failure};
 
 /// The container's shell when no command is given: `bash` when the image has one (as users
 /// expect of an interactive shell), else POSIX `sh`, which every image the agent runs has.
@@ -38,7 +38,7 @@ fn run_error(ctx: &AgentContext, e: RunError) -> ErrorMeta {
 /// An engine error as a FAILURE; an unreachable engine is marked down on the way.
 fn engine_error(ctx: &AgentContext, e: BackendError) -> ErrorMeta {
     let meta = KernelError::from(e).to_meta();
-    if meta.name == crate::agent::backend::ENGINE_UNAVAILABLE {
+    if meta.known() == Some(Failure::ContainerEngineUnavailable) {
         ctx.engine.mark_down(&meta.repr);
     }
     meta

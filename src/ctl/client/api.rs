@@ -6,6 +6,7 @@
 //! the wire are those of the `json!` bodies ctl built before these types (a field left `None`
 //! is omitted where the type says `skip_serializing_if`).
 
+use std::io::Read;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::time::Duration;
@@ -17,11 +18,12 @@ use serde_json::Value;
 use super::{segment, Client, ClientError, Reply, REQUEST_TIMEOUT};
 use crate::model::access_key::{AccessKey, AccessKeyList, ChangeBody, NewAccessKey, NewKeyBody};
 use crate::model::agent::{Agent, AgentList, DrainRequest};
+use crate::model::exec::{ExecuteAnswer, ExecuteCall};
 use crate::model::file::FileList;
 use crate::model::health::Health;
 use crate::model::image::{Commit, CommitRequest, PurgeImagesRequest, PurgedImages};
 use crate::model::service::{Service, ServiceList, ServiceStarted};
-use crate::model::session::{Session, SessionList};
+use crate::model::session::{NewSession, Session, SessionCreated, SessionList};
 use crate::model::vfolder::{NewVfolder, Vfolder, VfolderList};
 
 /// How long a commit's `POST` may take (the agent's commit starts within it).
@@ -122,6 +124,19 @@ fn session_path(id: &str) -> String {
     format!("/v1/sessions/{}", segment(id))
 }
 
+/// The event stream's route (also the URL its errors name).
+pub const EVENTS_PATH: &str = "/v1/events";
+
+/// The logs route of session `id` (also the URL its read errors name).
+pub fn logs_path(id: &str) -> String {
+    format!("{}/logs", session_path(id))
+}
+
+/// The execute route of session `id` (also the URL its errors name).
+pub fn execute_path(id: &str) -> String {
+    format!("{}/execute", session_path(id))
+}
+
 fn service_path(id: &str, name: &str) -> String {
     format!("/v1/sessions/{}/services/{}", segment(id), segment(name))
 }
@@ -157,6 +172,16 @@ impl Client {
         self.get("/v1/sessions", &query).map(Answer::of)
     }
 
+    /// `POST /v1/sessions`: the session, created (or queued); may wait for the agent to start
+    /// it, with no limit beyond the manager's.
+    pub fn create_session(
+        &self,
+        request: &NewSession,
+    ) -> Result<Answer<SessionCreated>, ClientError> {
+        self.post("/v1/sessions", &body(request), None)
+            .map(Answer::of)
+    }
+
     /// `GET /v1/sessions/{id}` (a session or kernel id, or a unique prefix).
     pub fn session(&self, id: &str) -> Result<Answer<Session>, ClientError> {
         self.get(&session_path(id), &[]).map(Answer::of)
@@ -165,6 +190,38 @@ impl Client {
     /// `DELETE /v1/sessions/{id}`: the session, terminated.
     pub fn destroy_session(&self, id: &str) -> Result<Answer<Session>, ClientError> {
         self.delete(&session_path(id)).map(Answer::of)
+    }
+
+    /// `POST /v1/sessions/{id}/execute`: one call of the continuation protocol; its answer
+    /// waits at most `timeout` (the call's `flush_timeout` and a grace).
+    pub fn execute(
+        &self,
+        id: &str,
+        call: &ExecuteCall,
+        timeout: Duration,
+    ) -> Result<Answer<ExecuteAnswer>, ClientError> {
+        self.post(&execute_path(id), &body(call), Some(timeout))
+            .map(Answer::of)
+    }
+
+    /// `GET /v1/sessions/{id}/logs`: the kernel's logs as a reader, unread (any size); with
+    /// `follow`, also what the kernel writes until it ends, the call then unbounded (else at
+    /// most [`REQUEST_TIMEOUT`]). Map read errors with [`super::read_error`].
+    pub fn logs(&self, id: &str, follow: bool) -> Result<impl Read + Send, ClientError> {
+        let (query, timeout): (&[(&str, &str)], _) = if follow {
+            (&[("follow", "true")], None)
+        } else {
+            (&[], Some(REQUEST_TIMEOUT))
+        };
+        self.get_stream(&logs_path(id), query, timeout)
+    }
+
+    /// `GET /v1/events?query`: the event stream as a reader, its frames unread. With
+    /// `follow=true` in `query` it may stream for hours (the call is unbounded); without, the
+    /// call is bounded by [`REQUEST_TIMEOUT`].
+    pub fn events(&self, query: &[(&str, &str)]) -> Result<impl Read + Send, ClientError> {
+        let following = query.contains(&("follow", "true"));
+        self.get_stream(EVENTS_PATH, query, (!following).then_some(REQUEST_TIMEOUT))
     }
 
     /// `POST /v1/sessions/{id}/commit`: the commit started (at most [`COMMIT_TIMEOUT`]).

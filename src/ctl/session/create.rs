@@ -1,13 +1,16 @@
 //! `session create`: start a session (`POST /v1/sessions`) from its image, resources, mounts,
 //! type and restart policy.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use clap::Args;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 use crate::ctl::parse::{self, Mount};
-use crate::ctl::{render, show, Client, Failure, Output};
+use crate::ctl::render::{fields, text, with};
+use crate::ctl::{show, Client, Failure, Output};
+use crate::model::session::{NewRestartPolicy, NewSession, SessionCreated};
 
 /// Session type of `session create --type` and the restart policy's mode of `--restart`: the
 /// API's own enums (their CLI help is in `crate::model::session`).
@@ -80,75 +83,45 @@ impl CreateArgs {
     /// The `POST /v1/sessions` body; `access_key`, `environ`, `mounts` (`[{"name",
     /// "permission"}]`), `type`, `command`, `batch_timeout` and `restart_policy` (`{"mode", …}`
     /// with the limits given) only when given.
-    pub fn to_json(&self) -> Value {
-        let mut body = json!({
-            "image": self.image,
-            "resource_slots": {"cpu": self.cpu, "mem": self.mem},
-        });
-        for (name, amount) in &self.slots {
-            body["resource_slots"][name] = json!(amount);
+    pub fn request(&self) -> NewSession {
+        let mut resource_slots = BTreeMap::from([
+            ("cpu".to_owned(), self.cpu.clone()),
+            ("mem".to_owned(), self.mem.clone()),
+        ]);
+        resource_slots.extend(self.slots.iter().cloned());
+        NewSession {
+            image: self.image.clone(),
+            resource_slots,
+            access_key: self.access_key.clone(),
+            // A map: a later KEY wins, as `--env` promises.
+            environ: self.env.iter().cloned().collect(),
+            mounts: self.mounts.iter().map(Mount::spec).collect(),
+            session_type: self.session_type,
+            command: self.command.clone(),
+            batch_timeout: self.batch_timeout,
+            restart_policy: self.restart.map(|mode| NewRestartPolicy {
+                mode,
+                max_restarts: self.max_restarts,
+                window: self.restart_window,
+                backoff: self.restart_backoff,
+            }),
+            priority: self.priority,
+            enqueue: self.no_queue.then_some(false),
         }
-        if let Some(key) = &self.access_key {
-            body["access_key"] = json!(key);
-        }
-        if !self.env.is_empty() {
-            let environ: Map<String, Value> = self
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-                .collect();
-            body["environ"] = Value::Object(environ);
-        }
-        if !self.mounts.is_empty() {
-            body["mounts"] = self.mounts.iter().map(Mount::to_json).collect();
-        }
-        if let Some(t) = self.session_type {
-            body["type"] = json!(t.as_str());
-        }
-        if let Some(command) = &self.command {
-            body["command"] = json!(command);
-        }
-        if let Some(t) = self.batch_timeout {
-            body["batch_timeout"] = parse::seconds_json(t);
-        }
-        if let Some(mode) = self.restart {
-            let mut policy = json!({"mode": match mode {
-                RestartMode::Never => "never",
-                RestartMode::OnFailure => "on-failure",
-                RestartMode::Always => "always",
-            }});
-            if let Some(n) = self.max_restarts {
-                policy["max_restarts"] = json!(n);
-            }
-            if let Some(w) = self.restart_window {
-                policy["window"] = parse::seconds_json(w);
-            }
-            if let Some(b) = self.restart_backoff {
-                policy["backoff"] = parse::seconds_json(b);
-            }
-            body["restart_policy"] = policy;
-        }
-        if let Some(p) = self.priority {
-            body["priority"] = json!(p);
-        }
-        if self.no_queue {
-            body["enqueue"] = json!(false);
-        }
-        body
     }
 }
 
 /// Creates the session and prints what was created, or with `-o json` the API's JSON as it is.
 pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32, Failure> {
-    let reply = client.post("/v1/sessions", &args.to_json(), None)?;
-    let created: crate::model::session::SessionCreated = crate::ctl::client::lenient(&reply.json);
+    let reply = client.create_session(&args.request())?;
+    let created = reply.lenient();
     let code = if args.quiet {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{}", created.session_id)?;
         stdout.flush()?;
         0
     } else {
-        show(out, &reply, render::created)?
+        show(out, &reply, created_fields)?
     };
     if created.status == crate::model::session::KernelStatus::Pending.as_str() {
         // On stderr, as the pull's note: stdout stays the answer.
@@ -175,6 +148,29 @@ pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32
     Ok(code)
 }
 
+/// The answer of `POST /v1/sessions` (`session_id`, `kernel_id`, `agent_id`, `status`; a
+/// queued session's `queue_position` and `pending_reason` too).
+fn created_fields(v: &Value) -> String {
+    with(v, |c: SessionCreated| {
+        let mut pairs = vec![
+            ("Session", text(&c.session_id)),
+            ("Kernel", text(&c.kernel_id)),
+            ("Agent", text(&c.agent_id)),
+            ("Status", text(&c.status)),
+        ];
+        if let Some(n) = c.queue_position {
+            pairs.push(("Queue position", n.to_string()));
+        }
+        if let Some(r) = &c.pending_reason {
+            pairs.push((
+                "Waiting",
+                format!("{}: {}", text(&r.code), text(&r.message)),
+            ));
+        }
+        fields(&pairs)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -182,6 +178,13 @@ mod tests {
     use super::*;
     use crate::ctl::test_util::parse;
     use crate::ctl::{CtlCommand, SessionCommand};
+
+    impl CreateArgs {
+        /// The body as sent.
+        fn to_json(&self) -> Value {
+            serde_json::to_value(self.request()).unwrap()
+        }
+    }
 
     #[test]
     fn create_body() {
@@ -438,5 +441,15 @@ mod tests {
                    "mounts": [{"name": "d", "permission": "ro"}]})
         );
         assert_eq!(create(&[]).unwrap().to_json()["access_key"], "AK");
+    }
+
+    #[test]
+    fn created_lines() {
+        assert_eq!(
+            created_fields(
+                &json!({"session_id": "s", "kernel_id": "k", "agent_id": "a", "status": "RUNNING"})
+            ),
+            "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\n"
+        );
     }
 }

@@ -7,13 +7,12 @@ use std::io::{self, IsTerminal, Write};
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::stdin::{Input, StdinChunks};
-use crate::ctl::client::segment;
-use crate::ctl::render::{self, Stream};
+use crate::ctl::client::{execute_path, read};
 use crate::ctl::{format, parse, Client, ClientError, Failure, Output, EXIT_TIMEOUT};
-use crate::model::exec::ExecuteAnswer;
+use crate::model::exec::{ExecuteAnswer, ExecuteCall};
 
 /// Extra time each execute call waits beyond `flush_timeout`: the agent answers within
 /// `flush_timeout`, or earlier when its output buffer fills.
@@ -60,34 +59,50 @@ const INPUT_FLUSH: f64 = 0.01;
 const POLL_FLUSH: f64 = 0.1;
 
 impl ExecOptions {
-    /// The body that starts the run: `{"mode": "query", "code", "flush_timeout", "timeout"?}`.
-    pub fn query_body(&self, code: &str) -> Value {
-        let mut body = json!({"mode": "query", "code": code, "flush_timeout": self.flush_timeout});
-        if let Some(t) = self.timeout {
-            body["timeout"] = json!(t);
+    /// The call that starts the run: `{"mode": "query", "code", "flush_timeout", "timeout"?}`.
+    pub fn query_body(&self, code: &str) -> ExecuteCall {
+        ExecuteCall::Query {
+            code: code.to_owned(),
+            flush_timeout: self.flush_timeout,
+            timeout: self.timeout,
+            stdin: false,
         }
-        body
     }
 
-    /// The body that starts a run whose stdin ctl forwards: as [`ExecOptions::query_body`] with
+    /// The call that starts a run whose stdin ctl forwards: as [`ExecOptions::query_body`] with
     /// `"stdin": true` and the short flush of forwarding.
-    pub fn query_stdin_body(&self, code: &str) -> Value {
-        let mut body = self.query_body(code);
-        body["stdin"] = json!(true);
-        body["flush_timeout"] = json!(self.flush_timeout.min(POLL_FLUSH));
-        body
+    pub fn query_stdin_body(&self, code: &str) -> ExecuteCall {
+        ExecuteCall::Query {
+            code: code.to_owned(),
+            flush_timeout: self.flush_timeout.min(POLL_FLUSH),
+            timeout: self.timeout,
+            stdin: true,
+        }
     }
 
-    /// The body that writes `text` to the run's stdin (closing it after when `eof`):
+    /// The call that writes `text` to the run's stdin (closing it after when `eof`):
     /// `{"mode": "input", "run_id", "code", "eof", "flush_timeout"}`.
-    pub fn input_body(&self, run_id: &str, text: &str, eof: bool) -> Value {
-        json!({"mode": "input", "run_id": run_id, "code": text, "eof": eof,
-               "flush_timeout": self.flush_timeout.min(INPUT_FLUSH)})
+    pub fn input_body(&self, run_id: &str, text: &str, eof: bool) -> ExecuteCall {
+        ExecuteCall::Input {
+            run_id: run_id.to_owned(),
+            code: text.to_owned(),
+            eof,
+            flush_timeout: self.flush_timeout.min(INPUT_FLUSH),
+        }
     }
 
-    /// The body that fetches the run's next answer: `{"mode": "continue", "run_id", "flush_timeout"}`.
-    pub fn continue_body(&self, run_id: &str) -> Value {
-        json!({"mode": "continue", "run_id": run_id, "flush_timeout": self.flush_timeout})
+    /// The call that fetches the run's next answer: `{"mode": "continue", "run_id",
+    /// "flush_timeout"}`.
+    pub fn continue_body(&self, run_id: &str) -> ExecuteCall {
+        self.poll_body(run_id, self.flush_timeout)
+    }
+
+    /// A `continue` call that waits at most `flush_timeout`.
+    fn poll_body(&self, run_id: &str, flush_timeout: f64) -> ExecuteCall {
+        ExecuteCall::Continue {
+            run_id: run_id.to_owned(),
+            flush_timeout,
+        }
     }
 
     /// The limit of each execute call: `flush_timeout` plus [`EXEC_HTTP_GRACE`].
@@ -108,13 +123,12 @@ pub(super) fn run(client: &Client, args: &ExecArgs, out: Output) -> Result<i32, 
         timeout: args.timeout,
         flush_timeout: args.flush_timeout,
     };
-    let path = format!("/v1/sessions/{}/execute", segment(&args.id));
     let stdin = io::stdin();
     let input = (args.interactive || !stdin.is_terminal()).then(|| StdinChunks::spawn(stdin));
     let (mut stdout, mut stderr) = (io::stdout().lock(), io::stderr().lock());
     let end = exec(
         client,
-        &path,
+        &args.id,
         args.code.as_deref().unwrap_or_default(),
         &options,
         input,
@@ -178,7 +192,7 @@ impl ExecEnd {
     }
 }
 
-/// Runs `code` through the execute continuation protocol at `path`: a `query`, then a
+/// Runs `code` in session `id` through the execute continuation protocol: a `query`, then a
 /// `continue` for as long as the answer is `continued`. Each answer is written as it arrives and
 /// then dropped: table mode writes the console as-is (stdout pieces to `stdout`, stderr pieces to
 /// `stderr`), JSON mode the answer as one compact line on `stdout`; both are flushed after each
@@ -193,7 +207,7 @@ impl ExecEnd {
 #[allow(clippy::too_many_arguments)]
 fn exec(
     client: &Client,
-    path: &str,
+    id: &str,
     code: &str,
     options: &ExecOptions,
     mut input: Option<StdinChunks>,
@@ -206,14 +220,13 @@ fn exec(
         None => options.query_body(code),
     };
     loop {
-        let feeding = body["mode"] == "input";
-        let reply = match client.post(path, &body, Some(options.http_timeout())) {
+        let feeding = matches!(body, ExecuteCall::Input { .. });
+        let reply = match client.execute(id, &body, options.http_timeout()) {
             Err(ClientError::Api(e)) if feeding && e.code == "invalid-request" => {
                 // Its stdin is closed (the process closed it, or ended): the rest of the
                 // input has no reader; the run's output still comes.
                 input = None;
-                let run_id = body["run_id"].as_str().unwrap_or_default().to_owned();
-                body = options.continue_body(&run_id);
+                body = options.continue_body(body.run_id().unwrap_or_default());
                 continue;
             }
             r => r?,
@@ -221,7 +234,7 @@ fn exec(
         match out {
             Output::Json => writeln!(stdout, "{}", format::compact_json(&reply.text))?,
             Output::Table => {
-                for (stream, text) in render::console(&reply.json) {
+                for (stream, text) in console(&reply.json) {
                     match stream {
                         Stream::Stdout => stdout.write_all(text.as_bytes())?,
                         Stream::Stderr => stderr.write_all(text.as_bytes())?,
@@ -231,7 +244,7 @@ fn exec(
         }
         stdout.flush()?;
         stderr.flush()?;
-        let answer: ExecuteAnswer = crate::ctl::client::lenient(&reply.json);
+        let answer: ExecuteAnswer = reply.lenient();
         if answer.status != "continued" {
             return Ok(ExecEnd::of(&reply.json));
         }
@@ -239,7 +252,7 @@ fn exec(
         if run_id.is_empty() {
             let detail = "a \"continued\" answer without a runId".to_owned();
             return Err(ClientError::InvalidResponse {
-                url: client.url(path),
+                url: client.url(&execute_path(id)),
                 detail,
             }
             .into());
@@ -258,19 +271,51 @@ fn exec(
             }
             // Nothing to send yet: ask for output, briefly, so input is not held up.
             Some(Input::Pending) => {
-                let mut b = options.continue_body(run_id);
-                b["flush_timeout"] = json!(options.flush_timeout.min(POLL_FLUSH));
-                b
+                options.poll_body(run_id, options.flush_timeout.min(POLL_FLUSH))
             }
             None => options.continue_body(run_id),
         };
     }
 }
 
+/// Which stream a piece of console output belongs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// ctl's stdout (`stdout`, and kinds ctl shows as text: `media`, `html`, …).
+    Stdout,
+    /// ctl's stderr.
+    Stderr,
+}
+
+/// The `console` of an execute answer (`[["stdout", text], ["stderr", text], …]`) as pieces in
+/// order. Kinds other than stdout/stderr (`media`, `html`, …) go to stdout as `[kind] value`.
+/// An answer that does not read is one stderr piece saying so.
+pub fn console(v: &Value) -> Vec<(Stream, String)> {
+    let answer: ExecuteAnswer = match read(v) {
+        Ok(a) => a,
+        Err(e) => return vec![(Stream::Stderr, e)],
+    };
+    answer
+        .console
+        .into_iter()
+        .map(|(kind, data)| {
+            let data_text = data
+                .as_str()
+                .map_or_else(|| data.to_string(), str::to_owned);
+            match kind.as_str() {
+                "stdout" => (Stream::Stdout, data_text),
+                "stderr" => (Stream::Stderr, data_text),
+                other => (Stream::Stdout, format!("[{other}] {data_text}\n")),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ctl::testserver::{Answer, Server};
+    use serde_json::json;
 
     #[test]
     fn exec_ends() {
@@ -305,6 +350,11 @@ mod tests {
         );
     }
 
+    /// A call as the JSON sent.
+    fn json_of(call: &ExecuteCall) -> Value {
+        serde_json::to_value(call).unwrap()
+    }
+
     #[test]
     fn exec_bodies() {
         let o = ExecOptions {
@@ -312,11 +362,11 @@ mod tests {
             flush_timeout: 0.5,
         };
         assert_eq!(
-            o.query_body("ls"),
+            json_of(&o.query_body("ls")),
             json!({"mode": "query", "code": "ls", "flush_timeout": 0.5, "timeout": 600})
         );
         assert_eq!(
-            o.continue_body("r1"),
+            json_of(&o.continue_body("r1")),
             json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5})
         );
         assert_eq!(o.http_timeout(), Duration::from_millis(60_500));
@@ -325,7 +375,7 @@ mod tests {
             flush_timeout: 2.0,
         };
         assert_eq!(
-            o.query_body("ls"),
+            json_of(&o.query_body("ls")),
             json!({"mode": "query", "code": "ls", "flush_timeout": 2.0})
         );
     }
@@ -337,14 +387,14 @@ mod tests {
             flush_timeout: 2.0,
         };
         assert_eq!(
-            o.query_stdin_body("cat"),
+            json_of(&o.query_stdin_body("cat")),
             json!({"mode": "query", "code": "cat", "flush_timeout": 0.1, "stdin": true})
         );
         assert_eq!(
-            o.input_body("r1", "x\n", false),
+            json_of(&o.input_body("r1", "x\n", false)),
             json!({"mode": "input", "run_id": "r1", "code": "x\n", "eof": false, "flush_timeout": 0.01})
         );
-        assert_eq!(o.input_body("r1", "", true)["eof"], json!(true));
+        assert_eq!(json_of(&o.input_body("r1", "", true))["eof"], json!(true));
     }
 
     /// stdin goes out in `input` calls; a closed stdin (`invalid-request`) ends the forwarding,
@@ -370,7 +420,7 @@ mod tests {
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let end = exec(
             &client,
-            "/v1/sessions/S/execute",
+            "S",
             "head -c 1",
             &options,
             Some(input),
@@ -412,7 +462,7 @@ mod tests {
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let end = exec(
             &client,
-            "/v1/sessions/S/execute",
+            "S",
             "work",
             &options,
             None,
@@ -519,5 +569,24 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn console_pieces_in_order() {
+        let v = json!({"exitCode": 1, "status": "finished",
+            "console": [["stdout", "hi\n"], ["stderr", "oops\n"], ["media", ["image/png", "..."]], ["stdout", "bye"]]});
+        assert_eq!(
+            console(&v),
+            [
+                (Stream::Stdout, "hi\n".to_owned()),
+                (Stream::Stderr, "oops\n".to_owned()),
+                (
+                    Stream::Stdout,
+                    "[media] [\"image/png\",\"...\"]\n".to_owned()
+                ),
+                (Stream::Stdout, "bye".to_owned()),
+            ]
+        );
+        assert!(console(&json!({"exitCode": 0})).is_empty());
     }
 }

@@ -5,7 +5,7 @@ use std::io::{self, Read, Write};
 
 use clap::Args;
 
-use crate::ctl::client::{self, segment};
+use crate::ctl::client::{self, logs_path};
 use crate::ctl::{Client, Failure};
 
 /// Read size of `session logs`; stdout is flushed after each read.
@@ -23,14 +23,9 @@ pub struct LogsArgs {
 
 /// Prints the logs as they are, whatever the output format.
 pub(super) fn run(client: &Client, args: &LogsArgs) -> Result<i32, Failure> {
-    let path = format!("/v1/sessions/{}/logs", segment(&args.id));
-    let (query, timeout): (&[(&str, &str)], _) = if args.follow {
-        (&[("follow", "true")], None)
-    } else {
-        (&[], Some(client::REQUEST_TIMEOUT))
-    };
-    let body = client.get_stream(&path, query, timeout)?;
-    copy_stream(&client.url(&path), body, &mut io::stdout().lock())?;
+    let body = client.logs(&args.id, args.follow)?;
+    let url = client.url(&logs_path(&args.id));
+    copy_stream(&url, body, &mut io::stdout().lock())?;
     Ok(0)
 }
 

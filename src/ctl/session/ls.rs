@@ -3,8 +3,12 @@
 use std::io::Write;
 
 use clap::Args;
+use serde_json::Value;
 
-use crate::ctl::{parse, render, show_to, Client, Failure, Output};
+use crate::ctl::format::file_mode;
+use crate::ctl::render::{opt, table, text, utc, with};
+use crate::ctl::{parse, show_to, Client, Failure, Output};
+use crate::model::file::FileList;
 
 /// Arguments of `kernelvisor ctl session ls`.
 #[derive(Debug, Args)]
@@ -26,15 +30,43 @@ pub(super) fn ls(
 ) -> Result<i32, Failure> {
     let dir = dir.trim_end_matches('/');
     let reply = client.files(id, dir)?;
-    show_to(out, &reply, render::files, stdout)
+    show_to(out, &reply, files, stdout)
+}
+
+/// `GET /v1/sessions/{id}/files` (`{"files": [...]}`) as a table sorted by name: MODE (as
+/// `ls -l`: `drwxr-xr-x`), SIZE (bytes), MTIME (UTC), NAME (a directory's with a trailing `/`).
+fn files(v: &Value) -> String {
+    with(v, |mut list: FileList| {
+        list.files.sort_by(|a, b| a.name.cmp(&b.name));
+        let rows = list
+            .files
+            .iter()
+            .map(|f| {
+                let kind = f.file_type.as_deref();
+                let mut shown = text(&f.name);
+                if kind == Some("dir") {
+                    shown.push('/');
+                }
+                vec![
+                    file_mode(kind, f.mode.as_deref()),
+                    opt(f.size),
+                    utc(f.mtime),
+                    shown,
+                ]
+            })
+            .collect();
+        table(vec!["MODE", "SIZE", "MTIME", "NAME"], rows)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ctl::format;
+    use crate::ctl::render::tests::{cells, NOW};
     use crate::ctl::test_util::text;
     use crate::ctl::testserver::{Answer, Server};
+    use serde_json::json;
 
     #[test]
     fn ls_table_sorted_and_dir_encoded() {
@@ -52,7 +84,7 @@ mod tests {
         let mut out = Vec::new();
         ls(&client, "S", "sub dir/a&b=ü/", Output::Table, &mut out).unwrap();
         let table = text(out);
-        let rows: Vec<Vec<&str>> = table.lines().map(render::tests::cells).collect();
+        let rows: Vec<Vec<&str>> = table.lines().map(cells).collect();
         assert_eq!(
             rows,
             [
@@ -74,5 +106,28 @@ mod tests {
             "GET /v1/sessions/S/files?dir=sub+dir%2Fa%26b%3D%C3%BC"
         );
         assert_eq!(requests[1].line, "GET /v1/sessions/S/files?dir=");
+    }
+
+    #[test]
+    fn files_table_sorted_with_dirs_marked() {
+        let v = json!({"files": [
+            {"name": "b.txt", "type": "file", "size": 12, "mode": "0644", "mtime": NOW},
+            {"name": "a", "type": "dir", "size": 4096, "mode": "0755", "mtime": NOW - 60.5},
+            {"name": "link", "type": "symlink", "size": 5, "mode": "0777", "mtime": NOW}
+        ]});
+        let out = files(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(cells(lines[0]), ["MODE", "SIZE", "MTIME", "NAME"]);
+        assert_eq!(
+            cells(lines[1]),
+            ["drwxr-xr-x", "4096", "2023-11-14T22:12:19Z", "a/"]
+        );
+        assert_eq!(
+            cells(lines[2]),
+            ["-rw-r--r--", "12", "2023-11-14T22:13:20Z", "b.txt"]
+        );
+        assert_eq!(cells(lines[3])[3], "link");
+        assert_eq!(lines.len(), 4);
+        assert!(files(&json!({"files": []})).starts_with("MODE"));
     }
 }

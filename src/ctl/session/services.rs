@@ -4,8 +4,11 @@
 use std::io::Write;
 
 use clap::Args;
+use serde_json::Value;
 
-use crate::ctl::{render, show_to, Client, Failure, Output};
+use crate::ctl::render::{opt, table, text, with};
+use crate::ctl::{show_to, Client, Failure, Output};
+use crate::model::service::{Service, ServiceList, ServiceStarted};
 
 /// Arguments of `kernelvisor ctl session services`.
 #[derive(Debug, Args)]
@@ -31,7 +34,7 @@ pub(super) fn services(
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
     let reply = client.services(id)?;
-    show_to(out, &reply, render::services, stdout)
+    show_to(out, &reply, services_table, stdout)
 }
 
 /// `session service-start`: the service's URL, or (`-o json`) the manager's answer.
@@ -43,7 +46,7 @@ pub(super) fn service_start(
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
     let reply = client.start_service(id, name)?;
-    show_to(out, &reply, |v| render::service_started(v, name), stdout)
+    show_to(out, &reply, |v| started_line(v, name), stdout)
 }
 
 /// `session service-stop`.
@@ -55,7 +58,77 @@ pub(super) fn service_stop(
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
     let reply = client.stop_service(id, name)?;
-    show_to(out, &reply, |v| render::service_stopped(v, name), stdout)
+    show_to(out, &reply, |v| stopped_line(v, name), stdout)
+}
+
+/// A list of ports (`[8080, 8081]`) as `8080,8081`; empty as `-`.
+fn ports(list: &[u16]) -> String {
+    if list.is_empty() {
+        "-".to_owned()
+    } else {
+        list.iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// `GET /v1/sessions/{id}/services` (`{"services": [...]}`) as a table: NAME, PROTOCOL, STATUS,
+/// CONTAINER-PORTS, HOST-PORTS (comma-separated), URL; in the manager's order.
+fn services_table(v: &Value) -> String {
+    with(v, |list: ServiceList| {
+        let rows = list
+            .services
+            .iter()
+            .map(|s| {
+                vec![
+                    text(&s.name),
+                    text(&s.protocol),
+                    text(&s.status),
+                    ports(&s.container_ports),
+                    ports(&s.host_ports),
+                    opt(s.url.as_ref()),
+                ]
+            })
+            .collect();
+        table(
+            vec![
+                "NAME",
+                "PROTOCOL",
+                "STATUS",
+                "CONTAINER-PORTS",
+                "HOST-PORTS",
+                "URL",
+            ],
+            rows,
+        )
+    })
+}
+
+/// The answer of `POST /v1/sessions/{id}/services/{name}`: `web started: URL`, or
+/// `web already running: URL` when `started` is false (without a URL: no `: URL`). `name` is
+/// used when the answer has none.
+fn started_line(v: &Value, name: &str) -> String {
+    with(v, |s: ServiceStarted| {
+        let name = if s.name.is_empty() { name } else { &s.name };
+        let what = if s.started == Some(false) {
+            "already running"
+        } else {
+            "started"
+        };
+        match s.url.as_deref().filter(|u| !u.is_empty()) {
+            Some(url) => format!("{name} {what}: {url}\n"),
+            None => format!("{name} {what}\n"),
+        }
+    })
+}
+
+/// The answer of `DELETE /v1/sessions/{id}/services/{name}`: `web stopped`.
+fn stopped_line(v: &Value, name: &str) -> String {
+    with(v, |s: Service| {
+        let name = if s.name.is_empty() { name } else { &s.name };
+        format!("{name} stopped\n")
+    })
 }
 
 #[cfg(test)]
@@ -63,6 +136,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+    use crate::ctl::render::tests::cells;
     use crate::ctl::test_util::text;
     use crate::ctl::testserver::{Answer, Server};
     use crate::ctl::{format, report};
@@ -198,5 +272,57 @@ mod tests {
         let requests = server.requests();
         assert_eq!(requests[0].line, "DELETE /v1/sessions/S/services/web");
         assert_eq!(requests[1].line, "DELETE /v1/sessions/S/services/d%20b");
+    }
+
+    #[test]
+    fn services_table_rows() {
+        let v = json!({"services": [
+            {"name": "web", "protocol": "http", "container_ports": [8080], "host_ports": [30001],
+             "status": "running", "url": "http://10.0.0.5:30001"},
+            {"name": "ssh", "protocol": "tcp", "container_ports": [22, 2222], "host_ports": [],
+             "status": "stopped", "url": null}
+        ]});
+        let out = services_table(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            cells(lines[0]),
+            [
+                "NAME",
+                "PROTOCOL",
+                "STATUS",
+                "CONTAINER-PORTS",
+                "HOST-PORTS",
+                "URL"
+            ]
+        );
+        assert_eq!(
+            cells(lines[1]),
+            [
+                "web",
+                "http",
+                "running",
+                "8080",
+                "30001",
+                "http://10.0.0.5:30001"
+            ]
+        );
+        assert_eq!(
+            cells(lines[2]),
+            ["ssh", "tcp", "stopped", "22,2222", "-", "-"]
+        );
+        assert!(services_table(&json!({"services": []})).starts_with("NAME"));
+    }
+
+    #[test]
+    fn service_lines() {
+        let v = json!({"name": "web", "status": "running", "url": "http://h:1", "started": true});
+        assert_eq!(started_line(&v, "x"), "web started: http://h:1\n");
+        let v = json!({"name": "web", "url": "http://h:1", "started": false});
+        assert_eq!(started_line(&v, "x"), "web already running: http://h:1\n");
+        assert_eq!(started_line(&json!({}), "x"), "x started\n");
+        assert_eq!(
+            stopped_line(&json!({"name": "web", "status": "stopped"}), "x"),
+            "web stopped\n"
+        );
     }
 }

@@ -5,9 +5,15 @@
 use std::io::{self, Write};
 
 use clap::Args;
+use serde_json::Value;
 
-use crate::ctl::{events, render, show as print, show_to, unix_now, Client, Failure, Output};
+use crate::ctl::format::{ago, amount, bytes, cores, duration, pull_bar, timestamp};
+use crate::ctl::render::{
+    extra_slots, fields, num, opt, slot, slot_label, table, text, with, word,
+};
+use crate::ctl::{events, show as print, show_to, unix_now, Client, Failure, Output};
 use crate::model::event::EventType;
+use crate::model::session::{Session, SessionList, SessionResult};
 
 /// Arguments of `kernelvisor ctl sessions`.
 #[derive(Debug, Args)]
@@ -46,7 +52,7 @@ pub(in crate::ctl) fn list(
 ) -> Result<i32, Failure> {
     let now = unix_now();
     let answer = client.sessions(args.all, args.access_key.as_deref())?;
-    print(out, &answer, |v| render::sessions(v, now))
+    print(out, &answer, |v| sessions(v, now))
 }
 
 /// `session show`; with `--watch`, the session's changes after it, one line each (as `ctl
@@ -56,12 +62,7 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
     let stdout = &mut io::stdout().lock();
     if !args.watch {
         let now = unix_now();
-        return show_to(
-            out,
-            &client.session(&args.id)?,
-            |v| render::session(v, now),
-            stdout,
-        );
+        return show_to(out, &client.session(&args.id)?, |v| session(v, now), stdout);
     }
     let query = [
         ("session_id", args.id.clone()),
@@ -75,7 +76,7 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
     let stream = events::open(client, &query)?;
     let reply = client.session(&args.id)?;
     let now = unix_now();
-    show_to(out, &reply, |v| render::session(v, now), stdout)?;
+    show_to(out, &reply, |v| session(v, now), stdout)?;
     let session = reply.lenient();
     if session.terminated() {
         return Ok(0);
@@ -97,7 +98,411 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
 /// `session rm`: the session as it is once terminated.
 pub(super) fn rm(client: &Client, args: &RmArgs, out: Output) -> Result<i32, Failure> {
     let now = unix_now();
-    print(out, &client.destroy_session(&args.id)?, |v| {
-        render::session(v, now)
+    print(out, &client.destroy_session(&args.id)?, |v| session(v, now))
+}
+
+/// A session's status, with a batch session's outcome once it has one: `TERMINATED (FAILURE)`.
+fn status_with_result(s: &Session) -> String {
+    match (s.result, s.queue_position) {
+        (Some(r @ (SessionResult::Success | SessionResult::Failure)), _) => {
+            format!("{} ({})", text(&s.status), word(Some(&r)))
+        }
+        // Its place in the queue: `PENDING #3`.
+        (_, Some(n)) => format!("{} #{n}", text(&s.status)),
+        _ => text(&s.status),
+    }
+}
+
+/// `GET /v1/sessions` (`{"sessions": [...]}`) as a table: SESSION, AGENT, STATUS (with the
+/// `result` of an ended batch session), TYPE, IMAGE, CPU, MEM, one column per accelerator slot
+/// some session holds (`GPU` for `cuda.device`, else the slot name in capitals), ACCESS KEY,
+/// AGE/REASON (the age of a live session, the `status_reason` of a
+/// terminated one).
+pub(super) fn sessions(v: &Value, now: f64) -> String {
+    with(v, |list: SessionList| {
+        let extra = extra_slots(list.sessions.iter().map(|s| &s.resource_slots));
+        let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
+        let mut header = vec!["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM"];
+        header.extend(labels.iter().map(String::as_str));
+        header.extend(["ACCESS KEY", "AGE/REASON"]);
+        let rows = list
+            .sessions
+            .iter()
+            .map(|s| {
+                let slots = &s.resource_slots;
+                let mut row = vec![
+                    text(&s.session_id),
+                    text(&s.agent_id),
+                    status_with_result(s),
+                    word(s.session_type.as_ref()),
+                ];
+                row.push(text(&s.image));
+                row.push(cores(slot(slots, "cpu").as_ref()));
+                row.push(bytes(slot(slots, "mem").as_ref()));
+                for name in &extra {
+                    row.push(cores(slot(slots, name).as_ref()));
+                }
+                row.push(text(&s.access_key));
+                let age = s.created_at.map_or("-".to_owned(), |t| duration(now - t));
+                row.push(match (&s.pending_reason, s.terminated()) {
+                    // A queued session: why it waits first, then for how long.
+                    (Some(r), false) => format!("{} {age}", text(&r.code)),
+                    (_, true) => opt(s.status_reason.as_ref()),
+                    (None, false) => age,
+                });
+                row
+            })
+            .collect();
+        table(header, rows)
     })
+}
+
+/// A time as `2023-11-14T22:13:20Z (5m ago)`, or `-`.
+fn when(t: Option<f64>, now: f64) -> String {
+    match t {
+        Some(t) => format!("{} ({})", timestamp(t), ago(Some(&num(t)), now)),
+        None => "-".to_owned(),
+    }
+}
+
+/// One session (`GET`/`DELETE /v1/sessions/{id}`) as `key: value` lines; memory in binary
+/// units with the exact byte count, times in UTC with their age. `Type` carries a batch
+/// session's `batch_timeout` (`batch (timeout 3600s)`); `Command` is shown on one line (line
+/// breaks as `\n`).
+pub(super) fn session(v: &Value, now: f64) -> String {
+    with(v, |s: Session| session_fields(&s, now))
+}
+
+fn session_fields(s: &Session, now: f64) -> String {
+    let slots = &s.resource_slots;
+    let mem = match slot(slots, "mem") {
+        Some(m) if amount(&m).is_some() => {
+            format!("{} ({} bytes)", bytes(Some(&m)), cores(Some(&m)))
+        }
+        m => bytes(m.as_ref()),
+    };
+    let kind = match s.batch_timeout {
+        Some(t) => format!(
+            "{} (timeout {}s)",
+            word(s.session_type.as_ref()),
+            cores(Some(&num(t)))
+        ),
+        None => word(s.session_type.as_ref()),
+    };
+    let command = opt(s.command.as_ref())
+        .replace('\r', "\\r")
+        .replace('\n', "\\n");
+    let mut pairs = vec![
+        ("Session", text(&s.session_id)),
+        ("Kernel", text(&s.kernel_id)),
+        ("Agent", text(&s.agent_id)),
+        ("Access key", text(&s.access_key)),
+        ("Image", text(&s.image)),
+        ("Type", kind),
+        ("Command", command),
+        ("Status", text(&s.status)),
+        ("Reason", opt(s.status_reason.as_ref())),
+        ("Result", word(s.result.as_ref())),
+        ("Exit code", opt(s.exit_code)),
+        ("CPU", cores(slot(slots, "cpu").as_ref())),
+        ("Memory", mem),
+    ];
+    // Every other slot it asked for, by name (`GPU` for `cuda.device`).
+    let extra: Vec<(String, String)> = slots
+        .iter()
+        .filter(|(name, _)| *name != "cpu" && *name != "mem")
+        .map(|(name, v)| {
+            let label = match name.as_str() {
+                "cuda.device" => "GPU".to_owned(),
+                other => other.to_owned(),
+            };
+            (label, cores(Some(&Value::from(v.as_str()))))
+        })
+        .collect();
+    pairs.extend(extra.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    if let Some(p) = &s.pull_progress {
+        pairs.push(("Pull", pull_bar(p)));
+    }
+    let p = &s.restart_policy;
+    if p.mode != crate::model::session::RestartMode::Never {
+        pairs.push((
+            "Restarts",
+            format!(
+                "{} ({}, at most {} in {}s)",
+                s.restart_count,
+                p.mode.as_str(),
+                p.max_restarts,
+                cores(Some(&num(p.window)))
+            ),
+        ));
+    }
+    if let Some(Some(stages)) = &s.stages {
+        let line: Vec<String> = stages
+            .iter()
+            .map(|st| match st.restarts {
+                n if n > 0 => format!(
+                    "{} {} ({n} restarts)",
+                    text(&st.name),
+                    word(Some(&st.status))
+                ),
+                _ => format!("{} {}", text(&st.name), word(Some(&st.status))),
+            })
+            .collect();
+        pairs.push(("Stages", line.join(", ")));
+    }
+    pairs.push(("Priority", s.priority.to_string()));
+    if let Some(r) = &s.pending_reason {
+        pairs.push((
+            "Waiting",
+            format!("{}: {}", text(&r.code), text(&r.message)),
+        ));
+    }
+    if let Some(n) = s.queue_position {
+        pairs.push(("Queue position", n.to_string()));
+    }
+    pairs.push(("Created", when(s.created_at, now)));
+    if s.queued_at.is_some() {
+        pairs.push(("Queued", when(s.queued_at, now)));
+        pairs.push(("Admitted", when(s.admitted_at, now)));
+    }
+    pairs.push(("Terminated", when(s.terminated_at, now)));
+    fields(&pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    use crate::ctl::render::tests::NOW;
+
+    #[test]
+    fn sessions_show_every_slot() {
+        let mut s = live_session();
+        s["resource_slots"] = json!({"cpu": "1", "mem": "268435456", "cuda.shares": "0.5"});
+        let out = session(&s, NOW);
+        assert!(out.contains("cuda.shares: 0.5\n"), "{out}");
+        assert!(!out.contains("GPU"), "{out}");
+        let table = sessions(&json!({"sessions": [s, live_session()]}), NOW);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].contains("CUDA.SHARES"), "{table}");
+        assert!(
+            lines[1].contains("0.5") && lines[2].contains(" - "),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn empty_lists_still_have_headers() {
+        assert!(sessions(&json!({"sessions": []}), NOW).starts_with("SESSION"));
+        assert!(sessions(&json!({}), NOW).starts_with("SESSION"));
+    }
+
+    fn live_session() -> Value {
+        json!({"session_id": "5b1f7c6e-0000-4000-8000-000000000001", "kernel_id": "5b1f7c6e-0000-4000-8000-000000000002",
+               "agent_id": "i-node1", "access_key": "AKIADEV", "image": "kernelvisor-test:latest",
+               "status": "RUNNING", "status_reason": null, "exit_code": null, "type": "interactive",
+               "command": null, "batch_timeout": null, "result": "UNDEFINED",
+               "resource_slots": {"cpu": "1", "mem": "268435456", "cuda.device": "0"},
+               "created_at": NOW - 300.0, "terminated_at": null})
+    }
+
+    #[test]
+    fn sessions_table_age_or_reason() {
+        let mut done = live_session();
+        done["session_id"] = json!("dead");
+        done["status"] = json!("TERMINATED");
+        done["status_reason"] = json!("user-requested");
+        done["terminated_at"] = json!(NOW - 10.0);
+        let out = sessions(&json!({"sessions": [live_session(), done]}), NOW);
+        let lines: Vec<&str> = out.lines().collect();
+        for h in [
+            "SESSION",
+            "AGENT",
+            "STATUS",
+            "TYPE",
+            "IMAGE",
+            "CPU",
+            "MEM",
+            "ACCESS KEY",
+            "AGE/REASON",
+        ] {
+            assert!(lines[0].contains(h), "missing {h}: {out}");
+        }
+        assert!(!lines[0].contains("GPU"));
+        let cells = |l: &str| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            cells(lines[1]),
+            [
+                "5b1f7c6e-0000-4000-8000-000000000001",
+                "i-node1",
+                "RUNNING",
+                "interactive",
+                "kernelvisor-test:latest",
+                "1",
+                "256 MiB",
+                "AKIADEV",
+                "5m"
+            ]
+        );
+        assert_eq!(cells(lines[2]).last().unwrap(), "user-requested");
+        assert_eq!(
+            cells(lines[2])[2],
+            "TERMINATED",
+            "no result shown for an interactive session"
+        );
+        assert!(lines[2].starts_with("dead "));
+    }
+
+    fn ended_batch() -> Value {
+        let mut s = live_session();
+        s["session_id"] = json!("job");
+        s["status"] = json!("TERMINATED");
+        s["status_reason"] = json!("batch-timeout");
+        s["type"] = json!("batch");
+        s["command"] = json!("python train.py\necho done");
+        s["batch_timeout"] = json!(3600);
+        s["result"] = json!("FAILURE");
+        s["exit_code"] = json!(137);
+        s["terminated_at"] = json!(NOW - 10.0);
+        s
+    }
+
+    #[test]
+    fn session_restart_policy_and_stages() {
+        let mut s = live_session();
+        s["restart_policy"] =
+            json!({"mode": "on-failure", "max_restarts": 3, "window": 60, "backoff": 1});
+        s["restart_count"] = json!(2);
+        s["stages"] = json!([{"name": "image", "status": "ready", "restarts": 0, "setup_seconds": 0.1},
+                             {"name": "container", "status": "setting-up", "restarts": 2, "setup_seconds": 0.5}]);
+        let out = session(&s, NOW);
+        assert!(
+            out.contains("Restarts:   2 (on-failure, at most 3 in 60s)\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Stages:     image ready, container setting-up (2 restarts)\n"),
+            "{out}"
+        );
+        // `never` (the default) and an ended session (stages null) add no line.
+        s["restart_policy"] =
+            json!({"mode": "never", "max_restarts": 3, "window": 60, "backoff": 1});
+        s["stages"] = Value::Null;
+        let out = session(&s, NOW);
+        assert!(
+            !out.contains("Restarts") && !out.contains("Stages"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn sessions_table_batch_outcome() {
+        let out = sessions(&json!({"sessions": [ended_batch()]}), NOW);
+        let row: Vec<&str> = out
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            row[..4],
+            ["job", "i-node1", "TERMINATED (FAILURE)", "batch"],
+            "{out}"
+        );
+        assert_eq!(row.last(), Some(&"batch-timeout"), "{out}");
+        // An older manager's answer without the new fields.
+        let old = sessions(
+            &json!({"sessions": [{"session_id": "s", "status": "RUNNING"}]}),
+            NOW,
+        );
+        let row: Vec<&str> = old
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(row[..4], ["s", "-", "RUNNING", "-"], "{old}");
+    }
+
+    #[test]
+    fn session_detail_shows_the_pull() {
+        let mut v = live_session();
+        v["status"] = json!("PULLING");
+        v["pull_progress"] = json!({"current_bytes": 4194304, "total_bytes": 10485760, "layers_done": 1, "layers_total": 3});
+        let out = session(&v, NOW);
+        assert!(
+            out.contains("Pull:       [########------------]  40%  4 MiB / 10 MiB, 1/3 layers\n"),
+            "{out}"
+        );
+        assert!(!session(&live_session(), NOW).contains("Pull:"));
+    }
+
+    #[test]
+    fn session_detail_batch_fields() {
+        let out = session(&ended_batch(), NOW);
+        assert!(out.contains("Type:       batch (timeout 3600s)\n"), "{out}");
+        assert!(
+            out.contains("Command:    python train.py\\necho done\n"),
+            "{out}"
+        );
+        assert!(out.contains("Status:     TERMINATED\nReason:     batch-timeout\nResult:     FAILURE\nExit code:  137\n"), "{out}");
+    }
+
+    #[test]
+    fn session_detail_fields() {
+        let out = session(&live_session(), NOW);
+        assert!(
+            out.contains("Session:    5b1f7c6e-0000-4000-8000-000000000001\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Memory:     256 MiB (268435456 bytes)\n"),
+            "{out}"
+        );
+        assert!(out.contains("Reason:     -\n"), "{out}");
+        assert!(
+            out.contains("Created:    2023-11-14T22:08:20Z (5m ago)\n"),
+            "{out}"
+        );
+        assert!(out.contains("Terminated: -\n"), "{out}");
+        assert!(out.contains("GPU:        0\n"), "{out}");
+        assert!(
+            out.contains("Type:       interactive\nCommand:    -\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Result:     UNDEFINED\nExit code:  -\n"),
+            "{out}"
+        );
+        // A sparse answer renders without panicking, every value `-`.
+        let sparse = session(&json!({"session_id": "x"}), NOW);
+        assert!(
+            sparse.contains("Image:      -\n")
+                && sparse.contains("Memory:     -\n")
+                && !sparse.contains("GPU"),
+            "{sparse}"
+        );
+    }
+
+    /// An answer whose field has another type says so (it would have been a row of `-`).
+    #[test]
+    fn an_answer_that_does_not_read_says_so() {
+        let out = sessions(&json!({"sessions": [{"session_id": 5}]}), NOW);
+        assert!(
+            out.starts_with("cannot read the manager's answer as SessionList:"),
+            "{out}"
+        );
+        assert!(out.ends_with("(see it with -o json)\n"), "{out}");
+    }
 }

@@ -8,9 +8,7 @@ use clap::Args;
 use serde_json::Value;
 
 use crate::ctl::client::{read, Answer};
-use crate::ctl::{
-    parse, render, show, unix_now, Client, ClientError, Failure, Output, EXIT_TIMEOUT,
-};
+use crate::ctl::{parse, show, unix_now, Client, ClientError, Failure, Output, EXIT_TIMEOUT};
 use crate::model::session::{KernelStatus, Session, SessionResult};
 
 /// Arguments of `kernelvisor ctl session wait`.
@@ -39,7 +37,7 @@ pub(super) fn run(client: &Client, args: &WaitArgs, out: Output) -> Result<i32, 
         timeout.and_then(|t| Instant::now().checked_add(Duration::try_from_secs_f64(t).ok()?));
     match wait_terminated(client, id, interval, deadline)? {
         Waited::Terminated(reply) => {
-            show(out, &reply, |v| render::session(v, unix_now()))?;
+            show(out, &reply, |v| super::show::session(v, unix_now()))?;
             Ok(wait_exit_code(&reply.json))
         }
         Waited::TimedOut(reply) => {

@@ -10,9 +10,6 @@ use serde::{Deserialize, Serialize};
 use super::Method;
 use crate::model::pull::PullProgress;
 
-/// The FAILURE name of what the agent does not implement (`commit` to a file).
-pub const NOT_IMPLEMENTED: &str = crate::rpc::failure::Failure::NotImplemented.as_str();
-
 /// `check_pulling(image_name)` → bool: a pull of that image is in flight on this agent (for a
 /// kernel's image stage).
 pub struct CheckPulling;
