@@ -1,7 +1,7 @@
 //! Agent rows: written behind the registry, which owns liveness in memory.
 
 use sqlx::any::AnyRow;
-use sqlx::{Any, Row, Transaction};
+use sqlx::{Any, FromRow as _, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
 use super::{now, KernelRow, Store, StoreError};
