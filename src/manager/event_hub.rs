@@ -321,6 +321,7 @@ impl Drop for Subscription {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::session::KernelStatus;
 
     fn status(session: &str, owner: &str, status: &str) -> Event {
         Event {
@@ -340,13 +341,13 @@ mod tests {
     #[actix_rt::test]
     async fn a_follower_gets_the_backlog_then_new_events_in_order() {
         let hub = hub(10, 10);
-        hub.publish(status("s1", "AK1", "PENDING"));
+        hub.publish(status("s1", "AK1", KernelStatus::Pending.as_str()));
         let mut sub = hub.subscribe(Filter::default(), true, None);
-        hub.publish(status("s1", "AK1", "RUNNING"));
+        hub.publish(status("s1", "AK1", KernelStatus::Running.as_str()));
         let a = sub.next().await.unwrap();
         let b = sub.next().await.unwrap();
-        assert_eq!(a.status.as_deref(), Some("PENDING"));
-        assert_eq!(b.status.as_deref(), Some("RUNNING"));
+        assert_eq!(a.status.as_deref(), Some(KernelStatus::Pending.as_str()));
+        assert_eq!(b.status.as_deref(), Some(KernelStatus::Running.as_str()));
         assert_eq!(b.id, a.id + 1);
         assert!(b.time >= a.time && a.time > 0.0);
         // Resuming after `a` gives `b` only.
@@ -372,8 +373,8 @@ mod tests {
     fn filters_narrow_and_users_see_only_their_sessions() {
         let mut agent = Event::of(EventType::AgentStatus);
         agent.agent_id = Some("a1".into());
-        let mine = status("s1", "AK1", "RUNNING");
-        let theirs = status("s2", "AK2", "RUNNING");
+        let mine = status("s1", "AK1", KernelStatus::Running.as_str());
+        let theirs = status("s2", "AK2", KernelStatus::Running.as_str());
         let user = Filter {
             owner: Some("AK1".into()),
             ..Filter::default()

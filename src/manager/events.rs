@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use rmpv::Value;
 
+use crate::model::session::{KernelStatus, SessionResult};
 use crate::rpc::intake_api::events::{AgentEvent as WireEvent, Received, ReceivedEvent};
 
 /// One event. `id` is the agent's UUID, the same on every resend.
@@ -37,7 +38,7 @@ pub enum EventBody {
         /// Kernel id.
         kernel_id: String,
         /// Status it moves the kernel to.
-        status: &'static str,
+        status: KernelStatus,
     },
     /// `kernel_terminated`.
     KernelTerminated {
@@ -55,7 +56,7 @@ pub enum EventBody {
         /// Kernel id.
         kernel_id: String,
         /// `SUCCESS` or `FAILURE`.
-        result: &'static str,
+        result: SessionResult,
     },
     /// `kernel_restarting`: the kernel's restart policy restarts its container.
     KernelRestarting {
@@ -130,22 +131,22 @@ impl EventBody {
             WireEvent::KernelPreparing { kernel_id, .. } => EventBody::KernelStatus {
                 name,
                 kernel_id,
-                status: "PREPARING",
+                status: KernelStatus::Preparing,
             },
             WireEvent::KernelPulling { kernel_id, .. } => EventBody::KernelStatus {
                 name,
                 kernel_id,
-                status: "PULLING",
+                status: KernelStatus::Pulling,
             },
             WireEvent::KernelCreating { kernel_id, .. } => EventBody::KernelStatus {
                 name,
                 kernel_id,
-                status: "CREATING",
+                status: KernelStatus::Creating,
             },
             WireEvent::KernelStarted { kernel_id, .. } => EventBody::KernelStatus {
                 name,
                 kernel_id,
-                status: "RUNNING",
+                status: KernelStatus::Running,
             },
             WireEvent::KernelRestarting {
                 kernel_id,
@@ -168,12 +169,12 @@ impl EventBody {
             WireEvent::SessionSuccess { kernel_id, .. } => EventBody::SessionResult {
                 name,
                 kernel_id,
-                result: "SUCCESS",
+                result: SessionResult::Success,
             },
             WireEvent::SessionFailure { kernel_id, .. } => EventBody::SessionResult {
                 name,
                 kernel_id,
-                result: "FAILURE",
+                result: SessionResult::Failure,
             },
             WireEvent::KernelDangling {
                 kernel_id,
@@ -258,7 +259,7 @@ mod tests {
             EventBody::KernelStatus {
                 name: "kernel_started".into(),
                 kernel_id: "k1".into(),
-                status: "RUNNING"
+                status: KernelStatus::Running
             }
         );
         let bad = Value::Map(vec![
@@ -275,7 +276,7 @@ mod tests {
             EventBody::SessionResult {
                 name: "session_success".into(),
                 kernel_id: "k2".into(),
-                result: "SUCCESS"
+                result: SessionResult::Success
             }
         );
         let other = AgentEvent::from_value(&ev("b", "kernel_heartbeat_v9", "k")).unwrap();

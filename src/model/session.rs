@@ -32,6 +32,13 @@ impl SessionType {
             SessionType::Batch => "batch",
         }
     }
+
+    /// The type of a stored name; `None` for a name that is neither.
+    pub fn parse(name: &str) -> Option<SessionType> {
+        [SessionType::Interactive, SessionType::Batch]
+            .into_iter()
+            .find(|t| t.as_str() == name)
+    }
 }
 
 /// `kernelvisor ctl session create --type`: the same two values, with the CLI's help.
@@ -156,6 +163,13 @@ impl KernelStatus {
     }
 }
 
+impl std::fmt::Display for KernelStatus {
+    /// The stored name (as logs and errors show it).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A requested service port's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -188,6 +202,28 @@ pub enum SessionResult {
     Success,
     /// Non-zero exit, killed, or `batch_timeout` exceeded.
     Failure,
+}
+
+impl SessionResult {
+    /// The API's (and the store's) name: `UNDEFINED`, `SUCCESS`, `FAILURE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionResult::Undefined => "UNDEFINED",
+            SessionResult::Success => "SUCCESS",
+            SessionResult::Failure => "FAILURE",
+        }
+    }
+
+    /// The result of a stored name; `None` for a name that is none of them.
+    pub fn parse(name: &str) -> Option<SessionResult> {
+        [
+            SessionResult::Undefined,
+            SessionResult::Success,
+            SessionResult::Failure,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == name)
+    }
 }
 
 /// `POST /v1/sessions` body (`docs/manager-api.md`).

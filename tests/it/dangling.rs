@@ -29,6 +29,7 @@ use common::agent::{
     map, read, run_id, usage, AgentFixture, TEST_IMAGE,
 };
 use common::cluster::{wait_for, Cluster, Db};
+use kernelvisor::model::session::KernelStatus;
 use kernelvisor::rpc::{Call, CallError};
 use rmpv::Value;
 use serde_json::{json, Value as Json};
@@ -152,7 +153,7 @@ fn store_loss(db: Db, ports: u16) {
     );
     for (s, before) in sessions.iter().zip(&ports_before) {
         let k = c.store_kernel(s);
-        assert_eq!(k.status, "RUNNING", "{s}");
+        assert_eq!(k.status, KernelStatus::Running, "{s}");
         assert_eq!(&host_ports(&c, s), before, "{s}: original host ports");
         let out = wait_for(LONG, "execute in an adopted kernel", || {
             let out = c.post(

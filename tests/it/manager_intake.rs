@@ -12,6 +12,7 @@ use rmpv::Value;
 use kernelvisor::config::ManagerConfig;
 use kernelvisor::manager::store::{NewKernel, Store};
 use kernelvisor::manager::Manager;
+use kernelvisor::model::session::{KernelStatus, RestartPolicy, SessionType};
 use kernelvisor::rpc::curve::{write_certificates, KeyPair};
 use kernelvisor::rpc::socket::ClientCurve;
 use kernelvisor::rpc::{Call, CallError, Peer, PeerOptions};
@@ -126,11 +127,11 @@ async fn events_apply_once_compact_and_reject_malformed() {
             access_key: "AK".into(),
             image: "img".into(),
             resource_slots: small_slots(),
-            session_type: "interactive".into(),
+            session_type: SessionType::Interactive,
             command: None,
             batch_timeout: None,
-            mounts: "[]".into(),
-            restart_policy: r#"{"mode":"never"}"#.into(),
+            mounts: Vec::new(),
+            restart_policy: RestartPolicy::default(),
             priority: 10,
             request: None,
         };
@@ -185,7 +186,10 @@ async fn events_apply_once_compact_and_reject_malformed() {
     ];
     let ids: Vec<String> = (0..6).map(|i| format!("e{i}")).collect();
     assert_eq!(acked(&send(batch.clone()).await), ids);
-    assert_eq!(store.kernel("k1").await.unwrap().unwrap().status, "RUNNING");
+    assert_eq!(
+        store.kernel("k1").await.unwrap().unwrap().status,
+        KernelStatus::Running
+    );
     let k2 = store.kernel("k2").await.unwrap().unwrap();
     assert_eq!(
         (
@@ -220,7 +224,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
     );
     assert_eq!(
         store.kernel("k2").await.unwrap().unwrap().status,
-        "TERMINATED"
+        KernelStatus::Terminated
     );
 
     // A malformed event is not acked, and neither is anything after it (order per kernel).
@@ -458,16 +462,19 @@ async fn curve_key_binds_the_agent_id() {
         access_key: "AK".into(),
         image: "img".into(),
         resource_slots: small_slots(),
-        session_type: "interactive".into(),
+        session_type: SessionType::Interactive,
         command: None,
         batch_timeout: None,
-        mounts: "[]".into(),
-        restart_policy: r#"{"mode":"never"}"#.into(),
+        mounts: Vec::new(),
+        restart_policy: RestartPolicy::default(),
         priority: 10,
         request: None,
     };
     store.reserve_kernel(&kb, &roomy()).await.unwrap();
-    store.advance_kernel("kb", "RUNNING").await.unwrap();
+    store
+        .advance_kernel("kb", KernelStatus::Running)
+        .await
+        .unwrap();
 
     let api = format!("http://{}", manager.api_addr());
     let token = admin_token(dir.path());
@@ -553,7 +560,10 @@ async fn curve_key_binds_the_agent_id() {
     for id in ["x0", "x1"] {
         assert!(!store.event_processed(id).await.unwrap(), "{id} applied");
     }
-    assert_eq!(store.kernel("kb").await.unwrap().unwrap().status, "RUNNING");
+    assert_eq!(
+        store.kernel("kb").await.unwrap().unwrap().status,
+        KernelStatus::Running
+    );
     assert_eq!(usage(&store).await, Some((1, 0)));
 
     // As a, on the same connection: served.

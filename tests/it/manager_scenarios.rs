@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use common::agent::TEST_IMAGE;
 use common::cluster::{signal, Cluster, Db};
+use kernelvisor::model::session::KernelStatus;
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -156,7 +157,7 @@ fn agent_restart(db: Db, ports: u16, terminate: bool) {
         // Containers keep running; the kernels stay RUNNING on the manager.
         assert_eq!(c.running_containers(a).len(), 3);
         for k in &kernels {
-            assert_eq!(c.store_kernel(k).status, "RUNNING");
+            assert_eq!(c.store_kernel(k).status, KernelStatus::Running);
         }
     }
 
@@ -171,7 +172,7 @@ fn agent_restart(db: Db, ports: u16, terminate: bool) {
         for k in &kernels {
             assert_eq!(
                 c.store_kernel(k).status,
-                "RUNNING",
+                KernelStatus::Running,
                 "re-attached, still running"
             );
         }
@@ -248,12 +249,12 @@ fn manager_restart(db: Db, ports: u16) {
         (c.get("/v1/sessions").ok()?.status == 200).then_some(())
     });
     common::cluster::wait_for(LONG, "the ended kernel released", || {
-        (c.store_kernel(&gone).status == "TERMINATED").then_some(())
+        (c.store_kernel(&gone).status == KernelStatus::Terminated).then_some(())
     });
     for s in &sessions[1..] {
         assert_eq!(
             c.store_kernel(s["kernel_id"].as_str().unwrap()).status,
-            "RUNNING"
+            KernelStatus::Running
         );
     }
     assert_eq!(c.concurrency_used(), 2);

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use common::agent::TEST_IMAGE;
 use common::cluster::{wait_for, Cluster, Db};
+use kernelvisor::model::session::KernelStatus;
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(90);
@@ -95,7 +96,7 @@ fn live_kernel_in(c: &Cluster, states: &[&str]) -> String {
 /// The kernel's row once it is `TERMINATED`.
 fn terminated(c: &Cluster, id: &str) -> kernelvisor::manager::store::KernelRow {
     wait_for(LONG, &format!("kernel {id} TERMINATED"), || {
-        Some(c.store_kernel(id)).filter(|k| k.status == "TERMINATED")
+        Some(c.store_kernel(id)).filter(|k| k.status == KernelStatus::Terminated)
     })
 }
 
@@ -141,7 +142,7 @@ fn an_agent_that_never_answers_create_ends_at_the_deadline_and_the_queue_moves()
 
     // Its reservation is back: the queued session is admitted onto the agent and runs.
     let s = wait_for(LONG, "the queued session RUNNING", || {
-        Some(c.store_kernel(&second)).filter(|k| k.status == "RUNNING")
+        Some(c.store_kernel(&second)).filter(|k| k.status == KernelStatus::Running)
     });
     assert!(s.admitted_at.is_some(), "{s:?}");
     assert_eq!(c.concurrency_used(), 1, "only the second session holds one");
@@ -155,7 +156,7 @@ fn an_agent_that_never_answers_create_ends_at_the_deadline_and_the_queue_moves()
         (k.status.as_str(), k.status_reason.as_deref()),
         ("TERMINATED", Some("preparing-timeout"))
     );
-    assert_eq!(c.store_kernel(&second).status, "RUNNING");
+    assert_eq!(c.store_kernel(&second).status, KernelStatus::Running);
     assert_eq!(c.concurrency_used(), 1);
     let d = c.delete(&format!("/v1/sessions/{second}"));
     assert_eq!(d.status, 200, "{d:?}");
@@ -207,7 +208,7 @@ fn lost_answer_resolves_to_running(db: Db, ports: u16) {
     assert_eq!(s.status, 201, "{s:?}");
     let sid = s.body["session_id"].as_str().unwrap().to_owned();
     let id = wait_for(LONG, "RUNNING", || {
-        Some(c.store_kernel(&sid)).filter(|k| k.status == "RUNNING")
+        Some(c.store_kernel(&sid)).filter(|k| k.status == KernelStatus::Running)
     })
     .id;
     // `kernel_started` applied first: arriving after the row is rewound below, it would move it
@@ -238,7 +239,7 @@ fn lost_answer_resolves_to_running(db: Db, ports: u16) {
         })
     });
     let k = wait_for(LONG, "the sweep resolves it RUNNING", || {
-        Some(c.store_kernel(&id)).filter(|k| k.status == "RUNNING")
+        Some(c.store_kernel(&id)).filter(|k| k.status == KernelStatus::Running)
     });
     assert!(k.status_changed_at > 1.0, "{k:?}");
     assert!(resolved(&c, "CREATING", "running") >= 1.0);

@@ -34,7 +34,7 @@ use super::pool::AgentPool;
 use super::registry::{AgentRegistry, GraceRemaining};
 use super::scheduler::Scheduler;
 use super::store::{KernelRow, Store};
-use crate::model::session::{Session, SessionMount, SessionResult, SessionType};
+use crate::model::session::{KernelStatus, Session};
 use auth::Caller;
 
 /// What the handlers share.
@@ -72,16 +72,16 @@ pub fn session(k: &KernelRow) -> Session {
         agent_id: k.agent_id.clone(),
         access_key: k.access_key.clone(),
         image: k.image.clone(),
-        status: k.status.clone(),
+        status: k.status.as_str().to_owned(),
         status_reason: k.status_reason.clone(),
         exit_code: k.exit_code,
-        session_type: parse_word::<SessionType>(&k.session_type),
+        session_type: Some(k.session_type),
         command: k.command.clone(),
         batch_timeout: k.batch_timeout,
-        result: parse_word::<SessionResult>(&k.result),
+        result: Some(k.result),
         resource_slots: slot_amounts(&k.resource_slots),
-        mounts: serde_json::from_str::<Vec<SessionMount>>(&k.mounts).unwrap_or_default(),
-        restart_policy: serde_json::from_str(&k.restart_policy).unwrap_or_default(),
+        mounts: k.mounts.clone(),
+        restart_policy: k.restart_policy,
         restart_count: k.restart_count,
         pull_progress: k.pull_progress,
         created_at: Some(k.created_at),
@@ -94,12 +94,6 @@ pub fn session(k: &KernelRow) -> Session {
         admitted_at: k.admitted_at,
         stages: None,
     }
-}
-
-/// A stored word (`batch`, `SUCCESS`) as the model's enum; `None` (null) for a word it does
-/// not have.
-fn parse_word<T: serde::de::DeserializeOwned>(word: &str) -> Option<T> {
-    serde_json::from_value(serde_json::Value::from(word)).ok()
 }
 
 /// Slots as the API writes them: `{name: decimal string}`.
@@ -184,8 +178,11 @@ async fn running_kernel(
 ) -> Result<KernelRow, ManagerError> {
     not_in_grace(s).await?;
     let k = owned_kernel(s, caller, id).await?;
-    if k.status != "RUNNING" {
-        return Err(ManagerError::SessionNotRunning(id.to_owned(), k.status));
+    if k.status != KernelStatus::Running {
+        return Err(ManagerError::SessionNotRunning(
+            id.to_owned(),
+            k.status.as_str().to_owned(),
+        ));
     }
     Ok(k)
 }
@@ -305,6 +302,7 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::session::{SessionResult, SessionType};
     use crate::slots::Amount;
 
     fn row() -> KernelRow {
@@ -314,7 +312,7 @@ mod tests {
             agent_id: "a1".into(),
             access_key: "AK1".into(),
             image: "img".into(),
-            status: "RUNNING".into(),
+            status: KernelStatus::Running,
             status_reason: None,
             exit_code: None,
             resource_slots: [
@@ -325,13 +323,15 @@ mod tests {
             .collect(),
             created_at: 1.5,
             terminated_at: None,
-            session_type: "batch".into(),
+            session_type: SessionType::Batch,
             command: Some("true".into()),
             batch_timeout: Some(60.0),
-            result: "UNDEFINED".into(),
-            mounts: r#"[{"name":"data","permission":null}]"#.into(),
-            restart_policy: r#"{"mode":"never","max_restarts":3,"window":60.0,"backoff":1.0}"#
-                .into(),
+            result: SessionResult::Undefined,
+            mounts: serde_json::from_str(r#"[{"name":"data","permission":null}]"#).unwrap(),
+            restart_policy: serde_json::from_str(
+                r#"{"mode":"never","max_restarts":3,"window":60.0,"backoff":1.0}"#,
+            )
+            .unwrap(),
             restart_count: 0,
             pull_progress: None,
             priority: 10,

@@ -79,7 +79,7 @@ pub(super) async fn create(
         session_id: k.session_id,
         kernel_id: k.id,
         agent_id: k.agent_id,
-        status: k.status,
+        status: k.status.as_str().to_owned(),
     };
     reply(HttpResponse::Created(), &created)
 }
@@ -220,8 +220,18 @@ const STAGES_TIMEOUT: Duration = Duration::from_secs(2);
 /// agent does not answer in time, or its answer has no such list (the session itself still
 /// answers).
 async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
-    if !k.is_live() || k.is_pending() || k.status == KernelStatus::Scheduled.as_str() {
-        return None;
+    match k.status {
+        // Not on an agent (yet, or any more).
+        KernelStatus::Pending
+        | KernelStatus::Scheduled
+        | KernelStatus::Terminated
+        | KernelStatus::Cancelled => return None,
+        KernelStatus::Preparing
+        | KernelStatus::Pulling
+        | KernelStatus::Creating
+        | KernelStatus::Running
+        | KernelStatus::Restarting
+        | KernelStatus::Terminating => {}
     }
     let args = KernelIdArgs {
         kernel_id: k.id.clone(),

@@ -141,7 +141,7 @@ pub(super) async fn metrics(s: web::Data<ApiState>, caller: Caller) -> Res {
     }
     m.live_kernels.reset();
     for (status, n) in s.store.live_kernel_counts().await? {
-        m.live_kernels.with_label_values(&[&status]).set(n);
+        m.live_kernels.with_label_values(&[status.as_str()]).set(n);
     }
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")

@@ -105,7 +105,10 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, name: web::Pa
         .await?
         .ok_or_else(|| ManagerError::VfolderNotFound(name.clone()))?;
     let live = s.store.kernels(Some(&caller.access_key), false).await?;
-    if let Some(k) = live.iter().find(|k| mounts_name(&k.mounts, &name)) {
+    if let Some(k) = live
+        .iter()
+        .find(|k| k.mounts.iter().any(|m| m.name == name))
+    {
         return Err(ManagerError::VfolderInUse(format!(
             "vfolder `{name}` is mounted by live session `{}`",
             k.session_id
@@ -113,12 +116,4 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, name: web::Pa
     }
     s.store.delete_vfolder(&caller.access_key, &name).await?;
     reply(HttpResponse::Ok(), &vfolder(&v))
-}
-
-/// Whether a kernel's `mounts` JSON names vfolder `name`.
-fn mounts_name(mounts: &str, name: &str) -> bool {
-    serde_json::from_str::<Vec<serde_json::Value>>(mounts)
-        .unwrap_or_default()
-        .iter()
-        .any(|m| m["name"] == name)
 }

@@ -30,6 +30,7 @@ use super::super::calls::call_method;
 use super::super::metrics::ManagerMetrics;
 use super::super::pool::{AgentCallError, AgentPool};
 use super::super::store::{now, DanglingReport, Store};
+use crate::model::session::KernelStatus;
 use crate::retry::Backoff;
 use crate::rpc::agent_api::kernel::{AdoptKernel, DestroyDanglingKernel, KernelIdArgs};
 use crate::rpc::Failure;
@@ -215,7 +216,12 @@ async fn decide(
         return match call_method::<AdoptKernel>(pool, metrics, agent, &args, timeout).await {
             Ok(info) => {
                 let status = info.status;
-                if let Err(e) = store.advance_kernel(kernel, &status).await {
+                // The agent's name for it; one that is no kernel status moves nothing.
+                let advanced = match KernelStatus::parse(&status) {
+                    Some(to) => store.advance_kernel(kernel, to).await.map(drop),
+                    None => Ok(()),
+                };
+                if let Err(e) = advanced {
                     tracing::warn!(agent_id = %agent, kernel_id = %kernel, error = %e, "adopted kernel: could not record its status (its events will)");
                 }
                 tracing::info!(agent_id = %agent, kernel_id = %kernel, session_id = %p.session_id, %status, "dangling kernel adopted");

@@ -69,10 +69,9 @@ async fn reconcile(
     for hb in heartbeats {
         let live: Vec<KernelRow> = live_by_agent.remove(&hb.agent_id).unwrap_or_default();
         let listed: HashSet<&str> = hb.kernels.iter().map(|(id, _, _)| id.as_str()).collect();
-        let pulling = KernelStatus::Pulling.as_str();
         for k in live
             .iter()
-            .filter(|k| k.status != pulling && !listed.contains(k.id.as_str()))
+            .filter(|k| k.status != KernelStatus::Pulling && !listed.contains(k.id.as_str()))
         {
             if store
                 .terminate_kernel(&k.id, "missing-on-agent", None)

@@ -17,7 +17,7 @@ use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{Admitted, AgentRow, KernelRow, NewKernel, ReserveError, Store};
 use crate::model::queue::{PendingCode, PendingReason};
-use crate::model::session::{MountSpec, SessionRequest, SessionType};
+use crate::model::session::{KernelStatus, MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
     ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
     KernelCreationConfig, ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
@@ -123,12 +123,11 @@ fn new_kernel(
         access_key: owner.to_owned(),
         image: req.image.clone(),
         resource_slots: slots.clone(),
-        session_type: req.checked_type()?.as_str().to_owned(),
+        session_type: req.checked_type()?,
         command: req.command.clone(),
         batch_timeout: req.batch_timeout,
-        mounts: serde_json::to_string(&req.mounts).unwrap_or_else(|_| "[]".into()),
-        restart_policy: serde_json::to_string(&req.restart_policy.unwrap_or_default())
-            .unwrap_or_else(|_| r#"{"mode":"never"}"#.into()),
+        mounts: req.mounts.clone(),
+        restart_policy: req.restart_policy.unwrap_or_default(),
         priority,
         request: Some(
             serde_json::to_string(req).map_err(|e| ManagerError::Internal(e.to_string()))?,
@@ -583,20 +582,37 @@ impl Creation {
         .await
         {
             Ok(reply) => {
+                // The status the agent reports (`RUNNING` when it reports none); a name that
+                // is no status moves nothing.
                 let status = decode_reply::<CreateKernels>(reply)
                     .map_err(|e| ManagerError::Internal(e.to_string()))?
                     .first()
                     .and_then(|r| r.info.get("status"))
                     .and_then(Value::as_str)
-                    .unwrap_or("RUNNING")
-                    .to_owned();
+                    .map_or(Some(KernelStatus::Running), KernelStatus::parse);
+                let moved = match status {
+                    Some(status) => store.advance_kernel(&kernel_id, status).await?,
+                    None => false,
+                };
                 // Moved forward: it was live and not `TERMINATING` (a later state), so only a
                 // row that did not move is read back.
-                let row = match store.advance_kernel(&kernel_id, &status).await? {
+                let row = match moved {
                     true => None,
                     false => store.kernel(&kernel_id).await?,
                 };
-                if let Some(k) = row.filter(|k| !k.is_live() || k.status == "TERMINATING") {
+                let gone = |k: &KernelRow| match k.status {
+                    KernelStatus::Terminating
+                    | KernelStatus::Terminated
+                    | KernelStatus::Cancelled => true,
+                    KernelStatus::Pending
+                    | KernelStatus::Scheduled
+                    | KernelStatus::Preparing
+                    | KernelStatus::Pulling
+                    | KernelStatus::Creating
+                    | KernelStatus::Running
+                    | KernelStatus::Restarting => false,
+                };
+                if let Some(k) = row.filter(gone) {
                     // Deleted while it was being created (a `PULLING` session deleted, a
                     // destroy the agent refused mid-create), or ended by the reconcile sweep
                     // past its state's deadline: what the row says stands, the kernel goes.

@@ -11,6 +11,7 @@ use super::Scheduler;
 use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::store::KernelRow;
+use crate::model::session::KernelStatus;
 use crate::rpc::agent_api::exec::{Execute, ExecuteArgs, GetLogs, GetLogsArgs};
 
 /// One `execute` call of Backend.AI's continuation protocol (`docs/manager-api.md`).
@@ -73,8 +74,11 @@ impl Handler<ExecuteInSession> for Scheduler {
                     let Some(code) = msg.code.clone() else {
                         return bad("`code` is required for mode `query`".into());
                     };
-                    if k.status != "RUNNING" {
-                        return Err(ManagerError::SessionNotRunning(msg.id, k.status));
+                    if k.status != KernelStatus::Running {
+                        return Err(ManagerError::SessionNotRunning(
+                            msg.id,
+                            k.status.as_str().to_owned(),
+                        ));
                     }
                     let timeout = msg.timeout.unwrap_or(default_timeout.as_secs_f64());
                     let opts = BTreeMap::from([

@@ -127,7 +127,7 @@ impl PullPhase {
                         marked_pulling = true;
                         let _ = self
                             .store
-                            .advance_kernel(&self.kernel_id, KernelStatus::Pulling.as_str())
+                            .advance_kernel(&self.kernel_id, KernelStatus::Pulling)
                             .await;
                     }
                     let due = last_written

@@ -240,7 +240,11 @@ impl Sweep {
             return Ok(None);
         }
         let r = match self.ask(k).await {
-            AgentView::Running => match self.store.advance_kernel(&k.id, "RUNNING").await? {
+            AgentView::Running => match self
+                .store
+                .advance_kernel(&k.id, KernelStatus::Running)
+                .await?
+            {
                 true => Resolution::Running,
                 false => Resolution::Moved,
             },
@@ -295,10 +299,17 @@ impl Sweep {
 
     /// Resolves one stuck kernel, logs and counts it.
     async fn resolve(&self, k: &KernelRow) -> Result<Resolution, StoreError> {
-        let r = if k.status == KernelStatus::Terminating.as_str() {
-            self.finish_terminating(k).await
-        } else {
-            self.settle(k).await
+        let r = match k.status {
+            KernelStatus::Terminating => self.finish_terminating(k).await,
+            KernelStatus::Pending
+            | KernelStatus::Scheduled
+            | KernelStatus::Preparing
+            | KernelStatus::Pulling
+            | KernelStatus::Creating
+            | KernelStatus::Running
+            | KernelStatus::Restarting
+            | KernelStatus::Terminated
+            | KernelStatus::Cancelled => self.settle(k).await,
         };
         let r = match r {
             Ok(r) => r,
@@ -326,16 +337,22 @@ impl Sweep {
     async fn settle(&self, k: &KernelRow) -> Result<Resolution, StoreError> {
         let view = self.ask(k).await;
         if let AgentView::Running = view {
-            return Ok(if self.store.advance_kernel(&k.id, "RUNNING").await? {
-                Resolution::Running
-            } else {
-                Resolution::Moved
-            });
+            return Ok(
+                if self
+                    .store
+                    .advance_kernel(&k.id, KernelStatus::Running)
+                    .await?
+                {
+                    Resolution::Running
+                } else {
+                    Resolution::Moved
+                },
+            );
         }
-        let reason = timeout_reason(&k.status);
+        let reason = timeout_reason(k.status);
         if !self
             .store
-            .end_stuck_kernel(&k.id, &k.status, k.status_changed_at, &reason)
+            .end_stuck_kernel(&k.id, k.status, k.status_changed_at, &reason)
             .await?
         {
             return Ok(Resolution::Moved);
@@ -364,13 +381,13 @@ impl Sweep {
                 tracing::info!(kernel_id = %k.id, agent_id = %k.agent_id, error = %e, "reconcile sweep: destroy_kernel failed again past terminating-timeout");
                 // The agent may hold it still (being created, or back later): keep trying.
                 self.destroy_in_background(k, &asked);
-                timeout_reason(&k.status)
+                timeout_reason(k.status)
             }
         };
         Ok(
             if self
                 .store
-                .end_stuck_kernel(&k.id, &k.status, k.status_changed_at, &reason)
+                .end_stuck_kernel(&k.id, k.status, k.status_changed_at, &reason)
                 .await?
             {
                 Resolution::Terminated(reason)
@@ -441,13 +458,12 @@ impl Sweep {
 
 /// The reason a kernel ended at its state's deadline: `<state>-timeout`, lower case;
 /// `SCHEDULED` shares `PREPARING`'s deadline and so its reason.
-pub fn timeout_reason(status: &str) -> String {
-    let state = if status == KernelStatus::Scheduled.as_str() {
-        KernelStatus::Preparing.as_str()
-    } else {
-        status
+pub fn timeout_reason(status: KernelStatus) -> String {
+    let state = match status {
+        KernelStatus::Scheduled => KernelStatus::Preparing,
+        other => other,
     };
-    format!("{}-timeout", state.to_ascii_lowercase())
+    format!("{}-timeout", state.as_str().to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -456,12 +472,18 @@ mod tests {
 
     #[test]
     fn reasons_name_the_state() {
-        assert_eq!(timeout_reason("SCHEDULED"), "preparing-timeout");
-        assert_eq!(timeout_reason("PREPARING"), "preparing-timeout");
-        assert_eq!(timeout_reason("PULLING"), "pulling-timeout");
-        assert_eq!(timeout_reason("CREATING"), "creating-timeout");
-        assert_eq!(timeout_reason("RESTARTING"), "restarting-timeout");
-        assert_eq!(timeout_reason("TERMINATING"), "terminating-timeout");
+        assert_eq!(timeout_reason(KernelStatus::Scheduled), "preparing-timeout");
+        assert_eq!(timeout_reason(KernelStatus::Preparing), "preparing-timeout");
+        assert_eq!(timeout_reason(KernelStatus::Pulling), "pulling-timeout");
+        assert_eq!(timeout_reason(KernelStatus::Creating), "creating-timeout");
+        assert_eq!(
+            timeout_reason(KernelStatus::Restarting),
+            "restarting-timeout"
+        );
+        assert_eq!(
+            timeout_reason(KernelStatus::Terminating),
+            "terminating-timeout"
+        );
     }
 
     #[test]

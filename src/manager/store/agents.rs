@@ -1,7 +1,7 @@
 //! Agent rows: written behind the registry, which owns liveness in memory.
 
 use sqlx::any::AnyRow;
-use sqlx::{Any, Row, Transaction};
+use sqlx::{Any, FromRow as _, Row, Transaction};
 
 use super::columns::{legacy_columns, slots_column};
 use super::{now, KernelRow, Store, StoreError};
@@ -75,10 +75,7 @@ impl AgentRow {
     fn from_row(r: &AnyRow) -> Result<AgentRow, sqlx::Error> {
         Ok(AgentRow {
             id: r.try_get("id")?,
-            status: r
-                .try_get::<String, _>("status")?
-                .parse()
-                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+            status: r.try_get("status")?,
             addr: r.try_get("addr")?,
             public_key: r.try_get("public_key")?,
             region: r.try_get("region")?,

@@ -62,7 +62,7 @@ impl Store {
             EventBody::KernelStatus {
                 kernel_id, status, ..
             } => {
-                changed = advance_in(&mut *tx, kernel_id, status).await?;
+                changed = advance_in(&mut *tx, kernel_id, *status).await?;
             }
             EventBody::KernelTerminated {
                 kernel_id,
@@ -80,7 +80,7 @@ impl Store {
             EventBody::SessionResult {
                 kernel_id, result, ..
             } => {
-                set_result_in(&mut tx, kernel_id, result).await?;
+                set_result_in(&mut tx, kernel_id, *result).await?;
             }
             EventBody::KernelRestarting { kernel_id, .. } => {
                 changed = restarting_in(&mut tx, kernel_id).await?;

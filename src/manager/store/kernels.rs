@@ -3,27 +3,25 @@
 
 use std::collections::HashMap;
 
-use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
-use super::columns::{legacy_columns, slots_column};
+use super::columns::{
+    json_text, legacy_columns, slots_column, JsonText, NullableJsonText, SlotColumns,
+};
 use super::usage::{Placed, Usage};
 use super::{now, Store, StoreError};
+use crate::model::agent::AgentStatus;
 use crate::model::event::{Event, EventType};
 use crate::model::pull::PullProgress;
 use crate::model::queue::PendingReason;
-use crate::model::session::KernelStatus;
+use crate::model::session::{
+    KernelStatus, MountSpec, RestartPolicy, SessionMount, SessionResult, SessionType,
+};
 use crate::slots::ResourceSlots;
 
-/// A stored status's place in the lifecycle ([`KernelStatus::rank`]): a status update only
-/// moves forward (events and RPC replies may race; `TERMINATED` is final). `None` for a name
-/// that is no status.
-fn rank(status: &str) -> Option<u8> {
-    KernelStatus::parse(status).map(KernelStatus::rank)
-}
-
-/// One kernel row.
-#[derive(Clone, Debug, PartialEq)]
+/// One kernel row, as the store reads it (`sqlx::FromRow` over [`COLUMNS`]; the enums are TEXT
+/// columns of their names, the JSON columns read leniently: see `columns.rs`).
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct KernelRow {
     /// Kernel UUID.
     pub id: String,
@@ -37,42 +35,49 @@ pub struct KernelRow {
     pub image: String,
     /// `PENDING` (queued, no agent yet), `SCHEDULED` (placed, agent not answered yet),
     /// `PREPARING` … `RUNNING` … `TERMINATED`, or `CANCELLED` (deleted while queued).
-    pub status: String,
+    pub status: KernelStatus,
     /// Why it terminated (`user-requested`, `agent-lost`, …).
     pub status_reason: Option<String>,
     /// Exit code when it terminated by itself.
     pub exit_code: Option<i64>,
     /// The slots it asked for and holds while live: every slot of the request (`cpu` cores,
     /// `mem` bytes, accelerator slots in their units).
+    #[sqlx(flatten, try_from = "SlotColumns")]
     pub resource_slots: ResourceSlots,
     /// Unix seconds.
     pub created_at: f64,
     /// Unix seconds; `None` while live.
     pub terminated_at: Option<f64>,
-    /// `interactive` or `batch`.
-    pub session_type: String,
+    /// Interactive or batch.
+    pub session_type: SessionType,
     /// The `sh -c` command it runs as its main process, if one was given.
     pub command: Option<String>,
     /// Seconds a batch session may run.
     pub batch_timeout: Option<f64>,
     /// `UNDEFINED`, or a batch session's `SUCCESS` / `FAILURE` once it ended.
-    pub result: String,
-    /// Its vfolders as asked for: JSON `[{"name", "permission"}]`.
-    pub mounts: String,
-    /// Its restart policy as asked for: JSON `{"mode", "max_restarts", "window", "backoff"}`.
-    pub restart_policy: String,
+    pub result: SessionResult,
+    /// Its vfolders as asked for (stored as JSON `[{"name", "permission"}]`; text that does not
+    /// parse reads as none).
+    #[sqlx(try_from = "JsonText")]
+    pub mounts: Vec<SessionMount>,
+    /// Its restart policy as asked for (stored as JSON `{"mode", "max_restarts", "window",
+    /// "backoff"}`; text that does not parse reads as the default).
+    #[sqlx(try_from = "JsonText")]
+    pub restart_policy: RestartPolicy,
     /// Restarts by its restart policy so far (`kernel_restarting` events).
     pub restart_count: i64,
     /// Its image pull's progress, while (and after) it was `PULLING`; `None` when it never
-    /// pulled.
-    pub pull_progress: Option<crate::model::pull::PullProgress>,
+    /// pulled (or its JSON does not parse).
+    #[sqlx(try_from = "NullableJsonText")]
+    pub pull_progress: Option<PullProgress>,
     /// 0 (lowest) to 100.
     pub priority: i64,
     /// Unix seconds it entered the queue; `None` when it was placed at once.
     pub queued_at: Option<f64>,
     /// Unix seconds it left the queue; `None` while `PENDING` or when never queued.
     pub admitted_at: Option<f64>,
-    /// While `PENDING`: why it waits.
+    /// While `PENDING`: why it waits (JSON; `None` when it does not parse).
+    #[sqlx(try_from = "NullableJsonText")]
     pub pending_reason: Option<PendingReason>,
     /// Unix seconds of its last status change (the transient states' deadlines count from it).
     pub status_changed_at: f64,
@@ -82,45 +87,22 @@ impl KernelRow {
     /// Whether the kernel is in the live set (anything but `TERMINATED` and `CANCELLED`; a
     /// `PENDING` session is live but holds no agent's slots).
     pub fn is_live(&self) -> bool {
-        self.status != "TERMINATED" && self.status != "CANCELLED"
+        match self.status {
+            KernelStatus::Terminated | KernelStatus::Cancelled => false,
+            KernelStatus::Pending
+            | KernelStatus::Scheduled
+            | KernelStatus::Preparing
+            | KernelStatus::Pulling
+            | KernelStatus::Creating
+            | KernelStatus::Running
+            | KernelStatus::Restarting
+            | KernelStatus::Terminating => true,
+        }
     }
 
     /// Whether it waits in the queue (`PENDING`: no agent, no concurrency taken).
     pub fn is_pending(&self) -> bool {
-        self.status == "PENDING"
-    }
-
-    pub(super) fn from_row(r: &AnyRow) -> Result<KernelRow, sqlx::Error> {
-        Ok(KernelRow {
-            id: r.try_get("id")?,
-            session_id: r.try_get("session_id")?,
-            agent_id: r.try_get("agent_id")?,
-            access_key: r.try_get("access_key")?,
-            image: r.try_get("image")?,
-            status: r.try_get("status")?,
-            status_reason: r.try_get("status_reason")?,
-            exit_code: r.try_get("exit_code")?,
-            resource_slots: slots_column(r, "resource_slots")?,
-            created_at: r.try_get("created_at")?,
-            terminated_at: r.try_get("terminated_at")?,
-            session_type: r.try_get("session_type")?,
-            command: r.try_get("command")?,
-            batch_timeout: r.try_get("batch_timeout")?,
-            result: r.try_get("result")?,
-            mounts: r.try_get("mounts")?,
-            restart_policy: r.try_get("restart_policy")?,
-            restart_count: r.try_get("restart_count")?,
-            pull_progress: r
-                .try_get::<Option<String>, _>("pull_progress")?
-                .and_then(|j| serde_json::from_str(&j).ok()),
-            priority: r.try_get("priority")?,
-            queued_at: r.try_get("queued_at")?,
-            admitted_at: r.try_get("admitted_at")?,
-            pending_reason: r
-                .try_get::<Option<String>, _>("pending_reason")?
-                .and_then(|j| serde_json::from_str(&j).ok()),
-            status_changed_at: r.try_get("status_changed_at")?,
-        })
+        self.status == KernelStatus::Pending
     }
 }
 
@@ -139,16 +121,16 @@ pub struct NewKernel {
     pub image: String,
     /// The slots it asks for (every slot of the request, checked by the scheduler).
     pub resource_slots: ResourceSlots,
-    /// `interactive` or `batch`.
-    pub session_type: String,
+    /// Interactive or batch.
+    pub session_type: SessionType,
     /// Main-process command, if any.
     pub command: Option<String>,
     /// Seconds (batch only).
     pub batch_timeout: Option<f64>,
-    /// vfolders, JSON `[{"name", "permission"}]`.
-    pub mounts: String,
-    /// Restart policy, JSON `{"mode", "max_restarts", "window", "backoff"}`.
-    pub restart_policy: String,
+    /// vfolders as asked for (stored as JSON `[{"name", "permission"}]`).
+    pub mounts: Vec<MountSpec>,
+    /// Restart policy (stored as JSON `{"mode", "max_restarts", "window", "backoff"}`).
+    pub restart_policy: RestartPolicy,
     /// 0 (lowest) to 100.
     pub priority: i64,
     /// The request it was made from (`SessionRequest` JSON), kept while it is live: the
@@ -172,7 +154,7 @@ pub enum ReserveError {
     NoRoom(String),
     /// The store holds the agent `LOST` or `PENDING` (the leader's word): place elsewhere.
     #[error("agent `{0}` is {1}")]
-    AgentNotAlive(String, String),
+    AgentNotAlive(String, AgentStatus),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -218,6 +200,16 @@ pub(super) fn scheduled_event(
                 access_key.to_owned(),
             ),
         )
+    }
+}
+
+/// Whether a reservation refuses an agent the store holds in `status`: `LOST` or `PENDING`
+/// (the leader's word). `ALIVE` and `TERMINATED` are not refused, nor is an agent without a
+/// row (one the store has not saved yet).
+pub(super) fn refuses_placement(status: AgentStatus) -> bool {
+    match status {
+        AgentStatus::Lost | AgentStatus::Pending => true,
+        AgentStatus::Alive | AgentStatus::Terminated => false,
     }
 }
 
@@ -290,43 +282,52 @@ pub(super) async fn terminate_in(
     }))
 }
 
-/// Moves a kernel's status forward (never back, never out of `TERMINATED`) inside `tx`.
-/// Returns its `session_status` event when the status changed.
+/// The statuses a kernel may move to `status` from ([`KernelStatus::rank`]): every earlier
+/// one but `PENDING` (only an admission places a queued session), and for `RUNNING` also
+/// `RESTARTING` (a restart, by the restart policy or `restart_kernel`, ends in
+/// `kernel_started`). None for `TERMINATED`: a kernel ends only through [`terminate_in`],
+/// which frees its concurrency.
+fn advances_from(status: KernelStatus) -> Vec<KernelStatus> {
+    if status == KernelStatus::Terminated {
+        return Vec::new();
+    }
+    let mut earlier: Vec<KernelStatus> = KernelStatus::ALL
+        .into_iter()
+        .filter(|s| s.rank() < status.rank() && *s != KernelStatus::Pending)
+        .collect();
+    if status == KernelStatus::Running {
+        earlier.push(KernelStatus::Restarting);
+    }
+    earlier
+}
+
+/// Moves a kernel's status forward (never back, never out of `TERMINATED`: see
+/// [`advances_from`]) through `ex`. Returns its `session_status` event when the status changed.
 pub(super) async fn advance_in<'c>(
     ex: impl sqlx::Executor<'c, Database = Any>,
     kernel_id: &str,
-    status: &str,
+    status: KernelStatus,
 ) -> Result<Option<Event>, sqlx::Error> {
-    let Some(r) = rank(status).filter(|_| status != "TERMINATED") else {
-        return Ok(None);
-    };
-    // Never out of `PENDING`: only an admission places a queued session.
-    let mut earlier: Vec<String> = KernelStatus::ALL
-        .iter()
-        .filter(|s| s.rank() < r && **s != KernelStatus::Pending)
-        .map(|s| format!("'{}'", s.as_str()))
-        .collect();
-    if status == "RUNNING" {
-        // A restart (by the restart policy or `restart_kernel`) ends in `kernel_started`.
-        earlier.push("'RESTARTING'".into());
-    }
+    let earlier = advances_from(status);
     if earlier.is_empty() {
         return Ok(None);
     }
-    // `earlier` comes from the constant `KernelStatus::ALL`, never from input.
+    let list: Vec<String> = (0..earlier.len()).map(|i| format!("${}", i + 4)).collect();
     let sql = format!(
         "UPDATE kernels SET status = $2, status_changed_at = $3 WHERE id = $1 AND status IN ({}) \
          RETURNING session_id, agent_id, access_key",
-        earlier.join(", ")
+        list.join(", ")
     );
-    let owner: Option<(String, String, String)> = sqlx::query_as(&sql)
+    let mut q = sqlx::query_as(&sql)
         .bind(kernel_id)
         .bind(status)
-        .bind(now())
-        .fetch_optional(ex)
-        .await?;
+        .bind(now());
+    for s in earlier {
+        q = q.bind(s);
+    }
+    let owner: Option<(String, String, String)> = q.fetch_optional(ex).await?;
     Ok(owner.map(|owner| Event {
-        status: Some(status.to_owned()),
+        status: Some(status.as_str().to_owned()),
         ..session_event(EventType::SessionStatus, kernel_id, owner)
     }))
 }
@@ -341,7 +342,7 @@ pub(super) async fn restarting_in(
     tx: &mut Transaction<'_, Any>,
     kernel_id: &str,
 ) -> Result<Option<Event>, sqlx::Error> {
-    let row: Option<(String, i64, String, String, String)> = sqlx::query_as(&format!(
+    let row: Option<(KernelStatus, i64, String, String, String)> = sqlx::query_as(&format!(
         "UPDATE kernels SET \
          status_changed_at = CASE WHEN status IN ('RUNNING', 'CREATING') THEN $2 ELSE status_changed_at END, \
          status = CASE WHEN status IN ('RUNNING', 'RESTARTING', 'CREATING') THEN 'RESTARTING' ELSE status END, \
@@ -352,13 +353,13 @@ pub(super) async fn restarting_in(
     .bind(now())
     .fetch_optional(&mut **tx)
     .await?;
-    Ok(row
-        .filter(|r| r.0 == "RESTARTING")
-        .map(|(status, count, session, agent, key)| Event {
-            status: Some(status),
+    Ok(row.filter(|r| r.0 == KernelStatus::Restarting).map(
+        |(status, count, session, agent, key)| Event {
+            status: Some(status.as_str().to_owned()),
             reason: Some(format!("restart-policy: restart {count}")),
             ..session_event(EventType::SessionStatus, kernel_id, (session, agent, key))
-        }))
+        },
+    ))
 }
 
 /// Records a batch session's result (`SUCCESS` / `FAILURE`) inside `tx`, once: a result already
@@ -366,14 +367,86 @@ pub(super) async fn restarting_in(
 pub(super) async fn set_result_in(
     tx: &mut Transaction<'_, Any>,
     kernel_id: &str,
-    result: &str,
+    result: SessionResult,
 ) -> Result<bool, sqlx::Error> {
-    let r = sqlx::query("UPDATE kernels SET result = $2 WHERE id = $1 AND result = 'UNDEFINED'")
+    let r = sqlx::query("UPDATE kernels SET result = $2 WHERE id = $1 AND result = $3")
         .bind(kernel_id)
         .bind(result)
+        .bind(SessionResult::Undefined)
         .execute(&mut **tx)
         .await?;
     Ok(r.rows_affected() > 0)
+}
+
+/// How a new kernel row starts ([`insert_in`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Start<'a> {
+    /// Placed on its agent and reserved: `SCHEDULED`, its request kept when given.
+    Placed,
+    /// Queued for this reason: `PENDING`, no agent (`''`), `queued_at` set, its request kept
+    /// (`{}` when none was given).
+    Queued(&'a PendingReason),
+}
+
+/// Inserts `k`'s row through `ex`, as `start` says, created (and its status changed, and when
+/// queued, queued) at `at` (Unix seconds): the one INSERT of a kernel, for a direct create's
+/// reservation and a queued session alike. `restart_count` and `head_skips` start at 0, the
+/// result `UNDEFINED`; the slots are written as JSON and in the old columns.
+///
+/// Errors: the database (a duplicate id among them).
+pub(super) async fn insert_in<'c>(
+    ex: impl sqlx::Executor<'c, Database = Any>,
+    k: &NewKernel,
+    start: Start<'_>,
+    at: f64,
+) -> Result<(), sqlx::Error> {
+    let (status, agent_id, queued_at, pending_reason, request) = match start {
+        // -1 stands for a NULL `queued_at`: never a NULL f64 parameter (see agents.rs).
+        Start::Placed => (
+            KernelStatus::Scheduled,
+            k.agent_id.as_str(),
+            -1.0,
+            None,
+            k.request.as_deref(),
+        ),
+        Start::Queued(reason) => (
+            KernelStatus::Pending,
+            "",
+            at,
+            Some(json_text(reason, "")),
+            Some(k.request.as_deref().unwrap_or("{}")),
+        ),
+    };
+    let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
+    sqlx::query(&format!(
+        "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, $3, $4, $5, $6, \
+         NULL, NULL, $7, $8, $9, $10, NULL, $11, $12, NULLIF($13, -1.0), $14, $15, $16, 0, $17, \
+         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, 0, $21)"
+    ))
+    .bind(&k.id)
+    .bind(&k.session_id)
+    .bind(agent_id)
+    .bind(&k.access_key)
+    .bind(&k.image)
+    .bind(status)
+    .bind(cpu_millis)
+    .bind(mem_bytes)
+    .bind(cuda_devices)
+    .bind(at)
+    .bind(k.session_type)
+    .bind(&k.command)
+    .bind(k.batch_timeout.unwrap_or(-1.0))
+    .bind(SessionResult::Undefined)
+    .bind(json_text(&k.mounts, "[]"))
+    .bind(json_text(&k.restart_policy, r#"{"mode":"never"}"#))
+    .bind(json_text(&k.resource_slots, "{}"))
+    .bind(k.priority)
+    .bind(queued_at)
+    .bind(pending_reason)
+    .bind(request)
+    .execute(ex)
+    .await?;
+    Ok(())
 }
 
 impl Store {
@@ -393,28 +466,7 @@ impl Store {
         }
         self.check_room_in(&mut tx, &k.agent_id, &k.resource_slots, agent_total)
             .await?;
-        let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
-        let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
-        sqlx::query(&format!("INSERT INTO kernels ({COLUMNS}, request) VALUES ($1, $2, $3, $4, $5, 'SCHEDULED', NULL, NULL, $6, $7, $8, $9, NULL, $10, $11, NULLIF($12, -1.0), 'UNDEFINED', $13, $14, 0, $15, NULL, $16, NULL, NULL, NULL, $9, $17)"))
-            .bind(&k.id)
-            .bind(&k.session_id)
-            .bind(&k.agent_id)
-            .bind(&k.access_key)
-            .bind(&k.image)
-            .bind(cpu_millis)
-            .bind(mem_bytes)
-            .bind(cuda_devices)
-            .bind(now())
-            .bind(&k.session_type)
-            .bind(&k.command)
-            // Never a NULL f64 parameter (see agents.rs): -1 stands for none.
-            .bind(k.batch_timeout.unwrap_or(-1.0))
-            .bind(&k.mounts)
-            .bind(&k.restart_policy)
-            .bind(slots)
-            .bind(k.priority)
-            .bind(&k.request)
-            .execute(&mut *tx)
+        insert_in(&mut *tx, k, Start::Placed, now())
             .await
             .map_err(StoreError::from)?;
         tx.commit().await.map_err(StoreError::from)?;
@@ -462,12 +514,13 @@ impl Store {
                 .await
                 .map_err(StoreError::from)?;
         }
-        let status: Option<String> = sqlx::query_scalar("SELECT status FROM agents WHERE id = $1")
-            .bind(agent_id)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(StoreError::from)?;
-        if let Some(st) = status.filter(|st| st == "LOST" || st == "PENDING") {
+        let status: Option<AgentStatus> =
+            sqlx::query_scalar("SELECT status FROM agents WHERE id = $1")
+                .bind(agent_id)
+                .fetch_optional(&mut **tx)
+                .await
+                .map_err(StoreError::from)?;
+        if let Some(st) = status.filter(|st| refuses_placement(*st)) {
             return Err(ReserveError::AgentNotAlive(agent_id.to_owned(), st));
         }
         let rows = sqlx::query(&format!(
@@ -552,7 +605,11 @@ impl Store {
     }
 
     /// Moves a kernel's status forward (see [`KernelStatus::rank`]); returns whether it changed.
-    pub async fn advance_kernel(&self, kernel_id: &str, status: &str) -> Result<bool, StoreError> {
+    pub async fn advance_kernel(
+        &self,
+        kernel_id: &str,
+        status: KernelStatus,
+    ) -> Result<bool, StoreError> {
         // One statement: no transaction around it (on SQLite each statement is a round trip to
         // its worker thread).
         let changed = advance_in(&self.pool, kernel_id, status).await?;
@@ -608,11 +665,10 @@ impl Store {
 
     /// One kernel by its kernel id or its session id.
     pub async fn kernel(&self, id: &str) -> Result<Option<KernelRow>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY created_at DESC LIMIT 1"))
+        Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY created_at DESC LIMIT 1"))
             .bind(id)
             .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.as_ref().map(KernelRow::from_row).transpose()?)
+            .await?)
     }
 
     /// Kernels, newest first: live only unless `all`; only `access_key`'s when given.
@@ -626,56 +682,43 @@ impl Store {
         );
         // `$1` as an integer comparison: Any binds booleans differently per backend.
         let sql = sql.replace("($1 OR", "($1 = 1 OR");
-        let rows = sqlx::query(&sql)
+        Ok(sqlx::query_as(&sql)
             .bind(all as i64)
             .bind(access_key.unwrap_or(""))
             .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .iter()
-            .map(KernelRow::from_row)
-            .collect::<Result<_, _>>()?)
+            .await?)
     }
 
-    /// Live kernels by status: `(status, count)`.
-    pub async fn live_kernel_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        let rows = sqlx::query(&format!(
+    /// Live kernels by status: `(status, count)`, each live status once at most.
+    pub async fn live_kernel_counts(&self) -> Result<Vec<(KernelStatus, i64)>, StoreError> {
+        Ok(sqlx::query_as(&format!(
             "SELECT status, COUNT(*) FROM kernels WHERE {LIVE} GROUP BY status",
         ))
         .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, sqlx::Error>>()?)
+        .await?)
     }
 
     /// Live kernels on one agent.
     pub async fn live_kernels_of(&self, agent_id: &str) -> Result<Vec<KernelRow>, StoreError> {
-        let rows = sqlx::query(&format!(
+        Ok(sqlx::query_as(&format!(
             "SELECT {COLUMNS} FROM kernels WHERE agent_id = $1 AND {LIVE}"
         ))
         .bind(agent_id)
         .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(KernelRow::from_row)
-            .collect::<Result<_, _>>()?)
+        .await?)
     }
 
     /// Every placed live kernel (not `PENDING`), by agent: one query for the whole fleet (the grace's reconciliation).
     pub async fn live_kernels_by_agent(
         &self,
     ) -> Result<HashMap<String, Vec<KernelRow>>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows: Vec<KernelRow> = sqlx::query_as(&format!(
             "SELECT {COLUMNS} FROM kernels WHERE {LIVE} AND status <> 'PENDING'"
         ))
         .fetch_all(&self.pool)
         .await?;
         let mut out: HashMap<String, Vec<KernelRow>> = HashMap::new();
-        for r in &rows {
-            let k = KernelRow::from_row(r)?;
+        for k in rows {
             out.entry(k.agent_id.clone()).or_default().push(k);
         }
         Ok(out)
@@ -742,8 +785,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::rank;
-    use super::NewKernel;
+    use super::{advances_from, NewKernel};
+    use crate::model::session::{KernelStatus, RestartPolicy, SessionType};
     use crate::slots::{Amount, ResourceSlots};
 
     /// Rows written before `0005_resource_slots` (no JSON slots) read from the old columns, and
@@ -804,11 +847,11 @@ mod tests {
                         access_key: "AK".into(),
                         image: "img".into(),
                         resource_slots: slots.clone(),
-                        session_type: "interactive".into(),
+                        session_type: SessionType::Interactive,
                         command: None,
                         batch_timeout: None,
-                        mounts: "[]".into(),
-                        restart_policy: r#"{"mode":"never"}"#.into(),
+                        mounts: Vec::new(),
+                        restart_policy: RestartPolicy::default(),
                         priority: 10,
                         request: None,
                     },
@@ -837,6 +880,8 @@ mod tests {
 
     #[test]
     fn status_order_moves_forward_only() {
+        use KernelStatus::*;
+        let rank = |s: &str| KernelStatus::parse(s).map(KernelStatus::rank);
         assert!(rank("PENDING") < rank("SCHEDULED"));
         assert!(rank("SCHEDULED") < rank("PREPARING"));
         assert_eq!(rank("CANCELLED"), rank("TERMINATED"));
@@ -845,5 +890,24 @@ mod tests {
         assert!(rank("RUNNING") < rank("TERMINATING"));
         assert!(rank("TERMINATING") < rank("TERMINATED"));
         assert_eq!(rank("BOGUS"), None);
+        // Each status's predecessors: never from `PENDING`, never to `TERMINATED`.
+        assert_eq!(advances_from(Pending), []);
+        assert_eq!(advances_from(Scheduled), []);
+        assert_eq!(advances_from(Preparing), [Scheduled]);
+        assert_eq!(advances_from(Pulling), [Scheduled, Preparing]);
+        assert_eq!(advances_from(Creating), [Scheduled, Preparing, Pulling]);
+        assert_eq!(
+            advances_from(Running),
+            [Scheduled, Preparing, Pulling, Creating, Restarting]
+        );
+        assert_eq!(
+            advances_from(Restarting),
+            [Scheduled, Preparing, Pulling, Creating]
+        );
+        assert_eq!(
+            advances_from(Terminating),
+            [Scheduled, Preparing, Pulling, Creating, Running, Restarting]
+        );
+        assert_eq!(advances_from(Terminated), []);
     }
 }

@@ -26,6 +26,7 @@ use sqlx::{AnyPool, Executor};
 
 use super::event_hub::{EventHub, HubSpec};
 use crate::model::event::Event;
+use crate::model::session::KernelStatus;
 
 pub use agents::AgentRow;
 pub use dangling::DanglingReport;
@@ -242,7 +243,7 @@ impl Store {
     fn publish(&self, event: Option<Event>) -> bool {
         if let Some(e) = event
             .as_ref()
-            .filter(|e| e.status.as_deref() == Some("TERMINATED"))
+            .filter(|e| e.status.as_deref() == Some(KernelStatus::Terminated.as_str()))
         {
             if let Some(id) = &e.kernel_id {
                 self.usage.remove(id);

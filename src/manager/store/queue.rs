@@ -10,21 +10,23 @@
 
 use std::collections::HashMap;
 
-use sqlx::{Any, Row, Transaction};
+use sqlx::{Any, FromRow, Row, Transaction};
 
-use super::columns::{legacy_columns, slots_column};
+use super::columns::{slots_column, NullableJsonText, SlotColumns};
 use super::kernels::{
-    lock_agent_in, scheduled_event, session_event, KernelRow, NewKernel, ReserveError, COLUMNS,
-    LIVE,
+    insert_in, lock_agent_in, refuses_placement, scheduled_event, session_event, KernelRow,
+    NewKernel, ReserveError, Start, COLUMNS, LIVE,
 };
 use super::usage::Placed;
 use super::{now, Store, StoreError};
+use crate::model::agent::AgentStatus;
 use crate::model::event::{Event, EventType};
 use crate::model::queue::PendingReason;
+use crate::model::session::KernelStatus;
 use crate::slots::ResourceSlots;
 
 /// A `PENDING` session as an admission round sees it (no request body: read once admitted).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct QueuedSession {
     /// Kernel UUID.
     pub id: String,
@@ -35,14 +37,16 @@ pub struct QueuedSession {
     /// Image reference.
     pub image: String,
     /// The slots it asks for.
+    #[sqlx(flatten, try_from = "SlotColumns")]
     pub resource_slots: ResourceSlots,
     /// 0..=100.
     pub priority: i64,
-    /// Unix seconds it was queued.
+    /// Unix seconds it was queued (0 when the row has none).
     pub queued_at: f64,
     /// Rounds it has held back the sessions behind it as a head that did not fit.
     pub head_skips: i64,
-    /// The reason last written.
+    /// The reason last written (`None` when its JSON does not parse).
+    #[sqlx(try_from = "NullableJsonText")]
     pub pending_reason: Option<PendingReason>,
 }
 
@@ -86,7 +90,7 @@ fn placeholders(n: usize) -> String {
 #[derive(Default)]
 struct AgentRoom {
     /// `Some(status)` when the store holds it `LOST` or `PENDING`.
-    not_alive: Option<String>,
+    not_alive: Option<AgentStatus>,
     /// The slots its live kernels hold (and, as the batch goes, the ones it admitted).
     used: ResourceSlots,
 }
@@ -106,36 +110,12 @@ impl Store {
             Some(key) if key.enabled => {}
             _ => return Err(ReserveError::UnknownAccessKey(k.access_key.clone())),
         }
-        let (cpu_millis, mem_bytes, cuda_devices) = legacy_columns(&k.resource_slots);
-        let slots = serde_json::to_string(&k.resource_slots).unwrap_or_else(|_| "{}".into());
-        let reason_json = serde_json::to_string(reason).unwrap_or_default();
-        let at = now();
-        sqlx::query(&format!(
-            "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, '', $3, $4, 'PENDING', NULL, NULL, $5, $6, $7, $8, NULL, $9, $10, NULLIF($11, -1.0), 'UNDEFINED', $12, $13, 0, $14, NULL, $15, $8, NULL, $16, $8, 0, $17)"
-        ))
-        .bind(&k.id)
-        .bind(&k.session_id)
-        .bind(&k.access_key)
-        .bind(&k.image)
-        .bind(cpu_millis)
-        .bind(mem_bytes)
-        .bind(cuda_devices)
-        .bind(at)
-        .bind(&k.session_type)
-        .bind(&k.command)
-        .bind(k.batch_timeout.unwrap_or(-1.0))
-        .bind(&k.mounts)
-        .bind(&k.restart_policy)
-        .bind(slots)
-        .bind(k.priority)
-        .bind(reason_json)
-        .bind(k.request.as_deref().unwrap_or("{}"))
-        .execute(&self.pool)
-        .await
-        .map_err(StoreError::from)?;
+        insert_in(&self.pool, k, Start::Queued(reason), now())
+            .await
+            .map_err(StoreError::from)?;
         self.depth.add(k.priority, 1);
         self.events.publish(Event {
-            status: Some("PENDING".into()),
+            status: Some(KernelStatus::Pending.as_str().into()),
             reason: Some(reason.code.clone()),
             ..session_event(
                 EventType::SessionStatus,
@@ -164,31 +144,15 @@ impl Store {
 
     /// The first `limit` queued sessions in the queue's order (priority, then queued time).
     pub async fn pending_window(&self, limit: u32) -> Result<Vec<QueuedSession>, StoreError> {
-        let rows = sqlx::query(&format!(
+        Ok(sqlx::query_as(&format!(
             "SELECT id, session_id, access_key, image, resource_slots, cpu_millis, mem_bytes, cuda_devices, \
-             priority, queued_at, head_skips, pending_reason FROM kernels WHERE status = 'PENDING' {ORDER} LIMIT $1"
+             priority, COALESCE(queued_at, 0.0) AS queued_at, head_skips, pending_reason FROM kernels \
+             WHERE status = $2 {ORDER} LIMIT $1"
         ))
         .bind(i64::from(limit))
+        .bind(KernelStatus::Pending)
         .fetch_all(&self.reads)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(QueuedSession {
-                    id: r.try_get("id")?,
-                    session_id: r.try_get("session_id")?,
-                    access_key: r.try_get("access_key")?,
-                    image: r.try_get("image")?,
-                    resource_slots: slots_column(r, "resource_slots")?,
-                    priority: r.try_get("priority")?,
-                    queued_at: r.try_get::<Option<f64>, _>("queued_at")?.unwrap_or(0.0),
-                    head_skips: r.try_get("head_skips")?,
-                    pending_reason: r
-                        .try_get::<Option<String>, _>("pending_reason")?
-                        .and_then(|j| serde_json::from_str(&j).ok()),
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+        .await?)
     }
 
     /// Every access key's placed live slots, concurrency and limit (DRF's shares and the
@@ -259,7 +223,7 @@ impl Store {
             if let Some(st) = &agent.not_alive {
                 out.push(Err(ReserveError::AgentNotAlive(
                     (*agent_id).to_owned(),
-                    st.clone(),
+                    *st,
                 )));
                 continue;
             }
@@ -354,11 +318,9 @@ impl Store {
                 q = q.bind(*a);
             }
             for r in q.fetch_all(&mut **tx).await? {
-                let status: String = r.try_get("status")?;
+                let status: AgentStatus = r.try_get("status")?;
                 let e = out.entry(r.try_get("id")?).or_default();
-                if status == "LOST" || status == "PENDING" {
-                    e.not_alive = Some(status);
-                }
+                e.not_alive = refuses_placement(status).then_some(status);
             }
             let live = format!(
                 "SELECT agent_id, resource_slots, cpu_millis, mem_bytes, cuda_devices FROM kernels \
@@ -429,7 +391,7 @@ impl Store {
             (session_id, agent_id, access_key)
         });
         Ok(self.publish(owner.map(|owner| Event {
-            status: Some("CANCELLED".into()),
+            status: Some(KernelStatus::Cancelled.as_str().into()),
             reason: Some(reason.to_owned()),
             ..session_event(EventType::SessionStatus, kernel_id, owner)
         })))
@@ -535,6 +497,7 @@ impl Store {
 mod tests {
     use super::super::{NewKernel, ReserveError, Store};
     use crate::model::queue::{PendingCode, PendingReason};
+    use crate::model::session::{KernelStatus, RestartPolicy, SessionType};
     use crate::slots::{Amount, ResourceSlots};
 
     fn cpu(units: u64) -> ResourceSlots {
@@ -551,11 +514,11 @@ mod tests {
             access_key: key.into(),
             image: "img".into(),
             resource_slots: cpu(units),
-            session_type: "interactive".into(),
+            session_type: SessionType::Interactive,
             command: None,
             batch_timeout: None,
-            mounts: "[]".into(),
-            restart_policy: r#"{"mode":"never"}"#.into(),
+            mounts: Vec::new(),
+            restart_policy: RestartPolicy::default(),
             priority,
             request: Some("{}".into()),
         };
@@ -619,8 +582,8 @@ mod tests {
         assert_eq!(store.new_queue_position(10).await.unwrap(), 2);
         let c = store.kernel("c").await.unwrap().unwrap();
         assert_eq!(
-            (c.status.as_str(), store.queue_position(&c).await.unwrap()),
-            ("PENDING", 1)
+            (c.status, store.queue_position(&c).await.unwrap()),
+            (KernelStatus::Pending, 1)
         );
         // Ended: out of the ledger; a fresh store (another start) reads the same from the rows.
         assert!(store

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::Row as _;
+use sqlx::{FromRow as _, Row as _};
 
 use super::kernels::{terminate_in, KernelRow, COLUMNS};
 use super::{now, Admitted, Store, StoreError};
@@ -53,15 +53,11 @@ impl Store {
             "SELECT {COLUMNS} FROM kernels WHERE {} ORDER BY status_changed_at LIMIT {limit}",
             clauses.join(" OR ")
         );
-        let mut q = sqlx::query(&sql);
+        let mut q = sqlx::query_as(&sql);
         for (_, cutoff) in &transient {
             q = q.bind(*cutoff);
         }
-        let rows = q.fetch_all(&self.pool).await?;
-        Ok(rows
-            .iter()
-            .map(KernelRow::from_row)
-            .collect::<Result<_, _>>()?)
+        Ok(q.fetch_all(&self.pool).await?)
     }
 
     /// Takes a stuck kernel out of the live set with `reason` (releasing its concurrency), but
@@ -73,7 +69,7 @@ impl Store {
     pub async fn end_stuck_kernel(
         &self,
         kernel_id: &str,
-        status: &str,
+        status: KernelStatus,
         status_changed_at: f64,
         reason: &str,
     ) -> Result<bool, StoreError> {
@@ -202,7 +198,7 @@ mod tests {
     use std::time::Duration;
 
     use super::super::{NewKernel, Store};
-    use crate::model::session::KernelStatus;
+    use crate::model::session::{KernelStatus, RestartPolicy, SessionType};
     use crate::slots::{Amount, ResourceSlots};
 
     async fn reserve(store: &Store, id: &str) {
@@ -223,11 +219,11 @@ mod tests {
             access_key: "AK".into(),
             image: "img".into(),
             resource_slots: slots,
-            session_type: "interactive".into(),
+            session_type: SessionType::Interactive,
             command: None,
             batch_timeout: None,
-            mounts: "[]".into(),
-            restart_policy: r#"{"mode":"never"}"#.into(),
+            mounts: Vec::new(),
+            restart_policy: RestartPolicy::default(),
             priority: 10,
             request: request.map(str::to_owned),
         };
@@ -251,16 +247,22 @@ mod tests {
         for id in ["sched", "creating", "running", "terminating"] {
             reserve(&store, id).await;
         }
-        assert!(store.advance_kernel("creating", "CREATING").await.unwrap());
-        assert!(store.advance_kernel("running", "RUNNING").await.unwrap());
+        assert!(store
+            .advance_kernel("creating", KernelStatus::Creating)
+            .await
+            .unwrap());
+        assert!(store
+            .advance_kernel("running", KernelStatus::Running)
+            .await
+            .unwrap());
         assert!(store
             .terminating_kernel("terminating", "user-requested")
             .await
             .unwrap());
         let t = store.kernel("terminating").await.unwrap().unwrap();
         assert_eq!(
-            (t.status.as_str(), t.status_reason.as_deref()),
-            ("TERMINATING", Some("user-requested"))
+            (t.status, t.status_reason.as_deref()),
+            (KernelStatus::Terminating, Some("user-requested"))
         );
         // A queued session is never terminating.
         assert!(!store.terminating_kernel("nope", "x").await.unwrap());
@@ -303,11 +305,21 @@ mod tests {
         // Moved since it was read: left alone.
         let sched = store.kernel("sched").await.unwrap().unwrap();
         assert!(!store
-            .end_stuck_kernel("sched", "PREPARING", sched.status_changed_at, "x")
+            .end_stuck_kernel(
+                "sched",
+                KernelStatus::Preparing,
+                sched.status_changed_at,
+                "x"
+            )
             .await
             .unwrap());
         assert!(!store
-            .end_stuck_kernel("sched", "SCHEDULED", sched.status_changed_at - 1.0, "x")
+            .end_stuck_kernel(
+                "sched",
+                KernelStatus::Scheduled,
+                sched.status_changed_at - 1.0,
+                "x"
+            )
             .await
             .unwrap());
         assert_eq!(used(&store).await, 4);
@@ -315,7 +327,7 @@ mod tests {
         assert!(store
             .end_stuck_kernel(
                 "sched",
-                "SCHEDULED",
+                KernelStatus::Scheduled,
                 sched.status_changed_at,
                 "preparing-timeout"
             )
@@ -324,7 +336,7 @@ mod tests {
         assert!(!store
             .end_stuck_kernel(
                 "sched",
-                "SCHEDULED",
+                KernelStatus::Scheduled,
                 sched.status_changed_at,
                 "preparing-timeout"
             )
@@ -335,8 +347,8 @@ mod tests {
         assert!(!store.discard_reservation("sched").await.unwrap());
         let k = store.kernel("sched").await.unwrap().unwrap();
         assert_eq!(
-            (k.status.as_str(), k.status_reason.as_deref()),
-            ("TERMINATED", Some("preparing-timeout"))
+            (k.status, k.status_reason.as_deref()),
+            (KernelStatus::Terminated, Some("preparing-timeout"))
         );
         // A live row's refusal still removes it.
         assert!(store.discard_reservation("creating").await.unwrap());
@@ -354,7 +366,10 @@ mod tests {
         reserve_with(&store, "legacy", None).await;
         reserve_with(&store, "sched", Some("{}")).await;
         for id in ["p", "legacy"] {
-            assert!(store.advance_kernel(id, "PULLING").await.unwrap());
+            assert!(store
+                .advance_kernel(id, KernelStatus::Pulling)
+                .await
+                .unwrap());
         }
         let now = super::super::now();
         assert!(store
@@ -382,7 +397,10 @@ mod tests {
         let before = super::super::now();
         store.touch_pull("p").await.unwrap();
         assert!(store.orphaned_pulls(before, 10).await.unwrap().is_empty());
-        assert!(store.advance_kernel("p", "RUNNING").await.unwrap());
+        assert!(store
+            .advance_kernel("p", KernelStatus::Running)
+            .await
+            .unwrap());
         assert!(store
             .orphaned_pulls(now + 60.0, 10)
             .await
