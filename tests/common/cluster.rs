@@ -281,6 +281,16 @@ impl Cluster {
             };
             self.api = format!("http://127.0.0.1:{port}");
             let config = self.manager_config(port);
+            // Ready only when this start says so in its own log: the port may have been taken
+            // meanwhile by another test's manager, whose /health would answer for ours.
+            let log_path = self.dir.path().join("manager.log");
+            let starts = || {
+                std::fs::read_to_string(&log_path)
+                    .unwrap_or_default()
+                    .matches("manager started api=")
+                    .count()
+            };
+            let starts_before = starts();
             let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
                 .args(["manager", "--config"])
                 .arg(&config)
@@ -291,11 +301,12 @@ impl Cluster {
             self.manager = Some(child);
             let started = Instant::now();
             let mut exited = None;
-            while self
-                .get("/health")
-                .ok()
-                .filter(|a| a.status == 200)
-                .is_none()
+            while starts() == starts_before
+                || self
+                    .get("/health")
+                    .ok()
+                    .filter(|a| a.status == 200)
+                    .is_none()
             {
                 exited = self.manager.as_mut().unwrap().try_wait().unwrap();
                 if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
