@@ -3,9 +3,10 @@
 //! `http://` or `https://` (rustls with the `ring` provider: the webpki roots, or exactly the
 //! certificates of [`ClientOptions::ca_cert`]). With [`ClientOptions::token`] every request
 //! carries `Authorization: Bearer <token>`. Every call answers the body both as the raw text
-//! (so `--output json` can print it unchanged) and parsed, except [`Client::get_stream`] and
-//! [`Client::get_file`], which hand back the body as a reader for answers that stream
-//! (`/logs?follow=true`, a file's bytes). [`Client::put_file`] sends a file as it reads it.
+//! (so `--output json` can print it unchanged) and parsed, except the calls that hand back the
+//! body as a reader for answers that stream (`/logs?follow=true`, events, a file's bytes); a
+//! file upload is sent as it is read. The calls by method and path are private: ctl calls each
+//! route through its typed method of `api`, where its path is written once.
 //!
 //! Several managers (`docs/design.md`, high availability): the base may be a comma-separated list of URLs. A request goes
 //! to the one that answered last (the first at start); when it cannot be reached (connection
@@ -23,7 +24,7 @@ use serde_json::Value;
 use crate::model::error::ErrorBody;
 
 mod api;
-pub use api::{execute_path, lenient, logs_path, read, Answer, EVENTS_PATH};
+pub use api::{execute_path, file_path, lenient, logs_path, read, Answer, EVENTS_PATH};
 
 /// How long to wait for the TCP connection to the manager.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -335,7 +336,7 @@ impl Client {
     }
 
     /// `GET path?query`.
-    pub fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Reply, ClientError> {
+    fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Reply, ClientError> {
         let (url, res) = self.send(path, |url| {
             let mut req = self
                 .request(&self.agent, "GET", url)
@@ -349,7 +350,7 @@ impl Client {
     }
 
     /// `POST path` with a JSON body; `timeout` `None` waits as long as the manager takes.
-    pub fn post(
+    fn post(
         &self,
         path: &str,
         body: &Value,
@@ -366,7 +367,7 @@ impl Client {
     }
 
     /// `PATCH path` with a JSON body.
-    pub fn patch(&self, path: &str, body: &Value) -> Result<Reply, ClientError> {
+    fn patch(&self, path: &str, body: &Value) -> Result<Reply, ClientError> {
         let (url, res) = self.send(path, |url| {
             self.request(&self.agent, "PATCH", url)
                 .timeout(REQUEST_TIMEOUT)
@@ -376,7 +377,7 @@ impl Client {
     }
 
     /// `POST path` without a body (`Content-Length: 0`); `timeout` as for [`Client::post`].
-    pub fn post_empty(&self, path: &str, timeout: Option<Duration>) -> Result<Reply, ClientError> {
+    fn post_empty(&self, path: &str, timeout: Option<Duration>) -> Result<Reply, ClientError> {
         let (url, res) = self.send(path, |url| {
             let mut req = self.request(&self.agent, "POST", url);
             if let Some(t) = timeout {
@@ -388,7 +389,7 @@ impl Client {
     }
 
     /// `DELETE path`.
-    pub fn delete(&self, path: &str) -> Result<Reply, ClientError> {
+    fn delete(&self, path: &str) -> Result<Reply, ClientError> {
         let (url, res) = self.send(path, |url| {
             self.request(&self.agent, "DELETE", url)
                 .timeout(REQUEST_TIMEOUT)
@@ -401,7 +402,7 @@ impl Client {
     /// reader, unread. Error answers map as for the other calls. `timeout` bounds the whole call
     /// including reading the body; `None` waits forever (a followed log may stream for hours).
     /// Map read errors with [`read_error`].
-    pub fn get_stream(
+    fn get_stream(
         &self,
         path: &str,
         query: &[(&str, &str)],
@@ -430,7 +431,7 @@ impl Client {
     /// An answer the manager gives before it read the whole body (an error, say) reaches ureq
     /// only as a broken connection once the body no longer fits the socket buffers: that is an
     /// "upload cut off" [`ClientError::Transport`] with a hint of the likely cause.
-    pub fn put_file(&self, path: &str, body: impl Read, length: u64) -> Result<Reply, ClientError> {
+    fn put_file(&self, path: &str, body: impl Read, length: u64) -> Result<Reply, ClientError> {
         // The body is read as it is sent, so it cannot be sent twice: pick a reachable manager
         // first.
         let url = format!("{}{path}", self.bases[self.reachable_base()]);
@@ -456,7 +457,7 @@ impl Client {
     /// with `Content-Length`; a body that ends before its `Content-Length` fails the read). Error
     /// answers map as for the other calls. Each read may wait `TRANSFER_IDLE_TIMEOUT`; the
     /// whole call has no limit. Map read errors with `read_error`.
-    pub fn get_file(&self, path: &str) -> Result<impl Read + Send, ClientError> {
+    fn get_file(&self, path: &str) -> Result<impl Read + Send, ClientError> {
         let (url, res) = self.send(path, |url| self.request(&self.transfer, "GET", url).call());
         match res {
             Ok(resp) => Ok(resp.into_reader()),

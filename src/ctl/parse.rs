@@ -2,8 +2,6 @@
 //! session paths and the sides of `session cp`), used as clap value parsers: their error text is
 //! shown after clap's `invalid value '…' for '--env …'`.
 
-use serde_json::Value;
-
 use crate::model::session::MountSpec;
 
 /// `--env KEY=VALUE`: split at the first `=`; the value may be empty or contain `=`.
@@ -109,11 +107,6 @@ impl Mount {
             name: self.name.clone(),
             permission: Some(permission.to_owned()),
         }
-    }
-
-    /// The API's JSON object for this mount.
-    pub fn to_json(&self) -> Value {
-        serde_json::to_value(self.spec()).expect("a mount serializes")
     }
 }
 
@@ -368,7 +361,8 @@ mod tests {
                 permission: Permission::Ro
             }
         );
-        assert_eq!(m.to_json(), json!({"name": "data", "permission": "ro"}));
+        let wire = |m: &Mount| serde_json::to_value(m.spec()).unwrap();
+        assert_eq!(wire(&m), json!({"name": "data", "permission": "ro"}));
         assert_eq!(mount("d:rw").unwrap().permission, Permission::Rw);
         assert_eq!(
             mount("my-data.v2").unwrap(),
@@ -378,7 +372,7 @@ mod tests {
             }
         );
         assert_eq!(
-            mount("d").unwrap().to_json(),
+            wire(&mount("d").unwrap()),
             json!({"name": "d", "permission": "rw"})
         );
     }

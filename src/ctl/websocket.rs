@@ -209,8 +209,9 @@ mod tests {
         use crate::ctl::testserver::{Answer, Server};
         let body =
             r#"{"error": {"code": "session-not-found", "message": "session `S` not found"}}"#;
-        let server = Server::start(vec![Answer::json(404, body)]);
+        let server = Server::start(vec![Answer::json(404, body), Answer::json(404, body)]);
         let client = Client::new(&server.url).unwrap();
+        let size = crate::model::terminal::TerminalSize { rows: 24, cols: 80 };
         match connect(&client, "/v1/sessions/S/pty?rows=24&cols=80") {
             Err(ClientError::Api(e)) => {
                 assert_eq!((e.status, e.code.as_str()), (404, "session-not-found"))
@@ -218,7 +219,17 @@ mod tests {
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("connected"),
         }
+        // The client's typed route: the same upgrade, its command percent-encoded.
+        match client.terminal("S", size, Some("top -b")) {
+            Err(ClientError::Api(e)) => assert_eq!(e.status, 404),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("connected"),
+        }
         let requests = server.requests();
         assert_eq!(requests[0].line, "GET /v1/sessions/S/pty?rows=24&cols=80");
+        assert_eq!(
+            requests[1].line,
+            "GET /v1/sessions/S/pty?rows=24&cols=80&command=top%20-b"
+        );
     }
 }

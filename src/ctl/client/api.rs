@@ -15,15 +15,17 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{segment, Client, ClientError, Reply, REQUEST_TIMEOUT};
+use super::{segment, segments, Client, ClientError, Reply, REQUEST_TIMEOUT};
+use crate::ctl::websocket::{self, Socket};
 use crate::model::access_key::{AccessKey, AccessKeyList, ChangeBody, NewAccessKey, NewKeyBody};
 use crate::model::agent::{Agent, AgentList, DrainRequest};
 use crate::model::exec::{ExecuteAnswer, ExecuteCall};
-use crate::model::file::FileList;
+use crate::model::file::{FileList, Uploaded};
 use crate::model::health::Health;
 use crate::model::image::{Commit, CommitRequest, PurgeImagesRequest, PurgedImages};
 use crate::model::service::{Service, ServiceList, ServiceStarted};
 use crate::model::session::{NewSession, Session, SessionCreated, SessionList};
+use crate::model::terminal::TerminalSize;
 use crate::model::vfolder::{NewVfolder, Vfolder, VfolderList};
 
 /// How long a commit's `POST` may take (the agent's commit starts within it).
@@ -135,6 +137,25 @@ pub fn logs_path(id: &str) -> String {
 /// The execute route of session `id` (also the URL its errors name).
 pub fn execute_path(id: &str) -> String {
     format!("{}/execute", session_path(id))
+}
+
+/// The route of file `path` (relative to `/home/work`) of session `id`, each segment
+/// percent-encoded (also the URL a download's read errors name).
+pub fn file_path(id: &str, path: &str) -> String {
+    format!("{}/files/{}", session_path(id), segments(path))
+}
+
+fn pty_path(id: &str, size: TerminalSize, command: Option<&str>) -> String {
+    let mut path = format!(
+        "{}/pty?rows={}&cols={}",
+        session_path(id),
+        size.rows,
+        size.cols
+    );
+    if let Some(c) = command {
+        path.push_str(&format!("&command={}", segment(c)));
+    }
+    path
 }
 
 fn service_path(id: &str, name: &str) -> String {
@@ -263,6 +284,42 @@ impl Client {
     pub fn files(&self, id: &str, dir: &str) -> Result<Answer<FileList>, ClientError> {
         self.get(&format!("{}/files", session_path(id)), &[("dir", dir)])
             .map(Answer::of)
+    }
+
+    /// `PUT /v1/sessions/{id}/files/{path}`: `body` as the file, streamed as it is read
+    /// (never held whole) with `Content-Length: length`; at most `length` bytes are sent. The
+    /// call has no overall limit (each read and write of the connection has its idle limit).
+    pub fn upload_file(
+        &self,
+        id: &str,
+        path: &str,
+        body: impl Read,
+        length: u64,
+    ) -> Result<Answer<Uploaded>, ClientError> {
+        self.put_file(&file_path(id, path), body, length)
+            .map(Answer::of)
+    }
+
+    /// `GET /v1/sessions/{id}/files/{path}`: the file's bytes as a reader, unread (any size; a
+    /// body that ends before its `Content-Length` fails the read). Map read errors with
+    /// [`super::read_error`] and the URL of [`file_path`].
+    pub fn download_file(&self, id: &str, path: &str) -> Result<impl Read + Send, ClientError> {
+        self.get_file(&file_path(id, path))
+    }
+
+    /// `GET /v1/sessions/{id}/pty?rows&cols[&command]` upgraded to a WebSocket: a terminal of
+    /// `size` running `command` (else the image's shell).
+    ///
+    /// Errors: [`ClientError::Api`] when the upgrade is answered with an error (404
+    /// `session-not-found`, 409 `session-not-running`, …); [`ClientError::Transport`] when the
+    /// API cannot be reached or TLS fails.
+    pub fn terminal(
+        &self,
+        id: &str,
+        size: TerminalSize,
+        command: Option<&str>,
+    ) -> Result<Socket, ClientError> {
+        websocket::connect(self, &pty_path(id, size, command))
     }
 
     /// `GET /v1/agents`.

@@ -15,20 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::logs::copy_stream;
-use crate::ctl::client::{segment, segments, Client, Reply};
+use crate::ctl::client::{file_path, Answer, Client};
 use crate::ctl::Failure;
-
-/// The API path of file `path` (relative to `/home/work`) of session `id`, each segment
-/// percent-encoded.
-pub fn file_path(id: &str, path: &str) -> String {
-    format!("/v1/sessions/{}/files/{}", segment(id), segments(path))
-}
 
 /// A finished upload.
 #[derive(Debug)]
 pub struct Uploaded {
     /// The manager's answer (`{"path", "size"}`).
-    pub reply: Reply,
+    pub reply: Answer<crate::model::file::Uploaded>,
     /// The session path uploaded to (with the local file name appended where it named a
     /// directory).
     pub path: String,
@@ -63,7 +57,7 @@ pub fn upload(
     } else {
         open_source(local)?
     };
-    let reply = client.put_file(&file_path(id, &path), file, size)?;
+    let reply = client.upload_file(id, &path, file, size)?;
     Ok(Uploaded { reply, path, size })
 }
 
@@ -138,16 +132,15 @@ pub fn download(
     local: &str,
     stdout: &mut impl Write,
 ) -> Result<Downloaded, Failure> {
-    let api_path = file_path(id, path);
-    let url = client.url(&api_path);
+    let url = client.url(&file_path(id, path));
     if local == "-" {
-        let body = client.get_file(&api_path)?;
+        let body = client.download_file(id, path)?;
         return Ok(Downloaded::Stdout(copy_stream(&url, body, stdout)?));
     }
     let target = target_of(local, path)?;
     // The temporary file first: a local problem shows before anything is asked of the manager.
     let mut partial = Partial::create(&target)?;
-    let body = client.get_file(&api_path)?;
+    let body = client.download_file(id, path)?;
     let size = copy_stream(&url, body, &mut partial.file).map_err(|f| match f {
         Failure::Io(e) => Failure::Local(format!("writing {}: {e}", partial.path.display())),
         other => other,

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use tungstenite::Message;
 
-use crate::ctl::client::segment;
-use crate::ctl::websocket::{self, Socket};
+use crate::ctl::websocket::Socket;
 use crate::ctl::{Client, ClientError, Failure};
 use crate::model::terminal::{ClientControl, ServerControl, TerminalSize};
 
@@ -40,16 +39,7 @@ pub(super) fn run(client: &Client, id: &str, command: Option<&str>) -> Result<i3
     }
     let fd = stdin.as_raw_fd();
     let size = window_size(fd).unwrap_or(TerminalSize { rows: 24, cols: 80 });
-    let mut path = format!(
-        "/v1/sessions/{}/pty?rows={}&cols={}",
-        segment(id),
-        size.rows,
-        size.cols
-    );
-    if let Some(c) = command {
-        path.push_str(&format!("&command={}", segment(c)));
-    }
-    let mut socket = websocket::connect(client, &path)?;
+    let mut socket = client.terminal(id, size, command)?;
     let (winch, winch_pipe) = UnixStream::pair()?;
     winch.set_nonblocking(true)?;
     let signal = signal_hook::low_level::pipe::register(signal_hook::consts::SIGWINCH, winch_pipe)?;

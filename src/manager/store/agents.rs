@@ -1,15 +1,17 @@
 //! Agent rows: written behind the registry, which owns liveness in memory.
 
 use sqlx::any::AnyRow;
-use sqlx::{Any, FromRow as _, Row, Transaction};
+use sqlx::{Any, FromRow as _, Transaction};
 
-use super::columns::{legacy_columns, slots_column};
+use super::columns::{legacy_columns, IntFlag, JsonText, TotalSlotColumns};
 use super::{now, KernelRow, Store, StoreError};
 use crate::manager::registry::liveness::AgentStatus;
 use crate::slots::{ResourceSlots, SlotTypes};
 
-/// One agent row: liveness, address, and its slots in total with their types.
-#[derive(Clone, Debug, PartialEq)]
+/// One agent row: liveness, address, and its slots in total with their types (`sqlx::FromRow`
+/// over the columns of `SELECT`; the status is a TEXT column of its name, the slots' JSON and the
+/// flags read as `columns.rs` says).
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct AgentRow {
     /// Agent id.
     pub id: String,
@@ -24,9 +26,13 @@ pub struct AgentRow {
     /// Agent version.
     pub version: Option<String>,
     /// Every slot it has in total, from its heartbeats (`cpu` cores, `mem` bytes, accelerator
-    /// slots in their units).
+    /// slots in their units); stored as JSON, or in the old columns by rows from before
+    /// `0005_resource_slots`.
+    #[sqlx(flatten, try_from = "TotalSlotColumns")]
     pub slots_total: ResourceSlots,
-    /// The types of its slots (`slot_key_and_units`, with the built-ins).
+    /// The types of its slots (`slot_key_and_units`, with the built-ins); the built-ins alone
+    /// when the stored text does not parse.
+    #[sqlx(try_from = "JsonText")]
     pub slot_types: SlotTypes,
     /// Unix seconds of its newest heartbeat (the agent's clock).
     pub last_heartbeat: Option<f64>,
@@ -35,9 +41,11 @@ pub struct AgentRow {
     /// Unix seconds of its last status change.
     pub status_changed: f64,
     /// Whether it takes new sessions (`false`: cordoned; Backend.AI's `schedulable`).
+    #[sqlx(try_from = "IntFlag")]
     pub schedulable: bool,
     /// Whether it is being drained (cordoned; its sessions end by themselves or at
     /// `drain_deadline`).
+    #[sqlx(try_from = "IntFlag")]
     pub draining: bool,
     /// Unix seconds at which a drain terminates its remaining sessions (`agent-drained`);
     /// `None` without a deadline.
@@ -70,29 +78,6 @@ impl AgentRow {
 
     fn from_rows(rows: &[AnyRow]) -> Result<Vec<AgentRow>, sqlx::Error> {
         rows.iter().map(AgentRow::from_row).collect()
-    }
-
-    fn from_row(r: &AnyRow) -> Result<AgentRow, sqlx::Error> {
-        Ok(AgentRow {
-            id: r.try_get("id")?,
-            status: r.try_get("status")?,
-            addr: r.try_get("addr")?,
-            public_key: r.try_get("public_key")?,
-            region: r.try_get("region")?,
-            version: r.try_get("version")?,
-            slots_total: slots_column(r, "slots_total")?,
-            slot_types: {
-                let text: String = r.try_get("slot_types")?;
-                serde_json::from_str(&text)
-                    .unwrap_or_else(|_| crate::manager::registry::heartbeat::slot_types(None))
-            },
-            last_heartbeat: r.try_get("last_heartbeat")?,
-            seen_at: r.try_get("seen_at")?,
-            status_changed: r.try_get("status_changed")?,
-            schedulable: r.try_get::<i64, _>("schedulable")? != 0,
-            draining: r.try_get::<i64, _>("draining")? != 0,
-            drain_deadline: r.try_get("drain_deadline")?,
-        })
     }
 }
 
@@ -445,5 +430,53 @@ mod tests {
         assert_eq!(row.slots_total, slots);
         assert_eq!(row.last_heartbeat, Some(100.0));
         assert_eq!(row.seen_at, 105.0);
+    }
+
+    /// A row read back as written: slots and types through their JSON, the flags through their
+    /// integers, a deadline and no heartbeat (NULL); slot types that do not parse read as the
+    /// built-ins.
+    #[actix_rt::test]
+    async fn a_row_reads_back_typed() {
+        let (_dir, store) = crate::manager::store::test_store_with_key().await;
+        let slots: ResourceSlots = [
+            ("cpu".to_owned(), Amount::from_units(8)),
+            ("mem".to_owned(), Amount::from_units(1 << 32)),
+            ("cuda.shares".to_owned(), Amount::from_milli(2500)),
+        ]
+        .into_iter()
+        .collect();
+        let mut types = crate::manager::registry::heartbeat::slot_types(None);
+        types.insert("cuda.shares".into(), crate::slots::SlotType::Count);
+        let mut row = AgentRow::alive("a", slots, types);
+        row.addr = Some("tcp://10.0.0.2:6001".into());
+        row.seen_at = 7.0;
+        store.save_agents(&[row.clone()]).await.unwrap();
+        let drained = store.drain_agent("a", Some(50.0)).await.unwrap().unwrap();
+        assert!(!drained.schedulable && drained.draining);
+        assert_eq!(drained.drain_deadline, Some(50.0));
+        let back = store.agent("a").await.unwrap().unwrap();
+        assert_eq!(back.last_heartbeat, None);
+        assert_eq!(
+            AgentRow {
+                status_changed: row.status_changed,
+                ..back.clone()
+            },
+            AgentRow {
+                schedulable: false,
+                draining: true,
+                drain_deadline: Some(50.0),
+                status_changed: row.status_changed,
+                ..row
+            }
+        );
+
+        sqlx::query("UPDATE agents SET slot_types = 'nope' WHERE id = 'a'")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.agent("a").await.unwrap().unwrap().slot_types,
+            crate::manager::registry::heartbeat::slot_types(None)
+        );
     }
 }

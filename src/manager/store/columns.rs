@@ -7,8 +7,10 @@
 //!   row's decoding;
 //! - JSON columns ([`JsonText`], [`NullableJsonText`]) read leniently, as the API always read
 //!   them: text that does not parse reads as the type's default (`None` for a nullable one);
-//! - slots ([`SlotColumns`]) are stored as JSON (`0005_resource_slots`), with the columns from
-//!   before it still written and read for rows that predate it.
+//! - slots ([`SlotColumns`], an agent's [`TotalSlotColumns`]) are stored as JSON
+//!   (`0005_resource_slots`), with the columns from before it still written and read for rows
+//!   that predate it;
+//! - flags ([`IntFlag`]) are INTEGER columns of 0 or 1 (what both databases store alike).
 
 use sqlx::any::{Any, AnyRow, AnyTypeInfo};
 use sqlx::encode::IsNull;
@@ -21,7 +23,7 @@ use crate::model::queue::PendingReason;
 use crate::model::session::{
     KernelStatus, RestartPolicy, SessionMount, SessionResult, SessionType,
 };
-use crate::slots::{Amount, ResourceSlots};
+use crate::slots::{Amount, ResourceSlots, SlotTypes};
 
 /// A stored name that is none of its column's values (the row fails to decode).
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +142,38 @@ macro_rules! json_columns {
 
 json_columns!(Vec<SessionMount>, RestartPolicy; PullProgress, PendingReason);
 
+/// An agent's slot types (`slot_key_and_units`): text that does not parse reads as the built-in
+/// slots rather than none, since an agent without `cpu` and `mem` types could take no session.
+impl From<JsonText> for SlotTypes {
+    fn from(j: JsonText) -> SlotTypes {
+        serde_json::from_str(&j.0)
+            .unwrap_or_else(|_| crate::manager::registry::heartbeat::slot_types(None))
+    }
+}
+
+/// An INTEGER column of a flag (0: false, anything else: true), as read, for
+/// `#[sqlx(try_from = "IntFlag")]` of a `bool` field: the agents table stores its flags as
+/// integers, which `Any` does not decode as `bool` on SQLite.
+pub(super) struct IntFlag(i64);
+
+impl Type<Any> for IntFlag {
+    fn type_info() -> AnyTypeInfo {
+        <i64 as Type<Any>>::type_info()
+    }
+}
+
+impl<'r> Decode<'r, Any> for IntFlag {
+    fn decode(value: <Any as Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        <i64 as Decode<'r, Any>>::decode(value).map(IntFlag)
+    }
+}
+
+impl From<IntFlag> for bool {
+    fn from(f: IntFlag) -> bool {
+        f.0 != 0
+    }
+}
+
 /// A JSON column's text as written: `value` serialized (`fallback` in the unreachable case
 /// that it does not serialize).
 pub(super) fn json_text<T: serde::Serialize>(value: &T, fallback: &str) -> String {
@@ -167,11 +201,48 @@ impl TryFrom<SlotColumns> for ResourceSlots {
     ///
     /// Errors: JSON that is no slots.
     fn try_from(c: SlotColumns) -> Result<ResourceSlots, serde_json::Error> {
-        if c.resource_slots.is_empty() {
-            return Ok(legacy_slots(c.cpu_millis, c.mem_bytes, c.cuda_devices));
-        }
-        serde_json::from_str(&c.resource_slots)
+        stored_slots(&c.resource_slots, c.cpu_millis, c.mem_bytes, c.cuda_devices)
     }
+}
+
+/// An agent row's total slots as stored: `slots_total` (JSON) and the columns from before
+/// `0005_resource_slots`, for `#[sqlx(flatten, try_from = "TotalSlotColumns")]` (as
+/// [`SlotColumns`], under the agents table's name for the JSON column).
+#[derive(sqlx::FromRow)]
+pub(super) struct TotalSlotColumns {
+    /// JSON slots; `''` in a row from before `0005_resource_slots`.
+    slots_total: String,
+    /// Millicores (old column).
+    cpu_millis: i64,
+    /// Bytes (old column).
+    mem_bytes: i64,
+    /// Whole `cuda.device`s (old column).
+    cuda_devices: i64,
+}
+
+impl TryFrom<TotalSlotColumns> for ResourceSlots {
+    type Error = serde_json::Error;
+
+    /// The JSON slots, or (`''`) the old columns'.
+    ///
+    /// Errors: JSON that is no slots.
+    fn try_from(c: TotalSlotColumns) -> Result<ResourceSlots, serde_json::Error> {
+        stored_slots(&c.slots_total, c.cpu_millis, c.mem_bytes, c.cuda_devices)
+    }
+}
+
+/// Slots from their JSON text, or (`''`, a row from before `0005_resource_slots`) from the old
+/// columns' values.
+fn stored_slots(
+    json: &str,
+    cpu_millis: i64,
+    mem_bytes: i64,
+    cuda_devices: i64,
+) -> Result<ResourceSlots, serde_json::Error> {
+    if json.is_empty() {
+        return Ok(legacy_slots(cpu_millis, mem_bytes, cuda_devices));
+    }
+    serde_json::from_str(json)
 }
 
 /// Slots from the columns written before `0005_resource_slots` (millicores, bytes, devices);
