@@ -155,7 +155,8 @@ pub async fn describe(ctx: &AgentContext, desc: &ContainerDescription) -> Dangli
     k
 }
 
-/// The kernel's config and resources from its description, or why not.
+/// The kernel's config from its description and its resources stage by stage
+/// (`stages::rebuild_all`, each stage's `KernelStage::rebuild`), or why not.
 fn rebuild(
     ctx: &AgentContext,
     k: &DanglingKernel,
