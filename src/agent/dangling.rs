@@ -24,16 +24,14 @@ use std::sync::Arc;
 
 use actix::Addr;
 
-use super::backend::{labels, Bind, ContainerDescription, ImageInfo};
+use super::backend::{labels, ContainerDescription, ImageInfo};
 use super::context::AgentContext;
 pub use super::dangling_table::{DanglingKernel, DanglingTable, Rebuilt};
 use super::events::AgentEvent;
 use super::kernel::config::{check_kernel_id, Injection, ServicePortRequest};
 use super::kernel::stages::scratch::{remove_scratch, scratch_path};
-use super::kernel::stages::{service_ports, ContainerHandle, ScratchDir};
-use super::kernel::{
-    KernelConfig, KernelError, KernelInfo, KernelResources, KernelStatus, Owner, SessionType,
-};
+use super::kernel::stages::{rebuild_all, Found};
+use super::kernel::{KernelConfig, KernelError, KernelInfo, KernelStatus, Owner, SessionType};
 use super::registry::{Adopt, GetKernel, KernelRegistry, Reconcile};
 use super::resources::{SlotAllocation, SlotRequest};
 use crate::rpc::{ErrorMeta, Failure};
@@ -157,7 +155,8 @@ pub async fn describe(ctx: &AgentContext, desc: &ContainerDescription) -> Dangli
     k
 }
 
-/// The kernel's config and resources from its description, or why not.
+/// The kernel's config from its description and its resources stage by stage
+/// (`stages::rebuild_all`, each stage's `KernelStage::rebuild`), or why not.
 fn rebuild(
     ctx: &AgentContext,
     k: &DanglingKernel,
@@ -178,30 +177,16 @@ fn rebuild(
             "service container port {c} is not published on a host port"
         ));
     }
-    let work = spec
-        .binds
-        .iter()
-        .find(|b| b.container_path == "/home/work")
-        .ok_or("no scratch bind on /home/work")?;
-    let c = &ctx.config.container;
-    let expected = scratch_path(&c.scratch_root, &k.kernel_id).map_err(|e| e.to_string())?;
-    let scratch = ScratchDir {
-        path: expected.clone(),
-        tmpfs: c.scratch_size.is_some(),
-    };
-    if std::path::Path::new(&work.host_path) != scratch.work_dir() {
-        return Err(format!(
-            "its /home/work is {}, not this agent's scratch directory {}",
-            work.host_path,
-            scratch.work_dir().display()
-        ));
-    }
-    let mounts: Vec<Bind> = spec
-        .binds
-        .iter()
-        .filter(|b| b.container_path != "/home/work" && b.container_path != "/home/config")
-        .cloned()
-        .collect();
+    let resources = rebuild_all(&Found {
+        kernel_id: &k.kernel_id,
+        desc,
+        image: &image,
+        slots: &k.slots,
+        host_ports: &k.host_ports,
+        service_host_ports,
+        service_ports: &requests,
+        container: &ctx.config.container,
+    })?;
     let ours = [
         "BACKEND_KERNEL_ID",
         "BACKEND_SESSION_ID",
@@ -219,11 +204,12 @@ fn rebuild(
         _ => None,
     };
     let config = KernelConfig {
-        image: image.id.clone(),
+        image: resources.image.id.clone(),
         slots: k.slots.slots.clone(),
         shmem: spec.shm_size.map(|s| s.max(0) as u64),
         environ,
-        mounts: mounts
+        mounts: resources
+            .mounts
             .iter()
             .map(|b| {
                 let under_work = b.container_path.strip_prefix("/home/work/");
@@ -237,7 +223,7 @@ fn rebuild(
                 }
             })
             .collect(),
-        service_ports: requests.clone(),
+        service_ports: requests,
         owner: k.owner.clone(),
         // Labels from before these existed read as the defaults.
         session_type: match spec.labels.get(labels::SESSION_TYPE).map(String::as_str) {
@@ -262,18 +248,6 @@ fn rebuild(
         idle_timeout: None,
         cluster_hostname: None,
         image_config: None,
-    };
-    let resources = KernelResources {
-        image,
-        slots: k.slots.clone(),
-        service_ports: service_ports::assign(&requests, &k.host_ports[..service_host_ports]),
-        ports: k.host_ports.clone(),
-        scratch,
-        mounts,
-        container: ContainerHandle {
-            id: desc.id.clone(),
-            name: spec.name.clone(),
-        },
     };
     Ok(Rebuilt { config, resources })
 }

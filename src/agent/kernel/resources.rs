@@ -1,35 +1,12 @@
-//! What each stage of a kernel holds once set up, as plain data: the store persists it, the
-//! dangling table and the agent's services read it, none of them needing the stages' code or
-//! the agent context (which is why it lives apart from the stage files, each of which
-//! re-exports its own).
+//! What some stages of a kernel hold once set up, as plain data: the store persists it (in
+//! [`KernelResources`](super::KernelResources), one field per stage), the dangling table and
+//! the agent's services read it, none of them needing the stages' code or the agent context
+//! (which is why it lives apart from the stage files, each of which re-exports its own).
 
 use std::path::PathBuf;
 
 use rmpv::Value;
 use serde::{Deserialize, Serialize};
-
-use crate::agent::backend::{Bind, ImageInfo};
-use crate::agent::resources::SlotAllocation;
-
-/// Every stage's resource of a set-up kernel, as persisted in the store and re-adopted on
-/// restart. Field names are the JSON layout of `resources_version` 1.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct KernelResources {
-    /// `image` stage.
-    pub image: ImageInfo,
-    /// `slots` stage.
-    pub slots: SlotAllocation,
-    /// `ports` stage.
-    pub ports: Vec<u16>,
-    /// `scratch` stage.
-    pub scratch: ScratchDir,
-    /// `mounts` stage.
-    pub mounts: Vec<Bind>,
-    /// `container` stage.
-    pub container: ContainerHandle,
-    /// `service-ports` stage.
-    pub service_ports: Vec<ServicePortInfo>,
-}
 
 /// A created and started container.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use actors::{BoxError, Provisioner, Resources, StageKey, StageTreeBuilder};
 
-use super::{KernelStage, Plan, ScratchDir, IMAGE, MOUNTS, PORTS, SCRATCH, SLOTS};
+use super::{Found, KernelStage, Plan, ScratchDir, IMAGE, MOUNTS, PORTS, SCRATCH, SLOTS};
 use super::Injected;
 use crate::agent::accelerators::ContainerConfig;
 use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
@@ -302,6 +302,14 @@ impl KernelStage for ContainerStage {
             r.of(SCRATCH)?,
             r.of(MOUNTS)?,
         ))
+    }
+
+    /// The container itself, by its engine id and name.
+    fn rebuild(found: &Found<'_>) -> Result<ContainerHandle, String> {
+        Ok(ContainerHandle {
+            id: found.desc.id.clone(),
+            name: found.desc.spec.name.clone(),
+        })
     }
 
     /// A watched stage: the watcher reports the container's exits and health

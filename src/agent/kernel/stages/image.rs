@@ -8,7 +8,7 @@
 
 use actors::{BoxError, Provisioner, Resources, StageKey};
 
-use super::{KernelStage, Plan};
+use super::{Found, KernelStage, Plan};
 
 use crate::agent::backend::ImageInfo;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
@@ -73,5 +73,10 @@ impl KernelStage for ImageStage {
     /// The config's image reference.
     fn spec(plan: &Plan, _: &Resources<'_>) -> Result<String, BoxError> {
         Ok(plan.config.image.clone())
+    }
+
+    /// The container's image as the engine inspects it now.
+    fn rebuild(found: &Found<'_>) -> Result<ImageInfo, String> {
+        Ok(found.image.clone())
     }
 }

@@ -5,19 +5,23 @@
 //! Each stage is declared once, in its own file: its provisioner, its typed key, and its
 //! [`KernelStage`] impl (how its spec is built from the config and the stages before it).
 //! [`kernel_stages!`] below is the one ordered list of them: the modules, the stage names
-//! ([`STAGES`]), and what `tree.rs` builds, rebuilds (from the persisted [`KernelResources`],
-//! whose field per stage is named as the stage's module) and collects all come from it.
+//! ([`STAGES`]), the persisted [`KernelResources`] (one field per stage, named as its module),
+//! and what `tree.rs` builds, rebuilds from it and collects, and what recovery rebuilds for a
+//! dangling container ([`rebuild_all`]) all come from it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Recipient;
 use actors::{BoxError, Detached, Provisioner, Resources, StageTreeBuilder};
+use serde::{Deserialize, Serialize};
 
 use super::config::{Injection, ServicePortRequest};
 use super::messages::{ContainerEnded, StagesChanged};
-use super::{KernelConfig, KernelError, KernelHandle, KernelResources};
-use crate::agent::backend::ImageInfo;
+use super::{KernelConfig, KernelError, KernelHandle};
+use crate::agent::backend::{ContainerDescription, ImageInfo};
+use crate::agent::resources::SlotAllocation;
+use crate::config::ContainerSection;
 
 /// Where the kernel's stages report to its actor.
 #[derive(Clone)]
@@ -93,6 +97,30 @@ impl Plan {
     }
 }
 
+/// What recovery read off a dangling container (one this agent's store does not know,
+/// `crate::agent::dangling`), checked as far as the kernel's identity and service ports: the
+/// one view every stage's [`KernelStage::rebuild`] rebuilds its resource from.
+pub struct Found<'a> {
+    /// The kernel's id (its `ai.backend.kernel-id` label, checked).
+    pub kernel_id: &'a str,
+    /// The engine's description of the container.
+    pub desc: &'a ContainerDescription,
+    /// Its image as the engine inspects it now (labels empty if the image went).
+    pub image: &'a ImageInfo,
+    /// The slots and devices it holds (from its labels, else its `HostConfig` limits).
+    pub slots: &'a SlotAllocation,
+    /// Every host port it publishes: the service ports' first, in service-port order (the
+    /// order the ports stage allocated them), then any other.
+    pub host_ports: &'a [u16],
+    /// How many of `host_ports` are the service ports'.
+    pub service_host_ports: usize,
+    /// Its service ports (its `ai.backend.service-ports` label), each container port
+    /// published on a host port.
+    pub service_ports: &'a [ServicePortRequest],
+    /// This agent's `[container]` section (where its scratch directories are).
+    pub container: &'a ContainerSection,
+}
+
 /// One resource stage of a kernel: its provisioner plus how the kernel's tree makes it and
 /// feeds it. Its typed key and its place in the order are its line in [`kernel_stages!`].
 pub trait KernelStage: Provisioner<Resource: Clone> + Send + Sync + Sized {
@@ -101,6 +129,13 @@ pub trait KernelStage: Provisioner<Resource: Clone> + Send + Sync + Sized {
 
     /// The stage's spec from the plan and the resources of the stages before it.
     fn spec(plan: &Plan, earlier: &Resources<'_>) -> Result<Self::Spec, BoxError>;
+
+    /// The stage's resource as a dangling container `found` holds it, to adopt it with; pure
+    /// (touches neither the engine nor the allocators: recovery reserves what it holds).
+    ///
+    /// Errors: why the container cannot be adopted as a kernel of this agent (the
+    /// `KernelNotAdoptable` message).
+    fn rebuild(found: &Found<'_>) -> Result<Self::Resource, String>;
 
     /// Appends the stage to the kernel's tree (with the kernel's test-only injection); a stage
     /// that watches its resource overrides this to add itself as a watched stage.
@@ -114,15 +149,38 @@ pub trait KernelStage: Provisioner<Resource: Clone> + Send + Sync + Sized {
 }
 
 /// The one ordered list of stages: `module::{Provisioner, KEY}` per line, in setup order (the
-/// `rest_for_one` order). The module's name is the stage's field in [`KernelResources`]
-/// (`resources.rs`: the persisted JSON layout, kept as a plain struct so that the store and
-/// the dangling table need no stage code).
+/// `rest_for_one` order). The module's name is the stage's field in [`KernelResources`], which
+/// the attributes before a line go on (`#[serde(default)]` for a stage added after agents
+/// already persisted rows without it).
 macro_rules! kernel_stages {
-    ($($module:ident::{$stage:ident, $key:ident}),+ $(,)?) => {
+    ($($(#[$attr:meta])* $module:ident::{$stage:ident, $key:ident}),+ $(,)?) => {
         $(
             pub mod $module;
             pub use $module::{$stage, $key};
         )+
+
+        /// Every stage's resource of a set-up kernel, as persisted in the store and re-adopted
+        /// on restart: one field per stage, named as its module, in setup order. The field
+        /// names and order are the JSON layout of `resources_version` 1 (`store.rs`). Plain
+        /// data: the store and the dangling table read it without running any stage.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        pub struct KernelResources {
+            $(
+                #[doc = concat!("The `", stringify!($module), "` stage's resource.")]
+                $(#[$attr])*
+                pub $module: <$stage as Provisioner>::Resource,
+            )+
+        }
+
+        /// Every stage's resource as the dangling container `found` holds it, stage by stage in
+        /// setup order ([`KernelStage::rebuild`]).
+        ///
+        /// Errors: the first stage's reason the container cannot be adopted.
+        pub fn rebuild_all(found: &Found<'_>) -> Result<KernelResources, String> {
+            Ok(KernelResources {
+                $($module: <$stage as KernelStage>::rebuild(found)?,)+
+            })
+        }
 
         /// Stage names, in setup order: the chain's names, metric labels and error prefixes.
         pub const STAGES: [&str; [$(stringify!($module)),+].len()] = [$($key.name()),+];
@@ -160,3 +218,61 @@ kernel_stages! {
 pub use container::{container_spec, recreate_container, ContainerHandle};
 pub use scratch::{ScratchDir, ScratchSpec};
 pub use service_ports::ServicePortInfo;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::backend::Bind;
+
+    fn json<T: Serialize>(v: &T) -> String {
+        serde_json::to_string(v).expect("serializes")
+    }
+
+    /// The generated struct keeps the persisted layout of `resources_version` 1: the store's
+    /// rows name the stages' fields in this order, and older rows must still load.
+    #[test]
+    fn kernel_resources_keep_the_persisted_layout() {
+        let r = KernelResources {
+            image: ImageInfo {
+                id: "sha256:1".into(),
+                reference: "python:3".into(),
+                labels: Default::default(),
+            },
+            slots: SlotAllocation::default(),
+            ports: vec![30000, 30001],
+            scratch: ScratchDir {
+                path: "/s/k".into(),
+                tmpfs: false,
+            },
+            mounts: vec![Bind {
+                host_path: "/v".into(),
+                container_path: "/home/work/v".into(),
+                read_only: true,
+            }],
+            container: ContainerHandle {
+                id: "c1".into(),
+                name: "kernel.k".into(),
+            },
+            service_ports: vec![ServicePortInfo {
+                name: "p".into(),
+                protocol: "tcp".into(),
+                container_ports: vec![8000],
+                host_ports: vec![30000],
+            }],
+        };
+        let whole = json(&r);
+        let expected = format!(
+            "{{\"image\":{},\"slots\":{},\"ports\":{},\"scratch\":{},\"mounts\":{},\"container\":{},\"service_ports\":{}}}",
+            json(&r.image),
+            json(&r.slots),
+            json(&r.ports),
+            json(&r.scratch),
+            json(&r.mounts),
+            json(&r.container),
+            json(&r.service_ports),
+        );
+        assert_eq!(whole, expected);
+        let back: KernelResources = serde_json::from_str(&whole).expect("loads back");
+        assert_eq!(back, r);
+    }
+}

@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 
 use actors::{BoxError, Provisioner, Resources, StageKey};
 
-use super::{KernelStage, Plan};
+use super::{Found, KernelStage, Plan};
 
 use crate::agent::backend::Bind;
 use crate::agent::kernel::config::{check_mount_name, MountRequest};
@@ -56,6 +56,18 @@ impl KernelStage for MountStage {
     /// The config's vfolders.
     fn spec(plan: &Plan, _: &Resources<'_>) -> Result<Vec<MountRequest>, BoxError> {
         Ok(plan.config.mounts.clone())
+    }
+
+    /// The container's binds but the scratch directory's (`/home/work`, `/home/config`).
+    fn rebuild(found: &Found<'_>) -> Result<Vec<Bind>, String> {
+        Ok(found
+            .desc
+            .spec
+            .binds
+            .iter()
+            .filter(|b| b.container_path != "/home/work" && b.container_path != "/home/config")
+            .cloned()
+            .collect())
     }
 }
 

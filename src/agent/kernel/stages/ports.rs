@@ -2,7 +2,7 @@
 
 use actors::{BoxError, Provisioner, Resources, StageKey};
 
-use super::{KernelStage, Plan, IMAGE};
+use super::{Found, KernelStage, Plan, IMAGE};
 
 use crate::agent::kernel::{KernelError, KernelHandle};
 
@@ -68,5 +68,10 @@ impl KernelStage for PortStage {
     fn spec(plan: &Plan, r: &Resources<'_>) -> Result<usize, BoxError> {
         let all = plan.service_ports(r.of(IMAGE)?)?;
         Ok(all.iter().map(|s| s.container_ports.len()).sum::<usize>())
+    }
+
+    /// Every host port the container publishes: all of them are its while it runs.
+    fn rebuild(found: &Found<'_>) -> Result<Vec<u16>, String> {
+        Ok(found.host_ports.to_vec())
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use actors::{BoxError, Provisioner, Resources, StageKey};
 
-use super::{KernelStage, Plan, PORTS, SLOTS};
+use super::{Found, KernelStage, Plan, PORTS, SLOTS};
 
 pub use crate::agent::kernel::resources::ScratchDir;
 use crate::agent::kernel::{KernelError, KernelHandle};
@@ -171,5 +171,30 @@ impl KernelStage for ScratchStage {
             environ: super::container::environ(&plan.handle, alloc),
             resources,
         })
+    }
+
+    /// This agent's scratch directory for the kernel, which the container's `/home/work` must
+    /// be: a container bound elsewhere is not one this agent's stages made.
+    fn rebuild(found: &Found<'_>) -> Result<ScratchDir, String> {
+        let work = found
+            .desc
+            .spec
+            .binds
+            .iter()
+            .find(|b| b.container_path == "/home/work")
+            .ok_or("no scratch bind on /home/work")?;
+        let c = found.container;
+        let scratch = ScratchDir {
+            path: scratch_path(&c.scratch_root, found.kernel_id).map_err(|e| e.to_string())?,
+            tmpfs: c.scratch_size.is_some(),
+        };
+        if Path::new(&work.host_path) != scratch.work_dir() {
+            return Err(format!(
+                "its /home/work is {}, not this agent's scratch directory {}",
+                work.host_path,
+                scratch.work_dir().display()
+            ));
+        }
+        Ok(scratch)
     }
 }

@@ -2,7 +2,7 @@
 
 use actors::{BoxError, Provisioner, Resources, StageKey};
 
-use super::{KernelStage, Plan, CONTAINER, IMAGE, PORTS};
+use super::{Found, KernelStage, Plan, CONTAINER, IMAGE, PORTS};
 
 use crate::agent::kernel::config::ServicePortRequest;
 pub use crate::agent::kernel::resources::ServicePortInfo;
@@ -91,5 +91,13 @@ impl KernelStage for ServicePortStage {
         let container = r.of(CONTAINER)?;
         let all = plan.service_ports(r.of(IMAGE)?)?;
         Ok((container.id.clone(), assign(&all, r.of(PORTS)?)))
+    }
+
+    /// The container's service ports paired with the host ports they are published on.
+    fn rebuild(found: &Found<'_>) -> Result<Vec<ServicePortInfo>, String> {
+        Ok(assign(
+            found.service_ports,
+            &found.host_ports[..found.service_host_ports],
+        ))
     }
 }

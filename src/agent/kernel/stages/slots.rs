@@ -2,7 +2,7 @@
 
 use actors::{BoxError, Provisioner, Resources, StageKey};
 
-use super::{KernelStage, Plan};
+use super::{Found, KernelStage, Plan};
 
 use crate::agent::kernel::{KernelError, KernelHandle};
 use crate::agent::resources::SlotAllocation;
@@ -55,5 +55,10 @@ impl KernelStage for SlotStage {
     /// The config's slots.
     fn spec(plan: &Plan, _: &Resources<'_>) -> Result<ResourceSlots, BoxError> {
         Ok(plan.config.slots.clone())
+    }
+
+    /// The slots and devices the container is described with.
+    fn rebuild(found: &Found<'_>) -> Result<SlotAllocation, String> {
+        Ok(found.slots.clone())
     }
 }
