@@ -161,6 +161,11 @@ impl KernelStatus {
             KernelStatus::Terminated | KernelStatus::Cancelled => 7,
         }
     }
+
+    /// Being destroyed or ended: `TERMINATING`, `TERMINATED` or `CANCELLED` (by [`Self::rank`]).
+    pub fn is_ending(self) -> bool {
+        self.rank() >= KernelStatus::Terminating.rank()
+    }
 }
 
 impl std::fmt::Display for KernelStatus {

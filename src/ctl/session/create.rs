@@ -394,28 +394,14 @@ mod tests {
 
     #[test]
     fn malformed_env_and_mount_are_usage_errors() {
-        let base = [
-            "session",
-            "create",
-            "--image",
-            "i",
-            "--cpu",
-            "1",
-            "--mem",
-            "1g",
-            "--access-key",
-            "AK",
-        ];
-        let err = parse(&[&base[..], &["--env", "NOEQUALS"]].concat())
-            .err()
-            .unwrap();
+        let err = create(&["--env", "NOEQUALS"]).err().unwrap();
         assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
         let text = err.to_string();
         assert!(
             text.contains("NOEQUALS") && text.contains("expected KEY=VALUE"),
             "{text}"
         );
-        let text = parse(&[&base[..], &["--mount", "data=/vfroot/data"]].concat())
+        let text = create(&["--mount", "data=/vfroot/data"])
             .err()
             .unwrap()
             .to_string();

@@ -600,18 +600,7 @@ impl Creation {
                     true => None,
                     false => store.kernel(&kernel_id).await?,
                 };
-                let gone = |k: &KernelRow| match k.status {
-                    KernelStatus::Terminating
-                    | KernelStatus::Terminated
-                    | KernelStatus::Cancelled => true,
-                    KernelStatus::Pending
-                    | KernelStatus::Scheduled
-                    | KernelStatus::Preparing
-                    | KernelStatus::Pulling
-                    | KernelStatus::Creating
-                    | KernelStatus::Running
-                    | KernelStatus::Restarting => false,
-                };
+                let gone = |k: &KernelRow| k.status.is_ending();
                 if let Some(k) = row.filter(gone) {
                     // Deleted while it was being created (a `PULLING` session deleted, a
                     // destroy the agent refused mid-create), or ended by the reconcile sweep
