@@ -29,5 +29,5 @@ pub use actor::Kernel;
 pub use config::{KernelConfig, Owner, SessionType};
 pub use error::KernelError;
 pub use handle::KernelHandle;
-pub use stages::KernelResources;
+pub use resources::KernelResources;
 pub use status::{KernelInfo, KernelStatus};

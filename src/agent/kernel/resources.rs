@@ -1,12 +1,56 @@
-//! What some stages of a kernel hold once set up, as plain data: the store persists it (in
-//! [`KernelResources`](super::KernelResources), one field per stage), the dangling table and
-//! the agent's services read it, none of them needing the stages' code or the agent context
-//! (which is why it lives apart from the stage files, each of which re-exports its own).
+//! What the stages of a kernel hold once set up, as plain data: the store persists it
+//! ([`KernelResources`], one field per stage), the dangling table and the agent's services read
+//! it, none of them needing the stages' code or the agent context (which is why it lives apart
+//! from the stage files, each of which re-exports its own). The one list of stages is here too
+//! ([`with_kernel_stages!`]), so that this plain data and the stages come from the same lines.
 
 use std::path::PathBuf;
 
 use rmpv::Value;
 use serde::{Deserialize, Serialize};
+
+use crate::agent::backend::{Bind, ImageInfo};
+use crate::agent::resources::SlotAllocation;
+
+/// The one ordered list of a kernel's resource stages, in setup (`rest_for_one`) order, handed
+/// to `$callback`: per line, the stage's module under `stages/` (its field in
+/// [`KernelResources`]), its resource type, its provisioner and its key. Attributes before a
+/// line go on its field (`#[serde(default)]` for a stage added after agents already persisted
+/// rows without it). A new stage is its file under `stages/` plus one line here
+/// (`docs/layout.md`, "How to add").
+macro_rules! with_kernel_stages {
+    ($callback:ident) => {
+        $callback! {
+            image: ImageInfo => ImageStage, IMAGE;
+            slots: SlotAllocation => SlotStage, SLOTS;
+            ports: Vec<u16> => PortStage, PORTS;
+            scratch: ScratchDir => ScratchStage, SCRATCH;
+            mounts: Vec<Bind> => MountStage, MOUNTS;
+            container: ContainerHandle => ContainerStage, CONTAINER;
+            service_ports: Vec<ServicePortInfo> => ServicePortStage, SERVICE_PORTS;
+        }
+    };
+}
+pub(crate) use with_kernel_stages;
+
+/// [`KernelResources`] from the list.
+macro_rules! kernel_resources {
+    ($($(#[$attr:meta])* $module:ident: $resource:ty => $stage:ident, $key:ident;)+) => {
+        /// Every stage's resource of a set-up kernel, as persisted in the store and re-adopted
+        /// on restart: one field per stage, named as its module, in setup order. The field
+        /// names and order are the JSON layout of `resources_version` 1 (`store.rs`).
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        pub struct KernelResources {
+            $(
+                #[doc = concat!("The `", stringify!($module), "` stage's resource.")]
+                $(#[$attr])*
+                pub $module: $resource,
+            )+
+        }
+    };
+}
+
+with_kernel_stages!(kernel_resources);
 
 /// A created and started container.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

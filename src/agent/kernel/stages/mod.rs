@@ -4,21 +4,22 @@
 //!
 //! Each stage is declared once, in its own file: its provisioner, its typed key, and its
 //! [`KernelStage`] impl (how its spec is built from the config and the stages before it).
-//! [`kernel_stages!`] below is the one ordered list of them: the modules, the stage names
-//! ([`STAGES`]), the persisted [`KernelResources`] (one field per stage, named as its module),
-//! and what `tree.rs` builds, rebuilds from it and collects, and what recovery rebuilds for a
-//! dangling container ([`rebuild_all`]) all come from it.
+//! The one ordered list of them is `with_kernel_stages!` in `resources.rs` (one line per stage:
+//! its module, its resource type, its provisioner and key), beside the persisted
+//! [`KernelResources`] it makes (plain data, so that the store and the dangling table need no
+//! stage code). [`kernel_stages!`] below turns the same list into the modules, the stage names
+//! ([`STAGES`]), what `tree.rs` builds, rebuilds and collects, and what recovery rebuilds for a
+//! dangling container ([`rebuild_all`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Recipient;
 use actors::{BoxError, Detached, Provisioner, Resources, StageTreeBuilder};
-use serde::{Deserialize, Serialize};
 
 use super::config::{Injection, ServicePortRequest};
 use super::messages::{ContainerEnded, StagesChanged};
-use super::{KernelConfig, KernelError, KernelHandle};
+use super::{KernelConfig, KernelError, KernelHandle, KernelResources};
 use crate::agent::backend::{ContainerDescription, ImageInfo};
 use crate::agent::resources::SlotAllocation;
 use crate::config::ContainerSection;
@@ -148,29 +149,16 @@ pub trait KernelStage: Provisioner<Resource: Clone> + Send + Sync + Sized {
     }
 }
 
-/// The one ordered list of stages: `module::{Provisioner, KEY}` per line, in setup order (the
-/// `rest_for_one` order). The module's name is the stage's field in [`KernelResources`], which
-/// the attributes before a line go on (`#[serde(default)]` for a stage added after agents
-/// already persisted rows without it).
+/// The stages of `resources.rs`'s list (`module: Resource => Provisioner, KEY;` per line, in
+/// setup order, the `rest_for_one` order): their modules, names, tree, adoption, collection and
+/// rebuild. A line's resource type must be its provisioner's `Resource`: `collect` and
+/// `rebuild_all` do not compile otherwise.
 macro_rules! kernel_stages {
-    ($($(#[$attr:meta])* $module:ident::{$stage:ident, $key:ident}),+ $(,)?) => {
+    ($($(#[$attr:meta])* $module:ident: $resource:ty => $stage:ident, $key:ident;)+) => {
         $(
             pub mod $module;
             pub use $module::{$stage, $key};
         )+
-
-        /// Every stage's resource of a set-up kernel, as persisted in the store and re-adopted
-        /// on restart: one field per stage, named as its module, in setup order. The field
-        /// names and order are the JSON layout of `resources_version` 1 (`store.rs`). Plain
-        /// data: the store and the dangling table read it without running any stage.
-        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-        pub struct KernelResources {
-            $(
-                #[doc = concat!("The `", stringify!($module), "` stage's resource.")]
-                $(#[$attr])*
-                pub $module: <$stage as Provisioner>::Resource,
-            )+
-        }
 
         /// Every stage's resource as the dangling container `found` holds it, stage by stage in
         /// setup order ([`KernelStage::rebuild`]).
@@ -205,15 +193,9 @@ macro_rules! kernel_stages {
     };
 }
 
-kernel_stages! {
-    image::{ImageStage, IMAGE},
-    slots::{SlotStage, SLOTS},
-    ports::{PortStage, PORTS},
-    scratch::{ScratchStage, SCRATCH},
-    mounts::{MountStage, MOUNTS},
-    container::{ContainerStage, CONTAINER},
-    service_ports::{ServicePortStage, SERVICE_PORTS},
-}
+// The one list of stages is `resources.rs`'s `with_kernel_stages!`: the persisted
+// `KernelResources` is made from it there, as plain data, and the stages from it here.
+super::resources::with_kernel_stages!(kernel_stages);
 
 pub use container::{container_spec, recreate_container, ContainerHandle};
 pub use scratch::{ScratchDir, ScratchSpec};
@@ -223,6 +205,7 @@ pub use service_ports::ServicePortInfo;
 mod tests {
     use super::*;
     use crate::agent::backend::Bind;
+    use serde::Serialize;
 
     fn json<T: Serialize>(v: &T) -> String {
         serde_json::to_string(v).expect("serializes")
