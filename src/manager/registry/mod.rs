@@ -447,6 +447,17 @@ impl AgentRegistry {
 
     /// A heartbeat in normal mode (or a lost agent's newest at the end of the grace).
     fn heartbeat(&mut self, hb: Heartbeat, ctx: &mut Context<Self>) {
+        // A `TERMINATED` agent is `ALIVE` again only by its `agent_started` event: heartbeats
+        // are not ordered with its events, so one sent just before its `agent_terminated` but
+        // taken after it (heartbeats are taken in batches) revived a stopped agent, which
+        // the sweep then marked `LOST`, releasing the kernels a preserving shutdown kept.
+        if self
+            .agents
+            .get(&hb.agent_id)
+            .is_some_and(|s| s.row.status == AgentStatus::Terminated)
+        {
+            return;
+        }
         match self.agents.get(&hb.agent_id) {
             // Overtaken by a newer one (latest wins): its facts are stale, but it still proves
             // the agent is alive.
