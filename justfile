@@ -65,6 +65,33 @@ bai_root := env_var_or_default("KV_BAI_ROOT", "/var/cache/kernelvisor/bai-trixie
 bai-env:
     KV_BAI_ROOT="{{bai_root}}" ./scripts/bai-compat-env.sh >/dev/null
 
+# Where `just krunner` provisions Backend.AI's kernel runner (an agent's `[kernel-runner] dir`).
+krunner_dir := env_var_or_default("KV_KRUNNER_DIR", "/var/cache/kernelvisor/krunner")
+
+# scripts/krunner-fetch.sh: the pinned wheels (backend.ai-kernel, -kernel-helper and
+# -kernel-binary 26.9.6, backend.ai-krunner-static-gnu 4.4.0; 56 MB) downloaded from PyPI into
+# {{krunner_dir}}/wheels and unpacked there with their file modes, the static Python 3.13 the
+# runner runs on extracted once into env/v<N>.<arch>.static-gnu/, everything byte-compiled (it is
+# mounted read-only into kernels). About 300 MB and a few seconds, once; a second run sees its
+# stamp and does nothing, offline. Fetched, never committed: the runner is LGPL-3.0. `just
+# test-all` hands the tests its path as `KV_KRUNNER_DIR`.
+# Provision (once) Backend.AI's kernel runner, which kernelvisor runs inside kernel containers.
+krunner:
+    KV_KRUNNER_DIR="{{krunner_dir}}" ./scripts/krunner-fetch.sh >/dev/null
+
+# Where `just test-image-py` keeps the Debian root it imports.
+py_root := env_var_or_default("KV_PY_ROOT", "/var/cache/kernelvisor/py-trixie")
+
+# scripts/test-image-py.sh: `kernelvisor-test-py:latest`, a Debian trixie root made with
+# `debootstrap` (python3, Debian's python3-ipykernel; about 2 minutes, once, cached at
+# {{py_root}}) imported with Backend.AI's kernel labels (runtime-type python, runtime-path
+# /usr/bin/python3, features, minimum resources) and a service-def `hello` (python's http.server
+# on 8090, label ai.backend.service-ports). The image carries a hash of the script: a changed
+# script imports it again from the cached root.
+# Build (once) the Python kernel image upstream's kernel runner is tested in.
+test-image-py: docker
+    KV_PY_ROOT="{{py_root}}" ./scripts/test-image-py.sh
+
 # Every test: lint first, then unit, property, actors, RPC over real ZeroMQ, callosum interop,
 # the kernel lifecycle and workloads on the real Docker engine (with test-only failure
 # injection), the manager scenarios on SQLite and PostgreSQL, the real Backend.AI 26.9.6 agent
@@ -73,19 +100,19 @@ bai-env:
 # cargo-nextest (.config/nextest.toml: a process per test, its duration on its line, groups for
 # what must not run side by side, no retries); the ten slowest are listed at the end. The fuzz
 # tests run a short budget here; `just fuzz` runs their full one.
-test-all: setup docker test-image postgres redis registry bai-env lint
+test-all: setup docker test-image test-image-py krunner postgres redis registry bai-env lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
     {{test_env}} KV_FUZZ_EXAMPLES=10 KV_FUZZ_ITERS=300000 cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples --no-tests=fail
     ./scripts/slowest-tests.sh target/nextest/default/junit.xml 10
 
 # The environment every test run gets: the venv's python, PostgreSQL, Backend.AI's root, the
-# Redis, registry and htpasswd binaries.
-test_env := 'KV_PYTHON="' + venv + '/bin/python" KV_TEST_POSTGRES_URL="' + pg_url + '" KV_BAI_ROOT="' + bai_root + '" KV_REDIS_SERVER="$(command -v redis-server)" KV_REGISTRY_SERVER="$(command -v docker-registry)" KV_HTPASSWD="$(command -v htpasswd)"'
+# kernel runner's dir, the Redis, registry and htpasswd binaries.
+test_env := 'KV_PYTHON="' + venv + '/bin/python" KV_TEST_POSTGRES_URL="' + pg_url + '" KV_BAI_ROOT="' + bai_root + '" KV_KRUNNER_DIR="' + krunner_dir + '" KV_REDIS_SERVER="$(command -v redis-server)" KV_REGISTRY_SERVER="$(command -v docker-registry)" KV_HTPASSWD="$(command -v htpasswd)"'
 
 # Some tests, by nextest filter (`just test kernels::`, `just test 'test(/^queue::/)'`): the same
 # environment as test-all, without lint. A plain word is a substring of the test's name.
-test *filter: setup docker test-image postgres redis registry bai-env
+test *filter: setup docker test-image test-image-py krunner postgres redis registry bai-env
     {{test_env}} cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples {{filter}}
 
 # The fuzz tests with their full budgets (schemathesis' 50 examples per operation, 1.5 M
@@ -229,6 +256,6 @@ install: setup
 # which), dev keys, a manager (SQLite) and an agent (Docker) with CURVE on; wait until the agent is
 # ALIVE, create a demo session, run code in it, print what to try next. Ctrl+C stops both, whatever
 # the output is piped to; a pair an earlier run left is stopped first (scripts/dev-run.sh).
-run: setup docker test-image
+run: setup docker test-image test-image-py krunner
     ./scripts/install.sh auto
     ./scripts/dev-run.sh
