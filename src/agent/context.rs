@@ -34,6 +34,8 @@ pub struct AgentContext {
     pub metrics: Arc<AgentMetrics>,
     /// `execute` runs in progress.
     pub runs: super::exec::Runs,
+    /// Backend.AI's kernel runner: where it is, and one connection per runner kernel.
+    pub runners: super::runner::Runners,
     /// Kernel logs kept past their containers.
     pub logs: Arc<super::logs::LogStore>,
     /// Services started on kernels' service ports.

@@ -54,6 +54,7 @@ pub mod recovery;
 pub mod registry;
 pub mod resources;
 pub mod rpc_endpoint;
+pub mod runner;
 pub mod services;
 pub mod stats;
 pub mod store;
@@ -330,6 +331,11 @@ fn context(
         events,
         metrics: metrics.clone(),
         runs: exec::Runs::new(a.exec_buffer_size.0 as usize, a.exec_idle_timeout.0),
+        runners: runner::Runners::new(
+            config.kernel_runner.clone(),
+            a.exec_buffer_size.0 as usize,
+            a.exec_idle_timeout.0,
+        ),
         logs: Arc::new(logs::LogStore::open(
             &a.var_base_path.join("logs"),
             c.log_tail.0,

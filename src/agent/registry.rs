@@ -313,6 +313,7 @@ impl Handler<Adopt> for KernelRegistry {
                 .labels
                 .get(crate::agent::backend::labels::RUNTIME_PATH)
                 .cloned();
+            i.runner = r.runner;
         });
         self.kernels.insert(
             a.kernel_id.clone(),

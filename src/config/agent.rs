@@ -36,6 +36,50 @@ pub struct AgentConfig {
     /// `[logging]`.
     #[serde(default)]
     pub logging: LoggingConfig,
+    /// `[kernel-runner]`: Backend.AI's kernel runner in labelled images
+    /// (`crate::agent::runner`).
+    #[serde(default)]
+    pub kernel_runner: KernelRunnerSection,
+}
+
+/// Which kernels get Backend.AI's kernel runner (`[kernel-runner] mode`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RunnerMode {
+    /// Images labelled `ai.backend.kernelspec` (or `ai.backend.runtime-type`) with glibc get
+    /// it when `dir` holds a runner; others keep the agent's process path.
+    #[default]
+    Auto,
+    /// No kernel gets it.
+    Off,
+    /// Every kernel gets it: an image that cannot run it is refused by name.
+    Require,
+}
+
+/// `[kernel-runner]`: where `just krunner` put Backend.AI's kernel runner, and who gets it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct KernelRunnerSection {
+    /// The directory `just krunner` printed (`ai/backend/{kernel,helpers,runner}` and
+    /// `env/v<N>.<arch>.static-gnu/`). Absent: no runner (in `auto`, every kernel takes the
+    /// process path).
+    pub dir: Option<PathBuf>,
+    /// `auto` (default), `off` or `require`.
+    pub mode: RunnerMode,
+    /// Seconds a new kernel's runner may take to answer `status` and `get-apps` (its REPL
+    /// started, `bootstrap.sh` run) before the create fails (default 60, upstream's
+    /// `init-timeout-sec`).
+    pub init_timeout: Seconds,
+}
+
+impl Default for KernelRunnerSection {
+    fn default() -> Self {
+        KernelRunnerSection {
+            dir: None,
+            mode: RunnerMode::Auto,
+            init_timeout: Seconds(std::time::Duration::from_secs(60)),
+        }
+    }
 }
 
 /// Which container engine runs kernels.

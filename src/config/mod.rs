@@ -10,8 +10,8 @@ mod manager;
 
 pub use agent::{
     AcceleratorSection, AgentConfig, AgentManagerSection, AgentSection, BackendKind,
-    ContainerSection, DummySection, MockAcceleratorSection, MockDeviceConfig, OnShutdown,
-    RedisSection, ResourceSection, StatsSection,
+    ContainerSection, DummySection, KernelRunnerSection, MockAcceleratorSection, MockDeviceConfig,
+    OnShutdown, RedisSection, ResourceSection, RunnerMode, StatsSection,
 };
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{

@@ -80,6 +80,9 @@ failures! {
     RunHasNoTty,
     /// An `execute` mode the agent does not implement.
     UnsupportedExecutionMode,
+    /// The kernel's runner (Backend.AI's kernel runner in its container) did not answer in
+    /// time, or its connection is closed.
+    KernelRunnerUnresponsive,
     /// The kernel's logs are gone.
     LogsNotFound,
     /// The kernel's logs cannot be read.

@@ -224,6 +224,16 @@ pub struct ContainerSpec {
     pub group_add: Vec<String>,
     /// The container's hostname (Backend.AI's `cluster_hostname`); the engine's when `None`.
     pub hostname: Option<String>,
+    /// Replaces the image's entrypoint (a runner kernel's `/opt/kernel/entrypoint.sh`).
+    pub entrypoint: Option<Vec<String>>,
+    /// The engine's init (`docker-init`) as PID 1, reaping zombies (runner kernels).
+    pub init: bool,
+    /// The signal a stop sends first (`SIGINT` for runner kernels, as upstream); the
+    /// image's when `None`.
+    pub stop_signal: Option<String>,
+    /// Ports published on 127.0.0.1 only (a runner's repl-in/repl-out: upstream binds them
+    /// to the loopback, whatever `port_bind_host` is).
+    pub local_ports: Vec<PortMapping>,
 }
 
 /// A container's state as the engine reports it.

@@ -290,7 +290,10 @@ impl Handler<Setup> for Kernel {
                     let resources = tree::resources(&tree).expect("a set-up tree holds every resource");
                     match h.ctx.store.set_status(&h.id, KernelStatus::Running, Some(&resources)).await {
                         Ok(()) => {
-                            h.update(|i| i.runtime_path = resources.image.labels.get(crate::agent::backend::labels::RUNTIME_PATH).cloned());
+                            h.update(|i| {
+                                i.runtime_path = resources.image.labels.get(crate::agent::backend::labels::RUNTIME_PATH).cloned();
+                                i.runner = resources.runner;
+                            });
                             h.set_status(KernelStatus::Running);
                             me.do_send(NowRunning { arm_timeout: true });
                             return (tree, false, Ok(h.info()));

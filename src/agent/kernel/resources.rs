@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::backend::{Bind, ImageInfo};
 use crate::agent::resources::SlotAllocation;
+pub use crate::agent::runner::RunnerPorts;
 
 /// The one ordered list of a kernel's resource stages, in setup (`rest_for_one`) order, handed
 /// to `$callback`: per line, the stage's module under `stages/` (its field in
@@ -28,6 +29,8 @@ macro_rules! with_kernel_stages {
             mounts: Vec<Bind> => MountStage, MOUNTS;
             container: ContainerHandle => ContainerStage, CONTAINER;
             service_ports: Vec<ServicePortInfo> => ServicePortStage, SERVICE_PORTS;
+            #[serde(default)]
+            runner: Option<RunnerPorts> => RunnerStage, RUNNER;
         }
     };
 }

@@ -83,6 +83,9 @@ pub struct KernelInfo {
     pub gpus: Vec<String>,
     /// `execute`'s interpreter: the image's `ai.backend.runtime-path`, if any.
     pub runtime_path: Option<String>,
+    /// Its runner's host ports when Backend.AI's kernel runner serves it (`None`: the
+    /// process path, `crate::agent::runner`).
+    pub runner: Option<crate::agent::runner::RunnerPorts>,
     /// Why it ended (when `TERMINATED`).
     pub reason: Option<String>,
     /// Its container's exit code, if it exited by itself.
@@ -115,6 +118,7 @@ impl KernelInfo {
             service_ports: Vec::new(),
             gpus: Vec::new(),
             runtime_path: None,
+            runner: None,
             reason: None,
             exit_code: None,
             oom_event: false,
@@ -127,7 +131,8 @@ impl KernelInfo {
 
     /// As the wire map: `{id, kernel_id, session_id, agent_id, status, container_id, image,
     /// host_ports, service_ports, resource_slots, gpus, reason, exit_code, restart_count,
-    /// restart_policy, stages: [{name, status, restarts, setup_seconds}]}`.
+    /// restart_policy, stages: [{name, status, restarts, setup_seconds}], exec_path:
+    /// "kernel-runner" | "process"}`.
     pub fn to_value(&self, agent_id: &str) -> Value {
         let opt = |s: &Option<String>| s.clone().map_or(Value::Nil, Value::from);
         Value::Map(vec![
@@ -169,6 +174,15 @@ impl KernelInfo {
             (
                 "stages".into(),
                 Value::Array(self.stages.iter().map(stage_value).collect()),
+            ),
+            (
+                "exec_path".into(),
+                if self.runner.is_some() {
+                    "kernel-runner"
+                } else {
+                    "process"
+                }
+                .into(),
             ),
         ])
     }

@@ -181,12 +181,17 @@ async fn get_kernel(cx: Ctx, args: api::KernelIdArgs) -> Result<api::KernelInfoR
     .map_err(|e| ErrorMeta::failure(Failure::InvalidReply, e.to_string()))
 }
 
-/// `interrupt_kernel(kernel_id)` → `{}`: SIGINT to the container's main process.
+/// `interrupt_kernel(kernel_id)` → `{}`: the kernel runner's `interrupt` on a runner kernel
+/// (the run stops, the REPL stays), else SIGINT to the container's main process.
 async fn interrupt_kernel(
     cx: Ctx,
     args: api::KernelIdArgs,
 ) -> Result<std::collections::BTreeMap<String, Value>, ErrorMeta> {
     let info = running(&cx.registry, &args.kernel_id).await?;
+    if let Some(ports) = info.runner {
+        super::runner::interrupt(&cx, &info, ports).await?;
+        return Ok(Default::default());
+    }
     cx.engine.check()?;
     cx.backend
         .signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT")
@@ -200,10 +205,17 @@ async fn get_completions(
     cx: Ctx,
     args: exec_api::GetCompletionsArgs,
 ) -> Result<exec_api::CodeCompletionResult, ErrorMeta> {
-    running(&cx.registry, &args.kernel_id).await?;
-    // No code runner with a completer lives in the container (Backend.AI's kernel
-    // runner's `complete`): an empty, finished answer, as upstream gives when the
-    // runner has no completer.
+    let info = running(&cx.registry, &args.kernel_id).await?;
+    if let Some(ports) = info.runner {
+        let opts = args
+            .opts
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok())
+            .unwrap_or_default();
+        return super::runner::complete(&cx, &info, ports, &args.text, opts).await;
+    }
+    // A process-path kernel has no code runner with a completer: an empty, finished answer,
+    // as upstream gives when the runner has no completer.
     Ok(exec_api::CodeCompletionResult {
         status: "finished".into(),
         error: None,
@@ -461,6 +473,14 @@ async fn trigger_batch(
     args: exec_api::TriggerBatchExecutionArgs,
 ) -> Result<Value, ErrorMeta> {
     let info = running(registry, &args.kernel_id).await?;
+    let timeout = args
+        .timeout_seconds
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .and_then(|t| Duration::try_from_secs_f64(t).ok());
+    if let Some(ports) = info.runner {
+        super::runner::trigger_batch(ctx, &info, ports, args.code, timeout).await?;
+        return Ok(Value::Nil);
+    }
     ctx.engine.check()?;
     let req = RunRequest {
         ids: RunIds {
@@ -470,10 +490,7 @@ async fn trigger_batch(
         },
         container_id: info.container_id.clone().unwrap_or_default(),
         cmd: vec!["sh".into(), "-c".into(), args.code],
-        timeout: args
-            .timeout_seconds
-            .filter(|t| t.is_finite() && *t > 0.0)
-            .and_then(|t| Duration::try_from_secs_f64(t).ok()),
+        timeout,
         stdin: false,
         tty: None,
         env: Vec::new(),
@@ -554,7 +571,9 @@ fn run_error(e: RunError) -> ErrorMeta {
 const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 
 /// `execute(session_id, kernel_id, api_version, run_id, mode, code, opts, flush_timeout)`,
-/// Backend.AI's continuation protocol (see [`crate::agent::exec`]). Modes: `query` (also
+/// Backend.AI's continuation protocol. On a kernel Backend.AI's kernel runner serves, through
+/// its REPL ([`super::runner::execute`]; `opts.shell = true` takes the process path instead).
+/// Otherwise (see [`crate::agent::exec`]) modes: `query` (also
 /// `batch`) starts `code` with the image's interpreter (`ai.backend.runtime-path -c code`, else
 /// `sh -c code`) in `/home/work`; `continue` answers more of run `run_id`; `input` writes `code`
 /// to its stdin first. `opts`: `timeout` (seconds; the run is killed: status `exec-timeout`),
@@ -584,6 +603,38 @@ async fn execute(
             .clone()
             .ok_or_else(|| type_error(format!("mode '{mode}' needs a 'run_id'")))
     };
+    // A runner kernel's runs go through its runner, unless `opts.shell` asks for a process.
+    let shell = opt(opts, "shell").and_then(Value::as_bool).unwrap_or(false);
+    let in_runner = match mode.as_str() {
+        "query" | "batch" if !shell => Some(running(registry, &kernel_id).await?),
+        "continue" | "input" => match run_id.as_deref().map(|r| ctx.runs.get(r)) {
+            Some(Ok(_)) => None,
+            _ => Some(lookup(registry, &kernel_id).await?),
+        },
+        _ => None,
+    };
+    if let Some((info, ports)) = in_runner.and_then(|i| i.runner.map(|p| (i, p))) {
+        let text = |k: &str| {
+            opt(opts, k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        return super::runner::execute(
+            ctx,
+            super::runner::RunnerExecute {
+                info: &info,
+                ports,
+                run_id,
+                mode: &mode,
+                code: args.code,
+                batch: [text("clean"), text("build"), text("exec")],
+                timeout: seconds(opt(opts, "timeout")),
+                flush,
+            },
+        )
+        .await;
+    }
     let run = match mode.as_str() {
         "query" | "batch" => {
             let code = args.code.clone();
@@ -643,10 +694,10 @@ async fn execute(
         console: answer
             .console
             .into_iter()
-            .map(|(stream, text)| (stream.as_str().to_owned(), text))
+            .map(|(stream, text)| (stream.as_str().to_owned(), Value::from(text)))
             .collect(),
         exit_code: answer.exit_code,
-        options: Default::default(),
+        options: Some(Default::default()),
     })
 }
 

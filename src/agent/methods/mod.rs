@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod network;
 pub mod node;
 pub mod purge;
+pub mod runner;
 pub mod services;
 mod table;
 pub mod terminal;

@@ -134,6 +134,7 @@ impl Handler<ExecuteInSession> for Scheduler {
                 "status": out.status,
                 "console": out.console,
                 "exitCode": out.exit_code,
+                "options": out.options,
             }))
         })
     }

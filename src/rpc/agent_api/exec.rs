@@ -48,16 +48,19 @@ pub struct ExecuteResult {
     /// The run's id.
     #[serde(rename = "runId")]
     pub run_id: String,
-    /// `continued`, `waiting-input`, `finished`, `exec-timeout`.
+    /// `continued`, `waiting-input`, `clean-finished`, `build-finished`, `finished`,
+    /// `exec-timeout`.
     pub status: String,
-    /// Output as `[stream, text]` pairs, in order (`stdout`, `stderr`).
-    pub console: Vec<(String, String)>,
+    /// Output as `[type, data]` pairs, in order: `stdout`/`stderr`/`html`/`log` with text,
+    /// `media` with `[mime, data]` (Backend.AI's console items).
+    pub console: Vec<(String, Value)>,
     /// The exit code once finished.
     #[serde(rename = "exitCode", default)]
     pub exit_code: Option<i64>,
-    /// Options for the client (always `{}` here).
+    /// Options for the client: `waiting-input`'s `{"is_password": bool}` from the kernel
+    /// runner; nil for its other answers (as upstream); `{}` on the process path.
     #[serde(default)]
-    pub options: BTreeMap<String, Value>,
+    pub options: Option<BTreeMap<String, Value>>,
 }
 
 impl Method for Execute {

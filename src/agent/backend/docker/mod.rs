@@ -176,12 +176,17 @@ impl ContainerBackend for DockerBackend {
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, BackendError> {
         let port_key = |p: &PortMapping| format!("{}/tcp", p.container_port);
-        let port_bindings: PortMap = spec
-            .ports
-            .iter()
-            .map(|p| {
+        let loopback = "127.0.0.1".to_owned();
+        let published = || {
+            spec.ports
+                .iter()
+                .map(|p| (p, &spec.port_bind_host))
+                .chain(spec.local_ports.iter().map(|p| (p, &loopback)))
+        };
+        let port_bindings: PortMap = published()
+            .map(|(p, host)| {
                 let binding = PortBinding {
-                    host_ip: Some(spec.port_bind_host.clone()),
+                    host_ip: Some(host.clone()),
                     host_port: Some(p.host_port.to_string()),
                 };
                 (port_key(p), Some(vec![binding]))
@@ -228,6 +233,7 @@ impl ContainerBackend for DockerBackend {
             }),
             privileged: Some(false),
             group_add: (!spec.group_add.is_empty()).then(|| spec.group_add.clone()),
+            init: spec.init.then_some(true),
             ..Default::default()
         };
         let config = Config {
@@ -239,11 +245,12 @@ impl ContainerBackend for DockerBackend {
             env: Some(spec.env.clone()),
             labels: Some(spec.labels.clone()),
             exposed_ports: Some(
-                spec.ports
-                    .iter()
-                    .map(|p| (port_key(p), HashMap::new()))
+                published()
+                    .map(|(p, _)| (port_key(p), HashMap::new()))
                     .collect(),
             ),
+            entrypoint: spec.entrypoint.clone(),
+            stop_signal: spec.stop_signal.clone(),
             host_config: Some(host_config),
             ..Default::default()
         };
@@ -375,6 +382,11 @@ impl ContainerBackend for DockerBackend {
             user: config.user.filter(|u| !u.is_empty()),
             group_add: host.group_add.unwrap_or_default(),
             hostname: None,
+            entrypoint: config.entrypoint.filter(|e| !e.is_empty()),
+            init: host.init.unwrap_or(false),
+            stop_signal: config.stop_signal.filter(|s| !s.is_empty()),
+            // Every published port is in `ports` (with the loopback ones): what adoption needs.
+            local_ports: Vec::new(),
         };
         Ok(Some(ContainerDescription {
             id: c.id.unwrap_or_else(|| id.to_owned()),

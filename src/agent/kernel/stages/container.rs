@@ -15,6 +15,7 @@ use crate::agent::kernel::config::ServicePortRequest;
 pub use crate::agent::kernel::resources::ContainerHandle;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
 use crate::agent::resources::SlotAllocation;
+use crate::agent::runner::{launch, Gate, RunnerPorts};
 
 /// The container's environment: the config's `environ`, then the agent's
 /// `BACKEND_KERNEL_ID`, `BACKEND_SESSION_ID`, and the accelerators' variables for the devices
@@ -141,6 +142,10 @@ pub fn container_spec(
             .map(u32::to_string)
             .collect(),
         hostname: config.cluster_hostname.clone(),
+        entrypoint: None,
+        init: false,
+        stop_signal: None,
+        local_ports: Vec::new(),
     }
 }
 
@@ -224,6 +229,108 @@ async fn run_bootstrap(handle: &KernelHandle, id: &str, script: &str) -> Result<
     ))
 }
 
+/// What the container stage makes: the process-path spec and, for a runner kernel, what
+/// turns it into the runner's (`crate::agent::runner::launch`).
+#[derive(Clone, Debug)]
+pub struct ContainerPlan {
+    /// The container as the process path makes it.
+    pub spec: ContainerSpec,
+    /// `Some` for a kernel Backend.AI's kernel runner serves.
+    pub runner: Option<RunnerPlan>,
+}
+
+/// A runner kernel's part of [`ContainerPlan`].
+#[derive(Clone, Debug)]
+pub struct RunnerPlan {
+    /// `ai.backend.runtime-type` (or `app`).
+    pub runtime_type: String,
+    /// `ai.backend.runtime-path`.
+    pub runtime_path: Option<String>,
+    /// Host ports for repl-in/out (the ports stage's last two).
+    pub repl: RunnerPorts,
+    /// The kernel's scratch directory (the runner's files go there).
+    pub scratch: ScratchDir,
+    /// The image's `ai.backend.envs.corecount` variables.
+    pub corecount_vars: Vec<String>,
+}
+
+/// The runner part of the plan of a kernel whose gate says so; the repl ports are the last
+/// two of `host_ports`.
+pub fn runner_plan(
+    gate: Gate,
+    image: &crate::agent::backend::ImageInfo,
+    host_ports: &[u16],
+    scratch: &ScratchDir,
+) -> Option<RunnerPlan> {
+    let Gate::Runner {
+        runtime_type,
+        runtime_path,
+    } = gate
+    else {
+        return None;
+    };
+    let [.., repl_in, repl_out] = host_ports else {
+        return None;
+    };
+    Some(RunnerPlan {
+        runtime_type,
+        runtime_path,
+        repl: RunnerPorts {
+            repl_in: *repl_in,
+            repl_out: *repl_out,
+        },
+        scratch: scratch.clone(),
+        corecount_vars: launch::corecount_vars(image.labels.get(crate::agent::runner::gate::CORECOUNT)),
+    })
+}
+
+/// The container spec `plan` describes, with the runner's preparation and scratch files for
+/// a runner kernel.
+///
+/// Errors: `KernelError::InvalidConfig` when the runner went away since the kernel was
+/// planned; the scratch files' I/O as `KernelError::Engine`.
+fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSpec, KernelError> {
+    let mut spec = plan.spec.clone();
+    let Some(r) = &plan.runner else {
+        return Ok(spec);
+    };
+    let krunner = handle.ctx.runners.krunner.clone().ok_or_else(|| {
+        KernelError::InvalidConfig("the kernel runner is no longer provisioned".into())
+    })?;
+    let info = handle.info();
+    let config = &info.config;
+    let c = &handle.ctx.config.container;
+    let owner = (
+        config.uid.unwrap_or(c.kernel_uid),
+        config.main_gid.unwrap_or(c.kernel_gid),
+    );
+    let cpu = config.slots.get(crate::slots::CPU).milli();
+    launch::prepare(
+        &mut spec,
+        &launch::RunnerLaunch {
+            krunner: &krunner,
+            runtime_type: &r.runtime_type,
+            runtime_path: r.runtime_path.as_deref(),
+            repl: r.repl,
+            uid: owner.0,
+            gid: owner.1,
+            supplementary_gids: &config.supplementary_gids,
+            corecount_vars: r.corecount_vars.clone(),
+            cores: cpu.div_ceil(1000).max(1) as u64,
+        },
+    );
+    launch::write_scratch(
+        &r.scratch.config_dir(),
+        &r.scratch.work_dir(),
+        &spec,
+        &krunner,
+        owner,
+        config.bootstrap_script.as_deref(),
+    )
+    .map_err(|e| KernelError::Engine(format!("kernel runner's scratch files: {e}")))?;
+    Ok(spec)
+}
+
 /// Creates and starts the kernel's container.
 pub struct ContainerStage(pub KernelHandle);
 
@@ -231,18 +338,19 @@ pub struct ContainerStage(pub KernelHandle);
 pub const CONTAINER: StageKey<ContainerHandle> = StageKey::of::<ContainerStage>("container");
 
 impl Provisioner for ContainerStage {
-    type Spec = ContainerSpec;
+    type Spec = ContainerPlan;
     type Resource = ContainerHandle;
 
     fn name(&self) -> &'static str {
         CONTAINER.name()
     }
 
-    async fn setup(&self, spec: ContainerSpec) -> Result<ContainerHandle, BoxError> {
+    async fn setup(&self, plan: ContainerPlan) -> Result<ContainerHandle, BoxError> {
         // A restart by the restart policy stays `RESTARTING` until the kernel runs again.
         if self.0.info().status != KernelStatus::Restarting {
             self.0.set_status(KernelStatus::Creating);
         }
+        let spec = final_spec(&self.0, &plan)?;
         let backend = &self.0.ctx.backend;
         let id = backend
             .create_container(&spec)
@@ -254,7 +362,8 @@ impl Provisioner for ContainerStage {
             let _ = backend.remove_container(&id).await;
             self.0.update(|i| i.container_id = None);
             let text = e.to_string();
-            if spec.cmd.is_some()
+            if plan.runner.is_none()
+                && spec.cmd.is_some()
                 && (text.contains("executable file not found")
                     || text.contains("no such file or directory"))
             {
@@ -267,8 +376,9 @@ impl Provisioner for ContainerStage {
             }
             return Err(KernelError::from(e).into());
         }
+        // A runner kernel's runner runs `/home/work/bootstrap.sh` itself, before it answers.
         let script = self.0.info().config.bootstrap_script.clone();
-        if let Some(script) = script {
+        if let Some(script) = script.filter(|_| plan.runner.is_none()) {
             if let Err(e) = run_bootstrap(&self.0, &id, &script).await {
                 let _ = backend.remove_container(&id).await;
                 self.0.update(|i| i.container_id = None);
@@ -291,17 +401,22 @@ impl KernelStage for ContainerStage {
         ContainerStage(handle)
     }
 
-    fn spec(plan: &Plan, r: &Resources<'_>) -> Result<ContainerSpec, BoxError> {
+    fn spec(plan: &Plan, r: &Resources<'_>) -> Result<ContainerPlan, BoxError> {
         let image = r.of(IMAGE)?;
-        Ok(container_spec(
-            &plan.handle,
-            &image.id,
-            &plan.service_ports(image)?,
-            r.of(SLOTS)?,
-            r.of(PORTS)?,
-            r.of(SCRATCH)?,
-            r.of(MOUNTS)?,
-        ))
+        let ports = r.of(PORTS)?;
+        let scratch = r.of(SCRATCH)?;
+        Ok(ContainerPlan {
+            spec: container_spec(
+                &plan.handle,
+                &image.id,
+                &plan.service_ports(image)?,
+                r.of(SLOTS)?,
+                ports,
+                scratch,
+                r.of(MOUNTS)?,
+            ),
+            runner: runner_plan(plan.gate(image), image, ports, scratch),
+        })
     }
 
     /// The container itself, by its engine id and name.
@@ -349,22 +464,46 @@ pub async fn recreate_container(
             container_ports: s.container_ports.clone(),
         })
         .collect();
-    let spec = container_spec(
-        handle,
-        &r.image.id,
-        &requests,
-        &r.slots,
-        &r.ports,
-        &r.scratch,
-        &r.mounts,
-    );
+    let runner = r.runner.map(|repl| RunnerPlan {
+        runtime_type: r
+            .image
+            .labels
+            .get(crate::agent::runner::gate::RUNTIME_TYPE)
+            .cloned()
+            .unwrap_or_else(|| "app".into()),
+        runtime_path: r.image.labels.get(labels::RUNTIME_PATH).cloned(),
+        repl,
+        scratch: r.scratch.clone(),
+        corecount_vars: launch::corecount_vars(
+            r.image.labels.get(crate::agent::runner::gate::CORECOUNT),
+        ),
+    });
+    let plan = ContainerPlan {
+        spec: container_spec(
+            handle,
+            &r.image.id,
+            &requests,
+            &r.slots,
+            &r.ports,
+            &r.scratch,
+            &r.mounts,
+        ),
+        runner,
+    };
+    let spec = final_spec(handle, &plan)?;
     let backend = &handle.ctx.backend;
     // The old container holds the name and the host ports: it goes first (as upstream's agent
     // destroys it before creating the new one).
     backend.remove_container(old).await?;
     let id = backend.create_container(&spec).await?;
     let started = match backend.start_container(&id).await {
-        Ok(()) => match handle.info().config.bootstrap_script.clone() {
+        Ok(()) => match handle
+            .info()
+            .config
+            .bootstrap_script
+            .clone()
+            .filter(|_| plan.runner.is_none())
+        {
             Some(script) => run_bootstrap(handle, &id, &script).await,
             None => Ok(()),
         },

@@ -43,25 +43,61 @@ impl Provisioner for ImageStage {
             ..image
         };
         if let Some(local) = ctx.pulls.local_image(&image).await? {
-            return Ok(local);
+            return self.gated(local).await;
         }
         self.0.set_status(KernelStatus::Pulling);
         ctx.pulls
             .start(&reference, registry_auth(&reference, &image.registry))
             .finish()
             .await?;
-        Ok(ctx
+        let pulled = ctx
             .backend
             .inspect_image(&reference)
             .await
             .map_err(KernelError::from)?
             .ok_or_else(|| {
                 KernelError::ImageNotFound(format!("{reference}: gone right after its pull"))
-            })?)
+            })?;
+        self.gated(pulled).await
     }
 
     async fn teardown(&self, _image: ImageInfo) -> Result<(), BoxError> {
         Ok(())
+    }
+}
+
+impl ImageStage {
+    /// `image`, once it is known whether it has glibc (probed once per image id when it could
+    /// get the kernel runner: `crate::agent::runner::gate`).
+    ///
+    /// Errors: `InvalidKernelConfig` when `[kernel-runner] mode = require` refuses it.
+    async fn gated(&self, image: ImageInfo) -> Result<ImageInfo, BoxError> {
+        use crate::agent::runner::gate;
+        let ctx = &self.0.ctx;
+        let r = &ctx.runners;
+        if r.glibc_known(&image.id).is_none()
+            && gate::worth_probing(&image.labels, r.config.mode, r.krunner.is_some())
+        {
+            let glibc = match gate::probe_glibc(&*ctx.backend, &image.id).await {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!(image = %image.reference, error = %e, "libc probe failed: taken as no glibc");
+                    false
+                }
+            };
+            r.set_glibc(&image.id, glibc);
+        }
+        let decided = gate::decide(
+            &image.reference,
+            &image.labels,
+            r.config.mode,
+            r.krunner.is_some(),
+            r.glibc_known(&image.id),
+        );
+        if let gate::Gate::Refused(why) = decided {
+            return Err(KernelError::InvalidConfig(why).into());
+        }
+        Ok(image)
     }
 }
 

@@ -22,6 +22,7 @@ use super::messages::{ContainerEnded, StagesChanged};
 use super::{KernelConfig, KernelError, KernelHandle, KernelResources};
 use crate::agent::backend::{ContainerDescription, ImageInfo};
 use crate::agent::resources::SlotAllocation;
+use crate::agent::runner::{launch, Gate};
 use crate::config::ContainerSection;
 
 /// Where the kernel's stages report to its actor.
@@ -93,8 +94,42 @@ impl Plan {
     ///
     /// Errors: [`KernelError::InvalidConfig`] naming the label when it does not parse.
     pub fn service_ports(&self, image: &ImageInfo) -> Result<Vec<ServicePortRequest>, BoxError> {
-        crate::agent::services::defs::merge(&image.labels, &self.config.service_ports)
-            .map_err(|e| KernelError::InvalidConfig(e).into())
+        let mut all =
+            crate::agent::services::defs::merge(&image.labels, &self.config.service_ports)
+                .map_err(KernelError::InvalidConfig)?;
+        match self.gate(image) {
+            // The runner starts its intrinsic services itself (upstream always adds them).
+            Gate::Runner { .. } => {
+                for (name, protocol, port) in [
+                    ("sshd", "tcp", launch::SSHD_PORT),
+                    ("ttyd", "http", launch::TTYD_PORT),
+                ] {
+                    if !all.iter().any(|s| s.name == name) {
+                        all.push(ServicePortRequest {
+                            name: name.into(),
+                            protocol: protocol.into(),
+                            container_ports: vec![port],
+                        });
+                    }
+                }
+            }
+            Gate::Refused(why) => return Err(KernelError::InvalidConfig(why).into()),
+            Gate::Process => {}
+        }
+        Ok(all)
+    }
+
+    /// Whether the kernel gets Backend.AI's kernel runner (`crate::agent::runner::gate`), by
+    /// the image's labels, `[kernel-runner]` and the image stage's libc probe.
+    pub fn gate(&self, image: &ImageInfo) -> Gate {
+        let r = &self.handle.ctx.runners;
+        crate::agent::runner::gate::decide(
+            &image.reference,
+            &image.labels,
+            r.config.mode,
+            r.krunner.is_some(),
+            r.glibc_known(&image.id),
+        )
     }
 }
 
@@ -242,10 +277,11 @@ mod tests {
                 container_ports: vec![8000],
                 host_ports: vec![30000],
             }],
+            runner: None,
         };
         let whole = json(&r);
         let expected = format!(
-            "{{\"image\":{},\"slots\":{},\"ports\":{},\"scratch\":{},\"mounts\":{},\"container\":{},\"service_ports\":{}}}",
+            "{{\"image\":{},\"slots\":{},\"ports\":{},\"scratch\":{},\"mounts\":{},\"container\":{},\"service_ports\":{},\"runner\":null}}",
             json(&r.image),
             json(&r.slots),
             json(&r.ports),
@@ -256,6 +292,10 @@ mod tests {
         );
         assert_eq!(whole, expected);
         let back: KernelResources = serde_json::from_str(&whole).expect("loads back");
+        assert_eq!(back, r);
+        // A row persisted before the runner stage existed loads as a process-path kernel.
+        let older = whole.replace(",\"runner\":null", "");
+        let back: KernelResources = serde_json::from_str(&older).expect("an older row loads");
         assert_eq!(back, r);
     }
 }

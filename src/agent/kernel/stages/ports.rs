@@ -64,10 +64,16 @@ impl KernelStage for PortStage {
         PortStage(handle)
     }
 
-    /// One host port per container port of the kernel's service ports.
+    /// One host port per container port of the kernel's service ports, then two for a runner
+    /// kernel's repl-in and repl-out (the last two).
     fn spec(plan: &Plan, r: &Resources<'_>) -> Result<usize, BoxError> {
-        let all = plan.service_ports(r.of(IMAGE)?)?;
-        Ok(all.iter().map(|s| s.container_ports.len()).sum::<usize>())
+        let image = r.of(IMAGE)?;
+        let all = plan.service_ports(image)?;
+        let repl = match plan.gate(image) {
+            crate::agent::runner::Gate::Runner { .. } => 2,
+            _ => 0,
+        };
+        Ok(all.iter().map(|s| s.container_ports.len()).sum::<usize>() + repl)
     }
 
     /// Every host port the container publishes: all of them are its while it runs.

@@ -1,0 +1,170 @@
+//! `runner`: a runner kernel's connection to Backend.AI's kernel runner in its container
+//! (`crate::agent::runner`). Set up when the runner answered `status` and then `get-apps`
+//! (its REPL started, `bootstrap.sh` run, the intrinsic services up: upstream's
+//! `create_kernel` init polling, `src/ai/backend/agent/agent.py`), so the kernel turns
+//! `RUNNING` only then; a container that exits first fails the create with its log tail.
+//! Teardown drops the connection, never the runner (a graceful agent stop leaves the REPL
+//! serving, and the next agent reconnects from the container's published ports).
+
+use std::time::Duration;
+
+use actors::{BoxError, Provisioner, Resources, StageKey};
+use futures::StreamExt;
+
+use super::{Found, KernelStage, Plan, CONTAINER, IMAGE, PORTS};
+use crate::agent::kernel::{KernelError, KernelHandle};
+use crate::agent::runner::launch::{REPL_IN, REPL_OUT, RUNNER_LABEL};
+use crate::agent::runner::{Gate, RunnerPorts};
+
+/// Connects to the kernel's runner and waits until it serves.
+pub struct RunnerStage(pub KernelHandle);
+
+/// This stage's key: its name, typed with its resource.
+pub const RUNNER: StageKey<Option<RunnerPorts>> = StageKey::of::<RunnerStage>("runner");
+
+/// Bytes of a failed runner container's log kept for the error (its tail).
+const LOG_TAIL: usize = 2048;
+
+/// The last [`LOG_TAIL`] bytes of container `id`'s log (it has exited, so the stream ends;
+/// at most 2 s are spent reading).
+async fn log_tail(handle: &KernelHandle, id: &str) -> String {
+    let mut tail: Vec<u8> = Vec::new();
+    let mut logs = handle.ctx.backend.follow_logs(id, 0);
+    let read = async {
+        while let Some(Ok(chunk)) = logs.next().await {
+            tail.extend_from_slice(&chunk);
+            if tail.len() > LOG_TAIL {
+                tail.drain(..tail.len() - LOG_TAIL);
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), read).await;
+    String::from_utf8_lossy(&tail).trim().to_owned()
+}
+
+impl Provisioner for RunnerStage {
+    /// (container id, repl host ports) for a runner kernel.
+    type Spec = Option<(String, RunnerPorts)>;
+    type Resource = Option<RunnerPorts>;
+
+    fn name(&self) -> &'static str {
+        RUNNER.name()
+    }
+
+    /// Errors: `KernelError::Engine` naming what the runner did not do in
+    /// `[kernel-runner] init-timeout`, or the container's exit with its log tail.
+    async fn setup(&self, spec: Self::Spec) -> Result<Option<RunnerPorts>, BoxError> {
+        let Some((container_id, ports)) = spec else {
+            return Ok(None);
+        };
+        let h = &self.0;
+        let ctx = &h.ctx;
+        let client = ctx
+            .runners
+            .client(&h.id, ports)
+            .map_err(|e| KernelError::Engine(e.to_string()))?;
+        let within = ctx.runners.config.init_timeout.0;
+        let ready = async {
+            client.wait_ready(within).await?;
+            // `get-apps` answers `failed` while the runner is still starting: asked again.
+            loop {
+                let apps = client.get_apps().await?;
+                if apps.get("status").and_then(|s| s.as_str()) != Some("failed") {
+                    return Ok::<_, crate::agent::runner::RunnerError>(apps);
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        };
+        let exited = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                match ctx.backend.inspect_container(&container_id).await {
+                    Ok(Some(s)) if s.running => {}
+                    Ok(s) => return s.and_then(|s| s.exit_code),
+                    Err(_) => {}
+                }
+            }
+        };
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(within + Duration::from_secs(10), ready) => r,
+            code = exited => {
+                ctx.runners.forget(&h.id);
+                let tail = log_tail(h, &container_id).await;
+                return Err(KernelError::Engine(format!(
+                    "the kernel runner's container exited ({}) before the runner served: {tail}",
+                    code.map_or("no exit code".into(), |c| format!("exit code {c}"))
+                ))
+                .into());
+            }
+        };
+        match outcome {
+            Ok(Ok(apps)) => {
+                tracing::debug!(kernel_id = %h.id, %apps, "kernel runner serves");
+                h.update(|i| i.runner = Some(ports));
+                Ok(Some(ports))
+            }
+            Ok(Err(e)) => {
+                ctx.runners.forget(&h.id);
+                Err(KernelError::Engine(format!("{e} (the runner never served)")).into())
+            }
+            Err(_) => {
+                ctx.runners.forget(&h.id);
+                Err(KernelError::Engine(format!(
+                    "the kernel runner did not serve within {} s",
+                    within.as_secs_f64()
+                ))
+                .into())
+            }
+        }
+    }
+
+    async fn teardown(&self, _ports: Option<RunnerPorts>) -> Result<(), BoxError> {
+        self.0.ctx.runners.forget(&self.0.id);
+        Ok(())
+    }
+}
+
+impl KernelStage for RunnerStage {
+    fn new(handle: KernelHandle) -> Self {
+        RunnerStage(handle)
+    }
+
+    /// A runner kernel's container and the last two host ports (repl-in, repl-out).
+    fn spec(plan: &Plan, r: &Resources<'_>) -> Result<Self::Spec, BoxError> {
+        let Gate::Runner { .. } = plan.gate(r.of(IMAGE)?) else {
+            return Ok(None);
+        };
+        let ports = r.of(PORTS)?;
+        let [.., repl_in, repl_out] = ports.as_slice() else {
+            return Ok(None);
+        };
+        Ok(Some((
+            r.of(CONTAINER)?.id.clone(),
+            RunnerPorts {
+                repl_in: *repl_in,
+                repl_out: *repl_out,
+            },
+        )))
+    }
+
+    /// The host ports a runner container (labelled so) publishes 2000 and 2001 on.
+    fn rebuild(found: &Found<'_>) -> Result<Option<RunnerPorts>, String> {
+        if !found.desc.spec.labels.contains_key(RUNNER_LABEL) {
+            return Ok(None);
+        }
+        let port = |c: u16| {
+            found
+                .desc
+                .spec
+                .ports
+                .iter()
+                .find(|p| p.container_port == c)
+                .map(|p| p.host_port)
+                .ok_or_else(|| format!("its kernel runner's port {c} is not published"))
+        };
+        Ok(Some(RunnerPorts {
+            repl_in: port(REPL_IN)?,
+            repl_out: port(REPL_OUT)?,
+        }))
+    }
+}

@@ -1,0 +1,179 @@
+//! A runner kernel's container, prepared as Backend.AI 26.9.6's Docker agent prepares it
+//! (`DockerKernelCreationContext.start_container` and `mount_krunner`,
+//! `src/ai/backend/agent/docker/agent.py`, `src/ai/backend/agent/agent.py`): the runner's
+//! entrypoint and command, root with the kernel's user in `LOCAL_USER_ID`/`LOCAL_GROUP_ID`
+//! (the entrypoint drops privileges with su-exec), `docker-init`, `SIGINT` to stop, the
+//! runner's read-only binds, `libbaihook` preloaded, the corecount variables, repl-in/out on
+//! 127.0.0.1, and the scratch files the runner reads (`/home/config/environ.txt` with the whole
+//! environment, the sshd host key, `/home/work/bootstrap.sh`).
+
+use std::io::Write;
+use std::path::Path;
+
+use super::client::RunnerPorts;
+use super::krunner::Krunner;
+use crate::agent::backend::{ContainerSpec, PortMapping};
+
+/// The runner's PULL, in the container (`repl_in_port` publishes it).
+pub const REPL_IN: u16 = 2000;
+/// The runner's PUSH, in the container (`repl_out_port` publishes it).
+pub const REPL_OUT: u16 = 2001;
+/// The intrinsic `sshd` service's port (dropbear).
+pub const SSHD_PORT: u16 = 2200;
+/// The intrinsic `ttyd` service's port (a web terminal).
+pub const TTYD_PORT: u16 = 7681;
+
+/// Label kernelvisor puts on a runner kernel's container: its runtime type (recovery and
+/// `ctl session show` read which path a kernel has from it).
+pub const RUNNER_LABEL: &str = "ai.kernelvisor.kernel-runner";
+
+/// What a runner container is made with, beyond the process-path spec.
+pub struct RunnerLaunch<'a> {
+    /// The provisioned runner.
+    pub krunner: &'a Krunner,
+    /// `python`, `app`, …
+    pub runtime_type: &'a str,
+    /// The image's `ai.backend.runtime-path`.
+    pub runtime_path: Option<&'a str>,
+    /// Host ports for repl-in/out.
+    pub repl: RunnerPorts,
+    /// The kernel's uid and main gid (the config's, else `[container] kernel-uid/gid`).
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Supplementary gids (`ADDITIONAL_GIDS`).
+    pub supplementary_gids: &'a [u32],
+    /// Variables set to the core count (the image's `ai.backend.envs.corecount`).
+    pub corecount_vars: Vec<String>,
+    /// The kernel's cores (its `cpu` slot, rounded up, at least 1).
+    pub cores: u64,
+}
+
+/// Turns a process-path `spec` into the runner's.
+pub fn prepare(spec: &mut ContainerSpec, l: &RunnerLaunch<'_>) {
+    spec.entrypoint = Some(vec!["/opt/kernel/entrypoint.sh".into()]);
+    let mut cmd: Vec<String> = [
+        "/opt/backend.ai/bin/python",
+        "-s",
+        "-m",
+        "ai.backend.kernel",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    cmd.push(l.runtime_type.to_owned());
+    if let Some(p) = l.runtime_path {
+        cmd.push(p.to_owned());
+    }
+    spec.cmd = Some(cmd);
+    spec.working_dir = Some("/home/work".into());
+    // Root: the entrypoint makes the user and drops to it with su-exec.
+    spec.user = None;
+    spec.group_add.clear();
+    spec.init = true;
+    spec.stop_signal = Some("SIGINT".into());
+    spec.binds.extend(l.krunner.binds());
+    spec.local_ports = vec![
+        PortMapping {
+            container_port: REPL_IN,
+            host_port: l.repl.repl_in,
+        },
+        PortMapping {
+            container_port: REPL_OUT,
+            host_port: l.repl.repl_out,
+        },
+    ];
+    let set = |env: &mut Vec<String>, k: &str, v: String| {
+        env.retain(|e| !e.starts_with(&format!("{k}=")));
+        env.push(format!("{k}={v}"));
+    };
+    set(&mut spec.env, "LOCAL_USER_ID", l.uid.to_string());
+    set(&mut spec.env, "LOCAL_GROUP_ID", l.gid.to_string());
+    if !l.supplementary_gids.is_empty() {
+        let gids: Vec<String> = l.supplementary_gids.iter().map(u32::to_string).collect();
+        set(&mut spec.env, "ADDITIONAL_GIDS", gids.join(","));
+    }
+    set(
+        &mut spec.env,
+        "LD_PRELOAD",
+        "/opt/kernel/libbaihook.so".into(),
+    );
+    for var in &l.corecount_vars {
+        set(&mut spec.env, var, l.cores.to_string());
+    }
+    // The runner and the entrypoint read these (upstream's manager always sends them).
+    for (ours, theirs) in [
+        ("BACKEND_KERNEL_ID", "BACKENDAI_KERNEL_ID"),
+        ("BACKEND_SESSION_ID", "BACKENDAI_SESSION_ID"),
+    ] {
+        let has = spec
+            .env
+            .iter()
+            .any(|e| e.starts_with(&format!("{theirs}=")));
+        let value = spec
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix(&format!("{ours}=")).map(str::to_owned));
+        if let (false, Some(v)) = (has, value) {
+            spec.env.push(format!("{theirs}={v}"));
+        }
+    }
+    spec.labels
+        .insert(RUNNER_LABEL.into(), l.runtime_type.to_owned());
+}
+
+/// The variables named by an image's `ai.backend.envs.corecount` label (comma-separated).
+pub fn corecount_vars(label: Option<&String>) -> Vec<String> {
+    label
+        .map(|l| {
+            l.split(',')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Writes what the runner reads from the scratch directory: `config/environ.txt` (the whole
+/// container environment, `K=V` per line: the runner loads it into its children's), the sshd
+/// host key `config/ssh/dropbear_rsa_host_key` made with the runner's own `dropbearmulti`
+/// (saving the runner its keygen; readable by the kernel's user, who runs sshd), and
+/// `work/bootstrap.sh` (the runner runs it as the user before it answers `status`).
+///
+/// Errors: the file system's, or the keygen's exit.
+pub fn write_scratch(
+    config_dir: &Path,
+    work_dir: &Path,
+    spec: &ContainerSpec,
+    krunner: &Krunner,
+    owner: (u32, u32),
+    bootstrap: Option<&str>,
+) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(config_dir.join("environ.txt"))?;
+    for e in &spec.env {
+        // A value with a newline would split into two entries: upstream writes them as they are.
+        writeln!(f, "{e}")?;
+    }
+    f.sync_all()?;
+    let ssh = config_dir.join("ssh");
+    std::fs::create_dir_all(&ssh)?;
+    let key = ssh.join("dropbear_rsa_host_key");
+    let out = std::process::Command::new(krunner.dropbearmulti())
+        .args(["dropbearkey", "-t", "ed25519", "-f"])
+        .arg(&key)
+        .output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "dropbearkey: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    std::os::unix::fs::chown(&ssh, Some(owner.0), Some(owner.1))?;
+    std::os::unix::fs::chown(&key, Some(owner.0), Some(owner.1))?;
+    if let Some(script) = bootstrap {
+        let path = work_dir.join("bootstrap.sh");
+        std::fs::write(&path, script)?;
+        std::os::unix::fs::chown(&path, Some(owner.0), Some(owner.1))?;
+    }
+    Ok(())
+}
