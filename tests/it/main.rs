@@ -49,6 +49,7 @@ mod module_cycles;
 mod queue;
 mod readme_tour;
 mod rpc;
+mod runner_kernels;
 mod security;
 mod services_files;
 mod session_commit;

@@ -407,8 +407,8 @@ fn creation_result(ctx: &AgentContext, info: &KernelInfo) -> api::KernelCreation
     api::KernelCreationResult {
         id: info.id.clone(),
         kernel_host,
-        repl_in_port: 0,
-        repl_out_port: 0,
+        repl_in_port: info.runner.map_or(0, |p| p.repl_in),
+        repl_out_port: info.runner.map_or(0, |p| p.repl_out),
         stdin_port: 0,
         stdout_port: 0,
         service_ports: info

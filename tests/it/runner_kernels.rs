@@ -1,0 +1,329 @@
+//! Backend.AI's own kernel runner (PyPI `backend.ai-kernel` 26.9.6 on
+//! `backend.ai-krunner-static-gnu` 4.4.0, provisioned by `just krunner`) inside kernels of
+//! `kernelvisor-test-py` (`just test-image-py`: Debian trixie with `python3-ipykernel` and
+//! upstream's labels), driven through the agent's real ZeroMQ RPC on an in-process agent and
+//! the real Docker engine: a persistent REPL (state across runs, errors, `input`, interrupt,
+//! continuation), batch steps, `trigger_batch_execution`, the intrinsic sshd/ttyd services, an
+//! upstream-format service definition, and teardown. `KV_KRUNNER_DIR` names the runner; without
+//! it the tests are skipped (said on stderr); `just test-all` always sets it.
+
+use crate::common;
+
+use std::time::Duration;
+
+use rmpv::Value;
+
+use common::agent::*;
+use kernelvisor::agent::Agent;
+use kernelvisor::rpc::Peer;
+
+/// The Python kernel image (`just test-image-py`).
+pub const PY_IMAGE: &str = "kernelvisor-test-py:latest";
+
+const MIB: u64 = 1 << 20;
+
+/// The runner's directory, or `None` (the test is skipped: said on stderr).
+fn krunner_dir(test: &str) -> Option<String> {
+    let dir = std::env::var("KV_KRUNNER_DIR").ok();
+    if dir.is_none() {
+        eprintln!("SKIPPED {test}: KV_KRUNNER_DIR is not set (`just test-all` sets it after `just krunner`)");
+    }
+    dir
+}
+
+/// The agent's `[agent]` extra lines plus a `[kernel-runner]` section on `dir`.
+fn runner_section(dir: &str, mode: &str) -> String {
+    format!("\n[kernel-runner]\ndir = \"{dir}\"\nmode = \"{mode}\"\ninit-timeout = 60\n")
+}
+
+async fn start(fx: &AgentFixture, dir: &str) -> Agent {
+    Agent::start(fx.config(&runner_section(dir, "auto")), None)
+        .await
+        .expect("agent starts (is the Docker engine up?)")
+}
+
+/// A config for the Python image, run as uid/gid 1000.
+fn py_config() -> Value {
+    kernel_config(
+        "1",
+        512 * MIB,
+        vec![
+            ("image", image(PY_IMAGE)),
+            ("uid", 1000.into()),
+            ("main_gid", 1000.into()),
+        ],
+    )
+}
+
+/// `execute(session, kernel, 2, run_id, mode, code, opts, flush)`.
+async fn execute(
+    peer: &Peer,
+    kid: &str,
+    run_id: &str,
+    mode: &str,
+    code: &str,
+    opts: Vec<(&str, Value)>,
+    flush: f64,
+) -> Value {
+    call(
+        peer,
+        "execute",
+        vec![
+            "s".into(),
+            kid.into(),
+            2.into(),
+            run_id.into(),
+            mode.into(),
+            code.into(),
+            map(opts),
+            flush.into(),
+        ],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("execute {mode} {code:?}: {e:?}"))
+}
+
+/// Text of the `kind` items of an answer's console.
+fn console(answer: &Value, kind: &str) -> String {
+    field(answer, "console")
+        .as_array()
+        .expect("console is a list")
+        .iter()
+        .filter_map(|item| {
+            let pair = item.as_array()?;
+            (pair.first()?.as_str()? == kind).then(|| pair.get(1)?.as_str().map(str::to_owned))?
+        })
+        .collect()
+}
+
+fn status(answer: &Value) -> &str {
+    field(answer, "status").as_str().unwrap_or("?")
+}
+
+/// Runs `code` in query mode and continues until `finished`: (statuses, stdout, stderr, exit).
+async fn run(peer: &Peer, kid: &str, code: &str) -> (Vec<String>, String, String, Option<i64>) {
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut a = execute(peer, kid, &run_id, "query", code, vec![], 2.0).await;
+    let (mut statuses, mut out, mut err) = (Vec::new(), String::new(), String::new());
+    loop {
+        statuses.push(status(&a).to_owned());
+        out += &console(&a, "stdout");
+        err += &console(&a, "stderr");
+        assert_eq!(field(&a, "runId").as_str(), Some(run_id.as_str()));
+        match status(&a) {
+            "finished" => return (statuses, out, err, field(&a, "exitCode").as_i64()),
+            "continued" => {}
+            other => panic!("unexpected status {other}: {a}"),
+        }
+        assert!(statuses.len() < 200, "no end after 200 answers");
+        a = execute(peer, kid, &run_id, "continue", "", vec![], 2.0).await;
+    }
+}
+
+fn docker_inspect(container: &str, format: &str) -> String {
+    docker(&["inspect", "-f", format, container])
+}
+
+#[actix_rt::test]
+async fn a_python_kernel_keeps_its_repl_through_the_runner() {
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let fx = AgentFixture::new("runner-repl", 36_100, 16);
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
+    let kid = uuid::Uuid::new_v4().to_string();
+    let created = create_one(&peer, "s", &kid, py_config())
+        .await
+        .expect("create on the Python image");
+    // Upstream's shape: repl ports published (on 127.0.0.1), sshd and ttyd service ports.
+    let repl_in = field(&created, "repl_in_port").as_u64().unwrap_or(0);
+    let repl_out = field(&created, "repl_out_port").as_u64().unwrap_or(0);
+    assert!(repl_in > 0 && repl_out > 0, "repl ports: {created}");
+    let services: Vec<String> = field(&created, "service_ports")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| field(s, "name").as_str().unwrap_or_default().to_owned())
+        .collect();
+    for name in ["sshd", "ttyd", "hello"] {
+        assert!(
+            services.contains(&name.to_owned()),
+            "{name} in {services:?}"
+        );
+    }
+    let cid = field(&created, "container_id").as_str().unwrap().to_owned();
+    assert_eq!(
+        docker_inspect(&cid, "{{json .Config.Entrypoint}}"),
+        r#"["/opt/kernel/entrypoint.sh"]"#
+    );
+    assert_eq!(docker_inspect(&cid, "{{.Config.User}}"), "");
+    assert_eq!(docker_inspect(&cid, "{{.HostConfig.Init}}"), "true");
+    assert_eq!(docker_inspect(&cid, "{{.Config.StopSignal}}"), "SIGINT");
+    let bindings = docker_inspect(&cid, "{{json .HostConfig.PortBindings}}");
+    assert!(
+        bindings.contains(&format!(
+            r#""2000/tcp":[{{"HostIp":"127.0.0.1","HostPort":"{repl_in}"}}]"#
+        )),
+        "{bindings}"
+    );
+
+    // State across runs.
+    let (st, out, _, code) = run(&peer, &kid, "x = 41").await;
+    assert_eq!(
+        (st.last().map(String::as_str), code),
+        (Some("finished"), Some(0)),
+        "{out}"
+    );
+    let (_, out, _, code) = run(&peer, &kid, "print(x + 1)").await;
+    assert_eq!((out.as_str(), code), ("42\n", Some(0)));
+    // The REPL runs as the kernel's user (the entrypoint's su-exec).
+    let (_, out, _, _) = run(&peer, &kid, "import os; print(os.getuid(), os.getgid())").await;
+    assert_eq!(out, "1000 1000\n");
+    // An error: exit code 1 with the traceback; the REPL keeps `x`.
+    let (_, _, err, code) = run(&peer, &kid, "1/0").await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("ZeroDivisionError"), "{err}");
+    let (_, out, _, _) = run(&peer, &kid, "print(x)").await;
+    assert_eq!(out, "41\n");
+
+    // input(): waiting-input with upstream's options, then the line.
+    let rid = "input-run";
+    let a = execute(
+        &peer,
+        &kid,
+        rid,
+        "query",
+        "name = input('who? ')",
+        vec![],
+        5.0,
+    )
+    .await;
+    assert_eq!(status(&a), "waiting-input", "{a}");
+    assert_eq!(console(&a, "stdout"), "who? ");
+    assert_eq!(
+        field(field(&a, "options"), "is_password").as_bool(),
+        Some(false)
+    );
+    let a = execute(&peer, &kid, rid, "input", "bob", vec![], 5.0).await;
+    assert_eq!(status(&a), "finished", "{a}");
+    let (_, out, _, _) = run(&peer, &kid, "print('hi', name)").await;
+    assert_eq!(out, "hi bob\n");
+
+    // Continuation: 3 s of printing with flush 0.5 → continued… finished, every line once.
+    let rid = "slow-run";
+    let code = "import time\nfor i in range(15):\n    print(i, flush=True)\n    time.sleep(0.2)";
+    let mut a = execute(&peer, &kid, rid, "query", code, vec![], 0.5).await;
+    let (mut statuses, mut out) = (vec![status(&a).to_owned()], console(&a, "stdout"));
+    while status(&a) != "finished" {
+        a = execute(&peer, &kid, rid, "continue", "", vec![], 0.5).await;
+        statuses.push(status(&a).to_owned());
+        out += &console(&a, "stdout");
+    }
+    assert_eq!(statuses[0], "continued", "{statuses:?}");
+    let want: String = (0..15).map(|i| format!("{i}\n")).collect();
+    assert_eq!(out, want, "{statuses:?}");
+
+    // Interrupt: KeyboardInterrupt ends the run; the REPL (and `x`) stays.
+    let rid = "loop-run";
+    let a = execute(
+        &peer,
+        &kid,
+        rid,
+        "query",
+        "import time\nwhile True:\n    time.sleep(0.1)",
+        vec![],
+        1.0,
+    )
+    .await;
+    assert_eq!(status(&a), "continued");
+    call(&peer, "interrupt_kernel", vec![kid.clone().into()])
+        .await
+        .expect("interrupt_kernel");
+    let mut err = String::new();
+    let mut a = a;
+    while status(&a) != "finished" {
+        a = execute(&peer, &kid, rid, "continue", "", vec![], 2.0).await;
+        err += &console(&a, "stderr");
+    }
+    assert_eq!(field(&a, "exitCode").as_i64(), Some(1));
+    assert!(err.contains("KeyboardInterrupt"), "{err}");
+    let (_, out, _, _) = run(&peer, &kid, "print(x)").await;
+    assert_eq!(out, "41\n");
+
+    // Batch: clean, build, exec with their own statuses.
+    let rid = "batch-run";
+    let mut a = execute(
+        &peer,
+        &kid,
+        rid,
+        "batch",
+        "",
+        vec![
+            ("clean", "".into()),
+            ("build", "echo b".into()),
+            ("exec", "python3 -c 'print(6*7)'; exit 4".into()),
+        ],
+        5.0,
+    )
+    .await;
+    let mut seen = vec![(
+        status(&a).to_owned(),
+        field(&a, "exitCode").as_i64(),
+        console(&a, "stdout"),
+    )];
+    while status(&a) != "finished" {
+        a = execute(&peer, &kid, rid, "continue", "", vec![], 5.0).await;
+        seen.push((
+            status(&a).to_owned(),
+            field(&a, "exitCode").as_i64(),
+            console(&a, "stdout"),
+        ));
+    }
+    let ends: Vec<(String, Option<i64>)> = seen
+        .iter()
+        .filter(|(s, _, _)| s != "continued")
+        .map(|(s, c, _)| (s.clone(), *c))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            ("clean-finished".to_owned(), Some(0)),
+            ("build-finished".to_owned(), Some(0)),
+            ("finished".to_owned(), Some(4)),
+        ],
+        "{seen:?}"
+    );
+    let all: String = seen.iter().map(|(_, _, o)| o.as_str()).collect();
+    assert!(all.contains("b\n") && all.contains("42\n"), "{all:?}");
+
+    // The intrinsic services answer on their host ports.
+    for s in field(&created, "service_ports").as_array().unwrap() {
+        let name = field(s, "name").as_str().unwrap_or_default();
+        if name == "sshd" || name == "ttyd" {
+            let port = field(s, "host_ports").as_array().unwrap()[0]
+                .as_u64()
+                .unwrap();
+            std::net::TcpStream::connect(("127.0.0.1", port as u16))
+                .unwrap_or_else(|e| panic!("{name} on {port}: {e}"));
+        }
+    }
+
+    call(&peer, "destroy_kernel", vec![kid.clone().into()])
+        .await
+        .expect("destroy");
+    common::wait_until(
+        Duration::from_secs(30),
+        "the kernel's container goes",
+        || async { fx.containers().is_empty() },
+    )
+    .await;
+    assert!(
+        fx.scratch_entries().is_empty(),
+        "{:?}",
+        fx.scratch_entries()
+    );
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
+}
