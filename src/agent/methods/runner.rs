@@ -288,3 +288,65 @@ pub async fn trigger_batch(
     });
     Ok(())
 }
+
+/// `start_service` on a runner kernel, as upstream's `DockerKernel.start_service`: the service
+/// port must exist, then the runner's `start-service` `{"name", "port": its first container
+/// port, "ports", "protocol", "options"}`; its `{"status", "error"?}` is the answer's.
+///
+/// Errors: `KernelRunnerUnresponsive` (no reply within 35 s).
+pub async fn start_service(
+    ctx: &AgentContext,
+    info: &KernelInfo,
+    ports: RunnerPorts,
+    service: &str,
+    opts: Option<&BTreeMap<String, Value>>,
+) -> Result<(String, Option<String>), ErrorMeta> {
+    let Some(sp) = info.service_ports.iter().find(|s| s.name == service) else {
+        return Ok((
+            "failed".into(),
+            Some(format!(
+                "kernel {} has no service port `{service}`",
+                info.id
+            )),
+        ));
+    };
+    let options = opts
+        .map(|o| serde_json::to_value(o).unwrap_or_default())
+        .unwrap_or_else(|| Json::Object(Default::default()));
+    let reply = client(ctx, info, ports)?
+        .start_service(serde_json::json!({
+            "name": service,
+            "port": sp.container_ports.first(),
+            "ports": sp.container_ports,
+            "protocol": sp.protocol,
+            "options": options,
+        }))
+        .await
+        .map_err(runner_err)?;
+    let status = reply
+        .get("status")
+        .and_then(Json::as_str)
+        .unwrap_or("failed")
+        .to_owned();
+    let error = reply
+        .get("error")
+        .filter(|e| !e.is_null())
+        .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_owned));
+    Ok((status, error))
+}
+
+/// `shutdown_service` on a runner kernel: the runner's `shutdown-service` (it stops the
+/// process and waits; no reply).
+///
+/// Errors: `KernelRunnerUnresponsive`.
+pub async fn shutdown_service(
+    ctx: &AgentContext,
+    info: &KernelInfo,
+    ports: RunnerPorts,
+    service: &str,
+) -> Result<(), ErrorMeta> {
+    client(ctx, info, ports)?
+        .send(ToRunner::ShutdownService(service.to_owned()))
+        .await
+        .map_err(runner_err)
+}

@@ -21,7 +21,7 @@ use crate::agent::kernel::stages::ServicePortInfo;
 use crate::agent::registry::KernelRegistry;
 use crate::agent::services::{ServiceError, ServiceStatus, ServiceTarget};
 use crate::rpc::agent_api::services as api;
-use crate::rpc::{Dispatcher, ErrorMeta};
+use crate::rpc::{Dispatcher, ErrorMeta, Failure};
 
 fn to_meta(e: ServiceError) -> ErrorMeta {
     let mut meta = ErrorMeta::new(e.name(), e.to_string());
@@ -74,6 +74,30 @@ async fn start_service(
     args: api::StartServiceArgs,
 ) -> Result<api::StartServiceReply, ErrorMeta> {
     cx.engine.check()?;
+    let info = running(&cx.registry, &args.kernel_id).await?;
+    if let Some(ports) = info.runner {
+        let (status, error) =
+            super::runner::start_service(&cx, &info, ports, &args.service, args.opts.as_ref())
+                .await?;
+        let sp = info.service_ports.iter().find(|s| s.name == args.service);
+        let failed = status == "failed";
+        return Ok(api::StartServiceReply {
+            error_name: failed.then(|| {
+                if sp.is_none() {
+                    Failure::ServiceNotFound.as_str().into()
+                } else {
+                    Failure::ServiceStartFailed.as_str().into()
+                }
+            }),
+            status,
+            error,
+            host_ports: sp.filter(|_| !failed).map(|s| s.host_ports.clone()),
+            service: sp
+                .filter(|_| !failed)
+                .map(|s| service_value(&cx, s, ServiceStatus::Running)),
+            ..Default::default()
+        });
+    }
     let t = target(&cx.registry, &args.kernel_id).await?;
     match cx.services.start(&cx.backend, &t, &args.service).await {
         Ok((outcome, sp)) => Ok(api::StartServiceReply {
@@ -102,12 +126,33 @@ async fn shutdown_service(
     args: api::ShutdownServiceArgs,
 ) -> Result<api::ServiceStopped, ErrorMeta> {
     cx.engine.check()?;
-    let t = target(&cx.registry, &args.kernel_id).await?;
-    let sp = cx
-        .services
-        .stop(&cx.backend, &t, &args.service)
-        .await
-        .map_err(to_meta)?;
+    let info = running(&cx.registry, &args.kernel_id).await?;
+    let sp = match info.runner {
+        Some(ports) => {
+            let sp = info
+                .service_ports
+                .iter()
+                .find(|s| s.name == args.service)
+                .cloned()
+                .ok_or_else(|| {
+                    let names: Vec<&str> =
+                        info.service_ports.iter().map(|s| s.name.as_str()).collect();
+                    to_meta(ServiceError::NotFound(
+                        args.service.clone(),
+                        names.join(", "),
+                    ))
+                })?;
+            super::runner::shutdown_service(&cx, &info, ports, &args.service).await?;
+            sp
+        }
+        None => {
+            let t = target(&cx.registry, &args.kernel_id).await?;
+            cx.services
+                .stop(&cx.backend, &t, &args.service)
+                .await
+                .map_err(to_meta)?
+        }
+    };
     Ok(api::ServiceStopped {
         status: "stopped".into(),
         service: service_value(&cx, &sp, ServiceStatus::Stopped),

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use serde_json::Value as Json;
-use tmq::{FromZmqSocket, Multipart};
+use tmq::{AsZmqSocket, FromZmqSocket, Multipart};
 use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -224,10 +224,7 @@ impl RunnerClient {
             socket(zctx, zmq::SocketType::PUSH, ports.repl_in).map_err(err)?,
         )
         .map_err(|e| RunnerError::Socket(e.to_string()))?;
-        let pull = tmq::pull::Pull::from_zmq_socket(
-            socket(zctx, zmq::SocketType::PULL, ports.repl_out).map_err(err)?,
-        )
-        .map_err(|e| RunnerError::Socket(e.to_string()))?;
+        let pull = Repl::open(zctx, ports.repl_out)?;
         let (out, out_rx) = mpsc::channel(SEND_QUEUE);
         let inner = Arc::new(Inner {
             kernel_id: kernel_id.to_owned(),
@@ -247,7 +244,7 @@ impl RunnerClient {
         });
         let tasks = vec![
             tokio::spawn(write_loop(push, out_rx)),
-            tokio::spawn(read_loop(inner.clone(), pull)),
+            tokio::spawn(read_loop(inner.clone(), zctx.clone(), pull)),
             tokio::spawn(keeper(Arc::downgrade(&inner))),
         ];
         Ok(RunnerClient { inner, tasks })
@@ -619,9 +616,63 @@ async fn write_loop(mut push: tmq::push::Push, mut ops: mpsc::Receiver<ToRunner>
 /// log lines).
 const MALFORMED_LOG_EVERY: u64 = 1000;
 
-async fn read_loop(inner: Arc<Inner>, mut pull: tmq::pull::Pull) {
+/// The agent's end of repl-out, with a monitor of its connection: libzmq never reconnects a
+/// connection it dropped for a protocol error (a message over [`MAX_FRAME`] is one), so the
+/// reader makes a new socket when the monitor says the connection went.
+struct Repl {
+    pull: tmq::pull::Pull,
+    monitor: tmq::pair::Pair,
+}
+
+/// A monitor event's id (the first frame's first two bytes, little-endian).
+fn event_id(frame: &[u8]) -> u16 {
+    frame
+        .get(..2)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
+}
+
+impl Repl {
+    fn open(zctx: &zmq::Context, port: u16) -> Result<Repl, RunnerError> {
+        let err = |e: &dyn std::fmt::Display| RunnerError::Socket(e.to_string());
+        let sock = socket(zctx, zmq::SocketType::PULL, port).map_err(|e| err(&e))?;
+        let endpoint = format!(
+            "inproc://kv-runner-monitor-{}",
+            uuid::Uuid::new_v4().simple()
+        );
+        sock.monitor(&endpoint, zmq::SocketEvent::DISCONNECTED as i32)
+            .map_err(|e| err(&e))?;
+        let pair = zctx.socket(zmq::PAIR).map_err(|e| err(&e))?;
+        pair.connect(&endpoint).map_err(|e| err(&e))?;
+        Ok(Repl {
+            pull: tmq::pull::Pull::from_zmq_socket(sock).map_err(|e| err(&e))?,
+            monitor: tmq::pair::Pair::from_zmq_socket(pair).map_err(|e| err(&e))?,
+        })
+    }
+}
+
+async fn read_loop(inner: Arc<Inner>, zctx: zmq::Context, mut repl: Repl) {
     let mut carry = Utf8Carry::default();
-    while let Some(msg) = pull.next().await {
+    loop {
+        let msg = tokio::select! {
+            msg = repl.pull.next() => msg,
+            ev = repl.monitor.next() => {
+                let id = ev.and_then(Result::ok).and_then(|m| m.iter().next().map(|f| event_id(f)));
+                if id == Some(zmq::SocketEvent::DISCONNECTED as u16) {
+                    tracing::info!(kernel_id = %inner.kernel_id, "kernel runner: repl-out connection dropped; reconnecting");
+                    // What the old socket already holds is the runner's output: read it first.
+                    while let Ok(frames) = repl.pull.get_socket().recv_multipart(zmq::DONTWAIT) {
+                        let parts: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+                        handle(&inner, &mut carry, &parts).await;
+                    }
+                    match Repl::open(&zctx, inner.ports.repl_out) {
+                        Ok(r) => repl = r,
+                        Err(e) => tracing::warn!(kernel_id = %inner.kernel_id, error = %e, "kernel runner: cannot reconnect repl-out"),
+                    }
+                }
+                continue;
+            }
+        };
+        let Some(msg) = msg else { return };
         let msg = match msg {
             Ok(m) => m,
             Err(e) => {
@@ -631,45 +682,50 @@ async fn read_loop(inner: Arc<Inner>, mut pull: tmq::pull::Pull) {
             }
         };
         let frames: Vec<&[u8]> = msg.iter().map(|m| &m[..]).collect();
-        let decoded = decode(&frames);
-        drop(frames);
-        match decoded {
-            Err(e) => {
-                let n = inner
-                    .malformed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n % MALFORMED_LOG_EVERY == 0 {
-                    tracing::warn!(kernel_id = %inner.kernel_id, error = %e, dropped = n + 1, "kernel runner: dropped a malformed message");
-                }
+        handle(&inner, &mut carry, &frames).await;
+    }
+}
+
+/// One message off repl-out: a reply to its slot, output to the current run (waiting while
+/// its buffer is full), garbage counted and dropped.
+async fn handle(inner: &Inner, carry: &mut Utf8Carry, frames: &[&[u8]]) {
+    let decoded = decode(frames);
+    match decoded {
+        Err(e) => {
+            let n = inner
+                .malformed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n % MALFORMED_LOG_EVERY == 0 {
+                tracing::warn!(kernel_id = %inner.kernel_id, error = %e, dropped = n + 1, "kernel runner: dropped a malformed message");
             }
-            Ok(FromRunner::Output(stream, bytes)) => {
-                let text = carry.decode(stream, bytes);
-                if !text.is_empty() {
-                    inner.push(Record::Text(stream, text)).await;
-                }
-            }
-            Ok(FromRunner::Item(kind, v)) => inner.push(Record::Item(kind, v)).await,
-            Ok(FromRunner::WaitingInput(o)) => inner.push(Record::WaitingInput(o)).await,
-            Ok(FromRunner::Finished(step, code)) => {
-                for (stream, text) in carry.finish() {
-                    inner.push(Record::Text(stream, text)).await;
-                }
-                inner.push(Record::End(step, code)).await;
-            }
-            Ok(FromRunner::Status(s)) => {
-                let _ = inner.status.tx.try_send(s);
-            }
-            Ok(FromRunner::Completion(v)) => {
-                let _ = inner.completion.tx.try_send(v);
-            }
-            Ok(FromRunner::ServiceResult(v)) => {
-                let _ = inner.service.tx.try_send(v);
-            }
-            Ok(FromRunner::AppsResult(v)) => {
-                let _ = inner.apps.tx.try_send(v);
-            }
-            Ok(FromRunner::ModelService) => {}
         }
+        Ok(FromRunner::Output(stream, bytes)) => {
+            let text = carry.decode(stream, bytes);
+            if !text.is_empty() {
+                inner.push(Record::Text(stream, text)).await;
+            }
+        }
+        Ok(FromRunner::Item(kind, v)) => inner.push(Record::Item(kind, v)).await,
+        Ok(FromRunner::WaitingInput(o)) => inner.push(Record::WaitingInput(o)).await,
+        Ok(FromRunner::Finished(step, code)) => {
+            for (stream, text) in carry.finish() {
+                inner.push(Record::Text(stream, text)).await;
+            }
+            inner.push(Record::End(step, code)).await;
+        }
+        Ok(FromRunner::Status(s)) => {
+            let _ = inner.status.tx.try_send(s);
+        }
+        Ok(FromRunner::Completion(v)) => {
+            let _ = inner.completion.tx.try_send(v);
+        }
+        Ok(FromRunner::ServiceResult(v)) => {
+            let _ = inner.service.tx.try_send(v);
+        }
+        Ok(FromRunner::AppsResult(v)) => {
+            let _ = inner.apps.tx.try_send(v);
+        }
+        Ok(FromRunner::ModelService) => {}
     }
 }
 
@@ -714,5 +770,183 @@ async fn keeper(inner: std::sync::Weak<Inner>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The client against a fake runner on real ZeroMQ sockets: what a hostile process on the
+    //! runner's ports can send.
+
+    use super::*;
+
+    /// A fake runner: its PULL (repl-in) and PUSH (repl-out), bound on free loopback ports.
+    struct Fake {
+        pull: zmq::Socket,
+        push: zmq::Socket,
+        ports: RunnerPorts,
+        _ctx: zmq::Context,
+    }
+
+    fn bind(s: &zmq::Socket) -> u16 {
+        s.bind("tcp://127.0.0.1:*").unwrap();
+        let ep = s.get_last_endpoint().unwrap().unwrap();
+        ep.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    fn fake() -> Fake {
+        let ctx = zmq::Context::new();
+        let pull = ctx.socket(zmq::PULL).unwrap();
+        let push = ctx.socket(zmq::PUSH).unwrap();
+        pull.set_rcvtimeo(5000).unwrap();
+        push.set_sndtimeo(5000).unwrap();
+        let ports = RunnerPorts {
+            repl_in: bind(&pull),
+            repl_out: bind(&push),
+        };
+        Fake {
+            pull,
+            push,
+            ports,
+            _ctx: ctx,
+        }
+    }
+
+    fn send(f: &Fake, frames: &[&[u8]]) {
+        f.push.send_multipart(frames.iter().copied(), 0).unwrap();
+    }
+
+    fn status_reply(f: &Fake, started: f64) {
+        let mut buf = Vec::new();
+        let v = rmpv::Value::Map(vec![("started_at".into(), rmpv::Value::F64(started))]);
+        rmpv::encode::write_value(&mut buf, &v).unwrap();
+        send(f, &[b"status", &buf]);
+    }
+
+    fn client(f: &Fake, cap: usize) -> RunnerClient {
+        let zctx = zmq::Context::new();
+        RunnerClient::connect(&zctx, "k1", f.ports, cap, Duration::from_secs(60)).unwrap()
+    }
+
+    /// Answers every `status` the agent sends until `n` were answered (on a thread).
+    fn answer_status(f: Arc<Mutex<Fake>>, n: usize) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let f = f.lock().unwrap();
+            let mut answered = 0;
+            while answered < n {
+                let Ok(msg) = f.pull.recv_multipart(0) else {
+                    return;
+                };
+                if msg.first().map(Vec::as_slice) == Some(b"status") {
+                    status_reply(&f, 7.0);
+                    answered += 1;
+                }
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn garbage_and_oversized_frames_are_dropped_and_the_runner_still_served() {
+        let f = fake();
+        let c = client(&f, 1 << 16);
+        // Wrong frame counts, an unknown op, undecodable payloads, and a frame over the cap.
+        send(&f, &[b"stdout"]);
+        send(&f, &[b"a", b"b", b"c"]);
+        send(&f, &[b"bogus", b""]);
+        send(&f, &[b"finished", b"{not json"]);
+        send(&f, &[b"status", b"\xc1"]);
+        let huge = vec![b'x'; (MAX_FRAME as usize) * 4];
+        send(&f, &[b"stdout", &huge]);
+        drop(huge);
+        let f = Arc::new(Mutex::new(f));
+        let t = answer_status(f.clone(), 1);
+        let started = c
+            .status(Duration::from_secs(10))
+            .await
+            .expect("status answered");
+        t.join().unwrap();
+        assert_eq!(started, Some(7.0));
+        assert_eq!(c.malformed(), 5, "the five malformed messages were counted");
+        assert_eq!(c.buffered(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_runner_that_never_answers_is_a_named_error() {
+        let f = fake();
+        let c = client(&f, 1 << 16);
+        let e = c.status(Duration::from_millis(300)).await.unwrap_err();
+        assert!(
+            matches!(e, RunnerError::NoReply { op: "status", .. }),
+            "{e}"
+        );
+        let e = c
+            .answer("nope", Some(Duration::from_millis(10)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RunnerError::RunNotFound(_)), "{e}");
+        drop(f);
+    }
+
+    /// A flood of output with nobody reading: the buffer stays at its cap (the reader stops
+    /// reading repl-out, so the flood waits in the runner), and paced answers get every byte,
+    /// in order, once.
+    #[tokio::test]
+    async fn a_flood_is_bounded_and_nothing_is_lost() {
+        const CAP: usize = 1 << 16;
+        const CHUNK: usize = 4096;
+        const CHUNKS: usize = 2048; // 8 MiB
+        let f = fake();
+        let c = client(&f, CAP);
+        c.start("r1", vec![ToRunner::Code("flood()".into())], None)
+            .await
+            .unwrap();
+        let sender = std::thread::spawn(move || {
+            let op = f.pull.recv_multipart(0).unwrap();
+            assert_eq!(op[0], b"code");
+            for i in 0..CHUNKS {
+                let byte = b'a' + (i % 26) as u8;
+                f.push
+                    .send_multipart([&b"stdout"[..], &vec![byte; CHUNK]], 0)
+                    .unwrap();
+            }
+            f.push
+                .send_multipart([&b"finished"[..], br#"{"exitCode": 0}"#], 0)
+                .unwrap();
+            f
+        });
+        // Nobody reads for a while: the buffer fills to its cap and stays there.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = c.buffered();
+        assert!(held >= CAP && held <= CAP + CHUNK, "held {held}");
+        let mut got = Vec::with_capacity(CHUNK * CHUNKS);
+        let mut answers = 0;
+        loop {
+            let a = c.answer("r1", Some(Duration::from_secs(10))).await.unwrap();
+            answers += 1;
+            assert!(c.buffered() <= CAP + CHUNK);
+            for (kind, v) in &a.console {
+                assert_eq!(kind, "stdout");
+                got.extend_from_slice(v.as_str().unwrap().as_bytes());
+            }
+            if a.status == "finished" {
+                assert_eq!(a.exit_code, Some(0));
+                break;
+            }
+            assert_eq!(a.status, "continued");
+        }
+        let _f = sender.join().unwrap();
+        assert_eq!(got.len(), CHUNK * CHUNKS);
+        for (i, chunk) in got.chunks(CHUNK).enumerate() {
+            assert!(
+                chunk.iter().all(|&b| b == b'a' + (i % 26) as u8),
+                "chunk {i}"
+            );
+        }
+        assert!(
+            answers >= CHUNK * CHUNKS / (CAP + CHUNK),
+            "{answers} answers"
+        );
+        // The run concluded: the next one gets its turn at once.
+        assert!(!c.is_current("r1"));
     }
 }
