@@ -309,6 +309,63 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
         }
     }
 
+    // Services through the runner: the intrinsic ttyd runs already; the image's upstream-format
+    // service-def `hello` starts, serves, stops, and starts again.
+    let start_service = |name: &'static str| {
+        let (peer, kid) = (&peer, kid.clone());
+        async move {
+            call(
+                peer,
+                "start_service",
+                vec![kid.into(), name.into(), map(vec![])],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("start_service {name}: {e:?}"))
+        }
+    };
+    let ttyd = start_service("ttyd").await;
+    assert!(
+        matches!(status(&ttyd), "running" | "started"),
+        "ttyd: {ttyd}"
+    );
+    let hello = start_service("hello").await;
+    assert_eq!(status(&hello), "started", "{hello}");
+    let port = field(&hello, "host_ports").as_array().unwrap()[0]
+        .as_u64()
+        .unwrap();
+    let page = ureq::get(&format!("http://127.0.0.1:{port}/"))
+        .call()
+        .expect("hello serves")
+        .into_string()
+        .unwrap();
+    assert_eq!(page, "hello from a service-def\n");
+    call(
+        &peer,
+        "shutdown_service",
+        vec![kid.clone().into(), "hello".into()],
+    )
+    .await
+    .expect("shutdown_service");
+    assert!(
+        ureq::get(&format!("http://127.0.0.1:{port}/"))
+            .call()
+            .is_err(),
+        "hello still serves after shutdown_service"
+    );
+    let again = start_service("hello").await;
+    assert_eq!(status(&again), "started", "{again}");
+    let nope = start_service("nope").await;
+    assert_eq!(status(&nope), "failed", "{nope}");
+
+    // A graceful agent stop leaves the REPL serving; the next agent reconnects to it.
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Preserve)
+        .await;
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
+    let (_, out, _, _) = run(&peer, &kid, "print(x)").await;
+    assert_eq!(out, "41\n", "the REPL's state after an agent restart");
+
     call(&peer, "destroy_kernel", vec![kid.clone().into()])
         .await
         .expect("destroy");
