@@ -112,6 +112,13 @@ pub enum ExecStatus {
     Finished,
     /// `timeout` killed the run.
     ExecTimeout,
+    /// A kernel runner's run waits for a line (`input`); `options.is_password` says whether
+    /// to echo it.
+    WaitingInput,
+    /// A kernel runner's batch run finished its `clean` step (`exitCode`); `continue` for more.
+    CleanFinished,
+    /// A kernel runner's batch run finished its `build` step (`exitCode`); `continue` for more.
+    BuildFinished,
 }
 
 /// One answer of Backend.AI's continuation protocol.
@@ -134,6 +141,10 @@ pub struct ExecuteAnswer {
     #[serde(rename = "exitCode")]
     #[schema(required = true)]
     pub exit_code: Option<i64>,
+    /// `waiting-input`'s options from a kernel runner (`{"is_password": bool}`); null or `{}`
+    /// otherwise.
+    #[schema(value_type = Option<Object>)]
+    pub options: Option<serde_json::Value>,
 }
 
 fn console_schema() -> Schema {

@@ -245,7 +245,13 @@ fn exec(
         stdout.flush()?;
         stderr.flush()?;
         let answer: ExecuteAnswer = reply.lenient();
-        if answer.status != "continued" {
+        // A kernel runner's REPL waits for a line (`input()`), or a batch run moves on to its
+        // next step: both go on; anything else but `continued` ends the run.
+        let waits = answer.status == "waiting-input";
+        if !matches!(
+            answer.status.as_str(),
+            "continued" | "waiting-input" | "clean-finished" | "build-finished"
+        ) {
             return Ok(ExecEnd::of(&reply.json));
         }
         let run_id = answer.run_id.as_str();
@@ -256,6 +262,14 @@ fn exec(
                 detail,
             }
             .into());
+        }
+        if waits && input.is_none() {
+            // The prompt was printed with the answer's stdout; the line comes from ctl's stdin.
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            let line = line.trim_end_matches(['\n', '\r']);
+            body = options.input_body(run_id, line, false);
+            continue;
         }
         body = match input.as_mut().map(StdinChunks::next) {
             Some(Input::Text(text)) => options.input_body(run_id, &text, false),
