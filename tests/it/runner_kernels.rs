@@ -180,6 +180,22 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
     // The REPL runs as the kernel's user (the entrypoint's su-exec).
     let (_, out, _, _) = run(&peer, &kid, "import os; print(os.getuid(), os.getgid())").await;
     assert_eq!(out, "1000 1000\n");
+    // `opts.shell`: the process path on a runner kernel, as the kernel's user too.
+    let a = execute(
+        &peer,
+        &kid,
+        "shell-run",
+        "query",
+        "id -u",
+        vec![("shell", true.into())],
+        10.0,
+    )
+    .await;
+    assert_eq!(
+        (status(&a), console(&a, "stdout").as_str()),
+        ("finished", "1000\n"),
+        "{a}"
+    );
     // An error: exit code 1 with the traceback; the REPL keeps `x`.
     let (_, _, err, code) = run(&peer, &kid, "1/0").await;
     assert_eq!(code, Some(1));
@@ -297,6 +313,57 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
     let all: String = seen.iter().map(|(_, _, o)| o.as_str()).collect();
     assert!(all.contains("b\n") && all.contains("42\n"), "{all:?}");
 
+    // A flood: 20 MB of output nobody reads for a while, then read in bounded answers. The
+    // agent (this process) holds at most its buffer: back-pressure stops the runner, not
+    // memory; every line arrives once.
+    let rss = || -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap();
+        kb * 1024
+    };
+    let before = rss();
+    let rid = "flood-run";
+    // 10 MB in all: however the REPL batches it, no message is over the agent's 16 MiB cap.
+    let code = "for i in range(100000):\n    print(f'{i:09d}' + 'x' * 90)";
+    let mut a = execute(&peer, &kid, rid, "query", code, vec![], 0.01).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = rss().saturating_sub(before);
+    let (mut lines, mut next, mut answers, mut biggest) = (0u64, 0u64, 0u32, 0usize);
+    let mut partial = String::new();
+    loop {
+        let piece = console(&a, "stdout");
+        biggest = biggest.max(piece.len());
+        partial += &piece;
+        let mut rest = partial.as_str();
+        while let Some((line, tail)) = rest.split_once('\n') {
+            assert_eq!(&line[..9], format!("{next:09}"), "line {next}");
+            next += 1;
+            lines += 1;
+            rest = tail;
+        }
+        partial = rest.to_owned();
+        answers += 1;
+        if status(&a) == "finished" {
+            break;
+        }
+        a = execute(&peer, &kid, rid, "continue", "", vec![], 2.0).await;
+    }
+    assert_eq!(lines, 100_000, "every line once, in order");
+    // An answer holds the agent's `exec-buffer-size` (1 MiB) plus at most one runner message.
+    assert!(
+        answers >= 3 && biggest <= 11 << 20,
+        "10 MB came in {answers} answers, the biggest {biggest} bytes"
+    );
+    assert!(
+        held < 64 << 20,
+        "the agent grew by {} MiB while 10 MB waited unread",
+        held >> 20
+    );
+
     // The intrinsic services answer on their host ports.
     for s in field(&created, "service_ports").as_array().unwrap() {
         let name = field(s, "name").as_str().unwrap_or_default();
@@ -366,6 +433,17 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
     let (_, out, _, _) = run(&peer, &kid, "print(x)").await;
     assert_eq!(out, "41\n", "the REPL's state after an agent restart");
 
+    // One message over the agent's 16 MiB frame cap (a 20 MB print): refused whole (memory
+    // stays bounded), the run ends saying so, and nothing hangs. (Last on this kernel: the
+    // runner's own end of that run may still arrive.)
+    let (st, _, err, code) = run(&peer, &kid, "print('y' * 20_000_000)").await;
+    assert_eq!(
+        (st.last().map(String::as_str), code),
+        (Some("finished"), None),
+        "{err}"
+    );
+    assert!(err.contains("connection dropped"), "{err}");
+
     call(&peer, "destroy_kernel", vec![kid.clone().into()])
         .await
         .expect("destroy");
@@ -383,4 +461,116 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
     agent
         .shutdown(kernelvisor::config::OnShutdown::Terminate)
         .await;
+}
+
+/// The runner is a stranger in a container its user controls: the user kills it mid-run. The
+/// run's caller gets an end, not a hang; the kernel ends; a later call fails by name; a second
+/// runner kernel on the same agent is served throughout. And a SIGKILLed agent process comes
+/// back to a REPL that kept its state.
+#[actix_rt::test]
+async fn a_killed_runner_ends_its_kernel_and_a_killed_agent_finds_its_repl() {
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let fx = AgentFixture::new("runner-kill", 36_200, 16);
+    let config = fx.write_config(&runner_section(&dir, "auto"));
+    let mut agent = spawn_agent_process(&fx, &config);
+    let peer = connect_process(&fx).await;
+    let (victim, other) = (
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    for kid in [&victim, &other] {
+        create_one(&peer, "s", kid, py_config())
+            .await
+            .expect("create on the Python image");
+    }
+    let (_, out, _, _) = run(&peer, &other, "x = 41; print('set')").await;
+    assert_eq!(out, "set\n");
+    // As root in the victim's container, kill its runner in the middle of a run.
+    let rid = "doomed";
+    let a = execute(
+        &peer,
+        &victim,
+        rid,
+        "query",
+        "import time\nwhile True:\n    time.sleep(0.1)",
+        vec![],
+        1.0,
+    )
+    .await;
+    assert_eq!(status(&a), "continued");
+    let cid = fx
+        .containers()
+        .into_iter()
+        .find(|c| docker_inspect(c, "{{index .Config.Labels \"ai.backend.kernel-id\"}}") == victim)
+        .expect("the victim's container");
+    docker(&[
+        "exec",
+        "-u",
+        "0",
+        &cid,
+        "pkill",
+        "-KILL",
+        "-f",
+        "bai-krunner",
+    ]);
+    // Within a few answers the run ends or is gone, and the kernel is no longer RUNNING.
+    let mut ended = false;
+    for _ in 0..30 {
+        let r = call(
+            &peer,
+            "execute",
+            vec![
+                "s".into(),
+                victim.clone().into(),
+                2.into(),
+                rid.into(),
+                "continue".into(),
+                "".into(),
+                map(vec![]),
+                1.0.into(),
+            ],
+        )
+        .await;
+        match r {
+            Ok(a) if status(&a) == "continued" => {}
+            Ok(a) => {
+                assert_eq!(status(&a), "finished", "{a}");
+                ended = true;
+                break;
+            }
+            Err(e) => {
+                let name = failure_name(&Err(e));
+                assert!(
+                    ["RunNotFound", "KernelNotRunning", "KernelNotFound"].contains(&name.as_str()),
+                    "{name}"
+                );
+                ended = true;
+                break;
+            }
+        }
+    }
+    assert!(ended, "the killed runner's run never ended");
+    // The other kernel's REPL served all along.
+    let (_, out, _, _) = run(&peer, &other, "print(x)").await;
+    assert_eq!(out, "41\n");
+
+    // SIGKILL the agent: the next one reconnects to the surviving REPL.
+    agent.kill().expect("SIGKILL the agent");
+    let _ = agent.wait();
+    let mut agent = spawn_agent_process(&fx, &config);
+    let peer = connect_process(&fx).await;
+    let (_, out, _, _) = run(&peer, &other, "print(x + 1)").await;
+    assert_eq!(out, "42\n", "the REPL's state after a SIGKILLed agent");
+    let _ = call(&peer, "destroy_kernel", vec![other.clone().into()]).await;
+    let _ = call(&peer, "destroy_kernel", vec![victim.clone().into()]).await;
+    common::wait_until(
+        Duration::from_secs(30),
+        "the kernels' containers go",
+        || async { fx.containers().is_empty() },
+    )
+    .await;
+    let _ = agent.kill();
+    let _ = agent.wait();
 }

@@ -340,6 +340,9 @@ pub struct ExecSpec {
     /// one stream, [`OutputStream::Stdout`], with the terminal's bytes as the line discipline
     /// made them: echo, `\r\n`). `None`: plain pipes.
     pub tty: Option<TtySize>,
+    /// `uid:gid` to run as; the container's user when `None` (a runner kernel's container runs
+    /// as root, its user's processes as the kernel's uid).
+    pub user: Option<String>,
 }
 
 /// A terminal's size in character cells (`rows` lines of `cols` columns), as `TIOCSWINSZ` sets it.

@@ -410,6 +410,9 @@ pub struct RunRequest {
     pub tty: Option<TtySize>,
     /// Extra `KEY=VALUE` environment (a terminal's `TERM`).
     pub env: Vec<String>,
+    /// `uid:gid` to run as ([`crate::agent::kernel::KernelInfo::exec_user`]); the container's
+    /// user when `None`.
+    pub user: Option<String>,
 }
 
 impl Runs {
@@ -448,6 +451,7 @@ impl Runs {
                     stdin: req.stdin,
                     tty: req.tty,
                     env: req.env,
+                    user: req.user,
                     ..Default::default()
                 },
             )

@@ -129,6 +129,20 @@ impl KernelInfo {
         }
     }
 
+    /// Who a process started in the kernel's container runs as: `uid:gid` for a runner kernel
+    /// (its container runs as root; its user is the config's `uid`/`main_gid`, else
+    /// `[container] kernel-uid`/`kernel-gid`, as its entrypoint made it), else `None` (the
+    /// container's user).
+    pub fn exec_user(&self, container: &crate::config::ContainerSection) -> Option<String> {
+        self.runner.map(|_| {
+            format!(
+                "{}:{}",
+                self.config.uid.unwrap_or(container.kernel_uid),
+                self.config.main_gid.unwrap_or(container.kernel_gid)
+            )
+        })
+    }
+
     /// As the wire map: `{id, kernel_id, session_id, agent_id, status, container_id, image,
     /// host_ports, service_ports, resource_slots, gpus, reason, exit_code, restart_count,
     /// restart_policy, stages: [{name, status, restarts, setup_seconds}], exec_path:

@@ -494,6 +494,7 @@ async fn trigger_batch(
         stdin: false,
         tty: None,
         env: Vec::new(),
+        user: info.exec_user(&ctx.config.container),
     };
     let run = ctx
         .runs
@@ -572,7 +573,8 @@ const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 
 /// `execute(session_id, kernel_id, api_version, run_id, mode, code, opts, flush_timeout)`,
 /// Backend.AI's continuation protocol. On a kernel Backend.AI's kernel runner serves, through
-/// its REPL ([`super::runner::execute`]; `opts.shell = true` takes the process path instead).
+/// its REPL ([`super::runner::execute`]; `opts.shell = true` takes the process path instead,
+/// running `code` with `sh -c` as the kernel's user).
 /// Otherwise (see [`crate::agent::exec`]) modes: `query` (also
 /// `batch`) starts `code` with the image's interpreter (`ai.backend.runtime-path -c code`, else
 /// `sh -c code`) in `/home/work`; `continue` answers more of run `run_id`; `input` writes `code`
@@ -609,7 +611,9 @@ async fn execute(
         "query" | "batch" if !shell => Some(running(registry, &kernel_id).await?),
         "continue" | "input" => match run_id.as_deref().map(|r| ctx.runs.get(r)) {
             Some(Ok(_)) => None,
-            _ => Some(lookup(registry, &kernel_id).await?),
+            // A runner kernel's run ends with its kernel (then `RunNotFound`, as on the process
+            // path).
+            _ => running(registry, &kernel_id).await.ok(),
         },
         _ => None,
     };
@@ -640,7 +644,11 @@ async fn execute(
             let code = args.code.clone();
             let info = running(registry, &kernel_id).await?;
             ctx.engine.check()?;
-            let interpreter = info.runtime_path.clone().unwrap_or_else(|| "sh".into());
+            // `opts.shell`: a shell command, whatever the image's interpreter.
+            let interpreter = match &info.runtime_path {
+                Some(path) if !shell => path.clone(),
+                _ => "sh".into(),
+            };
             let req = RunRequest {
                 ids: RunIds {
                     run_id: run_id
@@ -655,6 +663,7 @@ async fn execute(
                 stdin: opt(opts, "stdin").and_then(Value::as_bool).unwrap_or(false),
                 tty: None,
                 env: Vec::new(),
+                user: info.exec_user(&ctx.config.container),
             };
             ctx.runs
                 .start(&ctx.backend, &ctx.events, req)

@@ -97,6 +97,7 @@ async fn pty_start(cx: Ctx, args: api::PtyStartArgs) -> Result<api::PtyStarted, 
         stdin: true,
         tty: Some(size),
         env: vec![TERM.to_owned()],
+        user: info.exec_user(&cx.config.container),
     };
     let run = cx
         .runs

@@ -26,11 +26,15 @@ use crate::agent::backend::OutputStream;
 use crate::agent::exec::console::Utf8Carry;
 
 /// Largest message the agent takes off repl-out, in bytes: a bigger one makes libzmq drop the
-/// connection (it reconnects at once), so a hostile runner's 1 GiB frame never reaches memory.
-pub const MAX_FRAME: i64 = 4 << 20;
+/// connection (the reader opens a new one, and ends the run in progress saying so: its end
+/// may have been lost with the connection), so a hostile runner's 1 GiB frame never reaches
+/// memory. Above upstream's agent's 10 MiB per record (which keeps a bigger record's first
+/// 10 MiB; this agent cannot read part of a message): the REPL batches a fast printer's output
+/// into messages of several MiB.
+pub const MAX_FRAME: i64 = 16 << 20;
 
 /// Messages libzmq queues from repl-out before the runner's sends block (with [`MAX_FRAME`],
-/// at most 32 MiB per kernel).
+/// at most 128 MiB per kernel from a hostile runner, beside the run's buffer).
 const RECV_HWM: i32 = 8;
 
 /// Ops queued towards the runner before a sender waits.
@@ -462,6 +466,12 @@ impl RunnerClient {
         Ok(answer)
     }
 
+    /// Closes the connection: waiting answers end (`finished`, no exit code), later calls fail
+    /// with [`RunnerError::Closed`].
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
     /// Whether `run_id` is the kernel's current run.
     pub fn is_current(&self, run_id: &str) -> bool {
         self.inner.current_is(run_id)
@@ -551,6 +561,9 @@ impl Inner {
     }
 
     async fn send(&self, op: ToRunner) -> Result<(), RunnerError> {
+        if self.st().closed {
+            return Err(RunnerError::Closed);
+        }
         self.out.send(op).await.map_err(|_| RunnerError::Closed)
     }
 
@@ -664,6 +677,18 @@ async fn read_loop(inner: Arc<Inner>, zctx: zmq::Context, mut repl: Repl) {
                         let parts: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
                         handle(&inner, &mut carry, &parts).await;
                     }
+                    // The run in progress may have lost output, and its end, with the connection:
+                    // it ends here, saying so, rather than hold the kernel's turn forever.
+                    inner
+                        .push(Record::Text(
+                            OutputStream::Stderr,
+                            format!(
+                                "[kernelvisor] the kernel runner's connection dropped (a message over {} MiB is refused): this run's output may be incomplete, and it is ended here\n",
+                                MAX_FRAME >> 20
+                            ),
+                        ))
+                        .await;
+                    inner.push(Record::Gone).await;
                     match Repl::open(&zctx, inner.ports.repl_out) {
                         Ok(r) => repl = r,
                         Err(e) => tracing::warn!(kernel_id = %inner.kernel_id, error = %e, "kernel runner: cannot reconnect repl-out"),
@@ -855,7 +880,7 @@ mod tests {
         send(&f, &[b"bogus", b""]);
         send(&f, &[b"finished", b"{not json"]);
         send(&f, &[b"status", b"\xc1"]);
-        let huge = vec![b'x'; (MAX_FRAME as usize) * 4];
+        let huge = vec![b'x'; MAX_FRAME as usize + 1];
         send(&f, &[b"stdout", &huge]);
         drop(huge);
         let f = Arc::new(Mutex::new(f));

@@ -106,12 +106,17 @@ impl Runners {
         Ok(c)
     }
 
-    /// Drops kernel `kernel_id`'s client (its sockets close once no call holds it).
+    /// Closes and drops kernel `kernel_id`'s client: a call waiting on it ends at once (its
+    /// run `finished` without an exit code); the sockets close once no call holds it.
     pub fn forget(&self, kernel_id: &str) {
-        self.clients
+        let gone = self
+            .clients
             .lock()
             .expect("runner clients lock")
             .remove(kernel_id);
+        if let Some(c) = gone {
+            c.close();
+        }
     }
 
     /// Clients held.

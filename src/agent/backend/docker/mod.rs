@@ -487,6 +487,7 @@ impl ContainerBackend for DockerBackend {
             tty: Some(tty),
             working_dir: spec.working_dir,
             env: (!spec.env.is_empty()).then_some(spec.env),
+            user: spec.user,
             ..Default::default()
         };
         let exec_id = self
