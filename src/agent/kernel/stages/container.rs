@@ -316,7 +316,7 @@ fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSp
             gid: owner.1,
             supplementary_gids: &config.supplementary_gids,
             corecount_vars: r.corecount_vars.clone(),
-            cores: cpu.div_ceil(1000).max(1) as u64,
+            cores: cpu.div_ceil(1000).max(1),
         },
     );
     launch::write_scratch(
