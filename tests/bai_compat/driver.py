@@ -640,13 +640,14 @@ async def runner_steps(step: Any, run_code: Any, ids: dict[str, Any]) -> None:
                 return host, int(sport["host_ports"][0])
         return None
 
-    async def fetch_hello() -> str:
+    async def fetch_hello(tries: int = 50) -> str:
+        """`GET /` of `hello` on its host port, tried `tries` times 0.2 s apart."""
         where = service_port("hello")
         check(where is not None, f"no `hello` in the create_kernels service_ports: {created!r}")
         url = f"http://{where[0]}:{where[1]}/"
         loop = asyncio.get_running_loop()
         last: Any = None
-        for _ in range(50):
+        for _ in range(tries):
             try:
                 body = await loop.run_in_executor(
                     None, lambda: urllib.request.urlopen(url, timeout=2).read().decode()
@@ -676,7 +677,15 @@ async def runner_steps(step: Any, run_code: Any, ids: dict[str, Any]) -> None:
     await step("start_service_hello", "start_service", start_hello)
 
     async def shutdown_hello(c: Any) -> Any:
-        return await c.shutdown_service(kernel_id, "hello")
+        r = await c.shutdown_service(kernel_id, "hello")
+        # Stopped: its port no longer serves (refused, or closed by Docker's proxy).
+        for _ in range(50):
+            try:
+                await fetch_hello(tries=1)
+            except StepFailed as e:
+                return {"reply": r, "GET /": str(e)}
+            await asyncio.sleep(0.1)
+        raise StepFailed("hello still serves GET / 5 s after shutdown_service")
 
     await step("shutdown_service_hello", "shutdown_service", shutdown_hello)
 
