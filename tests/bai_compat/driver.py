@@ -475,6 +475,12 @@ async def runner_steps(step: Any, run_code: Any, ids: dict[str, Any]) -> None:
 
     async def kernel_uid(c: Any) -> Any:
         out = await query(c, "import os; print(os.getuid(), os.getgid())")
+        if out["exitCode"] == 127 and not out["stdout"] and not out["stderr"]:
+            # The runner answers every query so once its Jupyter kernel did not answer within
+            # its own 10 s at boot (`jupyter channel is not active!` in its log).
+            logs = await c.get_logs(kernel_id)
+            tail = "\n".join(str(logs.get("logs", "")).splitlines()[-15:])
+            raise StepFailed(f"the runner's query mode is off (exit 127 at once); its log:\n{tail}")
         check(out["stdout"] == "1000 1000\n", f"uid/gid {out['stdout']!r}, want '1000 1000': {out}")
         return out
 
