@@ -8,7 +8,7 @@ with `backend.ai-manager` 26.9.6 at /opt/bai):
         --manager-keypair manager.key_secret --agent-public-key agent.key \
         [--session-id UUID] [--kernel-id UUID] [--image-digest sha256:...] [--image-labels JSON] \
         [--host-hook] [--registry HOST:PORT --registry-user USER] [--write-fixtures DIR]
-        [--only STEP,...]
+        [--only STEP,...] [--scenario lifecycle|runner]
 
 The client is built the way the 26.x manager builds it: `AgentRPCCache(None, manager_pub,
 manager_sec).update(agent_id, addr, agent_pub)`, then `AgentClientPool` → `AgentClient` → callosum
@@ -29,6 +29,14 @@ with `execute` (which may lack the permission).
 `$KV_REGISTRY_PASSWORD`) that `commit` names its image in and `push_image` pushes to; the steps
 `commit`, `get_commit_status`, `push_image` and `purge_images` (`image_steps`) need it. The driver
 prints `{"pushed": canonical}` once the push is done.
+
+`--scenario runner` (the default is `lifecycle`, the steps above): after `create_kernels` and
+`check_running`, a kernel that Backend.AI's own kernel runner serves (an image with upstream's
+labels, `kernelvisor-test-py:latest`) is driven as a persistent Python REPL (`runner_steps`:
+`kernel_uid`, `query_state`, `query_error`, `query_input`, `query_continuation`, `interrupt`,
+`batch`, `get_completions`, `start_service_ttyd`, `start_service_hello`,
+`shutdown_service_hello`, `start_service_hello_again`), then `destroy_kernel` and
+`check_running_after_destroy`.
 
 `--only STEP,...`: only the named steps run (`create_kernels`, through the launcher, always does);
 tests/it/bai_events.rs creates and destroys one kernel this way while the real consumer reads the
@@ -384,6 +392,321 @@ async def image_steps(step: Any, args: argparse.Namespace, ids: dict[str, Any]) 
 
 
 # ---------------------------------------------------------------------------------------------
+# A Python REPL through Backend.AI's kernel runner (`--scenario runner`)
+
+
+def console_text(console: Any, kind: str) -> str:
+    """The `kind` (`stdout`, `stderr`) text of an `execute` reply's `console` items."""
+    text = []
+    for item in console or []:
+        check(
+            isinstance(item, (list, tuple)) and len(item) == 2,
+            f"console item {item!r} is not a [type, data] pair",
+        )
+        if item[0] == kind:
+            text.append(str(item[1]))
+    return "".join(text)
+
+
+async def runner_steps(step: Any, run_code: Any, ids: dict[str, Any]) -> None:
+    """What a kernel whose image carries upstream's labels answers once Backend.AI's own kernel
+    runner serves it (`kernelvisor-test-py`, a persistent Python REPL): state across runs, an
+    error, `input()`, continuation, an interrupt that keeps the REPL, batch steps,
+    `get_completions`, and the services (the intrinsic `ttyd`, the image's service-def `hello`).
+    Each through the real `AgentClient`, with the manager's arguments: major API version 9,
+    `flush_timeout` 2.0 unless a step needs another. `trigger_batch_execution` is not called: its
+    result is only an event (`session_success` / `session_failure`), read off the event bus."""
+    import urllib.request
+
+    session_id, kernel_id = ids["session_id"], ids["kernel_id"]
+    created = ids.get("created")
+
+    async def execute(
+        c: Any, run_id: str, mode: str, code: str, opts: dict[str, Any], flush: float
+    ) -> dict[str, Any]:
+        r = await c.execute(session_id, kernel_id, 9, run_id, mode, code, opts, flush)
+        check(isinstance(r, dict) or hasattr(r, "get"), f"execute answered {r!r}, not a map")
+        r = dict(r)
+        check(str(r.get("runId")) == run_id, f"runId {r.get('runId')!r} != {run_id}: {r!r}")
+        return r
+
+    async def continue_until_finished(
+        c: Any, run_id: str, first: dict[str, Any], flush: float, limit: int = 120
+    ) -> list[dict[str, Any]]:
+        replies = [first]
+        while replies[-1].get("status") != "finished":
+            status = replies[-1].get("status")
+            check(
+                status in ("continued", "build-finished", "clean-finished"),
+                f"execute answered status {status!r}: {replies[-1]!r}",
+            )
+            check(len(replies) < limit, f"no `finished` after {limit} replies")
+            replies.append(await execute(c, run_id, "continue", "", {}, flush))
+        return replies
+
+    def summary(replies: list[dict[str, Any]]) -> dict[str, Any]:
+        console: list[Any] = []
+        for rep in replies:
+            console.extend(rep.get("console") or [])
+        return {
+            "statuses": [rep.get("status") for rep in replies],
+            "exitCode": replies[-1].get("exitCode"),
+            "stdout": console_text(console, "stdout"),
+            "stderr": console_text(console, "stderr")[-300:],
+        }
+
+    async def query(c: Any, code: str) -> dict[str, Any]:
+        """`run_code` (query, flush 2.0, `continue` until `finished`) plus its texts."""
+        out = await run_code(c, code)
+        check(out["run_ids"] == [out["run_id"]], f"runId {out['run_ids']} != {out['run_id']}")
+        return {
+            "run_id": out["run_id"],
+            "statuses": out["statuses"],
+            "exitCode": out["exitCode"],
+            "stdout": console_text(out["console"], "stdout"),
+            "stderr": console_text(out["console"], "stderr"),
+        }
+
+    async def x_is_41(c: Any) -> None:
+        out = await query(c, "print(x)")
+        check((out["stdout"], out["exitCode"]) == ("41\n", 0), f"print(x) afterwards: {out!r}")
+
+    # -- who runs the REPL: the launcher sends `uid` None, so the agent's `kernel-uid` (1000) ----
+
+    async def kernel_uid(c: Any) -> Any:
+        out = await query(c, "import os; print(os.getuid(), os.getgid())")
+        if out["exitCode"] == 127 and not out["stdout"] and not out["stderr"]:
+            # The runner answers every query so once its Jupyter kernel did not answer within
+            # its own 10 s at boot (`jupyter channel is not active!` in its log).
+            logs = await c.get_logs(kernel_id)
+            tail = "\n".join(str(logs.get("logs", "")).splitlines()[-15:])
+            raise StepFailed(f"the runner's query mode is off (exit 127 at once); its log:\n{tail}")
+        check(out["stdout"] == "1000 1000\n", f"uid/gid {out['stdout']!r}, want '1000 1000': {out}")
+        return out
+
+    await step("kernel_uid", "execute", kernel_uid, timeout=60)
+
+    # -- state across runs -------------------------------------------------------------------------
+
+    async def query_state(c: Any) -> Any:
+        first = await query(c, "x = 41")
+        check(first["statuses"][-1] == "finished", f"x = 41: {first!r}")
+        check(first["exitCode"] == 0, f"x = 41: exitCode {first['exitCode']!r}: {first!r}")
+        second = await query(c, "print(x + 1)")
+        check(second["run_id"] != first["run_id"], "the same run id twice")
+        check(
+            second["stdout"] == "42\n",
+            f"print(x + 1): stdout {second['stdout']!r}, want '42\\n'",
+        )
+        check(second["exitCode"] == 0, f"print(x + 1): exitCode {second['exitCode']!r}")
+        return {"x = 41": first, "print(x + 1)": second}
+
+    await step("query_state", "execute", query_state, timeout=60)
+
+    # -- an error: exit code 1, the traceback on stderr, the REPL keeps `x` ------------------------
+
+    async def query_error(c: Any) -> Any:
+        out = await query(c, "1/0")
+        check(out["exitCode"] == 1, f"1/0: exitCode {out['exitCode']!r}, want 1: {out!r}")
+        check(
+            "ZeroDivisionError" in out["stderr"] and "Traceback" in out["stderr"],
+            f"1/0: no traceback with ZeroDivisionError on stderr: {out!r}",
+        )
+        await x_is_41(c)
+        return {**out, "stderr": out["stderr"][-200:]}
+
+    await step("query_error", "execute", query_error, timeout=60)
+
+    # -- input(): waiting-input, then mode `input` with the line -----------------------------------
+
+    async def query_input(c: Any) -> Any:
+        run_id = uuid.uuid4().hex
+        r = await execute(c, run_id, "query", "name = input('who? ')", {}, 2.0)
+        check(r.get("status") == "waiting-input", f"status {r.get('status')!r}: {r!r}")
+        check(r.get("options") == {"is_password": False}, f"options {r.get('options')!r}")
+        check(
+            console_text(r.get("console"), "stdout") == "who? ",
+            f"the prompt: console {r.get('console')!r}, want stdout 'who? '",
+        )
+        fed = await execute(c, run_id, "input", "bob", {}, 2.0)
+        replies = await continue_until_finished(c, run_id, fed, 2.0)
+        check(replies[-1].get("exitCode") == 0, f"after the input: {replies!r}")
+        out = await query(c, "print(name)")
+        check(out["stdout"] == "bob\n", f"print(name): stdout {out['stdout']!r}, want 'bob\\n'")
+        return {"prompt": r, "after_input": summary(replies), "print(name)": out["stdout"]}
+
+    await step("query_input", "execute", query_input, timeout=60)
+
+    # -- continuation: 3 s of output with flush_timeout 0.5 ----------------------------------------
+
+    async def query_continuation(c: Any) -> Any:
+        run_id = uuid.uuid4().hex
+        code = "import time\nfor i in range(15):\n    print(i, flush=True)\n    time.sleep(0.2)"
+        first = await execute(c, run_id, "query", code, {}, 0.5)
+        check(
+            first.get("status") == "continued",
+            f"first status {first.get('status')!r}: {first!r}",
+        )
+        replies = await continue_until_finished(c, run_id, first, 0.5)
+        out = summary(replies)
+        want = "".join(f"{i}\n" for i in range(15))
+        check(out["stdout"] == want, f"stdout {out['stdout']!r}, want 0..14 once each, in order")
+        check(out["exitCode"] == 0, f"exitCode {out['exitCode']!r}")
+        first_stdout = console_text(first["console"], "stdout")
+        return {**out, "replies": len(replies), "first_stdout": first_stdout}
+
+    await step("query_continuation", "execute", query_continuation, timeout=60)
+
+    # -- interrupt: KeyboardInterrupt ends the run, the REPL and `x` stay --------------------------
+
+    async def interrupt(c: Any) -> Any:
+        run_id = uuid.uuid4().hex
+        code = "import time\nwhile True:\n    time.sleep(0.1)"
+        first = await execute(c, run_id, "query", code, {}, 1.0)
+        check(
+            first.get("status") == "continued",
+            f"first status {first.get('status')!r}: {first!r}",
+        )
+        answered = await c.interrupt_kernel(kernel_id)
+        replies = await continue_until_finished(c, run_id, first, 2.0)
+        out = summary(replies)
+        check(out["exitCode"] == 1, f"exitCode {out['exitCode']!r}, want 1: {out!r}")
+        check("KeyboardInterrupt" in out["stderr"], f"no KeyboardInterrupt on stderr: {out!r}")
+        await x_is_41(c)
+        return {"interrupt_kernel": answered, **out}
+
+    await step("interrupt", "interrupt_kernel", interrupt, timeout=60)
+
+    # -- batch: clean, build, exec, each with its own end status -----------------------------------
+
+    async def batch(c: Any) -> Any:
+        run_id = uuid.uuid4().hex
+        opts = {"clean": "", "build": "echo b", "exec": "python3 -c 'print(6*7)'; exit 4"}
+        first = await execute(c, run_id, "batch", "", opts, 2.0)
+        replies = [first]
+        while replies[-1].get("status") != "finished":
+            status = replies[-1].get("status")
+            check(
+                status in ("continued", "build-finished", "clean-finished"),
+                f"execute answered status {status!r}: {replies[-1]!r}",
+            )
+            check(len(replies) < 60, "no `finished` after 60 replies")
+            replies.append(await execute(c, run_id, "continue", "", {}, 2.0))
+        # Each end status with its exit code and the stdout since the previous one.
+        ends: list[Any] = []
+        pending = ""
+        for rep in replies:
+            pending += console_text(rep.get("console"), "stdout")
+            if rep.get("status") != "continued":
+                ends.append([rep.get("status"), rep.get("exitCode"), pending])
+                pending = ""
+        got = [e[:2] for e in ends]
+        want = [["clean-finished", 0], ["build-finished", 0], ["finished", 4]]
+        check(got == want, f"end statuses {got!r}, want {want!r}: {ends!r}")
+        check(ends[1][2] == "b\n", f"build stdout {ends[1][2]!r}, want 'b\\n'")
+        check(ends[2][2] == "42\n", f"exec stdout {ends[2][2]!r}, want '42\\n'")
+        return {"ends": ends, "replies": len(replies)}
+
+    await step("batch", "execute", batch, timeout=90)
+
+    # -- get_completions: upstream's CodeCompletionResult, read as the manager does ----------------
+
+    async def get_completions(c: Any) -> Any:
+        from ai.backend.common.dto.agent.response import CodeCompletionResp
+
+        r = await c.get_completions(kernel_id, "pri", {})
+        check(isinstance(r, dict), f"get_completions answered {r!r}, not a map")
+        check(
+            set(r) == {"status", "error", "suggestions"},
+            f"get_completions keys {sorted(r)}: CodeCompletionResult's are status, error, "
+            "suggestions",
+        )
+        check(r["status"] == "finished", f"status {r['status']!r}")
+        check(r["error"] is None, f"error {r['error']!r}")
+        check(
+            isinstance(r["suggestions"], (list, tuple))
+            and all(isinstance(s, str) for s in r["suggestions"]),
+            f"suggestions {r['suggestions']!r}, not a list of text",
+        )
+        manager_view = CodeCompletionResp.from_dict(r).as_dict()  # AgentRegistry.get_completions
+        return {"reply": r, "manager_reads": manager_view}
+
+    await step("get_completions", "get_completions", get_completions)
+
+    # -- services: the intrinsic ttyd, the image's service-def `hello` -----------------------------
+
+    def service_port(name: str) -> tuple[str, int] | None:
+        """`(kernel_host, host port)` of service `name` in the create_kernels reply, as the
+        manager's `start_service` reads `service_ports`."""
+        if not (isinstance(created, (list, tuple)) and created and isinstance(created[0], dict)):
+            return None
+        host = created[0].get("kernel_host") or "127.0.0.1"
+        for sport in created[0].get("service_ports") or []:
+            if sport.get("name") == name and sport.get("host_ports"):
+                return host, int(sport["host_ports"][0])
+        return None
+
+    async def fetch_hello(tries: int = 50) -> str:
+        """`GET /` of `hello` on its host port, tried `tries` times 0.2 s apart."""
+        where = service_port("hello")
+        check(where is not None, f"no `hello` in the create_kernels service_ports: {created!r}")
+        url = f"http://{where[0]}:{where[1]}/"
+        loop = asyncio.get_running_loop()
+        last: Any = None
+        for _ in range(tries):
+            try:
+                body = await loop.run_in_executor(
+                    None, lambda: urllib.request.urlopen(url, timeout=2).read().decode()
+                )
+                return body
+            except Exception as e:  # not listening yet
+                last = e
+                await asyncio.sleep(0.2)
+        raise StepFailed(f"GET {url}: {last!r}")
+
+    async def start_ttyd(c: Any) -> Any:
+        r = await c.start_service(kernel_id, "ttyd", {})
+        check(isinstance(r, dict), f"start_service answered {r!r}, not a map")
+        check(r.get("status") in ("running", "started"), f"ttyd: {r!r}")
+        return r
+
+    await step("start_service_ttyd", "start_service", start_ttyd)
+
+    async def start_hello(c: Any) -> Any:
+        r = await c.start_service(kernel_id, "hello", {})
+        check(isinstance(r, dict), f"start_service answered {r!r}, not a map")
+        check(r.get("status") == "started", f"hello: {r!r}, want status 'started'")
+        body = await fetch_hello()
+        check(body == "hello from a service-def\n", f"GET hello: {body!r}")
+        return {"reply": r, "GET /": body}
+
+    await step("start_service_hello", "start_service", start_hello)
+
+    async def shutdown_hello(c: Any) -> Any:
+        r = await c.shutdown_service(kernel_id, "hello")
+        # Stopped: its port no longer serves (refused, or closed by Docker's proxy).
+        for _ in range(50):
+            try:
+                await fetch_hello(tries=1)
+            except StepFailed as e:
+                return {"reply": r, "GET /": str(e)}
+            await asyncio.sleep(0.1)
+        raise StepFailed("hello still serves GET / 5 s after shutdown_service")
+
+    await step("shutdown_service_hello", "shutdown_service", shutdown_hello)
+
+    async def restart_hello(c: Any) -> Any:
+        r = await c.start_service(kernel_id, "hello", {})
+        check(isinstance(r, dict), f"start_service answered {r!r}, not a map")
+        check(r.get("status") == "started", f"hello again: {r!r}, want status 'started'")
+        body = await fetch_hello()
+        check(body == "hello from a service-def\n", f"GET hello: {body!r}")
+        return {"reply": r, "GET /": body}
+
+    await step("start_service_hello_again", "start_service", restart_hello)
+
+
+# ---------------------------------------------------------------------------------------------
 # The run
 
 
@@ -518,7 +841,8 @@ async def main(args: argparse.Namespace) -> int:
         gids=[],
         requested_slots=ResourceSlot({
             "cpu": decimal.Decimal("1"),
-            "mem": decimal.Decimal("268435456"),
+            # The Python REPL (runner, Jupyter kernel) gets some room above its 256m minimum.
+            "mem": decimal.Decimal("536870912" if args.scenario == "runner" else "268435456"),
         }),
         resource_opts={},
         bootstrap_script=None,
@@ -680,7 +1004,7 @@ async def main(args: argparse.Namespace) -> int:
 
     await step("check_running", "check_running", running, timeout=45)
 
-    # -- remove the image's `find` (list_files must not need it) -------------------------------
+    # -- running code (query mode, continued until finished) --------------------------------
 
     async def run_code(c: AgentClient, code: str, limit: int = 60) -> dict[str, Any]:
         """execute in query mode, then `continue` until `finished`, as the client SDK does
@@ -711,169 +1035,186 @@ async def main(args: argparse.Namespace) -> int:
         }
 
     def stdout_text(out: dict[str, Any]) -> str:
-        text = []
-        for item in out["console"]:
-            check(
-                isinstance(item, (list, tuple)) and len(item) == 2,
-                f"console item {item!r} is not a [type, data] pair",
-            )
-            if item[0] == "stdout":
-                text.append(str(item[1]))
-        return "".join(text)
+        return console_text(out["console"], "stdout")
 
-    if args.host_hook:
-        print(json.dumps({"pause": "remove_find", "kernel_id": str(kernel_id)}), flush=True)
-        loop = asyncio.get_running_loop()
-        reply = await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), 120)
-        answer = reply.strip() or "no answer on stdin"
-        emit("remove_find", answer == "ok", value=answer, error=answer)
+    if args.scenario == "runner":
+        # -- a Python REPL through Backend.AI's kernel runner (runner_steps) ------------------
+
+        await runner_steps(
+            step,
+            run_code,
+            {"session_id": session_id, "kernel_id": kernel_id, "created": created.get("result")},
+        )
     else:
+        # -- remove the image's `find` (list_files must not need it) ---------------------------
 
-        async def remove_find(c: AgentClient) -> Any:
-            out = await run_code(c, "rm -f /bin/find; command -v find || echo no-find")
-            check("no-find" in stdout_text(out), f"`find` is still there: {out!r}")
+        if args.host_hook:
+            print(json.dumps({"pause": "remove_find", "kernel_id": str(kernel_id)}), flush=True)
+            loop = asyncio.get_running_loop()
+            reply = await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), 120)
+            answer = reply.strip() or "no answer on stdin"
+            emit("remove_find", answer == "ok", value=answer, error=answer)
+        else:
+
+            async def remove_find(c: AgentClient) -> Any:
+                out = await run_code(c, "rm -f /bin/find; command -v find || echo no-find")
+                check("no-find" in stdout_text(out), f"`find` is still there: {out!r}")
+                return out
+
+            await step("remove_find", "execute", remove_find)
+
+        # -- execute with continuation -------------------------------------------------------------
+
+        marker = "kv-bai-compat-42"
+
+        async def execute(c: AgentClient) -> Any:
+            # Longer than flush_timeout, so an agent that honours it answers `continued` first.
+            out = await run_code(c, "echo started; sleep 3; echo kv-bai-compat-$((6*7))")
+            text = stdout_text(out)
+            check(marker in text, f"marker {marker!r} not in stdout {text!r}: {out!r}")
+            check(out["exitCode"] == 0, f"exitCode {out['exitCode']!r}, want 0")
+            check(out["run_ids"] == [out["run_id"]], f"runId {out['run_ids']} != {out['run_id']}")
             return out
 
-        await step("remove_find", "execute", remove_find)
+        await step("execute", "execute", execute, timeout=90)
 
-    # -- execute with continuation --------------------------------------------------------------
+        # -- files ---------------------------------------------------------------------------------
 
-    marker = "kv-bai-compat-42"
+        payload = b"kv-bai-compat upload \x00\x01\xff\n" * 64
+        fname = "kv-bai-compat.bin"
 
-    async def execute(c: AgentClient) -> Any:
-        # Longer than flush_timeout, so an agent that honours it answers `continued` first.
-        out = await run_code(c, "echo started; sleep 3; echo kv-bai-compat-$((6*7))")
-        text = stdout_text(out)
-        check(marker in text, f"marker {marker!r} not in stdout {text!r}: {out!r}")
-        check(out["exitCode"] == 0, f"exitCode {out['exitCode']!r}, want 0")
-        check(out["run_ids"] == [out["run_id"]], f"runId {out['run_ids']} != {out['run_id']}")
-        return out
+        async def upload(c: AgentClient) -> Any:
+            return await c.upload_file(kernel_id, fname, payload)
 
-    await step("execute", "execute", execute, timeout=90)
+        await step("upload_file", "upload_file", upload)
 
-    # -- files ------------------------------------------------------------------------------------
-
-    payload = b"kv-bai-compat upload \x00\x01\xff\n" * 64
-    fname = "kv-bai-compat.bin"
-
-    async def upload(c: AgentClient) -> Any:
-        return await c.upload_file(kernel_id, fname, payload)
-
-    await step("upload_file", "upload_file", upload)
-
-    async def download(c: AgentClient) -> Any:
-        r = await c.download_single(kernel_id, fname)
-        check(isinstance(r, bytes), f"download_single answered {type(r).__name__}, not bytes")
-        check(r == payload, f"downloaded {len(r)} bytes differ from the {len(payload)} uploaded")
-        return {"len": len(r)}
-
-    await step("download_single", "download_single", download)
-
-    async def list_files(c: AgentClient) -> Any:
-        r = await c.list_files(kernel_id, ".")
-        check(isinstance(r, dict), f"list_files answered {r!r}, not a map")
-        check(
-            {"files", "errors", "abspath"} <= set(r),
-            f"list_files keys {sorted(r)}, upstream has files, errors, abspath",
-        )
-        check(isinstance(r["files"], str), f"`files` is {type(r['files']).__name__}, not JSON text")
-        files = json.loads(r["files"])
-        names = [f.get("filename") for f in files]
-        check(
-            fname in names,
-            f"{fname} not among the entries' `filename`s {names!r} (errors: {r['errors']!r})",
-        )
-        entry = next(f for f in files if f.get("filename") == fname)
-        check(entry.get("size") == len(payload), f"entry {entry!r}: size != {len(payload)}")
-        check(
-            {"mode", "size", "mtime"} <= set(entry),
-            f"entry {entry!r} lacks one of mode, size, mtime",
-        )
-        return r
-
-    await step("list_files", "list_files", list_files)
-
-    # -- logs, interrupt, registry sync, GPU map --------------------------------------------------
-
-    async def get_logs(c: AgentClient) -> Any:
-        r = await c.get_logs(kernel_id)
-        check(isinstance(r, dict) and isinstance(r.get("logs"), str), f"get_logs answered {r!r}")
-        return r
-
-    await step("get_logs", "get_logs", get_logs)
-
-    async def interrupt(c: AgentClient) -> Any:
-        return await c.interrupt_kernel(kernel_id)
-
-    await step("interrupt_kernel", "interrupt_kernel", interrupt)
-
-    async def sync_registry(c: AgentClient) -> Any:
-        r = await c.sync_kernel_registry([(kernel_id, session_id)])
-        check(r is None, f"sync_kernel_registry answered {r!r}, upstream answers None")
-        still = await c.check_running(kernel_id)
-        check(still is True, f"the listed kernel is no longer running (check_running {still!r})")
-        return r
-
-    await step("sync_kernel_registry", "sync_kernel_registry", sync_registry)
-
-    async def gpu_map(c: AgentClient) -> Any:
-        r = await c.scan_gpu_alloc_map()
-        check(isinstance(r, dict), f"scan_gpu_alloc_map answered {r!r}, not a map")
-        check(
-            all(isinstance(k, str) and isinstance(v, str) for k, v in r.items()),
-            f"scan_gpu_alloc_map {r!r}: upstream's shape is flat, device id -> amount as text",
-        )
-        return r
-
-    await step("scan_gpu_alloc_map", "scan_gpu_alloc_map", gpu_map)
-
-    # -- images: commit, get_commit_status, push_image, purge_images (image_steps) ----------------
-
-    await image_steps(step, args, {"kernel_id": kernel_id, "agent_id": agent_id, "arch": arch})
-
-    # -- restart (same kernel id, config as created) ----------------------------------------------
-
-    async def restart(c: AgentClient) -> Any:
-        check(kernel_config is not None, "no kernel config (create_kernels was not called)")
-        r = await c.restart_kernel(session_id, kernel_id, image_ref, kernel_config)
-        return checked_restart_reply(r)
-
-    def checked_restart_reply(r: Any) -> Any:
-        # Upstream destroys the container and creates a new one for the same kernel id, and
-        # answers its container_id, repl/stdin/stdout ports and service_ports.
-        check(isinstance(r, dict), f"restart_kernel answered {r!r}, not a map")
-        check("container_id" in r, f"restart_kernel answered {r!r}: no container_id")
-        old = created.get("container_id")
-        check(
-            old is None or r["container_id"] != old,
-            f"restart_kernel kept container {old} (upstream recreates the container)",
-        )
-        return r
-
-    await step("restart_kernel", "restart_kernel", restart, timeout=180)
-    if args.diagnose_without_pickles and "restart_kernel" in FAILED and kernel_config:
-
-        async def restart_plain(c: AgentClient) -> Any:
-            r = await c._peer.call.restart_kernel(
-                str(session_id),
-                str(kernel_id),
-                without_pickles(image_ref),
-                without_pickles(kernel_config),
-                agent_id=agent_id,
+        async def download(c: AgentClient) -> Any:
+            r = await c.download_single(kernel_id, fname)
+            check(isinstance(r, bytes), f"download_single answered {type(r).__name__}, not bytes")
+            check(
+                r == payload,
+                f"downloaded {len(r)} bytes differ from the {len(payload)} uploaded",
             )
+            return {"len": len(r)}
+
+        await step("download_single", "download_single", download)
+
+        async def list_files(c: AgentClient) -> Any:
+            r = await c.list_files(kernel_id, ".")
+            check(isinstance(r, dict), f"list_files answered {r!r}, not a map")
+            check(
+                {"files", "errors", "abspath"} <= set(r),
+                f"list_files keys {sorted(r)}, upstream has files, errors, abspath",
+            )
+            check(
+                isinstance(r["files"], str),
+                f"`files` is {type(r['files']).__name__}, not JSON text",
+            )
+            files = json.loads(r["files"])
+            names = [f.get("filename") for f in files]
+            check(
+                fname in names,
+                f"{fname} not among the entries' `filename`s {names!r} (errors: {r['errors']!r})",
+            )
+            entry = next(f for f in files if f.get("filename") == fname)
+            check(entry.get("size") == len(payload), f"entry {entry!r}: size != {len(payload)}")
+            check(
+                {"mode", "size", "mtime"} <= set(entry),
+                f"entry {entry!r} lacks one of mode, size, mtime",
+            )
+            return r
+
+        await step("list_files", "list_files", list_files)
+
+        # -- logs, interrupt, registry sync, GPU map -----------------------------------------------
+
+        async def get_logs(c: AgentClient) -> Any:
+            r = await c.get_logs(kernel_id)
+            check(
+                isinstance(r, dict) and isinstance(r.get("logs"), str),
+                f"get_logs answered {r!r}",
+            )
+            return r
+
+        await step("get_logs", "get_logs", get_logs)
+
+        async def interrupt(c: AgentClient) -> Any:
+            return await c.interrupt_kernel(kernel_id)
+
+        await step("interrupt_kernel", "interrupt_kernel", interrupt)
+
+        async def sync_registry(c: AgentClient) -> Any:
+            r = await c.sync_kernel_registry([(kernel_id, session_id)])
+            check(r is None, f"sync_kernel_registry answered {r!r}, upstream answers None")
+            still = await c.check_running(kernel_id)
+            check(
+                still is True,
+                f"the listed kernel is no longer running (check_running {still!r})",
+            )
+            return r
+
+        await step("sync_kernel_registry", "sync_kernel_registry", sync_registry)
+
+        async def gpu_map(c: AgentClient) -> Any:
+            r = await c.scan_gpu_alloc_map()
+            check(isinstance(r, dict), f"scan_gpu_alloc_map answered {r!r}, not a map")
+            check(
+                all(isinstance(k, str) and isinstance(v, str) for k, v in r.items()),
+                f"scan_gpu_alloc_map {r!r}: upstream's shape is flat, device id -> amount as text",
+            )
+            return r
+
+        await step("scan_gpu_alloc_map", "scan_gpu_alloc_map", gpu_map)
+
+        # -- images: commit, get_commit_status, push_image, purge_images (image_steps) -------------
+
+        await image_steps(step, args, {"kernel_id": kernel_id, "agent_id": agent_id, "arch": arch})
+
+        # -- restart (same kernel id, config as created) -------------------------------------------
+
+        async def restart(c: AgentClient) -> Any:
+            check(kernel_config is not None, "no kernel config (create_kernels was not called)")
+            r = await c.restart_kernel(session_id, kernel_id, image_ref, kernel_config)
             return checked_restart_reply(r)
 
-        await step("restart_kernel:without_pickles", "-", restart_plain, timeout=180)
+        def checked_restart_reply(r: Any) -> Any:
+            # Upstream destroys the container and creates a new one for the same kernel id, and
+            # answers its container_id, repl/stdin/stdout ports and service_ports.
+            check(isinstance(r, dict), f"restart_kernel answered {r!r}, not a map")
+            check("container_id" in r, f"restart_kernel answered {r!r}: no container_id")
+            old = created.get("container_id")
+            check(
+                old is None or r["container_id"] != old,
+                f"restart_kernel kept container {old} (upstream recreates the container)",
+            )
+            return r
 
-    async def running_after_restart(c: AgentClient) -> Any:
-        r = await poll_running(c, "restart_kernel", failed("restart_kernel"))
-        out = await run_code(c, "echo after-restart-$((6*7))")
-        check("after-restart-42" in stdout_text(out), f"execute after restart: {out!r}")
-        return {**r, "execute": out["statuses"]}
+        await step("restart_kernel", "restart_kernel", restart, timeout=180)
+        if args.diagnose_without_pickles and "restart_kernel" in FAILED and kernel_config:
 
-    await step("check_running_after_restart", "check_running", running_after_restart, timeout=90)
+            async def restart_plain(c: AgentClient) -> Any:
+                r = await c._peer.call.restart_kernel(
+                    str(session_id),
+                    str(kernel_id),
+                    without_pickles(image_ref),
+                    without_pickles(kernel_config),
+                    agent_id=agent_id,
+                )
+                return checked_restart_reply(r)
 
-    # -- destroy ------------------------------------------------------------------------------------
+            await step("restart_kernel:without_pickles", "-", restart_plain, timeout=180)
+
+        async def running_after_restart(c: AgentClient) -> Any:
+            r = await poll_running(c, "restart_kernel", failed("restart_kernel"))
+            out = await run_code(c, "echo after-restart-$((6*7))")
+            check("after-restart-42" in stdout_text(out), f"execute after restart: {out!r}")
+            return {**r, "execute": out["statuses"]}
+
+        await step(
+            "check_running_after_restart", "check_running", running_after_restart, timeout=90
+        )
+
+    # -- destroy -----------------------------------------------------------------------------------
 
     async def destroy(c: AgentClient) -> Any:
         # As the terminator: the reason is the enum member, suppress_events False.
@@ -921,6 +1262,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image-digest", default="", help="the image's config digest (its Id)")
     p.add_argument("--image-labels", default="{}", help="the image's labels, JSON")
     p.add_argument("--host-hook", action="store_true")
+    p.add_argument(
+        "--scenario",
+        default="lifecycle",
+        choices=["lifecycle", "runner"],
+        help="lifecycle (the default): files, logs, images, restart on a busybox kernel;\n"
+        "runner: a Python REPL through Backend.AI's kernel runner (an image with upstream's\n"
+        "labels, e.g. kernelvisor-test-py:latest), then destroy",
+    )
     p.add_argument(
         "--registry",
         default=None,
