@@ -458,6 +458,16 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
         "{:?}",
         fx.scratch_entries()
     );
+    // It was stopped, not killed: the runner logged its shutdown (the log the agent keeps).
+    let logs = call(&peer, "get_logs", vec![kid.clone().into()])
+        .await
+        .expect("the ended kernel's logs");
+    let text = field(&logs, "logs").as_str().unwrap_or_default().to_owned();
+    assert!(
+        text.contains("shutting down"),
+        "{}",
+        &text[text.len().saturating_sub(2000)..]
+    );
     agent
         .shutdown(kernelvisor::config::OnShutdown::Terminate)
         .await;

@@ -335,8 +335,12 @@ pub async fn start_service(
     Ok((status, error))
 }
 
-/// `shutdown_service` on a runner kernel: the runner's `shutdown-service` (it stops the
-/// process and waits; no reply).
+/// How long `shutdown_service` waits for a runner-started service's port to close.
+const SERVICE_STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// `shutdown_service` on a runner kernel: the runner's `shutdown-service` (no reply: it stops
+/// the process in the background), then up to [`SERVICE_STOP_WAIT`] for the service's first
+/// host port to stop answering, so that `stopped` is true when the caller hears it.
 ///
 /// Errors: `KernelRunnerUnresponsive`.
 pub async fn shutdown_service(
@@ -348,5 +352,42 @@ pub async fn shutdown_service(
     client(ctx, info, ports)?
         .send(ToRunner::ShutdownService(service.to_owned()))
         .await
-        .map_err(runner_err)
+        .map_err(runner_err)?;
+    let Some(port) = info
+        .service_ports
+        .iter()
+        .find(|s| s.name == service)
+        .and_then(|s| s.host_ports.first().copied())
+    else {
+        return Ok(());
+    };
+    let host = match ctx.config.container.bind_host.as_str() {
+        "0.0.0.0" | "::" | "" => "127.0.0.1".to_owned(),
+        h => h.to_owned(),
+    };
+    let deadline = tokio::time::Instant::now() + SERVICE_STOP_WAIT;
+    while tokio::time::Instant::now() < deadline && serves(&host, port).await {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Whether something answers on `host:port`: a connection that stays open for a moment. (The
+/// engine's proxy accepts on a published port whatever the container does, and closes at once
+/// when nothing listens behind it.)
+async fn serves(host: &str, port: u16) -> bool {
+    use tokio::io::AsyncReadExt;
+    let Ok(Ok(mut s)) = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::TcpStream::connect((host, port)),
+    )
+    .await
+    else {
+        return false;
+    };
+    let mut buf = [0u8; 1];
+    !matches!(
+        tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
 }

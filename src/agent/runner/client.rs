@@ -671,7 +671,10 @@ async fn read_loop(inner: Arc<Inner>, zctx: zmq::Context, mut repl: Repl) {
             ev = repl.monitor.next() => {
                 let id = ev.and_then(Result::ok).and_then(|m| m.iter().next().map(|f| event_id(f)));
                 if id == Some(zmq::SocketEvent::DISCONNECTED as u16) {
-                    tracing::info!(kernel_id = %inner.kernel_id, "kernel runner: repl-out connection dropped; reconnecting");
+                    // Before the runner listens, the engine's proxy takes each connection and
+                    // drops it: routine at a kernel's start, so debug, and paced.
+                    tracing::debug!(kernel_id = %inner.kernel_id, "kernel runner: repl-out connection dropped; reconnecting");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     // What the old socket already holds is the runner's output: read it first.
                     while let Ok(frames) = repl.pull.get_socket().recv_multipart(zmq::DONTWAIT) {
                         let parts: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
@@ -679,6 +682,9 @@ async fn read_loop(inner: Arc<Inner>, zctx: zmq::Context, mut repl: Repl) {
                     }
                     // The run in progress may have lost output, and its end, with the connection:
                     // it ends here, saying so, rather than hold the kernel's turn forever.
+                    if inner.st().current.is_some() {
+                        tracing::warn!(kernel_id = %inner.kernel_id, "kernel runner: repl-out connection dropped during a run; the run is ended");
+                    }
                     inner
                         .push(Record::Text(
                             OutputStream::Stderr,

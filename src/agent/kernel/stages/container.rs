@@ -391,10 +391,30 @@ impl Provisioner for ContainerStage {
         })
     }
 
+    /// A runner kernel's container gets its stop signal (`SIGINT`: the runner shuts its REPL
+    /// and services down and logs it) and up to [`RUNNER_STOP_GRACE`] to exit before removal.
     async fn teardown(&self, container: ContainerHandle) -> Result<(), BoxError> {
-        Ok(self.0.ctx.backend.remove_container(&container.id).await?)
+        let backend = &self.0.ctx.backend;
+        if self.0.info().runner.is_some() {
+            if backend.signal_container(&container.id, "SIGINT").await.is_ok() {
+                let deadline = tokio::time::Instant::now() + RUNNER_STOP_GRACE;
+                while tokio::time::Instant::now() < deadline {
+                    match backend.inspect_container(&container.id).await {
+                        Ok(Some(s)) if s.running => {
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
+        Ok(backend.remove_container(&container.id).await?)
     }
 }
+
+/// How long a runner kernel's container may take to exit on `SIGINT` before it is removed
+/// (killed): upstream's `docker stop` grace.
+pub const RUNNER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl KernelStage for ContainerStage {
     fn new(handle: KernelHandle) -> Self {
