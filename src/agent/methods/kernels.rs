@@ -575,7 +575,7 @@ const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 /// its REPL ([`super::runner::execute`]; `opts.shell = true` takes the process path instead).
 /// Otherwise (see [`crate::agent::exec`]) modes: `query` (also
 /// `batch`) starts `code` with the image's interpreter (`ai.backend.runtime-path -c code`, else
-/// `sh -c code`) in `/home/work`; `continue` answers more of run `run_id`; `input` writes `code`
+/// `sh -c code`; with `opts.shell = true` always `sh -c code`) in `/home/work`; `continue` answers more of run `run_id`; `input` writes `code`
 /// to its stdin first. `opts`: `timeout` (seconds; the run is killed: status `exec-timeout`),
 /// `stdin` (bool, query: keep stdin open), `eof` (bool, input: close stdin after). The answer
 /// comes when the run ends, when `exec-buffer-size` bytes are waiting, or after
@@ -640,7 +640,11 @@ async fn execute(
             let code = args.code.clone();
             let info = running(registry, &kernel_id).await?;
             ctx.engine.check()?;
-            let interpreter = info.runtime_path.clone().unwrap_or_else(|| "sh".into());
+            // `opts.shell`: a shell command line, whatever the image's interpreter.
+            let interpreter = match shell {
+                true => "sh".to_owned(),
+                false => info.runtime_path.clone().unwrap_or_else(|| "sh".into()),
+            };
             let req = RunRequest {
                 ids: RunIds {
                     run_id: run_id
