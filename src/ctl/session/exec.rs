@@ -239,7 +239,11 @@ impl CtrlC {
                         "a run in a process of its own is ended only by its timeout".to_owned()
                     }
                 };
-                eprintln!("\nctl: {why}; leaving the run, which may go on in the session");
+                // Not through `io::stderr()`, whose lock the main thread holds while it prints
+                // the run's answers.
+                raw_stderr(&format!(
+                    "\nctl: {why}; leaving the run, which may go on in the session\n"
+                ));
                 std::process::exit(EXIT_INTERRUPTED);
             }
         });
@@ -248,6 +252,20 @@ impl CtrlC {
             handle,
             thread: Some(thread),
         })
+    }
+}
+
+/// Writes `text` to file descriptor 2 directly (as much as it takes).
+fn raw_stderr(text: &str) {
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: `rest` is valid for reads of `rest.len()` bytes for the call's duration.
+        let n = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };
+        match n {
+            n if n > 0 => rest = &rest[n as usize..],
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => return,
+        }
     }
 }
 
@@ -681,6 +699,104 @@ mod tests {
                 json!({"mode": "query", "code": "head -c 1", "flush_timeout": 0.1, "stdin": true}),
                 json!({"mode": "input", "run_id": "r1", "code": "abc", "eof": false, "flush_timeout": 0.01}),
                 json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5}),
+            ]
+        );
+    }
+
+    /// `--shell` goes into the query (and only when given).
+    #[test]
+    fn shell_bodies() {
+        let o = ExecOptions {
+            timeout: None,
+            flush_timeout: 0.5,
+            shell: true,
+        };
+        assert_eq!(
+            json_of(&o.query_body("id -u")),
+            json!({"mode": "query", "code": "id -u", "flush_timeout": 0.5, "shell": true})
+        );
+        assert_eq!(json_of(&o.query_stdin_body("cat"))["shell"], json!(true));
+    }
+
+    /// Lines of the forwarded input, one at a time without their line break; the end; a
+    /// Ctrl+C while waiting.
+    #[test]
+    fn lines_of_the_input() {
+        let mut input = StdinChunks::spawn(std::io::Cursor::new(b"one\r\ntwo\nthree".to_vec()));
+        let (mut pending, mut ended, presses) = (String::new(), false, AtomicUsize::new(0));
+        let mut next = || next_line(&mut input, &mut pending, &mut ended, &presses, 0);
+        assert_eq!(next(), Line::Text("one".into()));
+        assert_eq!(next(), Line::Text("two".into()));
+        assert_eq!(next(), Line::Text("three".into()));
+        assert_eq!(next(), Line::Eof);
+        assert_eq!(Line::Eof.text(), "\u{4}");
+
+        // A pipe nothing is written to: only a Ctrl+C ends the wait.
+        let (_keep, reader) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut input = StdinChunks::spawn(reader);
+        let (mut pending, mut ended) = (String::new(), false);
+        let presses = AtomicUsize::new(1);
+        assert_eq!(
+            next_line(&mut input, &mut pending, &mut ended, &presses, 0),
+            Line::Interrupted
+        );
+        assert_eq!(Line::Interrupted.text(), "");
+    }
+
+    /// A kernel runner's run with forwarded stdin: no `stdin` on the query, plain `continue`s
+    /// while it runs, a line (no line break) for each `waiting-input`.
+    #[test]
+    fn a_runners_prompt_takes_a_line() {
+        let waiting = |prompt: &str| {
+            Answer::json(
+                200,
+                json!({"runId": "r1", "status": "waiting-input", "console": [["stdout", prompt]],
+                       "exitCode": null, "options": {"is_password": false}})
+                .to_string(),
+            )
+        };
+        let server = Server::start(vec![
+            answer("continued", "r1", json!([]), Value::Null),
+            waiting("a? "),
+            waiting("b? "),
+            answer("finished", "r1", json!([["stdout", "ab\n"]]), json!(0)),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let options = ExecOptions {
+            timeout: None,
+            flush_timeout: 0.5,
+            shell: false,
+        };
+        let input = StdinChunks::spawn(std::io::Cursor::new(b"a\nb\n".to_vec()));
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let end = exec(
+            &client,
+            "S",
+            "print(input('a? ') + input('b? '))",
+            &options,
+            Feed {
+                input: Some(input),
+                lines: true,
+                presses: &AtomicUsize::new(0),
+            },
+            Output::Table,
+            &mut stdout,
+            &mut stderr,
+        );
+        assert_eq!(end.unwrap(), ExecEnd::Exited(0));
+        assert_eq!(String::from_utf8(stdout).unwrap(), "a? b? ab\n");
+        let bodies: Vec<Value> = server
+            .requests()
+            .iter()
+            .map(|r| serde_json::from_str(&r.body).unwrap())
+            .collect();
+        assert_eq!(
+            bodies,
+            [
+                json!({"mode": "query", "code": "print(input('a? ') + input('b? '))", "flush_timeout": 0.5}),
+                json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5}),
+                json!({"mode": "input", "run_id": "r1", "code": "a", "eof": false, "flush_timeout": 0.01}),
+                json!({"mode": "input", "run_id": "r1", "code": "b", "eof": false, "flush_timeout": 0.01}),
             ]
         );
     }

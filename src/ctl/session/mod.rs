@@ -221,6 +221,19 @@ mod tests {
             parse(&["session", "exec", "S"]).is_err(),
             "code is required without -t"
         );
+        let a = parse(&["session", "exec", "--shell", "S", "id -u"]).unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Session(SessionCommand::Exec(ExecArgs {
+                shell: true,
+                tty: false,
+                ..
+            }))
+        ));
+        assert!(
+            parse(&["session", "exec", "--shell", "-t", "S"]).is_err(),
+            "a terminal runs a shell anyway"
+        );
     }
 
     #[test]
