@@ -207,9 +207,10 @@ fn serves_runner(client: &Client, id: &str) -> bool {
 /// the main thread waits for an answer. The first one, where a kernel runner serves the
 /// session, interrupts the run (`POST /v1/sessions/{id}/interrupt`): it ends with
 /// `KeyboardInterrupt`, whose answer ctl prints as any other before exiting with the run's exit
-/// code; the REPL keeps its state. Otherwise (a run in a process of its own, which only its
-/// timeout ends; a second Ctrl+C; an interrupt the manager refused) ctl leaves the run at once,
-/// saying so, with exit status [`EXIT_INTERRUPTED`].
+/// code; the REPL keeps its state. Otherwise (a run in a process of its own, which the API
+/// cannot interrupt: it goes on until it ends, its timeout, or the agent's `exec-idle-timeout`
+/// with nobody reading; a second Ctrl+C; an interrupt the manager refused) ctl leaves the run at
+/// once, saying so, with exit status [`EXIT_INTERRUPTED`].
 struct CtrlC {
     /// Ctrl+C presses so far (the main thread stops waiting for a line on a change).
     presses: Arc<AtomicUsize>,
@@ -235,9 +236,7 @@ impl CtrlC {
                         Err(e) => format!("the run could not be interrupted ({e})"),
                     },
                     (false, true) => "interrupted again".to_owned(),
-                    (_, false) => {
-                        "a run in a process of its own is ended only by its timeout".to_owned()
-                    }
+                    (_, false) => "a run in a process of its own cannot be interrupted".to_owned(),
                 };
                 // Not through `io::stderr()`, whose lock the main thread holds while it prints
                 // the run's answers.
@@ -428,6 +427,7 @@ impl ExecEnd {
 /// may close its stdin early (`head -1`): the `invalid-request` of the next `input` ends the
 /// forwarding, not the run. With `feed.lines` (a kernel runner's REPL) the input goes instead a
 /// line per `waiting-input` answer (see [`Line`]), the same as a line typed on a terminal.
+#[allow(clippy::too_many_arguments)]
 fn exec(
     client: &Client,
     id: &str,
