@@ -174,7 +174,9 @@ pub const BAD_TOKEN_HINT: &str =
     "the token given (--token or KERNELVISOR_TOKEN) was refused: check it, and that its access \
      key exists and is enabled";
 
-/// A client bound to one API base URL such as `http://127.0.0.1:8081`, or several.
+/// A client bound to one API base URL such as `http://127.0.0.1:8081`, or several. A clone
+/// shares the connection pools and goes on on its own (for another thread).
+#[derive(Clone)]
 pub struct Client {
     /// Every base URL, in the order given.
     bases: Vec<String>,

@@ -32,6 +32,10 @@ pub struct ExecuteBody {
     /// Keep the run's stdin open for `input` calls (`query`).
     #[serde(default)]
     pub stdin: bool,
+    /// Run `code` as a shell command line (`sh -c`) in a process of its own, even where a
+    /// kernel runner serves the kernel's runs (`query`).
+    #[serde(default)]
+    pub shell: bool,
     /// Close stdin after writing (`input`).
     #[serde(default)]
     pub eof: bool,
@@ -57,6 +61,10 @@ pub enum ExecuteCall {
         /// Keep the run's stdin open for `input` calls (omitted when false).
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         stdin: bool,
+        /// Run `code` with `sh -c` in a process of its own, not in a kernel runner's REPL
+        /// (omitted when false).
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        shell: bool,
     },
     /// Write `code` to `run_id`'s stdin, closing it after when `eof`.
     Input {
@@ -173,11 +181,12 @@ mod tests {
             flush_timeout: 0.5,
             timeout: Some(600),
             stdin: true,
+            shell: true,
         });
         assert_eq!(b.mode.as_deref(), Some("query"));
         assert_eq!((b.code.as_deref(), b.run_id), (Some("ls"), None));
         assert_eq!((b.timeout, b.flush_timeout), (Some(600.0), Some(0.5)));
-        assert!(b.stdin && !b.eof);
+        assert!(b.stdin && b.shell && !b.eof);
         let b = read(&ExecuteCall::Input {
             run_id: "r1".into(),
             code: "x".into(),
@@ -189,7 +198,7 @@ mod tests {
             (b.run_id.as_deref(), b.code.as_deref()),
             (Some("r1"), Some("x"))
         );
-        assert!(b.eof && !b.stdin);
+        assert!(b.eof && !b.stdin && !b.shell);
         let b = read(&ExecuteCall::Continue {
             run_id: "r1".into(),
             flush_timeout: 2.0,

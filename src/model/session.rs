@@ -562,6 +562,34 @@ pub struct Session {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Stage>>)]
     pub stages: Option<Option<Vec<Stage>>>,
+    /// `GET /v1/sessions/{id}` only: how its kernel runs code, as its agent reports it:
+    /// `kernel-runner` (Backend.AI's kernel runner: `execute` goes to its persistent REPL) or
+    /// `process` (a process per run); null when its agent does not say (as `stages`).
+    // Absent from the other answers: the outer `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<ExecPath>)]
+    pub exec_path: Option<Option<String>>,
+}
+
+/// How a kernel runs code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExecPath {
+    /// Backend.AI's kernel runner serves it: `execute` runs code in its persistent REPL
+    /// (`shell: true` still runs a process).
+    KernelRunner,
+    /// A process per run (`ai.backend.runtime-path -c code`, else `sh -c code`).
+    Process,
+}
+
+impl ExecPath {
+    /// Its name on the wire: `kernel-runner`, `process`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecPath::KernelRunner => "kernel-runner",
+            ExecPath::Process => "process",
+        }
+    }
 }
 
 impl Session {

@@ -577,7 +577,7 @@ const STDIN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 /// running `code` with `sh -c` as the kernel's user).
 /// Otherwise (see [`crate::agent::exec`]) modes: `query` (also
 /// `batch`) starts `code` with the image's interpreter (`ai.backend.runtime-path -c code`, else
-/// `sh -c code`) in `/home/work`; `continue` answers more of run `run_id`; `input` writes `code`
+/// `sh -c code`; with `opts.shell = true` always `sh -c code`) in `/home/work`; `continue` answers more of run `run_id`; `input` writes `code`
 /// to its stdin first. `opts`: `timeout` (seconds; the run is killed: status `exec-timeout`),
 /// `stdin` (bool, query: keep stdin open), `eof` (bool, input: close stdin after). The answer
 /// comes when the run ends, when `exec-buffer-size` bytes are waiting, or after

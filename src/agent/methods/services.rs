@@ -12,6 +12,8 @@
 //! (`shutdown_service`), `KernelNotFound`, `KernelNotRunning`, `ContainerEngineError`,
 //! `ContainerEngineUnavailable`.
 
+use std::time::Duration;
+
 use actix::Addr;
 
 use super::args::running;
@@ -159,12 +161,62 @@ async fn shutdown_service(
     })
 }
 
-/// `list_services(kernel_id)` (kernelvisor).
+/// How long [`answers`] waits for a service port's connection.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a connection [`answers`] made must stay open to count.
+const PROBE_HOLD: Duration = Duration::from_millis(500);
+
+/// Whether a service takes TCP connections on the agent's `host_port` (bound on `[container]
+/// bind-host`; a wildcard is reached on loopback). The engine's userland proxy (docker-proxy)
+/// accepts every connection to a published port and closes it at once when nothing listens in
+/// the container: so a connection counts when it stays open for [`PROBE_HOLD`] (a service
+/// waiting for its client to speak, as HTTP does) or the service speaks first (an SSH banner),
+/// not when it is closed or reset.
+async fn answers(bind_host: &str, host_port: u16) -> bool {
+    use tokio::io::AsyncReadExt;
+    let host = match bind_host {
+        "" | "0.0.0.0" => "127.0.0.1",
+        "::" | "[::]" => "::1",
+        h => h.trim_matches(|c| c == '[' || c == ']'),
+    };
+    let connect = tokio::net::TcpStream::connect((host, host_port));
+    let Ok(Ok(mut stream)) = tokio::time::timeout(PROBE_TIMEOUT, connect).await else {
+        return false;
+    };
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(PROBE_HOLD, stream.read(&mut byte)).await {
+        Err(_) => true,
+        Ok(Ok(n)) => n > 0,
+        Ok(Err(_)) => false,
+    }
+}
+
+/// `list_services(kernel_id)` (kernelvisor). On a kernel Backend.AI's kernel runner serves
+/// (whose runner starts and stops the services itself), a service is `running` when its first
+/// host port takes a TCP connection ([`answers`]), else `stopped`.
 async fn list_services(
     cx: Ctx,
     args: crate::rpc::agent_api::kernel::KernelIdArgs,
 ) -> Result<api::ServiceList, ErrorMeta> {
     cx.engine.check()?;
+    let info = running(&cx.registry, &args.kernel_id).await?;
+    if info.runner.is_some() {
+        let (cx, bind_host) = (&cx, cx.config.container.bind_host.as_str());
+        let probes = info.service_ports.iter().map(|sp| async move {
+            let up = match sp.host_ports.first() {
+                Some(&port) => answers(bind_host, port).await,
+                None => false,
+            };
+            let status = match up {
+                true => ServiceStatus::Running,
+                false => ServiceStatus::Stopped,
+            };
+            service_value(cx, sp, status)
+        });
+        return Ok(api::ServiceList {
+            services: futures::future::join_all(probes).await,
+        });
+    }
     let t = target(&cx.registry, &args.kernel_id).await?;
     let list = cx.services.list(&cx.backend, &t).await.map_err(to_meta)?;
     Ok(api::ServiceList {

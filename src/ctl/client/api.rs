@@ -225,6 +225,16 @@ impl Client {
             .map(Answer::of)
     }
 
+    /// `POST /v1/sessions/{id}/interrupt` (no body; 204): interrupts what the session's kernel
+    /// runs (a kernel runner's current run: `KeyboardInterrupt`).
+    pub fn interrupt(&self, id: &str) -> Result<(), ClientError> {
+        self.post_empty(
+            &format!("{}/interrupt", session_path(id)),
+            Some(REQUEST_TIMEOUT),
+        )
+        .map(drop)
+    }
+
     /// `GET /v1/sessions/{id}/logs`: the kernel's logs as a reader, unread (any size); with
     /// `follow`, also what the kernel writes until it ends, the call then unbounded (else at
     /// most [`REQUEST_TIMEOUT`]). Map read errors with [`super::read_error`].

@@ -2,8 +2,16 @@
 //! (`POST /v1/sessions/{id}/execute`), printing each answer as it comes, and forwarding ctl's
 //! stdin (when it is not a terminal, or with `-i`) through the protocol's `input` mode; with
 //! `-t`, a terminal instead ([`super::terminal`]).
+//!
+//! Where Backend.AI's kernel runner serves the session (`exec_path` `kernel-runner`), the code
+//! runs in its persistent REPL: input goes a line per `input()` (`waiting-input`), and Ctrl+C
+//! interrupts the run (`POST /v1/sessions/{id}/interrupt`) instead of leaving it ([`CtrlC`]);
+//! `--shell` runs a shell command line in a process of its own there too.
 
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use clap::Args;
@@ -13,6 +21,7 @@ use super::stdin::{Input, StdinChunks};
 use crate::ctl::client::{execute_path, read};
 use crate::ctl::{format, parse, Client, ClientError, Failure, Output, EXIT_TIMEOUT};
 use crate::model::exec::{ExecuteAnswer, ExecuteCall};
+use crate::model::session::ExecPath;
 
 /// Extra time each execute call waits beyond `flush_timeout`: the agent answers within
 /// `flush_timeout`, or earlier when its output buffer fills.
@@ -34,6 +43,10 @@ pub struct ExecArgs {
     /// process; exits with its exit code.
     #[arg(short = 't', long)]
     pub tty: bool,
+    /// Run CODE as a shell command line (`sh -c`) in a process of its own, also where
+    /// Backend.AI's kernel runner serves the session (whose runs otherwise go to its REPL).
+    #[arg(long, conflicts_with = "tty")]
+    pub shell: bool,
     /// Kill the execution after this many seconds (default: the manager's).
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, value_parser = parse::whole_seconds)]
     pub timeout: Option<u64>,
@@ -49,6 +62,8 @@ pub struct ExecOptions {
     pub timeout: Option<u64>,
     /// `flush_timeout` of every call: the agent answers after at most this long.
     pub flush_timeout: f64,
+    /// `shell` of the query: `sh -c` in a process of its own, not a kernel runner's REPL.
+    pub shell: bool,
 }
 
 /// `flush_timeout` of an `input` call: the agent answers it (with the output so far) this long
@@ -66,6 +81,7 @@ impl ExecOptions {
             flush_timeout: self.flush_timeout,
             timeout: self.timeout,
             stdin: false,
+            shell: self.shell,
         }
     }
 
@@ -77,6 +93,7 @@ impl ExecOptions {
             flush_timeout: self.flush_timeout.min(POLL_FLUSH),
             timeout: self.timeout,
             stdin: true,
+            shell: self.shell,
         }
     }
 
@@ -122,20 +139,39 @@ pub(super) fn run(client: &Client, args: &ExecArgs, out: Output) -> Result<i32, 
     let options = ExecOptions {
         timeout: args.timeout,
         flush_timeout: args.flush_timeout,
+        shell: args.shell,
     };
     let stdin = io::stdin();
-    let input = (args.interactive || !stdin.is_terminal()).then(|| StdinChunks::spawn(stdin));
+    let forward = args.interactive || !stdin.is_terminal();
+    // Whether a kernel runner serves the run: not with --shell; asked of the manager at once
+    // when stdin is forwarded (a runner takes it a line per `input()`), else when a Ctrl+C
+    // first needs to know.
+    let runner = Arc::new(OnceLock::new());
+    if args.shell {
+        let _ = runner.set(false);
+    } else if forward {
+        let _ = runner.set(serves_runner(client, &args.id));
+    }
+    let lines = runner.get() == Some(&true);
+    let input = forward.then(|| StdinChunks::spawn(stdin));
+    let ctrl_c = CtrlC::install(client.clone(), &args.id, runner)?;
     let (mut stdout, mut stderr) = (io::stdout().lock(), io::stderr().lock());
     let end = exec(
         client,
         &args.id,
         args.code.as_deref().unwrap_or_default(),
         &options,
-        input,
+        Feed {
+            input,
+            lines,
+            presses: &ctrl_c.presses,
+        },
         out,
         &mut stdout,
         &mut stderr,
-    )?;
+    );
+    drop(ctrl_c);
+    let end = end?;
     if out == Output::Table {
         match &end {
             ExecEnd::Exited(_) => {}
@@ -150,6 +186,192 @@ pub(super) fn run(client: &Client, args: &ExecArgs, out: Output) -> Result<i32, 
         }
     }
     Ok(end.exit_code())
+}
+
+/// Exit status of `session exec` when Ctrl+C made ctl leave the run (128 + SIGINT, as a shell
+/// reports a process SIGINT ended).
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+/// Whether Backend.AI's kernel runner serves session `id` (its `exec_path`, from `GET
+/// /v1/sessions/{id}`); `false` when the manager does not say (or cannot be asked).
+fn serves_runner(client: &Client, id: &str) -> bool {
+    client
+        .session(id)
+        .ok()
+        .and_then(|a| a.lenient().exec_path)
+        .flatten()
+        == Some(ExecPath::KernelRunner.as_str().to_owned())
+}
+
+/// Ctrl+C (SIGINT) during `session exec`, taken on a thread of its own so that it acts while
+/// the main thread waits for an answer. The first one, where a kernel runner serves the
+/// session, interrupts the run (`POST /v1/sessions/{id}/interrupt`): it ends with
+/// `KeyboardInterrupt`, whose answer ctl prints as any other before exiting with the run's exit
+/// code; the REPL keeps its state. Otherwise (a run in a process of its own, which the API
+/// cannot interrupt: it goes on until it ends, its timeout, or the agent's `exec-idle-timeout`
+/// with nobody reading; a second Ctrl+C; an interrupt the manager refused) ctl leaves the run at
+/// once, saying so, with exit status [`EXIT_INTERRUPTED`].
+struct CtrlC {
+    /// Ctrl+C presses so far (the main thread stops waiting for a line on a change).
+    presses: Arc<AtomicUsize>,
+    handle: signal_hook::iterator::Handle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CtrlC {
+    /// Takes SIGINT until dropped; `runner` says (or will say, asked of the manager on the
+    /// first Ctrl+C) whether a kernel runner serves session `id`.
+    fn install(client: Client, id: &str, runner: Arc<OnceLock<bool>>) -> io::Result<CtrlC> {
+        let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT])?;
+        let handle = signals.handle();
+        let presses = Arc::new(AtomicUsize::new(0));
+        let (count, id) = (presses.clone(), id.to_owned());
+        let thread = std::thread::spawn(move || {
+            for _ in signals.forever() {
+                let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+                let runner = *runner.get_or_init(|| serves_runner(&client, &id));
+                let why = match (first, runner) {
+                    (true, true) => match client.interrupt(&id) {
+                        Ok(()) => continue,
+                        Err(e) => format!("the run could not be interrupted ({e})"),
+                    },
+                    (false, true) => "interrupted again".to_owned(),
+                    (_, false) => "a run in a process of its own cannot be interrupted".to_owned(),
+                };
+                // Not through `io::stderr()`, whose lock the main thread holds while it prints
+                // the run's answers.
+                raw_stderr(&format!(
+                    "\nctl: {why}; leaving the run, which may go on in the session\n"
+                ));
+                std::process::exit(EXIT_INTERRUPTED);
+            }
+        });
+        Ok(CtrlC {
+            presses,
+            handle,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Writes `text` to file descriptor 2 directly (as much as it takes).
+fn raw_stderr(text: &str) {
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: `rest` is valid for reads of `rest.len()` bytes for the call's duration.
+        let n = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };
+        match n {
+            n if n > 0 => rest = &rest[n as usize..],
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => return,
+        }
+    }
+}
+
+impl Drop for CtrlC {
+    fn drop(&mut self) {
+        self.handle.close();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What [`exec`] feeds the run.
+pub(super) struct Feed<'a> {
+    /// ctl's stdin, when it is forwarded.
+    pub input: Option<StdinChunks>,
+    /// A kernel runner's REPL takes it: a line per `waiting-input` answer, nothing otherwise.
+    pub lines: bool,
+    /// Ctrl+C presses so far ([`CtrlC`]): a change stops a wait for a line.
+    pub presses: &'a AtomicUsize,
+}
+
+/// A line for a kernel runner's `input()`.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// The line, without its line break.
+    Text(String),
+    /// ctl's stdin has ended.
+    Eof,
+    /// Ctrl+C came meanwhile.
+    Interrupted,
+}
+
+impl Line {
+    /// The text sent for it: the line; for the end of input Ctrl+D (`\x04`, which ipykernel's
+    /// `input()` raises as `EOFError`); after an interrupt an empty line, which lets the
+    /// runner's prompt go (the interrupted kernel no longer waits for it).
+    fn text(self) -> String {
+        match self {
+            Line::Text(t) => t,
+            Line::Eof => "\u{4}".to_owned(),
+            Line::Interrupted => String::new(),
+        }
+    }
+}
+
+/// The next line of the forwarded input (`pending` holds what was read past the last line),
+/// waiting for it; [`Line::Interrupted`] once `presses` is no longer `seen`.
+fn next_line(
+    input: &mut StdinChunks,
+    pending: &mut String,
+    ended: &mut bool,
+    presses: &AtomicUsize,
+    seen: usize,
+) -> Line {
+    loop {
+        if let Some(i) = pending.find('\n') {
+            let line: String = pending.drain(..=i).collect();
+            return Line::Text(line.trim_end_matches(['\n', '\r']).to_owned());
+        }
+        if *ended {
+            return match pending.is_empty() {
+                true => Line::Eof,
+                false => Line::Text(std::mem::take(pending)),
+            };
+        }
+        if presses.load(Ordering::SeqCst) != seen {
+            return Line::Interrupted;
+        }
+        match input.next() {
+            Input::Text(t) => pending.push_str(&t),
+            Input::End(_) => *ended = true,
+            Input::Pending => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// A line typed on ctl's stdin (a terminal), waiting for it in steps of 100 ms so that a
+/// Ctrl+C (`presses` no longer `seen`) ends the wait.
+fn terminal_line(presses: &AtomicUsize, seen: usize) -> io::Result<Line> {
+    loop {
+        if presses.load(Ordering::SeqCst) != seen {
+            return Ok(Line::Interrupted);
+        }
+        let mut fd = libc::pollfd {
+            fd: libc::STDIN_FILENO,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `fd` is one valid pollfd struct for the call's duration.
+        match unsafe { libc::poll(&mut fd, 1, 100) } {
+            0 => continue,
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            _ => {}
+        }
+        let mut line = String::new();
+        return Ok(match io::stdin().lock().read_line(&mut line)? {
+            0 => Line::Eof,
+            _ => Line::Text(line.trim_end_matches(['\n', '\r']).to_owned()),
+        });
+    }
 }
 
 /// How an execution ended, from its `exitCode` and `status`.
@@ -199,25 +421,32 @@ impl ExecEnd {
 /// answer. Answers how the run ended (the last answer's [`ExecEnd`]); printing a message about it
 /// is left to the caller.
 ///
-/// With `input`, the run's stdin is kept open and fed: each chunk ready is sent with an `input`
-/// call instead of a `continue` (whose answer carries the output as well), the end with `eof`.
-/// One call at a time, so answers are printed in the order the run wrote them. The run may
-/// close its stdin early (`head -1`): the `invalid-request` of the next `input` ends the
-/// forwarding, not the run.
+/// With `feed.input`, the run's stdin is kept open and fed: each chunk ready is sent with an
+/// `input` call instead of a `continue` (whose answer carries the output as well), the end with
+/// `eof`. One call at a time, so answers are printed in the order the run wrote them. The run
+/// may close its stdin early (`head -1`): the `invalid-request` of the next `input` ends the
+/// forwarding, not the run. With `feed.lines` (a kernel runner's REPL) the input goes instead a
+/// line per `waiting-input` answer (see [`Line`]), the same as a line typed on a terminal.
 #[allow(clippy::too_many_arguments)]
 fn exec(
     client: &Client,
     id: &str,
     code: &str,
     options: &ExecOptions,
-    mut input: Option<StdinChunks>,
+    feed: Feed<'_>,
     out: Output,
     stdout: &mut impl Write,
     stderr: &mut impl Write,
 ) -> Result<ExecEnd, Failure> {
+    let Feed {
+        mut input,
+        lines,
+        presses,
+    } = feed;
+    let (mut pending, mut ended) = (String::new(), false);
     let mut body = match input {
-        Some(_) => options.query_stdin_body(code),
-        None => options.query_body(code),
+        Some(_) if !lines => options.query_stdin_body(code),
+        _ => options.query_body(code),
     };
     loop {
         let feeding = matches!(body, ExecuteCall::Input { .. });
@@ -263,12 +492,19 @@ fn exec(
             }
             .into());
         }
-        if waits && input.is_none() {
+        if waits && (lines || input.is_none()) {
             // The prompt was printed with the answer's stdout; the line comes from ctl's stdin.
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line)?;
-            let line = line.trim_end_matches(['\n', '\r']);
-            body = options.input_body(run_id, line, false);
+            let seen = presses.load(Ordering::SeqCst);
+            let line = match input.as_mut() {
+                Some(chunks) => next_line(chunks, &mut pending, &mut ended, presses, seen),
+                None => terminal_line(presses, seen)?,
+            };
+            body = options.input_body(run_id, &line.text(), false);
+            continue;
+        }
+        if lines {
+            // A runner's REPL reads no input but at its prompt.
+            body = options.continue_body(run_id);
             continue;
         }
         body = match input.as_mut().map(StdinChunks::next) {
@@ -374,6 +610,7 @@ mod tests {
         let o = ExecOptions {
             timeout: Some(600),
             flush_timeout: 0.5,
+            shell: false,
         };
         assert_eq!(
             json_of(&o.query_body("ls")),
@@ -387,6 +624,7 @@ mod tests {
         let o = ExecOptions {
             timeout: None,
             flush_timeout: 2.0,
+            shell: false,
         };
         assert_eq!(
             json_of(&o.query_body("ls")),
@@ -399,6 +637,7 @@ mod tests {
         let o = ExecOptions {
             timeout: None,
             flush_timeout: 2.0,
+            shell: false,
         };
         assert_eq!(
             json_of(&o.query_stdin_body("cat")),
@@ -427,6 +666,7 @@ mod tests {
         let options = ExecOptions {
             timeout: None,
             flush_timeout: 0.5,
+            shell: false,
         };
         let input = StdinChunks::spawn(std::io::Cursor::new(b"abc".to_vec()));
         // The reader holds its one chunk in the channel by then (and waits to tell the end).
@@ -437,7 +677,11 @@ mod tests {
             "S",
             "head -c 1",
             &options,
-            Some(input),
+            Feed {
+                input: Some(input),
+                lines: false,
+                presses: &AtomicUsize::new(0),
+            },
             Output::Table,
             &mut stdout,
             &mut stderr,
@@ -459,6 +703,104 @@ mod tests {
         );
     }
 
+    /// `--shell` goes into the query (and only when given).
+    #[test]
+    fn shell_bodies() {
+        let o = ExecOptions {
+            timeout: None,
+            flush_timeout: 0.5,
+            shell: true,
+        };
+        assert_eq!(
+            json_of(&o.query_body("id -u")),
+            json!({"mode": "query", "code": "id -u", "flush_timeout": 0.5, "shell": true})
+        );
+        assert_eq!(json_of(&o.query_stdin_body("cat"))["shell"], json!(true));
+    }
+
+    /// Lines of the forwarded input, one at a time without their line break; the end; a
+    /// Ctrl+C while waiting.
+    #[test]
+    fn lines_of_the_input() {
+        let mut input = StdinChunks::spawn(std::io::Cursor::new(b"one\r\ntwo\nthree".to_vec()));
+        let (mut pending, mut ended, presses) = (String::new(), false, AtomicUsize::new(0));
+        let mut next = || next_line(&mut input, &mut pending, &mut ended, &presses, 0);
+        assert_eq!(next(), Line::Text("one".into()));
+        assert_eq!(next(), Line::Text("two".into()));
+        assert_eq!(next(), Line::Text("three".into()));
+        assert_eq!(next(), Line::Eof);
+        assert_eq!(Line::Eof.text(), "\u{4}");
+
+        // A pipe nothing is written to: only a Ctrl+C ends the wait.
+        let (_keep, reader) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut input = StdinChunks::spawn(reader);
+        let (mut pending, mut ended) = (String::new(), false);
+        let presses = AtomicUsize::new(1);
+        assert_eq!(
+            next_line(&mut input, &mut pending, &mut ended, &presses, 0),
+            Line::Interrupted
+        );
+        assert_eq!(Line::Interrupted.text(), "");
+    }
+
+    /// A kernel runner's run with forwarded stdin: no `stdin` on the query, plain `continue`s
+    /// while it runs, a line (no line break) for each `waiting-input`.
+    #[test]
+    fn a_runners_prompt_takes_a_line() {
+        let waiting = |prompt: &str| {
+            Answer::json(
+                200,
+                json!({"runId": "r1", "status": "waiting-input", "console": [["stdout", prompt]],
+                       "exitCode": null, "options": {"is_password": false}})
+                .to_string(),
+            )
+        };
+        let server = Server::start(vec![
+            answer("continued", "r1", json!([]), Value::Null),
+            waiting("a? "),
+            waiting("b? "),
+            answer("finished", "r1", json!([["stdout", "ab\n"]]), json!(0)),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let options = ExecOptions {
+            timeout: None,
+            flush_timeout: 0.5,
+            shell: false,
+        };
+        let input = StdinChunks::spawn(std::io::Cursor::new(b"a\nb\n".to_vec()));
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let end = exec(
+            &client,
+            "S",
+            "print(input('a? ') + input('b? '))",
+            &options,
+            Feed {
+                input: Some(input),
+                lines: true,
+                presses: &AtomicUsize::new(0),
+            },
+            Output::Table,
+            &mut stdout,
+            &mut stderr,
+        );
+        assert_eq!(end.unwrap(), ExecEnd::Exited(0));
+        assert_eq!(String::from_utf8(stdout).unwrap(), "a? b? ab\n");
+        let bodies: Vec<Value> = server
+            .requests()
+            .iter()
+            .map(|r| serde_json::from_str(&r.body).unwrap())
+            .collect();
+        assert_eq!(
+            bodies,
+            [
+                json!({"mode": "query", "code": "print(input('a? ') + input('b? '))", "flush_timeout": 0.5}),
+                json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5}),
+                json!({"mode": "input", "run_id": "r1", "code": "a", "eof": false, "flush_timeout": 0.01}),
+                json!({"mode": "input", "run_id": "r1", "code": "b", "eof": false, "flush_timeout": 0.01}),
+            ]
+        );
+    }
+
     fn answer(status: &str, run: &str, console: Value, exit: Value) -> Answer {
         Answer::json(
             200,
@@ -472,6 +814,7 @@ mod tests {
         let options = ExecOptions {
             timeout: Some(9),
             flush_timeout: 0.25,
+            shell: false,
         };
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let end = exec(
@@ -479,7 +822,11 @@ mod tests {
             "S",
             "work",
             &options,
-            None,
+            Feed {
+                input: None,
+                lines: false,
+                presses: &AtomicUsize::new(0),
+            },
             out,
             &mut stdout,
             &mut stderr,

@@ -49,6 +49,12 @@ pub enum SessionCommand {
     /// When ctl's stdin is not a terminal (or with -i) it is the code's stdin, sent in chunks as
     /// it is read (text: bytes that are not UTF-8 become U+FFFD).
     ///
+    /// Where Backend.AI's kernel runner serves the session (`session show`: Exec path
+    /// kernel-runner) the code runs in its persistent REPL: each input() takes a line of ctl's
+    /// stdin, and Ctrl+C interrupts the run (KeyboardInterrupt; the REPL keeps its state; a
+    /// second Ctrl+C leaves it, exit 130); --shell runs a shell command line instead. Elsewhere
+    /// Ctrl+C leaves the run (exit 130).
+    ///
     /// `-it ID [CMD]`: CMD (default: the image's shell) in a terminal of the window's size;
     /// keys go as typed (Ctrl+C interrupts the remote process), window changes follow, and ctl
     /// exits with the process's exit code.
@@ -220,6 +226,19 @@ mod tests {
         assert!(
             parse(&["session", "exec", "S"]).is_err(),
             "code is required without -t"
+        );
+        let a = parse(&["session", "exec", "--shell", "S", "id -u"]).unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Session(SessionCommand::Exec(ExecArgs {
+                shell: true,
+                tty: false,
+                ..
+            }))
+        ));
+        assert!(
+            parse(&["session", "exec", "--shell", "-t", "S"]).is_err(),
+            "a terminal runs a shell anyway"
         );
     }
 

@@ -250,6 +250,10 @@ fn session_fields(s: &Session, now: f64) -> String {
             .collect();
         pairs.push(("Stages", line.join(", ")));
     }
+    // How its kernel runs code (`GET` only, when its agent says): `kernel-runner` or `process`.
+    if let Some(Some(path)) = &s.exec_path {
+        pairs.push(("Exec path", text(path)));
+    }
     pairs.push(("Priority", s.priority.to_string()));
     if let Some(r) = &s.pending_reason {
         pairs.push((
@@ -375,14 +379,16 @@ mod tests {
     }
 
     #[test]
-    fn session_restart_policy_and_stages() {
+    fn session_restart_policy_stages_and_exec_path() {
         let mut s = live_session();
         s["restart_policy"] =
             json!({"mode": "on-failure", "max_restarts": 3, "window": 60, "backoff": 1});
         s["restart_count"] = json!(2);
         s["stages"] = json!([{"name": "image", "status": "ready", "restarts": 0, "setup_seconds": 0.1},
                              {"name": "container", "status": "setting-up", "restarts": 2, "setup_seconds": 0.5}]);
+        s["exec_path"] = json!("kernel-runner");
         let out = session(&s, NOW);
+        assert!(out.contains("Exec path:  kernel-runner\n"), "{out}");
         assert!(
             out.contains("Restarts:   2 (on-failure, at most 3 in 60s)\n"),
             "{out}"
@@ -395,9 +401,10 @@ mod tests {
         s["restart_policy"] =
             json!({"mode": "never", "max_restarts": 3, "window": 60, "backoff": 1});
         s["stages"] = Value::Null;
+        s["exec_path"] = Value::Null;
         let out = session(&s, NOW);
         assert!(
-            !out.contains("Restarts") && !out.contains("Stages"),
+            !out.contains("Restarts") && !out.contains("Stages") && !out.contains("Exec path"),
             "{out}"
         );
     }

@@ -93,6 +93,7 @@ pub fn session(k: &KernelRow) -> Session {
         queued_at: k.queued_at,
         admitted_at: k.admitted_at,
         stages: None,
+        exec_path: None,
     }
 }
 
@@ -211,6 +212,7 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
         .service(sessions::get)
         .service(sessions::delete)
         .service(sessions::execute)
+        .service(sessions::interrupt)
         .service(sessions::logs)
         .service(pty::open)
         .service(images::commit)
@@ -372,10 +374,12 @@ mod tests {
         assert_eq!(listed, before.to_string());
         let got = Session {
             stages: Some(None),
+            exec_path: Some(None),
             ..session(&row())
         };
         let mut with_stages = before.clone();
         with_stages["stages"] = serde_json::Value::Null;
+        with_stages["exec_path"] = serde_json::Value::Null;
         assert_eq!(
             body(reply(HttpResponse::Ok(), &got)).await,
             with_stages.to_string()

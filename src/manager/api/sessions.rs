@@ -1,4 +1,4 @@
-//! Session routes: create, list, get, destroy, execute, logs. Every one acts only on the
+//! Session routes: create, list, get, destroy, execute, interrupt, logs. Every one acts only on the
 //! caller's own sessions (an admin's: anyone's); another key's session answers exactly as a
 //! missing one, 404 `session-not-found`.
 
@@ -10,8 +10,11 @@ use serde::Deserialize;
 
 use super::auth::Caller;
 use super::responses;
-use super::{count_error, not_in_grace, owned_kernel, reply, resolved_id, session, ApiState, Res};
-use crate::manager::calls::{call_method, to_json};
+use super::{
+    count_error, not_in_grace, owned_kernel, reply, resolved_id, running_kernel, session, ApiState,
+    Res,
+};
+use crate::manager::calls::{agent_error, call_method, to_json};
 use crate::manager::error::ManagerError;
 use crate::manager::scheduler::{
     CreateSession, DestroySession, ExecuteInSession, LogsChunk, ReadLogs, Scheduler,
@@ -23,6 +26,7 @@ use crate::model::object::Object;
 use crate::model::session::{
     KernelStatus, Session, SessionCreated, SessionList, SessionRequest, Stage,
 };
+use crate::rpc::agent_api::exec::InterruptKernel;
 use crate::rpc::agent_api::kernel::{GetKernel, KernelIdArgs};
 
 /// Creates a session: places its kernel on the least-loaded `ALIVE` agent with enough free
@@ -204,8 +208,10 @@ pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<St
         true => Some(s.store.queue_position(&k).await?),
         false => None,
     };
+    let live = live_view(&s, &k).await;
     let body = Session {
-        stages: Some(stages(&s, &k).await),
+        stages: Some(live.stages),
+        exec_path: Some(live.exec_path),
         queue_position,
         ..session(&k)
     };
@@ -215,17 +221,26 @@ pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<St
 /// Longest wait for the agent's view of a kernel's stages.
 const STAGES_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The kernel's stage actors as its agent reports them (`get_kernel`): `[{"name", "status",
-/// "restarts", "setup_seconds"}]` in order, or `None` (null) when the kernel has ended, its
-/// agent does not answer in time, or its answer has no such list (the session itself still
+/// What the kernel's agent says of it (`get_kernel`), each `None` (null) when it does not say.
+#[derive(Default)]
+struct LiveView {
+    /// Its stage actors in order.
+    stages: Option<Vec<Stage>>,
+    /// `kernel-runner` or `process`.
+    exec_path: Option<String>,
+}
+
+/// The kernel as its agent reports it (`get_kernel`): its stage actors (`[{"name", "status",
+/// "restarts", "setup_seconds"}]` in order) and its `exec_path`; nothing when the kernel has
+/// ended, its agent does not answer in time, or its answer lacks them (the session itself still
 /// answers).
-async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
+async fn live_view(s: &ApiState, k: &KernelRow) -> LiveView {
     match k.status {
         // Not on an agent (yet, or any more).
         KernelStatus::Pending
         | KernelStatus::Scheduled
         | KernelStatus::Terminated
-        | KernelStatus::Cancelled => return None,
+        | KernelStatus::Cancelled => return LiveView::default(),
         KernelStatus::Preparing
         | KernelStatus::Pulling
         | KernelStatus::Creating
@@ -237,13 +252,19 @@ async fn stages(s: &ApiState, k: &KernelRow) -> Option<Vec<Stage>> {
         kernel_id: k.id.clone(),
     };
     match call_method::<GetKernel>(&s.pool, &s.metrics, &k.agent_id, &args, STAGES_TIMEOUT).await {
-        Ok(mut info) => info
-            .rest
-            .remove("stages")
-            .and_then(|v| serde_json::from_value(to_json(&v)).ok()),
+        Ok(mut info) => LiveView {
+            stages: info
+                .rest
+                .remove("stages")
+                .and_then(|v| serde_json::from_value(to_json(&v)).ok()),
+            exec_path: info
+                .rest
+                .remove("exec_path")
+                .and_then(|v| v.as_str().map(str::to_owned)),
+        },
         Err(e) => {
             tracing::debug!(kernel_id = %k.id, error = %e, "no stages from the agent");
-            None
+            LiveView::default()
         }
     }
 }
@@ -307,6 +328,7 @@ pub(super) async fn execute(
             timeout: b.timeout,
             flush_timeout: b.flush_timeout,
             stdin: b.stdin,
+            shell: b.shell,
             eof: b.eof,
         };
         s.scheduler.send(msg).await?
@@ -316,6 +338,43 @@ pub(super) async fn execute(
     let answer: ExecuteAnswer = serde_json::from_value(count_error(&s, r)?)
         .map_err(|e| ManagerError::Internal(format!("execute answer: {e}")))?;
     reply(HttpResponse::Ok(), &answer)
+}
+
+/// How long the manager waits for the agent's `interrupt_kernel`.
+const INTERRUPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Interrupts what the session's kernel runs: where Backend.AI's kernel runner serves it, the
+/// runner's `interrupt` (the current run ends with `KeyboardInterrupt` and its answer goes on
+/// through `execute`'s `continue`; the REPL keeps its state); otherwise SIGINT to the kernel's
+/// main process (a batch session's command).
+#[utoipa::path(
+    operation_id = "interrupt_session",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session or kernel id")),
+    responses(
+        (status = 204, description = "Interrupted"),
+        (status = 404, description = "`session-not-found` (also another key's session)", body = ErrorBody),
+        responses::NotRunning, responses::AgentFailed, responses::StartingUp,
+    ),
+)]
+#[post("/v1/sessions/{id}/interrupt")]
+pub(super) async fn interrupt(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Res {
+    let r = async {
+        let k = running_kernel(&s, &caller, &id).await?;
+        let args = KernelIdArgs {
+            kernel_id: k.id.clone(),
+        };
+        call_method::<InterruptKernel>(&s.pool, &s.metrics, &k.agent_id, &args, INTERRUPT_TIMEOUT)
+            .await
+            .map_err(|e| agent_error(&e))
+    }
+    .await;
+    count_error(&s, r)?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 #[derive(Deserialize)]

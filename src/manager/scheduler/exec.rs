@@ -31,6 +31,9 @@ pub struct ExecuteInSession {
     pub flush_timeout: Option<f64>,
     /// Keep the run's stdin open for `input` (`query`).
     pub stdin: bool,
+    /// Run `code` with `sh -c` in a process of its own even on a kernel runner's kernel
+    /// (`query`: the agent's `opts.shell`).
+    pub shell: bool,
     /// Close stdin after writing (`input`).
     pub eof: bool,
 }
@@ -81,10 +84,13 @@ impl Handler<ExecuteInSession> for Scheduler {
                         ));
                     }
                     let timeout = msg.timeout.unwrap_or(default_timeout.as_secs_f64());
-                    let opts = BTreeMap::from([
+                    let mut opts = BTreeMap::from([
                         ("stdin".to_owned(), Value::from(msg.stdin)),
                         ("timeout".to_owned(), Value::F64(timeout)),
                     ]);
+                    if msg.shell {
+                        opts.insert("shell".to_owned(), Value::from(true));
+                    }
                     (
                         msg.run_id
                             .clone()
