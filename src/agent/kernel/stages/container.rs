@@ -395,16 +395,16 @@ impl Provisioner for ContainerStage {
     /// and services down and logs it) and up to [`RUNNER_STOP_GRACE`] to exit before removal.
     async fn teardown(&self, container: ContainerHandle) -> Result<(), BoxError> {
         let backend = &self.0.ctx.backend;
-        if self.0.info().runner.is_some() {
-            if backend.signal_container(&container.id, "SIGINT").await.is_ok() {
-                let deadline = tokio::time::Instant::now() + RUNNER_STOP_GRACE;
-                while tokio::time::Instant::now() < deadline {
-                    match backend.inspect_container(&container.id).await {
-                        Ok(Some(s)) if s.running => {
-                            tokio::time::sleep(std::time::Duration::from_millis(100)).await
-                        }
-                        _ => break,
+        if self.0.info().runner.is_some()
+            && backend.signal_container(&container.id, "SIGINT").await.is_ok()
+        {
+            let deadline = tokio::time::Instant::now() + RUNNER_STOP_GRACE;
+            while tokio::time::Instant::now() < deadline {
+                match backend.inspect_container(&container.id).await {
+                    Ok(Some(s)) if s.running => {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await
                     }
+                    _ => break,
                 }
             }
         }
