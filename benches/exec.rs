@@ -26,7 +26,7 @@
 //! "raw_docker_mb_s", "ratio", "agent_peak_mb", "manager_peak_mb", "runner"}`, `runner` being
 //! `{"calls", "exec_p50_ms", "exec_p99_ms", "zmq_p50_ms", "zmq_p99_ms", "added_p50_ms",
 //! "added_p99_ms", "ratio_p50", "ratio_p99", "create_runner_p50_ms", "create_off_p50_ms",
-//! "create_ratio"}` or null when skipped.
+//! "create_ratio", "load_before", "load_after"}` or null when skipped.
 
 mod common;
 #[path = "exec/runner.rs"]
