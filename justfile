@@ -243,9 +243,16 @@ test-image:
     done
     echo "test-image: built kernelvisor-test:latest, :services and :healthcheck"
 
+# `exec` also times Backend.AI's kernel runner (benches/exec/runner.rs), so it provisions the
+# runner and the Python image first and names the runner's directory as `KV_KRUNNER_DIR`.
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup docker test-image
-    cargo bench --bench {{name}}
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ "{{name}}" = exec ]; then
+      "{{just_executable()}}" --justfile "{{justfile()}}" krunner test-image-py
+    fi
+    KV_KRUNNER_DIR="{{krunner_dir}}" cargo bench --bench {{name}}
 
 # Put `kernelvisor` on the PATH: `cargo install --path .` (an optimized build, reusing
 # target/release) into ${CARGO_HOME:-~/.cargo}/bin.

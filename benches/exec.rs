@@ -12,10 +12,25 @@
 //!   → ctl, in `continue` rounds of at most `exec-buffer-size` (1 MiB).
 //!
 //! Each way's figure is the median of its runs, in MB/s (10^6 bytes); the bytes are counted and
-//! must equal N. Peak RSS is the processes' `VmHWM` after all runs. Prints a table and ends with
-//! one JSON line: `{"bytes", "exec_mb_s", "raw_docker_mb_s", "ratio", "agent_peak_mb", "manager_peak_mb"}`.
+//! must equal N. Peak RSS is the processes' `VmHWM` after all runs; then the session is deleted
+//! and both processes stop.
+//!
+//! Then Backend.AI's kernel runner (`runner`, whose doc says how): `execute` of `pass` through
+//! the agent's RPC against the runner's own round trip on the same kernel (p50, p99, what the
+//! agent adds; targets ≤ 1 ms and ≤ 2 ms), and create → `RUNNING` with the runner and without.
+//! Skipped, said on stderr, without a provisioned runner (`KV_KRUNNER_DIR`, else
+//! /var/cache/kernelvisor/krunner; `just bench exec` runs `just krunner` and `just
+//! test-image-py` first).
+//!
+//! Prints a table per part and ends with one JSON line: `{"bytes", "exec_mb_s",
+//! "raw_docker_mb_s", "ratio", "agent_peak_mb", "manager_peak_mb", "runner"}`, `runner` being
+//! `{"calls", "exec_p50_ms", "exec_p99_ms", "zmq_p50_ms", "zmq_p99_ms", "added_p50_ms",
+//! "added_p99_ms", "ratio_p50", "ratio_p99", "create_runner_p50_ms", "create_off_p50_ms",
+//! "create_ratio", "load_before", "load_after"}` or null when skipped.
 
 mod common;
+#[path = "exec/runner.rs"]
+mod runner;
 
 use std::process::Command;
 
@@ -51,7 +66,7 @@ fn main() -> anyhow::Result<()> {
     }
     let (raw_mb_s, exec_mb_s) = (median(raw.clone()), median(ours.clone()));
     let (agent_peak, manager_peak) = (peak_rss_mb(c.agent.id()), peak_rss_mb(c.manager.id()));
-    c.finish();
+    c.stop();
 
     println!(
         "exec throughput, {} MiB of `yes abcdefghij`, median of {runs} runs each",
@@ -79,10 +94,23 @@ fn main() -> anyhow::Result<()> {
     println!("{:<22} {:>10.2}", "ratio (ctl / raw)", exec_mb_s / raw_mb_s);
     println!("{:<22} {:>10.1}", "agent peak RSS (MB)", agent_peak);
     println!("{:<22} {:>10.1}", "manager peak RSS (MB)", manager_peak);
+
+    let runner = match runner::krunner_dir() {
+        Ok(dir) => {
+            let figures = runner::run(&dir)?;
+            figures.print();
+            Some(figures.json())
+        }
+        Err(why) => {
+            eprintln!("SKIPPED the kernel runner rows: {why}");
+            None
+        }
+    };
     println!(
         "{}",
         serde_json::json!({"bytes": bytes, "exec_mb_s": (exec_mb_s * 10.0).round() / 10.0, "raw_docker_mb_s": (raw_mb_s * 10.0).round() / 10.0,
-            "ratio": (exec_mb_s / raw_mb_s * 100.0).round() / 100.0, "agent_peak_mb": (agent_peak * 10.0).round() / 10.0, "manager_peak_mb": (manager_peak * 10.0).round() / 10.0})
+            "ratio": (exec_mb_s / raw_mb_s * 100.0).round() / 100.0, "agent_peak_mb": (agent_peak * 10.0).round() / 10.0, "manager_peak_mb": (manager_peak * 10.0).round() / 10.0,
+            "runner": runner})
     );
     Ok(())
 }

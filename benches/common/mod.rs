@@ -176,6 +176,30 @@ impl BenchCluster {
             .set("Authorization", &format!("Bearer {}", self.token))
             .call();
     }
+
+    /// Deletes the session, waits (up to 30 s) until its container is gone, then kills both
+    /// processes: what the bench measures next runs without them.
+    pub fn stop(mut self) {
+        self.finish();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let container = format!("kernel.{}", self.kid);
+        while Instant::now() < deadline {
+            let exists = Command::new("docker")
+                .args(["inspect", "-f", "{{.Id}}", &container])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !exists {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for child in [&mut self.agent, &mut self.manager] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// The secret in a manager's `[api] admin-token-file` (one line).
