@@ -73,7 +73,7 @@ pub struct ContainerOom(pub String);
 #[rtype(result = "()")]
 pub struct Reconcile;
 
-/// The stage supervisor of a kernel (its seven stage actors), while its tree runs.
+/// The stage supervisor of a kernel (its eight stage actors), while its tree runs.
 #[derive(Debug, Message)]
 #[rtype(result = "Option<Addr<::actors::Supervisor>>")]
 pub struct KernelStages(pub String);

@@ -371,8 +371,24 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
             let port = field(s, "host_ports").as_array().unwrap()[0]
                 .as_u64()
                 .unwrap();
-            std::net::TcpStream::connect(("127.0.0.1", port as u16))
-                .unwrap_or_else(|e| panic!("{name} on {port}: {e}"));
+            if name == "ttyd" {
+                // The web terminal's page, as a browser gets it.
+                let page = ureq::get(&format!("http://127.0.0.1:{port}/"))
+                    .call()
+                    .unwrap_or_else(|e| panic!("ttyd on {port}: {e}"))
+                    .into_string()
+                    .unwrap();
+                assert!(page.contains("ttyd"), "{}", &page[..page.len().min(300)]);
+            } else {
+                use std::io::Read;
+                // dropbear speaks first: its SSH banner.
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port as u16))
+                    .unwrap_or_else(|e| panic!("{name} on {port}: {e}"));
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut banner = [0u8; 8];
+                s.read_exact(&mut banner).unwrap();
+                assert_eq!(&banner, b"SSH-2.0-");
+            }
         }
     }
 
@@ -482,7 +498,7 @@ async fn a_killed_runner_ends_its_kernel_and_a_killed_agent_finds_its_repl() {
     let Some(dir) = krunner_dir("runner_kernels") else {
         return;
     };
-    let fx = AgentFixture::new("runner-kill", 36_200, 16);
+    let fx = AgentFixture::new("runner-kill", 36_700, 16);
     let config = fx.write_config(&runner_section(&dir, "auto"));
     let mut agent = spawn_agent_process(&fx, &config);
     let peer = connect_process(&fx).await;
@@ -583,4 +599,114 @@ async fn a_killed_runner_ends_its_kernel_and_a_killed_agent_finds_its_repl() {
     .await;
     let _ = agent.kill();
     let _ = agent.wait();
+}
+
+/// `trigger_batch_execution` on a runner kernel runs its code as the runner's batch `exec`
+/// (upstream's `execute_batch`): the session's result follows its exit code.
+#[actix_rt::test]
+async fn a_batch_execution_ends_by_the_runners_exit_code() {
+    use kernelvisor::agent::events::AgentEvent;
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let fx = AgentFixture::new("runner-batch", 36_400, 16);
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
+    let mut events = agent.ctx.events.subscribe();
+    let kid = uuid::Uuid::new_v4().to_string();
+    create_one(&peer, "s", &kid, py_config())
+        .await
+        .expect("create on the Python image");
+    for (code, want_success, want_exit) in [
+        ("python3 -c 'print(6*7)'; exit 4", false, Some(4)),
+        ("python3 -c 'print(6*7)'", true, Some(0)),
+    ] {
+        call(
+            &peer,
+            "trigger_batch_execution",
+            vec!["s".into(), kid.clone().into(), code.into(), 60.0.into()],
+        )
+        .await
+        .expect("trigger_batch_execution");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let (success, exit) = loop {
+            let e = tokio::time::timeout_at(deadline, events.recv())
+                .await
+                .expect("the batch's result in time")
+                .expect("event bus");
+            match e {
+                AgentEvent::SessionSuccess {
+                    kernel_id,
+                    exit_code,
+                    ..
+                } if kernel_id == kid => break (true, exit_code),
+                AgentEvent::SessionFailure {
+                    kernel_id,
+                    exit_code,
+                    ..
+                } if kernel_id == kid => break (false, exit_code),
+                _ => {}
+            }
+        };
+        assert_eq!((success, exit), (want_success, want_exit), "{code}");
+    }
+    call(&peer, "destroy_kernel", vec![kid.clone().into()])
+        .await
+        .expect("destroy");
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
+}
+
+/// `[kernel-runner] mode = "require"` refuses an image the runner cannot serve (the static
+/// busybox test image: no glibc), by name; `auto` gives it the process path.
+#[actix_rt::test]
+async fn require_refuses_an_image_without_glibc_and_auto_keeps_the_process_path() {
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let fx = AgentFixture::new("runner-require", 36_500, 8);
+    let agent = Agent::start(fx.config(&runner_section(&dir, "require")), None)
+        .await
+        .expect("agent starts");
+    let peer = client(agent.endpoint()).await;
+    let kid = uuid::Uuid::new_v4().to_string();
+    let r = create_one(&peer, "s", &kid, kernel_config("0.1", 64 * MIB, vec![])).await;
+    assert_eq!(failure_name(&r), "InvalidKernelConfig");
+    let text = format!("{r:?}");
+    assert!(
+        text.contains("require") && text.contains(TEST_IMAGE) && text.contains("glibc"),
+        "{text}"
+    );
+    assert!(
+        fx.containers().is_empty(),
+        "nothing left: {:?}",
+        fx.containers()
+    );
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
+
+    let fx = AgentFixture::new("runner-auto-bb", 36_510, 8);
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
+    let kid = uuid::Uuid::new_v4().to_string();
+    let created = create_one(&peer, "s", &kid, kernel_config("0.1", 64 * MIB, vec![]))
+        .await
+        .expect("busybox takes the process path in auto");
+    assert_eq!(field(&created, "repl_in_port").as_u64(), Some(0));
+    let info = call(&peer, "get_kernel", vec![kid.clone().into()])
+        .await
+        .expect("get_kernel");
+    assert_eq!(
+        field(&info, "exec_path").as_str(),
+        Some("process"),
+        "{info}"
+    );
+    call(&peer, "destroy_kernel", vec![kid.clone().into()])
+        .await
+        .expect("destroy");
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
 }

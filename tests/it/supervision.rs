@@ -1,5 +1,5 @@
 //! The kernel as a supervision tree, on the real Docker engine through the agent's RPC: its
-//! seven stage actors, and the restart policy (`never`, `on-failure`, `always`, a failing
+//! eight stage actors, and the restart policy (`never`, `on-failure`, `always`, a failing
 //! `HEALTHCHECK`) restarting the container in place until the limit, leaking nothing.
 //! Needs the local test images (`just test-image`).
 
@@ -144,7 +144,7 @@ async fn on_failure_restarts_the_container_in_place_then_ends_at_the_limit() {
     assert_eq!(stage_names(&info), STAGES);
     assert_eq!(field(&info, "restart_count").as_u64(), Some(0));
 
-    // The supervision tree: seven stage actors, in order, all running.
+    // The supervision tree: eight stage actors, in order, all running.
     let sup = agent
         .registry()
         .send(KernelStages(kid.clone()))

@@ -268,7 +268,8 @@ fn restart_policy(db: Db, ports: u16) {
         "{doomed}"
     );
 
-    // A running session shows its seven stage actors, in order, all ready.
+    // A running session shows its eight stage actors, in order, all ready (`runner` holds
+    // nothing on the process path).
     let live = create(&c, json!({}));
     let lid = live["session_id"].as_str().unwrap().to_owned();
     let got = wait_for(LONG, "the session RUNNING", || {
@@ -290,7 +291,8 @@ fn restart_policy(db: Db, ports: u16) {
             ("scratch", "ready"),
             ("mounts", "ready"),
             ("container", "ready"),
-            ("service-ports", "ready")
+            ("service-ports", "ready"),
+            ("runner", "ready")
         ],
         "{got}"
     );

@@ -10,7 +10,9 @@
 //! ├─ mounts              MountStage: vfolders → /home/work/<name>, paths checked
 //! ├─ container           ContainerStage: create + start (status CREATING); watches
 //! │                      the container's exits and HEALTHCHECK (watch.rs)
-//! └─ service-ports       ServicePortStage: the mapped ports, checked and reported
+//! ├─ service-ports       ServicePortStage: the mapped ports, checked and reported
+//! └─ runner              RunnerStage: Backend.AI's kernel runner serving (runner kernels;
+//!                        a no-op on the process path)
 //! ```
 
 pub mod actor;
