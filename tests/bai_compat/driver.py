@@ -615,20 +615,25 @@ async def runner_steps(step: Any, run_code: Any, ids: dict[str, Any]) -> None:
         from ai.backend.common.dto.agent.response import CodeCompletionResp
 
         r = await c.get_completions(kernel_id, "pri", {})
+        # Upstream's agent answers `CodeCompletionResp.as_dict()`: `{"result": {...}}`.
         check(isinstance(r, dict), f"get_completions answered {r!r}, not a map")
+        check(set(r) == {"result"}, f"get_completions keys {sorted(r)}: CodeCompletionResp's is result")
+        res = r["result"]
         check(
-            set(r) == {"status", "error", "suggestions"},
-            f"get_completions keys {sorted(r)}: CodeCompletionResult's are status, error, "
-            "suggestions",
+            isinstance(res, dict) and set(res) == {"status", "error", "suggestions"},
+            f"result {res!r}: CodeCompletionResult's keys are status, error, suggestions",
         )
-        check(r["status"] == "finished", f"status {r['status']!r}")
-        check(r["error"] is None, f"error {r['error']!r}")
+        check(res["status"] == "finished", f"status {res['status']!r}")
+        check(res["error"] is None, f"error {res['error']!r}")
         check(
-            isinstance(r["suggestions"], (list, tuple))
-            and all(isinstance(s, str) for s in r["suggestions"]),
-            f"suggestions {r['suggestions']!r}, not a list of text",
+            isinstance(res["suggestions"], (list, tuple))
+            and all(isinstance(s, str) for s in res["suggestions"]),
+            f"suggestions {res['suggestions']!r}, not a list of text",
         )
-        manager_view = CodeCompletionResp.from_dict(r).as_dict()  # AgentRegistry.get_completions
+        # As AgentRegistry.get_completions reads it: the same, not a default.
+        manager_view = CodeCompletionResp.from_dict(r).as_dict()
+        sent = dict(res, suggestions=list(res["suggestions"]))  # msgpack gives a tuple
+        check(manager_view == {"result": sent}, f"the manager reads {manager_view!r}, not {sent!r}")
         return {"reply": r, "manager_reads": manager_view}
 
     await step("get_completions", "get_completions", get_completions)

@@ -200,11 +200,11 @@ async fn interrupt_kernel(
     Ok(Default::default())
 }
 
-/// `get_completions(kernel_id, text, opts)` → `{"status", "error", "suggestions"}`.
+/// `get_completions(kernel_id, text, opts)` → `{"result": {"status", "error", "suggestions"}}`.
 async fn get_completions(
     cx: Ctx,
     args: exec_api::GetCompletionsArgs,
-) -> Result<exec_api::CodeCompletionResult, ErrorMeta> {
+) -> Result<exec_api::CodeCompletionResp, ErrorMeta> {
     let info = running(&cx.registry, &args.kernel_id).await?;
     if let Some(ports) = info.runner {
         let opts = args
@@ -212,14 +212,17 @@ async fn get_completions(
             .as_ref()
             .and_then(|o| serde_json::to_value(o).ok())
             .unwrap_or_default();
-        return super::runner::complete(&cx, &info, ports, &args.text, opts).await;
+        let result = super::runner::complete(&cx, &info, ports, &args.text, opts).await?;
+        return Ok(exec_api::CodeCompletionResp { result });
     }
     // A process-path kernel has no code runner with a completer: an empty, finished answer,
     // as upstream gives when the runner has no completer.
-    Ok(exec_api::CodeCompletionResult {
-        status: "finished".into(),
-        error: None,
-        suggestions: Vec::new(),
+    Ok(exec_api::CodeCompletionResp {
+        result: exec_api::CodeCompletionResult {
+            status: "finished".into(),
+            error: None,
+            suggestions: Vec::new(),
+        },
     })
 }
 

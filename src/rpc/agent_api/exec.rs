@@ -116,9 +116,10 @@ impl Method for InterruptKernel {
     type Reply = BTreeMap<String, Value>;
 }
 
-/// `get_completions(kernel_id, text, opts)` → `{"status", "error", "suggestions"}`
-/// (upstream's `CodeCompletionResult`); no completer runs in a kernel here, so `suggestions`
-/// is empty.
+/// `get_completions(kernel_id, text, opts)` → `{"result": {"status", "error", "suggestions"}}`
+/// (upstream's `CodeCompletionResp.as_dict()`, `src/ai/backend/common/dto/agent/response.py`,
+/// which its manager reads back with `from_dict`): the kernel runner's `complete` on a runner
+/// kernel (26.9.6's runner answers no suggestions), no suggestions on the process path.
 pub struct GetCompletions;
 
 /// Arguments of [`GetCompletions`].
@@ -145,11 +146,18 @@ pub struct CodeCompletionResult {
     pub suggestions: Vec<String>,
 }
 
+/// Reply of [`GetCompletions`]: upstream's `CodeCompletionResp`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeCompletionResp {
+    /// The completion.
+    pub result: CodeCompletionResult,
+}
+
 impl Method for GetCompletions {
     const NAME: &'static str = "get_completions";
     const PARAMS: &'static [&'static str] = &["kernel_id", "text", "opts"];
     type Args = GetCompletionsArgs;
-    type Reply = CodeCompletionResult;
+    type Reply = CodeCompletionResp;
 }
 
 /// `get_logs(kernel_id, opts=None)` → `{"logs": text}` as upstream, plus kernelvisor's paging
