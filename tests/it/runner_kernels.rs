@@ -160,6 +160,18 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
     assert_eq!(docker_inspect(&cid, "{{.Config.User}}"), "");
     assert_eq!(docker_inspect(&cid, "{{.HostConfig.Init}}"), "true");
     assert_eq!(docker_inspect(&cid, "{{.Config.StopSignal}}"), "SIGINT");
+    assert_eq!(
+        docker_inspect(&cid, "{{json .HostConfig.CapAdd}}"),
+        r#"["IPC_LOCK","SYS_NICE"]"#
+    );
+    let env = docker_inspect(&cid, "{{json .Config.Env}}");
+    for var in [
+        "\"N_GPUS=0\"",
+        "\"OMP_NUM_THREADS=1\"",
+        "\"LOCAL_USER_ID=1000\"",
+    ] {
+        assert!(env.contains(var), "{var} in {env}");
+    }
     let bindings = docker_inspect(&cid, "{{json .HostConfig.PortBindings}}");
     assert!(
         bindings.contains(&format!(

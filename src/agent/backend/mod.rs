@@ -234,6 +234,9 @@ pub struct ContainerSpec {
     /// Ports published on 127.0.0.1 only (a runner's repl-in/repl-out: upstream binds them
     /// to the loopback, whatever `port_bind_host` is).
     pub local_ports: Vec<PortMapping>,
+    /// Capabilities added to the engine's default set (a runner kernel's `IPC_LOCK`,
+    /// `SYS_NICE`, as upstream's Docker agent adds).
+    pub cap_add: Vec<String>,
 }
 
 /// A container's state as the engine reports it.

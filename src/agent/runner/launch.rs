@@ -71,6 +71,15 @@ pub fn prepare(spec: &mut ContainerSpec, l: &RunnerLaunch<'_>) {
     spec.group_add.clear();
     spec.init = true;
     spec.stop_signal = Some("SIGINT".into());
+    // As upstream's `start_container`: locking memory and niceness for the REPL's libraries
+    // (RDMA, NCCL). Upstream also raises `nofile` to 1048576 and `memlock` to unlimited; an
+    // engine that may not raise its own limits (dockerd here runs with 20000 files) refuses
+    // to start such a container, so the engine's limits stay.
+    for cap in ["IPC_LOCK", "SYS_NICE"] {
+        if !spec.cap_add.iter().any(|c| c == cap) {
+            spec.cap_add.push(cap.into());
+        }
+    }
     spec.binds.extend(l.krunner.binds());
     spec.local_ports = vec![
         PortMapping {
@@ -97,6 +106,10 @@ pub fn prepare(spec: &mut ContainerSpec, l: &RunnerLaunch<'_>) {
         "LD_PRELOAD",
         "/opt/kernel/libbaihook.so".into(),
     );
+    // Upstream's accelerator variables: the count of GPUs the kernel holds (0 without one).
+    let gpus = spec.gpu_device_ids.len().to_string();
+    set(&mut spec.env, "GPU_COUNT", gpus.clone());
+    set(&mut spec.env, "N_GPUS", gpus);
     for var in &l.corecount_vars {
         set(&mut spec.env, var, l.cores.to_string());
     }

@@ -234,6 +234,7 @@ impl ContainerBackend for DockerBackend {
             privileged: Some(false),
             group_add: (!spec.group_add.is_empty()).then(|| spec.group_add.clone()),
             init: spec.init.then_some(true),
+            cap_add: (!spec.cap_add.is_empty()).then(|| spec.cap_add.clone()),
             ..Default::default()
         };
         let config = Config {
@@ -387,6 +388,7 @@ impl ContainerBackend for DockerBackend {
             stop_signal: config.stop_signal.filter(|s| !s.is_empty()),
             // Every published port is in `ports` (with the loopback ones): what adoption needs.
             local_ports: Vec::new(),
+            cap_add: host.cap_add.unwrap_or_default(),
         };
         Ok(Some(ContainerDescription {
             id: c.id.unwrap_or_else(|| id.to_owned()),

@@ -146,6 +146,7 @@ pub fn container_spec(
         init: false,
         stop_signal: None,
         local_ports: Vec::new(),
+        cap_add: Vec::new(),
     }
 }
 
