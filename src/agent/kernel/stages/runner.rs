@@ -22,11 +22,14 @@ pub struct RunnerStage(pub KernelHandle);
 /// This stage's key: its name, typed with its resource.
 pub const RUNNER: StageKey<Option<RunnerPorts>> = StageKey::of::<RunnerStage>("runner");
 
+/// How long a new kernel's runner connection waits for `status` before it is made anew.
+const READY_RECONNECT: Duration = Duration::from_secs(5);
+
 /// Bytes of a failed runner container's log kept for the error (its tail).
 const LOG_TAIL: usize = 2048;
 
-/// The last [`LOG_TAIL`] bytes of container `id`'s log (it has exited, so the stream ends;
-/// at most 2 s are spent reading).
+/// The last [`LOG_TAIL`] bytes of container `id`'s log (at most 2 s are spent reading: the
+/// stream of a container still running does not end).
 async fn log_tail(handle: &KernelHandle, id: &str) -> String {
     let mut tail: Vec<u8> = Vec::new();
     let mut logs = handle.ctx.backend.follow_logs(id, 0);
@@ -59,13 +62,24 @@ impl Provisioner for RunnerStage {
         };
         let h = &self.0;
         let ctx = &h.ctx;
-        let client = ctx
-            .runners
-            .client(&h.id, ports)
-            .map_err(|e| KernelError::Engine(e.to_string()))?;
         let within = ctx.runners.config.init_timeout.0;
         let ready = async {
-            client.wait_ready(within).await?;
+            // Until the runner listens, the engine's proxy takes each connection and drops it;
+            // a connection that ZeroMQ left broken in that churn is not retried, so the
+            // sockets are made anew every few seconds without an answer.
+            let deadline = tokio::time::Instant::now() + within;
+            let client = loop {
+                let client = ctx.runners.client(&h.id, ports)?;
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match client.wait_ready(left.min(READY_RECONNECT)).await {
+                    Ok(_) => break client,
+                    Err(crate::agent::runner::RunnerError::NoReply { .. }) if !left.is_zero() => {
+                        tracing::debug!(kernel_id = %h.id, "kernel runner: no status yet; reconnecting");
+                        ctx.runners.forget(&h.id);
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             // `get-apps` answers `failed` while the runner is still starting: asked again.
             loop {
                 let apps = client.get_apps().await?;
@@ -105,12 +119,18 @@ impl Provisioner for RunnerStage {
             }
             Ok(Err(e)) => {
                 ctx.runners.forget(&h.id);
-                Err(KernelError::Engine(format!("{e} (the runner never served)")).into())
+                // What the container said is what tells why (the runner logs its start).
+                let tail = log_tail(h, &container_id).await;
+                Err(KernelError::Engine(format!(
+                    "{e} (the runner never served); its container's log ends: {tail}"
+                ))
+                .into())
             }
             Err(_) => {
                 ctx.runners.forget(&h.id);
+                let tail = log_tail(h, &container_id).await;
                 Err(KernelError::Engine(format!(
-                    "the kernel runner did not serve within {} s",
+                    "the kernel runner did not serve within {} s; its container's log ends: {tail}",
                     within.as_secs_f64()
                 ))
                 .into())
