@@ -22,6 +22,32 @@ pub struct RunnerStage(pub KernelHandle);
 /// This stage's key: its name, typed with its resource.
 pub const RUNNER: StageKey<Option<RunnerPorts>> = StageKey::of::<RunnerStage>("runner");
 
+/// Waits (until `deadline`) for the runner's repl ports to take TCP connections at container
+/// `id`'s own address (not through the engine's proxy); returns at once when the container has
+/// no address of its own (host networking), and at the deadline otherwise.
+async fn wait_listening(h: &KernelHandle, id: &str, deadline: tokio::time::Instant) {
+    use crate::agent::runner::launch::{REPL_IN, REPL_OUT};
+    let backend = &h.ctx.backend;
+    while tokio::time::Instant::now() < deadline {
+        let ip = match backend.inspect_container(id).await {
+            Ok(Some(s)) if s.running => s.ip_address.filter(|ip| !ip.is_empty()),
+            _ => return,
+        };
+        let Some(ip) = ip else { return };
+        let mut open = 0;
+        for port in [REPL_IN, REPL_OUT] {
+            let probe = tokio::net::TcpStream::connect((ip.as_str(), port));
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), probe).await {
+                open += 1;
+            }
+        }
+        if open == 2 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// How long a new kernel's runner connection waits for `status` before it is made anew.
 const READY_RECONNECT: Duration = Duration::from_secs(5);
 
@@ -64,10 +90,15 @@ impl Provisioner for RunnerStage {
         let ctx = &h.ctx;
         let within = ctx.runners.config.init_timeout.0;
         let ready = async {
-            // Until the runner listens, the engine's proxy takes each connection and drops it;
-            // a connection that ZeroMQ left broken in that churn is not retried, so the
-            // sockets are made anew every few seconds without an answer.
             let deadline = tokio::time::Instant::now() + within;
+            // Until the runner listens, the engine's proxy takes each connection to a published
+            // port and drops it; ZeroMQ sockets caught in that churn were seen never to get a
+            // `status` answer (three creates in two of eight CI runs). So the runner's own
+            // ports are probed at the container's address first, and ZeroMQ connects only
+            // once they take connections.
+            wait_listening(h, &container_id, deadline).await;
+            // Should a connection still be left broken, the sockets are made anew every few
+            // seconds without an answer.
             let client = loop {
                 let client = ctx.runners.client(&h.id, ports)?;
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
