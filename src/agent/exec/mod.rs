@@ -581,7 +581,10 @@ impl Runs {
 
 /// Waits until `notified` fires or `deadline` passes (`None`: no deadline, as for a wait too
 /// long for an `Instant`): one step of [`Shared::take_when`].
-async fn notified_or_due(notified: tokio::sync::futures::Notified<'_>, deadline: Option<Instant>) {
+pub(crate) async fn notified_or_due(
+    notified: tokio::sync::futures::Notified<'_>,
+    deadline: Option<Instant>,
+) {
     match deadline {
         Some(d) => {
             tokio::select! {

@@ -448,15 +448,7 @@ impl RunnerClient {
                     break take(c, i.cap);
                 }
             }
-            match deadline {
-                Some(d) => {
-                    tokio::select! {
-                        _ = notified => {}
-                        _ = tokio::time::sleep_until(d) => {}
-                    }
-                }
-                None => notified.await,
-            }
+            crate::agent::exec::notified_or_due(notified, deadline).await;
         };
         i.room.notify_waiters();
         let answer = aggregate(run_id, records);
