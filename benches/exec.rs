@@ -43,6 +43,14 @@ fn main() -> anyhow::Result<()> {
     let bin = env!("CARGO_BIN_EXE_kernelvisor");
     let bytes: u64 = common::env_or("KV_BENCH_EXEC_BYTES", 1u64 << 30);
     let runs: usize = common::env_or("KV_BENCH_RUNS", 3usize).max(1);
+    if common::env_or("KV_BENCH_RUNNER_ONLY_CREATES", 0u8) == 1 {
+        // The focused run of the runner's create path (runner.rs).
+        let dir = runner::krunner_dir().map_err(anyhow::Error::msg)?;
+        let figures = runner::run(&dir)?;
+        figures.print();
+        println!("{}", serde_json::json!({ "runner": figures.json() }));
+        return Ok(());
+    }
     let c = BenchCluster::start(bin, "exec", IMAGE)?;
     let (sid, kid) = (&c.sid, &c.kid);
     let cmd = format!("yes abcdefghij | head -c {bytes}");

@@ -34,7 +34,16 @@
 //!    agent with `mode = "off"` (the process path; the image has no command of its own, so
 //!    these kernels get `startup_command = "exec sleep infinity"`), alternating which goes first,
 //!    `KV_BENCH_RUNNER_CREATES` (5) each after one untimed warm-up each; every kernel is
-//!    destroyed (untimed) before the next create.
+//!    destroyed (untimed) before the next create. Each runner create is split into phases: the
+//!    agent's stages (`get_kernel`'s `setup_seconds`, in setup order; `runner` is the wait for
+//!    the runner), and that wait split by the container's log (`docker logs -t`, the engine's
+//!    clock): start → the entrypoint execs the runner (`Executing the main program`) → the runner's
+//!    intrinsic services are up (its last `Service … has started`: it serves right after) → the
+//!    agent's `RUNNING` (the create's answer, this host's clock). p50 of each over the creates.
+//!
+//! `KV_BENCH_RUNNER_ONLY_CREATES=1` runs only 2 (and `exec.rs` nothing else): a focused run of
+//! the create path. `KV_BENCH_RUNNER_PORTS` moves the agents' host ports (default 17600: 60
+//! ports from there).
 //!
 //! [`krunner_dir`] says where the runner is; without one these rows are skipped.
 
@@ -52,8 +61,8 @@ use kernelvisor::agent::Agent;
 use kernelvisor::config::{AgentConfig, OnShutdown};
 use kernelvisor::rpc::agent_api::exec::{Execute, ExecuteArgs};
 use kernelvisor::rpc::agent_api::kernel::{
-    CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
-    KernelCreationConfig, KernelCreationResult,
+    CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, GetKernel, ImageConfig,
+    KernelCreationConfig, KernelCreationResult, KernelIdArgs,
 };
 use kernelvisor::rpc::agent_api::{decode_reply, encode_args, to_value, Method};
 use kernelvisor::rpc::curve::{write_certificates, KeyPair};
@@ -102,6 +111,8 @@ pub struct RunnerFigures {
     pub create_runner: Vec<f64>,
     /// create → `RUNNING` on the process path (`mode = "off"`), each create.
     pub create_off: Vec<f64>,
+    /// Each runner create's phases (name, ms), in order.
+    pub phases: Vec<Vec<(String, f64)>>,
 }
 
 impl RunnerFigures {
@@ -116,8 +127,15 @@ impl RunnerFigures {
         p50 <= 1.0 && p99 <= 2.0
     }
 
-    /// Prints the table.
+    /// Prints the tables (the `execute` one only when it was measured).
     pub fn print(&self) {
+        if self.calls > 0 {
+            self.print_execute();
+        }
+        self.print_creates();
+    }
+
+    fn print_execute(&self) {
         let r2 = |x: f64| format!("{x:.2}");
         println!(
             "\nkernel runner (backend.ai-kernel 26.9.6) on {PY_IMAGE}: `execute` query `pass`, {} calls per path on one kernel, {} alternating rounds",
@@ -139,6 +157,9 @@ impl RunnerFigures {
             self.load.1,
             std::thread::available_parallelism().map_or(0, usize::from)
         );
+    }
+
+    fn print_creates(&self) {
         let (with, without) = (
             crate::common::median(self.create_runner.clone()),
             crate::common::median(self.create_off.clone()),
@@ -171,6 +192,33 @@ impl RunnerFigures {
             "ratio (runner / process path)",
             with / without
         );
+        let (min, max) = self
+            .create_runner
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        println!("{:<46} {:>8.0} {:>8.0}", "with the runner: min, max", min, max);
+        println!("\nwith the runner, by phase (p50 over the creates, ms)");
+        for (name, p50) in self.phase_p50() {
+            println!("  {name:<44} {p50:>8.0}");
+        }
+    }
+
+    /// Each phase's p50, in the order of the first create's phases.
+    pub fn phase_p50(&self) -> Vec<(String, f64)> {
+        let Some(first) = self.phases.first() else {
+            return Vec::new();
+        };
+        first
+            .iter()
+            .map(|(name, _)| {
+                let v: Vec<f64> = self
+                    .phases
+                    .iter()
+                    .filter_map(|p| p.iter().find(|(n, _)| n == name).map(|(_, ms)| *ms))
+                    .collect();
+                (name.clone(), crate::common::median(v))
+            })
+            .collect()
     }
 
     /// The figures for the bench's JSON line.
@@ -181,7 +229,13 @@ impl RunnerFigures {
             crate::common::median(self.create_runner.clone()),
             crate::common::median(self.create_off.clone()),
         );
+        let phases: serde_json::Map<String, serde_json::Value> = self
+            .phase_p50()
+            .into_iter()
+            .map(|(n, ms)| (n, r(ms).into()))
+            .collect();
         serde_json::json!({
+            "create_runner_phases_p50_ms": phases,
             "calls": self.calls,
             "exec_p50_ms": r(self.agent.0), "exec_p99_ms": r(self.agent.1),
             "zmq_p50_ms": r(self.plain.0), "zmq_p99_ms": r(self.plain.1),
@@ -203,16 +257,18 @@ pub fn run(krunner: &Path) -> anyhow::Result<RunnerFigures> {
     let rounds: usize = env_or("KV_BENCH_RUNNER_ROUNDS", 10usize).clamp(1, calls);
     let warmup: usize = env_or("KV_BENCH_RUNNER_WARMUP", 20usize);
     let creates: usize = env_or("KV_BENCH_RUNNER_CREATES", 5usize).max(1);
+    let only_creates = env_or("KV_BENCH_RUNNER_ONLY_CREATES", 0u8) == 1;
     // Host port ranges below the tests' (18000 and up) and Linux's ephemeral range.
-    let auto = Fixture::new("runner", krunner, "auto", (17600, 17639))?;
-    let off = Fixture::new("plain", krunner, "off", (17640, 17659))?;
+    let base: u16 = env_or("KV_BENCH_RUNNER_PORTS", 17600u16);
+    let auto = Fixture::new("runner", krunner, "auto", (base, base + 39))?;
+    let off = Fixture::new("plain", krunner, "off", (base + 40, base + 59))?;
     let _ = AgentConfig::load(&auto.config)?.logging.init();
 
     actix_rt::System::new().block_on(async move {
         // 2. create → RUNNING, both agents up.
         let (a, o) = (AgentThread::start(&auto)?, AgentThread::start(&off)?);
         let (pa, po) = (a.peer(&auto).await?, o.peer(&off).await?);
-        let (mut create_runner, mut create_off) = (Vec::new(), Vec::new());
+        let (mut create_runner, mut create_off, mut phases) = (Vec::new(), Vec::new(), Vec::new());
         // Round 0 is the warm-up (the image's glibc probe, the engine's caches).
         for i in 0..=creates {
             let order = if i % 2 == 0 {
@@ -226,14 +282,31 @@ pub fn run(krunner: &Path) -> anyhow::Result<RunnerFigures> {
                 } else {
                     (&po, &mut create_off)
                 };
-                let ms = create_timed(peer, with_runner).await?;
+                let (ms, phased) = create_timed(peer, with_runner).await?;
                 if i > 0 {
                     out.push(ms);
+                    if with_runner {
+                        phases.push(phased);
+                    }
                 }
             }
         }
         po.close();
         o.stop(OnShutdown::Terminate);
+        if only_creates {
+            pa.close();
+            a.stop(OnShutdown::Terminate);
+            return Ok(RunnerFigures {
+                calls: 0,
+                rounds: 0,
+                agent: (f64::NAN, f64::NAN),
+                plain: (f64::NAN, f64::NAN),
+                load: (f64::NAN, f64::NAN),
+                create_runner,
+                create_off,
+                phases,
+            });
+        }
 
         // 1. execute round trips on one runner kernel, the agent and the plain client in turns.
         let kid = uuid::Uuid::new_v4().to_string();
@@ -302,6 +375,7 @@ pub fn run(krunner: &Path) -> anyhow::Result<RunnerFigures> {
             load: (load_before, load_after),
             create_runner,
             create_off,
+            phases,
         })
     })
 }
@@ -521,16 +595,25 @@ async fn destroy(peer: &Peer, kid: &str) -> anyhow::Result<()> {
 }
 
 /// One timed create (ms) with the runner (`runner`) or on the process path, checked to be
-/// which it should, then an untimed destroy. The image has no command of its own (upstream's
-/// kernel images get theirs from the runner), so a process-path kernel is given
-/// `sleep infinity` as its `startup_command`, the least a kernel without the runner runs.
-async fn create_timed(peer: &Peer, runner: bool) -> anyhow::Result<f64> {
+/// which it should, and its phases (a runner create's: see the module doc; none otherwise),
+/// then an untimed destroy. The image has no command of its own (upstream's kernel images get
+/// theirs from the runner), so a process-path kernel is given `sleep infinity` as its
+/// `startup_command`, the least a kernel without the runner runs.
+async fn create_timed(peer: &Peer, runner: bool) -> anyhow::Result<(f64, Vec<(String, f64)>)> {
     let kid = uuid::Uuid::new_v4().to_string();
     let startup = (!runner).then_some("exec sleep infinity");
     let t0 = Instant::now();
     let created = create(peer, &kid, startup).await?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let running_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
     let has_runner = created.repl_in_port > 0;
+    let phases = if has_runner {
+        phases(peer, &kid, ms, running_at).await?
+    } else {
+        Vec::new()
+    };
     destroy(peer, &kid).await?;
     if has_runner != runner {
         bail!(
@@ -538,7 +621,99 @@ async fn create_timed(peer: &Peer, runner: bool) -> anyhow::Result<f64> {
             if runner { "with" } else { "without" }
         );
     }
-    Ok(ms)
+    Ok((ms, phases))
+}
+
+/// A runner create's phases (see the module doc): its stages' setup times from `get_kernel`,
+/// the runner stage split by kernel `kid`'s container log, and what is left of `total_ms`
+/// (the RPC, the kernel actor, events); `running_at`: when the create answered.
+async fn phases(
+    peer: &Peer,
+    kid: &str,
+    total_ms: f64,
+    running_at: f64,
+) -> anyhow::Result<Vec<(String, f64)>> {
+    let args = KernelIdArgs {
+        kernel_id: kid.to_owned(),
+    };
+    let info = call::<GetKernel>(peer, &args).await?;
+    let mut out = Vec::new();
+    let stages = info
+        .rest
+        .get("stages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("get_kernel has no stages"))?;
+    for st in stages {
+        let get = |k: &str| {
+            st.as_map()
+                .and_then(|m| m.iter().find(|(n, _)| n.as_str() == Some(k)))
+                .map(|(_, v)| v.clone())
+        };
+        let name = get("name")
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let secs = get("setup_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
+        out.push((format!("stage {name}"), secs * 1e3));
+    }
+    let staged: f64 = out.iter().map(|(_, ms)| ms).sum();
+    // The container's log, by the engine's clock.
+    let container = format!("kernel.{kid}");
+    let started = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.StartedAt}}", &container])
+        .output()?;
+    let started = utc_secs(String::from_utf8_lossy(&started.stdout).trim())
+        .ok_or_else(|| anyhow!("{container}'s StartedAt is not a UTC time"))?;
+    let logs = Command::new("docker")
+        .args(["logs", "-t", &container])
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&logs.stdout),
+        String::from_utf8_lossy(&logs.stderr)
+    );
+    let at = |needle: &str, last: bool| {
+        let mut hits = text
+            .lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(|l| utc_secs(l.split_whitespace().next()?));
+        if last {
+            hits.last()
+        } else {
+            hits.next()
+        }
+    };
+    let ms = |a: f64, b: f64| (b - a) * 1e3;
+    if let (Some(exec), Some(serving)) = (
+        at("Executing the main program", false),
+        at("has started (pid", true),
+    ) {
+        out.push(("  runner: start → entrypoint execs it".into(), ms(started, exec)));
+        out.push(("  runner: its Python, ipykernel, services".into(), ms(exec, serving)));
+        out.push(("  runner: serving → agent's RUNNING".into(), ms(serving, running_at)));
+    }
+    out.push(("other (RPC, kernel actor, events)".into(), total_ms - staged));
+    Ok(out)
+}
+
+/// Seconds since the epoch of the engine's UTC times (`2026-11-28T15:45:16.254050391Z`).
+fn utc_secs(t: &str) -> Option<f64> {
+    let (date, time) = t.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut hms = time.splitn(3, ':');
+    let (h, min) = (
+        hms.next()?.parse::<f64>().ok()?,
+        hms.next()?.parse::<f64>().ok()?,
+    );
+    let sec = hms.next()?.parse::<f64>().ok()?;
+    // Days from 1970-01-01 to y-m-day (the proleptic Gregorian calendar's civil-from-days).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + sec)
 }
 
 /// One `execute` of `pass` in query mode with a fresh run id, as Backend.AI's manager sends
