@@ -196,7 +196,10 @@ impl RunnerFigures {
             .create_runner
             .iter()
             .fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        println!("{:<46} {:>8.0} {:>8.0}", "with the runner: min, max", min, max);
+        println!(
+            "{:<46} {:>8.0} {:>8.0}",
+            "with the runner: min, max", min, max
+        );
         println!("\nwith the runner, by phase (p50 over the creates, ms)");
         for (name, p50) in self.phase_p50() {
             println!("  {name:<44} {p50:>8.0}");
@@ -687,11 +690,23 @@ async fn phases(
         at("Executing the main program", false),
         at("has started (pid", true),
     ) {
-        out.push(("  runner: start → entrypoint execs it".into(), ms(started, exec)));
-        out.push(("  runner: its Python, ipykernel, services".into(), ms(exec, serving)));
-        out.push(("  runner: serving → agent's RUNNING".into(), ms(serving, running_at)));
+        out.push((
+            "  runner: start → entrypoint execs it".into(),
+            ms(started, exec),
+        ));
+        out.push((
+            "  runner: its Python, ipykernel, services".into(),
+            ms(exec, serving),
+        ));
+        out.push((
+            "  runner: serving → agent's RUNNING".into(),
+            ms(serving, running_at),
+        ));
     }
-    out.push(("other (RPC, kernel actor, events)".into(), total_ms - staged));
+    out.push((
+        "other (RPC, kernel actor, events)".into(),
+        total_ms - staged,
+    ));
     Ok(out)
 }
 

@@ -248,6 +248,8 @@ fn rebuild(
         idle_timeout: None,
         cluster_hostname: None,
         image_config: None,
+        // Its keys are in its scratch directory already.
+        ssh_keypair: None,
     };
     Ok(Rebuilt { config, resources })
 }

@@ -722,3 +722,113 @@ async fn require_refuses_an_image_without_glibc_and_auto_keeps_the_process_path(
         .shutdown(kernelvisor::config::OnShutdown::Terminate)
         .await;
 }
+
+/// The user's own SSH keypair, as Backend.AI's manager sends it (`internal_data.ssh_keypair`),
+/// goes where upstream's agent puts it (`/home/work/.ssh/authorized_keys`, `.ssh/id_rsa`,
+/// `/home/work/id_container`; the user's, 0600): the runner's sshd lets the user in with it.
+#[actix_rt::test]
+async fn a_users_own_ssh_keypair_lets_them_in_over_the_runners_sshd() {
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let keys = tempfile::tempdir().unwrap();
+    let id = keys.path().join("id");
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "user@test", "-f"])
+        .arg(&id)
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let private = std::fs::read_to_string(&id).unwrap();
+    let public = std::fs::read_to_string(id.with_extension("pub")).unwrap();
+    let fx = AgentFixture::new("runner-userkey", 37_700, 16);
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
+    let kid = uuid::Uuid::new_v4().to_string();
+    let config = kernel_config(
+        "1",
+        512 * MIB,
+        vec![
+            ("image", image(PY_IMAGE)),
+            ("uid", 1000.into()),
+            ("main_gid", 1000.into()),
+            (
+                "internal_data",
+                map(vec![(
+                    "ssh_keypair",
+                    map(vec![
+                        ("public_key", public.trim().into()),
+                        ("private_key", private.clone().into()),
+                    ]),
+                )]),
+            ),
+        ],
+    );
+    let created = create_one(&peer, "s", &kid, config)
+        .await
+        .expect("create on the Python image");
+    let cid = field(&created, "container_id").as_str().unwrap().to_owned();
+    let sh = |script: &str| {
+        let out = std::process::Command::new("docker")
+            .args(["exec", &cid, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        sh("cat /home/work/id_container /home/work/.ssh/id_rsa"),
+        private.repeat(2)
+    );
+    assert_eq!(
+        sh("stat -c '%a %u:%g %n' /home/work/.ssh /home/work/.ssh/authorized_keys /home/work/id_container"),
+        "700 1000:1000 /home/work/.ssh\n600 1000:1000 /home/work/.ssh/authorized_keys\n600 1000:1000 /home/work/id_container\n"
+    );
+    let sshd_port = field(&created, "service_ports")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| field(s, "name").as_str() == Some("sshd"))
+        .and_then(|s| field(s, "host_ports").as_array()?.first()?.as_u64())
+        .expect("sshd's host port");
+    let ssh = std::process::Command::new("/usr/bin/ssh")
+        .arg("-i")
+        .arg(&id)
+        .args([
+            "-p",
+            &sshd_port.to_string(),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=20",
+            "work@127.0.0.1",
+            "echo ssh-ok; id -un",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&ssh.stdout),
+        String::from_utf8_lossy(&ssh.stderr),
+    );
+    assert!(ssh.status.success(), "ssh: {out}{err}");
+    assert_eq!(out, "ssh-ok\nwork\n", "{err}");
+    call(&peer, "destroy_kernel", vec![kid.clone().into()])
+        .await
+        .expect("destroy");
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
+}

@@ -145,6 +145,45 @@ pub struct KernelConfig {
     /// The image as the manager described it, without the registry password.
     #[serde(default)]
     pub image_config: Option<ImageConfig>,
+    /// The user's SSH keypair (`internal_data.ssh_keypair`, which Backend.AI's manager sends
+    /// for a user who has one): a runner kernel's sshd lets it in (upstream's
+    /// `DockerKernelCreationContext.prepare_scratch`, `src/ai/backend/agent/docker/agent.py`).
+    #[serde(default)]
+    pub ssh_keypair: Option<crate::agent::runner::UserKeypair>,
+}
+
+/// `internal_data.ssh_keypair` (`{"public_key", "private_key"}`, OpenSSH text), if the manager
+/// sent one.
+///
+/// Errors: [`KernelError::InvalidConfig`] when it is there but not two strings.
+fn ssh_keypair(
+    internal: Option<&Value>,
+) -> Result<Option<crate::agent::runner::UserKeypair>, KernelError> {
+    let get = |m: &Value, k: &str| {
+        m.as_map()
+            .and_then(|m| m.iter().find(|(n, _)| n.as_str() == Some(k)))
+            .map(|(_, v)| v.clone())
+    };
+    let Some(pair) = internal
+        .and_then(|i| get(i, "ssh_keypair"))
+        .filter(|p| !p.is_nil())
+    else {
+        return Ok(None);
+    };
+    let text = |k: &str| {
+        get(&pair, k)
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "`internal_data.ssh_keypair.{k}` is not a key's text"
+                ))
+            })
+    };
+    Ok(Some(crate::agent::runner::UserKeypair {
+        public_key: text("public_key")?,
+        private_key: text("private_key")?,
+    }))
 }
 
 /// A kernel id must be safe as a path component and a container name:
@@ -431,6 +470,7 @@ impl KernelConfig {
             return Err(invalid("`batch_timeout` applies to batch sessions only"));
         }
         let bootstrap_script = c.bootstrap_script.filter(|s| !s.trim().is_empty());
+        let ssh_keypair = ssh_keypair(c.internal_data.as_ref())?;
         let restart_policy = c
             .restart_policy
             .as_ref()
@@ -467,6 +507,7 @@ impl KernelConfig {
                 },
                 ..c.image
             }),
+            ssh_keypair,
         })
     }
 

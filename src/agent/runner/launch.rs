@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::Path;
 
 use super::client::RunnerPorts;
+use super::keys::UserKeypair;
 use super::krunner::Krunner;
 use crate::agent::backend::{ContainerSpec, PortMapping};
 
@@ -149,37 +150,40 @@ pub fn corecount_vars(label: Option<&String>) -> Vec<String> {
 
 /// Writes what the runner reads from the scratch directory: `config/environ.txt` (the whole
 /// container environment, `K=V` per line: the runner loads it into its children's), the sshd
-/// host key `config/ssh/dropbear_rsa_host_key` made with the runner's own `dropbearmulti`
-/// (saving the runner its keygen; readable by the kernel's user, who runs sshd), and
-/// `work/bootstrap.sh` (the runner runs it as the user before it answers `status`).
+/// host key `config/ssh/dropbear_rsa_host_key` (from `host_key`, made ahead by
+/// [`RunnerKeys`](super::RunnerKeys): saving the runner its keygen; readable by the kernel's
+/// user, who runs sshd; a container made anew for the same kernel keeps the key it had, so its
+/// clients' `known_hosts` stay right), `work/bootstrap.sh` (the runner runs it as the user
+/// before it answers `status`), and the user's SSH keys ([`write_user_keys`]). Nothing is synced: the container reads them through the same page cache, and a
+/// host that crashes takes the kernel with it.
 ///
-/// Errors: the file system's, or the keygen's exit.
+/// Errors: the file system's, or `host_key`'s.
 pub fn write_scratch(
     config_dir: &Path,
     work_dir: &Path,
     spec: &ContainerSpec,
-    krunner: &Krunner,
+    host_key: impl FnOnce() -> std::io::Result<Vec<u8>>,
+    user_keys: UserKeys<'_, impl FnOnce() -> std::io::Result<UserKeypair>>,
     owner: (u32, u32),
     bootstrap: Option<&str>,
 ) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(config_dir.join("environ.txt"))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(config_dir.join("environ.txt"))?);
     for e in &spec.env {
         // A value with a newline would split into two entries: upstream writes them as they are.
         writeln!(f, "{e}")?;
     }
-    f.sync_all()?;
+    f.flush()?;
     let ssh = config_dir.join("ssh");
     std::fs::create_dir_all(&ssh)?;
     let key = ssh.join("dropbear_rsa_host_key");
-    let out = std::process::Command::new(krunner.dropbearmulti())
-        .args(["dropbearkey", "-t", "ed25519", "-f"])
-        .arg(&key)
-        .output()?;
-    if !out.status.success() {
-        return Err(std::io::Error::other(format!(
-            "dropbearkey: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+    if !key.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key)?
+            .write_all(&host_key()?)?;
     }
     std::os::unix::fs::chown(&ssh, Some(owner.0), Some(owner.1))?;
     std::os::unix::fs::chown(&key, Some(owner.0), Some(owner.1))?;
@@ -188,5 +192,64 @@ pub fn write_scratch(
         std::fs::write(&path, script)?;
         std::os::unix::fs::chown(&path, Some(owner.0), Some(owner.1))?;
     }
+    if !spec
+        .binds
+        .iter()
+        .any(|b| b.container_path.trim_end_matches('/') == "/home/work/.ssh")
+    {
+        write_user_keys(work_dir, user_keys, owner)?;
+    }
     Ok(())
+}
+
+/// Where a runner kernel's user keypair comes from.
+pub enum UserKeys<'a, F> {
+    /// The manager's (`internal_data.ssh_keypair`): the user's own.
+    Given(&'a UserKeypair),
+    /// None was sent: one made ahead (`Runners::user_keypair`), as the runner would make.
+    MadeAhead(F),
+}
+
+/// Writes the user's SSH keys into `work_dir` (`/home/work`), owned by `owner`: with the
+/// manager's keypair, as upstream's agent does (`.ssh/authorized_keys`, `.ssh/id_rsa` unless
+/// the user has one, `id_container`; `prepare_scratch` in
+/// `src/ai/backend/agent/docker/agent.py`); without one, what the runner would make at its start
+/// (`.ssh/authorized_keys` and `id_container`; `init_sshd_service` in
+/// `src/ai/backend/kernel/intrinsic.py`) from a keypair made ahead, unless
+/// `.ssh/authorized_keys` is there already (a container made anew for the same kernel). `.ssh`
+/// is 0700 and the keys 0600, as the runner wants them. [`write_scratch`] skips this when a
+/// vfolder is mounted on `/home/work/.ssh` (upstream writes nothing then either).
+///
+/// Errors: the file system's, or the keygen's.
+pub fn write_user_keys(
+    work_dir: &Path,
+    keys: UserKeys<'_, impl FnOnce() -> std::io::Result<UserKeypair>>,
+    owner: (u32, u32),
+) -> std::io::Result<()> {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let ssh = work_dir.join(".ssh");
+    let authorized = ssh.join("authorized_keys");
+    let (pair, id_rsa) = match keys {
+        UserKeys::Given(pair) => (pair.clone(), true),
+        UserKeys::MadeAhead(_) if authorized.exists() => return Ok(()),
+        UserKeys::MadeAhead(make) => (make()?, false),
+    };
+    std::fs::create_dir_all(&ssh)?;
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o700))?;
+    chown(&ssh, Some(owner.0), Some(owner.1))?;
+    let write = |path: &Path, text: &str| -> std::io::Result<()> {
+        std::fs::write(path, text)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        chown(path, Some(owner.0), Some(owner.1))
+    };
+    let public = if pair.public_key.ends_with('\n') {
+        pair.public_key.clone()
+    } else {
+        format!("{}\n", pair.public_key)
+    };
+    write(&authorized, &public)?;
+    if id_rsa && !ssh.join("id_rsa").exists() {
+        write(&ssh.join("id_rsa"), &pair.private_key)?;
+    }
+    write(&work_dir.join("id_container"), &pair.private_key)
 }

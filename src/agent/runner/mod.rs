@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod gate;
+pub mod keys;
 pub mod krunner;
 pub mod launch;
 pub mod protocol;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 pub use client::{RunnerAnswer, RunnerClient, RunnerError, RunnerPorts};
 pub use gate::Gate;
+pub use keys::{RunnerKeys, UserKeypair};
 pub use krunner::Krunner;
 
 use crate::config::KernelRunnerSection;
@@ -31,6 +33,8 @@ pub struct Runners {
     pub config: KernelRunnerSection,
     /// The located runner (`None`: no `dir`, or it did not hold one).
     pub krunner: Option<Arc<Krunner>>,
+    /// Runner kernels' SSH keys, made ahead with the runner's `dropbearmulti`.
+    keys: Option<RunnerKeys>,
     zctx: zmq::Context,
     glibc: Mutex<HashMap<String, bool>>,
     clients: Mutex<HashMap<String, Arc<RunnerClient>>>,
@@ -58,15 +62,37 @@ impl Runners {
                 }
             },
         };
+        let keys = krunner.as_ref().map(|k| RunnerKeys::new(k.dropbearmulti()));
         Runners {
             config,
             krunner,
+            keys,
             zctx: zmq::Context::new(),
             glibc: Mutex::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             cap,
             idle,
         }
+    }
+
+    /// An sshd host key for a new runner kernel (made ahead, else now).
+    ///
+    /// Errors: no runner is provisioned; the keygen's.
+    pub fn host_key(&self) -> std::io::Result<Vec<u8>> {
+        self.keys()?.host.take()
+    }
+
+    /// A user keypair for a new runner kernel whose manager sent none (made ahead, else now).
+    ///
+    /// Errors: no runner is provisioned; the keygen's.
+    pub fn user_keypair(&self) -> std::io::Result<UserKeypair> {
+        self.keys()?.user.take()
+    }
+
+    fn keys(&self) -> std::io::Result<&RunnerKeys> {
+        self.keys
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("no kernel runner is provisioned"))
     }
 
     /// The cached glibc answer for image `image_id`, if probed.

@@ -304,7 +304,8 @@ pub struct KernelCreationConfig {
     /// the image's command.
     #[serde(default)]
     pub startup_command: Option<String>,
-    /// Manager-internal data (kept, unused).
+    /// Manager-internal data: its `ssh_keypair` (the user's, `{"public_key", "private_key"}`)
+    /// goes into a runner kernel's `/home/work/.ssh`; the rest is unused.
     #[serde(default)]
     pub internal_data: Option<Value>,
     /// Container ports to publish without a service (each gets a host port).

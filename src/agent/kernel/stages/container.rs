@@ -324,7 +324,11 @@ fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSp
         &r.scratch.config_dir(),
         &r.scratch.work_dir(),
         &spec,
-        &krunner,
+        || handle.ctx.runners.host_key(),
+        match &config.ssh_keypair {
+            Some(pair) => launch::UserKeys::Given(pair),
+            None => launch::UserKeys::MadeAhead(|| handle.ctx.runners.user_keypair()),
+        },
         owner,
         config.bootstrap_script.as_deref(),
     )

@@ -22,29 +22,38 @@ pub struct RunnerStage(pub KernelHandle);
 /// This stage's key: its name, typed with its resource.
 pub const RUNNER: StageKey<Option<RunnerPorts>> = StageKey::of::<RunnerStage>("runner");
 
+/// How often a booting runner's repl ports are probed: a refused connection costs the agent
+/// a few microseconds, and the runner binds them only ~1 s before it serves, so a tight poll
+/// costs nothing and loses at most this much.
+const LISTEN_POLL: Duration = Duration::from_millis(20);
+
 /// Waits (until `deadline`) for the runner's repl ports to take TCP connections at container
-/// `id`'s own address (not through the engine's proxy); returns at once when the container has
-/// no address of its own (host networking), and at the deadline otherwise.
+/// `id`'s own address (not through the engine's proxy), probing each every [`LISTEN_POLL`];
+/// returns at once when the container is not running or has no address of its own (host
+/// networking), and at the deadline otherwise.
 async fn wait_listening(h: &KernelHandle, id: &str, deadline: tokio::time::Instant) {
-    use crate::agent::runner::launch::{REPL_IN, REPL_OUT};
-    let backend = &h.ctx.backend;
+    // The address is the container's for as long as it runs: asked once.
+    let ip = match h.ctx.backend.inspect_container(id).await {
+        Ok(Some(s)) if s.running => s.ip_address.filter(|ip| !ip.is_empty()),
+        _ => return,
+    };
+    let Some(ip) = ip.and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) else {
+        return;
+    };
+    let mut closed = vec![REPL_IN, REPL_OUT];
     while tokio::time::Instant::now() < deadline {
-        let ip = match backend.inspect_container(id).await {
-            Ok(Some(s)) if s.running => s.ip_address.filter(|ip| !ip.is_empty()),
-            _ => return,
-        };
-        let Some(ip) = ip else { return };
-        let mut open = 0;
-        for port in [REPL_IN, REPL_OUT] {
-            let probe = tokio::net::TcpStream::connect((ip.as_str(), port));
-            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), probe).await {
-                open += 1;
+        let mut still = Vec::with_capacity(closed.len());
+        for port in closed {
+            let probe = tokio::net::TcpStream::connect((ip, port));
+            if !matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Ok(_))) {
+                still.push(port);
             }
         }
-        if open == 2 {
+        if still.is_empty() {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        closed = still;
+        tokio::time::sleep(LISTEN_POLL).await;
     }
 }
 
