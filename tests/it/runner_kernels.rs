@@ -768,7 +768,7 @@ async fn a_users_own_ssh_keypair_lets_them_in_over_the_runners_sshd() {
             ),
         ],
     );
-    let created = create_one(&peer, "s", &kid, config)
+    let created = create_one(&peer, "s", &kid, config.clone())
         .await
         .expect("create on the Python image");
     let cid = field(&created, "container_id").as_str().unwrap().to_owned();
@@ -825,6 +825,33 @@ async fn a_users_own_ssh_keypair_lets_them_in_over_the_runners_sshd() {
     );
     assert!(ssh.status.success(), "ssh: {out}{err}");
     assert_eq!(out, "ssh-ok\nwork\n", "{err}");
+
+    // A container made anew for the kernel (`restart_kernel` with its config) keeps its sshd
+    // host key (its users' `known_hosts` stay right) and the user's keys, and its runner serves
+    // again.
+    let host_key =
+        "sha256sum /home/config/ssh/dropbear_rsa_host_key /home/work/.ssh/authorized_keys";
+    let before = sh(host_key);
+    let restarted = call(
+        &peer,
+        "restart_kernel",
+        vec!["s".into(), kid.clone().into(), Value::Nil, config],
+    )
+    .await
+    .expect("restart_kernel of a runner kernel");
+    let new_cid = field(&restarted, "container_id")
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(new_cid, cid, "a new container");
+    let hashed = std::process::Command::new("docker")
+        .args(["exec", &new_cid, "sh", "-c", host_key])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&hashed.stdout), before);
+    let (_, out, _, code) = run(&peer, &kid, "print(6 * 7)").await;
+    assert_eq!((out.as_str(), code), ("42\n", Some(0)));
+
     call(&peer, "destroy_kernel", vec![kid.clone().into()])
         .await
         .expect("destroy");

@@ -451,6 +451,13 @@ impl Handler<Restart> for Kernel {
                 .backend
                 .restart_container(&container_id, Duration::from_secs(10))
                 .await;
+            // A runner kernel is `RUNNING` again once its runner serves, as at its creation.
+            let restarted = match (restarted, info.runner) {
+                (Ok(()), Some(ports)) => {
+                    super::stages::runner::wait_serving(&h, &container_id, ports).await
+                }
+                (r, _) => r.map_err(KernelError::from),
+            };
             h.update(|i| i.manual_restart = false);
             match restarted {
                 Ok(()) => {
@@ -465,7 +472,7 @@ impl Handler<Restart> for Kernel {
                     // gone, its watcher ends the kernel the usual way.
                     h.update(|i| i.status = KernelStatus::Running);
                     h.poke_container();
-                    (tree, false, Err(KernelError::from(e)))
+                    (tree, false, Err(e))
                 }
             }
         })
@@ -512,6 +519,16 @@ impl Handler<Recreate> for Kernel {
             let previous = info.config.clone();
             h.update(|i| i.config = std::sync::Arc::new(*config));
             let made = super::stages::recreate_container(&h, &res, &old.id).await;
+            // A runner kernel is `RUNNING` again once its new container's runner serves, as
+            // at its creation.
+            let made = match (made, res.runner) {
+                (Ok(container), Some(ports)) => {
+                    super::stages::runner::wait_serving(&h, &container.id, ports)
+                        .await
+                        .map(|()| container)
+                }
+                (made, _) => made,
+            };
             let result = match made {
                 Ok(container) => {
                     res.container = container;

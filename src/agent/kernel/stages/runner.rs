@@ -80,6 +80,101 @@ async fn log_tail(handle: &KernelHandle, id: &str) -> String {
     String::from_utf8_lossy(&tail).trim().to_owned()
 }
 
+/// Waits until kernel `h`'s runner in container `container_id` serves on `ports`: its repl
+/// ports listen, it answers `status`, then `get-apps` with anything but `failed` (its REPL
+/// started, `bootstrap.sh` run, the intrinsic services up: upstream's `create_kernel` init
+/// polling, `src/ai/backend/agent/agent.py`), within `[kernel-runner] init-timeout`. A new
+/// kernel's creation waits for it, and so does a kernel whose container was restarted or made
+/// anew, before it is `RUNNING` again.
+///
+/// Errors: `KernelError::Engine` naming what the runner did not do in time, or the container's
+/// exit, with its log tail.
+pub async fn wait_serving(
+    h: &KernelHandle,
+    container_id: &str,
+    ports: RunnerPorts,
+) -> Result<(), KernelError> {
+    let ctx = &h.ctx;
+    let within = ctx.runners.config.init_timeout.0;
+    // A container restarted or made anew: the old one's connection served a REPL that is gone.
+    ctx.runners.forget(&h.id);
+    let ready = async {
+        let deadline = tokio::time::Instant::now() + within;
+        // Until the runner listens, the engine's proxy takes each connection to a published
+        // port and drops it; ZeroMQ sockets caught in that churn were seen never to get a
+        // `status` answer (three creates in two of eight CI runs). So the runner's own
+        // ports are probed at the container's address first, and ZeroMQ connects only
+        // once they take connections.
+        wait_listening(h, container_id, deadline).await;
+        // Should a connection still be left broken, the sockets are made anew every few
+        // seconds without an answer.
+        let client = loop {
+            let client = ctx.runners.client(&h.id, ports)?;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match client.wait_ready(left.min(READY_RECONNECT)).await {
+                Ok(_) => break client,
+                Err(crate::agent::runner::RunnerError::NoReply { .. }) if !left.is_zero() => {
+                    tracing::debug!(kernel_id = %h.id, "kernel runner: no status yet; reconnecting");
+                    ctx.runners.forget(&h.id);
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        // `get-apps` answers `failed` while the runner is still starting: asked again.
+        loop {
+            let apps = client.get_apps().await?;
+            if apps.get("status").and_then(|s| s.as_str()) != Some("failed") {
+                return Ok::<_, crate::agent::runner::RunnerError>(apps);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let exited = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            match ctx.backend.inspect_container(container_id).await {
+                Ok(Some(s)) if s.running => {}
+                Ok(s) => return s.and_then(|s| s.exit_code),
+                Err(_) => {}
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(within + Duration::from_secs(10), ready) => r,
+        code = exited => {
+            ctx.runners.forget(&h.id);
+            let tail = log_tail(h, container_id).await;
+            return Err(KernelError::Engine(format!(
+                "the kernel runner's container exited ({}) before the runner served: {tail}",
+                code.map_or("no exit code".into(), |c| format!("exit code {c}"))
+            )));
+        }
+    };
+    match outcome {
+        Ok(Ok(apps)) => {
+            tracing::debug!(kernel_id = %h.id, %apps, "kernel runner serves");
+            h.update(|i| i.runner = Some(ports));
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            ctx.runners.forget(&h.id);
+            // What the container said is what tells why (the runner logs its start).
+            let tail = log_tail(h, container_id).await;
+            Err(KernelError::Engine(format!(
+                "{e} (the runner never served); its container's log ends: {tail}"
+            )))
+        }
+        Err(_) => {
+            ctx.runners.forget(&h.id);
+            let tail = log_tail(h, container_id).await;
+            Err(KernelError::Engine(format!(
+                "the kernel runner did not serve within {} s; its container's log ends: {tail}",
+                within.as_secs_f64()
+            )))
+        }
+    }
+}
+
 impl Provisioner for RunnerStage {
     /// (container id, repl host ports) for a runner kernel.
     type Spec = Option<(String, RunnerPorts)>;
@@ -89,93 +184,13 @@ impl Provisioner for RunnerStage {
         RUNNER.name()
     }
 
-    /// Errors: `KernelError::Engine` naming what the runner did not do in
-    /// `[kernel-runner] init-timeout`, or the container's exit with its log tail.
+    /// Errors: what [`wait_serving`] says.
     async fn setup(&self, spec: Self::Spec) -> Result<Option<RunnerPorts>, BoxError> {
         let Some((container_id, ports)) = spec else {
             return Ok(None);
         };
-        let h = &self.0;
-        let ctx = &h.ctx;
-        let within = ctx.runners.config.init_timeout.0;
-        let ready = async {
-            let deadline = tokio::time::Instant::now() + within;
-            // Until the runner listens, the engine's proxy takes each connection to a published
-            // port and drops it; ZeroMQ sockets caught in that churn were seen never to get a
-            // `status` answer (three creates in two of eight CI runs). So the runner's own
-            // ports are probed at the container's address first, and ZeroMQ connects only
-            // once they take connections.
-            wait_listening(h, &container_id, deadline).await;
-            // Should a connection still be left broken, the sockets are made anew every few
-            // seconds without an answer.
-            let client = loop {
-                let client = ctx.runners.client(&h.id, ports)?;
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                match client.wait_ready(left.min(READY_RECONNECT)).await {
-                    Ok(_) => break client,
-                    Err(crate::agent::runner::RunnerError::NoReply { .. }) if !left.is_zero() => {
-                        tracing::debug!(kernel_id = %h.id, "kernel runner: no status yet; reconnecting");
-                        ctx.runners.forget(&h.id);
-                    }
-                    Err(e) => return Err(e),
-                }
-            };
-            // `get-apps` answers `failed` while the runner is still starting: asked again.
-            loop {
-                let apps = client.get_apps().await?;
-                if apps.get("status").and_then(|s| s.as_str()) != Some("failed") {
-                    return Ok::<_, crate::agent::runner::RunnerError>(apps);
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        };
-        let exited = async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                match ctx.backend.inspect_container(&container_id).await {
-                    Ok(Some(s)) if s.running => {}
-                    Ok(s) => return s.and_then(|s| s.exit_code),
-                    Err(_) => {}
-                }
-            }
-        };
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(within + Duration::from_secs(10), ready) => r,
-            code = exited => {
-                ctx.runners.forget(&h.id);
-                let tail = log_tail(h, &container_id).await;
-                return Err(KernelError::Engine(format!(
-                    "the kernel runner's container exited ({}) before the runner served: {tail}",
-                    code.map_or("no exit code".into(), |c| format!("exit code {c}"))
-                ))
-                .into());
-            }
-        };
-        match outcome {
-            Ok(Ok(apps)) => {
-                tracing::debug!(kernel_id = %h.id, %apps, "kernel runner serves");
-                h.update(|i| i.runner = Some(ports));
-                Ok(Some(ports))
-            }
-            Ok(Err(e)) => {
-                ctx.runners.forget(&h.id);
-                // What the container said is what tells why (the runner logs its start).
-                let tail = log_tail(h, &container_id).await;
-                Err(KernelError::Engine(format!(
-                    "{e} (the runner never served); its container's log ends: {tail}"
-                ))
-                .into())
-            }
-            Err(_) => {
-                ctx.runners.forget(&h.id);
-                let tail = log_tail(h, &container_id).await;
-                Err(KernelError::Engine(format!(
-                    "the kernel runner did not serve within {} s; its container's log ends: {tail}",
-                    within.as_secs_f64()
-                ))
-                .into())
-            }
-        }
+        wait_serving(&self.0, &container_id, ports).await?;
+        Ok(Some(ports))
     }
 
     async fn teardown(&self, _ports: Option<RunnerPorts>) -> Result<(), BoxError> {
