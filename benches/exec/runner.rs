@@ -680,7 +680,7 @@ async fn phases(
             .filter(|l| l.contains(needle))
             .filter_map(|l| utc_secs(l.split_whitespace().next()?));
         if last {
-            hits.last()
+            hits.next_back()
         } else {
             hits.next()
         }
