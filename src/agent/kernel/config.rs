@@ -696,4 +696,37 @@ mod tests {
         assert!(check_kernel_id("../x").is_err());
         assert!(check_kernel_id("3f1c-ab_9.x").is_ok());
     }
+
+    #[test]
+    fn the_users_ssh_keypair_is_read_from_internal_data() {
+        let pair = |p: Value, k: Value| {
+            Value::Map(vec![(
+                "ssh_keypair".into(),
+                Value::Map(vec![("public_key".into(), p), ("private_key".into(), k)]),
+            )])
+        };
+        let c = cfg(vec![(
+            "internal_data",
+            pair("ssh-rsa AAAA u@h".into(), "-----BEGIN…".into()),
+        )])
+        .unwrap();
+        assert_eq!(
+            c.ssh_keypair,
+            Some(crate::agent::runner::UserKeypair {
+                public_key: "ssh-rsa AAAA u@h".into(),
+                private_key: "-----BEGIN…".into(),
+            })
+        );
+        // None sent (or other internal data only): the agent makes one for a runner kernel.
+        assert_eq!(cfg(vec![]).unwrap().ssh_keypair, None);
+        let other = Value::Map(vec![("dotfiles".into(), Value::Array(vec![]))]);
+        assert_eq!(
+            cfg(vec![("internal_data", other)]).unwrap().ssh_keypair,
+            None
+        );
+        // A keypair that is not two texts is refused by name.
+        let bad = cfg(vec![("internal_data", pair(Value::from(3), "k".into()))]).unwrap_err();
+        assert_eq!(bad.name(), "InvalidKernelConfig");
+        assert!(bad.to_string().contains("ssh_keypair.public_key"), "{bad}");
+    }
 }
