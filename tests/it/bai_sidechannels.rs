@@ -661,8 +661,8 @@ async fn a_stalled_valkey_holds_up_neither_the_agent_nor_the_other_channels() {
     let fx = AgentFixture::new("bai-sc-stall", 37_530, 4);
     let agent = dummy_agent(&fx, redis.port).await;
     let peer = common::agent::client(agent.endpoint()).await;
-    // Valkey neither reads nor answers for 20 s (`DEBUG SLEEP`, from a thread).
-    let stalled = redis.stall(Duration::from_secs(20));
+    // Valkey neither reads nor answers for 10 s (`DEBUG SLEEP`, from a thread).
+    let stalled = redis.stall(Duration::from_secs(10));
     // Meanwhile tasks start and end and a kernel is created: nothing waits for Valkey, so all
     // of it is done before the stall ends.
     let tasks = agent.ctx.bgtasks.clone();

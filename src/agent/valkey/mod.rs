@@ -12,9 +12,9 @@
 //! | background tasks | `bgtask.<task_id>` + `PUBLISH events_all` (4) | each start and end of a commit, push or pull | [`bgtask`] |
 //!
 //! One child, `valkey`, writes them all, one channel at a time, each write bounded
-//! ([`conn::TIMEOUT`]) and never retried in place: presence, images and stats are latest-wins
-//! (the next turn writes the state then), background task events and commit statuses are
-//! tracked and told on the next turn (at most 7 s later) when a write failed. An unreachable
+//! ([`conn::TIMEOUT`]) and never retried in place: images and stats are latest-wins (the next
+//! turn writes the state then), and background task events, commit statuses and a presence
+//! write that failed are written again on the next 7-second turn. An unreachable
 //! or stalled Valkey costs this child bounded attempts and nothing else: the kernels, the RPC
 //! methods and the sampler only update in-memory tables ([`LiveStats`],
 //! [`Bgtasks`](crate::agent::bgtasks::Bgtasks)) and never wait for it. Writes and failures are
@@ -75,6 +75,8 @@ struct Writer {
     ch: SideChannels,
     conns: Conns,
     tracker: bgtask::Tracker,
+    /// A presence write failed: written again on the next 7-second turn, not 60 s later.
+    presence_failed: bool,
 }
 
 impl Writer {
@@ -84,6 +86,7 @@ impl Writer {
             ch,
             conns: Conns::new(redis),
             tracker: bgtask::Tracker::default(),
+            presence_failed: false,
         }
     }
 
@@ -111,7 +114,7 @@ impl Writer {
         };
         let mut presence_tick = every(presence::INTERVAL_SECS);
         let mut image_tick = every(IMAGE_SCAN_INTERVAL_SECS);
-        let mut commit_tick = every(bgtask::COMMIT_INTERVAL_SECS);
+        let mut turn = every(bgtask::COMMIT_INTERVAL_SECS);
         let mut events = self.ch.ctx.events.subscribe();
         let live = self.live();
         let bgtasks = self.ch.ctx.bgtasks.clone();
@@ -121,10 +124,16 @@ impl Writer {
                 biased;
                 _ = &mut stop => break,
                 _ = bgtasks.changed() => self.bgtasks().await,
-                _ = commit_tick.tick() => self.bgtasks().await,
+                _ = turn.tick() => {
+                    self.bgtasks().await;
+                    if self.presence_failed {
+                        self.presence().await;
+                    }
+                }
                 event = events.recv() => match event {
                     Ok(AgentEvent::KernelStarted { kernel_id, .. }) => {
                         let r = presence::write(&mut self.conns, &[kernel_id]).await;
+                        self.presence_failed |= r.is_err();
                         self.count("presence", r);
                     }
                     Err(RecvError::Lagged(_)) => self.presence().await,
@@ -149,8 +158,9 @@ impl Writer {
             .filter(|k| k.status == KernelStatus::Running && k.container_id.is_some())
             .map(|k| k.id)
             .collect();
+        let r = presence::write(&mut self.conns, &running).await;
+        self.presence_failed = r.is_err();
         if !running.is_empty() {
-            let r = presence::write(&mut self.conns, &running).await;
             self.count("presence", r);
         }
     }
