@@ -59,6 +59,8 @@ pub struct AgentMetrics {
     bus_outbox_depth: IntGauge,
     bus_published: IntCounterVec,
     bus_failures: IntCounterVec,
+    valkey_writes: IntCounterVec,
+    valkey_failures: IntCounterVec,
     image_pulls: IntCounterVec,
     exec_runs: IntGauge,
     exec_buffered: IntGauge,
@@ -320,6 +322,18 @@ impl AgentMetrics {
                 "Failed attempts to publish on Backend.AI's bus (retried), by reason",
                 &["reason"],
             ),
+            valkey_writes: counter(
+                &r,
+                "kernelvisor_valkey_writes",
+                "Writes of Backend.AI's side channels Valkey accepted, by channel",
+                &["channel"],
+            ),
+            valkey_failures: counter(
+                &r,
+                "kernelvisor_valkey_write_failures",
+                "Writes of Backend.AI's side channels that failed (written again on the channel's next turn), by channel and reason",
+                &["channel", "reason"],
+            ),
             image_pulls: counter(
                 &r,
                 "kernelvisor_image_pulls",
@@ -542,6 +556,21 @@ impl AgentMetrics {
     /// `encode` (`kernelvisor_bus_publish_failures_total{reason}`).
     pub fn bus_publish_failed(&self, reason: &str) {
         self.bus_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// One write of side channel `channel` (`presence`, `images`, `node-stats`,
+    /// `kernel-stats`, `process-stats`, `bgtask`) accepted by Valkey
+    /// (`kernelvisor_valkey_writes_total{channel}`).
+    pub fn valkey_written(&self, channel: &str) {
+        self.valkey_writes.with_label_values(&[channel]).inc();
+    }
+
+    /// A failed write of side channel `channel`: `reason` is `connect`, `io` or `rejected`
+    /// (`kernelvisor_valkey_write_failures_total{channel,reason}`).
+    pub fn valkey_write_failed(&self, channel: &str, reason: &str) {
+        self.valkey_failures
+            .with_label_values(&[channel, reason])
+            .inc();
     }
 
     /// An engine pull of an image ended: `result` is `pulled`, `not-found`, `unreachable`,

@@ -366,6 +366,9 @@ pub struct StatsSection {
     pub container_interval: Seconds,
     /// Seconds between GPU samples (NVML; default 5).
     pub gpu_interval: Seconds,
+    /// Seconds between samples of each kernel's processes (`/proc`; default 30, upstream's
+    /// `utilization-metric.process.interval`); written only to Valkey, with `[redis]`.
+    pub process_interval: Seconds,
 }
 
 impl Default for StatsSection {
@@ -375,6 +378,7 @@ impl Default for StatsSection {
             node_interval: five,
             container_interval: five,
             gpu_interval: five,
+            process_interval: Seconds(std::time::Duration::from_secs(30)),
         }
     }
 }

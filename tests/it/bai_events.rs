@@ -55,8 +55,8 @@ use common::Keys;
 /// A `redis-server` of our own on a free loopback port, its data in a temp dir (append-only
 /// file, fsynced on every write), stopped with SIGTERM and started again on the same port and
 /// data.
-struct Redis {
-    port: u16,
+pub(crate) struct Redis {
+    pub(crate) port: u16,
     dir: tempfile::TempDir,
     child: Option<KillOnDrop>,
 }
@@ -80,7 +80,7 @@ impl Redis {
         bin
     }
 
-    fn start() -> Redis {
+    pub(crate) fn start() -> Redis {
         let mut r = Redis {
             port: free_port(),
             dir: tempfile::Builder::new()
@@ -149,7 +149,7 @@ impl Redis {
 
     /// Makes the server sleep `d` (`DEBUG SLEEP`: it neither reads nor answers anything
     /// meanwhile), from a thread; returns once a `PING` goes unanswered for 200 ms.
-    fn stall(&self, d: Duration) -> std::thread::JoinHandle<()> {
+    pub(crate) fn stall(&self, d: Duration) -> std::thread::JoinHandle<()> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap();
         let mut con = client.get_connection().expect("connect to redis-server");
         let h = std::thread::spawn(move || {
@@ -194,7 +194,7 @@ impl Redis {
 // The Backend.AI environment: the consumer and the driver
 
 /// The Debian trixie root with Backend.AI 26.9.6, or `None` (the test is skipped, said on stderr).
-fn bai_root(test: &str) -> Option<PathBuf> {
+pub(crate) fn bai_root(test: &str) -> Option<PathBuf> {
     let Some(root) = std::env::var_os("KV_BAI_ROOT").map(PathBuf::from) else {
         eprintln!(
             "SKIPPED bai_events::{test}: KV_BAI_ROOT is not set. `just test-all` sets it (after \
@@ -213,19 +213,19 @@ fn bai_root(test: &str) -> Option<PathBuf> {
 
 /// A directory inside the root (`inner`, as the chroot sees it) holding copies of the scripts
 /// of `tests/bai_compat/` and of `files`.
-struct RootDir {
+pub(crate) struct RootDir {
     root: PathBuf,
     inner: String,
     _cleanup: RemoveOnDrop,
 }
 
 impl RootDir {
-    fn new(root: &Path, files: &[PathBuf]) -> RootDir {
+    pub(crate) fn new(root: &Path, files: &[PathBuf]) -> RootDir {
         let inner = format!("/tmp/kv-bai-events-{}", run_id());
         let host_dir = root.join(inner.trim_start_matches('/'));
         std::fs::create_dir_all(&host_dir).unwrap();
         let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bai_compat");
-        for name in ["consumer.py", "driver.py"] {
+        for name in ["consumer.py", "driver.py", "sidechannels.py"] {
             std::fs::copy(scripts.join(name), host_dir.join(name)).unwrap();
         }
         for f in files {
@@ -239,7 +239,7 @@ impl RootDir {
     }
 
     /// `chroot <root> /opt/bai/bin/python <inner>/<script>` (through `sudo -n` when not root).
-    fn python(&self, script: &str) -> Command {
+    pub(crate) fn python(&self, script: &str) -> Command {
         let mut cmd = if is_root() {
             Command::new("chroot")
         } else {
@@ -254,7 +254,7 @@ impl RootDir {
         cmd
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         format!("{}/{name}", self.inner)
     }
 }
@@ -366,7 +366,7 @@ impl Consumer {
     }
 }
 
-fn clip(s: &str, n: usize) -> String {
+pub(crate) fn clip(s: &str, n: usize) -> String {
     if s.len() <= n {
         return s.to_owned();
     }
@@ -385,7 +385,7 @@ fn clip(s: &str, n: usize) -> String {
 /// interval heartbeats go on the bus at; our own manager's intake stays unreachable throughout,
 /// which must not hold the bus back). `agent_extra` goes into `[agent]`, `redis_extra` into
 /// `[redis]`.
-fn agent_config(
+pub(crate) fn agent_config(
     fx: &AgentFixture,
     metrics_port: u16,
     redis_port: u16,
