@@ -73,9 +73,15 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
         .to_string();
     let reference = run_reference(&image);
     let events = ctx.events.clone();
-    let failed = |image: &str, msg: String| AgentEvent::ImagePullFailed {
-        image: image.to_owned(),
-        msg,
+    // Upstream's `ImageRef.from_image_config`, in each of the pull's events.
+    let image_ref = image.image_ref();
+    let failed = {
+        let image_ref = image_ref.clone();
+        move |image: &str, msg: String| AgentEvent::ImagePullFailed {
+            image: image.to_owned(),
+            msg,
+            image_ref: image_ref.clone(),
+        }
     };
     match ctx.pulls.local_image(&image).await {
         Err(e) => {
@@ -90,6 +96,7 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
                 image: canonical.clone(),
                 timestamp: now(),
                 msg: Some("Image already exists".into()),
+                image_ref,
             });
         }
         Ok(None) => {
@@ -100,6 +107,7 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
                 events.emit(AgentEvent::ImagePullStarted {
                     image: canonical.clone(),
                     timestamp: now(),
+                    image_ref: image_ref.clone(),
                 });
             }
             actix_rt::spawn(async move {
@@ -119,6 +127,7 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
                                 image: canonical.clone(),
                                 timestamp: now(),
                                 msg: None,
+                                image_ref,
                             });
                             return;
                         }
