@@ -1423,7 +1423,9 @@ fn the_real_26_clients_retries_are_answered_and_kernel_started_is_sent_again() {
     let dir = RootDir::new(&root, &files);
     let consumer = Consumer::start(&dir, &redis, fx.dir.path().join("consumer.stderr"));
     let d = fx.dir.path().display();
-    let metrics_port = 37_330;
+    // Not a fixed port: the fixture's range lies in the ephemeral range, where an outbound
+    // connection may hold any one of them.
+    let metrics_port = free_port();
     let config = agent_config(
         &fx,
         metrics_port,

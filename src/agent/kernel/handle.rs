@@ -94,7 +94,7 @@ impl KernelHandle {
     /// re-sends the call when it missed the event; see `KernelRegistry`'s `CreateKernels`).
     pub fn announce_started(&self) {
         tracing::info!(agent_id = %self.ctx.agent_id, kernel_id = %self.id, "kernel_started sent again");
-        self.ctx.events.emit(self.started_event());
+        self.ctx.events.emit_again(self.started_event());
     }
 
     /// `kernel_started` with the kernel's creation info.
