@@ -640,7 +640,7 @@ async fn a_create_kernels_retry_joins_the_creation_or_answers_the_running_kernel
     );
     assert_eq!(fx.containers().len(), 1, "still one container");
 
-    // Another session's kernel of that id: refused.
+    // Another session's kernel of that id, or a call naming it with a new one: refused.
     assert_eq!(
         failure_name(
             &create_one(
@@ -653,6 +653,21 @@ async fn a_create_kernels_retry_joins_the_creation_or_answers_the_running_kernel
         ),
         "InvalidKernelConfig"
     );
+    let mixed = call(
+        &peer,
+        "create_kernels",
+        vec![
+            "s-retry".into(),
+            Value::Array(vec![id.clone().into(), format!("k-{}", run_id()).into()]),
+            Value::Array(vec![
+                kernel_config("0.1", 64 * MIB, vec![]),
+                kernel_config("0.1", 64 * MIB, vec![]),
+            ]),
+        ],
+    )
+    .await;
+    assert_eq!(failure_name(&mixed), "InvalidKernelConfig");
+    assert_eq!(fx.containers().len(), 1, "the refused calls made nothing");
     call(&peer, "reset_instance", vec![]).await.unwrap();
     assert!(fx.containers().is_empty());
     agent.shutdown(OnShutdown::Terminate).await;
