@@ -55,6 +55,7 @@ pub struct AgentMetrics {
     stage_duration: HistogramVec,
     stage_failures: IntCounterVec,
     kernel_restarts: IntCounterVec,
+    create_retries: IntCounterVec,
     outbox_depth: IntGauge,
     bus_outbox_depth: IntGauge,
     bus_published: IntCounterVec,
@@ -275,6 +276,14 @@ impl AgentMetrics {
                 "kernelvisor_kernel_restarts",
                 "Kernel containers restarted by their restart policy, by why the container ended.",
                 &["reason"],
+            ),
+            create_retries: counter(
+                &r,
+                "kernelvisor_create_kernels_retries",
+                "Kernels named again by a create_kernels retry, by how they were answered \
+                 (joined: still being created; running: answered as they run, kernel_started \
+                 sent again)",
+                &["answer"],
             ),
             outbox_dropped: counter(
                 &r,
@@ -534,6 +543,12 @@ impl AgentMetrics {
     /// (`self-terminated`, `oom-killed`, `unhealthy`, …).
     pub fn kernel_restarted(&self, reason: &str) {
         self.kernel_restarts.with_label_values(&[reason]).inc();
+    }
+
+    /// A kernel named again by a `create_kernels` retry, answered `joined` (its creation was
+    /// still going on) or `running`.
+    pub fn create_retried(&self, answer: &str) {
+        self.create_retries.with_label_values(&[answer]).inc();
     }
 
     /// The outbox holds `depth` events of at most `capacity`.
