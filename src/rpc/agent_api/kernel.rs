@@ -723,7 +723,14 @@ mod tests {
     /// same inputs (read off the real class in the trixie root), and `None` where it raises.
     #[test]
     fn image_refs_are_upstreams() {
-        let cases: [(&str, Option<&str>, &str, Option<(&str, &str)>); 7] = [
+        // (canonical, project, registry, Some((name, tag)) or None where upstream raises)
+        type Case = (
+            &'static str,
+            Option<&'static str>,
+            &'static str,
+            Option<(&'static str, &'static str)>,
+        );
+        let cases: [Case; 7] = [
             (
                 "local/kernelvisor/test-py:bash",
                 Some("kernelvisor"),
