@@ -7,7 +7,7 @@
 #   -kernel-helper 26.9.6, backend.ai-krunner-static-gnu 4.4.0 and their dependencies);
 # - PostgreSQL 17, Valkey 8.1 and etcd 3.5 from trixie's packages (no cluster made, no service
 #   started: tests/bai_halfstack/halfstack.py starts its own on loopback ports with their own
-#   data directories).
+#   data directories), and the Docker CLI (upstream's agent runs `docker` for its krunner volume).
 # Cached outside the clone (KV_BAI_ROOT, default /var/cache/kernelvisor/bai-trixie); prints the
 # root's path when ready. A root an older version of this script made (its stamp differs) is
 # extended in place. The tests run `chroot $root /opt/bai/bin/python ...` with the host's
@@ -45,15 +45,15 @@ $sudo_ cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/kv-host-ca.crt
 # PostgreSQL, Valkey and etcd: the packages only. No `main` cluster is created and no service
 # is started inside the root (policy-rc.d refuses), the halfstack starts its own.
 if [ ! -x "$root/usr/lib/postgresql/17/bin/postgres" ] || [ ! -x "$root/usr/bin/valkey-server" ] \
-  || [ ! -x "$root/usr/bin/etcd" ]; then
-  echo "bai-compat: installing postgresql-17, valkey-server and etcd-server into $root" >&2
+  || [ ! -x "$root/usr/bin/etcd" ] || [ ! -x "$root/usr/bin/docker" ]; then
+  echo "bai-compat: installing postgresql-17, valkey-server, etcd-server and docker-cli into $root" >&2
   $sudo_ mkdir -p "$root/etc/postgresql-common"
   echo "create_main_cluster = false" | $sudo_ tee "$root/etc/postgresql-common/createcluster.conf" >/dev/null
   printf '#!/bin/sh\nexit 101\n' | $sudo_ tee "$root/usr/sbin/policy-rc.d" >/dev/null
   $sudo_ chmod 0755 "$root/usr/sbin/policy-rc.d"
   $sudo_ chroot "$root" apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo_ chroot "$root" apt-get install -y -qq --no-install-recommends \
-    postgresql-17 valkey-server etcd-server >/dev/null
+    postgresql-17 valkey-server etcd-server docker-cli >/dev/null
   $sudo_ sh -c 'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/cache/apt/archives/*.deb' sh "$root"
 fi
 echo "bai-compat: installing the pinned Backend.AI $BAI_VERSION venv into $root/opt/bai" >&2

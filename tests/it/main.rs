@@ -26,6 +26,7 @@ mod backend_docker;
 mod bai_calls;
 mod bai_compat;
 mod bai_events;
+mod bai_halfstack;
 mod bai_ext_fuzz;
 mod bai_ext_server;
 mod config;
