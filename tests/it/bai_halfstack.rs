@@ -70,8 +70,7 @@ struct Halfstack {
 impl Halfstack {
     /// `halfstack.sh ROOT WORK args…`, run as root (the namespace and chroot need it).
     fn command(root: &Path, work: &Path, args: &[&str]) -> Command {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bai_halfstack/halfstack.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bai_halfstack/halfstack.sh");
         let mut cmd = if is_root() {
             Command::new(script)
         } else {
@@ -131,7 +130,10 @@ impl Halfstack {
     }
 
     fn log(&self, name: &str) -> String {
-        tail(&read(&self.work.join("logs").join(format!("{name}.log"))), 40)
+        tail(
+            &read(&self.work.join("logs").join(format!("{name}.log"))),
+            40,
+        )
     }
 }
 
@@ -149,9 +151,27 @@ impl Drop for Halfstack {
     }
 }
 
+/// Every step: the scenario's, then the suite's specs as either run reported them.
+fn all_steps(runs: &[&[serde_json::Value]]) -> Vec<String> {
+    let mut steps: Vec<String> = STEPS.iter().map(|s| (*s).to_owned()).collect();
+    for lines in runs {
+        for v in lines.iter() {
+            if let Some(name) = v["step"].as_str() {
+                if !steps.iter().any(|s| s == name) {
+                    steps.push(name.to_owned());
+                }
+            }
+        }
+    }
+    steps
+}
+
 /// One agent's outcome per step: `Some(Ok(extra))` / `Some(Err(error))` / `None` (not reported).
-fn outcomes(lines: &[serde_json::Value]) -> Vec<(String, Option<Result<String, String>>)> {
-    STEPS
+fn outcomes(
+    steps: &[String],
+    lines: &[serde_json::Value],
+) -> Vec<(String, Option<Result<String, String>>)> {
+    steps
         .iter()
         .map(|step| {
             let rec = lines.iter().find(|v| v["step"] == *step);
@@ -162,7 +182,7 @@ fn outcomes(lines: &[serde_json::Value]) -> Vec<(String, Option<Result<String, S
                     Err(v["error"].as_str().unwrap_or("?").to_owned())
                 }
             });
-            ((*step).to_owned(), outcome)
+            (step.clone(), outcome)
         })
         .collect()
 }
@@ -237,7 +257,7 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
         tail(&read(&log), 40),
         hs.log("manager")
     );
-    let (kv_lines, _, kv_err) = hs.run(
+    let (mut kv_lines, _, kv_err) = hs.run(
         "kernelvisor",
         &[
             "scenario",
@@ -249,6 +269,13 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
             IMAGE,
         ],
     );
+    // Backend.AI's own suite (backend.ai-test 26.9.6), its session specs that need no storage
+    // proxy or webserver.
+    let (suite, _, _) = hs.run(
+        "kernelvisor-suite",
+        &["suite", "--label", "kernelvisor", "--image", IMAGE],
+    );
+    kv_lines.extend(suite);
     // Stopped as an operator would (SIGTERM): `agent_terminated` takes it out of scheduling.
     let _ = Command::new("kill")
         .args(["-TERM", &agent.0.id().to_string()])
@@ -276,10 +303,16 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
     hs.agent_ids.push(up_id.clone());
     let (up_start, up_start_ok, up_start_err) = hs.run(
         "upstream-up",
-        &["agent-up", "--agent-id", &up_id, "--ports", UPSTREAM_AGENT_PORTS],
+        &[
+            "agent-up",
+            "--agent-id",
+            &up_id,
+            "--ports",
+            UPSTREAM_AGENT_PORTS,
+        ],
     );
     let up_lines = if up_start_ok {
-        let (lines, _, _) = hs.run(
+        let (mut lines, _, _) = hs.run(
             "upstream",
             &[
                 "scenario",
@@ -291,6 +324,11 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
                 IMAGE,
             ],
         );
+        let (suite, _, _) = hs.run(
+            "upstream-suite",
+            &["suite", "--label", "upstream", "--image", IMAGE],
+        );
+        lines.extend(suite);
         let _ = hs.run("upstream-down", &["agent-down"]);
         lines
     } else {
@@ -299,11 +337,15 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
     };
 
     // The table.
-    let kv = outcomes(&kv_lines);
-    let up = outcomes(&up_lines);
-    let mut table = format!("\n{:<30} {:<16} {:<16}\n", "step", "upstream", "kernelvisor");
+    let steps = all_steps(&[&kv_lines, &up_lines]);
+    let kv = outcomes(&steps, &kv_lines);
+    let up = outcomes(&steps, &up_lines);
+    let mut table = format!(
+        "\n{:<64} {:<16} {:<16}\n",
+        "step", "upstream", "kernelvisor"
+    );
     for ((step, u), (_, k)) in up.iter().zip(&kv) {
-        table += &format!("{step:<30} {:<16} {:<16}\n", cell(u), cell(k));
+        table += &format!("{step:<64} {:<16} {:<16}\n", cell(u), cell(k));
     }
     let timing = |lines: &[serde_json::Value]| {
         lines
