@@ -88,8 +88,9 @@ py_root := env_var_or_default("KV_PY_ROOT", "/var/cache/kernelvisor/py-trixie")
 # `debootstrap` (python3, Debian's python3-ipykernel; about 2 minutes, once, cached at
 # {{py_root}}) imported with Backend.AI's kernel labels (runtime-type python, runtime-path
 # /usr/bin/python3, features, minimum resources) and a service-def `hello` (python's http.server
-# on 8090, label ai.backend.service-ports). The image carries a hash of the script: a changed
-# script imports it again from the cached root.
+# on 8090, label ai.backend.service-ports), and `kernelvisor-test-py:bash` (= `kernelvisor/test-py:bash`)
+# with `/bin/bash` as its command, as upstream's base images have (tests/it/bai_halfstack.rs). The
+# image carries a hash of the script: a changed script imports it again from the cached root.
 # Build (once) the Python kernel image upstream's kernel runner is tested in.
 test-image-py: docker
     KV_PY_ROOT="{{py_root}}" ./scripts/test-image-py.sh

@@ -11,9 +11,11 @@
 //!    is started, registered by the manager from its heartbeats, and the session scenario
 //!    (`halfstack.py scenario`, the real client SDK and `backend.ai` CLI) runs on it, on the
 //!    image `local/kernelvisor/test-py:bash` (`just test-image-py`; `/bin/bash` as its command,
-//!    as upstream's base images);
+//!    as upstream's base images), then Backend.AI's own suite (`backend.ai-test` 26.9.6, its
+//!    single-node session specs that need no storage proxy or webserver; `halfstack.py suite`,
+//!    with shims for two quirks of upstream's own, docs/backend-ai.md);
 //! 2. kernelvisor's agent is stopped (SIGTERM: `agent_terminated` on the bus) and upstream's own
-//!    agent (`backend.ai-agent` 26.9.6, ports 37200–37299) runs the same scenario;
+//!    agent (`backend.ai-agent` 26.9.6, ports 37200–37299) runs the same scenario and suite;
 //! 3. the table step → outcome on upstream / on kernelvisor is printed, and the test asserts
 //!    that kernelvisor passes every step upstream's agent passes (and that upstream's agent ran
 //!    sessions at all, so the comparison means something).
