@@ -343,11 +343,11 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
     let kv = outcomes(&steps, &kv_lines);
     let up = outcomes(&steps, &up_lines);
     let mut table = format!(
-        "\n{:<64} {:<16} {:<16}\n",
+        "\n{:<76} {:<16} {:<16}\n",
         "step", "upstream", "kernelvisor"
     );
     for ((step, u), (_, k)) in up.iter().zip(&kv) {
-        table += &format!("{step:<64} {:<16} {:<16}\n", cell(u), cell(k));
+        table += &format!("{step:<76} {:<16} {:<16}\n", cell(u), cell(k));
     }
     let timing = |lines: &[serde_json::Value]| {
         lines
