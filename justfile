@@ -60,7 +60,7 @@ bai_root := env_var_or_default("KV_BAI_ROOT", "/var/cache/kernelvisor/bai-trixie
 # scripts/bai-compat-env.sh: a Debian trixie root (Python 3.13, which bookworm lacks) made with
 # `debootstrap`, with PostgreSQL 17, Valkey and etcd from trixie's packages and a venv installed
 # from scripts/bai-halfstack.lock (backend.ai-manager, -client, -agent, -test, -cli and the kernel
-# runner's packages, 26.9.6, every dependency pinned): about 3 minutes and 2.3 GB, once, cached at
+# runner's packages, 26.9.6, every dependency pinned): about 3 minutes and 1.3 GB, once, cached at
 # {{bai_root}}, outside the clone. `just test-all` hands the tests its path as `KV_BAI_ROOT`.
 # Build (once) the real Backend.AI 26.9.6 environment of tests/it/bai_compat.rs, bai_events.rs
 # and bai_halfstack.rs (the halfstack: tests/bai_halfstack/halfstack.py).
