@@ -208,9 +208,12 @@ pub fn encode(event: &AgentEvent, agent_id: &str) -> Option<BusMessage> {
             ..
         } => {
             uuids(&[session_id])?;
+            // `task-failed` / `task-timeout` are what a batch job's run reports
+            // (`trigger_batch_execution`, methods/runner.rs and methods/kernels.rs): dropping
+            // them left a failed batch session RUNNING forever (tests/it/bai_halfstack.rs).
             let (reason, exit_code) = match reason.as_str() {
-                "batch-timeout" => ("task-timeout", -2),
-                "self-terminated" | "oom-killed" | "shm-exceeded" => {
+                "batch-timeout" | "task-timeout" => ("task-timeout", -2),
+                "self-terminated" | "oom-killed" | "shm-exceeded" | "task-failed" => {
                     ("task-failed", exit_code.unwrap_or(-1))
                 }
                 _ => return None,
