@@ -247,15 +247,20 @@ test-image:
     echo "test-image: built kernelvisor-test:latest, :services and :healthcheck"
 
 # `exec` also times Backend.AI's kernel runner (benches/exec/runner.rs), so it provisions the
-# runner and the Python image first and names the runner's directory as `KV_KRUNNER_DIR`.
+# runner and the Python image first and names the runner's directory as `KV_KRUNNER_DIR`;
+# `backend-ai` (benches/backend_ai.rs: kernelvisor's agent against upstream's on a real 26.9.6
+# halfstack, about 15 minutes) also builds the halfstack's root (`just bai-env`).
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup docker test-image
     #!/usr/bin/env bash
     set -euo pipefail
-    if [ "{{name}}" = exec ]; then
+    if [ "{{name}}" = exec ] || [ "{{name}}" = backend-ai ]; then
       "{{just_executable()}}" --justfile "{{justfile()}}" krunner test-image-py
     fi
-    KV_KRUNNER_DIR="{{krunner_dir}}" cargo bench --bench {{name}}
+    if [ "{{name}}" = backend-ai ]; then
+      "{{just_executable()}}" --justfile "{{justfile()}}" bai-env
+    fi
+    KV_KRUNNER_DIR="{{krunner_dir}}" KV_BAI_ROOT="{{bai_root}}" cargo bench --bench {{name}}
 
 # Put `kernelvisor` on the PATH: `cargo install --path .` (an optimized build, reusing
 # target/release) into ${CARGO_HOME:-~/.cargo}/bin.

@@ -669,8 +669,11 @@ def cmd_agent_up(args: argparse.Namespace) -> None:
     # would make them /opt/bai/..., which the engine would create empty on the host).
     if sys.prefix == "/opt/bai":
         raise SystemExit(f"run under halfstack.sh (sys.prefix {sys.prefix} is not the host path)")
+    # Upstream's CPU plugin allocates whole cores; its own overcommit factor (1-10, env) lets a
+    # small node hold more kernels than cores (the benchmark's twenty).
+    env = {**os.environ, "BACKEND_CPU_OVERCOMMIT_FACTOR": str(args.cpu_overcommit)}
     proc = spawn("upstream-agent", [sys.executable, "-m", "ai.backend.cli", "ag", "start-server",
-                                    "-f", str(d / "agent.toml")], work, state, cwd=d)
+                                    "-f", str(d / "agent.toml")], work, state, cwd=d, env=env)
     state = load_state(work)
     state["upstream_agent"] = {"id": args.agent_id, "ports": p, "dir": str(d)}
     save_state(work, state)
@@ -1184,6 +1187,13 @@ def cmd_suite(args: argparse.Namespace) -> None:
     asyncio.run(run_suite(state, args))
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    import bench
+
+    state = load_state(Path(args.work))
+    asyncio.run(bench.bench(state, args))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1211,8 +1221,23 @@ def main() -> None:
     au.add_argument("--work", default=os.environ.get("KV_HS_WORK"))
     au.add_argument("--agent-id", required=True)
     au.add_argument("--ports", default="37200-37299")
+    au.add_argument("--cpu-overcommit", type=int, default=1,
+                    help="upstream's BACKEND_CPU_OVERCOMMIT_FACTOR (1-10)")
     ad = sub.add_parser("agent-down")
     ad.add_argument("--work", default=os.environ.get("KV_HS_WORK"))
+    bn = sub.add_parser("bench", help="one agent's figures (tests/bai_halfstack/bench.py)")
+    bn.add_argument("--work", default=os.environ.get("KV_HS_WORK"))
+    bn.add_argument("--agent-id", required=True)
+    bn.add_argument("--agent-pid", type=int, default=None,
+                    help="the agent's pid (default: upstream's agent started by agent-up)")
+    bn.add_argument("--label", required=True)
+    bn.add_argument("--image", required=True)
+    bn.add_argument("--sessions", type=int, default=20)
+    bn.add_argument("--queries", type=int, default=200)
+    bn.add_argument("--rest-queries", type=int, default=30)
+    bn.add_argument("--batches", type=int, default=3)
+    bn.add_argument("--file-mib", type=int, default=256)
+    bn.add_argument("--cpu-secs", type=float, default=60.0)
     rs = sub.add_parser("rescan")
     rs.add_argument("--work", default=os.environ.get("KV_HS_WORK"))
     su = sub.add_parser("suite")
@@ -1220,8 +1245,8 @@ def main() -> None:
     su.add_argument("--label", required=True)
     su.add_argument("--image", required=True)
     args = ap.parse_args()
-    {"suite": cmd_suite, "rescan": cmd_rescan, "agent-up": cmd_agent_up, "agent-down": cmd_agent_down, "up": cmd_up, "down": cmd_down, "wait-agent": cmd_wait_agent,
-     "scenario": cmd_scenario}[args.cmd](args)
+    {"suite": cmd_suite, "rescan": cmd_rescan, "agent-up": cmd_agent_up, "agent-down": cmd_agent_down, "up": cmd_up,
+     "down": cmd_down, "wait-agent": cmd_wait_agent, "scenario": cmd_scenario, "bench": cmd_bench}[args.cmd](args)
 
 
 if __name__ == "__main__":

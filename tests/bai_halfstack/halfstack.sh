@@ -5,14 +5,14 @@
 # In the namespace the root gets the host's /dev, /proc, /sys and Docker socket, and two mounts
 # at the host's own paths, so that a path the Python hands to the Docker engine (which resolves
 # it on the host) names the same file: WORK (the halfstack's state, logs, keys, the upstream
-# agent's scratch directories) and ROOT/opt/bai (the venv: upstream's agent mounts its runner
+# agent's scratch directories, this directory's Python modules) and ROOT/opt/bai (the venv: upstream's agent mounts its runner
 # files from its site-packages into kernels). Python runs as ROOT/opt/bai/bin/python for the
 # same reason. WORK must be an absolute path; the script is copied into it.
 set -euo pipefail
 root="$1"; work="$2"; shift 2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$work"
-cp "$here/halfstack.py" "$work/halfstack.py"
+cp "$here"/*.py "$work/"
 [ -e "$root/run/docker.sock" ] || touch "$root/run/docker.sock"
 mkdir -p "$root$work" "$root$root/opt/bai"
 exec unshare -m --propagation private bash -euc '
