@@ -136,8 +136,8 @@ fn last_figures(lines: Vec<Value>) -> anyhow::Result<Value> {
 /// kernelvisor's agent on the halfstack: its config, the process, and its id.
 fn start_kernelvisor(hs: &Halfstack, state: &Value, dir: &Path) -> anyhow::Result<(Child, String)> {
     let id = format!("bench-kv-{}", std::process::id());
-    let krunner = std::env::var("KV_KRUNNER_DIR")
-        .unwrap_or_else(|_| "/var/cache/kernelvisor/krunner".into());
+    let krunner =
+        std::env::var("KV_KRUNNER_DIR").unwrap_or_else(|_| "/var/cache/kernelvisor/krunner".into());
     let keys = &state["keys"];
     let config = format!(
         "[agent]\nid = \"{id}\"\nrpc-listen-addr = {{ host = \"127.0.0.1\", port = {KV_RPC_PORT} }}\n\
@@ -200,13 +200,28 @@ fn main() -> anyhow::Result<()> {
         work: std::env::temp_dir().join(format!("kv-bench-bai-{}", std::process::id())),
         agent_ids: Vec::new(),
     };
-    hs.run(&["up", "--ports", HALFSTACK_PORTS, "--reserve", RESERVED_PORTS])?;
-    let state: Value = serde_json::from_str(&std::fs::read_to_string(hs.work.join("halfstack.json"))?)?;
+    hs.run(&[
+        "up",
+        "--ports",
+        HALFSTACK_PORTS,
+        "--reserve",
+        RESERVED_PORTS,
+    ])?;
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(hs.work.join("halfstack.json"))?)?;
 
     // Upstream's agent first.
     let up_id = format!("bench-upstream-{}", std::process::id());
     hs.agent_ids.push(up_id.clone());
-    hs.run(&["agent-up", "--agent-id", &up_id, "--ports", UPSTREAM_PORTS, "--cpu-overcommit", "10"])?;
+    hs.run(&[
+        "agent-up",
+        "--agent-id",
+        &up_id,
+        "--ports",
+        UPSTREAM_PORTS,
+        "--cpu-overcommit",
+        "10",
+    ])?;
     let args = bench_args(&up_id, "upstream");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let upstream = last_figures(hs.run(&args)?)?;
@@ -255,56 +270,156 @@ struct Row {
 fn report(up: &Value, kv: &Value, took: Duration) {
     let files = |v: &Value, k: &str| v["files"][k].as_f64().unwrap_or(f64::NAN);
     let rows = [
-        Row { name: "create → RUNNING, total p50", unit: "s", upstream: pct(f(&up["create_total_s"]), 0.5), kv: pct(f(&kv["create_total_s"]), 0.5), goal: None },
-        Row { name: "create, the agent's part p50", unit: "s", upstream: pct(f(&up["create_agent_s"]), 0.5), kv: pct(f(&kv["create_agent_s"]), 0.5), goal: Some((0.5, true)) },
-        Row { name: "create, the agent's part max", unit: "s", upstream: pct(f(&up["create_agent_s"]), 1.0), kv: pct(f(&kv["create_agent_s"]), 1.0), goal: None },
-        Row { name: "query, agent client p50", unit: "ms", upstream: pct(f(&up["query_rpc_ms"]), 0.5), kv: pct(f(&kv["query_rpc_ms"]), 0.5), goal: Some((0.5, true)) },
-        Row { name: "query, agent client p99", unit: "ms", upstream: pct(f(&up["query_rpc_ms"]), 0.99), kv: pct(f(&kv["query_rpc_ms"]), 0.99), goal: None },
-        Row { name: "query, REST API p50", unit: "ms", upstream: pct(f(&up["query_rest_ms"]), 0.5), kv: pct(f(&kv["query_rest_ms"]), 0.5), goal: None },
-        Row { name: "batch `true` end to end p50", unit: "s", upstream: pct(f(&up["batch_s"]), 0.5), kv: pct(f(&kv["batch_s"]), 0.5), goal: None },
-        Row { name: "agent RSS idle", unit: "MiB", upstream: up["rss_idle_mib"].as_f64().unwrap_or(f64::NAN), kv: kv["rss_idle_mib"].as_f64().unwrap_or(f64::NAN), goal: Some((0.15, true)) },
-        Row { name: "agent RSS with the kernels", unit: "MiB", upstream: up["rss_loaded_mib"].as_f64().unwrap_or(f64::NAN), kv: kv["rss_loaded_mib"].as_f64().unwrap_or(f64::NAN), goal: Some((0.15, true)) },
-        Row { name: "agent CPU with the kernels", unit: "% core", upstream: up["cpu_pct"].as_f64().unwrap_or(f64::NAN), kv: kv["cpu_pct"].as_f64().unwrap_or(f64::NAN), goal: Some((0.5, true)) },
-        Row { name: "upload (agent client)", unit: "MiB/s", upstream: files(up, "upload_mib_s"), kv: files(kv, "upload_mib_s"), goal: None },
-        Row { name: "download (agent client)", unit: "MiB/s", upstream: files(up, "download_mib_s"), kv: files(kv, "download_mib_s"), goal: None },
+        Row {
+            name: "create → RUNNING, total p50",
+            unit: "s",
+            upstream: pct(f(&up["create_total_s"]), 0.5),
+            kv: pct(f(&kv["create_total_s"]), 0.5),
+            goal: None,
+        },
+        Row {
+            name: "create, the agent's part p50",
+            unit: "s",
+            upstream: pct(f(&up["create_agent_s"]), 0.5),
+            kv: pct(f(&kv["create_agent_s"]), 0.5),
+            goal: Some((0.5, true)),
+        },
+        Row {
+            name: "create, the agent's part max",
+            unit: "s",
+            upstream: pct(f(&up["create_agent_s"]), 1.0),
+            kv: pct(f(&kv["create_agent_s"]), 1.0),
+            goal: None,
+        },
+        Row {
+            name: "query, agent client p50",
+            unit: "ms",
+            upstream: pct(f(&up["query_rpc_ms"]), 0.5),
+            kv: pct(f(&kv["query_rpc_ms"]), 0.5),
+            goal: Some((0.5, true)),
+        },
+        Row {
+            name: "query, agent client p99",
+            unit: "ms",
+            upstream: pct(f(&up["query_rpc_ms"]), 0.99),
+            kv: pct(f(&kv["query_rpc_ms"]), 0.99),
+            goal: None,
+        },
+        Row {
+            name: "query, REST API p50",
+            unit: "ms",
+            upstream: pct(f(&up["query_rest_ms"]), 0.5),
+            kv: pct(f(&kv["query_rest_ms"]), 0.5),
+            goal: None,
+        },
+        Row {
+            name: "batch `true` end to end p50",
+            unit: "s",
+            upstream: pct(f(&up["batch_s"]), 0.5),
+            kv: pct(f(&kv["batch_s"]), 0.5),
+            goal: None,
+        },
+        Row {
+            name: "agent RSS idle",
+            unit: "MiB",
+            upstream: up["rss_idle_mib"].as_f64().unwrap_or(f64::NAN),
+            kv: kv["rss_idle_mib"].as_f64().unwrap_or(f64::NAN),
+            goal: Some((0.15, true)),
+        },
+        Row {
+            name: "agent RSS with the kernels",
+            unit: "MiB",
+            upstream: up["rss_loaded_mib"].as_f64().unwrap_or(f64::NAN),
+            kv: kv["rss_loaded_mib"].as_f64().unwrap_or(f64::NAN),
+            goal: Some((0.15, true)),
+        },
+        Row {
+            name: "agent CPU with the kernels",
+            unit: "% core",
+            upstream: up["cpu_pct"].as_f64().unwrap_or(f64::NAN),
+            kv: kv["cpu_pct"].as_f64().unwrap_or(f64::NAN),
+            goal: Some((0.5, true)),
+        },
+        Row {
+            name: "upload (agent client)",
+            unit: "MiB/s",
+            upstream: files(up, "upload_mib_s"),
+            kv: files(kv, "upload_mib_s"),
+            goal: None,
+        },
+        Row {
+            name: "download (agent client)",
+            unit: "MiB/s",
+            upstream: files(up, "download_mib_s"),
+            kv: files(kv, "download_mib_s"),
+            goal: None,
+        },
     ];
     println!(
         "Backend.AI 26.9.6 halfstack, {} sessions of {IMAGE} per agent ({:.0} s in all)",
-        kv["kernels"], took.as_secs_f64()
+        kv["kernels"],
+        took.as_secs_f64()
     );
-    println!("{:<32} {:>7} {:>10} {:>12} {:>8} {:>12}", "figure", "unit", "upstream", "kernelvisor", "kv/up", "goal");
+    println!(
+        "{:<32} {:>7} {:>10} {:>12} {:>8} {:>12}",
+        "figure", "unit", "upstream", "kernelvisor", "kv/up", "goal"
+    );
     let mut goals = serde_json::Map::new();
     for r in &rows {
         let ratio = r.kv / r.upstream;
         let goal = match r.goal {
             Some((limit, true)) => {
                 let met = ratio <= limit;
-                goals.insert(r.name.into(), json!({"ratio": round2(ratio), "limit": limit, "met": met}));
+                goals.insert(
+                    r.name.into(),
+                    json!({"ratio": round2(ratio), "limit": limit, "met": met}),
+                );
                 format!("≤ {limit} {}", if met { "met" } else { "MISSED" })
             }
             Some((limit, false)) => {
                 let met = ratio >= limit;
-                goals.insert(r.name.into(), json!({"ratio": round2(ratio), "limit": limit, "met": met}));
+                goals.insert(
+                    r.name.into(),
+                    json!({"ratio": round2(ratio), "limit": limit, "met": met}),
+                );
                 format!("≥ {limit} {}", if met { "met" } else { "MISSED" })
             }
             None => String::new(),
         };
-        println!("{:<32} {:>7} {:>10.2} {:>12.2} {:>8.2} {:>12}", r.name, r.unit, r.upstream, r.kv, ratio, goal);
+        println!(
+            "{:<32} {:>7} {:>10.2} {:>12.2} {:>8.2} {:>12}",
+            r.name, r.unit, r.upstream, r.kv, ratio, goal
+        );
     }
     // Files against `docker cp` of the same bytes, each agent on its own container.
     for (label, v) in [("upstream", up), ("kernelvisor", kv)] {
         let (upl, down) = (files(v, "upload_mib_s"), files(v, "download_mib_s"));
-        let (cp_in, cp_out) = (files(v, "docker_cp_in_mib_s"), files(v, "docker_cp_out_mib_s"));
+        let (cp_in, cp_out) = (
+            files(v, "docker_cp_in_mib_s"),
+            files(v, "docker_cp_out_mib_s"),
+        );
         println!(
             "{label:<12} {} MiB: upload {upl:.1} MiB/s ({:.2}× docker cp in, {cp_in:.1}), download {down:.1} MiB/s ({:.2}× docker cp out, {cp_out:.1}){}",
             v["files"]["mib"], upl / cp_in, down / cp_out,
             v["files"]["download_error"].as_str().map(|e| format!("; download refused: {e}")).unwrap_or_default()
         );
     }
-    let kv_files = (files(kv, "upload_mib_s") / files(kv, "docker_cp_in_mib_s"), files(kv, "download_mib_s") / files(kv, "docker_cp_out_mib_s"));
-    println!("kernelvisor files vs docker cp: up {:.2}×, down {:.2}× (goal ≥ 0.8× both)", kv_files.0, kv_files.1);
-    goals.insert("files up vs docker cp".into(), json!({"ratio": round2(kv_files.0), "limit": 0.8, "met": kv_files.0 >= 0.8}));
-    goals.insert("files down vs docker cp".into(), json!({"ratio": round2(kv_files.1), "limit": 0.8, "met": kv_files.1 >= 0.8}));
+    let kv_files = (
+        files(kv, "upload_mib_s") / files(kv, "docker_cp_in_mib_s"),
+        files(kv, "download_mib_s") / files(kv, "docker_cp_out_mib_s"),
+    );
+    println!(
+        "kernelvisor files vs docker cp: up {:.2}×, down {:.2}× (goal ≥ 0.8× both)",
+        kv_files.0, kv_files.1
+    );
+    goals.insert(
+        "files up vs docker cp".into(),
+        json!({"ratio": round2(kv_files.0), "limit": 0.8, "met": kv_files.0 >= 0.8}),
+    );
+    goals.insert(
+        "files down vs docker cp".into(),
+        json!({"ratio": round2(kv_files.1), "limit": 0.8, "met": kv_files.1 >= 0.8}),
+    );
     let summary = |v: &Value| {
         json!({
             "create_total_p50_s": round2(pct(f(&v["create_total_s"]), 0.5)),
@@ -320,7 +435,10 @@ fn report(up: &Value, kv: &Value, took: Duration) {
             "files": v["files"],
         })
     };
-    println!("{}", json!({"upstream": summary(up), "kernelvisor": summary(kv), "goals": goals}));
+    println!(
+        "{}",
+        json!({"upstream": summary(up), "kernelvisor": summary(kv), "goals": goals})
+    );
 }
 
 fn round2(x: f64) -> f64 {
