@@ -58,10 +58,12 @@ lint: setup
 bai_root := env_var_or_default("KV_BAI_ROOT", "/var/cache/kernelvisor/bai-trixie")
 
 # scripts/bai-compat-env.sh: a Debian trixie root (Python 3.13, which bookworm lacks) made with
-# `debootstrap`, with a venv holding `backend.ai-manager` (about 2 minutes and 700 MB, once,
-# cached at {{bai_root}}, outside the clone). `just test-all` hands the tests its path as
-# `KV_BAI_ROOT`.
-# Build (once) the real Backend.AI 26.9.6 agent client's environment for tests/it/bai_compat.rs.
+# `debootstrap`, with PostgreSQL 17, Valkey and etcd from trixie's packages and a venv installed
+# from scripts/bai-halfstack.lock (backend.ai-manager, -client, -agent, -test, -cli and the kernel
+# runner's packages, 26.9.6, every dependency pinned): about 3 minutes and 1.3 GB, once, cached at
+# {{bai_root}}, outside the clone. `just test-all` hands the tests its path as `KV_BAI_ROOT`.
+# Build (once) the real Backend.AI 26.9.6 environment of tests/it/bai_compat.rs, bai_events.rs
+# and bai_halfstack.rs (the halfstack: tests/bai_halfstack/halfstack.py).
 bai-env:
     KV_BAI_ROOT="{{bai_root}}" ./scripts/bai-compat-env.sh >/dev/null
 
@@ -86,8 +88,9 @@ py_root := env_var_or_default("KV_PY_ROOT", "/var/cache/kernelvisor/py-trixie")
 # `debootstrap` (python3, Debian's python3-ipykernel; about 2 minutes, once, cached at
 # {{py_root}}) imported with Backend.AI's kernel labels (runtime-type python, runtime-path
 # /usr/bin/python3, features, minimum resources) and a service-def `hello` (python's http.server
-# on 8090, label ai.backend.service-ports). The image carries a hash of the script: a changed
-# script imports it again from the cached root.
+# on 8090, label ai.backend.service-ports), and `kernelvisor-test-py:bash` (= `kernelvisor/test-py:bash`)
+# with `/bin/bash` as its command, as upstream's base images have (tests/it/bai_halfstack.rs). The
+# image carries a hash of the script: a changed script imports it again from the cached root.
 # Build (once) the Python kernel image upstream's kernel runner is tested in.
 test-image-py: docker
     KV_PY_ROOT="{{py_root}}" ./scripts/test-image-py.sh
@@ -244,15 +247,20 @@ test-image:
     echo "test-image: built kernelvisor-test:latest, :services and :healthcheck"
 
 # `exec` also times Backend.AI's kernel runner (benches/exec/runner.rs), so it provisions the
-# runner and the Python image first and names the runner's directory as `KV_KRUNNER_DIR`.
+# runner and the Python image first and names the runner's directory as `KV_KRUNNER_DIR`;
+# `backend-ai` (benches/backend_ai.rs: kernelvisor's agent against upstream's on a real 26.9.6
+# halfstack, about 15 minutes) also builds the halfstack's root (`just bai-env`).
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup docker test-image
     #!/usr/bin/env bash
     set -euo pipefail
-    if [ "{{name}}" = exec ]; then
+    if [ "{{name}}" = exec ] || [ "{{name}}" = backend-ai ]; then
       "{{just_executable()}}" --justfile "{{justfile()}}" krunner test-image-py
     fi
-    KV_KRUNNER_DIR="{{krunner_dir}}" cargo bench --bench {{name}}
+    if [ "{{name}}" = backend-ai ]; then
+      "{{just_executable()}}" --justfile "{{justfile()}}" bai-env
+    fi
+    KV_KRUNNER_DIR="{{krunner_dir}}" KV_BAI_ROOT="{{bai_root}}" cargo bench --bench {{name}}
 
 # Put `kernelvisor` on the PATH: `cargo install --path .` (an optimized build, reusing
 # target/release) into ${CARGO_HOME:-~/.cargo}/bin.

@@ -51,8 +51,12 @@ def events():
         KernelCreationInfo, KernelLifecycleEventReason as R, ServicePortInfo, UsedDevices,
     )
     from ai.backend.common.events.event_types.session import anycast as sa, broadcast as sb
+    from ai.backend.common.docker import ImageRef
     from ai.backend.common.types import ResourceSlot, ResourceSlotEntry, SlotTypes
 
+    # ImageRef.from_image_config of a check_and_pull image config naming IMAGE.
+    IMAGE_REF = ImageRef.from_image_str(IMAGE, "stable", "cr.backend.ai", architecture="x86_64",
+                                        is_local=False)
     info = AgentInfo(
         ip="10.0.0.11", region="local", scaling_group="default", addr="tcp://10.0.0.11:6011",
         public_key=PUBLIC_KEY, public_host="10.0.0.11",
@@ -118,9 +122,9 @@ def events():
         "execution_started": (sa.ExecutionStartedAnycastEvent(session_id=SID), None),
         "execution_finished": (sa.ExecutionFinishedAnycastEvent(session_id=SID), None),
         "execution_timeout": (sa.ExecutionTimeoutAnycastEvent(session_id=SID), None),
-        "image_pull_started": (ImagePullStartedEvent(image=IMAGE, agent_id=AGENT_ID, timestamp=1767225600.25), None),
-        "image_pull_finished": (ImagePullFinishedEvent(image=IMAGE, agent_id=AGENT_ID, timestamp=1767225600.25, msg="Image already exists"), None),
-        "image_pull_failed": (ImagePullFailedEvent(image=IMAGE, agent_id=AGENT_ID, msg="timeout (s:60)"), None),
+        "image_pull_started": (ImagePullStartedEvent(image=IMAGE, image_ref=IMAGE_REF, agent_id=AGENT_ID, timestamp=1767225600.25), None),
+        "image_pull_finished": (ImagePullFinishedEvent(image=IMAGE, image_ref=IMAGE_REF, agent_id=AGENT_ID, timestamp=1767225600.25, msg="Image already exists"), None),
+        "image_pull_failed": (ImagePullFailedEvent(image=IMAGE, image_ref=IMAGE_REF, agent_id=AGENT_ID, msg="timeout (s:60)"), None),
         "do_sync_kernel_logs": (ka.DoSyncKernelLogsEvent(kernel_id=KID, container_id=CONTAINER), None),
     }
 

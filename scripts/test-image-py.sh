@@ -8,8 +8,15 @@
 # upstream-format service-def. The image carries a hash of this script as a label: when it
 # matches, nothing is done; when the script changed, the image is imported again from the cached
 # root (only a changed package list makes a new root).
+# `kernelvisor-test-py:bash` is the same image with `/bin/bash` as its command, as upstream's
+# base images have (the halfstack test's image: the agent must replace the command with the
+# runner's, tests/it/bai_halfstack.rs), also tagged `kernelvisor/test-py:bash`: a `local`
+# registry of project `kernelvisor` registers it as `local/kernelvisor/test-py:bash` and both
+# agents run it by its short name (ImageRef.short).
 set -euo pipefail
 image="kernelvisor-test-py:latest"
+bash_image="kernelvisor-test-py:bash"
+project_image="kernelvisor/test-py:bash"
 root="${KV_PY_ROOT:-/var/cache/kernelvisor/py-trixie}"
 mirror="${KV_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 suite="trixie"
@@ -20,7 +27,9 @@ pkgs="python3,python3-ipykernel,python3-cffi-backend,adduser,procps"
 recipe="$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
 recipe_label="kernelvisor.test-image-py.recipe"
 have_image() {
-  [ "$(docker image inspect -f "{{ index .Config.Labels \"$recipe_label\" }}" "$image" 2>/dev/null)" = "$recipe" ]
+  [ "$(docker image inspect -f "{{ index .Config.Labels \"$recipe_label\" }}" "$image" 2>/dev/null)" = "$recipe" ] \
+    && [ "$(docker image inspect -f "{{ index .Config.Labels \"$recipe_label\" }}" "$bash_image" 2>/dev/null)" = "$recipe" ] \
+    && [ "$(docker image inspect -f '{{.Id}}' "$bash_image" 2>/dev/null)" = "$(docker image inspect -f '{{.Id}}' "$project_image" 2>/dev/null)" ]
 }
 if have_image; then exit 0; fi
 
@@ -108,4 +117,13 @@ $sudo_ tar --numeric-owner -c \
 # The image an older recipe made is untagged now: remove it (kept if a container still uses it).
 new_id="$(docker image inspect -f '{{.Id}}' "$image")"
 if [ -n "$old" ] && [ "$old" != "$new_id" ]; then docker rmi "$old" >/dev/null 2>&1 || true; fi
-echo "test-image-py: built $image" >&2
+# The `/bin/bash` variant: a new config on the same layer (a container created, never started,
+# and committed with the command changed).
+old_bash="$(docker image inspect -f '{{.Id}}' "$bash_image" 2>/dev/null || true)"
+cid="$(docker create "$image" /bin/true)"
+docker commit --change 'CMD ["/bin/bash"]' "$cid" "$bash_image" >/dev/null
+docker rm "$cid" >/dev/null
+docker tag "$bash_image" "$project_image"
+new_bash="$(docker image inspect -f '{{.Id}}' "$bash_image")"
+if [ -n "$old_bash" ] && [ "$old_bash" != "$new_bash" ]; then docker rmi "$old_bash" >/dev/null 2>&1 || true; fi
+echo "test-image-py: built $image, $bash_image and $project_image" >&2

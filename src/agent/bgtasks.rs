@@ -1,7 +1,10 @@
-//! Background tasks of the image methods `commit` and `push_image`, as upstream's
-//! `BackgroundTaskManager` runs them: the call answers at once with the task's id
-//! (`bgtask_id`, a UUID), the work goes on in a tokio task, and its state
-//! ([`BgtaskState`]) is kept here for `get_commit_status` and kernelvisor's `get_bgtask`.
+//! Background tasks of the image methods `commit`, `push_image` and `check_and_pull`, as
+//! upstream's `BackgroundTaskManager` runs them (`ai/backend/common/bgtask/bgtask.py`): the call
+//! answers at once with the task's id (`bgtask_id`, a UUID), the work goes on in a tokio task,
+//! and its state ([`BgtaskState`]) is kept here for `get_commit_status`, kernelvisor's
+//! `get_bgtask`, and the `valkey` child, which tells Backend.AI's manager of each start and end
+//! (`bgtask_updated`, `bgtask_done`, `bgtask_failed`) and of each commit in progress
+//! ([`Bgtasks::changed`] wakes it).
 //!
 //! The table is in memory: an agent restart forgets its tasks (and the engine finishes or
 //! drops the request it was serving). A task that ended is forgotten after
@@ -40,6 +43,7 @@ struct Entry {
 #[derive(Clone, Debug, Default)]
 pub struct Bgtasks {
     inner: Arc<Mutex<HashMap<String, Entry>>>,
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl Bgtasks {
@@ -47,13 +51,33 @@ impl Bgtasks {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Resolves after a task started or ended since the last time it resolved (a stored
+    /// permit: a change made while nobody waits is not missed).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// Every task kept, in no order.
+    pub fn snapshot(&self) -> Vec<BgtaskState> {
+        self.table().values().map(|e| e.state.clone()).collect()
+    }
+
     /// Records a new running push of `image`; returns its id (a fresh UUID).
     pub fn start_push(&self, image: &str) -> String {
+        self.start(BgtaskKind::Push, image)
+    }
+
+    /// Records a new running pull (`check_and_pull`) of `image`; returns its id.
+    pub fn start_pull(&self, image: &str) -> String {
+        self.start(BgtaskKind::Pull, image)
+    }
+
+    fn start(&self, kind: BgtaskKind, image: &str) -> String {
         let id = uuid::Uuid::new_v4().to_string();
         let at = now();
         let state = BgtaskState {
             bgtask_id: id.clone(),
-            kind: BgtaskKind::Push,
+            kind,
             image: image.to_owned(),
             status: BgtaskStatus::Ongoing,
             started_at: at,
@@ -69,6 +93,8 @@ impl Bgtasks {
                 layers: HashMap::new(),
             },
         );
+        drop(table);
+        self.changed.notify_one();
         id
     }
 
@@ -114,6 +140,8 @@ impl Bgtasks {
                 layers: HashMap::new(),
             },
         );
+        drop(table);
+        self.changed.notify_one();
         if busy {
             Err(id)
         } else {
@@ -169,6 +197,7 @@ impl Bgtasks {
             f(&mut e.state);
             e.state.finished_at = Some(now());
         }
+        self.changed.notify_one();
     }
 
     /// The task's state, or `None` when unknown.

@@ -49,6 +49,10 @@ pub struct AgentContext {
     pub node: super::node::NodeState,
     /// Image pulls: one engine pull per image at a time, with progress (`pulls.rs`).
     pub pulls: Arc<super::pulls::ImagePulls>,
+    /// Background tasks (commit, push, pull), told to Backend.AI's manager through Valkey.
+    pub bgtasks: super::bgtasks::Bgtasks,
+    /// Backend.AI's live stats (node, kernels, processes), written to Valkey (`valkey/`).
+    pub live_stats: Arc<super::stats::live::LiveStats>,
 }
 
 impl AgentContext {

@@ -16,7 +16,17 @@ pub use crate::rpc::intake_api::events::{AgentEvent, StartedInfo, StartedService
 #[derive(Clone, Debug)]
 pub struct EventBus {
     subscribers: broadcast::Sender<AgentEvent>,
-    outbox: Option<mpsc::UnboundedSender<AgentEvent>>,
+    outbox: Option<mpsc::UnboundedSender<Queued>>,
+}
+
+/// An event on its way to the outbox writer, which drops a kernel status repeating the
+/// kernel's last one unless it is sent `again` on purpose ([`EventBus::emit_again`]).
+#[derive(Clone, Debug)]
+pub struct Queued {
+    /// The event.
+    pub event: AgentEvent,
+    /// A deliberate re-send: kept even when it repeats its kernel's last state.
+    pub again: bool,
 }
 
 impl Default for EventBus {
@@ -30,7 +40,7 @@ impl Default for EventBus {
 
 impl EventBus {
     /// A bus that also feeds the outbox writer through `outbox`.
-    pub fn with_outbox(outbox: mpsc::UnboundedSender<AgentEvent>) -> Self {
+    pub fn with_outbox(outbox: mpsc::UnboundedSender<Queued>) -> Self {
         EventBus {
             outbox: Some(outbox),
             ..EventBus::default()
@@ -39,14 +49,29 @@ impl EventBus {
 
     /// Publishes `event` to the outbox writer and the current subscribers (none is fine).
     pub fn emit(&self, event: AgentEvent) {
+        self.publish(event, false);
+    }
+
+    /// Publishes `event` as [`EventBus::emit`] does, and delivers it even when it repeats its
+    /// kernel's last state: `kernel_started` sent again for a `create_kernels` retry.
+    pub fn emit_again(&self, event: AgentEvent) {
+        self.publish(event, true);
+    }
+
+    fn publish(&self, event: AgentEvent, again: bool) {
         tracing::debug!(
             event = event.name(),
             kernel_id = event.kernel_id(),
+            again,
             ?event,
             "event"
         );
         if let Some(outbox) = &self.outbox {
-            if outbox.send(event.clone()).is_err() {
+            let queued = Queued {
+                event: event.clone(),
+                again,
+            };
+            if outbox.send(queued).is_err() {
                 tracing::warn!(
                     event = event.name(),
                     kernel_id = event.kernel_id(),

@@ -331,6 +331,7 @@ mod tests {
             id: format!("sha256:{size}"),
             tags: tags.iter().map(|t| t.to_string()).collect(),
             size_bytes: size,
+            labels: Default::default(),
         }
     }
 

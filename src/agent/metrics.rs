@@ -55,10 +55,13 @@ pub struct AgentMetrics {
     stage_duration: HistogramVec,
     stage_failures: IntCounterVec,
     kernel_restarts: IntCounterVec,
+    create_retries: IntCounterVec,
     outbox_depth: IntGauge,
     bus_outbox_depth: IntGauge,
     bus_published: IntCounterVec,
     bus_failures: IntCounterVec,
+    valkey_writes: IntCounterVec,
+    valkey_failures: IntCounterVec,
     image_pulls: IntCounterVec,
     exec_runs: IntGauge,
     exec_buffered: IntGauge,
@@ -274,6 +277,14 @@ impl AgentMetrics {
                 "Kernel containers restarted by their restart policy, by why the container ended.",
                 &["reason"],
             ),
+            create_retries: counter(
+                &r,
+                "kernelvisor_create_kernels_retries",
+                "Kernels named again by a create_kernels retry, by how they were answered \
+                 (joined: still being created; running: answered as they run, kernel_started \
+                 sent again)",
+                &["answer"],
+            ),
             outbox_dropped: counter(
                 &r,
                 "kernelvisor_outbox_dropped_events",
@@ -319,6 +330,18 @@ impl AgentMetrics {
                 "kernelvisor_bus_publish_failures",
                 "Failed attempts to publish on Backend.AI's bus (retried), by reason",
                 &["reason"],
+            ),
+            valkey_writes: counter(
+                &r,
+                "kernelvisor_valkey_writes",
+                "Writes of Backend.AI's side channels Valkey accepted, by channel",
+                &["channel"],
+            ),
+            valkey_failures: counter(
+                &r,
+                "kernelvisor_valkey_write_failures",
+                "Writes of Backend.AI's side channels that failed (written again on the channel's next turn), by channel and reason",
+                &["channel", "reason"],
             ),
             image_pulls: counter(
                 &r,
@@ -522,6 +545,12 @@ impl AgentMetrics {
         self.kernel_restarts.with_label_values(&[reason]).inc();
     }
 
+    /// A kernel named again by a `create_kernels` retry, answered `joined` (its creation was
+    /// still going on) or `running`.
+    pub fn create_retried(&self, answer: &str) {
+        self.create_retries.with_label_values(&[answer]).inc();
+    }
+
     /// The outbox holds `depth` events of at most `capacity`.
     pub fn outbox(&self, depth: i64, capacity: i64) {
         self.outbox_depth.set(depth);
@@ -542,6 +571,21 @@ impl AgentMetrics {
     /// `encode` (`kernelvisor_bus_publish_failures_total{reason}`).
     pub fn bus_publish_failed(&self, reason: &str) {
         self.bus_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// One write of side channel `channel` (`presence`, `images`, `node-stats`,
+    /// `kernel-stats`, `process-stats`, `bgtask`) accepted by Valkey
+    /// (`kernelvisor_valkey_writes_total{channel}`).
+    pub fn valkey_written(&self, channel: &str) {
+        self.valkey_writes.with_label_values(&[channel]).inc();
+    }
+
+    /// A failed write of side channel `channel`: `reason` is `connect`, `io` or `rejected`
+    /// (`kernelvisor_valkey_write_failures_total{channel,reason}`).
+    pub fn valkey_write_failed(&self, channel: &str, reason: &str) {
+        self.valkey_failures
+            .with_label_values(&[channel, reason])
+            .inc();
     }
 
     /// An engine pull of an image ended: `result` is `pulled`, `not-found`, `unreachable`,

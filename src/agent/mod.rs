@@ -10,7 +10,8 @@
 //! ├─ exec-reaper      runs nobody reads for exec-idle-timeout are killed (exec/)
 //! ├─ transfer-reaper  uploads and downloads nobody continues are dropped (files/transfer.rs)
 //! ├─ log-retention    kept kernel logs past [container] log-retention are removed (logs.rs)
-//! ├─ stats            node / container / GPU sampling → gauges (stats/)
+//! ├─ stats            node / container / GPU sampling → gauges, live stats (stats/)
+//! ├─ valkey           presence, images, live stats, bgtasks → Valkey (valkey/) ┤ with [redis]
 //! ├─ metrics          Prometheus text on [agent] service-addr /metrics (metrics_server.rs)
 //! ├─ heartbeat        every heartbeat-interval to the manager (heartbeat.rs)
 //! └─ rpc              callosum over ZeroMQ, CURVE (rpc_endpoint.rs, methods/)
@@ -58,6 +59,7 @@ pub mod runner;
 pub mod services;
 pub mod stats;
 pub mod store;
+pub mod valkey;
 pub mod watcher;
 
 use std::sync::{Arc, Mutex};
@@ -210,7 +212,7 @@ impl Agent {
         };
 
         // The tree, in start order (see the module doc); `None`: a child its config leaves out.
-        let children: [Option<ChildSpec>; 12] = [
+        let children: [Option<ChildSpec>; 13] = [
             link.map(|l| event_sender::child_spec(l.sender)),
             bus.map(|(_, sender)| bus::sender::child_spec(sender)),
             writer.map(|(writer, rx)| outbox::child_spec(writer, rx)),
@@ -229,6 +231,7 @@ impl Agent {
                 registry.clone(),
                 config.stats.clone(),
             )),
+            valkey::child_spec(&config, ctx.clone(), registry.clone()),
             Some(metrics_server::child_spec(metrics_server, metrics.clone())),
             Some(heartbeat::child_spec(
                 ctx.clone(),
@@ -290,10 +293,10 @@ impl Agent {
         self.metrics_addr
     }
 
-    /// Stops the tree in reverse order (RPC, heartbeat, metrics, stats, the three sweeps,
-    /// watcher, kernels — detached or destroyed per `mode` — then the outbox writer, which
-    /// stores the last events such as `agent_terminated`, then the event sender's last delivery
-    /// attempt), then closes the store.
+    /// Stops the tree in reverse order (RPC, heartbeat, metrics, the Valkey writer, stats, the
+    /// three sweeps, watcher, kernels — detached or destroyed per `mode` — then the outbox
+    /// writer, which stores the last events such as `agent_terminated`, then the event sender's
+    /// last delivery attempt), then closes the store.
     pub async fn shutdown(self, mode: OnShutdown) {
         self.final_shutdown.begin(mode);
         let exit = self.root.shutdown().await;
@@ -350,6 +353,8 @@ fn context(
             metrics.clone(),
             c.image_pull_timeout.0,
         )),
+        bgtasks: bgtasks::Bgtasks::default(),
+        live_stats: Arc::default(),
         config: config.clone(),
     }))
 }

@@ -3,7 +3,8 @@
 //! never drop a message; ack after durable enqueue).
 //!
 //! [`OutboxWriter`] takes events off the agent's [`EventBus`](super::events::EventBus), drops
-//! a kernel status that repeats the kernel's last one (not re-sent), and appends the rest in
+//! a kernel status that repeats the kernel's last one (unless deliberately sent again,
+//! [`EventBus::emit_again`](super::events::EventBus::emit_again)), and appends the rest in
 //! one transaction per batch (group commit). The outbox is bounded: when full it first drops
 //! superseded status events (a kernel's older states, when a later one of the same kernel is
 //! pending: the manager's end state is unchanged), then the newest events, with a warning and
@@ -16,7 +17,7 @@ use actors::{ChildSpec, Shutdown, StopSignal};
 use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, Notify};
 
-use super::events::AgentEvent;
+use super::events::{AgentEvent, Queued};
 use super::metrics::AgentMetrics;
 use super::store::{now, Store};
 
@@ -201,10 +202,11 @@ impl Outbox {
 }
 
 /// Remembers each kernel's last enqueued state, to drop repeats; bounded to the most recent
-/// 16384 kernels so that a long-lived agent does not grow.
+/// 16384 kernels so that a long-lived agent does not grow. A `kernel_started` naming another
+/// container than the last (a `restart_kernel` recreated it) is a new state.
 #[derive(Default)]
 struct LastStates {
-    state: HashMap<String, &'static str>,
+    state: HashMap<String, (&'static str, Option<String>)>,
     order: VecDeque<String>,
 }
 
@@ -219,9 +221,16 @@ impl LastStates {
         if !event.is_kernel_status() {
             return true;
         }
-        let name = event.name();
-        match self.state.insert(kernel_id.to_owned(), name) {
-            Some(previous) => previous != name,
+        let container = match event {
+            AgentEvent::KernelStarted {
+                creation_info: Some(info),
+                ..
+            } => Some(info.container_id.clone()),
+            _ => None,
+        };
+        let state = (event.name(), container);
+        match self.state.insert(kernel_id.to_owned(), state.clone()) {
+            Some(previous) => previous != state,
             None => {
                 self.order.push_back(kernel_id.to_owned());
                 if self.order.len() > Self::MAX {
@@ -232,6 +241,11 @@ impl LastStates {
                 true
             }
         }
+    }
+
+    /// Whether `q` is written: new, or sent again on purpose (its state recorded either way).
+    fn keeps(&mut self, q: &Queued) -> bool {
+        self.is_new(&q.event) || q.again
     }
 }
 
@@ -279,7 +293,7 @@ pub struct OutboxWriter {
 /// The agent tree's `outbox-writer` child: runs `writer` on the event bus's channel `rx` until
 /// stopped. A restart goes on with the same channel; its stop waits up to 10 s for the last
 /// append.
-pub fn child_spec(writer: OutboxWriter, rx: mpsc::UnboundedReceiver<AgentEvent>) -> ChildSpec {
+pub fn child_spec(writer: OutboxWriter, rx: mpsc::UnboundedReceiver<Queued>) -> ChildSpec {
     let writer = Arc::new(writer);
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     ChildSpec::task("outbox-writer", move |stop: StopSignal| {
@@ -300,7 +314,7 @@ impl OutboxWriter {
     /// is already queued and returns.
     pub async fn run(
         &self,
-        rx: &mut mpsc::UnboundedReceiver<AgentEvent>,
+        rx: &mut mpsc::UnboundedReceiver<Queued>,
         stop: impl std::future::Future<Output = ()>,
     ) {
         let mut last = LastStates::default();
@@ -330,9 +344,13 @@ impl OutboxWriter {
         }
     }
 
-    async fn write(&self, last: &mut LastStates, batch: Vec<AgentEvent>) {
+    async fn write(&self, last: &mut LastStates, batch: Vec<Queued>) {
         let before = batch.len();
-        let batch: Vec<AgentEvent> = batch.into_iter().filter(|e| last.is_new(e)).collect();
+        let batch: Vec<AgentEvent> = batch
+            .into_iter()
+            .filter(|q| last.keeps(q))
+            .map(|q| q.event)
+            .collect();
         for _ in batch.len()..before {
             self.metrics.event_deduplicated();
         }
@@ -429,6 +447,28 @@ mod tests {
         assert!(!last.is_new(&terminated("k1")));
         assert!(last.is_new(&AgentEvent::AgentStarted));
         assert!(last.is_new(&AgentEvent::AgentStarted));
+        // Another container (restart_kernel recreated it): a new state.
+        let in_container = |c: &str| AgentEvent::KernelStarted {
+            kernel_id: "k4".into(),
+            session_id: "s".into(),
+            creation_info: Some(Box::new(crate::agent::events::StartedInfo {
+                container_id: c.into(),
+                kernel_host: "127.0.0.1".into(),
+                repl_in_port: 0,
+                repl_out_port: 0,
+                service_ports: Vec::new(),
+                used_devices: Default::default(),
+            })),
+        };
+        assert!(last.is_new(&in_container("c1")));
+        assert!(!last.is_new(&in_container("c1")));
+        assert!(last.is_new(&in_container("c2")));
+        // Sent again on purpose (a create_kernels retry's kernel_started): kept.
+        let again = |event, again| Queued { event, again };
+        assert!(last.keeps(&again(started("k3"), false)));
+        assert!(!last.keeps(&again(started("k3"), false)));
+        assert!(last.keeps(&again(started("k3"), true)));
+        assert!(!last.keeps(&again(started("k3"), false)));
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use ::actors::{AddChild, ChildSpec, RestartType, Shutdown, Supervisor};
 use actix::prelude::*;
-use futures::future::join_all;
+use futures::future::{join_all, FutureExt, LocalBoxFuture, Shared};
 use tokio::sync::{oneshot, Semaphore};
 
 use super::context::AgentContext;
@@ -21,6 +21,17 @@ use crate::config::OnShutdown;
 
 /// Creates the kernels of one session; all or nothing: if one fails, the others are
 /// destroyed and the first error is returned.
+///
+/// A retry (every kernel id already held here, for the same session) creates nothing: a kernel
+/// still being created is joined (the answer is its creation's, when it ends), a `RUNNING` one
+/// is answered as it is now and its `kernel_started` published again. Backend.AI's 26.x
+/// manager re-sends `create_kernels` for a session whose kernels it has not seen start
+/// (`SessionLauncher._start_single_session`, `ai/backend/manager/sokovan/scheduler/launcher/
+/// launcher.py`, leaves a failed start to the coordinator's timeout, which starts it again).
+/// Upstream's agent itself (`AbstractAgent.create_kernel`, `ai/backend/agent/agent.py`, 26.9.6)
+/// refuses a second creation in progress (`track_create`: `ResourceError("Kernel creation
+/// already in progress")`) and would run a second creation over a running kernel; answering
+/// the retry is what makes the manager's re-send safe.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Vec<KernelInfo>, KernelError>")]
 pub struct CreateKernels {
@@ -110,6 +121,20 @@ struct Attached(String, Addr<Kernel>);
 struct Entry {
     addr: Option<Addr<Kernel>>,
     handle: KernelHandle,
+    /// The `create_kernels` call that made the kernel and the kernel's place in its answer
+    /// (`None` for a kernel adopted at start-up): a retry joins it.
+    creation: Option<(Creation, usize)>,
+}
+
+/// One `create_kernels` call's outcome, shared by its retries.
+type Creation = Shared<LocalBoxFuture<'static, Result<Vec<KernelInfo>, KernelError>>>;
+
+/// How a kernel named again by a `create_kernels` retry is answered.
+enum Retry {
+    /// Its creation has not ended: its outcome, when it does.
+    Join(Creation, usize),
+    /// Created and `RUNNING`: as it is now, with `kernel_started` again.
+    Running(KernelHandle),
 }
 
 /// The agent's kernel index.
@@ -195,104 +220,187 @@ impl Handler<KernelGone> for KernelRegistry {
     }
 }
 
+impl KernelRegistry {
+    /// How `create_kernels` names kernel `id` of session `session_id` again, when it is held
+    /// here (`None`: it is not).
+    ///
+    /// Errors: [`KernelError::InvalidConfig`] for another session's kernel;
+    /// [`KernelError::NotRunning`] for one that was created and is no longer `RUNNING`
+    /// (restarting, terminating).
+    fn retry_of(&self, id: &str, session_id: &str) -> Result<Option<Retry>, KernelError> {
+        let Some(e) = self.kernels.get(id) else {
+            return Ok(None);
+        };
+        if e.handle.session_id != session_id {
+            return Err(KernelError::InvalidConfig(format!(
+                "duplicate kernel id {id}: a kernel of session {} holds it",
+                e.handle.session_id
+            )));
+        }
+        match &e.creation {
+            // Still being created (or its failure is being cleaned up): its outcome.
+            Some((c, i)) if c.peek().is_none_or(Result::is_err) => {
+                Ok(Some(Retry::Join(c.clone(), *i)))
+            }
+            _ => match e.handle.info().status {
+                KernelStatus::Running => Ok(Some(Retry::Running(e.handle.clone()))),
+                status => Err(KernelError::NotRunning(id.to_owned(), status.as_str())),
+            },
+        }
+    }
+
+    /// A retry's answer: every kernel as its creation answered it, or as it runs now.
+    fn answer_retry(&self, retries: Vec<Retry>) -> LocalBoxFuture<'static, CreateResult> {
+        for r in &retries {
+            self.ctx.metrics.create_retried(match r {
+                Retry::Join(..) => "joined",
+                Retry::Running(_) => "running",
+            });
+        }
+        async move {
+            let mut infos = Vec::with_capacity(retries.len());
+            for r in retries {
+                infos.push(match r {
+                    Retry::Join(creation, i) => creation.await?.swap_remove(i),
+                    Retry::Running(handle) => {
+                        let info = handle.info();
+                        if info.status != KernelStatus::Running {
+                            // Ended meanwhile: its own events say so.
+                            return Err(KernelError::NotRunning(info.id, info.status.as_str()));
+                        }
+                        handle.announce_started();
+                        info
+                    }
+                });
+            }
+            Ok(infos)
+        }
+        .boxed_local()
+    }
+}
+
+type CreateResult = Result<Vec<KernelInfo>, KernelError>;
+
 impl Handler<CreateKernels> for KernelRegistry {
-    type Result = ResponseActFuture<Self, Result<Vec<KernelInfo>, KernelError>>;
+    type Result = ResponseActFuture<Self, CreateResult>;
 
     fn handle(&mut self, msg: CreateKernels, ctx: &mut Context<Self>) -> Self::Result {
         let checked = (|| {
             let mut seen = std::collections::HashSet::new();
+            let mut retries = Vec::new();
             for (id, _) in &msg.kernels {
                 check_kernel_id(id)?;
-                if self.kernels.contains_key(id) || !seen.insert(id.as_str()) {
+                if !seen.insert(id.as_str()) {
                     return Err(KernelError::InvalidConfig(format!(
                         "duplicate kernel id {id}"
                     )));
                 }
+                retries.extend(self.retry_of(id, &msg.session_id)?);
             }
-            Ok(())
+            match retries.len() {
+                0 => Ok(None),
+                n if n == msg.kernels.len() => Ok(Some(retries)),
+                // A retry names the kernels of its first call, all of them.
+                _ => Err(KernelError::InvalidConfig(format!(
+                    "{} of the {} kernel ids are already held here for session {}, the others \
+                     not: a retry of create_kernels names the kernels of its first call",
+                    retries.len(),
+                    msg.kernels.len(),
+                    msg.session_id
+                ))),
+            }
         })();
-        if let Err(e) = checked {
-            return Box::pin(fut::ready(Err(e)));
+        match checked {
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+            Ok(Some(retries)) => {
+                tracing::info!(agent_id = %self.ctx.agent_id, session_id = %msg.session_id, kernels = retries.len(), "create_kernels retried: answered from the kernels held here");
+                return Box::pin(self.answer_retry(retries).into_actor(self));
+            }
+            Ok(None) => {}
         }
         let me = ctx.address();
         let handles: Vec<KernelHandle> = msg
             .kernels
             .into_iter()
-            .map(|(id, config)| {
-                let handle = self.handle_for(&id, &msg.session_id, config);
-                // Entered now so that a concurrent request with the same id is refused.
-                self.kernels.insert(
-                    id,
-                    Entry {
-                        addr: None,
-                        handle: handle.clone(),
-                    },
-                );
-                handle
-            })
+            .map(|(id, config)| self.handle_for(&id, &msg.session_id, config))
             .collect();
         let (store, creation, sup) = (
             self.ctx.store.clone(),
             self.creation.clone(),
             self.kernels_sup.clone(),
         );
-        Box::pin(
-            async move {
+        let setups: Vec<_> = handles
+            .iter()
+            .cloned()
+            .map(|handle| {
+                let (store, creation, sup, me) =
+                    (store.clone(), creation.clone(), sup.clone(), me.clone());
                 // Per kernel: record it (before any resource exists, so a crash is cleaned up on
                 // the next start), start its actor, set it up under the concurrency limit.
-                let setups = handles.into_iter().map(|handle| {
-                    let (store, creation, sup, me) =
-                        (store.clone(), creation.clone(), sup.clone(), me.clone());
-                    async move {
-                        let refused = match store
-                            .insert_kernel(&handle.id, &handle.session_id, &handle.info().config)
-                            .await
-                        {
-                            Ok(true) => None,
-                            Ok(false) => Some(KernelError::InvalidConfig(format!(
-                                "duplicate kernel id {}",
-                                handle.id
-                            ))),
-                            Err(e) => Some(KernelError::Engine(format!("store: {e}"))),
-                        };
-                        if let Some(e) = refused {
-                            me.do_send(KernelGone(handle.id.clone()));
-                            return Err(e);
-                        }
-                        let addr = KernelRegistry::spawn(sup, handle, None, me).await?;
-                        let _permit = creation
-                            .acquire_owned()
-                            .await
-                            .expect("the semaphore is never closed");
-                        let info = addr
-                            .send(Setup)
-                            .await
-                            .map_err(|e| KernelError::Engine(e.to_string()))??;
-                        Ok((addr, info))
-                    }
-                });
-                let mut ok = Vec::new();
-                let mut first_error = None;
-                for r in join_all(setups).await {
-                    match r {
-                        Ok(x) => ok.push(x),
-                        Err(e) => first_error = first_error.or(Some(e)),
-                    }
-                }
-                if let Some(e) = first_error {
-                    // All or nothing: the kernels that did come up go too.
-                    let stop = || Terminate {
-                        reason: "session-creation-failed".into(),
-                        exit_code: None,
-                        suppress_events: false,
+                async move {
+                    let refused = match store
+                        .insert_kernel(&handle.id, &handle.session_id, &handle.info().config)
+                        .await
+                    {
+                        Ok(true) => None,
+                        Ok(false) => Some(KernelError::InvalidConfig(format!(
+                            "duplicate kernel id {}",
+                            handle.id
+                        ))),
+                        Err(e) => Some(KernelError::Engine(format!("store: {e}"))),
                     };
-                    join_all(ok.iter().map(|(a, _)| a.send(stop()))).await;
-                    return Err(e);
+                    if let Some(e) = refused {
+                        me.do_send(KernelGone(handle.id.clone()));
+                        return Err(e);
+                    }
+                    let addr = KernelRegistry::spawn(sup, handle, None, me).await?;
+                    let _permit = creation
+                        .acquire_owned()
+                        .await
+                        .expect("the semaphore is never closed");
+                    let info = addr
+                        .send(Setup)
+                        .await
+                        .map_err(|e| KernelError::Engine(e.to_string()))??;
+                    Ok((addr, info))
                 }
-                Ok(ok.into_iter().map(|(_, info)| info).collect())
+            })
+            .collect();
+        let created: Creation = async move {
+            let mut ok = Vec::new();
+            let mut first_error = None;
+            for r in join_all(setups).await {
+                match r {
+                    Ok(x) => ok.push(x),
+                    Err(e) => first_error = first_error.or(Some(e)),
+                }
             }
-            .into_actor(self),
-        )
+            if let Some(e) = first_error {
+                // All or nothing: the kernels that did come up go too.
+                let stop = || Terminate {
+                    reason: "session-creation-failed".into(),
+                    exit_code: None,
+                    suppress_events: false,
+                };
+                join_all(ok.iter().map(|(a, _)| a.send(stop()))).await;
+                return Err(e);
+            }
+            Ok(ok.into_iter().map(|(_, info)| info).collect())
+        }
+        .boxed_local()
+        .shared();
+        for (i, handle) in handles.into_iter().enumerate() {
+            // Entered now so that a concurrent request with the same id joins this one.
+            self.kernels.insert(
+                handle.id.clone(),
+                Entry {
+                    addr: None,
+                    handle,
+                    creation: Some((created.clone(), i)),
+                },
+            );
+        }
+        Box::pin(created.into_actor(self))
     }
 }
 
@@ -320,6 +428,7 @@ impl Handler<Adopt> for KernelRegistry {
             Entry {
                 addr: None,
                 handle: handle.clone(),
+                creation: None,
             },
         );
         let spawned = KernelRegistry::spawn(

@@ -366,6 +366,9 @@ pub struct StatsSection {
     pub container_interval: Seconds,
     /// Seconds between GPU samples (NVML; default 5).
     pub gpu_interval: Seconds,
+    /// Seconds between samples of each kernel's processes (`/proc`; default 30, upstream's
+    /// `utilization-metric.process.interval`); written only to Valkey, with `[redis]`.
+    pub process_interval: Seconds,
 }
 
 impl Default for StatsSection {
@@ -375,6 +378,7 @@ impl Default for StatsSection {
             node_interval: five,
             container_interval: five,
             gpu_interval: five,
+            process_interval: Seconds(std::time::Duration::from_secs(30)),
         }
     }
 }
@@ -412,11 +416,15 @@ pub struct AgentSection {
     /// The region reported in heartbeats (default `local`).
     #[serde(default = "default_region")]
     pub region: String,
-    /// The scaling group (resource group) the agent joins, sent in `agent_heartbeat`'s
-    /// `AgentInfo` on Backend.AI's bus (Backend.AI's `initial-resource-group-name`; default
-    /// `default`).
-    #[serde(default = "default_scaling_group")]
-    pub scaling_group: String,
+    /// `scaling-group`: the scaling group (resource group) the agent joins; read it with
+    /// [`AgentSection::scaling_group`].
+    #[serde(default)]
+    scaling_group: Option<String>,
+    /// `initial-resource-group-name`: the same setting as Backend.AI 26.8+ spells it
+    /// (BEP-1059; its agent refuses `scaling-group` since, `AgentConfig` in
+    /// `ai/backend/agent/config/unified.py`); read it with [`AgentSection::scaling_group`].
+    #[serde(default)]
+    initial_resource_group_name: Option<String>,
     /// The RPC address the manager should dial, sent in heartbeats (default: the bound
     /// `rpc-listen-addr`; set it when that is `0.0.0.0` and the manager is on another host).
     #[serde(default)]
@@ -445,8 +453,16 @@ fn default_service_addr() -> HostPort {
     }
 }
 
-fn default_scaling_group() -> String {
-    "default".into()
+impl AgentSection {
+    /// The scaling group (resource group) the agent joins, sent in `agent_heartbeat`'s
+    /// `AgentInfo` on Backend.AI's bus: `scaling-group` or `initial-resource-group-name`,
+    /// whichever is given (the config check refuses the two disagreeing), else `default`.
+    pub fn scaling_group(&self) -> &str {
+        self.scaling_group
+            .as_deref()
+            .or(self.initial_resource_group_name.as_deref())
+            .unwrap_or("default")
+    }
 }
 
 fn default_region() -> String {
@@ -604,9 +620,25 @@ impl AgentConfig {
                 ));
             }
         }
-        if a.scaling_group.trim().is_empty() {
+        if let (Some(sg), Some(rg)) = (&a.scaling_group, &a.initial_resource_group_name) {
+            if sg != rg {
+                return Err(ConfigError::Invalid(
+                    "agent.initial-resource-group-name",
+                    format!(
+                        "is {rg:?} but scaling-group is {sg:?}: the two name one setting \
+                         (Backend.AI 26.8+ spells it initial-resource-group-name); give one, \
+                         or both the same"
+                    ),
+                ));
+            }
+        }
+        if a.scaling_group().trim().is_empty() {
             return Err(ConfigError::Invalid(
-                "agent.scaling-group",
+                if a.scaling_group.is_some() {
+                    "agent.scaling-group"
+                } else {
+                    "agent.initial-resource-group-name"
+                },
                 "must not be empty".into(),
             ));
         }

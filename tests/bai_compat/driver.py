@@ -38,6 +38,19 @@ labels, `kernelvisor-test-py:latest`) is driven as a persistent Python REPL (`ru
 `shutdown_service_hello`, `start_service_hello_again`), then `destroy_kernel` and
 `check_running_after_destroy`.
 
+`--scenario retries --hold-file PATH`: the answers upstream's manager expects when it sends a
+call again (`retries_steps`). The launcher's `create_kernels` is sent twice at once, each kernel
+config carrying kernelvisor's test-only `_inject` `hold_before` (its container stage waits until
+PATH exists on the agent's host): the driver prints `{"pause": "creates_sent"}` and waits for one
+line on stdin, while the caller sees the second call join the first (the agent's
+`kernelvisor_create_kernels_retries_total{answer="joined"}`) and creates PATH; both answers must
+be the same (`create_kernels`, `create_kernels_joined`). Once the kernel runs:
+`create_kernels_again` (the launcher a third time, the real configs: the creation result again),
+`one_container` (a `{"pause": "count_containers"}` answered with the number of containers
+labelled with the kernel id, which must be 1), `restart_kernel_partial` (`restart_kernel` with
+only `environ` in `updated_config`, merged over the stored config as upstream's agent does) and
+`check_running_after_restart` (the new environment seen by `execute`), then `destroy_kernel`.
+
 `--only STEP,...`: only the named steps run (`create_kernels`, through the launcher, always does);
 tests/it/bai_events.rs creates and destroys one kernel this way while the real consumer reads the
 agent's events off Redis.
@@ -53,6 +66,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextvars
 import decimal
 import enum
 import json
@@ -712,6 +726,103 @@ async def runner_steps(step: Any, run_code: Any, ids: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Retries: create_kernels again, restart_kernel with a partial config
+
+# The keys of upstream's `create_kernels` reply (`AgentRPCServer.create_kernels`,
+# ai/backend/agent/server.py): a retry must answer them as the first call did.
+CREATION_RESULT_KEYS = (
+    "id",
+    "kernel_host",
+    "repl_in_port",
+    "repl_out_port",
+    "stdin_port",
+    "stdout_port",
+    "service_ports",
+    "container_id",
+    "resource_spec",
+    "attached_devices",
+    "agent_addr",
+    "scaling_group",
+)
+
+
+# The answer of one launcher call (`start_session` in `main`), per asyncio task.
+ANSWER: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("ANSWER")
+
+
+def same_creation_result(first: Any, again: Any, what: str) -> None:
+    """`again` answers every kernel of `first` with the same `KernelCreationResult` keys."""
+    check(isinstance(again, (list, tuple)), f"{what} answered {again!r}, not a list")
+    check(len(again) == len(first), f"{what}: {len(again)} results for {len(first)} kernels")
+    for a, b in zip(first, again, strict=True):
+        for k in CREATION_RESULT_KEYS:
+            check(k in b, f"{what}: no {k!r} in {b!r}")
+            check(a[k] == b[k], f"{what}: {k} is {b[k]!r}, the first call answered {a[k]!r}")
+
+
+async def ask_host(pause: str, **fields: Any) -> str:
+    """Prints `{"pause": pause, ...}` and waits (at most 180 s) for the caller's one line."""
+    print(json.dumps({"pause": pause, **fields}), flush=True)
+    loop = asyncio.get_running_loop()
+    reply = await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), 180)
+    return reply.strip() or "no answer on stdin"
+
+
+async def retries_steps(
+    step: Any, start_session: Any, run_code: Any, poll_running: Any, ids: dict[str, Any]
+) -> None:
+    """After `create_kernels` (sent twice at once, the second joining the first):
+    `create_kernels_again` through the launcher once the kernel runs, `one_container`,
+    `restart_kernel_partial` and `check_running_after_restart`."""
+    session_id, kernel_id = ids["session_id"], ids["kernel_id"]
+    first = ids["created"]
+
+    async def create_again(c: Any) -> Any:
+        check(first is not None, "create_kernels answered nothing")
+        again = await start_session()
+        same_creation_result(first, again, "create_kernels again")
+        running = await c.check_running(kernel_id)
+        check(running is True, f"check_running answered {running!r} after the retry")
+        return again
+
+    await step("create_kernels_again", "create_kernels", create_again, timeout=120)
+
+    answer = await ask_host("count_containers", kernel_id=str(kernel_id))
+    emit(
+        "one_container",
+        answer == "1",
+        value=answer,
+        error=f"{answer} containers labelled with the kernel id, want 1",
+    )
+
+    mark = "kv-partial-42"
+
+    async def restart_partial(c: Any) -> Any:
+        # Only `environ` (all of it, as upstream's merge replaces the key whole): upstream's
+        # agent merges `{**stored, **update}` (AbstractAgent.restart_kernel, agent.py).
+        environ = {**ids["kernel_config"]["environ"], "KV_RESTART_MARK": mark}
+        r = await c.restart_kernel(session_id, kernel_id, ids["image_ref"], {"environ": environ})
+        check(isinstance(r, dict), f"restart_kernel answered {r!r}, not a map")
+        old = first[0]["container_id"] if first else None
+        check(
+            r.get("container_id") not in (None, old),
+            f"restart_kernel answered container {r.get('container_id')!r}, the old one was {old}",
+        )
+        return r
+
+    await step("restart_kernel_partial", "restart_kernel", restart_partial, timeout=180)
+
+    async def running_after_restart(c: Any) -> Any:
+        r = await poll_running(c, "restart_kernel", "restart_kernel_partial" in FAILED)
+        out = await run_code(c, "echo mark=$KV_RESTART_MARK")
+        text = console_text(out["console"], "stdout")
+        check(f"mark={mark}" in text, f"the updated environ is not seen: {out!r}")
+        return {**r, "stdout": text}
+
+    await step("check_running_after_restart", "check_running", running_after_restart, timeout=90)
+
+
+# ---------------------------------------------------------------------------------------------
 # The run
 
 
@@ -934,11 +1045,20 @@ async def main(args: argparse.Namespace) -> int:
     # Keep what the launcher passed and what came back (the launcher itself drops both).
     created: dict[str, Any] = {}
     real_create_kernels = AgentClient.create_kernels
+    # `--scenario retries`: the launcher's configs held at the agent's container stage until
+    # the caller creates the file (kernelvisor's test-only `_inject`), while `hold` is set.
+    hold = {"on": args.scenario == "retries"}
 
     async def capturing_create_kernels(self: AgentClient, *a: Any, **kw: Any) -> Any:
+        if hold["on"]:
+            for config in a[2]:
+                config["_inject"] = {"hold_before": ["container", args.hold_file]}
         created["args"] = a
         try:
             created["result"] = await real_create_kernels(self, *a, **kw)
+            box = ANSWER.get(None)
+            if box is not None:
+                box["result"] = created["result"]
         except BaseException as e:
             created["error"] = e
             raise
@@ -946,12 +1066,51 @@ async def main(args: argparse.Namespace) -> int:
 
     AgentClient.create_kernels = capturing_create_kernels  # type: ignore[method-assign]
 
+    async def start_session() -> Any:
+        """The launcher's `create_kernels` for the session; what the agent answered (the
+        launcher drops it, and puts an error into the repository)."""
+        answer: dict[str, Any] = {}
+        # Each task its own: `capturing_create_kernels` puts the answer there.
+        ANSWER.set(answer)
+        repository.error_info = None
+        await launcher._start_single_session(session, {image_id: image_config_data})
+        check(repository.error_info is None, f"launcher error: {repository.error_info!r}")
+        check("result" in answer, "the launcher did not call create_kernels")
+        return answer["result"]
+
+    async def joined_failed(_c: AgentClient) -> Any:
+        raise StepFailed("create_kernels failed: nothing to compare")
+
     since = len(RECORDED)
-    try:
-        async with asyncio.timeout(180):
-            await launcher._start_single_session(session, {image_id: image_config_data})
-    except Exception as e:
-        created.setdefault("error", e)
+    if args.scenario == "retries":
+        # The launcher twice at once: whichever call reaches the agent second joins the first.
+        calls = [asyncio.create_task(start_session()) for _ in range(2)]
+        released = await ask_host("creates_sent", kernel_id=str(kernel_id))
+        hold["on"] = False
+        try:
+            async with asyncio.timeout(180):
+                answers = await asyncio.gather(*calls, return_exceptions=True)
+        except TimeoutError as e:
+            answers = [e, e]
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if released != "ok":
+            created.setdefault("error", StepFailed(f"the caller answered {released!r}"))
+        elif errors:
+            created.setdefault("error", errors[0])
+        else:
+            created["result"] = answers[0]
+
+            async def joined(_c: AgentClient) -> Any:
+                same_creation_result(answers[0], answers[1], "the joined create_kernels")
+                return answers[1]
+
+            created["joined"] = joined
+    else:
+        try:
+            async with asyncio.timeout(180):
+                await launcher._start_single_session(session, {image_id: image_config_data})
+        except Exception as e:
+            created.setdefault("error", e)
     record_fixture("create_kernels", since)
     if "error" in created:
         emit("create_kernels", False, error=describe(created["error"]))
@@ -966,6 +1125,8 @@ async def main(args: argparse.Namespace) -> int:
     else:
         emit("create_kernels", True, created.get("result"))
         created["container_id"] = first_container_id(created.get("result"))
+    if args.scenario == "retries":
+        await step("create_kernels_joined", "-", created.get("joined") or joined_failed)
     if args.diagnose_without_pickles and "create_kernels" in FAILED and "args" in created:
 
         async def create_plain(c: AgentClient) -> Any:
@@ -1042,7 +1203,23 @@ async def main(args: argparse.Namespace) -> int:
     def stdout_text(out: dict[str, Any]) -> str:
         return console_text(out["console"], "stdout")
 
-    if args.scenario == "runner":
+    if args.scenario == "retries":
+        # -- create_kernels again, restart_kernel with a partial config (retries_steps) -------
+
+        await retries_steps(
+            step,
+            start_session,
+            run_code,
+            poll_running,
+            {
+                "session_id": session_id,
+                "kernel_id": kernel_id,
+                "created": created.get("result"),
+                "kernel_config": kernel_config,
+                "image_ref": image_ref,
+            },
+        )
+    elif args.scenario == "runner":
         # -- a Python REPL through Backend.AI's kernel runner (runner_steps) ------------------
 
         await runner_steps(
@@ -1270,10 +1447,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--scenario",
         default="lifecycle",
-        choices=["lifecycle", "runner"],
+        choices=["lifecycle", "runner", "retries"],
         help="lifecycle (the default): files, logs, images, restart on a busybox kernel;\n"
         "runner: a Python REPL through Backend.AI's kernel runner (an image with upstream's\n"
-        "labels, e.g. kernelvisor-test-py:latest), then destroy",
+        "labels, e.g. kernelvisor-test-py:latest), then destroy;\n"
+        "retries: create_kernels sent again (joined, then answered running), restart_kernel\n"
+        "with a partial config (needs --hold-file)",
+    )
+    p.add_argument(
+        "--hold-file",
+        default=None,
+        metavar="PATH",
+        help="retries: the file (a path on the agent's host) the first creation waits for",
     )
     p.add_argument(
         "--registry",

@@ -55,8 +55,8 @@ use common::Keys;
 /// A `redis-server` of our own on a free loopback port, its data in a temp dir (append-only
 /// file, fsynced on every write), stopped with SIGTERM and started again on the same port and
 /// data.
-struct Redis {
-    port: u16,
+pub(crate) struct Redis {
+    pub(crate) port: u16,
     dir: tempfile::TempDir,
     child: Option<KillOnDrop>,
 }
@@ -80,7 +80,7 @@ impl Redis {
         bin
     }
 
-    fn start() -> Redis {
+    pub(crate) fn start() -> Redis {
         let mut r = Redis {
             port: free_port(),
             dir: tempfile::Builder::new()
@@ -149,7 +149,7 @@ impl Redis {
 
     /// Makes the server sleep `d` (`DEBUG SLEEP`: it neither reads nor answers anything
     /// meanwhile), from a thread; returns once a `PING` goes unanswered for 200 ms.
-    fn stall(&self, d: Duration) -> std::thread::JoinHandle<()> {
+    pub(crate) fn stall(&self, d: Duration) -> std::thread::JoinHandle<()> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap();
         let mut con = client.get_connection().expect("connect to redis-server");
         let h = std::thread::spawn(move || {
@@ -194,7 +194,7 @@ impl Redis {
 // The Backend.AI environment: the consumer and the driver
 
 /// The Debian trixie root with Backend.AI 26.9.6, or `None` (the test is skipped, said on stderr).
-fn bai_root(test: &str) -> Option<PathBuf> {
+pub(crate) fn bai_root(test: &str) -> Option<PathBuf> {
     let Some(root) = std::env::var_os("KV_BAI_ROOT").map(PathBuf::from) else {
         eprintln!(
             "SKIPPED bai_events::{test}: KV_BAI_ROOT is not set. `just test-all` sets it (after \
@@ -213,19 +213,19 @@ fn bai_root(test: &str) -> Option<PathBuf> {
 
 /// A directory inside the root (`inner`, as the chroot sees it) holding copies of the scripts
 /// of `tests/bai_compat/` and of `files`.
-struct RootDir {
+pub(crate) struct RootDir {
     root: PathBuf,
     inner: String,
     _cleanup: RemoveOnDrop,
 }
 
 impl RootDir {
-    fn new(root: &Path, files: &[PathBuf]) -> RootDir {
+    pub(crate) fn new(root: &Path, files: &[PathBuf]) -> RootDir {
         let inner = format!("/tmp/kv-bai-events-{}", run_id());
         let host_dir = root.join(inner.trim_start_matches('/'));
         std::fs::create_dir_all(&host_dir).unwrap();
         let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bai_compat");
-        for name in ["consumer.py", "driver.py"] {
+        for name in ["consumer.py", "driver.py", "sidechannels.py"] {
             std::fs::copy(scripts.join(name), host_dir.join(name)).unwrap();
         }
         for f in files {
@@ -239,7 +239,7 @@ impl RootDir {
     }
 
     /// `chroot <root> /opt/bai/bin/python <inner>/<script>` (through `sudo -n` when not root).
-    fn python(&self, script: &str) -> Command {
+    pub(crate) fn python(&self, script: &str) -> Command {
         let mut cmd = if is_root() {
             Command::new("chroot")
         } else {
@@ -254,7 +254,7 @@ impl RootDir {
         cmd
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         format!("{}/{name}", self.inner)
     }
 }
@@ -366,7 +366,7 @@ impl Consumer {
     }
 }
 
-fn clip(s: &str, n: usize) -> String {
+pub(crate) fn clip(s: &str, n: usize) -> String {
     if s.len() <= n {
         return s.to_owned();
     }
@@ -385,7 +385,7 @@ fn clip(s: &str, n: usize) -> String {
 /// interval heartbeats go on the bus at; our own manager's intake stays unreachable throughout,
 /// which must not hold the bus back). `agent_extra` goes into `[agent]`, `redis_extra` into
 /// `[redis]`.
-fn agent_config(
+pub(crate) fn agent_config(
     fx: &AgentFixture,
     metrics_port: u16,
     redis_port: u16,
@@ -1389,5 +1389,246 @@ async fn a_publish_whose_reply_is_lost_is_not_repeated() {
         "kernelvisor_bus_events_published_total vs the agent's events in the stream:\n{}",
         outbox_lines(&text)
     );
+    drop(agent);
+}
+
+/// Backend.AI's retries, answered as the real 26.9.6 manager expects them
+/// (`tests/bai_compat/driver.py --scenario retries`), with the agent's resource group given in
+/// the 26.8+ spelling `initial-resource-group-name`:
+/// - the heartbeats' `AgentInfo`, read by the manager's `AgentHeartbeatUpsert.from_agent_info`,
+///   name that resource group;
+/// - the launcher's `create_kernels` sent twice at once: the first call's creation is held at
+///   the container stage (the `fault-injection` build's `hold_before`) until the agent counts
+///   the second as joined (`kernelvisor_create_kernels_retries_total{answer="joined"}`); both
+///   answers are the same, and one `kernel_started` is published;
+/// - the launcher's `create_kernels` again once the kernel runs: the same creation result, one
+///   container, and `kernel_started` published again (a valid `KernelCreationInfo` naming the
+///   same container);
+/// - `restart_kernel` with only `environ` in `updated_config`: merged over the stored config, a
+///   new container that sees the new environment (its own `kernel_started`).
+#[cfg(feature = "fault-injection")]
+#[test]
+fn the_real_26_clients_retries_are_answered_and_kernel_started_is_sent_again() {
+    let Some(root) = bai_root("the_real_26_clients_retries_are_answered") else {
+        return;
+    };
+    let redis = Redis::start();
+    let fx = AgentFixture::new("bai-retries", 37_310, 8);
+    let keys = Keys::new();
+    keys.write(fx.dir.path());
+    let files: Vec<PathBuf> = ["manager.key", "manager.key_secret", "agent.key"]
+        .iter()
+        .map(|f| fx.dir.path().join(f))
+        .collect();
+    let dir = RootDir::new(&root, &files);
+    let consumer = Consumer::start(&dir, &redis, fx.dir.path().join("consumer.stderr"));
+    let d = fx.dir.path().display();
+    // Not a fixed port: the fixture's range lies in the ephemeral range, where an outbound
+    // connection may hold any one of them.
+    let metrics_port = free_port();
+    let config = agent_config(
+        &fx,
+        metrics_port,
+        redis.port,
+        &format!(
+            "rpc-auth-manager-public-key = \"{d}/manager.key\"\nrpc-auth-agent-keypair = \"{d}/agent.key_secret\"\n\
+             initial-resource-group-name = \"kv-retries\"\n"
+        ),
+        "",
+        true,
+    );
+    let agent_log = fx.dir.path().join("agent.log");
+    let mut agent = KillOnDrop(spawn_agent_process(&fx, &config));
+    wait_for_port(fx.rpc_port, &mut agent.0, &agent_log);
+
+    // The resource group as the manager reads it from a heartbeat.
+    let id = fx.agent_id.clone();
+    consumer.wait(Duration::from_secs(60), "a heartbeat", |_| {
+        consumer
+            .events(&id)
+            .iter()
+            .any(|e| e["name"] == "agent_heartbeat")
+    });
+    for hb in consumer
+        .events(&id)
+        .iter()
+        .filter(|e| e["name"] == "agent_heartbeat")
+    {
+        assert_eq!(hb["manager_view"]["resource_group"], "kv-retries", "{hb}");
+    }
+
+    let session_id = uuid::Uuid::new_v4().to_string();
+    let kernel_id = uuid::Uuid::new_v4().to_string();
+    let image = common::agent::TEST_IMAGE;
+    let digest = docker(&["image", "inspect", "-f", "{{.Id}}", image]);
+    assert!(
+        digest.starts_with("sha256:"),
+        "no image {image}: run `just test-image`"
+    );
+    let labels = docker(&["image", "inspect", "-f", "{{json .Config.Labels}}", image]);
+    let gate = fx.dir.path().join("release-create");
+    let driver_stderr = fx.dir.path().join("driver.stderr");
+    let mut driver = KillOnDrop(
+        dir.python("driver.py")
+            .args(["--addr", &format!("tcp://127.0.0.1:{}", fx.rpc_port)])
+            .args(["--agent-id", &fx.agent_id])
+            .args(["--manager-keypair", &dir.path("manager.key_secret")])
+            .args(["--agent-public-key", &dir.path("agent.key")])
+            .args(["--session-id", &session_id, "--kernel-id", &kernel_id])
+            .args(["--image", image, "--image-digest", &digest])
+            .args(["--image-labels", &labels])
+            .args(["--scenario", "retries"])
+            .args(["--hold-file", &gate.display().to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&driver_stderr).unwrap()))
+            .spawn()
+            .expect("chroot the Backend.AI driver"),
+    );
+    let mut stdin = driver.0.stdin.take().unwrap();
+    let containers = || {
+        docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=ai.backend.kernel-id={kernel_id}"),
+        ])
+        .lines()
+        .count()
+    };
+    let joined = "kernelvisor_create_kernels_retries_total{answer=\"joined\"}";
+    let mut steps: Vec<Json> = Vec::new();
+    let mut lines = Vec::new();
+    for line in BufReader::new(driver.0.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        eprintln!("driver: {line}");
+        let v: Json = serde_json::from_str(&line).unwrap_or(Json::Null);
+        let answer = match v["pause"].as_str() {
+            // Both creates sent: released once the agent has the second joined to the first.
+            Some("creates_sent") => {
+                let start = Instant::now();
+                let seen = loop {
+                    if metric(&scrape(metrics_port), joined).is_some_and(|n| n >= 1.0) {
+                        break true;
+                    }
+                    if start.elapsed() > Duration::from_secs(120) {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                };
+                if seen {
+                    assert_eq!(containers(), 0, "the creation is held before its container");
+                    std::fs::write(&gate, "").unwrap();
+                    "ok".to_owned()
+                } else {
+                    std::fs::write(&gate, "").unwrap();
+                    format!("no create_kernels joined in 120 s: {joined} absent or 0")
+                }
+            }
+            Some("count_containers") => containers().to_string(),
+            Some(other) => format!("unknown pause {other}"),
+            None => {
+                if v.get("step").is_some() {
+                    steps.push(v);
+                }
+                lines.push(line);
+                continue;
+            }
+        };
+        writeln!(stdin, "{answer}").unwrap();
+        stdin.flush().unwrap();
+    }
+    let status = driver.0.wait().unwrap();
+    let step_names: Vec<&str> = steps.iter().filter_map(|s| s["step"].as_str()).collect();
+    assert_eq!(
+        step_names,
+        [
+            "ping",
+            "health",
+            "gather_hwinfo",
+            "check_and_pull",
+            "create_kernels",
+            "create_kernels_joined",
+            "check_running",
+            "create_kernels_again",
+            "one_container",
+            "restart_kernel_partial",
+            "check_running_after_restart",
+            "destroy_kernel",
+            "check_running_after_destroy",
+        ],
+        "driver steps; stderr:\n{}",
+        tail(&read(&driver_stderr), 30)
+    );
+    for s in &steps {
+        assert_eq!(
+            s["ok"],
+            true,
+            "driver step failed: {s}\nagent log:\n{}",
+            tail(&read(&agent_log), 40)
+        );
+    }
+    assert!(status.success(), "driver exited with {status}");
+    let text = scrape(metrics_port);
+    assert_eq!(metric(&text, joined), Some(1.0));
+    assert_eq!(
+        metric(
+            &text,
+            "kernelvisor_create_kernels_retries_total{answer=\"running\"}"
+        ),
+        Some(1.0)
+    );
+    let created = &steps[4]["value"][0];
+    let first_container = created["container_id"].as_str().unwrap().to_owned();
+    let restarted = steps[9]["value"]["container_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The kernel's life on the stream: one creation, kernel_started again for the retry, the
+    // restart's new container, the end.
+    consumer.wait(
+        Duration::from_secs(60),
+        "kernel_terminated of the kernel",
+        |_| {
+            kernel_events(&consumer.events(&id), &kernel_id, "anycast")
+                .iter()
+                .any(|e| e["name"] == "kernel_terminated")
+        },
+    );
+    let anycast = kernel_events(&consumer.events(&id), &kernel_id, "anycast");
+    assert_eq!(
+        names(&anycast),
+        [
+            "kernel_preparing",
+            "kernel_creating",
+            "kernel_started",
+            "kernel_started",
+            "kernel_started",
+            "do_sync_kernel_logs",
+            "kernel_terminated",
+        ],
+        "the kernel's events on the stream"
+    );
+    for (i, container) in [
+        (2, &first_container),
+        (3, &first_container),
+        (4, &restarted),
+    ] {
+        let view = &anycast[i]["manager_view"];
+        assert_eq!(
+            view["creation_info_class"],
+            "ai.backend.common.events.event_types.kernel.types.KernelCreationInfo",
+            "{}",
+            anycast[i]
+        );
+        assert_eq!(view["container_id"], container.as_str(), "{}", anycast[i]);
+        assert_eq!(anycast[i]["fields"]["session_id"], session_id.as_str());
+    }
+    assert_eq!(
+        anycast[3]["fields"]["creation_info"], anycast[2]["fields"]["creation_info"],
+        "the retry's kernel_started says what the first did"
+    );
+    consumer.assert_no_failures(&agent_log);
     drop(agent);
 }

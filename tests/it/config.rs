@@ -79,6 +79,60 @@ fn unknown_keys_and_bad_values_are_errors_naming_the_key() {
         .contains("agent-pol"));
 }
 
+/// `[agent] scaling-group` and Backend.AI 26.8+'s spelling of it, `initial-resource-group-name`
+/// (BEP-1059): either names the scaling group, both only when they agree.
+#[test]
+fn the_resource_group_is_read_in_either_spelling() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |name: &str, keys: &str| {
+        AgentConfig::load(&write(
+            dir.path(),
+            name,
+            &format!("[agent]\nid = \"a\"\n{keys}"),
+        ))
+    };
+    assert_eq!(
+        load("none.toml", "").unwrap().agent.scaling_group(),
+        "default"
+    );
+    assert_eq!(
+        load("old.toml", "scaling-group = \"gpu\"\n")
+            .unwrap()
+            .agent
+            .scaling_group(),
+        "gpu"
+    );
+    assert_eq!(
+        load("new.toml", "initial-resource-group-name = \"gpu\"\n")
+            .unwrap()
+            .agent
+            .scaling_group(),
+        "gpu"
+    );
+    let both = "scaling-group = \"gpu\"\ninitial-resource-group-name = \"gpu\"\n";
+    assert_eq!(
+        load("both.toml", both).unwrap().agent.scaling_group(),
+        "gpu"
+    );
+    let err = load(
+        "disagree.toml",
+        "scaling-group = \"gpu\"\ninitial-resource-group-name = \"cpu\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("initial-resource-group-name")
+            && err.contains("scaling-group")
+            && err.contains("\"gpu\"")
+            && err.contains("\"cpu\""),
+        "{err}"
+    );
+    let err = load("empty.toml", "initial-resource-group-name = \" \"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("agent.initial-resource-group-name"), "{err}");
+}
+
 #[test]
 fn keygen_writes_certificates_pyzmq_reads() {
     let dir = tempfile::tempdir().unwrap();
@@ -245,7 +299,7 @@ fn redis_section_and_scaling_group() {
     let plain = write(dir.path(), "p.toml", "[agent]\nid = \"a\"\n");
     let c = AgentConfig::load(&plain).unwrap();
     assert!(c.redis.is_none());
-    assert_eq!(c.agent.scaling_group, "default");
+    assert_eq!(c.agent.scaling_group(), "default");
 
     let full = write(
         dir.path(),
@@ -254,7 +308,7 @@ fn redis_section_and_scaling_group() {
          [redis]\naddr = { host = \"127.0.0.1\", port = 6390 }\npassword = \"s3cret-pw\"\n",
     );
     let c = AgentConfig::load(&full).unwrap();
-    assert_eq!(c.agent.scaling_group, "gpu");
+    assert_eq!(c.agent.scaling_group(), "gpu");
     let r = c.redis.as_ref().unwrap();
     assert_eq!((r.addr.host.as_str(), r.addr.port), ("127.0.0.1", 6390));
     assert_eq!(r.password.as_deref(), Some("s3cret-pw"));

@@ -422,14 +422,26 @@ async fn bad_specs_get_clear_failures_and_leave_nothing() {
     )
     .await;
     assert_eq!(failure_name(&two), "InvalidKernelConfig");
-    create_one(&peer, "s", &id, kernel_config("0.1", 64 * MIB, vec![]))
+    let first = create_one(&peer, "s", &id, kernel_config("0.1", 64 * MIB, vec![]))
+        .await
+        .unwrap();
+    // The same session's kernel again is a retry, answered as the first call was; another
+    // session's is refused.
+    let again = create_one(&peer, "s", &id, kernel_config("0.1", 64 * MIB, vec![]))
         .await
         .unwrap();
     assert_eq!(
-        failure_name(&create_one(&peer, "s", &id, kernel_config("0.1", 64 * MIB, vec![])).await),
+        field(&again, "container_id"),
+        field(&first, "container_id"),
+        "the retry answers the same container"
+    );
+    assert_eq!(
+        failure_name(
+            &create_one(&peer, "other", &id, kernel_config("0.1", 64 * MIB, vec![])).await
+        ),
         "InvalidKernelConfig"
     );
-    assert_eq!(fx.containers().len(), 1, "the duplicate made nothing");
+    assert_eq!(fx.containers().len(), 1, "the duplicates made nothing");
     assert_eq!(
         failure_name(
             &create_one(
@@ -513,6 +525,151 @@ async fn a_failure_at_any_stage_leaks_nothing_and_names_the_stage() {
             "{stage}: store row left live"
         );
     }
+    agent.shutdown(OnShutdown::Terminate).await;
+}
+
+/// `kernelvisor_create_kernels_retries_total{answer}` of `agent`.
+#[cfg(feature = "fault-injection")]
+fn retries(agent: &Agent, answer: &str) -> u64 {
+    let label = format!("kernelvisor_create_kernels_retries_total{{answer=\"{answer}\"}} ");
+    agent
+        .ctx
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&label).map(|v| v.trim().parse().unwrap()))
+        .unwrap_or(0)
+}
+
+/// `create_kernels` sent again for the same kernel, as Backend.AI's manager re-sends it after a
+/// lost event: while the first call's creation is held (its container stage waits for a file),
+/// a second call joins it: the same answer, one container, one `kernel_started`. Once the kernel
+/// runs, a third is answered as it runs and `kernel_started` is published again. Another
+/// session's call for the id is refused.
+#[cfg(feature = "fault-injection")]
+#[actix_rt::test]
+async fn a_create_kernels_retry_joins_the_creation_or_answers_the_running_kernel() {
+    let fx = AgentFixture::new("retries", 37_300, 4);
+    let agent = start(&fx).await;
+    let mut events = agent.ctx.events.subscribe();
+    let peer = client(agent.endpoint()).await;
+    let gate = fx.dir.path().join("release-create");
+    let config = kernel_config(
+        "0.1",
+        64 * MIB,
+        vec![(
+            "_inject",
+            map(vec![(
+                "hold_before",
+                Value::Array(vec!["container".into(), gate.display().to_string().into()]),
+            )]),
+        )],
+    );
+    let id = format!("k-{}", run_id());
+    let send = |config: Value| {
+        let (peer, id) = (peer.clone(), id.clone());
+        actix_rt::spawn(async move { create_one(&peer, "s-retry", &id, config).await })
+    };
+    let first = send(config.clone());
+    // The first call holds the id (its creation waits at the gate)...
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while call(&peer, "check_creating", vec![id.clone().into()])
+        .await
+        .unwrap()
+        != Value::from(true)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first create never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...the second joins it...
+    let joined = send(config.clone());
+    while retries(&agent, "joined") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second create never joined"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(fx.containers().is_empty(), "the creation is still held");
+    // ...and both get the creation's answer once it is let go.
+    std::fs::write(&gate, "").unwrap();
+    let first = first.await.unwrap().unwrap();
+    let joined = joined.await.unwrap().unwrap();
+    assert_eq!(joined, first, "the joined call answers what the first did");
+    assert_eq!(field(&first, "status").as_str(), Some("RUNNING"));
+    assert_eq!(fx.containers().len(), 1, "one container for both calls");
+    let mut names = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        names.push(e.name());
+    }
+    assert_eq!(
+        names,
+        ["kernel_preparing", "kernel_creating", "kernel_started"],
+        "one creation's events"
+    );
+
+    // Running: answered as it runs, `kernel_started` again with the same container.
+    let again = send(config.clone()).await.unwrap().unwrap();
+    assert_eq!(
+        field(&again, "container_id"),
+        field(&first, "container_id"),
+        "{again}"
+    );
+    assert_eq!(field(&again, "status").as_str(), Some("RUNNING"));
+    let e = events.try_recv().expect("kernel_started sent again");
+    let AgentEvent::KernelStarted {
+        kernel_id,
+        creation_info: Some(info),
+        ..
+    } = &e
+    else {
+        panic!("{e:?} is not kernel_started");
+    };
+    assert_eq!(kernel_id, &id);
+    assert_eq!(
+        Some(info.container_id.as_str()),
+        field(&first, "container_id").as_str()
+    );
+    assert!(events.try_recv().is_err(), "nothing more");
+    assert_eq!(
+        (retries(&agent, "joined"), retries(&agent, "running")),
+        (1, 1)
+    );
+    assert_eq!(fx.containers().len(), 1, "still one container");
+
+    // Another session's kernel of that id, or a call naming it with a new one: refused.
+    assert_eq!(
+        failure_name(
+            &create_one(
+                &peer,
+                "s-other",
+                &id,
+                kernel_config("0.1", 64 * MIB, vec![])
+            )
+            .await
+        ),
+        "InvalidKernelConfig"
+    );
+    let mixed = call(
+        &peer,
+        "create_kernels",
+        vec![
+            "s-retry".into(),
+            Value::Array(vec![id.clone().into(), format!("k-{}", run_id()).into()]),
+            Value::Array(vec![
+                kernel_config("0.1", 64 * MIB, vec![]),
+                kernel_config("0.1", 64 * MIB, vec![]),
+            ]),
+        ],
+    )
+    .await;
+    assert_eq!(failure_name(&mixed), "InvalidKernelConfig");
+    assert_eq!(fx.containers().len(), 1, "the refused calls made nothing");
+    call(&peer, "reset_instance", vec![]).await.unwrap();
+    assert!(fx.containers().is_empty());
     agent.shutdown(OnShutdown::Terminate).await;
 }
 

@@ -28,6 +28,8 @@ mod bai_compat;
 mod bai_events;
 mod bai_ext_fuzz;
 mod bai_ext_server;
+mod bai_halfstack;
+mod bai_sidechannels;
 mod config;
 mod cordon_drain;
 mod ctl_runner;

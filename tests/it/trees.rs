@@ -22,7 +22,8 @@ use kernelvisor::manager::Manager;
 #[derive(Debug)]
 struct Drawn {
     id: String,
-    /// Inside a `┐ … ┘` bracket: started only under a condition the drawing names.
+    /// Inside a `┐ … ┘` bracket (or marked `┤`): started only under a condition the drawing
+    /// names.
     conditional: bool,
     /// The config sections its bracket line names (`[manager]`, `[redis]`): started when any
     /// of them is configured (the previous line's when this one names none).
@@ -67,8 +68,10 @@ fn drawn_tree(file: &str) -> (String, Vec<Drawn>) {
             continue;
         };
         let opens = line.contains('┐');
-        let conditional = bracket || opens;
-        let mut sections: Vec<String> = match line.rfind(['┐', '│', '┘']) {
+        // `┤ with [section]`: one conditional child, a bracket of one line.
+        let single = line.contains('┤');
+        let conditional = bracket || opens || single;
+        let mut sections: Vec<String> = match line.rfind(['┐', '│', '┘', '┤']) {
             Some(at) if conditional => line[at..]
                 .split('[')
                 .skip(1)

@@ -238,6 +238,7 @@ impl ContainerBackend for DummyBackend {
                 id: image_id(name),
                 tags: vec![name.clone()],
                 size_bytes: 0,
+                labels: Default::default(),
             })
             .collect())
     }

@@ -127,6 +127,8 @@ pub struct ImageSummary {
     pub tags: Vec<String>,
     /// Its size on disk in bytes (the engine's `Size`: every layer, shared ones included).
     pub size_bytes: u64,
+    /// Its labels (empty when it has none).
+    pub labels: HashMap<String, String>,
 }
 
 /// One step of an image pull (or push), as the engine reports it.

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::agent::events::{AgentEvent, StartedInfo};
+use crate::rpc::agent_api::kernel::ImageRef;
 
 /// The anycast stream (`RedisMQArgs.anycast_stream_key`, agent.py `_make_message_queue`).
 pub const STREAM_KEY: &str = "events";
@@ -207,9 +208,12 @@ pub fn encode(event: &AgentEvent, agent_id: &str) -> Option<BusMessage> {
             ..
         } => {
             uuids(&[session_id])?;
+            // `task-failed` / `task-timeout` are what a batch job's run reports
+            // (`trigger_batch_execution`, methods/runner.rs and methods/kernels.rs): dropping
+            // them left a failed batch session RUNNING forever (tests/it/bai_halfstack.rs).
             let (reason, exit_code) = match reason.as_str() {
-                "batch-timeout" => ("task-timeout", -2),
-                "self-terminated" | "oom-killed" | "shm-exceeded" => {
+                "batch-timeout" | "task-timeout" => ("task-timeout", -2),
+                "self-terminated" | "oom-killed" | "shm-exceeded" | "task-failed" => {
                     ("task-failed", exit_code.unwrap_or(-1))
                 }
                 _ => return None,
@@ -229,19 +233,24 @@ pub fn encode(event: &AgentEvent, agent_id: &str) -> Option<BusMessage> {
             uuids(&[session_id])?;
             anycast(event.name(), json(&Session { session_id }))
         }
-        E::ImagePullStarted { image, timestamp } => anycast(
+        E::ImagePullStarted {
+            image,
+            timestamp,
+            image_ref,
+        } => anycast(
             "image_pull_started",
             json(&ImagePullStarted {
                 image,
                 agent_id,
                 timestamp: *timestamp,
-                image_ref: None,
+                image_ref: image_ref.as_ref(),
             }),
         ),
         E::ImagePullFinished {
             image,
             timestamp,
             msg,
+            image_ref,
         } => anycast(
             "image_pull_finished",
             json(&ImagePullFinished {
@@ -249,16 +258,20 @@ pub fn encode(event: &AgentEvent, agent_id: &str) -> Option<BusMessage> {
                 agent_id,
                 timestamp: *timestamp,
                 msg: msg.as_deref(),
-                image_ref: None,
+                image_ref: image_ref.as_ref(),
             }),
         ),
-        E::ImagePullFailed { image, msg } => anycast(
+        E::ImagePullFailed {
+            image,
+            msg,
+            image_ref,
+        } => anycast(
             "image_pull_failed",
             json(&ImagePullFailed {
                 image,
                 agent_id,
                 msg,
-                image_ref: None,
+                image_ref: image_ref.as_ref(),
             }),
         ),
         E::DoSyncKernelLogs {
@@ -470,7 +483,7 @@ struct ImagePullStarted<'a> {
     image: &'a str,
     agent_id: &'a str,
     timestamp: f64,
-    image_ref: Option<()>,
+    image_ref: Option<&'a ImageRef>,
 }
 
 #[derive(Serialize)]
@@ -479,7 +492,7 @@ struct ImagePullFinished<'a> {
     agent_id: &'a str,
     timestamp: f64,
     msg: Option<&'a str>,
-    image_ref: Option<()>,
+    image_ref: Option<&'a ImageRef>,
 }
 
 #[derive(Serialize)]
@@ -487,7 +500,7 @@ struct ImagePullFailed<'a> {
     image: &'a str,
     agent_id: &'a str,
     msg: &'a str,
-    image_ref: Option<()>,
+    image_ref: Option<&'a ImageRef>,
 }
 
 #[derive(Serialize)]

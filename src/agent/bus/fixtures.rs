@@ -16,6 +16,18 @@ const SID: &str = "a1f0e4d2-3b5c-4e6f-8a7b-9c0d1e2f3a4b";
 const CONTAINER: &str = "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa99887766554433221100";
 const IMAGE: &str = "cr.backend.ai/stable/python:3.9-ubuntu20.04";
 
+/// [`IMAGE`] as a check_and_pull's image config names it (registry `cr.backend.ai`, project
+/// `stable`), by its parts.
+fn image_ref() -> Option<crate::rpc::agent_api::kernel::ImageRef> {
+    let mut config = crate::rpc::agent_api::kernel::ImageConfig::by_reference(IMAGE);
+    config.registry.name = "cr.backend.ai".into();
+    config.project = Some("stable".into());
+    config.architecture = "x86_64".into();
+    let r = config.image_ref();
+    assert!(r.is_some(), "{IMAGE} parses");
+    r
+}
+
 fn fixture(name: &str) -> Value {
     let path = format!(
         "{}/tests/fixtures/bai/events/{name}.json",
@@ -240,6 +252,7 @@ fn every_event_encodes_as_upstream_does() {
         &enc(AgentEvent::ImagePullStarted {
             image: IMAGE.into(),
             timestamp: 1767225600.25,
+            image_ref: image_ref(),
         }),
     );
     check(
@@ -248,6 +261,7 @@ fn every_event_encodes_as_upstream_does() {
             image: IMAGE.into(),
             timestamp: 1767225600.25,
             msg: Some("Image already exists".into()),
+            image_ref: image_ref(),
         }),
     );
     check(
@@ -255,6 +269,7 @@ fn every_event_encodes_as_upstream_does() {
         &enc(AgentEvent::ImagePullFailed {
             image: IMAGE.into(),
             msg: "timeout (s:60)".into(),
+            image_ref: image_ref(),
         }),
     );
     check(

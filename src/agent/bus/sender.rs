@@ -445,7 +445,7 @@ impl BusSender {
         AgentInfo {
             ip: host.trim_matches(['[', ']']).to_owned(),
             region: Some(cfg.agent.region.clone()),
-            scaling_group: Some(cfg.agent.scaling_group.clone()),
+            scaling_group: Some(cfg.agent.scaling_group().to_owned()),
             addr: h.rpc_addr.clone(),
             public_key: h.public_key.clone(),
             public_host: c

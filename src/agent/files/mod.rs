@@ -32,8 +32,8 @@ const MAX_SYMLINKS: usize = 40;
 /// Why a file operation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    /// The path is absolute, has `..`, or resolves outside `/home/work`; or it names a directory
-    /// where a file is needed (or the reverse).
+    /// The path is absolute outside `/home/work`, has `..`, or resolves outside `/home/work`;
+    /// or it names a directory where a file is needed (or the reverse).
     #[error("invalid path: {0}")]
     InvalidPath(String),
     /// Nothing at the path.
@@ -87,14 +87,21 @@ fn relative(p: &str) -> String {
         .to_owned()
 }
 
-/// The components of a user's relative path (`.` and empty ones dropped).
+/// The components of a user's path under `/home/work` (`.` and empty ones dropped): relative
+/// to it, or absolute inside it (`/home/work/a` is `a`), as upstream's agent takes them (its
+/// `download_file` / `download_single` join the path to `/home/work` and accept what stays
+/// under it: `ai/backend/agent/docker/kernel.py`; the manager passes a user's path through).
 ///
-/// Errors: [`FileError::InvalidPath`] for an absolute path, a `..` component, a NUL byte, or
-/// more than 4096 bytes.
+/// Errors: [`FileError::InvalidPath`] for an absolute path outside `/home/work`, a `..`
+/// component, a NUL byte, or more than 4096 bytes.
 pub fn components(path: &str) -> Result<Vec<String>, FileError> {
+    let path = match path.strip_prefix(WORK_DIR) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => rest.trim_start_matches('/'),
+        _ => path,
+    };
     if path.starts_with('/') {
         return Err(FileError::InvalidPath(format!(
-            "`{path}` is absolute; paths are relative to {WORK_DIR}"
+            "`{path}` is absolute and not under {WORK_DIR}; paths are relative to it"
         )));
     }
     if path.contains('\0') || path.len() > 4096 {
@@ -296,7 +303,20 @@ mod tests {
     fn components_refuse_escapes() {
         assert_eq!(components("a/./b//c").unwrap(), vec!["a", "b", "c"]);
         assert!(components("").unwrap().is_empty());
-        for bad in ["../etc/x", "a/../../x", "/etc/passwd", "a\0b"] {
+        // Absolute inside /home/work, as upstream's agent takes them.
+        assert_eq!(components("/home/work/a/b").unwrap(), vec!["a", "b"]);
+        assert!(components("/home/work").unwrap().is_empty());
+        assert!(components("/home/work/").unwrap().is_empty());
+        for bad in [
+            "../etc/x",
+            "a/../../x",
+            "/etc/passwd",
+            "a\0b",
+            "/home/workx/a",
+            "/home/work/../etc/passwd",
+            "/home/work//etc/passwd/../..",
+            "/home/w",
+        ] {
             assert!(
                 matches!(components(bad), Err(FileError::InvalidPath(_))),
                 "{bad}"

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::error::KernelError;
 use crate::agent::resources::SlotRequest;
 use crate::rpc::agent_api::kernel::{
-    ImageConfig, ImageRegistry, KernelCreationConfig, SessionTypes,
+    ImageConfig, ImageRegistry, KernelCreationConfig, ServicePortSpec, SessionTypes, VFolderMount,
 };
 use crate::slots::{ResourceSlots, SlotTypes};
 use crate::workload::RestartPolicy;
@@ -61,6 +61,10 @@ pub struct Injection {
     pub fail_at: Option<String>,
     /// Sleep this many seconds before this stage's setup (to kill the agent mid-create).
     pub pause_before: Option<(String, f64)>,
+    /// Hold this stage's setup until this path exists on the agent's host (a test holds a
+    /// creation open as long as it needs, e.g. until a retry has joined it).
+    #[serde(default)]
+    pub hold_before: Option<(String, std::path::PathBuf)>,
 }
 
 /// Backend.AI's session types.
@@ -518,6 +522,122 @@ impl KernelConfig {
             .map(|s| s.container_ports.len())
             .sum()
     }
+
+    /// The [`KernelCreationConfig`] that [`KernelConfig::from_creation`] reads back as this
+    /// config (unit-tested both ways): the checked config in Backend.AI's shape again, for a
+    /// partial update to be merged over. Without the registry password (never stored) and the
+    /// keys this agent does not keep (`cluster_*` but the hostname, `internal_data` but its
+    /// `ssh_keypair`, …). A
+    /// preopen port goes back to `preopen_ports`. A config stored before `image_config` was
+    /// kept names its image by reference.
+    pub fn to_creation(&self) -> KernelCreationConfig {
+        let (preopen, service): (Vec<_>, Vec<_>) =
+            self.service_ports.iter().partition(|s| s.is_preopen());
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        KernelCreationConfig {
+            image: self
+                .image_config
+                .clone()
+                .unwrap_or_else(|| ImageConfig::by_reference(&self.image)),
+            owner_user_id: some(&self.owner.user_id),
+            owner_project_id: some(&self.owner.project_id),
+            session_type: match self.session_type {
+                SessionType::Batch => SessionTypes::Batch,
+                SessionType::Interactive => SessionTypes::Interactive,
+            },
+            cluster_hostname: self.cluster_hostname.clone(),
+            uid: self.uid,
+            main_gid: self.main_gid,
+            supplementary_gids: self.supplementary_gids.clone(),
+            resource_slots: match self.slots.to_msgpack() {
+                Value::Map(m) => m
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v)))
+                    .collect(),
+                _ => BTreeMap::new(),
+            },
+            resource_opts: self
+                .shmem
+                .map(|b| ("shmem".to_owned(), Value::from(b)))
+                .into_iter()
+                .collect(),
+            environ: self
+                .environ
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .collect(),
+            mounts: self
+                .mounts
+                .iter()
+                .map(|m| VFolderMount {
+                    name: m.name.clone(),
+                    host_path: m.host_path.clone(),
+                    kernel_path: m.kernel_path.clone(),
+                    mount_perm: if m.read_only { "ro" } else { "rw" }.into(),
+                    ..VFolderMount::default()
+                })
+                .collect(),
+            idle_timeout: self.idle_timeout,
+            bootstrap_script: self.bootstrap_script.clone(),
+            startup_command: self.command.clone(),
+            preopen_ports: preopen.iter().map(|s| s.container_ports[0]).collect(),
+            allocated_host_ports: self.allocated_host_ports.clone(),
+            service_ports: service
+                .into_iter()
+                .map(|s| ServicePortSpec {
+                    name: s.name.clone(),
+                    protocol: s.protocol.clone(),
+                    container_ports: s.container_ports.clone(),
+                })
+                .collect(),
+            restart_policy: (self.restart_policy != RestartPolicy::default())
+                .then(|| self.restart_policy.to_value()),
+            batch_timeout: self.batch_timeout,
+            inject: (self.inject != Injection::default())
+                .then(|| crate::rpc::agent_api::to_value(&self.inject)),
+            internal_data: self.ssh_keypair.as_ref().map(|k| {
+                Value::Map(vec![(
+                    "ssh_keypair".into(),
+                    Value::Map(vec![
+                        ("public_key".into(), k.public_key.as_str().into()),
+                        ("private_key".into(), k.private_key.as_str().into()),
+                    ]),
+                )])
+            }),
+            ..KernelCreationConfig::default()
+        }
+    }
+
+    /// This config with `update`'s keys put over its own, as upstream's
+    /// `AbstractAgent.restart_kernel` merges `{**existing_kernel_config, **updating_kernel_config}`
+    /// (`ai/backend/agent/agent.py`, 26.9.6): a key given replaces the stored value whole (an
+    /// `environ` given is the whole environment), a key not given keeps it.
+    ///
+    /// Errors: what [`KernelConfig::from_creation`] refuses in the merged config, as
+    /// [`KernelError::InvalidConfig`].
+    pub fn updated(
+        &self,
+        update: &BTreeMap<String, Value>,
+        types: &SlotTypes,
+    ) -> Result<KernelConfig, KernelError> {
+        let Value::Map(mut merged) = crate::rpc::agent_api::to_value(&self.to_creation()) else {
+            unreachable!("a KernelCreationConfig serializes as a map")
+        };
+        for (k, v) in update {
+            merged.retain(|(key, _)| key.as_str() != Some(k.as_str()));
+            merged.push((Value::from(k.as_str()), v.clone()));
+        }
+        KernelConfig::from_value(&Value::Map(merged), types)
+    }
+}
+
+impl ServicePortRequest {
+    /// Whether it is a preopen port (`KernelCreationConfig.preopen_ports`): published as a
+    /// service named after its one port, protocol `preopen`.
+    fn is_preopen(&self) -> bool {
+        self.protocol == "preopen"
+            && matches!(self.container_ports.as_slice(), [p] if p.to_string() == self.name)
+    }
 }
 
 #[cfg(feature = "fault-injection")]
@@ -728,5 +848,144 @@ mod tests {
         let bad = cfg(vec![("internal_data", pair(Value::from(3), "k".into()))]).unwrap_err();
         assert_eq!(bad.name(), "InvalidKernelConfig");
         assert!(bad.to_string().contains("ssh_keypair.public_key"), "{bad}");
+    }
+
+    fn types() -> SlotTypes {
+        let mut types = crate::slots::builtin_types();
+        types.insert("cuda.device".into(), crate::slots::SlotType::Count);
+        types
+    }
+
+    /// A config using every key `to_creation` writes back.
+    fn full() -> KernelConfig {
+        cfg(vec![
+            ("owner_user_id", "u-1".into()),
+            ("owner_project_id", "p-1".into()),
+            ("session_type", "batch".into()),
+            ("startup_command", "echo hi".into()),
+            ("batch_timeout", Value::F64(2.5)),
+            ("cluster_hostname", "main1".into()),
+            (
+                "internal_data",
+                Value::Map(vec![(
+                    "ssh_keypair".into(),
+                    Value::Map(vec![
+                        ("public_key".into(), "ssh-ed25519 AAAA u@h".into()),
+                        ("private_key".into(), "-----BEGIN…".into()),
+                    ]),
+                )]),
+            ),
+            ("uid", 1000.into()),
+            ("main_gid", 1001.into()),
+            ("supplementary_gids", Value::Array(vec![27.into()])),
+            (
+                "resource_slots",
+                Value::Map(vec![
+                    ("cpu".into(), "0.5".into()),
+                    ("mem".into(), "268435456".into()),
+                    ("cuda.device".into(), "1".into()),
+                ]),
+            ),
+            (
+                "resource_opts",
+                Value::Map(vec![("shmem".into(), Value::from(1u64 << 26))]),
+            ),
+            (
+                "environ",
+                Value::Map(vec![
+                    ("A".into(), "1".into()),
+                    (ACCESS_KEY_ENV.into(), "AKTEST".into()),
+                ]),
+            ),
+            (
+                "mounts",
+                Value::Array(vec![
+                    Value::Map(vec![
+                        ("name".into(), "data".into()),
+                        ("host_path".into(), "/vf/data".into()),
+                        ("mount_perm".into(), "rw".into()),
+                        ("kernel_path".into(), "/data".into()),
+                    ]),
+                    Value::Map(vec![
+                        ("name".into(), "ro".into()),
+                        ("host_path".into(), "/vf/ro".into()),
+                    ]),
+                ]),
+            ),
+            (
+                "service_ports",
+                Value::Array(vec![Value::Map(vec![
+                    ("name".into(), "http".into()),
+                    ("protocol".into(), "http".into()),
+                    ("container_ports".into(), Value::Array(vec![8080.into()])),
+                ])]),
+            ),
+            ("preopen_ports", Value::Array(vec![9000.into()])),
+            ("allocated_host_ports", Value::Array(vec![30001.into()])),
+            ("idle_timeout", Value::F64(600.0)),
+            ("bootstrap_script", "touch /tmp/x".into()),
+            (
+                "restart_policy",
+                Value::Map(vec![
+                    ("mode".into(), "on-failure".into()),
+                    ("max_restarts".into(), 3.into()),
+                    ("window".into(), Value::F64(60.0)),
+                    ("backoff".into(), Value::F64(1.0)),
+                ]),
+            ),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn to_creation_reads_back_as_the_same_config() {
+        for c in [cfg(vec![]).unwrap(), full()] {
+            let back = KernelConfig::from_creation(c.to_creation(), &types()).unwrap();
+            assert_eq!(back, c);
+        }
+        // A stored config from before `image_config` was kept: its image by reference.
+        let mut old = cfg(vec![]).unwrap();
+        old.image_config = None;
+        assert_eq!(
+            KernelConfig::from_creation(old.to_creation(), &types())
+                .unwrap()
+                .image,
+            old.image
+        );
+    }
+
+    #[test]
+    fn an_update_replaces_only_its_keys_as_upstream_merges_them() {
+        let c = full();
+        // `{**stored, **update}`: `environ` given is the whole environment.
+        let update = BTreeMap::from([
+            (
+                "environ".to_owned(),
+                Value::Map(vec![("B".into(), "2".into())]),
+            ),
+            ("startup_command".to_owned(), "echo again".into()),
+        ]);
+        let u = c.updated(&update, &types()).unwrap();
+        assert_eq!(
+            u.environ,
+            BTreeMap::from([("B".to_owned(), "2".to_owned())])
+        );
+        assert_eq!(u.command.as_deref(), Some("echo again"));
+        // The owner's access key is read from the environment given.
+        assert_eq!(u.owner.access_key, "");
+        let mut expected = c.clone();
+        expected.environ = u.environ.clone();
+        expected.command = u.command.clone();
+        expected.owner.access_key = String::new();
+        assert_eq!(u, expected, "every other key as stored");
+        // Nothing given: the config as stored.
+        assert_eq!(c.updated(&BTreeMap::new(), &types()).unwrap(), c);
+        // The merged config is checked as a created one is.
+        let bad = BTreeMap::from([("startup_command".to_owned(), Value::Nil)]);
+        assert_eq!(
+            c.updated(&bad, &types()).unwrap_err().name(),
+            "InvalidKernelConfig",
+            "a batch session without its command"
+        );
     }
 }

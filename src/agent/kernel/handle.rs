@@ -83,17 +83,30 @@ impl KernelHandle {
                 kernel_id,
                 session_id,
             },
-            KernelStatus::Running => AgentEvent::KernelStarted {
-                kernel_id,
-                session_id,
-                creation_info: Some(Box::new(super::started::started_info(
-                    &self.ctx,
-                    &self.info(),
-                ))),
-            },
+            KernelStatus::Running => self.started_event(),
             _ => return,
         };
         self.ctx.events.emit(event);
+    }
+
+    /// Publishes `kernel_started` again, with the kernel's creation info as it is now: the
+    /// answer to a `create_kernels` retry for a kernel already `RUNNING` (Backend.AI's manager
+    /// re-sends the call when it missed the event; see `KernelRegistry`'s `CreateKernels`).
+    pub fn announce_started(&self) {
+        tracing::info!(agent_id = %self.ctx.agent_id, kernel_id = %self.id, "kernel_started sent again");
+        self.ctx.events.emit_again(self.started_event());
+    }
+
+    /// `kernel_started` with the kernel's creation info.
+    fn started_event(&self) -> AgentEvent {
+        AgentEvent::KernelStarted {
+            kernel_id: self.id.clone(),
+            session_id: self.session_id.clone(),
+            creation_info: Some(Box::new(super::started::started_info(
+                &self.ctx,
+                &self.info(),
+            ))),
+        }
     }
 
     /// Marks the kernel `TERMINATED` with `reason` and publishes `do_sync_kernel_logs` (when it

@@ -101,11 +101,11 @@ struct Commits {
 }
 
 /// Registers `commit`, `get_commit_status`, `push_image` and `get_bgtask` on `dispatcher`,
-/// sharing one task table.
+/// over the agent's task table (which `check_and_pull` and the `valkey` child share).
 pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
     let state = Commits {
         cx: cx.clone(),
-        tasks: Bgtasks::default(),
+        tasks: cx.bgtasks.clone(),
     };
     Table::new(dispatcher, state)
         .method::<api::Commit, _, _>(commit)

@@ -44,6 +44,9 @@ async fn check_and_pull_all(
     Ok(tasks)
 }
 
+/// The error name of a failed pull task (its `bgtask_failed` says `ImagePullError('…')`).
+const PULL_FAILED: &str = "ImagePullError";
+
 /// Unix seconds now.
 fn now() -> f64 {
     std::time::SystemTime::now()
@@ -59,25 +62,41 @@ fn now() -> f64 {
 /// finds the image being pulled waits for that pull and tells its outcome too, so every caller
 /// hears how its image ended. Returns the background task's id (32 hex digits).
 async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
-    let task_id = uuid::Uuid::new_v4().simple().to_string();
     let canonical = image.canonical.clone();
+    // Upstream's pull task (`check_and_pull`'s `_pull` under its BackgroundTaskManager):
+    // `bgtask_done` when the image is there, `bgtask_failed` when the pull failed.
+    let tasks = ctx.bgtasks.clone();
+    let task = tasks.start_pull(&canonical);
+    let task_id = uuid::Uuid::parse_str(&task)
+        .expect("the task table makes UUIDs")
+        .simple()
+        .to_string();
     let reference = run_reference(&image);
     let events = ctx.events.clone();
-    let failed = |image: &str, msg: String| AgentEvent::ImagePullFailed {
-        image: image.to_owned(),
-        msg,
+    // Upstream's `ImageRef.from_image_config`, in each of the pull's events.
+    let image_ref = image.image_ref();
+    let failed = {
+        let image_ref = image_ref.clone();
+        move |image: &str, msg: String| AgentEvent::ImagePullFailed {
+            image: image.to_owned(),
+            msg,
+            image_ref: image_ref.clone(),
+        }
     };
     match ctx.pulls.local_image(&image).await {
         Err(e) => {
             ctx.pulls.note_failed(&reference, &e);
+            tasks.failed(&task, PULL_FAILED, e.to_string());
             events.emit(failed(&canonical, e.to_string()));
         }
         Ok(Some(_)) => {
             ctx.pulls.note_present(&reference);
+            tasks.done(&task, None);
             events.emit(AgentEvent::ImagePullFinished {
                 image: canonical.clone(),
                 timestamp: now(),
                 msg: Some("Image already exists".into()),
+                image_ref,
             });
         }
         Ok(None) => {
@@ -88,6 +107,7 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
                 events.emit(AgentEvent::ImagePullStarted {
                     image: canonical.clone(),
                     timestamp: now(),
+                    image_ref: image_ref.clone(),
                 });
             }
             actix_rt::spawn(async move {
@@ -95,20 +115,24 @@ async fn check_and_pull(ctx: &Arc<AgentContext>, image: ImageConfig) -> String {
                     match pull.now() {
                         PullState::Pulling { .. } => {
                             if !pull.changed().await {
-                                events
-                                    .emit(failed(&canonical, "the image pull task stopped".into()));
+                                let why = "the image pull task stopped";
+                                tasks.failed(&task, PULL_FAILED, why.into());
+                                events.emit(failed(&canonical, why.into()));
                                 return;
                             }
                         }
                         PullState::Done { .. } => {
+                            tasks.done(&task, None);
                             events.emit(AgentEvent::ImagePullFinished {
                                 image: canonical.clone(),
                                 timestamp: now(),
                                 msg: None,
+                                image_ref,
                             });
                             return;
                         }
                         PullState::Failed { message, .. } => {
+                            tasks.failed(&task, PULL_FAILED, message.clone());
                             events.emit(failed(&canonical, message));
                             return;
                         }

@@ -63,7 +63,11 @@ pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
 }
 
 /// `create_kernels(session_id, kernel_ids, configs, cluster_info, kernel_image_refs)` →
-/// `[KernelCreationResult]`: all of them or none.
+/// `[KernelCreationResult]`: all of them or none. A retry of a call (the same session's kernel
+/// ids, all held here) creates nothing and answers as the first call did: it joins a creation
+/// still going on, and answers a `RUNNING` kernel as it is now, publishing its
+/// `kernel_started` again (see [`CreateKernels`]; upstream's reply shape is `create_kernels`
+/// in `ai/backend/agent/server.py`).
 async fn create_kernels(
     cx: Ctx,
     args: api::CreateKernelsArgs,
@@ -131,16 +135,17 @@ async fn restart_kernel(
     cx: Ctx,
     args: api::RestartKernelArgs,
 ) -> Result<api::KernelCreationResult, ErrorMeta> {
-    // Upstream's `updated_config` is the kernel's whole `KernelCreationConfig`: the
-    // container is recreated from it. What was allocated (image, slots, vfolders,
-    // service ports) stays as it is; a config that changes it is refused.
+    // Upstream's `updated_config` is merged over the kernel's stored `KernelCreationConfig`
+    // (`{**stored, **update}`, `AbstractAgent.restart_kernel` in `ai/backend/agent/agent.py`):
+    // a partial config changes only its keys; the container is recreated from the result.
+    // What was allocated (image, slots, vfolders, service ports) stays as it is; an update
+    // that changes it is refused.
     let updated = match args.updated_config.filter(|u| !u.is_empty()) {
         None => None,
         Some(u) => {
             let current = lookup(&cx.registry, &args.kernel_id).await?.config;
             let types = cx.slots.lock().expect("slots lock").slot_types().clone();
-            let new = KernelConfig::from_value(&crate::rpc::agent_api::to_value(&u), &types)
-                .map_err(|e| e.to_meta())?;
+            let new = current.updated(&u, &types).map_err(|e| e.to_meta())?;
             let changed: Vec<&str> = [
                 ("image", new.image != current.image),
                 ("resource_slots", new.slots != current.slots),

@@ -1,9 +1,12 @@
 //! Stats sampling: node (procfs), containers (cgroup v1/v2 files, Docker stats API as the
-//! fallback) and GPUs (NVML), published as Prometheus gauges by the sampler actor.
+//! fallback) and GPUs (NVML), published as Prometheus gauges by the sampler actor, and kept as
+//! Backend.AI's live stats ([`live`]) for the `valkey` child.
 
 pub mod cgroup;
 pub mod gpu;
+pub mod live;
 pub mod node;
+pub mod process;
 pub mod sampler;
 
 use std::sync::Arc;

@@ -74,6 +74,12 @@ pub fn cpu_util_pct(prev: &NodeSample, now: &NodeSample) -> f64 {
     fraction * 100.0 * now.cpu_count as f64
 }
 
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, usually 100): the unit of the CPU times
+/// of `/proc/stat`.
+pub fn clock_ticks_per_second() -> f64 {
+    procfs::ticks_per_second() as f64
+}
+
 /// Bytes `(received, sent)` over the interfaces of the network namespace of process `pid`
 /// (from `/proc/<pid>/net/dev`), except `lo`: a container's traffic, given its init's pid.
 ///

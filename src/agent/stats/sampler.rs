@@ -16,6 +16,9 @@
 //! without page cache; capacity = its limit), `mem_rss`, `mem_cache`, `mem_swap` (bytes),
 //! `net_rx`, `net_tx`, `io_read`, `io_write` (bytes, cumulative). A kernel's series are
 //! removed as soon as it terminates.
+//!
+//! The same samples feed the agent's [`LiveStats`](super::live::LiveStats) (upstream's metrics,
+//! units and moving statistics), which the `valkey` child writes for Backend.AI's manager.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use actix::Addr;
 
 use super::cgroup::{self, CgroupPaths, ContainerSample};
 use super::gpu::GpuSampler;
+use super::live::{specs, Measurement};
 use super::node::{self, NodeSample};
 use crate::agent::accelerators::{DeviceMap, DeviceSample, DeviceShares};
 use crate::agent::context::AgentContext;
@@ -56,6 +60,8 @@ pub struct StatsSampler {
     sources: HashMap<String, Source>,
     previous: HashMap<String, Previous>,
     node_previous: Option<NodeSample>,
+    /// When the last node sample was read (the live `cpu_util`'s capacity is the interval).
+    node_at: Option<Instant>,
 }
 
 impl StatsSampler {
@@ -72,6 +78,7 @@ impl StatsSampler {
             sources: HashMap::new(),
             previous: HashMap::new(),
             node_previous: None,
+            node_at: None,
         }
     }
 
@@ -92,11 +99,14 @@ impl StatsSampler {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             t
         };
-        let (mut node_tick, mut container_tick, mut gpu_tick) = (
+        let (mut node_tick, mut container_tick, mut gpu_tick, mut process_tick) = (
             ticker(self.intervals.node_interval.0),
             ticker(self.intervals.container_interval.0),
             ticker(self.intervals.gpu_interval.0),
+            ticker(self.intervals.process_interval.0),
         );
+        // Per-process stats go only to Backend.AI's Valkey (no Prometheus series).
+        let processes = self.ctx.config.redis.is_some();
         let mut events = self.ctx.events.subscribe();
         let mut stop = std::pin::pin!(stop);
         loop {
@@ -104,6 +114,7 @@ impl StatsSampler {
                 _ = node_tick.tick() => self.node_round(),
                 _ = container_tick.tick() => self.container_round().await,
                 _ = gpu_tick.tick(), if gpus.available() || other_devices => self.gpu_round(&gpus),
+                _ = process_tick.tick(), if processes => self.process_round(),
                 event = events.recv() => match event {
                     Ok(AgentEvent::KernelTerminated { kernel_id, .. }) => self.forget_kernel(&kernel_id),
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -148,6 +159,7 @@ impl StatsSampler {
                 m.set_device("io_read", "node", "current", now.disk_read_bytes as f64);
                 m.set_device("io_write", "node", "current", now.disk_write_bytes as f64);
                 m.stat_task("node", started.elapsed(), Ok(()));
+                self.live_node(&now, started);
                 self.node_previous = Some(now);
             }
             Err(e) => {
@@ -156,6 +168,35 @@ impl StatsSampler {
                     .stat_task("node", started.elapsed(), Err("ProcError"));
             }
         }
+    }
+
+    /// The node's live stats as upstream's intrinsic plugins measure them: `cpu_util` (busy ms
+    /// summed over CPUs; capacity the interval in ms), `mem` (also as device `root`),
+    /// `net_rx` / `net_tx` (also as device `node`).
+    fn live_node(&mut self, now: &NodeSample, at: Instant) {
+        let live = &self.ctx.live_stats;
+        let interval_ms = self
+            .node_at
+            .map_or(0.0, |t| at.duration_since(t).as_secs_f64() * 1000.0);
+        self.node_at = Some(at);
+        let busy_ms = now.cpu_busy_ticks as f64 * 1000.0 / node::clock_ticks_per_second();
+        live.node(
+            specs::NODE_CPU_UTIL,
+            Measurement::with_capacity(busy_ms, interval_ms),
+            at,
+        );
+        let used = now.mem_total_bytes.saturating_sub(now.mem_available_bytes) as f64;
+        let mem = Measurement::with_capacity(used, now.mem_total_bytes as f64);
+        live.node(specs::MEM, mem, at);
+        live.device(specs::MEM, "root", mem, at);
+        for (spec, bytes) in [
+            (specs::NET_RX, now.net_rx_bytes),
+            (specs::NET_TX, now.net_tx_bytes),
+        ] {
+            live.node(spec, Measurement::of(bytes as f64), at);
+            live.device(spec, "node", Measurement::of(bytes as f64), at);
+        }
+        live.node_round.notify_one();
     }
 
     async fn container_round(&mut self) {
@@ -196,8 +237,55 @@ impl StatsSampler {
                 self.metrics().remove_kernel(&labels);
             }
         }
+        self.ctx
+            .live_stats
+            .retain_kernels(&|k: &str| live_kernels.contains(k), &|c: &str| {
+                live.contains(c)
+            });
+        self.ctx.live_stats.container_round.notify_one();
         self.metrics()
             .stat_task("container", started.elapsed(), failed.map_or(Ok(()), Err));
+    }
+
+    /// Each process of each running kernel whose cgroup files are read (the containers of the
+    /// last container round) into the live stats, as upstream's per-process metrics: `cpu_util`
+    /// (CPU ms, capacity 1000, per second), `cpu_used` (ms), `mem` (resident bytes),
+    /// `io_read`, `io_write` (bytes). Processes that ended are forgotten.
+    fn process_round(&mut self) {
+        let live = self.ctx.live_stats.clone();
+        let now = Instant::now();
+        for (container_id, source) in &self.sources {
+            let Source::Cgroup { paths, .. } = source else {
+                continue;
+            };
+            let Ok(pids) = super::process::pids(paths) else {
+                continue;
+            };
+            let mut alive = HashSet::new();
+            for pid in pids {
+                let Some(p) = super::process::read(pid) else {
+                    continue;
+                };
+                alive.insert(pid);
+                let c = container_id.as_str();
+                let cpu = Measurement::with_capacity(p.cpu_used_ms, 1000.0);
+                live.process(specs::CPU_UTIL, c, pid, cpu, now);
+                live.process(specs::CPU_USED, c, pid, Measurement::of(p.cpu_used_ms), now);
+                live.process(specs::MEM, c, pid, Measurement::of(p.rss_bytes as f64), now);
+                if let Some((read, written)) = p.io {
+                    live.process(specs::IO_READ, c, pid, Measurement::of(read as f64), now);
+                    live.process(
+                        specs::IO_WRITE,
+                        c,
+                        pid,
+                        Measurement::of(written as f64),
+                        now,
+                    );
+                }
+            }
+            live.retain_processes(container_id, &|pid| alive.contains(&pid));
+        }
+        live.process_round.notify_one();
     }
 
     /// Reads one container: cgroup files when they can be found, else the engine's API.
@@ -294,6 +382,39 @@ impl StatsSampler {
             m.set_container(&labels, "net_rx", "current", rx as f64);
             m.set_container(&labels, "net_tx", "current", tx as f64);
         }
+        // Upstream's container metrics (intrinsic.py): CPU in ms (capacity 1000 ms per second),
+        // memory against the limit, I/O and network counters.
+        let (live, k) = (&self.ctx.live_stats, kernel.id.as_str());
+        let cpu_ms = s.cpu_used_ns as f64 / 1e6;
+        live.kernel(
+            specs::CPU_UTIL,
+            k,
+            Measurement::with_capacity(cpu_ms, 1000.0),
+            now,
+        );
+        live.kernel(specs::CPU_USED, k, Measurement::of(cpu_ms), now);
+        live.kernel(
+            specs::MEM,
+            k,
+            Measurement::with_capacity(s.mem_usage_bytes as f64, mem_capacity),
+            now,
+        );
+        live.kernel(
+            specs::IO_READ,
+            k,
+            Measurement::of(s.io_read_bytes as f64),
+            now,
+        );
+        live.kernel(
+            specs::IO_WRITE,
+            k,
+            Measurement::of(s.io_write_bytes as f64),
+            now,
+        );
+        if let Some((rx, tx)) = net {
+            live.kernel(specs::NET_RX, k, Measurement::of(rx as f64), now);
+            live.kernel(specs::NET_TX, k, Measurement::of(tx as f64), now);
+        }
     }
 
     fn gpu_round(&self, gpus: &GpuSampler) {
@@ -312,6 +433,14 @@ impl StatsSampler {
             );
             m.set_device("cuda_temp", &id, "current", g.temperature_c);
             m.set_device("cuda_power", &id, "current", g.power_w);
+            let (live, at) = (&self.ctx.live_stats, Instant::now());
+            live.device(
+                specs::CUDA_MEM,
+                &id,
+                Measurement::with_capacity(g.mem_used_bytes as f64, g.mem_total_bytes as f64),
+                at,
+            );
+            live.device(specs::CUDA_UTIL, &id, Measurement::of(g.util_pct), at);
         }
         // Other accelerators' devices (NVML's are above, with temperature and power), under
         // the metric names of their slot family (`cuda_*` for a mock serving `cuda.*`).
@@ -336,6 +465,19 @@ impl StatsSampler {
                 m.set_device("cuda_mem", &d.id, "current", used);
                 m.set_device("cuda_mem", &d.id, "capacity", total);
                 m.set_device("cuda_mem", &d.id, "pct", pct(used, total));
+                let (live, at) = (&self.ctx.live_stats, Instant::now());
+                live.device(
+                    specs::CUDA_MEM,
+                    &d.id,
+                    Measurement::with_capacity(used, total),
+                    at,
+                );
+                live.device(
+                    specs::CUDA_UTIL,
+                    &d.id,
+                    Measurement::of(d.utilization_pct),
+                    at,
+                );
             }
         }
         // Backend.AI counts device (GPU) sampling in the node scope.
@@ -417,12 +559,16 @@ impl StatsSampler {
             m.set_container(&labels, "cuda_mem", "current", mem);
             m.set_container(&labels, "cuda_mem", "capacity", cap);
             m.set_container(&labels, "cuda_mem", "pct", pct(mem, cap));
-            m.set_container(
-                &labels,
-                "cuda_util",
-                "current",
-                if weight > 0.0 { util / weight } else { 0.0 },
+            let util = if weight > 0.0 { util / weight } else { 0.0 };
+            m.set_container(&labels, "cuda_util", "current", util);
+            let (live, at) = (&self.ctx.live_stats, Instant::now());
+            live.kernel(
+                specs::CUDA_MEM,
+                &kernel.id,
+                Measurement::with_capacity(mem, cap),
+                at,
             );
+            live.kernel(specs::CUDA_UTIL, &kernel.id, Measurement::of(util), at);
         }
     }
 }

@@ -616,6 +616,25 @@ impl Store {
         Ok(self.publish(changed))
     }
 
+    /// Records an agent's answer to `create_kernels`: the kernel is now `status` (`RUNNING`
+    /// as a rule). The agent answers only once the kernel was prepared and created, and its
+    /// `kernel_preparing` / `kernel_creating` events may still be on their way (they travel on
+    /// the event stream, the answer on the RPC socket): the steps not yet recorded are recorded
+    /// first, in order, so a session's timeline never skips them (an event arriving later is
+    /// then a no-op, [`Store::advance_kernel`]). Returns whether `status` itself was recorded.
+    pub async fn advance_kernel_created(
+        &self,
+        kernel_id: &str,
+        status: KernelStatus,
+    ) -> Result<bool, StoreError> {
+        for step in [KernelStatus::Preparing, KernelStatus::Creating] {
+            if step.rank() < status.rank() {
+                self.advance_kernel(kernel_id, step).await?;
+            }
+        }
+        self.advance_kernel(kernel_id, status).await
+    }
+
     /// Records the image pull progress of a live kernel (`PULLING`), and that its pull is
     /// followed now (`pull_seen_at`, see [`Store::touch_pull`]). Returns whether the row
     /// changed.
@@ -788,6 +807,86 @@ mod tests {
     use super::{advances_from, NewKernel};
     use crate::model::session::{KernelStatus, RestartPolicy, SessionType};
     use crate::slots::{Amount, ResourceSlots};
+
+    /// A create answer that outruns the agent's `kernel_preparing` and `kernel_creating`
+    /// events still gives the session every step, in order, and those events, arriving after
+    /// it, change nothing (a session's timeline once lacked `PREPARING` this way).
+    #[actix_rt::test]
+    async fn a_create_answer_records_the_steps_its_events_have_not_yet() {
+        let (_dir, store) = super::super::test_store_with_key().await;
+        let roomy: ResourceSlots = [("cpu".to_owned(), Amount::from_units(100))]
+            .into_iter()
+            .collect();
+        for id in ["early", "late"] {
+            store
+                .reserve_kernel(
+                    &NewKernel {
+                        id: id.into(),
+                        session_id: id.into(),
+                        agent_id: "a".into(),
+                        access_key: "AK".into(),
+                        image: "img".into(),
+                        resource_slots: ResourceSlots::default(),
+                        session_type: SessionType::Interactive,
+                        command: None,
+                        batch_timeout: None,
+                        mounts: Vec::new(),
+                        restart_policy: RestartPolicy::default(),
+                        priority: 10,
+                        request: None,
+                    },
+                    &roomy,
+                )
+                .await
+                .unwrap();
+        }
+        let steps = |id: &str| -> Vec<String> {
+            let filter = crate::manager::event_hub::Filter {
+                owner: None,
+                session_id: Some(id.to_owned()),
+                agent_id: None,
+                types: Vec::new(),
+            };
+            store
+                .events()
+                .recent(&filter, None)
+                .iter()
+                .filter_map(|e| e.status.clone())
+                .collect()
+        };
+        // The answer first: every step is recorded; the late events are no-ops.
+        assert!(store
+            .advance_kernel_created("late", KernelStatus::Running)
+            .await
+            .unwrap());
+        for step in [KernelStatus::Preparing, KernelStatus::Creating] {
+            assert!(!store.advance_kernel("late", step).await.unwrap());
+        }
+        assert_eq!(
+            steps("late"),
+            ["SCHEDULED", "PREPARING", "CREATING", "RUNNING"]
+        );
+        // The events first (with a pull): only `RUNNING` is left to the answer.
+        for step in [
+            KernelStatus::Preparing,
+            KernelStatus::Pulling,
+            KernelStatus::Creating,
+        ] {
+            assert!(store.advance_kernel("early", step).await.unwrap());
+        }
+        assert!(store
+            .advance_kernel_created("early", KernelStatus::Running)
+            .await
+            .unwrap());
+        assert_eq!(
+            steps("early"),
+            ["SCHEDULED", "PREPARING", "PULLING", "CREATING", "RUNNING"]
+        );
+        assert_eq!(
+            store.kernel("late").await.unwrap().unwrap().status,
+            KernelStatus::Running
+        );
+    }
 
     /// Rows written before `0005_resource_slots` (no JSON slots) read from the old columns, and
     /// count in the usage with new rows' slots of any name, summed exactly.

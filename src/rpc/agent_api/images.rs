@@ -288,6 +288,8 @@ pub enum BgtaskKind {
     Commit,
     /// A [`PushImage`].
     Push,
+    /// One image of a [`CheckAndPull`].
+    Pull,
 }
 
 /// Where a background task is (upstream's `BgtaskStatus` names, lower case).

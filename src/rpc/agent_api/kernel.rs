@@ -129,6 +129,45 @@ fn default_architecture() -> String {
 }
 
 impl ImageConfig {
+    /// The image as upstream's `ImageRef.from_image_config` names it: `canonical` less its
+    /// registry prefix, split at the last `:` into repository and tag (`latest` when none),
+    /// the repository less its project prefix. `None` where upstream would raise: a canonical
+    /// name that is not under its registry or its project (`ProjectMismatchWithCanonical`), or
+    /// one without a repository.
+    pub fn image_ref(&self) -> Option<ImageRef> {
+        let registry = &self.registry.name;
+        // Upstream's `parse_image_str` reads the part before the first `/` as the registry when
+        // it is the registry's name (a name with a port, `127.0.0.1:5000`, included).
+        let rest = self
+            .canonical
+            .strip_prefix(registry.as_str())
+            .and_then(|r| r.strip_prefix('/'))?;
+        let rest = rest.split('@').next().unwrap_or(rest);
+        let (repo, tag) = match rest.rsplit_once(':') {
+            Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+            _ => (rest, "latest"),
+        };
+        if repo.is_empty() {
+            return None;
+        }
+        let project = self.project.as_deref().filter(|p| !p.is_empty());
+        let name = match project {
+            None => repo.to_owned(),
+            Some(p) if repo == p => String::new(),
+            Some(p) => repo.strip_prefix(p)?.strip_prefix('/')?.to_owned(),
+        };
+        Some(ImageRef {
+            name,
+            project: project.map(str::to_owned),
+            tag: tag.to_owned(),
+            registry: registry.clone(),
+            architecture: self.architecture.clone(),
+            is_local: self.is_local,
+        })
+    }
+}
+
+impl ImageConfig {
     /// A local image (registry `local`, never pulled) named `canonical`.
     pub fn local(canonical: &str) -> ImageConfig {
         ImageConfig {
@@ -160,7 +199,11 @@ impl ImageConfig {
     }
 }
 
-/// `ai.backend.common.docker.ImageRef` (a pickle on the wire, read as this map by the codec).
+/// `ai.backend.common.docker.ImageRef` (a pickle on the wire, read as this map by the codec):
+/// an image named by its parts. Upstream's agent also puts it in its image pull events
+/// (`image_ref`), where the manager reads which of its images (by canonical name and
+/// architecture) a pull was for (`event_dispatcher/handlers/image.py`); there it is the
+/// dataclass's fields as JSON.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageRef {
     /// Image name without registry, project and tag.
@@ -675,5 +718,83 @@ mod tests {
             }
         );
         assert!(!dbg.contains("hunter2"));
+    }
+
+    /// What 26.9.6's `ImageRef.from_image_str(canonical, project, registry)` answers for the
+    /// same inputs (read off the real class in the trixie root), and `None` where it raises.
+    #[test]
+    fn image_refs_are_upstreams() {
+        // (canonical, project, registry, Some((name, tag)) or None where upstream raises)
+        type Case = (
+            &'static str,
+            Option<&'static str>,
+            &'static str,
+            Option<(&'static str, &'static str)>,
+        );
+        let cases: [Case; 7] = [
+            (
+                "local/kernelvisor/test-py:bash",
+                Some("kernelvisor"),
+                "local",
+                Some(("test-py", "bash")),
+            ),
+            (
+                "cr.backend.ai/stable/python:3.9-ubuntu20.04",
+                Some("stable"),
+                "cr.backend.ai",
+                Some(("python", "3.9-ubuntu20.04")),
+            ),
+            (
+                "127.0.0.1:5000/kv/img:1",
+                Some("kv"),
+                "127.0.0.1:5000",
+                Some(("img", "1")),
+            ),
+            (
+                "cr.backend.ai/stable/python",
+                Some("stable"),
+                "cr.backend.ai",
+                Some(("python", "latest")),
+            ),
+            (
+                "cr.backend.ai/stable:1",
+                Some("stable"),
+                "cr.backend.ai",
+                Some(("", "1")),
+            ),
+            (
+                "cr.backend.ai/other/python:1",
+                Some("stable"),
+                "cr.backend.ai",
+                None,
+            ),
+            (
+                "registry.x/a/b/c:2",
+                None,
+                "registry.x",
+                Some(("a/b/c", "2")),
+            ),
+        ];
+        for (canonical, project, registry, want) in cases {
+            let mut config = ImageConfig::by_reference(canonical);
+            config.project = project.map(str::to_owned);
+            config.registry.name = registry.to_owned();
+            config.architecture = "x86_64".into();
+            let got = config.image_ref();
+            match want {
+                None => assert_eq!(got, None, "{canonical}"),
+                Some((name, tag)) => {
+                    let r = got.unwrap_or_else(|| panic!("{canonical} parses"));
+                    assert_eq!(
+                        (r.name.as_str(), r.tag.as_str()),
+                        (name, tag),
+                        "{canonical}"
+                    );
+                    assert_eq!(r.project.as_deref(), project, "{canonical}");
+                    assert_eq!(r.registry, registry, "{canonical}");
+                    assert_eq!((r.architecture.as_str(), r.is_local), ("x86_64", false));
+                }
+            }
+        }
     }
 }

@@ -11,6 +11,8 @@
 use rmpv::Value;
 use serde::{Deserialize, Serialize};
 
+use crate::rpc::agent_api::kernel::ImageRef;
+
 fn shutdown() -> String {
     "shutdown".into()
 }
@@ -172,6 +174,9 @@ pub enum AgentEvent {
         image: String,
         /// Unix seconds.
         timestamp: f64,
+        /// The image by its parts, as upstream sends it (`None` when its name does not parse).
+        #[serde(default)]
+        image_ref: Option<ImageRef>,
     },
     /// An image pull ended, or was not needed (bus only: upstream's `image_pull_finished`).
     ImagePullFinished {
@@ -182,6 +187,9 @@ pub enum AgentEvent {
         /// `"Image already exists"` when no pull was needed.
         #[serde(default)]
         msg: Option<String>,
+        /// The image by its parts, as upstream sends it (`None` when its name does not parse).
+        #[serde(default)]
+        image_ref: Option<ImageRef>,
     },
     /// An image pull failed (bus only: upstream's `image_pull_failed`).
     ImagePullFailed {
@@ -189,6 +197,9 @@ pub enum AgentEvent {
         image: String,
         /// Why.
         msg: String,
+        /// The image by its parts, as upstream sends it (`None` when its name does not parse).
+        #[serde(default)]
+        image_ref: Option<ImageRef>,
     },
     /// The kernel's logs are complete (its container ended): bus only, upstream's
     /// `do_sync_kernel_logs`.
@@ -551,15 +562,18 @@ mod tests {
             AgentEvent::ImagePullStarted {
                 image: "i".into(),
                 timestamp: 0.0,
+                image_ref: None,
             },
             AgentEvent::ImagePullFinished {
                 image: "i".into(),
                 timestamp: 0.0,
                 msg: None,
+                image_ref: None,
             },
             AgentEvent::ImagePullFailed {
                 image: "i".into(),
                 msg: String::new(),
+                image_ref: None,
             },
             AgentEvent::DoSyncKernelLogs {
                 kernel_id: "k".into(),

@@ -29,6 +29,7 @@ pub(super) fn summary(image: bollard::models::ImageSummary) -> ImageSummary {
             .filter(|t| t != "<none>:<none>")
             .collect(),
         size_bytes: u64::try_from(image.size).unwrap_or(0),
+        labels: image.labels,
     }
 }
 
@@ -95,6 +96,7 @@ mod tests {
                 id: "sha256:ab".into(),
                 tags: vec!["python:3.12".into(), "py:latest".into()],
                 size_bytes: 1000,
+                labels: Default::default(),
             }
         );
         let none = summary(listed(&["<none>:<none>"], -1));

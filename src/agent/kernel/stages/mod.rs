@@ -65,6 +65,11 @@ impl<P: Provisioner> Provisioner for Injected<P> {
                 tokio::time::sleep(Duration::from_secs_f64(*seconds)).await;
             }
         }
+        if let Some((stage, path)) = &self.inject.hold_before {
+            while stage == self.name() && !path.exists() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         if self.inject.fail_at.as_deref() == Some(self.name()) {
             return Err(KernelError::Engine("injected failure".into()).into());
         }
