@@ -591,7 +591,7 @@ impl Creation {
                     .and_then(Value::as_str)
                     .map_or(Some(KernelStatus::Running), KernelStatus::parse);
                 let moved = match status {
-                    Some(status) => store.advance_kernel_created(&kernel_id, status).await?,
+                    Some(status) => store.advance_kernel(&kernel_id, status).await?,
                     None => false,
                 };
                 // Moved forward: it was live and not `TERMINATING` (a later state), so only a

@@ -604,35 +604,30 @@ impl Store {
         })))
     }
 
-    /// Moves a kernel's status forward (see [`KernelStatus::rank`]); returns whether it changed.
+    /// Moves a kernel's status forward to `status` (never back: see [`advances_from`]) and
+    /// publishes each step. Every creation passes `PREPARING` and, before `RUNNING`,
+    /// `CREATING`: a later step heard first (the agent's outbox compacts a status its next one
+    /// supersedes, and a create answer travels apart from the event stream) records those
+    /// steps first, in order, so a session's timeline never skips them; a step's own event
+    /// arriving afterwards is a no-op. Returns whether `status` itself was recorded.
     pub async fn advance_kernel(
         &self,
         kernel_id: &str,
         status: KernelStatus,
     ) -> Result<bool, StoreError> {
-        // One statement: no transaction around it (on SQLite each statement is a round trip to
-        // its worker thread).
+        let skippable: &[KernelStatus] = match status {
+            KernelStatus::Pulling | KernelStatus::Creating => &[KernelStatus::Preparing],
+            KernelStatus::Running => &[KernelStatus::Preparing, KernelStatus::Creating],
+            _ => &[],
+        };
+        for step in skippable {
+            // One statement each: no transaction around them (on SQLite each statement is a
+            // round trip to its worker thread).
+            let changed = advance_in(&self.pool, kernel_id, *step).await?;
+            self.publish(changed);
+        }
         let changed = advance_in(&self.pool, kernel_id, status).await?;
         Ok(self.publish(changed))
-    }
-
-    /// Records an agent's answer to `create_kernels`: the kernel is now `status` (`RUNNING`
-    /// as a rule). The agent answers only once the kernel was prepared and created, and its
-    /// `kernel_preparing` / `kernel_creating` events may still be on their way (they travel on
-    /// the event stream, the answer on the RPC socket): the steps not yet recorded are recorded
-    /// first, in order, so a session's timeline never skips them (an event arriving later is
-    /// then a no-op, [`Store::advance_kernel`]). Returns whether `status` itself was recorded.
-    pub async fn advance_kernel_created(
-        &self,
-        kernel_id: &str,
-        status: KernelStatus,
-    ) -> Result<bool, StoreError> {
-        for step in [KernelStatus::Preparing, KernelStatus::Creating] {
-            if step.rank() < status.rank() {
-                self.advance_kernel(kernel_id, step).await?;
-            }
-        }
-        self.advance_kernel(kernel_id, status).await
     }
 
     /// Records the image pull progress of a live kernel (`PULLING`), and that its pull is
@@ -808,16 +803,18 @@ mod tests {
     use crate::model::session::{KernelStatus, RestartPolicy, SessionType};
     use crate::slots::{Amount, ResourceSlots};
 
-    /// A create answer that outruns the agent's `kernel_preparing` and `kernel_creating`
-    /// events still gives the session every step, in order, and those events, arriving after
-    /// it, change nothing (a session's timeline once lacked `PREPARING` this way).
+    /// A later step heard first (a create answer that outruns the agent's `kernel_preparing`
+    /// and `kernel_creating`, a `kernel_creating` whose `kernel_preparing` the agent's outbox
+    /// compacted away) still gives the session every step, in order, and those events,
+    /// arriving after it, change nothing (a session's timeline once lacked `PREPARING` this
+    /// way, in readme_tour).
     #[actix_rt::test]
-    async fn a_create_answer_records_the_steps_its_events_have_not_yet() {
+    async fn a_later_step_heard_first_records_the_steps_before_it() {
         let (_dir, store) = super::super::test_store_with_key().await;
         let roomy: ResourceSlots = [("cpu".to_owned(), Amount::from_units(100))]
             .into_iter()
             .collect();
-        for id in ["early", "late"] {
+        for id in ["early", "late", "compacted"] {
             store
                 .reserve_kernel(
                     &NewKernel {
@@ -856,7 +853,7 @@ mod tests {
         };
         // The answer first: every step is recorded; the late events are no-ops.
         assert!(store
-            .advance_kernel_created("late", KernelStatus::Running)
+            .advance_kernel("late", KernelStatus::Running)
             .await
             .unwrap());
         for step in [KernelStatus::Preparing, KernelStatus::Creating] {
@@ -875,12 +872,25 @@ mod tests {
             assert!(store.advance_kernel("early", step).await.unwrap());
         }
         assert!(store
-            .advance_kernel_created("early", KernelStatus::Running)
+            .advance_kernel("early", KernelStatus::Running)
             .await
             .unwrap());
         assert_eq!(
             steps("early"),
             ["SCHEDULED", "PREPARING", "PULLING", "CREATING", "RUNNING"]
+        );
+        // `kernel_creating` first (its `kernel_preparing` compacted), then the answer.
+        assert!(store
+            .advance_kernel("compacted", KernelStatus::Creating)
+            .await
+            .unwrap());
+        assert!(store
+            .advance_kernel("compacted", KernelStatus::Running)
+            .await
+            .unwrap());
+        assert_eq!(
+            steps("compacted"),
+            ["SCHEDULED", "PREPARING", "CREATING", "RUNNING"]
         );
         assert_eq!(
             store.kernel("late").await.unwrap().unwrap().status,
