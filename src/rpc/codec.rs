@@ -291,9 +291,14 @@ pub fn decode_body(header: &Header, bytes: &[u8]) -> Result<Message, CodecError>
     } else {
         bytes
     };
-    let Value::Map(map) = read_value(bytes).map_err(err)? else {
+    let Value::Map(mut map) = read_value(bytes).map_err(err)? else {
         return Err(err("not a map".into()));
     };
+    // The payload is moved out of the map, not copied (it may be megabytes of a file).
+    let body = map
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("body"))
+        .map(|(_, v)| std::mem::replace(v, Value::Nil));
     let meta = match map_get(&map, "meta") {
         Some(Value::Binary(b)) => b.as_slice(),
         Some(Value::Nil) | None => &[],
@@ -304,8 +309,8 @@ pub fn decode_body(header: &Header, bytes: &[u8]) -> Result<Message, CodecError>
     } else {
         None
     };
-    let payload = match map_get(&map, "body") {
-        Some(Value::Binary(b)) if header.msg_type.has_payload() => Some(b.clone()),
+    let payload = match body {
+        Some(Value::Binary(b)) if header.msg_type.has_payload() => Some(b),
         Some(Value::Nil) | None if header.msg_type.has_payload() => {
             return Err(err(format!("{:?} without a payload", header.msg_type)));
         }
@@ -350,14 +355,24 @@ pub fn encode_body(msg: &Message) -> Vec<u8> {
         (None, MsgType::Function) => Vec::new(),
         (None, _) => vec![0x90],
     };
-    let body = match &msg.payload {
-        Some(p) => Value::Binary(p.clone()),
-        None => Value::Nil,
+    // Written field by field: the payload (it may be megabytes of a file) is copied once, into
+    // the frame, and never cloned into a `Value` first.
+    let payload_len = msg.payload.as_ref().map_or(0, Vec::len);
+    let mut buf = Vec::with_capacity(32 + meta.len() + payload_len);
+    let write = |buf: &mut Vec<u8>| -> Result<(), rmp::encode::ValueWriteError> {
+        rmp::encode::write_map_len(buf, 2)?;
+        rmp::encode::write_str(buf, "meta")?;
+        rmp::encode::write_bin(buf, &meta)?;
+        rmp::encode::write_str(buf, "body")?;
+        match &msg.payload {
+            Some(p) => rmp::encode::write_bin(buf, p)?,
+            None => rmp::encode::write_nil(buf)
+                .map_err(rmp::encode::ValueWriteError::InvalidMarkerWrite)?,
+        }
+        Ok(())
     };
-    to_msgpack(&Value::Map(vec![
-        (Value::from("meta"), Value::Binary(meta)),
-        (Value::from("body"), body),
-    ]))
+    write(&mut buf).expect("writing msgpack into a Vec cannot fail");
+    buf
 }
 
 /// Decodes header and body frames into a message.
@@ -492,11 +507,16 @@ impl Call {
     /// [`Call::decode`] with a typed error ([`PayloadError::to_meta`] gives the reply's metadata).
     pub fn decode_payload(payload: &[u8]) -> Result<Call, PayloadError> {
         let shape = PayloadError::Shape;
-        let Value::Map(map) = read_value(payload).map_err(shape)? else {
+        let Value::Map(mut map) = read_value(payload).map_err(shape)? else {
             return Err(shape("payload is not a map of args and kwargs".into()));
         };
-        let args = match map_get(&map, "args") {
-            Some(Value::Array(a)) => a.clone(),
+        // Moved out of the map, not copied (an argument may be megabytes of a file).
+        let args = match map
+            .iter_mut()
+            .find(|(k, _)| k.as_str() == Some("args"))
+            .map(|(_, v)| std::mem::replace(v, Value::Nil))
+        {
+            Some(Value::Array(a)) => a,
             Some(Value::Nil) | None => Vec::new(),
             Some(other) => return Err(shape(format!("`args` is not an array: {other}"))),
         };
@@ -529,15 +549,26 @@ impl Call {
 
     /// Encodes a FUNCTION payload.
     pub fn encode(&self) -> Vec<u8> {
-        let kwargs = self
-            .kwargs
-            .iter()
-            .map(|(k, v)| (Value::from(k.as_str()), v.clone()))
-            .collect();
-        to_msgpack(&Value::Map(vec![
-            (Value::from("args"), Value::Array(self.args.clone())),
-            (Value::from("kwargs"), Value::Map(kwargs)),
-        ]))
+        // Written field by field from the borrowed arguments: a large one (a file's chunk) is
+        // copied once, into the payload, and never cloned into a `Value` first.
+        let mut buf = Vec::with_capacity(64);
+        let write = |buf: &mut Vec<u8>| -> Result<(), rmpv::encode::Error> {
+            rmp::encode::write_map_len(buf, 2)?;
+            rmp::encode::write_str(buf, "args")?;
+            rmp::encode::write_array_len(buf, self.args.len() as u32)?;
+            for v in &self.args {
+                rmpv::encode::write_value(buf, v)?;
+            }
+            rmp::encode::write_str(buf, "kwargs")?;
+            rmp::encode::write_map_len(buf, self.kwargs.len() as u32)?;
+            for (k, v) in &self.kwargs {
+                rmp::encode::write_str(buf, k)?;
+                rmpv::encode::write_value(buf, v)?;
+            }
+            Ok(())
+        };
+        write(&mut buf).expect("writing msgpack into a Vec cannot fail");
+        buf
     }
 
     /// The positional argument at `i`, or the keyword argument `name`.
