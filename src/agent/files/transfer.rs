@@ -25,8 +25,11 @@ use super::tar::{self, Ownership, TarReader};
 use super::{absolute, open_file, resolve, FileError};
 use crate::agent::backend::{BackendError, ContainerBackend};
 
-/// Chunks queued between an upload's calls and the engine.
+/// Chunks queued between an upload's calls and its writer.
 const QUEUE: usize = 4;
+
+/// Longest wait for a failed upload's writer to end (and clean up) before its call answers.
+const CLEANUP_WAIT: Duration = Duration::from_secs(10);
 
 /// A new upload: where, how big, owned by whom.
 #[derive(Clone, Debug)]
@@ -247,10 +250,16 @@ impl Transfers {
         let result = self.feed(&mut up, data, eof).await;
         if eof || result.is_err() {
             self.uploads.lock().expect("uploads lock").remove(id);
-            // Dropping the sender ends the archive (truncated unless complete).
+            // Dropping the sender ends the data (short unless complete).
             up.tx = None;
             if let (Err(_), Some(task)) = (&result, up.task.take()) {
-                task.abort();
+                // The writer's end is waited for, so that once the caller sees the error nothing
+                // is left of the upload (the direct path removes its hidden file); an engine that
+                // does not answer the cut archive is not waited for long.
+                let abort = task.abort_handle();
+                if tokio::time::timeout(CLEANUP_WAIT, task).await.is_err() {
+                    abort.abort();
+                }
             }
         }
         result
