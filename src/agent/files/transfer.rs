@@ -25,8 +25,9 @@ use super::tar::{self, Ownership, TarReader};
 use super::{absolute, open_file, resolve, FileError};
 use crate::agent::backend::{BackendError, ContainerBackend};
 
-/// Chunks queued between an upload's calls and its writer.
-const QUEUE: usize = 4;
+/// Chunks queued between an upload's calls and its writer (each up to the methods'
+/// `MAX_CHUNK`).
+const QUEUE: usize = 2;
 
 /// Longest wait for a failed upload's writer to end (and clean up) before its call answers.
 const CLEANUP_WAIT: Duration = Duration::from_secs(10);
