@@ -4,6 +4,7 @@
 //! - a chunked upload into a vfolder mounted under `/home/work` lands in the vfolder on the host
 //!   (what the kernel sees there), not in the scratch directory beneath the mount, owned by the
 //!   kernel's own `uid` / `main_gid`, and comes back the same in chunks with its size and mode;
+//! - chunks naming their offsets are written in order whatever order they come in;
 //! - while an upload is in flight its data is in a hidden file beside the old one, which it
 //!   replaces once whole; an upload cut short (its `eof` before its declared size) is refused
 //!   with `UploadSizeMismatch` and leaves the old file as it was, with nothing beside it;
@@ -219,6 +220,41 @@ async fn chunked_transfers_go_straight_through_the_kernels_root() {
         std::fs::read(work.join("keep.txt")).unwrap(),
         [&half[..], &half[..]].concat()
     );
+
+    // Chunks with offsets may come out of order (a caller with several in flight): the last
+    // one, sent first, waits for the one before it.
+    let id = format!("up-{}", run_id());
+    let part = |i: u64| noise(MIB as usize, 20 + i);
+    let chunk_call = |i: u64, first: bool, eof: bool| {
+        let mut o = vec![
+            ("upload_id", Value::from(id.as_str())),
+            ("eof", eof.into()),
+            ("offset", (i * MIB).into()),
+        ];
+        if first {
+            o.push(("size", (3 * MIB).into()));
+        }
+        call(
+            &peer,
+            "upload_file",
+            vec![
+                kid.as_str().into(),
+                "ordered.bin".into(),
+                Value::Binary(part(i)),
+                map(o),
+            ],
+        )
+    };
+    let r0 = chunk_call(0, true, false).await;
+    assert!(r0.is_ok(), "{r0:?}");
+    let (r2, r1) = futures::join!(chunk_call(2, false, true), chunk_call(1, false, false));
+    assert_eq!(field(&r2.unwrap(), "received").as_u64(), Some(3 * MIB));
+    assert_eq!(field(&r1.unwrap(), "received").as_u64(), Some(2 * MIB));
+    assert_eq!(
+        std::fs::read(work.join("ordered.bin")).unwrap(),
+        [part(0), part(1), part(2)].concat()
+    );
+    std::fs::remove_file(work.join("ordered.bin")).unwrap();
 
     // Cut short: refused, the old file kept, nothing left beside it.
     std::fs::write(work.join("keep.txt"), b"old").unwrap();

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use actors::{ChildSpec, StopSignal};
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -25,9 +25,8 @@ use super::tar::{self, Ownership, TarReader};
 use super::{absolute, open_file, resolve, FileError};
 use crate::agent::backend::{BackendError, ContainerBackend};
 
-/// Chunks queued between an upload's calls and its writer (each up to the methods'
-/// `MAX_CHUNK`).
-const QUEUE: usize = 2;
+/// Chunks queued between an upload's calls and its writer.
+const QUEUE: usize = 4;
 
 /// Longest wait for a failed upload's writer to end (and clean up) before its call answers.
 const CLEANUP_WAIT: Duration = Duration::from_secs(10);
@@ -70,6 +69,14 @@ struct Upload {
     last_touch: Instant,
 }
 
+/// An open upload and the chunks waiting for their turn.
+struct UploadSlot {
+    upload: tokio::sync::Mutex<Upload>,
+    /// Told after each chunk, so that a chunk which came early (its offset beyond what was
+    /// received) looks again.
+    turn: Notify,
+}
+
 struct Download {
     source: Source,
     last_touch: Instant,
@@ -109,7 +116,7 @@ pub fn reaper_spec<O: Send + Sync + 'static>(
 
 /// Open transfers by id. Each is behind its own async lock: one call at a time per transfer.
 pub struct Transfers {
-    uploads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Upload>>>>,
+    uploads: Mutex<HashMap<String, Arc<UploadSlot>>>,
     downloads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Download>>>>,
     idle: Duration,
 }
@@ -190,10 +197,13 @@ impl Transfers {
             received: 0,
             last_touch: Instant::now(),
         };
-        self.uploads
-            .lock()
-            .expect("uploads lock")
-            .insert(id.to_owned(), Arc::new(tokio::sync::Mutex::new(upload)));
+        self.uploads.lock().expect("uploads lock").insert(
+            id.to_owned(),
+            Arc::new(UploadSlot {
+                upload: tokio::sync::Mutex::new(upload),
+                turn: Notify::new(),
+            }),
+        );
         Ok(())
     }
 
@@ -233,20 +243,52 @@ impl Transfers {
         }
     }
 
-    /// Queues `data` for upload `id` (waiting while the engine is behind); with `eof`, waits for
-    /// the engine to finish and forgets the upload. Returns the bytes received so far.
+    /// Queues `data` for upload `id` (waiting while the writer is behind); with `eof`, waits for
+    /// the file to be written and forgets the upload. With `offset`, the chunk first waits until
+    /// the bytes before it came (another call may bring them meanwhile). Returns the bytes
+    /// received so far.
     ///
-    /// Errors: [`FileError::TransferNotFound`]; [`FileError::SizeMismatch`] for more bytes than
-    /// declared, or fewer at `eof`; [`FileError::Engine`] when the engine refused the archive.
-    pub async fn upload_chunk(&self, id: &str, data: Bytes, eof: bool) -> Result<u64, FileError> {
-        let entry = self
+    /// Errors: [`FileError::TransferNotFound`] (also once the upload failed by another call);
+    /// [`FileError::SizeMismatch`] for more bytes than declared, fewer at `eof`, or an `offset`
+    /// already past; [`FileError::Engine`] or [`FileError::Io`] when the file could not be
+    /// written.
+    pub async fn upload_chunk(
+        &self,
+        id: &str,
+        data: Bytes,
+        eof: bool,
+        offset: Option<u64>,
+    ) -> Result<u64, FileError> {
+        let slot = self
             .uploads
             .lock()
             .expect("uploads lock")
             .get(id)
             .cloned()
             .ok_or_else(|| FileError::TransferNotFound(id.to_owned()))?;
-        let mut up = entry.lock().await;
+        let mut up = loop {
+            let up = slot.upload.lock().await;
+            if up.tx.is_none() {
+                return Err(FileError::TransferNotFound(id.to_owned()));
+            }
+            match offset {
+                Some(o) if o > up.received => {
+                    // Registered before the lock goes, so no chunk's notice is missed.
+                    let turn = slot.turn.notified();
+                    tokio::pin!(turn);
+                    turn.as_mut().enable();
+                    drop(up);
+                    turn.await;
+                }
+                Some(o) if o < up.received => {
+                    return Err(FileError::SizeMismatch(format!(
+                        "a chunk at byte {o}, but {} bytes came already",
+                        up.received
+                    )))
+                }
+                _ => break up,
+            }
+        };
         up.last_touch = Instant::now();
         let result = self.feed(&mut up, data, eof).await;
         if eof || result.is_err() {
@@ -263,6 +305,8 @@ impl Transfers {
                 }
             }
         }
+        drop(up);
+        slot.turn.notify_waiters();
         result
     }
 
@@ -378,13 +422,16 @@ impl Transfers {
         let idle = self.idle;
         let stale = |t: Instant| t.elapsed() > idle;
         let mut uploads = self.uploads.lock().expect("uploads lock");
-        uploads.retain(|id, u| match u.try_lock() {
+        uploads.retain(|id, slot| match slot.upload.try_lock() {
             Ok(mut u) if stale(u.last_touch) => {
                 tracing::warn!(upload = %id, "upload idle too long: dropped");
                 u.tx = None;
                 if let Some(task) = u.task.take() {
                     task.abort();
                 }
+                drop(u);
+                // Chunks waiting for their turn see it gone.
+                slot.turn.notify_waiters();
                 false
             }
             _ => true,

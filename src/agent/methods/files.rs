@@ -4,10 +4,11 @@
 //! else through the archive API too:
 //!
 //! - `upload_file(kernel_id, filename, filedata, opts=None)`: without `opts` (upstream),
-//!   `filedata` is the whole file → nil. With `opts` = `{"upload_id", "size", "eof"}` the file
-//!   comes in chunks: the first call of an `upload_id` declares the total `size`, each call
-//!   queues its `filedata`, the call with `eof` true waits for the engine → `{"received":
-//!   bytes}`.
+//!   `filedata` is the whole file → nil. With `opts` = `{"upload_id", "size", "eof", "offset"}`
+//!   the file comes in chunks: the first call of an `upload_id` declares the total `size`, each
+//!   call queues its `filedata` (one with an `offset` after the bytes before it came: a caller
+//!   may have several in flight), the call with `eof` true waits for the file to be written →
+//!   `{"received": bytes}`.
 //! - `download_file(kernel_id, filepath)` → the tar archive of the path (upstream), at most
 //!   1 MiB of archive (else `FileTooLarge`).
 //! - `download_single(kernel_id, filepath, opts=None)`: without `opts`, the file's bytes (at
@@ -131,7 +132,7 @@ async fn upload(
             .await
             .map_err(to_meta)?;
         ctx.transfers
-            .upload_chunk(&id, data, true)
+            .upload_chunk(&id, data, true, None)
             .await
             .map_err(to_meta)?;
         return Ok(Value::Nil);
@@ -156,9 +157,16 @@ async fn upload(
             .await
             .map_err(to_meta)?;
     }
+    let offset = match opt(&o, "offset") {
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| type_error("opts.offset must be a byte count".into()))?,
+        ),
+        None => None,
+    };
     let received = ctx
         .transfers
-        .upload_chunk(&id, data, eof)
+        .upload_chunk(&id, data, eof, offset)
         .await
         .map_err(to_meta)?;
     Ok(to_value(&api::UploadProgress { received }))

@@ -3,10 +3,13 @@
 //! `GET /v1/sessions/{id}/files/{path}` (raw bytes), and `GET /v1/sessions/{id}/files?dir=PATH`.
 //!
 //! Bodies move in chunks of [`CHUNK`] bytes through the agent's `upload_file` /
-//! `download_single` (chunked forms): the manager holds at most two chunks (one in transit to
-//! the agent or the client, the next being read), reads the request body only as fast as the
-//! agent takes it, and reads the agent only as fast as the client does.
+//! `download_single` (chunked forms), a chunk's bytes moved into and out of the calls rather
+//! than copied through serde. An upload has up to [`IN_FLIGHT`] chunks in transit to the agent
+//! and the next being read; a download one chunk in transit to the client and the next being
+//! fetched. The manager reads the request body only as fast as the agent takes it, and the
+//! agent only as fast as the client reads.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use actix_web::http::header;
@@ -30,10 +33,13 @@ use crate::rpc::agent_api::files::{
 };
 use crate::rpc::agent_api::{from_value, to_value, Method};
 
-/// Bytes per agent call: 4 MiB. Each chunk is one round trip to the agent, during which no
-/// other chunk of the same transfer moves; 1 MiB chunks made a loaded machine's scheduling
-/// latency (several wakeups per call) the upload's limit.
-pub const CHUNK: usize = 4 << 20;
+/// Bytes per agent call (1 MiB: a larger chunk moves no faster, each stage holding it whole
+/// before the next starts, and costs memory).
+pub const CHUNK: usize = 1 << 20;
+
+/// Chunks of one upload in flight to the agent at once (after its first): a chunk's round trip
+/// through both processes' ZeroMQ and CURVE stages is otherwise the upload's pace.
+const IN_FLIGHT: usize = 3;
 
 /// Deadline of one chunk's call (it may wait for a slow engine).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -129,11 +135,12 @@ pub(super) async fn upload(
     }
     let k = running_kernel(&s, &caller, &id).await?;
     let upload_id = uuid::Uuid::new_v4().simple().to_string();
-    let send = |data: Vec<u8>, first: bool, eof: bool| {
+    let send = |data: Vec<u8>, first: bool, eof: bool, offset: u64| {
         let opts = UploadOpts {
             upload_id: upload_id.clone(),
             size: first.then_some(size),
             eof,
+            offset: Some(offset),
         };
         // upload_file(kernel_id, filename, filedata, opts), the chunk moved in.
         let args = vec![
@@ -149,21 +156,24 @@ pub(super) async fn upload(
                 .map_err(|e| ManagerError::Internal(format!("the agent's upload_file answer: {e}")))
         }
     };
-    // One chunk is sent while the next is read from the client (at most two held).
-    let mut in_flight: Option<tokio::task::JoinHandle<Result<UploadProgress, ManagerError>>> = None;
+    // The first chunk opens the upload and is answered before any other goes; then up to
+    // IN_FLIGHT chunks are in flight at once while the next is read from the client (each
+    // names its offset: the agent takes them in order, whatever order they come in).
+    let mut in_flight: VecDeque<tokio::task::JoinHandle<Result<UploadProgress, ManagerError>>> =
+        VecDeque::new();
     let mut buf = Vec::with_capacity(CHUNK.min(size as usize));
-    let mut first = true;
+    let (mut first, mut offset) = (true, 0u64);
     while let Some(chunk) = body.next().await {
         let chunk = match chunk {
             Ok(c) => c,
             Err(e) => {
-                if let Some(h) = in_flight.take() {
+                for h in in_flight.drain(..) {
                     let _ = h.await;
                 }
                 if !first {
                     // Ends the agent's upload now (it is short: refused) rather than at its
                     // idle timeout.
-                    let _ = send(Vec::new(), false, true).await;
+                    let _ = send(Vec::new(), false, true, offset).await;
                 }
                 return Err(ManagerError::InvalidRequest(format!(
                     "reading the request body: {e}"
@@ -178,18 +188,26 @@ pub(super) async fn upload(
             rest = &rest[n..];
             if buf.len() == CHUNK {
                 let part = std::mem::replace(&mut buf, Vec::with_capacity(CHUNK));
-                if let Some(h) = in_flight.take() {
-                    joined(h.await)?;
+                let at = offset;
+                offset += part.len() as u64;
+                if first {
+                    send(part, true, false, at).await?;
+                    first = false;
+                    continue;
                 }
-                in_flight = Some(actix_rt::spawn(send(part, first, false)));
-                first = false;
+                if in_flight.len() == IN_FLIGHT {
+                    if let Some(h) = in_flight.pop_front() {
+                        joined(h.await)?;
+                    }
+                }
+                in_flight.push_back(actix_rt::spawn(send(part, false, false, at)));
             }
         }
     }
-    if let Some(h) = in_flight.take() {
+    for h in in_flight.drain(..) {
         joined(h.await)?;
     }
-    send(buf, first, true).await?;
+    send(buf, first, true, offset).await?;
     reply(HttpResponse::Created(), &Uploaded { path, size })
 }
 
