@@ -8,8 +8,9 @@
 //! - `docker cp`: `docker cp FILE kernel.<id>:/home/work/raw.bin` and back (the engine's archive
 //!   API, tar made and read by the docker CLI);
 //! - `ctl session cp`: `kernelvisor ctl session cp FILE SID:ours.bin` and back (as the manager's
-//!   bootstrap admin key, `KERNELVISOR_TOKEN`): HTTP → manager →
-//!   1 MiB chunks over CurveZMQ → agent → tar stream to the engine's archive API.
+//!   bootstrap admin key, `KERNELVISOR_TOKEN`): HTTP → manager → chunks over CurveZMQ →
+//!   agent → the file in the kernel's filesystem, through the container's root
+//!   (`src/agent/files/direct.rs`; the engine's archive API only where that is unavailable).
 //!
 //! Each figure is the median of its runs, in MB/s (10^6 bytes); every copy back is checked to
 //! equal the original (SHA-256). Peak RSS is the processes' `VmHWM` after all runs. Prints a table

@@ -291,9 +291,14 @@ pub fn decode_body(header: &Header, bytes: &[u8]) -> Result<Message, CodecError>
     } else {
         bytes
     };
-    let Value::Map(map) = read_value(bytes).map_err(err)? else {
+    let Value::Map(mut map) = read_value(bytes).map_err(err)? else {
         return Err(err("not a map".into()));
     };
+    // The payload is moved out of the map, not copied (it may be megabytes of a file).
+    let body = map
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("body"))
+        .map(|(_, v)| std::mem::replace(v, Value::Nil));
     let meta = match map_get(&map, "meta") {
         Some(Value::Binary(b)) => b.as_slice(),
         Some(Value::Nil) | None => &[],
@@ -304,8 +309,8 @@ pub fn decode_body(header: &Header, bytes: &[u8]) -> Result<Message, CodecError>
     } else {
         None
     };
-    let payload = match map_get(&map, "body") {
-        Some(Value::Binary(b)) if header.msg_type.has_payload() => Some(b.clone()),
+    let payload = match body {
+        Some(Value::Binary(b)) if header.msg_type.has_payload() => Some(b),
         Some(Value::Nil) | None if header.msg_type.has_payload() => {
             return Err(err(format!("{:?} without a payload", header.msg_type)));
         }
@@ -350,14 +355,43 @@ pub fn encode_body(msg: &Message) -> Vec<u8> {
         (None, MsgType::Function) => Vec::new(),
         (None, _) => vec![0x90],
     };
-    let body = match &msg.payload {
-        Some(p) => Value::Binary(p.clone()),
-        None => Value::Nil,
+    // Written field by field: the payload (it may be megabytes of a file) is copied once, into
+    // the frame, and never cloned into a `Value` first.
+    let payload_len = msg.payload.as_ref().map_or(0, Vec::len);
+    let mut buf = Vec::with_capacity(32 + meta.len() + payload_len);
+    let write = |buf: &mut Vec<u8>| -> Result<(), rmp::encode::ValueWriteError> {
+        rmp::encode::write_map_len(buf, 2)?;
+        rmp::encode::write_str(buf, "meta")?;
+        rmp::encode::write_bin(buf, &meta)?;
+        rmp::encode::write_str(buf, "body")?;
+        match &msg.payload {
+            Some(p) => rmp::encode::write_bin(buf, p)?,
+            None => rmp::encode::write_nil(buf)
+                .map_err(rmp::encode::ValueWriteError::InvalidMarkerWrite)?,
+        }
+        Ok(())
     };
-    to_msgpack(&Value::Map(vec![
-        (Value::from("meta"), Value::Binary(meta)),
-        (Value::from("body"), body),
-    ]))
+    write(&mut buf).expect("writing msgpack into a Vec cannot fail");
+    buf
+}
+
+/// The body frame of a FUNCTION carrying `call`, written straight into the frame (the call's
+/// payload is not encoded apart first and copied in): `{meta: b"", body: bin(payload)}` as
+/// [`encode_body`] writes it, but for the payload's `bin 32` header, which any msgpack reader
+/// takes whatever the length (a file's chunk is megabytes: one copy fewer).
+pub fn encode_function_body(call: &Call) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(64);
+    rmp::encode::write_map_len(&mut buf, 2).expect("writing into a Vec cannot fail");
+    rmp::encode::write_str(&mut buf, "meta").expect("writing into a Vec cannot fail");
+    rmp::encode::write_bin(&mut buf, &[]).expect("writing into a Vec cannot fail");
+    rmp::encode::write_str(&mut buf, "body").expect("writing into a Vec cannot fail");
+    buf.push(0xc6);
+    let at = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    call.encode_into(&mut buf);
+    let len = u32::try_from(buf.len() - at - 4).expect("a call payload under 4 GiB");
+    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    buf
 }
 
 /// Decodes header and body frames into a message.
@@ -492,11 +526,16 @@ impl Call {
     /// [`Call::decode`] with a typed error ([`PayloadError::to_meta`] gives the reply's metadata).
     pub fn decode_payload(payload: &[u8]) -> Result<Call, PayloadError> {
         let shape = PayloadError::Shape;
-        let Value::Map(map) = read_value(payload).map_err(shape)? else {
+        let Value::Map(mut map) = read_value(payload).map_err(shape)? else {
             return Err(shape("payload is not a map of args and kwargs".into()));
         };
-        let args = match map_get(&map, "args") {
-            Some(Value::Array(a)) => a.clone(),
+        // Moved out of the map, not copied (an argument may be megabytes of a file).
+        let args = match map
+            .iter_mut()
+            .find(|(k, _)| k.as_str() == Some("args"))
+            .map(|(_, v)| std::mem::replace(v, Value::Nil))
+        {
+            Some(Value::Array(a)) => a,
             Some(Value::Nil) | None => Vec::new(),
             Some(other) => return Err(shape(format!("`args` is not an array: {other}"))),
         };
@@ -529,15 +568,31 @@ impl Call {
 
     /// Encodes a FUNCTION payload.
     pub fn encode(&self) -> Vec<u8> {
-        let kwargs = self
-            .kwargs
-            .iter()
-            .map(|(k, v)| (Value::from(k.as_str()), v.clone()))
-            .collect();
-        to_msgpack(&Value::Map(vec![
-            (Value::from("args"), Value::Array(self.args.clone())),
-            (Value::from("kwargs"), Value::Map(kwargs)),
-        ]))
+        let mut buf = Vec::with_capacity(64);
+        self.encode_into(&mut buf);
+        buf
+    }
+
+    /// Appends the FUNCTION payload to `buf`.
+    pub fn encode_into(&self, buf: &mut Vec<u8>) {
+        // Written field by field from the borrowed arguments: a large one (a file's chunk) is
+        // copied once, into the payload, and never cloned into a `Value` first.
+        let write = |buf: &mut Vec<u8>| -> Result<(), rmpv::encode::Error> {
+            rmp::encode::write_map_len(buf, 2)?;
+            rmp::encode::write_str(buf, "args")?;
+            rmp::encode::write_array_len(buf, self.args.len() as u32)?;
+            for v in &self.args {
+                rmpv::encode::write_value(buf, v)?;
+            }
+            rmp::encode::write_str(buf, "kwargs")?;
+            rmp::encode::write_map_len(buf, self.kwargs.len() as u32)?;
+            for (k, v) in &self.kwargs {
+                rmp::encode::write_str(buf, k)?;
+                rmpv::encode::write_value(buf, v)?;
+            }
+            Ok(())
+        };
+        write(buf).expect("writing msgpack into a Vec cannot fail");
     }
 
     /// The positional argument at `i`, or the keyword argument `name`.
@@ -597,6 +652,32 @@ mod tests {
                 "reply must echo okey with its msgpack type"
             );
         }
+    }
+
+    #[test]
+    fn a_function_body_written_in_place_decodes_as_encode_body_writes_it() {
+        let call = Call {
+            args: vec![Value::from("k"), Value::Binary(vec![7; 70_000])],
+            kwargs: vec![("opts".into(), Value::Map(vec![]))],
+            peer_user_id: None,
+        };
+        let h = header(MsgType::Function, OrderKey::Bin(vec![]));
+        let written = decode_body(&h, &encode_function_body(&call)).unwrap();
+        let usual = decode_body(
+            &h,
+            &encode_body(&Message::function(
+                "ping",
+                OrderKey::Bin(vec![]),
+                7,
+                call.encode(),
+            )),
+        )
+        .unwrap();
+        assert_eq!(written, usual);
+        assert_eq!(
+            Call::decode_payload(&written.payload.unwrap()).unwrap(),
+            call
+        );
     }
 
     #[test]

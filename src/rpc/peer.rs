@@ -216,9 +216,12 @@ impl Peer {
 }
 
 /// The FUNCTION message of a call and its frames (callosum's upper-layer envelope).
+/// The returned message is kept only for its header (a CANCEL names it): its payload is left
+/// empty, the call written once, straight into the body frame.
 pub(super) fn function_frames(method: &str, seq: u32, call: &Call) -> (Message, Vec<Vec<u8>>) {
-    let msg = Message::function(method, OrderKey::default(), seq, call.encode());
-    let (h, b) = codec::encode_message(&msg);
+    let msg = Message::function(method, OrderKey::default(), seq, Vec::new());
+    let h = codec::encode_header(&msg.header);
+    let b = codec::encode_function_body(call);
     (msg, vec![codec::UPPER.to_vec(), h, b])
 }
 

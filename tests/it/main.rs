@@ -38,6 +38,7 @@ mod dev_run;
 mod engine_restart;
 mod events;
 mod exec_streaming;
+mod files_direct;
 mod ha;
 mod image_commit;
 mod image_placement;

@@ -1,6 +1,7 @@
 //! Files in and out of a kernel: Backend.AI's `upload_file`, `download_file`,
-//! `download_single` and `list_files`, through the engine's archive API alone (no tool of the
-//! image, never a host path).
+//! `download_single` and `list_files`, through the engine's archive API (no tool of the image);
+//! a chunked upload's or download's bytes go straight to or from the kernel's filesystem where
+//! the agent can reach it through the container's root ([`direct`]).
 //!
 //! Paths are relative to `/home/work` ([`WORK_DIR`]). Each is resolved inside the container one
 //! component at a time ([`resolve`]): a symlink is followed only while its target stays under
@@ -9,6 +10,7 @@
 //! may change a link between the check and the transfer; the engine confines either to the
 //! kernel's own filesystem.)
 
+pub mod direct;
 pub mod listing;
 pub mod tar;
 pub mod transfer;
@@ -51,6 +53,10 @@ pub enum FileError {
     /// The engine failed.
     #[error(transparent)]
     Engine(BackendError),
+    /// Reading or writing the kernel's filesystem directly failed (a full disk, a quota): see
+    /// [`direct`].
+    #[error("the kernel's filesystem: {0}")]
+    Io(String),
 }
 
 impl From<BackendError> for FileError {
@@ -73,7 +79,7 @@ impl FileError {
             FileError::SizeMismatch(_) => Failure::UploadSizeMismatch,
             FileError::Engine(BackendError::ContainerNotFound(_)) => Failure::KernelNotRunning,
             FileError::Engine(BackendError::Unavailable(_)) => Failure::ContainerEngineUnavailable,
-            FileError::Engine(_) => Failure::ContainerEngineError,
+            FileError::Engine(_) | FileError::Io(_) => Failure::ContainerEngineError,
         }
     }
 }

@@ -3,15 +3,18 @@
 //! `GET /v1/sessions/{id}/files/{path}` (raw bytes), and `GET /v1/sessions/{id}/files?dir=PATH`.
 //!
 //! Bodies move in chunks of [`CHUNK`] bytes through the agent's `upload_file` /
-//! `download_single` (chunked forms): the manager holds at most two chunks (one in transit to
-//! the agent or the client, the next being read), reads the request body only as fast as the
-//! agent takes it, and reads the agent only as fast as the client does.
+//! `download_single` (chunked forms), a chunk's bytes moved into and out of the calls rather
+//! than copied through serde. An upload has up to [`IN_FLIGHT`] chunks in transit to the agent
+//! and the next being read; a download one chunk in transit to the client and the next being
+//! fetched. The manager reads the request body only as fast as the agent takes it, and the
+//! agent only as fast as the client reads.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use actix_web::http::header;
 use actix_web::{get, put, web, HttpRequest, HttpResponse};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
 use rmpv::Value;
 use serde::Deserialize;
@@ -19,22 +22,62 @@ use serde::Deserialize;
 use super::auth::Caller;
 use super::responses;
 use super::{reply, running_kernel, ApiState, Res};
-use crate::manager::calls::{agent_error, call_method};
+use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::store::KernelRow;
 use crate::model::error::ErrorBody;
 use crate::model::file::{Binary, FileEntry, FileList, Uploaded};
 use crate::rpc::agent_api::files::{
-    Blob, DownloadChunk, DownloadOpts, DownloadSingleArgs, ListFilesArgs, ListFilesRich,
-    UploadChunk, UploadFileArgs, UploadOpts, UploadProgress,
+    DownloadChunk, DownloadChunkReply, DownloadOpts, ListFilesArgs, ListFilesRich, UploadChunk,
+    UploadOpts, UploadProgress,
 };
-use crate::rpc::agent_api::{to_value, Method};
+use crate::rpc::agent_api::{from_value, to_value, Method};
 
-/// Bytes per agent call.
+/// Bytes per agent call (1 MiB: a larger chunk moves no faster, each stage holding it whole
+/// before the next starts, and costs memory).
 pub const CHUNK: usize = 1 << 20;
+
+/// Chunks of one upload in flight to the agent at once (after its first): a chunk's round trip
+/// through both processes' ZeroMQ and CURVE stages is otherwise the upload's pace.
+const IN_FLIGHT: usize = 3;
 
 /// Deadline of one chunk's call (it may wait for a slow engine).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Calls `M` with its arguments already as msgpack values (a chunk's bytes are moved into the
+/// call, not copied through serde); its raw answer.
+async fn call_raw<M: Method>(
+    s: &ApiState,
+    k: &KernelRow,
+    args: Vec<Value>,
+) -> Result<Value, ManagerError> {
+    call_agent(
+        &s.pool,
+        &s.metrics,
+        &k.agent_id,
+        M::NAME,
+        args,
+        CALL_TIMEOUT,
+    )
+    .await
+    .map_err(|e| agent_error(&e))
+}
+
+/// A chunked `download_single`'s answer and its data, moved out of the answer.
+fn download_reply(v: Value) -> Result<(DownloadChunkReply, Bytes), ManagerError> {
+    let mut v = v;
+    let mut data = Vec::new();
+    if let Value::Map(fields) = &mut v {
+        if let Some((_, Value::Binary(b))) =
+            fields.iter_mut().find(|(k, _)| k.as_str() == Some("data"))
+        {
+            data = std::mem::take(b);
+        }
+    }
+    let reply = from_value::<DownloadChunkReply>(v)
+        .map_err(|e| ManagerError::Internal(format!("the agent's download_single answer: {e}")))?;
+    Ok((reply, Bytes::from(data)))
+}
 
 async fn call<M: Method>(
     s: &ApiState,
@@ -92,56 +135,79 @@ pub(super) async fn upload(
     }
     let k = running_kernel(&s, &caller, &id).await?;
     let upload_id = uuid::Uuid::new_v4().simple().to_string();
-    let send = |data: Bytes, first: bool, eof: bool| {
+    let send = |data: Vec<u8>, first: bool, eof: bool, offset: u64| {
         let opts = UploadOpts {
             upload_id: upload_id.clone(),
             size: first.then_some(size),
             eof,
+            offset: Some(offset),
         };
-        let args = UploadFileArgs {
-            kernel_id: k.id.clone(),
-            filename: path.clone(),
-            filedata: Blob(data.to_vec()),
-            opts: Some(to_value(&opts)),
-        };
+        // upload_file(kernel_id, filename, filedata, opts), the chunk moved in.
+        let args = vec![
+            Value::from(k.id.as_str()),
+            Value::from(path.as_str()),
+            Value::Binary(data),
+            to_value(&opts),
+        ];
         let (s, k) = (s.clone(), k.clone());
-        async move { call::<UploadChunk>(&s, &k, &args).await }
+        async move {
+            let v = call_raw::<UploadChunk>(&s, &k, args).await?;
+            from_value::<UploadProgress>(v)
+                .map_err(|e| ManagerError::Internal(format!("the agent's upload_file answer: {e}")))
+        }
     };
-    // One chunk is sent while the next is read from the client (at most two held).
-    let mut in_flight: Option<tokio::task::JoinHandle<Result<UploadProgress, ManagerError>>> = None;
-    let mut buf = BytesMut::new();
-    let mut first = true;
+    // The first chunk opens the upload and is answered before any other goes; then up to
+    // IN_FLIGHT chunks are in flight at once while the next is read from the client (each
+    // names its offset: the agent takes them in order, whatever order they come in).
+    let mut in_flight: VecDeque<tokio::task::JoinHandle<Result<UploadProgress, ManagerError>>> =
+        VecDeque::new();
+    let mut buf = Vec::with_capacity(CHUNK.min(size as usize));
+    let (mut first, mut offset) = (true, 0u64);
     while let Some(chunk) = body.next().await {
         let chunk = match chunk {
             Ok(c) => c,
             Err(e) => {
-                if let Some(h) = in_flight.take() {
+                for h in in_flight.drain(..) {
                     let _ = h.await;
                 }
                 if !first {
                     // Ends the agent's upload now (it is short: refused) rather than at its
                     // idle timeout.
-                    let _ = send(Bytes::new(), false, true).await;
+                    let _ = send(Vec::new(), false, true, offset).await;
                 }
                 return Err(ManagerError::InvalidRequest(format!(
                     "reading the request body: {e}"
                 )));
             }
         };
-        buf.extend_from_slice(&chunk);
-        while buf.len() >= CHUNK {
-            let part = buf.split_to(CHUNK).freeze();
-            if let Some(h) = in_flight.take() {
-                joined(h.await)?;
+        // Each byte is copied once, into the chunk that goes to the agent as it is.
+        let mut rest = &chunk[..];
+        while !rest.is_empty() {
+            let n = rest.len().min(CHUNK - buf.len());
+            buf.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            if buf.len() == CHUNK {
+                let part = std::mem::replace(&mut buf, Vec::with_capacity(CHUNK));
+                let at = offset;
+                offset += part.len() as u64;
+                if first {
+                    send(part, true, false, at).await?;
+                    first = false;
+                    continue;
+                }
+                if in_flight.len() == IN_FLIGHT {
+                    if let Some(h) = in_flight.pop_front() {
+                        joined(h.await)?;
+                    }
+                }
+                in_flight.push_back(actix_rt::spawn(send(part, false, false, at)));
             }
-            in_flight = Some(actix_rt::spawn(send(part, first, false)));
-            first = false;
         }
     }
-    if let Some(h) = in_flight.take() {
+    for h in in_flight.drain(..) {
         joined(h.await)?;
     }
-    send(buf.freeze(), first, true).await?;
+    send(buf, first, true, offset).await?;
     reply(HttpResponse::Created(), &Uploaded { path, size })
 }
 
@@ -168,17 +234,19 @@ pub(super) async fn download(
 ) -> Res {
     let (id, path) = p.into_inner();
     let k = running_kernel(&s, &caller, &id).await?;
-    let args = DownloadSingleArgs {
-        kernel_id: k.id.clone(),
-        filepath: path.clone(),
-        opts: Some(to_value(&DownloadOpts {
-            download_id: None,
-            chunk_size: CHUNK as u64,
-        })),
+    // download_single(kernel_id, filepath, opts); the answer's data is moved out, not copied.
+    let args = |download_id: Option<String>| {
+        vec![
+            Value::from(k.id.as_str()),
+            Value::from(path.as_str()),
+            to_value(&DownloadOpts {
+                download_id,
+                chunk_size: CHUNK as u64,
+            }),
+        ]
     };
-    let first = call::<DownloadChunk>(&s, &k, &args).await?;
+    let (first, data) = download_reply(call_raw::<DownloadChunk>(&s, &k, args(None)).await?)?;
     let size = first.size.unwrap_or(0);
-    let data = Bytes::from(first.data.0);
     let next_id = first.download_id;
     // Each chunk is fetched while the one before goes to the client (at most two held).
     let fetch = {
@@ -186,17 +254,16 @@ pub(super) async fn download(
         move |id: String| {
             let (s, k, path) = (s.clone(), k.clone(), path.clone());
             actix_rt::spawn(async move {
-                let args = DownloadSingleArgs {
-                    kernel_id: k.id.clone(),
-                    filepath: path,
-                    opts: Some(to_value(&DownloadOpts {
+                let args = vec![
+                    Value::from(k.id.as_str()),
+                    Value::from(path.as_str()),
+                    to_value(&DownloadOpts {
                         download_id: Some(id),
                         chunk_size: CHUNK as u64,
-                    })),
-                };
-                let v = call::<DownloadChunk>(&s, &k, &args).await?;
-                let (data, next) = (Bytes::from(v.data.0), v.download_id);
-                Ok::<_, ManagerError>((data, next))
+                    }),
+                ];
+                let (v, data) = download_reply(call_raw::<DownloadChunk>(&s, &k, args).await?)?;
+                Ok::<_, ManagerError>((data, v.download_id))
             })
         }
     };

@@ -69,9 +69,10 @@ impl<'de> Deserialize<'de> for Blob {
 
 /// `upload_file(kernel_id, filename, filedata, opts=None)` → nil (upstream): writes
 /// `filedata` as the file (replacing it; missing directories are created, owned by the
-/// kernel's user). With kernelvisor's `opts` = `{"upload_id", "size", "eof"}` the file comes in
-/// chunks: the first call of an `upload_id` declares the total `size`, the call with `eof`
-/// true waits for the engine; each answers `{"received": bytes so far}`.
+/// kernel's user). With kernelvisor's `opts` = `{"upload_id", "size", "eof", "offset"}` the
+/// file comes in chunks: the first call of an `upload_id` declares the total `size`, the call
+/// with `eof` true waits for the file to be written; a chunk with an `offset` waits for the
+/// bytes before it; each answers `{"received": bytes so far}`.
 pub struct UploadFile;
 
 /// Arguments of [`UploadFile`].
@@ -214,6 +215,10 @@ pub struct UploadOpts {
     /// The last chunk: the call waits for the engine to take the file.
     #[serde(default)]
     pub eof: bool,
+    /// Where this chunk's bytes go in the file. With it, a caller may have several chunks of
+    /// one upload in flight: a chunk that arrives before the bytes ahead of it waits for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
 }
 
 /// `{"received": bytes so far}`.
