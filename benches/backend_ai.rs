@@ -4,11 +4,11 @@
 //! `tests/bai_halfstack/halfstack.sh` brings up the halfstack (PostgreSQL 17, Valkey, etcd and
 //! `backend.ai mgr start-server` in the trixie root of `just bai-env`, loopback ports
 //! 38000–38099, apart from the halfstack test's). Then, for each agent:
-//! - upstream's (`halfstack.py agent-up`, ports 38200–38299, `BACKEND_CPU_OVERCOMMIT_FACTOR=10`:
+//! - upstream's (`halfstack.py agent-up`, ports 38500–38999, `BACKEND_CPU_OVERCOMMIT_FACTOR=10`:
 //!   its CPU plugin allocates whole cores, and twenty one-core kernels must fit this node);
 //! - kernelvisor's (this build's `kernelvisor agent`, the halfstack's CURVE keys and Valkey, the
 //!   runner at `KV_KRUNNER_DIR`, `[resource] cpu = 20` for the same twenty slots, ports
-//!   38100–38199),
+//!   38100–38499; twenty kernels publish about a hundred host ports on either agent),
 //!
 //! `halfstack.py bench` (tests/bai_halfstack/bench.py, whose doc says how each figure is taken)
 //! measures, on the image `local/kernelvisor/test-py:bash` (`just test-image-py`; `/bin/bash` as
@@ -36,10 +36,10 @@ mod common;
 const IMAGE: &str = "local/kernelvisor/test-py:bash";
 const ENGINE_IMAGE: &str = "kernelvisor/test-py:bash";
 const HALFSTACK_PORTS: &str = "38000-38099";
-const RESERVED_PORTS: &str = "38000-38299";
+const RESERVED_PORTS: &str = "38000-38999";
 const KV_RPC_PORT: u16 = 38_100;
-const KV_CONTAINER_PORTS: (u16, u16) = (38_110, 38_199);
-const UPSTREAM_PORTS: &str = "38200-38299";
+const KV_CONTAINER_PORTS: (u16, u16) = (38_110, 38_499);
+const UPSTREAM_PORTS: &str = "38500-38999";
 
 /// The halfstack's `halfstack.sh ROOT WORK …`; `down` (stop by pid, remove both agents'
 /// containers) on drop.
