@@ -341,6 +341,23 @@ pub struct RedisSection {
     pub retry_max: Seconds,
 }
 
+impl RedisSection {
+    /// A client of logical database `db` at [`Self::addr`], with [`Self::password`]: what the
+    /// event bus and the side channels each connect with.
+    ///
+    /// Errors: redis' own, for an address it cannot use.
+    pub fn client(&self, db: i64) -> redis::RedisResult<redis::Client> {
+        redis::Client::open(redis::ConnectionInfo {
+            addr: redis::ConnectionAddr::Tcp(self.addr.host.clone(), self.addr.port),
+            redis: redis::RedisConnectionInfo {
+                db,
+                password: self.password.clone(),
+                ..Default::default()
+            },
+        })
+    }
+}
+
 impl std::fmt::Debug for RedisSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSection")

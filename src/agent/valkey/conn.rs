@@ -38,15 +38,7 @@ impl Conns {
         if let Some(c) = self.by_db.get(&db) {
             return Ok(c.clone());
         }
-        let info = redis::ConnectionInfo {
-            addr: redis::ConnectionAddr::Tcp(self.config.addr.host.clone(), self.config.addr.port),
-            redis: redis::RedisConnectionInfo {
-                db,
-                password: self.config.password.clone(),
-                ..Default::default()
-            },
-        };
-        let client = redis::Client::open(info).map_err(|_| "connect")?;
+        let client = self.config.client(db).map_err(|_| "connect")?;
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(TIMEOUT)
             .set_response_timeout(TIMEOUT)
