@@ -217,6 +217,14 @@ pub struct SchedulerSection {
     /// Seconds between reconcile sweeps over kernels past their state's deadline and agents
     /// past their drain deadline (10).
     pub sweep_interval: Seconds,
+    /// The Docker engine of a Swarm manager, where a `multi-node` cluster session's overlay
+    /// network (`bai-multinode-<session id>`) is made and removed, as Backend.AI's manager
+    /// does (`manager/network/overlay.py`): `unix:///path`, `tcp://host:port` or
+    /// `http://host:port`. Unset: the engine of `DOCKER_HOST`, else the local socket. The
+    /// agents' engines must be Swarm nodes of it (`docker swarm join`).
+    pub swarm_docker_host: Option<String>,
+    /// MTU of those overlay networks (`com.docker.network.driver.mtu`); unset: Docker's.
+    pub overlay_mtu: Option<u32>,
 }
 
 impl Default for SchedulerSection {
@@ -237,6 +245,8 @@ impl Default for SchedulerSection {
             terminating_timeout: Seconds(Duration::from_secs(300)),
             restarting_timeout: Seconds(Duration::from_secs(600)),
             sweep_interval: Seconds(Duration::from_secs(10)),
+            swarm_docker_host: None,
+            overlay_mtu: None,
         }
     }
 }

@@ -104,6 +104,11 @@ pub enum ManagerError {
     /// The agent answered with another error. 502 `agent-error`.
     #[error("{0}")]
     AgentError(String),
+    /// A cluster session's network could not be made (the Swarm manager's engine refused or
+    /// did not answer, or the agent's `create_local_network` failed). 502
+    /// `cluster-network-failed`.
+    #[error("{0}")]
+    ClusterNetworkFailed(String),
     /// Start-up grace period; retry after the duration. 503 `starting-up`.
     #[error("the manager is starting up; retry in {} s", .0.as_secs().max(1))]
     StartingUp(Duration),
@@ -162,6 +167,7 @@ impl ManagerError {
             ManagerError::ImagePullTimeout(_) => "image-pull-timeout",
             ManagerError::AgentUnavailable(_) => "agent-unavailable",
             ManagerError::AgentError(_) => "agent-error",
+            ManagerError::ClusterNetworkFailed(_) => "cluster-network-failed",
             ManagerError::StartingUp(_) => "starting-up",
             ManagerError::NoAgents => "no-agents",
             ManagerError::AgentNotFound(_) => "agent-not-found",
@@ -203,6 +209,7 @@ impl ManagerError {
             ManagerError::ConcurrencyLimit(_) => 429,
             ManagerError::AgentUnavailable(_)
             | ManagerError::AgentError(_)
+            | ManagerError::ClusterNetworkFailed(_)
             | ManagerError::RegistryUnreachable(_)
             | ManagerError::RegistryAuthFailed(_) => 502,
             ManagerError::ImagePullTimeout(_) => 504,

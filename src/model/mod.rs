@@ -14,6 +14,7 @@
 
 pub mod access_key;
 pub mod agent;
+pub mod cluster;
 pub mod error;
 pub mod event;
 pub mod exec;

@@ -1,4 +1,4 @@
-//! Sessions (one kernel each): `POST /v1/sessions`'s request, the session as the API shows it,
+//! Sessions (one kernel each, or a cluster of them: `cluster.rs`): `POST /v1/sessions`'s request, the session as the API shows it,
 //! its kernel's stages, and the enums both ends share: [`SessionType`], [`KernelStatus`] (with
 //! its lifecycle order), [`SessionResult`], and the restart policy's [`RestartMode`].
 
@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::cluster::{ClusterMode, SessionKernel, MAX_CLUSTER_SIZE};
 use super::error::InvalidField;
 use super::slots::{
     container_ports_schema, resource_slots_schema, slot_amounts_schema, SlotAmounts,
@@ -281,6 +282,17 @@ pub struct SessionRequest {
     /// the session `PENDING` when nothing fits now (default `true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enqueue: Option<bool>,
+    /// Kernels in the session, 1 (default) to 64: `main1`, `sub1` … `sub{N-1}`, each with
+    /// `resource_slots`, placed as one gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 64)]
+    pub cluster_size: Option<u32>,
+    /// `single-node` (default: every kernel on one agent) or `multi-node` (a placement per
+    /// kernel).
+    // A string: `SessionRequest::checked_cluster` parses it, with a message naming the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<ClusterMode>)]
+    pub cluster_mode: Option<String>,
     /// Tests only (a `fault-injection` build): passed to the agent as the kernel config's
     /// `_inject` (fail or pause a stage).
     #[cfg(feature = "fault-injection")]
@@ -305,6 +317,28 @@ impl SessionRequest {
                 "`priority` must be 0 to 100 (higher first), not {p}"
             )))
         }
+    }
+
+    /// The cluster's size and mode, checked: 1 to [`MAX_CLUSTER_SIZE`] kernels (default 1),
+    /// `single-node` (default) or `multi-node`.
+    ///
+    /// Errors: [`InvalidField`] naming the field (400 `invalid-request`).
+    pub fn checked_cluster(&self) -> Result<(u32, ClusterMode), InvalidField> {
+        let size = self.cluster_size.unwrap_or(1);
+        if !(1..=MAX_CLUSTER_SIZE).contains(&size) {
+            return Err(InvalidField(format!(
+                "`cluster_size` must be 1 to {MAX_CLUSTER_SIZE}, not {size}"
+            )));
+        }
+        let mode = match self.cluster_mode.as_deref() {
+            None => ClusterMode::SingleNode,
+            Some(m) => ClusterMode::parse(m).ok_or_else(|| {
+                InvalidField(format!(
+                    "`cluster_mode` must be `single-node` or `multi-node`, not `{m}`"
+                ))
+            })?,
+        };
+        Ok((size, mode))
     }
 
     /// The session type, checked: `interactive` or `batch`; `command` required for batch,
@@ -381,6 +415,12 @@ pub struct NewSession {
     /// `Some(false)`: fail with `no-capacity` rather than queue (omitted: queue).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enqueue: Option<bool>,
+    /// Kernels in the session (omitted: 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_size: Option<u32>,
+    /// `single-node` or `multi-node` (omitted: the manager's default, single-node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_mode: Option<ClusterMode>,
 }
 
 /// A [`RestartPolicy`] as a client writes it: the mode, and each limit only when given (the
@@ -482,10 +522,10 @@ pub struct Session {
     /// Session UUID.
     #[schema(required = true)]
     pub session_id: String,
-    /// Its kernel's UUID.
+    /// Its main kernel's UUID.
     #[schema(required = true)]
     pub kernel_id: String,
-    /// The agent it is placed on.
+    /// The agent its main kernel is placed on.
     #[schema(required = true)]
     pub agent_id: String,
     /// The owning access key.
@@ -556,6 +596,16 @@ pub struct Session {
     /// Unix seconds it left the queue (was placed); null while pending or when never queued.
     #[schema(required = true)]
     pub admitted_at: Option<f64>,
+    /// Kernels in it (1 unless it is a cluster session).
+    #[schema(required = true)]
+    pub cluster_size: i64,
+    /// `single-node` or `multi-node`.
+    #[schema(value_type = ClusterMode, required = true)]
+    pub cluster_mode: Option<ClusterMode>,
+    /// Its kernels, `main1` first: role, host name, agent and status of each (the session's
+    /// `status` is theirs combined: `RUNNING` only when every kernel is).
+    #[schema(required = true)]
+    pub kernels: Vec<SessionKernel>,
     /// `GET /v1/sessions/{id}` only: its kernel's stage actors in order, as its agent reports
     /// them; null once it has ended or when the agent does not answer within 2 s.
     // Absent from the other answers: the outer `None`.

@@ -121,6 +121,9 @@ async fn events_apply_once_compact_and_reject_malformed() {
     create_test_key(&store).await;
     for k in ["k1", "k2"] {
         let new = NewKernel {
+            cluster_mode: kernelvisor::model::cluster::ClusterMode::SingleNode,
+            cluster_size: 1,
+            cluster: kernelvisor::model::cluster::ClusterSlot::main(),
             id: k.into(),
             session_id: "s".into(),
             agent_id: "a1".into(),
@@ -456,6 +459,9 @@ async fn curve_key_binds_the_agent_id() {
     let store = Store::connect(&url).await.unwrap();
     create_test_key(&store).await;
     let kb = NewKernel {
+        cluster_mode: kernelvisor::model::cluster::ClusterMode::SingleNode,
+        cluster_size: 1,
+        cluster: kernelvisor::model::cluster::ClusterSlot::main(),
         id: "kb".into(),
         session_id: "s".into(),
         agent_id: "b".into(),

@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::ctl::parse::{self, Mount};
 use crate::ctl::render::{fields, text, with};
 use crate::ctl::{show, Client, Failure, Output};
+use crate::model::cluster::ClusterMode;
 use crate::model::session::{NewRestartPolicy, NewSession, SessionCreated};
 
 /// Session type of `session create --type` and the restart policy's mode of `--restart`: the
@@ -74,6 +75,13 @@ pub struct CreateArgs {
     /// Fail (exit 1, `no-capacity`) instead of queueing the session when nothing fits now.
     #[arg(long)]
     pub no_queue: bool,
+    /// A cluster session of this many kernels (1 to 64), main1, sub1 … each with --cpu,
+    /// --mem and --slot, placed together or not at all [default: 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub cluster_size: Option<u32>,
+    /// Where a cluster's kernels go [default: single-node].
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub cluster_mode: Option<ClusterMode>,
     /// Print only the new session's id (for `sid=$(kernelvisor ctl session create … -q)`).
     #[arg(long, short)]
     pub quiet: bool,
@@ -107,6 +115,8 @@ impl CreateArgs {
             }),
             priority: self.priority,
             enqueue: self.no_queue.then_some(false),
+            cluster_size: self.cluster_size,
+            cluster_mode: self.cluster_mode,
         }
     }
 }

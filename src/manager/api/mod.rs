@@ -34,6 +34,7 @@ use super::pool::AgentPool;
 use super::registry::{AgentRegistry, GraceRemaining};
 use super::scheduler::Scheduler;
 use super::store::{KernelRow, Store};
+use crate::model::cluster::SessionKernel;
 use crate::model::session::{KernelStatus, Session};
 use auth::Caller;
 
@@ -66,6 +67,89 @@ type Res = Result<HttpResponse, ManagerError>;
 
 /// A session as the API shows it (`stages` absent: [`sessions::get`] adds them).
 pub fn session(k: &KernelRow) -> Session {
+    session_of(k, std::slice::from_ref(k))
+}
+
+/// A session from its main kernel's row `k` and every kernel's row (`kernels`, `main1` first;
+/// `k` alone for a session of one kernel): the main kernel's fields, its `kernels` listed,
+/// and its `status` theirs combined ([`combined_status`]).
+pub fn session_of(k: &KernelRow, kernels: &[KernelRow]) -> Session {
+    let (status, reason) = combined_status(k, kernels);
+    Session {
+        status: status.as_str().to_owned(),
+        status_reason: reason,
+        cluster_size: k.cluster_size,
+        cluster_mode: Some(k.cluster_mode),
+        kernels: kernels
+            .iter()
+            .map(|c| SessionKernel {
+                kernel_id: c.id.clone(),
+                cluster_role: c.cluster_role.clone(),
+                cluster_idx: c.cluster_idx,
+                cluster_hostname: c.cluster_hostname.clone(),
+                agent_id: c.agent_id.clone(),
+                status: c.status.as_str().to_owned(),
+                status_reason: c.status_reason.clone(),
+                exit_code: c.exit_code,
+                service_ports: c.service_ports.clone(),
+            })
+            .collect(),
+        ..kernel_session(k)
+    }
+}
+
+/// The session a kernel's row `k` belongs to, as the API shows it: its main kernel's row and
+/// the session with its kernels (a cluster session's read from the store).
+///
+/// Errors: the store's.
+async fn session_view(s: &ApiState, k: &KernelRow) -> Result<(KernelRow, Session), ManagerError> {
+    if k.cluster_size <= 1 {
+        return Ok((k.clone(), session(k)));
+    }
+    let kernels = s.store.session_kernels(&k.session_id).await?;
+    let main = kernels
+        .iter()
+        .find(|c| c.is_main())
+        .cloned()
+        .unwrap_or_else(|| k.clone());
+    let view = session_of(&main, &kernels);
+    Ok((main, view))
+}
+
+/// A cluster session's status from its kernels': the main kernel's once every kernel has
+/// ended (or while it waits in the queue alone); `TERMINATING` while some kernel ended or is
+/// ending and others live (the reconcile sweep ends them), with the first ended one's reason;
+/// `RESTARTING` while one restarts; else the least advanced (`RUNNING` only when every kernel
+/// is).
+pub fn combined_status(main: &KernelRow, kernels: &[KernelRow]) -> (KernelStatus, Option<String>) {
+    let own = (main.status, main.status_reason.clone());
+    if kernels.len() <= 1 || !kernels.iter().any(KernelRow::is_live) {
+        return own;
+    }
+    let ending = kernels
+        .iter()
+        .filter(|c| !c.is_live() || c.status == KernelStatus::Terminating)
+        .min_by(|a, b| {
+            a.terminated_at
+                .unwrap_or(f64::MAX)
+                .total_cmp(&b.terminated_at.unwrap_or(f64::MAX))
+        });
+    if let Some(c) = ending {
+        return (KernelStatus::Terminating, c.status_reason.clone());
+    }
+    if kernels.iter().any(|c| c.status == KernelStatus::Restarting) {
+        return (KernelStatus::Restarting, None);
+    }
+    let least = kernels
+        .iter()
+        .map(|c| c.status)
+        .min_by_key(|s| s.rank())
+        .unwrap_or(main.status);
+    (least, None)
+}
+
+/// A session of one kernel, from its row.
+fn kernel_session(k: &KernelRow) -> Session {
     Session {
         session_id: k.session_id.clone(),
         kernel_id: k.id.clone(),
@@ -94,6 +178,9 @@ pub fn session(k: &KernelRow) -> Session {
         admitted_at: k.admitted_at,
         stages: None,
         exec_path: None,
+        cluster_size: k.cluster_size,
+        cluster_mode: Some(k.cluster_mode),
+        kernels: Vec::new(),
     }
 }
 
@@ -341,7 +428,73 @@ mod tests {
             admitted_at: None,
             pending_reason: None,
             status_changed_at: 1.5,
+            cluster_mode: crate::model::cluster::ClusterMode::SingleNode,
+            cluster_size: 1,
+            cluster_role: "main".into(),
+            cluster_idx: 1,
+            cluster_hostname: "main1".into(),
+            network: None,
+            service_ports: vec!["sshd".into()],
         }
+    }
+
+    /// A kernel of a cluster of 3 in `status`.
+    fn member(host: &str, status: KernelStatus, ended_at: Option<f64>) -> KernelRow {
+        let (role, idx) = host.split_at(host.len() - 1);
+        KernelRow {
+            id: format!("k-{host}"),
+            status,
+            terminated_at: ended_at,
+            status_reason: ended_at.map(|_| format!("{host}-ended")),
+            cluster_size: 3,
+            cluster_role: role.into(),
+            cluster_idx: idx.parse().unwrap(),
+            cluster_hostname: host.into(),
+            ..row()
+        }
+    }
+
+    #[test]
+    fn a_cluster_session_is_running_only_when_every_kernel_is_and_ends_whole() {
+        use KernelStatus::*;
+        let status = |ks: &[KernelRow]| combined_status(&ks[0], ks);
+        let creating = [
+            member("main1", Running, None),
+            member("sub1", Creating, None),
+            member("sub2", Running, None),
+        ];
+        assert_eq!(status(&creating), (Creating, None));
+        let running = [
+            member("main1", Running, None),
+            member("sub1", Running, None),
+            member("sub2", Running, None),
+        ];
+        assert_eq!(status(&running), (Running, None));
+        // A sub kernel lost: the session is ending, with its reason, until the sweep ends
+        // the others.
+        let lost = [
+            member("main1", Running, None),
+            member("sub1", Terminated, Some(9.0)),
+            member("sub2", Running, None),
+        ];
+        assert_eq!(status(&lost), (Terminating, Some("sub1-ended".into())));
+        // Every kernel ended: the main kernel's status and reason.
+        let ended = [
+            member("main1", Terminated, Some(10.0)),
+            member("sub1", Terminated, Some(9.0)),
+            member("sub2", Terminated, Some(10.0)),
+        ];
+        assert_eq!(status(&ended), (Terminated, Some("main1-ended".into())));
+        let view = session_of(&running[0], &running);
+        assert_eq!(view.cluster_size, 3);
+        let hosts: Vec<&str> = view
+            .kernels
+            .iter()
+            .map(|k| k.cluster_hostname.as_str())
+            .collect();
+        assert_eq!(hosts, ["main1", "sub1", "sub2"]);
+        assert_eq!(view.kernels[1].cluster_role, "sub");
+        assert_eq!(view.kernels[2].cluster_idx, 2);
     }
 
     async fn body(r: Res) -> String {
@@ -370,6 +523,12 @@ mod tests {
             "restart_count": 0, "created_at": 1.5, "terminated_at": null,
             "pull_progress": null, "priority": 10, "pending_reason": null,
             "queue_position": null, "queued_at": null, "admitted_at": null,
+            "cluster_size": 1, "cluster_mode": "single-node",
+            "kernels": [{
+                "kernel_id": "k1", "cluster_role": "main", "cluster_idx": 1,
+                "cluster_hostname": "main1", "agent_id": "a1", "status": "RUNNING",
+                "status_reason": null, "exit_code": null, "service_ports": ["sshd"],
+            }],
         });
         assert_eq!(listed, before.to_string());
         let got = Session {

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use super::auth::Caller;
 use super::responses;
 use super::{
-    count_error, not_in_grace, owned_kernel, reply, resolved_id, running_kernel, session, ApiState,
-    Res,
+    count_error, not_in_grace, owned_kernel, reply, resolved_id, running_kernel, session_of,
+    session_view, ApiState, Res,
 };
 use crate::manager::calls::{agent_error, call_method, to_json};
 use crate::manager::error::ManagerError;
@@ -179,11 +179,26 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, q: web::Query<L
         true => s.store.queue_positions().await?,
         false => Default::default(),
     };
+    // A cluster session's other kernels: one query for every cluster session listed.
+    let clusters: Vec<&str> = rows
+        .iter()
+        .filter(|k| k.cluster_size > 1 && !k.is_pending())
+        .map(|k| k.session_id.as_str())
+        .collect();
+    let kernels = match clusters.is_empty() {
+        true => Default::default(),
+        false => s.store.cluster_kernels(&clusters).await?,
+    };
     let sessions = rows
         .iter()
-        .map(|k| Session {
-            queue_position: positions.get(&k.id).copied(),
-            ..session(k)
+        .map(|k| {
+            let all = kernels
+                .get(&k.session_id)
+                .map_or(std::slice::from_ref(k), Vec::as_slice);
+            Session {
+                queue_position: positions.get(&k.id).copied(),
+                ..session_of(k, all)
+            }
         })
         .collect();
     reply(HttpResponse::Ok(), &SessionList { sessions })
@@ -208,12 +223,14 @@ pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, id: web::Path<St
         true => Some(s.store.queue_position(&k).await?),
         false => None,
     };
+    // Named by any of its kernels: the session, its main kernel's stages.
+    let (k, view) = session_view(&s, &k).await?;
     let live = live_view(&s, &k).await;
     let body = Session {
         stages: Some(live.stages),
         exec_path: Some(live.exec_path),
         queue_position,
-        ..session(&k)
+        ..view
     };
     reply(HttpResponse::Ok(), &body)
 }
@@ -291,7 +308,8 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path
             .await?
     }
     .await;
-    reply(HttpResponse::Ok(), &session(&count_error(&s, r)?))
+    let (_, view) = session_view(&s, &count_error(&s, r)?).await?;
+    reply(HttpResponse::Ok(), &view)
 }
 
 /// Runs code in the session's kernel, or continues or feeds a run: Backend.AI's continuation

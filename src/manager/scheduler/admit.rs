@@ -15,12 +15,15 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
+use super::cluster::{end_gang, gang_kernels, GangPlaced};
+use super::create::{new_kernel, resolve_mounts, ClusterPlace, Launcher, Placed};
 use super::queue::{plan, Fleet};
 use super::{AdmitNow, Queued, Scheduler};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{now, QueuedSession, ReserveError};
 use crate::model::queue::{PendingCode, PendingReason};
+use crate::model::session::SessionRequest;
 use crate::slots::ResourceSlots;
 
 /// What one round did (for tests and the bench: `kernelvisor_manager_admissions_total` is the
@@ -158,19 +161,50 @@ impl Scheduler {
                 .map(|a| (a.id.as_str(), &a.slots_total))
                 .collect();
             let none = ResourceSlots::new();
-            let batch: Vec<(&QueuedSession, &str, &ResourceSlots)> = p
-                .admit
+            // Cluster sessions are admitted one by one, each whole (`admit_gang`); the others
+            // in one batch.
+            let (gangs, singles): (Vec<_>, Vec<_>) =
+                p.admit.iter().partition(|(q, _)| q.cluster_size > 1);
+            for (q, agents) in gangs {
+                match admit_gang(&launcher, q, agents, &totals).await {
+                    Ok(true) => {
+                        out.admitted += 1;
+                        metrics.admissions.inc();
+                        metrics
+                            .admission_wait
+                            .observe((now() - q.queued_at).max(0.0));
+                    }
+                    Ok(false) => {}
+                    Err(ReserveError::NoRoom(_) | ReserveError::AgentNotAlive(..)) => {
+                        if out.lost_races == 0 {
+                            store.expire_usage();
+                        }
+                        out.lost_races += 1;
+                    }
+                    Err(e @ ReserveError::ConcurrencyLimit(..)) => {
+                        let r = PendingReason::new(PendingCode::ConcurrencyLimit, e.to_string());
+                        reasons.push((q.id.clone(), r, q.head_skips));
+                    }
+                    Err(ReserveError::UnknownAccessKey(k)) => {
+                        tracing::info!(session_id = %q.session_id, access_key = %k, "queued session's access key is gone; cancelling it");
+                        store.cancel_pending(&q.id, "access-key-disabled").await?;
+                    }
+                    Err(ReserveError::Store(e)) => return Err(e.into()),
+                }
+            }
+            let batch: Vec<(&QueuedSession, &str, &ResourceSlots)> = singles
                 .iter()
-                .map(|(q, agent_id)| {
-                    let total = totals.get(agent_id.as_str()).copied().unwrap_or(&none);
-                    (q, agent_id.as_str(), total)
+                .map(|(q, agents)| {
+                    let agent_id = agents[0].as_str();
+                    let total = totals.get(agent_id).copied().unwrap_or(&none);
+                    (q, agent_id, total)
                 })
                 .collect();
             let outcomes = match batch.is_empty() {
                 true => Vec::new(),
                 false => store.admit_kernels(&batch).await?,
             };
-            for ((q, _), outcome) in p.admit.iter().zip(outcomes) {
+            for ((q, _), outcome) in singles.iter().zip(outcomes) {
                 let admitted = match outcome {
                     Ok(Some(a)) => a,
                     Ok(None) => continue,
@@ -221,4 +255,109 @@ impl Scheduler {
             Ok(out)
         }
     }
+}
+
+/// Admits a queued cluster session whole on `agents` (one per kernel, `main1` first): its
+/// stored request read back, its rows reserved in one transaction (the main row moves
+/// `PENDING` → `SCHEDULED`, the others are inserted), then its creation spawned with nobody
+/// waiting. `Ok(false)`: it was no longer `PENDING`, or its request cannot be read (then it is
+/// cancelled, saying so).
+///
+/// Errors: the reservation's ([`ReserveError`]), nothing reserved.
+async fn admit_gang(
+    launcher: &Launcher,
+    q: &QueuedSession,
+    agents: &[String],
+    totals: &std::collections::HashMap<&str, &ResourceSlots>,
+) -> Result<bool, ReserveError> {
+    let store = &launcher.store;
+    let Some(text) = store.pending_request(&q.id).await? else {
+        return Ok(false);
+    };
+    let req: SessionRequest = match serde_json::from_str(&text) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(session_id = %q.session_id, error = %e, "a queued cluster session's request cannot be read back; cancelling it");
+            store.cancel_pending(&q.id, "internal").await?;
+            return Ok(false);
+        }
+    };
+    let size = u32::try_from(q.cluster_size).unwrap_or(1);
+    let kernels = gang_kernels(&q.id, agents);
+    let mut rows = Vec::with_capacity(kernels.len());
+    for k in &kernels {
+        let place = ClusterPlace {
+            slot: k.slot.clone(),
+            mode: q.cluster_mode,
+            size,
+        };
+        let row = new_kernel(
+            &q.access_key,
+            &req,
+            (&k.kernel_id, &q.session_id),
+            &k.agent_id,
+            &q.resource_slots,
+            q.priority,
+            &place,
+        );
+        match row {
+            Ok(r) => rows.push(r),
+            Err(e) => {
+                store.cancel_pending(&q.id, e.code()).await?;
+                return Ok(false);
+            }
+        }
+    }
+    let totals = agents
+        .iter()
+        .map(|a| {
+            let t = totals
+                .get(a.as_str())
+                .map(|t| (*t).clone())
+                .unwrap_or_default();
+            (a.clone(), t)
+        })
+        .collect();
+    if store.reserve_gang(&rows, &totals, true).await?.is_none() {
+        return Ok(false);
+    }
+    let launcher = launcher.clone();
+    let (owner, session_id, slots) = (
+        q.access_key.clone(),
+        q.session_id.clone(),
+        q.resource_slots.clone(),
+    );
+    let main_id = q.id.clone();
+    let mode = q.cluster_mode;
+    actix::spawn(async move {
+        let mounts = match resolve_mounts(&launcher.store, &owner, &req.mounts).await {
+            Ok(m) => m,
+            Err(e) => {
+                if let Ok(rows) = launcher.store.session_kernels(&session_id).await {
+                    end_gang(&launcher, &rows, e.code()).await;
+                }
+                return;
+            }
+        };
+        let placed = Placed {
+            owner,
+            request: req,
+            kernel_id: main_id,
+            session_id: session_id.clone(),
+            agent_id: kernels[0].agent_id.clone(),
+            slots,
+            mounts,
+        };
+        if let Err(e) = launcher
+            .launch_gang(GangPlaced {
+                placed,
+                mode,
+                kernels,
+            })
+            .await
+        {
+            tracing::info!(session_id = %session_id, error = %e, "an admitted cluster session could not be created");
+        }
+    });
+    Ok(true)
 }

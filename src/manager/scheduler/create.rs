@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use rmpv::Value;
 
-use super::place::{fits_some_agent, parse_request, parse_request_typed, place, PlaceError};
+use super::cluster::{gang_kernels, GangKernel};
+use super::place::{
+    fits_some_agent, gang_total, parse_request, parse_request_typed, place, place_gang, PlaceError,
+};
 use super::pull::{PullOutcome, PullPhase};
 use super::Scheduler;
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
@@ -16,6 +19,7 @@ use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{Admitted, AgentRow, KernelRow, NewKernel, ReserveError, Store};
+use crate::model::cluster::{cluster_slots, hosts_env, replicas_env, ClusterMode, ClusterSlot};
 use crate::model::queue::{PendingCode, PendingReason};
 use crate::model::session::{KernelStatus, MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
@@ -87,6 +91,108 @@ pub(super) struct Placed {
     pub(super) mounts: Vec<VFolderMount>,
 }
 
+/// Where a kernel sits in its session's cluster: its slot, and the session's mode and size.
+pub(super) struct ClusterPlace {
+    pub(super) slot: ClusterSlot,
+    pub(super) mode: ClusterMode,
+    pub(super) size: u32,
+}
+
+impl ClusterPlace {
+    /// A session of one kernel: `main1` of 1.
+    pub(super) fn single() -> ClusterPlace {
+        ClusterPlace {
+            slot: cluster_slots(1).remove(0),
+            mode: ClusterMode::SingleNode,
+            size: 1,
+        }
+    }
+}
+
+/// A kernel's `KernelCreationConfig`: the request's image, slots, mounts, command, service
+/// ports and environment, its place in the cluster (`cluster_role`, `cluster_idx`,
+/// `cluster_hostname`, `local_rank`) and the cluster's environment, as Backend.AI's manager
+/// sets it for every kernel (`manager/sokovan/scheduler/launcher/launcher.py`):
+/// `BACKENDAI_SESSION_ID`, `BACKENDAI_KERNEL_ID`, `BACKENDAI_CLUSTER_SIZE`,
+/// `BACKENDAI_CLUSTER_REPLICAS`, `BACKENDAI_CLUSTER_HOSTS`, `BACKENDAI_CLUSTER_ROLE`,
+/// `BACKENDAI_CLUSTER_IDX`, `BACKENDAI_CLUSTER_LOCAL_RANK`, `BACKENDAI_CLUSTER_HOST`. The
+/// request's own `environ` cannot override these. `kernel_id` is `p.kernel_id` unless given.
+///
+/// Errors: the request's type does not check (`invalid-request`).
+pub(super) fn kernel_config(
+    spec: &super::SchedulerSpec,
+    p: &Placed,
+    place: &ClusterPlace,
+    kernel_id: Option<&str>,
+) -> Result<KernelCreationConfig, ManagerError> {
+    let req = &p.request;
+    let kernel_id = kernel_id.unwrap_or(&p.kernel_id);
+    let session_type = req.checked_type()?;
+    let mut environ: BTreeMap<String, Value> = req
+        .environ
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+        .collect();
+    environ.insert(ACCESS_KEY_ENV.into(), p.owner.as_str().into());
+    let slot = &place.slot;
+    for (k, v) in [
+        ("BACKENDAI_SESSION_ID", p.session_id.clone()),
+        ("BACKENDAI_KERNEL_ID", kernel_id.to_owned()),
+        ("BACKENDAI_CLUSTER_SIZE", place.size.to_string()),
+        ("BACKENDAI_CLUSTER_REPLICAS", replicas_env(place.size)),
+        ("BACKENDAI_CLUSTER_HOSTS", hosts_env(place.size)),
+        ("BACKENDAI_CLUSTER_ROLE", slot.role.to_owned()),
+        ("BACKENDAI_CLUSTER_IDX", slot.idx.to_string()),
+        ("BACKENDAI_CLUSTER_LOCAL_RANK", slot.local_rank.to_string()),
+        ("BACKENDAI_CLUSTER_HOST", slot.hostname.clone()),
+    ] {
+        environ.insert(k.to_owned(), Value::from(v));
+    }
+    Ok(KernelCreationConfig {
+        image: ImageConfig {
+            registry: spec.registries.for_image(&req.image),
+            ..ImageConfig::by_reference(&req.image)
+        },
+        kernel_id: Some(kernel_id.to_owned()),
+        session_id: Some(p.session_id.clone()),
+        network_id: Some(p.session_id.clone()),
+        session_type: match session_type {
+            SessionType::Batch => SessionTypes::Batch,
+            SessionType::Interactive => SessionTypes::Interactive,
+        },
+        cluster_mode: place.mode,
+        cluster_role: Some(slot.role.into()),
+        cluster_idx: Some(slot.idx),
+        cluster_hostname: Some(slot.hostname.clone()),
+        local_rank: Some(slot.local_rank),
+        resource_slots: match p.slots.to_msgpack() {
+            Value::Map(m) => m
+                .into_iter()
+                .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
+                .collect(),
+            _ => BTreeMap::new(),
+        },
+        environ,
+        mounts: p.mounts.clone(),
+        startup_command: req.command.clone(),
+        service_ports: req
+            .service_ports
+            .iter()
+            .map(|sp| WireServicePort {
+                name: sp.name.clone(),
+                protocol: sp.protocol.clone().unwrap_or_else(|| "tcp".into()),
+                container_ports: sp.container_ports.clone(),
+            })
+            .collect(),
+        batch_timeout: req.batch_timeout,
+        restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
+        agent_addr: None,
+        #[cfg(feature = "fault-injection")]
+        inject: req.inject.as_ref().map(json_to_msgpack),
+        ..KernelCreationConfig::default()
+    })
+}
+
 /// The scheduler's parts a creation uses, cloned out of the actor.
 #[derive(Clone)]
 pub(super) struct Launcher {
@@ -107,16 +213,21 @@ pub(super) enum Waiter {
     Nobody,
 }
 
-/// The stored row of a session that was queued or placed.
-fn new_kernel(
+/// The stored row of a session's kernel that was queued or placed (`place`: its place in
+/// the cluster; [`ClusterPlace::single`] for a session of one kernel).
+pub(super) fn new_kernel(
     owner: &str,
     req: &SessionRequest,
     ids: (&str, &str),
     agent_id: &str,
     slots: &ResourceSlots,
     priority: i64,
+    place: &ClusterPlace,
 ) -> Result<NewKernel, ManagerError> {
     Ok(NewKernel {
+        cluster_mode: place.mode,
+        cluster_size: place.size,
+        cluster: place.slot.clone(),
         id: ids.0.to_owned(),
         session_id: ids.1.to_owned(),
         agent_id: agent_id.to_owned(),
@@ -168,6 +279,12 @@ impl Handler<CreateSession> for Scheduler {
                 ));
             }
             req.checked_type()?;
+            let (size, mode) = req.checked_cluster()?;
+            let main = ClusterPlace {
+                slot: cluster_slots(size).remove(0),
+                mode,
+                size,
+            };
             let priority = req.checked_priority()?;
             let enqueue = req.enqueue.unwrap_or(true);
             let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
@@ -184,8 +301,14 @@ impl Handler<CreateSession> for Scheduler {
                     }
                     other => other?,
                 };
-                // One that no agent could ever hold is refused, queue or not.
-                if let Err(e @ PlaceError::SlotsExceedCapacity(_)) = fits_some_agent(&all, &slots) {
+                // One that no agent could ever hold is refused, queue or not (a single-node
+                // cluster needs every kernel's slots on one agent).
+                let on_one = match mode {
+                    ClusterMode::SingleNode => gang_total(&slots, size)?,
+                    ClusterMode::MultiNode => slots.clone(),
+                };
+                if let Err(e @ PlaceError::SlotsExceedCapacity(_)) = fits_some_agent(&all, &on_one)
+                {
                     return Err(e.into());
                 }
                 let ahead = enqueue && store.queued_at_or_above(priority).await?;
@@ -205,19 +328,37 @@ impl Handler<CreateSession> for Scheduler {
                     // lock); the store serializes reservations on an agent across replicas and
                     // re-checks its room, so a lost race places again. Queueing needs no lock.
                     let _guard = placing.lock().await;
-                    place_now(&store, &registry, &all, &owner, &req, ids, &slots, priority).await
+                    match size {
+                        1 => {
+                            place_now(&store, &registry, &all, &owner, &req, ids, &slots, priority)
+                                .await
+                                .map(|a| gang_kernels(&kernel_id, &[a]))
+                        }
+                        _ => {
+                            let gang = Gang {
+                                owner: &owner,
+                                req: &req,
+                                ids,
+                                slots: &slots,
+                                priority,
+                                main: &main,
+                            };
+                            place_gang_now(&store, &registry, &all, &gang).await
+                        }
+                    }
                 };
                 match outcome {
-                    Ok(agent_id) => Ok((agent_id, slots)),
+                    Ok(kernels) => Ok((kernels, slots)),
                     Err(Unplaced::Error(e)) => return Err(e),
                     Err(Unplaced::Wait(_, e)) if !enqueue => return Err(e),
                     Err(Unplaced::Wait(reason, _)) => Err((reason, slots)),
                 }
             };
-            let (agent_id, slots) = match placed {
+            let (kernels, slots) = match placed {
                 Ok(placed) => placed,
                 Err((reason, slots)) => {
-                    let new = new_kernel(&owner, &req, ids, "", &slots, priority)?;
+                    // A cluster session waits as its main kernel's row alone.
+                    let new = new_kernel(&owner, &req, ids, "", &slots, priority, &main)?;
                     let row = match store.enqueue_kernel(&new, &reason).await {
                         Ok(row) => row,
                         Err(ReserveError::UnknownAccessKey(k)) => {
@@ -235,11 +376,22 @@ impl Handler<CreateSession> for Scheduler {
                 request: req,
                 kernel_id: kernel_id.clone(),
                 session_id,
-                agent_id,
+                agent_id: kernels[0].agent_id.clone(),
                 slots,
                 mounts,
             };
-            launcher.launch(placed, Waiter::Caller).await?;
+            match size {
+                1 => launcher.launch(placed, Waiter::Caller).await?,
+                _ => {
+                    launcher
+                        .launch_gang(super::cluster::GangPlaced {
+                            placed,
+                            mode,
+                            kernels,
+                        })
+                        .await?
+                }
+            }
             store
                 .kernel(&kernel_id)
                 .await?
@@ -289,8 +441,16 @@ async fn place_now(
             .find(|a| a.id == agent_id)
             .map(|a| a.slots_total.clone())
             .unwrap_or_default();
-        let new =
-            new_kernel(owner, req, ids, &agent_id, slots, priority).map_err(Unplaced::Error)?;
+        let new = new_kernel(
+            owner,
+            req,
+            ids,
+            &agent_id,
+            slots,
+            priority,
+            &ClusterPlace::single(),
+        )
+        .map_err(Unplaced::Error)?;
         match store.reserve_kernel(&new, &total).await {
             Ok(()) => return Ok(agent_id),
             Err(ReserveError::UnknownAccessKey(k)) => {
@@ -324,6 +484,109 @@ async fn place_now(
     }
 }
 
+/// A cluster session to place: what its rows are made of.
+struct Gang<'a> {
+    owner: &'a str,
+    req: &'a SessionRequest,
+    /// Its main kernel's and the session's ids.
+    ids: (&'a str, &'a str),
+    /// Each kernel's slots.
+    slots: &'a ResourceSlots,
+    priority: i64,
+    /// The main kernel's place (the cluster's mode and size).
+    main: &'a ClusterPlace,
+}
+
+/// Places and reserves a cluster session now, whole (retrying lost races as [`place_now`]
+/// does): each kernel's agent, `main1` first.
+async fn place_gang_now(
+    store: &Store,
+    registry: &Addr<crate::manager::registry::AgentRegistry>,
+    all: &[AgentRow],
+    g: &Gang<'_>,
+) -> Result<Vec<GangKernel>, Unplaced> {
+    let images = registry
+        .send(AgentImages)
+        .await
+        .map_err(|e| Unplaced::Error(e.into()))?;
+    let (mode, size) = (g.main.mode, g.main.size);
+    let mut fewer: Option<Vec<AgentRow>> = None;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let candidates: &[AgentRow] = fewer.as_deref().unwrap_or(all);
+        let placed = store
+            .with_usage(|usage| {
+                let mut usage = usage.clone();
+                place_gang(mode, size, g.slots, &mut usage, |req, usage| {
+                    place(candidates, usage, req, &g.req.image, &images)
+                })
+            })
+            .await
+            .map_err(|e| Unplaced::Error(e.into()))?;
+        let agents = match placed {
+            Ok(agents) => agents,
+            Err(e @ PlaceError::SlotsExceedCapacity(_)) => return Err(Unplaced::Error(e.into())),
+            Err(e) => return Err(Unplaced::Wait(e.pending_reason(), e.into())),
+        };
+        let kernels = gang_kernels(g.ids.0, &agents);
+        let rows = gang_rows(g, &kernels).map_err(Unplaced::Error)?;
+        let totals = candidates
+            .iter()
+            .filter(|a| agents.contains(&a.id))
+            .map(|a| (a.id.clone(), a.slots_total.clone()))
+            .collect();
+        match store.reserve_gang(&rows, &totals, false).await {
+            Ok(_) => return Ok(kernels),
+            Err(ReserveError::UnknownAccessKey(k)) => {
+                return Err(Unplaced::Error(ManagerError::AccessKeyNotFound(k)))
+            }
+            Err(e @ ReserveError::ConcurrencyLimit(..)) => {
+                return Err(Unplaced::Wait(
+                    PendingReason::new(PendingCode::ConcurrencyLimit, e.to_string()),
+                    ManagerError::ConcurrencyLimit(e.to_string()),
+                ))
+            }
+            Err(ReserveError::Store(e)) => return Err(Unplaced::Error(e.into())),
+            Err(e) if attempt >= MAX_PLACEMENT_ATTEMPTS => {
+                return Err(Unplaced::Wait(
+                    PendingReason::new(PendingCode::NoCapacity, e.to_string()),
+                    ManagerError::NoCapacity(format!("{e}; retry after a session ends")),
+                ));
+            }
+            Err(ReserveError::AgentNotAlive(id, _)) => {
+                let mut rest = candidates.to_vec();
+                rest.retain(|a| a.id != id);
+                fewer = Some(rest);
+            }
+            Err(ReserveError::NoRoom(_)) => store.expire_usage(),
+        }
+    }
+}
+
+/// The rows of a cluster session's `kernels`, `main1` first.
+fn gang_rows(g: &Gang<'_>, kernels: &[GangKernel]) -> Result<Vec<NewKernel>, ManagerError> {
+    kernels
+        .iter()
+        .map(|k| {
+            let place = ClusterPlace {
+                slot: k.slot.clone(),
+                mode: g.main.mode,
+                size: g.main.size,
+            };
+            new_kernel(
+                g.owner,
+                g.req,
+                (&k.kernel_id, g.ids.1),
+                &k.agent_id,
+                g.slots,
+                g.priority,
+                &place,
+            )
+        })
+        .collect()
+}
+
 impl Launcher {
     /// Creates a placed kernel: builds its `KernelCreationConfig`, pulls its image when its
     /// agent lacks it, and calls `create_kernels`. With [`Waiter::Caller`] a pull longer than
@@ -337,55 +600,7 @@ impl Launcher {
             metrics,
             spec,
         } = self.clone();
-        let req = &p.request;
-        let session_type = req.checked_type()?;
-        let mut environ: BTreeMap<String, Value> = req
-            .environ
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-            .collect();
-        environ.insert(ACCESS_KEY_ENV.into(), p.owner.as_str().into());
-        let config = KernelCreationConfig {
-            image: ImageConfig {
-                registry: spec.registries.for_image(&req.image),
-                ..ImageConfig::by_reference(&req.image)
-            },
-            kernel_id: Some(p.kernel_id.clone()),
-            session_id: Some(p.session_id.clone()),
-            network_id: Some(p.session_id.clone()),
-            session_type: match session_type {
-                SessionType::Batch => SessionTypes::Batch,
-                SessionType::Interactive => SessionTypes::Interactive,
-            },
-            cluster_role: Some("main".into()),
-            cluster_idx: Some(1),
-            cluster_hostname: Some("main1".into()),
-            resource_slots: match p.slots.to_msgpack() {
-                Value::Map(m) => m
-                    .into_iter()
-                    .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
-                    .collect(),
-                _ => BTreeMap::new(),
-            },
-            environ,
-            mounts: p.mounts,
-            startup_command: req.command.clone(),
-            service_ports: req
-                .service_ports
-                .iter()
-                .map(|sp| WireServicePort {
-                    name: sp.name.clone(),
-                    protocol: sp.protocol.clone().unwrap_or_else(|| "tcp".into()),
-                    container_ports: sp.container_ports.clone(),
-                })
-                .collect(),
-            batch_timeout: req.batch_timeout,
-            restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
-            agent_addr: None,
-            #[cfg(feature = "fault-injection")]
-            inject: req.inject.as_ref().map(json_to_msgpack),
-            ..KernelCreationConfig::default()
-        };
+        let config = kernel_config(&spec, &p, &ClusterPlace::single(), None)?;
         let on_refusal = match waiter {
             Waiter::Caller => OnRefusal::Discard,
             Waiter::Nobody => OnRefusal::Terminate,
@@ -584,8 +799,14 @@ impl Creation {
             Ok(reply) => {
                 // The status the agent reports (`RUNNING` when it reports none); a name that
                 // is no status moves nothing.
-                let status = decode_reply::<CreateKernels>(reply)
-                    .map_err(|e| ManagerError::Internal(e.to_string()))?
+                let results = decode_reply::<CreateKernels>(reply)
+                    .map_err(|e| ManagerError::Internal(e.to_string()))?;
+                if let Some(r) = results.first() {
+                    let names: Vec<String> =
+                        r.service_ports.iter().map(|p| p.name.clone()).collect();
+                    store.set_service_ports(&kernel_id, &names).await?;
+                }
+                let status = results
                     .first()
                     .and_then(|r| r.info.get("status"))
                     .and_then(Value::as_str)

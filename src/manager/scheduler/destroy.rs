@@ -36,11 +36,26 @@ impl Handler<DestroySession> for Scheduler {
             self.metrics.clone(),
             self.spec.destroy_timeout,
         );
+        let launcher = self.launcher();
         Box::pin(async move {
             let k = store
                 .kernel(&id)
                 .await?
                 .ok_or_else(|| ManagerError::SessionNotFound(id.clone()))?;
+            if k.cluster_size > 1 {
+                // A cluster session ends whole, whichever of its kernels was named: every
+                // kernel destroyed, then its network removed. The main kernel's row answers.
+                let rows = store.session_kernels(&k.session_id).await?;
+                if rows.iter().any(KernelRow::is_live) {
+                    super::cluster::end_gang(&launcher, &rows, "user-requested").await;
+                }
+                return store
+                    .session_kernels(&k.session_id)
+                    .await?
+                    .into_iter()
+                    .find(KernelRow::is_main)
+                    .ok_or(ManagerError::SessionNotFound(id));
+            }
             if !k.is_live() {
                 return Ok(k);
             }

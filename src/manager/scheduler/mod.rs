@@ -17,6 +17,7 @@
 //! their state's deadline (`sweep.rs`).
 
 mod admit;
+mod cluster;
 mod create;
 mod destroy;
 mod drain;
@@ -32,6 +33,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 pub use crate::model::session::{MountSpec, ServicePortSpec, SessionRequest};
+pub use cluster::OverlaySpec;
 pub use create::CreateSession;
 pub use destroy::DestroySession;
 pub use drain::AGENT_DRAINED;
@@ -71,8 +73,11 @@ pub struct SchedulerSpec {
     pub admission_window: u32,
     /// Deadlines of the transient states, past which the reconcile sweep resolves a kernel.
     pub deadlines: StateDeadlines,
-    /// Period of the reconcile sweep (stuck kernels, drain deadlines).
+    /// Period of the reconcile sweep (stuck kernels, drain deadlines, cluster sessions).
     pub sweep_interval: Duration,
+    /// Where `multi-node` sessions' overlay networks are made (`[scheduler]
+    /// swarm-docker-host`, `overlay-mtu`).
+    pub overlay: OverlaySpec,
 }
 
 /// How long a kernel may stay in each transient state (`[scheduler] *-timeout`).

@@ -8,6 +8,7 @@ use crate::agent::node::normalize_image;
 use crate::manager::error::ManagerError;
 use crate::manager::registry::AgentImageSets;
 use crate::manager::store::{AgentRow, Usage};
+use crate::model::cluster::{cluster_slots, ClusterMode};
 use crate::model::queue::{PendingCode, PendingReason};
 use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
 
@@ -189,6 +190,92 @@ pub fn place(
         .min()
         .map(|r| r.id.to_owned())
         .ok_or_else(|| short_of(candidates, usage, req))
+}
+
+/// A cluster session's slots on one agent: `req` (each kernel's) times `size`.
+///
+/// Errors: [`PlaceError::SlotsExceedCapacity`] when the sum overflows a slot's range.
+pub fn gang_total(req: &ResourceSlots, size: u32) -> Result<ResourceSlots, PlaceError> {
+    let mut total = req.clone();
+    for _ in 1..size.max(1) {
+        total = total.checked_add(req).map_err(|e| {
+            PlaceError::SlotsExceedCapacity(format!("{size} kernels of {req}: {e}"))
+        })?;
+    }
+    Ok(total)
+}
+
+/// Places a cluster session of `size` kernels of `req` each, whole or not at all, through
+/// `place_one` (which places one request against a usage map: [`place`], or a round's
+/// [`RoundPlacer`]). Backend.AI's `PlacementPlan.from_items`
+/// (`manager/sokovan/scheduler/provisioner/selectors/selector.py`):
+/// - `single-node`: one agent for the sum of every kernel's slots;
+/// - `multi-node`: one placement per kernel, each seeing the ones before it (`usage` grows by
+///   each, and is put back as it was when a later kernel does not fit), so an agent may hold
+///   several kernels of one session when it has room.
+///
+/// Returns the agent of each kernel, `main1` first.
+///
+/// Errors: `place_one`'s, for the first kernel that did not fit, prefixed with which of the
+/// gang it was (`kernel sub2 of 3: …`) for `multi-node`.
+pub fn place_gang(
+    mode: ClusterMode,
+    size: u32,
+    req: &ResourceSlots,
+    usage: &mut std::collections::HashMap<String, Usage>,
+    mut place_one: impl FnMut(
+        &ResourceSlots,
+        &std::collections::HashMap<String, Usage>,
+    ) -> Result<String, PlaceError>,
+) -> Result<Vec<String>, PlaceError> {
+    let size = size.max(1);
+    if size == 1 || mode == ClusterMode::SingleNode {
+        let total = gang_total(req, size)?;
+        let agent = place_one(&total, usage)?;
+        return Ok(vec![agent; size as usize]);
+    }
+    let mut placed: Vec<String> = Vec::with_capacity(size as usize);
+    for slot in cluster_slots(size) {
+        match place_one(req, usage) {
+            Ok(agent) => {
+                add_usage(usage, &agent, req, 1);
+                placed.push(agent);
+            }
+            Err(e) => {
+                for agent in &placed {
+                    add_usage(usage, agent, req, -1);
+                }
+                let which = format!("kernel {} of {size}", slot.hostname);
+                return Err(match e {
+                    PlaceError::NoCapacity(m) => PlaceError::NoCapacity(format!("{which}: {m}")),
+                    PlaceError::SlotsExceedCapacity(m) => {
+                        PlaceError::SlotsExceedCapacity(format!("{which}: {m}"))
+                    }
+                    other => other,
+                });
+            }
+        }
+    }
+    // The caller adds what it places; this only looked ahead.
+    for agent in &placed {
+        add_usage(usage, agent, req, -1);
+    }
+    Ok(placed)
+}
+
+/// Adds (`sign` 1) or takes back (`sign` -1) one kernel of `req` on `agent` in `usage`.
+fn add_usage(
+    usage: &mut std::collections::HashMap<String, Usage>,
+    agent: &str,
+    req: &ResourceSlots,
+    sign: i64,
+) {
+    let u = usage.entry(agent.to_owned()).or_default();
+    u.slots = match sign {
+        1 => u.slots.checked_add(req).unwrap_or_else(|_| u.slots.clone()),
+        _ => u.slots.saturating_sub(req),
+    };
+    u.kernels += sign;
 }
 
 /// The rank of every schedulable candidate that `req` fits beside its usage ([`rank`]).

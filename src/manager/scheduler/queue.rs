@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use super::place::RoundPlacer;
+use super::place::{place, place_gang, RoundPlacer};
 use crate::manager::registry::AgentImageSets;
 use crate::manager::store::{AgentRow, KeyShare, QueuedSession, Usage};
 use crate::model::queue::{PendingCode, PendingReason, QueuePolicy};
@@ -24,8 +24,9 @@ use crate::slots::ResourceSlots;
 /// What a round decided.
 #[derive(Debug, Default, PartialEq)]
 pub struct Plan {
-    /// `(session, agent)` to admit, in admission order.
-    pub admit: Vec<(QueuedSession, String)>,
+    /// `(session, agents)` to admit, in admission order: one agent per kernel, `main1`
+    /// first (one for a session of one kernel).
+    pub admit: Vec<(QueuedSession, Vec<String>)>,
     /// `(kernel id, reason, head_skips)` for the sessions that wait, where either changed.
     pub reasons: Vec<(String, PendingReason, i64)>,
 }
@@ -105,23 +106,40 @@ pub fn plan(
                 continue;
             }
             // Each choice is `place`'s; the placer ranks the fleet once per request shape
-            // and round, not once per queued session.
-            let placed = placer.place(&q.resource_slots, &q.image, &fleet.usage);
+            // and round, not once per queued session. A gang is one request, placed whole or
+            // not at all (`place_gang`, by `place` itself: the round placer's heaps assume a
+            // usage that only grows, and a gang that does not fit puts back what it tried).
+            let placed = match q.cluster_size {
+                ..=1 => placer
+                    .place(&q.resource_slots, &q.image, &fleet.usage)
+                    .map(|a| vec![a]),
+                n => place_gang(
+                    q.cluster_mode,
+                    u32::try_from(n).unwrap_or(u32::MAX),
+                    &q.resource_slots,
+                    &mut fleet.usage,
+                    |req, usage| place(fleet.candidates, usage, req, &q.image, fleet.images),
+                ),
+            };
             match placed {
-                Ok(agent) => {
-                    let u = fleet.usage.entry(agent.clone()).or_default();
-                    u.slots = u
-                        .slots
-                        .checked_add(&q.resource_slots)
-                        .unwrap_or_else(|_| u.slots.clone());
-                    u.kernels += 1;
+                Ok(agents) => {
+                    for agent in &agents {
+                        let u = fleet.usage.entry(agent.clone()).or_default();
+                        u.slots = u
+                            .slots
+                            .checked_add(&q.resource_slots)
+                            .unwrap_or_else(|_| u.slots.clone());
+                        u.kernels += 1;
+                    }
                     let k = fleet.keys.entry(q.access_key.clone()).or_default();
                     k.used += 1;
-                    k.slots = k
-                        .slots
-                        .checked_add(&q.resource_slots)
-                        .unwrap_or_else(|_| k.slots.clone());
-                    plan.admit.push((q, agent));
+                    for _ in &agents {
+                        k.slots = k
+                            .slots
+                            .checked_add(&q.resource_slots)
+                            .unwrap_or_else(|_| k.slots.clone());
+                    }
+                    plan.admit.push((q, agents));
                 }
                 Err(e) => {
                     let reason = e.pending_reason();
@@ -231,7 +249,82 @@ mod tests {
             queued_at: at,
             head_skips: 0,
             pending_reason: None,
+            cluster_mode: crate::model::cluster::ClusterMode::SingleNode,
+            cluster_size: 1,
         }
+    }
+
+    fn gang(
+        id: &str,
+        at: f64,
+        cpu: &str,
+        size: i64,
+        mode: crate::model::cluster::ClusterMode,
+    ) -> QueuedSession {
+        QueuedSession {
+            cluster_mode: mode,
+            cluster_size: size,
+            ..queued(id, "K", 10, at, cpu)
+        }
+    }
+
+    #[test]
+    fn a_gang_is_placed_whole_or_waits_whole_and_holds_the_queue_as_one_head() {
+        use crate::model::cluster::ClusterMode::{MultiNode, SingleNode};
+        // Two agents of 3 cores, one core taken on each by the two sessions ahead: a
+        // single-node gang of 3 kernels of 1 core fits neither now (2 free on each). It waits,
+        // and as the head it holds back the single session behind it for the head-skip rounds.
+        let agents = [agent("a", "3", 1 << 30), agent("b", "3", 1 << 30)];
+        let window = vec![
+            queued("s0", "K", 10, 0.0, "1"),
+            queued("s0b", "K", 10, 0.5, "1"),
+            gang("g3", 1.0, "1", 3, SingleNode),
+            queued("s1", "K", 10, 2.0, "1"),
+        ];
+        let p = run(&agents, window.clone(), QueuePolicy::Fifo, 2);
+        assert_eq!(admitted(&p), ["s0", "s0b"]);
+        let r = reason(&p, "g3");
+        assert_eq!(r.code, "no-capacity");
+        assert!(r.message.contains("`cpu`"), "{}", r.message);
+        assert_eq!(reason(&p, "s1").code, "priority");
+        // Past its head-skip rounds the single one fills the gap.
+        let skipped: Vec<QueuedSession> = window
+            .into_iter()
+            .map(|q| QueuedSession { head_skips: 2, ..q })
+            .collect();
+        let p = run(&agents, skipped, QueuePolicy::Fifo, 2);
+        assert_eq!(admitted(&p), ["s0", "s0b", "s1"]);
+        // A multi-node gang of 3 spreads over both agents of 2 cores, every kernel placed.
+        let agents = [agent("a", "2", 1 << 30), agent("b", "2", 1 << 30)];
+        let p = run(
+            &agents,
+            vec![gang("m3", 0.0, "1", 3, MultiNode)],
+            QueuePolicy::Fifo,
+            2,
+        );
+        assert_eq!(admitted(&p), ["m3"]);
+        let mut on = p.admit[0].1.clone();
+        on.sort();
+        assert_eq!(on.len(), 3);
+        assert!(on.contains(&"a".to_owned()) && on.contains(&"b".to_owned()));
+        // A multi-node gang of 5 cannot fit 4 cores: nothing placed, and what it tried is put
+        // back (the single session after it still gets its core once the head is skipped).
+        let p = run(
+            &agents,
+            vec![
+                QueuedSession {
+                    head_skips: 2,
+                    ..gang("m5", 0.0, "1", 5, MultiNode)
+                },
+                queued("s2", "K", 10, 1.0, "1"),
+            ],
+            QueuePolicy::Fifo,
+            2,
+        );
+        assert_eq!(admitted(&p), ["s2"]);
+        let r = reason(&p, "m5");
+        assert_eq!(r.code, "no-capacity");
+        assert!(r.message.contains("kernel sub4 of 5"), "{}", r.message);
     }
 
     /// `window` in the store's order (priority descending, then queued time).

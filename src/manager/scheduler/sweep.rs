@@ -228,6 +228,9 @@ impl Sweep {
             .collect()
             .await;
         done.extend(redriven);
+        // Cluster sessions: one kernel ended ends the rest; the last one's end frees the
+        // network.
+        super::cluster::settle(&self.launcher, SWEEP_BATCH).await?;
         Ok(done)
     }
 

@@ -18,6 +18,7 @@ use sqlx::error::BoxDynError;
 use sqlx::{Database, Decode, Encode, Row, Type};
 
 use crate::model::agent::AgentStatus;
+use crate::model::cluster::ClusterMode;
 use crate::model::pull::PullProgress;
 use crate::model::queue::PendingReason;
 use crate::model::session::{
@@ -86,6 +87,12 @@ text_column!(
     SessionResult::parse
 );
 text_column!(
+    ClusterMode,
+    "cluster mode",
+    ClusterMode::as_str,
+    ClusterMode::parse
+);
+text_column!(
     AgentStatus,
     "agent status",
     AgentStatus::as_str,
@@ -140,7 +147,7 @@ macro_rules! json_columns {
     };
 }
 
-json_columns!(Vec<SessionMount>, RestartPolicy; PullProgress, PendingReason);
+json_columns!(Vec<SessionMount>, Vec<String>, RestartPolicy; PullProgress, PendingReason);
 
 /// An agent's slot types (`slot_key_and_units`): text that does not parse reads as the built-in
 /// slots rather than none, since an agent without `cpu` and `mem` types could take no session.

@@ -11,6 +11,7 @@ use super::columns::{
 use super::usage::{Placed, Usage};
 use super::{now, Store, StoreError};
 use crate::model::agent::AgentStatus;
+use crate::model::cluster::{ClusterMode, ClusterSlot, MAIN_ROLE};
 use crate::model::event::{Event, EventType};
 use crate::model::pull::PullProgress;
 use crate::model::queue::PendingReason;
@@ -81,6 +82,24 @@ pub struct KernelRow {
     pub pending_reason: Option<PendingReason>,
     /// Unix seconds of its last status change (the transient states' deadlines count from it).
     pub status_changed_at: f64,
+    /// `single-node` or `multi-node` (every kernel of the session the same).
+    pub cluster_mode: ClusterMode,
+    /// Kernels in its session (every kernel of the session the same).
+    pub cluster_size: i64,
+    /// `main` or `sub`.
+    pub cluster_role: String,
+    /// 1-based within its role.
+    pub cluster_idx: i64,
+    /// `main1`, `sub1`, …
+    pub cluster_hostname: String,
+    /// The main kernel's row of a cluster session: its network (`bai-singlenode-<session
+    /// id>` on its agent, `bai-multinode-<session id>` a Swarm overlay), once made; `None`
+    /// otherwise.
+    pub network: Option<String>,
+    /// Names of the service ports its agent published (stored as JSON; the main kernel's
+    /// are the session's, a sub kernel publishes none).
+    #[sqlx(try_from = "JsonText")]
+    pub service_ports: Vec<String>,
 }
 
 impl KernelRow {
@@ -103,6 +122,12 @@ impl KernelRow {
     /// Whether it waits in the queue (`PENDING`: no agent, no concurrency taken).
     pub fn is_pending(&self) -> bool {
         self.status == KernelStatus::Pending
+    }
+
+    /// Whether it is its session's main kernel (the one that stands for the session: its
+    /// queue entry, its concurrency, its service ports).
+    pub fn is_main(&self) -> bool {
+        self.cluster_role == MAIN_ROLE
     }
 }
 
@@ -134,9 +159,17 @@ pub struct NewKernel {
     /// 0 (lowest) to 100.
     pub priority: i64,
     /// The request it was made from (`SessionRequest` JSON), kept while it is live: the
-    /// reconcile sweep creates an orphaned pull's kernel from it (`Store::orphaned_pulls`).
+    /// reconcile sweep creates an orphaned pull's kernel from it (`Store::orphaned_pulls`, for
+    /// sessions of one kernel: a cluster session's kernel stuck `PULLING` meets its state's
+    /// deadline, which ends the whole session).
     /// `None` stores nothing (such a kernel is left to its state's deadline).
     pub request: Option<String>,
+    /// The session's cluster mode.
+    pub cluster_mode: ClusterMode,
+    /// Kernels in the session (1: not a cluster).
+    pub cluster_size: u32,
+    /// Its place in the cluster (`main1` for a session of one kernel).
+    pub cluster: ClusterSlot,
 }
 
 /// Why a reservation was refused.
@@ -160,7 +193,7 @@ pub enum ReserveError {
     Store(#[from] StoreError),
 }
 
-pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at";
+pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports";
 
 /// The live set in SQL: every status but the two final ones.
 pub(super) const LIVE: &str = "status NOT IN ('TERMINATED', 'CANCELLED')";
@@ -257,11 +290,11 @@ pub(super) async fn terminate_in(
     // A batch session that ends without a session_success / session_failure of its agent (destroyed
     // by its user, its agent lost) failed.
     // A `PENDING` row is never placed and holds no concurrency: only `cancel_pending` ends it.
-    let owner: Option<(String, String, String)> = sqlx::query_as(&format!(
+    let owner: Option<(String, String, String, String)> = sqlx::query_as(&format!(
         "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
          status_changed_at = $4, request = NULL, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
-         WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key",
+         WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key, cluster_role",
     ))
     .bind(kernel_id)
     .bind(reason)
@@ -269,11 +302,17 @@ pub(super) async fn terminate_in(
     .bind(now())
     .fetch_optional(&mut **tx)
     .await?;
-    let Some(owner) = owner else { return Ok(None) };
-    sqlx::query("UPDATE access_keys SET concurrency_used = concurrency_used - 1 WHERE access_key = $1 AND concurrency_used > 0")
-        .bind(&owner.2)
-        .execute(&mut **tx)
-        .await?;
+    let Some((session_id, agent_id, access_key, role)) = owner else {
+        return Ok(None);
+    };
+    let owner = (session_id, agent_id, access_key);
+    // A session takes one unit of concurrency, held by its main kernel's row.
+    if role == MAIN_ROLE {
+        sqlx::query("UPDATE access_keys SET concurrency_used = concurrency_used - 1 WHERE access_key = $1 AND concurrency_used > 0")
+            .bind(&owner.2)
+            .execute(&mut **tx)
+            .await?;
+    }
     Ok(Some(Event {
         status: Some(KernelStatus::Terminated.as_str().into()),
         reason: Some(reason.to_owned()),
@@ -421,7 +460,7 @@ pub(super) async fn insert_in<'c>(
     sqlx::query(&format!(
         "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, $3, $4, $5, $6, \
          NULL, NULL, $7, $8, $9, $10, NULL, $11, $12, NULLIF($13, -1.0), $14, $15, $16, 0, $17, \
-         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, 0, $21)"
+         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', 0, $21)"
     ))
     .bind(&k.id)
     .bind(&k.session_id)
@@ -444,6 +483,11 @@ pub(super) async fn insert_in<'c>(
     .bind(queued_at)
     .bind(pending_reason)
     .bind(request)
+    .bind(k.cluster_mode)
+    .bind(i64::from(k.cluster_size))
+    .bind(k.cluster.role)
+    .bind(i64::from(k.cluster.idx))
+    .bind(&k.cluster.hostname)
     .execute(ex)
     .await?;
     Ok(())
@@ -483,6 +527,193 @@ impl Store {
             (&k.session_id, &k.agent_id, &k.access_key),
             "placed",
         ));
+        Ok(())
+    }
+
+    /// Records a placed cluster session's kernels as `SCHEDULED`, every one or none, in one
+    /// transaction: one unit of the key's concurrency (a session's, held by its main kernel),
+    /// each agent's room checked for all the kernels placed on it together. `totals` holds
+    /// each chosen agent's slots in total. With `admitted` (the main kernel's row queued
+    /// `PENDING`), the main row moves to `SCHEDULED` instead of being inserted; `None` when it
+    /// was no longer `PENDING` (cancelled meanwhile), nothing changed.
+    ///
+    /// Errors: as [`Store::reserve_kernel`]'s, for whichever kernel failed first (nothing
+    /// reserved).
+    pub async fn reserve_gang(
+        &self,
+        kernels: &[NewKernel],
+        totals: &HashMap<String, ResourceSlots>,
+        admitted: bool,
+    ) -> Result<Option<()>, ReserveError> {
+        let Some(main) = kernels.first() else {
+            return Ok(Some(()));
+        };
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        if !take_concurrency_in(&mut tx, &main.access_key).await? {
+            drop(tx);
+            return Err(self.concurrency_refused(&main.access_key).await);
+        }
+        // Each agent once, in id order (PostgreSQL's advisory locks: never crosswise), with
+        // the sum of the slots of the kernels the gang places there.
+        let mut by_agent: std::collections::BTreeMap<&str, ResourceSlots> = Default::default();
+        for k in kernels {
+            let sum = by_agent.entry(k.agent_id.as_str()).or_default();
+            *sum = sum
+                .checked_add(&k.resource_slots)
+                .map_err(|_| ReserveError::NoRoom(k.agent_id.clone()))?;
+        }
+        for (agent, slots) in &by_agent {
+            let total = totals.get(*agent).cloned().unwrap_or_default();
+            self.check_room_in(&mut tx, agent, slots, &total).await?;
+        }
+        let at = now();
+        for (i, k) in kernels.iter().enumerate() {
+            if i == 0 && admitted {
+                let moved = sqlx::query(
+                    "UPDATE kernels SET status = 'SCHEDULED', agent_id = $2, admitted_at = $3, \
+                     status_changed_at = $3, pending_reason = NULL WHERE id = $1 AND status = 'PENDING'",
+                )
+                .bind(&k.id)
+                .bind(&k.agent_id)
+                .bind(at)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?
+                .rows_affected();
+                if moved == 0 {
+                    return Ok(None);
+                }
+            } else {
+                insert_in(&mut *tx, k, Start::Placed, at)
+                    .await
+                    .map_err(StoreError::from)?;
+            }
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        if admitted {
+            self.depth.add(main.priority, -1);
+        }
+        for k in kernels {
+            self.usage.add(
+                &k.id,
+                Placed {
+                    agent_id: k.agent_id.clone(),
+                    access_key: k.access_key.clone(),
+                    slots: k.resource_slots.clone(),
+                },
+            );
+            self.events.publish(scheduled_event(
+                &k.id,
+                (&k.session_id, &k.agent_id, &k.access_key),
+                if admitted { "admitted" } else { "placed" },
+            ));
+        }
+        Ok(Some(()))
+    }
+
+    /// Every kernel of a session, `main1` first then by role index (any status).
+    ///
+    /// Errors: the database.
+    pub async fn session_kernels(&self, session_id: &str) -> Result<Vec<KernelRow>, StoreError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM kernels WHERE session_id = $1 \
+             ORDER BY CASE WHEN cluster_role = 'main' THEN 0 ELSE 1 END, cluster_idx, created_at"
+        ))
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Up to `limit` cluster sessions the reconcile sweep must act on, each as its kernels
+    /// (`main1` first): those with a kernel ended while another is live and not already
+    /// `TERMINATING` (the session ends whole), and those whose kernels all ended that still
+    /// have a network (it is removed).
+    ///
+    /// Errors: the database.
+    pub async fn unsettled_clusters(&self, limit: u32) -> Result<Vec<Vec<KernelRow>>, StoreError> {
+        let ids: Vec<(String,)> = sqlx::query_as(
+            "SELECT session_id FROM kernels WHERE cluster_size > 1 AND session_id IN \
+             (SELECT session_id FROM kernels WHERE cluster_size > 1 \
+              AND (status NOT IN ('TERMINATED', 'CANCELLED') OR network IS NOT NULL)) \
+             GROUP BY session_id HAVING \
+             (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 1 ELSE 0 END) > 0 \
+              AND SUM(CASE WHEN status NOT IN ('TERMINATED', 'CANCELLED', 'TERMINATING', 'PENDING') THEN 1 ELSE 0 END) > 0) \
+             OR (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 0 ELSE 1 END) = 0 \
+              AND MAX(network) IS NOT NULL) \
+             LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (id,) in ids {
+            out.push(self.session_kernels(&id).await?);
+        }
+        Ok(out)
+    }
+
+    /// The kernels of each of `session_ids` that is a cluster session, `main1` first (the
+    /// session list's `kernels`; one query).
+    ///
+    /// Errors: the database.
+    pub async fn cluster_kernels(
+        &self,
+        session_ids: &[&str],
+    ) -> Result<HashMap<String, Vec<KernelRow>>, StoreError> {
+        let mut out: HashMap<String, Vec<KernelRow>> = HashMap::new();
+        for chunk in session_ids.chunks(500) {
+            let list = (1..=chunk.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "SELECT {COLUMNS} FROM kernels WHERE session_id IN ({list}) \
+                 ORDER BY session_id, CASE WHEN cluster_role = 'main' THEN 0 ELSE 1 END, cluster_idx, created_at"
+            );
+            let mut q = sqlx::query_as::<_, KernelRow>(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for k in q.fetch_all(&self.pool).await? {
+                out.entry(k.session_id.clone()).or_default().push(k);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records the names of the service ports a kernel's agent published (its
+    /// `create_kernels` answer).
+    ///
+    /// Errors: the database.
+    pub async fn set_service_ports(
+        &self,
+        kernel_id: &str,
+        names: &[String],
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE kernels SET service_ports = $2 WHERE id = $1")
+            .bind(kernel_id)
+            .bind(json_text(&names, "[]"))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Records the network a cluster session's kernels join (on its main kernel's row), so
+    /// that it is removed after the last kernel ends, by whichever replica sees that.
+    ///
+    /// Errors: the database.
+    pub async fn set_session_network(
+        &self,
+        session_id: &str,
+        network: Option<&str>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE kernels SET network = $2 WHERE session_id = $1 AND cluster_role = 'main'",
+        )
+        .bind(session_id)
+        .bind(network)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -679,20 +910,21 @@ impl Store {
 
     /// One kernel by its kernel id or its session id.
     pub async fn kernel(&self, id: &str) -> Result<Option<KernelRow>, StoreError> {
-        Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY created_at DESC LIMIT 1"))
+        Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY CASE WHEN id = $1 THEN 0 WHEN cluster_role = 'main' THEN 1 ELSE 2 END, created_at DESC LIMIT 1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?)
     }
 
-    /// Kernels, newest first: live only unless `all`; only `access_key`'s when given.
+    /// Sessions as their main kernels' rows, newest first: live only unless `all`; only
+    /// `access_key`'s when given (a cluster session's other kernels: [`Store::cluster_kernels`]).
     pub async fn kernels(
         &self,
         access_key: Option<&str>,
         all: bool,
     ) -> Result<Vec<KernelRow>, StoreError> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR {LIVE}) AND ($2 = '' OR access_key = $2) ORDER BY created_at DESC"
+            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR {LIVE}) AND ($2 = '' OR access_key = $2) AND cluster_role = 'main' ORDER BY created_at DESC"
         );
         // `$1` as an integer comparison: Any binds booleans differently per backend.
         let sql = sql.replace("($1 OR", "($1 = 1 OR");
@@ -818,6 +1050,9 @@ mod tests {
             store
                 .reserve_kernel(
                     &NewKernel {
+                        cluster_mode: crate::model::cluster::ClusterMode::SingleNode,
+                        cluster_size: 1,
+                        cluster: crate::model::cluster::ClusterSlot::main(),
                         id: id.into(),
                         session_id: id.into(),
                         agent_id: "a".into(),
@@ -950,6 +1185,9 @@ mod tests {
             store
                 .reserve_kernel(
                     &NewKernel {
+                        cluster_mode: crate::model::cluster::ClusterMode::SingleNode,
+                        cluster_size: 1,
+                        cluster: crate::model::cluster::ClusterSlot::main(),
                         id: id.into(),
                         session_id: id.into(),
                         agent_id: "a".into(),

@@ -20,6 +20,7 @@ use super::kernels::{
 use super::usage::Placed;
 use super::{now, Store, StoreError};
 use crate::model::agent::AgentStatus;
+use crate::model::cluster::ClusterMode;
 use crate::model::event::{Event, EventType};
 use crate::model::queue::PendingReason;
 use crate::model::session::KernelStatus;
@@ -48,6 +49,11 @@ pub struct QueuedSession {
     /// The reason last written (`None` when its JSON does not parse).
     #[sqlx(try_from = "NullableJsonText")]
     pub pending_reason: Option<PendingReason>,
+    /// `single-node` or `multi-node`.
+    pub cluster_mode: ClusterMode,
+    /// Kernels in the session, each of `resource_slots` (the row is its main kernel's; a gang
+    /// waits as one entry).
+    pub cluster_size: i64,
 }
 
 /// One access key's placed live sessions: what DRF and the concurrency limit look at.
@@ -146,13 +152,26 @@ impl Store {
     pub async fn pending_window(&self, limit: u32) -> Result<Vec<QueuedSession>, StoreError> {
         Ok(sqlx::query_as(&format!(
             "SELECT id, session_id, access_key, image, resource_slots, cpu_millis, mem_bytes, cuda_devices, \
-             priority, COALESCE(queued_at, 0.0) AS queued_at, head_skips, pending_reason FROM kernels \
+             priority, COALESCE(queued_at, 0.0) AS queued_at, head_skips, pending_reason, cluster_mode, cluster_size FROM kernels \
              WHERE status = $2 {ORDER} LIMIT $1"
         ))
         .bind(i64::from(limit))
         .bind(KernelStatus::Pending)
         .fetch_all(&self.reads)
         .await?)
+    }
+
+    /// The request a queued session was made with (`SessionRequest` JSON); `None` when it is
+    /// no longer `PENDING`.
+    ///
+    /// Errors: the database.
+    pub async fn pending_request(&self, kernel_id: &str) -> Result<Option<String>, StoreError> {
+        let row: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT request FROM kernels WHERE id = $1 AND status = 'PENDING'")
+                .bind(kernel_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(r,)| r.unwrap_or_default()))
     }
 
     /// Every access key's placed live slots, concurrency and limit (DRF's shares and the
@@ -508,6 +527,9 @@ mod tests {
 
     async fn enqueue(store: &Store, id: &str, key: &str, units: u64, priority: i64) {
         let k = NewKernel {
+            cluster_mode: crate::model::cluster::ClusterMode::SingleNode,
+            cluster_size: 1,
+            cluster: crate::model::cluster::ClusterSlot::main(),
             id: id.into(),
             session_id: id.into(),
             agent_id: String::new(),

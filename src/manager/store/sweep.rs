@@ -134,7 +134,7 @@ impl Store {
     ) -> Result<Vec<OrphanedPull>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {COLUMNS}, request, COALESCE(pull_seen_at, status_changed_at) AS seen_at \
-             FROM kernels WHERE status = 'PULLING' AND request IS NOT NULL \
+             FROM kernels WHERE status = 'PULLING' AND request IS NOT NULL AND cluster_size = 1 \
              AND COALESCE(pull_seen_at, status_changed_at) < $1 ORDER BY seen_at LIMIT {limit}"
         ))
         .bind(cutoff)
@@ -213,6 +213,9 @@ mod tests {
             .into_iter()
             .collect();
         let k = NewKernel {
+            cluster_mode: crate::model::cluster::ClusterMode::SingleNode,
+            cluster_size: 1,
+            cluster: crate::model::cluster::ClusterSlot::main(),
             id: id.into(),
             session_id: id.into(),
             agent_id: "a".into(),

@@ -42,16 +42,8 @@ pub enum SessionTypes {
     System,
 }
 
-/// `ai.backend.common.types.ClusterMode`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ClusterMode {
-    /// Every kernel of the session on one agent (`single-node`).
-    #[default]
-    SingleNode,
-    /// Kernels spread over agents (`multi-node`).
-    MultiNode,
-}
+/// `ai.backend.common.types.ClusterMode`: one type for the wire and the API.
+pub use crate::model::cluster::ClusterMode;
 
 /// `ai.backend.common.types.ImageRegistry`: where the image comes from, with credentials.
 /// `Debug` never prints the password.
