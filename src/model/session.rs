@@ -727,6 +727,16 @@ pub struct SessionCreated {
     /// While `PENDING`: its place in the queue (1 = next); null otherwise.
     #[schema(required = true)]
     pub queue_position: Option<i64>,
+    /// Kernels in it (1 unless it is a cluster session).
+    #[schema(required = true)]
+    pub cluster_size: i64,
+    /// `single-node` or `multi-node`.
+    #[schema(value_type = ClusterMode, required = true)]
+    pub cluster_mode: Option<ClusterMode>,
+    /// Its kernels, `main1` first (a queued cluster session lists its main kernel only: the
+    /// others are made when it is placed).
+    #[schema(required = true)]
+    pub kernels: Vec<SessionKernel>,
 }
 
 /// `GET /v1/sessions`'s answer.

@@ -797,9 +797,18 @@ impl Cluster {
     }
 
     fn invariant_violation(&self) -> Option<String> {
-        let rows = self.store(|s| Box::pin(async move { s.kernels(None, false).await.unwrap() }));
-        // Queued sessions hold no agent, slots or concurrency.
-        let rows: Vec<_> = rows.into_iter().filter(|k| !k.is_pending()).collect();
+        // Every placed live kernel (a cluster session's each): queued sessions hold no agent,
+        // slots or concurrency.
+        let rows: Vec<_> = self
+            .store(|s| Box::pin(async move { s.live_kernels_by_agent().await.unwrap() }))
+            .into_values()
+            .flatten()
+            .collect();
+        // A session takes one unit of concurrency, held by its main kernel.
+        let sessions_of_key = rows
+            .iter()
+            .filter(|k| k.is_main() && k.access_key == self.access_key)
+            .count() as i64;
         // The slots the store's live kernels hold, per agent: every slot, summed exactly.
         let mut held_slots: BTreeMap<String, kernelvisor::slots::ResourceSlots> = BTreeMap::new();
         for k in &rows {
@@ -865,11 +874,12 @@ impl Cluster {
                 other => return Some(format!("4: agent {} outbox depth {other:?}", a.id())),
             }
         }
-        // 2. concurrency_used = live kernels of the key.
+        // 2. concurrency_used = live sessions of the key.
         let used = self.concurrency_used();
-        let mine = live.values().filter(|(_, k)| *k == self.access_key).count() as i64;
-        if used != mine {
-            return Some(format!("2: concurrency_used {used} != live kernels {mine}"));
+        if used != sessions_of_key {
+            return Some(format!(
+                "2: concurrency_used {used} != live sessions {sessions_of_key}"
+            ));
         }
         None
     }

@@ -77,13 +77,17 @@ pub(super) async fn create(
         true => Some(s.store.new_queue_position(k.priority).await?),
         false => None,
     };
+    let (k, view) = session_view(&s, &k).await?;
     let created = SessionCreated {
         pending_reason: k.pending_reason.clone().filter(|_| k.is_pending()),
         queue_position,
         session_id: k.session_id,
         kernel_id: k.id,
         agent_id: k.agent_id,
-        status: k.status.as_str().to_owned(),
+        status: view.status,
+        cluster_size: view.cluster_size,
+        cluster_mode: view.cluster_mode,
+        kernels: view.kernels,
     };
     reply(HttpResponse::Created(), &created)
 }

@@ -135,6 +135,14 @@ pub(super) fn kernel_config(
         .collect();
     environ.insert(ACCESS_KEY_ENV.into(), p.owner.as_str().into());
     let slot = &place.slot;
+    // A batch cluster session's job is its main kernel's (upstream's manager triggers the
+    // batch execution on the main kernel only): the other kernels run as interactive ones,
+    // there for the job to reach (ssh, MPI), until the main kernel's end ends them.
+    let is_main = slot.role == crate::model::cluster::MAIN_ROLE;
+    let (session_type, startup_command, batch_timeout) = match session_type {
+        SessionType::Batch if !is_main => (SessionType::Interactive, None, None),
+        t => (t, req.command.clone(), req.batch_timeout),
+    };
     for (k, v) in [
         ("BACKENDAI_SESSION_ID", p.session_id.clone()),
         ("BACKENDAI_KERNEL_ID", kernel_id.to_owned()),
@@ -174,7 +182,7 @@ pub(super) fn kernel_config(
         },
         environ,
         mounts: p.mounts.clone(),
-        startup_command: req.command.clone(),
+        startup_command,
         service_ports: req
             .service_ports
             .iter()
@@ -184,11 +192,20 @@ pub(super) fn kernel_config(
                 container_ports: sp.container_ports.clone(),
             })
             .collect(),
-        batch_timeout: req.batch_timeout,
+        batch_timeout,
         restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
         agent_addr: None,
+        // `{"kernels": {"sub2": {…}}}` injects into the kernels named only (a cluster test
+        // fails one kernel of a gang); anything else into every kernel.
         #[cfg(feature = "fault-injection")]
-        inject: req.inject.as_ref().map(json_to_msgpack),
+        inject: req
+            .inject
+            .as_ref()
+            .and_then(|v| match v.get("kernels") {
+                Some(per) => per.get(&slot.hostname),
+                None => Some(v),
+            })
+            .map(json_to_msgpack),
         ..KernelCreationConfig::default()
     })
 }

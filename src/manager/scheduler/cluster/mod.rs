@@ -10,8 +10,9 @@
 //! 3. each agent's image pulled, a session-wide SSH keypair made (`keypair.rs`), and
 //!    `create_kernels` called once per agent, concurrently, with the same `ClusterInfo`;
 //! 4. any failure rolls the whole gang back: every kernel destroyed where it may exist, every
-//!    row ended with the failure's code as its reason (which frees every reservation and the
-//!    concurrency), the network removed;
+//!    row ended with the failure's code as its reason (`failed-to-create` for an agent's
+//!    refusal or silence, as the agent's own events say), which frees every reservation and
+//!    the concurrency, and the network removed;
 //! 5. afterwards (`settle`, in the leader's reconcile sweep): a kernel that ended ends the
 //!    others with its reason, and once every kernel has ended the network goes.
 //!
@@ -98,7 +99,13 @@ impl Launcher {
             Err(e) => {
                 tracing::info!(session_id = %g.placed.session_id, error = %e, "cluster session could not be created; rolling it back");
                 let rows = self.store.session_kernels(&g.placed.session_id).await?;
-                end_gang(self, &rows, e.code()).await;
+                // The agent's own reason for a kernel it could not create (its events may
+                // have ended some rows with it already): one reason on every kernel.
+                let reason = match e.code() {
+                    "agent-error" | "agent-unavailable" => "failed-to-create",
+                    code => code,
+                };
+                end_gang(self, &rows, reason).await;
                 Err(e)
             }
         }
