@@ -851,18 +851,20 @@ mod tests {
         RunnerClient::connect(&zctx, "k1", f.ports, cap, Duration::from_secs(60)).unwrap()
     }
 
-    /// Answers every `status` the agent sends until `n` were answered (on a thread).
-    fn answer_status(f: Arc<Mutex<Fake>>, n: usize) -> std::thread::JoinHandle<()> {
+    /// Answers every `status` the agent sends until `stop` is set (on a thread).
+    fn answer_status(
+        f: Arc<Mutex<Fake>>,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             let f = f.lock().unwrap();
-            let mut answered = 0;
-            while answered < n {
+            f.pull.set_rcvtimeo(50).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let Ok(msg) = f.pull.recv_multipart(0) else {
-                    return;
+                    continue;
                 };
                 if msg.first().map(Vec::as_slice) == Some(b"status") {
                     status_reply(&f, 7.0);
-                    answered += 1;
                 }
             }
         })
@@ -882,11 +884,16 @@ mod tests {
         send(&f, &[b"stdout", &huge]);
         drop(huge);
         let f = Arc::new(Mutex::new(f));
-        let t = answer_status(f.clone(), 1);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t = answer_status(f.clone(), stop.clone());
+        // The frame over the cap makes libzmq drop the connection, and the client makes a new
+        // one: a reply the fake sent before it saw the old one go is lost with it (as any
+        // message in flight then), so the client polls as a kernel's readiness check does.
         let started = c
-            .status(Duration::from_secs(10))
+            .wait_ready(Duration::from_secs(30))
             .await
             .expect("status answered");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         t.join().unwrap();
         assert_eq!(started, Some(7.0));
         assert_eq!(c.malformed(), 5, "the five malformed messages were counted");
