@@ -14,10 +14,12 @@
 //!   `failed-to-create`, and the events say so.
 //! - A kernel of a running cluster that ends (its container killed) ends the session: the
 //!   others are destroyed with its reason, and the network goes.
+//! - On PostgreSQL, the leader killed: its replica takes over a running cluster session (ending
+//!   it whole when a kernel dies) and a queued one (admitting it whole).
 //! - A batch cluster session runs its job on `main1` (the others wait for it) and ends with
 //!   the main kernel's exit code and result.
 //!
-//! Agent host ports: 36000–36079.
+//! Agent host ports: 36000–36099.
 
 use crate::common;
 
@@ -460,5 +462,81 @@ fn a_batch_cluster_session_ends_with_its_main_kernels_exit_code() {
         (containers_of(&sid).is_empty() && !network_exists(&format!("bai-singlenode-{sid}")))
             .then_some(())
     });
+    c.check_invariants();
+}
+
+/// A replica process killed when the test ends, failed or not.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// On PostgreSQL with a replica: the leader killed, the replica takes over a running cluster
+/// session (it ends it whole when one of its kernels dies) and a queued one (it admits it whole
+/// once room frees).
+#[test]
+fn cluster_sessions_survive_a_failover_to_a_replica() {
+    let mut c = Cluster::new(Db::Postgres);
+    c.heartbeat_timeout = 8.0;
+    c.manager_extra = "leader-lease = 4\n".into();
+    c.scheduler_extra = "sweep-interval = 1".into();
+    c.start_manager();
+    let (port, intake) = (common::agent::free_port(), common::agent::free_port());
+    let _replica = Reaped(c.spawn_replica("replica", port, intake));
+    let replica_api = format!("http://127.0.0.1:{port}");
+    c.agent_intakes = vec![c.intake_port, intake];
+    let a = c.add_agent("cl-failover", 36080, "");
+    let agent = c.agents[a].id().to_owned();
+    let quarter = host_cores(&c, &agent) / 4.0;
+    wait_for(LONG, "the replica sees the agent", || {
+        c.get_at(&replica_api, "/health")
+            .ok()
+            .filter(|h| h.body["agents_alive"] == 1)
+    });
+    // A running gang of 2 (half the room) and a queued gang of 3.
+    let r = c.post("/v1/sessions", &body(quarter, json!({"cluster_size": 2})));
+    assert_eq!(
+        (r.status, r.body["status"].as_str()),
+        (201, Some("RUNNING")),
+        "{r:?}"
+    );
+    let running = r.body["session_id"].as_str().unwrap().to_owned();
+    let q = c.post("/v1/sessions", &body(quarter, json!({"cluster_size": 3})));
+    assert_eq!(q.body["status"], "PENDING", "{q:?}");
+    let queued = q.body["session_id"].as_str().unwrap().to_owned();
+    c.stop_manager("KILL");
+    c.api = replica_api;
+    wait_for(LONG, "the replica leads", || {
+        c.get("/health").ok().filter(|h| h.body["leader"] == true)
+    });
+    let s = wait_status(&c, &running, "RUNNING");
+    assert_eq!(kernels(&s).len(), 2, "{s}");
+    assert_eq!(session(&c, &queued)["status"], "PENDING");
+    // The running gang's sub kernel dies: the new leader ends the gang whole, and the queued
+    // gang (3 quarters) starts whole in the room that frees.
+    let sub = s["kernels"][1]["kernel_id"].as_str().unwrap().to_owned();
+    let cid = docker(&[
+        "ps",
+        "-q",
+        "--filter",
+        &format!("label=ai.backend.kernel-id={sub}"),
+    ]);
+    docker(&["kill", &cid]);
+    let ended = wait_status(&c, &running, "TERMINATED");
+    assert!(
+        kernels(&ended).iter().all(|k| k.4 == "TERMINATED"),
+        "{ended}"
+    );
+    let started = wait_status(&c, &queued, "RUNNING");
+    assert_eq!(kernels(&started).len(), 3, "{started}");
+    wait_for(LONG, "the ended gang's network removed", || {
+        (!network_exists(&format!("bai-singlenode-{running}"))).then_some(())
+    });
+    assert_eq!(c.delete(&format!("/v1/sessions/{queued}")).status, 200);
+    assert!(containers_of(&queued).is_empty());
     c.check_invariants();
 }
