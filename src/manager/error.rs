@@ -41,6 +41,11 @@ pub enum ManagerError {
     /// 404 `session-not-found`.
     #[error("session `{0}` not found")]
     SessionNotFound(String),
+    /// A kernel selector (`?kernel=`, execute's `kernel`) that names no kernel of the
+    /// session; the message names it and the session's kernels. 404 `session-not-found`, the
+    /// code of a session that is not there: the session and kernel together name nothing.
+    #[error("{0}")]
+    KernelNotFound(String),
     /// 404 `access-key-not-found`.
     #[error("access key `{0}` not found")]
     AccessKeyNotFound(String),
@@ -148,7 +153,9 @@ impl ManagerError {
             ManagerError::ImageNotFound(_) => "image-not-found",
             ManagerError::SlotsExceedCapacity(_) => "slots-exceed-capacity",
             ManagerError::UnknownSlot(_) => "unknown-slot",
-            ManagerError::SessionNotFound(_) => "session-not-found",
+            ManagerError::SessionNotFound(_) | ManagerError::KernelNotFound(_) => {
+                "session-not-found"
+            }
             ManagerError::AccessKeyNotFound(_) => "access-key-not-found",
             ManagerError::NoCapacity(_) => "no-capacity",
             ManagerError::SessionNotRunning(..) => "session-not-running",
@@ -188,6 +195,7 @@ impl ManagerError {
             ManagerError::Unauthorized(_) => 401,
             ManagerError::Forbidden(_) => 403,
             ManagerError::SessionNotFound(_)
+            | ManagerError::KernelNotFound(_)
             | ManagerError::VfolderNotFound(_)
             | ManagerError::AccessKeyNotFound(_)
             | ManagerError::RunNotFound(_)

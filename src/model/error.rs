@@ -115,6 +115,8 @@ pub enum ErrorCode {
     RegistryUnreachable,
     /// 502: the image's registry refused the configured credentials.
     RegistryAuthFailed,
+    /// 502: a cluster session's network could not be made.
+    ClusterNetworkFailed,
     /// 504: the image pull outlasted the agent's `[container] image-pull-timeout`.
     ImagePullTimeout,
     /// 503: start-up grace period (kernel routes).

@@ -39,6 +39,12 @@ pub struct ExecuteBody {
     /// Close stdin after writing (`input`).
     #[serde(default)]
     pub eof: bool,
+    /// The kernel to run in: a cluster session's kernel by host name (`main1`, `sub1`, …) or
+    /// kernel id; absent: the kernel the path names (the main kernel for a session id). A
+    /// `continue` or `input` names the kernel its `query` ran in. 404 `session-not-found` when
+    /// it names no kernel of the session.
+    #[serde(default)]
+    pub kernel: Option<String>,
 }
 
 /// One execute call as a client sends it (`kernelvisor ctl session exec`): each mode with the

@@ -17,6 +17,9 @@ pub struct PtyQuery {
     /// A shell command line to run (`sh -c`); absent: an interactive shell (`bash` when the
     /// image has it, else `sh`).
     pub command: Option<String>,
+    /// A cluster session's kernel to open it in (`main1`, `sub1`, … or a kernel id); absent:
+    /// the kernel the path names (the main kernel for a session id).
+    pub kernel: Option<String>,
 }
 
 /// A terminal size in character cells.

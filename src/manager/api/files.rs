@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use super::auth::Caller;
 use super::responses;
-use super::{reply, running_kernel, ApiState, Res};
+use super::{reply, running_kernel, ApiState, KernelQuery, Res, KERNEL_PARAM};
 use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::store::KernelRow;
@@ -97,12 +97,13 @@ async fn call<M: Method>(
     params(
         ("id" = String, Path, description = "Session or kernel id"),
         ("path" = String, Path, description = "Path relative to /home/work (may contain `/`)"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
     ),
     request_body(content = Binary, content_type = "application/octet-stream", description = "The file's bytes"),
     responses(
         (status = 201, description = "Written", body = Uploaded),
         (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory), `invalid-request` (the body could not be read, or its size is not `Content-Length`)", body = ErrorBody),
-        (status = 404, description = "`session-not-found`", body = ErrorBody),
+        (status = 404, description = "`session-not-found` (also a `kernel` that names no kernel of the session)", body = ErrorBody),
         (status = 411, description = "`length-required`: no `Content-Length`", body = ErrorBody),
         (status = 413, description = "`upload-too-large`: above `[api] max-upload-size`", body = ErrorBody),
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
@@ -113,6 +114,7 @@ pub(super) async fn upload(
     s: web::Data<ApiState>,
     caller: Caller,
     p: web::Path<(String, String)>,
+    q: web::Query<KernelQuery>,
     req: HttpRequest,
     mut body: web::Payload,
 ) -> Res {
@@ -133,7 +135,7 @@ pub(super) async fn upload(
             s.max_upload_size
         )));
     }
-    let k = running_kernel(&s, &caller, &id).await?;
+    let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     let upload_id = uuid::Uuid::new_v4().simple().to_string();
     let send = |data: Vec<u8>, first: bool, eof: bool, offset: u64| {
         let opts = UploadOpts {
@@ -218,11 +220,12 @@ pub(super) async fn upload(
     params(
         ("id" = String, Path, description = "Session or kernel id"),
         ("path" = String, Path, description = "Path relative to /home/work (may contain `/`)"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
     ),
     responses(
         (status = 200, description = "The file", body = Binary, content_type = "application/octet-stream"),
         (status = 400, description = "`invalid-path` (absolute, `..`, a symlink out of /home/work, a directory)", body = ErrorBody),
-        (status = 404, description = "`session-not-found`, `file-not-found`", body = ErrorBody),
+        (status = 404, description = "`session-not-found` (also a `kernel` that names no kernel of the session), `file-not-found`", body = ErrorBody),
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
@@ -231,9 +234,10 @@ pub(super) async fn download(
     s: web::Data<ApiState>,
     caller: Caller,
     p: web::Path<(String, String)>,
+    q: web::Query<KernelQuery>,
 ) -> Res {
     let (id, path) = p.into_inner();
-    let k = running_kernel(&s, &caller, &id).await?;
+    let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     // download_single(kernel_id, filepath, opts); the answer's data is moved out, not copied.
     let args = |download_id: Option<String>| {
         vec![
@@ -300,6 +304,9 @@ fn joined<T>(
 pub(super) struct ListQuery {
     #[serde(default)]
     dir: String,
+    /// [`KernelQuery::kernel`].
+    #[serde(default)]
+    kernel: Option<String>,
 }
 
 /// A directory's entries (at most 10 000, sorted by name), read from the engine's archive API
@@ -310,11 +317,12 @@ pub(super) struct ListQuery {
     params(
         ("id" = String, Path, description = "Session or kernel id"),
         ("dir" = Option<String>, Query, description = "Directory relative to /home/work (default: /home/work)"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
     ),
     responses(
         (status = 200, description = "The entries", body = FileList),
         (status = 400, description = "`invalid-path`, `invalid-request`", body = ErrorBody),
-        (status = 404, description = "`session-not-found`, `file-not-found`", body = ErrorBody),
+        (status = 404, description = "`session-not-found` (also a `kernel` that names no kernel of the session), `file-not-found`", body = ErrorBody),
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
@@ -325,7 +333,7 @@ pub(super) async fn list(
     id: web::Path<String>,
     q: web::Query<ListQuery>,
 ) -> Res {
-    let k = running_kernel(&s, &caller, &id).await?;
+    let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     // `opts` (any map) asks for kernelvisor's rich listing; without it the agent answers
     // upstream's `{"files": JSON text, "errors", "abspath"}`.
     let args = ListFilesArgs {

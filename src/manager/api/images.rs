@@ -118,7 +118,8 @@ pub(super) async fn commit(
     let r = async {
         let request = body.into_inner().into_inner();
         check_reference(&request.image).map_err(ManagerError::InvalidRequest)?;
-        let k = running_kernel(&s, &caller, &id).await?;
+        // The kernel the path names (a session id: the main kernel); a commit takes no selector.
+        let k = running_kernel(&s, &caller, &id, None).await?;
         let state = Commit {
             session_id: k.session_id.clone(),
             kernel_id: k.id.clone(),

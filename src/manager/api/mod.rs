@@ -255,24 +255,110 @@ fn resolved_id(asked: &str, k: &KernelRow) -> String {
     }
 }
 
-/// The caller's session's kernel, which must be `RUNNING` (files and services live in its
-/// container).
+/// The OpenAPI description of the `kernel` query parameter.
+pub(super) const KERNEL_PARAM: &str = "A cluster session's kernel to act in, by host name (`main1`, `sub1`, …) or kernel id (a session of one kernel takes `main1` or its kernel id); default: the kernel the path names, the main kernel for a session id";
+
+/// `?kernel=` of the routes that act in one kernel of a session (logs, files, terminal,
+/// interrupt, services): a cluster session's kernel by host name (`main1`, `sub1`, …) or
+/// kernel id; absent: the kernel the path names ([`selected_kernel`]). Unknown parameters are
+/// ignored, as they were before these routes read a query.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(super) struct KernelQuery {
+    /// The selector; see [`selected_kernel`].
+    #[serde(default)]
+    pub kernel: Option<String>,
+}
+
+/// The kernel of the caller's session `id` (as [`owned_kernel`] resolves it) that `selector`
+/// names: a kernel of the session by its host name (`main1`, `sub1`, …; Backend.AI's
+/// `cluster_hostname`) or its kernel id. Without a selector, the kernel the path names: the
+/// main kernel for a session id (or a prefix of it), that kernel for a kernel id. A session of
+/// one kernel takes `main1` and its kernel id only.
 ///
-/// Errors: 404 `session-not-found` (also another key's), 409 `session-not-running`.
+/// Errors: 404 `session-not-found`, also for a selector that names no kernel of the session
+/// (the message names the selector and lists the session's kernels); the store's.
+async fn selected_kernel(
+    s: &ApiState,
+    caller: &Caller,
+    id: &str,
+    selector: Option<&str>,
+) -> Result<KernelRow, ManagerError> {
+    let k = owned_kernel(s, caller, id).await?;
+    select_in(&s.store, id, k, selector).await
+}
+
+/// [`selected_kernel`] once the path's kernel `k` is known: its session's kernels read only
+/// for a selector on a cluster session.
+async fn select_in(
+    store: &Store,
+    id: &str,
+    k: KernelRow,
+    selector: Option<&str>,
+) -> Result<KernelRow, ManagerError> {
+    let Some(selector) = selector else {
+        return Ok(k);
+    };
+    if k.cluster_size <= 1 {
+        return pick_kernel(id, selector, std::slice::from_ref(&k));
+    }
+    pick_kernel(id, selector, &store.session_kernels(&k.session_id).await?)
+}
+
+/// The kernel of `kernels` (one session's) whose host name or id is `selector`.
+///
+/// Errors: 404 `session-not-found` naming the selector and the session's kernels.
+fn pick_kernel(id: &str, selector: &str, kernels: &[KernelRow]) -> Result<KernelRow, ManagerError> {
+    if let Some(k) = kernels
+        .iter()
+        .find(|k| k.cluster_hostname == selector || k.id == selector)
+    {
+        return Ok(k.clone());
+    }
+    let hosts: Vec<&str> = kernels
+        .iter()
+        .map(|k| k.cluster_hostname.as_str())
+        .collect();
+    Err(ManagerError::KernelNotFound(format!(
+        "session `{id}` has no kernel `{selector}` (its kernels: {}; `kernel` takes a host name \
+         or a kernel id)",
+        hosts.join(", ")
+    )))
+}
+
+/// The caller's session's kernel that `selector` names ([`selected_kernel`]; without one, the
+/// kernel the path names), which must be `RUNNING` (files and services live in its container).
+/// Only the selected kernel's status counts, not the session's combined one.
+///
+/// Errors: 404 `session-not-found` (also another key's, or a selector naming no kernel of the
+/// session), 409 `session-not-running`.
 async fn running_kernel(
     s: &ApiState,
     caller: &Caller,
     id: &str,
+    selector: Option<&str>,
 ) -> Result<KernelRow, ManagerError> {
     not_in_grace(s).await?;
-    let k = owned_kernel(s, caller, id).await?;
-    if k.status != KernelStatus::Running {
-        return Err(ManagerError::SessionNotRunning(
-            id.to_owned(),
-            k.status.as_str().to_owned(),
-        ));
-    }
+    let k = selected_kernel(s, caller, id, selector).await?;
+    must_run(&k, id, selector)?;
     Ok(k)
+}
+
+/// 409 `session-not-running` unless `k` is `RUNNING`, naming the session as the caller did and
+/// the selected kernel when a selector chose it.
+fn must_run(k: &KernelRow, id: &str, selector: Option<&str>) -> Result<(), ManagerError> {
+    if k.status == KernelStatus::Running {
+        return Ok(());
+    }
+    // The error writes "session `{name}` is …": with a selector it reads "session `S`'s kernel
+    // `sub1` is CREATING, not RUNNING".
+    let name = match selector {
+        Some(sel) => format!("{id}`'s kernel `{sel}"),
+        None => id.to_owned(),
+    };
+    Err(ManagerError::SessionNotRunning(
+        name,
+        k.status.as_str().to_owned(),
+    ))
 }
 
 fn count_error<T>(s: &ApiState, r: Result<T, ManagerError>) -> Result<T, ManagerError> {
@@ -495,6 +581,156 @@ mod tests {
         assert_eq!(hosts, ["main1", "sub1", "sub2"]);
         assert_eq!(view.kernels[1].cluster_role, "sub");
         assert_eq!(view.kernels[2].cluster_idx, 2);
+    }
+
+    /// A cluster session `sess` of 3 (kernels `k-main1`, `k-sub1`, `k-sub2` on agent `a`) and
+    /// a session `solo` of one kernel, in a fresh SQLite store; `main1`, `sub1` and `solo`
+    /// `RUNNING`, `sub2` still `SCHEDULED`.
+    async fn sessions_in_store() -> (tempfile::TempDir, Store) {
+        use crate::manager::store::NewKernel;
+        use crate::model::cluster::{cluster_slots, ClusterMode, ClusterSlot};
+        use crate::slots::ResourceSlots;
+        let (dir, store) = crate::manager::store::test_store_with_key().await;
+        let new = |id: &str, session: &str, size: u32, slot: ClusterSlot| NewKernel {
+            cluster_mode: ClusterMode::SingleNode,
+            cluster_size: size,
+            cluster: slot,
+            id: id.into(),
+            session_id: session.into(),
+            agent_id: "a".into(),
+            access_key: "AK".into(),
+            image: "img".into(),
+            resource_slots: ResourceSlots::default(),
+            session_type: SessionType::Interactive,
+            command: None,
+            batch_timeout: None,
+            mounts: Vec::new(),
+            restart_policy: Default::default(),
+            priority: 10,
+            request: None,
+        };
+        let gang: Vec<NewKernel> = cluster_slots(3)
+            .into_iter()
+            .map(|slot| new(&format!("k-{}", slot.hostname), "sess", 3, slot))
+            .collect();
+        let roomy: ResourceSlots = [("cpu".to_owned(), Amount::from_units(100))]
+            .into_iter()
+            .collect();
+        let totals = [("a".to_owned(), roomy.clone())].into_iter().collect();
+        store
+            .reserve_gang(&gang, &totals, false)
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .reserve_kernel(&new("solo", "solo", 1, ClusterSlot::main()), &roomy)
+            .await
+            .unwrap();
+        for id in ["k-main1", "k-sub1", "solo"] {
+            assert!(store
+                .advance_kernel(id, KernelStatus::Running)
+                .await
+                .unwrap());
+        }
+        (dir, store)
+    }
+
+    /// What the kernel routes act in: `?kernel=` / execute's `kernel` picks a cluster
+    /// session's kernel by host name or id; without it the kernel the path names (the main
+    /// one for a session id); a selector naming no kernel of the session is 404
+    /// `session-not-found` naming it; the `RUNNING` check is the selected kernel's.
+    #[actix_rt::test]
+    async fn a_selector_picks_the_sessions_kernel_and_its_status_counts() {
+        let (_dir, store) = sessions_in_store().await;
+        let named = |id: &'static str| {
+            let store = store.clone();
+            async move { store.kernel(id).await.unwrap().unwrap() }
+        };
+        let pick = |id: &'static str, selector: Option<&'static str>| {
+            let store = store.clone();
+            async move {
+                let k = store.kernel(id).await.unwrap().unwrap();
+                select_in(&store, id, k, selector).await
+            }
+        };
+        // The session id names the main kernel; a selector another kernel of the session.
+        assert_eq!(pick("sess", None).await.unwrap().id, "k-main1");
+        assert_eq!(pick("sess", Some("main1")).await.unwrap().id, "k-main1");
+        let sub1 = pick("sess", Some("sub1")).await.unwrap();
+        assert_eq!((sub1.id.as_str(), sub1.agent_id.as_str()), ("k-sub1", "a"));
+        assert_eq!(
+            pick("sess", Some("k-sub2")).await.unwrap().cluster_hostname,
+            "sub2"
+        );
+        // Named by a kernel's id: that kernel, and a selector still searches the session.
+        assert_eq!(pick("k-sub2", None).await.unwrap().id, "k-sub2");
+        assert_eq!(pick("k-sub2", Some("sub1")).await.unwrap().id, "k-sub1");
+        for unknown in ["sub3", "SUB1", "", "solo"] {
+            let e = pick("sess", Some(unknown)).await.unwrap_err();
+            assert_eq!(
+                (e.status(), e.code()),
+                (404, "session-not-found"),
+                "{unknown:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "session `sess` has no kernel `{unknown}` (its kernels: main1, sub1, sub2; \
+                     `kernel` takes a host name or a kernel id)"
+                )
+            );
+        }
+        // A session of one kernel: `main1` or its kernel id only.
+        assert_eq!(pick("solo", Some("main1")).await.unwrap().id, "solo");
+        assert_eq!(pick("solo", Some("solo")).await.unwrap().id, "solo");
+        let e = pick("solo", Some("sub1")).await.unwrap_err();
+        assert_eq!(e.code(), "session-not-found");
+        assert!(
+            e.to_string()
+                .contains("no kernel `sub1` (its kernels: main1;"),
+            "{e}"
+        );
+        // RUNNING is the selected kernel's: sub2 is not, while the main kernel is.
+        let sub2 = pick("sess", Some("sub2")).await.unwrap();
+        let e = must_run(&sub2, "sess", Some("sub2")).unwrap_err();
+        assert_eq!((e.status(), e.code()), (409, "session-not-running"));
+        assert_eq!(
+            e.to_string(),
+            "session `sess`'s kernel `sub2` is SCHEDULED, not RUNNING"
+        );
+        must_run(&sub1, "sess", Some("sub1")).unwrap();
+        must_run(&named("sess").await, "sess", None).unwrap();
+        let e = must_run(&named("k-sub2").await, "k-sub2", None).unwrap_err();
+        assert_eq!(e.to_string(), "session `k-sub2` is SCHEDULED, not RUNNING");
+        // The session as listed: not RUNNING while sub2 is not; its kernels in order.
+        let kernels = store.session_kernels("sess").await.unwrap();
+        let view = session_of(&kernels[0], &kernels);
+        assert_eq!(view.status, "SCHEDULED");
+        let hosts: Vec<&str> = view
+            .kernels
+            .iter()
+            .map(|k| k.cluster_hostname.as_str())
+            .collect();
+        assert_eq!(hosts, ["main1", "sub1", "sub2"]);
+    }
+
+    /// The query extractors take `kernel` beside their own parameters, and the routes that
+    /// had no query before still take (and ignore) unknown parameters.
+    #[test]
+    fn kernel_queries_parse() {
+        let q = web::Query::<KernelQuery>::from_query("kernel=sub1&x=1").unwrap();
+        assert_eq!(q.kernel.as_deref(), Some("sub1"));
+        assert_eq!(
+            web::Query::<KernelQuery>::from_query("").unwrap().kernel,
+            None
+        );
+        let pty =
+            web::Query::<crate::model::terminal::PtyQuery>::from_query("rows=3&cols=4&kernel=sub2")
+                .unwrap();
+        assert_eq!(pty.kernel.as_deref(), Some("sub2"));
+        let b: crate::model::exec::ExecuteBody =
+            serde_json::from_str(r#"{"code": "hostname", "kernel": "sub1"}"#).unwrap();
+        assert_eq!(b.kernel.as_deref(), Some("sub1"));
     }
 
     async fn body(r: Res) -> String {

@@ -16,7 +16,7 @@ use actix_ws::{CloseCode, CloseReason, Message, MessageStream, Session};
 use futures::StreamExt;
 
 use super::auth::Caller;
-use super::{running_kernel, ApiState, Res};
+use super::{running_kernel, ApiState, Res, KERNEL_PARAM};
 use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
 use crate::model::error::ErrorBody;
@@ -49,12 +49,13 @@ const DEFAULT_COLS: u16 = 80;
         ("rows" = Option<u16>, Query, description = "Lines of the terminal (1-65535, default 24)", minimum = 1, maximum = 65535),
         ("cols" = Option<u16>, Query, description = "Columns of the terminal (1-65535, default 80)", minimum = 1, maximum = 65535),
         ("command" = Option<String>, Query, description = "Shell command line to run (default: an interactive shell, bash when the image has it, else sh)"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
     ),
     responses(
         (status = 101, description = "Switching to the WebSocket protocol. Binary frames: the terminal's bytes, both ways. Text frames from the client: `{\"resize\": {\"rows\": R, \"cols\": C}}`; from the manager: `{\"error\": {\"code\", \"message\"}}` (a control frame it could not take; the terminal goes on) and, last, `{\"exit_code\": N}` (null when killed) before it closes the socket"),
         (status = 400, description = "`invalid-request`: not a WebSocket upgrade, a zero or ill-typed `rows` / `cols`, an unknown query parameter", body = ErrorBody),
-        (status = 404, description = "`session-not-found` (also another key's session)", body = ErrorBody),
-        (status = 409, description = "`session-not-running`", body = ErrorBody),
+        (status = 404, description = "`session-not-found` (also another key's session, or a `kernel` that names no kernel of the session)", body = ErrorBody),
+        (status = 409, description = "`session-not-running` (the selected kernel)", body = ErrorBody),
         super::responses::AgentFailed, super::responses::StartingUp,
     ),
 )]
@@ -77,7 +78,7 @@ pub(super) async fn open(
             "a terminal of {rows}x{cols}: `rows` and `cols` must be at least 1"
         )));
     }
-    let k = running_kernel(&s, &caller, &id).await?;
+    let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     // The handshake is checked before anything starts on the agent.
     let (response, session, frames) = actix_ws::handle(&req, body).map_err(|e| {
         ManagerError::InvalidRequest(format!("not a WebSocket upgrade request: {e}"))

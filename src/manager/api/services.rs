@@ -12,7 +12,7 @@ use actix_web::{delete, get, post, web, HttpResponse};
 
 use super::auth::Caller;
 use super::responses;
-use super::{reply, running_kernel, ApiState, Res};
+use super::{reply, running_kernel, ApiState, KernelQuery, Res, KERNEL_PARAM};
 use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::AgentAddr;
@@ -91,7 +91,10 @@ async fn call<M: Method>(
 #[utoipa::path(
     operation_id = "list_services",
     tag = "services",
-    params(("id" = String, Path, description = "Session or kernel id")),
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
+    ),
     responses(
         (status = 200, description = "The services", body = ServiceList),
         (status = 404, description = "`session-not-found`", body = ErrorBody),
@@ -99,8 +102,13 @@ async fn call<M: Method>(
     ),
 )]
 #[get("/v1/sessions/{id}/services")]
-pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
-    let k = running_kernel(&s, &caller, &id).await?;
+pub(super) async fn list(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<KernelQuery>,
+) -> Res {
+    let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     let args = KernelIdArgs {
         kernel_id: k.id.clone(),
     };
@@ -118,6 +126,7 @@ pub(super) async fn list(s: web::Data<ApiState>, caller: Caller, id: web::Path<S
     params(
         ("id" = String, Path, description = "Session or kernel id"),
         ("name" = String, Path, description = "Service name"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
     ),
     responses(
         (status = 200, description = "The service, running; `started`: whether this call started it", body = ServiceStarted),
@@ -131,9 +140,10 @@ pub(super) async fn start(
     s: web::Data<ApiState>,
     caller: Caller,
     p: web::Path<(String, String)>,
+    q: web::Query<KernelQuery>,
 ) -> Res {
     let (id, name) = p.into_inner();
-    let k = running_kernel(&s, &caller, &id).await?;
+    let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     let args = StartServiceArgs {
         kernel_id: k.id.clone(),
         service: name,
@@ -177,6 +187,7 @@ pub(super) async fn start(
     params(
         ("id" = String, Path, description = "Session or kernel id"),
         ("name" = String, Path, description = "Service name"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
     ),
     responses(
         (status = 200, description = "The service, stopped", body = Service),
@@ -189,9 +200,10 @@ pub(super) async fn stop(
     s: web::Data<ApiState>,
     caller: Caller,
     p: web::Path<(String, String)>,
+    q: web::Query<KernelQuery>,
 ) -> Res {
     let (id, name) = p.into_inner();
-    let k = running_kernel(&s, &caller, &id).await?;
+    let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     let args = ShutdownServiceArgs {
         kernel_id: k.id.clone(),
         service: name,

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use super::auth::Caller;
 use super::responses;
 use super::{
-    count_error, not_in_grace, owned_kernel, reply, resolved_id, running_kernel, session_of,
-    session_view, ApiState, Res,
+    count_error, must_run, not_in_grace, owned_kernel, reply, resolved_id, running_kernel,
+    selected_kernel, session_of, session_view, ApiState, KernelQuery, Res, KERNEL_PARAM,
 };
 use crate::manager::calls::{agent_error, call_method, to_json};
 use crate::manager::error::ManagerError;
@@ -317,7 +317,8 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path
 }
 
 /// Runs code in the session's kernel, or continues or feeds a run: Backend.AI's continuation
-/// protocol in bounded answers.
+/// protocol in bounded answers. The body's `kernel` picks a cluster session's kernel (`sub1`);
+/// without it, the main kernel (or the kernel the path names by its id).
 #[utoipa::path(
     operation_id = "execute",
     tag = "sessions",
@@ -326,8 +327,8 @@ pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path
     responses(
         (status = 200, description = "An answer: `continued` (more to come), `finished` or `exec-timeout`", body = ExecuteAnswer),
         (status = 400, description = "`invalid-request`: malformed JSON, an unknown field or mode, a missing `code` / `run_id`, a non-positive timeout, a run id in use, stdin closed", body = ErrorBody),
-        (status = 404, description = "`session-not-found`, `run-not-found` (unknown or finished run)", body = ErrorBody),
-        (status = 409, description = "`session-not-running` (`query`), `run-has-no-stdin` (`input`)", body = ErrorBody),
+        (status = 404, description = "`session-not-found` (also a `kernel` that names no kernel of the session), `run-not-found` (unknown or finished run)", body = ErrorBody),
+        (status = 409, description = "`session-not-running` (`query`: the selected kernel is not `RUNNING`), `run-has-no-stdin` (`input`)", body = ErrorBody),
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
@@ -340,10 +341,22 @@ pub(super) async fn execute(
 ) -> Res {
     let r = async {
         not_in_grace(&s).await?;
-        let k = owned_kernel(&s, &caller, &id).await?;
         let b = body.into_inner().into_inner();
+        let selector = b.kernel.as_deref();
+        let k = selected_kernel(&s, &caller, &id, selector).await?;
+        let target = match selector {
+            // The selected kernel by its id (the scheduler reads its row again); a `query`
+            // to a kernel that is not RUNNING is refused here, naming the selector.
+            Some(_) => {
+                if b.mode.as_deref().unwrap_or("query") == "query" && b.code.is_some() {
+                    must_run(&k, &id, selector)?;
+                }
+                k.id.clone()
+            }
+            None => resolved_id(&id, &k),
+        };
         let msg = ExecuteInSession {
-            id: resolved_id(&id, &k),
+            id: target,
             mode: b.mode,
             code: b.code,
             run_id: b.run_id,
@@ -372,10 +385,13 @@ const INTERRUPT_TIMEOUT: Duration = Duration::from_secs(30);
 #[utoipa::path(
     operation_id = "interrupt_session",
     tag = "sessions",
-    params(("id" = String, Path, description = "Session or kernel id")),
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
+    ),
     responses(
         (status = 204, description = "Interrupted"),
-        (status = 404, description = "`session-not-found` (also another key's session)", body = ErrorBody),
+        (status = 404, description = "`session-not-found` (also another key's session, or a `kernel` that names no kernel of the session)", body = ErrorBody),
         responses::NotRunning, responses::AgentFailed, responses::StartingUp,
     ),
 )]
@@ -384,9 +400,10 @@ pub(super) async fn interrupt(
     s: web::Data<ApiState>,
     caller: Caller,
     id: web::Path<String>,
+    q: web::Query<KernelQuery>,
 ) -> Res {
     let r = async {
-        let k = running_kernel(&s, &caller, &id).await?;
+        let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
         let args = KernelIdArgs {
             kernel_id: k.id.clone(),
         };
@@ -404,6 +421,9 @@ pub(super) async fn interrupt(
 pub(super) struct LogsQuery {
     #[serde(default)]
     follow: bool,
+    /// [`KernelQuery::kernel`].
+    #[serde(default)]
+    kernel: Option<String>,
 }
 
 /// The next chunk of a followed log from `offset`; `None` ends the follow (the agent cannot be
@@ -452,11 +472,12 @@ enum Follow {
     params(
         ("id" = String, Path, description = "Session or kernel id"),
         ("follow" = Option<bool>, Query, description = "Stream new output until the kernel ends (chunked)"),
+        ("kernel" = Option<String>, Query, description = KERNEL_PARAM),
     ),
     responses(
         (status = 200, description = "The logs", body = String, content_type = "text/plain"),
         (status = 400, description = "`invalid-request`: an unknown or ill-typed query parameter", body = ErrorBody),
-        (status = 404, description = "`session-not-found`, `logs-not-found` (never started, or past retention)", body = ErrorBody),
+        (status = 404, description = "`session-not-found` (also a `kernel` that names no kernel of the session), `logs-not-found` (never started, or past retention)", body = ErrorBody),
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
@@ -468,7 +489,7 @@ pub(super) async fn logs(
     q: web::Query<LogsQuery>,
 ) -> Res {
     not_in_grace(&s).await?;
-    let kernel = owned_kernel(&s, &caller, &id).await?;
+    let kernel = selected_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     let first = s
         .scheduler
         .send(ReadLogs {
@@ -540,6 +561,14 @@ mod tests {
             let e = check_service_ports(&request(bad.clone())).unwrap_err();
             assert_eq!(e.code(), "invalid-request", "{bad}");
         }
+    }
+
+    #[test]
+    fn logs_take_a_kernel_and_refuse_unknown_parameters() {
+        let q = web::Query::<LogsQuery>::from_query("follow=true&kernel=sub1").unwrap();
+        assert!(q.follow);
+        assert_eq!(q.kernel.as_deref(), Some("sub1"));
+        assert!(web::Query::<LogsQuery>::from_query("kernels=sub1").is_err());
     }
 
     fn with_environ(environ: serde_json::Value) -> SessionRequest {
