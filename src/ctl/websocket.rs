@@ -220,7 +220,7 @@ mod tests {
             Ok(_) => panic!("connected"),
         }
         // The client's typed route: the same upgrade, its command percent-encoded.
-        match client.terminal("S", size, Some("top -b")) {
+        match client.terminal("S", None, size, Some("top -b")) {
             Err(ClientError::Api(e)) => assert_eq!(e.status, 404),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("connected"),

@@ -126,12 +126,26 @@ fn session_path(id: &str) -> String {
     format!("/v1/sessions/{}", segment(id))
 }
 
+/// `path` with `?kernel=KERNEL` (or `&kernel=` after a query) when a kernel is selected: a
+/// cluster session's kernel by host name (`sub1`) or kernel id; `None` leaves the manager's
+/// default, the main kernel.
+pub fn with_kernel(path: String, kernel: Option<&str>) -> String {
+    match kernel {
+        None => path,
+        Some(k) => {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            format!("{path}{sep}kernel={}", segment(k))
+        }
+    }
+}
+
 /// The event stream's route (also the URL its errors name).
 pub const EVENTS_PATH: &str = "/v1/events";
 
-/// The logs route of session `id` (also the URL its read errors name).
-pub fn logs_path(id: &str) -> String {
-    format!("{}/logs", session_path(id))
+/// The logs route of session `id` (of its kernel `kernel`; also the URL its read errors
+/// name).
+pub fn logs_path(id: &str, kernel: Option<&str>) -> String {
+    with_kernel(format!("{}/logs", session_path(id)), kernel)
 }
 
 /// The execute route of session `id` (also the URL its errors name).
@@ -139,13 +153,16 @@ pub fn execute_path(id: &str) -> String {
     format!("{}/execute", session_path(id))
 }
 
-/// The route of file `path` (relative to `/home/work`) of session `id`, each segment
-/// percent-encoded (also the URL a download's read errors name).
-pub fn file_path(id: &str, path: &str) -> String {
-    format!("{}/files/{}", session_path(id), segments(path))
+/// The route of file `path` (relative to `/home/work`) of session `id` (of its kernel
+/// `kernel`), each segment percent-encoded (also the URL a download's read errors name).
+pub fn file_path(id: &str, kernel: Option<&str>, path: &str) -> String {
+    with_kernel(
+        format!("{}/files/{}", session_path(id), segments(path)),
+        kernel,
+    )
 }
 
-fn pty_path(id: &str, size: TerminalSize, command: Option<&str>) -> String {
+fn pty_path(id: &str, kernel: Option<&str>, size: TerminalSize, command: Option<&str>) -> String {
     let mut path = format!(
         "{}/pty?rows={}&cols={}",
         session_path(id),
@@ -155,7 +172,7 @@ fn pty_path(id: &str, size: TerminalSize, command: Option<&str>) -> String {
     if let Some(c) = command {
         path.push_str(&format!("&command={}", segment(c)));
     }
-    path
+    with_kernel(path, kernel)
 }
 
 fn service_path(id: &str, name: &str) -> String {
@@ -213,38 +230,49 @@ impl Client {
         self.delete(&session_path(id)).map(Answer::of)
     }
 
-    /// `POST /v1/sessions/{id}/execute`: one call of the continuation protocol; its answer
+    /// `POST /v1/sessions/{id}/execute`: one call of the continuation protocol, in the
+    /// session's kernel `kernel` (the body's `kernel`; `None`: the main kernel); its answer
     /// waits at most `timeout` (the call's `flush_timeout` and a grace).
     pub fn execute(
         &self,
         id: &str,
+        kernel: Option<&str>,
         call: &ExecuteCall,
         timeout: Duration,
     ) -> Result<Answer<ExecuteAnswer>, ClientError> {
-        self.post(&execute_path(id), &body(call), Some(timeout))
+        let mut body = body(call);
+        if let (Some(k), Value::Object(fields)) = (kernel, &mut body) {
+            fields.insert("kernel".to_owned(), Value::from(k));
+        }
+        self.post(&execute_path(id), &body, Some(timeout))
             .map(Answer::of)
     }
 
-    /// `POST /v1/sessions/{id}/interrupt` (no body; 204): interrupts what the session's kernel
-    /// runs (a kernel runner's current run: `KeyboardInterrupt`).
-    pub fn interrupt(&self, id: &str) -> Result<(), ClientError> {
+    /// `POST /v1/sessions/{id}/interrupt[?kernel=]` (no body; 204): interrupts what the
+    /// session's kernel runs (a kernel runner's current run: `KeyboardInterrupt`).
+    pub fn interrupt(&self, id: &str, kernel: Option<&str>) -> Result<(), ClientError> {
         self.post_empty(
-            &format!("{}/interrupt", session_path(id)),
+            &with_kernel(format!("{}/interrupt", session_path(id)), kernel),
             Some(REQUEST_TIMEOUT),
         )
         .map(drop)
     }
 
-    /// `GET /v1/sessions/{id}/logs`: the kernel's logs as a reader, unread (any size); with
-    /// `follow`, also what the kernel writes until it ends, the call then unbounded (else at
-    /// most [`REQUEST_TIMEOUT`]). Map read errors with [`super::read_error`].
-    pub fn logs(&self, id: &str, follow: bool) -> Result<impl Read + Send, ClientError> {
+    /// `GET /v1/sessions/{id}/logs[?kernel=]`: the kernel's logs as a reader, unread (any
+    /// size); with `follow`, also what the kernel writes until it ends, the call then unbounded
+    /// (else at most [`REQUEST_TIMEOUT`]). Map read errors with [`super::read_error`].
+    pub fn logs(
+        &self,
+        id: &str,
+        kernel: Option<&str>,
+        follow: bool,
+    ) -> Result<impl Read + Send, ClientError> {
         let (query, timeout): (&[(&str, &str)], _) = if follow {
             (&[("follow", "true")], None)
         } else {
             (&[], Some(REQUEST_TIMEOUT))
         };
-        self.get_stream(&logs_path(id), query, timeout)
+        self.get_stream(&logs_path(id, kernel), query, timeout)
     }
 
     /// `GET /v1/events?query`: the event stream as a reader, its frames unread. With
@@ -290,34 +318,50 @@ impl Client {
         self.delete(&service_path(id, name)).map(Answer::of)
     }
 
-    /// `GET /v1/sessions/{id}/files?dir=…`: the entries of `dir` (relative to `/home/work`).
-    pub fn files(&self, id: &str, dir: &str) -> Result<Answer<FileList>, ClientError> {
-        self.get(&format!("{}/files", session_path(id)), &[("dir", dir)])
+    /// `GET /v1/sessions/{id}/files?dir=…[&kernel=]`: the entries of `dir` (relative to
+    /// `/home/work`) in the session's kernel `kernel` (`None`: the main kernel).
+    pub fn files(
+        &self,
+        id: &str,
+        kernel: Option<&str>,
+        dir: &str,
+    ) -> Result<Answer<FileList>, ClientError> {
+        let mut query = vec![("dir", dir)];
+        if let Some(k) = kernel {
+            query.push(("kernel", k));
+        }
+        self.get(&format!("{}/files", session_path(id)), &query)
             .map(Answer::of)
     }
 
-    /// `PUT /v1/sessions/{id}/files/{path}`: `body` as the file, streamed as it is read
+    /// `PUT /v1/sessions/{id}/files/{path}[?kernel=]`: `body` as the file, streamed as it is read
     /// (never held whole) with `Content-Length: length`; at most `length` bytes are sent. The
     /// call has no overall limit (each read and write of the connection has its idle limit).
     pub fn upload_file(
         &self,
         id: &str,
+        kernel: Option<&str>,
         path: &str,
         body: impl Read,
         length: u64,
     ) -> Result<Answer<Uploaded>, ClientError> {
-        self.put_file(&file_path(id, path), body, length)
+        self.put_file(&file_path(id, kernel, path), body, length)
             .map(Answer::of)
     }
 
-    /// `GET /v1/sessions/{id}/files/{path}`: the file's bytes as a reader, unread (any size; a
+    /// `GET /v1/sessions/{id}/files/{path}[?kernel=]`: the file's bytes as a reader, unread (any size; a
     /// body that ends before its `Content-Length` fails the read). Map read errors with
     /// [`super::read_error`] and the URL of [`file_path`].
-    pub fn download_file(&self, id: &str, path: &str) -> Result<impl Read + Send, ClientError> {
-        self.get_file(&file_path(id, path))
+    pub fn download_file(
+        &self,
+        id: &str,
+        kernel: Option<&str>,
+        path: &str,
+    ) -> Result<impl Read + Send, ClientError> {
+        self.get_file(&file_path(id, kernel, path))
     }
 
-    /// `GET /v1/sessions/{id}/pty?rows&cols[&command]` upgraded to a WebSocket: a terminal of
+    /// `GET /v1/sessions/{id}/pty?rows&cols[&command][&kernel]` upgraded to a WebSocket: a terminal of
     /// `size` running `command` (else the image's shell).
     ///
     /// Errors: [`ClientError::Api`] when the upgrade is answered with an error (404
@@ -326,10 +370,11 @@ impl Client {
     pub fn terminal(
         &self,
         id: &str,
+        kernel: Option<&str>,
         size: TerminalSize,
         command: Option<&str>,
     ) -> Result<Socket, ClientError> {
-        websocket::connect(self, &pty_path(id, size, command))
+        websocket::connect(self, &pty_path(id, kernel, size, command))
     }
 
     /// `GET /v1/agents`.

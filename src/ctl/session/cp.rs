@@ -16,6 +16,8 @@ use crate::model::file::Uploaded;
 #[derive(Debug, Clone)]
 pub struct CpArgs {
     pub transfer: Transfer,
+    /// `--kernel`: the cluster session's kernel whose file it is (`None`: the main kernel).
+    pub kernel: Option<String>,
 }
 
 /// `session cp` as clap reads it, before the check that exactly one side is in a session.
@@ -29,13 +31,18 @@ struct CpSides {
     /// appended), a local file or existing directory, or - for stdout.
     #[arg(value_name = "DST", value_parser = parse::endpoint)]
     dst: Endpoint,
+    /// Copy into or out of this kernel of a cluster session: its host name (main1, sub1, …)
+    /// or kernel id [default: the main kernel].
+    #[arg(long, value_name = "KERNEL")]
+    kernel: Option<String>,
 }
 
 impl FromArgMatches for CpArgs {
     fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
         let sides = CpSides::from_arg_matches(matches)?;
+        let kernel = sides.kernel;
         Transfer::new(sides.src, sides.dst)
-            .map(|transfer| CpArgs { transfer })
+            .map(|transfer| CpArgs { transfer, kernel })
             .map_err(|e| {
                 // Formatted here, with the usage of `session cp` (not of the whole program).
                 CpSides::augment_args(clap::Command::new("cp"))
@@ -66,13 +73,14 @@ impl Args for CpArgs {
 pub(super) fn cp(
     client: &Client,
     transfer: &Transfer,
+    kernel: Option<&str>,
     out: Output,
     stdin: impl Read,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
     match transfer {
         Transfer::Upload { local, id, path } => {
-            let up = files::upload(client, local, id, path, stdin)?;
+            let up = files::upload(client, local, id, kernel, path, stdin)?;
             show_to(
                 out,
                 &up.reply,
@@ -84,7 +92,7 @@ pub(super) fn cp(
             )
         }
         Transfer::Download { id, path, local } => {
-            match files::download(client, id, path, local, stdout)? {
+            match files::download(client, id, kernel, path, local, stdout)? {
                 Downloaded::Stdout(_) => {}
                 Downloaded::File { path, size } => {
                     let shown = path.display();
@@ -156,12 +164,14 @@ mod tests {
         out: Output,
         stdin: &[u8],
     ) -> Result<String, Failure> {
-        let CpArgs { transfer } = match parse(&["session", "cp", local, remote]).unwrap().command {
-            CtlCommand::Session(SessionCommand::Cp(cp)) => cp,
-            other => panic!("{other:?}"),
-        };
+        let CpArgs { transfer, kernel } =
+            match parse(&["session", "cp", local, remote]).unwrap().command {
+                CtlCommand::Session(SessionCommand::Cp(cp)) => cp,
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(kernel, None);
         let mut stdout = Vec::new();
-        cp(client, &transfer, out, stdin, &mut stdout)?;
+        cp(client, &transfer, None, out, stdin, &mut stdout)?;
         Ok(text(stdout))
     }
 
@@ -263,6 +273,50 @@ mod tests {
         }
     }
 
+    /// `--kernel` sends both transfers to the cluster session's kernel (`?kernel=`).
+    #[test]
+    fn cp_kernel_selects_the_kernel() {
+        let server = Server::start(vec![
+            Answer::json(201, r#"{"path": "in.txt", "size": 2}"#),
+            Answer::bytes(200, "application/octet-stream", b"hi".to_vec()),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let run = |args: &[&str], stdin: &[u8]| {
+            let CpArgs { transfer, kernel } = match parse(&[&["session", "cp"][..], args].concat())
+                .unwrap()
+                .command
+            {
+                CtlCommand::Session(SessionCommand::Cp(cp)) => cp,
+                other => panic!("{other:?}"),
+            };
+            let mut stdout = Vec::new();
+            cp(
+                &client,
+                &transfer,
+                kernel.as_deref(),
+                Output::Table,
+                stdin,
+                &mut stdout,
+            )
+            .unwrap();
+            text(stdout)
+        };
+        assert_eq!(
+            run(&["--kernel", "sub1", "-", "S:in.txt"], b"hi"),
+            "uploaded 2 bytes to S:in.txt\n"
+        );
+        assert_eq!(run(&["S:out.txt", "-", "--kernel", "sub 2"], b""), "hi");
+        let requests = server.requests();
+        assert_eq!(
+            requests[0].line,
+            "PUT /v1/sessions/S/files/in.txt?kernel=sub1"
+        );
+        assert_eq!(
+            requests[1].line,
+            "GET /v1/sessions/S/files/out.txt?kernel=sub%202"
+        );
+    }
+
     #[test]
     fn spool_answers_a_rewound_file_and_its_size() {
         let data = generated(100_000);
@@ -279,12 +333,14 @@ mod tests {
         local: &str,
         out: Output,
     ) -> Result<Vec<u8>, Failure> {
-        let CpArgs { transfer } = match parse(&["session", "cp", remote, local]).unwrap().command {
-            CtlCommand::Session(SessionCommand::Cp(cp)) => cp,
-            other => panic!("{other:?}"),
-        };
+        let CpArgs { transfer, kernel } =
+            match parse(&["session", "cp", remote, local]).unwrap().command {
+                CtlCommand::Session(SessionCommand::Cp(cp)) => cp,
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(kernel, None);
         let mut stdout = Vec::new();
-        cp(client, &transfer, out, &b""[..], &mut stdout)?;
+        cp(client, &transfer, None, out, &b""[..], &mut stdout)?;
         Ok(stdout)
     }
 

@@ -53,6 +53,10 @@ pub struct ExecArgs {
     /// Print what came so far after at most this many seconds of waiting.
     #[arg(long, value_name = "SECS", default_value_t = 0.5, value_parser = parse::seconds)]
     pub flush_timeout: f64,
+    /// Run it in this kernel of a cluster session: its host name (main1, sub1, …; `session
+    /// show` lists them) or kernel id [default: the main kernel].
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
 }
 
 /// The options of one `session exec`: its request bodies and HTTP timeout.
@@ -134,7 +138,12 @@ impl ExecOptions {
 /// an end without exit code is told on stderr.
 pub(super) fn run(client: &Client, args: &ExecArgs, out: Output) -> Result<i32, Failure> {
     if args.tty {
-        return super::terminal::run(client, &args.id, args.code.as_deref());
+        return super::terminal::run(
+            client,
+            &args.id,
+            args.kernel.as_deref(),
+            args.code.as_deref(),
+        );
     }
     let options = ExecOptions {
         timeout: args.timeout,
@@ -154,11 +163,12 @@ pub(super) fn run(client: &Client, args: &ExecArgs, out: Output) -> Result<i32, 
     }
     let lines = runner.get() == Some(&true);
     let input = forward.then(|| StdinChunks::spawn(stdin));
-    let ctrl_c = CtrlC::install(client.clone(), &args.id, runner)?;
+    let ctrl_c = CtrlC::install(client.clone(), &args.id, args.kernel.clone(), runner)?;
     let (mut stdout, mut stderr) = (io::stdout().lock(), io::stderr().lock());
     let end = exec(
         client,
         &args.id,
+        args.kernel.as_deref(),
         args.code.as_deref().unwrap_or_default(),
         &options,
         Feed {
@@ -220,8 +230,14 @@ struct CtrlC {
 
 impl CtrlC {
     /// Takes SIGINT until dropped; `runner` says (or will say, asked of the manager on the
-    /// first Ctrl+C) whether a kernel runner serves session `id`.
-    fn install(client: Client, id: &str, runner: Arc<OnceLock<bool>>) -> io::Result<CtrlC> {
+    /// first Ctrl+C) whether a kernel runner serves session `id`; an interrupt goes to its
+    /// kernel `kernel` (`None`: the main kernel), where the run is.
+    fn install(
+        client: Client,
+        id: &str,
+        kernel: Option<String>,
+        runner: Arc<OnceLock<bool>>,
+    ) -> io::Result<CtrlC> {
         let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT])?;
         let handle = signals.handle();
         let presses = Arc::new(AtomicUsize::new(0));
@@ -231,7 +247,7 @@ impl CtrlC {
                 let first = count.fetch_add(1, Ordering::SeqCst) == 0;
                 let runner = *runner.get_or_init(|| serves_runner(&client, &id));
                 let why = match (first, runner) {
-                    (true, true) => match client.interrupt(&id) {
+                    (true, true) => match client.interrupt(&id, kernel.as_deref()) {
                         Ok(()) => continue,
                         Err(e) => format!("the run could not be interrupted ({e})"),
                     },
@@ -414,7 +430,8 @@ impl ExecEnd {
     }
 }
 
-/// Runs `code` in session `id` through the execute continuation protocol: a `query`, then a
+/// Runs `code` in session `id` (in its kernel `kernel`, else the main one) through the execute
+/// continuation protocol: a `query`, then a
 /// `continue` for as long as the answer is `continued`. Each answer is written as it arrives and
 /// then dropped: table mode writes the console as-is (stdout pieces to `stdout`, stderr pieces to
 /// `stderr`), JSON mode the answer as one compact line on `stdout`; both are flushed after each
@@ -431,6 +448,7 @@ impl ExecEnd {
 fn exec(
     client: &Client,
     id: &str,
+    kernel: Option<&str>,
     code: &str,
     options: &ExecOptions,
     feed: Feed<'_>,
@@ -450,7 +468,7 @@ fn exec(
     };
     loop {
         let feeding = matches!(body, ExecuteCall::Input { .. });
-        let reply = match client.execute(id, &body, options.http_timeout()) {
+        let reply = match client.execute(id, kernel, &body, options.http_timeout()) {
             Err(ClientError::Api(e)) if feeding && e.code == "invalid-request" => {
                 // Its stdin is closed (the process closed it, or ended): the rest of the
                 // input has no reader; the run's output still comes.
@@ -675,6 +693,7 @@ mod tests {
         let end = exec(
             &client,
             "S",
+            None,
             "head -c 1",
             &options,
             Feed {
@@ -699,6 +718,68 @@ mod tests {
                 json!({"mode": "query", "code": "head -c 1", "flush_timeout": 0.1, "stdin": true}),
                 json!({"mode": "input", "run_id": "r1", "code": "abc", "eof": false, "flush_timeout": 0.01}),
                 json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5}),
+            ]
+        );
+    }
+
+    /// `--kernel` goes into every call's body as `kernel` (the run lives in that kernel), and
+    /// a 404 for a kernel the session lacks is the API's error as it is.
+    #[test]
+    fn exec_in_a_kernel() {
+        let server = Server::start(vec![
+            answer("continued", "r1", json!([["stdout", "sub"]]), Value::Null),
+            answer("finished", "r1", json!([["stdout", "1\n"]]), json!(0)),
+            Answer::json(
+                404,
+                r#"{"error": {"code": "session-not-found", "message": "session `S` has no kernel `sub9` (its kernels: main1, sub1)"}}"#,
+            ),
+        ]);
+        let client = Client::new(&server.url).unwrap();
+        let options = ExecOptions {
+            timeout: None,
+            flush_timeout: 0.5,
+            shell: false,
+        };
+        let run = |kernel: Option<&str>| {
+            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+            let no_input = Feed {
+                input: None,
+                lines: false,
+                presses: &AtomicUsize::new(0),
+            };
+            exec(
+                &client,
+                "S",
+                kernel,
+                "hostname",
+                &options,
+                no_input,
+                Output::Table,
+                &mut stdout,
+                &mut stderr,
+            )
+            .map(|end| (end, String::from_utf8(stdout).unwrap()))
+        };
+        let (end, printed) = run(Some("sub1")).unwrap();
+        assert_eq!((end, printed.as_str()), (ExecEnd::Exited(0), "sub1\n"));
+        match run(Some("sub9")) {
+            Err(Failure::Client(ClientError::Api(e))) => {
+                assert_eq!((e.status, e.code.as_str()), (404, "session-not-found"));
+                assert!(e.message.contains("no kernel `sub9`"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        let bodies: Vec<Value> = server
+            .requests()
+            .iter()
+            .map(|r| serde_json::from_str(&r.body).unwrap())
+            .collect();
+        assert_eq!(
+            bodies,
+            [
+                json!({"mode": "query", "code": "hostname", "flush_timeout": 0.5, "kernel": "sub1"}),
+                json!({"mode": "continue", "run_id": "r1", "flush_timeout": 0.5, "kernel": "sub1"}),
+                json!({"mode": "query", "code": "hostname", "flush_timeout": 0.5, "kernel": "sub9"}),
             ]
         );
     }
@@ -772,6 +853,7 @@ mod tests {
         let end = exec(
             &client,
             "S",
+            None,
             "print(input('a? ') + input('b? '))",
             &options,
             Feed {
@@ -820,6 +902,7 @@ mod tests {
         let end = exec(
             &client,
             "S",
+            None,
             "work",
             &options,
             Feed {

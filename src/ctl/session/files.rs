@@ -30,12 +30,13 @@ pub struct Uploaded {
     pub size: u64,
 }
 
-/// Uploads `local` (`-`: `stdin`) to `path` of session `id`; a `path` that is empty or ends in
-/// `/` gets the local file's name appended.
+/// Uploads `local` (`-`: `stdin`) to `path` of session `id` (in its kernel `kernel`, else the
+/// main one); a `path` that is empty or ends in `/` gets the local file's name appended.
 pub fn upload(
     client: &Client,
     local: &str,
     id: &str,
+    kernel: Option<&str>,
     path: &str,
     stdin: impl Read,
 ) -> Result<Uploaded, Failure> {
@@ -57,7 +58,7 @@ pub fn upload(
     } else {
         open_source(local)?
     };
-    let reply = client.upload_file(id, &path, file, size)?;
+    let reply = client.upload_file(id, kernel, &path, file, size)?;
     Ok(Uploaded { reply, path, size })
 }
 
@@ -122,25 +123,26 @@ pub enum Downloaded {
     File { path: PathBuf, size: u64 },
 }
 
-/// Downloads `path` of session `id` to `local`: `-` is `stdout` (flushed after each read), an
+/// Downloads `path` of session `id` (of its kernel `kernel`, else the main one) to `local`: `-` is `stdout` (flushed after each read), an
 /// existing directory gets the file under its session name, anything else is the file to write
 /// (replaced when it exists, and only once the whole body came).
 pub fn download(
     client: &Client,
     id: &str,
+    kernel: Option<&str>,
     path: &str,
     local: &str,
     stdout: &mut impl Write,
 ) -> Result<Downloaded, Failure> {
-    let url = client.url(&file_path(id, path));
+    let url = client.url(&file_path(id, kernel, path));
     if local == "-" {
-        let body = client.download_file(id, path)?;
+        let body = client.download_file(id, kernel, path)?;
         return Ok(Downloaded::Stdout(copy_stream(&url, body, stdout)?));
     }
     let target = target_of(local, path)?;
     // The temporary file first: a local problem shows before anything is asked of the manager.
     let mut partial = Partial::create(&target)?;
-    let body = client.download_file(id, path)?;
+    let body = client.download_file(id, kernel, path)?;
     let size = copy_stream(&url, body, &mut partial.file).map_err(|f| match f {
         Failure::Io(e) => Failure::Local(format!("writing {}: {e}", partial.path.display())),
         other => other,

@@ -19,12 +19,17 @@ pub struct LogsArgs {
     /// Keep printing new output as it comes, until the kernel ends.
     #[arg(long, short)]
     pub follow: bool,
+    /// This kernel's logs, of a cluster session: its host name (main1, sub1, …) or kernel id
+    /// [default: the main kernel].
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
 }
 
 /// Prints the logs as they are, whatever the output format.
 pub(super) fn run(client: &Client, args: &LogsArgs) -> Result<i32, Failure> {
-    let body = client.logs(&args.id, args.follow)?;
-    let url = client.url(&logs_path(&args.id));
+    let kernel = args.kernel.as_deref();
+    let body = client.logs(&args.id, kernel, args.follow)?;
+    let url = client.url(&logs_path(&args.id, kernel));
     copy_stream(&url, body, &mut io::stdout().lock())?;
     Ok(0)
 }

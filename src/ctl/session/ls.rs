@@ -18,18 +18,23 @@ pub struct LsArgs {
     /// Directory relative to /home/work [default: /home/work itself].
     #[arg(value_parser = parse::session_path)]
     pub path: Option<String>,
+    /// List it in this kernel of a cluster session: its host name (main1, sub1, …) or kernel
+    /// id [default: the main kernel].
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
 }
 
-/// `session ls`.
+/// `session ls` (in session `id`'s kernel `kernel`, else the main one).
 pub(super) fn ls(
     client: &Client,
     id: &str,
+    kernel: Option<&str>,
     dir: &str,
     out: Output,
     stdout: &mut impl Write,
 ) -> Result<i32, Failure> {
     let dir = dir.trim_end_matches('/');
-    let reply = client.files(id, dir)?;
+    let reply = client.files(id, kernel, dir)?;
     show_to(out, &reply, files, stdout)
 }
 
@@ -82,7 +87,15 @@ mod tests {
         ]);
         let client = Client::new(&server.url).unwrap();
         let mut out = Vec::new();
-        ls(&client, "S", "sub dir/a&b=ü/", Output::Table, &mut out).unwrap();
+        ls(
+            &client,
+            "S",
+            None,
+            "sub dir/a&b=ü/",
+            Output::Table,
+            &mut out,
+        )
+        .unwrap();
         let table = text(out);
         let rows: Vec<Vec<&str>> = table.lines().map(cells).collect();
         assert_eq!(
@@ -95,10 +108,10 @@ mod tests {
             ]
         );
         let mut out = Vec::new();
-        ls(&client, "S", "", Output::Json, &mut out).unwrap();
+        ls(&client, "S", None, "", Output::Json, &mut out).unwrap();
         assert_eq!(text(out), format::pretty_json(body) + "\n");
         let mut out = Vec::new();
-        ls(&client, "S", "", Output::Table, &mut out).unwrap();
+        ls(&client, "S", None, "", Output::Table, &mut out).unwrap();
         assert_eq!(text(out), "MODE  SIZE  MTIME  NAME\n");
         let requests = server.requests();
         assert_eq!(
@@ -106,6 +119,19 @@ mod tests {
             "GET /v1/sessions/S/files?dir=sub+dir%2Fa%26b%3D%C3%BC"
         );
         assert_eq!(requests[1].line, "GET /v1/sessions/S/files?dir=");
+    }
+
+    /// `--kernel` lists the directory in that kernel of a cluster session.
+    #[test]
+    fn ls_in_a_kernel() {
+        let server = Server::start(vec![Answer::json(200, r#"{"files": []}"#)]);
+        let client = Client::new(&server.url).unwrap();
+        let mut out = Vec::new();
+        ls(&client, "S", Some("sub1"), "data/", Output::Table, &mut out).unwrap();
+        assert_eq!(
+            server.requests()[0].line,
+            "GET /v1/sessions/S/files?dir=data&kernel=sub1"
+        );
     }
 
     #[test]

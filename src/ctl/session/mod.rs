@@ -120,9 +120,10 @@ pub(super) fn run(client: &Client, command: &SessionCommand, out: Output) -> Res
         SessionCommand::ServiceStop(args) => {
             services::service_stop(client, &args.id, &args.name, out, &mut io::stdout().lock())
         }
-        SessionCommand::Cp(CpArgs { transfer }) => cp::cp(
+        SessionCommand::Cp(CpArgs { transfer, kernel }) => cp::cp(
             client,
             transfer,
+            kernel.as_deref(),
             out,
             io::stdin().lock(),
             &mut io::stdout().lock(),
@@ -130,6 +131,7 @@ pub(super) fn run(client: &Client, command: &SessionCommand, out: Output) -> Res
         SessionCommand::Ls(args) => ls::ls(
             client,
             &args.id,
+            args.kernel.as_deref(),
             args.path.as_deref().unwrap_or(""),
             out,
             &mut io::stdout().lock(),
@@ -199,9 +201,39 @@ mod tests {
         for follow in ["-f", "--follow"] {
             let a = parse(&["session", "logs", follow, "S"]).unwrap();
             assert!(
-                matches!(a.command, CtlCommand::Session(SessionCommand::Logs(LogsArgs { ref id, follow: true })) if id == "S")
+                matches!(a.command, CtlCommand::Session(SessionCommand::Logs(LogsArgs { ref id, follow: true, kernel: None })) if id == "S")
             );
         }
+    }
+
+    /// `--kernel` of the commands that act in one kernel of a cluster session.
+    #[test]
+    fn kernel_flags() {
+        let a = parse(&["session", "exec", "S", "hostname", "--kernel", "sub1"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Exec(ExecArgs { kernel: Some(ref k), .. })) if k == "sub1")
+        );
+        let a = parse(&["session", "exec", "-t", "--kernel", "sub2", "S"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Exec(ExecArgs { kernel: Some(ref k), tty: true, .. })) if k == "sub2")
+        );
+        let a = parse(&["session", "logs", "S", "--kernel", "sub1", "-f"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Logs(LogsArgs { kernel: Some(ref k), follow: true, .. })) if k == "sub1")
+        );
+        let a = parse(&["session", "ls", "--kernel", "main1", "S", "sub/"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Ls(LsArgs { kernel: Some(ref k), path: Some(ref p), .. })) if k == "main1" && p == "sub/")
+        );
+        let a = parse(&["session", "cp", "--kernel", "sub1", "S:a", "-"]).unwrap();
+        assert!(
+            matches!(a.command, CtlCommand::Session(SessionCommand::Cp(CpArgs { kernel: Some(ref k), .. })) if k == "sub1")
+        );
+        let a = parse(&["session", "exec", "S", "x"]).unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Session(SessionCommand::Exec(ExecArgs { kernel: None, .. }))
+        ));
     }
 
     #[test]
@@ -257,7 +289,7 @@ mod tests {
 
         let a = parse(&["session", "ls", "S"]).unwrap();
         assert!(
-            matches!(a.command, CtlCommand::Session(SessionCommand::Ls(LsArgs { ref id, path: None })) if id == "S")
+            matches!(a.command, CtlCommand::Session(SessionCommand::Ls(LsArgs { ref id, path: None, kernel: None })) if id == "S")
         );
         let a = parse(&["session", "ls", "S", "/home/work/sub/"]).unwrap();
         assert!(
@@ -281,7 +313,8 @@ mod tests {
         assert!(matches!(
             a.command,
             CtlCommand::Session(SessionCommand::Cp(CpArgs {
-                transfer: Transfer::Download { .. }
+                transfer: Transfer::Download { .. },
+                kernel: None,
             }))
         ));
     }

@@ -12,7 +12,7 @@ use crate::ctl::render::{
     extra_slots, fields, num, opt, slot, slot_label, table, text, with, word,
 };
 use crate::ctl::{events, show as print, show_to, unix_now, Client, Failure, Output};
-use crate::model::event::EventType;
+use crate::model::event::{Event, EventType};
 use crate::model::session::{Session, SessionList, SessionResult};
 
 /// Arguments of `kernelvisor ctl sessions`.
@@ -56,8 +56,10 @@ pub(in crate::ctl) fn list(
 }
 
 /// `session show`; with `--watch`, the session's changes after it, one line each (as `ctl
-/// events` prints them), until it is `TERMINATED`. The stream is opened before the session is
-/// read, so no change falls between the two (one made in between is shown twice at worst).
+/// events` prints them), until it is `TERMINATED`: a cluster session's once every one of its
+/// kernels has ended (each kernel's status events come with its `kernel_id`). The stream is
+/// opened before the session is read, so no change falls between the two (one made in between
+/// is shown twice at worst).
 pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32, Failure> {
     let stdout = &mut io::stdout().lock();
     if !args.watch {
@@ -84,7 +86,8 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
     if out == Output::Table {
         writeln!(stdout, "\n{}", events::header())?;
     }
-    match stream.print(out, stdout, |e| e.is_final_session_status())? {
+    let mut live = LiveKernels::of(&session);
+    match stream.print(out, stdout, |e| live.ended_by(e))? {
         Some(e) if e.is_final_session_status() => Ok(0),
         _ => Err(crate::ctl::ClientError::Transport {
             what: "the event stream ended early:",
@@ -92,6 +95,38 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
             detail: "the manager closed it before the session ended".into(),
         }
         .into()),
+    }
+}
+
+/// The kernels of a watched session that have not ended yet: the watch ends when the last one
+/// does (a cluster session ends whole, but its kernels' final events come one by one).
+struct LiveKernels(std::collections::BTreeSet<String>);
+
+impl LiveKernels {
+    /// The session's kernels that are not `TERMINATED` or `CANCELLED` (none listed, from a
+    /// manager before cluster sessions: the first final event ends the watch).
+    fn of(s: &Session) -> LiveKernels {
+        LiveKernels(
+            s.kernels
+                .iter()
+                .filter(|k| !matches!(k.status.as_str(), "TERMINATED" | "CANCELLED"))
+                .map(|k| k.kernel_id.clone())
+                .collect(),
+        )
+    }
+
+    /// Whether `e` ends the last live kernel (then the watch ends).
+    fn ended_by(&mut self, e: &Event) -> bool {
+        if !e.is_final_session_status() {
+            return false;
+        }
+        match &e.kernel_id {
+            Some(k) if !self.0.is_empty() => {
+                self.0.remove(k);
+                self.0.is_empty()
+            }
+            _ => true,
+        }
     }
 }
 
@@ -113,16 +148,22 @@ fn status_with_result(s: &Session) -> String {
     }
 }
 
-/// `GET /v1/sessions` (`{"sessions": [...]}`) as a table: SESSION, AGENT, STATUS (with the
-/// `result` of an ended batch session), TYPE, IMAGE, CPU, MEM, one column per accelerator slot
-/// some session holds (`GPU` for `cuda.device`, else the slot name in capitals), ACCESS KEY,
-/// AGE/REASON (the age of a live session, the `status_reason` of a
-/// terminated one).
+/// `GET /v1/sessions` (`{"sessions": [...]}`) as a table: SESSION, AGENT (a cluster
+/// session's main kernel's), STATUS (with the `result` of an ended batch session), TYPE,
+/// KERNELS when some session is a cluster (`3 single-node`; `1` for the others), IMAGE, CPU,
+/// MEM (a kernel's), one column per accelerator slot some session holds (`GPU` for
+/// `cuda.device`, else the slot name in capitals), ACCESS KEY, AGE/REASON (the age of a live
+/// session, the `status_reason` of a terminated one).
 pub(super) fn sessions(v: &Value, now: f64) -> String {
     with(v, |list: SessionList| {
         let extra = extra_slots(list.sessions.iter().map(|s| &s.resource_slots));
         let labels: Vec<String> = extra.iter().map(|n| slot_label(n)).collect();
-        let mut header = vec!["SESSION", "AGENT", "STATUS", "TYPE", "IMAGE", "CPU", "MEM"];
+        let clusters = list.sessions.iter().any(|s| s.cluster_size > 1);
+        let mut header = vec!["SESSION", "AGENT", "STATUS", "TYPE"];
+        if clusters {
+            header.push("KERNELS");
+        }
+        header.extend(["IMAGE", "CPU", "MEM"]);
         header.extend(labels.iter().map(String::as_str));
         header.extend(["ACCESS KEY", "AGE/REASON"]);
         let rows = list
@@ -136,6 +177,9 @@ pub(super) fn sessions(v: &Value, now: f64) -> String {
                     status_with_result(s),
                     word(s.session_type.as_ref()),
                 ];
+                if clusters {
+                    row.push(cluster_size(s));
+                }
                 row.push(text(&s.image));
                 row.push(cores(slot(slots, "cpu").as_ref()));
                 row.push(bytes(slot(slots, "mem").as_ref()));
@@ -157,6 +201,14 @@ pub(super) fn sessions(v: &Value, now: f64) -> String {
     })
 }
 
+/// A session's kernels in a cell: `3 multi-node` for a cluster, `1` for the others.
+fn cluster_size(s: &Session) -> String {
+    match s.cluster_size {
+        n if n > 1 => format!("{n} {}", word(s.cluster_mode.as_ref())),
+        _ => "1".to_owned(),
+    }
+}
+
 /// A time as `2023-11-14T22:13:20Z (5m ago)`, or `-`.
 fn when(t: Option<f64>, now: f64) -> String {
     match t {
@@ -168,7 +220,9 @@ fn when(t: Option<f64>, now: f64) -> String {
 /// One session (`GET`/`DELETE /v1/sessions/{id}`) as `key: value` lines; memory in binary
 /// units with the exact byte count, times in UTC with their age. `Type` carries a batch
 /// session's `batch_timeout` (`batch (timeout 3600s)`); `Command` is shown on one line (line
-/// breaks as `\n`).
+/// breaks as `\n`). A cluster session adds `Cluster` (`3 kernels, multi-node`) and, after the
+/// fields, a table of its kernels ([`kernels`]); its `Kernel` and `Agent` are its main
+/// kernel's, its CPU and memory each kernel's.
 pub(super) fn session(v: &Value, now: f64) -> String {
     with(v, |s: Session| session_fields(&s, now))
 }
@@ -270,7 +324,53 @@ fn session_fields(s: &Session, now: f64) -> String {
         pairs.push(("Admitted", when(s.admitted_at, now)));
     }
     pairs.push(("Terminated", when(s.terminated_at, now)));
-    fields(&pairs)
+    let cluster = s.cluster_size > 1 || s.kernels.len() > 1;
+    if cluster {
+        let mode = word(s.cluster_mode.as_ref());
+        let at = pairs
+            .iter()
+            .position(|(k, _)| *k == "Agent")
+            .map_or(pairs.len(), |i| i + 1);
+        pairs.insert(
+            at,
+            ("Cluster", format!("{} kernels, {mode}", s.cluster_size)),
+        );
+    }
+    let mut out = fields(&pairs);
+    if cluster {
+        out.push_str("\nKernels:\n");
+        for line in kernels(&s.kernels).lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    out
+}
+
+/// A cluster session's kernels as a table, `main1` first: HOST (`main1`, `sub1`, …), ROLE,
+/// KERNEL (its id), AGENT, STATUS (with its reason once it ended: `TERMINATED
+/// (agent-lost)`), SERVICES (the service ports it publishes: the main kernel's).
+fn kernels(list: &[crate::model::cluster::SessionKernel]) -> String {
+    let rows = list
+        .iter()
+        .map(|k| {
+            let status = match &k.status_reason {
+                Some(r) if !r.is_empty() => format!("{} ({r})", text(&k.status)),
+                _ => text(&k.status),
+            };
+            vec![
+                text(&k.cluster_hostname),
+                text(&k.cluster_role),
+                text(&k.kernel_id),
+                text(&k.agent_id),
+                status,
+                text(&k.service_ports.join(",")),
+            ]
+        })
+        .collect();
+    table(
+        vec!["HOST", "ROLE", "KERNEL", "AGENT", "STATUS", "SERVICES"],
+        rows,
+    )
 }
 
 #[cfg(test)]
@@ -278,7 +378,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    use crate::ctl::render::tests::NOW;
+    use crate::ctl::render::tests::{cells, NOW};
 
     #[test]
     fn sessions_show_every_slot() {
@@ -500,6 +600,121 @@ mod tests {
                 && !sparse.contains("GPU"),
             "{sparse}"
         );
+    }
+
+    /// A cluster session of 3 (multi-node) with sub2 lost: the session ending.
+    fn cluster_session() -> Value {
+        let mut s = live_session();
+        s["status"] = json!("TERMINATING");
+        s["status_reason"] = json!("agent-lost");
+        s["cluster_size"] = json!(3);
+        s["cluster_mode"] = json!("multi-node");
+        let kernel = |host: &str, role: &str, idx: u32, agent: &str, status: &str| {
+            json!({"kernel_id": format!("k-{host}"), "cluster_role": role, "cluster_idx": idx,
+                   "cluster_hostname": host, "agent_id": agent, "status": status,
+                   "status_reason": null, "exit_code": null, "service_ports": []})
+        };
+        let mut sub2 = kernel("sub2", "sub", 2, "i-node3", "TERMINATED");
+        sub2["status_reason"] = json!("agent-lost");
+        let mut main = kernel("main1", "main", 1, "i-node1", "RUNNING");
+        main["service_ports"] = json!(["jupyter", "sshd"]);
+        s["kernels"] = json!([main, kernel("sub1", "sub", 1, "i-node2", "RUNNING"), sub2]);
+        s
+    }
+
+    #[test]
+    fn session_detail_lists_a_clusters_kernels() {
+        let out = session(&cluster_session(), NOW);
+        assert!(
+            out.contains("Agent:      i-node1\nCluster:    3 kernels, multi-node\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Status:     TERMINATING\nReason:     agent-lost\n"),
+            "{out}"
+        );
+        let (_, table) = out.split_once("\nKernels:\n").expect("a kernels table");
+        let rows: Vec<Vec<&str>> = table.lines().map(cells).collect();
+        assert_eq!(
+            rows,
+            [
+                vec!["HOST", "ROLE", "KERNEL", "AGENT", "STATUS", "SERVICES"],
+                vec![
+                    "main1",
+                    "main",
+                    "k-main1",
+                    "i-node1",
+                    "RUNNING",
+                    "jupyter,sshd"
+                ],
+                vec!["sub1", "sub", "k-sub1", "i-node2", "RUNNING", "-"],
+                vec![
+                    "sub2",
+                    "sub",
+                    "k-sub2",
+                    "i-node3",
+                    "TERMINATED (agent-lost)",
+                    "-"
+                ],
+            ]
+        );
+        assert!(table.lines().all(|l| l.starts_with("  ")), "{table}");
+        // A session of one kernel (listed as its only kernel) shows neither.
+        let mut one = live_session();
+        one["cluster_size"] = json!(1);
+        one["kernels"] = json!([cluster_session()["kernels"][0]]);
+        let out = session(&one, NOW);
+        assert!(
+            !out.contains("Cluster") && !out.contains("Kernels"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn sessions_table_shows_a_clusters_size() {
+        let out = sessions(
+            &json!({"sessions": [cluster_session(), live_session()]}),
+            NOW,
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            cells(lines[0])[..6],
+            ["SESSION", "AGENT", "STATUS", "TYPE", "KERNELS", "IMAGE"]
+        );
+        assert_eq!(
+            cells(lines[1])[2..5],
+            ["TERMINATING", "interactive", "3 multi-node"]
+        );
+        assert_eq!(cells(lines[2])[2..5], ["RUNNING", "interactive", "1"]);
+        // No cluster listed: no column.
+        let plain = sessions(&json!({"sessions": [live_session()]}), NOW);
+        assert!(!plain.contains("KERNELS"), "{plain}");
+    }
+
+    /// The watch of a cluster session ends with the final event of its last live kernel, not
+    /// its first (each kernel's events come with its `kernel_id`).
+    #[test]
+    fn a_watch_ends_when_every_kernel_has() {
+        let s: Session = serde_json::from_value(cluster_session()).unwrap();
+        let mut live = LiveKernels::of(&s);
+        let event = |kernel: &str, status: &str| Event {
+            kind: Some(EventType::SessionStatus),
+            kernel_id: Some(kernel.into()),
+            status: Some(status.into()),
+            ..Event::of(EventType::SessionStatus)
+        };
+        // sub2 had ended already; main1 and sub1 are live.
+        assert!(!live.ended_by(&event("k-main1", "TERMINATING")));
+        assert!(!live.ended_by(&event("k-sub1", "TERMINATED")));
+        assert!(
+            !live.ended_by(&event("k-sub1", "TERMINATED")),
+            "counted once"
+        );
+        assert!(live.ended_by(&event("k-main1", "TERMINATED")));
+        // A session listed without kernels (an older manager): its first final event.
+        let mut old = LiveKernels::of(&Session::default());
+        assert!(!old.ended_by(&event("k", "RUNNING")));
+        assert!(old.ended_by(&event("k", "CANCELLED")));
     }
 
     /// An answer whose field has another type says so (it would have been a row of `-`).

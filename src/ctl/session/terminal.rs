@@ -23,12 +23,18 @@ use crate::model::terminal::{ClientControl, ServerControl, TerminalSize};
 /// the loop polls again).
 const READ_SLICE: Duration = Duration::from_millis(10);
 
-/// Opens the terminal (`command`, or the image's shell) and relays until its process ends;
+/// Opens the terminal (`command`, or the image's shell) in session `id`'s kernel `kernel` (`None`:
+/// the main kernel) and relays until its process ends;
 /// answers its exit code (0–255; outside that range, or unknown, 1).
 ///
 /// Errors: [`Failure::Local`] when stdin is not a terminal; the API's errors (404
 /// `session-not-found`, 409 `session-not-running`); a connection that ends without an exit code.
-pub(super) fn run(client: &Client, id: &str, command: Option<&str>) -> Result<i32, Failure> {
+pub(super) fn run(
+    client: &Client,
+    id: &str,
+    kernel: Option<&str>,
+    command: Option<&str>,
+) -> Result<i32, Failure> {
     let stdin = io::stdin();
     if !stdin.is_terminal() {
         return Err(Failure::Local(
@@ -39,7 +45,7 @@ pub(super) fn run(client: &Client, id: &str, command: Option<&str>) -> Result<i3
     }
     let fd = stdin.as_raw_fd();
     let size = window_size(fd).unwrap_or(TerminalSize { rows: 24, cols: 80 });
-    let mut socket = client.terminal(id, size, command)?;
+    let mut socket = client.terminal(id, kernel, size, command)?;
     let (winch, winch_pipe) = UnixStream::pair()?;
     winch.set_nonblocking(true)?;
     let signal = signal_hook::low_level::pipe::register(signal_hook::consts::SIGWINCH, winch_pipe)?;
