@@ -12,7 +12,9 @@
 //! - `ctl session show` lists both kernels, `ctl sessions` the size, `ctl session exec
 //!   --kernel`, `ls --kernel` and `cp --kernel` act in `sub1`;
 //! - once `sub1` has ended (its container killed), a route selecting it is 409
-//!   `session-not-running` for that kernel.
+//!   `session-not-running` for that kernel; the session ends whole, and the events of each
+//!   kernel carry the session's id and the kernel's own id (`/v1/events?session_id=` with the
+//!   session id gives every kernel's, with sub1's kernel id sub1's alone).
 //!
 //! Agent host ports: 43000–43019.
 
@@ -285,5 +287,41 @@ fn a_selector_acts_in_one_kernel_of_a_cluster_session() {
         let s = c.get(&format!("/v1/sessions/{sid}")).ok()?.body;
         (s["status"] == "TERMINATED").then_some(())
     });
+    // Each kernel's status events carry the session's id and its own kernel id:
+    // `?session_id=` with the session id gives every kernel's, with a kernel's id that
+    // kernel's alone.
+    let events_of = |id: &str| -> Vec<Value> {
+        let (st, _, stream) = raw(&c, "GET", &format!("/v1/events?session_id={id}"), None);
+        assert_eq!(st, 200);
+        String::from_utf8(stream)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    };
+    let main1_id = s["kernels"][0]["kernel_id"].as_str().unwrap();
+    let ended = |events: &[Value], kernel: &str| {
+        events.iter().any(|e| {
+            e["kernel_id"] == kernel
+                && e["session_id"] == sid.as_str()
+                && e["status"] == "TERMINATED"
+        })
+    };
+    let whole = events_of(&sid);
+    assert!(
+        ended(&whole, main1_id) && ended(&whole, &sub1_id),
+        "{whole:?}"
+    );
+    assert!(
+        whole.iter().all(|e| e["session_id"] == sid.as_str()),
+        "{whole:?}"
+    );
+    let one = events_of(&sub1_id);
+    assert!(ended(&one, &sub1_id), "{one:?}");
+    assert!(
+        one.iter().all(|e| e["kernel_id"] == sub1_id.as_str()),
+        "{one:?}"
+    );
     c.check_invariants();
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use serde_json::Value;
 
 use crate::ctl::parse::{self, Mount};
-use crate::ctl::render::{fields, text, with};
+use crate::ctl::render::{fields, text, with, word};
 use crate::ctl::{show, Client, Failure, Output};
 use crate::model::cluster::ClusterMode;
 use crate::model::session::{NewRestartPolicy, NewSession, SessionCreated};
@@ -159,7 +159,8 @@ pub(super) fn run(client: &Client, args: &CreateArgs, out: Output) -> Result<i32
 }
 
 /// The answer of `POST /v1/sessions` (`session_id`, `kernel_id`, `agent_id`, `status`; a
-/// queued session's `queue_position` and `pending_reason` too).
+/// queued session's `queue_position` and `pending_reason` too; a cluster session's size and
+/// mode, and its kernels as `host@agent`, `main1` first: a queued one lists `main1` only).
 fn created_fields(v: &Value) -> String {
     with(v, |c: SessionCreated| {
         let mut pairs = vec![
@@ -168,6 +169,19 @@ fn created_fields(v: &Value) -> String {
             ("Agent", text(&c.agent_id)),
             ("Status", text(&c.status)),
         ];
+        if c.cluster_size > 1 {
+            let mode = word(c.cluster_mode.as_ref());
+            pairs.push(("Cluster", format!("{} kernels, {mode}", c.cluster_size)));
+            let kernels: Vec<String> = c
+                .kernels
+                .iter()
+                .map(|k| match k.agent_id.as_str() {
+                    "" => text(&k.cluster_hostname),
+                    agent => format!("{}@{agent}", text(&k.cluster_hostname)),
+                })
+                .collect();
+            pairs.push(("Kernels", kernels.join(", ")));
+        }
         if let Some(n) = c.queue_position {
             pairs.push(("Queue position", n.to_string()));
         }
@@ -446,6 +460,22 @@ mod tests {
                 &json!({"session_id": "s", "kernel_id": "k", "agent_id": "a", "status": "RUNNING"})
             ),
             "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\n"
+        );
+        let kernel = |host: &str, agent: &str| json!({"cluster_hostname": host, "agent_id": agent});
+        let cluster = json!({"session_id": "s", "kernel_id": "k", "agent_id": "a", "status": "RUNNING",
+                             "cluster_size": 3, "cluster_mode": "multi-node",
+                             "kernels": [kernel("main1", "a"), kernel("sub1", "b"), kernel("sub2", "c")]});
+        assert_eq!(
+            created_fields(&cluster),
+            "Session: s\nKernel:  k\nAgent:   a\nStatus:  RUNNING\nCluster: 3 kernels, multi-node\n\
+             Kernels: main1@a, sub1@b, sub2@c\n"
+        );
+        let mut queued = cluster.clone();
+        queued["kernels"] = json!([kernel("main1", "")]);
+        assert!(
+            created_fields(&queued).ends_with("Kernels: main1\n"),
+            "{}",
+            created_fields(&queued)
         );
     }
 }
