@@ -5,6 +5,7 @@
 //! `-o json` the event's JSON as the manager wrote it. [`open`] also serves `session show
 //! --watch`.
 
+use std::collections::BTreeMap;
 use std::io::{self, BufReader, Write};
 
 use clap::Args;
@@ -77,6 +78,9 @@ pub(super) fn run(client: &Client, args: &EventsArgs, out: Output) -> Result<i32
 pub(in crate::ctl) struct EventStream {
     url: String,
     body: Box<dyn io::BufRead + Send>,
+    /// Kernel id → host name (`main1`, `sub1`, …): a table line of such a kernel's event names
+    /// the kernel instead of the session ([`EventStream::with_hosts`]).
+    hosts: BTreeMap<String, String>,
 }
 
 /// Opens `GET /v1/events?query`: once it answers, the manager has subscribed this reader
@@ -94,10 +98,19 @@ pub(in crate::ctl) fn open(
     Ok(EventStream {
         url: client.url(EVENTS_PATH),
         body: Box::new(BufReader::new(body)),
+        hosts: BTreeMap::new(),
     })
 }
 
 impl EventStream {
+    /// Names each kernel of `hosts` (kernel id → host name) by its host name in the table's
+    /// lines: one cluster session's events (`session show --watch`), whose kernels' lines
+    /// would otherwise all name the same session.
+    pub(in crate::ctl) fn with_hosts(mut self, hosts: BTreeMap<String, String>) -> Self {
+        self.hosts = hosts;
+        self
+    }
+
     /// Prints each event (see the module doc) until the stream ends or `last(event)` says the
     /// event just printed is the last one wanted. Answers the last event printed.
     ///
@@ -109,7 +122,7 @@ impl EventStream {
         stdout: &mut impl Write,
         mut last: impl FnMut(&Event) -> bool,
     ) -> Result<Option<Event>, Failure> {
-        print_frames(&self.url, self.body, out, stdout, &mut last)
+        print_frames(&self.url, self.body, &self.hosts, out, stdout, &mut last)
     }
 }
 
@@ -117,6 +130,7 @@ impl EventStream {
 fn print_frames(
     url: &str,
     body: impl io::BufRead,
+    hosts: &BTreeMap<String, String>,
     out: Output,
     stdout: &mut impl Write,
     last: &mut impl FnMut(&Event) -> bool,
@@ -134,7 +148,7 @@ fn print_frames(
             })?;
         match out {
             Output::Json => writeln!(stdout, "{}", frame.data)?,
-            Output::Table => writeln!(stdout, "{}", line(&event))?,
+            Output::Table => writeln!(stdout, "{}", line_in(&event, hosts))?,
         }
         stdout.flush()?;
         if event.kind == Some(EventType::Dropped) {
@@ -154,7 +168,24 @@ fn print_frames(
 
 /// The table's header line.
 pub(in crate::ctl) fn header() -> String {
-    columns(["TIME", "TYPE", "SESSION", "STATUS", "REASON"].map(str::to_owned))
+    header_naming("SESSION")
+}
+
+/// The table's header line with `subject` over the third column (`KERNEL` for one cluster
+/// session's events, [`EventStream::with_hosts`]).
+pub(in crate::ctl) fn header_naming(subject: &str) -> String {
+    columns(["TIME", "TYPE", subject, "STATUS", "REASON"].map(str::to_owned))
+}
+
+/// [`line`], naming a kernel of `hosts` by its host name instead of its session.
+fn line_in(e: &Event, hosts: &BTreeMap<String, String>) -> String {
+    match e.kernel_id.as_ref().and_then(|k| hosts.get(k)) {
+        Some(host) => line(&Event {
+            session_id: Some(host.clone()),
+            ..e.clone()
+        }),
+        None => line(e),
+    }
 }
 
 /// One event as a table line: time (UTC), type, the session (or `agent <id>` for an agent's
@@ -276,6 +307,7 @@ mod tests {
         let last = print_frames(
             "u",
             body.as_bytes(),
+            &BTreeMap::new(),
             Output::Json,
             &mut out,
             &mut |e: &Event| e.is_final_session_status(),
@@ -289,13 +321,54 @@ mod tests {
         );
     }
 
+    /// One cluster session's lines name its kernels by host name; an event of a kernel not
+    /// in the map keeps its session.
+    #[test]
+    fn a_clusters_lines_name_its_kernels() {
+        let body = [
+            frame(r#"{"id":1,"time":1700000000,"type":"session_status","session_id":"S","kernel_id":"k2","status":"TERMINATED","reason":"agent-lost"}"#),
+            frame(r#"{"id":2,"time":1700000000,"type":"session_status","session_id":"S","kernel_id":"k9","status":"RUNNING"}"#),
+        ]
+        .concat();
+        let hosts = BTreeMap::from([
+            ("k1".to_owned(), "main1".to_owned()),
+            ("k2".to_owned(), "sub1".to_owned()),
+        ]);
+        let mut out = Vec::new();
+        print_frames(
+            "u",
+            body.as_bytes(),
+            &hosts,
+            Output::Table,
+            &mut out,
+            &mut |_| false,
+        )
+        .unwrap();
+        let lines: Vec<Vec<String>> = text(out)
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect();
+        assert_eq!(lines[0][2..], ["sub1", "TERMINATED", "agent-lost"]);
+        assert_eq!(lines[1][2..], ["S", "RUNNING", "-"]);
+        let header: Vec<String> = header_naming("KERNEL")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(header, ["TIME", "TYPE", "KERNEL", "STATUS", "REASON"]);
+    }
+
     #[test]
     fn a_dropped_stream_is_printed_then_an_error() {
         let body = frame(r#"{"id":9,"type":"dropped","reason":"reader-too-slow: 4 events"}"#);
         let mut out = Vec::new();
-        let r = print_frames("u", body.as_bytes(), Output::Table, &mut out, &mut |_| {
-            false
-        });
+        let r = print_frames(
+            "u",
+            body.as_bytes(),
+            &BTreeMap::new(),
+            Output::Table,
+            &mut out,
+            &mut |_| false,
+        );
         let Err(Failure::Local(message)) = r else {
             panic!("{r:?}")
         };

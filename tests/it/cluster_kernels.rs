@@ -12,19 +12,22 @@
 //! - `ctl session show` lists both kernels, `ctl sessions` the size, `ctl session exec
 //!   --kernel`, `ls --kernel` and `cp --kernel` act in `sub1`;
 //! - once `sub1` has ended (its container killed), a route selecting it is 409
-//!   `session-not-running` for that kernel; the session ends whole, and the events of each
-//!   kernel carry the session's id and the kernel's own id (`/v1/events?session_id=` with the
-//!   session id gives every kernel's, with sub1's kernel id sub1's alone).
+//!   `session-not-running` for that kernel, and the session ends whole: `ctl session show
+//!   --watch` prints each kernel's end naming the kernel and exits once both have ended; each
+//!   kernel's events carry the session's id and its own kernel id (`/v1/events?session_id=`
+//!   with the session id gives every kernel's, with sub1's kernel id sub1's alone).
 //!
 //! Agent host ports: 43000–43019.
 
 use crate::common;
 
-use std::process::Command;
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::agent::TEST_IMAGE;
-use common::cluster::{wait_for, Cluster, Db};
+use common::cluster::{wait_exit, wait_for, Cluster, Db};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(90);
@@ -257,7 +260,22 @@ fn a_selector_acts_in_one_kernel_of_a_cluster_session() {
         "{err}"
     );
 
-    // sub1 ends (its container killed): a route selecting it is 409 for that kernel.
+    // sub1 ends (its container killed): a route selecting it is 409 for that kernel. A
+    // `session show --watch` follows it: one line per kernel's change, naming the kernel, until
+    // the last kernel has ended.
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+        .args(["ctl", "--api", &c.api, "session", "show", "--watch", &sid])
+        .env("KERNELVISOR_TOKEN", &c.token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It has read the session (and subscribed before that) once the table's header is out.
+    let mut shown = BufReader::new(watch.stdout.take().unwrap());
+    let mut before = String::new();
+    while !before.contains("REASON") {
+        assert_ne!(shown.read_line(&mut before).unwrap(), 0, "{before}");
+    }
     let killed = Command::new("docker")
         .args(["kill", &format!("kernel.{sub1_id}")])
         .output()
@@ -287,6 +305,21 @@ fn a_selector_acts_in_one_kernel_of_a_cluster_session() {
         let s = c.get(&format!("/v1/sessions/{sid}")).ok()?.body;
         (s["status"] == "TERMINATED").then_some(())
     });
+    assert!(
+        wait_exit(&mut watch, LONG),
+        "the watch ends with the session"
+    );
+    assert!(watch.wait().unwrap().success());
+    let mut lines = String::new();
+    shown.read_to_string(&mut lines).unwrap();
+    let ended: Vec<Vec<&str>> = lines
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.get(3) == Some(&"TERMINATED"))
+        .collect();
+    let hosts: BTreeSet<&str> = ended.iter().map(|w| w[2]).collect();
+    assert_eq!(hosts, BTreeSet::from(["main1", "sub1"]), "{before}{lines}");
+
     // Each kernel's status events carry the session's id and its own kernel id:
     // `?session_id=` with the session id gives every kernel's, with a kernel's id that
     // kernel's alone.

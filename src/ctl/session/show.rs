@@ -56,8 +56,9 @@ pub(in crate::ctl) fn list(
 }
 
 /// `session show`; with `--watch`, the session's changes after it, one line each (as `ctl
-/// events` prints them), until it is `TERMINATED`: a cluster session's once every one of its
-/// kernels has ended (each kernel's status events come with its `kernel_id`). The stream is
+/// events` prints them; a cluster session's naming the kernel, `sub1`, instead of the session),
+/// until it is `TERMINATED`: a cluster session's once every one of its kernels has ended (each
+/// kernel's status events come with its `kernel_id`). The stream is
 /// opened before the session is read, so no change falls between the two (one made in between
 /// is shown twice at worst).
 pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32, Failure> {
@@ -83,9 +84,24 @@ pub(super) fn show(client: &Client, args: &ShowArgs, out: Output) -> Result<i32,
     if session.terminated() {
         return Ok(0);
     }
+    // A cluster session's lines name its kernels (`sub1`), whose events come one by one.
+    let hosts: std::collections::BTreeMap<String, String> = match session.cluster_size {
+        n if n > 1 => session
+            .kernels
+            .iter()
+            .map(|k| (k.kernel_id.clone(), k.cluster_hostname.clone()))
+            .collect(),
+        _ => Default::default(),
+    };
     if out == Output::Table {
-        writeln!(stdout, "\n{}", events::header())?;
+        let subject = if hosts.is_empty() {
+            "SESSION"
+        } else {
+            "KERNEL"
+        };
+        writeln!(stdout, "\n{}", events::header_naming(subject))?;
     }
+    let stream = stream.with_hosts(hosts);
     let mut live = LiveKernels::of(&session);
     match stream.print(out, stdout, |e| live.ended_by(e))? {
         Some(e) if e.is_final_session_status() => Ok(0),
