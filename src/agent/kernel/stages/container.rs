@@ -373,7 +373,8 @@ async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result
     if let Some(name) = c.joined_network() {
         if backend.inspect_network(name).await?.is_none() {
             return Err(KernelError::ContainerCreationFailed(format!(
-                "cluster_info.network_config names network `{name}`, which this agent's engine                  does not have (create_local_network makes a single-node session's)"
+                "cluster_info.network_config names network `{name}`, which this agent's \
+                 engine does not have (create_local_network makes a single-node session's)"
             )));
         }
     }
