@@ -7,7 +7,7 @@ Runs inside the Debian trixie root of `scripts/bai-compat-env.sh` (Python 3.13, 
         --addr tcp://127.0.0.1:PORT --agent-id ID \
         --manager-keypair manager.key_secret --agent-public-key agent.key \
         --image REPO:TAG --image-digest sha256:... --image-labels JSON \
-        --kernels N [--restart] [--ssh]
+        --kernels N [--restart] [--ssh] [--host]
 
 The session (`main1`, `sub1` .. `sub<N-1>`, single-node, network type VOLATILE) is started by the
 manager's own `SessionLauncher._start_single_session`: it calls `create_local_network`
@@ -32,6 +32,10 @@ manager's `_destroy_network` hook does for a single-node session); with `--resta
 `create_without_network` (the launcher's `create_kernels` again for a new kernel, its network gone:
 refused with `ContainerCreationFailedError`); then the pause `destroyed` (step `host_destroyed`:
 no container, no network left).
+`--host`: the session's network type is HOST: no network is made, the launcher asks the agent for
+an sshd port per kernel (`assign_port`, `cluster_ssh_port_mapping` keyed `node-<kernel id>`), and
+`--ssh` reaches the peers by those names (`/etc/hosts` and the runner's ssh config from
+`port-mapping.json`); no `destroy_local_network`.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ async def main(args: argparse.Namespace) -> int:
     )
     from ai.backend.manager.agent_cache import AgentRPCCache
     from ai.backend.manager.clients.agent import AgentClientPool, AgentPoolSpec
+    from ai.backend.manager.models.network import NetworkType
     from ai.backend.manager.sokovan.scheduler.launcher.launcher import (
         SessionLauncher,
         SessionLauncherArgs,
@@ -204,7 +209,9 @@ async def main(args: argparse.Namespace) -> int:
         user_email="admin@lablup.com",
         user_name="admin",
         environ={},
-        network_type=None,  # VOLATILE: a single-node network for more than one kernel
+        # VOLATILE: a single-node network for more than one kernel; HOST: the host's network,
+        # an sshd port assigned on the agent for each kernel.
+        network_type=NetworkType.HOST if args.host else None,
     )
 
     class StubRepository:
@@ -256,20 +263,34 @@ async def main(args: argparse.Namespace) -> int:
     AgentClient.create_kernels = recording_create_kernels  # type: ignore[method-assign]
     AgentClient.create_local_network = recording_create_local_network  # type: ignore[method-assign]
 
-    network = f"bai-singlenode-{session_id}"
+    network = "host" if args.host else f"bai-singlenode-{session_id}"
 
     async def create_session(_c: AgentClient) -> Any:
         await launcher._start_single_session(session, {image_id: image_config_data})
         check(repository.error_info is None, f"launcher error: {repository.error_info!r}")
-        check(sent["networks"] == [network], f"create_local_network calls: {sent['networks']}")
+        want_networks = [] if args.host else [network]
+        check(sent["networks"] == want_networks, f"create_local_network calls: {sent['networks']}")
         check(repository.network_name == network, f"network id {repository.network_name!r}")
         check("result" in sent, "the launcher did not call create_kernels")
         _sid, kernel_ids, configs, cluster_info, _refs = sent["create_kernels"]
         check(len(kernel_ids) == args.kernels, f"{len(kernel_ids)} kernel ids")
+        want_config = (
+            {"mode": "host"} if args.host else {"mode": "bridge", "network_name": network}
+        )
         check(
-            cluster_info["network_config"] == {"mode": "bridge", "network_name": network},
+            cluster_info["network_config"] == want_config,
             f"network_config {cluster_info['network_config']!r}",
         )
+        mapping = cluster_info["cluster_ssh_port_mapping"]
+        if args.host:
+            # The launcher's keys (`node-<kernel id>`), each an `assign_port` of the agent.
+            want_keys = {f"node-{k.kernel_id}" for k in kernels}
+            check(
+                mapping is not None and set(mapping) == want_keys,
+                f"cluster_ssh_port_mapping {mapping!r}",
+            )
+        else:
+            check(mapping is None, f"cluster_ssh_port_mapping {mapping!r}")
         check(cluster_info["size"] == args.kernels, f"size {cluster_info['size']!r}")
         pair = cluster_info["ssh_keypair"]
         check(
@@ -297,6 +318,7 @@ async def main(args: argparse.Namespace) -> int:
                 str(c["kernel_id"]): c["cluster_hostname"] for c in configs
             },
             "service_ports": ports,
+            "port_mapping": {k: list(v) for k, v in (mapping or {}).items()},
         }
 
     created = await step("create_session", create_session, timeout=240)
@@ -318,6 +340,8 @@ async def main(args: argparse.Namespace) -> int:
         "host_created",
         "created",
         network=network,
+        mode="host" if args.host else "bridge",
+        port_mapping=(created or {}).get("port_mapping", {}) if isinstance(created, dict) else {},
         kernels={h: str(k) for h, k in hostnames.items()},
         public_key=(created or {}).get("cluster_info", {}).get("public_key", "")
         if isinstance(created, dict)
@@ -347,6 +371,12 @@ async def main(args: argparse.Namespace) -> int:
 
     last_sub = f"sub{args.kernels - 1}"
 
+    def peer(host: str) -> str:
+        """The name a kernel reaches `host` by: its alias on the session's network, or on the
+        host's network its `/etc/hosts` and ssh config name (the launcher's
+        `node-<kernel id>`)."""
+        return f"node-{hostnames[host]}" if args.host else host
+
     async def getent(c: AgentClient, host: str) -> Any:
         out = await run_py(
             c,
@@ -359,14 +389,14 @@ async def main(args: argparse.Namespace) -> int:
         return line
 
     if args.ssh:
-        await step("getent_hosts", lambda c: getent(c, last_sub), timeout=60)
+        await step("getent_hosts", lambda c: getent(c, peer(last_sub)), timeout=60)
 
         async def ssh_sub1(c: AgentClient) -> Any:
             out = await run_py(
                 c,
                 "import subprocess\n"
                 "r = subprocess.run(['ssh', '-o', 'BatchMode=yes', '-o', 'ConnectTimeout=20',"
-                " 'sub1', 'hostname'], capture_output=True, text=True, timeout=60,"
+                f" '{peer('sub1')}', 'hostname'], capture_output=True, text=True, timeout=60,"
                 " stdin=subprocess.DEVNULL)\n"
                 "print(repr((r.returncode, r.stdout, r.stderr[-400:])))\n",
             )
@@ -431,7 +461,8 @@ async def main(args: argparse.Namespace) -> int:
         await c.destroy_local_network(network)
         return network
 
-    await step("destroy_local_network", destroy_network)
+    if not args.host:
+        await step("destroy_local_network", destroy_network)
 
     if args.restart:
         # The launcher's call again for one new kernel, its network gone: refused by name as
@@ -453,7 +484,13 @@ async def main(args: argparse.Namespace) -> int:
             raise StepFailed(f"created without its network: {r!r}")
 
         await step("create_without_network", without_network, timeout=120)
-    await host_step("host_destroyed", "destroyed", network=network, session_id=str(session_id))
+    await host_step(
+        "host_destroyed",
+        "destroyed",
+        # The host's network is not the session's to remove.
+        network=None if args.host else network,
+        session_id=str(session_id),
+    )
 
     await pool.close()
     print(json.dumps({"done": True, "failed": FAILED}), flush=True)
@@ -472,6 +509,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kernels", type=int, default=2)
     p.add_argument("--restart", action="store_true")
     p.add_argument("--ssh", action="store_true")
+    p.add_argument("--host", action="store_true", help="network type HOST instead of VOLATILE")
     return p.parse_args()
 
 

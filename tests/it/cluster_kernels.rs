@@ -21,8 +21,14 @@
 //!   the cluster key, the runner's `~/.ssh/config`), the launcher's `BACKENDAI_CLUSTER_*` are in
 //!   the REPL's environment; then nothing is left.
 //!
+//! - `a_host_network_cluster_reaches_its_peers_by_the_assigned_ports`: network type HOST, two
+//!   kernels of `kernelvisor-test-py:ssh`: the launcher's `assign_port` per kernel, both
+//!   containers on the host's network with the launcher's `node-<kernel id>` names in their
+//!   `/etc/hosts`, `port-mapping.json` in place, and `ssh node-<sub1's id> hostname` from `main1`
+//!   prints `sub1` (its runner's sshd on the assigned host port).
+//!
 //! Skipped (said on stderr) without `KV_BAI_ROOT` or `KV_KRUNNER_DIR`, as `bai_compat` is.
-//! Agent host ports: 38000–38031 and 38040–38071 (after the harness' shift).
+//! Agent host ports (before the harness' shift): 38000–38031, 38040–38071, 38080–38111.
 
 use crate::bai_compat::{bai_root, image_facts, run_driver, start_agent, BaiAgent, PY_IMAGE};
 use crate::common;
@@ -138,9 +144,38 @@ fn network_problems(cid: &str, hostname: &str, network: &str) -> Vec<String> {
     problems
 }
 
+/// What is wrong with a host-network kernel's container: not on the host's network, its
+/// hostname, its `/etc/hosts` entries (`ExtraHosts`) other than `want_hosts`.
+fn host_network_problems(cid: &str, hostname: &str, want_hosts: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mode = docker(&["inspect", "-f", "{{.HostConfig.NetworkMode}}", cid]);
+    if mode != "host" {
+        problems.push(format!("{hostname}: NetworkMode {mode}, want host"));
+    }
+    let mut extra: Vec<String> =
+        serde_json::from_value(inspect_json(cid, "{{json .HostConfig.ExtraHosts}}"))
+            .unwrap_or_default();
+    extra.sort();
+    if extra != want_hosts {
+        problems.push(format!(
+            "{hostname}: ExtraHosts {extra:?}, want {want_hosts:?}"
+        ));
+    }
+    let name = docker(&["inspect", "-f", "{{.Config.Hostname}}", cid]);
+    if name != hostname {
+        problems.push(format!("{hostname}: container hostname {name}"));
+    }
+    problems
+}
+
 /// What is wrong with kernel `kernel_id`'s cluster files in its scratch (`config/ssh/`,
-/// `config/cluster.json`).
-fn key_problems(scratch_root: &Path, kernel_id: &str, public_key: &str) -> Vec<String> {
+/// `config/cluster.json` of network mode bridge, or host when `host_mode`).
+fn key_problems(
+    scratch_root: &Path,
+    kernel_id: &str,
+    public_key: &str,
+    host_mode: bool,
+) -> Vec<String> {
     let config = scratch_root.join(kernel_id).join("config");
     let mut problems = Vec::new();
     for (file, mode, owner) in [
@@ -176,7 +211,8 @@ fn key_problems(scratch_root: &Path, kernel_id: &str, public_key: &str) -> Vec<S
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
-    if stored["network_config"]["mode"] != "bridge" || stored["ssh_keypair"].is_null() {
+    let mode = if host_mode { "host" } else { "bridge" };
+    if stored["network_config"]["mode"] != mode || stored["ssh_keypair"].is_null() {
         problems.push(format!("{kernel_id}: cluster.json is {stored}"));
     }
     problems
@@ -202,11 +238,24 @@ fn check_created(
 ) -> Vec<String> {
     let network = pause["network"].as_str().unwrap_or_default();
     let public_key = pause["public_key"].as_str().unwrap_or_default();
+    let host_mode = pause["mode"] == "host";
     let mut problems = Vec::new();
-    let labels = docker(&["network", "inspect", "-f", "{{json .Labels}}", network]);
-    if !labels.contains("\"ai.backend.cluster-network\":\"1\"") {
-        problems.push(format!("network {network}: labels {labels:?}"));
+    if !host_mode {
+        let labels = docker(&["network", "inspect", "-f", "{{json .Labels}}", network]);
+        if !labels.contains("\"ai.backend.cluster-network\":\"1\"") {
+            problems.push(format!("network {network}: labels {labels:?}"));
+        }
     }
+    // Host mode: every kernel's /etc/hosts names every peer as the launcher's mapping does.
+    let mut want_hosts: Vec<String> = pause["port_mapping"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(h, to)| format!("{h}:{}", to[0].as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    want_hosts.sort();
     let kernels = pause["kernels"].as_object().cloned().unwrap_or_default();
     for (hostname, kid) in &kernels {
         let kid = kid.as_str().unwrap_or_default();
@@ -218,8 +267,19 @@ fn check_created(
             }
         };
         containers.insert(hostname.clone(), cid.clone());
+        problems.extend(key_problems(scratch_root, kid, public_key, host_mode));
+        if host_mode {
+            problems.extend(host_network_problems(&cid, hostname, &want_hosts));
+            let mapping = scratch_root.join(kid).join("config/ssh/port-mapping.json");
+            if !mapping.exists() || want_hosts.len() != kernels.len() {
+                problems.push(format!(
+                    "{hostname}: port-mapping.json {}, mapping {want_hosts:?}",
+                    if mapping.exists() { "there" } else { "missing" }
+                ));
+            }
+            continue;
+        }
         problems.extend(network_problems(&cid, hostname, network));
-        problems.extend(key_problems(scratch_root, kid, public_key));
         let ports = published(&cid);
         // The runner's intrinsic ports on every kernel; the image's `hello` (8090) on main1 only.
         for intrinsic in ["2200/tcp", "7681/tcp"] {
@@ -301,11 +361,12 @@ fn run_cluster(test: &str, lo: u16, image: &str, flags: &[&str]) -> Vec<serde_js
                     if !left.is_empty() {
                         p.push(format!("containers left: {left}"));
                     }
-                    let net = v["network"].as_str().unwrap_or_default();
-                    let found =
-                        docker(&["network", "ls", "-q", "--filter", &format!("name=^{net}$")]);
-                    if !found.is_empty() {
-                        p.push(format!("network {net} left"));
+                    // None in host mode: no network is the session's.
+                    if let Some(net) = v["network"].as_str() {
+                        let filter = format!("name=^{net}$");
+                        if !docker(&["network", "ls", "-q", "--filter", &filter]).is_empty() {
+                            p.push(format!("network {net} left"));
+                        }
                     }
                     p
                 }
@@ -403,6 +464,32 @@ fn a_two_kernel_cluster_joins_its_network_and_survives_a_restart() {
         ports["sub1"],
         serde_json::json!(["sshd", "ttyd"]),
         "{created}"
+    );
+}
+
+#[test]
+fn a_host_network_cluster_reaches_its_peers_by_the_assigned_ports() {
+    let reported = run_cluster(
+        "cluster-host",
+        38_080,
+        SSH_IMAGE,
+        &["--kernels", "2", "--ssh", "--host"],
+    );
+    if reported.is_empty() {
+        return; // skipped
+    }
+    assert_reported(
+        &reported,
+        &[
+            "create_session",
+            "check_running",
+            "host_created",
+            "getent_hosts",
+            "ssh_sub1",
+            "cluster_env",
+            "destroy_kernels",
+            "host_destroyed",
+        ],
     );
 }
 
