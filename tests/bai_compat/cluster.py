@@ -23,6 +23,8 @@ and answers one line on stdin (`ok`, or what is wrong: step `host_created`).
 `--ssh`: from main1, through `execute` (the runner's Python REPL): `getent_hosts` (`getent hosts
 sub<N-1>` resolves), `ssh_sub1` (`ssh -o BatchMode=yes sub1 hostname` prints `sub1`: no password,
 no prompt), `cluster_env` (`BACKENDAI_CLUSTER_HOSTS` and `..._REPLICAS` as the launcher set them).
+`--agent-restart`: the pause `restart_agent` (the caller kills the agent process and starts it
+again; step `agent_restarted`), then `check_running_after_agent_restart`.
 `--restart`: `restart_kernel` of sub1 (the manager's arguments, no config update), then
 `restart_kernel_updated` (an updated `environ`: upstream merges it over the stored config and
 makes the container anew), each until `check_running`; `getent_after_restart` (main1 resolves
@@ -421,6 +423,20 @@ async def main(args: argparse.Namespace) -> int:
 
         await step("cluster_env", cluster_env)
 
+    if args.agent_restart:
+        # The caller kills the agent process (SIGKILL: a crash) and starts it again; its
+        # kernels run on, and what it kept of the cluster must still be applied below.
+        await host_step("agent_restarted", "restart_agent")
+
+        async def running_after_agent_restart(c: AgentClient) -> Any:
+            for attempt in range(120):
+                if all([await c.check_running(k) for k in hostnames.values()]):
+                    return attempt + 1
+                await asyncio.sleep(0.5)
+            raise StepFailed("the kernels are not all running after the agent's restart")
+
+        await step("check_running_after_agent_restart", running_after_agent_restart, timeout=90)
+
     if args.restart:
         sub1 = hostnames["sub1"]
         _sid, _ids, configs, _info, image_refs = sent.get("create_kernels", (None,) * 5)
@@ -508,6 +524,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image-labels", default="{}")
     p.add_argument("--kernels", type=int, default=2)
     p.add_argument("--restart", action="store_true")
+    p.add_argument("--agent-restart", action="store_true", help="pause `restart_agent` first")
     p.add_argument("--ssh", action="store_true")
     p.add_argument("--host", action="store_true", help="network type HOST instead of VOLATILE")
     return p.parse_args()

@@ -10,9 +10,9 @@
 //!   `kernelvisor-test-py:latest` on the session's bridge network with their hostnames as aliases
 //!   (`docker inspect`), the cluster keys in each scratch's `config/ssh` (mode, owner, the
 //!   launcher's public key) and `cluster.json`, the image's service port (`hello`) published by
-//!   `main1` only; `restart_kernel` of `sub1`, plain and with an updated `environ` (a new
-//!   container, made from the stored cluster config), keeps its network and alias (and `main1`
-//!   resolves it);
+//!   `main1` only; the agent process killed and started again, then `restart_kernel` of `sub1`,
+//!   plain and with an updated `environ` (a new container, made from the cluster config the agent
+//!   kept in its store), keeps its network and alias (and `main1` resolves it);
 //!   destroying every kernel and the network leaves nothing; a `create_kernels` naming the gone
 //!   network is refused with `ContainerCreationFailedError`.
 //! - `three_kernels_reach_each_other_by_name_and_ssh`: `main1`, `sub1`, `sub2` of
@@ -39,8 +39,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::agent::{docker, run_id};
-use common::bai::{is_root, tail, RemoveOnDrop};
+use common::agent::{docker, run_id, spawn_agent_process};
+use common::bai::{is_root, tail, wait_for_port, KillOnDrop, RemoveOnDrop};
 
 /// The Python kernel image with an ssh client (`just test-image-py-ssh`).
 const SSH_IMAGE: &str = "kernelvisor-test-py:ssh";
@@ -308,7 +308,7 @@ fn run_cluster(test: &str, lo: u16, image: &str, flags: &[&str]) -> Vec<serde_js
         eprintln!("SKIPPED {test}: KV_KRUNNER_DIR is not set (`just test-all` sets it after `just krunner`)");
         return Vec::new();
     };
-    let agent = start_agent(
+    let mut agent = start_agent(
         test,
         lo,
         32,
@@ -325,6 +325,17 @@ fn run_cluster(test: &str, lo: u16, image: &str, flags: &[&str]) -> Vec<serde_js
         agent.fx.dir.path().join("driver.stderr"),
         |v, stdin| {
             let problems = match v["pause"].as_str() {
+                Some("restart_agent") => {
+                    // A crash: the kernels stay; the agent finds them in its store again.
+                    let _ = agent.process.0.kill();
+                    let _ = agent.process.0.wait();
+                    agent.process = KillOnDrop(spawn_agent_process(
+                        &agent.fx,
+                        &agent.fx.dir.path().join("agent.toml"),
+                    ));
+                    wait_for_port(agent.fx.rpc_port, &mut agent.process.0, &agent.log);
+                    Vec::new()
+                }
                 Some("created") => {
                     network.0 = v["network"].as_str().map(str::to_owned);
                     check_created(&scratch_root, v, &mut containers)
@@ -427,7 +438,7 @@ fn a_two_kernel_cluster_joins_its_network_and_survives_a_restart() {
         "cluster-bridge",
         38_000,
         PY_IMAGE,
-        &["--kernels", "2", "--restart"],
+        &["--kernels", "2", "--agent-restart", "--restart"],
     );
     if reported.is_empty() {
         return; // skipped
@@ -438,6 +449,8 @@ fn a_two_kernel_cluster_joins_its_network_and_survives_a_restart() {
             "create_session",
             "check_running",
             "host_created",
+            "agent_restarted",
+            "check_running_after_agent_restart",
             "restart_kernel",
             "restart_kernel_updated",
             "getent_after_restart",
