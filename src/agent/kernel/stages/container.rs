@@ -457,6 +457,14 @@ impl Provisioner for ContainerStage {
             let _ = backend.remove_container(&id).await;
             self.0.update(|i| i.container_id = None);
             let text = e.to_string();
+            // The network went between `join_network`'s check and the start.
+            if let Some(net) = spec.network.as_ref().filter(|n| text.contains(&n.mode)) {
+                return Err(KernelError::ContainerCreationFailed(format!(
+                    "network `{}`: {text}",
+                    net.mode
+                ))
+                .into());
+            }
             if plan.runner.is_none()
                 && spec.cmd.is_some()
                 && (text.contains("executable file not found")
