@@ -357,20 +357,37 @@ async fn final_spec(
     Ok(spec)
 }
 
-/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): the named
-/// network must exist on the engine, and an overlay kernel gets `docker_gwbridge`'s subnet
-/// kept from MPI. Nothing for a kernel without one.
+/// The engine's refusal to create or start `spec`'s container as a kernel error: one naming
+/// the cluster network it joins is `ContainerCreationFailed` (the network is not there, as
+/// upstream's agent names that failure), any other as the engine's.
+fn creation_error(spec: &ContainerSpec, e: crate::agent::backend::BackendError) -> KernelError {
+    let text = e.to_string();
+    match spec.network.as_ref() {
+        Some(n) if n.mode != crate::agent::backend::HOST_NETWORK && text.contains(&n.mode) => {
+            KernelError::ContainerCreationFailed(format!("network `{}`: {text}", n.mode))
+        }
+        _ => KernelError::from(e),
+    }
+}
+
+/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): a bridge
+/// network must exist on this engine (checked first: a clear error before the engine's), and an
+/// overlay kernel gets `docker_gwbridge`'s subnet kept from MPI. An overlay network is not
+/// checked: a Swarm worker's engine knows a manager's attachable overlay only once a container
+/// of it joins (the engine's own refusal then is [`creation_error`]'s). Nothing for a kernel
+/// without a cluster network.
 ///
-/// Errors: `KernelError::ContainerCreationFailed` for a bridge or overlay network the engine
-/// lacks (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's
-/// own errors.
+/// Errors: `KernelError::ContainerCreationFailed` for a bridge network the engine lacks
+/// (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's own
+/// errors.
 async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result<(), KernelError> {
     let info = handle.info();
     let Some(c) = &info.config.cluster else {
         return Ok(());
     };
     let backend = &handle.ctx.backend;
-    if let Some(name) = c.joined_network() {
+    let bridge = c.network_config.mode == Some(cluster::NetworkMode::Bridge);
+    if let Some(name) = c.joined_network().filter(|_| bridge) {
         if backend.inspect_network(name).await?.is_none() {
             return Err(KernelError::ContainerCreationFailed(format!(
                 "cluster_info.network_config names network `{name}`, which this agent's \
@@ -450,20 +467,15 @@ impl Provisioner for ContainerStage {
         let id = backend
             .create_container(&spec)
             .await
-            .map_err(KernelError::from)?;
+            .map_err(|e| creation_error(&spec, e))?;
         self.0.update(|i| i.container_id = Some(id.clone()));
         if let Err(e) = backend.start_container(&id).await {
             // Leave nothing behind: the created container goes with the failed start.
             let _ = backend.remove_container(&id).await;
             self.0.update(|i| i.container_id = None);
             let text = e.to_string();
-            // The network went between `join_network`'s check and the start.
-            if let Some(net) = spec.network.as_ref().filter(|n| text.contains(&n.mode)) {
-                return Err(KernelError::ContainerCreationFailed(format!(
-                    "network `{}`: {text}",
-                    net.mode
-                ))
-                .into());
+            if spec.network.as_ref().is_some_and(|n| text.contains(&n.mode)) {
+                return Err(creation_error(&spec, e).into());
             }
             if plan.runner.is_none()
                 && spec.cmd.is_some()
@@ -620,7 +632,10 @@ pub async fn recreate_container(
     // The old container holds the name and the host ports: it goes first (as upstream's agent
     // destroys it before creating the new one).
     backend.remove_container(old).await?;
-    let id = backend.create_container(&spec).await?;
+    let id = backend
+        .create_container(&spec)
+        .await
+        .map_err(|e| creation_error(&spec, e))?;
     let started = match backend.start_container(&id).await {
         Ok(()) => match handle
             .info()
@@ -632,7 +647,7 @@ pub async fn recreate_container(
             Some(script) => run_bootstrap(handle, &id, &script).await,
             None => Ok(()),
         },
-        Err(e) => Err(KernelError::from(e)),
+        Err(e) => Err(creation_error(&spec, e)),
     };
     if let Err(e) = started {
         let _ = backend.remove_container(&id).await;
