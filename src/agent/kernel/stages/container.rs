@@ -1,5 +1,6 @@
 //! `container`: create + start with labels, limits, environment, binds, published ports and
-//! GPUs (status `CREATING`). Never privileged.
+//! GPUs, on a cluster kernel's network with its keys in the scratch
+//! (`crate::agent::kernel::cluster`) (status `CREATING`). Never privileged.
 
 use std::collections::HashMap;
 
@@ -350,7 +351,15 @@ async fn final_spec(
         config.bootstrap_script.as_deref(),
     )
     .map_err(|e| KernelError::Engine(format!("kernel runner's scratch files: {e}")))?;
-    if let Some(ports) = host_network_ports(handle, &spec, r) {
+    let on_host = config.cluster.as_ref().and_then(|c| {
+        c.intrinsic_ports(
+            config.cluster_hostname.as_deref(),
+            &handle.id,
+            r.repl,
+            &spec.ports,
+        )
+    });
+    if let Some(ports) = on_host {
         cluster::write_intrinsic_ports(&r.scratch.config_dir(), &ports)
             .map_err(|e| KernelError::Engine(format!("intrinsic-ports.json: {e}")))?;
     }
@@ -405,42 +414,6 @@ async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result
         gwbridge.as_deref(),
     );
     Ok(())
-}
-
-/// On the host's network a runner binds its intrinsic ports on host ports
-/// (`config/intrinsic-ports.json`): repl-in/out on the kernel's, sshd on the one the manager
-/// assigned for the cluster (`cluster_ssh_port_mapping`, else the kernel's own), ttyd on the
-/// kernel's. `None` off the host's network.
-fn host_network_ports(
-    handle: &KernelHandle,
-    spec: &ContainerSpec,
-    r: &RunnerPlan,
-) -> Option<std::collections::BTreeMap<&'static str, u16>> {
-    let info = handle.info();
-    let c = info.config.cluster.as_ref()?;
-    if c.network_config.mode != Some(cluster::NetworkMode::Host) {
-        return None;
-    }
-    let host_port = |container: u16| {
-        spec.ports
-            .iter()
-            .find(|p| p.container_port == container)
-            .map(|p| p.host_port)
-    };
-    let mut ports = std::collections::BTreeMap::from([
-        ("replin", r.repl.repl_in),
-        ("replout", r.repl.repl_out),
-    ]);
-    let sshd = c
-        .ssh_host_port(info.config.cluster_hostname.as_deref(), &handle.id)
-        .or_else(|| host_port(launch::SSHD_PORT));
-    if let Some(p) = sshd {
-        ports.insert("sshd", p);
-    }
-    if let Some(p) = host_port(launch::TTYD_PORT) {
-        ports.insert("ttyd", p);
-    }
-    Some(ports)
 }
 
 /// Creates and starts the kernel's container.
