@@ -246,10 +246,25 @@ fn rebuild(
         bootstrap_script: None,
         allocated_host_ports: Vec::new(),
         idle_timeout: None,
-        cluster_hostname: None,
+        // The container's own (Backend.AI's manager also names it in the environment).
+        cluster_hostname: spec.hostname.clone().or_else(|| {
+            spec.env
+                .iter()
+                .find_map(|e| e.strip_prefix("BACKENDAI_CLUSTER_HOST="))
+                .map(str::to_owned)
+        }),
         image_config: None,
         // Its keys are in its scratch directory already.
         ssh_keypair: None,
+        cluster_role: spec
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix("BACKENDAI_CLUSTER_ROLE="))
+            .map(str::to_owned),
+        // What its creation stored beside its keys (`config/cluster.json`): a new container
+        // for it joins the same network again.
+        cluster: super::kernel::cluster::ClusterConfig::read(&resources.scratch.config_dir())
+            .map_err(|e| format!("its cluster.json: {e}"))?,
     };
     Ok(Rebuilt { config, resources })
 }

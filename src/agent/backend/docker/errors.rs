@@ -19,7 +19,7 @@ pub(super) fn engine(e: DockerError) -> BackendError {
 }
 
 /// `e` and its causes, `: `-separated, each once.
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut cur = Some(e);
     while let Some(err) = cur {
@@ -185,6 +185,11 @@ pub(super) fn start_err(id: &str) -> impl Fn(DockerError) -> BackendError + '_ {
                 "the container could not start: {} (engine: {message})",
                 runtime_refusal(message)
             ))
+        }
+        // The engine checks a container's network when it starts it (`network x not found`,
+        // a 404 like a missing container's).
+        DockerError::DockerResponseServerError { message, .. } if message.contains("network") => {
+            BackendError::Engine(format!("the container could not start: {message}"))
         }
         _ => container_err(id)(e),
     }

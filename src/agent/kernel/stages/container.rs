@@ -1,5 +1,6 @@
 //! `container`: create + start with labels, limits, environment, binds, published ports and
-//! GPUs (status `CREATING`). Never privileged.
+//! GPUs, on a cluster kernel's network with its keys in the scratch
+//! (`crate::agent::kernel::cluster`) (status `CREATING`). Never privileged.
 
 use std::collections::HashMap;
 
@@ -11,6 +12,7 @@ use super::{Found, KernelStage, Plan, ScratchDir, IMAGE, MOUNTS, PORTS, SCRATCH,
 use super::Injected;
 use crate::agent::accelerators::ContainerConfig;
 use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
+use crate::agent::kernel::cluster;
 use crate::agent::kernel::config::ServicePortRequest;
 pub use crate::agent::kernel::resources::ContainerHandle;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
@@ -147,6 +149,9 @@ pub fn container_spec(
         stop_signal: None,
         local_ports: Vec::new(),
         cap_add: Vec::new(),
+        // The cluster network is joined once the engine is asked (`join_network`).
+        network: None,
+        extra_hosts: Vec::new(),
     }
 }
 
@@ -238,6 +243,8 @@ pub struct ContainerPlan {
     pub spec: ContainerSpec,
     /// `Some` for a kernel Backend.AI's kernel runner serves.
     pub runner: Option<RunnerPlan>,
+    /// The kernel's scratch directory (a cluster kernel's keys go into its `config/`).
+    pub scratch: ScratchDir,
 }
 
 /// A runner kernel's part of [`ContainerPlan`].
@@ -285,19 +292,19 @@ pub fn runner_plan(
     })
 }
 
-/// The container spec `plan` describes, with the runner's preparation and scratch files for
-/// a runner kernel.
+/// The container spec `plan` describes: `plan.spec` on its cluster network
+/// ([`join_network`]), with a cluster kernel's keys and `cluster.json` in its scratch
+/// (`crate::agent::kernel::cluster`), and the runner's preparation and scratch files for a
+/// runner kernel.
 ///
-/// Errors: `KernelError::InvalidConfig` when the runner went away since the kernel was
-/// planned; the scratch files' I/O as `KernelError::Engine`.
-fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSpec, KernelError> {
+/// Errors: what [`join_network`] refuses; `KernelError::InvalidConfig` when the runner went
+/// away since the kernel was planned; the scratch files' I/O as `KernelError::Engine`.
+async fn final_spec(
+    handle: &KernelHandle,
+    plan: &ContainerPlan,
+) -> Result<ContainerSpec, KernelError> {
     let mut spec = plan.spec.clone();
-    let Some(r) = &plan.runner else {
-        return Ok(spec);
-    };
-    let krunner = handle.ctx.runners.krunner.clone().ok_or_else(|| {
-        KernelError::InvalidConfig("the kernel runner is no longer provisioned".into())
-    })?;
+    join_network(handle, &mut spec).await?;
     let info = handle.info();
     let config = &info.config;
     let c = &handle.ctx.config.container;
@@ -305,6 +312,17 @@ fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSp
         config.uid.unwrap_or(c.kernel_uid),
         config.main_gid.unwrap_or(c.kernel_gid),
     );
+    if let Some(cluster) = &config.cluster {
+        cluster
+            .write_files(&plan.scratch.config_dir(), owner)
+            .map_err(|e| KernelError::Engine(format!("cluster keys in the scratch: {e}")))?;
+    }
+    let Some(r) = &plan.runner else {
+        return Ok(spec);
+    };
+    let krunner = handle.ctx.runners.krunner.clone().ok_or_else(|| {
+        KernelError::InvalidConfig("the kernel runner is no longer provisioned".into())
+    })?;
     let cpu = config.slots.get(crate::slots::CPU).milli();
     launch::prepare(
         &mut spec,
@@ -333,7 +351,69 @@ fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSp
         config.bootstrap_script.as_deref(),
     )
     .map_err(|e| KernelError::Engine(format!("kernel runner's scratch files: {e}")))?;
+    let on_host = config.cluster.as_ref().and_then(|c| {
+        c.intrinsic_ports(
+            config.cluster_hostname.as_deref(),
+            &handle.id,
+            r.repl,
+            &spec.ports,
+        )
+    });
+    if let Some(ports) = on_host {
+        cluster::write_intrinsic_ports(&r.scratch.config_dir(), &ports)
+            .map_err(|e| KernelError::Engine(format!("intrinsic-ports.json: {e}")))?;
+    }
     Ok(spec)
+}
+
+/// The engine's refusal to create or start `spec`'s container as a kernel error: one naming
+/// the cluster network it joins is `ContainerCreationFailed` (the network is not there, as
+/// upstream's agent names that failure), any other as the engine's.
+fn creation_error(spec: &ContainerSpec, e: crate::agent::backend::BackendError) -> KernelError {
+    let text = e.to_string();
+    match spec.network.as_ref() {
+        Some(n) if n.mode != crate::agent::backend::HOST_NETWORK && text.contains(&n.mode) => {
+            KernelError::ContainerCreationFailed(format!("network `{}`: {text}", n.mode))
+        }
+        _ => KernelError::from(e),
+    }
+}
+
+/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): a bridge
+/// network must exist on this engine (checked first: a clear error before the engine's), and an
+/// overlay kernel gets `docker_gwbridge`'s subnet kept from MPI. An overlay network is not
+/// checked: a Swarm worker's engine knows a manager's attachable overlay only once a container
+/// of it joins (the engine's own refusal then is [`creation_error`]'s). Nothing for a kernel
+/// without a cluster network.
+///
+/// Errors: `KernelError::ContainerCreationFailed` for a bridge network the engine lacks
+/// (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's own
+/// errors.
+async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result<(), KernelError> {
+    let info = handle.info();
+    let Some(c) = &info.config.cluster else {
+        return Ok(());
+    };
+    let backend = &handle.ctx.backend;
+    let bridge = c.network_config.mode == Some(cluster::NetworkMode::Bridge);
+    if let Some(name) = c.joined_network().filter(|_| bridge) {
+        if backend.inspect_network(name).await?.is_none() {
+            return Err(KernelError::ContainerCreationFailed(format!(
+                "cluster_info.network_config names network `{name}`, which this agent's \
+                 engine does not have (create_local_network makes a single-node session's)"
+            )));
+        }
+    }
+    let gwbridge = match c.network_config.mode {
+        Some(cluster::NetworkMode::Overlay) => backend.network_subnet(cluster::GWBRIDGE).await?,
+        _ => None,
+    };
+    c.apply_network(
+        spec,
+        info.config.cluster_hostname.as_deref(),
+        gwbridge.as_deref(),
+    );
+    Ok(())
 }
 
 /// Creates and starts the kernel's container.
@@ -355,18 +435,21 @@ impl Provisioner for ContainerStage {
         if self.0.info().status != KernelStatus::Restarting {
             self.0.set_status(KernelStatus::Creating);
         }
-        let spec = final_spec(&self.0, &plan)?;
+        let spec = final_spec(&self.0, &plan).await?;
         let backend = &self.0.ctx.backend;
         let id = backend
             .create_container(&spec)
             .await
-            .map_err(KernelError::from)?;
+            .map_err(|e| creation_error(&spec, e))?;
         self.0.update(|i| i.container_id = Some(id.clone()));
         if let Err(e) = backend.start_container(&id).await {
             // Leave nothing behind: the created container goes with the failed start.
             let _ = backend.remove_container(&id).await;
             self.0.update(|i| i.container_id = None);
             let text = e.to_string();
+            if spec.network.as_ref().is_some_and(|n| text.contains(&n.mode)) {
+                return Err(creation_error(&spec, e).into());
+            }
             if plan.runner.is_none()
                 && spec.cmd.is_some()
                 && (text.contains("executable file not found")
@@ -441,6 +524,7 @@ impl KernelStage for ContainerStage {
                 r.of(MOUNTS)?,
             ),
             runner: runner_plan(plan.gate(image), image, ports, scratch),
+            scratch: scratch.clone(),
         })
     }
 
@@ -514,13 +598,17 @@ pub async fn recreate_container(
             &r.mounts,
         ),
         runner,
+        scratch: r.scratch.clone(),
     };
-    let spec = final_spec(handle, &plan)?;
+    let spec = final_spec(handle, &plan).await?;
     let backend = &handle.ctx.backend;
     // The old container holds the name and the host ports: it goes first (as upstream's agent
     // destroys it before creating the new one).
     backend.remove_container(old).await?;
-    let id = backend.create_container(&spec).await?;
+    let id = backend
+        .create_container(&spec)
+        .await
+        .map_err(|e| creation_error(&spec, e))?;
     let started = match backend.start_container(&id).await {
         Ok(()) => match handle
             .info()
@@ -532,7 +620,7 @@ pub async fn recreate_container(
             Some(script) => run_bootstrap(handle, &id, &script).await,
             None => Ok(()),
         },
-        Err(e) => Err(KernelError::from(e)),
+        Err(e) => Err(creation_error(&spec, e)),
     };
     if let Err(e) = started {
         let _ = backend.remove_container(&id).await;
