@@ -3,7 +3,7 @@
 //!
 //! - A single-node cluster of 3 on one agent is one session: `main1`, `sub1`, `sub2` on that
 //!   agent, each with its role and index in its environment, on the session's own bridge
-//!   network (`bai-singlenode-<session id>`, labelled); `RUNNING` once every kernel is; it
+//!   network (`bai-singlenode-<session id>`, labelled), where `main1` reaches `sub2` by name; `RUNNING` once every kernel is; it
 //!   survives a manager restart; destroying it leaves no container, no network, no
 //!   reservation and no concurrency (the store invariants).
 //! - A gang waits whole: with room for 4 kernels and 2 taken, a multi-node cluster of 3 waits
@@ -114,6 +114,28 @@ fn kernels(s: &Value) -> Vec<(String, String, i64, String, String)> {
         .collect()
 }
 
+/// Runs `code` in the session's main kernel (`execute`, query mode, continued until it
+/// finishes): its stdout and exit code.
+fn exec_main(c: &Cluster, sid: &str, code: &str) -> (String, i64) {
+    let path = format!("/v1/sessions/{sid}/execute");
+    let mut body = json!({"mode": "query", "code": code});
+    let mut out = String::new();
+    loop {
+        let a = c.post(&path, &body);
+        assert_eq!(a.status, 200, "{a:?}");
+        for piece in a.body["console"].as_array().unwrap() {
+            if piece[0] == "stdout" {
+                out.push_str(piece[1].as_str().unwrap());
+            }
+        }
+        match a.body["status"].as_str().unwrap() {
+            "continued" => body = json!({"mode": "continue", "run_id": a.body["runId"]}),
+            "finished" => return (out, a.body["exitCode"].as_i64().unwrap()),
+            other => panic!("execute ended {other}: {}", a.body),
+        }
+    }
+}
+
 fn body(cpu: f64, extra: Value) -> Value {
     let mut b = json!({"image": TEST_IMAGE, "resource_slots": {"cpu": cpu, "mem": "32m"}});
     if let Value::Object(m) = extra {
@@ -188,6 +210,13 @@ fn a_single_node_cluster_of_three_is_one_session_on_its_own_network() {
             &net
         ]),
         "1"
+    );
+    // The kernels reach each other by name on it: from main1, sub2 resolves and answers.
+    let (out, code) = exec_main(&c, &sid, "ping -c 1 -W 5 sub2 && hostname");
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("PING sub2 (") && out.trim_end().ends_with("main1"),
+        "{out}"
     );
     // One session: listed once, one unit of concurrency.
     let list = c.get("/v1/sessions").unwrap().body;
