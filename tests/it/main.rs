@@ -59,6 +59,7 @@ mod services_files;
 mod session_commit;
 mod stuck_kernels;
 mod supervision;
+mod swarm_overlay;
 mod terminal;
 mod trees;
 mod workloads;

@@ -1,0 +1,303 @@
+//! A multi-node cluster session's network across two real Docker engines: two private engines,
+//! each in a network namespace of its own, joined in a Docker Swarm (`tests/common/engines.rs`,
+//! [`Swarm`]); on the Swarm manager the overlay network Backend.AI's manager makes for a
+//! multi-node session (`bai-multinode-<session id>`, attachable, label
+//! `ai.backend.cluster-network=1`: `manager/network/overlay.py`); container `main1` on engine A
+//! and `sub1` on engine B joined to it as upstream's agent joins a kernel
+//! (`agent/docker/agent.py::apply_network`: alias = the cluster host name, interface name
+//! `baimulti0` asked for). Each resolves the other by its alias (Docker's embedded DNS) and TCP runs both
+//! ways between them (on 2200, the port of the kernels' dropbear), and sub1's published port is
+//! reached from the host's namespace (where the agents run). Afterwards nothing is left: no
+//! namespace, interface, daemon, shim, mount or dir. A second test checks that a test failing
+//! with a Swarm up still leaves nothing.
+//!
+//! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
+//! on the main engine (`just test-image`); each is checked with a message naming it. Timings
+//! (fixture up, torn down) are printed; `docs/scenarios.md`, "Two engines in a Swarm", has them.
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::agent::{run_id, TEST_IMAGE};
+use common::engines::{host_has_docker0, PrivateEngine, Swarm, SwarmTrace};
+
+/// Polls `check` every 100 ms until it returns `Some`; panics with `what` and the last
+/// `Err` seen after `limit`. (A liveness bound, not a performance assertion.)
+fn poll<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let start = Instant::now();
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(e) => assert!(
+                start.elapsed() < limit,
+                "timed out waiting for: {what}; last seen: {e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Drops the Swarm and waits (10 s at most) until nothing of it is left; returns how long the
+/// drop took (the namespaces' own teardown, which the kernel finishes asynchronously, is
+/// not counted).
+fn tear_down(swarm: Swarm) -> Duration {
+    let trace = swarm.trace();
+    let started = Instant::now();
+    drop(swarm);
+    let took = started.elapsed();
+    assert_nothing_left(&trace);
+    took
+}
+
+fn assert_nothing_left(trace: &SwarmTrace) {
+    poll(Duration::from_secs(10), "nothing of the Swarm left", || {
+        let left = trace.leftovers();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+}
+
+/// Starts container `host` (the cluster host name: `main1`, `sub1`) on `engine`, joined to
+/// `network` as upstream's `apply_network` joins a kernel in overlay mode: the host name as its
+/// alias and driver option `com.docker.network.endpoint.ifname=baimulti0` (the interface's
+/// name from Docker Engine 28 on; Debian 12's 20.10 ignores it and names it `eth0`). `extra`
+/// goes before the image.
+fn start_kernel_container(engine: &PrivateEngine, network: &str, host: &str, extra: &[&str]) {
+    let net = format!(
+        "name={network},alias={host},driver-opt=com.docker.network.endpoint.ifname=baimulti0"
+    );
+    let mut args = vec![
+        "run",
+        "-d",
+        "--name",
+        host,
+        "--hostname",
+        host,
+        "--network",
+        &net,
+    ];
+    args.extend(extra);
+    args.extend([TEST_IMAGE, "sleep", "600"]);
+    engine.must_docker(&format!("start {host}"), &args);
+}
+
+/// `container`'s address on `network` as its engine reports it.
+fn address_on(engine: &PrivateEngine, container: &str, network: &str) -> String {
+    let ip = engine.must_docker(
+        "the container's address",
+        &[
+            "inspect",
+            "-f",
+            &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+            container,
+        ],
+    );
+    assert!(!ip.is_empty(), "{container} has no address on {network}");
+    ip
+}
+
+/// Runs an echo server (`nc -l -e cat`, again after each connection) on `port` in `container`.
+fn echo_server(engine: &PrivateEngine, container: &str, port: u16) {
+    engine.must_docker(
+        "start an echo server",
+        &[
+            "exec",
+            "-d",
+            container,
+            "sh",
+            "-c",
+            &format!("while :; do nc -l -p {port} -e cat; done"),
+        ],
+    );
+}
+
+/// From `container`, sends a line to `target:port` and expects it echoed (polled: the server
+/// may not listen yet, and a new endpoint's address spreads over Swarm's gossip).
+fn echoes(engine: &PrivateEngine, container: &str, target: &str, port: u16) {
+    let line = format!("hello-{}", run_id());
+    poll(
+        Duration::from_secs(30),
+        &format!("{container} -> {target}:{port} echoes"),
+        || {
+            let got = engine.try_docker(&[
+                "exec",
+                container,
+                "sh",
+                "-c",
+                &format!("echo {line} | nc -w 1 {target} {port}"),
+            ])?;
+            if got.contains(&line) {
+                Ok(())
+            } else {
+                Err(format!("got {got:?}"))
+            }
+        },
+    );
+}
+
+/// `nslookup <name>` from `container` answers `expected` (Docker's embedded DNS on the overlay).
+fn resolves(engine: &PrivateEngine, container: &str, name: &str, expected: &str) {
+    poll(
+        Duration::from_secs(30),
+        &format!("{name} resolves in {container}"),
+        || {
+            let out = engine.try_docker(&["exec", container, "nslookup", name])?;
+            let addrs: Vec<&str> = out
+                .lines()
+                .skip_while(|l| !l.contains(&format!("Name:\t{name}")))
+                .filter_map(|l| l.strip_prefix("Address: "))
+                .collect();
+            if addrs == [expected] {
+                Ok(())
+            } else {
+                Err(format!("answered {addrs:?}: {out}"))
+            }
+        },
+    );
+}
+
+#[test]
+fn an_attachable_overlay_joins_containers_on_two_engines() {
+    let docker0 = host_has_docker0();
+    let swarm = Swarm::start(2, &[TEST_IMAGE]);
+    let up = swarm.up_took;
+    let (a, b) = (swarm.engine(0), swarm.engine(1));
+
+    // The Swarm: two nodes Ready, named as their namespaces; A the manager (leader), B a worker.
+    let mut nodes = swarm.node_states();
+    nodes.sort();
+    let expected: Vec<(String, String)> = swarm
+        .nodes
+        .iter()
+        .map(|n| (n.netns.clone(), "Ready".to_owned()))
+        .collect();
+    assert_eq!(nodes, expected, "node ls on the manager");
+    let role = |e: &PrivateEngine| {
+        e.must_docker(
+            "swarm state",
+            &[
+                "info",
+                "-f",
+                "{{.Swarm.LocalNodeState}} {{.Swarm.ControlAvailable}}",
+            ],
+        )
+    };
+    assert_eq!(role(a), "active true", "A is a Swarm manager");
+    assert_eq!(role(b), "active false", "B is a Swarm worker");
+
+    // The session's overlay, as Backend.AI's manager makes it, on the manager engine.
+    let session = run_id();
+    let network = format!("bai-multinode-{session}");
+    let network_id = swarm.create_overlay(&session);
+    assert_eq!(
+        a.must_docker(
+            "inspect the overlay",
+            &[
+                "network",
+                "inspect",
+                "-f",
+                "{{.Driver}} {{.Scope}} {{.Attachable}} {{index .Labels \"ai.backend.cluster-network\"}}",
+                &network,
+            ],
+        ),
+        "overlay swarm true 1"
+    );
+
+    // main1 on A, sub1 on B (which publishes 2200 on B's address, as an agent in the host's
+    // namespace with `bind-host` = B's address would).
+    start_kernel_container(a, &network, "main1", &[]);
+    let publish = format!("{}::2200", swarm.ip(1));
+    start_kernel_container(b, &network, "sub1", &["-p", &publish]);
+    assert_eq!(a.docker(&["ps", "--format", "{{.Names}}"]), "main1");
+    assert_eq!(b.docker(&["ps", "--format", "{{.Names}}"]), "sub1");
+    // The worker knows the network by the manager's id once a container of its own joined it.
+    assert_eq!(
+        b.must_docker(
+            "the overlay on the worker",
+            &["network", "inspect", "-f", "{{.Id}}", &network]
+        ),
+        network_id
+    );
+    let main1_ip = address_on(a, "main1", &network);
+    let sub1_ip = address_on(b, "sub1", &network);
+    assert_ne!(main1_ip, sub1_ip);
+
+    // Each resolves the other by its alias, and TCP runs both ways across the engines.
+    resolves(a, "main1", "sub1", &sub1_ip);
+    resolves(b, "sub1", "main1", &main1_ip);
+    echo_server(b, "sub1", 2200);
+    echo_server(a, "main1", 2200);
+    echoes(a, "main1", "sub1", 2200);
+    echoes(b, "sub1", "main1", 2200);
+
+    // The host's namespace reaches sub1's published port on B's address.
+    let port = b.must_docker("sub1's published port", &["port", "sub1", "2200/tcp"]);
+    let port: u16 = port
+        .lines()
+        .next()
+        .and_then(|l| l.rsplit(':').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("docker port sub1: {port:?}"));
+    let addr = std::net::SocketAddr::from((swarm.ip(1), port));
+    let line = format!("from-the-host-{}\n", run_id());
+    poll(
+        Duration::from_secs(30),
+        "the host reaches sub1's published port",
+        || {
+            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+                .map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+            let mut got = vec![0; line.len()];
+            s.read_exact(&mut got).map_err(|e| e.to_string())?;
+            if got == line.as_bytes() {
+                Ok(())
+            } else {
+                Err(format!("got {:?}", String::from_utf8_lossy(&got)))
+            }
+        },
+    );
+
+    // As upstream's session teardown: the kernels go, then the manager removes the network.
+    a.must_docker("remove main1", &["rm", "-f", "main1"]);
+    b.must_docker("remove sub1", &["rm", "-f", "sub1"]);
+    a.must_docker("remove the overlay", &["network", "rm", &network]);
+    assert!(
+        a.try_docker(&["network", "inspect", &network]).is_err(),
+        "the overlay is gone on the manager"
+    );
+
+    let down = tear_down(swarm);
+    eprintln!(
+        "swarm fixture: up {:.1} s (2 engines, image copied, Swarm formed), down {:.1} s",
+        up.as_secs_f64(),
+        down.as_secs_f64()
+    );
+    assert_eq!(
+        host_has_docker0(),
+        docker0,
+        "the private engines left the host's docker0 alone"
+    );
+}
+
+#[test]
+fn a_failing_test_leaves_nothing_of_its_swarm() {
+    let trace = std::sync::Mutex::new(None);
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let swarm = Swarm::start(2, &[TEST_IMAGE]);
+        *trace.lock().unwrap() = Some(swarm.trace());
+        let network = format!("bai-multinode-{}", run_id());
+        swarm.create_overlay(network.trim_start_matches("bai-multinode-"));
+        // A container on each engine, on the overlay: shims, mounts, VXLAN in the namespaces.
+        start_kernel_container(swarm.engine(0), &network, "main1", &[]);
+        start_kernel_container(swarm.engine(1), &network, "sub1", &[]);
+        panic!("a deliberate failure with the Swarm up");
+    }));
+    assert!(failed.is_err());
+    let trace = trace.into_inner().unwrap().expect("the Swarm came up");
+    assert_nothing_left(&trace);
+}
