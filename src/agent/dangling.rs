@@ -246,10 +246,24 @@ fn rebuild(
         bootstrap_script: None,
         allocated_host_ports: Vec::new(),
         idle_timeout: None,
-        cluster_hostname: None,
+        // Backend.AI's manager names it in the environment too.
+        cluster_hostname: spec
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix("BACKENDAI_CLUSTER_HOST="))
+            .map(str::to_owned),
         image_config: None,
         // Its keys are in its scratch directory already.
         ssh_keypair: None,
+        cluster_role: spec
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix("BACKENDAI_CLUSTER_ROLE="))
+            .map(str::to_owned),
+        // What its creation stored beside its keys (`config/cluster.json`): a new container
+        // for it joins the same network again.
+        cluster: super::kernel::cluster::ClusterConfig::read(&resources.scratch.config_dir())
+            .map_err(|e| format!("its cluster.json: {e}"))?,
     };
     Ok(Rebuilt { config, resources })
 }

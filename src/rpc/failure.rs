@@ -65,6 +65,9 @@ failures! {
     ContainerEngineUnavailable,
     /// The kernel's `bootstrap_script` failed or ran too long.
     BootstrapScriptFailed,
+    /// The kernel's container cannot be made as asked (a cluster network that does not exist);
+    /// Backend.AI's agent's name for it.
+    ContainerCreationFailedError,
     /// A dangling container the agent cannot rebuild as a kernel (`adopt_kernel`).
     KernelNotAdoptable,
     // Runs of `execute` (`agent/exec/`).

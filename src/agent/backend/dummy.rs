@@ -57,6 +57,9 @@ struct State {
     /// Image id → the name it was inspected under: a container created from the id (as the
     /// container stage creates them) stores the image under that name.
     image_names: HashMap<String, String>,
+    /// Networks by name, with their labels (`create_local_network`; cluster kernels join one
+    /// by name).
+    networks: HashMap<String, HashMap<String, String>>,
 }
 
 #[derive(Debug)]
@@ -267,6 +270,19 @@ impl ContainerBackend for DummyBackend {
         if state.missing_images.contains(&spec.image) {
             return Err(BackendError::ImageNotFound(spec.image.clone()));
         }
+        // As Docker: a container joins only a network that exists.
+        if let Some(net) = spec
+            .network
+            .as_ref()
+            .filter(|n| n.mode != super::HOST_NETWORK)
+        {
+            if !state.networks.contains_key(&net.mode) {
+                return Err(BackendError::Engine(format!(
+                    "network {} not found",
+                    net.mode
+                )));
+            }
+        }
         let name = (state.image_names.get(&spec.image).cloned())
             .unwrap_or_else(|| normalize_image(&spec.image));
         state.held_images.insert(name);
@@ -290,6 +306,41 @@ impl ContainerBackend for DummyBackend {
         };
         state.containers.insert(id.clone(), container);
         Ok(id)
+    }
+
+    async fn inspect_network(
+        &self,
+        name: &str,
+    ) -> Result<Option<HashMap<String, String>>, BackendError> {
+        Ok(self.state().networks.get(name).cloned())
+    }
+
+    async fn create_network(
+        &self,
+        name: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<bool, BackendError> {
+        let mut state = self.state();
+        if state.networks.contains_key(name) {
+            return Ok(false);
+        }
+        state.networks.insert(name.to_owned(), labels.clone());
+        Ok(true)
+    }
+
+    /// As Docker: refused while a container is attached.
+    async fn remove_network(&self, name: &str) -> Result<bool, BackendError> {
+        let mut state = self.state();
+        let attached = state
+            .containers
+            .values()
+            .any(|c| c.spec.network.as_ref().is_some_and(|n| n.mode == name));
+        if attached {
+            return Err(BackendError::Engine(format!(
+                "network {name} has active endpoints"
+            )));
+        }
+        Ok(state.networks.remove(name).is_some())
     }
 
     /// Waits `delays.start`; starting a running container is a no-op (as with Docker).

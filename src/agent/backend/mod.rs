@@ -239,7 +239,31 @@ pub struct ContainerSpec {
     /// Capabilities added to the engine's default set (a runner kernel's `IPC_LOCK`,
     /// `SYS_NICE`, as upstream's Docker agent adds).
     pub cap_add: Vec<String>,
+    /// The network the container joins instead of the engine's default bridge (a cluster
+    /// kernel's, `crate::agent::kernel::cluster`); `None`: the default.
+    pub network: Option<NetworkAttachment>,
+    /// `name:address` entries added to the container's `/etc/hosts` (Docker's
+    /// `HostConfig.ExtraHosts`; a host-network cluster kernel's peers).
+    pub extra_hosts: Vec<String>,
 }
+
+/// Where a container is attached (Docker's `HostConfig.NetworkMode` and its
+/// `NetworkingConfig.EndpointsConfig` entry), as Backend.AI's `apply_network` sets them
+/// (`src/ai/backend/agent/docker/agent.py`, `docker/intrinsic.py`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkAttachment {
+    /// `HostConfig.NetworkMode`: a network's name, or [`HOST_NETWORK`].
+    pub mode: String,
+    /// The container's DNS aliases on that network (`EndpointsConfig[mode].Aliases`); unused
+    /// with [`HOST_NETWORK`].
+    pub aliases: Vec<String>,
+    /// The endpoint's driver options (`EndpointsConfig[mode].DriverOpts`; an overlay kernel's
+    /// `com.docker.network.endpoint.ifname`).
+    pub driver_opts: HashMap<String, String>,
+}
+
+/// `HostConfig.NetworkMode` for the host's network namespace: no endpoint, no published ports.
+pub const HOST_NETWORK: &str = "host";
 
 /// A container's state as the engine reports it.
 #[derive(Clone, Debug, Default)]
@@ -519,8 +543,7 @@ pub trait ContainerBackend: Send + Sync + 'static {
     }
 
     /// The labels of the network named exactly `name`, or `None` when there is none (the
-    /// `create_local_network` / `destroy_local_network` methods). The dummy engine has no
-    /// networks.
+    /// `create_local_network` / `destroy_local_network` methods).
     async fn inspect_network(
         &self,
         name: &str,
@@ -530,7 +553,7 @@ pub trait ContainerBackend: Send + Sync + 'static {
     }
 
     /// Creates a bridge network `name` with `labels`; `Ok(false)` when one of that name
-    /// already exists (nothing changed). The dummy engine has no networks: `Ok(false)`.
+    /// already exists (nothing changed).
     async fn create_network(
         &self,
         name: &str,
@@ -538,6 +561,14 @@ pub trait ContainerBackend: Send + Sync + 'static {
     ) -> Result<bool, BackendError> {
         let _ = (name, labels);
         Ok(false)
+    }
+
+    /// The first IPAM subnet of the network named exactly `name` (`10.0.0.0/24`), or `None`
+    /// when there is no such network or it has no subnet (an overlay kernel's
+    /// `docker_gwbridge`, which MPI must skip). The dummy engine has none.
+    async fn network_subnet(&self, name: &str) -> Result<Option<String>, BackendError> {
+        let _ = name;
+        Ok(None)
     }
 
     /// Removes the network `name`; `Ok(false)` when there was none.

@@ -154,6 +154,14 @@ pub struct KernelConfig {
     /// `DockerKernelCreationContext.prepare_scratch`, `src/ai/backend/agent/docker/agent.py`).
     #[serde(default)]
     pub ssh_keypair: Option<crate::agent::runner::UserKeypair>,
+    /// Its role in the session's cluster (Backend.AI's `cluster_role`: `main`, `sub`, …);
+    /// only a main kernel publishes service ports ([`super::cluster::is_main`]).
+    #[serde(default)]
+    pub cluster_role: Option<String>,
+    /// What it keeps of `create_kernels`' `cluster_info` (network, keys), re-applied by every
+    /// container made for it; `None` for a config of a caller without `cluster_info`.
+    #[serde(default)]
+    pub cluster: Option<super::cluster::ClusterConfig>,
 }
 
 /// `internal_data.ssh_keypair` (`{"public_key", "private_key"}`, OpenSSH text), if the manager
@@ -512,6 +520,9 @@ impl KernelConfig {
                 ..c.image
             }),
             ssh_keypair,
+            cluster_role: c.cluster_role.filter(|r| !r.is_empty()),
+            // `create_kernels` sets it from its `cluster_info`.
+            cluster: None,
         })
     }
 
@@ -526,8 +537,8 @@ impl KernelConfig {
     /// The [`KernelCreationConfig`] that [`KernelConfig::from_creation`] reads back as this
     /// config (unit-tested both ways): the checked config in Backend.AI's shape again, for a
     /// partial update to be merged over. Without the registry password (never stored) and the
-    /// keys this agent does not keep (`cluster_*` but the hostname, `internal_data` but its
-    /// `ssh_keypair`, …). A
+    /// keys this agent does not keep (`cluster_*` but the hostname and role, `internal_data`
+    /// but its `ssh_keypair`, …; the cluster config is not a key of it). A
     /// preopen port goes back to `preopen_ports`. A config stored before `image_config` was
     /// kept names its image by reference.
     pub fn to_creation(&self) -> KernelCreationConfig {
@@ -546,6 +557,7 @@ impl KernelConfig {
                 SessionType::Interactive => SessionTypes::Interactive,
             },
             cluster_hostname: self.cluster_hostname.clone(),
+            cluster_role: self.cluster_role.clone(),
             uid: self.uid,
             main_gid: self.main_gid,
             supplementary_gids: self.supplementary_gids.clone(),
@@ -627,7 +639,12 @@ impl KernelConfig {
             merged.retain(|(key, _)| key.as_str() != Some(k.as_str()));
             merged.push((Value::from(k.as_str()), v.clone()));
         }
-        KernelConfig::from_value(&Value::Map(merged), types)
+        // The cluster is the session's, not the kernel config's (upstream keeps it apart, in
+        // `cluster.json`, and restarts with it as it was).
+        Ok(KernelConfig {
+            cluster: self.cluster.clone(),
+            ..KernelConfig::from_value(&Value::Map(merged), types)?
+        })
     }
 }
 

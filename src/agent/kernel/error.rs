@@ -46,6 +46,11 @@ pub enum KernelError {
     /// The kernel's `bootstrap_script` failed or ran too long (`BootstrapScriptFailed`).
     #[error("{0}")]
     BootstrapFailed(String),
+    /// The container cannot be made as its config asks: the cluster network it names does not
+    /// exist on the engine (`ContainerCreationFailedError`, upstream's name for a create the
+    /// engine refuses, `ai.backend.agent.errors.agent`).
+    #[error("container creation failed: {0}")]
+    ContainerCreationFailed(String),
     /// A stage failed during creation; `name` is the inner error's name, the message names the
     /// stage (`stage `ports`: resource exhausted: …`).
     #[error("stage `{stage}` failed: {source}")]
@@ -72,6 +77,7 @@ impl KernelError {
             KernelError::Engine(_) => Failure::ContainerEngineError,
             KernelError::EngineUnavailable(_) => Failure::ContainerEngineUnavailable,
             KernelError::BootstrapFailed(_) => Failure::BootstrapScriptFailed,
+            KernelError::ContainerCreationFailed(_) => Failure::ContainerCreationFailedError,
             KernelError::Stage { source, .. } => source.name(),
         }
     }

@@ -16,6 +16,7 @@
 //! ```
 
 pub mod actor;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod handle;

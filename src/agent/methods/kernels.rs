@@ -23,6 +23,7 @@ use crate::agent::context::AgentContext;
 use crate::agent::engine::probe;
 use crate::agent::events::AgentEvent;
 use crate::agent::exec::{RunError, RunIds, RunRequest};
+use crate::agent::kernel::cluster::ClusterConfig;
 use crate::agent::kernel::KernelInfo;
 use crate::agent::kernel::{KernelConfig, KernelError, KernelStatus};
 use crate::agent::logs::LogChunk;
@@ -63,7 +64,10 @@ pub(crate) fn register(dispatcher: &mut Dispatcher, cx: &Ctx) {
 }
 
 /// `create_kernels(session_id, kernel_ids, configs, cluster_info, kernel_image_refs)` →
-/// `[KernelCreationResult]`: all of them or none. A retry of a call (the same session's kernel
+/// `[KernelCreationResult]`: all of them or none. `cluster_info` is checked first
+/// (`InvalidKernelConfig` naming its key) and kept with every kernel: its network, its keys
+/// (`crate::agent::kernel::cluster`); a network it names that the engine lacks fails the
+/// kernels' containers with `ContainerCreationFailedError`. A retry of a call (the same session's kernel
 /// ids, all held here) creates nothing and answers as the first call did: it joins a creation
 /// still going on, and answers a `RUNNING` kernel as it is now, publishing its
 /// `kernel_started` again (see [`CreateKernels`]; upstream's reply shape is `create_kernels`
@@ -80,15 +84,24 @@ async fn create_kernels(
         ))
         .to_meta());
     }
+    // Every kernel of the call keeps the session's cluster info (its network, its keys):
+    // applied by each container made for it (`crate::agent::kernel::cluster`).
+    let cluster = args
+        .cluster_info
+        .as_ref()
+        .map(ClusterConfig::from_info)
+        .transpose()
+        .map_err(|e| e.to_meta())?;
     let mut kernels = Vec::new();
     let types = cx.slots.lock().expect("slots lock").slot_types().clone();
     for (id, config) in args.kernel_ids.into_iter().zip(args.configs) {
-        let config = KernelConfig::from_value(&config, &types).map_err(|e| match e {
+        let mut config = KernelConfig::from_value(&config, &types).map_err(|e| match e {
             KernelError::InvalidConfig(m) => {
                 KernelError::InvalidConfig(format!("kernel {id}: {m}")).to_meta()
             }
             other => other.to_meta(),
         })?;
+        config.cluster = cluster.clone();
         kernels.push((id, config));
     }
     // Refused at once while the engine is down, and within a probe's timeout when it

@@ -19,7 +19,7 @@ pub(super) fn engine(e: DockerError) -> BackendError {
 }
 
 /// `e` and its causes, `: `-separated, each once.
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut cur = Some(e);
     while let Some(err) = cur {

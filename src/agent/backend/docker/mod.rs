@@ -26,7 +26,9 @@ mod images;
 mod process;
 
 use self::convert::{listed_exit_code, port_mappings, summary, with_tag};
-use self::errors::{archive_err, container_err, engine, optional, pull_err, start_err, status};
+use self::errors::{
+    archive_err, container_err, describe, engine, optional, pull_err, start_err, status,
+};
 use self::process::kill_tree;
 use super::{
     BackendError, Bind, ContainerBackend, ContainerDescription, ContainerExit, ContainerSpec,
@@ -183,7 +185,13 @@ impl ContainerBackend for DockerBackend {
                 .map(|p| (p, &spec.port_bind_host))
                 .chain(spec.local_ports.iter().map(|p| (p, &loopback)))
         };
+        // On the host's network a container publishes nothing: its ports are the host's.
+        let host_network = spec
+            .network
+            .as_ref()
+            .is_some_and(|n| n.mode == super::HOST_NETWORK);
         let port_bindings: PortMap = published()
+            .filter(|_| !host_network)
             .map(|(p, host)| {
                 let binding = PortBinding {
                     host_ip: Some(host.clone()),
@@ -235,8 +243,22 @@ impl ContainerBackend for DockerBackend {
             group_add: (!spec.group_add.is_empty()).then(|| spec.group_add.clone()),
             init: spec.init.then_some(true),
             cap_add: (!spec.cap_add.is_empty()).then(|| spec.cap_add.clone()),
+            network_mode: spec.network.as_ref().map(|n| n.mode.clone()),
+            extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
             ..Default::default()
         };
+        let networking_config = spec.network.as_ref().filter(|_| !host_network).map(|n| {
+            bollard::container::NetworkingConfig {
+                endpoints_config: HashMap::from([(
+                    n.mode.clone(),
+                    bollard::models::EndpointSettings {
+                        aliases: (!n.aliases.is_empty()).then(|| n.aliases.clone()),
+                        driver_opts: (!n.driver_opts.is_empty()).then(|| n.driver_opts.clone()),
+                        ..Default::default()
+                    },
+                )]),
+            }
+        });
         let config = Config {
             image: Some(spec.image.clone()),
             cmd: spec.cmd.clone(),
@@ -247,12 +269,14 @@ impl ContainerBackend for DockerBackend {
             labels: Some(spec.labels.clone()),
             exposed_ports: Some(
                 published()
+                    .filter(|_| !host_network)
                     .map(|(p, _)| (port_key(p), HashMap::new()))
                     .collect(),
             ),
             entrypoint: spec.entrypoint.clone(),
             stop_signal: spec.stop_signal.clone(),
             host_config: Some(host_config),
+            networking_config,
             ..Default::default()
         };
         let options = (!spec.name.is_empty()).then(|| CreateContainerOptions {
@@ -261,7 +285,9 @@ impl ContainerBackend for DockerBackend {
         });
         match self.docker.create_container(options, config).await {
             Ok(created) => Ok(created.id),
-            Err(e) if status(&e) == Some(404) => {
+            // The engine's 404 is also its answer for a missing network (`network x not
+            // found`): only the image's is `ImageNotFound`.
+            Err(e) if status(&e) == Some(404) && !describe(&e).contains("network") => {
                 Err(BackendError::ImageNotFound(spec.image.clone()))
             }
             Err(e) => Err(engine(e)),
@@ -389,6 +415,8 @@ impl ContainerBackend for DockerBackend {
             // Every published port is in `ports` (with the loopback ones): what adoption needs.
             local_ports: Vec::new(),
             cap_add: host.cap_add.unwrap_or_default(),
+            network: None,
+            extra_hosts: host.extra_hosts.unwrap_or_default(),
         };
         Ok(Some(ContainerDescription {
             id: c.id.unwrap_or_else(|| id.to_owned()),
@@ -683,6 +711,16 @@ impl ContainerBackend for DockerBackend {
             Err(e) if status(&e) == Some(409) => Ok(false),
             Err(e) => Err(engine(e)),
         }
+    }
+
+    async fn network_subnet(&self, name: &str) -> Result<Option<String>, BackendError> {
+        let found =
+            optional(self.docker.inspect_network::<String>(name, None).await).map_err(engine)?;
+        Ok(found
+            .filter(|n| n.name.as_deref() == Some(name))
+            .and_then(|n| n.ipam)
+            .and_then(|i| i.config)
+            .and_then(|c| c.into_iter().find_map(|c| c.subnet)))
     }
 
     async fn remove_network(&self, name: &str) -> Result<bool, BackendError> {

@@ -11,6 +11,7 @@ use super::{Found, KernelStage, Plan, ScratchDir, IMAGE, MOUNTS, PORTS, SCRATCH,
 use super::Injected;
 use crate::agent::accelerators::ContainerConfig;
 use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
+use crate::agent::kernel::cluster;
 use crate::agent::kernel::config::ServicePortRequest;
 pub use crate::agent::kernel::resources::ContainerHandle;
 use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
@@ -147,6 +148,9 @@ pub fn container_spec(
         stop_signal: None,
         local_ports: Vec::new(),
         cap_add: Vec::new(),
+        // The cluster network is joined once the engine is asked (`join_network`).
+        network: None,
+        extra_hosts: Vec::new(),
     }
 }
 
@@ -238,6 +242,8 @@ pub struct ContainerPlan {
     pub spec: ContainerSpec,
     /// `Some` for a kernel Backend.AI's kernel runner serves.
     pub runner: Option<RunnerPlan>,
+    /// The kernel's scratch directory (a cluster kernel's keys go into its `config/`).
+    pub scratch: ScratchDir,
 }
 
 /// A runner kernel's part of [`ContainerPlan`].
@@ -285,19 +291,19 @@ pub fn runner_plan(
     })
 }
 
-/// The container spec `plan` describes, with the runner's preparation and scratch files for
-/// a runner kernel.
+/// The container spec `plan` describes: `plan.spec` on its cluster network
+/// ([`join_network`]), with a cluster kernel's keys and `cluster.json` in its scratch
+/// (`crate::agent::kernel::cluster`), and the runner's preparation and scratch files for a
+/// runner kernel.
 ///
-/// Errors: `KernelError::InvalidConfig` when the runner went away since the kernel was
-/// planned; the scratch files' I/O as `KernelError::Engine`.
-fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSpec, KernelError> {
+/// Errors: what [`join_network`] refuses; `KernelError::InvalidConfig` when the runner went
+/// away since the kernel was planned; the scratch files' I/O as `KernelError::Engine`.
+async fn final_spec(
+    handle: &KernelHandle,
+    plan: &ContainerPlan,
+) -> Result<ContainerSpec, KernelError> {
     let mut spec = plan.spec.clone();
-    let Some(r) = &plan.runner else {
-        return Ok(spec);
-    };
-    let krunner = handle.ctx.runners.krunner.clone().ok_or_else(|| {
-        KernelError::InvalidConfig("the kernel runner is no longer provisioned".into())
-    })?;
+    join_network(handle, &mut spec).await?;
     let info = handle.info();
     let config = &info.config;
     let c = &handle.ctx.config.container;
@@ -305,6 +311,17 @@ fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSp
         config.uid.unwrap_or(c.kernel_uid),
         config.main_gid.unwrap_or(c.kernel_gid),
     );
+    if let Some(cluster) = &config.cluster {
+        cluster
+            .write_files(&plan.scratch.config_dir(), owner)
+            .map_err(|e| KernelError::Engine(format!("cluster keys in the scratch: {e}")))?;
+    }
+    let Some(r) = &plan.runner else {
+        return Ok(spec);
+    };
+    let krunner = handle.ctx.runners.krunner.clone().ok_or_else(|| {
+        KernelError::InvalidConfig("the kernel runner is no longer provisioned".into())
+    })?;
     let cpu = config.slots.get(crate::slots::CPU).milli();
     launch::prepare(
         &mut spec,
@@ -333,7 +350,79 @@ fn final_spec(handle: &KernelHandle, plan: &ContainerPlan) -> Result<ContainerSp
         config.bootstrap_script.as_deref(),
     )
     .map_err(|e| KernelError::Engine(format!("kernel runner's scratch files: {e}")))?;
+    if let Some(ports) = host_network_ports(handle, &spec, r) {
+        cluster::write_intrinsic_ports(&r.scratch.config_dir(), &ports)
+            .map_err(|e| KernelError::Engine(format!("intrinsic-ports.json: {e}")))?;
+    }
     Ok(spec)
+}
+
+/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): the named
+/// network must exist on the engine, and an overlay kernel gets `docker_gwbridge`'s subnet
+/// kept from MPI. Nothing for a kernel without one.
+///
+/// Errors: `KernelError::ContainerCreationFailed` for a bridge or overlay network the engine
+/// lacks (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's
+/// own errors.
+async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result<(), KernelError> {
+    let info = handle.info();
+    let Some(c) = &info.config.cluster else {
+        return Ok(());
+    };
+    let backend = &handle.ctx.backend;
+    if let Some(name) = c.joined_network() {
+        if backend.inspect_network(name).await?.is_none() {
+            return Err(KernelError::ContainerCreationFailed(format!(
+                "cluster_info.network_config names network `{name}`, which this agent's engine                  does not have (create_local_network makes a single-node session's)"
+            )));
+        }
+    }
+    let gwbridge = match c.network_config.mode {
+        Some(cluster::NetworkMode::Overlay) => backend.network_subnet(cluster::GWBRIDGE).await?,
+        _ => None,
+    };
+    c.apply_network(
+        spec,
+        info.config.cluster_hostname.as_deref(),
+        gwbridge.as_deref(),
+    );
+    Ok(())
+}
+
+/// On the host's network a runner binds its intrinsic ports on host ports
+/// (`config/intrinsic-ports.json`): repl-in/out on the kernel's, sshd on the one the manager
+/// assigned for the cluster (`cluster_ssh_port_mapping`, else the kernel's own), ttyd on the
+/// kernel's. `None` off the host's network.
+fn host_network_ports(
+    handle: &KernelHandle,
+    spec: &ContainerSpec,
+    r: &RunnerPlan,
+) -> Option<std::collections::BTreeMap<&'static str, u16>> {
+    let info = handle.info();
+    let c = info.config.cluster.as_ref()?;
+    if c.network_config.mode != Some(cluster::NetworkMode::Host) {
+        return None;
+    }
+    let host_port = |container: u16| {
+        spec.ports
+            .iter()
+            .find(|p| p.container_port == container)
+            .map(|p| p.host_port)
+    };
+    let mut ports = std::collections::BTreeMap::from([
+        ("replin", r.repl.repl_in),
+        ("replout", r.repl.repl_out),
+    ]);
+    let sshd = c
+        .ssh_host_port(info.config.cluster_hostname.as_deref(), &handle.id)
+        .or_else(|| host_port(launch::SSHD_PORT));
+    if let Some(p) = sshd {
+        ports.insert("sshd", p);
+    }
+    if let Some(p) = host_port(launch::TTYD_PORT) {
+        ports.insert("ttyd", p);
+    }
+    Some(ports)
 }
 
 /// Creates and starts the kernel's container.
@@ -355,7 +444,7 @@ impl Provisioner for ContainerStage {
         if self.0.info().status != KernelStatus::Restarting {
             self.0.set_status(KernelStatus::Creating);
         }
-        let spec = final_spec(&self.0, &plan)?;
+        let spec = final_spec(&self.0, &plan).await?;
         let backend = &self.0.ctx.backend;
         let id = backend
             .create_container(&spec)
@@ -441,6 +530,7 @@ impl KernelStage for ContainerStage {
                 r.of(MOUNTS)?,
             ),
             runner: runner_plan(plan.gate(image), image, ports, scratch),
+            scratch: scratch.clone(),
         })
     }
 
@@ -514,8 +604,9 @@ pub async fn recreate_container(
             &r.mounts,
         ),
         runner,
+        scratch: r.scratch.clone(),
     };
-    let spec = final_spec(handle, &plan)?;
+    let spec = final_spec(handle, &plan).await?;
     let backend = &handle.ctx.backend;
     // The old container holds the name and the host ports: it goes first (as upstream's agent
     // destroys it before creating the new one).

@@ -95,13 +95,18 @@ pub struct Plan {
 
 impl Plan {
     /// The kernel's service ports: the image label's plus the request's (Backend.AI's service
-    /// definitions, `crate::agent::services::defs`).
+    /// definitions, `crate::agent::services::defs`), then a runner kernel's intrinsic ones. A
+    /// cluster's sub kernel gets the intrinsic ones only: the image's and the preopen ports
+    /// are the main kernel's (upstream's `create_kernel`, `super::super::cluster::is_main`).
     ///
     /// Errors: [`KernelError::InvalidConfig`] naming the label when it does not parse.
     pub fn service_ports(&self, image: &ImageInfo) -> Result<Vec<ServicePortRequest>, BoxError> {
-        let mut all =
+        let mut all = if super::cluster::is_main(self.config.cluster_role.as_deref()) {
             crate::agent::services::defs::merge(&image.labels, &self.config.service_ports)
-                .map_err(KernelError::InvalidConfig)?;
+                .map_err(KernelError::InvalidConfig)?
+        } else {
+            Vec::new()
+        };
         match self.gate(image) {
             // The runner starts its intrinsic services itself (upstream always adds them).
             Gate::Runner { .. } => {
