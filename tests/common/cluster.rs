@@ -409,6 +409,41 @@ impl Cluster {
         agent_extra: &str,
         tail: &str,
     ) -> usize {
+        self.add_agent_edited(name, ports_lo, agent_extra, tail, |text| text)
+    }
+
+    /// As [`Cluster::add_agent`], on the Docker engine at `docker_host` (`unix://…`, a
+    /// private engine's socket, `tests/common/engines.rs`) whose host address is `host`: its
+    /// published ports bind there and are advertised there (`bind-host`, `advertised-host`).
+    /// The agent itself runs in the host's network namespace, as every other.
+    pub fn add_agent_on_engine(
+        &mut self,
+        name: &str,
+        ports_lo: u16,
+        docker_host: &str,
+        host: &str,
+    ) -> usize {
+        self.add_agent_edited(name, ports_lo, "", "", |text| {
+            let edited = text.replacen(
+                "bind-host = \"127.0.0.1\"\n",
+                &format!(
+                    "bind-host = \"{host}\"\nadvertised-host = \"{host}\"\ndocker-host = \"{docker_host}\"\n"
+                ),
+                1,
+            );
+            assert_ne!(edited, text, "the agent config's [container] bind-host line");
+            edited
+        })
+    }
+
+    fn add_agent_edited(
+        &mut self,
+        name: &str,
+        ports_lo: u16,
+        agent_extra: &str,
+        tail: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> usize {
         let fixture = AgentFixture::new(name, ports_lo, 20);
         let keypair = KeyPair::generate().unwrap();
         let keys = fixture.dir.path().join("keys");
@@ -450,6 +485,7 @@ impl Cluster {
         text.push_str(&format!("\n[manager]\n{intake}\nheartbeat-interval = {}\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.heartbeat_interval));
         text = text.replace("[logging]\nlevel = \"warn\"", "[logging]\nlevel = \"info\"");
         text.push_str(tail);
+        let text = edit(text);
         let config = fixture.dir.path().join("agent.toml");
         std::fs::write(&config, text).unwrap();
         self.agents.push(ClusterAgent {

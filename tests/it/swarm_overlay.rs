@@ -301,3 +301,217 @@ fn a_failing_test_leaves_nothing_of_its_swarm() {
     let trace = trace.into_inner().unwrap().expect("the Swarm came up");
     assert_nothing_left(&trace);
 }
+
+/// The `cluster_info` Backend.AI's manager passes every agent of a two-kernel multi-node session
+/// on overlay `network` (`common/types.py::ClusterInfo`; the keypair's texts are placeholders:
+/// no sshd runs in the test image).
+fn cluster_info(network: &str, network_id: &str) -> rmpv::Value {
+    use common::agent::map;
+    map(vec![
+        ("mode", "multi-node".into()),
+        ("size", 2.into()),
+        ("replicas", map(vec![("main", 1.into()), ("sub", 1.into())])),
+        (
+            "network_config",
+            map(vec![
+                ("mode", "overlay".into()),
+                ("network_name", network.into()),
+                ("network_id", network_id.into()),
+            ]),
+        ),
+        (
+            "ssh_keypair",
+            map(vec![
+                (
+                    "public_key",
+                    "ssh-rsa AAAAB3NzaC1yc2E work@cluster.backend.ai.local".into(),
+                ),
+                (
+                    "private_key",
+                    "-----BEGIN RSA PRIVATE KEY-----\nMII=\n-----END RSA PRIVATE KEY-----\n".into(),
+                ),
+            ]),
+        ),
+        ("cluster_ssh_port_mapping", rmpv::Value::Nil),
+    ])
+}
+
+/// A kernel config of the test image for cluster host `host` (`main1`, `sub1`): role and index
+/// from it, and an echo server on 2200 as its PID 1's work.
+fn cluster_kernel(host: &str) -> rmpv::Value {
+    use common::agent::{kernel_config, map};
+    let role = host.trim_end_matches(char::is_numeric);
+    let idx: u32 = host[role.len()..].parse().unwrap();
+    kernel_config(
+        "0.1",
+        64 << 20,
+        vec![
+            ("cluster_mode", "multi-node".into()),
+            ("cluster_role", role.into()),
+            ("cluster_idx", idx.into()),
+            ("cluster_hostname", host.into()),
+            (
+                "environ",
+                map(vec![(
+                    "KERNEL_CMD",
+                    "while :; do nc -l -p 2200 -e cat; done".into(),
+                )]),
+            ),
+        ],
+    )
+}
+
+/// `execute(session, kernel, "query", code)` on agent `i`: its console as text.
+fn execute(
+    c: &common::cluster::Cluster,
+    i: usize,
+    session: &str,
+    kernel: &str,
+    code: &str,
+) -> String {
+    let out = c.agent_call(
+        i,
+        "execute",
+        vec![
+            session.into(),
+            kernel.into(),
+            "v4".into(),
+            run_id().into(),
+            "query".into(),
+            code.into(),
+            common::agent::map(vec![]),
+            0.into(),
+        ],
+    );
+    format!("{:?}", common::agent::field(&out, "console"))
+}
+
+/// One kernelvisor agent per engine of the Swarm, both registered with one manager (all three
+/// processes in the host's namespace; each agent on its engine's socket, its ports on its
+/// engine's address). `create_kernels` with a multi-node `cluster_info` on overlay mode makes
+/// `main1` on A and `sub1` on B: each container joins the overlay with its host name as alias,
+/// and through the agents' `execute` each resolves and reaches the other. Destroying the kernels
+/// and the network leaves nothing.
+///
+/// Agent host ports: 36620–36659.
+#[test]
+fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
+    use common::cluster::{Cluster, Db};
+    let swarm = Swarm::start(2, &[TEST_IMAGE]);
+    let mut c = Cluster::new(Db::Sqlite);
+    c.start_manager();
+    let a0 = c.add_agent_on_engine("swarm-a", 36620, &swarm.host(0), &swarm.ip(0).to_string());
+    let a1 = c.add_agent_on_engine("swarm-b", 36640, &swarm.host(1), &swarm.ip(1).to_string());
+    for i in [a0, a1] {
+        c.wait_agent_status(
+            &c.agents[i].id().to_owned(),
+            "ALIVE",
+            Duration::from_secs(60),
+        );
+    }
+
+    // The session's overlay as the manager's OverlayNetworkPlugin makes it, then the kernels
+    // as Sokovan's launcher asks each agent for its own, with the same cluster_info.
+    let session = run_id();
+    let network = format!("bai-multinode-{session}");
+    let network_id = swarm.create_overlay(&session);
+    let info = cluster_info(&network, &network_id);
+    let mut kernels = Vec::new();
+    for (i, host) in [(a0, "main1"), (a1, "sub1")] {
+        let kernel_id = format!("{host}-{}", run_id());
+        let created = c.agent_call(
+            i,
+            "create_kernels",
+            vec![
+                session.clone().into(),
+                rmpv::Value::Array(vec![kernel_id.clone().into()]),
+                rmpv::Value::Array(vec![cluster_kernel(host)]),
+                info.clone(),
+            ],
+        );
+        let created = created.as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            created.len(),
+            1,
+            "create_kernels on {host}'s agent: {created:?}"
+        );
+        let container = common::agent::field(&created[0], "container_id")
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(!container.is_empty(), "{created:?}");
+        kernels.push((i, host, kernel_id, container));
+    }
+
+    // Each container is on its own engine, on the overlay, with its host name as alias.
+    let mut addresses = Vec::new();
+    for (i, host, _, container) in &kernels {
+        let engine = swarm.engine(*i);
+        let aliases = engine.must_docker(
+            "the kernel's aliases on the overlay",
+            &[
+                "inspect",
+                "-f",
+                &format!("{{{{json (index .NetworkSettings.Networks \"{network}\").Aliases}}}}"),
+                container,
+            ],
+        );
+        assert!(
+            aliases.contains(&format!("\"{host}\"")),
+            "{host}: aliases {aliases}"
+        );
+        addresses.push(address_on(engine, container, &network));
+    }
+
+    // Through the agents: each kernel resolves the other by its alias, and TCP goes across.
+    for (me, peer, peer_ip) in [(0, 1, &addresses[1]), (1, 0, &addresses[0])] {
+        let (i, _, kernel, _) = &kernels[me];
+        let peer_host = kernels[peer].1;
+        poll(
+            Duration::from_secs(30),
+            &format!("{peer_host} resolves"),
+            || {
+                let out = execute(&c, *i, &session, kernel, &format!("nslookup {peer_host}"));
+                if out.contains(&format!("Address: {peer_ip}")) {
+                    Ok(())
+                } else {
+                    Err(out)
+                }
+            },
+        );
+        let line = format!("over-the-overlay-{}", run_id());
+        poll(
+            Duration::from_secs(30),
+            &format!("TCP to {peer_host}:2200"),
+            || {
+                let code = format!("echo {line} | nc -w 1 {peer_host} 2200");
+                let out = execute(&c, *i, &session, kernel, &code);
+                if out.contains(&line) {
+                    Ok(())
+                } else {
+                    Err(out)
+                }
+            },
+        );
+    }
+
+    for (i, _, kernel, _) in &kernels {
+        c.agent_call(
+            *i,
+            "destroy_kernel",
+            vec![kernel.clone().into(), session.clone().into()],
+        );
+    }
+    for (i, host, _, _) in &kernels {
+        assert_eq!(
+            swarm.engine(*i).docker(&["ps", "-aq"]),
+            "",
+            "{host}'s container removed"
+        );
+    }
+    swarm
+        .engine(0)
+        .must_docker("remove the overlay", &["network", "rm", &network]);
+    drop(c);
+    tear_down(swarm);
+}

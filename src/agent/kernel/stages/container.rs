@@ -357,12 +357,12 @@ async fn final_spec(
     Ok(spec)
 }
 
-/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): the named
-/// network must exist on the engine, and an overlay kernel gets `docker_gwbridge`'s subnet
-/// kept from MPI. Nothing for a kernel without one.
+/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): a named
+/// bridge must exist on the engine (an overlay is the engine's to find, through the Swarm), and
+/// an overlay kernel gets `docker_gwbridge`'s subnet kept from MPI. Nothing for a kernel without one.
 ///
-/// Errors: `KernelError::ContainerCreationFailed` for a bridge or overlay network the engine
-/// lacks (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's
+/// Errors: `KernelError::ContainerCreationFailed` for a bridge network the engine lacks
+/// (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's
 /// own errors.
 async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result<(), KernelError> {
     let info = handle.info();
@@ -370,7 +370,14 @@ async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result
         return Ok(());
     };
     let backend = &handle.ctx.backend;
-    if let Some(name) = c.joined_network() {
+    // A bridge must exist on this engine. An attachable overlay is not checked: on a Swarm
+    // worker the engine lists it only once one of its own containers joined it (`GET
+    // /networks/<name>` answers 404 before), and the create itself asks the Swarm manager for
+    // the attachment (tests/it/swarm_overlay.rs).
+    let must_exist = c
+        .joined_network()
+        .filter(|_| c.network_config.mode == Some(cluster::NetworkMode::Bridge));
+    if let Some(name) = must_exist {
         if backend.inspect_network(name).await?.is_none() {
             return Err(KernelError::ContainerCreationFailed(format!(
                 "cluster_info.network_config names network `{name}`, which this agent's engine                  does not have (create_local_network makes a single-node session's)"
