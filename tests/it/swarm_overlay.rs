@@ -403,11 +403,7 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
     let a0 = c.add_agent_on_engine("swarm-a", 36620, &swarm.host(0), &swarm.ip(0).to_string());
     let a1 = c.add_agent_on_engine("swarm-b", 36640, &swarm.host(1), &swarm.ip(1).to_string());
     for i in [a0, a1] {
-        c.wait_agent_status(
-            &c.agents[i].id().to_owned(),
-            "ALIVE",
-            Duration::from_secs(60),
-        );
+        c.wait_agent_status(c.agents[i].id(), "ALIVE", Duration::from_secs(60));
     }
 
     // The session's overlay as the manager's OverlayNetworkPlugin makes it, then the kernels
