@@ -9,7 +9,9 @@
 //! ways between them (on 2200, the port of the kernels' dropbear), and sub1's published port is
 //! reached from the host's namespace (where the agents run). Afterwards nothing is left: no
 //! namespace, interface, daemon, shim, mount or dir. A second test checks that a test failing
-//! with a Swarm up still leaves nothing.
+//! with a Swarm up still leaves nothing. A third runs one kernelvisor agent per engine against
+//! one manager and has the agents make `main1` and `sub1` with a multi-node `cluster_info` on the
+//! overlay (`create_kernels`), then checks alias and TCP through the agents' `execute`.
 //!
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
