@@ -11,7 +11,10 @@
 //! namespace, interface, daemon, shim, mount or dir. A second test checks that a test failing
 //! with a Swarm up still leaves nothing. A third runs one kernelvisor agent per engine against
 //! one manager and has the agents make `main1` and `sub1` with a multi-node `cluster_info` on the
-//! overlay (`create_kernels`), then checks alias and TCP through the agents' `execute`.
+//! overlay (`create_kernels`), then checks alias and TCP through the agents' `execute`. A
+//! fourth logs in over SSH from `main1` to `sub1` as the session's kernels do (the session
+//! keypair, upstream's dropbear on 2200 and its `bssh` client from the kernel runner; skipped
+//! without `KV_KRUNNER_DIR`).
 //!
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
@@ -511,5 +514,193 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
         .engine(0)
         .must_docker("remove the overlay", &["network", "rm", &network]);
     drop(c);
+    tear_down(swarm);
+}
+
+/// Backend.AI's own static binaries from the kernel runner (`just krunner`): (dropbearmulti,
+/// bssh), or `None` without `KV_KRUNNER_DIR` (the test is skipped: said on stderr).
+fn krunner_ssh_binaries(test: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let Ok(dir) = std::env::var("KV_KRUNNER_DIR") else {
+        eprintln!(
+            "SKIPPED {test}: KV_KRUNNER_DIR is not set (`just test-all` sets it after `just krunner`)"
+        );
+        return None;
+    };
+    let runner = std::path::Path::new(&dir).join("ai/backend/runner");
+    let bins = (
+        runner.join("dropbearmulti.x86_64.bin"),
+        runner.join("bssh.x86_64.bin"),
+    );
+    for b in [&bins.0, &bins.1] {
+        assert!(b.exists(), "{} is missing: run `just krunner`", b.display());
+    }
+    Some(bins)
+}
+
+/// `dropbearmulti <args>` on the host; panics with its output when it fails.
+fn dropbearmulti(bin: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "dropbearmulti {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// SSH across the engines as a multi-node session uses it: the session's RSA-2048 keypair and a
+/// dropbear host key in each kernel's `/home/config/ssh` (upstream's agent puts them there,
+/// `prepare_ssh`), upstream's static dropbear listening on 2200 in `sub1`, and in `main1` user
+/// `work` with upstream's `~/.ssh/config` (`Host sub*`, port 2200, `IdentityFile`,
+/// `StrictHostKeyChecking no`: `kernel/intrinsic.py`) running `bssh sub1` (the runner's own SSH
+/// client) over the overlay. Skipped without `KV_KRUNNER_DIR`.
+#[test]
+fn ssh_with_the_sessions_keypair_runs_from_main1_to_sub1_across_engines() {
+    let Some((dropbear, bssh)) = krunner_ssh_binaries("swarm_overlay::ssh") else {
+        return;
+    };
+    // The keys, as the manager (session keypair) and the agent (host key) make them.
+    let keys = tempfile::Builder::new()
+        .prefix("kv-swarm-ssh-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let k = |name: &str| keys.path().join(name).display().to_string();
+    dropbearmulti(
+        &dropbear,
+        &[
+            "dropbearkey",
+            "-t",
+            "rsa",
+            "-s",
+            "2048",
+            "-f",
+            &k("id_cluster.dropbear"),
+        ],
+    );
+    let public = dropbearmulti(
+        &dropbear,
+        &["dropbearkey", "-y", "-f", &k("id_cluster.dropbear")],
+    );
+    let public = public
+        .lines()
+        .find(|l| l.starts_with("ssh-rsa "))
+        .expect("dropbearkey -y prints the public key");
+    std::fs::write(k("id_cluster.pub"), format!("{public}\n")).unwrap();
+    dropbearmulti(
+        &dropbear,
+        &[
+            "dropbearconvert",
+            "dropbear",
+            "openssh",
+            &k("id_cluster.dropbear"),
+            &k("id_cluster"),
+        ],
+    );
+    dropbearmulti(
+        &dropbear,
+        &[
+            "dropbearkey",
+            "-t",
+            "rsa",
+            "-f",
+            &k("dropbear_rsa_host_key"),
+        ],
+    );
+    for entry in std::fs::read_dir(keys.path()).unwrap() {
+        use std::os::unix::fs::PermissionsExt;
+        // Readable by the containers' root and `work`; each copies the private key it uses.
+        std::fs::set_permissions(
+            entry.unwrap().path(),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+    }
+
+    let swarm = Swarm::start(2, &[TEST_IMAGE]);
+    let session = run_id();
+    let network = format!("bai-multinode-{session}");
+    swarm.create_overlay(&session);
+    let mounts = [
+        format!("{}:/opt/kernel/dropbearmulti:ro", dropbear.display()),
+        format!("{}:/opt/kernel/bssh:ro", bssh.display()),
+        format!("{}:/home/config/ssh:ro", keys.path().display()),
+    ];
+    let extra: Vec<&str> = mounts.iter().flat_map(|m| ["-v", m.as_str()]).collect();
+    let (a, b) = (swarm.engine(0), swarm.engine(1));
+    start_kernel_container(a, &network, "main1", &extra);
+    start_kernel_container(b, &network, "sub1", &extra);
+
+    // The test image's root directory is 0700 in its layer (`just test-image` tars a `mktemp
+    // -d`); the main engine's fuse-overlayfs shows it 0755, the private engines' vfs keeps it,
+    // and `work` could not even reach its home.
+    for (engine, host) in [(a, "main1"), (b, "sub1")] {
+        engine.must_docker("let work traverse /", &["exec", host, "chmod", "755", "/"]);
+    }
+    // sub1: the session's public key authorizes `work`; dropbear on 2200.
+    b.must_docker(
+        "authorize the session's key in sub1",
+        &[
+            "exec",
+            "sub1",
+            "sh",
+            "-c",
+            "mkdir -p /home/work/.ssh && cp /home/config/ssh/id_cluster.pub /home/work/.ssh/authorized_keys \
+             && chown -R work:work /home/work/.ssh && chmod 700 /home/work/.ssh \
+             && chmod 600 /home/work/.ssh/authorized_keys",
+        ],
+    );
+    b.must_docker(
+        "start dropbear in sub1",
+        &[
+            "exec",
+            "-d",
+            "sub1",
+            "/opt/kernel/dropbearmulti",
+            "dropbear",
+            "-r",
+            "/home/config/ssh/dropbear_rsa_host_key",
+            "-F",
+            "-E",
+            "-p",
+            "2200",
+        ],
+    );
+    // main1: `work`'s SSH config as upstream's kernel runner writes it.
+    a.must_docker(
+        "work's ssh config in main1",
+        &[
+            "exec",
+            "-u",
+            "work",
+            "-e",
+            "HOME=/home/work",
+            "main1",
+            "sh",
+            "-c",
+            "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cp /home/config/ssh/id_cluster ~/.ssh/id_cluster \
+             && chmod 600 ~/.ssh/id_cluster && printf 'Host sub*\\n  Port 2200\\n  IdentityFile ~/.ssh/id_cluster\\n  StrictHostKeyChecking no\\n' > ~/.ssh/config",
+        ],
+    );
+    poll(Duration::from_secs(30), "ssh main1 -> sub1", || {
+        let out = a.try_docker(&[
+            "exec",
+            "-u",
+            "work",
+            "-e",
+            "HOME=/home/work",
+            // bssh takes the local user from $USER (a login sets it; `docker exec` does not).
+            "-e",
+            "USER=work",
+            "main1",
+            "/opt/kernel/bssh",
+            "sub1",
+            "echo on-$(hostname)-as-$(id -un)",
+        ])?;
+        if out.contains("on-sub1-as-work") {
+            Ok(())
+        } else {
+            Err(format!("got {out:?}"))
+        }
+    });
     tear_down(swarm);
 }
