@@ -5,16 +5,16 @@
 //! `ai.backend.cluster-network=1`: `manager/network/overlay.py`); container `main1` on engine A
 //! and `sub1` on engine B joined to it as upstream's agent joins a kernel
 //! (`agent/docker/agent.py::apply_network`: alias = the cluster host name, interface name
-//! `baimulti0` asked for). Each resolves the other by its alias (Docker's embedded DNS) and TCP runs both
-//! ways between them (on 2200, the port of the kernels' dropbear), and sub1's published port is
-//! reached from the host's namespace (where the agents run). Afterwards nothing is left: no
-//! namespace, interface, daemon, shim, mount or dir. A second test checks that a test failing
-//! with a Swarm up still leaves nothing. A third runs one kernelvisor agent per engine against
-//! one manager and has the agents make `main1` and `sub1` with a multi-node `cluster_info` on the
-//! overlay (`create_kernels`), then checks alias and TCP through the agents' `execute`. A
-//! fourth logs in over SSH from `main1` to `sub1` as the session's kernels do (the session
-//! keypair, upstream's dropbear on 2200 and its `bssh` client from the kernel runner; skipped
-//! without `KV_KRUNNER_DIR`).
+//! `baimulti0` asked for). Each resolves the other by its alias (Docker's embedded DNS), TCP
+//! runs both ways between them (on 2200, the port of the kernels' dropbear), and sub1's
+//! published port is reached from the host's namespace (where the agents run). Afterwards
+//! nothing is left: no namespace, interface, daemon, shim, mount or dir. A second test checks
+//! that a test failing with a Swarm up still leaves nothing. A third runs one kernelvisor agent
+//! per engine against one manager and has the agents make `main1` and `sub1` with a multi-node
+//! `cluster_info` on the overlay (`create_kernels`), then checks alias and TCP through the
+//! agents' `execute`. A fourth logs in over SSH from `main1` to `sub1` as the session's kernels
+//! do (the session keypair, upstream's dropbear on 2200 and its `bssh` client from the kernel
+//! runner; skipped without `KV_KRUNNER_DIR`).
 //!
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
@@ -678,7 +678,8 @@ fn ssh_with_the_sessions_keypair_runs_from_main1_to_sub1_across_engines() {
             "sh",
             "-c",
             "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cp /home/config/ssh/id_cluster ~/.ssh/id_cluster \
-             && chmod 600 ~/.ssh/id_cluster && printf 'Host sub*\\n  Port 2200\\n  IdentityFile ~/.ssh/id_cluster\\n  StrictHostKeyChecking no\\n' > ~/.ssh/config",
+             && chmod 600 ~/.ssh/id_cluster && printf 'Host sub*\\n  Port 2200\\n  \
+             IdentityFile ~/.ssh/id_cluster\\n  StrictHostKeyChecking no\\n' > ~/.ssh/config",
         ],
     );
     poll(Duration::from_secs(30), "ssh main1 -> sub1", || {
