@@ -9,9 +9,9 @@
 //! runs both ways between them (on 2200, the port of the kernels' dropbear), and sub1's
 //! published port is reached from the host's namespace (where the agents run). Afterwards
 //! nothing is left: no namespace, interface, daemon, shim, mount or dir. A second test checks
-//! that a test failing with a Swarm up still leaves nothing. A third logs in over SSH from `main1` to `sub1` as the
-//! session's kernels do (the session keypair, upstream's dropbear on 2200 and its `bssh` client
-//! from the kernel runner; skipped without `KV_KRUNNER_DIR`).
+//! that a test failing with a Swarm up still leaves nothing. A third logs in over SSH from
+//! `main1` to `sub1` as the session's kernels do (the session keypair, upstream's dropbear on
+//! 2200 and its `bssh` client from the kernel runner; skipped without `KV_KRUNNER_DIR`).
 //!
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
