@@ -95,6 +95,13 @@ py_root := env_var_or_default("KV_PY_ROOT", "/var/cache/kernelvisor/py-trixie")
 test-image-py: docker
     KV_PY_ROOT="{{py_root}}" ./scripts/test-image-py.sh
 
+# scripts/test-image-py-ssh.sh: `kernelvisor-test-py:ssh`, the Python kernel image plus Debian's
+# `openssh-client` (`docker build`, about 20 s, once per base image): the cluster test's kernels
+# log in to each other with it (tests/it/cluster_kernels.rs).
+# Build (once) the Python kernel image with an ssh client.
+test-image-py-ssh: test-image-py
+    ./scripts/test-image-py-ssh.sh
+
 # Every test: lint first, then unit, property, actors, RPC over real ZeroMQ, callosum interop,
 # the kernel lifecycle and workloads on the real Docker engine (with test-only failure
 # injection), the manager scenarios on SQLite and PostgreSQL, the real Backend.AI 26.9.6 agent
@@ -103,7 +110,7 @@ test-image-py: docker
 # cargo-nextest (.config/nextest.toml: a process per test, its duration on its line, groups for
 # what must not run side by side, no retries); the ten slowest are listed at the end. The fuzz
 # tests run a short budget here; `just fuzz` runs their full one.
-test-all: setup docker test-image test-image-py krunner postgres redis registry bai-env lint
+test-all: setup docker test-image test-image-py test-image-py-ssh krunner postgres redis registry bai-env lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
     {{test_env}} KV_FUZZ_EXAMPLES=10 KV_FUZZ_ITERS=300000 cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples --no-tests=fail
@@ -115,7 +122,7 @@ test_env := 'KV_PYTHON="' + venv + '/bin/python" KV_TEST_POSTGRES_URL="' + pg_ur
 
 # Some tests, by nextest filter (`just test kernels::`, `just test 'test(/^queue::/)'`): the same
 # environment as test-all, without lint. A plain word is a substring of the test's name.
-test *filter: setup docker test-image test-image-py krunner postgres redis registry bai-env
+test *filter: setup docker test-image test-image-py test-image-py-ssh krunner postgres redis registry bai-env
     {{test_env}} cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples {{filter}}
 
 # The fuzz tests with their full budgets (schemathesis' 50 examples per operation, 1.5 M

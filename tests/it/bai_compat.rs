@@ -165,7 +165,7 @@ fn registry_has(registry: &TestRegistry, canonical: &str) -> Result<(), String> 
 
 /// The Debian trixie root with the Backend.AI 26.9.6 client (`$KV_BAI_ROOT`), or `None`: the
 /// test `test` is skipped (said on stderr).
-fn bai_root(test: &str) -> Option<PathBuf> {
+pub(crate) fn bai_root(test: &str) -> Option<PathBuf> {
     let Some(root) = std::env::var_os("KV_BAI_ROOT").map(PathBuf::from) else {
         eprintln!(
             "SKIPPED {test}: KV_BAI_ROOT is not set. `just test-all` sets it (after `just \
@@ -183,15 +183,15 @@ fn bai_root(test: &str) -> Option<PathBuf> {
 }
 
 /// An agent process, CURVE on, on the real engine.
-struct BaiAgent {
-    fx: AgentFixture,
-    process: KillOnDrop,
-    log: PathBuf,
+pub(crate) struct BaiAgent {
+    pub(crate) fx: AgentFixture,
+    pub(crate) process: KillOnDrop,
+    pub(crate) log: PathBuf,
 }
 
 /// Starts agent `name` (host ports from `lo`, `range` of them) with `extra` config text after
 /// its key settings (further `[agent]` lines, then whole sections), and waits for its RPC port.
-fn start_agent(name: &str, lo: u16, range: u16, extra: &str) -> BaiAgent {
+pub(crate) fn start_agent(name: &str, lo: u16, range: u16, extra: &str) -> BaiAgent {
     let fx = AgentFixture::new(name, lo, range);
     let keys = Keys::new();
     keys.write(fx.dir.path());
@@ -212,7 +212,7 @@ fn start_agent(name: &str, lo: u16, range: u16, extra: &str) -> BaiAgent {
 
 /// `image`'s config digest (its Id) and labels (JSON), as the manager's image table holds them;
 /// `recipe` builds the image.
-fn image_facts(image: &str, recipe: &str) -> (String, String) {
+pub(crate) fn image_facts(image: &str, recipe: &str) -> (String, String) {
     let digest = docker(&["image", "inspect", "-f", "{{.Id}}", image]);
     assert!(
         digest.starts_with("sha256:"),
@@ -277,16 +277,16 @@ fn driver_command(
 }
 
 /// What one driver run printed.
-struct DriverRun {
-    lines: Vec<String>,
-    status: std::process::ExitStatus,
-    timed_out: bool,
-    stderr: PathBuf,
+pub(crate) struct DriverRun {
+    pub(crate) lines: Vec<String>,
+    pub(crate) status: std::process::ExitStatus,
+    pub(crate) timed_out: bool,
+    pub(crate) stderr: PathBuf,
 }
 
 /// Runs the driver `cmd` (its stderr to `stderr`) until it ends or `DRIVER_LIMIT` passes, each
 /// of its JSON lines also given to `on_line` with its stdin (to answer a pause).
-fn run_driver(
+pub(crate) fn run_driver(
     mut cmd: Command,
     stderr: PathBuf,
     mut on_line: impl FnMut(&serde_json::Value, &mut ChildStdin),
@@ -347,7 +347,7 @@ fn run_driver(
 
 impl DriverRun {
     /// The reported steps.
-    fn reported(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn reported(&self) -> Vec<serde_json::Value> {
         self.lines
             .iter()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -485,7 +485,7 @@ fn the_real_backend_ai_26_agent_client_drives_a_kernel_lifecycle() {
 }
 
 /// The Python kernel image with upstream's labels (`just test-image-py`).
-const PY_IMAGE: &str = "kernelvisor-test-py:latest";
+pub(crate) const PY_IMAGE: &str = "kernelvisor-test-py:latest";
 
 /// The steps of the driver's `--scenario runner`, in order; each must be `ok`.
 const RUNNER_STEPS: &[&str] = &[

@@ -30,6 +30,7 @@ mod bai_ext_fuzz;
 mod bai_ext_server;
 mod bai_halfstack;
 mod bai_sidechannels;
+mod cluster_kernels;
 mod config;
 mod cordon_drain;
 mod ctl_runner;

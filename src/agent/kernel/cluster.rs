@@ -24,6 +24,7 @@ use rmpv::Value;
 use serde::{Deserialize, Serialize};
 
 use super::error::KernelError;
+use super::resources::ServicePortInfo;
 use crate::agent::backend::{ContainerSpec, NetworkAttachment, HOST_NETWORK};
 use crate::rpc::agent_api::kernel::{ClusterInfo, ClusterMode};
 
@@ -251,6 +252,30 @@ impl ClusterConfig {
             .and_then(|h| mapping.get(h))
             .or_else(|| mapping.get(&format!("node-{kernel_id}")))
             .map(|(_, port)| *port)
+    }
+
+    /// Whether its kernels run on the host's network (mode `host`).
+    pub fn on_host(&self) -> bool {
+        self.network_config.mode == Some(NetworkMode::Host)
+    }
+
+    /// A host-network kernel's service ports as its runner serves them (upstream's
+    /// `start_container` with the host plugin): sshd on the port the manager assigned for the
+    /// kernel `hostname` (id `kernel_id`, [`ClusterConfig::ssh_host_port`]) when it did, and
+    /// every service's container ports its host ports (nothing maps one to the other there).
+    pub fn on_host_network(
+        &self,
+        ports: &mut [ServicePortInfo],
+        hostname: Option<&str>,
+        kernel_id: &str,
+    ) {
+        let sshd = self.ssh_host_port(hostname, kernel_id);
+        for p in ports.iter_mut() {
+            if let (Some(port), "sshd") = (sshd, p.name.as_str()) {
+                p.host_ports = vec![port];
+            }
+            p.container_ports = p.host_ports.clone();
+        }
     }
 
     /// Puts the network into `spec` as upstream's `apply_network` does: bridge →
@@ -481,6 +506,36 @@ mod tests {
         assert_eq!(c.ssh_host_port(Some("sub1"), "k2"), Some(30002));
         assert_eq!(c.ssh_host_port(Some("main1"), "k1"), Some(30001));
         assert_eq!(c.ssh_host_port(Some("main1"), "k9"), None);
+        // Its services listen on their host ports; sshd on the assigned one.
+        let mut ports = vec![
+            ServicePortInfo {
+                name: "sshd".into(),
+                protocol: "tcp".into(),
+                container_ports: vec![2200],
+                host_ports: vec![31000],
+            },
+            ServicePortInfo {
+                name: "ttyd".into(),
+                protocol: "http".into(),
+                container_ports: vec![7681],
+                host_ports: vec![31001],
+            },
+        ];
+        c.on_host_network(&mut ports, Some("sub1"), "k2");
+        assert_eq!(
+            (
+                ports[0].container_ports.clone(),
+                ports[0].host_ports.clone()
+            ),
+            (vec![30002], vec![30002])
+        );
+        assert_eq!(
+            (
+                ports[1].container_ports.clone(),
+                ports[1].host_ports.clone()
+            ),
+            (vec![31001], vec![31001])
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! `ResourceExhausted`, `ImageNotFound`, `InvalidKernelConfig`, `KernelNotRunning`,
 //! `ContainerEngineError`, `ContainerEngineUnavailable` (the engine is down or restarting:
 //! refused at once while the agent knows it is down, see [`crate::agent::engine`]),
-//! `UnsupportedExecutionMode`, and for runs `RunNotFound`,
+//! `UnsupportedExecutionMode`, `ContainerCreationFailedError` (a cluster network that does not
+//! exist, upstream's name), and for runs `RunNotFound`,
 //! `RunHasNoStdin`, `RunExists`, `RunStdinClosed`; `LogsNotFound` for `get_logs`.
 
 use std::sync::Arc;

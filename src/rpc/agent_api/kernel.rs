@@ -380,7 +380,8 @@ pub struct KernelCreationConfig {
     pub inject: Option<Value>,
 }
 
-/// `ai.backend.common.types.ClusterInfo`.
+/// `ai.backend.common.types.ClusterInfo`: the session's cluster, the same for every kernel of a
+/// `create_kernels` call; the agent applies it as `crate::agent::kernel::cluster` says.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterInfo {
     /// Cluster mode.
@@ -392,13 +393,15 @@ pub struct ClusterInfo {
     /// Kernels per role.
     #[serde(default)]
     pub replicas: BTreeMap<String, u32>,
-    /// `{"mode": "bridge", "network_name": …}` for a multi-kernel session.
+    /// `{"mode": "bridge" | "overlay" | "host", "network_name", "network_id"}` for a
+    /// multi-kernel session; `{}` for one kernel.
     #[serde(default)]
     pub network_config: BTreeMap<String, Value>,
-    /// Cluster SSH keys (unused here).
+    /// The session's keypair, `{"public_key", "private_key"}` (OpenSSH public, PEM private):
+    /// `id_cluster` in each kernel's `/home/config/ssh`.
     #[serde(default)]
     pub ssh_keypair: Option<Value>,
-    /// Cluster SSH port mapping (unused here).
+    /// Host mode: `{hostname: [agent host, sshd host port]}`.
     #[serde(default)]
     pub cluster_ssh_port_mapping: Option<Value>,
 }

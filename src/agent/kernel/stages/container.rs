@@ -380,7 +380,8 @@ async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result
     if let Some(name) = must_exist {
         if backend.inspect_network(name).await?.is_none() {
             return Err(KernelError::ContainerCreationFailed(format!(
-                "cluster_info.network_config names network `{name}`, which this agent's engine                  does not have (create_local_network makes a single-node session's)"
+                "cluster_info.network_config names network `{name}`, which this agent's \
+                 engine does not have (create_local_network makes a single-node session's)"
             )));
         }
     }

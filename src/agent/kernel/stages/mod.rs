@@ -97,7 +97,7 @@ impl Plan {
     /// The kernel's service ports: the image label's plus the request's (Backend.AI's service
     /// definitions, `crate::agent::services::defs`), then a runner kernel's intrinsic ones. A
     /// cluster's sub kernel gets the intrinsic ones only: the image's and the preopen ports
-    /// are the main kernel's (upstream's `create_kernel`, `super::super::cluster::is_main`).
+    /// are the main kernel's (upstream's `create_kernel`; `crate::agent::kernel::cluster::is_main`).
     ///
     /// Errors: [`KernelError::InvalidConfig`] naming the label when it does not parse.
     pub fn service_ports(&self, image: &ImageInfo) -> Result<Vec<ServicePortRequest>, BoxError> {

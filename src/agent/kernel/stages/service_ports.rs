@@ -36,7 +36,8 @@ pub const SERVICE_PORTS: StageKey<Vec<ServicePortInfo>> =
 
 impl Provisioner for ServicePortStage {
     /// (container id, planned service ports).
-    type Spec = (String, Vec<ServicePortInfo>);
+    /// The container, its service ports, and whether the engine publishes them.
+    type Spec = (String, Vec<ServicePortInfo>, bool);
     type Resource = Vec<ServicePortInfo>;
 
     fn name(&self) -> &'static str {
@@ -45,9 +46,9 @@ impl Provisioner for ServicePortStage {
 
     async fn setup(
         &self,
-        (container_id, planned): Self::Spec,
+        (container_id, planned, published): Self::Spec,
     ) -> Result<Vec<ServicePortInfo>, BoxError> {
-        if !planned.is_empty() {
+        if published && !planned.is_empty() {
             let state = self
                 .0
                 .ctx
@@ -87,10 +88,19 @@ impl KernelStage for ServicePortStage {
     }
 
     /// The container's id and the kernel's service ports paired with its host ports.
+    /// On the host's network (a host-mode cluster kernel) nothing is published: its services
+    /// listen on their host ports themselves (`ClusterConfig::on_host_network`), and the check
+    /// against the engine's port mappings is skipped.
     fn spec(plan: &Plan, r: &Resources<'_>) -> Result<Self::Spec, BoxError> {
         let container = r.of(CONTAINER)?;
         let all = plan.service_ports(r.of(IMAGE)?)?;
-        Ok((container.id.clone(), assign(&all, r.of(PORTS)?)))
+        let mut ports = assign(&all, r.of(PORTS)?);
+        let config = &plan.config;
+        let host = config.cluster.as_ref().filter(|c| c.on_host());
+        if let Some(c) = host {
+            c.on_host_network(&mut ports, config.cluster_hostname.as_deref(), &plan.handle.id);
+        }
+        Ok((container.id.clone(), ports, host.is_none()))
     }
 
     /// The container's service ports paired with the host ports they are published on.
