@@ -19,6 +19,8 @@
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
 //! (fixture up, torn down) are printed; `docs/scenarios.md`, "Two engines in a Swarm", has them.
+//!
+//! Agent host ports: 36620–36659 (bound on the engines' own addresses).
 
 use crate::common;
 
@@ -397,8 +399,6 @@ fn execute(
 /// `main1` on A and `sub1` on B: each container joins the overlay with its host name as alias,
 /// and through the agents' `execute` each resolves and reaches the other. Destroying the kernels
 /// and the network leaves nothing.
-///
-/// Agent host ports: 36620–36659.
 #[test]
 fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
     use common::cluster::{Cluster, Db};
