@@ -397,8 +397,9 @@ fn execute(
 /// processes in the host's namespace; each agent on its engine's socket, its ports on its
 /// engine's address). `create_kernels` with a multi-node `cluster_info` on overlay mode makes
 /// `main1` on A and `sub1` on B: each container joins the overlay with its host name as alias,
-/// and through the agents' `execute` each resolves and reaches the other. Destroying the kernels
-/// and the network leaves nothing.
+/// and through the agents' `execute` each resolves and reaches the other. A kernel on an overlay
+/// that does not exist is refused by B's engine, leaving nothing. Destroying the kernels and the
+/// network leaves nothing.
 #[test]
 fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
     use common::cluster::{Cluster, Db};
@@ -495,6 +496,41 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
             },
         );
     }
+
+    // An overlay that does not exist: the worker's engine refuses the create, nothing is left.
+    let missing = format!("bai-multinode-missing-{}", run_id());
+    let (rt, peer) = c.agent_peer(a1);
+    let refused = rt.block_on(peer.call(
+        "create_kernels",
+        &kernelvisor::rpc::Call {
+            args: vec![
+                "s-missing".into(),
+                rmpv::Value::Array(vec![format!("sub1-{}", run_id()).into()]),
+                rmpv::Value::Array(vec![cluster_kernel("sub1")]),
+                cluster_info(&missing, "no-such-id"),
+            ],
+            kwargs: vec![],
+            peer_user_id: None,
+        },
+        Duration::from_secs(60),
+    ));
+    peer.close();
+    // The engine's refusal (`Could not attach to network …: NotFound`), named: it reaches the
+    // caller as `ContainerEngineError` where a missing bridge is `ContainerCreationFailedError`.
+    let Err(kernelvisor::rpc::CallError::Failure(meta)) = &refused else {
+        panic!("create_kernels on a missing overlay: {refused:?}");
+    };
+    assert!(meta.repr.contains(&missing), "{refused:?}");
+    assert_eq!(
+        swarm.engine(1).docker(&["ps", "-aq"]).lines().count(),
+        1,
+        "only sub1's container on B"
+    );
+    assert_eq!(
+        c.agent_kernels(a1),
+        std::collections::BTreeSet::from([kernels[1].2.clone()]),
+        "B's agent holds sub1 only"
+    );
 
     for (i, _, kernel, _) in &kernels {
         c.agent_call(
