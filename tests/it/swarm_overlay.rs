@@ -343,16 +343,20 @@ fn cluster_info(network: &str, network_id: &str) -> rmpv::Value {
     ])
 }
 
-/// A kernel config of the test image for cluster host `host` (`main1`, `sub1`): role and index
-/// from it, and an echo server on 2200 as its PID 1's work.
+/// The test image with the service `web` (busybox httpd on 8080) in its service-ports label.
+const SERVICES_IMAGE: &str = "kernelvisor-test:services";
+
+/// A kernel config of [`SERVICES_IMAGE`] for cluster host `host` (`main1`, `sub1`): role and
+/// index from it, and an echo server on 2200 as its PID 1's work.
 fn cluster_kernel(host: &str) -> rmpv::Value {
-    use common::agent::{kernel_config, map};
+    use common::agent::{image, kernel_config, map};
     let role = host.trim_end_matches(char::is_numeric);
     let idx: u32 = host[role.len()..].parse().unwrap();
     kernel_config(
         "0.1",
         64 << 20,
         vec![
+            ("image", image(SERVICES_IMAGE)),
             ("cluster_mode", "multi-node".into()),
             ("cluster_role", role.into()),
             ("cluster_idx", idx.into()),
@@ -397,13 +401,15 @@ fn execute(
 /// processes in the host's namespace; each agent on its engine's socket, its ports on its
 /// engine's address). `create_kernels` with a multi-node `cluster_info` on overlay mode makes
 /// `main1` on A and `sub1` on B: each container joins the overlay with its host name as alias,
-/// and through the agents' `execute` each resolves and reaches the other. A kernel on an overlay
+/// and through the agents' `execute` each resolves and reaches the other. Only `main1`
+/// publishes the image's service, on A's address: its agent starts it (probing that address
+/// from the host's namespace) and a client there reaches it. A kernel on an overlay
 /// that does not exist is refused by B's engine, leaving nothing. Destroying the kernels and the
 /// network leaves nothing.
 #[test]
 fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
     use common::cluster::{Cluster, Db};
-    let swarm = Swarm::start(2, &[TEST_IMAGE]);
+    let swarm = Swarm::start(2, &[TEST_IMAGE, SERVICES_IMAGE]);
     let mut c = Cluster::new(Db::Sqlite);
     c.start_manager();
     let a0 = c.add_agent_on_engine("swarm-a", 36620, &swarm.host(0), &swarm.ip(0).to_string());
@@ -419,6 +425,7 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
     let network_id = swarm.create_overlay(&session);
     let info = cluster_info(&network, &network_id);
     let mut kernels = Vec::new();
+    let mut web_port = 0;
     for (i, host) in [(a0, "main1"), (a1, "sub1")] {
         let kernel_id = format!("{host}-{}", run_id());
         let created = c.agent_call(
@@ -442,6 +449,31 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
             .unwrap_or_default()
             .to_owned();
         assert!(!container.is_empty(), "{created:?}");
+        // Only the main kernel publishes the image's service ports, on its engine's address.
+        let field = |k| common::agent::field(&created[0], k);
+        let web: Vec<u64> = field("service_ports")
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| common::agent::field(p, "name").as_str() == Some("web"))
+            .flat_map(|p| common::agent::field(p, "host_ports").as_array().cloned())
+            .flatten()
+            .filter_map(|p| p.as_u64())
+            .collect();
+        if host == "main1" {
+            assert_eq!(web.len(), 1, "main1 publishes web: {created:?}");
+            assert_eq!(
+                field("kernel_host").as_str(),
+                Some(swarm.ip(i).to_string().as_str()),
+                "{created:?}"
+            );
+            web_port = web[0] as u16;
+        } else {
+            assert!(
+                web.is_empty(),
+                "a sub kernel publishes no service port: {created:?}"
+            );
+        }
         kernels.push((i, host, kernel_id, container));
     }
 
@@ -496,6 +528,34 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
             },
         );
     }
+
+    // main1's service through its agent: the agent (in the host's namespace) probes the port it
+    // published on A's address, and a client there reaches it.
+    let started = c.agent_call(
+        a0,
+        "start_service",
+        vec![
+            kernels[0].2.clone().into(),
+            "web".into(),
+            common::agent::map(vec![]),
+        ],
+    );
+    assert_eq!(
+        common::agent::field(&started, "status").as_str(),
+        Some("started"),
+        "{started}"
+    );
+    let web = std::net::SocketAddr::from((swarm.ip(a0), web_port));
+    let mut http = std::net::TcpStream::connect_timeout(&web, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("main1's web at {web}: {e}"));
+    http.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    http.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    let _ = http.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1."),
+        "main1's web answered {answer:?}"
+    );
 
     // An overlay that does not exist: the worker's engine refuses the create, nothing is left.
     let missing = format!("bai-multinode-missing-{}", run_id());
