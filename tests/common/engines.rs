@@ -516,9 +516,30 @@ pub struct SwarmTrace {
     pub links: Vec<String>,
     /// The engines' temp dirs (every daemon's and shim's command line names one).
     pub dirs: Vec<PathBuf>,
+    /// The fixture's owner file (`sweep_dead_swarms`).
+    pub owner: PathBuf,
 }
 
 impl SwarmTrace {
+    /// What a Swarm fixture's owner file (`/tmp/kv-swarm-<id>.owner`) says it made: for a
+    /// fixture in another process.
+    pub fn from_owner_file(owner: &Path) -> SwarmTrace {
+        let text =
+            std::fs::read_to_string(owner).unwrap_or_else(|e| panic!("{}: {e}", owner.display()));
+        let values = |key: &str| -> Vec<String> {
+            text.lines()
+                .filter_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+                .map(str::to_owned)
+                .collect()
+        };
+        SwarmTrace {
+            netns: values("netns"),
+            links: values("link"),
+            dirs: values("dir").into_iter().map(PathBuf::from).collect(),
+            owner: owner.to_owned(),
+        }
+    }
+
     /// Whatever of it is still there, named: a namespace, an interface, a process whose
     /// command line names a dir (a daemon, a shim) or a descendant of one, a mount under a
     /// dir, a dir.
@@ -544,6 +565,9 @@ impl SwarmTrace {
             if dir.exists() {
                 left.push(format!("dir {}", dir.display()));
             }
+        }
+        if self.owner.exists() {
+            left.push(format!("owner file {}", self.owner.display()));
         }
         left
     }
@@ -579,7 +603,8 @@ pub struct SwarmNode {
 ///
 /// Dropping it removes every container, leaves the Swarm, stops the daemons, kills any shim,
 /// unmounts and removes their dirs, deletes the namespaces (and with them every veth and
-/// bridge), also when the test failed or the start did.
+/// bridge), also when the test failed or the start did. A fixture whose process was killed (no
+/// drop runs) is swept by the next [`Swarm::start`] ([`sweep_dead_swarms`], by its owner file).
 pub struct Swarm {
     /// The run id in every name.
     pub id: String,
@@ -622,6 +647,7 @@ impl Swarm {
             has_tool("ip", "-V"),
             "`ip` not found: install iproute2 (the Swarm fixture makes network namespaces)"
         );
+        sweep_dead_swarms();
         let started = Instant::now();
         let id = super::agent::run_id()[..6].to_owned();
         let mut swarm = Swarm {
@@ -634,6 +660,7 @@ impl Swarm {
             engines: Vec::new(),
             up_took: Duration::ZERO,
         };
+        swarm.record();
         swarm.make_hub();
         for i in 0..engines {
             swarm.make_node(i);
@@ -653,6 +680,7 @@ impl Swarm {
             });
             // Pushed before loading: a failed load still stops this engine.
             swarm.engines.push(engine);
+            swarm.record();
             if let Some(tar) = &tar {
                 swarm.engines.last().unwrap().load(tar);
             }
@@ -666,8 +694,9 @@ impl Swarm {
     /// The hub namespace with its bridge, the host's veth onto it, and a VXLAN check.
     fn make_hub(&mut self) {
         let hub = self.hub.clone();
-        ip("the hub's network namespace", &["netns", "add", &hub]);
         self.namespaces.push(hub.clone());
+        self.record();
+        ip("the hub's network namespace", &["netns", "add", &hub]);
         ip("hub lo", &["-n", &hub, "link", "set", "lo", "up"]);
         ip(
             "the hub's bridge",
@@ -710,8 +739,9 @@ impl Swarm {
     fn make_node(&mut self, i: usize) {
         let letter = (b'a' + i as u8) as char;
         let ns = format!("kvs-{}-{letter}", self.id);
-        ip("an engine's network namespace", &["netns", "add", &ns]);
         self.namespaces.push(ns.clone());
+        self.record();
+        ip("an engine's network namespace", &["netns", "add", &ns]);
         ip("engine lo", &["-n", &ns, "link", "set", "lo", "up"]);
         let port = format!("ve-{letter}");
         ip(
@@ -819,6 +849,7 @@ impl Swarm {
             netns: self.namespaces.clone(),
             links: vec![self.root_veth.clone()],
             dirs: self.engines.iter().map(|e| e.dir().to_owned()).collect(),
+            owner: owner_file(&self.id),
         }
     }
 
@@ -840,6 +871,89 @@ impl Swarm {
                 &format!("bai-multinode-{session_id}"),
             ],
         )
+    }
+}
+
+/// `/tmp/kv-swarm-<id>.owner`: the process running Swarm fixture `<id>` and what the fixture has
+/// made so far, one `key value` a line (`pid`, `link`, `netns`, `dir`), for
+/// [`sweep_dead_swarms`].
+pub fn owner_file(id: &str) -> PathBuf {
+    PathBuf::from(format!("/tmp/kv-swarm-{id}.owner"))
+}
+
+impl Swarm {
+    /// Rewrites this fixture's owner file (before each namespace is made, after each engine
+    /// started).
+    fn record(&self) {
+        let mut text = format!("pid {}\nlink {}\n", std::process::id(), self.root_veth);
+        for ns in &self.namespaces {
+            text.push_str(&format!("netns {ns}\n"));
+        }
+        for engine in &self.engines {
+            text.push_str(&format!("dir {}\n", engine.dir().display()));
+        }
+        std::fs::write(owner_file(&self.id), text).unwrap();
+    }
+}
+
+/// Removes what the Swarm fixtures of processes that no longer run left behind: a test killed
+/// (nextest's timeout, a SIGKILL) never runs its fixture's drop. By their owner files: every
+/// process under an engine's dir (daemons, shims, and their containers), whatever else runs in
+/// their namespaces, the mounts under the dirs, the dirs, the namespaces, the host's veth.
+/// [`Swarm::start`] calls it first.
+pub fn sweep_dead_swarms() {
+    for entry in std::fs::read_dir("/tmp").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("kv-swarm-") && name.ends_with(".owner")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let values = |key: &str| -> Vec<String> {
+            text.lines()
+                .filter_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+                .map(str::to_owned)
+                .collect()
+        };
+        let owner_runs = values("pid")
+            .first()
+            .is_some_and(|pid| Path::new("/proc").join(pid).exists());
+        if owner_runs {
+            continue;
+        }
+        for dir in values("dir") {
+            for pid in process_trees(&dir) {
+                // SAFETY: kill(2) on a process of a dead fixture's engine.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        for ns in values("netns").iter().rev() {
+            kill_in_netns(ns);
+            ip_quiet(&["netns", "delete", ns]);
+        }
+        for dir in values("dir") {
+            unmount_under(Path::new(&dir));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        for link in values("link") {
+            ip_quiet(&["link", "delete", &link]);
+        }
+        let _ = std::fs::remove_file(entry.path());
+    }
+}
+
+/// SIGKILLs every process in network namespace `ns`.
+fn kill_in_netns(ns: &str) {
+    let pids = Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for pid in pids
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        // SAFETY: kill(2) on a process in a namespace a Swarm fixture made.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 }
 
@@ -867,21 +981,11 @@ impl Drop for Swarm {
         self.engines.clear();
         for ns in self.namespaces.iter().rev() {
             // Anything still running in it (nothing, unless a daemon would not stop).
-            let pids = Command::new("ip")
-                .args(["netns", "pids", ns])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default();
-            for pid in pids
-                .split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
-            {
-                // SAFETY: kill(2) on a process in a namespace this fixture made.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+            kill_in_netns(ns);
             // Deleting a namespace deletes its interfaces, and a veth goes with its peer.
             ip_quiet(&["netns", "delete", ns]);
         }
         ip_quiet(&["link", "delete", &self.root_veth]);
+        let _ = std::fs::remove_file(owner_file(&self.id));
     }
 }

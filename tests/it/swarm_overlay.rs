@@ -9,12 +9,13 @@
 //! runs both ways between them (on 2200, the port of the kernels' dropbear), and sub1's
 //! published port is reached from the host's namespace (where the agents run). Afterwards
 //! nothing is left: no namespace, interface, daemon, shim, mount or dir. A second test checks
-//! that a test failing with a Swarm up still leaves nothing. A third runs one kernelvisor agent
-//! per engine against one manager and has the agents make `main1` and `sub1` with a multi-node
-//! `cluster_info` on the overlay (`create_kernels`), then checks alias and TCP through the
-//! agents' `execute`. A fourth logs in over SSH from `main1` to `sub1` as the session's kernels
-//! do (the session keypair, upstream's dropbear on 2200 and its `bssh` client from the kernel
-//! runner; skipped without `KV_KRUNNER_DIR`).
+//! that a test failing with a Swarm up still leaves nothing, and another that a test killed
+//! with its Swarm up (no drop runs) has it swept by the next start. One runs one kernelvisor
+//! agent per engine against one manager and has the agents make `main1` and `sub1` with a
+//! multi-node `cluster_info` on the overlay (`create_kernels`), then checks alias and TCP through
+//! the agents' `execute`. One more logs in over SSH from `main1` to `sub1` as the session's
+//! kernels do (the session keypair, upstream's dropbear on 2200 and its `bssh` client from the
+//! kernel runner; skipped without `KV_KRUNNER_DIR`).
 //!
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
@@ -28,7 +29,9 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::agent::{run_id, TEST_IMAGE};
-use common::engines::{host_has_docker0, PrivateEngine, Swarm, SwarmTrace};
+use common::engines::{
+    host_has_docker0, owner_file, sweep_dead_swarms, PrivateEngine, Swarm, SwarmTrace,
+};
 
 /// Polls `check` every 100 ms until it returns `Some`; panics with `what` and the last
 /// `Err` seen after `limit`. (A liveness bound, not a performance assertion.)
@@ -800,4 +803,73 @@ fn ssh_with_the_sessions_keypair_runs_from_main1_to_sub1_across_engines() {
         }
     });
     tear_down(swarm);
+}
+
+/// The environment variable naming the file [`holds_a_swarm_until_killed`] writes its Swarm's
+/// id to once it is up.
+const CHILD_READY: &str = "KV_SWARM_CHILD_READY";
+
+/// Not a test of its own: the child process of
+/// [`a_killed_tests_swarm_is_swept_by_the_next_start`], which runs it by name. It starts a Swarm
+/// with a container on each engine, writes the Swarm's id to `$KV_SWARM_CHILD_READY` and waits
+/// to be killed. Without that variable (run by hand) it returns at once.
+#[test]
+#[ignore = "the child process of a_killed_tests_swarm_is_swept_by_the_next_start"]
+fn holds_a_swarm_until_killed() {
+    let Some(ready) = std::env::var_os(CHILD_READY) else {
+        return;
+    };
+    let swarm = Swarm::start(2, &[TEST_IMAGE]);
+    let network = format!("bai-multinode-{}", run_id());
+    swarm.create_overlay(network.trim_start_matches("bai-multinode-"));
+    start_kernel_container(swarm.engine(0), &network, "main1", &[]);
+    start_kernel_container(swarm.engine(1), &network, "sub1", &[]);
+    std::fs::write(ready, &swarm.id).unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A test killed with its Swarm up (nextest's timeout, a SIGKILL: no drop runs) leaves the
+/// namespaces, daemons, shims, mounts and dirs behind; the next `Swarm::start` sweeps them by
+/// the dead process's owner file. Here a child process (this binary, running
+/// [`holds_a_swarm_until_killed`]) is SIGKILLed with its Swarm and two containers up.
+#[test]
+fn a_killed_tests_swarm_is_swept_by_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "swarm_overlay::holds_a_swarm_until_killed",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_READY, &ready)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("child.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let id = poll(Duration::from_secs(120), "the child's Swarm up", || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "the child ended ({status}): {}",
+                std::fs::read_to_string(dir.path().join("child.log")).unwrap_or_default()
+            );
+        }
+        std::fs::read_to_string(&ready).map_err(|e| e.to_string())
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let trace = SwarmTrace::from_owner_file(&owner_file(&id));
+    assert_eq!(trace.netns.len(), 3, "{trace:?}");
+    assert_eq!(trace.dirs.len(), 2, "{trace:?}");
+    let left = trace.leftovers();
+    assert!(
+        left.iter().any(|l| l.starts_with("network namespace"))
+            && left.iter().any(|l| l.starts_with("process")),
+        "the killed child left its Swarm behind: {left:?}"
+    );
+    sweep_dead_swarms();
+    assert_nothing_left(&trace);
 }
