@@ -342,7 +342,7 @@ impl PrivateEngine {
 
 /// Makes `cmd` enter network namespace `netns` (`/run/netns/<netns>`) and, with `hostname`, a
 /// UTS namespace of its own with that host name, between fork and exec.
-fn enter_netns(cmd: &mut Command, netns: &str, hostname: Option<&str>) {
+pub fn enter_netns(cmd: &mut Command, netns: &str, hostname: Option<&str>) {
     let path = std::ffi::CString::new(format!("/run/netns/{netns}")).unwrap();
     let hostname = hostname.map(|h| h.as_bytes().to_vec());
     // SAFETY: open(2), setns(2), unshare(2), sethostname(2) and close(2) only, between fork and
@@ -841,6 +841,12 @@ impl Swarm {
     /// Engine `i`'s address on the private bridge.
     pub fn ip(&self, i: usize) -> std::net::Ipv4Addr {
         self.nodes[i].ip
+    }
+
+    /// The host's own address on the private bridge (`10.250.<n>.254`): what a process in an
+    /// engine's namespace reaches the host's at (a manager's intake).
+    pub fn host_ip(&self) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::new(10, 250, self.subnet, 254)
     }
 
     /// What to check for after the drop.

@@ -414,9 +414,17 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
     use common::cluster::{Cluster, Db};
     let swarm = Swarm::start(2, &[TEST_IMAGE, SERVICES_IMAGE]);
     let mut c = Cluster::new(Db::Sqlite);
+    // Each agent runs in its engine's namespace, as on a host of its own (it reaches its
+    // containers by their addresses, e.g. probing a service it starts); the manager stays in the
+    // host's, its intake on the host's address on the bridge.
+    c.manager_host = swarm.host_ip().to_string();
     c.start_manager();
-    let a0 = c.add_agent_on_engine("swarm-a", 36620, &swarm.host(0), &swarm.ip(0).to_string());
-    let a1 = c.add_agent_on_engine("swarm-b", 36640, &swarm.host(1), &swarm.ip(1).to_string());
+    let mut agents = Vec::new();
+    for (i, name, ports) in [(0, "swarm-a", 36620), (1, "swarm-b", 36640)] {
+        let (netns, ip) = (&swarm.nodes[i].netns, swarm.ip(i).to_string());
+        agents.push(c.add_agent_on_engine(name, ports, netns, &swarm.host(i), &ip));
+    }
+    let (a0, a1) = (agents[0], agents[1]);
     for i in [a0, a1] {
         c.wait_agent_status(c.agents[i].id(), "ALIVE", Duration::from_secs(60));
     }
