@@ -342,7 +342,7 @@ impl PrivateEngine {
 
 /// Makes `cmd` enter network namespace `netns` (`/run/netns/<netns>`) and, with `hostname`, a
 /// UTS namespace of its own with that host name, between fork and exec.
-fn enter_netns(cmd: &mut Command, netns: &str, hostname: Option<&str>) {
+pub fn enter_netns(cmd: &mut Command, netns: &str, hostname: Option<&str>) {
     let path = std::ffi::CString::new(format!("/run/netns/{netns}")).unwrap();
     let hostname = hostname.map(|h| h.as_bytes().to_vec());
     // SAFETY: open(2), setns(2), unshare(2), sethostname(2) and close(2) only, between fork and
@@ -596,10 +596,10 @@ pub struct SwarmNode {
 ///   iptables rules all live in it), in a UTS namespace named as the netns;
 /// - engine 0 runs `docker swarm init --advertise-addr <its ip>`, the others join as workers.
 ///
-/// Containers live in their engine's namespace; the engine's socket (`host(i)`) is a file
-/// the host's namespace reaches, so an agent runs in the host's namespace with
-/// `docker-host = host(i)` and `bind-host = advertised-host = ip(i)` (published ports bind on
-/// the engine's address, which the host reaches over the hub): see `docs/scenarios.md`.
+/// Containers live in their engine's namespace. An agent per engine runs there too, as on a
+/// host of its own ([`enter_netns`]; `docker-host = host(i)`, `bind-host = advertised-host` =
+/// its RPC's address = `ip(i)`), its manager in the host's namespace with its intake on
+/// [`Swarm::host_ip`]: see `docs/scenarios.md`, "Two engines in a Swarm".
 ///
 /// Dropping it removes every container, leaves the Swarm, stops the daemons, kills any shim,
 /// unmounts and removes their dirs, deletes the namespaces (and with them every veth and
@@ -841,6 +841,12 @@ impl Swarm {
     /// Engine `i`'s address on the private bridge.
     pub fn ip(&self, i: usize) -> std::net::Ipv4Addr {
         self.nodes[i].ip
+    }
+
+    /// The host's own address on the private bridge (`10.250.<n>.254`): what a process in an
+    /// engine's namespace reaches the host's at (a manager's intake).
+    pub fn host_ip(&self) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::new(10, 250, self.subnet, 254)
     }
 
     /// What to check for after the drop.
