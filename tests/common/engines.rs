@@ -596,10 +596,10 @@ pub struct SwarmNode {
 ///   iptables rules all live in it), in a UTS namespace named as the netns;
 /// - engine 0 runs `docker swarm init --advertise-addr <its ip>`, the others join as workers.
 ///
-/// Containers live in their engine's namespace; the engine's socket (`host(i)`) is a file
-/// the host's namespace reaches, so an agent runs in the host's namespace with
-/// `docker-host = host(i)` and `bind-host = advertised-host = ip(i)` (published ports bind on
-/// the engine's address, which the host reaches over the hub): see `docs/scenarios.md`.
+/// Containers live in their engine's namespace. An agent per engine runs there too, as on a
+/// host of its own ([`enter_netns`]; `docker-host = host(i)`, `bind-host = advertised-host` =
+/// its RPC's address = `ip(i)`), its manager in the host's namespace with its intake on
+/// [`Swarm::host_ip`]: see `docs/scenarios.md`, "Two engines in a Swarm".
 ///
 /// Dropping it removes every container, leaves the Swarm, stops the daemons, kills any shim,
 /// unmounts and removes their dirs, deletes the namespaces (and with them every veth and

@@ -7,7 +7,7 @@
 //! (`agent/docker/agent.py::apply_network`: alias = the cluster host name, interface name
 //! `baimulti0` asked for). Each resolves the other by its alias (Docker's embedded DNS), TCP
 //! runs both ways between them (on 2200, the port of the kernels' dropbear), and sub1's
-//! published port is reached from the host's namespace (where the agents run). Afterwards
+//! published port is reached from the host's namespace (the manager's and the users'). Then
 //! nothing is left: no namespace, interface, daemon, shim, mount or dir. A second test checks
 //! that a test failing with a Swarm up still leaves nothing, and another that a test killed
 //! with its Swarm up (no drop runs) has it swept by the next start. One runs one kernelvisor
@@ -218,8 +218,8 @@ fn an_attachable_overlay_joins_containers_on_two_engines() {
         "overlay swarm true 1"
     );
 
-    // main1 on A, sub1 on B (which publishes 2200 on B's address, as an agent in the host's
-    // namespace with `bind-host` = B's address would).
+    // main1 on A, sub1 on B (which publishes 2200 on B's address, as its agent with `bind-host`
+    // = B's address would).
     start_kernel_container(a, &network, "main1", &[]);
     let publish = format!("{}::2200", swarm.ip(1));
     start_kernel_container(b, &network, "sub1", &["-p", &publish]);
