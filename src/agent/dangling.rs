@@ -246,12 +246,13 @@ fn rebuild(
         bootstrap_script: None,
         allocated_host_ports: Vec::new(),
         idle_timeout: None,
-        // Backend.AI's manager names it in the environment too.
-        cluster_hostname: spec
-            .env
-            .iter()
-            .find_map(|e| e.strip_prefix("BACKENDAI_CLUSTER_HOST="))
-            .map(str::to_owned),
+        // The container's own (Backend.AI's manager also names it in the environment).
+        cluster_hostname: spec.hostname.clone().or_else(|| {
+            spec.env
+                .iter()
+                .find_map(|e| e.strip_prefix("BACKENDAI_CLUSTER_HOST="))
+                .map(str::to_owned)
+        }),
         image_config: None,
         // Its keys are in its scratch directory already.
         ssh_keypair: None,

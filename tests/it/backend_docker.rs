@@ -430,3 +430,120 @@ async fn missing_things_are_classified() {
         "{pulled:?}"
     );
 }
+
+/// Removes a network on drop (the test's own, also when it fails).
+struct NetworkGuard(String);
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["network", "rm", &self.0])
+            .output();
+    }
+}
+
+/// A cluster kernel's attachment as the engine makes it (`ContainerSpec::network`,
+/// `extra_hosts`): `NetworkMode` the named network, the alias and the endpoint's driver options
+/// (an overlay kernel's `com.docker.network.endpoint.ifname`) on its endpoint, the
+/// `/etc/hosts` entries; the network's subnet read back; a missing network refused as an
+/// engine error, not as a missing image; the host's network with nothing published.
+#[tokio::test]
+async fn cluster_network_attachment_aliases_driver_opts_and_extra_hosts() {
+    use kernelvisor::agent::backend::{NetworkAttachment, HOST_NETWORK};
+    let run = Run::new().await;
+    let b = &run.backend;
+    let net = format!("kv-test-net-{}", run.id);
+    let _guard = NetworkGuard(net.clone());
+    assert!(b.create_network(&net, &HashMap::new()).await.unwrap());
+    let subnet = b.network_subnet(&net).await.unwrap();
+    assert!(
+        subnet.as_deref().is_some_and(|s| s.contains('/')),
+        "subnet {subnet:?}"
+    );
+    assert_eq!(b.network_subnet("kv-no-such-network").await.unwrap(), None);
+
+    let spec = ContainerSpec {
+        cmd: Some(vec!["sleep".into(), "60".into()]),
+        hostname: Some("sub1".into()),
+        network: Some(NetworkAttachment {
+            mode: net.clone(),
+            aliases: vec!["sub1".into()],
+            driver_opts: HashMap::from([(
+                "com.docker.network.endpoint.ifname".into(),
+                "baimulti0".into(),
+            )]),
+        }),
+        extra_hosts: vec!["node-a:10.1.2.3".into()],
+        ports: vec![PortMapping {
+            container_port: 8000,
+            host_port: 0,
+        }],
+        ..run.spec("attached")
+    };
+    let id = run.started(&spec).await;
+    assert_eq!(inspect_id(&id, "{{.HostConfig.NetworkMode}}"), net);
+    let endpoint: serde_json::Value = serde_json::from_str(&inspect_id(
+        &id,
+        &format!("{{{{json (index .NetworkSettings.Networks \"{net}\")}}}}"),
+    ))
+    .unwrap();
+    assert!(
+        endpoint["Aliases"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "sub1")),
+        "{endpoint}"
+    );
+    assert_eq!(
+        endpoint["DriverOpts"]["com.docker.network.endpoint.ifname"], "baimulti0",
+        "{endpoint}"
+    );
+    assert_eq!(
+        inspect_id(&id, "{{json .HostConfig.ExtraHosts}}"),
+        r#"["node-a:10.1.2.3"]"#
+    );
+    let state = b.inspect_container(&id).await.unwrap().unwrap();
+    assert!(state.ip_address.is_some(), "an address on {net}");
+    // Attached: the engine refuses to remove the network.
+    assert!(b.remove_network(&net).await.is_err());
+    b.remove_container(&id).await.unwrap();
+    assert!(b.remove_network(&net).await.unwrap());
+
+    // The network is gone: an engine error naming it (at the create, or at the start where the
+    // engine checks it), not `ImageNotFound` nor `ContainerNotFound`.
+    let missing = match b.create_container(&spec).await {
+        Ok(id) => b.start_container(&id).await.map(|()| id),
+        Err(e) => Err(e),
+    };
+    assert!(
+        matches!(&missing, Err(BackendError::Engine(m)) if m.contains(&net)),
+        "{missing:?}"
+    );
+    for c in b.list_containers(RUN_LABEL, &run.id).await.unwrap() {
+        b.remove_container(&c.id).await.unwrap();
+    }
+
+    // The host's network: no endpoint, nothing published, the hosts entries still there.
+    let spec = ContainerSpec {
+        network: Some(NetworkAttachment {
+            mode: HOST_NETWORK.into(),
+            ..NetworkAttachment::default()
+        }),
+        ..spec
+    };
+    let id = run.started(&spec).await;
+    assert_eq!(inspect_id(&id, "{{.HostConfig.NetworkMode}}"), "host");
+    assert_eq!(inspect_id(&id, "{{json .HostConfig.PortBindings}}"), "{}");
+    assert_eq!(
+        inspect_id(&id, "{{json .HostConfig.ExtraHosts}}"),
+        r#"["node-a:10.1.2.3"]"#
+    );
+}
+
+/// `docker inspect -f format id`, trimmed.
+fn inspect_id(id: &str, format: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", format, id])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}

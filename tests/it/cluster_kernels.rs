@@ -27,8 +27,14 @@
 //!   `/etc/hosts`, `port-mapping.json` in place, and `ssh node-<sub1's id> hostname` from `main1`
 //!   prints `sub1` (its runner's sshd on the assigned host port).
 //!
-//! Skipped (said on stderr) without `KV_BAI_ROOT` or `KV_KRUNNER_DIR`, as `bai_compat` is.
-//! Agent host ports (before the harness' shift): 38000–38031, 38040–38071, 38080–38111.
+//! - `an_adopted_dangling_cluster_kernel_rejoins_its_network`: kernelvisor's own client, two
+//!   process-path kernels of a bridge network, the agent killed and its store deleted: adopted,
+//!   `sub1` restarted with an updated config joins the network under its alias again (the
+//!   `cluster.json` its creation left in the scratch), and `main1` reaches it by name.
+//!
+//! The Backend.AI tests are skipped (said on stderr) without `KV_BAI_ROOT` or `KV_KRUNNER_DIR`,
+//! as `bai_compat` is. Agent host ports (before the harness' shift): 38000–38031, 38040–38071,
+//! 38080–38111, 38120–38127.
 
 use crate::bai_compat::{bai_root, image_facts, run_driver, start_agent, BaiAgent, PY_IMAGE};
 use crate::common;
@@ -531,4 +537,164 @@ fn three_kernels_reach_each_other_by_name_and_ssh() {
             "host_destroyed",
         ],
     );
+}
+
+/// A dangling cluster kernel (its agent killed, its store lost) adopted again keeps its cluster:
+/// the agent rebuilds it with the `cluster.json` its creation left in the scratch, so a
+/// `restart_kernel` with an updated config (a new container) joins the session's network under
+/// the same alias. kernelvisor's own client on the process path (`kernelvisor-test:latest`),
+/// two kernels of a bridge network.
+#[actix_rt::test]
+async fn an_adopted_dangling_cluster_kernel_rejoins_its_network() {
+    use common::agent::{call, client, field, kernel_config, map, AgentFixture};
+    use rmpv::Value;
+    const MIB: u64 = 1 << 20;
+
+    let fx = AgentFixture::new("cluster-dangl", 38_120, 8);
+    let spawn = || spawn_agent_process(&fx, &fx.write_config(""));
+    let connect = || async {
+        let endpoint = format!("tcp://127.0.0.1:{}", fx.rpc_port);
+        for _ in 0..100 {
+            let peer = client(&endpoint).await;
+            if call(&peer, "ping", vec!["x".into()]).await.is_ok() {
+                return peer;
+            }
+            peer.close();
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        panic!(
+            "the agent did not come up:\n{}",
+            common::agent::read(&fx.dir.path().join("agent.log"))
+        );
+    };
+    let agent = KillOnDrop(spawn());
+    let peer = connect().await;
+    let session = format!("s-{}", run_id());
+    let net = format!("bai-singlenode-{session}");
+    let _net = RemoveNetwork(Some(net.clone()));
+    call(&peer, "create_local_network", vec![net.clone().into()])
+        .await
+        .unwrap();
+    let (main, sub) = (format!("k1-{}", run_id()), format!("k2-{}", run_id()));
+    let config = |role: &str, host: &str| {
+        kernel_config(
+            "0.25",
+            32 * MIB,
+            vec![
+                ("cluster_role", role.into()),
+                ("cluster_hostname", host.into()),
+            ],
+        )
+    };
+    let cluster_info = map(vec![
+        ("mode", "single-node".into()),
+        ("size", 2.into()),
+        ("replicas", map(vec![("main", 1.into()), ("sub", 1.into())])),
+        (
+            "network_config",
+            map(vec![
+                ("mode", "bridge".into()),
+                ("network_name", net.clone().into()),
+            ]),
+        ),
+        (
+            "ssh_keypair",
+            map(vec![
+                ("public_key", "ssh-rsa AAAA test@cluster".into()),
+                (
+                    "private_key",
+                    "-----BEGIN RSA PRIVATE KEY-----\n-----END RSA PRIVATE KEY-----\n".into(),
+                ),
+            ]),
+        ),
+        ("cluster_ssh_port_mapping", Value::Nil),
+    ]);
+    let created = call(
+        &peer,
+        "create_kernels",
+        vec![
+            session.clone().into(),
+            Value::Array(vec![main.clone().into(), sub.clone().into()]),
+            Value::Array(vec![config("main", "main1"), config("sub", "sub1")]),
+            cluster_info,
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(created.as_array().map(Vec::len), Some(2), "{created:?}");
+    let old_sub = container_of(&sub).unwrap();
+    assert_eq!(
+        network_problems(&old_sub, "sub1", &net),
+        Vec::<String>::new()
+    );
+    assert!(fx
+        .scratch_root()
+        .join(&sub)
+        .join("config/ssh/id_cluster")
+        .exists());
+    peer.close();
+
+    // A crash and the store lost: the kernels are dangling, then adopted.
+    drop(agent);
+    for f in ["agent.db", "agent.db-wal", "agent.db-shm"] {
+        let _ = std::fs::remove_file(fx.dir.path().join("var").join(f));
+    }
+    let _agent = KillOnDrop(spawn());
+    let peer = connect().await;
+    for k in [&main, &sub] {
+        let adopted = call(&peer, "adopt_kernel", vec![k.clone().into()]).await;
+        assert!(adopted.is_ok(), "adopt {k}: {adopted:?}");
+    }
+
+    // A new container for sub1 from the adopted config: on the network under its alias.
+    let restarted = call(
+        &peer,
+        "restart_kernel",
+        vec![
+            session.clone().into(),
+            sub.clone().into(),
+            Value::Nil,
+            map(vec![(
+                "environ",
+                map(vec![
+                    ("BACKENDAI_ACCESS_KEY", "AKTEST".into()),
+                    ("KV_RESTARTED", "1".into()),
+                ]),
+            )]),
+        ],
+    )
+    .await
+    .unwrap();
+    let new_sub = field(&restarted, "container_id")
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(new_sub, old_sub, "a new container");
+    assert_eq!(
+        network_problems(&new_sub, "sub1", &net),
+        Vec::<String>::new()
+    );
+    let main_cid = container_of(&main).unwrap();
+    let ping = docker(&[
+        "exec",
+        &main_cid,
+        "sh",
+        "-c",
+        "ping -c 1 -W 5 sub1 >/dev/null && echo reached",
+    ]);
+    assert_eq!(ping, "reached", "main1 reaches sub1 by its alias");
+
+    for k in [&main, &sub] {
+        call(
+            &peer,
+            "destroy_kernel",
+            vec![k.clone().into(), session.clone().into()],
+        )
+        .await
+        .unwrap();
+    }
+    call(&peer, "destroy_local_network", vec![net.clone().into()])
+        .await
+        .unwrap();
+    assert!(docker(&["network", "ls", "-q", "--filter", &format!("name=^{net}$")]).is_empty());
 }

@@ -586,10 +586,15 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
         Duration::from_secs(60),
     ));
     peer.close();
-    // The engine's refusal (`Could not attach to network …: NotFound`), named: it reaches the
-    // caller as `ContainerEngineError` where a missing bridge is `ContainerCreationFailedError`.
+    // The engine's refusal (`Could not attach to network …: NotFound`), named as upstream's
+    // agent names a missing network.
+    assert_eq!(
+        common::agent::failure_name(&refused),
+        "ContainerCreationFailedError",
+        "{refused:?}"
+    );
     let Err(kernelvisor::rpc::CallError::Failure(meta)) = &refused else {
-        panic!("create_kernels on a missing overlay: {refused:?}");
+        unreachable!()
     };
     assert!(meta.repr.contains(&missing), "{refused:?}");
     assert_eq!(

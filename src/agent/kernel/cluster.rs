@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 
 use super::error::KernelError;
 use super::resources::ServicePortInfo;
-use crate::agent::backend::{ContainerSpec, NetworkAttachment, HOST_NETWORK};
+use crate::agent::backend::{ContainerSpec, NetworkAttachment, PortMapping, HOST_NETWORK};
+use crate::agent::runner::launch::{SSHD_PORT, TTYD_PORT};
+use crate::agent::runner::RunnerPorts;
 use crate::rpc::agent_api::kernel::{ClusterInfo, ClusterMode};
 
 /// The roles whose kernel publishes the image's service ports and the preopen ports
@@ -388,6 +390,42 @@ impl ClusterConfig {
     }
 }
 
+impl ClusterConfig {
+    /// On the host's network a runner binds its intrinsic ports on host ports
+    /// ([`write_intrinsic_ports`]): repl-in/out on the kernel's (`repl`), sshd on the one the
+    /// manager assigned the kernel `hostname` (id `kernel_id`) for the cluster
+    /// ([`ClusterConfig::ssh_host_port`]) else its own, ttyd on its own; its own are the host
+    /// ports `published` maps container ports 2200 and 7681 to. `None` off the host's network.
+    pub fn intrinsic_ports(
+        &self,
+        hostname: Option<&str>,
+        kernel_id: &str,
+        repl: RunnerPorts,
+        published: &[PortMapping],
+    ) -> Option<BTreeMap<&'static str, u16>> {
+        if !self.on_host() {
+            return None;
+        }
+        let host_port = |container: u16| {
+            published
+                .iter()
+                .find(|p| p.container_port == container)
+                .map(|p| p.host_port)
+        };
+        let mut ports = BTreeMap::from([("replin", repl.repl_in), ("replout", repl.repl_out)]);
+        let sshd = self
+            .ssh_host_port(hostname, kernel_id)
+            .or_else(|| host_port(SSHD_PORT));
+        if let Some(p) = sshd {
+            ports.insert("sshd", p);
+        }
+        if let Some(p) = host_port(TTYD_PORT) {
+            ports.insert("ttyd", p);
+        }
+        Some(ports)
+    }
+}
+
 /// The file in the scratch's `config/` that keeps the cluster config (upstream's name).
 pub const CLUSTER_JSON: &str = "cluster.json";
 
@@ -521,6 +559,37 @@ mod tests {
                 host_ports: vec![31001],
             },
         ];
+        // The runner's host ports: sshd on the assigned one, the rest its own.
+        let published = [
+            PortMapping {
+                container_port: 2200,
+                host_port: 31000,
+            },
+            PortMapping {
+                container_port: 7681,
+                host_port: 31001,
+            },
+        ];
+        let repl = RunnerPorts {
+            repl_in: 31002,
+            repl_out: 31003,
+        };
+        let intrinsic = c
+            .intrinsic_ports(Some("sub1"), "k2", repl, &published)
+            .unwrap();
+        assert_eq!(
+            intrinsic.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("replin", 31002),
+                ("replout", 31003),
+                ("sshd", 30002),
+                ("ttyd", 31001)
+            ]
+        );
+        let unassigned = c
+            .intrinsic_ports(Some("main9"), "k9", repl, &published)
+            .unwrap();
+        assert_eq!(unassigned["sshd"], 31000);
         c.on_host_network(&mut ports, Some("sub1"), "k2");
         assert_eq!(
             (
@@ -544,6 +613,11 @@ mod tests {
         let mut spec = ContainerSpec::default();
         c.apply_network(&mut spec, Some("main1"), None);
         assert_eq!(spec.network, None);
+        let repl = RunnerPorts {
+            repl_in: 1,
+            repl_out: 2,
+        };
+        assert_eq!(c.intrinsic_ports(Some("main1"), "k", repl, &[]), None);
     }
 
     #[test]

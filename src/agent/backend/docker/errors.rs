@@ -186,6 +186,11 @@ pub(super) fn start_err(id: &str) -> impl Fn(DockerError) -> BackendError + '_ {
                 runtime_refusal(message)
             ))
         }
+        // The engine checks a container's network when it starts it (`network x not found`,
+        // a 404 like a missing container's).
+        DockerError::DockerResponseServerError { message, .. } if message.contains("network") => {
+            BackendError::Engine(format!("the container could not start: {message}"))
+        }
         _ => container_err(id)(e),
     }
 }

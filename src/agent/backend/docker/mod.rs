@@ -440,7 +440,10 @@ impl ContainerBackend for DockerBackend {
             working_dir: config.working_dir.filter(|w| !w.is_empty()),
             user: config.user.filter(|u| !u.is_empty()),
             group_add: host.group_add.unwrap_or_default(),
-            hostname: None,
+            // The engine's own is the id's first 12 characters: only one that was asked for.
+            hostname: config.hostname.clone().filter(|h| {
+                !h.is_empty() && !c.id.as_deref().unwrap_or(id).starts_with(h.as_str())
+            }),
             entrypoint: config.entrypoint.filter(|e| !e.is_empty()),
             init: host.init.unwrap_or(false),
             stop_signal: config.stop_signal.filter(|s| !s.is_empty()),

@@ -1,5 +1,6 @@
 //! `container`: create + start with labels, limits, environment, binds, published ports and
-//! GPUs (status `CREATING`). Never privileged.
+//! GPUs, on a cluster kernel's network with its keys in the scratch
+//! (`crate::agent::kernel::cluster`) (status `CREATING`). Never privileged.
 
 use std::collections::HashMap;
 
@@ -350,34 +351,52 @@ async fn final_spec(
         config.bootstrap_script.as_deref(),
     )
     .map_err(|e| KernelError::Engine(format!("kernel runner's scratch files: {e}")))?;
-    if let Some(ports) = host_network_ports(handle, &spec, r) {
+    let on_host = config.cluster.as_ref().and_then(|c| {
+        c.intrinsic_ports(
+            config.cluster_hostname.as_deref(),
+            &handle.id,
+            r.repl,
+            &spec.ports,
+        )
+    });
+    if let Some(ports) = on_host {
         cluster::write_intrinsic_ports(&r.scratch.config_dir(), &ports)
             .map_err(|e| KernelError::Engine(format!("intrinsic-ports.json: {e}")))?;
     }
     Ok(spec)
 }
 
-/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): a named
-/// bridge must exist on the engine (an overlay is the engine's to find, through the Swarm), and
-/// an overlay kernel gets `docker_gwbridge`'s subnet kept from MPI. Nothing for a kernel without one.
+/// The engine's refusal to create or start `spec`'s container as a kernel error: one naming
+/// the cluster network it joins is `ContainerCreationFailed` (the network is not there, as
+/// upstream's agent names that failure), any other as the engine's.
+fn creation_error(spec: &ContainerSpec, e: crate::agent::backend::BackendError) -> KernelError {
+    let text = e.to_string();
+    match spec.network.as_ref() {
+        Some(n) if n.mode != crate::agent::backend::HOST_NETWORK && text.contains(&n.mode) => {
+            KernelError::ContainerCreationFailed(format!("network `{}`: {text}", n.mode))
+        }
+        _ => KernelError::from(e),
+    }
+}
+
+/// Joins `spec` to the kernel's cluster network (`ClusterConfig::apply_network`): a bridge
+/// network must exist on this engine (checked first: a clear error before the engine's), and an
+/// overlay kernel gets `docker_gwbridge`'s subnet kept from MPI. An overlay network is not
+/// checked: a Swarm worker's engine knows a manager's attachable overlay only once a container
+/// of it joins (the engine's own refusal then is [`creation_error`]'s). Nothing for a kernel
+/// without a cluster network.
 ///
 /// Errors: `KernelError::ContainerCreationFailed` for a bridge network the engine lacks
-/// (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's
-/// own errors.
+/// (upstream's engine refuses the create, `ContainerCreationFailedError`); the engine's own
+/// errors.
 async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result<(), KernelError> {
     let info = handle.info();
     let Some(c) = &info.config.cluster else {
         return Ok(());
     };
     let backend = &handle.ctx.backend;
-    // A bridge must exist on this engine. An attachable overlay is not checked: on a Swarm
-    // worker the engine lists it only once one of its own containers joined it (`GET
-    // /networks/<name>` answers 404 before), and the create itself asks the Swarm manager for
-    // the attachment (tests/it/swarm_overlay.rs).
-    let must_exist = c
-        .joined_network()
-        .filter(|_| c.network_config.mode == Some(cluster::NetworkMode::Bridge));
-    if let Some(name) = must_exist {
+    let bridge = c.network_config.mode == Some(cluster::NetworkMode::Bridge);
+    if let Some(name) = c.joined_network().filter(|_| bridge) {
         if backend.inspect_network(name).await?.is_none() {
             return Err(KernelError::ContainerCreationFailed(format!(
                 "cluster_info.network_config names network `{name}`, which this agent's \
@@ -395,42 +414,6 @@ async fn join_network(handle: &KernelHandle, spec: &mut ContainerSpec) -> Result
         gwbridge.as_deref(),
     );
     Ok(())
-}
-
-/// On the host's network a runner binds its intrinsic ports on host ports
-/// (`config/intrinsic-ports.json`): repl-in/out on the kernel's, sshd on the one the manager
-/// assigned for the cluster (`cluster_ssh_port_mapping`, else the kernel's own), ttyd on the
-/// kernel's. `None` off the host's network.
-fn host_network_ports(
-    handle: &KernelHandle,
-    spec: &ContainerSpec,
-    r: &RunnerPlan,
-) -> Option<std::collections::BTreeMap<&'static str, u16>> {
-    let info = handle.info();
-    let c = info.config.cluster.as_ref()?;
-    if c.network_config.mode != Some(cluster::NetworkMode::Host) {
-        return None;
-    }
-    let host_port = |container: u16| {
-        spec.ports
-            .iter()
-            .find(|p| p.container_port == container)
-            .map(|p| p.host_port)
-    };
-    let mut ports = std::collections::BTreeMap::from([
-        ("replin", r.repl.repl_in),
-        ("replout", r.repl.repl_out),
-    ]);
-    let sshd = c
-        .ssh_host_port(info.config.cluster_hostname.as_deref(), &handle.id)
-        .or_else(|| host_port(launch::SSHD_PORT));
-    if let Some(p) = sshd {
-        ports.insert("sshd", p);
-    }
-    if let Some(p) = host_port(launch::TTYD_PORT) {
-        ports.insert("ttyd", p);
-    }
-    Some(ports)
 }
 
 /// Creates and starts the kernel's container.
@@ -457,13 +440,16 @@ impl Provisioner for ContainerStage {
         let id = backend
             .create_container(&spec)
             .await
-            .map_err(KernelError::from)?;
+            .map_err(|e| creation_error(&spec, e))?;
         self.0.update(|i| i.container_id = Some(id.clone()));
         if let Err(e) = backend.start_container(&id).await {
             // Leave nothing behind: the created container goes with the failed start.
             let _ = backend.remove_container(&id).await;
             self.0.update(|i| i.container_id = None);
             let text = e.to_string();
+            if spec.network.as_ref().is_some_and(|n| text.contains(&n.mode)) {
+                return Err(creation_error(&spec, e).into());
+            }
             if plan.runner.is_none()
                 && spec.cmd.is_some()
                 && (text.contains("executable file not found")
@@ -619,7 +605,10 @@ pub async fn recreate_container(
     // The old container holds the name and the host ports: it goes first (as upstream's agent
     // destroys it before creating the new one).
     backend.remove_container(old).await?;
-    let id = backend.create_container(&spec).await?;
+    let id = backend
+        .create_container(&spec)
+        .await
+        .map_err(|e| creation_error(&spec, e))?;
     let started = match backend.start_container(&id).await {
         Ok(()) => match handle
             .info()
@@ -631,7 +620,7 @@ pub async fn recreate_container(
             Some(script) => run_bootstrap(handle, &id, &script).await,
             None => Ok(()),
         },
-        Err(e) => Err(KernelError::from(e)),
+        Err(e) => Err(creation_error(&spec, e)),
     };
     if let Err(e) = started {
         let _ = backend.remove_container(&id).await;
