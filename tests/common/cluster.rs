@@ -138,6 +138,9 @@ pub struct Cluster {
     /// The intake ports agents added from now on report to (`event-addrs`, in order); empty:
     /// the cluster's one intake (`event-addr`).
     pub agent_intakes: Vec<u16>,
+    /// The address the manager's intake listens on and agents report to (`127.0.0.1`; the host's
+    /// address on a Swarm fixture's bridge when agents run in an engine's network namespace).
+    pub manager_host: String,
     keys: (KeyPair, PathBuf),
     pg_drop: Option<(String, String)>,
 }
@@ -149,6 +152,10 @@ pub struct ClusterAgent {
     pub config: PathBuf,
     pub process: Option<Child>,
     pub keypair: KeyPair,
+    /// The network namespace it runs in (`None`: the host's).
+    pub netns: Option<String>,
+    /// The address its RPC listens on and is dialled at.
+    pub rpc_host: String,
 }
 
 impl ClusterAgent {
@@ -221,6 +228,7 @@ impl Cluster {
             heartbeat_interval: 1.0,
             health_check_interval: 1.0,
             agent_intakes: Vec::new(),
+            manager_host: "127.0.0.1".into(),
             keys: (manager, keys_dir),
             pg_drop,
             dir,
@@ -248,12 +256,13 @@ impl Cluster {
     fn replica_config(&self, name: &str, api_port: u16, intake_port: u16) -> PathBuf {
         let d = self.dir.path().display();
         let text = format!(
-            "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"127.0.0.1\", port = {intake} }}\n\
+            "[manager]\nrpc-keypair = \"{d}/keys/manager.key_secret\"\nevent-listen-addr = {{ host = \"{manager_host}\", port = {intake} }}\n\
              agent-keys-dir = \"{d}/agent-keys\"\nheartbeat-interval = {interval}\nheartbeat-timeout = {timeout}\nstartup-grace = {grace}\n{extra}\n\
              [store]\nurl = \"{url}\"\n\n[api]\nlisten-addr = {{ host = \"127.0.0.1\", port = {api_port} }}\nworkers = 1\nadmin-token-file = \"{d}/admin-token\"\n\n\
              [agent-pool]\nhealth-check-interval = {health}\nping-timeout = 1\nrecovery-timeout = 2\n\n\
              [scheduler]\nreset-timeout = 30\n{scheduler}\n\n[logging]\nlevel = \"info\"\n{tail}",
             intake = intake_port,
+            manager_host = self.manager_host,
             url = self.store_url,
             extra = self.manager_extra,
             scheduler = self.scheduler_extra,
@@ -409,6 +418,60 @@ impl Cluster {
         agent_extra: &str,
         tail: &str,
     ) -> usize {
+        self.add_agent_edited(name, ports_lo, agent_extra, tail, None, |text| text)
+    }
+
+    /// As [`Cluster::add_agent`], as a host of its own with a private engine would run it: in
+    /// network namespace `netns` (a Swarm fixture's engine's, `tests/common/engines.rs`) on the
+    /// engine at `docker_host` (`unix://…`), with `host` (the engine's address there) as its
+    /// RPC's listening and advertised address and its published ports' (`bind-host`,
+    /// `advertised-host`). Its intake is [`Cluster::manager_host`], which must be reachable from
+    /// that namespace (the host's address on the fixture's bridge).
+    pub fn add_agent_on_engine(
+        &mut self,
+        name: &str,
+        ports_lo: u16,
+        netns: &str,
+        docker_host: &str,
+        host: &str,
+    ) -> usize {
+        let edit = |text: String| {
+            let replace = |text: String, from: &str, to: &str| {
+                let edited = text.replacen(from, to, 1);
+                assert_ne!(edited, text, "the agent config's `{from}`");
+                edited
+            };
+            let text = replace(
+                text,
+                "rpc-listen-addr = { host = \"127.0.0.1\",",
+                &format!("rpc-listen-addr = {{ host = \"{host}\","),
+            );
+            let text = replace(
+                text,
+                "advertised-rpc-addr = { host = \"localhost\",",
+                &format!("advertised-rpc-addr = {{ host = \"{host}\","),
+            );
+            replace(
+                text,
+                "bind-host = \"127.0.0.1\"\n",
+                &format!(
+                    "bind-host = \"{host}\"\nadvertised-host = \"{host}\"\ndocker-host = \"{docker_host}\"\n"
+                ),
+            )
+        };
+        let netns = Some((netns.to_owned(), host.to_owned()));
+        self.add_agent_edited(name, ports_lo, "", "", netns, edit)
+    }
+
+    fn add_agent_edited(
+        &mut self,
+        name: &str,
+        ports_lo: u16,
+        agent_extra: &str,
+        tail: &str,
+        netns: Option<(String, String)>,
+        edit: impl FnOnce(String) -> String,
+    ) -> usize {
         let fixture = AgentFixture::new(name, ports_lo, 20);
         let keypair = KeyPair::generate().unwrap();
         let keys = fixture.dir.path().join("keys");
@@ -436,20 +499,21 @@ impl Cluster {
         );
         let intake = if self.agent_intakes.is_empty() {
             format!(
-                "event-addr = {{ host = \"127.0.0.1\", port = {} }}",
-                self.intake_port
+                "event-addr = {{ host = \"{}\", port = {} }}",
+                self.manager_host, self.intake_port
             )
         } else {
             let list: Vec<String> = self
                 .agent_intakes
                 .iter()
-                .map(|p| format!("{{ host = \"127.0.0.1\", port = {p} }}"))
+                .map(|p| format!("{{ host = \"{}\", port = {p} }}", self.manager_host))
                 .collect();
             format!("event-addrs = [{}]", list.join(", "))
         };
         text.push_str(&format!("\n[manager]\n{intake}\nheartbeat-interval = {}\nevent-retry-max = 1\nevent-ack-timeout = 5\n", self.heartbeat_interval));
         text = text.replace("[logging]\nlevel = \"warn\"", "[logging]\nlevel = \"info\"");
         text.push_str(tail);
+        let text = edit(text);
         let config = fixture.dir.path().join("agent.toml");
         std::fs::write(&config, text).unwrap();
         self.agents.push(ClusterAgent {
@@ -458,6 +522,10 @@ impl Cluster {
             config,
             process: None,
             keypair,
+            rpc_host: netns
+                .as_ref()
+                .map_or_else(|| "127.0.0.1".to_owned(), |(_, h)| h.clone()),
+            netns: netns.map(|(ns, _)| ns),
         });
         let i = self.agents.len() - 1;
         self.start_agent(i);
@@ -467,13 +535,15 @@ impl Cluster {
     /// (Re)starts agent `i` with its config.
     pub fn start_agent(&mut self, i: usize) {
         let a = &mut self.agents[i];
-        let child = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
-            .args(["agent", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kernelvisor"));
+        cmd.args(["agent", "--config"])
             .arg(&a.config)
             .stdout(log_file(a.fixture.dir.path(), "agent"))
-            .stderr(log_file(a.fixture.dir.path(), "agent"))
-            .spawn()
-            .unwrap();
+            .stderr(log_file(a.fixture.dir.path(), "agent"));
+        if let Some(ns) = &a.netns {
+            super::engines::enter_netns(&mut cmd, ns, None);
+        }
+        let child = cmd.spawn().unwrap();
         a.process = Some(child);
     }
 
@@ -676,7 +746,7 @@ impl Cluster {
             server_key: a.keypair.public,
         };
         let opts = PeerOptions {
-            endpoint: format!("tcp://127.0.0.1:{}", a.fixture.rpc_port),
+            endpoint: format!("tcp://{}:{}", a.rpc_host, a.fixture.rpc_port),
             curve: Some(curve),
             keepalive: None,
             handshake_timeout: Duration::from_secs(5),

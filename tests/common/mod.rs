@@ -188,6 +188,7 @@ pub mod agent;
 pub mod bai;
 pub mod cluster;
 pub mod dev;
+pub mod engines;
 pub mod intake;
 pub mod pty;
 pub mod registry;

@@ -9,353 +9,30 @@
 //! with `on-failure` get a new container (same kernel, `restart_count` 1, no duplicate).
 //!
 //! Needs root, `dockerd` and `containerd` (Debian's `docker.io`; `just docker` installs it), and
-//! the test image on the main engine (`just test-image`); it is copied into the private one.
+//! the test image on the main engine (`just test-image`); it is copied into the private one
+//! (`tests/common/engines.rs`).
 
 use crate::common;
 
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use rmpv::Value;
 
 use common::agent::*;
+use common::engines::{host_has_docker0, EngineNetwork, EngineSpec, PrivateEngine};
 use common::wait_until;
 use kernelvisor::rpc::{Call, Peer};
 
 const MIB: u64 = 1 << 20;
 const KERNELS: usize = 5;
 
-/// A private Docker engine: its own containerd and dockerd under a temp dir. Dropping it
-/// removes its containers, stops both daemons, kills any shim left, unmounts what the daemons
-/// mounted under the dir and removes it, also when the test failed.
-struct PrivateEngine {
-    dir: tempfile::TempDir,
-    containerd: Option<Child>,
-    dockerd: Option<Child>,
-    live_restore: bool,
-}
-
-fn require_tools() {
-    // SAFETY: geteuid(2) has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "tests/it/engine_restart.rs starts its own dockerd and containerd: run it as root"
-    );
-    for tool in ["dockerd", "containerd", "docker"] {
-        let found = Command::new(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            found,
-            "`{tool}` not found: install Debian's docker.io (`just docker` does)"
-        );
-    }
-    assert!(
-        !docker(&["image", "inspect", "-f", "{{.Id}}", TEST_IMAGE]).is_empty(),
-        "{TEST_IMAGE} is not on the main engine: run `just test-image`"
-    );
-}
-
-impl PrivateEngine {
-    /// Starts containerd and dockerd (`--live-restore` when `live_restore`) and loads the test
-    /// image into it.
-    fn start(live_restore: bool) -> PrivateEngine {
-        require_tools();
-        // Short: the daemons' sockets live under it (at most 108 bytes a path).
-        let dir = tempfile::Builder::new()
-            .prefix("kv-eng-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let d = dir.path().display();
-        std::fs::create_dir_all(dir.path().join("containerd")).unwrap();
-        std::fs::write(
-            dir.path().join("containerd.toml"),
-            format!(
-                "version = 2\nroot = \"{d}/containerd/root\"\nstate = \"{d}/containerd/state\"\n\
-                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
-                 [grpc]\n  address = \"{d}/containerd/containerd.sock\"\n\
-                 [ttrpc]\n  address = \"{d}/containerd/containerd.sock.ttrpc\"\n\
-                 [plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"{d}/containerd/opt\"\n"
-            ),
-        )
-        .unwrap();
-        // Its own (empty) daemon.json: the host's may name another data-root or storage driver.
-        std::fs::write(dir.path().join("daemon.json"), "{}\n").unwrap();
-        let log = |name: &str| {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.path().join(name))
-                .unwrap();
-            (Stdio::from(f.try_clone().unwrap()), Stdio::from(f))
-        };
-        let (out, err) = log("containerd.log");
-        let containerd = Command::new("containerd")
-            .arg("--config")
-            .arg(dir.path().join("containerd.toml"))
-            .args(["--log-level", "warn"])
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn containerd");
-        let mut engine = PrivateEngine {
-            dir,
-            containerd: Some(containerd),
-            dockerd: None,
-            live_restore,
-        };
-        let sock = engine.dir.path().join("containerd/containerd.sock");
-        let start = Instant::now();
-        while !sock.exists() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "containerd did not come up; log:\n{}",
-                read(&engine.dir.path().join("containerd.log"))
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        engine.start_dockerd();
-        let load = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "docker save {TEST_IMAGE} | docker -H {} load",
-                engine.host()
-            ))
-            .output()
-            .unwrap();
-        assert!(
-            load.status.success(),
-            "cannot copy {TEST_IMAGE} into the private engine: {}",
-            String::from_utf8_lossy(&load.stderr)
-        );
-        engine
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `unix://<dir>/docker.sock`.
-    fn host(&self) -> String {
-        format!("unix://{}", self.path("docker.sock").display())
-    }
-
-    /// The docker CLI against this engine; stdout trimmed (empty on failure).
-    fn docker(&self, args: &[&str]) -> String {
-        let out = Command::new("docker")
-            .arg("-H")
-            .arg(self.host())
-            .args(args)
-            .output()
-            .expect("docker CLI");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    fn answers(&self) -> bool {
-        Command::new("docker")
-            .arg("-H")
-            .arg(self.host())
-            .arg("version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    /// Starts dockerd with the same flags every time; waits until it answers.
-    fn start_dockerd(&mut self) {
-        assert!(self.dockerd.is_none(), "dockerd already runs");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path("dockerd.log"))
-            .unwrap();
-        let mut cmd = Command::new("dockerd");
-        cmd.arg("--config-file")
-            .arg(self.path("daemon.json"))
-            .arg("--containerd")
-            .arg(self.path("containerd/containerd.sock"))
-            .arg("--host")
-            .arg(self.host())
-            .arg("--data-root")
-            .arg(self.path("data"))
-            .arg("--exec-root")
-            .arg(self.path("exec"))
-            .arg("--pidfile")
-            .arg(self.path("docker.pid"))
-            // vfs: works on any filesystem (no overlay-on-overlay), nothing mounted per layer.
-            .args([
-                "--storage-driver=vfs",
-                "--bridge=none",
-                "--iptables=false",
-                "--ip6tables=false",
-                "--log-level=warn",
-            ]);
-        if self.live_restore {
-            cmd.arg("--live-restore");
-        }
-        // In a network namespace of its own: a dockerd with `--bridge=none` deletes the host's
-        // `docker0` at start, which would cut the main engine's containers off their network.
-        // SAFETY: unshare(2) only, between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::unshare(libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .stdout(Stdio::from(f.try_clone().unwrap()))
-            .stderr(Stdio::from(f))
-            .spawn()
-            .expect("spawn dockerd");
-        self.dockerd = Some(child);
-        let start = Instant::now();
-        while !self.answers() {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "dockerd did not come up; log:\n{}",
-                read(&self.path("dockerd.log"))
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// SIGKILLs dockerd (only dockerd: containerd and the shims live on) and reaps it.
-    fn kill_dockerd(&mut self) {
-        let mut child = self.dockerd.take().expect("dockerd runs");
-        child.kill().unwrap();
-        child.wait().unwrap();
-        // A SIGKILLed dockerd leaves its pid file, which would stop the next start.
-        let _ = std::fs::remove_file(self.path("docker.pid"));
-    }
-
-    /// Sends `signal` to dockerd.
-    fn signal_dockerd(&self, signal: i32) {
-        let pid = self.dockerd.as_ref().expect("dockerd runs").id();
-        // SAFETY: signalling our own child process by pid.
-        unsafe { libc::kill(pid as i32, signal) };
-    }
-
-    /// Container ids (running or not) carrying `agent_id`'s label.
-    fn containers(&self, agent_id: &str, running_only: bool) -> Vec<String> {
-        let label = format!("label=ai.backend.agent-id={agent_id}");
-        let mut args = vec!["ps", "-q", "--no-trunc", "--filter", &label];
-        if !running_only {
-            args.push("-a");
-        }
-        let mut ids: Vec<String> = self.docker(&args).lines().map(str::to_owned).collect();
-        ids.sort();
-        ids
-    }
-}
-
-/// Whether the host has a `docker0` interface (the main engine's bridge).
-fn host_has_docker0() -> bool {
-    Path::new("/sys/class/net/docker0").exists()
-}
-
-/// SIGTERM, then SIGKILL after `grace`; reaps it.
-fn stop(child: &mut Child, grace: Duration) {
-    // SAFETY: signalling our own child process by pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let start = Instant::now();
-    while start.elapsed() < grace {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// Pids whose command line contains `needle`, with every descendant of each.
-fn process_trees(needle: &str) -> Vec<i32> {
-    let mut parents = Vec::new();
-    let mut roots = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline)
-            .replace('\0', " ")
-            .contains(needle)
-        {
-            roots.push(pid);
-        }
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        if let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
-        {
-            parents.push((pid, ppid));
-        }
-    }
-    let mut tree = roots;
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    tree
-}
-
-impl Drop for PrivateEngine {
-    fn drop(&mut self) {
-        if self.dockerd.is_some() {
-            self.signal_dockerd(libc::SIGCONT);
-        }
-        if self.dockerd.is_some() && self.answers() {
-            let ids = self.docker(&["ps", "-aq"]);
-            let ids: Vec<&str> = ids.lines().collect();
-            if !ids.is_empty() {
-                let mut args = vec!["rm", "-f"];
-                args.extend(ids);
-                self.docker(&args);
-            }
-        }
-        if let Some(mut d) = self.dockerd.take() {
-            stop(&mut d, Duration::from_secs(15));
-        }
-        if let Some(mut c) = self.containerd.take() {
-            stop(&mut c, Duration::from_secs(10));
-        }
-        // Shims (and their containers) of a failed run: found by our containerd's address.
-        let address = self.path("containerd/containerd.sock");
-        for pid in process_trees(&format!("-address {}", address.display())) {
-            // SAFETY: kill(2) on processes this test's containerd started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        unmount_under(self.dir.path());
-    }
-}
-
-/// Lazily unmounts everything mounted under `dir`, deepest first (the daemons' bind of the
-/// data root onto itself, network namespaces, containers' shm).
-fn unmount_under(dir: &Path) {
-    let prefix = dir.display().to_string();
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .filter(|p| p.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let c = std::ffi::CString::new(p).unwrap();
-        // SAFETY: umount2(2) with a valid C string.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
+/// A private engine for this test: its daemons in a fresh network namespace, no bridge.
+fn private_engine(live_restore: bool) -> PrivateEngine {
+    PrivateEngine::start(EngineSpec {
+        live_restore,
+        network: EngineNetwork::Isolated,
+    })
 }
 
 /// The agent process, SIGKILLed on drop (its kernels are the engine's to clean up).
@@ -581,7 +258,7 @@ async fn outage(engine: &mut PrivateEngine, peer: &Peer, kernel_id: &str) {
 #[actix_rt::test]
 async fn live_restore_keeps_every_kernel_running_across_an_engine_restart() {
     let docker0 = host_has_docker0();
-    let mut engine = PrivateEngine::start(true);
+    let mut engine = private_engine(true);
     let (fx, agent, peer, before) =
         five_kernels("engine-live", 32700, &engine, vec![ticking(); KERNELS]).await;
 
@@ -682,7 +359,7 @@ async fn live_restore_keeps_every_kernel_running_across_an_engine_restart() {
 #[actix_rt::test]
 async fn without_live_restore_the_kernels_follow_their_restart_policy() {
     let docker0 = host_has_docker0();
-    let mut engine = PrivateEngine::start(false);
+    let mut engine = private_engine(false);
     let (fx, agent, peer, before) = five_kernels("engine-dies", 32710, &engine, {
         // Three with the default policy (`never`), two with `on-failure`.
         let mut c = vec![ticking(); KERNELS - 2];

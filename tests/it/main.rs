@@ -6,7 +6,7 @@
 //! Tests of different modules run side by side now (two at a time), so what they hold on the
 //! host must be theirs alone: agent ids carry a run id, and each module's agent host-port range
 //! (`AgentFixture::new(name, lo, len)`, the module doc's "Agent host ports") is distinct from every
-//! other module's — pick a free one above the highest in use (36619) for a new module.
+//! other module's — pick a free one above the highest in use (36659) for a new module.
 //!
 //! Why one binary: 43 binaries each linked the whole crate (15 GB, 65–120 s after a one-line
 //! change); one links it once (docs/benchmarks.md, "Development").
@@ -62,6 +62,7 @@ mod services_files;
 mod session_commit;
 mod stuck_kernels;
 mod supervision;
+mod swarm_overlay;
 mod terminal;
 mod trees;
 mod workloads;

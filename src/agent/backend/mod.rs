@@ -283,8 +283,10 @@ pub struct ContainerState {
     /// The host pid of its init process while running (where its cgroup and network
     /// namespace are found); `None` when not running or not known (listings, dummy).
     pub pid: Option<u32>,
-    /// Its address on its (first) network while running, reachable from the host on a bridge
-    /// network: where a service's readiness is probed. `None` when unknown (listings, dummy).
+    /// Its address while running, reachable from the host: on the default bridge, else on
+    /// `docker_gwbridge` (a container on a Swarm overlay: the overlay's own address is not
+    /// reachable from the host), else on its first network by name. Where a service's
+    /// readiness is probed. `None` when unknown (listings, dummy).
     pub ip_address: Option<String>,
     /// Its Docker `HEALTHCHECK` status (`starting`, `healthy`, `unhealthy`); `None` when the
     /// image has no health check (or the backend does not know).

@@ -36,6 +36,10 @@ use super::{
     OutputStream, PortMapping, PullProgress, RegistryAuth, TtySize,
 };
 
+/// The bridge Docker puts every container on a Swarm overlay on as well (its way out to the
+/// host and beyond); the only one of such a container's addresses the host reaches.
+const GWBRIDGE: &str = "docker_gwbridge";
+
 /// The local Docker engine (its default socket, `DOCKER_HOST`, or `[container] docker-host`),
 /// API version negotiated.
 #[derive(Clone, Debug)]
@@ -50,6 +54,41 @@ pub struct DockerBackend {
 const REQUEST_TIMEOUT_SECS: u64 = 120;
 
 impl DockerBackend {
+    /// The address of container `c` the host reaches: its default bridge's, else its
+    /// `docker_gwbridge` one (a container on a Swarm overlay: the engine lists only the
+    /// overlay in its networks, whose address lives in a namespace of its own, but gives it an
+    /// interface on `docker_gwbridge` too, found in that network's containers), else its first
+    /// network's by name. `None` when it has none.
+    async fn host_reachable_ip(
+        &self,
+        c: &bollard::models::ContainerInspectResponse,
+    ) -> Option<String> {
+        let n = c.network_settings.as_ref()?;
+        if let Some(ip) = n.ip_address.clone().filter(|a| !a.is_empty()) {
+            return Some(ip);
+        }
+        let mut nets: Vec<_> = n.networks.as_ref()?.iter().collect();
+        nets.sort_by_key(|(name, _)| name.as_str());
+        if let (Some(id), Ok(gw)) = (
+            c.id.as_deref(),
+            self.docker.inspect_network::<String>(GWBRIDGE, None).await,
+        ) {
+            let ip = gw
+                .containers
+                .as_ref()
+                .and_then(|cs| cs.get(id))
+                .and_then(|e| e.ipv4_address.as_deref())
+                .and_then(|a| a.split('/').next())
+                .filter(|a| !a.is_empty());
+            if let Some(ip) = ip {
+                return Some(ip.to_owned());
+            }
+        }
+        nets.into_iter()
+            .filter_map(|(_, e)| e.ip_address.clone())
+            .find(|a| !a.is_empty())
+    }
+
     /// Connects to the local engine (the default socket, or `DOCKER_HOST`) and negotiates the
     /// API version with it.
     ///
@@ -306,6 +345,7 @@ impl ContainerBackend for DockerBackend {
         else {
             return Ok(None);
         };
+        let ip_address = self.host_reachable_ip(&c).await;
         let state = c.state.unwrap_or_default();
         let exited = matches!(
             state.status,
@@ -325,15 +365,7 @@ impl ContainerBackend for DockerBackend {
                 .and_then(|h| h.status)
                 .filter(|s| !matches!(s, HealthStatusEnum::EMPTY | HealthStatusEnum::NONE))
                 .map(|s| s.to_string()),
-            ip_address: c.network_settings.as_ref().and_then(|n| {
-                n.ip_address.clone().filter(|a| !a.is_empty()).or_else(|| {
-                    n.networks.as_ref().and_then(|nets| {
-                        nets.values()
-                            .filter_map(|e| e.ip_address.clone())
-                            .find(|a| !a.is_empty())
-                    })
-                })
-            }),
+            ip_address,
         }))
     }
 
