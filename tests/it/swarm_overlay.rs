@@ -15,13 +15,18 @@
 //! multi-node `cluster_info` on the overlay (`create_kernels`), then checks alias and TCP through
 //! the agents' `execute`. One more logs in over SSH from `main1` to `sub1` as the session's
 //! kernels do (the session keypair, upstream's dropbear on 2200 and its `bssh` client from the
-//! kernel runner; skipped without `KV_KRUNNER_DIR`).
+//! kernel runner; skipped without `KV_KRUNNER_DIR`). The last is the whole path: kernelvisor's
+//! manager places a `multi-node` session of 2 over the two agents, makes the overlay on the Swarm
+//! manager's engine itself (`[scheduler] swarm-docker-host`), the kernels reach each other
+//! through the API's `execute` with its kernel selector, a fan-out from `main1` over
+//! `BACKENDAI_CLUSTER_HOSTS` gathers every kernel's answer, and destroying the session removes
+//! the containers and the overlay.
 //!
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
 //! (fixture up, torn down) are printed; `docs/scenarios.md`, "Two engines in a Swarm", has them.
 //!
-//! Agent host ports: 36620–36659 (bound on the engines' own addresses).
+//! Agent host ports: 36620–36699 (bound on the engines' own addresses).
 
 use crate::common;
 
@@ -885,4 +890,151 @@ fn a_killed_tests_swarm_is_swept_by_the_next_start() {
     );
     sweep_dead_swarms();
     assert_nothing_left(&trace);
+}
+
+/// Issue 40 end to end across engines: kernelvisor's own manager places a `multi-node` cluster
+/// session of 2 over the two engines' agents (one kernel each), makes its Swarm overlay on the
+/// Swarm manager's engine (`[scheduler] swarm-docker-host`), and the kernels reach each other by
+/// name and over TCP through the API's `execute` with its kernel selector; a fan-out from
+/// `main1` over `BACKENDAI_CLUSTER_HOSTS` gathers every kernel's answer there. Destroying the
+/// session removes both containers and the overlay.
+#[test]
+fn a_multi_node_session_spans_both_engines_through_the_manager() {
+    use common::cluster::{wait_for, Cluster, Db};
+    use serde_json::json;
+    let swarm = Swarm::start(2, &[TEST_IMAGE]);
+    let mut c = Cluster::new(Db::Sqlite);
+    c.manager_host = swarm.host_ip().to_string();
+    c.scheduler_extra = format!(
+        "sweep-interval = 1\nswarm-docker-host = \"{}\"",
+        swarm.host(0)
+    );
+    c.start_manager();
+    let mut agents = Vec::new();
+    for (i, name, ports) in [(0, "mn-a", 36660), (1, "mn-b", 36680)] {
+        let (netns, ip) = (&swarm.nodes[i].netns, swarm.ip(i).to_string());
+        agents.push(c.add_agent_on_engine(name, ports, netns, &swarm.host(i), &ip));
+    }
+    let ids: Vec<String> = agents
+        .iter()
+        .map(|i| c.agents[*i].id().to_owned())
+        .collect();
+    for id in &ids {
+        c.wait_agent_status(id, "ALIVE", Duration::from_secs(60));
+    }
+    let created = c.post(
+        "/v1/sessions",
+        &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "32m"},
+                "cluster_size": 2, "cluster_mode": "multi-node"}),
+    );
+    assert_eq!(created.status, 201, "{created:?}");
+    let s = created.body;
+    assert_eq!(s["status"], "RUNNING", "{s}");
+    let sid = s["session_id"].as_str().unwrap().to_owned();
+    // Spread: one kernel on each engine's agent.
+    let on: std::collections::BTreeSet<String> = s["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["agent_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(on, ids.iter().cloned().collect(), "{s}");
+    let network = format!("bai-multinode-{sid}");
+    let net = swarm.engine(0).must_docker(
+        "the session's overlay",
+        &[
+            "network",
+            "inspect",
+            "-f",
+            "{{.Driver}} {{.Attachable}} {{index .Labels \"ai.backend.cluster-network\"}}",
+            &network,
+        ],
+    );
+    assert_eq!(net.trim(), "overlay true 1");
+    // Through the manager's API: each kernel resolves the other by name and TCP goes across.
+    let exec = |kernel: &str, code: &str| -> (String, i64) {
+        let path = format!("/v1/sessions/{sid}/execute");
+        let mut body = json!({"mode": "query", "code": code, "kernel": kernel});
+        let mut out = String::new();
+        loop {
+            let a = c.post(&path, &body);
+            assert_eq!(a.status, 200, "{a:?}");
+            for piece in a.body["console"].as_array().unwrap() {
+                if piece[0] == "stdout" {
+                    out.push_str(piece[1].as_str().unwrap());
+                }
+            }
+            match a.body["status"].as_str().unwrap() {
+                "continued" => {
+                    body = json!({"mode": "continue", "run_id": a.body["runId"], "kernel": kernel})
+                }
+                "finished" => return (out, a.body["exitCode"].as_i64().unwrap()),
+                other => panic!("execute ended {other}: {}", a.body),
+            }
+        }
+    };
+    for (me, peer) in [("main1", "sub1"), ("sub1", "main1")] {
+        poll(
+            Duration::from_secs(30),
+            &format!("{me} resolves {peer}"),
+            || {
+                let (out, code) = exec(me, &format!("nslookup {peer}"));
+                if code == 0 && out.contains("Address") && out.contains(peer) {
+                    Ok(())
+                } else {
+                    Err(out)
+                }
+            },
+        );
+    }
+    // The fan-out: each kernel serves its host name once on 2300 (the run ends when it has
+    // answered); main1 asks every host of BACKENDAI_CLUSTER_HOSTS and gathers the answers.
+    let server = "hostname | nc -l -p 2300 -w 20";
+    let sub = std::thread::scope(|scope| {
+        let servers: Vec<_> = ["main1", "sub1"]
+            .into_iter()
+            .map(|k| scope.spawn(move || exec(k, server)))
+            .collect();
+        // Started when both listeners answer; then one gather.
+        let gathered = poll(Duration::from_secs(30), "the fan-out gathers both", || {
+            let (out, code) = exec(
+                "main1",
+                "for h in $(echo $BACKENDAI_CLUSTER_HOSTS | tr , ' '); do nc -w 2 $h 2300 </dev/null || exit 1; done",
+            );
+            let got: Vec<&str> = out.lines().collect();
+            if code == 0 && got == ["main1", "sub1"] {
+                Ok(got.join(","))
+            } else {
+                Err(format!("{code}: {out}"))
+            }
+        });
+        for t in servers {
+            let (_, code) = t.join().unwrap();
+            assert_eq!(code, 0);
+        }
+        gathered
+    });
+    assert_eq!(sub, "main1,sub1");
+    let d = c.delete(&format!("/v1/sessions/{sid}"));
+    assert_eq!(
+        (d.status, d.body["status"].as_str()),
+        (200, Some("TERMINATED")),
+        "{d:?}"
+    );
+    for i in 0..2 {
+        assert_eq!(
+            swarm.engine(i).docker(&["ps", "-aq"]),
+            "",
+            "engine {i} empty"
+        );
+    }
+    wait_for(Duration::from_secs(30), "the overlay removed", || {
+        swarm
+            .engine(0)
+            .try_docker(&["network", "inspect", &network])
+            .is_err()
+            .then_some(())
+    });
+    drop(c);
+    tear_down(swarm);
 }
