@@ -218,7 +218,7 @@ docker:
 test-image:
     #!/usr/bin/env bash
     set -euo pipefail
-    version=4
+    version=5
     docker image inspect -f '{{{{json .Config.Env}}' kernelvisor-test:healthcheck 2>/dev/null | grep -q "KV_TEST_IMAGE_VERSION=$version" && exit 0
     sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
     if [ ! -x /bin/busybox ]; then
@@ -227,6 +227,9 @@ test-image:
       DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq busybox-static >/dev/null
     fi
     root=$(mktemp -d); trap '$sudo_ rm -rf "$root"' EXIT
+    # mktemp's 0700 would be the image's `/`: an engine on vfs (tests/common/engines.rs) keeps it,
+    # and a non-root user (a kernel's `work`) could reach nothing.
+    chmod 755 "$root"
     mkdir -p "$root"/{bin,etc/backend.ai/service-defs,tmp,home/work}
     printf '%s\n' '{"command": ["httpd", "-f", "-p", "{ports[0]}", "-h", "{home}"], "prestart": [["mkdir", "-p", "{home}"]]}' \
       > "$root/etc/backend.ai/service-defs/web.json"
