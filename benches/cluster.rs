@@ -678,12 +678,7 @@ fn main() {
         interval: Duration::from_secs_f64(env_or("KV_BENCH_HEARTBEAT_INTERVAL", 2.0)),
         admission_interval: env_or("KV_BENCH_ADMISSION_INTERVAL", 0.05),
     };
-    if !(2..=64).contains(&k.size)
-        || k.size > k.agents
-        || k.size > 16
-        || k.trials == 0
-        || k.gangs == 0
-    {
+    if !(2..=16).contains(&k.size) || k.size > k.agents || k.trials == 0 || k.gangs == 0 {
         eprintln!(
             "cluster bench: KV_BENCH_CLUSTER_SIZE must be 2–16 and at most KV_BENCH_AGENTS (one kernel per agent; a single-node cluster takes an agent's 16 cores), KV_BENCH_TRIALS and KV_BENCH_GANGS at least 1"
         );
