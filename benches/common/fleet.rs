@@ -3,8 +3,9 @@
 //! through [`blocking`]), and agents: real `kernelvisor::agent::Agent`s in the bench's process
 //! (dummy backend) and agents simulated at the wire level in child processes of
 //! [`SIM_PER_HOST`] (`KV_BENCH_SIM_HOST`: this bench binary again, [`sim_host_main`]), an
-//! `RpcServer` per agent answering `ping`, `create_kernels`, `destroy_kernel` and
-//! `reset_instance`, and heartbeats in the `docs/events.md` format over [`SIM_CONNS`] shared
+//! `RpcServer` per agent answering `ping`, `create_kernels`, `destroy_kernel`,
+//! `reset_instance` and (a single-node cluster's network, made of nothing)
+//! `create_local_network` / `destroy_local_network`, and heartbeats in the `docs/events.md` format over [`SIM_CONNS`] shared
 //! intake connections per process. No CURVE.
 
 use std::collections::HashMap;
@@ -515,6 +516,9 @@ pub fn sim_dispatcher(agent_id: &str, kernels: SimKernels) -> Dispatcher {
         }
     });
     d.alias("reset_instance", "reset_agent");
+    // A single-node cluster session's bridge (`benches/cluster.rs`): nothing to make here.
+    d.register("create_local_network", |_| async { Ok(Value::Nil) });
+    d.register("destroy_local_network", |_| async { Ok(Value::Nil) });
     d
 }
 
