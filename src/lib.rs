@@ -7,6 +7,7 @@ pub mod agent;
 pub mod config;
 pub mod ctl;
 pub mod limits;
+pub mod made_ahead;
 pub mod manager;
 pub mod model;
 pub mod retry;

@@ -11,8 +11,9 @@
 //! one kernel only, and an empty pool makes one on the spot.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+pub use crate::made_ahead::Pool;
 
 /// Host keys kept ready (cheap: ed25519).
 pub const HOST_KEYS: usize = 4;
@@ -28,82 +29,6 @@ pub struct UserKeypair {
     pub public_key: String,
     /// `-----BEGIN OPENSSH PRIVATE KEY-----…`.
     pub private_key: String,
-}
-
-/// Keys of one kind made ahead: up to `size` ready, refilled by `make` on a thread of its own.
-pub struct Pool<T> {
-    what: &'static str,
-    size: usize,
-    make: Box<dyn Fn() -> std::io::Result<T> + Send + Sync>,
-    ready: Mutex<Vec<T>>,
-    filling: AtomicBool,
-}
-
-impl<T: Send + 'static> Pool<T> {
-    /// A pool of `size` `what`s (for the log) made by `make`, filled from now.
-    pub fn new(
-        what: &'static str,
-        size: usize,
-        make: impl Fn() -> std::io::Result<T> + Send + Sync + 'static,
-    ) -> Arc<Pool<T>> {
-        let pool = Arc::new(Pool {
-            what,
-            size,
-            make: Box::new(make),
-            ready: Mutex::new(Vec::with_capacity(size)),
-            filling: AtomicBool::new(false),
-        });
-        pool.refill();
-        pool
-    }
-
-    /// One no other kernel got: one made ahead, else one made now (the pool then refills).
-    ///
-    /// Errors: `make`'s.
-    pub fn take(self: &Arc<Self>) -> std::io::Result<T> {
-        let ready = self.ready.lock().expect("key pool lock").pop();
-        self.refill();
-        match ready {
-            Some(key) => Ok(key),
-            None => (self.make)(),
-        }
-    }
-
-    /// How many are ready now.
-    pub fn ready(&self) -> usize {
-        self.ready.lock().expect("key pool lock").len()
-    }
-
-    /// Fills the pool on a thread of its own, unless one is already at it.
-    fn refill(self: &Arc<Self>) {
-        if self.ready() >= self.size || self.filling.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("kv-runner-keys".into())
-            .spawn(move || loop {
-                while me.ready() < me.size {
-                    match (me.make)() {
-                        Ok(key) => me.ready.lock().expect("key pool lock").push(key),
-                        Err(e) => {
-                            tracing::warn!(what = me.what, error = %e, "kernel runner: cannot make keys ahead; each kernel makes its own");
-                            me.filling.store(false, Ordering::Release);
-                            return;
-                        }
-                    }
-                }
-                me.filling.store(false, Ordering::Release);
-                // One taken after the last check and before the flag went down found the filler
-                // still at it: fill again, unless another filler took over.
-                if me.ready() >= me.size || me.filling.swap(true, Ordering::AcqRel) {
-                    return;
-                }
-            });
-        if spawned.is_err() {
-            self.filling.store(false, Ordering::Release);
-        }
-    }
 }
 
 /// Where `dropbearkey` writes each key before it is read and removed: a directory of this

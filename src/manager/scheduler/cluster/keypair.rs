@@ -7,6 +7,9 @@
 
 use rsa::pkcs1::{EncodeRsaPrivateKey, LineEnding};
 use rsa::rand_core::OsRng;
+use std::sync::{Arc, OnceLock};
+
+use crate::made_ahead::Pool;
 
 /// The key's size in bits (upstream's).
 pub const BITS: usize = 2048;
@@ -22,6 +25,26 @@ pub struct ClusterKeypair {
     pub public_key: String,
     /// `-----BEGIN RSA PRIVATE KEY-----…`.
     pub private_key: String,
+}
+
+/// Keypairs kept ready once this process has made a cluster session (`just bench cluster`:
+/// making one took most of a 16-kernel session's create, 97–139 ms p50).
+pub const AHEAD: usize = 2;
+
+/// A keypair for a new session, none other gets: one made ahead, else one made now (blocking:
+/// call it off the actors' threads). The first call starts a [`Pool`] that keeps [`AHEAD`]
+/// ready from then on, so a manager that never makes a cluster session makes no key.
+///
+/// Errors: as [`generate`]'s.
+pub fn take() -> Result<ClusterKeypair, String> {
+    static POOL: OnceLock<Arc<Pool<ClusterKeypair>>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        Pool::new("cluster keypairs", AHEAD, || {
+            generate().map_err(std::io::Error::other)
+        })
+    })
+    .take()
+    .map_err(|e| e.to_string())
 }
 
 /// Makes a fresh keypair (about 0.1–0.5 s of CPU: call it off the actors' threads).
@@ -70,5 +93,9 @@ mod tests {
         assert_eq!(line, k.public_key);
         assert_eq!(rsa::traits::PublicKeyParts::size(&back), BITS / 8);
         assert_ne!(generate().unwrap(), k, "two sessions never share a key");
+        // Taken from the pool: each one once.
+        let (a, b) = (take().unwrap(), take().unwrap());
+        assert_ne!(a, b);
+        assert!(a.public_key.starts_with("ssh-rsa ") && b.private_key.contains("RSA PRIVATE KEY"));
     }
 }

@@ -174,7 +174,7 @@ impl Launcher {
         for r in futures::future::join_all(pulls).await {
             r?;
         }
-        let keys = tokio::task::spawn_blocking(keypair::generate)
+        let keys = tokio::task::spawn_blocking(keypair::take)
             .await
             .map_err(|e| ManagerError::Internal(format!("cluster keypair: {e}")))?
             .map_err(|e| ManagerError::Internal(format!("cluster keypair: {e}")))?;
