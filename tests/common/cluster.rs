@@ -426,14 +426,14 @@ impl Cluster {
     /// engine at `docker_host` (`unix://…`), with `host` (the engine's address there) as its
     /// RPC's listening and advertised address and its published ports' (`bind-host`,
     /// `advertised-host`). Its intake is [`Cluster::manager_host`], which must be reachable from
-    /// that namespace (the host's address on the fixture's bridge).
+    /// that namespace (the host's address on the fixture's bridge). `tail` is appended to its
+    /// config (further tables, e.g. `[kernel-runner]`).
     pub fn add_agent_on_engine(
         &mut self,
         name: &str,
         ports_lo: u16,
-        netns: &str,
-        docker_host: &str,
-        host: &str,
+        (netns, docker_host, host): (&str, &str, &str),
+        tail: &str,
     ) -> usize {
         let edit = |text: String| {
             let replace = |text: String, from: &str, to: &str| {
@@ -460,7 +460,7 @@ impl Cluster {
             )
         };
         let netns = Some((netns.to_owned(), host.to_owned()));
-        self.add_agent_edited(name, ports_lo, "", "", netns, edit)
+        self.add_agent_edited(name, ports_lo, "", tail, netns, edit)
     }
 
     fn add_agent_edited(

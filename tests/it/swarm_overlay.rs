@@ -20,13 +20,15 @@
 //! manager's engine itself (`[scheduler] swarm-docker-host`), the kernels reach each other
 //! through the API's `execute` with its kernel selector, a fan-out from `main1` over
 //! `BACKENDAI_CLUSTER_HOSTS` gathers every kernel's answer, and destroying the session removes
-//! the containers and the overlay.
+//! the containers and the overlay. And the same on Backend.AI's runner image: `ssh sub1
+//! hostname` from `main1` with no password, across the engines, and an ssh fan-out over
+//! `BACKENDAI_CLUSTER_HOSTS` (what an `mpirun` hostfile does) gathering every host's name.
 //!
 //! Needs root, `dockerd`/`containerd`/`docker`, `ip` and a kernel with VXLAN, and the test image
 //! on the main engine (`just test-image`); each is checked with a message naming it. Timings
 //! (fixture up, torn down) are printed; `docs/scenarios.md`, "Two engines in a Swarm", has them.
 //!
-//! Agent host ports: 36620–36699 (bound on the engines' own addresses).
+//! Agent host ports: 36620–36739 (bound on the engines' own addresses).
 
 use crate::common;
 
@@ -427,7 +429,7 @@ fn agents_on_two_engines_join_their_kernels_to_the_session_overlay() {
     let mut agents = Vec::new();
     for (i, name, ports) in [(0, "swarm-a", 36620), (1, "swarm-b", 36640)] {
         let (netns, ip) = (&swarm.nodes[i].netns, swarm.ip(i).to_string());
-        agents.push(c.add_agent_on_engine(name, ports, netns, &swarm.host(i), &ip));
+        agents.push(c.add_agent_on_engine(name, ports, (netns, &swarm.host(i), &ip), ""));
     }
     let (a0, a1) = (agents[0], agents[1]);
     for i in [a0, a1] {
@@ -907,7 +909,7 @@ fn a_multi_node_session_spans_both_engines_through_the_manager() {
     let mut agents = Vec::new();
     for (i, name, ports) in [(0, "mn-a", 36660), (1, "mn-b", 36680)] {
         let (netns, ip) = (&swarm.nodes[i].netns, swarm.ip(i).to_string());
-        agents.push(c.add_agent_on_engine(name, ports, netns, &swarm.host(i), &ip));
+        agents.push(c.add_agent_on_engine(name, ports, (netns, &swarm.host(i), &ip), ""));
     }
     let ids: Vec<String> = agents
         .iter()
@@ -1029,6 +1031,111 @@ fn a_multi_node_session_spans_both_engines_through_the_manager() {
             .is_err()
             .then_some(())
     });
+    drop(c);
+    tear_down(swarm);
+}
+
+/// The runner's image with an ssh client (`just test-image-py-ssh`).
+const PY_SSH_IMAGE: &str = "kernelvisor-test-py:ssh";
+
+/// What distributed training does on a cluster: a `multi-node` session of 2 of Backend.AI's
+/// runner image, one kernel per engine, placed by kernelvisor's manager; from `main1`, `ssh
+/// sub1 hostname` answers `sub1` with no password (the session keypair the manager made, the
+/// key files the agent wrote, the runner's sshd on 2200 across the overlay), and an ssh fan-out
+/// over `BACKENDAI_CLUSTER_HOSTS` (what an `mpirun` hostfile does) gathers every kernel's host
+/// name on `main1`. Skipped without `KV_KRUNNER_DIR`.
+#[test]
+fn ssh_fans_out_over_a_multi_node_session_across_engines() {
+    use common::cluster::{Cluster, Db};
+    use serde_json::json;
+    let Ok(krunner) = std::env::var("KV_KRUNNER_DIR") else {
+        eprintln!(
+            "SKIPPED: KV_KRUNNER_DIR is not set (`just test-all` sets it after `just krunner`)"
+        );
+        return;
+    };
+    let swarm = Swarm::start(2, &[PY_SSH_IMAGE]);
+    let mut c = Cluster::new(Db::Sqlite);
+    c.manager_host = swarm.host_ip().to_string();
+    c.scheduler_extra = format!(
+        "sweep-interval = 1\nswarm-docker-host = \"{}\"",
+        swarm.host(0)
+    );
+    c.start_manager();
+    let runner =
+        format!("\n[kernel-runner]\ndir = \"{krunner}\"\nmode = \"auto\"\ninit-timeout = 60\n");
+    let mut ids = Vec::new();
+    for (i, name, ports) in [(0, "ssh-a", 36700), (1, "ssh-b", 36720)] {
+        let (netns, ip) = (&swarm.nodes[i].netns, swarm.ip(i).to_string());
+        let a = c.add_agent_on_engine(name, ports, (netns, &swarm.host(i), &ip), &runner);
+        ids.push(c.agents[a].id().to_owned());
+    }
+    for id in &ids {
+        c.wait_agent_status(id, "ALIVE", Duration::from_secs(60));
+    }
+    let created = c.post(
+        "/v1/sessions",
+        &json!({"image": PY_SSH_IMAGE, "resource_slots": {"cpu": 0.5, "mem": "256m"},
+                "cluster_size": 2, "cluster_mode": "multi-node"}),
+    );
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(created.body["status"], "RUNNING", "{}", created.body);
+    let sid = created.body["session_id"].as_str().unwrap().to_owned();
+    let on: std::collections::BTreeSet<&str> = created.body["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["agent_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(on.len(), 2, "one kernel per engine: {}", created.body);
+    // A shell command in main1 (`shell`: not the Python REPL), as the kernel's user.
+    let sh = |code: &str| -> (String, i64) {
+        let path = format!("/v1/sessions/{sid}/execute");
+        let mut body = json!({"mode": "query", "code": code, "shell": true});
+        let mut out = String::new();
+        loop {
+            let a = c.post(&path, &body);
+            assert_eq!(a.status, 200, "{a:?}");
+            for piece in a.body["console"].as_array().unwrap() {
+                if piece[0] == "stdout" || piece[0] == "stderr" {
+                    out.push_str(piece[1].as_str().unwrap());
+                }
+            }
+            match a.body["status"].as_str().unwrap() {
+                "continued" => body = json!({"mode": "continue", "run_id": a.body["runId"]}),
+                "finished" => return (out, a.body["exitCode"].as_i64().unwrap()),
+                other => panic!("execute ended {other}: {}", a.body),
+            }
+        }
+    };
+    let ssh = "ssh -o BatchMode=yes -o ConnectTimeout=5";
+    let one = poll(Duration::from_secs(60), "ssh sub1 from main1", || {
+        let (out, code) = sh(&format!("{ssh} sub1 hostname"));
+        if code == 0 && out.trim_end().ends_with("sub1") {
+            Ok(out)
+        } else {
+            Err(format!("{code}: {out}"))
+        }
+    });
+    assert!(!one.contains("assword"), "no password asked: {one}");
+    let (out, code) = sh(&format!(
+        "for h in $(echo $BACKENDAI_CLUSTER_HOSTS | tr , ' '); do {ssh} $h hostname || exit 1; done"
+    ));
+    assert_eq!(code, 0, "{out}");
+    let names: Vec<&str> = out
+        .lines()
+        .filter(|l| *l == "main1" || *l == "sub1")
+        .collect();
+    assert_eq!(names, ["main1", "sub1"], "{out}");
+    let d = c.delete(&format!("/v1/sessions/{sid}"));
+    assert_eq!(d.status, 200, "{d:?}");
+    for i in 0..2 {
+        assert_eq!(
+            swarm.engine(i).docker(&["ps", "-aq"]),
+            "",
+            "engine {i} empty"
+        );
+    }
     drop(c);
     tear_down(swarm);
 }
