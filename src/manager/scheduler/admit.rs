@@ -16,7 +16,7 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::cluster::{end_gang, gang_kernels, GangPlaced};
-use super::create::{new_kernel, resolve_mounts, ClusterPlace, Launcher, Placed};
+use super::launch::{new_kernel, resolve_mounts, ClusterPlace, Launcher, Placed};
 use super::queue::{plan, Fleet};
 use super::{AdmitNow, Queued, Scheduler};
 use crate::manager::error::ManagerError;

@@ -1,73 +1,35 @@
 //! `CreateSession`: resolve the mounts, place and reserve (retrying lost races), then
 //! `create_kernels` on the chosen agent; any failure undoes the reservation.
 
-use std::collections::BTreeMap;
-
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rmpv::Value;
 
 use super::cluster::{gang_kernels, GangKernel};
+use super::launch::{kernel_config, new_kernel, resolve_mounts, ClusterPlace, Launcher, Placed};
 use super::place::{
     fits_some_agent, gang_total, parse_request, parse_request_typed, place, place_gang, PlaceError,
 };
 use super::pull::{PullOutcome, PullPhase};
 use super::Scheduler;
-use crate::agent::kernel::config::ACCESS_KEY_ENV;
 use crate::manager::calls::{agent_error, call_agent, call_method};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentImages, PlacementCandidates};
 use crate::manager::store::{Admitted, AgentRow, KernelRow, NewKernel, ReserveError, Store};
-use crate::model::cluster::{cluster_slots, hosts_env, replicas_env, ClusterMode, ClusterSlot};
+use crate::model::cluster::{cluster_slots, ClusterMode};
 use crate::model::queue::{PendingCode, PendingReason};
-use crate::model::session::{KernelStatus, MountSpec, SessionRequest, SessionType};
+use crate::model::session::{KernelStatus, SessionRequest};
 use crate::rpc::agent_api::kernel::{
-    ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs, ImageConfig,
-    KernelCreationConfig, ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
+    ClusterInfo, CreateKernels, CreateKernelsArgs, DestroyKernel, DestroyKernelArgs,
+    KernelCreationConfig,
 };
 use crate::rpc::agent_api::{decode_reply, encode_args, to_value};
 use crate::slots::ResourceSlots;
-use crate::workload::RestartPolicy;
 
 /// Placements tried before a create gives up with `no-capacity` when every try lost a race for
 /// the chosen agent's slots (other replicas placing at the same time).
 const MAX_PLACEMENT_ATTEMPTS: u32 = 5;
-
-/// The agent's `mounts` for `owner`'s vfolders: `{"name", "host_path": "<owner>/<name>",
-/// "permission"}`, the path relative to the agent's `[container] vfolder-root`.
-///
-/// Errors: 400 for a bad name or permission or a name mounted twice, 404
-/// `vfolder-not-found` for a name the owner has no vfolder of.
-pub(super) async fn resolve_mounts(
-    store: &Store,
-    owner: &str,
-    mounts: &[MountSpec],
-) -> Result<Vec<VFolderMount>, ManagerError> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::with_capacity(mounts.len());
-    for m in mounts {
-        crate::manager::vfolder_name::check(&m.name)?;
-        let permission = m.checked_permission()?;
-        if !seen.insert(m.name.as_str()) {
-            return Err(ManagerError::InvalidRequest(format!(
-                "vfolder `{}` is mounted twice",
-                m.name
-            )));
-        }
-        if store.vfolder(owner, &m.name).await?.is_none() {
-            return Err(ManagerError::VfolderNotFound(m.name.clone()));
-        }
-        out.push(VFolderMount {
-            name: m.name.clone(),
-            host_path: format!("{owner}/{}", m.name),
-            kernel_path: Some(format!("/home/work/{}", m.name)),
-            mount_perm: permission.into(),
-            ..VFolderMount::default()
-        });
-    }
-    Ok(out)
-}
 
 /// Creates a session: its kernel row as stored after the agent answered, or `PENDING` when it
 /// was queued.
@@ -80,145 +42,6 @@ pub struct CreateSession {
     pub request: SessionRequest,
 }
 
-/// A session's kernel placed and reserved on an agent: what its creation needs.
-pub(super) struct Placed {
-    pub(super) owner: String,
-    pub(super) request: SessionRequest,
-    pub(super) kernel_id: String,
-    pub(super) session_id: String,
-    pub(super) agent_id: String,
-    pub(super) slots: ResourceSlots,
-    pub(super) mounts: Vec<VFolderMount>,
-}
-
-/// Where a kernel sits in its session's cluster: its slot, and the session's mode and size.
-pub(super) struct ClusterPlace {
-    pub(super) slot: ClusterSlot,
-    pub(super) mode: ClusterMode,
-    pub(super) size: u32,
-}
-
-impl ClusterPlace {
-    /// A session of one kernel: `main1` of 1.
-    pub(super) fn single() -> ClusterPlace {
-        ClusterPlace {
-            slot: cluster_slots(1).remove(0),
-            mode: ClusterMode::SingleNode,
-            size: 1,
-        }
-    }
-}
-
-/// A kernel's `KernelCreationConfig`: the request's image, slots, mounts, command, service
-/// ports and environment, its place in the cluster (`cluster_role`, `cluster_idx`,
-/// `cluster_hostname`, `local_rank`) and the cluster's environment, as Backend.AI's manager
-/// sets it for every kernel (`manager/sokovan/scheduler/launcher/launcher.py`):
-/// `BACKENDAI_SESSION_ID`, `BACKENDAI_KERNEL_ID`, `BACKENDAI_CLUSTER_SIZE`,
-/// `BACKENDAI_CLUSTER_REPLICAS`, `BACKENDAI_CLUSTER_HOSTS`, `BACKENDAI_CLUSTER_ROLE`,
-/// `BACKENDAI_CLUSTER_IDX`, `BACKENDAI_CLUSTER_LOCAL_RANK`, `BACKENDAI_CLUSTER_HOST`. The
-/// request's own `environ` cannot override these. `kernel_id` is `p.kernel_id` unless given.
-///
-/// Errors: the request's type does not check (`invalid-request`).
-pub(super) fn kernel_config(
-    spec: &super::SchedulerSpec,
-    p: &Placed,
-    place: &ClusterPlace,
-    kernel_id: Option<&str>,
-) -> Result<KernelCreationConfig, ManagerError> {
-    let req = &p.request;
-    let kernel_id = kernel_id.unwrap_or(&p.kernel_id);
-    let session_type = req.checked_type()?;
-    let mut environ: BTreeMap<String, Value> = req
-        .environ
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-        .collect();
-    environ.insert(ACCESS_KEY_ENV.into(), p.owner.as_str().into());
-    let slot = &place.slot;
-    // A batch cluster session's job is its main kernel's (upstream's manager triggers the
-    // batch execution on the main kernel only): the other kernels run as interactive ones,
-    // there for the job to reach (ssh, MPI), until the main kernel's end ends them.
-    let is_main = slot.role == crate::model::cluster::MAIN_ROLE;
-    let (session_type, startup_command, batch_timeout) = match session_type {
-        SessionType::Batch if !is_main => (SessionType::Interactive, None, None),
-        t => (t, req.command.clone(), req.batch_timeout),
-    };
-    for (k, v) in [
-        ("BACKENDAI_SESSION_ID", p.session_id.clone()),
-        ("BACKENDAI_KERNEL_ID", kernel_id.to_owned()),
-        ("BACKENDAI_CLUSTER_SIZE", place.size.to_string()),
-        ("BACKENDAI_CLUSTER_REPLICAS", replicas_env(place.size)),
-        ("BACKENDAI_CLUSTER_HOSTS", hosts_env(place.size)),
-        ("BACKENDAI_CLUSTER_ROLE", slot.role.to_owned()),
-        ("BACKENDAI_CLUSTER_IDX", slot.idx.to_string()),
-        ("BACKENDAI_CLUSTER_LOCAL_RANK", slot.local_rank.to_string()),
-        ("BACKENDAI_CLUSTER_HOST", slot.hostname.clone()),
-    ] {
-        environ.insert(k.to_owned(), Value::from(v));
-    }
-    Ok(KernelCreationConfig {
-        image: ImageConfig {
-            registry: spec.registries.for_image(&req.image),
-            ..ImageConfig::by_reference(&req.image)
-        },
-        kernel_id: Some(kernel_id.to_owned()),
-        session_id: Some(p.session_id.clone()),
-        network_id: Some(p.session_id.clone()),
-        session_type: match session_type {
-            SessionType::Batch => SessionTypes::Batch,
-            SessionType::Interactive => SessionTypes::Interactive,
-        },
-        cluster_mode: place.mode,
-        cluster_role: Some(slot.role.into()),
-        cluster_idx: Some(slot.idx),
-        cluster_hostname: Some(slot.hostname.clone()),
-        local_rank: Some(slot.local_rank),
-        resource_slots: match p.slots.to_msgpack() {
-            Value::Map(m) => m
-                .into_iter()
-                .filter_map(|(k, v)| k.as_str().map(|k| (k.to_owned(), v)))
-                .collect(),
-            _ => BTreeMap::new(),
-        },
-        environ,
-        mounts: p.mounts.clone(),
-        startup_command,
-        service_ports: req
-            .service_ports
-            .iter()
-            .map(|sp| WireServicePort {
-                name: sp.name.clone(),
-                protocol: sp.protocol.clone().unwrap_or_else(|| "tcp".into()),
-                container_ports: sp.container_ports.clone(),
-            })
-            .collect(),
-        batch_timeout,
-        restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
-        agent_addr: None,
-        // `{"kernels": {"sub2": {…}}}` injects into the kernels named only (a cluster test
-        // fails one kernel of a gang); anything else into every kernel.
-        #[cfg(feature = "fault-injection")]
-        inject: req
-            .inject
-            .as_ref()
-            .and_then(|v| match v.get("kernels") {
-                Some(per) => per.get(&slot.hostname),
-                None => Some(v),
-            })
-            .map(json_to_msgpack),
-        ..KernelCreationConfig::default()
-    })
-}
-
-/// The scheduler's parts a creation uses, cloned out of the actor.
-#[derive(Clone)]
-pub(super) struct Launcher {
-    pub(super) store: Store,
-    pub(super) pool: Addr<crate::manager::pool::AgentPool>,
-    pub(super) metrics: std::sync::Arc<crate::manager::metrics::ManagerMetrics>,
-    pub(super) spec: super::SchedulerSpec,
-}
-
 /// Whether the caller waits for the creation.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Waiter {
@@ -228,39 +51,6 @@ pub(super) enum Waiter {
     /// An admission from the queue: nobody waits; a failure ends the session `TERMINATED`
     /// with the error's code as its reason.
     Nobody,
-}
-
-/// The stored row of a session's kernel that was queued or placed (`place`: its place in
-/// the cluster; [`ClusterPlace::single`] for a session of one kernel).
-pub(super) fn new_kernel(
-    owner: &str,
-    req: &SessionRequest,
-    ids: (&str, &str),
-    agent_id: &str,
-    slots: &ResourceSlots,
-    priority: i64,
-    place: &ClusterPlace,
-) -> Result<NewKernel, ManagerError> {
-    Ok(NewKernel {
-        cluster_mode: place.mode,
-        cluster_size: place.size,
-        cluster: place.slot.clone(),
-        id: ids.0.to_owned(),
-        session_id: ids.1.to_owned(),
-        agent_id: agent_id.to_owned(),
-        access_key: owner.to_owned(),
-        image: req.image.clone(),
-        resource_slots: slots.clone(),
-        session_type: req.checked_type()?,
-        command: req.command.clone(),
-        batch_timeout: req.batch_timeout,
-        mounts: req.mounts.clone(),
-        restart_policy: req.restart_policy.unwrap_or_default(),
-        priority,
-        request: Some(
-            serde_json::to_string(req).map_err(|e| ManagerError::Internal(e.to_string()))?,
-        ),
-    })
 }
 
 /// What a direct placement ended in when it did not place.
@@ -722,12 +512,6 @@ impl Launcher {
         };
         self.launch(placed, Waiter::Nobody).await
     }
-}
-
-/// A JSON value as msgpack (the fault-injection `_inject` passthrough).
-#[cfg(feature = "fault-injection")]
-fn json_to_msgpack(v: &serde_json::Value) -> Value {
-    rmpv::ext::to_value(v).unwrap_or(Value::Nil)
 }
 
 /// How long `POST /v1/sessions` waits for a pull before it answers `PULLING` and lets the pull

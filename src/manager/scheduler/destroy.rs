@@ -5,17 +5,13 @@
 //! has a deadline (`[scheduler] terminating-timeout`): the reconcile sweep (`sweep.rs`) drives
 //! it again and ends the row either way.
 
-use std::time::Duration;
-
 use actix::prelude::*;
 
+use super::launch::destroy_on_agent;
 use super::Scheduler;
-use crate::manager::calls::{agent_error, call_method};
+use crate::manager::calls::agent_error;
 use crate::manager::error::ManagerError;
-use crate::manager::metrics::ManagerMetrics;
-use crate::manager::pool::{AgentCallError, AgentPool};
 use crate::manager::store::KernelRow;
-use crate::rpc::agent_api::kernel::{DestroyKernel, DestroyKernelArgs};
 
 /// Destroys a session's kernel on its agent and takes it out of the live set.
 #[derive(Message)]
@@ -81,35 +77,5 @@ impl Handler<DestroySession> for Scheduler {
                 .await?
                 .ok_or(ManagerError::SessionNotFound(id))
         })
-    }
-}
-
-/// `destroy_kernel` of a placed kernel `k` on its agent, with `reason` (`user-requested`,
-/// `agent-drained`); a kernel the agent no longer has (`KernelNotFound`) counts as destroyed.
-/// The store is left to the caller.
-///
-/// Errors: the call's, when the agent did not answer or failed otherwise.
-pub(super) async fn destroy_on_agent(
-    pool: &Addr<AgentPool>,
-    metrics: &ManagerMetrics,
-    k: &KernelRow,
-    reason: &str,
-    timeout: Duration,
-) -> Result<(), AgentCallError> {
-    let args = DestroyKernelArgs {
-        kernel_id: k.id.clone(),
-        session_id: Some(k.session_id.clone()),
-        reason: Some(reason.into()),
-        suppress_events: None,
-    };
-    match call_method::<DestroyKernel>(pool, metrics, &k.agent_id, &args, timeout).await {
-        Ok(_) => Ok(()),
-        Err(e)
-            if e.failure()
-                .is_some_and(|m| m.known() == Some(crate::rpc::Failure::KernelNotFound)) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e),
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use futures::StreamExt;
 
-use super::destroy::destroy_on_agent;
+use super::launch::destroy_on_agent;
 use super::Scheduler;
 use crate::manager::metrics::ManagerMetrics;
 use crate::manager::pool::AgentPool;

@@ -22,6 +22,7 @@ mod create;
 mod destroy;
 mod drain;
 mod exec;
+mod launch;
 mod place;
 mod pull;
 mod queue;
@@ -166,8 +167,8 @@ impl Scheduler {
     }
 
     /// The parts a kernel's creation needs.
-    fn launcher(&self) -> create::Launcher {
-        create::Launcher {
+    fn launcher(&self) -> launch::Launcher {
+        launch::Launcher {
             store: self.store.clone(),
             pool: self.pool.clone(),
             metrics: self.metrics.clone(),

@@ -53,8 +53,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 
-use super::create::Launcher;
-use super::destroy::destroy_on_agent;
+use super::launch::{destroy_on_agent, Launcher};
 use super::{Scheduler, StateDeadlines};
 use crate::manager::calls::call_method;
 use crate::manager::metrics::ManagerMetrics;

@@ -29,8 +29,7 @@ use rmpv::Value;
 
 pub use network::{network_name, OverlaySpec};
 
-use super::create::{kernel_config, ClusterPlace, Launcher, Placed};
-use super::destroy::destroy_on_agent;
+use super::launch::{destroy_on_agent, kernel_config, ClusterPlace, Launcher, Placed};
 use super::pull::{PullOutcome, PullPhase};
 use crate::manager::calls::{agent_error, call_agent};
 use crate::manager::error::ManagerError;
