@@ -225,6 +225,10 @@ pub struct SchedulerSection {
     pub swarm_docker_host: Option<String>,
     /// MTU of those overlay networks (`com.docker.network.driver.mtu`); unset: Docker's.
     pub overlay_mtu: Option<u32>,
+    /// How a `multi-node` cluster session's kernels spread over the agents: `spread` (default:
+    /// each on the least loaded agent, as any session) or `pack` (each on the most loaded agent
+    /// that fits it, leaving whole agents free).
+    pub cluster_placement: crate::model::cluster::ClusterPlacement,
 }
 
 impl Default for SchedulerSection {
@@ -247,6 +251,7 @@ impl Default for SchedulerSection {
             sweep_interval: Seconds(Duration::from_secs(10)),
             swarm_docker_host: None,
             overlay_mtu: None,
+            cluster_placement: Default::default(),
         }
     }
 }

@@ -63,6 +63,20 @@ impl clap::ValueEnum for ClusterMode {
     }
 }
 
+/// How a `multi-node` cluster session's kernels are spread over the agents (`[scheduler]
+/// cluster-placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClusterPlacement {
+    /// Each kernel on the least loaded agent after placing it (as a session of one kernel):
+    /// a gang spreads over the fleet.
+    #[default]
+    Spread,
+    /// Each kernel on the most loaded agent that fits it (Kubernetes' `MostAllocated`): a
+    /// gang fills few agents, leaving whole agents free for the next large one.
+    Pack,
+}
+
 /// One kernel's place in its cluster: role, index within the role and host name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterSlot {

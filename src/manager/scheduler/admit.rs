@@ -123,6 +123,7 @@ impl Scheduler {
             self.spec.head_skip_rounds,
             self.spec.admission_window,
         );
+        let cluster_placement = self.spec.cluster_placement;
         async move {
             let started = Instant::now();
             let mut out = RoundOutcome::default();
@@ -141,6 +142,7 @@ impl Scheduler {
                 usage: store.usage_by_agent().await?,
                 images: &images,
                 keys: store.key_shares().await?,
+                cluster_placement,
             };
             let p = plan(window, fleet, policy, skips);
             let mut reasons = p.reasons;

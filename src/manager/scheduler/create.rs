@@ -9,7 +9,8 @@ use rmpv::Value;
 use super::cluster::{gang_kernels, GangKernel};
 use super::launch::{kernel_config, new_kernel, resolve_mounts, ClusterPlace, Launcher, Placed};
 use super::place::{
-    fits_some_agent, gang_total, parse_request, parse_request_typed, place, place_gang, PlaceError,
+    fits_some_agent, gang_total, parse_request, parse_request_typed, place, place_by, place_gang,
+    PlaceError,
 };
 use super::pull::{PullOutcome, PullPhase};
 use super::Scheduler;
@@ -74,6 +75,7 @@ impl Handler<CreateSession> for Scheduler {
             self.slot_types.clone(),
         );
         let me = ctx.address();
+        let placement = self.spec.cluster_placement;
         Box::pin(async move {
             if req.image.trim().is_empty() {
                 return Err(ManagerError::InvalidRequest(
@@ -149,6 +151,7 @@ impl Handler<CreateSession> for Scheduler {
                                 slots: &slots,
                                 priority,
                                 main: &main,
+                                placement,
                             };
                             place_gang_now(&store, &registry, &all, &gang).await
                         }
@@ -302,6 +305,8 @@ struct Gang<'a> {
     priority: i64,
     /// The main kernel's place (the cluster's mode and size).
     main: &'a ClusterPlace,
+    /// `[scheduler] cluster-placement`.
+    placement: crate::model::cluster::ClusterPlacement,
 }
 
 /// Places and reserves a cluster session now, whole (retrying lost races as [`place_now`]
@@ -326,7 +331,7 @@ async fn place_gang_now(
             .with_usage(|usage| {
                 let mut usage = usage.clone();
                 place_gang(mode, size, g.slots, &mut usage, |req, usage| {
-                    place(candidates, usage, req, &g.req.image, &images)
+                    place_by(g.placement, candidates, usage, req, &g.req.image, &images)
                 })
             })
             .await

@@ -76,6 +76,9 @@ pub struct SchedulerSpec {
     pub deadlines: StateDeadlines,
     /// Period of the reconcile sweep (stuck kernels, drain deadlines, cluster sessions).
     pub sweep_interval: Duration,
+    /// How a `multi-node` session's kernels spread over the agents (`[scheduler]
+    /// cluster-placement`).
+    pub cluster_placement: crate::model::cluster::ClusterPlacement,
     /// Where `multi-node` sessions' overlay networks are made (`[scheduler]
     /// swarm-docker-host`, `overlay-mtu`).
     pub overlay: OverlaySpec,

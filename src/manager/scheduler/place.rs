@@ -8,7 +8,7 @@ use crate::agent::node::normalize_image;
 use crate::manager::error::ManagerError;
 use crate::manager::registry::AgentImageSets;
 use crate::manager::store::{AgentRow, Usage};
-use crate::model::cluster::{cluster_slots, ClusterMode};
+use crate::model::cluster::{cluster_slots, ClusterMode, ClusterPlacement};
 use crate::model::queue::{PendingCode, PendingReason};
 use crate::slots::{Amount, ResourceSlots, SlotError, SlotTypes};
 
@@ -276,6 +276,47 @@ fn add_usage(
         _ => u.slots.saturating_sub(req),
     };
     u.kernels += sign;
+}
+
+/// As [`place`], for a kernel of a `multi-node` gang under `[scheduler] cluster-placement =
+/// "pack"`: among the schedulable candidates that fit `req` now, one holding `image` first,
+/// then the *most* loaded after placing it, then more kernels, then the id (Kubernetes'
+/// `MostAllocated` score): a gang fills few agents and leaves whole ones free.
+///
+/// Errors: as [`place`]'s.
+pub fn place_packed(
+    candidates: &[AgentRow],
+    usage: &std::collections::HashMap<String, Usage>,
+    req: &ResourceSlots,
+    image: &str,
+    images: &AgentImageSets,
+) -> Result<String, PlaceError> {
+    fits_some_agent(candidates, req)?;
+    ranks(candidates, usage, req, &normalize_image(image), images)
+        .min_by(|a, b| {
+            a.lacks
+                .cmp(&b.lacks)
+                .then(b.load.cmp(&a.load))
+                .then(b.kernels.cmp(&a.kernels))
+                .then(a.id.cmp(b.id))
+        })
+        .map(|r| r.id.to_owned())
+        .ok_or_else(|| short_of(candidates, usage, req))
+}
+
+/// [`place`] or [`place_packed`], as `placement` says.
+pub fn place_by(
+    placement: ClusterPlacement,
+    candidates: &[AgentRow],
+    usage: &std::collections::HashMap<String, Usage>,
+    req: &ResourceSlots,
+    image: &str,
+    images: &AgentImageSets,
+) -> Result<String, PlaceError> {
+    match placement {
+        ClusterPlacement::Spread => place(candidates, usage, req, image, images),
+        ClusterPlacement::Pack => place_packed(candidates, usage, req, image, images),
+    }
 }
 
 /// The rank of every schedulable candidate that `req` fits beside its usage ([`rank`]).

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use super::place::{place, place_gang, RoundPlacer};
+use super::place::{place_by, place_gang, RoundPlacer};
 use crate::manager::registry::AgentImageSets;
 use crate::manager::store::{AgentRow, KeyShare, QueuedSession, Usage};
 use crate::model::queue::{PendingCode, PendingReason, QueuePolicy};
@@ -41,6 +41,9 @@ pub struct Fleet<'a> {
     pub images: &'a AgentImageSets,
     /// Each access key's placed slots and concurrency.
     pub keys: HashMap<String, KeyShare>,
+    /// How a `multi-node` gang's kernels spread over the candidates (`[scheduler]
+    /// cluster-placement`).
+    pub cluster_placement: crate::model::cluster::ClusterPlacement,
 }
 
 /// Plans one round over `window` (queued sessions in the store's order: priority descending,
@@ -118,7 +121,16 @@ pub fn plan(
                     u32::try_from(n).unwrap_or(u32::MAX),
                     &q.resource_slots,
                     &mut fleet.usage,
-                    |req, usage| place(fleet.candidates, usage, req, &q.image, fleet.images),
+                    |req, usage| {
+                        place_by(
+                            fleet.cluster_placement,
+                            fleet.candidates,
+                            usage,
+                            req,
+                            &q.image,
+                            fleet.images,
+                        )
+                    },
                 ),
             };
             match placed {
@@ -269,6 +281,47 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_node_gang_spreads_or_packs_as_configured() {
+        use crate::model::cluster::{ClusterMode::MultiNode, ClusterPlacement};
+        // a: 4 cores, 2 taken; b and c: 4 free. A gang of 2 kernels of 1 core.
+        let agents = [
+            agent("a", "4", 1 << 30),
+            agent("b", "4", 1 << 30),
+            agent("c", "4", 1 << 30),
+        ];
+        let usage: HashMap<String, Usage> = [(
+            "a".to_owned(),
+            Usage {
+                slots: slots("2", 0),
+                kernels: 2,
+            },
+        )]
+        .into_iter()
+        .collect();
+        let images = AgentImageSets::new();
+        let on = |placement| {
+            let fleet = Fleet {
+                candidates: &agents,
+                usage: usage.clone(),
+                images: &images,
+                keys: HashMap::new(),
+                cluster_placement: placement,
+            };
+            let p = plan(
+                vec![gang("g", 0.0, "1", 2, MultiNode)],
+                fleet,
+                QueuePolicy::Fifo,
+                0,
+            );
+            p.admit[0].1.clone()
+        };
+        // Spread: the least loaded agents, one kernel each.
+        assert_eq!(on(ClusterPlacement::Spread), ["b", "c"]);
+        // Pack: the most loaded agent that fits, both kernels (a has 2 cores free).
+        assert_eq!(on(ClusterPlacement::Pack), ["a", "a"]);
+    }
+
+    #[test]
     fn a_gang_is_placed_whole_or_waits_whole_and_holds_the_queue_as_one_head() {
         use crate::model::cluster::ClusterMode::{MultiNode, SingleNode};
         // Two agents of 3 cores, one core taken on each by the two sessions ahead: a
@@ -349,6 +402,7 @@ mod tests {
             usage: HashMap::new(),
             images: &images,
             keys: HashMap::new(),
+            cluster_placement: Default::default(),
         };
         plan(sorted(window), fleet, policy, skips)
     }
@@ -419,6 +473,7 @@ mod tests {
             usage,
             images: &images,
             keys: HashMap::new(),
+            cluster_placement: Default::default(),
         };
         // Round 1 of 2: the head holds everything after it (its priority and lower).
         let p = plan(window(&big), fleet(usage_b.clone()), QueuePolicy::Fifo, 2);
@@ -459,6 +514,7 @@ mod tests {
             usage: HashMap::new(),
             images: &images,
             keys,
+            cluster_placement: Default::default(),
         };
         let p = plan(window, fleet, QueuePolicy::Fifo, 5);
         assert_eq!(admitted(&p), ["l1", "o1"]);

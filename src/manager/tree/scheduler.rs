@@ -37,6 +37,7 @@ fn spec(config: &ManagerConfig, registries: Arc<ImageRegistries>) -> SchedulerSp
             restarting: s.restarting_timeout.0,
         },
         sweep_interval: s.sweep_interval.0,
+        cluster_placement: s.cluster_placement,
         overlay: crate::manager::scheduler::OverlaySpec {
             docker_host: s.swarm_docker_host.clone(),
             mtu: s.overlay_mtu,
