@@ -675,6 +675,44 @@ impl Cluster {
         .unwrap()
     }
 
+    /// Runs `code` through `POST /v1/sessions/{sid}/execute` (query mode, continued until it
+    /// finishes) in the kernel `kernel` selects (the main kernel when `None`): its stdout and
+    /// exit code, or the refusal's (status, body) of any call that is not a 200.
+    pub fn execute(
+        &self,
+        sid: &str,
+        kernel: Option<&str>,
+        code: &str,
+    ) -> Result<(String, i64), (u16, Json)> {
+        let path = format!("/v1/sessions/{sid}/execute");
+        let mut body = serde_json::json!({"mode": "query", "code": code});
+        if let Some(k) = kernel {
+            body["kernel"] = k.into();
+        }
+        let mut out = String::new();
+        loop {
+            let a = self.post(&path, &body);
+            if a.status != 200 {
+                return Err((a.status, a.body));
+            }
+            for piece in a.body["console"].as_array().into_iter().flatten() {
+                if piece[0] == "stdout" {
+                    out.push_str(piece[1].as_str().unwrap_or_default());
+                }
+            }
+            match a.body["status"].as_str() {
+                Some("continued") => {
+                    body = serde_json::json!({"mode": "continue", "run_id": a.body["runId"]});
+                    if let Some(k) = kernel {
+                        body["kernel"] = k.into();
+                    }
+                }
+                Some("finished") => return Ok((out, a.body["exitCode"].as_i64().unwrap_or(-1))),
+                _ => panic!("execute ended: {}", a.body),
+            }
+        }
+    }
+
     /// DELETE as the cluster's user key.
     pub fn delete(&self, path: &str) -> Answer {
         self.delete_as(Some(&self.token), path)

@@ -19,7 +19,9 @@
 //!   `kernelvisor-test-py:ssh` (`just test-image-py-ssh`): from `main1`, `getent hosts sub2`
 //!   resolves, `ssh -o BatchMode=yes sub1 hostname` prints `sub1` (the runner's dropbear on 2200,
 //!   the cluster key, the runner's `~/.ssh/config`), the launcher's `BACKENDAI_CLUSTER_*` are in
-//!   the REPL's environment; then nothing is left.
+//!   the runner's environment; then nothing is left. Each step is a batch-mode `exec`: a query
+//!   fails for the kernel's life once a loaded machine keeps the runner's Jupyter kernel from
+//!   being ready in 10 s.
 //!
 //! - `a_host_network_cluster_reaches_its_peers_by_the_assigned_ports`: network type HOST, two
 //!   kernels of `kernelvisor-test-py:ssh`: the launcher's `assign_port` per kernel, both

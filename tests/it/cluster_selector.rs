@@ -32,41 +32,6 @@ use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(90);
 
-/// Runs `code` (a shell command line on the test image) to its end through the continuation
-/// protocol, in the kernel `kernel` selects; (stdout, exit code), or the refusal's (status,
-/// body) of the first call.
-fn exec(
-    c: &Cluster,
-    sid: &str,
-    kernel: Option<&str>,
-    code: &str,
-) -> Result<(String, i64), (u16, Value)> {
-    let path = format!("/v1/sessions/{sid}/execute");
-    let mut body = json!({"mode": "query", "code": code});
-    if let Some(k) = kernel {
-        body["kernel"] = json!(k);
-    }
-    let mut out = String::new();
-    loop {
-        let a = c.post(&path, &body);
-        if a.status != 200 {
-            return Err((a.status, a.body));
-        }
-        for piece in a.body["console"].as_array().unwrap() {
-            if piece[0] == "stdout" {
-                out.push_str(piece[1].as_str().unwrap());
-            }
-        }
-        match a.body["status"].as_str().unwrap() {
-            "continued" => {
-                body = json!({"mode": "continue", "run_id": a.body["runId"], "kernel": kernel});
-            }
-            "finished" => return Ok((out, a.body["exitCode"].as_i64().unwrap())),
-            other => panic!("execute ended {other}: {}", a.body),
-        }
-    }
-}
-
 /// `kernelvisor ctl ARGS` as the cluster's user: (exit code, stdout, stderr).
 fn ctl(c: &Cluster, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
@@ -130,17 +95,17 @@ fn a_selector_acts_in_one_kernel_of_a_cluster_session() {
 
     // execute: main1 by default, sub1 by host name or kernel id.
     let host = "echo $BACKENDAI_CLUSTER_HOST";
-    assert_eq!(exec(&c, &sid, None, host).unwrap(), ("main1\n".into(), 0));
+    assert_eq!(c.execute(&sid, None, host).unwrap(), ("main1\n".into(), 0));
     assert_eq!(
-        exec(&c, &sid, Some("main1"), host).unwrap(),
+        c.execute(&sid, Some("main1"), host).unwrap(),
         ("main1\n".into(), 0)
     );
     assert_eq!(
-        exec(&c, &sid, Some("sub1"), host).unwrap(),
+        c.execute(&sid, Some("sub1"), host).unwrap(),
         ("sub1\n".into(), 0)
     );
     assert_eq!(
-        exec(&c, &sid, Some(&sub1_id), host).unwrap(),
+        c.execute(&sid, Some(&sub1_id), host).unwrap(),
         ("sub1\n".into(), 0)
     );
 
@@ -182,7 +147,7 @@ fn a_selector_acts_in_one_kernel_of_a_cluster_session() {
     assert_eq!(st, 200);
 
     // A selector naming no kernel of the session: 404 naming it, on every kind of route.
-    let (st, body) = exec(&c, &sid, Some("sub2"), host).unwrap_err();
+    let (st, body) = c.execute(&sid, Some("sub2"), host).unwrap_err();
     assert_eq!(
         (st, body["error"]["code"].as_str()),
         (404, Some("session-not-found"))
@@ -295,7 +260,7 @@ fn a_selector_acts_in_one_kernel_of_a_cluster_session() {
         body["error"]["message"],
         format!("session `{sid}`'s kernel `sub1` is TERMINATED, not RUNNING")
     );
-    let (st, body) = exec(&c, &sid, Some("sub1"), host).unwrap_err();
+    let (st, body) = c.execute(&sid, Some("sub1"), host).unwrap_err();
     assert_eq!(
         (st, body["error"]["code"].as_str()),
         (409, Some("session-not-running"))

@@ -114,28 +114,6 @@ fn kernels(s: &Value) -> Vec<(String, String, i64, String, String)> {
         .collect()
 }
 
-/// Runs `code` in the session's main kernel (`execute`, query mode, continued until it
-/// finishes): its stdout and exit code.
-fn exec_main(c: &Cluster, sid: &str, code: &str) -> (String, i64) {
-    let path = format!("/v1/sessions/{sid}/execute");
-    let mut body = json!({"mode": "query", "code": code});
-    let mut out = String::new();
-    loop {
-        let a = c.post(&path, &body);
-        assert_eq!(a.status, 200, "{a:?}");
-        for piece in a.body["console"].as_array().unwrap() {
-            if piece[0] == "stdout" {
-                out.push_str(piece[1].as_str().unwrap());
-            }
-        }
-        match a.body["status"].as_str().unwrap() {
-            "continued" => body = json!({"mode": "continue", "run_id": a.body["runId"]}),
-            "finished" => return (out, a.body["exitCode"].as_i64().unwrap()),
-            other => panic!("execute ended {other}: {}", a.body),
-        }
-    }
-}
-
 fn body(cpu: f64, extra: Value) -> Value {
     let mut b = json!({"image": TEST_IMAGE, "resource_slots": {"cpu": cpu, "mem": "32m"}});
     if let Value::Object(m) = extra {
@@ -212,7 +190,9 @@ fn a_single_node_cluster_of_three_is_one_session_on_its_own_network() {
         "1"
     );
     // The kernels reach each other by name on it: from main1, sub2 resolves and answers.
-    let (out, code) = exec_main(&c, &sid, "ping -c 1 -W 5 sub2 && hostname");
+    let (out, code) = c
+        .execute(&sid, None, "ping -c 1 -W 5 sub2 && hostname")
+        .unwrap();
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("PING sub2 (") && out.trim_end().ends_with("main1"),
