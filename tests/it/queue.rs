@@ -202,16 +202,14 @@ fn sessions_wait_for_room_in_order() {
     );
     assert_eq!(d.body["status_reason"], "user-requested");
     assert!(!c.agent_kernels(a).contains(&c.store_kernel(&cancelled).id));
-    // Deleting a running session admits the next — the priority-50 one — within 2 s: the
-    // session's end starts a round at once. Timed to its admission (`admitted_at`, the manager's
-    // wall clock, this host's), not to RUNNING: starting its container is the engine's time, and
-    // took over 2 s with other tests beside this one on 2 cores.
+    // Deleting a running session admits the next — the priority-50 one: the session's end
+    // starts a round at once. Timed from the deleted session's end (`terminated_at`) to the
+    // next one's admission (`admitted_at`; both the manager's wall clock), not from the DELETE
+    // request nor to RUNNING: destroying a container and starting one are the engine's time,
+    // which took over 5 s with other tests beside this one on 2 cores. The bound is loose (5 s,
+    // five admission intervals): it says the room was not left unused, not how fast.
     let admitted_metric = c.manager_metric("kernelvisor_manager_admissions_total", "");
     let freed = Instant::now();
-    let freed_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
     assert_eq!(
         c.delete(&format!("/v1/sessions/{}", running[0])).status,
         200
@@ -222,10 +220,12 @@ fn sessions_wait_for_room_in_order() {
         freed.elapsed()
     );
     let u = session(&c, &urgent);
-    let admitted_after = u["admitted_at"].as_f64().unwrap() - freed_unix;
+    let ended = session(&c, &running[0]);
+    let admitted_after =
+        u["admitted_at"].as_f64().unwrap() - ended["terminated_at"].as_f64().unwrap();
     assert!(
-        admitted_after < 2.0,
-        "admitted {admitted_after:.3} s after the room was freed: {u}"
+        admitted_after < 5.0,
+        "admitted {admitted_after:.3} s after the room was freed: {u} {ended}"
     );
     assert!(
         u["admitted_at"].as_f64().unwrap() >= u["queued_at"].as_f64().unwrap(),
@@ -345,15 +345,11 @@ fn the_concurrency_limit_keeps_sessions_pending() {
     // starts, which passes over the session its key's limit holds.
     let other_id = other.body["session_id"].as_str().unwrap().to_owned();
     let (_, other_token2) = (0, other_token.clone());
-    wait_for(
-        Duration::from_secs(5),
-        "the other key's session runs",
-        || {
-            c.get_as(Some(&other_token2), &format!("/v1/sessions/{other_id}"))
-                .ok()
-                .filter(|a| a.body["status"] == "RUNNING")
-        },
-    );
+    wait_for(LONG, "the other key's session runs", || {
+        c.get_as(Some(&other_token2), &format!("/v1/sessions/{other_id}"))
+            .ok()
+            .filter(|a| a.body["status"] == "RUNNING")
+    });
     assert_eq!(status(&c, &second), "PENDING");
     // The limit frees: the waiting one runs.
     c.delete(&format!(
