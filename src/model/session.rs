@@ -300,6 +300,75 @@ pub struct SessionRequest {
     #[serde(default, rename = "_inject", skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
     pub inject: Option<serde_json::Value>,
+    // -- graceful termination (issue 41) --
+    /// The signal its workload gets when the session is ended: `SIGTERM` (default), `SIGINT`,
+    /// `SIGHUP`, `SIGQUIT`, `SIGUSR1` or `SIGUSR2` (`TERM` also reads as `SIGTERM`). A runner
+    /// kernel's default is `SIGINT`, as upstream's agent stops its runner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// Seconds its workload has to exit after the stop signal before it is killed (`SIGKILL`):
+    /// 0 to `[scheduler] max-grace-period`; default `[scheduler] grace-period`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub grace_period: Option<f64>,
+}
+
+impl SessionRequest {
+    /// Its stop signal and grace period, checked: the signal one of
+    /// [`crate::workload::grace::STOP_SIGNALS`] (`None` when not given: the agent's default,
+    /// `SIGTERM` or a runner kernel's `SIGINT`), the period 0 to `max` seconds (`default`
+    /// when not given).
+    ///
+    /// Errors: [`GraceError::Invalid`] for a bad signal or a negative period (400
+    /// `invalid-request`), [`GraceError::TooLong`] above `max` (400 `grace-period-too-long`).
+    pub fn checked_grace(
+        &self,
+        default: std::time::Duration,
+        max: std::time::Duration,
+    ) -> Result<(Option<String>, std::time::Duration), GraceError> {
+        let signal = self
+            .stop_signal
+            .as_deref()
+            .map(crate::workload::grace::checked_signal)
+            .transpose()
+            .map_err(|e| GraceError::Invalid(InvalidField(e)))?;
+        let period = match self.grace_period {
+            None => default.min(max),
+            Some(secs) => checked_grace_period(secs, max)?,
+        };
+        Ok((signal, period))
+    }
+}
+
+/// A grace period as asked for (a session's `grace_period`, `DELETE ?grace=`, `rm --grace`):
+/// 0 to `max` seconds.
+///
+/// Errors: as [`SessionRequest::checked_grace`].
+pub fn checked_grace_period(
+    secs: f64,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, GraceError> {
+    let period = crate::workload::grace::checked_period(secs)
+        .map_err(|e| GraceError::Invalid(InvalidField(e)))?;
+    if period > max {
+        return Err(GraceError::TooLong(format!(
+            "`grace_period` {secs} s is above this manager's maximum of {} s \
+             ([scheduler] max-grace-period)",
+            max.as_secs_f64()
+        )));
+    }
+    Ok(period)
+}
+
+/// Why a grace period or stop signal was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GraceError {
+    /// Not a signal that may stop a kernel, or not a number of seconds ≥ 0.
+    #[error(transparent)]
+    Invalid(InvalidField),
+    /// Above `[scheduler] max-grace-period`.
+    #[error("{0}")]
+    TooLong(String),
 }
 
 impl SessionRequest {
@@ -619,6 +688,19 @@ pub struct Session {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<ExecPath>)]
     pub exec_path: Option<Option<String>>,
+    // -- graceful termination (issue 41) --
+    /// The signal its workload gets when it is ended (`SIGTERM`, …); null: the agent's default
+    /// (`SIGTERM`, `SIGINT` for a runner kernel).
+    #[schema(required = true)]
+    pub stop_signal: Option<String>,
+    /// Seconds its workload has to exit after the stop signal before it is killed; null for a
+    /// session stored before grace periods (the agent's `[container] grace-period`).
+    #[schema(required = true)]
+    pub grace_period: Option<f64>,
+    /// While `TERMINATING`: Unix seconds by which its agent kills what still runs (its end's
+    /// grace period from when it began); null otherwise.
+    #[schema(required = true)]
+    pub terminate_deadline: Option<f64>,
 }
 
 /// How a kernel runs code.

@@ -128,7 +128,18 @@ async fn create_kernels(
 /// teardown now would leave its container behind.
 async fn destroy_kernel(cx: Ctx, args: api::DestroyKernelArgs) -> Result<Value, ErrorMeta> {
     cx.engine.check()?;
-    cx.registry
+    // kernelvisor's manager names the grace of this end; Backend.AI's never does (the kernel's
+    // own then, or the agent's `[container] grace-period`), and gets nil as upstream answers.
+    let grace = args
+        .grace_period
+        .map(|secs| {
+            crate::workload::grace::checked_period(secs)
+                .map_err(|e| KernelError::InvalidConfig(e).to_meta())
+        })
+        .transpose()?;
+    let answer = grace.is_some();
+    let stopped = cx
+        .registry
         .send(DestroyKernel {
             kernel_id: args.kernel_id,
             reason: args
@@ -136,11 +147,18 @@ async fn destroy_kernel(cx: Ctx, args: api::DestroyKernelArgs) -> Result<Value, 
                 .filter(|r| !r.is_empty())
                 .unwrap_or_else(|| "user-requested".into()),
             suppress_events: args.suppress_events.unwrap_or(false),
+            grace,
         })
         .await
         .map_err(mailbox)?
         .map_err(|e| e.to_meta())?;
-    Ok(Value::Nil)
+    if !answer {
+        return Ok(Value::Nil);
+    }
+    Ok(crate::rpc::agent_api::to_value(&api::DestroyKernelReply {
+        exit_code: stopped.exit_code,
+        killed: stopped.killed,
+    }))
 }
 
 /// `restart_kernel(session_id, kernel_id, kernel_image, updated_config)` →
@@ -319,6 +337,7 @@ async fn sync_kernel_registry(cx: Ctx, call: Call) -> Result<Value, ErrorMeta> {
                 kernel_id: k.id.clone(),
                 reason: "not-found-in-manager".into(),
                 suppress_events: true,
+                grace: None,
             })
             .await
             .map_err(mailbox)?

@@ -181,6 +181,11 @@ fn kernel_session(k: &KernelRow) -> Session {
         cluster_size: k.cluster_size,
         cluster_mode: Some(k.cluster_mode),
         kernels: Vec::new(),
+        stop_signal: k.stop_signal.clone(),
+        grace_period: k.grace_period,
+        terminate_deadline: k
+            .terminate_deadline
+            .filter(|_| k.status == KernelStatus::Terminating),
     }
 }
 
@@ -608,6 +613,8 @@ mod tests {
             restart_policy: Default::default(),
             priority: 10,
             request: None,
+            stop_signal: None,
+            grace_period: None,
         };
         let gang: Vec<NewKernel> = cluster_slots(3)
             .into_iter()
