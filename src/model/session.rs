@@ -490,6 +490,16 @@ pub struct NewSession {
     /// `single-node` or `multi-node` (omitted: the manager's default, single-node).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster_mode: Option<ClusterMode>,
+    // -- graceful termination (issue 41) --
+    /// The workload's stop signal (omitted: the agent's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// Seconds after the stop signal before the kill (omitted: `[scheduler] grace-period`).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub grace_period: Option<f64>,
 }
 
 /// A [`RestartPolicy`] as a client writes it: the mode, and each limit only when given (the
@@ -935,4 +945,50 @@ mod tests {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
         }
     }
+
+    /// A request's grace: the default (capped by the maximum) when absent, 0 to the maximum
+    /// when given; a signal from the list, written one way; each refusal a clear error.
+    #[test]
+    fn grace_is_checked_against_the_managers_bounds() {
+        use std::time::Duration;
+        let req = |signal: Option<&str>, period: Option<f64>| SessionRequest {
+            stop_signal: signal.map(str::to_owned),
+            grace_period: period,
+            ..serde_json::from_value(serde_json::json!({"image": "i", "resource_slots": {}}))
+                .unwrap()
+        };
+        let (d, max) = (Duration::from_secs(10), Duration::from_secs(60));
+        assert_eq!(req(None, None).checked_grace(d, max).unwrap(), (None, d));
+        assert_eq!(
+            req(None, None)
+                .checked_grace(Duration::from_secs(100), max)
+                .unwrap()
+                .1,
+            max,
+            "a default above the maximum is the maximum"
+        );
+        assert_eq!(
+            req(Some("int"), Some(0.0)).checked_grace(d, max).unwrap(),
+            (Some("SIGINT".to_owned()), Duration::ZERO)
+        );
+        assert_eq!(
+            req(None, Some(60.0)).checked_grace(d, max).unwrap().1,
+            max
+        );
+        match req(None, Some(60.5)).checked_grace(d, max) {
+            Err(GraceError::TooLong(m)) => assert!(m.contains("max-grace-period"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        for bad in [req(None, Some(-1.0)), req(Some("SIGKILL"), None), req(Some("9"), None)] {
+            assert!(matches!(
+                bad.checked_grace(d, max),
+                Err(GraceError::Invalid(_))
+            ));
+        }
+        assert!(matches!(
+            checked_grace_period(f64::NAN, max),
+            Err(GraceError::Invalid(_))
+        ));
+    }
+
 }
