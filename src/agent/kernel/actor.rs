@@ -235,12 +235,14 @@ async fn finish(
         // The container is gone, so the keeper's stream ends once it has written the last bytes.
         keeper.finish(LOG_KEEPER_DRAIN).await;
     }
-    // A workload that exited within its grace (or had just exited) ended by itself: its exit
-    // code is the kernel's, and a batch job's result follows it.
-    let stopped = h.info().stopped.unwrap_or_default();
+    // A batch job that exited within its grace (or had just exited) ended by itself: its exit
+    // code is the kernel's, and its result follows it. An interactive kernel's workload only
+    // answered the signal: no exit code of its own, as before grace periods.
+    let batch = h.info().config.session_type == super::SessionType::Batch;
+    let stopped = h.info().stopped.filter(|_| batch).unwrap_or_default();
     let exit_code = exit_code.or(stopped.exit_code);
     let by_itself = reason == "self-terminated" || stopped.exit_code.is_some();
-    if h.info().config.session_type == super::SessionType::Batch && !suppress_events {
+    if batch && !suppress_events {
         let (kernel_id, session_id) = (h.id.clone(), h.session_id.clone());
         h.ctx
             .events

@@ -526,6 +526,9 @@ mod tests {
             cluster_hostname: "main1".into(),
             network: None,
             service_ports: vec!["sshd".into()],
+            stop_signal: None,
+            grace_period: Some(10.0),
+            terminate_deadline: None,
         }
     }
 
