@@ -971,15 +971,16 @@ mod tests {
             req(Some("int"), Some(0.0)).checked_grace(d, max).unwrap(),
             (Some("SIGINT".to_owned()), Duration::ZERO)
         );
-        assert_eq!(
-            req(None, Some(60.0)).checked_grace(d, max).unwrap().1,
-            max
-        );
+        assert_eq!(req(None, Some(60.0)).checked_grace(d, max).unwrap().1, max);
         match req(None, Some(60.5)).checked_grace(d, max) {
             Err(GraceError::TooLong(m)) => assert!(m.contains("max-grace-period"), "{m}"),
             other => panic!("{other:?}"),
         }
-        for bad in [req(None, Some(-1.0)), req(Some("SIGKILL"), None), req(Some("9"), None)] {
+        for bad in [
+            req(None, Some(-1.0)),
+            req(Some("SIGKILL"), None),
+            req(Some("9"), None),
+        ] {
             assert!(matches!(
                 bad.checked_grace(d, max),
                 Err(GraceError::Invalid(_))
@@ -990,5 +991,4 @@ mod tests {
             Err(GraceError::Invalid(_))
         ));
     }
-
 }

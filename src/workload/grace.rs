@@ -9,7 +9,9 @@ use std::time::Duration;
 
 /// The signals a kernel may be stopped with: the ones a workload can catch to checkpoint.
 /// `SIGKILL` is not one (it is what the grace's deadline sends).
-pub const STOP_SIGNALS: [&str; 6] = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"];
+pub const STOP_SIGNALS: [&str; 6] = [
+    "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
+];
 
 /// The default stop signal of a kernel whose image has no Backend.AI kernel runner.
 pub const DEFAULT_STOP_SIGNAL: &str = "SIGTERM";
@@ -77,8 +79,7 @@ pub fn checked_signal(name: &str) -> Result<String, String> {
 /// Errors: anything else, naming the field.
 pub fn checked_period(secs: f64) -> Result<Duration, String> {
     if secs.is_finite() && secs >= 0.0 {
-        Duration::try_from_secs_f64(secs)
-            .map_err(|_| format!("`grace_period`: {secs} is too long"))
+        Duration::try_from_secs_f64(secs).map_err(|_| format!("`grace_period`: {secs} is too long"))
     } else {
         Err(format!(
             "`grace_period`: {secs} is not a number of seconds ≥ 0"
@@ -110,7 +111,10 @@ mod tests {
         }
         assert!(checked_period(1e30).is_err());
         let g = Grace::new(None, 3.0).unwrap();
-        assert_eq!((g.signal.as_str(), g.period), ("SIGTERM", Duration::from_secs(3)));
+        assert_eq!(
+            (g.signal.as_str(), g.period),
+            ("SIGTERM", Duration::from_secs(3))
+        );
         assert!(Grace::new(Some("KILL"), 3.0).is_err());
     }
 }

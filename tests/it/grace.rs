@@ -28,7 +28,8 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// A job that writes a checkpoint to its vfolder on `SIGTERM` and exits 0 (the shell runs its
 /// trap between two short sleeps).
-const CHECKPOINTING: &str = "trap 'echo checkpointing; echo saved > /home/work/ckpt/ckpt.txt; exit 0' TERM; \
+const CHECKPOINTING: &str =
+    "trap 'echo checkpointing; echo saved > /home/work/ckpt/ckpt.txt; exit 0' TERM; \
      echo ready; while true; do sleep 0.1; done";
 
 /// A job that ignores `SIGTERM`.
@@ -152,7 +153,11 @@ fn a_batch_job_checkpoints_on_sigterm_and_its_exit_is_the_result() {
     wait_ready(&c, &sid);
     let s = session(&c, &sid);
     assert_eq!(
-        (&s["grace_period"], &s["stop_signal"], &s["terminate_deadline"]),
+        (
+            &s["grace_period"],
+            &s["stop_signal"],
+            &s["terminate_deadline"]
+        ),
         (&json!(30.0), &Value::Null, &Value::Null),
         "{s}"
     );
@@ -243,8 +248,7 @@ fn a_job_that_ignores_sigterm_is_killed_at_its_deadline() {
         json!({"type": "batch", "command": IGNORING, "grace_period": 3}),
     );
     wait_ready(&c, &sid);
-    let histogram_before =
-        c.manager_metric("kernelvisor_manager_terminating_seconds_count", "");
+    let histogram_before = c.manager_metric("kernelvisor_manager_terminating_seconds_count", "");
     let asked = Instant::now();
     let asked_unix = kernelvisor::manager::store::now();
     let r = c.delete(&format!("/v1/sessions/{sid}"));
@@ -266,8 +270,7 @@ fn a_job_that_ignores_sigterm_is_killed_at_its_deadline() {
         r.body
     );
     assert!(
-        c.manager_metric("kernelvisor_manager_terminating_seconds_count", "")
-            > histogram_before
+        c.manager_metric("kernelvisor_manager_terminating_seconds_count", "") > histogram_before
     );
     // Its TERMINATING event said by when.
     let events = status_events(&c, &sid);
@@ -304,7 +307,11 @@ fn a_job_that_ignores_sigterm_is_killed_at_its_deadline() {
     let (code, out, err) = ctl(&c, &["session", "rm", "--now", &long]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("TERMINATED"), "{out}");
-    assert!(cut.elapsed() < Duration::from_secs(8), "{:?}", cut.elapsed());
+    assert!(
+        cut.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        cut.elapsed()
+    );
     assert_eq!(grace_kills(&c), 2.0);
     assert!(c.running_containers(0).is_empty());
     c.check_invariants();
@@ -444,7 +451,12 @@ fn destroy_kernel_from_backend_ai_gives_the_agents_grace() {
     });
     let (created, c) = at.get("create_kernels").expect("create_kernels reported");
     let (destroyed, d) = at.get("destroy_kernel").expect("destroy_kernel reported");
-    assert_eq!((&c["ok"], &d["ok"]), (&json!(true), &json!(true)), "{:?}", run.lines);
+    assert_eq!(
+        (&c["ok"], &d["ok"]),
+        (&json!(true), &json!(true)),
+        "{:?}",
+        run.lines
+    );
     let took = destroyed.duration_since(*created);
     assert!(
         took >= Duration::from_millis(2900) && took < Duration::from_secs(8),

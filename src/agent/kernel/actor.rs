@@ -244,22 +244,20 @@ async fn finish(
     let by_itself = reason == "self-terminated" || stopped.exit_code.is_some();
     if batch && !suppress_events {
         let (kernel_id, session_id) = (h.id.clone(), h.session_id.clone());
-        h.ctx
-            .events
-            .emit(if by_itself && exit_code == Some(0) {
-                AgentEvent::SessionSuccess {
-                    kernel_id,
-                    session_id,
-                    exit_code,
-                }
-            } else {
-                AgentEvent::SessionFailure {
-                    kernel_id,
-                    session_id,
-                    reason: reason.to_owned(),
-                    exit_code,
-                }
-            });
+        h.ctx.events.emit(if by_itself && exit_code == Some(0) {
+            AgentEvent::SessionSuccess {
+                kernel_id,
+                session_id,
+                exit_code,
+            }
+        } else {
+            AgentEvent::SessionFailure {
+                kernel_id,
+                session_id,
+                reason: reason.to_owned(),
+                exit_code,
+            }
+        });
     }
     if let Err(e) = h.ctx.store.set_terminated(&h.id, reason, exit_code).await {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATED");
@@ -467,11 +465,7 @@ impl Handler<Restart> for Kernel {
             // The container's exit during the restart is expected: its watcher skips it.
             h.update(|i| i.manual_restart = true);
             h.set_status(KernelStatus::Restarting);
-            let restarted = h
-                .ctx
-                .backend
-                .restart_container(&container_id, grace)
-                .await;
+            let restarted = h.ctx.backend.restart_container(&container_id, grace).await;
             // A runner kernel is `RUNNING` again once its runner serves, as at its creation.
             let restarted = match (restarted, info.runner) {
                 (Ok(()), Some(ports)) => {

@@ -123,7 +123,10 @@ async fn look(h: &KernelHandle, container_id: &str) -> Seen {
         // `restart_kernel` stops and starts it: its exit meanwhile is not an end.
         return Seen::Unknown;
     }
-    if matches!(info.status, KernelStatus::Terminating | KernelStatus::Terminated) {
+    if matches!(
+        info.status,
+        KernelStatus::Terminating | KernelStatus::Terminated
+    ) {
         // The kernel is being ended (its container stopped with its grace): the workload's
         // exit is that end's, never one to restart after.
         return Seen::Unknown;

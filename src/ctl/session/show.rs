@@ -13,7 +13,7 @@ use crate::ctl::render::{
 };
 use crate::ctl::{events, show as print, show_to, unix_now, Client, Failure, Output};
 use crate::model::event::{Event, EventType};
-use crate::model::session::{KernelStatus, Session, SessionList, SessionResult};
+use crate::model::session::{Session, SessionList, SessionResult};
 
 /// Arguments of `kernelvisor ctl sessions`.
 #[derive(Debug, Args)]
@@ -35,24 +35,6 @@ pub struct ShowArgs {
     /// it happens, until it is TERMINATED.
     #[arg(long, short)]
     pub watch: bool,
-}
-
-/// Arguments of `kernelvisor ctl session rm`.
-#[derive(Debug, Args)]
-pub struct RmArgs {
-    /// Session id (UUID).
-    pub id: String,
-    /// Seconds its workload has to exit after its stop signal, instead of the session's own
-    /// `grace_period` (at most the manager's `[scheduler] max-grace-period`).
-    #[arg(long, value_name = "SECS", value_parser = crate::ctl::parse::seconds, conflicts_with = "now")]
-    pub grace: Option<f64>,
-    /// No grace: the workload is killed at once (`--grace 0`).
-    #[arg(long)]
-    pub now: bool,
-    /// Answer at once with the session as the manager has it (`TERMINATING` while its
-    /// workload has its grace) instead of waiting for it to be `TERMINATED`.
-    #[arg(long)]
-    pub no_wait: bool,
 }
 
 /// `sessions`: a table of the sessions, or with `-o json` the API's JSON as it is.
@@ -158,34 +140,8 @@ impl LiveKernels {
 }
 
 /// `session rm`: the session as it is once terminated.
-/// `session rm`: `DELETE /v1/sessions/{id}` (`--grace`, `--now`); a session still
-/// `TERMINATING` when the manager answers (its workload has its grace) is waited for until it is
-/// `TERMINATED` (unless `--no-wait`), its deadline told on stderr, then shown.
-pub(super) fn rm(client: &Client, args: &RmArgs, out: Output) -> Result<i32, Failure> {
-    let grace = if args.now { Some(0.0) } else { args.grace };
-    let answer = client.destroy_session_with(&args.id, grace)?;
-    let s = answer.lenient();
-    if s.status != KernelStatus::Terminating.as_str() || args.no_wait {
-        return print(out, &answer, |v| session(v, unix_now()));
-    }
-    if let Some(deadline) = s.terminate_deadline {
-        writeln!(
-            io::stderr(),
-            "session {} is TERMINATING: its workload has until {} ({}) to exit, then it is killed",
-            args.id,
-            timestamp(deadline),
-            in_seconds(deadline - unix_now()),
-        )?;
-    }
-    let interval = std::time::Duration::from_millis(500);
-    let reply = match super::wait::wait_terminated(client, &args.id, interval, None)? {
-        super::wait::Waited::Terminated(r) | super::wait::Waited::TimedOut(r) => r,
-    };
-    print(out, &reply, |v| session(v, unix_now()))
-}
-
 /// `in 12s`, `in 3m 5s`; `now` for no time left.
-fn in_seconds(secs: f64) -> String {
+pub(super) fn in_seconds(secs: f64) -> String {
     if secs <= 0.0 {
         return "now".into();
     }
@@ -377,9 +333,9 @@ fn session_fields(s: &Session, now: f64) -> String {
     // How it is ended: `SIGTERM, grace 10s`; while `TERMINATING`, by when it is killed.
     if s.stop_signal.is_some() || s.grace_period.is_some() {
         let signal = s.stop_signal.as_deref().unwrap_or("agent's default");
-        let grace = s
-            .grace_period
-            .map_or("agent's default".to_owned(), |g| format!("{}s", cores(Some(&num(g)))));
+        let grace = s.grace_period.map_or("agent's default".to_owned(), |g| {
+            format!("{}s", cores(Some(&num(g))))
+        });
         pairs.push(("Stop", format!("{signal}, grace {grace}")));
     }
     if let Some(deadline) = s.terminate_deadline {

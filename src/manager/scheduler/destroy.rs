@@ -74,8 +74,7 @@ impl Handler<DestroySession> for Scheduler {
                     let end = {
                         let launcher = launcher.clone();
                         async move {
-                            super::cluster::end_gang(&launcher, &rows, USER_REQUESTED, grace)
-                                .await;
+                            super::cluster::end_gang(&launcher, &rows, USER_REQUESTED, grace).await;
                             Ok(())
                         }
                     };
@@ -118,7 +117,9 @@ async fn end_one(
     if let Some(period) = grace {
         g.period = g.period.min(period);
     }
-    store.terminating_kernel(&k.id, USER_REQUESTED, g.period).await?;
+    store
+        .terminating_kernel(&k.id, USER_REQUESTED, g.period)
+        .await?;
     // Read back: `TERMINATING` since now (or since an end under way began).
     let k = store.kernel(&k.id).await?.unwrap_or(k);
     if !k.is_live() {

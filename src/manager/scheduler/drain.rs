@@ -80,7 +80,10 @@ async fn end_drained(launcher: &Launcher, k: &KernelRow) {
                 kernel_id = %k.id, agent_id = %k.agent_id, error = %e,
                 "could not destroy a session on its drained agent; ending it in the store anyway"
             );
-            (store.terminate_kernel(&k.id, AGENT_DRAINED, None).await, false)
+            (
+                store.terminate_kernel(&k.id, AGENT_DRAINED, None).await,
+                false,
+            )
         }
     };
     match changed {

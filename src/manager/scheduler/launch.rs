@@ -347,9 +347,10 @@ pub(super) async fn destroy_on_agent(
 /// without one). A re-driven end (the sweep, a manager that took over) never extends a grace.
 pub(super) fn grace_left(k: &KernelRow, default: Duration) -> Grace {
     let own = k.grace(default);
-    match k.terminate_deadline.filter(|_| {
-        k.status == crate::model::session::KernelStatus::Terminating
-    }) {
+    match k
+        .terminate_deadline
+        .filter(|_| k.status == crate::model::session::KernelStatus::Terminating)
+    {
         Some(deadline) => Grace {
             period: Duration::try_from_secs_f64(deadline - crate::manager::store::now())
                 .unwrap_or(Duration::ZERO)
@@ -387,20 +388,21 @@ pub(super) async fn end_on_agent(
             .map_err(EndError::Store)?;
         crate::manager::store::now()
     };
-    let ended = if k.agent_id.is_empty() || k.status == crate::model::session::KernelStatus::Scheduled {
-        Ended::default()
-    } else {
-        destroy_on_agent(
-            &launcher.pool,
-            &launcher.metrics,
-            k,
-            reason,
-            grace,
-            launcher.spec.destroy_timeout,
-        )
-        .await
-        .map_err(EndError::Agent)?
-    };
+    let ended =
+        if k.agent_id.is_empty() || k.status == crate::model::session::KernelStatus::Scheduled {
+            Ended::default()
+        } else {
+            destroy_on_agent(
+                &launcher.pool,
+                &launcher.metrics,
+                k,
+                reason,
+                grace,
+                launcher.spec.destroy_timeout,
+            )
+            .await
+            .map_err(EndError::Agent)?
+        };
     let result = match (k.session_type, ended.exit_code) {
         (SessionType::Batch, Some(0)) => Some(crate::model::session::SessionResult::Success),
         _ => None,

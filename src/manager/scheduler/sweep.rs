@@ -424,9 +424,16 @@ impl Sweep {
     /// Errors: the call's, but `KernelNotFound`.
     async fn destroy(&self, k: &KernelRow, reason: &str) -> Result<(), AgentCallError> {
         let grace = grace_left(k, self.launcher.spec.grace_period);
-        destroy_on_agent(&self.pool, &self.metrics, k, reason, &grace, self.call_timeout)
-            .await
-            .map(|_| ())
+        destroy_on_agent(
+            &self.pool,
+            &self.metrics,
+            k,
+            reason,
+            &grace,
+            self.call_timeout,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Destroys what the agent holds of an ended kernel, off the pass, tried again every

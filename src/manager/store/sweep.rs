@@ -45,9 +45,7 @@ impl Store {
                 // A `TERMINATING` kernel's deadline counts from its grace's end (its agent may
                 // rightly wait that long for the workload to exit), not from its status change.
                 let since = match s {
-                    KernelStatus::Terminating => {
-                        "COALESCE(terminate_deadline, status_changed_at)"
-                    }
+                    KernelStatus::Terminating => "COALESCE(terminate_deadline, status_changed_at)",
                     _ => "status_changed_at",
                 };
                 format!("(status = '{}' AND {since} < ${})", s.as_str(), i + 1)
@@ -274,8 +272,13 @@ mod tests {
             (KernelStatus::Terminating, Some("user-requested"))
         );
         // Its deadline is its grace from now.
-        let deadline = t.terminate_deadline.expect("a TERMINATING row has its deadline");
-        assert!((deadline - t.status_changed_at - 30.0).abs() < 0.01, "{deadline}");
+        let deadline = t
+            .terminate_deadline
+            .expect("a TERMINATING row has its deadline");
+        assert!(
+            (deadline - t.status_changed_at - 30.0).abs() < 0.01,
+            "{deadline}"
+        );
         // A queued session is never terminating.
         assert!(!store
             .terminating_kernel("nope", "x", Duration::ZERO)
@@ -305,7 +308,10 @@ mod tests {
         };
         // Past its status change's deadline but within its grace (+ the deadline): not stuck.
         assert_eq!(
-            ids(store.stuck_kernels(now + 20.0, &deadlines, 100).await.unwrap()),
+            ids(store
+                .stuck_kernels(now + 20.0, &deadlines, 100)
+                .await
+                .unwrap()),
             ["sched"]
         );
         let later = now + 60.0;

@@ -145,10 +145,12 @@ pub fn container_spec(
             .collect(),
         hostname: config.cluster_hostname.clone(),
         entrypoint: None,
-        // The engine's `docker-init` as PID 1 forwards the stop signal to the workload, which
-        // a `sh -c` as PID 1 would ignore (the kernel has no handler for a PID 1 that set
-        // none): a job that does not catch `SIGTERM` then ends with 143, as outside a container.
-        init: true,
+        // A `command` runs under the engine's `docker-init`, which forwards the stop signal
+        // (and `interrupt_kernel`'s SIGINT) to it: as PID 1 its `sh -c` would ignore every
+        // signal it set no handler for (the kernel applies no default action to a PID 1), so a
+        // job that does not catch `SIGTERM` ends with 143, as outside a container. The image's
+        // own command keeps PID 1, as `docker run` gives it (its signals are its author's).
+        init: config.command.is_some(),
         // `docker stop` / `docker restart` (a `restart_kernel`) send the kernel's own signal.
         stop_signal: config.stop_signal.clone(),
         local_ports: Vec::new(),
@@ -446,6 +448,18 @@ impl Provisioner for ContainerStage {
             .await
             .map_err(|e| creation_error(&spec, e))?;
         self.0.update(|i| i.container_id = Some(id.clone()));
+        if spec.init && spec.cmd.is_some() && plan.runner.is_none() && !has_shell(&self.0, &id).await
+        {
+            // Under `docker-init` a missing `sh` no longer fails the start (the init runs, then
+            // cannot exec it): looked for in the created container instead.
+            let _ = backend.remove_container(&id).await;
+            self.0.update(|i| i.container_id = None);
+            return Err(KernelError::InvalidConfig(format!(
+                "`command` runs through `sh -c`, which image `{}` lacks: no /bin/sh",
+                self.0.info().config.image
+            ))
+            .into());
+        }
         if let Err(e) = backend.start_container(&id).await {
             // Leave nothing behind: the created container goes with the failed start.
             let _ = backend.remove_container(&id).await;
@@ -489,6 +503,20 @@ impl Provisioner for ContainerStage {
         stop_gracefully(&self.0, &container.id).await;
         Ok(self.0.ctx.backend.remove_container(&container.id).await?)
     }
+}
+
+/// Whether created container `id` has a `sh` to run a `command` with (`/bin/sh` or
+/// `/usr/bin/sh`, as the engine's archive API finds it). A backend that cannot tell (the dummy
+/// has no filesystem) counts as having one.
+async fn has_shell(h: &KernelHandle, id: &str) -> bool {
+    use futures::StreamExt;
+    for path in ["/bin/sh", "/usr/bin/sh"] {
+        match h.ctx.backend.archive_get(id, path).next().await {
+            Some(Err(crate::agent::backend::BackendError::PathNotFound(_))) => continue,
+            _ => return true,
+        }
+    }
+    false
 }
 
 /// How often a stopping container is looked at while its grace runs.
