@@ -776,6 +776,11 @@ mod tests {
                 "status_reason": null, "exit_code": null, "service_ports": ["sshd"],
             }],
         });
+        // Graceful termination's fields (issue 41): the row's, and no deadline unless ending.
+        let mut before = before;
+        before["stop_signal"] = serde_json::Value::Null;
+        before["grace_period"] = serde_json::json!(10.0);
+        before["terminate_deadline"] = serde_json::Value::Null;
         assert_eq!(listed, before.to_string());
         let got = Session {
             stages: Some(None),
