@@ -145,12 +145,12 @@ pub fn container_spec(
             .collect(),
         hostname: config.cluster_hostname.clone(),
         entrypoint: None,
-        // A `command` runs under the engine's `docker-init`, which forwards the stop signal
-        // (and `interrupt_kernel`'s SIGINT) to it: as PID 1 its `sh -c` would ignore every
-        // signal it set no handler for (the kernel applies no default action to a PID 1), so a
-        // job that does not catch `SIGTERM` ends with 143, as outside a container. The image's
-        // own command keeps PID 1, as `docker run` gives it (its signals are its author's).
-        init: config.command.is_some(),
+        // The engine's `docker-init` as PID 1 forwards the stop signal to the workload, which
+        // as PID 1 would ignore every signal it set no handler for (the kernel applies no
+        // default action to a PID 1): a job that does not catch `SIGTERM` ends with 143, as
+        // outside a container, and an image's `sleep infinity` ends at once instead of at the
+        // grace's deadline. (`interrupt_kernel` keeps PID 1's meaning: `methods/kernels.rs`.)
+        init: true,
         // `docker stop` / `docker restart` (a `restart_kernel`) send the kernel's own signal.
         stop_signal: config.stop_signal.clone(),
         local_ports: Vec::new(),
