@@ -593,6 +593,7 @@ async fn destroy(peer: &Peer, kid: &str) -> anyhow::Result<()> {
         session_id: Some(SESSION.to_owned()),
         reason: Some("bench".into()),
         suppress_events: None,
+        grace_period: None,
     };
     call::<DestroyKernel>(peer, &args).await.map(drop)
 }

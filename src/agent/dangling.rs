@@ -204,6 +204,12 @@ fn rebuild(
         _ => None,
     };
     let config = KernelConfig {
+        // The container's own stop signal (the engine keeps it); its grace is the agent's.
+        stop_signal: spec
+            .stop_signal
+            .as_deref()
+            .and_then(|s| crate::workload::grace::checked_signal(s).ok()),
+        grace_period: None,
         image: resources.image.id.clone(),
         slots: k.slots.slots.clone(),
         shmem: spec.shm_size.map(|s| s.max(0) as u64),

@@ -55,6 +55,7 @@ pub struct AgentMetrics {
     stage_duration: HistogramVec,
     stage_failures: IntCounterVec,
     kernel_restarts: IntCounterVec,
+    grace_kills: IntCounterVec,
     create_retries: IntCounterVec,
     outbox_depth: IntGauge,
     bus_outbox_depth: IntGauge,
@@ -276,6 +277,13 @@ impl AgentMetrics {
                 "kernelvisor_kernel_restarts",
                 "Kernel containers restarted by their restart policy, by why the container ended.",
                 &["reason"],
+            ),
+            grace_kills: counter(
+                &r,
+                "kernelvisor_agent_grace_kills",
+                "Kernel containers killed (SIGKILL) at the end of their grace period, their \
+                 workload still running after its stop signal.",
+                &[],
             ),
             create_retries: counter(
                 &r,
@@ -543,6 +551,11 @@ impl AgentMetrics {
     /// (`self-terminated`, `oom-killed`, `unhealthy`, …).
     pub fn kernel_restarted(&self, reason: &str) {
         self.kernel_restarts.with_label_values(&[reason]).inc();
+    }
+
+    /// A kernel's container killed at its grace period's deadline.
+    pub fn grace_killed(&self) {
+        self.grace_kills.with_label_values(&[]).inc();
     }
 
     /// A kernel named again by a `create_kernels` retry, answered `joined` (its creation was

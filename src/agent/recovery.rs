@@ -69,6 +69,8 @@ pub async fn recover(
                             kernel_id: id.clone(),
                             reason: "user-requested".into(),
                             suppress_events: false,
+                            // Its end began before the agent stopped: it gets its grace anew.
+                            grace: None,
                         })
                         .await??;
                     report.cleaned += 1;

@@ -41,9 +41,10 @@ pub struct CreateKernels {
     pub kernels: Vec<(String, KernelConfig)>,
 }
 
-/// Destroys a kernel; replies once every stage is torn down.
+/// Destroys a kernel; replies once every stage is torn down, with how its workload ended (its
+/// exit code as the kernel ended with it, and whether its grace ran out).
 #[derive(Debug, Message)]
-#[rtype(result = "Result<(), KernelError>")]
+#[rtype(result = "Result<crate::agent::kernel::Stopped, KernelError>")]
 pub struct DestroyKernel {
     /// Kernel id.
     pub kernel_id: String,
@@ -51,6 +52,9 @@ pub struct DestroyKernel {
     pub reason: String,
     /// No `kernel_terminated` event.
     pub suppress_events: bool,
+    /// The end's own grace period (`destroy_kernel`'s `grace_period`); `None`: the kernel's
+    /// own. A kernel already stopping takes it when it is shorter than the one under way.
+    pub grace: Option<std::time::Duration>,
 }
 
 /// Restarts a kernel's container.
@@ -381,6 +385,7 @@ impl Handler<CreateKernels> for KernelRegistry {
                     reason: "session-creation-failed".into(),
                     exit_code: None,
                     suppress_events: false,
+                    grace: Some(std::time::Duration::ZERO),
                 };
                 join_all(ok.iter().map(|(a, _)| a.send(stop()))).await;
                 return Err(e);
@@ -454,20 +459,37 @@ impl KernelRegistry {
 }
 
 impl Handler<DestroyKernel> for KernelRegistry {
-    type Result = ResponseFuture<Result<(), KernelError>>;
+    type Result = ResponseFuture<Result<crate::agent::kernel::Stopped, KernelError>>;
 
     fn handle(&mut self, d: DestroyKernel, _: &mut Context<Self>) -> Self::Result {
         let addr = self.addr_of(&d.kernel_id);
+        let handle = self.kernels.get(&d.kernel_id).map(|e| e.handle.clone());
+        if let (Some(h), Some(g)) = (&handle, &d.grace) {
+            // Already stopping (a second destroy: `rm --now` during a grace, a manager's retry):
+            // the end under way reads the shorter grace on its next look; it ends once.
+            let default = h.ctx.config.container.grace_period.0;
+            h.update(|i| {
+                if i.status == KernelStatus::Terminating && *g < i.grace(default).period {
+                    i.grace_override = Some(*g);
+                }
+            });
+        }
         Box::pin(async move {
-            // A kernel that stopped meanwhile is gone: that is what was asked.
+            // A kernel that stopped meanwhile (or while this waited behind an end under way) is
+            // gone: that is what was asked; its facts tell how it ended.
             let _ = addr?
                 .send(Terminate {
                     reason: d.reason,
                     exit_code: None,
                     suppress_events: d.suppress_events,
+                    grace: d.grace,
                 })
                 .await;
-            Ok(())
+            let info = handle.map(|h| h.info());
+            Ok(crate::agent::kernel::Stopped {
+                exit_code: info.as_ref().and_then(|i| i.exit_code),
+                killed: info.and_then(|i| i.stopped).is_some_and(|s| s.killed),
+            })
         })
     }
 }
@@ -573,6 +595,7 @@ impl Handler<ResetAgent> for KernelRegistry {
                     reason: "agent-reset".into(),
                     exit_code: None,
                     suppress_events: true,
+                    grace: None,
                 })
             }))
             .await;
@@ -604,6 +627,7 @@ impl Handler<ShutdownKernels> for KernelRegistry {
                             reason: "agent-shutdown".into(),
                             exit_code: None,
                             suppress_events: false,
+                            grace: None,
                         })
                     }))
                     .await;

@@ -149,6 +149,10 @@ pub struct ContainerSection {
     /// Backend.AI's `api.pull-timeout` is unbounded by default). A pull is its own phase: this,
     /// not the manager's `create-timeout`, bounds it.
     pub image_pull_timeout: Seconds,
+    /// Seconds a kernel's workload has to exit after its stop signal before it is killed, for a
+    /// kernel whose config names no `grace_period` (every kernel Backend.AI's manager creates;
+    /// default 10, Docker's own `stop` timeout and upstream's runner shutdown wait).
+    pub grace_period: Seconds,
 }
 
 impl Default for ContainerSection {
@@ -170,6 +174,7 @@ impl Default for ContainerSection {
             kernel_gid: 1000,
             docker_host: None,
             image_pull_timeout: Seconds(std::time::Duration::from_secs(3600)),
+            grace_period: Seconds(std::time::Duration::from_secs(10)),
         }
     }
 }

@@ -229,6 +229,13 @@ pub struct SchedulerSection {
     /// each on the least loaded agent, as any session) or `pack` (each on the most loaded agent
     /// that fits it, leaving whole agents free).
     pub cluster_placement: crate::model::cluster::ClusterPlacement,
+    // -- graceful termination (issue 41) --
+    /// Seconds a session's workload has to exit after its stop signal before it is killed,
+    /// when its request names no `grace_period` (default 10).
+    pub grace_period: Seconds,
+    /// The longest `grace_period` a request may ask for (default 3600); above it, 400
+    /// `grace-period-too-long`.
+    pub max_grace_period: Seconds,
 }
 
 impl Default for SchedulerSection {
@@ -252,6 +259,8 @@ impl Default for SchedulerSection {
             swarm_docker_host: None,
             overlay_mtu: None,
             cluster_placement: Default::default(),
+            grace_period: Seconds(Duration::from_secs(10)),
+            max_grace_period: Seconds(Duration::from_secs(3600)),
         }
     }
 }

@@ -392,10 +392,19 @@ impl Client {
 
     /// `DELETE path`.
     fn delete(&self, path: &str) -> Result<Reply, ClientError> {
+        self.delete_query(path, &[])
+    }
+
+    /// `DELETE path?query`.
+    fn delete_query(&self, path: &str, query: &[(&str, &str)]) -> Result<Reply, ClientError> {
         let (url, res) = self.send(path, |url| {
-            self.request(&self.agent, "DELETE", url)
-                .timeout(REQUEST_TIMEOUT)
-                .call()
+            let mut req = self
+                .request(&self.agent, "DELETE", url)
+                .timeout(REQUEST_TIMEOUT);
+            for (k, v) in query {
+                req = req.query(k, v);
+            }
+            req.call()
         });
         self.finish(&url, res)
     }

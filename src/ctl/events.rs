@@ -205,7 +205,11 @@ pub(in crate::ctl) fn line(e: &Event) -> String {
         ),
     };
     // One line whatever the reason holds.
-    let reason = reason.replace(['\r', '\n'], " ");
+    let mut reason = reason.replace(['\r', '\n'], " ");
+    // A `TERMINATING` session's grace: by when its agent kills what still runs.
+    if let Some(deadline) = e.terminate_deadline {
+        reason.push_str(&format!(" (kill at {})", format::timestamp(deadline)));
+    }
     columns([
         format::timestamp(e.time),
         kind.to_owned(),
@@ -259,6 +263,23 @@ mod tests {
         assert_eq!(e.session.as_deref(), Some(SID));
         assert_eq!(e.agent.as_deref(), Some("a1"));
         assert_eq!(e.types, ["session_status", "pull_progress", "agent_status"]);
+    }
+
+    #[test]
+    fn a_terminating_line_names_its_deadline() {
+        let e: Event = serde_json::from_str(&format!(
+            r#"{{"id":3,"time":1700000000.5,"type":"session_status","session_id":"{SID}","status":"TERMINATING","reason":"user-requested","terminate_deadline":1700000010.5}}"#
+        ))
+        .unwrap();
+        let l = line(&e);
+        assert!(l.contains("TERMINATING"), "{l}");
+        assert!(
+            l.ends_with(&format!(
+                "user-requested (kill at {})",
+                format::timestamp(1700000010.5)
+            )),
+            "{l}"
+        );
     }
 
     #[test]

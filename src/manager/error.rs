@@ -133,6 +133,10 @@ pub enum ManagerError {
     /// A commit of the session is still committing or pushing. 409 `commit-in-progress`.
     #[error("{0}")]
     CommitInProgress(String),
+    /// A `grace_period` (session request, `DELETE ?grace=`) above `[scheduler]
+    /// max-grace-period`. 400 `grace-period-too-long`.
+    #[error("{0}")]
+    GracePeriodTooLong(String),
     /// A bug or an unexpected store answer. 500 `internal`.
     #[error("{0}")]
     Internal(String),
@@ -180,6 +184,7 @@ impl ManagerError {
             ManagerError::AgentNotFound(_) => "agent-not-found",
             ManagerError::CommitNotFound(_) => "commit-not-found",
             ManagerError::CommitInProgress(_) => "commit-in-progress",
+            ManagerError::GracePeriodTooLong(_) => "grace-period-too-long",
             ManagerError::Internal(_) => "internal",
         }
     }
@@ -191,7 +196,8 @@ impl ManagerError {
             | ManagerError::InvalidPath(_)
             | ManagerError::ImageNotFound(_)
             | ManagerError::UnknownSlot(_)
-            | ManagerError::SlotsExceedCapacity(_) => 400,
+            | ManagerError::SlotsExceedCapacity(_)
+            | ManagerError::GracePeriodTooLong(_) => 400,
             ManagerError::Unauthorized(_) => 401,
             ManagerError::Forbidden(_) => 403,
             ManagerError::SessionNotFound(_)

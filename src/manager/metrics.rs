@@ -85,6 +85,9 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_drained_sessions_total`: sessions terminated at their agent's drain
     /// deadline (`agent-drained`).
     pub drained_sessions: IntCounter,
+    /// `kernelvisor_manager_terminating_seconds`: time a session's kernel spent `TERMINATING`
+    /// (its stop signal, its grace, its removal), seconds, observed when the agent answered.
+    pub terminating_seconds: prometheus::Histogram,
 }
 
 impl Default for ManagerMetrics {
@@ -168,7 +171,19 @@ impl ManagerMetrics {
         )
         .expect("valid histogram");
         reg(Box::new(admission_wait.clone()));
+        let terminating_seconds = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "kernelvisor_manager_terminating_seconds",
+                "Time a kernel spent TERMINATING (stop signal, grace period, removal), seconds",
+            )
+            .buckets(vec![
+                0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0,
+            ]),
+        )
+        .expect("valid histogram");
+        reg(Box::new(terminating_seconds.clone()));
         ManagerMetrics {
+            terminating_seconds,
             queue_depth: gauge_vec(
                 "queue_depth",
                 "PENDING sessions waiting for capacity, by priority",

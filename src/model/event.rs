@@ -100,6 +100,10 @@ pub struct Event {
     /// The image pull's progress (`pull_progress`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pull_progress: Option<PullProgress>,
+    /// A `TERMINATING` session's deadline: Unix seconds by which its agent kills what still
+    /// runs (its grace period from when its end began).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminate_deadline: Option<f64>,
 }
 
 /// A type name as [`EventType`], or `None` for one this reader does not know.

@@ -300,6 +300,75 @@ pub struct SessionRequest {
     #[serde(default, rename = "_inject", skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
     pub inject: Option<serde_json::Value>,
+    // -- graceful termination (issue 41) --
+    /// The signal its workload gets when the session is ended: `SIGTERM` (default), `SIGINT`,
+    /// `SIGHUP`, `SIGQUIT`, `SIGUSR1` or `SIGUSR2` (`TERM` also reads as `SIGTERM`). A runner
+    /// kernel's default is `SIGINT`, as upstream's agent stops its runner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// Seconds its workload has to exit after the stop signal before it is killed (`SIGKILL`):
+    /// 0 to `[scheduler] max-grace-period`; default `[scheduler] grace-period`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub grace_period: Option<f64>,
+}
+
+impl SessionRequest {
+    /// Its stop signal and grace period, checked: the signal one of
+    /// [`crate::workload::grace::STOP_SIGNALS`] (`None` when not given: the agent's default,
+    /// `SIGTERM` or a runner kernel's `SIGINT`), the period 0 to `max` seconds (`default`
+    /// when not given).
+    ///
+    /// Errors: [`GraceError::Invalid`] for a bad signal or a negative period (400
+    /// `invalid-request`), [`GraceError::TooLong`] above `max` (400 `grace-period-too-long`).
+    pub fn checked_grace(
+        &self,
+        default: std::time::Duration,
+        max: std::time::Duration,
+    ) -> Result<(Option<String>, std::time::Duration), GraceError> {
+        let signal = self
+            .stop_signal
+            .as_deref()
+            .map(crate::workload::grace::checked_signal)
+            .transpose()
+            .map_err(|e| GraceError::Invalid(InvalidField(e)))?;
+        let period = match self.grace_period {
+            None => default.min(max),
+            Some(secs) => checked_grace_period(secs, max)?,
+        };
+        Ok((signal, period))
+    }
+}
+
+/// A grace period as asked for (a session's `grace_period`, `DELETE ?grace=`, `rm --grace`):
+/// 0 to `max` seconds.
+///
+/// Errors: as [`SessionRequest::checked_grace`].
+pub fn checked_grace_period(
+    secs: f64,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, GraceError> {
+    let period = crate::workload::grace::checked_period(secs)
+        .map_err(|e| GraceError::Invalid(InvalidField(e)))?;
+    if period > max {
+        return Err(GraceError::TooLong(format!(
+            "`grace_period` {secs} s is above this manager's maximum of {} s \
+             ([scheduler] max-grace-period)",
+            max.as_secs_f64()
+        )));
+    }
+    Ok(period)
+}
+
+/// Why a grace period or stop signal was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GraceError {
+    /// Not a signal that may stop a kernel, or not a number of seconds ≥ 0.
+    #[error(transparent)]
+    Invalid(InvalidField),
+    /// Above `[scheduler] max-grace-period`.
+    #[error("{0}")]
+    TooLong(String),
 }
 
 impl SessionRequest {
@@ -421,6 +490,16 @@ pub struct NewSession {
     /// `single-node` or `multi-node` (omitted: the manager's default, single-node).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster_mode: Option<ClusterMode>,
+    // -- graceful termination (issue 41) --
+    /// The workload's stop signal (omitted: the agent's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// Seconds after the stop signal before the kill (omitted: `[scheduler] grace-period`).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub grace_period: Option<f64>,
 }
 
 /// A [`RestartPolicy`] as a client writes it: the mode, and each limit only when given (the
@@ -619,6 +698,19 @@ pub struct Session {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<ExecPath>)]
     pub exec_path: Option<Option<String>>,
+    // -- graceful termination (issue 41) --
+    /// The signal its workload gets when it is ended (`SIGTERM`, …); null: the agent's default
+    /// (`SIGTERM`, `SIGINT` for a runner kernel).
+    #[schema(required = true)]
+    pub stop_signal: Option<String>,
+    /// Seconds its workload has to exit after the stop signal before it is killed; null for a
+    /// session stored before grace periods (the agent's `[container] grace-period`).
+    #[schema(required = true)]
+    pub grace_period: Option<f64>,
+    /// While `TERMINATING`: Unix seconds by which its agent kills what still runs (its end's
+    /// grace period from when it began); null otherwise.
+    #[schema(required = true)]
+    pub terminate_deadline: Option<f64>,
 }
 
 /// How a kernel runs code.
@@ -852,5 +944,51 @@ mod tests {
         for t in [SessionType::Interactive, SessionType::Batch] {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
         }
+    }
+
+    /// A request's grace: the default (capped by the maximum) when absent, 0 to the maximum
+    /// when given; a signal from the list, written one way; each refusal a clear error.
+    #[test]
+    fn grace_is_checked_against_the_managers_bounds() {
+        use std::time::Duration;
+        let req = |signal: Option<&str>, period: Option<f64>| SessionRequest {
+            stop_signal: signal.map(str::to_owned),
+            grace_period: period,
+            ..serde_json::from_value(serde_json::json!({"image": "i", "resource_slots": {}}))
+                .unwrap()
+        };
+        let (d, max) = (Duration::from_secs(10), Duration::from_secs(60));
+        assert_eq!(req(None, None).checked_grace(d, max).unwrap(), (None, d));
+        assert_eq!(
+            req(None, None)
+                .checked_grace(Duration::from_secs(100), max)
+                .unwrap()
+                .1,
+            max,
+            "a default above the maximum is the maximum"
+        );
+        assert_eq!(
+            req(Some("int"), Some(0.0)).checked_grace(d, max).unwrap(),
+            (Some("SIGINT".to_owned()), Duration::ZERO)
+        );
+        assert_eq!(req(None, Some(60.0)).checked_grace(d, max).unwrap().1, max);
+        match req(None, Some(60.5)).checked_grace(d, max) {
+            Err(GraceError::TooLong(m)) => assert!(m.contains("max-grace-period"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            req(None, Some(-1.0)),
+            req(Some("SIGKILL"), None),
+            req(Some("9"), None),
+        ] {
+            assert!(matches!(
+                bad.checked_grace(d, max),
+                Err(GraceError::Invalid(_))
+            ));
+        }
+        assert!(matches!(
+            checked_grace_period(f64::NAN, max),
+            Err(GraceError::Invalid(_))
+        ));
     }
 }

@@ -192,6 +192,18 @@ pub(crate) struct BaiAgent {
 /// Starts agent `name` (host ports from `lo`, `range` of them) with `extra` config text after
 /// its key settings (further `[agent]` lines, then whole sections), and waits for its RPC port.
 pub(crate) fn start_agent(name: &str, lo: u16, range: u16, extra: &str) -> BaiAgent {
+    start_agent_edited(name, lo, range, extra, |text| text)
+}
+
+/// As [`start_agent`], its config text passed through `edit` first (a key of a section the
+/// fixture writes, e.g. `[container] grace-period`).
+pub(crate) fn start_agent_edited(
+    name: &str,
+    lo: u16,
+    range: u16,
+    extra: &str,
+    edit: impl FnOnce(String) -> String,
+) -> BaiAgent {
     let fx = AgentFixture::new(name, lo, range);
     let keys = Keys::new();
     keys.write(fx.dir.path());
@@ -199,9 +211,9 @@ pub(crate) fn start_agent(name: &str, lo: u16, range: u16, extra: &str) -> BaiAg
     let config = fx.dir.path().join("agent.toml");
     std::fs::write(
         &config,
-        fx.config_toml(&format!(
+        edit(fx.config_toml(&format!(
             "rpc-auth-manager-public-key = \"{d}/manager.key\"\nrpc-auth-agent-keypair = \"{d}/agent.key_secret\"\n{extra}"
-        )),
+        ))),
     )
     .unwrap();
     let log = fx.dir.path().join("agent.log");
@@ -223,14 +235,14 @@ pub(crate) fn image_facts(image: &str, recipe: &str) -> (String, String) {
 }
 
 /// The driver and the manager's key files copied into a directory of the root.
-struct DriverFiles {
+pub(crate) struct DriverFiles {
     /// The directory, as seen inside the root.
     inner: String,
     /// The directory on this host (removed on drop).
     host: RemoveOnDrop,
 }
 
-fn driver_files(root: &Path, fx: &AgentFixture) -> DriverFiles {
+pub(crate) fn driver_files(root: &Path, fx: &AgentFixture) -> DriverFiles {
     let inner = format!("/tmp/kv-bai-compat-{}", run_id());
     let host_dir = root.join(inner.trim_start_matches('/'));
     std::fs::create_dir_all(&host_dir).unwrap();
@@ -245,7 +257,7 @@ fn driver_files(root: &Path, fx: &AgentFixture) -> DriverFiles {
 
 /// `chroot ROOT /opt/bai/bin/python driver.py` with the agent's address and keys, the kernel's
 /// ids and the image (`image`, with its digest and labels); the caller adds its own options.
-fn driver_command(
+pub(crate) fn driver_command(
     root: &Path,
     files: &DriverFiles,
     agent: &BaiAgent,

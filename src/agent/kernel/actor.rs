@@ -20,9 +20,10 @@ use crate::agent::events::AgentEvent;
 #[rtype(result = "Result<KernelInfo, KernelError>")]
 pub struct Setup;
 
-/// Tears the kernel down and ends it `TERMINATED` with `reason`.
+/// Tears the kernel down and ends it `TERMINATED` with `reason`; answers how its workload
+/// ended (default when it had no running container or was already ended).
 #[derive(Debug, Message)]
-#[rtype(result = "()")]
+#[rtype(result = "super::Stopped")]
 pub struct Terminate {
     /// `user-requested`, `agent-reset`, … as given by the caller.
     pub reason: String,
@@ -30,6 +31,8 @@ pub struct Terminate {
     pub exit_code: Option<i64>,
     /// Publish no `kernel_terminated` (`reset_agent`, or `destroy_kernel(suppress_events=True)`).
     pub suppress_events: bool,
+    /// The end's own grace period (`destroy_kernel`'s `grace_period`); `None`: the kernel's own.
+    pub grace: Option<Duration>,
 }
 
 /// The stage tree's supervisor exited (`Failed`: its restart intensity ran out).
@@ -209,7 +212,13 @@ async fn finish(
     reason: &str,
     exit_code: Option<i64>,
     suppress_events: bool,
-) {
+    grace: Option<Duration>,
+) -> super::Stopped {
+    h.update(|i| {
+        if let Some(g) = grace {
+            i.grace_override = Some(g);
+        }
+    });
     h.set_status(KernelStatus::Terminating);
     if let Err(e) = h
         .ctx
@@ -226,29 +235,35 @@ async fn finish(
         // The container is gone, so the keeper's stream ends once it has written the last bytes.
         keeper.finish(LOG_KEEPER_DRAIN).await;
     }
-    if h.info().config.session_type == super::SessionType::Batch && !suppress_events {
+    // A batch job that exited within its grace (or had just exited) ended by itself: its exit
+    // code is the kernel's, and its result follows it. An interactive kernel's workload only
+    // answered the signal: no exit code of its own, as before grace periods.
+    let batch = h.info().config.session_type == super::SessionType::Batch;
+    let stopped = h.info().stopped.filter(|_| batch).unwrap_or_default();
+    let exit_code = exit_code.or(stopped.exit_code);
+    let by_itself = reason == "self-terminated" || stopped.exit_code.is_some();
+    if batch && !suppress_events {
         let (kernel_id, session_id) = (h.id.clone(), h.session_id.clone());
-        h.ctx
-            .events
-            .emit(if reason == "self-terminated" && exit_code == Some(0) {
-                AgentEvent::SessionSuccess {
-                    kernel_id,
-                    session_id,
-                    exit_code,
-                }
-            } else {
-                AgentEvent::SessionFailure {
-                    kernel_id,
-                    session_id,
-                    reason: reason.to_owned(),
-                    exit_code,
-                }
-            });
+        h.ctx.events.emit(if by_itself && exit_code == Some(0) {
+            AgentEvent::SessionSuccess {
+                kernel_id,
+                session_id,
+                exit_code,
+            }
+        } else {
+            AgentEvent::SessionFailure {
+                kernel_id,
+                session_id,
+                reason: reason.to_owned(),
+                exit_code,
+            }
+        });
     }
     if let Err(e) = h.ctx.store.set_terminated(&h.id, reason, exit_code).await {
         tracing::error!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "store: cannot record TERMINATED");
     }
     h.terminated(reason, exit_code, suppress_events);
+    stopped
 }
 
 impl Actor for Kernel {
@@ -304,7 +319,8 @@ impl Handler<Setup> for Kernel {
                 Err(e) => KernelError::from_setup(&e),
             };
             tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %failure, "kernel creation failed");
-            finish(&h, &mut tree, &keeper, "failed-to-create", None, false).await;
+            // Nothing of it ran for anyone yet: no grace.
+            finish(&h, &mut tree, &keeper, "failed-to-create", None, false, Some(Duration::ZERO)).await;
             (tree, true, Err(failure))
         });
         response
@@ -312,23 +328,25 @@ impl Handler<Setup> for Kernel {
 }
 
 impl Handler<Terminate> for Kernel {
-    type Result = AtomicResponse<Self, ()>;
+    type Result = AtomicResponse<Self, super::Stopped>;
 
     fn handle(&mut self, t: Terminate, _: &mut Context<Self>) -> Self::Result {
         let (done, keeper) = (self.done, self.log_keeper.clone());
         self.lend(move |h, mut tree| async move {
+            let mut stopped = super::Stopped::default();
             if !done {
-                finish(
+                stopped = finish(
                     &h,
                     &mut tree,
                     &keeper,
                     &t.reason,
                     t.exit_code,
                     t.suppress_events,
+                    t.grace,
                 )
                 .await;
             }
-            (tree, true, ())
+            (tree, true, stopped)
         })
     }
 }
@@ -340,7 +358,7 @@ impl Handler<ContainerEnded> for Kernel {
         let (done, keeper) = (self.done, self.log_keeper.clone());
         self.lend(move |h, mut tree| async move {
             if !done {
-                finish(&h, &mut tree, &keeper, &m.reason, m.exit_code, false).await;
+                finish(&h, &mut tree, &keeper, &m.reason, m.exit_code, false, None).await;
             }
             (tree, true, ())
         })
@@ -361,7 +379,7 @@ impl Handler<TreeExited> for Kernel {
             let policy = info.config.restart_policy;
             tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, %reason, restarts = info.restart_count, max_restarts = policy.max_restarts, window = policy.window, "kernel restart limit exceeded");
             let exit_code = info.last_exit.and_then(|(_, code)| code);
-            finish(&h, &mut tree, &keeper, "restart-limit-exceeded", exit_code, false).await;
+            finish(&h, &mut tree, &keeper, "restart-limit-exceeded", exit_code, false, None).await;
             (tree, true, ())
         })
     }
@@ -433,6 +451,7 @@ impl Handler<Restart> for Kernel {
         let me = ctx.address();
         self.lend(move |h, tree| async move {
             let info = h.info();
+            let grace = info.grace(h.ctx.config.container.grace_period.0).period;
             let Some(container_id) = info
                 .container_id
                 .filter(|_| info.status == KernelStatus::Running)
@@ -446,11 +465,7 @@ impl Handler<Restart> for Kernel {
             // The container's exit during the restart is expected: its watcher skips it.
             h.update(|i| i.manual_restart = true);
             h.set_status(KernelStatus::Restarting);
-            let restarted = h
-                .ctx
-                .backend
-                .restart_container(&container_id, Duration::from_secs(10))
-                .await;
+            let restarted = h.ctx.backend.restart_container(&container_id, grace).await;
             // A runner kernel is `RUNNING` again once its runner serves, as at its creation.
             let restarted = match (restarted, info.runner) {
                 (Ok(()), Some(ports)) => {
@@ -581,10 +596,12 @@ impl Handler<BatchTimedOut> for Kernel {
             return;
         }
         tracing::info!(agent_id = %self.handle.ctx.agent_id, kernel_id = %self.handle.id, "batch session exceeded its batch_timeout");
+        // With the kernel's grace: a job that checkpoints on its stop signal may.
         ctx.notify(Terminate {
             reason: "batch-timeout".into(),
             exit_code: None,
             suppress_events: false,
+            grace: None,
         });
     }
 }

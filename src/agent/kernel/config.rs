@@ -162,6 +162,15 @@ pub struct KernelConfig {
     /// container made for it; `None` for a config of a caller without `cluster_info`.
     #[serde(default)]
     pub cluster: Option<super::cluster::ClusterConfig>,
+    /// kernelvisor: the signal its workload gets when it is ended (`SIGTERM` as checked by
+    /// [`crate::workload::grace::checked_signal`]); `None`: `SIGTERM`, or `SIGINT` for a runner
+    /// kernel, as upstream's agent stops its runner.
+    #[serde(default)]
+    pub stop_signal: Option<String>,
+    /// kernelvisor: seconds its workload has to exit after the stop signal before it is killed;
+    /// `None` (a Backend.AI manager's kernel): the agent's `[container] grace-period`.
+    #[serde(default)]
+    pub grace_period: Option<f64>,
 }
 
 /// `internal_data.ssh_keypair` (`{"public_key", "private_key"}`, OpenSSH text), if the manager
@@ -491,7 +500,23 @@ impl KernelConfig {
             .transpose()
             .map_err(invalid)?
             .unwrap_or_default();
+        let stop_signal = c
+            .stop_signal
+            .as_deref()
+            .map(crate::workload::grace::checked_signal)
+            .transpose()
+            .map_err(invalid)?;
+        let grace_period = match c.grace_period {
+            None => None,
+            Some(t) => Some(
+                crate::workload::grace::checked_period(t)
+                    .map_err(invalid)?
+                    .as_secs_f64(),
+            ),
+        };
         Ok(KernelConfig {
+            stop_signal,
+            grace_period,
             image,
             slots,
             shmem,
@@ -605,6 +630,8 @@ impl KernelConfig {
             restart_policy: (self.restart_policy != RestartPolicy::default())
                 .then(|| self.restart_policy.to_value()),
             batch_timeout: self.batch_timeout,
+            stop_signal: self.stop_signal.clone(),
+            grace_period: self.grace_period,
             inject: (self.inject != Injection::default())
                 .then(|| crate::rpc::agent_api::to_value(&self.inject)),
             internal_data: self.ssh_keypair.as_ref().map(|k| {

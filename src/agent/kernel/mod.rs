@@ -33,4 +33,4 @@ pub use config::{KernelConfig, Owner, SessionType};
 pub use error::KernelError;
 pub use handle::KernelHandle;
 pub use resources::KernelResources;
-pub use status::{KernelInfo, KernelStatus};
+pub use status::{KernelInfo, KernelStatus, Stopped};

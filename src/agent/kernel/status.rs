@@ -103,6 +103,22 @@ pub struct KernelInfo {
     /// Why its container last ended and the exit code (`oom-killed`, `unhealthy`, …), kept
     /// for the restart event and for the reason when the restart limit is reached.
     pub last_exit: Option<(String, Option<i64>)>,
+    /// The grace period of the end under way when its caller gave one (`destroy_kernel`'s
+    /// `grace_period`), instead of the kernel's own ([`KernelInfo::grace`]); read by the
+    /// container stage's teardown on every look, so a later, shorter one (`rm --now` during a
+    /// grace) cuts the wait.
+    pub grace_override: Option<std::time::Duration>,
+    /// How its workload ended when the container stage's teardown stopped it.
+    pub stopped: Option<Stopped>,
+}
+
+/// How a kernel's workload ended when its container was stopped with a grace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stopped {
+    /// Its exit code when it exited within the grace (143: the `SIGTERM` it did not catch).
+    pub exit_code: Option<i64>,
+    /// Killed at the grace's deadline.
+    pub killed: bool,
 }
 
 impl KernelInfo {
@@ -126,7 +142,31 @@ impl KernelInfo {
             stages: Vec::new(),
             manual_restart: false,
             last_exit: None,
+            grace_override: None,
+            stopped: None,
         }
+    }
+
+    /// How the kernel is ended now: the config's `stop_signal` (default `SIGTERM`, `SIGINT`
+    /// for a runner kernel), and the end's own grace period when its caller gave one, else the
+    /// config's `grace_period` (default `default_period`, the agent's `[container] grace-period`).
+    pub fn grace(&self, default_period: std::time::Duration) -> crate::workload::Grace {
+        use crate::workload::grace;
+        let signal = self.config.stop_signal.clone().unwrap_or_else(|| {
+            if self.runner.is_some() {
+                grace::RUNNER_STOP_SIGNAL
+            } else {
+                grace::DEFAULT_STOP_SIGNAL
+            }
+            .into()
+        });
+        let period = self.grace_override.unwrap_or_else(|| {
+            self.config
+                .grace_period
+                .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(default_period)
+        });
+        crate::workload::Grace { signal, period }
     }
 
     /// Who a process started in the kernel's container runs as: `uid:gid` for a runner kernel

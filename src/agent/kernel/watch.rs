@@ -118,8 +118,17 @@ async fn watch(
 
 /// Inspects the container and classifies what it finds.
 async fn look(h: &KernelHandle, container_id: &str) -> Seen {
-    if h.info().manual_restart {
+    let info = h.info();
+    if info.manual_restart {
         // `restart_kernel` stops and starts it: its exit meanwhile is not an end.
+        return Seen::Unknown;
+    }
+    if matches!(
+        info.status,
+        KernelStatus::Terminating | KernelStatus::Terminated
+    ) {
+        // The kernel is being ended (its container stopped with its grace): the workload's
+        // exit is that end's, never one to restart after.
         return Seen::Unknown;
     }
     let state = match h.ctx.backend.inspect_container(container_id).await {

@@ -128,7 +128,18 @@ async fn create_kernels(
 /// teardown now would leave its container behind.
 async fn destroy_kernel(cx: Ctx, args: api::DestroyKernelArgs) -> Result<Value, ErrorMeta> {
     cx.engine.check()?;
-    cx.registry
+    // kernelvisor's manager names the grace of this end; Backend.AI's never does (the kernel's
+    // own then, or the agent's `[container] grace-period`), and gets nil as upstream answers.
+    let grace = args
+        .grace_period
+        .map(|secs| {
+            crate::workload::grace::checked_period(secs)
+                .map_err(|e| KernelError::InvalidConfig(e).to_meta())
+        })
+        .transpose()?;
+    let answer = grace.is_some();
+    let stopped = cx
+        .registry
         .send(DestroyKernel {
             kernel_id: args.kernel_id,
             reason: args
@@ -136,11 +147,18 @@ async fn destroy_kernel(cx: Ctx, args: api::DestroyKernelArgs) -> Result<Value, 
                 .filter(|r| !r.is_empty())
                 .unwrap_or_else(|| "user-requested".into()),
             suppress_events: args.suppress_events.unwrap_or(false),
+            grace,
         })
         .await
         .map_err(mailbox)?
         .map_err(|e| e.to_meta())?;
-    Ok(Value::Nil)
+    if !answer {
+        return Ok(Value::Nil);
+    }
+    Ok(crate::rpc::agent_api::to_value(&api::DestroyKernelReply {
+        exit_code: stopped.exit_code,
+        killed: stopped.killed,
+    }))
 }
 
 /// `restart_kernel(session_id, kernel_id, kernel_image, updated_config)` →
@@ -212,11 +230,42 @@ async fn interrupt_kernel(
         return Ok(Default::default());
     }
     cx.engine.check()?;
+    let id = info.container_id.as_deref().unwrap_or_default();
+    if info.config.command.is_none() && !main_catches_sigint(&cx, id).await {
+        // The image's own command, under `docker-init`, that has no SIGINT handler: as PID 1 it
+        // ignored the signal, so the interrupt ends nothing now either.
+        return Ok(Default::default());
+    }
     cx.backend
-        .signal_container(info.container_id.as_deref().unwrap_or_default(), "SIGINT")
+        .signal_container(id, "SIGINT")
         .await
         .map_err(|e| backend_err(&cx, e))?;
     Ok(Default::default())
+}
+
+/// Whether container `id`'s main process (the child of its `docker-init`) catches `SIGINT`
+/// (bit 2 of `SigCgt` in its `/proc/<pid>/status`). `true` when it cannot be told (no host
+/// pid, `/proc` unreadable): then the signal is sent, as the API documents.
+async fn main_catches_sigint(cx: &Ctx, id: &str) -> bool {
+    let Ok(Some(state)) = cx.backend.inspect_container(id).await else {
+        return true;
+    };
+    let Some(init) = state.pid else {
+        return true;
+    };
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"));
+    let Some(child) = children
+        .ok()
+        .and_then(|c| c.split_whitespace().next().map(str::to_owned))
+    else {
+        return true;
+    };
+    let status = std::fs::read_to_string(format!("/proc/{child}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_none_or(|mask| mask & (1 << (2 - 1)) != 0)
 }
 
 /// `get_completions(kernel_id, text, opts)` → `{"result": {"status", "error", "suggestions"}}`.
@@ -319,6 +368,7 @@ async fn sync_kernel_registry(cx: Ctx, call: Call) -> Result<Value, ErrorMeta> {
                 kernel_id: k.id.clone(),
                 reason: "not-found-in-manager".into(),
                 suppress_events: true,
+                grace: None,
             })
             .await
             .map_err(mailbox)?

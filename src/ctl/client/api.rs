@@ -227,7 +227,21 @@ impl Client {
 
     /// `DELETE /v1/sessions/{id}`: the session, terminated.
     pub fn destroy_session(&self, id: &str) -> Result<Answer<Session>, ClientError> {
-        self.delete(&session_path(id)).map(Answer::of)
+        self.destroy_session_with(id, None)
+    }
+
+    /// `DELETE /v1/sessions/{id}?grace=SECS`: as [`Client::destroy_session`], the workload
+    /// given `grace` seconds after its stop signal instead of the session's own
+    /// (`None`: its own; 0: killed at once). The session answers `TERMINATING` (202) when its
+    /// end takes longer than the manager waits.
+    pub fn destroy_session_with(
+        &self,
+        id: &str,
+        grace: Option<f64>,
+    ) -> Result<Answer<Session>, ClientError> {
+        let grace = grace.map(|g| g.to_string());
+        let query: Vec<(&str, &str)> = grace.iter().map(|g| ("grace", g.as_str())).collect();
+        self.delete_query(&session_path(id), &query).map(Answer::of)
     }
 
     /// `POST /v1/sessions/{id}/execute`: one call of the continuation protocol, in the

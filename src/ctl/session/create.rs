@@ -82,6 +82,14 @@ pub struct CreateArgs {
     /// Where a cluster's kernels go [default: single-node].
     #[arg(long, value_name = "MODE", value_enum)]
     pub cluster_mode: Option<ClusterMode>,
+    /// The signal its workload gets when the session ends: SIGTERM (the default; SIGINT for a
+    /// runner kernel), SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2.
+    #[arg(long, value_name = "SIGNAL")]
+    pub stop_signal: Option<String>,
+    /// Seconds its workload has to exit after the stop signal before it is killed [default:
+    /// the manager's `[scheduler] grace-period`].
+    #[arg(long, value_name = "SECS", value_parser = parse::seconds)]
+    pub grace_period: Option<f64>,
     /// Print only the new session's id (for `sid=$(kernelvisor ctl session create … -q)`).
     #[arg(long, short)]
     pub quiet: bool,
@@ -117,6 +125,8 @@ impl CreateArgs {
             enqueue: self.no_queue.then_some(false),
             cluster_size: self.cluster_size,
             cluster_mode: self.cluster_mode,
+            stop_signal: self.stop_signal.clone(),
+            grace_period: self.grace_period,
         }
     }
 }

@@ -9,6 +9,7 @@ mod exec;
 mod files;
 mod logs;
 mod ls;
+mod rm;
 mod services;
 mod show;
 mod stdin;
@@ -27,8 +28,9 @@ pub use create::{CreateArgs, RestartMode, SessionType};
 pub use exec::{ExecArgs, ExecEnd, ExecOptions};
 pub use logs::LogsArgs;
 pub use ls::LsArgs;
+pub use rm::RmArgs;
 pub use services::{ServiceArgs, ServicesArgs};
-pub use show::{RmArgs, SessionsArgs, ShowArgs};
+pub use show::{SessionsArgs, ShowArgs};
 pub use wait::{wait_exit_code, WaitArgs};
 
 pub(super) use show::list;
@@ -136,7 +138,7 @@ pub(super) fn run(client: &Client, command: &SessionCommand, out: Output) -> Res
             out,
             &mut io::stdout().lock(),
         ),
-        SessionCommand::Rm(args) => show::rm(client, args, out),
+        SessionCommand::Rm(args) => rm::run(client, args, out),
         SessionCommand::Commit(args) => commit::run(client, args, out),
     }
 }

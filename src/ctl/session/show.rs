@@ -37,13 +37,6 @@ pub struct ShowArgs {
     pub watch: bool,
 }
 
-/// Arguments of `kernelvisor ctl session rm`.
-#[derive(Debug, Args)]
-pub struct RmArgs {
-    /// Session id (UUID).
-    pub id: String,
-}
-
 /// `sessions`: a table of the sessions, or with `-o json` the API's JSON as it is.
 pub(in crate::ctl) fn list(
     client: &Client,
@@ -147,9 +140,16 @@ impl LiveKernels {
 }
 
 /// `session rm`: the session as it is once terminated.
-pub(super) fn rm(client: &Client, args: &RmArgs, out: Output) -> Result<i32, Failure> {
-    let now = unix_now();
-    print(out, &client.destroy_session(&args.id)?, |v| session(v, now))
+/// `in 12s`, `in 3m 5s`; `now` for no time left.
+pub(super) fn in_seconds(secs: f64) -> String {
+    if secs <= 0.0 {
+        return "now".into();
+    }
+    let s = secs.ceil() as u64;
+    match s {
+        0..=59 => format!("in {s}s"),
+        _ => format!("in {}m {}s", s / 60, s % 60),
+    }
 }
 
 /// A session's status, with a batch session's outcome once it has one: `TERMINATED (FAILURE)`.
@@ -187,10 +187,15 @@ pub(super) fn sessions(v: &Value, now: f64) -> String {
             .iter()
             .map(|s| {
                 let slots = &s.resource_slots;
+                let status = match s.terminate_deadline {
+                    // `TERMINATING (kill in 8s)`: its workload's grace.
+                    Some(d) => format!("{} (kill {})", status_with_result(s), in_seconds(d - now)),
+                    None => status_with_result(s),
+                };
                 let mut row = vec![
                     text(&s.session_id),
                     text(&s.agent_id),
-                    status_with_result(s),
+                    status,
                     word(s.session_type.as_ref()),
                 ];
                 if clusters {
@@ -325,6 +330,20 @@ fn session_fields(s: &Session, now: f64) -> String {
         pairs.push(("Exec path", text(path)));
     }
     pairs.push(("Priority", s.priority.to_string()));
+    // How it is ended: `SIGTERM, grace 10s`; while `TERMINATING`, by when it is killed.
+    if s.stop_signal.is_some() || s.grace_period.is_some() {
+        let signal = s.stop_signal.as_deref().unwrap_or("agent's default");
+        let grace = s.grace_period.map_or("agent's default".to_owned(), |g| {
+            format!("{}s", cores(Some(&num(g))))
+        });
+        pairs.push(("Stop", format!("{signal}, grace {grace}")));
+    }
+    if let Some(deadline) = s.terminate_deadline {
+        pairs.push((
+            "Kill deadline",
+            format!("{} ({})", timestamp(deadline), in_seconds(deadline - now)),
+        ));
+    }
     if let Some(r) = &s.pending_reason {
         pairs.push((
             "Waiting",

@@ -70,7 +70,7 @@ pub fn wait_exit_code(session: &Value) -> i32 {
 }
 
 /// How [`wait_terminated`] ended, with the last answer.
-enum Waited {
+pub(super) enum Waited {
     Terminated(Answer<Session>),
     TimedOut(Answer<Session>),
 }
@@ -78,7 +78,7 @@ enum Waited {
 /// Polls `GET /v1/sessions/{id}` every `interval` until the session's `status` is `TERMINATED` or
 /// `CANCELLED`, or until
 /// `deadline` (the last poll is at or just after it).
-fn wait_terminated(
+pub(super) fn wait_terminated(
     client: &Client,
     id: &str,
     interval: Duration,

@@ -48,3 +48,13 @@ impl From<InvalidField> for ManagerError {
         ManagerError::InvalidRequest(e.0)
     }
 }
+
+impl From<crate::model::session::GraceError> for ManagerError {
+    fn from(e: crate::model::session::GraceError) -> ManagerError {
+        use crate::model::session::GraceError;
+        match e {
+            GraceError::Invalid(f) => ManagerError::InvalidRequest(f.0),
+            GraceError::TooLong(m) => ManagerError::GracePeriodTooLong(m),
+        }
+    }
+}

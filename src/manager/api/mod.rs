@@ -181,6 +181,11 @@ fn kernel_session(k: &KernelRow) -> Session {
         cluster_size: k.cluster_size,
         cluster_mode: Some(k.cluster_mode),
         kernels: Vec::new(),
+        stop_signal: k.stop_signal.clone(),
+        grace_period: k.grace_period,
+        terminate_deadline: k
+            .terminate_deadline
+            .filter(|_| k.status == KernelStatus::Terminating),
     }
 }
 
@@ -521,6 +526,9 @@ mod tests {
             cluster_hostname: "main1".into(),
             network: None,
             service_ports: vec!["sshd".into()],
+            stop_signal: None,
+            grace_period: Some(10.0),
+            terminate_deadline: None,
         }
     }
 
@@ -608,6 +616,8 @@ mod tests {
             restart_policy: Default::default(),
             priority: 10,
             request: None,
+            stop_signal: None,
+            grace_period: None,
         };
         let gang: Vec<NewKernel> = cluster_slots(3)
             .into_iter()
@@ -766,6 +776,11 @@ mod tests {
                 "status_reason": null, "exit_code": null, "service_ports": ["sshd"],
             }],
         });
+        // Graceful termination's fields (issue 41): the row's, and no deadline unless ending.
+        let mut before = before;
+        before["stop_signal"] = serde_json::Value::Null;
+        before["grace_period"] = serde_json::json!(10.0);
+        before["terminate_deadline"] = serde_json::Value::Null;
         assert_eq!(listed, before.to_string());
         let got = Session {
             stages: Some(None),

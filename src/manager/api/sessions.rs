@@ -290,30 +290,61 @@ async fn live_view(s: &ApiState, k: &KernelRow) -> LiveView {
     }
 }
 
-/// Destroys a session: now `TERMINATED`, reason `user-requested`; an already terminated one is
-/// answered unchanged.
+/// Destroys a session: its workload gets its stop signal and its grace period (`?grace=SECS`
+/// instead of the session's own; `?grace=0` kills it at once), then is killed; then
+/// `TERMINATED`, reason `user-requested`. The answer waits for the end up to 10 s: 200 with
+/// the session ended, or 202 with the session still `TERMINATING` and its
+/// `terminate_deadline` (the end goes on; follow it with `GET /v1/sessions/{id}` or
+/// `GET /v1/events`). An already terminated one is answered unchanged.
 #[utoipa::path(
     operation_id = "delete_session",
     tag = "sessions",
-    params(("id" = String, Path, description = "Session or kernel id")),
+    params(
+        ("id" = String, Path, description = "Session or kernel id"),
+        DestroyQuery,
+    ),
     responses(
         (status = 200, description = "The session, terminated", body = Session),
+        (status = 202, description = "The session, `TERMINATING` until its `terminate_deadline` at the latest", body = Session),
+        (status = 400, description = "`invalid-request` (a `grace` that is not a number of seconds ≥ 0), `grace-period-too-long` (above `[scheduler] max-grace-period`)", body = ErrorBody),
         (status = 404, description = "`session-not-found` (also another key's session)", body = ErrorBody),
         responses::AgentFailed, responses::StartingUp,
     ),
 )]
 #[delete("/v1/sessions/{id}")]
-pub(super) async fn delete(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
+pub(super) async fn delete(
+    s: web::Data<ApiState>,
+    caller: Caller,
+    id: web::Path<String>,
+    query: web::Query<DestroyQuery>,
+) -> Res {
     let r = async {
         not_in_grace(&s).await?;
         let k = owned_kernel(&s, &caller, &id).await?;
         s.scheduler
-            .send(DestroySession(resolved_id(&id, &k)))
+            .send(DestroySession {
+                id: resolved_id(&id, &k),
+                grace: query.grace,
+            })
             .await?
     }
     .await;
     let (_, view) = session_view(&s, &count_error(&s, r)?).await?;
+    if view.status == KernelStatus::Terminating.as_str() {
+        return reply(HttpResponse::Accepted(), &view);
+    }
     reply(HttpResponse::Ok(), &view)
+}
+
+/// `DELETE /v1/sessions/{id}`'s query.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct DestroyQuery {
+    /// Seconds the workload has to exit after its stop signal, instead of the session's own
+    /// `grace_period` (0: killed at once); at most `[scheduler] max-grace-period`.
+    #[param(minimum = 0)]
+    pub grace: Option<f64>,
 }
 
 /// Runs code in the session's kernel, or continues or feeds a run: Backend.AI's continuation

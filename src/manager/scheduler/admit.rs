@@ -336,7 +336,7 @@ async fn admit_gang(
             Ok(m) => m,
             Err(e) => {
                 if let Ok(rows) = launcher.store.session_kernels(&session_id).await {
-                    end_gang(&launcher, &rows, e.code()).await;
+                    end_gang(&launcher, &rows, e.code(), Some(std::time::Duration::ZERO)).await;
                 }
                 return;
             }

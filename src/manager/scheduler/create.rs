@@ -66,7 +66,7 @@ impl Handler<CreateSession> for Scheduler {
     type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
 
     fn handle(&mut self, msg: CreateSession, ctx: &mut Context<Self>) -> Self::Result {
-        let (owner, req) = (msg.owner, msg.request);
+        let (owner, mut req) = (msg.owner, msg.request);
         let (store, registry, placing, launcher, slot_types) = (
             self.store.clone(),
             self.registry.clone(),
@@ -88,6 +88,7 @@ impl Handler<CreateSession> for Scheduler {
                 ));
             }
             req.checked_type()?;
+            super::launch::RequestGrace::fill(&launcher.spec, &mut req)?;
             let (size, mode) = req.checked_cluster()?;
             let main = ClusterPlace {
                 slot: cluster_slots(size).remove(0),
@@ -586,6 +587,8 @@ impl Creation {
                     session_id: Some(sid),
                     reason: Some(reason),
                     suppress_events: None,
+                    // The kernel's own grace (its request's, in its config).
+                    grace_period: None,
                 };
                 let _ =
                     call_method::<DestroyKernel>(&pool, &metrics, &agent, &args, destroy_timeout)

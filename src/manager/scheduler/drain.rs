@@ -1,9 +1,10 @@
 //! Drain deadlines (Nomad's node drain with a deadline): the leader checks every
 //! `[scheduler] sweep-interval` for draining agents past their `drain_deadline`
-//! ([`Store::drain_due`]) and ends each of their placed live sessions: `destroy_kernel` on the
-//! agent with reason `agent-drained`, then `TERMINATED` in the store with status reason
-//! `agent-drained` (its concurrency released, a queued session may take its place), counted
-//! in `kernelvisor_manager_drained_sessions_total`.
+//! ([`Store::drain_due`](crate::manager::store::Store::drain_due)) and ends each of their placed live sessions with its grace:
+//! `TERMINATING` with its `terminate_deadline`, `destroy_kernel` on the agent with reason
+//! `agent-drained` (the workload gets its stop signal and its grace period), then `TERMINATED`
+//! in the store with status reason `agent-drained` (its concurrency released, a queued session
+//! may take its place), counted in `kernelvisor_manager_drained_sessions_total`.
 //!
 //! An agent that cannot be reached does not hold its sessions past the deadline: the row is
 //! terminated anyway (logged). A container it still runs is cleaned up as after any loss: the
@@ -15,17 +16,13 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use futures::StreamExt;
 
-use super::launch::destroy_on_agent;
+use super::launch::{end_on_agent, grace_left, Launcher};
 use super::Scheduler;
-use crate::manager::metrics::ManagerMetrics;
-use crate::manager::pool::AgentPool;
-use crate::manager::store::{now, KernelRow, Store};
+use crate::manager::store::{now, KernelRow};
 
 /// The status reason (and `destroy_kernel` reason) of a session ended by a drain deadline.
 pub const AGENT_DRAINED: &str = "agent-drained";
@@ -44,58 +41,52 @@ pub(super) fn start(act: &Scheduler, ctx: &mut Context<Scheduler>) {
         }
         running.set(true);
         let done = running.clone();
-        let check = enforce(
-            act.store.clone(),
-            act.pool.clone(),
-            act.metrics.clone(),
-            act.spec.destroy_timeout,
-        );
+        let check = enforce(act.launcher());
         ctx.spawn(check.into_actor(act).map(move |(), _, _| done.set(false)));
     });
 }
 
-/// One check: ends every session of draining agents whose deadline has passed. Returns when
-/// each has been tried; failures are logged and tried again by the next check.
-async fn enforce(
-    store: Store,
-    pool: Addr<AgentPool>,
-    metrics: Arc<ManagerMetrics>,
-    timeout: Duration,
-) {
-    let due = match store.drain_due(now()).await {
+/// One check: ends every session of draining agents whose deadline has passed, each with its
+/// grace ([`end_on_agent`]). Returns when each has been tried; failures are logged and tried
+/// again by the next check. A session already `TERMINATING` is being ended (by this check's
+/// predecessor, a user, the sweep): left to that end.
+async fn enforce(launcher: Launcher) {
+    let due = match launcher.store.drain_due(now()).await {
         Ok(due) => due,
         Err(e) => {
             tracing::warn!(error = %e, "reading the sessions past their agent's drain deadline failed");
             return;
         }
     };
-    futures::stream::iter(due)
-        .for_each_concurrent(CONCURRENCY, |k| {
-            let (store, pool, metrics) = (&store, &pool, &metrics);
-            async move { end_drained(store, pool, metrics, &k, timeout).await }
-        })
-        .await;
+    futures::stream::iter(
+        due.into_iter()
+            .filter(|k| k.status != crate::model::session::KernelStatus::Terminating),
+    )
+    .for_each_concurrent(CONCURRENCY, |k| {
+        let launcher = &launcher;
+        async move { end_drained(launcher, &k).await }
+    })
+    .await;
 }
 
-/// Ends one session of an agent past its drain deadline.
-async fn end_drained(
-    store: &Store,
-    pool: &Addr<AgentPool>,
-    metrics: &ManagerMetrics,
-    k: &KernelRow,
-    timeout: Duration,
-) {
-    let destroyed = match destroy_on_agent(pool, metrics, k, AGENT_DRAINED, timeout).await {
-        Ok(()) => true,
+/// Ends one session of an agent past its drain deadline, with its grace.
+async fn end_drained(launcher: &Launcher, k: &KernelRow) {
+    let (store, metrics) = (&launcher.store, &launcher.metrics);
+    let grace = grace_left(k, launcher.spec.grace_period);
+    let (changed, destroyed) = match end_on_agent(launcher, k, AGENT_DRAINED, &grace).await {
+        Ok((changed, _)) => (Ok(changed), true),
         Err(e) => {
             tracing::warn!(
                 kernel_id = %k.id, agent_id = %k.agent_id, error = %e,
                 "could not destroy a session on its drained agent; ending it in the store anyway"
             );
-            false
+            (
+                store.terminate_kernel(&k.id, AGENT_DRAINED, None).await,
+                false,
+            )
         }
     };
-    match store.terminate_kernel(&k.id, AGENT_DRAINED, None).await {
+    match changed {
         // Ended here, or by the agent's `kernel_terminated` (reason `agent-drained`) for the
         // destroy just asked, which may reach the store first: the drain ended it either way.
         Ok(changed) if changed || destroyed => {

@@ -13,7 +13,7 @@ use actix::prelude::*;
 use rmpv::Value;
 
 use crate::agent::kernel::config::ACCESS_KEY_ENV;
-use crate::manager::calls::call_method;
+use crate::manager::calls::call_method_kw;
 use crate::manager::error::ManagerError;
 use crate::manager::metrics::ManagerMetrics;
 use crate::manager::pool::{AgentCallError, AgentPool};
@@ -21,11 +21,11 @@ use crate::manager::store::{KernelRow, NewKernel, Store};
 use crate::model::cluster::{cluster_slots, hosts_env, replicas_env, ClusterMode, ClusterSlot};
 use crate::model::session::{MountSpec, SessionRequest, SessionType};
 use crate::rpc::agent_api::kernel::{
-    DestroyKernel, DestroyKernelArgs, ImageConfig, KernelCreationConfig,
+    DestroyKernel, DestroyKernelArgs, DestroyKernelReply, ImageConfig, KernelCreationConfig,
     ServicePortSpec as WireServicePort, SessionTypes, VFolderMount,
 };
 use crate::slots::ResourceSlots;
-use crate::workload::RestartPolicy;
+use crate::workload::{Grace, RestartPolicy};
 
 /// The agent's `mounts` for `owner`'s vfolders: `{"name", "host_path": "<owner>/<name>",
 /// "permission"}`, the path relative to the agent's `[container] vfolder-root`.
@@ -73,6 +73,45 @@ pub(super) struct Placed {
     pub(super) mounts: Vec<VFolderMount>,
 }
 
+/// A session's stop signal and grace period as its request asked, checked against `[scheduler]
+/// grace-period` / `max-grace-period`.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct RequestGrace {
+    /// `None`: the agent's default (`SIGTERM`, `SIGINT` for a runner kernel).
+    pub(super) signal: Option<String>,
+    /// Seconds after the stop signal before the kill.
+    pub(super) period: Duration,
+}
+
+impl RequestGrace {
+    /// `req`'s, checked.
+    ///
+    /// Errors: 400 `invalid-request` (a bad signal, a negative period) or
+    /// `grace-period-too-long`.
+    pub(super) fn of(
+        spec: &super::SchedulerSpec,
+        req: &SessionRequest,
+    ) -> Result<RequestGrace, ManagerError> {
+        let (signal, period) = req.checked_grace(spec.grace_period, spec.max_grace_period)?;
+        Ok(RequestGrace { signal, period })
+    }
+
+    /// Checks `req`'s and writes them back into it, the default filled in: the stored request
+    /// (a queued session's, read back at its admission) and its rows then carry the grace it was
+    /// accepted with, whatever `[scheduler] grace-period` says later.
+    ///
+    /// Errors: as [`RequestGrace::of`].
+    pub(super) fn fill(
+        spec: &super::SchedulerSpec,
+        req: &mut SessionRequest,
+    ) -> Result<(), ManagerError> {
+        let g = RequestGrace::of(spec, req)?;
+        req.stop_signal = g.signal;
+        req.grace_period = Some(g.period.as_secs_f64());
+        Ok(())
+    }
+}
+
 /// Where a kernel sits in its session's cluster: its slot, and the session's mode and size.
 pub(super) struct ClusterPlace {
     pub(super) slot: ClusterSlot,
@@ -100,7 +139,12 @@ impl ClusterPlace {
 /// `BACKENDAI_CLUSTER_IDX`, `BACKENDAI_CLUSTER_LOCAL_RANK`, `BACKENDAI_CLUSTER_HOST`. The
 /// request's own `environ` cannot override these. `kernel_id` is `p.kernel_id` unless given.
 ///
-/// Errors: the request's type does not check (`invalid-request`).
+/// kernelvisor's own keys: `stop_signal` and `grace_period` (the request's, checked), so the
+/// agent ends the kernel with its grace also when it decides the end itself (a batch timeout,
+/// the restart policy, its shutdown).
+///
+/// Errors: the request's type or grace does not check (`invalid-request`,
+/// `grace-period-too-long`).
 pub(super) fn kernel_config(
     spec: &super::SchedulerSpec,
     p: &Placed,
@@ -110,6 +154,7 @@ pub(super) fn kernel_config(
     let req = &p.request;
     let kernel_id = kernel_id.unwrap_or(&p.kernel_id);
     let session_type = req.checked_type()?;
+    let grace = RequestGrace::of(spec, req)?;
     let mut environ: BTreeMap<String, Value> = req
         .environ
         .iter()
@@ -176,6 +221,8 @@ pub(super) fn kernel_config(
             .collect(),
         batch_timeout,
         restart_policy: req.restart_policy.as_ref().map(RestartPolicy::to_value),
+        stop_signal: grace.signal,
+        grace_period: Some(grace.period.as_secs_f64()),
         agent_addr: None,
         // `{"kernels": {"sub2": {…}}}` injects into the kernels named only (a cluster test
         // fails one kernel of a gang); anything else into every kernel.
@@ -213,6 +260,9 @@ pub(super) fn new_kernel(
     place: &ClusterPlace,
 ) -> Result<NewKernel, ManagerError> {
     Ok(NewKernel {
+        // As the request holds them once `CreateSession` checked them (`RequestGrace::fill`).
+        stop_signal: req.stop_signal.clone(),
+        grace_period: req.grace_period,
         cluster_mode: place.mode,
         cluster_size: place.size,
         cluster: place.slot.clone(),
@@ -240,9 +290,22 @@ fn json_to_msgpack(v: &serde_json::Value) -> Value {
     rmpv::ext::to_value(v).unwrap_or(Value::Nil)
 }
 
+/// How a kernel's end on its agent went, as the agent answered `destroy_kernel`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Ended {
+    /// The workload's exit code when it exited within its grace (143: a `SIGTERM` it did not
+    /// catch); `None` when it was killed, or the agent no longer had it.
+    pub(super) exit_code: Option<i64>,
+    /// Killed at the grace's deadline.
+    pub(super) killed: bool,
+}
+
 /// `destroy_kernel` of a placed kernel `k` on its agent, with `reason` (`user-requested`,
-/// `agent-drained`); a kernel the agent no longer has (`KernelNotFound`) counts as destroyed.
-/// The store is left to the caller.
+/// `agent-drained`, …) and `grace`: the agent sends the kernel's stop signal (the one it was
+/// created with: `grace.signal` is the kernel's, for the record), waits up to `grace.period`
+/// for the workload to exit, then kills it. The call may take `timeout` beyond the grace.
+/// A kernel the agent no longer has (`KernelNotFound`) counts as destroyed. The store is left
+/// to the caller ([`end_on_agent`] does both).
 ///
 /// Errors: the call's, when the agent did not answer or failed otherwise.
 pub(super) async fn destroy_on_agent(
@@ -250,22 +313,127 @@ pub(super) async fn destroy_on_agent(
     metrics: &ManagerMetrics,
     k: &KernelRow,
     reason: &str,
+    grace: &Grace,
     timeout: Duration,
-) -> Result<(), AgentCallError> {
+) -> Result<Ended, AgentCallError> {
     let args = DestroyKernelArgs {
         kernel_id: k.id.clone(),
         session_id: Some(k.session_id.clone()),
         reason: Some(reason.into()),
         suppress_events: None,
+        grace_period: Some(grace.period.as_secs_f64()),
     };
-    match call_method::<DestroyKernel>(pool, metrics, &k.agent_id, &args, timeout).await {
-        Ok(_) => Ok(()),
+    let timeout = timeout.saturating_add(grace.period);
+    match call_method_kw::<DestroyKernel>(pool, metrics, &k.agent_id, &args, timeout).await {
+        // An agent before grace periods answers nil.
+        Ok(v) => Ok(rmpv::ext::from_value::<DestroyKernelReply>(v)
+            .map(|r| Ended {
+                exit_code: r.exit_code,
+                killed: r.killed,
+            })
+            .unwrap_or_default()),
         Err(e)
             if e.failure()
                 .is_some_and(|m| m.known() == Some(crate::rpc::Failure::KernelNotFound)) =>
         {
-            Ok(())
+            Ok(Ended::default())
         }
         Err(e) => Err(e),
+    }
+}
+
+/// The grace left to kernel `k` now: what remains of its `TERMINATING` deadline (none once
+/// past it), else its own grace (`default`: `[scheduler] grace-period`, for a row stored
+/// without one). A re-driven end (the sweep, a manager that took over) never extends a grace.
+pub(super) fn grace_left(k: &KernelRow, default: Duration) -> Grace {
+    let own = k.grace(default);
+    match k
+        .terminate_deadline
+        .filter(|_| k.status == crate::model::session::KernelStatus::Terminating)
+    {
+        Some(deadline) => Grace {
+            period: Duration::try_from_secs_f64(deadline - crate::manager::store::now())
+                .unwrap_or(Duration::ZERO)
+                .min(own.period),
+            ..own
+        },
+        None => own,
+    }
+}
+
+/// Ends placed kernel `k` for `reason` with `grace`: `TERMINATING` with its
+/// `terminate_deadline` (now + the grace; a row already `TERMINATING` keeps its own),
+/// `destroy_kernel` on its agent ([`destroy_on_agent`]; none for a `SCHEDULED` row, whose
+/// agent was not asked yet, or one without an agent), then `TERMINATED` with the workload's
+/// exit code, a batch job's result following it when it exited within the grace (`SUCCESS`
+/// for 0). The time it spent `TERMINATING` goes to `kernelvisor_manager_terminating_seconds`.
+/// Returns whether this call ended it in the store (`false`: something else did first, as the
+/// agent's own `kernel_terminated`).
+///
+/// Errors: the store's, or the agent call's (the row then stays `TERMINATING`: the caller may
+/// ask again, and past its deadline plus `terminating-timeout` the sweep resolves it).
+pub(super) async fn end_on_agent(
+    launcher: &Launcher,
+    k: &KernelRow,
+    reason: &str,
+    grace: &Grace,
+) -> Result<(bool, Ended), EndError> {
+    let store = &launcher.store;
+    let since = if k.status == crate::model::session::KernelStatus::Terminating {
+        k.status_changed_at
+    } else {
+        store
+            .terminating_kernel(&k.id, reason, grace.period)
+            .await
+            .map_err(EndError::Store)?;
+        crate::manager::store::now()
+    };
+    let ended =
+        if k.agent_id.is_empty() || k.status == crate::model::session::KernelStatus::Scheduled {
+            Ended::default()
+        } else {
+            destroy_on_agent(
+                &launcher.pool,
+                &launcher.metrics,
+                k,
+                reason,
+                grace,
+                launcher.spec.destroy_timeout,
+            )
+            .await
+            .map_err(EndError::Agent)?
+        };
+    let result = match (k.session_type, ended.exit_code) {
+        (SessionType::Batch, Some(0)) => Some(crate::model::session::SessionResult::Success),
+        _ => None,
+    };
+    let changed = store
+        .terminate_with_result(&k.id, reason, ended.exit_code, result)
+        .await
+        .map_err(EndError::Store)?;
+    launcher
+        .metrics
+        .terminating_seconds
+        .observe((crate::manager::store::now() - since).max(0.0));
+    Ok((changed, ended))
+}
+
+/// Why [`end_on_agent`] could not end a kernel now.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum EndError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(crate::manager::store::StoreError),
+    /// The agent did not answer, or failed.
+    #[error(transparent)]
+    Agent(AgentCallError),
+}
+
+impl From<EndError> for ManagerError {
+    fn from(e: EndError) -> ManagerError {
+        match e {
+            EndError::Store(e) => e.into(),
+            EndError::Agent(e) => crate::manager::calls::agent_error(&e),
+        }
     }
 }

@@ -82,6 +82,10 @@ pub struct SchedulerSpec {
     /// Where `multi-node` sessions' overlay networks are made (`[scheduler]
     /// swarm-docker-host`, `overlay-mtu`).
     pub overlay: OverlaySpec,
+    /// A session's grace period when its request names none (`[scheduler] grace-period`).
+    pub grace_period: Duration,
+    /// The longest grace period a request may ask for (`[scheduler] max-grace-period`).
+    pub max_grace_period: Duration,
 }
 
 /// How long a kernel may stay in each transient state (`[scheduler] *-timeout`).

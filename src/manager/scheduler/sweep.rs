@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 
-use super::launch::{destroy_on_agent, Launcher};
+use super::launch::{destroy_on_agent, grace_left, Launcher};
 use super::{Scheduler, StateDeadlines};
 use crate::manager::calls::call_method;
 use crate::manager::metrics::ManagerMetrics;
@@ -423,7 +423,17 @@ impl Sweep {
     ///
     /// Errors: the call's, but `KernelNotFound`.
     async fn destroy(&self, k: &KernelRow, reason: &str) -> Result<(), AgentCallError> {
-        destroy_on_agent(&self.pool, &self.metrics, k, reason, self.call_timeout).await
+        let grace = grace_left(k, self.launcher.spec.grace_period);
+        destroy_on_agent(
+            &self.pool,
+            &self.metrics,
+            k,
+            reason,
+            &grace,
+            self.call_timeout,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Destroys what the agent holds of an ended kernel, off the pass, tried again every
@@ -432,6 +442,7 @@ impl Sweep {
     /// then), and an agent may be back within that time. Past it, an agent that comes back
     /// reports what it still holds as dangling.
     fn destroy_in_background(&self, k: &KernelRow, reason: &str) {
+        let grace = grace_left(k, self.launcher.spec.grace_period);
         let (pool, metrics, k, reason, timeout, until) = (
             self.pool.clone(),
             self.metrics.clone(),
@@ -442,8 +453,8 @@ impl Sweep {
         );
         actix::spawn(async move {
             loop {
-                match destroy_on_agent(&pool, &metrics, &k, &reason, timeout).await {
-                    Ok(()) => return,
+                match destroy_on_agent(&pool, &metrics, &k, &reason, &grace, timeout).await {
+                    Ok(_) => return,
                     Err(e) if Instant::now() < until => {
                         tracing::debug!(kernel_id = %k.id, error = %e, "reconcile sweep: the agent cannot destroy the kernel yet; trying again");
                         tokio::time::sleep(DESTROY_RETRY).await;

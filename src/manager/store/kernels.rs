@@ -100,9 +100,33 @@ pub struct KernelRow {
     /// are the session's, a sub kernel publishes none).
     #[sqlx(try_from = "JsonText")]
     pub service_ports: Vec<String>,
+    // -- graceful termination (issue 41) --
+    /// The signal its workload gets when it is ended; `None`: the agent's default (`SIGTERM`,
+    /// `SIGINT` for a runner kernel).
+    pub stop_signal: Option<String>,
+    /// Seconds its workload has to exit after the stop signal; `None` for a row stored before
+    /// grace periods (the agent's `[container] grace-period` then).
+    pub grace_period: Option<f64>,
+    /// While `TERMINATING`: Unix seconds by which its agent kills what still runs.
+    pub terminate_deadline: Option<f64>,
 }
 
 impl KernelRow {
+    /// How it is ended when its end names no grace of its own: its stop signal and grace
+    /// period, `default` for a row stored without one.
+    pub fn grace(&self, default: std::time::Duration) -> crate::workload::Grace {
+        crate::workload::Grace {
+            signal: self
+                .stop_signal
+                .clone()
+                .unwrap_or_else(|| crate::workload::grace::DEFAULT_STOP_SIGNAL.into()),
+            period: self
+                .grace_period
+                .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(default),
+        }
+    }
+
     /// Whether the kernel is in the live set (anything but `TERMINATED` and `CANCELLED`; a
     /// `PENDING` session is live but holds no agent's slots).
     pub fn is_live(&self) -> bool {
@@ -170,6 +194,10 @@ pub struct NewKernel {
     pub cluster_size: u32,
     /// Its place in the cluster (`main1` for a session of one kernel).
     pub cluster: ClusterSlot,
+    /// Its stop signal (`None`: the agent's default).
+    pub stop_signal: Option<String>,
+    /// Its grace period in seconds (`None`: `[scheduler] grace-period` when it ends).
+    pub grace_period: Option<f64>,
 }
 
 /// Why a reservation was refused.
@@ -193,7 +221,7 @@ pub enum ReserveError {
     Store(#[from] StoreError),
 }
 
-pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports";
+pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports, stop_signal, grace_period, terminate_deadline";
 
 /// The live set in SQL: every status but the two final ones.
 pub(super) const LIVE: &str = "status NOT IN ('TERMINATED', 'CANCELLED')";
@@ -460,7 +488,7 @@ pub(super) async fn insert_in<'c>(
     sqlx::query(&format!(
         "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, $3, $4, $5, $6, \
          NULL, NULL, $7, $8, $9, $10, NULL, $11, $12, NULLIF($13, -1.0), $14, $15, $16, 0, $17, \
-         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', 0, $21)"
+         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', $27, NULLIF($28, -1.0), NULL, 0, $21)"
     ))
     .bind(&k.id)
     .bind(&k.session_id)
@@ -488,6 +516,8 @@ pub(super) async fn insert_in<'c>(
     .bind(k.cluster.role)
     .bind(i64::from(k.cluster.idx))
     .bind(&k.cluster.hostname)
+    .bind(&k.stop_signal)
+    .bind(k.grace_period.unwrap_or(-1.0))
     .execute(ex)
     .await?;
     Ok(())
@@ -811,10 +841,34 @@ impl Store {
         Ok(self.publish(ended))
     }
 
+    /// As [`Store::terminate_kernel`], recording first a batch session's `result` as its
+    /// agent answered a graceful end (the workload's exit within its grace), in the same
+    /// transaction; a result already recorded (the agent's `session_success` /
+    /// `session_failure` heard first) stays.
+    ///
+    /// Errors: the database.
+    pub async fn terminate_with_result(
+        &self,
+        kernel_id: &str,
+        reason: &str,
+        exit_code: Option<i64>,
+        result: Option<SessionResult>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(result) = result {
+            set_result_in(&mut tx, kernel_id, result).await?;
+        }
+        let ended = terminate_in(&mut tx, kernel_id, reason, exit_code).await?;
+        tx.commit().await?;
+        Ok(self.publish(ended))
+    }
+
     /// Records that a placed kernel is being destroyed for `reason`: status `TERMINATING` (from
     /// `SCHEDULED` … `RESTARTING`; a queued, final or already terminating kernel is left as
-    /// it is), `status_reason` = `reason`, and its `session_status` event. From then on the
-    /// `[scheduler] terminating-timeout` deadline applies: a destroy whose answer is lost is
+    /// it is, but that a `TERMINATING` one takes the earlier deadline of its own and this
+    /// one), `status_reason` = `reason`, and its `session_status` event. From then on the
+    /// `[scheduler] terminating-timeout` deadline applies, counted from its `terminate_deadline`
+    /// (now + `grace`, when its agent kills what still runs): a destroy whose answer is lost is
     /// resolved by the reconcile sweep. Returns whether it changed.
     ///
     /// Errors: the database.
@@ -822,20 +876,41 @@ impl Store {
         &self,
         kernel_id: &str,
         reason: &str,
+        grace: std::time::Duration,
     ) -> Result<bool, StoreError> {
+        let at = now();
+        let deadline = at + grace.as_secs_f64();
         let owner: Option<(String, String, String)> = sqlx::query_as(
-            "UPDATE kernels SET status = 'TERMINATING', status_reason = $2, status_changed_at = $3 \
+            "UPDATE kernels SET status = 'TERMINATING', status_reason = $2, status_changed_at = $3, \
+             terminate_deadline = $4 \
              WHERE id = $1 AND status IN ('SCHEDULED', 'PREPARING', 'PULLING', 'CREATING', 'RUNNING', 'RESTARTING') \
              RETURNING session_id, agent_id, access_key",
         )
         .bind(kernel_id)
         .bind(reason)
-        .bind(now())
+        .bind(at)
+        .bind(deadline)
         .fetch_optional(&self.pool)
         .await?;
+        // Already ending: a shorter grace (`rm --now` during one) brings its deadline forward.
+        let owner = match owner {
+            Some(o) => Some(o),
+            None => {
+                sqlx::query_as(
+                    "UPDATE kernels SET terminate_deadline = $2 WHERE id = $1 AND status = 'TERMINATING' \
+                     AND (terminate_deadline IS NULL OR terminate_deadline > $2) \
+                     RETURNING session_id, agent_id, access_key",
+                )
+                .bind(kernel_id)
+                .bind(deadline)
+                .fetch_optional(&self.pool)
+                .await?
+            }
+        };
         Ok(self.publish(owner.map(|owner| Event {
             status: Some(KernelStatus::Terminating.as_str().into()),
             reason: Some(reason.to_owned()),
+            terminate_deadline: Some(deadline),
             ..session_event(EventType::SessionStatus, kernel_id, owner)
         })))
     }
@@ -1071,6 +1146,8 @@ mod tests {
                         restart_policy: RestartPolicy::default(),
                         priority: 10,
                         request: None,
+                        stop_signal: None,
+                        grace_period: None,
                     },
                     &roomy,
                 )
@@ -1206,6 +1283,8 @@ mod tests {
                         restart_policy: RestartPolicy::default(),
                         priority: 10,
                         request: None,
+                        stop_signal: None,
+                        grace_period: None,
                     },
                     &roomy,
                 )

@@ -543,6 +543,8 @@ mod tests {
             restart_policy: RestartPolicy::default(),
             priority,
             request: Some("{}".into()),
+            stop_signal: None,
+            grace_period: None,
         };
         let why = PendingReason::new(PendingCode::NoCapacity, "full");
         store.enqueue_kernel(&k, &why).await.unwrap();

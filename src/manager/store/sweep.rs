@@ -42,11 +42,13 @@ impl Store {
             .iter()
             .enumerate()
             .map(|(i, (s, _))| {
-                format!(
-                    "(status = '{}' AND status_changed_at < ${})",
-                    s.as_str(),
-                    i + 1
-                )
+                // A `TERMINATING` kernel's deadline counts from its grace's end (its agent may
+                // rightly wait that long for the workload to exit), not from its status change.
+                let since = match s {
+                    KernelStatus::Terminating => "COALESCE(terminate_deadline, status_changed_at)",
+                    _ => "status_changed_at",
+                };
+                format!("(status = '{}' AND {since} < ${})", s.as_str(), i + 1)
             })
             .collect();
         let sql = format!(
@@ -229,6 +231,8 @@ mod tests {
             restart_policy: RestartPolicy::default(),
             priority: 10,
             request: request.map(str::to_owned),
+            stop_signal: None,
+            grace_period: None,
         };
         store.reserve_kernel(&k, &roomy).await.unwrap();
     }
@@ -259,7 +263,7 @@ mod tests {
             .await
             .unwrap());
         assert!(store
-            .terminating_kernel("terminating", "user-requested")
+            .terminating_kernel("terminating", "user-requested", Duration::from_secs(30))
             .await
             .unwrap());
         let t = store.kernel("terminating").await.unwrap().unwrap();
@@ -267,8 +271,19 @@ mod tests {
             (t.status, t.status_reason.as_deref()),
             (KernelStatus::Terminating, Some("user-requested"))
         );
+        // Its deadline is its grace from now.
+        let deadline = t
+            .terminate_deadline
+            .expect("a TERMINATING row has its deadline");
+        assert!(
+            (deadline - t.status_changed_at - 30.0).abs() < 0.01,
+            "{deadline}"
+        );
         // A queued session is never terminating.
-        assert!(!store.terminating_kernel("nope", "x").await.unwrap());
+        assert!(!store
+            .terminating_kernel("nope", "x", Duration::ZERO)
+            .await
+            .unwrap());
 
         let short = Duration::from_secs(5);
         let long = Duration::from_secs(3600);
@@ -286,12 +301,20 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
-        let later = now + 60.0;
         let ids = |rows: Vec<super::KernelRow>| {
             let mut v: Vec<String> = rows.into_iter().map(|k| k.id).collect();
             v.sort();
             v
         };
+        // Past its status change's deadline but within its grace (+ the deadline): not stuck.
+        assert_eq!(
+            ids(store
+                .stuck_kernels(now + 20.0, &deadlines, 100)
+                .await
+                .unwrap()),
+            ["sched"]
+        );
+        let later = now + 60.0;
         assert_eq!(
             ids(store.stuck_kernels(later, &deadlines, 100).await.unwrap()),
             ["sched", "terminating"]

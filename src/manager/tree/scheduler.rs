@@ -42,6 +42,8 @@ fn spec(config: &ManagerConfig, registries: Arc<ImageRegistries>) -> SchedulerSp
             docker_host: s.swarm_docker_host.clone(),
             mtu: s.overlay_mtu,
         },
+        grace_period: s.grace_period.0,
+        max_grace_period: s.max_grace_period.0,
     }
 }
 

@@ -367,6 +367,14 @@ pub struct KernelCreationConfig {
     /// kernelvisor: seconds a batch session may run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_timeout: Option<f64>,
+    /// kernelvisor: the signal the workload gets when the kernel is ended (`SIGTERM`, …;
+    /// `crate::workload::grace`); absent: `SIGTERM`, `SIGINT` for a runner kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// kernelvisor: seconds the workload has to exit after the stop signal before it is
+    /// killed; absent: the agent's `[container] grace-period`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<f64>,
     /// kernelvisor tests: failure injection (read only with the `fault-injection` feature).
     #[serde(default, rename = "_inject", skip_serializing_if = "Option::is_none")]
     pub inject: Option<Value>,
@@ -503,6 +511,25 @@ pub struct DestroyKernelArgs {
     /// No `kernel_terminated` event.
     #[serde(default)]
     pub suppress_events: Option<bool>,
+    /// kernelvisor (a keyword Backend.AI's manager never sends): seconds the workload has to
+    /// exit after its stop signal, instead of the kernel's own grace period (`0`: killed at
+    /// once). Given, the answer is a [`DestroyKernelReply`] map instead of nil.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<f64>,
+}
+
+/// kernelvisor: what `destroy_kernel` answers a caller that gave `grace_period` (upstream's
+/// callers get nil): how the workload ended, so that the caller records a batch job's result
+/// without waiting for the agent's events.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DestroyKernelReply {
+    /// The workload's exit code when it exited by itself within the grace (143: the stop signal
+    /// it did not catch); `None` when it was killed at the deadline or had no container.
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    /// Whether it was killed at the grace's deadline (`SIGKILL`).
+    #[serde(default)]
+    pub killed: bool,
 }
 
 impl Method for DestroyKernel {

@@ -15,7 +15,7 @@ use crate::agent::backend::{labels, Bind, ContainerSpec, PortMapping};
 use crate::agent::kernel::cluster;
 use crate::agent::kernel::config::ServicePortRequest;
 pub use crate::agent::kernel::resources::ContainerHandle;
-use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus};
+use crate::agent::kernel::{KernelError, KernelHandle, KernelStatus, Stopped};
 use crate::agent::resources::SlotAllocation;
 use crate::agent::runner::{launch, Gate, RunnerPorts};
 
@@ -145,8 +145,14 @@ pub fn container_spec(
             .collect(),
         hostname: config.cluster_hostname.clone(),
         entrypoint: None,
-        init: false,
-        stop_signal: None,
+        // The engine's `docker-init` as PID 1 forwards the stop signal to the workload, which
+        // as PID 1 would ignore every signal it set no handler for (the kernel applies no
+        // default action to a PID 1): a job that does not catch `SIGTERM` ends with 143, as
+        // outside a container, and an image's `sleep infinity` ends at once instead of at the
+        // grace's deadline. (`interrupt_kernel` keeps PID 1's meaning: `methods/kernels.rs`.)
+        init: true,
+        // `docker stop` / `docker restart` (a `restart_kernel`) send the kernel's own signal.
+        stop_signal: config.stop_signal.clone(),
         local_ports: Vec::new(),
         cap_add: Vec::new(),
         // The cluster network is joined once the engine is asked (`join_network`).
@@ -442,6 +448,18 @@ impl Provisioner for ContainerStage {
             .await
             .map_err(|e| creation_error(&spec, e))?;
         self.0.update(|i| i.container_id = Some(id.clone()));
+        if spec.init && spec.cmd.is_some() && plan.runner.is_none() && !has_shell(&self.0, &id).await
+        {
+            // Under `docker-init` a missing `sh` no longer fails the start (the init runs, then
+            // cannot exec it): looked for in the created container instead.
+            let _ = backend.remove_container(&id).await;
+            self.0.update(|i| i.container_id = None);
+            return Err(KernelError::InvalidConfig(format!(
+                "`command` runs through `sh -c`, which image `{}` lacks: no /bin/sh",
+                self.0.info().config.image
+            ))
+            .into());
+        }
         if let Err(e) = backend.start_container(&id).await {
             // Leave nothing behind: the created container goes with the failed start.
             let _ = backend.remove_container(&id).await;
@@ -479,30 +497,85 @@ impl Provisioner for ContainerStage {
         })
     }
 
-    /// A runner kernel's container gets its stop signal (`SIGINT`: the runner shuts its REPL
-    /// and services down and logs it) and up to [`RUNNER_STOP_GRACE`] to exit before removal.
+    /// A running container is stopped gracefully first ([`stop_gracefully`]), then removed
+    /// (killed, if it still runs).
     async fn teardown(&self, container: ContainerHandle) -> Result<(), BoxError> {
-        let backend = &self.0.ctx.backend;
-        if self.0.info().runner.is_some()
-            && backend.signal_container(&container.id, "SIGINT").await.is_ok()
-        {
-            let deadline = tokio::time::Instant::now() + RUNNER_STOP_GRACE;
-            while tokio::time::Instant::now() < deadline {
-                match backend.inspect_container(&container.id).await {
-                    Ok(Some(s)) if s.running => {
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await
-                    }
-                    _ => break,
-                }
-            }
-        }
-        Ok(backend.remove_container(&container.id).await?)
+        stop_gracefully(&self.0, &container.id).await;
+        Ok(self.0.ctx.backend.remove_container(&container.id).await?)
     }
 }
 
-/// How long a runner kernel's container may take to exit on `SIGINT` before it is removed
-/// (killed): upstream's `docker stop` grace.
-pub const RUNNER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Whether created container `id` has a `sh` to run a `command` with (`/bin/sh` or
+/// `/usr/bin/sh`, as the engine's archive API finds it). A backend that cannot tell (the dummy
+/// has no filesystem) counts as having one.
+async fn has_shell(h: &KernelHandle, id: &str) -> bool {
+    use futures::StreamExt;
+    for path in ["/bin/sh", "/usr/bin/sh"] {
+        match h.ctx.backend.archive_get(id, path).next().await {
+            Some(Err(crate::agent::backend::BackendError::PathNotFound(_))) => continue,
+            _ => return true,
+        }
+    }
+    false
+}
+
+/// How often a stopping container is looked at while its grace runs.
+const GRACE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Stops kernel `h`'s container `id`, if it runs, with the kernel's grace
+/// ([`KernelInfo::grace`](crate::agent::kernel::KernelInfo::grace)): its stop signal, then up to
+/// the grace period for the workload to exit. Records how it ended in `stopped` (its exit
+/// code when it exited in time; `killed` when it still ran at the deadline, counted in
+/// `kernelvisor_agent_grace_kills_total`: the caller's removal then kills it). A zero grace
+/// sends no signal. Every end of a kernel goes through here: `destroy_kernel`, a batch
+/// timeout, the restart policy replacing an unhealthy container, the agent's shutdown.
+pub async fn stop_gracefully(h: &KernelHandle, id: &str) {
+    let backend = &h.ctx.backend;
+    match backend.inspect_container(id).await {
+        Ok(Some(s)) if s.running => {}
+        // It ended already (a job that finished as it was destroyed): its exit is its own.
+        Ok(Some(s)) => {
+            h.update(|i| i.stopped = Some(Stopped { exit_code: s.exit_code, killed: false }));
+            return;
+        }
+        _ => return,
+    }
+    let started = tokio::time::Instant::now();
+    let default = h.ctx.config.container.grace_period.0;
+    let grace = h.info().grace(default);
+    if grace.period.is_zero() {
+        h.update(|i| i.stopped = Some(Stopped { exit_code: None, killed: true }));
+        return;
+    }
+    if let Err(e) = backend.signal_container(id, &grace.signal).await {
+        tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, signal = %grace.signal, error = %e, "cannot send the stop signal; killing");
+        return;
+    }
+    tracing::info!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, signal = %grace.signal, grace_s = grace.period.as_secs_f64(), "kernel stopping with its grace period");
+    loop {
+        match backend.inspect_container(id).await {
+            Ok(Some(s)) if s.running => {}
+            Ok(s) => {
+                let exit_code = s.and_then(|s| s.exit_code);
+                h.update(|i| i.stopped = Some(Stopped { exit_code, killed: false }));
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, error = %e, "cannot inspect the stopping container; killing");
+                return;
+            }
+        }
+        // Read again each time: a later end with a shorter grace (`rm --now`) cuts the wait.
+        let period = h.info().grace(default).period;
+        if started.elapsed() >= period {
+            tracing::info!(agent_id = %h.ctx.agent_id, kernel_id = %h.id, grace_s = period.as_secs_f64(), "grace period over: killing the kernel's container");
+            h.ctx.metrics.grace_killed();
+            h.update(|i| i.stopped = Some(Stopped { exit_code: None, killed: true }));
+            return;
+        }
+        tokio::time::sleep(GRACE_POLL.min(period - started.elapsed())).await;
+    }
+}
 
 impl KernelStage for ContainerStage {
     fn new(handle: KernelHandle) -> Self {

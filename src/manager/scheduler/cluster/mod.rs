@@ -29,7 +29,7 @@ use rmpv::Value;
 
 pub use network::{network_name, OverlaySpec};
 
-use super::launch::{destroy_on_agent, kernel_config, ClusterPlace, Launcher, Placed};
+use super::launch::{end_on_agent, grace_left, kernel_config, ClusterPlace, Launcher, Placed};
 use super::pull::{PullOutcome, PullPhase};
 use crate::manager::calls::{agent_error, call_agent};
 use crate::manager::error::ManagerError;
@@ -104,7 +104,8 @@ impl Launcher {
                     "agent-error" | "agent-unavailable" => "failed-to-create",
                     code => code,
                 };
-                end_gang(self, &rows, reason).await;
+                // A creation that failed has no workload to save: no grace.
+                end_gang(self, &rows, reason, Some(std::time::Duration::ZERO)).await;
                 Err(e)
             }
         }
@@ -269,13 +270,18 @@ impl Launcher {
     }
 }
 
-/// Ends every kernel of a session with `reason`: each live one `TERMINATING`, destroyed on its
-/// agent (one the agent no longer has counts as destroyed), then `TERMINATED`; a queued main
-/// row `CANCELLED`; then the session's network removed. A destroy that fails leaves its row
+/// Ends every kernel of a session with `reason`, each with `grace` (`None`: its own, as
+/// [`grace_left`]): each live one `TERMINATING`, destroyed on its agent (one the agent no
+/// longer has counts as destroyed), then `TERMINATED` ([`end_on_agent`]); a queued main row
+/// `CANCELLED`; then the session's network removed. A destroy that fails leaves its row
 /// `TERMINATING` for the reconcile sweep's deadline, and the network for a later `settle`.
-pub(super) async fn end_gang(launcher: &Launcher, rows: &[KernelRow], reason: &str) {
+pub(super) async fn end_gang(
+    launcher: &Launcher,
+    rows: &[KernelRow],
+    reason: &str,
+    grace: Option<std::time::Duration>,
+) {
     let store = &launcher.store;
-    let timeout = launcher.spec.destroy_timeout;
     futures::stream::iter(rows.iter().filter(|k| k.is_live()))
         .for_each_concurrent(CONCURRENCY, |k| async move {
             let r: Result<(), String> = async {
@@ -286,17 +292,11 @@ pub(super) async fn end_gang(launcher: &Launcher, rows: &[KernelRow], reason: &s
                         .map_err(|e| e.to_string())?;
                     return Ok(());
                 }
-                store
-                    .terminating_kernel(&k.id, reason)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if !k.agent_id.is_empty() && k.status != KernelStatus::Scheduled {
-                    destroy_on_agent(&launcher.pool, &launcher.metrics, k, reason, timeout)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                let mut g = grace_left(k, launcher.spec.grace_period);
+                if let Some(period) = grace {
+                    g.period = g.period.min(period);
                 }
-                store
-                    .terminate_kernel(&k.id, reason, None)
+                end_on_agent(launcher, k, reason, &g)
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(())
@@ -375,7 +375,7 @@ pub(super) async fn settle(launcher: &Launcher, limit: u32) -> Result<usize, Sto
                     .clone()
                     .unwrap_or_else(|| "kernel-terminated".to_owned());
                 tracing::info!(session_id = %first.session_id, kernel = %first.cluster_hostname, %reason, "cluster session: a kernel ended; ending the others");
-                end_gang(launcher, &rows, &reason).await;
+                end_gang(launcher, &rows, &reason, None).await;
             }
             _ => {
                 if let Some(main) = rows.iter().find(|k| k.is_main()) {
