@@ -147,7 +147,7 @@ macro_rules! json_columns {
     };
 }
 
-json_columns!(Vec<SessionMount>, Vec<String>, RestartPolicy; PullProgress, PendingReason);
+json_columns!(Vec<SessionMount>, Vec<String>, RestartPolicy; PullProgress, PendingReason, std::collections::BTreeMap<String, f64>);
 
 /// An agent's slot types (`slot_key_and_units`): text that does not parse reads as the built-in
 /// slots rather than none, since an agent without `cpu` and `mem` types could take no session.

@@ -42,6 +42,7 @@ fn spec(config: &ManagerConfig, registries: Arc<ImageRegistries>) -> SchedulerSp
             docker_host: s.swarm_docker_host.clone(),
             mtu: s.overlay_mtu,
         },
+        reclaim: config.reclaim.clone(),
     }
 }
 

@@ -1,0 +1,313 @@
+//! Idle reclaim in the store (`migrations/manager/0015_reclaim.sql`, `docs/design.md` "Idle
+//! reclaim"): each session's policy and what its agent reported (last activity, the runs of
+//! utilization readings under its floor), the sessions the leader's reclaim duty looks at,
+//! its once-per-deadline warnings, and the access keys' defaults.
+//!
+//! The facts live in the kernel rows, not in a replica's memory: whichever replica's intake
+//! takes a heartbeat writes them, and whichever replica leads (after a restart or a failover
+//! too) decides from them.
+
+use std::collections::BTreeMap;
+
+use super::columns::{json_text, NullableJsonText};
+use super::kernels::{KernelRow, COLUMNS};
+use super::{Store, StoreError};
+use crate::model::event::{Event, EventType};
+use crate::model::reclaim::{ReclaimPolicy, ReclaimReason, ReclaimState};
+use crate::model::session::SessionType;
+
+/// A kernel row's reclaim columns (`#[sqlx(flatten)]` of [`KernelRow::reclaim`]).
+#[derive(Clone, Debug, Default, PartialEq, sqlx::FromRow)]
+pub struct ReclaimColumns {
+    /// Seconds it may run once placed.
+    pub max_lifetime: Option<f64>,
+    /// Seconds without activity before it ends (interactive only).
+    pub idle_timeout: Option<f64>,
+    /// Seconds under the floor before it ends.
+    pub utilization_window: Option<f64>,
+    /// `{slot: percent}` (JSON; `None` when NULL or unreadable).
+    #[sqlx(try_from = "NullableJsonText")]
+    pub min_utilization: Option<BTreeMap<String, f64>>,
+    /// Unix seconds (agent's clock) of its last reported activity.
+    pub last_activity: Option<f64>,
+    /// Unix seconds (agent's clock) of the newest heartbeat that reported on it.
+    pub activity_at: Option<f64>,
+    /// Unix seconds (agent's clock) since which its readings were all under the floor.
+    pub low_since: Option<f64>,
+    /// The deadline its last `reclaim_warning` was for.
+    pub reclaim_warned: Option<f64>,
+}
+
+impl ReclaimColumns {
+    /// The columns of a session created with policy `p` (nothing reported yet).
+    pub fn of_policy(p: &ReclaimPolicy) -> ReclaimColumns {
+        ReclaimColumns {
+            max_lifetime: p.max_lifetime,
+            idle_timeout: p.idle_timeout,
+            utilization_window: p.utilization_window,
+            min_utilization: (!p.min_utilization.is_empty()).then(|| p.min_utilization.clone()),
+            ..ReclaimColumns::default()
+        }
+    }
+
+    /// The policy it was created with.
+    pub fn policy(&self) -> ReclaimPolicy {
+        ReclaimPolicy {
+            max_lifetime: self.max_lifetime,
+            idle_timeout: self.idle_timeout,
+            utilization_window: self.utilization_window,
+            min_utilization: self.min_utilization.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl KernelRow {
+    /// What its reclaim deadlines are computed from ([`crate::model::reclaim::Deadlines`]):
+    /// its policy, its placement (`admitted_at`, else `created_at`), its type, its last
+    /// activity and its run of low readings.
+    pub fn reclaim_state(&self) -> ReclaimState {
+        ReclaimState {
+            policy: self.reclaim.policy(),
+            placed_at: self.admitted_at.unwrap_or(self.created_at),
+            batch: self.session_type == SessionType::Batch,
+            last_activity: self.reclaim.last_activity,
+            low_since: self.reclaim.low_since,
+        }
+    }
+}
+
+/// One kernel's facts from one heartbeat (`agent/activity.rs`), as the registry hands them to
+/// [`Store::record_activity`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ActivityReport {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// The heartbeat's `ts` (agent's clock).
+    pub at: f64,
+    /// Its last activity, when it had any.
+    pub last_activity: Option<f64>,
+    /// `{slot: percent}` means since the previous heartbeat (empty: no reading).
+    pub utilization: BTreeMap<String, f64>,
+}
+
+/// Whether `readings` meet `floor`: `Some(true)` when a slot of the floor reads at or above
+/// it, `Some(false)` when every slot of the floor was read and is under it, `None` when the
+/// floor is empty or a slot of it was not read (no verdict: the run of low readings neither
+/// starts nor ends).
+pub fn meets_floor(floor: &BTreeMap<String, f64>, readings: &BTreeMap<String, f64>) -> Option<bool> {
+    if floor.is_empty() {
+        return None;
+    }
+    if floor
+        .iter()
+        .any(|(slot, min)| readings.get(slot).is_some_and(|r| r >= min))
+    {
+        return Some(true);
+    }
+    floor
+        .keys()
+        .all(|slot| readings.contains_key(slot))
+        .then_some(false)
+}
+
+/// Reports written per statement batch (one transaction each).
+const CHUNK: usize = 500;
+
+impl Store {
+    /// Sets the reclaim policy of every kernel row of `session_id` (at its creation). An
+    /// empty policy writes nothing.
+    ///
+    /// Errors: the database.
+    pub async fn set_reclaim_policy(
+        &self,
+        session_id: &str,
+        p: &ReclaimPolicy,
+    ) -> Result<(), StoreError> {
+        if p.is_empty() {
+            return Ok(());
+        }
+        // -1 stands for NULL: never a NULL f64 parameter (see agents.rs).
+        sqlx::query(
+            "UPDATE kernels SET max_lifetime = NULLIF($2, -1.0), idle_timeout = NULLIF($3, -1.0), \
+             utilization_window = NULLIF($4, -1.0), min_utilization = NULLIF($5, '') \
+             WHERE session_id = $1",
+        )
+        .bind(session_id)
+        .bind(p.max_lifetime.unwrap_or(-1.0))
+        .bind(p.idle_timeout.unwrap_or(-1.0))
+        .bind(p.utilization_window.unwrap_or(-1.0))
+        .bind(if p.min_utilization.is_empty() {
+            String::new()
+        } else {
+            json_text(&p.min_utilization, "")
+        })
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Writes the heartbeats' facts into the rows of the kernels that have a reclaim policy
+    /// (others are left alone): `last_activity` and `activity_at` only move forward; a
+    /// reading that meets the row's floor ([`meets_floor`]) clears `low_since`, one under it
+    /// starts it (at the heartbeat's time) unless a run is already going.
+    ///
+    /// Errors: the database.
+    pub async fn record_activity(&self, reports: &[ActivityReport]) -> Result<(), StoreError> {
+        for chunk in reports.chunks(CHUNK) {
+            let mut tx = self.pool.begin().await?;
+            // The floors of those with one with readings (one query per chunk).
+            let with_readings: Vec<&ActivityReport> =
+                chunk.iter().filter(|r| !r.utilization.is_empty()).collect();
+            let mut floors: std::collections::HashMap<String, BTreeMap<String, f64>> =
+                Default::default();
+            if !with_readings.is_empty() {
+                let list = (1..=with_readings.len())
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let sql = format!(
+                    "SELECT id, min_utilization FROM kernels WHERE id IN ({list}) AND min_utilization IS NOT NULL"
+                );
+                let mut q = sqlx::query_as::<_, (String, String)>(&sql);
+                for r in &with_readings {
+                    q = q.bind(r.kernel_id.as_str());
+                }
+                for (id, text) in q.fetch_all(&mut *tx).await? {
+                    if let Ok(floor) = serde_json::from_str(&text) {
+                        floors.insert(id, floor);
+                    }
+                }
+            }
+            for r in chunk {
+                let verdict = floors
+                    .get(&r.kernel_id)
+                    .and_then(|f| meets_floor(f, &r.utilization));
+                sqlx::query(
+                    "UPDATE kernels SET \
+                     last_activity = CASE WHEN $2 > COALESCE(last_activity, -1.0) THEN $2 ELSE last_activity END, \
+                     activity_at = CASE WHEN $3 > COALESCE(activity_at, -1.0) THEN $3 ELSE activity_at END, \
+                     low_since = CASE WHEN $4 = 1 THEN NULL WHEN $4 = 0 THEN COALESCE(low_since, $3) ELSE low_since END \
+                     WHERE id = $1 AND status = 'RUNNING' \
+                     AND (max_lifetime IS NOT NULL OR idle_timeout IS NOT NULL OR min_utilization IS NOT NULL)",
+                )
+                .bind(r.kernel_id.as_str())
+                .bind(r.last_activity.unwrap_or(-1.0))
+                .bind(r.at)
+                .bind(match verdict {
+                    Some(true) => 1i64,
+                    Some(false) => 0,
+                    None => -1,
+                })
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// The `RUNNING` main kernels with a reclaim policy: what the reclaim duty looks at.
+    ///
+    /// Errors: the database.
+    pub async fn reclaim_candidates(&self) -> Result<Vec<KernelRow>, StoreError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM kernels WHERE status = 'RUNNING' AND cluster_role = 'main' \
+             AND (max_lifetime IS NOT NULL OR idle_timeout IS NOT NULL OR min_utilization IS NOT NULL)"
+        ))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Records that `k`'s warning for `deadline` goes out, and publishes its
+    /// `reclaim_warning` event, unless one was already recorded for that deadline (by this
+    /// replica or a leader before it). Returns whether it went out.
+    ///
+    /// Errors: the database.
+    pub async fn warn_reclaim(
+        &self,
+        k: &KernelRow,
+        reason: ReclaimReason,
+        deadline: f64,
+    ) -> Result<bool, StoreError> {
+        let changed = sqlx::query(
+            "UPDATE kernels SET reclaim_warned = $2 WHERE id = $1 AND status = 'RUNNING' \
+             AND (reclaim_warned IS NULL OR reclaim_warned <> $2)",
+        )
+        .bind(k.id.as_str())
+        .bind(deadline)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0;
+        if changed {
+            self.events().publish(Event {
+                session_id: Some(k.session_id.clone()),
+                kernel_id: Some(k.id.clone()),
+                agent_id: Some(k.agent_id.clone()),
+                access_key: Some(k.access_key.clone()),
+                status: Some(k.status.as_str().to_owned()),
+                reason: Some(reason.as_str().to_owned()),
+                deadline: Some(deadline),
+                ..Event::of(EventType::ReclaimWarning)
+            });
+        }
+        Ok(changed)
+    }
+
+    /// Access key `key`'s defaults for its sessions' reclaim policy (empty when it has none,
+    /// or no such key).
+    ///
+    /// Errors: the database.
+    pub async fn key_reclaim_defaults(&self, key: &str) -> Result<ReclaimPolicy, StoreError> {
+        let text: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT reclaim_defaults FROM access_keys WHERE access_key = $1 AND deleted_at IS NULL",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(text
+            .flatten()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default())
+    }
+
+    /// Sets access key `key`'s reclaim defaults (an empty policy: none). Returns whether the
+    /// key exists.
+    ///
+    /// Errors: the database.
+    pub async fn set_key_reclaim_defaults(
+        &self,
+        key: &str,
+        p: &ReclaimPolicy,
+    ) -> Result<bool, StoreError> {
+        let text = (!p.is_empty()).then(|| json_text(p, "{}"));
+        Ok(sqlx::query(
+            "UPDATE access_keys SET reclaim_defaults = $2 WHERE access_key = $1 AND deleted_at IS NULL",
+        )
+        .bind(key)
+        .bind(text)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_floor_is_met_by_any_slot_and_missed_only_when_every_slot_was_read_under_it() {
+        let floor = BTreeMap::from([("cpu".to_owned(), 10.0), ("cuda.device".to_owned(), 50.0)]);
+        let read = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
+            pairs.iter().map(|(s, v)| ((*s).to_owned(), *v)).collect()
+        };
+        assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 50.0)])), Some(true));
+        assert_eq!(meets_floor(&floor, &read(&[("cpu", 10.0)])), Some(true));
+        assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 49.0)])), Some(false));
+        // A slot of the floor not read: no verdict.
+        assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0)])), None);
+        assert_eq!(meets_floor(&BTreeMap::new(), &read(&[("cpu", 1.0)])), None);
+    }
+}
