@@ -74,7 +74,7 @@ pub struct HeartbeatSlots {
 }
 
 /// One live kernel of a heartbeat.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HeartbeatKernel {
     /// Kernel id (an entry without one is skipped).
     pub id: String,
