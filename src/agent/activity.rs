@@ -114,7 +114,8 @@ pub fn established_local_ports(text: &str) -> HashSet<u16> {
     text.lines()
         .filter_map(|line| {
             let mut cols = line.split_whitespace();
-            let (_sl, local, _remote, st) = (cols.next()?, cols.next()?, cols.next()?, cols.next()?);
+            let (_sl, local, _remote, st) =
+                (cols.next()?, cols.next()?, cols.next()?, cols.next()?);
             if st != ESTABLISHED {
                 return None;
             }

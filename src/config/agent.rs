@@ -588,8 +588,7 @@ impl AgentConfig {
                     format!("device id {:?} is empty or repeated", d.id),
                 ));
             }
-            if d
-                .utilization
+            if d.utilization
                 .is_some_and(|u| !(u.is_finite() && (0.0..=100.0).contains(&u)))
             {
                 return Err(ConfigError::Invalid(

@@ -168,11 +168,10 @@ impl Deadlines {
     /// The deadlines of `s`.
     pub fn of(s: &ReclaimState) -> Deadlines {
         let p = &s.policy;
-        let idle = p.idle_timeout.filter(|_| !s.batch).map(|t| {
-            s.last_activity
-                .map_or(s.placed_at, |a| a.max(s.placed_at))
-                + t
-        });
+        let idle = p
+            .idle_timeout
+            .filter(|_| !s.batch)
+            .map(|t| s.last_activity.map_or(s.placed_at, |a| a.max(s.placed_at)) + t);
         let utilization = match (p.min_utilization.is_empty(), p.utilization_window) {
             (false, Some(w)) => s.low_since.map(|since| since + w),
             _ => None,

@@ -28,7 +28,8 @@ const LONG: Duration = Duration::from_secs(60);
 const RECLAIM: &str = "\n[reclaim]\ninterval = 0.5\nwarning-lead = 2\n";
 
 /// The agent's samples twice a second (utilization, connections to service ports).
-const STATS: &str = "\n[stats]\nnode-interval = 0.5\ncontainer-interval = 0.5\ngpu-interval = 0.5\n";
+const STATS: &str =
+    "\n[stats]\nnode-interval = 0.5\ncontainer-interval = 0.5\ngpu-interval = 0.5\n";
 
 fn unix_now() -> f64 {
     SystemTime::now()
@@ -225,10 +226,7 @@ fn idle_sessions_are_warned_then_ended_and_activity_keeps_them() {
         .lines()
         .find(|l| l.starts_with(&idle[..8]) || l.contains(&idle))
         .unwrap_or_else(|| panic!("no row of {idle}: {table}"));
-    assert!(
-        row.contains("idle ") && row.contains("ends in "),
-        "{table}"
-    );
+    assert!(row.contains("idle ") && row.contains("ends in "), "{table}");
 
     // The busy one: an execute a second until its lifetime ends it anyway.
     let busy = std::thread::scope(|scope| {
@@ -337,7 +335,10 @@ fn utilization_floor(db: Db, ports: u16) {
     for (bad, field) in [
         (json!({"idle_timeout": 0}), "idle_timeout"),
         (json!({"max_lifetime": -3}), "max_lifetime"),
-        (json!({"min_utilization": {"cpu": 150}}), "min_utilization.cpu"),
+        (
+            json!({"min_utilization": {"cpu": 150}}),
+            "min_utilization.cpu",
+        ),
         (
             json!({"min_utilization": {"cuda.device": 10}}),
             "min_utilization.cuda.device",
@@ -352,7 +353,11 @@ fn utilization_floor(db: Db, ports: u16) {
             body[k] = v.clone();
         }
         let a = c.post("/v1/sessions", &body);
-        assert_eq!((a.status, a.code()), (400, "invalid-request"), "{bad}: {a:?}");
+        assert_eq!(
+            (a.status, a.code()),
+            (400, "invalid-request"),
+            "{bad}: {a:?}"
+        );
         assert!(
             a.body["error"]["message"].as_str().unwrap().contains(field),
             "{bad}: {a:?}"
@@ -360,9 +365,7 @@ fn utilization_floor(db: Db, ports: u16) {
     }
     assert_eq!(c.concurrency_used(), 0);
 
-    let policy = |floor: f64| {
-        json!({"resource_slots": slots, "min_utilization": {"cuda.shares": floor}, "utilization_window": WINDOW})
-    };
+    let policy = |floor: f64| json!({"resource_slots": slots, "min_utilization": {"cuda.shares": floor}, "utilization_window": WINDOW});
     let low = create(&c, policy(50.0));
     let high = create(&c, policy(30.0));
     for id in [&low, &high] {

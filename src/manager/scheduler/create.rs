@@ -96,8 +96,8 @@ impl Handler<CreateSession> for Scheduler {
             };
             let priority = req.checked_priority()?;
             // Idle reclaim: what it asks for, then its key's defaults, then `[reclaim]`'s.
-            let reclaim = super::reclaim::policy_of(&store, &owner, &req, &launcher.spec.reclaim)
-                .await?;
+            let reclaim =
+                super::reclaim::policy_of(&store, &owner, &req, &launcher.spec.reclaim).await?;
             let enqueue = req.enqueue.unwrap_or(true);
             let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
             let kernel_id = uuid::Uuid::new_v4().to_string();

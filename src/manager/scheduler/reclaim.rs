@@ -142,6 +142,8 @@ async fn end(launcher: &Launcher, k: &KernelRow, reason: ReclaimReason) {
             );
         }
         Ok(_) => {}
-        Err(e) => tracing::warn!(session_id = %k.session_id, error = %e, "could not read a reclaimed session back"),
+        Err(e) => {
+            tracing::warn!(session_id = %k.session_id, error = %e, "could not read a reclaimed session back")
+        }
     }
 }

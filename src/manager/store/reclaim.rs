@@ -94,7 +94,10 @@ pub struct ActivityReport {
 /// it, `Some(false)` when every slot of the floor was read and is under it, `None` when the
 /// floor is empty or a slot of it was not read (no verdict: the run of low readings neither
 /// starts nor ends).
-pub fn meets_floor(floor: &BTreeMap<String, f64>, readings: &BTreeMap<String, f64>) -> Option<bool> {
+pub fn meets_floor(
+    floor: &BTreeMap<String, f64>,
+    readings: &BTreeMap<String, f64>,
+) -> Option<bool> {
     if floor.is_empty() {
         return None;
     }
@@ -303,9 +306,15 @@ mod tests {
         let read = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
             pairs.iter().map(|(s, v)| ((*s).to_owned(), *v)).collect()
         };
-        assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 50.0)])), Some(true));
+        assert_eq!(
+            meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 50.0)])),
+            Some(true)
+        );
         assert_eq!(meets_floor(&floor, &read(&[("cpu", 10.0)])), Some(true));
-        assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 49.0)])), Some(false));
+        assert_eq!(
+            meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 49.0)])),
+            Some(false)
+        );
         // A slot of the floor not read: no verdict.
         assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0)])), None);
         assert_eq!(meets_floor(&BTreeMap::new(), &read(&[("cpu", 1.0)])), None);
