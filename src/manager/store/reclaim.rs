@@ -283,9 +283,14 @@ impl Store {
         key: &str,
         p: &ReclaimPolicy,
     ) -> Result<bool, StoreError> {
-        let text = (!p.is_empty()).then(|| json_text(p, "{}"));
+        // '' stands for NULL (no NULL parameter: see agents.rs).
+        let text = if p.is_empty() {
+            String::new()
+        } else {
+            json_text(p, "")
+        };
         Ok(sqlx::query(
-            "UPDATE access_keys SET reclaim_defaults = $2 WHERE access_key = $1 AND deleted_at IS NULL",
+            "UPDATE access_keys SET reclaim_defaults = NULLIF($2, '') WHERE access_key = $1 AND deleted_at IS NULL",
         )
         .bind(key)
         .bind(text)
