@@ -36,8 +36,7 @@ pub struct Heartbeat {
     /// empty when the agent sends none (one that predates it).
     pub images: Vec<String>,
     // Idle reclaim.
-    /// Each kernel's reported activity and utilization (those that reported either), stamped
-    /// with the heartbeat's `ts`.
+    /// Each kernel's reported activity and utilization, stamped with the heartbeat's `ts`.
     pub activity: Vec<crate::manager::store::ActivityReport>,
 }
 
@@ -78,11 +77,11 @@ impl Heartbeat {
             .filter(|r| seen.insert(r.clone()))
             .take(MAX_HEARTBEAT_IMAGES)
             .collect();
-        // Idle reclaim.
+        // Idle reclaim: every kernel, with or without activity or readings (the heartbeat's
+        // `ts` vouches for it either way).
         let activity = info
             .kernels
             .iter()
-            .filter(|k| k.last_activity.is_some() || !k.utilization.is_empty())
             .map(|k| crate::manager::store::ActivityReport {
                 kernel_id: k.id.clone(),
                 at: info.ts,

@@ -149,49 +149,51 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the heartbeats' facts into the rows of the kernels that have a reclaim policy
-    /// (others are left alone): `last_activity` and `activity_at` only move forward; a
-    /// reading that meets the row's floor ([`meets_floor`]) clears `low_since`, one under it
-    /// starts it (at the heartbeat's time) unless a run is already going.
+    /// Writes the heartbeats' facts into the rows of the `RUNNING` kernels that have a reclaim
+    /// policy (one query per chunk finds them; the others cost no write): `activity_at` (the
+    /// agent's word that nothing it did not report happened until then) and `last_activity`
+    /// only move forward; a reading that meets the row's floor ([`meets_floor`]) clears
+    /// `low_since`, one under it starts it (at the heartbeat's time) unless a run is going.
     ///
     /// Errors: the database.
     pub async fn record_activity(&self, reports: &[ActivityReport]) -> Result<(), StoreError> {
         for chunk in reports.chunks(CHUNK) {
             let mut tx = self.pool.begin().await?;
-            // The floors of those with one with readings (one query per chunk).
-            let with_readings: Vec<&ActivityReport> =
-                chunk.iter().filter(|r| !r.utilization.is_empty()).collect();
-            let mut floors: std::collections::HashMap<String, BTreeMap<String, f64>> =
-                Default::default();
-            if !with_readings.is_empty() {
-                let list = (1..=with_readings.len())
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let sql = format!(
-                    "SELECT id, min_utilization FROM kernels WHERE id IN ({list}) AND min_utilization IS NOT NULL"
-                );
-                let mut q = sqlx::query_as::<_, (String, String)>(&sql);
-                for r in &with_readings {
-                    q = q.bind(r.kernel_id.as_str());
-                }
-                for (id, text) in q.fetch_all(&mut *tx).await? {
-                    if let Ok(floor) = serde_json::from_str(&text) {
-                        floors.insert(id, floor);
-                    }
-                }
-            }
+            let list = (1..=chunk.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "SELECT id, min_utilization FROM kernels WHERE id IN ({list}) AND status = 'RUNNING' \
+                 AND (max_lifetime IS NOT NULL OR idle_timeout IS NOT NULL OR min_utilization IS NOT NULL)"
+            );
+            let mut q = sqlx::query_as::<_, (String, Option<String>)>(&sql);
             for r in chunk {
-                let verdict = floors
-                    .get(&r.kernel_id)
-                    .and_then(|f| meets_floor(f, &r.utilization));
+                q = q.bind(r.kernel_id.as_str());
+            }
+            // Each kernel with a policy, and its floor (empty: none).
+            let policed: std::collections::HashMap<String, BTreeMap<String, f64>> = q
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .map(|(id, floor)| {
+                    let floor = floor
+                        .and_then(|t| serde_json::from_str(&t).ok())
+                        .unwrap_or_default();
+                    (id, floor)
+                })
+                .collect();
+            for r in chunk {
+                let Some(floor) = policed.get(&r.kernel_id) else {
+                    continue;
+                };
+                let verdict = meets_floor(floor, &r.utilization);
                 sqlx::query(
                     "UPDATE kernels SET \
                      last_activity = CASE WHEN $2 > COALESCE(last_activity, -1.0) THEN $2 ELSE last_activity END, \
                      activity_at = CASE WHEN $3 > COALESCE(activity_at, -1.0) THEN $3 ELSE activity_at END, \
                      low_since = CASE WHEN $4 = 1 THEN NULL WHEN $4 = 0 THEN COALESCE(low_since, $3) ELSE low_since END \
-                     WHERE id = $1 AND status = 'RUNNING' \
-                     AND (max_lifetime IS NOT NULL OR idle_timeout IS NOT NULL OR min_utilization IS NOT NULL)",
+                     WHERE id = $1 AND status = 'RUNNING'",
                 )
                 .bind(r.kernel_id.as_str())
                 .bind(r.last_activity.unwrap_or(-1.0))
