@@ -24,6 +24,9 @@ use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// The test image with service ports (`web` on 8080: `tests/it/services_files.rs`).
+const SERVICES_IMAGE: &str = "kernelvisor-test:services";
+
 /// The manager's `[reclaim]`: checked twice a second, warnings 2 s ahead.
 const RECLAIM: &str = "\n[reclaim]\ninterval = 0.5\nwarning-lead = 2\n";
 
@@ -70,10 +73,12 @@ fn session(c: &Cluster, id: &str) -> Value {
     a.body
 }
 
-/// Waits until session `id` is `status`; its JSON and the time it was seen so.
+/// Waits until session `id` is `status`; its JSON and the time it was seen so. A manager
+/// starting up (503) is waited for too.
 fn wait_status(c: &Cluster, id: &str, status: &str, limit: Duration) -> (Value, f64) {
     let s = wait_for(limit, &format!("session {id} {status}"), || {
-        Some(session(c, id)).filter(|s| s["status"] == status)
+        let a = c.get(&format!("/v1/sessions/{id}")).ok()?;
+        (a.status == 200 && a.body["status"] == status).then_some(a.body)
     });
     (s, unix_now())
 }
@@ -156,7 +161,7 @@ fn open_terminal(
     ws
 }
 
-/// Starts session `id`'s `web` service (the test image's, on container port 8080) and opens
+/// Starts session `id`'s `web` service ([`SERVICES_IMAGE`]'s, on container port 8080) and opens
 /// a TCP connection to its host port, held open (no request sent).
 fn connect_to_service(c: &Cluster, id: &str) -> TcpStream {
     let a = c.post(&format!("/v1/sessions/{id}/services/web"), &json!({}));
@@ -191,7 +196,7 @@ fn idle_sessions_are_warned_then_ended_and_activity_keeps_them() {
     let term = create(&c, json!({"idle_timeout": 6}));
     wait_status(&c, &term, "RUNNING", LONG);
     let mut ws = open_terminal(&c, &term);
-    let served = create(&c, json!({"idle_timeout": 6}));
+    let served = create(&c, json!({"image": SERVICES_IMAGE, "idle_timeout": 6}));
     wait_status(&c, &served, "RUNNING", LONG);
     let conn = connect_to_service(&c, &served);
     let idle = create(&c, json!({"idle_timeout": 5}));
