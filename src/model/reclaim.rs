@@ -257,6 +257,43 @@ pub fn decide(
     }
 }
 
+/// One kernel's facts from one heartbeat (`agent/activity.rs`), as the manager's registry
+/// hands them to its store (`Store::record_activity`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ActivityReport {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// The heartbeat's `ts` (agent's clock).
+    pub at: f64,
+    /// Its last activity, when it had any.
+    pub last_activity: Option<f64>,
+    /// `{slot: percent}` means since the previous heartbeat (empty: no reading).
+    pub utilization: BTreeMap<String, f64>,
+}
+
+/// Whether `readings` meet `floor`: `Some(true)` when a slot of the floor reads at or above
+/// it, `Some(false)` when every slot of the floor was read and is under it, `None` when the
+/// floor is empty or a slot of it was not read (no verdict: the run of low readings neither
+/// starts nor ends).
+pub fn meets_floor(
+    floor: &BTreeMap<String, f64>,
+    readings: &BTreeMap<String, f64>,
+) -> Option<bool> {
+    if floor.is_empty() {
+        return None;
+    }
+    if floor
+        .iter()
+        .any(|(slot, min)| readings.get(slot).is_some_and(|r| r >= min))
+    {
+        return Some(true);
+    }
+    floor
+        .keys()
+        .all(|slot| readings.contains_key(slot))
+        .then_some(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,5 +458,25 @@ mod tests {
             decide(&s, None, None, None, 1000.0),
             Action::Warn { .. }
         ));
+    }
+
+    #[test]
+    fn a_floor_is_met_by_any_slot_and_missed_only_when_every_slot_was_read_under_it() {
+        let floor = BTreeMap::from([("cpu".to_owned(), 10.0), ("cuda.device".to_owned(), 50.0)]);
+        let read = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
+            pairs.iter().map(|(s, v)| ((*s).to_owned(), *v)).collect()
+        };
+        assert_eq!(
+            meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 50.0)])),
+            Some(true)
+        );
+        assert_eq!(meets_floor(&floor, &read(&[("cpu", 10.0)])), Some(true));
+        assert_eq!(
+            meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 49.0)])),
+            Some(false)
+        );
+        // A slot of the floor not read: no verdict.
+        assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0)])), None);
+        assert_eq!(meets_floor(&BTreeMap::new(), &read(&[("cpu", 1.0)])), None);
     }
 }

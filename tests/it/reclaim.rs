@@ -273,7 +273,8 @@ fn idle_sessions_are_warned_then_ended_and_activity_keeps_them() {
     });
 
     // The lifetime: ended at its deadline although busy.
-    assert_eq!(busy["status"], "TERMINATED", "{busy}");
+    assert_eq!(busy["status_reason"], "lifetime-exceeded", "{busy}");
+    let (busy, _) = wait_status(&c, &life, "TERMINATED", LONG);
     assert_eq!(busy["status_reason"], "lifetime-exceeded", "{busy}");
     let deadline = assert_warned_then_ended(&c, &life, "lifetime-exceeded");
     assert!(

@@ -37,7 +37,7 @@ pub struct Heartbeat {
     pub images: Vec<String>,
     // Idle reclaim.
     /// Each kernel's reported activity and utilization, stamped with the heartbeat's `ts`.
-    pub activity: Vec<crate::manager::store::ActivityReport>,
+    pub activity: Vec<crate::model::reclaim::ActivityReport>,
 }
 
 /// The slot types of a heartbeat's `slot_key_and_units` (`{name: "count" | "bytes" |
@@ -82,7 +82,7 @@ impl Heartbeat {
         let activity = info
             .kernels
             .iter()
-            .map(|k| crate::manager::store::ActivityReport {
+            .map(|k| crate::model::reclaim::ActivityReport {
                 kernel_id: k.id.clone(),
                 at: info.ts,
                 last_activity: k.last_activity,

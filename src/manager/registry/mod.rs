@@ -176,7 +176,7 @@ pub struct AgentRegistry {
     // Idle reclaim.
     /// The kernels' activity the heartbeats reported, by kernel id (the newest per kernel),
     /// written behind with the rows ([`Store::record_activity`]).
-    activity: HashMap<String, crate::manager::store::ActivityReport>,
+    activity: HashMap<String, crate::model::reclaim::ActivityReport>,
     /// A write of `activity` is in flight.
     activity_flushing: bool,
 }
@@ -456,7 +456,7 @@ impl AgentRegistry {
     // Idle reclaim.
     /// Keeps `reports` (a heartbeat's) for the next [`AgentRegistry::flush_activity`]: the
     /// newest per kernel.
-    fn note_activity(&mut self, reports: Vec<crate::manager::store::ActivityReport>) {
+    fn note_activity(&mut self, reports: Vec<crate::model::reclaim::ActivityReport>) {
         for r in reports {
             match self.activity.get_mut(&r.kernel_id) {
                 Some(kept) if kept.at > r.at => {}
@@ -464,7 +464,7 @@ impl AgentRegistry {
                     // The readings of both, the newer's where they overlap.
                     let mut utilization = std::mem::take(&mut kept.utilization);
                     utilization.extend(r.utilization.clone());
-                    *kept = crate::manager::store::ActivityReport { utilization, ..r };
+                    *kept = crate::model::reclaim::ActivityReport { utilization, ..r };
                 }
                 None => {
                     self.activity.insert(r.kernel_id.clone(), r);

@@ -103,7 +103,7 @@ pub struct KernelRow {
     // Idle reclaim.
     /// Its reclaim policy and what its agent reported (`reclaim.rs`).
     #[sqlx(flatten)]
-    pub reclaim: super::reclaim::ReclaimColumns,
+    pub reclaim: super::columns::ReclaimColumns,
 }
 
 impl KernelRow {

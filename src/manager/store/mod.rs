@@ -30,12 +30,12 @@ use crate::model::event::Event;
 use crate::model::session::KernelStatus;
 
 pub use agents::AgentRow;
+pub use columns::ReclaimColumns;
 pub use dangling::DanglingReport;
 pub use events::Applied;
 pub use kernels::{KernelRow, NewKernel, ReserveError};
 pub use keys::{AccessKeyRow, DeleteKeyError, KeyChange, ROLE_ADMIN, ROLE_USER};
 pub use queue::{Admitted, KeyShare, QueuedSession};
-pub use reclaim::{meets_floor, ActivityReport, ReclaimColumns};
 pub use sweep::{is_transient, Deadlines, OrphanedPull};
 pub use usage::Usage;
 pub use vfolders::VfolderRow;

@@ -9,57 +9,14 @@
 
 use std::collections::BTreeMap;
 
-use super::columns::{json_text, NullableJsonText};
+use super::columns::json_text;
 use super::kernels::{KernelRow, COLUMNS};
 use super::{Store, StoreError};
 use crate::model::event::{Event, EventType};
-use crate::model::reclaim::{ReclaimPolicy, ReclaimReason, ReclaimState};
+use crate::model::reclaim::{
+    meets_floor, ActivityReport, ReclaimPolicy, ReclaimReason, ReclaimState,
+};
 use crate::model::session::SessionType;
-
-/// A kernel row's reclaim columns (`#[sqlx(flatten)]` of [`KernelRow::reclaim`]).
-#[derive(Clone, Debug, Default, PartialEq, sqlx::FromRow)]
-pub struct ReclaimColumns {
-    /// Seconds it may run once placed.
-    pub max_lifetime: Option<f64>,
-    /// Seconds without activity before it ends (interactive only).
-    pub idle_timeout: Option<f64>,
-    /// Seconds under the floor before it ends.
-    pub utilization_window: Option<f64>,
-    /// `{slot: percent}` (JSON; `None` when NULL or unreadable).
-    #[sqlx(try_from = "NullableJsonText")]
-    pub min_utilization: Option<BTreeMap<String, f64>>,
-    /// Unix seconds (agent's clock) of its last reported activity.
-    pub last_activity: Option<f64>,
-    /// Unix seconds (agent's clock) of the newest heartbeat that reported on it.
-    pub activity_at: Option<f64>,
-    /// Unix seconds (agent's clock) since which its readings were all under the floor.
-    pub low_since: Option<f64>,
-    /// The deadline its last `reclaim_warning` was for.
-    pub reclaim_warned: Option<f64>,
-}
-
-impl ReclaimColumns {
-    /// The columns of a session created with policy `p` (nothing reported yet).
-    pub fn of_policy(p: &ReclaimPolicy) -> ReclaimColumns {
-        ReclaimColumns {
-            max_lifetime: p.max_lifetime,
-            idle_timeout: p.idle_timeout,
-            utilization_window: p.utilization_window,
-            min_utilization: (!p.min_utilization.is_empty()).then(|| p.min_utilization.clone()),
-            ..ReclaimColumns::default()
-        }
-    }
-
-    /// The policy it was created with.
-    pub fn policy(&self) -> ReclaimPolicy {
-        ReclaimPolicy {
-            max_lifetime: self.max_lifetime,
-            idle_timeout: self.idle_timeout,
-            utilization_window: self.utilization_window,
-            min_utilization: self.min_utilization.clone().unwrap_or_default(),
-        }
-    }
-}
 
 impl KernelRow {
     /// What its reclaim deadlines are computed from ([`crate::model::reclaim::Deadlines`]):
@@ -74,43 +31,6 @@ impl KernelRow {
             low_since: self.reclaim.low_since,
         }
     }
-}
-
-/// One kernel's facts from one heartbeat (`agent/activity.rs`), as the registry hands them to
-/// [`Store::record_activity`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ActivityReport {
-    /// Kernel id.
-    pub kernel_id: String,
-    /// The heartbeat's `ts` (agent's clock).
-    pub at: f64,
-    /// Its last activity, when it had any.
-    pub last_activity: Option<f64>,
-    /// `{slot: percent}` means since the previous heartbeat (empty: no reading).
-    pub utilization: BTreeMap<String, f64>,
-}
-
-/// Whether `readings` meet `floor`: `Some(true)` when a slot of the floor reads at or above
-/// it, `Some(false)` when every slot of the floor was read and is under it, `None` when the
-/// floor is empty or a slot of it was not read (no verdict: the run of low readings neither
-/// starts nor ends).
-pub fn meets_floor(
-    floor: &BTreeMap<String, f64>,
-    readings: &BTreeMap<String, f64>,
-) -> Option<bool> {
-    if floor.is_empty() {
-        return None;
-    }
-    if floor
-        .iter()
-        .any(|(slot, min)| readings.get(slot).is_some_and(|r| r >= min))
-    {
-        return Some(true);
-    }
-    floor
-        .keys()
-        .all(|slot| readings.contains_key(slot))
-        .then_some(false)
 }
 
 /// Reports written per statement batch (one transaction each).
@@ -300,30 +220,5 @@ impl Store {
         .await?
         .rows_affected()
             > 0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_floor_is_met_by_any_slot_and_missed_only_when_every_slot_was_read_under_it() {
-        let floor = BTreeMap::from([("cpu".to_owned(), 10.0), ("cuda.device".to_owned(), 50.0)]);
-        let read = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
-            pairs.iter().map(|(s, v)| ((*s).to_owned(), *v)).collect()
-        };
-        assert_eq!(
-            meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 50.0)])),
-            Some(true)
-        );
-        assert_eq!(meets_floor(&floor, &read(&[("cpu", 10.0)])), Some(true));
-        assert_eq!(
-            meets_floor(&floor, &read(&[("cpu", 1.0), ("cuda.device", 49.0)])),
-            Some(false)
-        );
-        // A slot of the floor not read: no verdict.
-        assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0)])), None);
-        assert_eq!(meets_floor(&BTreeMap::new(), &read(&[("cpu", 1.0)])), None);
     }
 }
