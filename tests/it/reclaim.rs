@@ -100,15 +100,26 @@ fn events(c: &Cluster, id: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Session `id`'s one `reclaim_warning` event for `reason`, which comes before its
-/// `TERMINATED` (with that reason), at most the lead (2 s) before its deadline.
+/// Session `id`'s `reclaim_warning` for `reason`, which comes before its `TERMINATED` (with
+/// that reason), at most the lead (2 s) before its deadline, once: an earlier warning is
+/// for an earlier deadline that activity moved. Its deadline.
 fn assert_warned_then_ended(c: &Cluster, id: &str, reason: &str) -> f64 {
     let seen = events(c, id);
-    let warnings: Vec<usize> = (0..seen.len())
-        .filter(|&i| seen[i]["type"] == "reclaim_warning")
+    let warnings: Vec<&Value> = seen
+        .iter()
+        .filter(|e| e["type"] == "reclaim_warning")
         .collect();
-    assert_eq!(warnings.len(), 1, "one warning: {seen:#?}");
-    let w = &seen[warnings[0]];
+    let deadlines: Vec<f64> = warnings
+        .iter()
+        .map(|w| w["deadline"].as_f64().unwrap())
+        .collect();
+    assert!(
+        deadlines.windows(2).all(|d| d[0] < d[1]),
+        "one warning per deadline: {seen:#?}"
+    );
+    let w = *warnings
+        .last()
+        .unwrap_or_else(|| panic!("no warning: {seen:#?}"));
     assert_eq!(w["reason"], reason, "{w}");
     assert_eq!(w["status"], "RUNNING", "{w}");
     let deadline = w["deadline"].as_f64().unwrap();
@@ -117,11 +128,12 @@ fn assert_warned_then_ended(c: &Cluster, id: &str, reason: &str) -> f64 {
         at >= deadline - 2.0 - 0.1,
         "warned no sooner than the lead: at {at}, deadline {deadline}"
     );
+    let warned = seen.iter().position(|e| std::ptr::eq(e, w)).unwrap();
     let ended = seen
         .iter()
         .position(|e| e["type"] == "session_status" && e["status"] == "TERMINATED")
         .unwrap_or_else(|| panic!("no TERMINATED: {seen:#?}"));
-    assert!(warnings[0] < ended, "the warning first: {seen:#?}");
+    assert!(warned < ended, "the warning first: {seen:#?}");
     assert_eq!(seen[ended]["reason"], reason, "{:?}", seen[ended]);
     deadline
 }
@@ -199,13 +211,13 @@ fn idle_sessions_are_warned_then_ended_and_activity_keeps_them() {
     let served = create(&c, json!({"image": SERVICES_IMAGE, "idle_timeout": 6}));
     wait_status(&c, &served, "RUNNING", LONG);
     let conn = connect_to_service(&c, &served);
-    let idle = create(&c, json!({"idle_timeout": 5}));
     let batch = create(
         &c,
         json!({"type": "batch", "command": "sleep 300", "idle_timeout": 2}),
     );
     // Created last: its deadline comes well after the other two's would without activity.
     let life = create(&c, json!({"max_lifetime": 14}));
+    let idle = create(&c, json!({"idle_timeout": 5}));
     for id in [&idle, &batch, &life] {
         wait_status(&c, id, "RUNNING", LONG);
     }
