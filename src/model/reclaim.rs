@@ -140,8 +140,11 @@ pub fn warning_lead(timeout: f64, configured: Option<f64>) -> f64 {
 pub struct ReclaimState {
     /// Its policy as created.
     pub policy: ReclaimPolicy,
-    /// Unix seconds it was placed (it runs from then on).
+    /// Unix seconds it was placed (its lifetime counts from then).
     pub placed_at: f64,
+    /// Unix seconds it became `RUNNING` (its idleness counts from then at the earliest: an
+    /// image pull or a slow start is not idle time).
+    pub running_since: f64,
     /// Batch sessions are exempt from `idle_timeout`.
     pub batch: bool,
     /// Unix seconds of its last activity its agent reported (`None`: none yet).
@@ -154,8 +157,8 @@ pub struct ReclaimState {
 /// A session's deadlines (Unix seconds), each `None` when its policy sets no such limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Deadlines {
-    /// `idle-timeout`: the later of its last activity and its placement, plus `idle_timeout`
-    /// (none for a batch session).
+    /// `idle-timeout`: the later of its last activity and the time it became `RUNNING`, plus
+    /// `idle_timeout` (none for a batch session).
     pub idle: Option<f64>,
     /// `lifetime-exceeded`: its placement plus `max_lifetime`.
     pub lifetime: Option<f64>,
@@ -168,10 +171,11 @@ impl Deadlines {
     /// The deadlines of `s`.
     pub fn of(s: &ReclaimState) -> Deadlines {
         let p = &s.policy;
-        let idle = p
-            .idle_timeout
-            .filter(|_| !s.batch)
-            .map(|t| s.last_activity.map_or(s.placed_at, |a| a.max(s.placed_at)) + t);
+        let idle = p.idle_timeout.filter(|_| !s.batch).map(|t| {
+            s.last_activity
+                .map_or(s.running_since, |a| a.max(s.running_since))
+                + t
+        });
         let utilization = match (p.min_utilization.is_empty(), p.utilization_window) {
             (false, Some(w)) => s.low_since.map(|since| since + w),
             _ => None,
@@ -302,6 +306,7 @@ mod tests {
         ReclaimState {
             policy,
             placed_at: 1000.0,
+            running_since: 1000.0,
             ..ReclaimState::default()
         }
     }
@@ -403,9 +408,14 @@ mod tests {
             (d.idle, d.lifetime, d.utilization),
             (Some(1005.0), Some(1100.0), None)
         );
-        // Activity from before the placement (another run of the kernel) does not count.
+        // Activity from before it ran (another run of the kernel) does not count; idleness
+        // counts from when it runs, its lifetime from its placement.
         s.last_activity = Some(900.0);
         assert_eq!(Deadlines::of(&s).idle, Some(1005.0));
+        s.running_since = 1020.0;
+        let d = Deadlines::of(&s);
+        assert_eq!((d.idle, d.lifetime), (Some(1025.0), Some(1100.0)));
+        s.running_since = 1000.0;
         s.last_activity = Some(1050.0);
         s.low_since = Some(1010.0);
         let d = Deadlines::of(&s);

@@ -20,12 +20,19 @@ use crate::model::session::SessionType;
 
 impl KernelRow {
     /// What its reclaim deadlines are computed from ([`crate::model::reclaim::Deadlines`]):
-    /// its policy, its placement (`admitted_at`, else `created_at`), its type, its last
-    /// activity and its run of low readings.
+    /// its policy, its placement (`admitted_at`, else `created_at`), when it started running
+    /// (a `RUNNING` row's `status_changed_at`), its type, its last activity and its run of low
+    /// readings.
     pub fn reclaim_state(&self) -> ReclaimState {
         ReclaimState {
             policy: self.reclaim.policy(),
             placed_at: self.admitted_at.unwrap_or(self.created_at),
+            // A `RUNNING` row's last status change is when it started running.
+            running_since: if self.status == crate::model::session::KernelStatus::Running {
+                self.status_changed_at
+            } else {
+                self.admitted_at.unwrap_or(self.created_at)
+            },
             batch: self.session_type == SessionType::Batch,
             last_activity: self.reclaim.last_activity,
             low_since: self.reclaim.low_since,
