@@ -587,6 +587,7 @@ impl Source {
                         id: k.clone(),
                         session_id: s.clone(),
                         status: "RUNNING".into(),
+                        ..Default::default()
                     })
                     .collect();
                 let cores = cpu.load(Ordering::Relaxed);

@@ -53,6 +53,9 @@ pub struct AgentContext {
     pub bgtasks: super::bgtasks::Bgtasks,
     /// Backend.AI's live stats (node, kernels, processes), written to Valkey (`valkey/`).
     pub live_stats: Arc<super::stats::live::LiveStats>,
+    // Idle reclaim.
+    /// Each kernel's last activity and utilization, for the heartbeat (`activity.rs`).
+    pub activity: Arc<super::activity::Activity>,
 }
 
 impl AgentContext {

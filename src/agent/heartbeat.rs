@@ -169,13 +169,23 @@ pub async fn build(
         )
     };
     let kernels = registry.send(ListKernels).await.unwrap_or_default();
+    // Idle reclaim: a run still going (an `execute`, a terminal) is activity now.
+    let running = ctx.runs.live_kernels();
     let live = kernels
         .iter()
         .filter(|k| k.status != super::kernel::KernelStatus::Terminated)
-        .map(|k| HeartbeatKernel {
-            id: k.id.clone(),
-            session_id: k.session_id.clone(),
-            status: k.status.as_str().to_owned(),
+        .map(|k| {
+            if running.contains(&k.id) {
+                ctx.activity.touch(&k.id);
+            }
+            let activity = ctx.activity.take(&k.id);
+            HeartbeatKernel {
+                id: k.id.clone(),
+                session_id: k.session_id.clone(),
+                status: k.status.as_str().to_owned(),
+                last_activity: activity.last_activity,
+                utilization: activity.utilization,
+            }
         })
         .collect();
     // Kernels whose container exists: their images are stored in the engine.

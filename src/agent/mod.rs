@@ -27,6 +27,7 @@
 //! shutdown kernels are detached (`on-shutdown = "preserve"`) or destroyed (`"terminate"`).
 
 pub mod accelerators;
+pub mod activity;
 pub mod backend;
 pub mod bgtasks;
 pub mod bus;
@@ -355,6 +356,8 @@ fn context(
         )),
         bgtasks: bgtasks::Bgtasks::default(),
         live_stats: Arc::default(),
+        // Idle reclaim.
+        activity: Arc::default(),
         config: config.clone(),
     }))
 }

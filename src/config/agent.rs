@@ -233,6 +233,10 @@ pub struct MockDeviceConfig {
     /// The slot it serves: `cuda.device` (whole devices) or `cuda.shares` (fractions).
     #[serde(default = "default_mock_slot")]
     pub slot: String,
+    /// A fixed utilization reading in percent (0–100) instead of the default drift between 0
+    /// and 100 % over a minute: what tests of idle reclaim's utilization floor read.
+    #[serde(default)]
+    pub utilization: Option<f64>,
 }
 
 fn default_mock_slot() -> String {
@@ -587,6 +591,14 @@ impl AgentConfig {
                 return Err(ConfigError::Invalid(
                     "accelerator.mock.devices",
                     format!("device id {:?} is empty or repeated", d.id),
+                ));
+            }
+            if d.utilization
+                .is_some_and(|u| !(u.is_finite() && (0.0..=100.0).contains(&u)))
+            {
+                return Err(ConfigError::Invalid(
+                    "accelerator.mock.devices",
+                    format!("device {:?}: utilization must be 0 to 100 (%)", d.id),
                 ));
             }
             if !(d.slot.ends_with(".device") || d.slot.ends_with(".shares"))

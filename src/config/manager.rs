@@ -34,6 +34,10 @@ pub struct ManagerConfig {
     /// `[events]`: the event stream's bounds (`GET /v1/events`).
     #[serde(default)]
     pub events: EventsSection,
+    // Idle reclaim.
+    /// `[reclaim]`: the idle reclaim duty and the sessions' default policy.
+    #[serde(default)]
+    pub reclaim: ReclaimSection,
     /// `[[registry]]`: container registries and their credentials, handed to the agent with
     /// each kernel of an image they hold (Backend.AI's `ImageConfig.registry`).
     #[serde(default)]
@@ -169,6 +173,53 @@ impl Default for EventsSection {
         EventsSection {
             history: 1000,
             queue: 256,
+        }
+    }
+}
+
+// Idle reclaim.
+/// `[reclaim]`: idle reclaim (`docs/design.md`, "Idle reclaim"): how often the leader checks
+/// the sessions' deadlines, the lead of its warnings, and the default policy of sessions whose
+/// request and access key set none; durations in seconds.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ReclaimSection {
+    /// Seconds between the leader's checks (5).
+    pub interval: Seconds,
+    /// Seconds before a deadline its `reclaim_warning` is sent; absent: 10 % of the limit,
+    /// at least 60 s; never longer than the limit.
+    pub warning_lead: Option<Seconds>,
+    /// Default `max_lifetime` (none).
+    pub max_lifetime: Option<Seconds>,
+    /// Default `idle_timeout` (none).
+    pub idle_timeout: Option<Seconds>,
+    /// Default `utilization_window` (600), also of a floor given without a window.
+    pub utilization_window: Seconds,
+    /// Default `min_utilization`, `{slot = percent}` (none).
+    pub min_utilization: std::collections::BTreeMap<String, f64>,
+}
+
+impl Default for ReclaimSection {
+    fn default() -> Self {
+        ReclaimSection {
+            interval: Seconds(Duration::from_secs(5)),
+            warning_lead: None,
+            max_lifetime: None,
+            idle_timeout: None,
+            utilization_window: Seconds(Duration::from_secs(600)),
+            min_utilization: Default::default(),
+        }
+    }
+}
+
+impl ReclaimSection {
+    /// The default policy it gives sessions (`utilization_window` always set).
+    pub fn defaults(&self) -> crate::model::reclaim::ReclaimPolicy {
+        crate::model::reclaim::ReclaimPolicy {
+            max_lifetime: self.max_lifetime.map(|s| s.0.as_secs_f64()),
+            idle_timeout: self.idle_timeout.map(|s| s.0.as_secs_f64()),
+            utilization_window: Some(self.utilization_window.0.as_secs_f64()),
+            min_utilization: self.min_utilization.clone(),
         }
     }
 }
@@ -466,6 +517,11 @@ impl ManagerConfig {
             r.check()
                 .map_err(|why| ConfigError::Invalid("registry", why))?;
         }
+        // Idle reclaim.
+        self.reclaim
+            .defaults()
+            .check()
+            .map_err(|e| ConfigError::Invalid("reclaim", e.0))?;
         if self.api.workers == 0 {
             return Err(ConfigError::Invalid(
                 "api.workers",

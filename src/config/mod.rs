@@ -15,8 +15,8 @@ pub use agent::{
 };
 pub use common::{ByteSize, ConfigError, HostPort, LogFormat, LoggingConfig, Seconds};
 pub use manager::{
-    registry_url_host, ApiSection, ManagerConfig, ManagerSection, PoolSection, RegistrySection,
-    SchedulerSection, StaticAgent, StoreSection,
+    registry_url_host, ApiSection, ManagerConfig, ManagerSection, PoolSection, ReclaimSection,
+    RegistrySection, SchedulerSection, StaticAgent, StoreSection,
 };
 
 use std::path::Path;

@@ -54,6 +54,26 @@ pub enum AccessKeyCommand {
         #[arg(value_name = "N")]
         limit: u32,
     },
+    // Idle reclaim.
+    /// Set an access key's defaults for its sessions' reclaim policy, replacing the ones it
+    /// had; none given clears them (PATCH /v1/access-keys/{key}).
+    SetReclaim {
+        /// The access key.
+        key: String,
+        /// Seconds a session may run once placed.
+        #[arg(long, value_name = "SECS")]
+        max_lifetime: Option<u64>,
+        /// Seconds without activity before an interactive session ends.
+        #[arg(long, value_name = "SECS")]
+        idle_timeout: Option<u64>,
+        /// Seconds under the utilization floor before a session ends.
+        #[arg(long, value_name = "SECS")]
+        utilization_window: Option<u64>,
+        /// A utilization floor, `SLOT=PERCENT` (`cpu=5`, `cuda.device=10`; whole percents);
+        /// repeatable.
+        #[arg(long, value_name = "SLOT=PERCENT", value_parser = slot_percent)]
+        min_utilization: Vec<(String, u32)>,
+    },
     /// Delete an access key (DELETE /v1/access-keys/{key}).
     Delete {
         /// The access key.
@@ -84,6 +104,24 @@ impl AccessKeyCommand {
             }
             AccessKeyCommand::SetLimit { limit, .. } => Some(ChangeBody {
                 concurrency_limit: Some(*limit),
+                ..ChangeBody::default()
+            }),
+            AccessKeyCommand::SetReclaim {
+                max_lifetime,
+                idle_timeout,
+                utilization_window,
+                min_utilization,
+                ..
+            } => Some(ChangeBody {
+                reclaim: Some(crate::model::reclaim::ReclaimPolicy {
+                    max_lifetime: max_lifetime.map(|t| t as f64),
+                    idle_timeout: idle_timeout.map(|t| t as f64),
+                    utilization_window: utilization_window.map(|t| t as f64),
+                    min_utilization: min_utilization
+                        .iter()
+                        .map(|(slot, pct)| (slot.clone(), f64::from(*pct)))
+                        .collect(),
+                }),
                 ..ChangeBody::default()
             }),
             _ => None,
@@ -119,7 +157,8 @@ pub(super) fn run(
         }
         AccessKeyCommand::Enable { key }
         | AccessKeyCommand::Disable { key }
-        | AccessKeyCommand::SetLimit { key, .. } => {
+        | AccessKeyCommand::SetLimit { key, .. }
+        | AccessKeyCommand::SetReclaim { key, .. } => {
             let change = command.change().unwrap_or_default();
             show_to(
                 out,
@@ -131,6 +170,48 @@ pub(super) fn run(
         AccessKeyCommand::Delete { key } => {
             show_to(out, &client.delete_access_key(key)?, access_key, stdout)
         }
+    }
+}
+
+// Idle reclaim.
+/// `SLOT=PERCENT` of `--min-utilization`.
+fn slot_percent(s: &str) -> Result<(String, u32), String> {
+    let (slot, pct) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected SLOT=PERCENT (e.g. cpu=5)"))?;
+    let pct: u32 = pct
+        .parse()
+        .map_err(|_| format!("`{pct}` is not a percent"))?;
+    Ok((slot.to_owned(), pct))
+}
+
+/// A key's reclaim defaults on one line: `idle_timeout 3600s, min_utilization cpu=5% over
+/// 600s`, or `none`.
+fn reclaim_defaults(p: &crate::model::reclaim::ReclaimPolicy) -> String {
+    let mut parts = Vec::new();
+    if let Some(t) = p.max_lifetime {
+        parts.push(format!("max_lifetime {t}s"));
+    }
+    if let Some(t) = p.idle_timeout {
+        parts.push(format!("idle_timeout {t}s"));
+    }
+    if !p.min_utilization.is_empty() {
+        let floors: Vec<String> = p
+            .min_utilization
+            .iter()
+            .map(|(slot, pct)| format!("{slot}={pct}%"))
+            .collect();
+        let window = p
+            .utilization_window
+            .map_or_else(String::new, |w| format!(" over {w}s"));
+        parts.push(format!("min_utilization {}{window}", floors.join(",")));
+    } else if let Some(w) = p.utilization_window {
+        parts.push(format!("utilization_window {w}s"));
+    }
+    if parts.is_empty() {
+        "none".to_owned()
+    } else {
+        parts.join(", ")
     }
 }
 
@@ -172,6 +253,10 @@ fn key_fields(k: &AccessKey) -> Vec<(&'static str, String)> {
         pairs.push(("State", key_state(enabled)));
     }
     pairs.push(("Concurrency", concurrency(k)));
+    // Idle reclaim: the key's defaults, where the answer has them.
+    if let Some(p) = &k.reclaim {
+        pairs.push(("Reclaim", reclaim_defaults(p)));
+    }
     if let Some(created) = k.created_at {
         pairs.push(("Created", utc(created)));
     }
@@ -344,6 +429,43 @@ mod tests {
         }
         assert!(parse(&["access-key", "set-limit", "AK", "-1"]).is_err());
         assert!(parse(&["access-key", "create", "--concurrency-limit", "x"]).is_err());
+        // Idle reclaim: the key's defaults as one PATCH body; none given clears them.
+        let set = parse(&[
+            "access-key",
+            "set-reclaim",
+            "AK1",
+            "--idle-timeout",
+            "3600",
+            "--min-utilization",
+            "cpu=5",
+            "--min-utilization",
+            "cuda.device=10",
+        ])
+        .unwrap();
+        let crate::ctl::CtlCommand::AccessKey(cmd) = set.command else {
+            panic!("not an access-key command")
+        };
+        let body = serde_json::to_value(cmd.change().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"reclaim": {"idle_timeout": 3600.0, "min_utilization": {"cpu": 5.0, "cuda.device": 10.0}}})
+        );
+        let clear = parse(&["access-key", "set-reclaim", "AK1"]).unwrap();
+        let crate::ctl::CtlCommand::AccessKey(cmd) = clear.command else {
+            panic!("not an access-key command")
+        };
+        assert_eq!(
+            serde_json::to_value(cmd.change().unwrap()).unwrap(),
+            serde_json::json!({"reclaim": {}})
+        );
+        assert!(parse(&[
+            "access-key",
+            "set-reclaim",
+            "AK1",
+            "--min-utilization",
+            "cpu"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -199,6 +199,15 @@ pub(in crate::ctl) fn line(e: &Event) -> String {
     };
     let (status, reason) = match (e.kind, &e.pull_progress) {
         (Some(EventType::PullProgress), Some(p)) => ("PULLING".to_owned(), format::pull_bar(p)),
+        // Idle reclaim: the reason and when it ends.
+        (Some(EventType::ReclaimWarning), _) => (
+            e.status.clone().unwrap_or_else(|| "-".into()),
+            format!(
+                "{} at {}",
+                e.reason.as_deref().unwrap_or("-"),
+                e.deadline.map_or_else(|| "-".into(), format::timestamp)
+            ),
+        ),
         _ => (
             e.status.clone().unwrap_or_else(|| "-".into()),
             e.reason.clone().unwrap_or_else(|| "-".into()),

@@ -88,6 +88,10 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_terminating_seconds`: time a session's kernel spent `TERMINATING`
     /// (its stop signal, its grace, its removal), seconds, observed when the agent answered.
     pub terminating_seconds: prometheus::Histogram,
+    // Idle reclaim.
+    /// `kernelvisor_manager_reclaims_total{reason}`: sessions the reclaim duty ended
+    /// (`idle-timeout`, `lifetime-exceeded`, `low-utilization`).
+    pub reclaims: IntCounterVec,
 }
 
 impl Default for ManagerMetrics {
@@ -200,6 +204,18 @@ impl ManagerMetrics {
                 "drained_sessions",
                 "Sessions terminated at their agent's drain deadline",
             ),
+            reclaims: {
+                let c = counter_vec(
+                    "reclaims",
+                    "Sessions ended by idle reclaim, by reason",
+                    &["reason"],
+                );
+                // Every reason present from the start (at 0).
+                for r in crate::model::reclaim::ReclaimReason::ALL {
+                    c.with_label_values(&[r.as_str()]);
+                }
+                c
+            },
             leader,
             event_subscribers,
             events_published: counter(

@@ -47,6 +47,12 @@ pub struct ChangeBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
     pub name: Option<String>,
+    // Idle reclaim.
+    /// The key's defaults for its sessions' reclaim policy (`max_lifetime`, `idle_timeout`,
+    /// `utilization_window`, `min_utilization`), replacing the ones it had; `{}` clears them
+    /// (then `[reclaim]`'s apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<crate::model::reclaim::ReclaimPolicy>,
 }
 
 /// An access key (never its secret).
@@ -80,6 +86,11 @@ pub struct AccessKey {
     #[serde(deserialize_with = "present")]
     #[schema(value_type = f64, required = true)]
     pub created_at: Option<Option<f64>>,
+    // Idle reclaim.
+    /// `GET` and `PATCH /v1/access-keys/{key}` only: its defaults for its sessions' reclaim
+    /// policy (`{}`: none, `[reclaim]`'s apply).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<crate::model::reclaim::ReclaimPolicy>,
 }
 
 /// `POST /v1/access-keys`'s answer: the key and, this once, its secret.
@@ -127,6 +138,7 @@ impl NewAccessKey {
             concurrency_used: self.concurrency_used,
             concurrency_limit: self.concurrency_limit,
             created_at: self.created_at,
+            reclaim: None,
         }
     }
 }

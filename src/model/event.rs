@@ -21,6 +21,11 @@ pub enum EventType {
     PullProgress,
     /// An agent's liveness changed (`ALIVE`, `LOST`, `PENDING`, `TERMINATED`): admins only.
     AgentStatus,
+    /// A session will be reclaimed (`docs/design.md`, "Idle reclaim"): `reason`
+    /// (`idle-timeout`, `lifetime-exceeded`, `low-utilization`) and `deadline` say why and
+    /// when, unless it is active again (or its utilization rises) before then. Sent once per
+    /// deadline, its warning lead before it.
+    ReclaimWarning,
     /// The last event of a stream whose reader fell too far behind: the manager dropped it
     /// rather than queue more (`reason` says how far). Reconnect with `Last-Event-ID` to resume
     /// from what the manager still keeps.
@@ -29,10 +34,11 @@ pub enum EventType {
 
 impl EventType {
     /// Every type, in the order the docs list them.
-    pub const ALL: [EventType; 4] = [
+    pub const ALL: [EventType; 5] = [
         EventType::SessionStatus,
         EventType::PullProgress,
         EventType::AgentStatus,
+        EventType::ReclaimWarning,
         EventType::Dropped,
     ];
 
@@ -42,6 +48,7 @@ impl EventType {
             EventType::SessionStatus => "session_status",
             EventType::PullProgress => "pull_progress",
             EventType::AgentStatus => "agent_status",
+            EventType::ReclaimWarning => "reclaim_warning",
             EventType::Dropped => "dropped",
         }
     }
@@ -104,6 +111,10 @@ pub struct Event {
     /// runs (its grace period from when its end began).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminate_deadline: Option<f64>,
+    // Idle reclaim.
+    /// `reclaim_warning`: when the session ends, Unix seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<f64>,
 }
 
 /// A type name as [`EventType`], or `None` for one this reader does not know.

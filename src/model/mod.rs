@@ -24,6 +24,7 @@ pub mod image;
 pub mod object;
 pub mod pull;
 pub mod queue;
+pub mod reclaim;
 pub mod service;
 pub mod session;
 pub mod slots;

@@ -300,6 +300,26 @@ pub struct SessionRequest {
     #[serde(default, rename = "_inject", skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
     pub inject: Option<serde_json::Value>,
+    // Idle reclaim (`docs/design.md`, "Idle reclaim"): absent fields take the access key's
+    // defaults, then `[reclaim]`'s.
+    /// Seconds it may run once placed; then it ends `lifetime-exceeded` (batch sessions too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, exclusive_minimum = 0)]
+    pub max_lifetime: Option<f64>,
+    /// Seconds without activity (an `execute`, an open terminal, a file transfer, a connection
+    /// to a service port) before it ends `idle-timeout`; interactive sessions only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, exclusive_minimum = 0)]
+    pub idle_timeout: Option<f64>,
+    /// Seconds its utilization must stay under `min_utilization` before it ends
+    /// `low-utilization`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, exclusive_minimum = 0)]
+    pub utilization_window: Option<f64>,
+    /// `{slot: percent}`: its utilization floor (`cpu`, `mem`, or a `cuda.*` slot it asks
+    /// for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_utilization: Option<BTreeMap<String, f64>>,
     // -- graceful termination (issue 41) --
     /// The signal its workload gets when the session is ended: `SIGTERM` (default), `SIGINT`,
     /// `SIGHUP`, `SIGQUIT`, `SIGUSR1` or `SIGUSR2` (`TERM` also reads as `SIGTERM`). A runner
@@ -372,6 +392,31 @@ pub enum GraceError {
 }
 
 impl SessionRequest {
+    // Idle reclaim.
+    /// The reclaim policy it asks for, checked (positive seconds; floors of 0–100 % over
+    /// `cpu`, `mem` or a slot in its `resource_slots`); fields it leaves out are `None`, for
+    /// the defaults to fill ([`crate::model::reclaim::ReclaimPolicy::or`]).
+    ///
+    /// Errors: [`InvalidField`] naming the field (400 `invalid-request`).
+    pub fn checked_reclaim(&self) -> Result<crate::model::reclaim::ReclaimPolicy, InvalidField> {
+        let p = crate::model::reclaim::ReclaimPolicy {
+            max_lifetime: self.max_lifetime,
+            idle_timeout: self.idle_timeout,
+            utilization_window: self.utilization_window,
+            min_utilization: self.min_utilization.clone().unwrap_or_default(),
+        };
+        p.check()?;
+        if let Some(slot) = p.min_utilization.keys().find(|s| {
+            !matches!(s.as_str(), crate::slots::CPU | crate::slots::MEM)
+                && !self.resource_slots.contains_key(*s)
+        }) {
+            return Err(InvalidField(format!(
+                "`min_utilization.{slot}` names a slot the session does not ask for"
+            )));
+        }
+        Ok(p)
+    }
+
     /// The priority, checked: 0–100, [`crate::model::queue::DEFAULT_PRIORITY`] when absent.
     ///
     /// Errors: [`InvalidField`] naming the range (400 `invalid-request`).
@@ -711,6 +756,26 @@ pub struct Session {
     /// grace period from when it began); null otherwise.
     #[schema(required = true)]
     pub terminate_deadline: Option<f64>,
+    // Idle reclaim (`docs/design.md`, "Idle reclaim").
+    /// Its reclaim policy, with the defaults it took (`max_lifetime`, `idle_timeout`,
+    /// `utilization_window`, `min_utilization`; `{}` when none applies).
+    #[schema(required = true)]
+    pub reclaim: crate::model::reclaim::ReclaimPolicy,
+    /// Unix seconds of its last activity its agent reported; null before any.
+    #[schema(required = true)]
+    pub last_activity: Option<f64>,
+    /// Unix seconds it ends `idle-timeout` unless active before; null without an
+    /// `idle_timeout` (batch sessions), or once it ended.
+    #[schema(required = true)]
+    pub idle_deadline: Option<f64>,
+    /// Unix seconds it ends `lifetime-exceeded`; null without a `max_lifetime`, or once it
+    /// ended.
+    #[schema(required = true)]
+    pub lifetime_deadline: Option<f64>,
+    /// Unix seconds it ends `low-utilization` if its utilization stays under the floor; null
+    /// without a floor, while a reading is at or above it, or once it ended.
+    #[schema(required = true)]
+    pub utilization_deadline: Option<f64>,
 }
 
 /// How a kernel runs code.

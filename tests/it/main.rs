@@ -56,6 +56,7 @@ mod manager_scenarios;
 mod module_cycles;
 mod queue;
 mod readme_tour;
+mod reclaim;
 mod rpc;
 mod runner_kernels;
 mod security;

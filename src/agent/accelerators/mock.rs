@@ -13,6 +13,8 @@ use crate::config::MockDeviceConfig;
 #[derive(Debug)]
 pub struct Mock {
     devices: Vec<Device>,
+    /// Each device's fixed utilization reading (`utilization` in its config), by index.
+    fixed: Vec<Option<f64>>,
 }
 
 impl Mock {
@@ -28,6 +30,7 @@ impl Mock {
                     model: "Mock GPU".into(),
                 })
                 .collect(),
+            fixed: config.iter().map(|d| d.utilization).collect(),
         }
     }
 }
@@ -54,7 +57,8 @@ impl Accelerator for Mock {
     }
 
     /// Plausible readings: utilization drifting between 0 and 100 % over a minute (offset per
-    /// device), a quarter to three quarters of the memory in use.
+    /// device), a quarter to three quarters of the memory in use; a device configured with a
+    /// `utilization` reads that instead.
     fn sample(&self) -> Vec<DeviceSample> {
         let t = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -67,7 +71,12 @@ impl Accelerator for Mock {
                 let wave = (phase.sin() + 1.0) / 2.0;
                 DeviceSample {
                     id: d.id.clone(),
-                    utilization_pct: (wave * 100.0).clamp(0.0, 100.0),
+                    utilization_pct: self
+                        .fixed
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .unwrap_or((wave * 100.0).clamp(0.0, 100.0)),
                     mem_used_bytes: (d.memory as f64 * (0.25 + wave / 2.0)) as u64,
                     mem_total_bytes: d.memory,
                 }
@@ -88,11 +97,13 @@ mod tests {
                 id: "0".into(),
                 memory: ByteSize(16 << 30),
                 slot: "cuda.device".into(),
+                utilization: None,
             },
             MockDeviceConfig {
                 id: "3".into(),
                 memory: ByteSize(8 << 30),
                 slot: "cuda.device".into(),
+                utilization: None,
             },
         ]);
         for s in m.sample() {

@@ -516,6 +516,16 @@ impl Runs {
         }
     }
 
+    /// The kernels with a run still going (an `execute` or a terminal): active, for idle
+    /// reclaim (`agent/activity.rs`).
+    pub fn live_kernels(&self) -> std::collections::HashSet<String> {
+        self.table()
+            .values()
+            .filter(|r| r.shared.state().end.is_none())
+            .map(|r| r.ids.kernel_id.clone())
+            .collect()
+    }
+
     /// No runs held.
     pub fn is_empty(&self) -> bool {
         self.table().is_empty()

@@ -78,6 +78,8 @@ async fn container_of(
     kernel_id: &str,
 ) -> Res<(String, u64, u64)> {
     let info = running(registry, kernel_id).await?;
+    // A file transfer is activity (idle reclaim, `agent/activity.rs`).
+    ctx.activity.touch(kernel_id);
     let c = &ctx.config.container;
     Ok((
         info.container_id.unwrap_or_default(),

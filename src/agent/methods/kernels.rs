@@ -665,6 +665,9 @@ async fn execute(
     args: exec_api::ExecuteArgs,
 ) -> Result<exec_api::ExecuteResult, ErrorMeta> {
     let kernel_id = args.kernel_id;
+    // Every `execute` call is activity, `continue` polls of a long run too (idle reclaim,
+    // `agent/activity.rs`).
+    ctx.activity.touch(&kernel_id);
     let run_id = args.run_id.filter(|r| !r.is_empty());
     let mode = args.mode;
     let opts_map: Option<Vec<(Value, Value)>> = args

@@ -62,6 +62,8 @@ fn terminal(ctx: &AgentContext, kernel_id: &str, run_id: &str) -> Result<Arc<Run
     if run.ids().kernel_id != kernel_id || !run.is_tty() {
         return Err(not_found());
     }
+    // Using a terminal is activity (idle reclaim, `agent/activity.rs`).
+    ctx.activity.touch(kernel_id);
     Ok(run)
 }
 
@@ -81,6 +83,8 @@ async fn pty_start(cx: Ctx, args: api::PtyStartArgs) -> Result<api::PtyStarted, 
     let size = size(args.rows, args.cols)?;
     let info = running(&cx.registry, &args.kernel_id).await?;
     cx.engine.check()?;
+    // A terminal is activity (idle reclaim, `agent/activity.rs`).
+    cx.activity.touch(&args.kernel_id);
     let command = args.command.unwrap_or_else(|| DEFAULT_SHELL.to_owned());
     let req = RunRequest {
         ids: RunIds {

@@ -455,6 +455,7 @@ mod tests {
                 id: i.to_string(),
                 memory: ByteSize(1 << 30),
                 slot: slot.into(),
+                utilization: None,
             })
             .collect();
         Accelerators::from_plugins(vec![Arc::new(Mock::new(&devs))])

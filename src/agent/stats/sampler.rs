@@ -129,8 +129,28 @@ impl StatsSampler {
         &self.ctx.metrics
     }
 
+    // Idle reclaim.
+    /// Someone connected to one of `kernel`'s service ports (an ESTABLISHED TCP connection in
+    /// its container's network namespace, read through its init pid) is activity
+    /// (`agent/activity.rs`). A container read through the engine's API (no pid) is not
+    /// looked at.
+    fn note_service_connections(&self, kernel: &KernelInfo, container_id: &str) {
+        let Some(Source::Cgroup { pid, .. }) = self.sources.get(container_id) else {
+            return;
+        };
+        let ports: Vec<u16> = kernel
+            .service_ports
+            .iter()
+            .flat_map(|s| s.container_ports.iter().copied())
+            .collect();
+        if crate::agent::activity::service_connected(*pid, &ports) {
+            self.ctx.activity.touch(&kernel.id);
+        }
+    }
+
     /// Removes a terminated kernel's series at once.
     fn forget_kernel(&mut self, kernel_id: &str) {
+        self.ctx.activity.retain(|id| id != kernel_id);
         for labels in self.metrics().kernels_with_series() {
             if labels.kernel_id == kernel_id {
                 self.metrics().remove_kernel(&labels);
@@ -226,6 +246,7 @@ impl StatsSampler {
                     failed = Some("ContainerStatsError");
                 }
             }
+            self.note_service_connections(kernel, &container_id);
         }
         self.publish_accelerators(&running);
         // Containers no longer running: their caches and series go.
@@ -352,6 +373,10 @@ impl StatsSampler {
                 m.set_container(&labels, "cpu_util", "current", util);
                 m.set_container(&labels, "cpu_util", "capacity", cpu_capacity);
                 m.set_container(&labels, "cpu_util", "pct", pct(util, cpu_capacity));
+                // Idle reclaim: `cpu` as a % of the cores it holds.
+                self.ctx
+                    .activity
+                    .sample(&kernel.id, crate::slots::CPU, pct(util, cpu_capacity));
             }
         }
         self.previous.insert(
@@ -371,6 +396,12 @@ impl StatsSampler {
             &labels,
             "mem",
             "pct",
+            pct(s.mem_usage_bytes as f64, mem_capacity),
+        );
+        // Idle reclaim: `mem` as a % of its limit.
+        self.ctx.activity.sample(
+            &kernel.id,
+            crate::slots::MEM,
             pct(s.mem_usage_bytes as f64, mem_capacity),
         );
         m.set_container(&labels, "mem_rss", "current", s.mem_rss_bytes as f64);
@@ -561,6 +592,10 @@ impl StatsSampler {
             m.set_container(&labels, "cuda_mem", "pct", pct(mem, cap));
             let util = if weight > 0.0 { util / weight } else { 0.0 };
             m.set_container(&labels, "cuda_util", "current", util);
+            // Idle reclaim: each `cuda.*` slot it holds at the devices' utilization.
+            for slot in cuda.keys() {
+                self.ctx.activity.sample(&kernel.id, slot, util);
+            }
             let (live, at) = (&self.ctx.live_stats, Instant::now());
             live.kernel(
                 specs::CUDA_MEM,

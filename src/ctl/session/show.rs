@@ -182,6 +182,11 @@ pub(super) fn sessions(v: &Value, now: f64) -> String {
         header.extend(["IMAGE", "CPU", "MEM"]);
         header.extend(labels.iter().map(String::as_str));
         header.extend(["ACCESS KEY", "AGE/REASON"]);
+        // Idle reclaim: a column when some session has a deadline.
+        let reclaim = list.sessions.iter().any(|s| reclaim_cell(s, now).is_some());
+        if reclaim {
+            header.push("RECLAIM");
+        }
         let rows = list
             .sessions
             .iter()
@@ -215,10 +220,34 @@ pub(super) fn sessions(v: &Value, now: f64) -> String {
                     (_, true) => opt(s.status_reason.as_ref()),
                     (None, false) => age,
                 });
+                if reclaim {
+                    row.push(reclaim_cell(s, now).unwrap_or_else(|| "-".to_owned()));
+                }
                 row
             })
             .collect();
         table(header, rows)
+    })
+}
+
+// Idle reclaim.
+/// A session's reclaim cell (`docs/design.md`, "Idle reclaim"): `idle 12m / ends in 18m` —
+/// how long since its last activity (or its start) when it has an `idle_timeout`, and how
+/// long to its earliest deadline (`ends now` once past it); `None` without a deadline.
+fn reclaim_cell(s: &Session, now: f64) -> Option<String> {
+    let next = [s.idle_deadline, s.lifetime_deadline, s.utilization_deadline]
+        .into_iter()
+        .flatten()
+        .min_by(f64::total_cmp)?;
+    let ends = if next > now {
+        format!("ends in {}", duration(next - now))
+    } else {
+        "ends now".to_owned()
+    };
+    let since = s.last_activity.or(s.admitted_at).or(s.created_at);
+    Some(match (s.idle_deadline, since) {
+        (Some(_), Some(t)) => format!("idle {} / {ends}", duration(now - t)),
+        _ => ends,
     })
 }
 
@@ -444,6 +473,33 @@ mod tests {
                "command": null, "batch_timeout": null, "result": "UNDEFINED",
                "resource_slots": {"cpu": "1", "mem": "268435456", "cuda.device": "0"},
                "created_at": NOW - 300.0, "terminated_at": null})
+    }
+
+    #[test]
+    fn sessions_table_shows_idle_and_the_next_deadline() {
+        let mut idle = live_session();
+        idle["last_activity"] = json!(NOW - 720.0);
+        idle["idle_deadline"] = json!(NOW + 1080.0);
+        idle["lifetime_deadline"] = json!(NOW + 7200.0);
+        let mut life = live_session();
+        life["session_id"] = json!("life");
+        life["lifetime_deadline"] = json!(NOW + 90.0);
+        let mut over = live_session();
+        over["session_id"] = json!("over");
+        over["idle_deadline"] = json!(NOW - 1.0);
+        let mut plain = live_session();
+        plain["session_id"] = json!("plain");
+        let out = sessions(&json!({"sessions": [idle, life, over, plain]}), NOW);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].trim_end().ends_with("RECLAIM"), "{out}");
+        assert!(lines[1].ends_with("idle 12m / ends in 18m"), "{out}");
+        assert!(lines[2].ends_with("ends in 1m"), "{out}");
+        // No activity yet: idle since it started (5 minutes ago).
+        assert!(lines[3].ends_with("idle 5m / ends now"), "{out}");
+        assert!(lines[4].trim_end().ends_with('-'), "{out}");
+        // No session with a deadline: no column.
+        let out = sessions(&json!({"sessions": [live_session()]}), NOW);
+        assert!(!out.contains("RECLAIM"), "{out}");
     }
 
     #[test]

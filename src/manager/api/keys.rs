@@ -23,6 +23,7 @@ pub fn shown(k: &AccessKeyRow) -> AccessKey {
         concurrency_used: Some(k.concurrency_used),
         concurrency_limit: Some(k.concurrency_limit),
         created_at: Some(Some(k.created_at)),
+        reclaim: None,
     }
 }
 
@@ -131,7 +132,15 @@ pub(super) async fn get(s: web::Data<ApiState>, caller: Caller, key: web::Path<S
         .access_key(&key)
         .await?
         .ok_or_else(|| ManagerError::AccessKeyNotFound(key.into_inner()))?;
-    reply(HttpResponse::Ok(), &shown(&k))
+    // Idle reclaim: its defaults.
+    let reclaim = s.store.key_reclaim_defaults(&k.access_key).await?;
+    reply(
+        HttpResponse::Ok(),
+        &AccessKey {
+            reclaim: Some(reclaim),
+            ..shown(&k)
+        },
+    )
 }
 
 /// An admin cannot disable or delete the key it is calling with (nobody could undo it if it
@@ -145,7 +154,7 @@ fn not_own(caller: &Caller, key: &str, what: &str) -> Result<(), ManagerError> {
     Ok(())
 }
 
-/// Changes a key's limit, name or enabled flag (admin).
+/// Changes a key's limit, name, enabled flag or reclaim defaults (admin).
 #[utoipa::path(
     operation_id = "change_access_key",
     tag = "access-keys",
@@ -153,7 +162,7 @@ fn not_own(caller: &Caller, key: &str, what: &str) -> Result<(), ManagerError> {
     request_body = ChangeBody,
     responses(
         (status = 200, description = "The key, changed", body = AccessKey),
-        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name, disabling the key this request is made with", body = ErrorBody),
+        (status = 400, description = "`invalid-request`: malformed JSON, an unknown field, a bad name, disabling the key this request is made with, a bad reclaim policy", body = ErrorBody),
         (status = 404, description = "`access-key-not-found`", body = ErrorBody),
         responses::AdminOnly,
     ),
@@ -173,6 +182,10 @@ pub(super) async fn change(
     if let Some(n) = &b.name {
         check_name(n)?;
     }
+    // Idle reclaim: checked before anything is written.
+    if let Some(p) = &b.reclaim {
+        p.check()?;
+    }
     let change = KeyChange {
         concurrency_limit: b.concurrency_limit.map(i64::from),
         enabled: b.enabled,
@@ -183,7 +196,18 @@ pub(super) async fn change(
         .update_access_key(&key, &change)
         .await?
         .ok_or_else(|| ManagerError::AccessKeyNotFound(key.into_inner()))?;
-    reply(HttpResponse::Ok(), &shown(&k))
+    // Idle reclaim: the key's defaults, set when given.
+    if let Some(p) = &b.reclaim {
+        s.store.set_key_reclaim_defaults(&k.access_key, p).await?;
+    }
+    let reclaim = s.store.key_reclaim_defaults(&k.access_key).await?;
+    reply(
+        HttpResponse::Ok(),
+        &AccessKey {
+            reclaim: Some(reclaim),
+            ..shown(&k)
+        },
+    )
 }
 
 /// Deletes a key (admin): not while it has live sessions, not the key this request is made

@@ -186,6 +186,24 @@ fn kernel_session(k: &KernelRow) -> Session {
         terminate_deadline: k
             .terminate_deadline
             .filter(|_| k.status == KernelStatus::Terminating),
+        ..reclaim_view(k)
+    }
+}
+
+// Idle reclaim.
+/// A session's reclaim fields (`docs/design.md`, "Idle reclaim"): its policy, last activity
+/// and deadlines (none once it ended or while it is not `RUNNING` yet, except the lifetime's
+/// once placed).
+fn reclaim_view(k: &KernelRow) -> Session {
+    let running = k.status == KernelStatus::Running;
+    let d = crate::model::reclaim::Deadlines::of(&k.reclaim_state());
+    Session {
+        reclaim: k.reclaim.policy(),
+        last_activity: k.reclaim.last_activity,
+        idle_deadline: d.idle.filter(|_| running),
+        lifetime_deadline: d.lifetime.filter(|_| running),
+        utilization_deadline: d.utilization.filter(|_| running),
+        ..Session::default()
     }
 }
 
@@ -529,6 +547,7 @@ mod tests {
             stop_signal: None,
             grace_period: Some(10.0),
             terminate_deadline: None,
+            reclaim: Default::default(),
         }
     }
 
@@ -775,6 +794,9 @@ mod tests {
                 "cluster_hostname": "main1", "agent_id": "a1", "status": "RUNNING",
                 "status_reason": null, "exit_code": null, "service_ports": ["sshd"],
             }],
+            // Idle reclaim.
+            "reclaim": {}, "last_activity": null, "idle_deadline": null,
+            "lifetime_deadline": null, "utilization_deadline": null,
         });
         // Graceful termination's fields (issue 41): the row's, and no deadline unless ending.
         let mut before = before;

@@ -149,6 +149,7 @@ mod tests {
             slot_types: Default::default(),
             kernels: vec![],
             images: vec![],
+            activity: vec![],
         }
     }
 

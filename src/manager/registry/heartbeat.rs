@@ -35,6 +35,9 @@ pub struct Heartbeat {
     /// ([`normalize_image`]), each once, at most [`MAX_HEARTBEAT_IMAGES`] (more are cut);
     /// empty when the agent sends none (one that predates it).
     pub images: Vec<String>,
+    // Idle reclaim.
+    /// Each kernel's reported activity and utilization, stamped with the heartbeat's `ts`.
+    pub activity: Vec<crate::model::reclaim::ActivityReport>,
 }
 
 /// The slot types of a heartbeat's `slot_key_and_units` (`{name: "count" | "bytes" |
@@ -74,7 +77,20 @@ impl Heartbeat {
             .filter(|r| seen.insert(r.clone()))
             .take(MAX_HEARTBEAT_IMAGES)
             .collect();
+        // Idle reclaim: every kernel, with or without activity or readings (the heartbeat's
+        // `ts` vouches for it either way).
+        let activity = info
+            .kernels
+            .iter()
+            .map(|k| crate::model::reclaim::ActivityReport {
+                kernel_id: k.id.clone(),
+                at: info.ts,
+                last_activity: k.last_activity,
+                utilization: k.utilization.clone(),
+            })
+            .collect();
         Ok(Heartbeat {
+            activity,
             agent_id: agent_id.to_owned(),
             slot_types: slot_types(info.slot_key_and_units.as_ref()),
             kernels: info

@@ -106,6 +106,7 @@ mod tests {
             slot_types: Default::default(),
             kernels: vec![],
             images: vec![],
+            activity: vec![],
         }
     }
 

@@ -173,6 +173,12 @@ pub struct AgentRegistry {
     image_sets: Option<Arc<AgentImageSets>>,
     /// Heartbeats the intake left, taken every [`HEARTBEAT_BATCH_INTERVAL`].
     inbox: Arc<HeartbeatInbox>,
+    // Idle reclaim.
+    /// The kernels' activity the heartbeats reported, by kernel id (the newest per kernel),
+    /// written behind with the rows ([`Store::record_activity`]).
+    activity: HashMap<String, crate::model::reclaim::ActivityReport>,
+    /// A write of `activity` is in flight.
+    activity_flushing: bool,
 }
 
 /// How often the registry takes the heartbeats waiting in its inbox and applies them as one
@@ -227,6 +233,8 @@ impl AgentRegistry {
             candidates: None,
             image_sets: None,
             inbox,
+            activity: HashMap::new(),
+            activity_flushing: false,
         }
     }
 
@@ -445,8 +453,49 @@ impl AgentRegistry {
         }
     }
 
+    // Idle reclaim.
+    /// Keeps `reports` (a heartbeat's) for the next [`AgentRegistry::flush_activity`]: the
+    /// newest per kernel.
+    fn note_activity(&mut self, reports: Vec<crate::model::reclaim::ActivityReport>) {
+        for r in reports {
+            match self.activity.get_mut(&r.kernel_id) {
+                Some(kept) if kept.at > r.at => {}
+                Some(kept) => {
+                    // The readings of both, the newer's where they overlap.
+                    let mut utilization = std::mem::take(&mut kept.utilization);
+                    utilization.extend(r.utilization.clone());
+                    *kept = crate::model::reclaim::ActivityReport { utilization, ..r };
+                }
+                None => {
+                    self.activity.insert(r.kernel_id.clone(), r);
+                }
+            }
+        }
+    }
+
+    /// Writes the kept activity behind (one write at a time; a failed one is logged and its
+    /// reports dropped: the next heartbeats report again).
+    fn flush_activity(&mut self, ctx: &mut Context<Self>) {
+        if self.activity_flushing || self.activity.is_empty() {
+            return;
+        }
+        self.activity_flushing = true;
+        let reports: Vec<_> = std::mem::take(&mut self.activity).into_values().collect();
+        let store = self.store.clone();
+        ctx.spawn(
+            async move { store.record_activity(&reports).await }
+                .into_actor(self)
+                .map(|res, act, _| {
+                    act.activity_flushing = false;
+                    if let Err(e) = res {
+                        tracing::warn!(error = %e, "could not record the kernels' activity; the next heartbeats report it again");
+                    }
+                }),
+        );
+    }
+
     /// A heartbeat in normal mode (or a lost agent's newest at the end of the grace).
-    fn heartbeat(&mut self, hb: Heartbeat, ctx: &mut Context<Self>) {
+    fn heartbeat(&mut self, mut hb: Heartbeat, ctx: &mut Context<Self>) {
         // A `TERMINATED` agent is `ALIVE` again only by its `agent_started` event: heartbeats
         // are not ordered with its events, so one sent just before its `agent_terminated` but
         // taken after it (heartbeats are taken in batches) revived a stopped agent, which
@@ -464,7 +513,10 @@ impl AgentRegistry {
             Some(s) if s.row.last_heartbeat.is_some_and(|last| hb.ts < last) => {
                 self.seen(&hb.agent_id)
             }
-            _ => self.absorb(&hb),
+            _ => {
+                self.note_activity(std::mem::take(&mut hb.activity));
+                self.absorb(&hb)
+            }
         }
         self.transition(&hb.agent_id, liveness::heard, ctx);
     }
@@ -739,6 +791,7 @@ impl Actor for AgentRegistry {
                 act.end_grace(latest, ctx);
             }
             act.flush(ctx);
+            act.flush_activity(ctx);
             act.refresh(ctx);
             if act.mode.is_normal() {
                 act.check_liveness(ctx);

@@ -96,6 +96,9 @@ impl Handler<CreateSession> for Scheduler {
                 size,
             };
             let priority = req.checked_priority()?;
+            // Idle reclaim: what it asks for, then its key's defaults, then `[reclaim]`'s.
+            let reclaim =
+                super::reclaim::policy_of(&store, &owner, &req, &launcher.spec.reclaim).await?;
             let enqueue = req.enqueue.unwrap_or(true);
             let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
             let kernel_id = uuid::Uuid::new_v4().to_string();
@@ -170,18 +173,23 @@ impl Handler<CreateSession> for Scheduler {
                 Err((reason, slots)) => {
                     // A cluster session waits as its main kernel's row alone.
                     let new = new_kernel(&owner, &req, ids, "", &slots, priority, &main)?;
-                    let row = match store.enqueue_kernel(&new, &reason).await {
+                    let mut row = match store.enqueue_kernel(&new, &reason).await {
                         Ok(row) => row,
                         Err(ReserveError::UnknownAccessKey(k)) => {
                             return Err(ManagerError::AccessKeyNotFound(k))
                         }
                         Err(e) => return Err(ManagerError::Internal(e.to_string())),
                     };
+                    // Idle reclaim.
+                    store.set_reclaim_policy(&session_id, &reclaim).await?;
+                    row.reclaim = crate::manager::store::ReclaimColumns::of_policy(&reclaim);
                     tracing::info!(session_id = %session_id, priority, reason = %reason.code, "session queued");
                     me.do_send(super::Queued);
                     return Ok(row);
                 }
             };
+            // Idle reclaim: on its rows before it runs.
+            store.set_reclaim_policy(&session_id, &reclaim).await?;
             let placed = Placed {
                 owner,
                 request: req,

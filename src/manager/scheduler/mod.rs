@@ -26,6 +26,7 @@ mod launch;
 mod place;
 mod pull;
 mod queue;
+mod reclaim;
 mod sweep;
 
 use std::sync::Arc;
@@ -86,6 +87,9 @@ pub struct SchedulerSpec {
     pub grace_period: Duration,
     /// The longest grace period a request may ask for (`[scheduler] max-grace-period`).
     pub max_grace_period: Duration,
+    // Idle reclaim.
+    /// `[reclaim]`: the reclaim duty's period and warning lead, the default policy.
+    pub reclaim: crate::config::ReclaimSection,
 }
 
 /// How long a kernel may stay in each transient state (`[scheduler] *-timeout`).
@@ -192,6 +196,7 @@ impl Actor for Scheduler {
     /// `sweep-interval`.
     fn started(&mut self, ctx: &mut Context<Self>) {
         drain::start(self, ctx);
+        reclaim::start(self, ctx);
         ctx.run_interval(self.spec.admission_interval, |act, ctx| {
             act.start_round(ctx)
         });

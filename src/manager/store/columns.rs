@@ -147,7 +147,7 @@ macro_rules! json_columns {
     };
 }
 
-json_columns!(Vec<SessionMount>, Vec<String>, RestartPolicy; PullProgress, PendingReason);
+json_columns!(Vec<SessionMount>, Vec<String>, RestartPolicy; PullProgress, PendingReason, std::collections::BTreeMap<String, f64>);
 
 /// An agent's slot types (`slot_key_and_units`): text that does not parse reads as the built-in
 /// slots rather than none, since an agent without `cpu` and `mem` types could take no session.
@@ -350,5 +350,51 @@ mod tests {
             .await
             .unwrap();
         assert!(store.kernel("k").await.is_err());
+    }
+}
+
+// Idle reclaim.
+/// A kernel row's reclaim columns (`#[sqlx(flatten)]` of [`KernelRow::reclaim`]).
+#[derive(Clone, Debug, Default, PartialEq, sqlx::FromRow)]
+pub struct ReclaimColumns {
+    /// Seconds it may run once placed.
+    pub max_lifetime: Option<f64>,
+    /// Seconds without activity before it ends (interactive only).
+    pub idle_timeout: Option<f64>,
+    /// Seconds under the floor before it ends.
+    pub utilization_window: Option<f64>,
+    /// `{slot: percent}` (JSON; `None` when NULL or unreadable).
+    #[sqlx(try_from = "NullableJsonText")]
+    pub min_utilization: Option<std::collections::BTreeMap<String, f64>>,
+    /// Unix seconds (agent's clock) of its last reported activity.
+    pub last_activity: Option<f64>,
+    /// Unix seconds (agent's clock) of the newest heartbeat that reported on it.
+    pub activity_at: Option<f64>,
+    /// Unix seconds (agent's clock) since which its readings were all under the floor.
+    pub low_since: Option<f64>,
+    /// The deadline its last `reclaim_warning` was for.
+    pub reclaim_warned: Option<f64>,
+}
+
+impl ReclaimColumns {
+    /// The columns of a session created with policy `p` (nothing reported yet).
+    pub fn of_policy(p: &crate::model::reclaim::ReclaimPolicy) -> ReclaimColumns {
+        ReclaimColumns {
+            max_lifetime: p.max_lifetime,
+            idle_timeout: p.idle_timeout,
+            utilization_window: p.utilization_window,
+            min_utilization: (!p.min_utilization.is_empty()).then(|| p.min_utilization.clone()),
+            ..ReclaimColumns::default()
+        }
+    }
+
+    /// The policy it was created with.
+    pub fn policy(&self) -> crate::model::reclaim::ReclaimPolicy {
+        crate::model::reclaim::ReclaimPolicy {
+            max_lifetime: self.max_lifetime,
+            idle_timeout: self.idle_timeout,
+            utilization_window: self.utilization_window,
+            min_utilization: self.min_utilization.clone().unwrap_or_default(),
+        }
     }
 }

@@ -109,6 +109,10 @@ pub struct KernelRow {
     pub grace_period: Option<f64>,
     /// While `TERMINATING`: Unix seconds by which its agent kills what still runs.
     pub terminate_deadline: Option<f64>,
+    // Idle reclaim.
+    /// Its reclaim policy and what its agent reported (`reclaim.rs`).
+    #[sqlx(flatten)]
+    pub reclaim: super::columns::ReclaimColumns,
 }
 
 impl KernelRow {
@@ -221,7 +225,7 @@ pub enum ReserveError {
     Store(#[from] StoreError),
 }
 
-pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports, stop_signal, grace_period, terminate_deadline";
+pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports, stop_signal, grace_period, terminate_deadline, max_lifetime, idle_timeout, utilization_window, min_utilization, last_activity, activity_at, low_since, reclaim_warned";
 
 /// The live set in SQL: every status but the two final ones.
 pub(super) const LIVE: &str = "status NOT IN ('TERMINATED', 'CANCELLED')";
@@ -488,7 +492,8 @@ pub(super) async fn insert_in<'c>(
     sqlx::query(&format!(
         "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, $3, $4, $5, $6, \
          NULL, NULL, $7, $8, $9, $10, NULL, $11, $12, NULLIF($13, -1.0), $14, $15, $16, 0, $17, \
-         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', $27, NULLIF($28, -1.0), NULL, 0, $21)"
+         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', $27, NULLIF($28, -1.0), NULL, \
+         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, $21)"
     ))
     .bind(&k.id)
     .bind(&k.session_id)

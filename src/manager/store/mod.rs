@@ -14,6 +14,7 @@ mod events;
 mod kernels;
 mod keys;
 mod queue;
+mod reclaim;
 mod sweep;
 mod usage;
 mod vfolders;
@@ -29,6 +30,7 @@ use crate::model::event::Event;
 use crate::model::session::KernelStatus;
 
 pub use agents::AgentRow;
+pub use columns::ReclaimColumns;
 pub use dangling::DanglingReport;
 pub use events::Applied;
 pub use kernels::{KernelRow, NewKernel, ReserveError};

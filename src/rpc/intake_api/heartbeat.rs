@@ -74,7 +74,7 @@ pub struct HeartbeatSlots {
 }
 
 /// One live kernel of a heartbeat.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HeartbeatKernel {
     /// Kernel id (an entry without one is skipped).
     pub id: String,
@@ -84,6 +84,25 @@ pub struct HeartbeatKernel {
     /// The agent's status of it (`PREPARING` … `TERMINATING`; empty when absent).
     #[serde(default, deserialize_with = "lenient::or_default")]
     pub status: String,
+    // Idle reclaim (`agent/activity.rs`).
+    /// Unix seconds (the agent's clock) of its last activity: an `execute`, a terminal, a file
+    /// transfer, a connection to a service port; absent before any (and from agents that
+    /// predate it).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::or_default"
+    )]
+    pub last_activity: Option<f64>,
+    /// `{slot: percent}`: its mean utilization since the previous heartbeat (`cpu` of the
+    /// cores it holds, `mem` of its limit, each `cuda.*` slot it holds); absent when nothing
+    /// was read.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "lenient::or_default"
+    )]
+    pub utilization: BTreeMap<String, f64>,
 }
 
 fn local() -> String {
