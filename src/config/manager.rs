@@ -229,6 +229,13 @@ pub struct SchedulerSection {
     /// each on the least loaded agent, as any session) or `pack` (each on the most loaded agent
     /// that fits it, leaving whole agents free).
     pub cluster_placement: crate::model::cluster::ClusterPlacement,
+    // Preemption (issue 41 item 2).
+    /// Whether a pending session that fits no agent evicts `preemptible` `RUNNING` sessions
+    /// of a strictly lower priority to fit (false).
+    pub preemption: bool,
+    /// Seconds after a session's preemption during which it is not evicted again (60): a
+    /// stream of higher-priority arrivals does not requeue the same session over and over.
+    pub preemption_cooldown: Seconds,
 }
 
 impl Default for SchedulerSection {
@@ -252,6 +259,8 @@ impl Default for SchedulerSection {
             swarm_docker_host: None,
             overlay_mtu: None,
             cluster_placement: Default::default(),
+            preemption: false,
+            preemption_cooldown: Seconds(Duration::from_secs(60)),
         }
     }
 }

@@ -54,6 +54,15 @@ pub enum AccessKeyCommand {
         #[arg(value_name = "N")]
         limit: u32,
     },
+    /// Set whether an access key's new sessions are preemptible when they do not say
+    /// (`preemptible` default; PATCH /v1/access-keys/{key}).
+    SetPreemptible {
+        /// The access key.
+        key: String,
+        /// `true` or `false`.
+        #[arg(value_name = "BOOL", action = clap::ArgAction::Set)]
+        preemptible: bool,
+    },
     /// Delete an access key (DELETE /v1/access-keys/{key}).
     Delete {
         /// The access key.
@@ -84,6 +93,10 @@ impl AccessKeyCommand {
             }
             AccessKeyCommand::SetLimit { limit, .. } => Some(ChangeBody {
                 concurrency_limit: Some(*limit),
+                ..ChangeBody::default()
+            }),
+            AccessKeyCommand::SetPreemptible { preemptible, .. } => Some(ChangeBody {
+                preemptible: Some(*preemptible),
                 ..ChangeBody::default()
             }),
             _ => None,
@@ -119,7 +132,8 @@ pub(super) fn run(
         }
         AccessKeyCommand::Enable { key }
         | AccessKeyCommand::Disable { key }
-        | AccessKeyCommand::SetLimit { key, .. } => {
+        | AccessKeyCommand::SetLimit { key, .. }
+        | AccessKeyCommand::SetPreemptible { key, .. } => {
             let change = command.change().unwrap_or_default();
             show_to(
                 out,
@@ -174,6 +188,9 @@ fn key_fields(k: &AccessKey) -> Vec<(&'static str, String)> {
     pairs.push(("Concurrency", concurrency(k)));
     if let Some(created) = k.created_at {
         pairs.push(("Created", utc(created)));
+    }
+    if let Some(p) = k.preemptible {
+        pairs.push(("Preemptible", if p { "yes" } else { "no" }.to_owned()));
     }
     pairs
 }

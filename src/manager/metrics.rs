@@ -85,6 +85,10 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_drained_sessions_total`: sessions terminated at their agent's drain
     /// deadline (`agent-drained`).
     pub drained_sessions: IntCounter,
+    // Preemption (issue 41 item 2).
+    /// `kernelvisor_manager_preemptions_total{reason}`: sessions evicted by preemption, by why
+    /// (`priority`: a pending session of a strictly higher priority needed their room).
+    pub preemptions: IntCounterVec,
 }
 
 impl Default for ManagerMetrics {
@@ -184,6 +188,11 @@ impl ManagerMetrics {
             drained_sessions: counter(
                 "drained_sessions",
                 "Sessions terminated at their agent's drain deadline",
+            ),
+            preemptions: counter_vec(
+                "preemptions",
+                "Sessions evicted by preemption, by why",
+                &["reason"],
             ),
             leader,
             event_subscribers,

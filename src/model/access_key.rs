@@ -47,6 +47,10 @@ pub struct ChangeBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 128, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
     pub name: Option<String>,
+    /// The default of `preemptible` for the key's new sessions (preemption: a session that
+    /// does not say is preemptible when its key's default is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 /// An access key (never its secret).
@@ -80,6 +84,10 @@ pub struct AccessKey {
     #[serde(deserialize_with = "present")]
     #[schema(value_type = f64, required = true)]
     pub created_at: Option<Option<f64>>,
+    /// The default of `preemptible` for the key's sessions (missing from a manager before
+    /// preemption).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 /// `POST /v1/access-keys`'s answer: the key and, this once, its secret.
@@ -127,6 +135,7 @@ impl NewAccessKey {
             concurrency_used: self.concurrency_used,
             concurrency_limit: self.concurrency_limit,
             created_at: self.created_at,
+            preemptible: None,
         }
     }
 }

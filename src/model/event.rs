@@ -25,15 +25,21 @@ pub enum EventType {
     /// rather than queue more (`reason` says how far). Reconnect with `Last-Event-ID` to resume
     /// from what the manager still keeps.
     Dropped,
+    /// Preemption (issue 41 item 2): a pending session (`session_id`, `kernel_id`,
+    /// `access_key`: the preemptor) evicts `victims` (session ids) to fit; `reason`
+    /// `preempted`. Each victim's own `session_status` events follow (`PREEMPTED`, then
+    /// `TERMINATED` and, requeued, `PENDING`).
+    Preemption,
 }
 
 impl EventType {
     /// Every type, in the order the docs list them.
-    pub const ALL: [EventType; 4] = [
+    pub const ALL: [EventType; 5] = [
         EventType::SessionStatus,
         EventType::PullProgress,
         EventType::AgentStatus,
         EventType::Dropped,
+        EventType::Preemption,
     ];
 
     /// The wire name (`session_status`, …).
@@ -43,6 +49,7 @@ impl EventType {
             EventType::PullProgress => "pull_progress",
             EventType::AgentStatus => "agent_status",
             EventType::Dropped => "dropped",
+            EventType::Preemption => "preemption",
         }
     }
 
@@ -100,6 +107,10 @@ pub struct Event {
     /// The image pull's progress (`pull_progress`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pull_progress: Option<PullProgress>,
+    // Preemption (issue 41 item 2).
+    /// A `preemption`'s victims: the session ids it evicts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub victims: Option<Vec<String>>,
 }
 
 /// A type name as [`EventType`], or `None` for one this reader does not know.

@@ -137,6 +137,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             restart_policy: RestartPolicy::default(),
             priority: 10,
             request: None,
+            preemptible: false,
         };
         store.reserve_kernel(&new, &roomy()).await.unwrap();
     }
@@ -475,6 +476,7 @@ async fn curve_key_binds_the_agent_id() {
         restart_policy: RestartPolicy::default(),
         priority: 10,
         request: None,
+        preemptible: false,
     };
     store.reserve_kernel(&kb, &roomy()).await.unwrap();
     store

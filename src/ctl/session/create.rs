@@ -85,6 +85,11 @@ pub struct CreateArgs {
     /// Print only the new session's id (for `sid=$(kernelvisor ctl session create … -q)`).
     #[arg(long, short)]
     pub quiet: bool,
+    // Preemption (issue 41 item 2).
+    /// Whether a pending session of a higher priority may evict it (`true`/`false`)
+    /// [default: the access key's default].
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub preemptible: Option<bool>,
 }
 
 impl CreateArgs {
@@ -117,6 +122,7 @@ impl CreateArgs {
             enqueue: self.no_queue.then_some(false),
             cluster_size: self.cluster_size,
             cluster_mode: self.cluster_mode,
+            preemptible: self.preemptible,
         }
     }
 }

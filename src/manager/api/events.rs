@@ -148,7 +148,7 @@ fn filter(caller: &Caller, q: &EventsQuery) -> Result<Filter, ManagerError> {
         let t = EventType::parse(word).ok_or_else(|| {
             ManagerError::InvalidRequest(format!(
                 "type `{word}` is not an event type: expected session_status, \
-                     pull_progress or agent_status (comma-separated for several)"
+                     pull_progress, agent_status or preemption (comma-separated for several)"
             ))
         })?;
         if t == EventType::AgentStatus && !caller.admin {

@@ -23,6 +23,7 @@ pub fn shown(k: &AccessKeyRow) -> AccessKey {
         concurrency_used: Some(k.concurrency_used),
         concurrency_limit: Some(k.concurrency_limit),
         created_at: Some(Some(k.created_at)),
+        preemptible: Some(k.preemptible),
     }
 }
 
@@ -177,6 +178,7 @@ pub(super) async fn change(
         concurrency_limit: b.concurrency_limit.map(i64::from),
         enabled: b.enabled,
         name: b.name,
+        preemptible: b.preemptible,
     };
     let k = s
         .store

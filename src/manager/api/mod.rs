@@ -181,6 +181,8 @@ fn kernel_session(k: &KernelRow) -> Session {
         cluster_size: k.cluster_size,
         cluster_mode: Some(k.cluster_mode),
         kernels: Vec::new(),
+        // Preemption (issue 41 item 2).
+        preemptible: k.preemptible,
     }
 }
 
@@ -521,6 +523,9 @@ mod tests {
             cluster_hostname: "main1".into(),
             network: None,
             service_ports: vec!["sshd".into()],
+            preemptible: false,
+            superseded_by: None,
+            preempted_at: None,
         }
     }
 
@@ -608,6 +613,7 @@ mod tests {
             restart_policy: Default::default(),
             priority: 10,
             request: None,
+            preemptible: false,
         };
         let gang: Vec<NewKernel> = cluster_slots(3)
             .into_iter()
@@ -759,7 +765,7 @@ mod tests {
             "restart_count": 0, "created_at": 1.5, "terminated_at": null,
             "pull_progress": null, "priority": 10, "pending_reason": null,
             "queue_position": null, "queued_at": null, "admitted_at": null,
-            "cluster_size": 1, "cluster_mode": "single-node",
+            "cluster_size": 1, "cluster_mode": "single-node", "preemptible": false,
             "kernels": [{
                 "kernel_id": "k1", "cluster_role": "main", "cluster_idx": 1,
                 "cluster_hostname": "main1", "agent_id": "a1", "status": "RUNNING",

@@ -66,7 +66,7 @@ impl Handler<CreateSession> for Scheduler {
     type Result = ResponseFuture<Result<KernelRow, ManagerError>>;
 
     fn handle(&mut self, msg: CreateSession, ctx: &mut Context<Self>) -> Self::Result {
-        let (owner, req) = (msg.owner, msg.request);
+        let (owner, mut req) = (msg.owner, msg.request);
         let (store, registry, placing, launcher, slot_types) = (
             self.store.clone(),
             self.registry.clone(),
@@ -76,6 +76,7 @@ impl Handler<CreateSession> for Scheduler {
         );
         let me = ctx.address();
         let placement = self.spec.cluster_placement;
+        let preemption = self.spec.preemption.enabled;
         Box::pin(async move {
             if req.image.trim().is_empty() {
                 return Err(ManagerError::InvalidRequest(
@@ -95,6 +96,15 @@ impl Handler<CreateSession> for Scheduler {
                 size,
             };
             let priority = req.checked_priority()?;
+            // Preemption: a session that does not say takes its key's default, fixed in its
+            // request (and so kept when it is requeued). Read only when preemption is on.
+            if preemption && req.preemptible.is_none() {
+                let default = store
+                    .access_key(&owner)
+                    .await?
+                    .is_some_and(|k| k.preemptible);
+                req.preemptible = Some(default);
+            }
             let enqueue = req.enqueue.unwrap_or(true);
             let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
             let kernel_id = uuid::Uuid::new_v4().to_string();

@@ -231,6 +231,7 @@ pub(super) fn new_kernel(
         request: Some(
             serde_json::to_string(req).map_err(|e| ManagerError::Internal(e.to_string()))?,
         ),
+        preemptible: req.preemptible.unwrap_or(false),
     })
 }
 

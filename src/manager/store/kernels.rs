@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use sqlx::{Any, Row, Transaction};
 
 use super::columns::{
-    json_text, legacy_columns, slots_column, JsonText, NullableJsonText, SlotColumns,
+    json_text, legacy_columns, slots_column, IntFlag, JsonText, NullableJsonText, SlotColumns,
 };
 use super::usage::{Placed, Usage};
 use super::{now, Store, StoreError};
@@ -100,6 +100,15 @@ pub struct KernelRow {
     /// are the session's, a sub kernel publishes none).
     #[sqlx(try_from = "JsonText")]
     pub service_ports: Vec<String>,
+    // Preemption (issue 41 item 2).
+    /// Whether a higher-priority session may evict it.
+    #[sqlx(try_from = "IntFlag")]
+    pub preemptible: bool,
+    /// The kernel id of the row that requeued this one after a preemption; `None` for the
+    /// session's current row (a superseded row is history: lists and look-ups skip it).
+    pub superseded_by: Option<String>,
+    /// Unix seconds of the session's last preemption (carried to its requeued row).
+    pub preempted_at: Option<f64>,
 }
 
 impl KernelRow {
@@ -115,7 +124,8 @@ impl KernelRow {
             | KernelStatus::Creating
             | KernelStatus::Running
             | KernelStatus::Restarting
-            | KernelStatus::Terminating => true,
+            | KernelStatus::Terminating
+            | KernelStatus::Preempted => true,
         }
     }
 
@@ -170,6 +180,9 @@ pub struct NewKernel {
     pub cluster_size: u32,
     /// Its place in the cluster (`main1` for a session of one kernel).
     pub cluster: ClusterSlot,
+    // Preemption (issue 41 item 2).
+    /// Whether a higher-priority session may evict it.
+    pub preemptible: bool,
 }
 
 /// Why a reservation was refused.
@@ -193,7 +206,7 @@ pub enum ReserveError {
     Store(#[from] StoreError),
 }
 
-pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports";
+pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports, preemptible, superseded_by, preempted_at";
 
 /// The live set in SQL: every status but the two final ones.
 pub(super) const LIVE: &str = "status NOT IN ('TERMINATED', 'CANCELLED')";
@@ -460,7 +473,7 @@ pub(super) async fn insert_in<'c>(
     sqlx::query(&format!(
         "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, $3, $4, $5, $6, \
          NULL, NULL, $7, $8, $9, $10, NULL, $11, $12, NULLIF($13, -1.0), $14, $15, $16, 0, $17, \
-         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', 0, $21)"
+         NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', $27, NULL, NULL, 0, $21)"
     ))
     .bind(&k.id)
     .bind(&k.session_id)
@@ -488,6 +501,7 @@ pub(super) async fn insert_in<'c>(
     .bind(k.cluster.role)
     .bind(i64::from(k.cluster.idx))
     .bind(&k.cluster.hostname)
+    .bind(i64::from(k.preemptible))
     .execute(ex)
     .await?;
     Ok(())
@@ -616,7 +630,7 @@ impl Store {
     /// Errors: the database.
     pub async fn session_kernels(&self, session_id: &str) -> Result<Vec<KernelRow>, StoreError> {
         Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM kernels WHERE session_id = $1 \
+            "SELECT {COLUMNS} FROM kernels WHERE session_id = $1 AND superseded_by IS NULL \
              ORDER BY CASE WHEN cluster_role = 'main' THEN 0 ELSE 1 END, cluster_idx, created_at"
         ))
         .bind(session_id)
@@ -632,8 +646,8 @@ impl Store {
     /// Errors: the database.
     pub async fn unsettled_clusters(&self, limit: u32) -> Result<Vec<Vec<KernelRow>>, StoreError> {
         let ids: Vec<(String,)> = sqlx::query_as(
-            "SELECT session_id FROM kernels WHERE cluster_size > 1 AND session_id IN \
-             (SELECT session_id FROM kernels WHERE cluster_size > 1 \
+            "SELECT session_id FROM kernels WHERE cluster_size > 1 AND superseded_by IS NULL AND session_id IN \
+             (SELECT session_id FROM kernels WHERE cluster_size > 1 AND superseded_by IS NULL \
               AND (status NOT IN ('TERMINATED', 'CANCELLED') OR network IS NOT NULL)) \
              GROUP BY session_id HAVING \
              (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 1 ELSE 0 END) > 0 \
@@ -667,7 +681,7 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(", ");
             let sql = format!(
-                "SELECT {COLUMNS} FROM kernels WHERE session_id IN ({list}) \
+                "SELECT {COLUMNS} FROM kernels WHERE session_id IN ({list}) AND superseded_by IS NULL \
                  ORDER BY session_id, CASE WHEN cluster_role = 'main' THEN 0 ELSE 1 END, cluster_idx, created_at"
             );
             let mut q = sqlx::query_as::<_, KernelRow>(&sql);
@@ -915,7 +929,7 @@ impl Store {
 
     /// One kernel by its kernel id or its session id.
     pub async fn kernel(&self, id: &str) -> Result<Option<KernelRow>, StoreError> {
-        Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY CASE WHEN id = $1 THEN 0 WHEN cluster_role = 'main' THEN 1 ELSE 2 END, created_at DESC LIMIT 1"))
+        Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY CASE WHEN id = $1 THEN 0 WHEN superseded_by IS NOT NULL THEN 3 WHEN cluster_role = 'main' THEN 1 ELSE 2 END, created_at DESC LIMIT 1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?)
@@ -929,7 +943,7 @@ impl Store {
         all: bool,
     ) -> Result<Vec<KernelRow>, StoreError> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR {LIVE}) AND ($2 = '' OR access_key = $2) AND cluster_role = 'main' ORDER BY created_at DESC"
+            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR {LIVE}) AND ($2 = '' OR access_key = $2) AND cluster_role = 'main' AND superseded_by IS NULL ORDER BY created_at DESC"
         );
         // `$1` as an integer comparison: Any binds booleans differently per backend.
         let sql = sql.replace("($1 OR", "($1 = 1 OR");
@@ -1071,6 +1085,7 @@ mod tests {
                         restart_policy: RestartPolicy::default(),
                         priority: 10,
                         request: None,
+                        preemptible: false,
                     },
                     &roomy,
                 )
@@ -1206,6 +1221,7 @@ mod tests {
                         restart_policy: RestartPolicy::default(),
                         priority: 10,
                         request: None,
+                        preemptible: false,
                     },
                     &roomy,
                 )

@@ -543,6 +543,7 @@ mod tests {
             restart_policy: RestartPolicy::default(),
             priority,
             request: Some("{}".into()),
+            preemptible: false,
         };
         let why = PendingReason::new(PendingCode::NoCapacity, "full");
         store.enqueue_kernel(&k, &why).await.unwrap();

@@ -229,6 +229,7 @@ mod tests {
             restart_policy: RestartPolicy::default(),
             priority: 10,
             request: request.map(str::to_owned),
+            preemptible: false,
         };
         store.reserve_kernel(&k, &roomy).await.unwrap();
     }

@@ -42,6 +42,10 @@ fn spec(config: &ManagerConfig, registries: Arc<ImageRegistries>) -> SchedulerSp
             docker_host: s.swarm_docker_host.clone(),
             mtu: s.overlay_mtu,
         },
+        preemption: crate::manager::scheduler::PreemptionSpec {
+            enabled: s.preemption,
+            cooldown: s.preemption_cooldown.0,
+        },
     }
 }
 
