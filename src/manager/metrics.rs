@@ -89,6 +89,9 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_preemptions_total{reason}`: sessions evicted by preemption, by why
     /// (`priority`: a pending session of a strictly higher priority needed their room).
     pub preemptions: IntCounterVec,
+    /// `kernelvisor_manager_admission_rounds_total`: admission rounds that planned over a
+    /// non-empty queue (a test tells from it that rounds looked at a session).
+    pub admission_rounds: IntCounter,
 }
 
 impl Default for ManagerMetrics {
@@ -193,6 +196,10 @@ impl ManagerMetrics {
                 "preemptions",
                 "Sessions evicted by preemption, by why",
                 &["reason"],
+            ),
+            admission_rounds: counter(
+                "admission_rounds",
+                "Admission rounds that planned over a non-empty queue",
             ),
             leader,
             event_subscribers,

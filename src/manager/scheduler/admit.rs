@@ -136,6 +136,7 @@ impl Scheduler {
             if !store.any_queued().await? {
                 return Ok(out);
             }
+            metrics.admission_rounds.inc();
             let window = store.pending_window(window_size).await?;
             let candidates = registry.send(PlacementCandidates).await?;
             let images = registry.send(AgentImages).await?;

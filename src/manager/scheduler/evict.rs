@@ -18,8 +18,8 @@
 //! A manager stopped (or a leader failed over) between the two steps leaves `PREEMPTED`
 //! rows: the reconcile sweep completes them ([`complete_stale`]) once they are older than
 //! `destroy-timeout`, the same way; each step is idempotent (a kernel its agent no longer
-//! holds counts as destroyed, and [`crate::manager::store::Store::finish_preempted`] acts only on rows still
-//! `PREEMPTED`), so a preemption completes once.
+//! holds counts as destroyed, and `Store::finish_preempted` acts only while the end is due,
+//! and clears that in its transaction), so a preemption completes once.
 
 use std::collections::{HashMap, HashSet};
 
@@ -212,23 +212,27 @@ pub(super) async fn complete(launcher: &Launcher, rows: &[KernelRow]) {
     }
 }
 
-/// The reconcile sweep's part: completes the preemptions left `PREEMPTED` for longer than
-/// `older_than` seconds (their manager stopped or lost the leadership, or an agent did not
-/// answer). Returns the sessions looked at.
+/// The reconcile sweep's part: completes the preemptions whose end is still due and older
+/// than `older_than` seconds (their manager stopped or lost the leadership, or an agent did
+/// not answer): each session's kernels destroyed again (one its agent no longer holds counts
+/// as destroyed), then requeued or ended. Returns the sessions looked at.
 ///
 /// Errors: the store could not be read.
 pub(super) async fn complete_stale(
     launcher: &Launcher,
     older_than: f64,
 ) -> Result<usize, StoreError> {
-    let rows = launcher.store.preempted_before(now() - older_than).await?;
-    let mut by_session: HashMap<String, Vec<KernelRow>> = HashMap::new();
-    for k in rows {
-        by_session.entry(k.session_id.clone()).or_default().push(k);
-    }
-    let n = by_session.len();
-    for (_, mut rows) in by_session {
-        rows.sort_by_key(|k| !k.is_main());
+    let due = launcher.store.preempted_before(now() - older_than).await?;
+    let n = due.len();
+    for main in due {
+        let mut rows = vec![main.clone()];
+        if main.cluster_size > 1 {
+            rows = launcher.store.session_kernels(&main.session_id).await?;
+            rows.retain(|k| {
+                k.is_main() || k.status == crate::model::session::KernelStatus::Preempted
+            });
+        }
+        tracing::info!(session_id = %main.session_id, "preemption: completing an eviction left half done");
         complete(launcher, &rows).await;
     }
     Ok(n)

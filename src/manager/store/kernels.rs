@@ -303,9 +303,13 @@ pub(super) async fn terminate_in(
     // A batch session that ends without a session_success / session_failure of its agent (destroyed
     // by its user, its agent lost) failed.
     // A `PENDING` row is never placed and holds no concurrency: only `cancel_pending` ends it.
+    // A `PREEMPTED` row ended `preempted` (by its eviction, or its agent's `kernel_terminated`
+    // for it) keeps its request until its session is requeued from it
+    // (`Store::finish_preempted`, which clears it).
     let owner: Option<(String, String, String, String)> = sqlx::query_as(&format!(
         "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
-         status_changed_at = $4, request = NULL, \
+         status_changed_at = $4, \
+         request = CASE WHEN status = 'PREEMPTED' AND $2 = 'preempted' THEN request ELSE NULL END, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
          WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key, cluster_role",
     ))

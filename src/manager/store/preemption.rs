@@ -118,30 +118,33 @@ impl Store {
         Ok(moved)
     }
 
-    /// The `PREEMPTED` rows whose status changed before `before` (Unix seconds): evictions a
-    /// manager started and did not finish (it stopped, or lost the leadership), for the
-    /// reconcile sweep to complete.
+    /// The main rows of the preemptions whose end is still due ([`DUE`]) and whose status
+    /// changed before `before` (Unix seconds): evictions a manager started and did not finish
+    /// (it stopped, or lost the leadership, or an agent did not answer), for the reconcile
+    /// sweep to complete; at most 100, oldest first.
     ///
     /// Errors: the database.
     pub async fn preempted_before(&self, before: f64) -> Result<Vec<KernelRow>, StoreError> {
         Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM kernels WHERE status = 'PREEMPTED' AND status_changed_at < $1 \
-             ORDER BY status_changed_at LIMIT 100"
+            "SELECT {COLUMNS} FROM kernels WHERE cluster_role = 'main' AND {DUE} \
+             AND status_changed_at < $1 ORDER BY status_changed_at LIMIT 100"
         ))
         .bind(before)
         .fetch_all(&self.pool)
         .await?)
     }
 
-    /// Ends a preempted session's `PREEMPTED` rows (its kernels already ended on their agents)
-    /// in one transaction: each `TERMINATED` `preempted` (the session's concurrency and slots
-    /// released); with `requeue`, a NEW main row of the same session is queued `PENDING` in the
-    /// same transaction (a new kernel id; the same priority, request, slots and cluster shape;
-    /// its ORIGINAL `queued_at` — its creation time when it was never queued — so it waits
-    /// ahead of its priority's later arrivals; `restart_count` one more, and
-    /// [`RESTART_COUNT_ENV`] set to it in its request's `environ`) and the old rows name it in
-    /// `superseded_by`. Returns the new row when one was queued; `None` when nothing was
-    /// `PREEMPTED` any more (done already: idempotent) or the session was ended.
+    /// Ends a preempted session (its kernels already ended on their agents) in one
+    /// transaction, when its main row's end is still due ([`DUE`]): each of its `PREEMPTED`
+    /// rows `TERMINATED` `preempted` (the session's concurrency and slots released; a row its
+    /// agent's `kernel_terminated` ended first is already); with `requeue`, a NEW main row of
+    /// the same session is queued `PENDING` in the same transaction (a new kernel id; the
+    /// same priority, request, slots and cluster shape; its ORIGINAL `queued_at` — its
+    /// creation time when it was never queued — so it waits ahead of its priority's later
+    /// arrivals; `restart_count` one more, and [`RESTART_COUNT_ENV`] set to it in its
+    /// request's `environ`) and the old rows name it in `superseded_by`. The old rows'
+    /// request is cleared: done. Returns the new row when one was queued; `None` when
+    /// nothing was due (done already: idempotent) or the session was ended.
     ///
     /// Errors: the database (nothing changed).
     pub async fn finish_preempted(
@@ -150,28 +153,30 @@ impl Store {
         requeue: bool,
     ) -> Result<Option<KernelRow>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<sqlx::any::AnyRow> = sqlx::query(&format!(
-            "SELECT request, {COLUMNS} FROM kernels WHERE session_id = $1 AND status = 'PREEMPTED' \
-             AND superseded_by IS NULL ORDER BY CASE WHEN cluster_role = 'main' THEN 0 ELSE 1 END, cluster_idx"
+        let due: Option<sqlx::any::AnyRow> = sqlx::query(&format!(
+            "SELECT request, {COLUMNS} FROM kernels WHERE session_id = $1 AND cluster_role = 'main' \
+             AND {DUE} ORDER BY created_at DESC LIMIT 1"
         ))
+        .bind(session_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(due) = due else {
+            return Ok(None);
+        };
+        let main = <KernelRow as sqlx::FromRow<_>>::from_row(&due)?;
+        let main_request: Option<String> = due.try_get("request")?;
+        let preempted: Vec<(String,)> = sqlx::query_as(
+            "SELECT id FROM kernels WHERE session_id = $1 AND status = 'PREEMPTED' AND superseded_by IS NULL",
+        )
         .bind(session_id)
         .fetch_all(&mut *tx)
         .await?;
-        if rows.is_empty() {
-            return Ok(None);
-        }
-        let mut kernels = Vec::with_capacity(rows.len());
-        for r in &rows {
-            kernels.push(<KernelRow as sqlx::FromRow<_>>::from_row(r)?);
-        }
-        let main_request: Option<String> = rows[0].try_get("request")?;
-        let main = kernels[0].clone();
-        let mut events = Vec::with_capacity(kernels.len() + 1);
-        for k in &kernels {
-            events.extend(terminate_in(&mut tx, &k.id, PREEMPTED, None).await?);
+        let mut events = Vec::with_capacity(preempted.len());
+        for (id,) in &preempted {
+            events.extend(terminate_in(&mut tx, id, PREEMPTED, None).await?);
         }
         let mut queued = None;
-        if requeue && main.is_main() {
+        if requeue {
             let new_id = uuid::Uuid::new_v4().to_string();
             let restarts = main.restart_count + 1;
             let request = with_restart_count(main_request.as_deref().unwrap_or("{}"), restarts);
@@ -210,6 +215,11 @@ impl Store {
             .await?;
             queued = Some(new_id);
         }
+        sqlx::query("UPDATE kernels SET request = NULL WHERE session_id = $1 AND id <> $2 AND status = 'TERMINATED'")
+            .bind(session_id)
+            .bind(queued.as_deref().unwrap_or(""))
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         for e in events {
             self.publish(Some(e));
@@ -234,6 +244,12 @@ impl Store {
     }
 }
 
+/// A row whose preemption's end is still due, in SQL: the session's current row, evicted
+/// (`PREEMPTED`), or ended `preempted` with its request still kept (its agent's
+/// `kernel_terminated` ended it before [`Store::finish_preempted`] ran; that clears it).
+const DUE: &str = "superseded_by IS NULL AND status_reason = 'preempted' \
+     AND (status = 'PREEMPTED' OR (status = 'TERMINATED' AND request IS NOT NULL))";
+
 /// A stored `SessionRequest` (JSON) with [`RESTART_COUNT_ENV`] = `n` in its `environ`; the
 /// text as it was when it is not a JSON object.
 fn with_restart_count(request: &str, n: i64) -> String {
@@ -254,6 +270,133 @@ fn with_restart_count(request: &str, n: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{NewKernel, Store};
+    use crate::model::session::{KernelStatus, RestartPolicy, SessionType};
+    use crate::slots::{Amount, ResourceSlots};
+
+    async fn running(store: &Store, id: &str, preemptible: bool) {
+        let roomy: ResourceSlots = [("cpu".to_owned(), Amount::from_units(100))]
+            .into_iter()
+            .collect();
+        let k = NewKernel {
+            cluster_mode: crate::model::cluster::ClusterMode::SingleNode,
+            cluster_size: 1,
+            cluster: crate::model::cluster::ClusterSlot::main(),
+            id: id.into(),
+            session_id: format!("{id}-s"),
+            agent_id: "a".into(),
+            access_key: "AK".into(),
+            image: "img".into(),
+            resource_slots: [("cpu".to_owned(), Amount::from_units(1))]
+                .into_iter()
+                .collect(),
+            session_type: SessionType::Interactive,
+            command: None,
+            batch_timeout: None,
+            mounts: Vec::new(),
+            restart_policy: RestartPolicy::default(),
+            priority: 10,
+            request: Some(r#"{"image":"img","resource_slots":{"cpu":1}}"#.into()),
+            preemptible,
+        };
+        store.reserve_kernel(&k, &roomy).await.unwrap();
+        store
+            .advance_kernel(id, KernelStatus::Running)
+            .await
+            .unwrap();
+    }
+
+    /// A victim moves `RUNNING` → `PREEMPTED`, and its end requeues it once as a new row of
+    /// the same session (the old one superseded, out of the lists; concurrency released; the
+    /// original queue time kept), whether or not its agent's `kernel_terminated` ended the old
+    /// row first; a second end, or the sweep's, changes nothing.
+    #[actix_rt::test]
+    async fn a_victim_is_requeued_once_as_a_new_row_of_its_session() {
+        let (_dir, store) = super::super::test_store_with_key().await;
+        running(&store, "v", true).await;
+        running(&store, "w", true).await;
+        running(&store, "n", false).await;
+        let c = store.preemption_candidates(50).await.unwrap();
+        let mut ids: Vec<&str> = c.iter().map(|k| k.id.as_str()).collect();
+        ids.sort();
+        assert_eq!(ids, ["v", "w"], "the non-preemptible one is no candidate");
+        assert!(store.preemption_candidates(10).await.unwrap().is_empty());
+        let moved = store
+            .preempt_kernels(&["v".into(), "w".into(), "n".into()])
+            .await
+            .unwrap();
+        assert_eq!(moved.len(), 3, "the store moves what it is told");
+        let v = store.kernel("v").await.unwrap().unwrap();
+        assert_eq!(v.status, KernelStatus::Preempted);
+        assert!(v.preempted_at.is_some());
+        // w's agent reports its end first (reason `preempted`, the destroy's).
+        assert!(store
+            .terminate_kernel("w", "preempted", None)
+            .await
+            .unwrap());
+        for id in ["v", "w"] {
+            let new = store
+                .finish_preempted(&format!("{id}-s"), true)
+                .await
+                .unwrap()
+                .expect("requeued");
+            assert_eq!(
+                (new.status, new.restart_count, new.session_id.clone()),
+                (KernelStatus::Pending, 1, format!("{id}-s"))
+            );
+            assert_ne!(new.id, id);
+            assert_eq!(
+                new.queued_at,
+                Some(store.kernel(id).await.unwrap().unwrap().created_at)
+            );
+            assert!(new.preemptible);
+            let req = store.pending_request(&new.id).await.unwrap().unwrap();
+            assert!(req.contains("KERNELVISOR_RESTART_COUNT"), "{req}");
+            // Done once: again, nothing.
+            assert!(store
+                .finish_preempted(&format!("{id}-s"), true)
+                .await
+                .unwrap()
+                .is_none());
+            let old = store.kernel(id).await.unwrap().unwrap();
+            assert_eq!(old.status, KernelStatus::Terminated);
+            assert_eq!(old.superseded_by.as_deref(), Some(new.id.as_str()));
+            // The session's look-up is the new row.
+            let by_session = store.kernel(&format!("{id}-s")).await.unwrap().unwrap();
+            assert_eq!(by_session.id, new.id);
+        }
+        assert!(store
+            .preempted_before(f64::MAX)
+            .await
+            .unwrap()
+            .iter()
+            .all(|k| k.id == "n"));
+        // Not requeued (its restart policy says no): ended, and nothing is due any more.
+        assert!(store
+            .finish_preempted("n-s", false)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(store.preempted_before(f64::MAX).await.unwrap().is_empty());
+        let n = store.kernel("n").await.unwrap().unwrap();
+        assert_eq!(
+            (n.status, n.status_reason.as_deref()),
+            (KernelStatus::Terminated, Some("preempted"))
+        );
+        // One row per session in the list; no concurrency held by the queued ones.
+        let all = store.kernels(None, true).await.unwrap();
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert_eq!(
+            store
+                .access_key("AK")
+                .await
+                .unwrap()
+                .unwrap()
+                .concurrency_used,
+            0
+        );
+    }
+
     #[test]
     fn the_restart_count_goes_into_the_requests_environment() {
         let r = super::with_restart_count(r#"{"image":"i","environ":{"A":"1"}}"#, 2);
