@@ -215,7 +215,7 @@ fn a_higher_priority_session_evicts_the_minimal_set_and_the_victims_return_to_th
     let back = wait_status(&c, &s3, "RUNNING");
     assert_eq!(back["restart_count"], 1, "{back}");
     assert_eq!(exec(&c, &s3, "echo $KERNELVISOR_RESTART_COUNT").trim(), "1");
-    assert_eq!(queue(&c), [later.clone()]);
+    assert_eq!(queue(&c), [later]);
     // No eviction loop: the victim (priority 10) never evicts its preemptor, nor anyone.
     assert_eq!(metric(&c), 2.0);
     assert_eq!(preemptions(&c).len(), 2);
