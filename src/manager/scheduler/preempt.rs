@@ -218,6 +218,40 @@ fn per_agent<'v>(
     pool: &'v [Victim],
     room: &Room<'_>,
 ) -> Option<(Vec<&'v Victim>, Vec<String>)> {
+    let by_id: HashMap<&str, &AgentRow> =
+        room.candidates.iter().map(|a| (a.id.as_str(), a)).collect();
+    let local_of = |agent: &AgentRow| -> HashMap<String, Usage> {
+        room.usage
+            .get(&agent.id)
+            .map(|u| (agent.id.clone(), u.clone()))
+            .into_iter()
+            .collect()
+    };
+    // One victim, when one is enough: `pool` is in the order of the ranking of single sets
+    // (lowest priority, then youngest), so the first that frees enough on one of its agents
+    // is the best of them, found without a pass over the fleet (10,000 agents full of
+    // preemptible sessions: the usual case stops at the first victim).
+    for v in pool {
+        let mut seen: Vec<&str> = Vec::new();
+        for (_, agent, _) in &v.kernels {
+            if seen.contains(&agent.as_str()) {
+                continue;
+            }
+            seen.push(agent);
+            let Some(row) = by_id.get(agent.as_str()) else {
+                continue;
+            };
+            let set = [v];
+            if let Some(on) = fits(
+                q,
+                std::slice::from_ref(*row),
+                &without(&local_of(row), &set),
+                room,
+            ) {
+                return Some((vec![v], on));
+            }
+        }
+    }
     let mut on: HashMap<&str, Vec<&'v Victim>> = HashMap::new();
     for v in pool {
         let mut seen: Vec<&str> = Vec::new();
@@ -236,12 +270,7 @@ fn per_agent<'v>(
         let one = std::slice::from_ref(agent);
         // Only this agent's usage: placement over one agent reads no other (a copy of the
         // whole fleet's per try was O(agents²) with 10,000 agents).
-        let local: HashMap<String, Usage> = room
-            .usage
-            .get(&agent.id)
-            .map(|u| (agent.id.clone(), u.clone()))
-            .into_iter()
-            .collect();
+        let local = local_of(agent);
         // Not even with every victim here gone: next agent.
         if fits(q, one, &without(&local, here), room).is_none() {
             continue;
@@ -267,7 +296,8 @@ fn exact<'v>(
     room: &Room<'_>,
 ) -> Option<(Vec<&'v Victim>, Vec<String>)> {
     let pool = &here[..here.len().min(EXACT_POOL)];
-    for k in 1..=EXACT_UP_TO.min(pool.len()) {
+    // Single victims were tried first (`per_agent`).
+    for k in 2..=EXACT_UP_TO.min(pool.len()) {
         let mut best: Option<(Vec<&'v Victim>, Vec<String>)> = None;
         let mut idx: Vec<usize> = (0..k).collect();
         loop {
