@@ -303,13 +303,15 @@ pub(super) async fn terminate_in(
     // A batch session that ends without a session_success / session_failure of its agent (destroyed
     // by its user, its agent lost) failed.
     // A `PENDING` row is never placed and holds no concurrency: only `cancel_pending` ends it.
-    // A `PREEMPTED` row ended `preempted` (by its eviction, or its agent's `kernel_terminated`
-    // for it) keeps its request until its session is requeued from it
-    // (`Store::finish_preempted`, which clears it).
+    // A `PREEMPTED` row ended any way but by its user (by its eviction, its agent's
+    // `kernel_terminated` for it, its agent lost, a drain) ends `preempted` and keeps its
+    // request until its session is requeued from it (`Store::finish_preempted` clears it): its
+    // eviction was decided, its end is the preemption's. Its user's destroy ends it for good.
     let owner: Option<(String, String, String, String)> = sqlx::query_as(&format!(
-        "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
-         status_changed_at = $4, \
-         request = CASE WHEN status = 'PREEMPTED' AND $2 = 'preempted' THEN request ELSE NULL END, \
+        "UPDATE kernels SET status = 'TERMINATED', \
+         status_reason = CASE WHEN status = 'PREEMPTED' AND $2 <> 'user-requested' THEN 'preempted' ELSE $2 END, \
+         exit_code = $3, terminated_at = $4, status_changed_at = $4, \
+         request = CASE WHEN status = 'PREEMPTED' AND $2 <> 'user-requested' THEN request ELSE NULL END, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
          WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key, cluster_role",
     ))
@@ -655,7 +657,7 @@ impl Store {
               AND (status NOT IN ('TERMINATED', 'CANCELLED') OR network IS NOT NULL)) \
              GROUP BY session_id HAVING \
              (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 1 ELSE 0 END) > 0 \
-              AND SUM(CASE WHEN status NOT IN ('TERMINATED', 'CANCELLED', 'TERMINATING', 'PENDING') THEN 1 ELSE 0 END) > 0) \
+              AND SUM(CASE WHEN status NOT IN ('TERMINATED', 'CANCELLED', 'TERMINATING', 'PENDING', 'PREEMPTED') THEN 1 ELSE 0 END) > 0) \
              OR (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 0 ELSE 1 END) = 0 \
               AND MAX(network) IS NOT NULL) \
              LIMIT $1",
