@@ -199,6 +199,16 @@ pub(in crate::ctl) fn line(e: &Event) -> String {
     };
     let (status, reason) = match (e.kind, &e.pull_progress) {
         (Some(EventType::PullProgress), Some(p)) => ("PULLING".to_owned(), format::pull_bar(p)),
+        // A preemption names its victims (session ids).
+        (Some(EventType::Preemption), _) => (
+            "-".to_owned(),
+            format!(
+                "evicts {}",
+                e.victims
+                    .as_deref()
+                    .map_or_else(|| "-".into(), |v| v.join(", "))
+            ),
+        ),
         _ => (
             e.status.clone().unwrap_or_else(|| "-".into()),
             e.reason.clone().unwrap_or_else(|| "-".into()),

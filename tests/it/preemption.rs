@@ -230,3 +230,80 @@ fn a_higher_priority_session_evicts_the_minimal_set_and_the_victims_return_to_th
         .count();
     assert_eq!(n, 1, "{list}");
 }
+
+/// A manager killed in the middle of a preemption (the victim `PREEMPTED`, not yet ended: the
+/// `fault-injection` build holds every eviction until a file exists) and started again: the
+/// new manager's reconcile sweep completes it, once. The victim is requeued one time
+/// (`restart_count` 1, one superseded row), the preemptor runs, nobody else is evicted, and
+/// the invariants hold.
+#[test]
+fn a_preemption_interrupted_by_a_manager_restart_completes_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    // Read by the manager processes this test starts (nextest runs each test in a process of
+    // its own).
+    std::env::set_var("KV_FAULT_HOLD_PREEMPTION", &release);
+    let mut c = Cluster::new(Db::Sqlite);
+    c.scheduler_extra =
+        "preemption = true\nadmission-interval = 0.5\nsweep-interval = 0.5\ndestroy-timeout = 2\n"
+            .into();
+    c.start_manager();
+    let a = c.add_agent("preempt-r", 44140, "");
+    let view = c.wait_agent_status(c.agents[a].id(), "ALIVE", LONG);
+    let cores: f64 = view["slots_total"]["cpu"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let half = cores / 2.0;
+    let victim = id(&create(
+        &c,
+        &body(
+            half,
+            json!({"preemptible": true, "restart_policy": {"mode": "always", "max_restarts": 3}}),
+        ),
+    ));
+    let keeper = id(&create(&c, &body(half, json!({}))));
+    assert_eq!(session(&c, &victim)["status"], "RUNNING");
+    let old_kernel = session(&c, &victim)["kernel_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let high = id(&create(&c, &body(half, json!({"priority": 50}))));
+    wait_status(&c, &victim, "PREEMPTED");
+    assert_eq!(metric(&c), 1.0);
+    // Killed mid-preemption; a new manager on the same store.
+    c.stop_manager("KILL");
+    c.start_manager();
+    wait_for(LONG, "the start-up grace ends", || {
+        c.get("/v1/sessions").ok().filter(|a| a.status == 200)
+    });
+    assert_eq!(session(&c, &victim)["status"], "PREEMPTED");
+    std::fs::write(&release, b"").unwrap();
+    wait_status(&c, &high, "RUNNING");
+    let v = wait_status(&c, &victim, "PENDING");
+    assert_eq!(v["restart_count"], 1, "requeued once: {v}");
+    assert_ne!(v["kernel_id"], old_kernel.as_str());
+    let old = c.store_kernel(&old_kernel);
+    assert_eq!(old.status_reason.as_deref(), Some("preempted"));
+    assert_eq!(
+        old.superseded_by.as_deref(),
+        v["kernel_id"].as_str(),
+        "the old row names its one successor"
+    );
+    assert_eq!(session(&c, &keeper)["status"], "RUNNING");
+    // The new manager evicted nobody: it completed the eviction it found.
+    assert_eq!(metric(&c), 0.0);
+    c.check_invariants();
+    // Still the one requeued row after more sweeps.
+    let rounds = c.manager_metric("kernelvisor_manager_admission_rounds_total", "");
+    wait_for(LONG, "more rounds", || {
+        (c.manager_metric("kernelvisor_manager_admission_rounds_total", "") >= rounds + 3.0)
+            .then_some(())
+    });
+    let again = session(&c, &victim);
+    assert_eq!(
+        (again["restart_count"].clone(), again["kernel_id"].clone()),
+        (v["restart_count"].clone(), v["kernel_id"].clone())
+    );
+}

@@ -173,6 +173,15 @@ pub(super) async fn complete(launcher: &Launcher, rows: &[KernelRow]) {
     let Some(first) = rows.first() else {
         return;
     };
+    // Tests only (a `fault-injection` build): hold every eviction here until the path in
+    // `KV_FAULT_HOLD_PREEMPTION` exists, so that a test can stop the manager mid-preemption.
+    #[cfg(feature = "fault-injection")]
+    if let Some(path) = std::env::var_os("KV_FAULT_HOLD_PREEMPTION") {
+        let path = std::path::PathBuf::from(path);
+        while !path.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
     let timeout = launcher.spec.destroy_timeout;
     let failed = futures::stream::iter(rows)
         .map(|k| async move {
