@@ -63,15 +63,25 @@ impl Store {
         &self,
         below: i64,
     ) -> Result<Vec<PreemptCandidate>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT id, session_id, agent_id, priority, created_at, resource_slots, cpu_millis, \
-             mem_bytes, cuda_devices, cluster_size, status, preempted_at FROM kernels \
-             WHERE (status = 'RUNNING' AND preemptible = 1 AND priority < $1 AND superseded_by IS NULL) \
-             OR status = 'PREEMPTED'",
-        )
+        // Two statements, each through the `(status, priority, …)` index: one with an `OR`
+        // scanned every row (140,000 in `just bench scheduler`) in every admission round
+        // that left a session unplaced.
+        const SELECT: &str =
+            "SELECT id, session_id, agent_id, priority, created_at, resource_slots, \
+             cpu_millis, mem_bytes, cuda_devices, cluster_size, status, preempted_at FROM kernels";
+        let mut out: Vec<PreemptCandidate> = sqlx::query_as(&format!(
+            "{SELECT} WHERE status = 'RUNNING' AND priority < $1 AND preemptible = 1 \
+             AND superseded_by IS NULL"
+        ))
         .bind(below)
         .fetch_all(&self.reads)
-        .await?)
+        .await?;
+        out.extend(
+            sqlx::query_as::<_, PreemptCandidate>(&format!("{SELECT} WHERE status = 'PREEMPTED'"))
+                .fetch_all(&self.reads)
+                .await?,
+        );
+        Ok(out)
     }
 
     /// Moves the victims' kernels (every kernel of each victim session) from `RUNNING` to
