@@ -64,6 +64,7 @@ struct Knobs {
     interval: Duration,
     admission_interval: f64,
     preempt_trials: usize,
+    preemption: bool,
 }
 
 #[derive(Default)]
@@ -515,6 +516,7 @@ fn main() {
         interval: Duration::from_secs_f64(env_or("KV_BENCH_HEARTBEAT_INTERVAL", 20.0)),
         admission_interval: env_or("KV_BENCH_ADMISSION_INTERVAL", 0.25),
         preempt_trials: env_or("KV_BENCH_PREEMPT_TRIALS", 20),
+        preemption: env_or("KV_BENCH_PREEMPTION", 1) != 0,
     };
     let mut stores = vec!["sqlite"];
     if std::env::var("KV_BENCH_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
