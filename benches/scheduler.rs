@@ -29,6 +29,8 @@
 //!    `KV_BENCH_PREEMPT_TRIALS` (20) times a 1-core priority-50 session is submitted: from just
 //!    before its `POST` to its `RUNNING` event (the manager's clock), through one victim's
 //!    eviction (`PREEMPTED`, `destroy_kernel`, requeued) with no grace. Goal p50 ≤ 1 s.
+//!    `KV_BENCH_PREEMPTION=0` runs every phase with preemption off and skips this one (to
+//!    compare admissions/s with it on and off).
 //!
 //! `[scheduler] admission-interval = KV_BENCH_ADMISSION_INTERVAL` (0.25 s; rounds also start when
 //! a kernel ends or a session is queued). `[agent-pool]` is the manager's default (each agent
@@ -425,7 +427,7 @@ async fn measure(
     let p0 = metric_sum(http, "kernelvisor_manager_preemptions_total").await?;
     let mut took = Vec::new();
     // (Only with the fleet full: the queue outlasted the room.)
-    let preempt_trials = if k.queued > row.room {
+    let preempt_trials = if k.queued > row.room && k.preemption {
         k.preempt_trials
     } else {
         0
@@ -489,10 +491,11 @@ async fn run_phase(bin: &str, store: &str, k: &Knobs) -> anyhow::Result<Row> {
         0 => String::new(),
         _ => unpaced_sweep(),
     };
-    // Preemption on in every phase: admissions/s is measured with it (phase 7 uses it).
+    // Preemption on in every phase (`KV_BENCH_PREEMPTION=0`: off, and no phase 7):
+    // admissions/s is measured with it.
     let extra = format!(
-        "{pool}[scheduler]\nadmission-interval = {}\npreemption = true\n",
-        k.admission_interval
+        "{pool}[scheduler]\nadmission-interval = {}\npreemption = {}\n",
+        k.admission_interval, k.preemption
     );
     let mut mgr = ManagerProc::spawn_with(bin, dir.path(), k.interval, url.as_deref(), &extra)?;
     let http = Http::new(&mgr.api);
