@@ -397,8 +397,11 @@ mod tests {
         .collect()
     }
 
+    /// An agent of `n` cores and memory for any number of sessions.
     fn agent(id: &str, n: u64) -> AgentRow {
-        AgentRow::alive(id, cpu(n), crate::slots::builtin_types())
+        let mut total = cpu(n);
+        total.set("mem", Amount::from_units(1 << 30));
+        AgentRow::alive(id, total, crate::slots::builtin_types())
     }
 
     fn pending(priority: i64, n: u64, size: i64, mode: ClusterMode) -> QueuedSession {
@@ -570,7 +573,7 @@ mod tests {
         // A gang with a kernel not listed (not RUNNING) is no victim.
         let c = vec![g1, running("s", "a", 1, 10, 1.0)];
         assert_eq!(
-            evicted(&run(&pending(50, 1, 1, SingleNode), &agents, &c)),
+            evicted(&run(&pending(50, 1, 1, SingleNode), &agents[..1], &c)),
             ["s"]
         );
         // A multi-node preemptor of 2 kernels of 1 core over a (2) and b (1), all full of
