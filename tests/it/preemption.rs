@@ -158,9 +158,9 @@ fn a_higher_priority_session_evicts_the_minimal_set_and_the_victims_return_to_th
     for s in [&s1, &s2, &s3, &s4] {
         assert_eq!(s["status"], "RUNNING", "{s}");
     }
-    assert_eq!(s1["preemptible"], true);
-    assert_eq!(s4["preemptible"], false, "the key's default");
     let (s1, s2, s3, s4) = (id(&s1), id(&s2), id(&s3), id(&s4));
+    assert_eq!(session(&c, &s1)["preemptible"], true);
+    assert_eq!(session(&c, &s4)["preemptible"], false, "the key's default");
     // A later priority-10 arrival waits.
     let later = create(&c, &body(half, json!({"preemptible": true})));
     assert_eq!(later["status"], "PENDING", "{later}");
