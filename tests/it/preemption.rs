@@ -15,8 +15,10 @@
 //! - When room frees, the requeued victim runs again, before the later arrival, with
 //!   `KERNELVISOR_RESTART_COUNT=1` in its environment; no further eviction happens (no loop);
 //!   the store's invariants hold.
+//! - A manager killed mid-preemption (the victim `PREEMPTED`; the `fault-injection` build holds
+//!   the eviction until a file exists) and started again: its sweep completes it, once.
 //!
-//! Agent host ports: 44100–44139 (20 per agent).
+//! Agent host ports: 44100–44159 (20 per agent).
 
 use crate::common;
 
