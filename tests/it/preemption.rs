@@ -3,7 +3,7 @@
 //! image; each agent's room is its host's cores, each session asks for half of them, so the
 //! fleet holds four.
 //!
-//! - A fleet full of priority-10 sessions (three preemptible, one not): a priority-50 session
+//! - (On SQLite and on PostgreSQL.) A fleet full of priority-10 sessions (three preemptible, one not): a priority-50 session
 //!   evicts exactly one, the youngest preemptible one; it shows `PREEMPTED`, then `PENDING`
 //!   again with `restart_count` 1, AHEAD of a priority-10 session queued before the eviction
 //!   (its original queue time kept); the `preemption` event names the preemptor and the
@@ -18,7 +18,8 @@
 //! - A manager killed mid-preemption (the victim `PREEMPTED`; the `fault-injection` build holds
 //!   the eviction until a file exists) and started again: its sweep completes it, once.
 //!
-//! Agent host ports: 44100–44159 (20 per agent).
+//! Agent host ports: 44100–44199 (20 per agent): SQLite 44100–44139, the restart 44140–44159,
+//! PostgreSQL 44160–44199.
 
 use crate::common;
 
@@ -122,13 +123,22 @@ fn exec(c: &Cluster, sid: &str, code: &str) -> String {
 
 #[test]
 fn a_higher_priority_session_evicts_the_minimal_set_and_the_victims_return_to_the_queue() {
-    let mut c = Cluster::new(Db::Sqlite);
+    evicts_the_minimal_set(Db::Sqlite, 44100);
+}
+
+#[test]
+fn a_higher_priority_session_evicts_the_minimal_set_on_postgres() {
+    evicts_the_minimal_set(Db::Postgres, 44160);
+}
+
+fn evicts_the_minimal_set(db: Db, ports: u16) {
+    let mut c = Cluster::new(db);
     c.scheduler_extra =
         "preemption = true\npreemption-cooldown = 600\nadmission-interval = 0.5\nsweep-interval = 0.5\n"
             .into();
     c.start_manager();
-    let a = c.add_agent("preempt-a", 44100, "");
-    let b = c.add_agent("preempt-b", 44120, "");
+    let a = c.add_agent("preempt-a", ports, "");
+    let b = c.add_agent("preempt-b", ports + 20, "");
     let (ida, idb) = (c.agents[a].id().to_owned(), c.agents[b].id().to_owned());
     let view = c.wait_agent_status(&ida, "ALIVE", LONG);
     c.wait_agent_status(&idb, "ALIVE", LONG);
