@@ -23,6 +23,14 @@
 //!    `TERMINATED` event (its room freed) to the next `RUNNING` event (the admitted head), both
 //!    by the manager's clock (`time` of `GET /v1/events`). Goal p50 ≤ 1 s.
 //! 6. `rss_mb`: VmRSS at the end (the rest still queued).
+//! 7. `preempt_to_running_p50_ms` / `…_p99_ms` (issue 41): every session above is preemptible
+//!    (priority 10, `restart_policy` `on-failure`) and `[scheduler] preemption = true` in every
+//!    phase (so `admissions_per_s` is measured with it on); with the fleet full,
+//!    `KV_BENCH_PREEMPT_TRIALS` (20) times a 1-core priority-50 session is submitted: from just
+//!    before its `POST` to its `RUNNING` event (the manager's clock), through one victim's
+//!    eviction (`PREEMPTED`, `destroy_kernel`, requeued) with no grace. Goal p50 ≤ 1 s.
+//!    `KV_BENCH_PREEMPTION=0` runs every phase with preemption off and skips this one (to
+//!    compare admissions/s with it on and off).
 //!
 //! `[scheduler] admission-interval = KV_BENCH_ADMISSION_INTERVAL` (0.25 s; rounds also start when
 //! a kernel ends or a session is queued). `[agent-pool]` is the manager's default (each agent
@@ -57,6 +65,8 @@ struct Knobs {
     window: Duration,
     interval: Duration,
     admission_interval: f64,
+    preempt_trials: usize,
+    preemption: bool,
 }
 
 #[derive(Default)]
@@ -88,6 +98,11 @@ struct Row {
     rss_mb: f64,
     queue_left: f64,
     total_s: f64,
+    preempt_p50: f64,
+    preempt_p99: f64,
+    preempt_trials: usize,
+    preempt_failed: usize,
+    preemptions: f64,
 }
 
 /// `count` `POST /v1/sessions` of one core from `clients` concurrent clients: the answers in
@@ -105,7 +120,8 @@ async fn create_many(
     let mut results = futures::stream::iter(0..count)
         .map(|_| {
             let h = http.clone();
-            blocking(move || h.create_session(SESSION_CPU))
+            // Preemptible and requeued when preempted (phase 7's victims).
+            blocking(move || h.create_session_with(SESSION_CPU, low_priority()))
         })
         .buffer_unordered(clients);
     let mut done = 0;
@@ -123,6 +139,55 @@ async fn create_many(
         }
     }
     (out, errors, t.elapsed().as_secs_f64())
+}
+
+/// The fill's and the queue's sessions: priority 10 (the default), preemptible, requeued when
+/// preempted (`restart_policy` `on-failure`).
+fn low_priority() -> serde_json::Value {
+    serde_json::json!({"preemptible": true, "restart_policy": {"mode": "on-failure", "max_restarts": 100}})
+}
+
+/// Seconds since the Unix epoch (the manager's events' clock, on this machine).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// Submits a 1-core priority-50 session to a fleet full of priority-10 preemptible ones and
+/// measures, by this machine's clock against the manager's event time, from just before the
+/// `POST` to its `RUNNING` event (through a victim's eviction, with no grace): milliseconds,
+/// or `None` past `limit`.
+async fn preempt_to_running(
+    http: &Http,
+    events: &mut mpsc::Receiver<StatusEvent>,
+    limit: Duration,
+) -> anyhow::Result<Option<f64>> {
+    while events.try_recv().is_ok() {}
+    let h = http.clone();
+    let submitted = unix_now();
+    let created =
+        blocking(move || h.create_session_with(SESSION_CPU, serde_json::json!({"priority": 50})))
+            .await
+            .map_err(|e| anyhow!("POST /v1/sessions (priority 50): {e}"))?;
+    if created.status == "RUNNING" {
+        bail!("the priority-50 session found room without an eviction: the fleet is not full");
+    }
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match events.try_recv() {
+            Ok((time, session, status)) if session == created.id && status == "RUNNING" => {
+                return Ok(Some((time - submitted) * 1e3));
+            }
+            Ok(_) => {}
+            Err(mpsc::TryRecvError::Empty) => {
+                actix_rt::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(mpsc::TryRecvError::Disconnected) => bail!("the event stream ended"),
+        }
+    }
+    Ok(None)
 }
 
 /// A session status change off `GET /v1/events`: (manager's time, session id, status).
@@ -357,6 +422,31 @@ async fn measure(
     row.free_trials = free.len();
     (row.free_p50, row.free_p99) = (percentile(&free, 0.5), percentile(&free, 0.99));
 
+    // 7. Preemption: a priority-50 session into the full fleet of preemptible priority-10
+    // ones, each evicting one (no grace yet), `KV_BENCH_PREEMPT_TRIALS` times.
+    let p0 = metric_sum(http, "kernelvisor_manager_preemptions_total").await?;
+    let mut took = Vec::new();
+    // (Only with the fleet full: the queue outlasted the room.)
+    let preempt_trials = if k.queued > row.room && k.preemption {
+        k.preempt_trials
+    } else {
+        0
+    };
+    for _ in 0..preempt_trials {
+        match preempt_to_running(http, &mut events, Duration::from_secs(30)).await? {
+            Some(ms) => took.push(ms),
+            None => row.preempt_failed += 1,
+        }
+    }
+    took.sort_by(f64::total_cmp);
+    row.preempt_trials = took.len();
+    (row.preempt_p50, row.preempt_p99) = (percentile(&took, 0.5), percentile(&took, 0.99));
+    row.preemptions = metric_sum(http, "kernelvisor_manager_preemptions_total").await? - p0;
+    eprintln!(
+        "[{store}] preemption: submit → RUNNING p50 {:.1} ms, p99 {:.1} ms over {} trials ({} timed out), {} victims",
+        row.preempt_p50, row.preempt_p99, row.preempt_trials, row.preempt_failed, row.preemptions
+    );
+
     // 6. What the manager holds.
     row.rss_mb = mgr.rss_mb()?;
     row.queue_left = metric_sum(http, "kernelvisor_manager_queue_depth").await?;
@@ -401,9 +491,11 @@ async fn run_phase(bin: &str, store: &str, k: &Knobs) -> anyhow::Result<Row> {
         0 => String::new(),
         _ => unpaced_sweep(),
     };
+    // Preemption on in every phase (`KV_BENCH_PREEMPTION=0`: off, and no phase 7):
+    // admissions/s is measured with it.
     let extra = format!(
-        "{pool}[scheduler]\nadmission-interval = {}\n",
-        k.admission_interval
+        "{pool}[scheduler]\nadmission-interval = {}\npreemption = {}\n",
+        k.admission_interval, k.preemption
     );
     let mut mgr = ManagerProc::spawn_with(bin, dir.path(), k.interval, url.as_deref(), &extra)?;
     let http = Http::new(&mgr.api);
@@ -426,6 +518,8 @@ fn main() {
         window: Duration::from_secs_f64(env_or("KV_BENCH_WINDOW", 5.0)),
         interval: Duration::from_secs_f64(env_or("KV_BENCH_HEARTBEAT_INTERVAL", 20.0)),
         admission_interval: env_or("KV_BENCH_ADMISSION_INTERVAL", 0.25),
+        preempt_trials: env_or("KV_BENCH_PREEMPT_TRIALS", 20),
+        preemption: env_or("KV_BENCH_PREEMPTION", 1) != 0,
     };
     let mut stores = vec!["sqlite"];
     if std::env::var("KV_BENCH_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
@@ -506,13 +600,19 @@ fn main() {
             r.total_s
         );
     }
+    for r in &rows {
+        println!(
+            "{}: preemption (issue 41): a priority-50 session into the full fleet, submit → RUNNING through one eviction p50 {:.1} ms, p99 {:.1} ms over {} trials ({} timed out); {} sessions evicted",
+            r.store, r.preempt_p50, r.preempt_p99, r.preempt_trials, r.preempt_failed, r.preemptions
+        );
+    }
     println!("goals (issue 27): admissions ≥ 1,000/s (the % is of that); free→RUNNING p50 ≤ 1,000 ms; create p99 under the flood ≤ 100 ms. admissions/s and created/s: from the heartbeat burst that made the room to the last admitted / created. free→RUN: a running session's TERMINATED event to the next RUNNING one, by the manager's clock (ms). RSS q: the manager's VmRSS with the whole queue, MiB; RSS end: at the end");
     let json: Vec<String> = rows
         .iter()
         .map(|r| {
             format!(
-                "{{\"store\": \"{}\", \"agents\": {}, \"queued\": {}, \"fill_per_s\": {:.0}, \"enqueue_per_s\": {:.0}, \"enqueue_p99_ms\": {:.1}, \"admissions_per_s\": {:.0}, \"created_per_s\": {:.0}, \"free_to_running_p50_ms\": {:.1}, \"free_to_running_p99_ms\": {:.1}, \"create_p50_ms\": {:.1}, \"create_p99_ms\": {:.1}, \"create_flood_p50_ms\": {:.1}, \"create_flood_p99_ms\": {:.1}, \"rss_queued_mb\": {:.1}, \"rss_mb\": {:.1}}}",
-                r.store, r.agents, r.queued, r.fill_per_s, r.enqueue_per_s, r.enqueue_p99, r.admissions_per_s, r.created_per_s, r.free_p50, r.free_p99, r.create_p50, r.create_p99, r.flood_p50, r.flood_p99, r.rss_queued_mb, r.rss_mb
+                "{{\"store\": \"{}\", \"agents\": {}, \"queued\": {}, \"fill_per_s\": {:.0}, \"enqueue_per_s\": {:.0}, \"enqueue_p99_ms\": {:.1}, \"admissions_per_s\": {:.0}, \"created_per_s\": {:.0}, \"free_to_running_p50_ms\": {:.1}, \"free_to_running_p99_ms\": {:.1}, \"create_p50_ms\": {:.1}, \"create_p99_ms\": {:.1}, \"create_flood_p50_ms\": {:.1}, \"create_flood_p99_ms\": {:.1}, \"rss_queued_mb\": {:.1}, \"rss_mb\": {:.1}, \"preempt_to_running_p50_ms\": {:.1}, \"preempt_to_running_p99_ms\": {:.1}}}",
+                r.store, r.agents, r.queued, r.fill_per_s, r.enqueue_per_s, r.enqueue_p99, r.admissions_per_s, r.created_per_s, r.free_p50, r.free_p99, r.create_p50, r.create_p99, r.flood_p50, r.flood_p99, r.rss_queued_mb, r.rss_mb, r.preempt_p50, r.preempt_p99
             )
         })
         .collect();

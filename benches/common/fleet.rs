@@ -307,7 +307,22 @@ impl Http {
     /// `POST /v1/sessions` of `cpu` cores and 64 MiB: the session, its status and the
     /// request's wall time.
     pub fn create_session(&self, cpu: f64) -> Result<Created, String> {
-        let body = serde_json::json!({"image": "bench/any:latest", "resource_slots": {"cpu": cpu, "mem": "64m"}});
+        self.create_session_with(cpu, serde_json::json!({}))
+    }
+
+    /// As [`Http::create_session`], with `extra`'s fields in the body (`priority`,
+    /// `preemptible`, `restart_policy`, …).
+    pub fn create_session_with(
+        &self,
+        cpu: f64,
+        extra: serde_json::Value,
+    ) -> Result<Created, String> {
+        let mut body = serde_json::json!({"image": "bench/any:latest", "resource_slots": {"cpu": cpu, "mem": "64m"}});
+        if let serde_json::Value::Object(m) = extra {
+            for (k, v) in m {
+                body[k] = v;
+            }
+        }
         let t = Instant::now();
         let text = Self::text(self.request("POST", "/v1/sessions").send_json(body))?;
         let ms = t.elapsed().as_secs_f64() * 1e3;

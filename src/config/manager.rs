@@ -287,6 +287,13 @@ pub struct SchedulerSection {
     /// The longest `grace_period` a request may ask for (default 3600); above it, 400
     /// `grace-period-too-long`.
     pub max_grace_period: Seconds,
+    // Preemption (issue 41 item 2).
+    /// Whether a pending session that fits no agent evicts `preemptible` `RUNNING` sessions
+    /// of a strictly lower priority to fit (false).
+    pub preemption: bool,
+    /// Seconds after a session's preemption during which it is not evicted again (60): a
+    /// stream of higher-priority arrivals does not requeue the same session over and over.
+    pub preemption_cooldown: Seconds,
 }
 
 impl Default for SchedulerSection {
@@ -312,6 +319,8 @@ impl Default for SchedulerSection {
             cluster_placement: Default::default(),
             grace_period: Seconds(Duration::from_secs(10)),
             max_grace_period: Seconds(Duration::from_secs(3600)),
+            preemption: false,
+            preemption_cooldown: Seconds(Duration::from_secs(60)),
         }
     }
 }

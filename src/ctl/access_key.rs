@@ -74,6 +74,15 @@ pub enum AccessKeyCommand {
         #[arg(long, value_name = "SLOT=PERCENT", value_parser = slot_percent)]
         min_utilization: Vec<(String, u32)>,
     },
+    /// Set whether an access key's new sessions are preemptible when they do not say
+    /// (`preemptible` default; PATCH /v1/access-keys/{key}).
+    SetPreemptible {
+        /// The access key.
+        key: String,
+        /// `true` or `false`.
+        #[arg(value_name = "BOOL", action = clap::ArgAction::Set)]
+        preemptible: bool,
+    },
     /// Delete an access key (DELETE /v1/access-keys/{key}).
     Delete {
         /// The access key.
@@ -124,6 +133,10 @@ impl AccessKeyCommand {
                 }),
                 ..ChangeBody::default()
             }),
+            AccessKeyCommand::SetPreemptible { preemptible, .. } => Some(ChangeBody {
+                preemptible: Some(*preemptible),
+                ..ChangeBody::default()
+            }),
             _ => None,
         }
     }
@@ -158,7 +171,8 @@ pub(super) fn run(
         AccessKeyCommand::Enable { key }
         | AccessKeyCommand::Disable { key }
         | AccessKeyCommand::SetLimit { key, .. }
-        | AccessKeyCommand::SetReclaim { key, .. } => {
+        | AccessKeyCommand::SetReclaim { key, .. }
+        | AccessKeyCommand::SetPreemptible { key, .. } => {
             let change = command.change().unwrap_or_default();
             show_to(
                 out,
@@ -259,6 +273,9 @@ fn key_fields(k: &AccessKey) -> Vec<(&'static str, String)> {
     }
     if let Some(created) = k.created_at {
         pairs.push(("Created", utc(created)));
+    }
+    if let Some(p) = k.preemptible {
+        pairs.push(("Preemptible", if p { "yes" } else { "no" }.to_owned()));
     }
     pairs
 }

@@ -208,6 +208,16 @@ pub(in crate::ctl) fn line(e: &Event) -> String {
                 e.deadline.map_or_else(|| "-".into(), format::timestamp)
             ),
         ),
+        // A preemption names its victims (session ids).
+        (Some(EventType::Preemption), _) => (
+            "-".to_owned(),
+            format!(
+                "evicts {}",
+                e.victims
+                    .as_deref()
+                    .map_or_else(|| "-".into(), |v| v.join(", "))
+            ),
+        ),
         _ => (
             e.status.clone().unwrap_or_else(|| "-".into()),
             e.reason.clone().unwrap_or_else(|| "-".into()),

@@ -92,6 +92,13 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_reclaims_total{reason}`: sessions the reclaim duty ended
     /// (`idle-timeout`, `lifetime-exceeded`, `low-utilization`).
     pub reclaims: IntCounterVec,
+    // Preemption (issue 41 item 2).
+    /// `kernelvisor_manager_preemptions_total{reason}`: sessions evicted by preemption, by why
+    /// (`priority`: a pending session of a strictly higher priority needed their room).
+    pub preemptions: IntCounterVec,
+    /// `kernelvisor_manager_admission_rounds_total`: admission rounds that planned over a
+    /// non-empty queue (a test tells from it that rounds looked at a session).
+    pub admission_rounds: IntCounter,
 }
 
 impl Default for ManagerMetrics {
@@ -216,6 +223,15 @@ impl ManagerMetrics {
                 }
                 c
             },
+            preemptions: counter_vec(
+                "preemptions",
+                "Sessions evicted by preemption, by why",
+                &["reason"],
+            ),
+            admission_rounds: counter(
+                "admission_rounds",
+                "Admission rounds that planned over a non-empty queue",
+            ),
             leader,
             event_subscribers,
             events_published: counter(

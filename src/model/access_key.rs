@@ -53,6 +53,10 @@ pub struct ChangeBody {
     /// (then `[reclaim]`'s apply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim: Option<crate::model::reclaim::ReclaimPolicy>,
+    /// The default of `preemptible` for the key's new sessions (preemption: a session that
+    /// does not say is preemptible when its key's default is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 /// An access key (never its secret).
@@ -91,6 +95,10 @@ pub struct AccessKey {
     /// policy (`{}`: none, `[reclaim]`'s apply).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reclaim: Option<crate::model::reclaim::ReclaimPolicy>,
+    /// The default of `preemptible` for the key's sessions (missing from a manager before
+    /// preemption).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 /// `POST /v1/access-keys`'s answer: the key and, this once, its secret.
@@ -139,6 +147,7 @@ impl NewAccessKey {
             concurrency_limit: self.concurrency_limit,
             created_at: self.created_at,
             reclaim: None,
+            preemptible: None,
         }
     }
 }

@@ -30,15 +30,21 @@ pub enum EventType {
     /// rather than queue more (`reason` says how far). Reconnect with `Last-Event-ID` to resume
     /// from what the manager still keeps.
     Dropped,
+    /// Preemption (issue 41 item 2): a pending session (`session_id`, `kernel_id`,
+    /// `access_key`: the preemptor) evicts `victims` (session ids) to fit; `reason`
+    /// `preempted`. Each victim's own `session_status` events follow (`PREEMPTED`, then
+    /// `TERMINATED` and, requeued, `PENDING`).
+    Preemption,
 }
 
 impl EventType {
     /// Every type, in the order the docs list them.
-    pub const ALL: [EventType; 5] = [
+    pub const ALL: [EventType; 6] = [
         EventType::SessionStatus,
         EventType::PullProgress,
         EventType::AgentStatus,
         EventType::ReclaimWarning,
+        EventType::Preemption,
         EventType::Dropped,
     ];
 
@@ -50,6 +56,7 @@ impl EventType {
             EventType::AgentStatus => "agent_status",
             EventType::ReclaimWarning => "reclaim_warning",
             EventType::Dropped => "dropped",
+            EventType::Preemption => "preemption",
         }
     }
 
@@ -115,6 +122,10 @@ pub struct Event {
     /// `reclaim_warning`: when the session ends, Unix seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline: Option<f64>,
+    // Preemption (issue 41 item 2).
+    /// A `preemption`'s victims: the session ids it evicts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub victims: Option<Vec<String>>,
 }
 
 /// A type name as [`EventType`], or `None` for one this reader does not know.

@@ -105,6 +105,10 @@ pub enum KernelStatus {
     Restarting,
     /// Being destroyed.
     Terminating,
+    /// Evicted by a higher-priority session (preemption, issue 41): being ended on its agent,
+    /// then requeued as a new row of the same session (or ended `TERMINATED` `preempted` when
+    /// its restart policy says no). Ranks with `TERMINATING`.
+    Preempted,
     /// Ended (final).
     Terminated,
     /// Deleted while `PENDING`: never placed, no agent touched (final; Backend.AI's
@@ -114,7 +118,7 @@ pub enum KernelStatus {
 
 impl KernelStatus {
     /// Every status, in lifecycle order.
-    pub const ALL: [KernelStatus; 10] = [
+    pub const ALL: [KernelStatus; 11] = [
         KernelStatus::Pending,
         KernelStatus::Scheduled,
         KernelStatus::Preparing,
@@ -125,6 +129,7 @@ impl KernelStatus {
         KernelStatus::Terminating,
         KernelStatus::Terminated,
         KernelStatus::Cancelled,
+        KernelStatus::Preempted,
     ];
 
     /// The stored name: `PENDING`, …, `TERMINATED`.
@@ -138,6 +143,7 @@ impl KernelStatus {
             KernelStatus::Running => "RUNNING",
             KernelStatus::Restarting => "RESTARTING",
             KernelStatus::Terminating => "TERMINATING",
+            KernelStatus::Preempted => "PREEMPTED",
             KernelStatus::Terminated => "TERMINATED",
             KernelStatus::Cancelled => "CANCELLED",
         }
@@ -158,7 +164,7 @@ impl KernelStatus {
             KernelStatus::Pulling => 3,
             KernelStatus::Creating => 4,
             KernelStatus::Running | KernelStatus::Restarting => 5,
-            KernelStatus::Terminating => 6,
+            KernelStatus::Terminating | KernelStatus::Preempted => 6,
             KernelStatus::Terminated | KernelStatus::Cancelled => 7,
         }
     }
@@ -331,6 +337,11 @@ pub struct SessionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0)]
     pub grace_period: Option<f64>,
+    // Preemption (issue 41 item 2).
+    /// Whether a pending session of a strictly higher priority may evict it when `[scheduler]
+    /// preemption` is on (default: its access key's default, `false` unless an admin set it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 impl SessionRequest {
@@ -545,6 +556,10 @@ pub struct NewSession {
         serialize_with = "whole_seconds"
     )]
     pub grace_period: Option<f64>,
+    // Preemption (issue 41 item 2).
+    /// Whether a higher-priority session may evict it (omitted: its key's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 /// A [`RestartPolicy`] as a client writes it: the mode, and each limit only when given (the
@@ -776,6 +791,12 @@ pub struct Session {
     /// without a floor, while a reading is at or above it, or once it ended.
     #[schema(required = true)]
     pub utilization_deadline: Option<f64>,
+    // Preemption (issue 41 item 2).
+    /// Whether a pending session of a strictly higher priority may evict it (`[scheduler]
+    /// preemption`); an evicted one shows `PREEMPTED`, then `PENDING` again with
+    /// `restart_count` one more.
+    #[schema(required = true)]
+    pub preemptible: bool,
 }
 
 /// How a kernel runs code.

@@ -54,6 +54,7 @@ mod kernels;
 mod manager_intake;
 mod manager_scenarios;
 mod module_cycles;
+mod preemption;
 mod queue;
 mod readme_tour;
 mod reclaim;

@@ -139,6 +139,7 @@ async fn events_apply_once_compact_and_reject_malformed() {
             request: None,
             stop_signal: None,
             grace_period: None,
+            preemptible: false,
         };
         store.reserve_kernel(&new, &roomy()).await.unwrap();
     }
@@ -479,6 +480,7 @@ async fn curve_key_binds_the_agent_id() {
         request: None,
         stop_signal: None,
         grace_period: None,
+        preemptible: false,
     };
     store.reserve_kernel(&kb, &roomy()).await.unwrap();
     store

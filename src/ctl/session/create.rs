@@ -93,6 +93,11 @@ pub struct CreateArgs {
     /// Print only the new session's id (for `sid=$(kernelvisor ctl session create … -q)`).
     #[arg(long, short)]
     pub quiet: bool,
+    // Preemption (issue 41 item 2).
+    /// Whether a pending session of a higher priority may evict it (`true`/`false`)
+    /// [default: the access key's default].
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub preemptible: Option<bool>,
 }
 
 impl CreateArgs {
@@ -127,6 +132,7 @@ impl CreateArgs {
             cluster_mode: self.cluster_mode,
             stop_signal: self.stop_signal.clone(),
             grace_period: self.grace_period,
+            preemptible: self.preemptible,
         }
     }
 }

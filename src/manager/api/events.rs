@@ -53,7 +53,7 @@ pub(super) struct EventsQuery {
     params(
         ("session_id" = Option<String>, Query, description = "Only this session's events: its session or kernel id, or a unique prefix (at least 4 hex digits) of the id of one of the caller's sessions"),
         ("agent_id" = Option<String>, Query, description = "Only events about this agent's sessions, or its liveness"),
-        ("type" = Option<String>, Query, description = "Only these types, comma-separated: `session_status`, `pull_progress`, `agent_status` (admin keys only), `reclaim_warning`; `dropped` ends any stream whose reader falls behind"),
+        ("type" = Option<String>, Query, description = "Only these types, comma-separated: `session_status`, `pull_progress`, `agent_status` (admin keys only), `reclaim_warning`, `preemption`; `dropped` ends any stream whose reader falls behind"),
         ("follow" = Option<bool>, Query, description = "Keep the stream open and send new events as they happen (default: answer the recent ones and end)"),
         ("history" = Option<bool>, Query, description = "Send the recent events the manager keeps first (default true; `false` with `follow`: only what happens from now)"),
     ),
@@ -148,7 +148,7 @@ fn filter(caller: &Caller, q: &EventsQuery) -> Result<Filter, ManagerError> {
         let t = EventType::parse(word).ok_or_else(|| {
             ManagerError::InvalidRequest(format!(
                 "type `{word}` is not an event type: expected session_status, \
-                     pull_progress, agent_status or reclaim_warning (comma-separated for several)"
+                     pull_progress, agent_status, reclaim_warning or preemption (comma-separated for several)"
             ))
         })?;
         if t == EventType::AgentStatus && !caller.admin {

@@ -24,6 +24,7 @@ pub fn shown(k: &AccessKeyRow) -> AccessKey {
         concurrency_limit: Some(k.concurrency_limit),
         created_at: Some(Some(k.created_at)),
         reclaim: None,
+        preemptible: Some(k.preemptible),
     }
 }
 
@@ -190,6 +191,7 @@ pub(super) async fn change(
         concurrency_limit: b.concurrency_limit.map(i64::from),
         enabled: b.enabled,
         name: b.name,
+        preemptible: b.preemptible,
     };
     let k = s
         .store

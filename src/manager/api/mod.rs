@@ -183,9 +183,14 @@ fn kernel_session(k: &KernelRow) -> Session {
         kernels: Vec::new(),
         stop_signal: k.stop_signal.clone(),
         grace_period: k.grace_period,
-        terminate_deadline: k
-            .terminate_deadline
-            .filter(|_| k.status == KernelStatus::Terminating),
+        terminate_deadline: k.terminate_deadline.filter(|_| {
+            matches!(
+                k.status,
+                KernelStatus::Terminating | KernelStatus::Preempted
+            )
+        }),
+        // Preemption (issue 41 item 2).
+        preemptible: k.preemptible,
         ..reclaim_view(k)
     }
 }
@@ -548,6 +553,9 @@ mod tests {
             grace_period: Some(10.0),
             terminate_deadline: None,
             reclaim: Default::default(),
+            preemptible: false,
+            superseded_by: None,
+            preempted_at: None,
         }
     }
 
@@ -637,6 +645,7 @@ mod tests {
             request: None,
             stop_signal: None,
             grace_period: None,
+            preemptible: false,
         };
         let gang: Vec<NewKernel> = cluster_slots(3)
             .into_iter()
@@ -788,7 +797,7 @@ mod tests {
             "restart_count": 0, "created_at": 1.5, "terminated_at": null,
             "pull_progress": null, "priority": 10, "pending_reason": null,
             "queue_position": null, "queued_at": null, "admitted_at": null,
-            "cluster_size": 1, "cluster_mode": "single-node",
+            "cluster_size": 1, "cluster_mode": "single-node", "preemptible": false,
             "kernels": [{
                 "kernel_id": "k1", "cluster_role": "main", "cluster_idx": 1,
                 "cluster_hostname": "main1", "agent_id": "a1", "status": "RUNNING",

@@ -267,7 +267,8 @@ async fn live_view(s: &ApiState, k: &KernelRow) -> LiveView {
         | KernelStatus::Creating
         | KernelStatus::Running
         | KernelStatus::Restarting
-        | KernelStatus::Terminating => {}
+        | KernelStatus::Terminating
+        | KernelStatus::Preempted => {}
     }
     let args = KernelIdArgs {
         kernel_id: k.id.clone(),

@@ -16,6 +16,7 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::cluster::{end_gang, gang_kernels, GangPlaced};
+use super::evict::{preempt_for, Unplaced};
 use super::launch::{new_kernel, resolve_mounts, ClusterPlace, Launcher, Placed};
 use super::queue::{plan, Fleet};
 use super::{AdmitNow, Queued, Scheduler};
@@ -124,6 +125,7 @@ impl Scheduler {
             self.spec.admission_window,
         );
         let cluster_placement = self.spec.cluster_placement;
+        let preemption = self.spec.preemption;
         async move {
             let started = Instant::now();
             let mut out = RoundOutcome::default();
@@ -134,6 +136,7 @@ impl Scheduler {
             if !store.any_queued().await? {
                 return Ok(out);
             }
+            metrics.admission_rounds.inc();
             let window = store.pending_window(window_size).await?;
             let candidates = registry.send(PlacementCandidates).await?;
             let images = registry.send(AgentImages).await?;
@@ -144,7 +147,9 @@ impl Scheduler {
                 keys: store.key_shares().await?,
                 cluster_placement,
             };
-            let p = plan(window, fleet, policy, skips);
+            let mut p = plan(window, fleet, policy, skips);
+            let unplaced = std::mem::take(&mut p.unplaced);
+            let usage_after = std::mem::take(&mut p.usage);
             let mut reasons = p.reasons;
             // Direct creates on this replica wait while a round admits (they would race it for
             // the same room). Only then: reading the queue and the fleet and planning hold
@@ -246,6 +251,19 @@ impl Scheduler {
                 });
             }
             store.set_pending_reasons(&reasons).await?;
+            drop(_guard);
+            if preemption.enabled && !unplaced.is_empty() {
+                let u = Unplaced {
+                    sessions: &unplaced,
+                    usage: usage_after,
+                    candidates: &candidates,
+                    images: &images,
+                    placement: cluster_placement,
+                };
+                if let Err(e) = preempt_for(&launcher, u, preemption).await {
+                    tracing::warn!(error = %e, "preemption failed this round; the next one looks again");
+                }
+            }
             if out.admitted > 0 {
                 metrics.set_queue_depth(&store.queue_depth_cached().await?);
                 tracing::debug!(

@@ -76,6 +76,7 @@ impl Handler<CreateSession> for Scheduler {
         );
         let me = ctx.address();
         let placement = self.spec.cluster_placement;
+        let preemption = self.spec.preemption.enabled;
         Box::pin(async move {
             if req.image.trim().is_empty() {
                 return Err(ManagerError::InvalidRequest(
@@ -99,6 +100,15 @@ impl Handler<CreateSession> for Scheduler {
             // Idle reclaim: what it asks for, then its key's defaults, then `[reclaim]`'s.
             let reclaim =
                 super::reclaim::policy_of(&store, &owner, &req, &launcher.spec.reclaim).await?;
+            // Preemption: a session that does not say takes its key's default, fixed in its
+            // request (and so kept when it is requeued). Read only when preemption is on.
+            if preemption && req.preemptible.is_none() {
+                let default = store
+                    .access_key(&owner)
+                    .await?
+                    .is_some_and(|k| k.preemptible);
+                req.preemptible = Some(default);
+            }
             let enqueue = req.enqueue.unwrap_or(true);
             let mounts = resolve_mounts(&store, &owner, &req.mounts).await?;
             let kernel_id = uuid::Uuid::new_v4().to_string();

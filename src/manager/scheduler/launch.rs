@@ -281,6 +281,7 @@ pub(super) fn new_kernel(
         request: Some(
             serde_json::to_string(req).map_err(|e| ManagerError::Internal(e.to_string()))?,
         ),
+        preemptible: req.preemptible.unwrap_or(false),
     })
 }
 
@@ -342,15 +343,12 @@ pub(super) async fn destroy_on_agent(
     }
 }
 
-/// The grace left to kernel `k` now: what remains of its `TERMINATING` deadline (none once
-/// past it), else its own grace (`default`: `[scheduler] grace-period`, for a row stored
+/// The grace left to kernel `k` now: what remains of its `TERMINATING` (or `PREEMPTED`)
+/// deadline (none once past it), else its own grace (`default`: `[scheduler] grace-period`, for a row stored
 /// without one). A re-driven end (the sweep, a manager that took over) never extends a grace.
 pub(super) fn grace_left(k: &KernelRow, default: Duration) -> Grace {
     let own = k.grace(default);
-    match k
-        .terminate_deadline
-        .filter(|_| k.status == crate::model::session::KernelStatus::Terminating)
-    {
+    match k.terminate_deadline.filter(|_| k.status.is_ending()) {
         Some(deadline) => Grace {
             period: Duration::try_from_secs_f64(deadline - crate::manager::store::now())
                 .unwrap_or(Duration::ZERO)

@@ -21,9 +21,11 @@ mod cluster;
 mod create;
 mod destroy;
 mod drain;
+mod evict;
 mod exec;
 mod launch;
 mod place;
+mod preempt;
 mod pull;
 mod queue;
 mod reclaim;
@@ -90,6 +92,18 @@ pub struct SchedulerSpec {
     // Idle reclaim.
     /// `[reclaim]`: the reclaim duty's period and warning lead, the default policy.
     pub reclaim: crate::config::ReclaimSection,
+    /// Preemption (`[scheduler] preemption`, `preemption-cooldown`).
+    pub preemption: PreemptionSpec,
+}
+
+/// Preemption's settings (`[scheduler] preemption`, `preemption-cooldown`; issue 41).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PreemptionSpec {
+    /// Whether admission rounds evict preemptible lower-priority sessions for a pending one
+    /// that fits no agent.
+    pub enabled: bool,
+    /// How long after its preemption a session is not a victim again.
+    pub cooldown: Duration,
 }
 
 /// How long a kernel may stay in each transient state (`[scheduler] *-timeout`).

@@ -29,6 +29,11 @@ pub struct Plan {
     pub admit: Vec<(QueuedSession, Vec<String>)>,
     /// `(kernel id, reason, head_skips)` for the sessions that wait, where either changed.
     pub reasons: Vec<(String, PendingReason, i64)>,
+    /// The sessions whose placement was tried and failed, in the round's order (preemption's
+    /// candidates, `preempt.rs`).
+    pub unplaced: Vec<QueuedSession>,
+    /// Each agent's usage with this round's admissions placed (what preemption starts from).
+    pub usage: HashMap<String, Usage>,
 }
 
 /// The fleet as a round sees it.
@@ -154,6 +159,7 @@ pub fn plan(
                     plan.admit.push((q, agents));
                 }
                 Err(e) => {
+                    plan.unplaced.push(q.clone());
                     let reason = e.pending_reason();
                     if (q.head_skips as u64) < u64::from(head_skip_rounds) {
                         held_by = Some((q.session_id.clone(), priority));
@@ -165,6 +171,7 @@ pub fn plan(
             }
         }
     }
+    plan.usage = fleet.usage;
     plan
 }
 

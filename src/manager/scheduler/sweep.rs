@@ -230,6 +230,10 @@ impl Sweep {
         // Cluster sessions: one kernel ended ends the rest; the last one's end frees the
         // network.
         super::cluster::settle(&self.launcher, SWEEP_BATCH).await?;
+        // Preemptions a stopped or failed-over manager left half done (`evict.rs`): past
+        // `destroy-timeout`, an eviction's own calls have ended one way or the other.
+        let older_than = self.launcher.spec.destroy_timeout.as_secs_f64();
+        super::evict::complete_stale(&self.launcher, older_than).await?;
         Ok(done)
     }
 
@@ -311,7 +315,9 @@ impl Sweep {
             | KernelStatus::Running
             | KernelStatus::Restarting
             | KernelStatus::Terminated
-            | KernelStatus::Cancelled => self.settle(k).await,
+            | KernelStatus::Cancelled
+            // Never stuck by its state's deadline: `evict::complete_stale` completes it.
+            | KernelStatus::Preempted => self.settle(k).await,
         };
         let r = match r {
             Ok(r) => r,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use sqlx::{Any, Row, Transaction};
 
 use super::columns::{
-    json_text, legacy_columns, slots_column, JsonText, NullableJsonText, SlotColumns,
+    json_text, legacy_columns, slots_column, IntFlag, JsonText, NullableJsonText, SlotColumns,
 };
 use super::usage::{Placed, Usage};
 use super::{now, Store, StoreError};
@@ -113,6 +113,15 @@ pub struct KernelRow {
     /// Its reclaim policy and what its agent reported (`reclaim.rs`).
     #[sqlx(flatten)]
     pub reclaim: super::columns::ReclaimColumns,
+    // Preemption (issue 41 item 2).
+    /// Whether a higher-priority session may evict it.
+    #[sqlx(try_from = "IntFlag")]
+    pub preemptible: bool,
+    /// The kernel id of the row that requeued this one after a preemption; `None` for the
+    /// session's current row (a superseded row is history: lists and look-ups skip it).
+    pub superseded_by: Option<String>,
+    /// Unix seconds of the session's last preemption (carried to its requeued row).
+    pub preempted_at: Option<f64>,
 }
 
 impl KernelRow {
@@ -143,7 +152,8 @@ impl KernelRow {
             | KernelStatus::Creating
             | KernelStatus::Running
             | KernelStatus::Restarting
-            | KernelStatus::Terminating => true,
+            | KernelStatus::Terminating
+            | KernelStatus::Preempted => true,
         }
     }
 
@@ -202,6 +212,9 @@ pub struct NewKernel {
     pub stop_signal: Option<String>,
     /// Its grace period in seconds (`None`: `[scheduler] grace-period` when it ends).
     pub grace_period: Option<f64>,
+    // Preemption (issue 41 item 2).
+    /// Whether a higher-priority session may evict it.
+    pub preemptible: bool,
 }
 
 /// Why a reservation was refused.
@@ -225,7 +238,7 @@ pub enum ReserveError {
     Store(#[from] StoreError),
 }
 
-pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports, stop_signal, grace_period, terminate_deadline, max_lifetime, idle_timeout, utilization_window, min_utilization, last_activity, activity_at, low_since, reclaim_warned";
+pub(super) const COLUMNS: &str = "id, session_id, agent_id, access_key, image, status, status_reason, exit_code, cpu_millis, mem_bytes, cuda_devices, created_at, terminated_at, session_type, command, batch_timeout, result, mounts, restart_policy, restart_count, resource_slots, pull_progress, priority, queued_at, admitted_at, pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, network, service_ports, stop_signal, grace_period, terminate_deadline, max_lifetime, idle_timeout, utilization_window, min_utilization, last_activity, activity_at, low_since, reclaim_warned, preemptible, superseded_by, preempted_at";
 
 /// The live set in SQL: every status but the two final ones.
 pub(super) const LIVE: &str = "status NOT IN ('TERMINATED', 'CANCELLED')";
@@ -322,9 +335,15 @@ pub(super) async fn terminate_in(
     // A batch session that ends without a session_success / session_failure of its agent (destroyed
     // by its user, its agent lost) failed.
     // A `PENDING` row is never placed and holds no concurrency: only `cancel_pending` ends it.
+    // A `PREEMPTED` row ended any way but by its user (by its eviction, its agent's
+    // `kernel_terminated` for it, its agent lost, a drain) ends `preempted` and keeps its
+    // request until its session is requeued from it (`Store::finish_preempted` clears it): its
+    // eviction was decided, its end is the preemption's. Its user's destroy ends it for good.
     let owner: Option<(String, String, String, String)> = sqlx::query_as(&format!(
-        "UPDATE kernels SET status = 'TERMINATED', status_reason = $2, exit_code = $3, terminated_at = $4, \
-         status_changed_at = $4, request = NULL, \
+        "UPDATE kernels SET status = 'TERMINATED', \
+         status_reason = CASE WHEN status = 'PREEMPTED' AND $2 <> 'user-requested' THEN 'preempted' ELSE $2 END, \
+         exit_code = $3, terminated_at = $4, status_changed_at = $4, \
+         request = CASE WHEN status = 'PREEMPTED' AND $2 <> 'user-requested' THEN request ELSE NULL END, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
          WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key, cluster_role",
     ))
@@ -493,7 +512,7 @@ pub(super) async fn insert_in<'c>(
         "INSERT INTO kernels ({COLUMNS}, head_skips, request) VALUES ($1, $2, $3, $4, $5, $6, \
          NULL, NULL, $7, $8, $9, $10, NULL, $11, $12, NULLIF($13, -1.0), $14, $15, $16, 0, $17, \
          NULL, $18, NULLIF($19, -1.0), NULL, $20, $10, $22, $23, $24, $25, $26, NULL, '[]', $27, NULLIF($28, -1.0), NULL, \
-         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, $21)"
+         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, $29, NULL, NULL, 0, $21)"
     ))
     .bind(&k.id)
     .bind(&k.session_id)
@@ -523,6 +542,7 @@ pub(super) async fn insert_in<'c>(
     .bind(&k.cluster.hostname)
     .bind(&k.stop_signal)
     .bind(k.grace_period.unwrap_or(-1.0))
+    .bind(i64::from(k.preemptible))
     .execute(ex)
     .await?;
     Ok(())
@@ -651,7 +671,7 @@ impl Store {
     /// Errors: the database.
     pub async fn session_kernels(&self, session_id: &str) -> Result<Vec<KernelRow>, StoreError> {
         Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM kernels WHERE session_id = $1 \
+            "SELECT {COLUMNS} FROM kernels WHERE session_id = $1 AND superseded_by IS NULL \
              ORDER BY CASE WHEN cluster_role = 'main' THEN 0 ELSE 1 END, cluster_idx, created_at"
         ))
         .bind(session_id)
@@ -667,12 +687,12 @@ impl Store {
     /// Errors: the database.
     pub async fn unsettled_clusters(&self, limit: u32) -> Result<Vec<Vec<KernelRow>>, StoreError> {
         let ids: Vec<(String,)> = sqlx::query_as(
-            "SELECT session_id FROM kernels WHERE cluster_size > 1 AND session_id IN \
-             (SELECT session_id FROM kernels WHERE cluster_size > 1 \
+            "SELECT session_id FROM kernels WHERE cluster_size > 1 AND superseded_by IS NULL AND session_id IN \
+             (SELECT session_id FROM kernels WHERE cluster_size > 1 AND superseded_by IS NULL \
               AND (status NOT IN ('TERMINATED', 'CANCELLED') OR network IS NOT NULL)) \
              GROUP BY session_id HAVING \
              (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 1 ELSE 0 END) > 0 \
-              AND SUM(CASE WHEN status NOT IN ('TERMINATED', 'CANCELLED', 'TERMINATING', 'PENDING') THEN 1 ELSE 0 END) > 0) \
+              AND SUM(CASE WHEN status NOT IN ('TERMINATED', 'CANCELLED', 'TERMINATING', 'PENDING', 'PREEMPTED') THEN 1 ELSE 0 END) > 0) \
              OR (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 0 ELSE 1 END) = 0 \
               AND MAX(network) IS NOT NULL) \
              LIMIT $1",
@@ -702,7 +722,7 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(", ");
             let sql = format!(
-                "SELECT {COLUMNS} FROM kernels WHERE session_id IN ({list}) \
+                "SELECT {COLUMNS} FROM kernels WHERE session_id IN ({list}) AND superseded_by IS NULL \
                  ORDER BY session_id, CASE WHEN cluster_role = 'main' THEN 0 ELSE 1 END, cluster_idx, created_at"
             );
             let mut q = sqlx::query_as::<_, KernelRow>(&sql);
@@ -995,7 +1015,7 @@ impl Store {
 
     /// One kernel by its kernel id or its session id.
     pub async fn kernel(&self, id: &str) -> Result<Option<KernelRow>, StoreError> {
-        Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY CASE WHEN id = $1 THEN 0 WHEN cluster_role = 'main' THEN 1 ELSE 2 END, created_at DESC LIMIT 1"))
+        Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM kernels WHERE id = $1 OR session_id = $1 ORDER BY CASE WHEN id = $1 THEN 0 WHEN superseded_by IS NOT NULL THEN 3 WHEN cluster_role = 'main' THEN 1 ELSE 2 END, created_at DESC LIMIT 1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?)
@@ -1009,7 +1029,7 @@ impl Store {
         all: bool,
     ) -> Result<Vec<KernelRow>, StoreError> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR {LIVE}) AND ($2 = '' OR access_key = $2) AND cluster_role = 'main' ORDER BY created_at DESC"
+            "SELECT {COLUMNS} FROM kernels WHERE ($1 OR {LIVE}) AND ($2 = '' OR access_key = $2) AND cluster_role = 'main' AND superseded_by IS NULL ORDER BY created_at DESC"
         );
         // `$1` as an integer comparison: Any binds booleans differently per backend.
         let sql = sql.replace("($1 OR", "($1 = 1 OR");
@@ -1153,6 +1173,7 @@ mod tests {
                         request: None,
                         stop_signal: None,
                         grace_period: None,
+                        preemptible: false,
                     },
                     &roomy,
                 )
@@ -1290,6 +1311,7 @@ mod tests {
                         request: None,
                         stop_signal: None,
                         grace_period: None,
+                        preemptible: false,
                     },
                     &roomy,
                 )

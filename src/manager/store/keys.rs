@@ -32,6 +32,8 @@ pub struct AccessKeyRow {
     pub created_at: f64,
     /// SHA-256 hex of the secret key; `None` for a key that cannot sign in.
     pub secret_hash: Option<String>,
+    /// The default of `preemptible` for the key's sessions (issue 41: admins set it).
+    pub preemptible: bool,
 }
 
 impl AccessKeyRow {
@@ -50,12 +52,13 @@ impl AccessKeyRow {
             concurrency_limit: r.try_get("concurrency_limit")?,
             created_at: r.try_get("created_at")?,
             secret_hash: r.try_get("secret_hash")?,
+            preemptible: r.try_get::<i64, _>("preemptible")? != 0,
         })
     }
 }
 
 const COLUMNS: &str =
-    "access_key, role, name, enabled, concurrency_used, concurrency_limit, created_at, secret_hash";
+    "access_key, role, name, enabled, concurrency_used, concurrency_limit, created_at, secret_hash, preemptible";
 
 /// A change to a key (`PATCH /v1/access-keys/{key}`); `None` keeps the value.
 #[derive(Clone, Debug, Default)]
@@ -66,6 +69,8 @@ pub struct KeyChange {
     pub enabled: Option<bool>,
     /// New label.
     pub name: Option<String>,
+    /// New default of `preemptible` for the key's sessions (preemption, issue 41).
+    pub preemptible: Option<bool>,
 }
 
 /// Why a key could not be deleted.
@@ -171,7 +176,8 @@ impl Store {
             "UPDATE access_keys SET \
                concurrency_limit = CASE WHEN $2 < 0 THEN concurrency_limit ELSE $2 END, \
                enabled = CASE WHEN $3 < 0 THEN enabled ELSE $3 END, \
-               name = CASE WHEN $4 = 0 THEN name ELSE $5 END \
+               name = CASE WHEN $4 = 0 THEN name ELSE $5 END, \
+               preemptible = CASE WHEN $6 < 0 THEN preemptible ELSE $6 END \
              WHERE access_key = $1 AND deleted_at IS NULL",
         )
         .bind(access_key)
@@ -179,6 +185,7 @@ impl Store {
         .bind(change.enabled.map_or(-1, i64::from))
         .bind(i64::from(change.name.is_some()))
         .bind(change.name.clone().unwrap_or_default())
+        .bind(change.preemptible.map_or(-1, i64::from))
         .execute(&self.pool)
         .await?;
         self.access_key(access_key).await

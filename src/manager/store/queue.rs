@@ -545,6 +545,7 @@ mod tests {
             request: Some("{}".into()),
             stop_signal: None,
             grace_period: None,
+            preemptible: false,
         };
         let why = PendingReason::new(PendingCode::NoCapacity, "full");
         store.enqueue_kernel(&k, &why).await.unwrap();

@@ -233,6 +233,7 @@ mod tests {
             request: request.map(str::to_owned),
             stop_signal: None,
             grace_period: None,
+            preemptible: false,
         };
         store.reserve_kernel(&k, &roomy).await.unwrap();
     }

@@ -45,6 +45,10 @@ fn spec(config: &ManagerConfig, registries: Arc<ImageRegistries>) -> SchedulerSp
         grace_period: s.grace_period.0,
         max_grace_period: s.max_grace_period.0,
         reclaim: config.reclaim.clone(),
+        preemption: crate::manager::scheduler::PreemptionSpec {
+            enabled: s.preemption,
+            cooldown: s.preemption_cooldown.0,
+        },
     }
 }
 

@@ -314,6 +314,38 @@ pub(super) async fn end_gang(
     }
 }
 
+/// Removes the network of a cluster session whose kernels were evicted by preemption
+/// (`main`: its main kernel's `PREEMPTED` row, every kernel already ended on its agent), so
+/// that its requeued row makes it anew; nothing to do without one.
+///
+/// Errors: the store's, or the network's removal (`cluster-network-failed`).
+pub(super) async fn remove_preempted_network(
+    launcher: &Launcher,
+    main: &KernelRow,
+) -> Result<(), ManagerError> {
+    let Some(name) = main.network.as_deref() else {
+        return Ok(());
+    };
+    match main.cluster_mode {
+        ClusterMode::SingleNode => {
+            network::destroy_local(
+                &launcher.pool,
+                &launcher.metrics,
+                &main.agent_id,
+                name,
+                launcher.spec.destroy_timeout,
+            )
+            .await?
+        }
+        ClusterMode::MultiNode => network::remove_overlay(&launcher.spec.overlay, name).await?,
+    }
+    launcher
+        .store
+        .set_session_network(&main.session_id, None)
+        .await?;
+    Ok(())
+}
+
 /// Removes a session's network once none of its kernels is live (the main row's `network`,
 /// then cleared). Nothing to do without one.
 ///
