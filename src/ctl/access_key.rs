@@ -71,7 +71,7 @@ pub enum AccessKeyCommand {
         utilization_window: Option<u64>,
         /// A utilization floor, `SLOT=PERCENT` (`cpu=5`, `cuda.device=10`; whole percents);
         /// repeatable.
-        #[arg(long, value_name = "SLOT=PERCENT", value_parser = slot_percent)]
+        #[arg(long, value_name = "SLOT=PERCENT", value_parser = super::parse::slot_percent)]
         min_utilization: Vec<(String, u32)>,
     },
     /// Set whether an access key's new sessions are preemptible when they do not say
@@ -188,20 +188,9 @@ pub(super) fn run(
 }
 
 // Idle reclaim.
-/// `SLOT=PERCENT` of `--min-utilization`.
-fn slot_percent(s: &str) -> Result<(String, u32), String> {
-    let (slot, pct) = s
-        .split_once('=')
-        .ok_or_else(|| format!("`{s}`: expected SLOT=PERCENT (e.g. cpu=5)"))?;
-    let pct: u32 = pct
-        .parse()
-        .map_err(|_| format!("`{pct}` is not a percent"))?;
-    Ok((slot.to_owned(), pct))
-}
-
 /// A key's reclaim defaults on one line: `idle_timeout 3600s, min_utilization cpu=5% over
 /// 600s`, or `none`.
-fn reclaim_defaults(p: &crate::model::reclaim::ReclaimPolicy) -> String {
+pub(super) fn reclaim_defaults(p: &crate::model::reclaim::ReclaimPolicy) -> String {
     let mut parts = Vec::new();
     if let Some(t) = p.max_lifetime {
         parts.push(format!("max_lifetime {t}s"));

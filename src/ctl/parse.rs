@@ -15,6 +15,21 @@ pub fn env(s: &str) -> Result<(String, String), String> {
     }
 }
 
+// Idle reclaim.
+/// `--min-utilization SLOT=PERCENT` (`cpu=5`, `cuda.device=10`; whole percents) of `session
+/// create` and `access-key set-reclaim`; the manager checks the slot and the range.
+///
+/// Errors when there is no `=` or the percent is not a whole number.
+pub fn slot_percent(s: &str) -> Result<(String, u32), String> {
+    let (slot, pct) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected SLOT=PERCENT (e.g. cpu=5)"))?;
+    let pct: u32 = pct
+        .parse()
+        .map_err(|_| format!("`{pct}` is not a percent"))?;
+    Ok((slot.to_owned(), pct))
+}
+
 /// `--slot NAME=AMOUNT` (`cuda.device=2`, `cuda.shares=0.5`): an accelerator slot besides
 /// `--cpu` / `--mem`. The name must be a slot name (`[a-z0-9][a-z0-9._-]*`, not `cpu` or `mem`);
 /// the amount is passed on as written (the manager checks it against the slot's unit).

@@ -298,6 +298,40 @@ pub fn meets_floor(
         .then_some(false)
 }
 
+/// One kernel's reported facts, as a session's are combined from its kernels' ([`Facts::of_session`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Facts {
+    /// Unix seconds of its last reported activity.
+    pub last_activity: Option<f64>,
+    /// Unix seconds of the newest heartbeat that reported on it.
+    pub activity_at: Option<f64>,
+    /// Unix seconds since which its readings were all under the floor.
+    pub low_since: Option<f64>,
+}
+
+impl Facts {
+    /// A cluster session's facts from its kernels' (`docs/design.md`, "Idle reclaim"): its
+    /// last activity is the latest of any kernel (activity on `sub1` keeps it alive as well as
+    /// on `main1`); it is low only while every kernel is low, since the latest of their runs
+    /// began (one kernel at or above the floor, or not read yet, is use); and it is heard of
+    /// up to the oldest of their heartbeats (every agent must have reported past a deadline
+    /// before an idle or low end). No kernels: nothing.
+    pub fn of_session(kernels: impl IntoIterator<Item = Facts>) -> Facts {
+        let mut it = kernels.into_iter();
+        let Some(first) = it.next() else {
+            return Facts::default();
+        };
+        it.fold(first, |acc, k| Facts {
+            last_activity: match (acc.last_activity, k.last_activity) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            activity_at: acc.activity_at.zip(k.activity_at).map(|(a, b)| a.min(b)),
+            low_since: acc.low_since.zip(k.low_since).map(|(a, b)| a.max(b)),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,5 +522,44 @@ mod tests {
         // A slot of the floor not read: no verdict.
         assert_eq!(meets_floor(&floor, &read(&[("cpu", 1.0)])), None);
         assert_eq!(meets_floor(&BTreeMap::new(), &read(&[("cpu", 1.0)])), None);
+    }
+
+    #[test]
+    fn a_session_is_as_active_as_its_most_active_kernel_and_low_only_when_all_are() {
+        let main = Facts {
+            last_activity: Some(100.0),
+            activity_at: Some(300.0),
+            low_since: Some(50.0),
+        };
+        let sub = Facts {
+            last_activity: Some(200.0),
+            activity_at: Some(250.0),
+            low_since: Some(120.0),
+        };
+        let s = Facts::of_session([main, sub]);
+        assert_eq!(
+            s.last_activity,
+            Some(200.0),
+            "the sub kernel's activity counts"
+        );
+        assert_eq!(
+            s.activity_at,
+            Some(250.0),
+            "heard up to the oldest heartbeat"
+        );
+        assert_eq!(s.low_since, Some(120.0), "low since every kernel is");
+        // A sub kernel at or above the floor (or never read) keeps the session off its floor;
+        // one never heard of holds the heartbeat condition back; no activity anywhere else.
+        let quiet = Facts {
+            last_activity: None,
+            activity_at: None,
+            low_since: None,
+        };
+        let s = Facts::of_session([main, quiet]);
+        assert_eq!(s.low_since, None);
+        assert_eq!(s.activity_at, None);
+        assert_eq!(s.last_activity, Some(100.0));
+        assert_eq!(Facts::of_session([main]), main);
+        assert_eq!(Facts::of_session([]), Facts::default());
     }
 }

@@ -560,6 +560,29 @@ pub struct NewSession {
     /// Whether a higher-priority session may evict it (omitted: its key's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preemptible: Option<bool>,
+    // Idle reclaim (`docs/design.md`, "Idle reclaim"); omitted: its key's defaults, then
+    // `[reclaim]`'s.
+    /// Seconds it may run once placed.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub max_lifetime: Option<f64>,
+    /// Seconds without activity before it ends (interactive sessions).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub idle_timeout: Option<f64>,
+    /// Seconds under `min_utilization` before it ends.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_seconds"
+    )]
+    pub utilization_window: Option<f64>,
+    /// `{slot: percent}`: its utilization floor.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub min_utilization: BTreeMap<String, f64>,
 }
 
 /// A [`RestartPolicy`] as a client writes it: the mode, and each limit only when given (the

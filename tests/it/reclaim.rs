@@ -8,9 +8,13 @@
 //!   `idle … / ends in …`; the metric counts each reason;
 //! - on the dummy engine with the mock accelerator's fixed readings: a session under its
 //!   utilization floor for the window ends `low-utilization`, one above it does not, also
-//!   across a manager restart; bad policies are refused with 400.
+//!   across a manager restart; bad policies are refused with 400;
+//! - `ctl session create --idle-timeout` makes a session that ends `idle-timeout`, its policy
+//!   in `ctl session show`;
+//! - a cluster session is kept alive by executes on its `sub1` alone, and ends `idle-timeout`
+//!   once they stop.
 //!
-//! Agent host ports: 44200–44259 (20 per agent).
+//! Agent host ports: 44200–44279 (20 per agent).
 
 use crate::common;
 
@@ -190,6 +194,21 @@ fn connect_to_service(c: &Cluster, id: &str) -> TcpStream {
     TcpStream::connect(("127.0.0.1", port as u16)).unwrap()
 }
 
+/// `kernelvisor ctl ARGS` with the user's key: (exit code, stdout, stderr).
+fn ctl(c: &Cluster, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
+        .args(["ctl", "--api", &c.api])
+        .args(args)
+        .env("KERNELVISOR_TOKEN", &c.token)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `kernelvisor ctl sessions` with the user's key: its table.
 fn ctl_sessions(c: &Cluster) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelvisor"))
@@ -218,7 +237,26 @@ fn idle_sessions_are_warned_then_ended_and_activity_keeps_them() {
     // Created last: its deadline comes well after the other two's would without activity.
     let life = create(&c, json!({"max_lifetime": 18}));
     let idle = create(&c, json!({"idle_timeout": 5}));
-    for id in [&idle, &batch, &life] {
+    // One created by `ctl session create --idle-timeout`: never used, it ends `idle-timeout`.
+    let (code, out, err) = ctl(
+        &c,
+        &[
+            "session",
+            "create",
+            "--image",
+            TEST_IMAGE,
+            "--cpu",
+            "0.25",
+            "--mem",
+            "64m",
+            "--idle-timeout",
+            "5",
+            "-q",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let via_ctl = out.trim().to_owned();
+    for id in [&idle, &batch, &life, &via_ctl] {
         wait_status(&c, id, "RUNNING", LONG);
     }
 
@@ -279,6 +317,17 @@ fn idle_sessions_are_warned_then_ended_and_activity_keeps_them() {
             ended - before,
             ended - after
         );
+        // The session `ctl` created, with its policy as `ctl session show` shows it.
+        let (s, _) = wait_status(&c, &via_ctl, "TERMINATED", LONG);
+        assert_eq!(s["status_reason"], "idle-timeout", "{s}");
+        assert_eq!(s["reclaim"], json!({"idle_timeout": 5.0}), "{s}");
+        let (code, out, err) = ctl(&c, &["session", "show", &via_ctl]);
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("Reclaim:") && l.ends_with(" idle_timeout 5s")),
+            "{out}"
+        );
         // The batch session, past its `idle_timeout` of 2 s: exempt.
         let b = session(&c, &batch);
         assert_eq!(
@@ -334,11 +383,47 @@ fn idle_sessions_are_warned_then_ended_and_activity_keeps_them() {
         );
         assert_warned_then_ended(&c, id, "idle-timeout");
     }
-    assert_eq!(reclaims(&c, "idle-timeout"), 3.0);
+    assert_eq!(reclaims(&c, "idle-timeout"), 4.0);
     assert_eq!(reclaims(&c, "lifetime-exceeded"), 1.0);
     assert_eq!(reclaims(&c, "low-utilization"), 0.0);
     assert_eq!(session(&c, &batch)["status"], "RUNNING");
     c.delete(&format!("/v1/sessions/{batch}"));
+    c.check_invariants();
+}
+
+/// A cluster session of 2 (`main1`, `sub1`, single-node) with `idle_timeout` 6: an execute
+/// on `sub1` (the API's `"kernel": "sub1"`) every second keeps it `RUNNING` for twice its
+/// timeout although `main1` sees nothing; once they stop, it ends `idle-timeout`, its deadline
+/// from sub1's last activity.
+#[test]
+fn activity_on_a_sub_kernel_keeps_a_cluster_session() {
+    const IDLE: f64 = 6.0;
+    let c = cluster(Db::Sqlite, "reclaim-cl", 44260, "", STATS);
+    let sid = create(
+        &c,
+        json!({"cluster_size": 2, "cluster_mode": "single-node", "idle_timeout": IDLE}),
+    );
+    let (s, _) = wait_status(&c, &sid, "RUNNING", LONG);
+    assert_eq!(s["kernels"][1]["cluster_hostname"], "sub1", "{s}");
+    let until = unix_now() + 2.0 * IDLE;
+    let (mut last_start, mut last_run) = (0.0, 0.0);
+    while unix_now() < until {
+        let s = session(&c, &sid);
+        assert_eq!(s["status"], "RUNNING", "sub1's activity must keep it: {s}");
+        last_start = unix_now();
+        let out = c.execute(&sid, Some("sub1"), "echo $BACKENDAI_CLUSTER_HOST");
+        assert_eq!(out, Ok(("sub1\n".to_owned(), 0)));
+        last_run = unix_now();
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (s, _) = wait_status(&c, &sid, "TERMINATED", LONG);
+    assert_eq!(s["status_reason"], "idle-timeout", "{s}");
+    let deadline = assert_warned_then_ended(&c, &sid, "idle-timeout");
+    // Counted from sub1's last execute (main1's own idleness began 2 × IDLE earlier).
+    assert!(
+        deadline >= last_start - 0.5 + IDLE && deadline <= last_run + IDLE + 2.0,
+        "deadline {deadline}; the last execute ran from {last_start} to {last_run}"
+    );
     c.check_invariants();
 }
 

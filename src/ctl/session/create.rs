@@ -98,6 +98,21 @@ pub struct CreateArgs {
     /// [default: the access key's default].
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub preemptible: Option<bool>,
+    // Idle reclaim (the manager's `docs/design.md`, "Idle reclaim").
+    /// Seconds without activity (an exec, a terminal, a file transfer, a service connection)
+    /// before it ends `idle-timeout` [default: the access key's, then the manager's].
+    #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds)]
+    pub idle_timeout: Option<f64>,
+    /// Seconds it may run once placed; then it ends `lifetime-exceeded`.
+    #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds)]
+    pub max_lifetime: Option<f64>,
+    /// A utilization floor, `SLOT=PERCENT` (`cpu=5`, `cuda.device=10`; whole percents);
+    /// repeatable. Under every floor for `--utilization-window`, it ends `low-utilization`.
+    #[arg(long, value_name = "SLOT=PERCENT", value_parser = parse::slot_percent)]
+    pub min_utilization: Vec<(String, u32)>,
+    /// Seconds under the floor before it ends [default: the manager's `[reclaim]`].
+    #[arg(long, value_name = "SECS", value_parser = parse::positive_seconds)]
+    pub utilization_window: Option<f64>,
 }
 
 impl CreateArgs {
@@ -133,6 +148,14 @@ impl CreateArgs {
             stop_signal: self.stop_signal.clone(),
             grace_period: self.grace_period,
             preemptible: self.preemptible,
+            max_lifetime: self.max_lifetime,
+            idle_timeout: self.idle_timeout,
+            utilization_window: self.utilization_window,
+            min_utilization: self
+                .min_utilization
+                .iter()
+                .map(|(slot, pct)| (slot.clone(), f64::from(*pct)))
+                .collect(),
         }
     }
 }
@@ -430,6 +453,50 @@ mod tests {
             create(&["--batch-timeout", "0"]).is_err(),
             "the manager wants a positive batch_timeout"
         );
+    }
+
+    // Idle reclaim.
+    #[test]
+    fn reclaim_flags_go_into_the_body() {
+        let c = create(&[
+            "--idle-timeout",
+            "600",
+            "--max-lifetime",
+            "3600",
+            "--min-utilization",
+            "cpu=5",
+            "--min-utilization",
+            "cuda.device=10",
+            "--utilization-window",
+            "0.5",
+        ])
+        .unwrap();
+        let v = c.to_json();
+        assert_eq!(v["idle_timeout"], json!(600));
+        assert_eq!(v["max_lifetime"], json!(3600));
+        assert_eq!(v["utilization_window"], json!(0.5));
+        assert_eq!(
+            v["min_utilization"],
+            json!({"cpu": 5.0, "cuda.device": 10.0})
+        );
+        // None given: none sent (the key's and the manager's defaults apply).
+        let v = create(&[]).unwrap().to_json();
+        for field in [
+            "idle_timeout",
+            "max_lifetime",
+            "utilization_window",
+            "min_utilization",
+        ] {
+            assert!(v.get(field).is_none(), "{field}: {v}");
+        }
+        // Bad values are usage errors, with `access-key set-reclaim`'s words.
+        let text = create(&["--min-utilization", "cpu"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(text.contains("expected SLOT=PERCENT"), "{text}");
+        let err = create(&["--idle-timeout", "0"]).err().unwrap();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
     }
 
     #[test]

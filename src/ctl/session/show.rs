@@ -239,16 +239,48 @@ fn reclaim_cell(s: &Session, now: f64) -> Option<String> {
         .into_iter()
         .flatten()
         .min_by(f64::total_cmp)?;
-    let ends = if next > now {
-        format!("ends in {}", duration(next - now))
-    } else {
-        "ends now".to_owned()
-    };
+    let ends = ends(next, now);
     let since = s.last_activity.or(s.admitted_at).or(s.created_at);
     Some(match (s.idle_deadline, since) {
         (Some(_), Some(t)) => format!("idle {} / {ends}", duration(now - t)),
         _ => ends,
     })
+}
+
+/// `ends in 18m`, or `ends now` once `deadline` (Unix seconds) is past.
+fn ends(deadline: f64, now: f64) -> String {
+    if deadline > now {
+        format!("ends in {}", duration(deadline - now))
+    } else {
+        "ends now".to_owned()
+    }
+}
+
+/// A session's reclaim lines (`docs/design.md`, "Idle reclaim"): its policy (`Reclaim:
+/// idle_timeout 600s, max_lifetime 3600s`), its last activity, and each deadline it has
+/// (`Idle deadline: 2023-11-14T22:31:20Z (ends in 18m)`); nothing without a policy.
+fn reclaim_fields(s: &Session, now: f64) -> Vec<(&'static str, String)> {
+    let mut pairs = Vec::new();
+    if s.reclaim.is_empty() {
+        return pairs;
+    }
+    pairs.push((
+        "Reclaim",
+        crate::ctl::access_key::reclaim_defaults(&s.reclaim),
+    ));
+    if s.reclaim.idle_timeout.is_some() || s.last_activity.is_some() {
+        pairs.push(("Last activity", when(s.last_activity, now)));
+    }
+    for (name, deadline) in [
+        ("Idle deadline", s.idle_deadline),
+        ("Lifetime deadline", s.lifetime_deadline),
+        ("Utilization deadline", s.utilization_deadline),
+    ] {
+        if let Some(d) = deadline {
+            pairs.push((name, format!("{} ({})", timestamp(d), ends(d, now))));
+        }
+    }
+    pairs
 }
 
 /// A session's kernels in a cell: `3 multi-node` for a cluster, `1` for the others.
@@ -373,6 +405,8 @@ fn session_fields(s: &Session, now: f64) -> String {
             format!("{} ({})", timestamp(deadline), in_seconds(deadline - now)),
         ));
     }
+    // Idle reclaim: its policy and deadlines.
+    pairs.extend(reclaim_fields(s, now));
     if let Some(r) = &s.pending_reason {
         pairs.push((
             "Waiting",
@@ -690,6 +724,43 @@ mod tests {
                 && sparse.contains("Memory:     -\n")
                 && !sparse.contains("GPU"),
             "{sparse}"
+        );
+    }
+
+    #[test]
+    fn session_detail_shows_the_reclaim_policy_and_deadlines() {
+        let mut s = live_session();
+        s["reclaim"] = json!({"idle_timeout": 1800, "max_lifetime": 7200,
+                              "min_utilization": {"cpu": 5}, "utilization_window": 600});
+        s["last_activity"] = json!(NOW - 720.0);
+        s["idle_deadline"] = json!(NOW + 1080.0);
+        s["lifetime_deadline"] = json!(NOW + 6900.0);
+        s["utilization_deadline"] = json!(NOW - 1.0);
+        let out = session(&s, NOW);
+        assert!(
+            out.contains(
+                "max_lifetime 7200s, idle_timeout 1800s, min_utilization cpu=5% over 600s\n"
+            ),
+            "{out}"
+        );
+        let line = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(&format!("{name}:")))
+                .unwrap_or_else(|| panic!("no {name} in {out}"))
+                .to_owned()
+        };
+        assert!(line("Last activity").ends_with("(12m ago)"), "{out}");
+        assert!(line("Idle deadline").ends_with("(ends in 18m)"), "{out}");
+        assert!(line("Lifetime deadline").ends_with("(ends in 1h)"), "{out}");
+        assert!(
+            line("Utilization deadline").ends_with("(ends now)"),
+            "{out}"
+        );
+        // No policy: no reclaim lines.
+        let plain = session(&live_session(), NOW);
+        assert!(
+            !plain.contains("Reclaim") && !plain.contains("deadline"),
+            "{plain}"
         );
     }
 

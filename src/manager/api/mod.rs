@@ -75,6 +75,8 @@ pub fn session(k: &KernelRow) -> Session {
 /// and its `status` theirs combined ([`combined_status`]).
 pub fn session_of(k: &KernelRow, kernels: &[KernelRow]) -> Session {
     let (status, reason) = combined_status(k, kernels);
+    // Idle reclaim: a cluster session's activity and readings are its kernels' combined.
+    let facts = k.with_session_facts(kernels);
     Session {
         status: status.as_str().to_owned(),
         status_reason: reason,
@@ -94,7 +96,7 @@ pub fn session_of(k: &KernelRow, kernels: &[KernelRow]) -> Session {
                 service_ports: c.service_ports.clone(),
             })
             .collect(),
-        ..kernel_session(k)
+        ..kernel_session(&facts)
     }
 }
 

@@ -14,7 +14,7 @@ use super::kernels::{KernelRow, COLUMNS};
 use super::{Store, StoreError};
 use crate::model::event::{Event, EventType};
 use crate::model::reclaim::{
-    meets_floor, ActivityReport, ReclaimPolicy, ReclaimReason, ReclaimState,
+    meets_floor, ActivityReport, Facts, ReclaimPolicy, ReclaimReason, ReclaimState,
 };
 use crate::model::session::SessionType;
 
@@ -37,6 +37,29 @@ impl KernelRow {
             last_activity: self.reclaim.last_activity,
             low_since: self.reclaim.low_since,
         }
+    }
+
+    /// This (main) kernel's row with its session's reported facts in its reclaim columns:
+    /// those of every kernel of `kernels` in its session combined ([`Facts::of_session`]), so
+    /// activity on a sub kernel counts for the session. `kernels` may include this row.
+    pub fn with_session_facts<'a>(
+        &'a self,
+        kernels: impl IntoIterator<Item = &'a KernelRow>,
+    ) -> KernelRow {
+        let own = std::iter::once(self);
+        let others = kernels
+            .into_iter()
+            .filter(|k| k.session_id == self.session_id && k.id != self.id);
+        let f = Facts::of_session(own.chain(others).map(|k| Facts {
+            last_activity: k.reclaim.last_activity,
+            activity_at: k.reclaim.activity_at,
+            low_since: k.reclaim.low_since,
+        }));
+        let mut row = self.clone();
+        row.reclaim.last_activity = f.last_activity;
+        row.reclaim.activity_at = f.activity_at;
+        row.reclaim.low_since = f.low_since;
+        row
     }
 }
 
@@ -138,16 +161,33 @@ impl Store {
         Ok(())
     }
 
-    /// The `RUNNING` main kernels with a reclaim policy: what the reclaim duty looks at.
+    /// The `RUNNING` main kernels with a reclaim policy, each with its session's facts
+    /// ([`KernelRow::with_session_facts`]: a cluster session's sub kernels' activity and
+    /// readings count): what the reclaim duty looks at.
     ///
     /// Errors: the database.
     pub async fn reclaim_candidates(&self) -> Result<Vec<KernelRow>, StoreError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM kernels WHERE status = 'RUNNING' AND cluster_role = 'main' \
+        // Every kernel of a policed session carries the policy (`set_reclaim_policy`), so one
+        // query reads the main kernels and their sub kernels.
+        let rows: Vec<KernelRow> = sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM kernels WHERE status = 'RUNNING' \
              AND (max_lifetime IS NOT NULL OR idle_timeout IS NOT NULL OR min_utilization IS NOT NULL)"
         ))
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        let mut by_session: std::collections::HashMap<&str, Vec<&KernelRow>> =
+            std::collections::HashMap::new();
+        for k in &rows {
+            by_session.entry(k.session_id.as_str()).or_default().push(k);
+        }
+        Ok(rows
+            .iter()
+            .filter(|k| k.is_main())
+            .map(|k| {
+                let kernels = by_session.get(k.session_id.as_str());
+                k.with_session_facts(kernels.into_iter().flatten().copied())
+            })
+            .collect())
     }
 
     /// Records that `k`'s warning for `deadline` goes out, and publishes its
