@@ -526,7 +526,7 @@ fn a_gang_victim_is_evicted_whole_and_requeued_as_one_session() {
         assert_eq!(row.superseded_by.as_deref(), v["kernel_id"].as_str(), "{k}");
     }
     // One queue entry, one session in the list.
-    assert_eq!(queue(&c), [gid.clone()]);
+    assert_eq!(queue(&c), std::slice::from_ref(&gid));
     let list = c.get("/v1/sessions?all=true").unwrap().body;
     let n = list["sessions"]
         .as_array()
