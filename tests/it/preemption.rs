@@ -411,7 +411,8 @@ fn a_victim_checkpoints_in_its_grace_and_runs_again_with_its_restart_count() {
     let v = wait_status(&c, &s2, "PENDING");
     assert_eq!(v["restart_count"], 1, "{v}");
     assert_eq!(
-        std::fs::read_to_string(dir.join("s2.txt")).unwrap(),
+        std::fs::read_to_string(dir.join("s2.txt"))
+            .expect("the victim's checkpoint: it saw SIGTERM and had its grace"),
         "restart=0\n",
         "the victim's checkpoint, written on SIGTERM"
     );
