@@ -16,8 +16,8 @@
 //! choice (`PREEMPTED` rows), so no second set is evicted for it.
 //!
 //! A manager stopped (or a leader failed over) between the two steps leaves `PREEMPTED`
-//! rows: the reconcile sweep completes them ([`complete_stale`]) once they are older than
-//! `destroy-timeout`, the same way; each step is idempotent (a kernel its agent no longer
+//! rows: the reconcile sweep completes them ([`complete_stale`]) once `destroy-timeout` past
+//! their `terminate_deadline`, the same way; each step is idempotent (a kernel its agent no longer
 //! holds counts as destroyed, and `Store::finish_preempted` acts only while the end is due,
 //! and clears that in its transaction), so a preemption completes once.
 
