@@ -418,7 +418,13 @@ impl Cluster {
         agent_extra: &str,
         tail: &str,
     ) -> usize {
-        self.add_agent_edited(name, ports_lo, agent_extra, tail, None, |text| text)
+        self.add_agent_edited(name, (ports_lo, 20), agent_extra, tail, None, |text| text)
+    }
+
+    /// As [`Cluster::add_agent`] with `len` host ports from `ports_lo` (not 20): for a test
+    /// whose kernels publish few or no ports (runner-less, no service ports).
+    pub fn add_agent_ports(&mut self, name: &str, ports_lo: u16, len: u16) -> usize {
+        self.add_agent_edited(name, (ports_lo, len), "", "", None, |text| text)
     }
 
     /// As [`Cluster::add_agent`], as a host of its own with a private engine would run it: in
@@ -460,19 +466,19 @@ impl Cluster {
             )
         };
         let netns = Some((netns.to_owned(), host.to_owned()));
-        self.add_agent_edited(name, ports_lo, "", tail, netns, edit)
+        self.add_agent_edited(name, (ports_lo, 20), "", tail, netns, edit)
     }
 
     fn add_agent_edited(
         &mut self,
         name: &str,
-        ports_lo: u16,
+        (ports_lo, ports_len): (u16, u16),
         agent_extra: &str,
         tail: &str,
         netns: Option<(String, String)>,
         edit: impl FnOnce(String) -> String,
     ) -> usize {
-        let fixture = AgentFixture::new(name, ports_lo, 20);
+        let fixture = AgentFixture::new(name, ports_lo, ports_len);
         let keypair = KeyPair::generate().unwrap();
         let keys = fixture.dir.path().join("keys");
         write_certificates(&keys, "agent", &keypair).unwrap();

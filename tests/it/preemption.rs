@@ -18,8 +18,19 @@
 //! - A manager killed mid-preemption (the victim `PREEMPTED`; the `fault-injection` build holds
 //!   the eviction until a file exists) and started again: its sweep completes it, once.
 //!
-//! Agent host ports: 44100–44199 (20 per agent): SQLite 44100–44139, the restart 44140–44159,
-//! PostgreSQL 44160–44199.
+//! - A victim gets its grace: on one agent full of preemptible batch jobs (restart policy
+//!   `on-failure`, `grace_period` 5) that checkpoint to their vfolder on `SIGTERM`, a
+//!   priority-50 session evicts exactly the youngest; its checkpoint is written (its trap ran,
+//!   nothing killed at a deadline), it returns `PENDING` with `restart_count` 1, and once the
+//!   preemptor is deleted it runs again with `KERNELVISOR_RESTART_COUNT=1` (its next checkpoint
+//!   says so); the event and the metric name it.
+//! - A gang victim: a preemptible single-node cluster of 2 is evicted whole: both kernels end,
+//!   it is requeued as one `PENDING` session (one queue entry), its network is removed, the
+//!   invariants hold; once room frees it runs again whole.
+//!
+//! Agent host ports: 44100–44199 (20 per agent unless said): SQLite 44100–44139, the restart
+//! 44140–44149, the checkpointing victim 44150–44154, the gang 44155–44159, PostgreSQL
+//! 44160–44199.
 
 use crate::common;
 
@@ -260,7 +271,7 @@ fn a_preemption_interrupted_by_a_manager_restart_completes_once() {
         "preemption = true\nadmission-interval = 0.5\nsweep-interval = 0.5\ndestroy-timeout = 2\n"
             .into();
     c.start_manager();
-    let a = c.add_agent("preempt-r", 44140, "");
+    let a = c.add_agent_ports("preempt-r", 44140, 10);
     let view = c.wait_agent_status(c.agents[a].id(), "ALIVE", LONG);
     let cores: f64 = view["slots_total"]["cpu"]
         .as_str()
@@ -318,4 +329,230 @@ fn a_preemption_interrupted_by_a_manager_restart_completes_once() {
         (again["restart_count"].clone(), again["kernel_id"].clone()),
         (v["restart_count"].clone(), v["kernel_id"].clone())
     );
+}
+
+/// A batch job that writes a checkpoint (`$NAME.txt`, with the restart count it was told) to
+/// its vfolder on `SIGTERM` and exits 0.
+const CHECKPOINTING: &str =
+    "trap 'echo \"restart=${KERNELVISOR_RESTART_COUNT:-0}\" > /home/work/ckpt/$NAME.txt; exit 0' TERM; \
+     echo ready; while true; do sleep 0.1; done";
+
+/// The caller's vfolder `ckpt`, its directory on agent 0 writable by the kernel's user.
+fn checkpoint_vfolder(c: &Cluster) -> std::path::PathBuf {
+    let r = c.post("/v1/vfolders", &json!({"name": "ckpt"}));
+    assert_eq!(r.status, 201, "{r:?}");
+    let dir = c.agents[0]
+        .fixture
+        .vfolder_root()
+        .join(&c.access_key)
+        .join("ckpt");
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// Waits until the session's job printed `ready` (its trap is set).
+fn wait_ready(c: &Cluster, sid: &str) {
+    wait_for(LONG, &format!("session {sid} ready"), || {
+        let text = ureq::get(&format!("{}/v1/sessions/{sid}/logs", c.api))
+            .set("Authorization", &c.auth())
+            .call()
+            .map(|r| r.into_string().unwrap())
+            .unwrap_or_default();
+        text.contains("ready").then_some(())
+    });
+}
+
+/// One agent: the cluster (preemption on, a fast sweep) and the agent's cores.
+fn one_agent(name: &str, ports: u16) -> (Cluster, f64) {
+    let mut c = Cluster::new(Db::Sqlite);
+    c.scheduler_extra =
+        "preemption = true\nadmission-interval = 0.5\nsweep-interval = 0.5\ngrace-period = 10\nmax-grace-period = 120\n"
+            .into();
+    c.start_manager();
+    let a = c.add_agent_ports(name, ports, 5);
+    let view = c.wait_agent_status(c.agents[a].id(), "ALIVE", LONG);
+    let cores: f64 = view["slots_total"]["cpu"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (c, cores)
+}
+
+#[test]
+fn a_victim_checkpoints_in_its_grace_and_runs_again_with_its_restart_count() {
+    let (c, cores) = one_agent("preempt-ckpt", 44150);
+    let dir = checkpoint_vfolder(&c);
+    let half = cores / 2.0;
+    let job = |name: &str| {
+        body(
+            half,
+            json!({"type": "batch", "command": CHECKPOINTING, "grace_period": 5,
+                   "access_key": c.access_key, "environ": {"NAME": name},
+                   "mounts": [{"name": "ckpt", "permission": "rw"}],
+                   "preemptible": true,
+                   "restart_policy": {"mode": "on-failure", "max_restarts": 3}}),
+        )
+    };
+    // The agent full: s1 oldest, s2 youngest.
+    let s1 = create(&c, &job("s1"));
+    let s2 = create(&c, &job("s2"));
+    for s in [&s1, &s2] {
+        assert_eq!(s["status"], "RUNNING", "{s}");
+    }
+    let (s1, s2) = (id(&s1), id(&s2));
+    wait_ready(&c, &s1);
+    wait_ready(&c, &s2);
+    let old_kernel = session(&c, &s2)["kernel_id"].as_str().unwrap().to_owned();
+    // Priority 50: exactly one victim, the youngest; it ends by its own trap in its grace.
+    let high = id(&create(&c, &body(half, json!({"priority": 50}))));
+    let v = wait_status(&c, &s2, "PENDING");
+    assert_eq!(v["restart_count"], 1, "{v}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("s2.txt"))
+            .expect("the victim's checkpoint: it saw SIGTERM and had its grace"),
+        "restart=0\n",
+        "the victim's checkpoint, written on SIGTERM"
+    );
+    assert!(!dir.join("s1.txt").exists(), "s1 is no victim");
+    assert_eq!(
+        c.agent_metric(0, "kernelvisor_agent_grace_kills_total")
+            .unwrap_or(0.0),
+        0.0,
+        "the victim ended by its own exit, not at its deadline"
+    );
+    let old = c.store_kernel(&old_kernel);
+    assert_eq!(old.status_reason.as_deref(), Some("preempted"));
+    assert_eq!(old.superseded_by.as_deref(), v["kernel_id"].as_str());
+    wait_status(&c, &high, "RUNNING");
+    assert_eq!(session(&c, &s1)["status"], "RUNNING");
+    assert_eq!(metric(&c), 1.0);
+    let ev = preemptions(&c);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["session_id"], high.as_str());
+    assert_eq!(ev[0]["victims"], json!([s2]));
+    // Room frees: the victim runs again, told its restart count.
+    assert_eq!(c.delete(&format!("/v1/sessions/{high}")).status, 200);
+    let back = wait_status(&c, &s2, "RUNNING");
+    assert_eq!(back["restart_count"], 1, "{back}");
+    assert_eq!(back["grace_period"], json!(5.0), "its grace kept: {back}");
+    wait_ready(&c, &s2);
+    let r = c.delete(&format!("/v1/sessions/{s2}"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("s2.txt")).unwrap(),
+        "restart=1\n",
+        "the rerun's checkpoint: KERNELVISOR_RESTART_COUNT=1"
+    );
+    assert_eq!(metric(&c), 1.0, "no further eviction");
+    assert_eq!(session(&c, &s1)["status"], "RUNNING");
+    c.check_invariants();
+}
+
+fn docker(args: &[&str]) -> String {
+    let out = std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Running containers of a session's kernels.
+fn running_containers(sid: &str) -> usize {
+    docker(&[
+        "ps",
+        "--filter",
+        &format!("label=ai.backend.session-id={sid}"),
+        "--format",
+        "{{.Names}}",
+    ])
+    .lines()
+    .count()
+}
+
+fn network_exists(name: &str) -> bool {
+    !docker(&["network", "ls", "-q", "--filter", &format!("name=^{name}$")]).is_empty()
+}
+
+fn kernel_ids(s: &Value) -> Vec<String> {
+    s["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kernel_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_gang_victim_is_evicted_whole_and_requeued_as_one_session() {
+    let (c, cores) = one_agent("preempt-gang", 44155);
+    let quarter = cores / 4.0;
+    // The agent full: a preemptible gang of 2 (half the agent) and a session that is not
+    // preemptible (the other half).
+    let gang = create(
+        &c,
+        &body(
+            quarter,
+            json!({"cluster_size": 2, "cluster_mode": "single-node", "preemptible": true,
+                   "restart_policy": {"mode": "on-failure", "max_restarts": 3}}),
+        ),
+    );
+    assert_eq!(gang["status"], "RUNNING", "{gang}");
+    let keeper = id(&create(&c, &body(cores / 2.0, json!({}))));
+    let gid = id(&gang);
+    let old_kernels = kernel_ids(&gang);
+    assert_eq!(old_kernels.len(), 2, "{gang}");
+    let net = format!("bai-singlenode-{gid}");
+    assert!(network_exists(&net), "{net}");
+    assert_eq!(running_containers(&gid), 2);
+    // Priority 50 for half the agent: the gang goes, whole.
+    let high = id(&create(&c, &body(cores / 2.0, json!({"priority": 50}))));
+    let v = wait_status(&c, &gid, "PENDING");
+    assert_eq!(v["restart_count"], 1, "{v}");
+    assert_eq!(v["cluster_size"], 2, "{v}");
+    wait_status(&c, &high, "RUNNING");
+    assert_eq!(running_containers(&gid), 0, "both kernels ended");
+    wait_for(LONG, "the gang's network removed", || {
+        (!network_exists(&net)).then_some(())
+    });
+    for k in &old_kernels {
+        let row = c.store_kernel(k);
+        assert_eq!(
+            (row.status.as_str(), row.status_reason.as_deref()),
+            ("TERMINATED", Some("preempted")),
+            "{k}"
+        );
+        assert_eq!(row.superseded_by.as_deref(), v["kernel_id"].as_str(), "{k}");
+    }
+    // One queue entry, one session in the list.
+    assert_eq!(queue(&c), std::slice::from_ref(&gid));
+    let list = c.get("/v1/sessions?all=true").unwrap().body;
+    let n = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["session_id"] == gid.as_str())
+        .count();
+    assert_eq!(n, 1, "{list}");
+    assert_eq!(metric(&c), 1.0);
+    let ev = preemptions(&c);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["victims"], json!([gid]));
+    assert_eq!(session(&c, &keeper)["status"], "RUNNING");
+    c.check_invariants();
+    // Room frees: the gang runs again, whole, on a network of its own.
+    assert_eq!(c.delete(&format!("/v1/sessions/{high}")).status, 200);
+    let back = wait_status(&c, &gid, "RUNNING");
+    assert_eq!(kernel_ids(&back).len(), 2, "{back}");
+    assert_eq!(running_containers(&gid), 2);
+    assert!(network_exists(&net), "{net}");
+    c.check_invariants();
+    let d = c.delete(&format!("/v1/sessions/{gid}"));
+    assert_eq!(d.status, 200, "{d:?}");
+    wait_for(LONG, "the gang's network removed", || {
+        (!network_exists(&net)).then_some(())
+    });
+    c.check_invariants();
 }

@@ -149,7 +149,6 @@ impl Scheduler {
             };
             let mut p = plan(window, fleet, policy, skips);
             let unplaced = std::mem::take(&mut p.unplaced);
-            let usage_after = std::mem::take(&mut p.usage);
             let mut reasons = p.reasons;
             // Direct creates on this replica wait while a round admits (they would race it for
             // the same room). Only then: reading the queue and the fleet and planning hold
@@ -255,7 +254,6 @@ impl Scheduler {
             if preemption.enabled && !unplaced.is_empty() {
                 let u = Unplaced {
                     sessions: &unplaced,
-                    usage: usage_after,
                     candidates: &candidates,
                     images: &images,
                     placement: cluster_placement,

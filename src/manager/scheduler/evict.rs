@@ -16,12 +16,12 @@
 //! choice (`PREEMPTED` rows), so no second set is evicted for it.
 //!
 //! A manager stopped (or a leader failed over) between the two steps leaves `PREEMPTED`
-//! rows: the reconcile sweep completes them ([`complete_stale`]) once they are older than
-//! `destroy-timeout`, the same way; each step is idempotent (a kernel its agent no longer
+//! rows: the reconcile sweep completes them ([`complete_stale`]) once `destroy-timeout` past
+//! their `terminate_deadline`, the same way; each step is idempotent (a kernel its agent no longer
 //! holds counts as destroyed, and `Store::finish_preempted` acts only while the end is due,
 //! and clears that in its transaction), so a preemption completes once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use futures::StreamExt;
 
@@ -29,9 +29,7 @@ use super::launch::{destroy_on_agent, grace_left, Launcher};
 use super::preempt::{choose, take, victims, without_preempted, Choice, Room, Victim};
 use super::PreemptionSpec;
 use crate::manager::registry::AgentImageSets;
-use crate::manager::store::{
-    now, AgentRow, KernelRow, QueuedSession, StoreError, Usage, PREEMPTED,
-};
+use crate::manager::store::{now, AgentRow, KernelRow, QueuedSession, StoreError, PREEMPTED};
 use crate::model::cluster::ClusterPlacement;
 use crate::model::event::{Event, EventType};
 use crate::workload::RestartMode;
@@ -56,10 +54,9 @@ pub(super) fn requeues(k: &KernelRow) -> bool {
 }
 
 /// What an admission round hands over: the sessions it could not place, in its order, and
-/// the fleet as it left it.
+/// the fleet it looked at (its usage is read again here: see [`preempt_for`]).
 pub(super) struct Unplaced<'a> {
     pub(super) sessions: &'a [QueuedSession],
-    pub(super) usage: HashMap<String, Usage>,
     pub(super) candidates: &'a [AgentRow],
     pub(super) images: &'a AgentImageSets,
     pub(super) placement: ClusterPlacement,
@@ -81,9 +78,16 @@ pub(super) async fn preempt_for(
     if candidates.is_empty() {
         return Ok(0);
     }
+    // The usage is read AFTER the candidates, not taken from the round: a victim whose end
+    // committed between the round's read and the candidates' (`Store::finish_preempted`) is
+    // no longer `PREEMPTED` there, while the round's usage still counted its room as taken,
+    // so its preemptor looked unplaceable still and a second victim was evicted for it (seen
+    // in `tests/it/preemption.rs`). The ledger read now is as new as the candidates (it drops
+    // an ended kernel right after its end commits); a round's own admissions are in it.
+    let usage = launcher.store.usage_by_agent().await?;
     let mut room = Room {
         candidates: u.candidates,
-        usage: without_preempted(u.usage, &candidates),
+        usage: without_preempted(usage, &candidates),
         images: u.images,
         placement: u.placement,
     };
