@@ -555,7 +555,8 @@ fn services_and_files_survive_an_agent_restart() {
     );
     assert!(fetch(&format!("{web_url}/index.html")).is_err());
 
-    assert_eq!(put(&c, &sid, "index.html", b"after restart").0, 201);
+    let (status, body) = put(&c, &sid, "index.html", b"after restart");
+    assert_eq!(status, 201, "the first upload after the restart: {body}");
     assert_eq!(get_file(&c, &sid, "index.html").unwrap(), b"after restart");
     let started = c.post(&format!("/v1/sessions/{sid}/services/web"), &json!({}));
     assert_eq!(started.body["started"].as_bool(), Some(true), "{started:?}");
