@@ -719,6 +719,22 @@ impl Cluster {
         }
     }
 
+    /// Creates the user's vfolder `name` and returns its directory on agent 0, made writable
+    /// by the kernel's user (a job writes its checkpoint there).
+    pub fn writable_vfolder(&self, name: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let r = self.post("/v1/vfolders", &serde_json::json!({"name": name}));
+        assert_eq!(r.status, 201, "{r:?}");
+        let dir = self.agents[0]
+            .fixture
+            .vfolder_root()
+            .join(&self.access_key)
+            .join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        dir
+    }
+
     /// DELETE as the cluster's user key.
     pub fn delete(&self, path: &str) -> Answer {
         self.delete_as(Some(&self.token), path)

@@ -51,21 +51,6 @@ fn cluster(name: &str, ports: u16) -> Cluster {
     c
 }
 
-/// The caller's vfolder `ckpt`, its directory on agent 0 writable by the kernel's user.
-fn checkpoint_vfolder(c: &Cluster) -> std::path::PathBuf {
-    let r = c.post("/v1/vfolders", &json!({"name": "ckpt"}));
-    assert_eq!(r.status, 201, "{r:?}");
-    let dir = c.agents[0]
-        .fixture
-        .vfolder_root()
-        .join(&c.access_key)
-        .join("ckpt");
-    std::fs::create_dir_all(&dir).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    dir
-}
-
 fn create(c: &Cluster, extra: Value) -> String {
     let mut body = json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "64m"}, "access_key": c.access_key});
     body.as_object_mut()
@@ -143,7 +128,7 @@ fn status_events(c: &Cluster, sid: &str) -> Vec<Value> {
 #[test]
 fn a_batch_job_checkpoints_on_sigterm_and_its_exit_is_the_result() {
     let c = cluster("grace-ckpt", 44000);
-    let dir = checkpoint_vfolder(&c);
+    let dir = c.writable_vfolder("ckpt");
 
     let sid = create(
         &c,
@@ -321,7 +306,7 @@ fn a_job_that_ignores_sigterm_is_killed_at_its_deadline() {
 #[test]
 fn a_drain_deadline_gives_the_grace() {
     let c = cluster("grace-drain", 44040);
-    let dir = checkpoint_vfolder(&c);
+    let dir = c.writable_vfolder("ckpt");
     let sid = create(
         &c,
         json!({"type": "batch", "command": CHECKPOINTING, "grace_period": 30,

@@ -337,21 +337,6 @@ const CHECKPOINTING: &str =
     "trap 'echo \"restart=${KERNELVISOR_RESTART_COUNT:-0}\" > /home/work/ckpt/$NAME.txt; exit 0' TERM; \
      echo ready; while true; do sleep 0.1; done";
 
-/// The caller's vfolder `ckpt`, its directory on agent 0 writable by the kernel's user.
-fn checkpoint_vfolder(c: &Cluster) -> std::path::PathBuf {
-    let r = c.post("/v1/vfolders", &json!({"name": "ckpt"}));
-    assert_eq!(r.status, 201, "{r:?}");
-    let dir = c.agents[0]
-        .fixture
-        .vfolder_root()
-        .join(&c.access_key)
-        .join("ckpt");
-    std::fs::create_dir_all(&dir).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    dir
-}
-
 /// Waits until the session's job printed `ready` (its trap is set).
 fn wait_ready(c: &Cluster, sid: &str) {
     wait_for(LONG, &format!("session {sid} ready"), || {
@@ -384,7 +369,7 @@ fn one_agent(name: &str, ports: u16) -> (Cluster, f64) {
 #[test]
 fn a_victim_checkpoints_in_its_grace_and_runs_again_with_its_restart_count() {
     let (c, cores) = one_agent("preempt-ckpt", 44150);
-    let dir = checkpoint_vfolder(&c);
+    let dir = c.writable_vfolder("ckpt");
     let half = cores / 2.0;
     let job = |name: &str| {
         body(
