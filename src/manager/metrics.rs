@@ -96,6 +96,11 @@ pub struct ManagerMetrics {
     /// `kernelvisor_manager_preemptions_total{reason}`: sessions evicted by preemption, by why
     /// (`priority`: a pending session of a strictly higher priority needed their room).
     pub preemptions: IntCounterVec,
+    // Cluster sessions (issue 40).
+    /// `kernelvisor_manager_gang_restarts_total{reason}`: cluster sessions requeued whole by
+    /// their restart policy, by the reason of the kernel that ended first (`agent-lost`,
+    /// `failed-to-create`, …).
+    pub gang_restarts: IntCounterVec,
     /// `kernelvisor_manager_admission_rounds_total`: admission rounds that planned over a
     /// non-empty queue (a test tells from it that rounds looked at a session).
     pub admission_rounds: IntCounter,
@@ -226,6 +231,11 @@ impl ManagerMetrics {
             preemptions: counter_vec(
                 "preemptions",
                 "Sessions evicted by preemption, by why",
+                &["reason"],
+            ),
+            gang_restarts: counter_vec(
+                "gang_restarts",
+                "Cluster sessions requeued whole by their restart policy, by the first ended kernel's reason",
                 &["reason"],
             ),
             admission_rounds: counter(

@@ -42,6 +42,7 @@ mod engine_restart;
 mod events;
 mod exec_streaming;
 mod files_direct;
+mod gang_restart;
 mod grace;
 mod ha;
 mod image_commit;

@@ -26,7 +26,7 @@
 //!   says so); the event and the metric name it.
 //! - A gang victim: a preemptible single-node cluster of 2 is evicted whole: both kernels end,
 //!   it is requeued as one `PENDING` session (one queue entry), its network is removed, the
-//!   invariants hold; once room frees it runs again whole.
+//!   invariants hold; once room frees it runs again whole, on a network of its own (`…-r1`).
 //!
 //! Agent host ports: 44100–44199 (20 per agent unless said): SQLite 44100–44139, the restart
 //! 44140–44149, the checkpointing victim 44150–44154, the gang 44155–44159, PostgreSQL
@@ -532,12 +532,15 @@ fn a_gang_victim_is_evicted_whole_and_requeued_as_one_session() {
     let back = wait_status(&c, &gid, "RUNNING");
     assert_eq!(kernel_ids(&back).len(), 2, "{back}");
     assert_eq!(running_containers(&gid), 2);
-    assert!(network_exists(&net), "{net}");
+    // The requeued generation's network is named after its restart.
+    let net1 = format!("{net}-r1");
+    assert!(network_exists(&net1), "{net1}");
+    assert!(!network_exists(&net), "{net}");
     c.check_invariants();
     let d = c.delete(&format!("/v1/sessions/{gid}"));
     assert_eq!(d.status, 200, "{d:?}");
     wait_for(LONG, "the gang's network removed", || {
-        (!network_exists(&net)).then_some(())
+        (!network_exists(&net1)).then_some(())
     });
     c.check_invariants();
 }

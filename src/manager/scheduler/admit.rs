@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::cluster::{end_gang, gang_kernels, GangPlaced};
+use super::cluster::{end_gang, gang_kernels, GangLaunch, GangPlaced};
 use super::evict::{preempt_for, Unplaced};
 use super::launch::{new_kernel, resolve_mounts, ClusterPlace, Launcher, Placed};
 use super::queue::{plan, Fleet};
@@ -366,15 +366,27 @@ async fn admit_gang(
             slots,
             mounts,
         };
-        if let Err(e) = launcher
+        // A generation a restart queued names its own network (`network_name`).
+        let generation = match launcher.store.kernel(&placed.kernel_id).await {
+            Ok(row) => row.map_or(0, |k| k.restart_count),
+            Err(_) => 0,
+        };
+        match launcher
             .launch_gang(GangPlaced {
                 placed,
                 mode,
                 kernels,
+                generation,
             })
             .await
         {
-            tracing::info!(session_id = %session_id, error = %e, "an admitted cluster session could not be created");
+            Ok(GangLaunch::Created) => {}
+            Ok(GangLaunch::Requeued(row)) => {
+                tracing::info!(session_id = %session_id, kernel_id = %row.id, "an admitted cluster session could not be created; requeued by its restart policy");
+            }
+            Err(e) => {
+                tracing::info!(session_id = %session_id, error = %e, "an admitted cluster session could not be created");
+            }
         }
     });
     Ok(true)

@@ -212,13 +212,19 @@ impl Handler<CreateSession> for Scheduler {
             match size {
                 1 => launcher.launch(placed, Waiter::Caller).await?,
                 _ => {
-                    launcher
+                    let launched = launcher
                         .launch_gang(super::cluster::GangPlaced {
                             placed,
                             mode,
                             kernels,
+                            generation: 0,
                         })
-                        .await?
+                        .await?;
+                    // Its create failed and its restart policy queued it again: the caller
+                    // gets the queued session, as for one queued at once.
+                    if let super::cluster::GangLaunch::Requeued(row) = launched {
+                        return Ok(*row);
+                    }
                 }
             }
             store

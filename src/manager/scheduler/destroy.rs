@@ -79,6 +79,11 @@ impl Handler<DestroySession> for Scheduler {
                         }
                     };
                     answer_when_ended(end).await?;
+                } else {
+                    // Ended already (a lost kernel, a failed create) and perhaps about to be
+                    // restarted by its policy (`cluster::restart`): its user's destroy keeps
+                    // it ended.
+                    store.keep_ended(&k.session_id).await?;
                 }
                 return main_of(store.session_kernels(&k.session_id).await?);
             }

@@ -157,6 +157,52 @@ impl KernelRow {
         }
     }
 
+    /// A main kernel's row of a cluster of 2 in `status` with every optional column empty,
+    /// for unit tests of code that reads rows.
+    #[cfg(test)]
+    pub(crate) fn for_tests(id: &str, status: KernelStatus) -> KernelRow {
+        KernelRow {
+            id: id.into(),
+            session_id: format!("{id}-s"),
+            agent_id: "a".into(),
+            access_key: "AK".into(),
+            image: "img".into(),
+            status,
+            status_reason: None,
+            exit_code: None,
+            resource_slots: ResourceSlots::new(),
+            created_at: 1.0,
+            terminated_at: None,
+            session_type: SessionType::Interactive,
+            command: None,
+            batch_timeout: None,
+            result: SessionResult::Undefined,
+            mounts: Vec::new(),
+            restart_policy: RestartPolicy::default(),
+            restart_count: 0,
+            pull_progress: None,
+            priority: 10,
+            queued_at: None,
+            admitted_at: None,
+            pending_reason: None,
+            status_changed_at: 1.0,
+            cluster_mode: ClusterMode::SingleNode,
+            cluster_size: 2,
+            cluster_role: MAIN_ROLE.into(),
+            cluster_idx: 1,
+            cluster_hostname: "main1".into(),
+            network: None,
+            service_ports: Vec::new(),
+            stop_signal: None,
+            grace_period: None,
+            terminate_deadline: None,
+            reclaim: Default::default(),
+            preemptible: false,
+            superseded_by: None,
+            preempted_at: None,
+        }
+    }
+
     /// Whether it waits in the queue (`PENDING`: no agent, no concurrency taken).
     pub fn is_pending(&self) -> bool {
         self.status == KernelStatus::Pending
@@ -339,11 +385,15 @@ pub(super) async fn terminate_in(
     // `kernel_terminated` for it, its agent lost, a drain) ends `preempted` and keeps its
     // request until its session is requeued from it (`Store::finish_preempted` clears it): its
     // eviction was decided, its end is the preemption's. Its user's destroy ends it for good.
+    // A cluster session's main row ended any way but by its user keeps its request too: the
+    // leader decides whether its restart policy requeues the gang from it (`cluster::restart`),
+    // and clears it otherwise.
     let owner: Option<(String, String, String, String)> = sqlx::query_as(&format!(
         "UPDATE kernels SET status = 'TERMINATED', \
          status_reason = CASE WHEN status = 'PREEMPTED' AND $2 <> 'user-requested' THEN 'preempted' ELSE $2 END, \
          exit_code = $3, terminated_at = $4, status_changed_at = $4, \
-         request = CASE WHEN status = 'PREEMPTED' AND $2 <> 'user-requested' THEN request ELSE NULL END, \
+         request = CASE WHEN (status = 'PREEMPTED' OR (cluster_size > 1 AND cluster_role = 'main')) \
+                   AND $2 <> 'user-requested' THEN request ELSE NULL END, \
          result = CASE WHEN session_type = 'batch' AND result = 'UNDEFINED' THEN 'FAILURE' ELSE result END \
          WHERE id = $1 AND {LIVE} AND status <> 'PENDING' RETURNING session_id, agent_id, access_key, cluster_role",
     ))
@@ -682,19 +732,22 @@ impl Store {
     /// Up to `limit` cluster sessions the reconcile sweep must act on, each as its kernels
     /// (`main1` first): those with a kernel ended while another is live and not already
     /// `TERMINATING` (the session ends whole), and those whose kernels all ended that still
-    /// have a network (it is removed).
+    /// have a network (it is removed) or whose main row still holds its request (its restart
+    /// policy is yet to be applied: requeued, or the request cleared).
     ///
     /// Errors: the database.
     pub async fn unsettled_clusters(&self, limit: u32) -> Result<Vec<Vec<KernelRow>>, StoreError> {
         let ids: Vec<(String,)> = sqlx::query_as(
             "SELECT session_id FROM kernels WHERE cluster_size > 1 AND superseded_by IS NULL AND session_id IN \
              (SELECT session_id FROM kernels WHERE cluster_size > 1 AND superseded_by IS NULL \
-              AND (status NOT IN ('TERMINATED', 'CANCELLED') OR network IS NOT NULL)) \
+              AND (status NOT IN ('TERMINATED', 'CANCELLED') OR network IS NOT NULL \
+                   OR (cluster_role = 'main' AND request IS NOT NULL))) \
              GROUP BY session_id HAVING \
              (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 1 ELSE 0 END) > 0 \
               AND SUM(CASE WHEN status NOT IN ('TERMINATED', 'CANCELLED', 'TERMINATING', 'PENDING', 'PREEMPTED') THEN 1 ELSE 0 END) > 0) \
              OR (SUM(CASE WHEN status IN ('TERMINATED', 'CANCELLED') THEN 0 ELSE 1 END) = 0 \
-              AND MAX(network) IS NOT NULL) \
+              AND (MAX(network) IS NOT NULL \
+                   OR SUM(CASE WHEN cluster_role = 'main' AND request IS NOT NULL THEN 1 ELSE 0 END) > 0)) \
              LIMIT $1",
         )
         .bind(i64::from(limit))
@@ -768,7 +821,7 @@ impl Store {
         network: Option<&str>,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE kernels SET network = $2 WHERE session_id = $1 AND cluster_role = 'main'",
+            "UPDATE kernels SET network = $2 WHERE session_id = $1 AND cluster_role = 'main' AND superseded_by IS NULL",
         )
         .bind(session_id)
         .bind(network)

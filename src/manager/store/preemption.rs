@@ -3,17 +3,12 @@
 //! ([`Store::preempt_kernels`]), and their end: requeued as a NEW kernel row of the same
 //! session, or ended `TERMINATED` `preempted` ([`Store::finish_preempted`]).
 //!
-//! Why a new row: the store moves a status only forward ([`KernelStatus::rank`]), and the
-//! agent's late events for the evicted kernel (its `kernel_terminated`, a lost answer's retry)
-//! name the old kernel id: they land on the old row, which is over, and never on the requeued
-//! session. The old rows keep their history and name the row that replaced them
-//! (`superseded_by`); the session's lists, look-ups, concurrency and usage see only the
-//! current row.
+//! Why a new row, and how it is queued: `requeue.rs`.
 
 use sqlx::Row;
 
-use super::columns::json_text;
 use super::kernels::{session_event, terminate_in, KernelRow, COLUMNS};
+use super::requeue::{clear_requests_in, requeue_in, Requeue};
 use super::{now, Store, StoreError};
 use crate::model::event::{Event, EventType};
 use crate::model::queue::PendingReason;
@@ -24,10 +19,6 @@ use crate::slots::ResourceSlots;
 /// `PENDING` reason, and `TERMINATED` when its restart policy does not requeue it) and the
 /// `destroy_kernel` reason its agent gets.
 pub const PREEMPTED: &str = "preempted";
-
-/// The environment variable a requeued session's kernels get: how many times it was
-/// preempted and requeued (Slurm's `SLURM_RESTART_COUNT`).
-pub const RESTART_COUNT_ENV: &str = "KERNELVISOR_RESTART_COUNT";
 
 /// A placed kernel a preemption may evict, as the victim choice sees it.
 #[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
@@ -156,7 +147,7 @@ impl Store {
     /// the same session is queued `PENDING` in the same transaction (a new kernel id; the
     /// same priority, request, slots and cluster shape; its ORIGINAL `queued_at` — its
     /// creation time when it was never queued — so it waits ahead of its priority's later
-    /// arrivals; `restart_count` one more, and [`RESTART_COUNT_ENV`] set to it in its
+    /// arrivals; `restart_count` one more, and [`super::RESTART_COUNT_ENV`] set to it in its
     /// request's `environ`) and the old rows name it in `superseded_by`. The old rows'
     /// request is cleared: done. Returns the new row when one was queued; `None` when
     /// nothing was due (done already: idempotent) or the session was ended.
@@ -190,54 +181,26 @@ impl Store {
         for (id,) in &preempted {
             events.extend(terminate_in(&mut tx, id, PREEMPTED, None).await?);
         }
-        let mut queued = None;
-        if requeue {
-            let new_id = uuid::Uuid::new_v4().to_string();
-            let restarts = main.restart_count + 1;
-            let request = with_restart_count(main_request.as_deref().unwrap_or("{}"), restarts);
-            let reason = PendingReason::new(
-                crate::model::queue::PendingCode::NoCapacity,
-                format!("preempted; requeued (restart {restarts})"),
-            );
-            let at = now();
-            sqlx::query(
-                "INSERT INTO kernels (id, session_id, agent_id, access_key, image, status, status_reason, \
-                 cpu_millis, mem_bytes, cuda_devices, created_at, session_type, command, batch_timeout, \
-                 result, mounts, restart_policy, restart_count, resource_slots, priority, queued_at, \
-                 pending_reason, status_changed_at, cluster_mode, cluster_size, cluster_role, \
-                 cluster_idx, cluster_hostname, service_ports, preemptible, preempted_at, head_skips, request, \
-                 stop_signal, grace_period, max_lifetime, idle_timeout, utilization_window, min_utilization) \
-                 SELECT $2, session_id, '', access_key, image, 'PENDING', $6, cpu_millis, mem_bytes, \
-                 cuda_devices, $3, session_type, command, batch_timeout, 'UNDEFINED', mounts, \
-                 restart_policy, $4, resource_slots, priority, COALESCE(queued_at, created_at), $5, $3, \
-                 cluster_mode, cluster_size, cluster_role, cluster_idx, cluster_hostname, '[]', \
-                 preemptible, preempted_at, 0, $7, \
-                 stop_signal, grace_period, max_lifetime, idle_timeout, utilization_window, min_utilization \
-                 FROM kernels WHERE id = $1",
-            )
-            .bind(&main.id)
-            .bind(&new_id)
-            .bind(at)
-            .bind(restarts)
-            .bind(json_text(&reason, ""))
-            .bind(PREEMPTED)
-            .bind(&request)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE kernels SET superseded_by = $2 WHERE session_id = $1 AND superseded_by IS NULL AND id <> $2",
-            )
-            .bind(session_id)
-            .bind(&new_id)
-            .execute(&mut *tx)
-            .await?;
-            queued = Some(new_id);
-        }
-        sqlx::query("UPDATE kernels SET request = NULL WHERE session_id = $1 AND id <> $2 AND status = 'TERMINATED'")
-            .bind(session_id)
-            .bind(queued.as_deref().unwrap_or(""))
-            .execute(&mut *tx)
-            .await?;
+        let queued = match requeue {
+            true => {
+                let restarts = main.restart_count + 1;
+                let r = Requeue {
+                    main: &main,
+                    request: main_request.as_deref(),
+                    reason: PendingReason::new(
+                        crate::model::queue::PendingCode::NoCapacity,
+                        format!("preempted; requeued (restart {restarts})"),
+                    ),
+                    status_reason: PREEMPTED,
+                    not_before: None,
+                };
+                Some(requeue_in(&mut tx, &r).await?)
+            }
+            false => {
+                clear_requests_in(&mut tx, session_id, "").await?;
+                None
+            }
+        };
         tx.commit().await?;
         for e in events {
             self.publish(Some(e));
@@ -245,20 +208,8 @@ impl Store {
         let Some(new_id) = queued else {
             return Ok(None);
         };
-        self.depth.add(main.priority, 1);
-        let row = self.kernel(&new_id).await?;
-        if let Some(k) = &row {
-            self.events.publish(Event {
-                status: Some(KernelStatus::Pending.as_str().into()),
-                reason: Some(PREEMPTED.into()),
-                ..session_event(
-                    EventType::SessionStatus,
-                    &k.id,
-                    (k.session_id.clone(), String::new(), k.access_key.clone()),
-                )
-            });
-        }
-        Ok(row)
+        self.announce_requeued(&new_id, main.priority, PREEMPTED)
+            .await
     }
 }
 
@@ -267,24 +218,6 @@ impl Store {
 /// `kernel_terminated` ended it before [`Store::finish_preempted`] ran; that clears it).
 const DUE: &str = "superseded_by IS NULL AND status_reason = 'preempted' \
      AND (status = 'PREEMPTED' OR (status = 'TERMINATED' AND request IS NOT NULL))";
-
-/// A stored `SessionRequest` (JSON) with [`RESTART_COUNT_ENV`] = `n` in its `environ`; the
-/// text as it was when it is not a JSON object.
-fn with_restart_count(request: &str, n: i64) -> String {
-    let Ok(serde_json::Value::Object(mut req)) = serde_json::from_str(request) else {
-        return request.to_owned();
-    };
-    let environ = req
-        .entry("environ")
-        .or_insert_with(|| serde_json::Value::Object(Default::default()));
-    if !environ.is_object() {
-        *environ = serde_json::Value::Object(Default::default());
-    }
-    if let Some(m) = environ.as_object_mut() {
-        m.insert(RESTART_COUNT_ENV.into(), n.to_string().into());
-    }
-    serde_json::Value::Object(req).to_string()
-}
 
 #[cfg(test)]
 mod tests {
@@ -418,17 +351,5 @@ mod tests {
                 .concurrency_used,
             0
         );
-    }
-
-    #[test]
-    fn the_restart_count_goes_into_the_requests_environment() {
-        let r = super::with_restart_count(r#"{"image":"i","environ":{"A":"1"}}"#, 2);
-        let v: serde_json::Value = serde_json::from_str(&r).unwrap();
-        assert_eq!(v["environ"]["A"], "1");
-        assert_eq!(v["environ"]["KERNELVISOR_RESTART_COUNT"], "2");
-        let r = super::with_restart_count(r#"{"image":"i"}"#, 1);
-        let v: serde_json::Value = serde_json::from_str(&r).unwrap();
-        assert_eq!(v["environ"]["KERNELVISOR_RESTART_COUNT"], "1");
-        assert_eq!(super::with_restart_count("nope", 1), "nope");
     }
 }

@@ -148,15 +148,18 @@ impl Store {
         Ok(any.is_some())
     }
 
-    /// The first `limit` queued sessions in the queue's order (priority, then queued time).
+    /// The first `limit` queued sessions in the queue's order (priority, then queued time)
+    /// that may be placed now: a gang restart's backoff (`not_before`, Unix seconds) keeps its
+    /// row out of the rounds until it passes, behind nobody and holding nothing.
     pub async fn pending_window(&self, limit: u32) -> Result<Vec<QueuedSession>, StoreError> {
         Ok(sqlx::query_as(&format!(
             "SELECT id, session_id, access_key, image, resource_slots, cpu_millis, mem_bytes, cuda_devices, \
              priority, COALESCE(queued_at, 0.0) AS queued_at, head_skips, pending_reason, cluster_mode, cluster_size FROM kernels \
-             WHERE status = $2 {ORDER} LIMIT $1"
+             WHERE status = $2 AND (not_before IS NULL OR not_before <= $3) {ORDER} LIMIT $1"
         ))
         .bind(i64::from(limit))
         .bind(KernelStatus::Pending)
+        .bind(now())
         .fetch_all(&self.reads)
         .await?)
     }

@@ -14,12 +14,16 @@
 //!    refusal or silence, as the agent's own events say), which frees every reservation and
 //!    the concurrency, and the network removed;
 //! 5. afterwards (`settle`, in the leader's reconcile sweep): a kernel that ended ends the
-//!    others with its reason, and once every kernel has ended the network goes.
+//!    others with its reason, and once every kernel has ended the network goes;
+//! 6. a session whose kernels all ended (a lost kernel, a failed create) is requeued whole
+//!    or ended for good by its restart policy (`restart.rs`); the next generation's network
+//!    has its own name (`network_name`), as the old one may outlive it on a lost agent.
 //!
 //! The session is `RUNNING` when every kernel is (the API combines their statuses).
 
 mod keypair;
 mod network;
+mod restart;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -48,6 +52,8 @@ pub(super) struct GangPlaced {
     pub(super) mode: ClusterMode,
     /// Every kernel, `main1` first.
     pub(super) kernels: Vec<GangKernel>,
+    /// Its main row's `restart_count` (0 for a session never requeued): names its network.
+    pub(super) generation: i64,
 }
 
 /// One kernel of a gang.
@@ -79,21 +85,31 @@ pub(super) fn gang_kernels(main_id: &str, agents: &[String]) -> Vec<GangKernel> 
         .collect()
 }
 
+/// How a gang's launch ended when it did not fail for good.
+#[derive(Debug)]
+pub(super) enum GangLaunch {
+    /// Every kernel created.
+    Created,
+    /// Its create failed, was rolled back, and its restart policy requeued the session:
+    /// its new main row (`PENDING`).
+    Requeued(Box<KernelRow>),
+}
+
 /// Kernels sent to agents at once while a gang is ended (its destroys).
 const CONCURRENCY: usize = 16;
 
 impl Launcher {
     /// Creates a reserved gang (see the module's doc); on any failure rolls it back whole and
-    /// returns the failure. Nobody else ends its rows meanwhile but a user's destroy or the
+    /// returns the failure, unless its restart policy requeued it ([`GangLaunch::Requeued`]). Nobody else ends its rows meanwhile but a user's destroy or the
     /// reconcile sweep, which the rollback tolerates (ending a row twice is a no-op).
     ///
     /// Errors: the network's (`cluster-network-failed`), a pull's, the keypair's (`internal`),
     /// the first agent refusal or unknown outcome of `create_kernels`.
-    pub(super) async fn launch_gang(&self, g: GangPlaced) -> Result<(), ManagerError> {
+    pub(super) async fn launch_gang(&self, g: GangPlaced) -> Result<GangLaunch, ManagerError> {
         match self.create_gang(&g).await {
             Ok(()) => {
                 self.metrics.sessions_created.inc();
-                Ok(())
+                Ok(GangLaunch::Created)
             }
             Err(e) => {
                 tracing::info!(session_id = %g.placed.session_id, error = %e, "cluster session could not be created; rolling it back");
@@ -106,7 +122,13 @@ impl Launcher {
                 };
                 // A creation that failed has no workload to save: no grace.
                 end_gang(self, &rows, reason, Some(std::time::Duration::ZERO)).await;
-                Err(e)
+                // Its restart policy: requeued now when every kernel ended (else the sweep's
+                // `settle` decides once the last one has).
+                let rows = self.store.session_kernels(&g.placed.session_id).await?;
+                match restart::apply(self, &rows).await? {
+                    Some(row) => Ok(GangLaunch::Requeued(Box::new(row))),
+                    None => Err(e),
+                }
             }
         }
     }
@@ -119,7 +141,7 @@ impl Launcher {
         let network = match size {
             0 | 1 => None,
             _ => {
-                let name = network_name(g.mode, &p.session_id);
+                let name = network_name(g.mode, &p.session_id, g.generation);
                 // Recorded before it is made: a manager that dies now leaves it to the sweep.
                 self.store
                     .set_session_network(&p.session_id, Some(&name))
@@ -408,6 +430,9 @@ pub(super) async fn settle(launcher: &Launcher, limit: u32) -> Result<usize, Sto
                     .unwrap_or_else(|| "kernel-terminated".to_owned());
                 tracing::info!(session_id = %first.session_id, kernel = %first.cluster_hostname, %reason, "cluster session: a kernel ended; ending the others");
                 end_gang(launcher, &rows, &reason, None).await;
+                // Every kernel ended now (else the next pass sees the rest end): its policy.
+                let rows = launcher.store.session_kernels(&first.session_id).await?;
+                restart::apply(launcher, &rows).await?;
             }
             _ => {
                 if let Some(main) = rows.iter().find(|k| k.is_main()) {
@@ -415,8 +440,46 @@ pub(super) async fn settle(launcher: &Launcher, limit: u32) -> Result<usize, Sto
                         tracing::info!(session_id = %main.session_id, error = %e, "cluster session: its network could not be removed yet");
                     }
                 }
+                restart::apply(launcher, &rows).await?;
+            }
+        }
+    }
+    // The networks of generations a restart superseded, once their agents answer again.
+    for main in launcher.store.superseded_networks(limit).await? {
+        match remove_old_network(launcher, &main).await {
+            Ok(()) => {
+                tracing::info!(session_id = %main.session_id, network = ?main.network, "cluster session: a restarted session's old network removed")
+            }
+            Err(e) => {
+                tracing::debug!(session_id = %main.session_id, error = %e, "cluster session: an old generation's network is left for a later pass")
             }
         }
     }
     Ok(n)
+}
+
+/// Removes the network of a superseded generation's main row (`main`: every kernel of that
+/// generation ended), then clears it on that row.
+///
+/// Errors: the network's removal (`cluster-network-failed`: its agent does not answer, a
+/// container of that generation still holds it), or the store's.
+async fn remove_old_network(launcher: &Launcher, main: &KernelRow) -> Result<(), ManagerError> {
+    let Some(name) = main.network.as_deref() else {
+        return Ok(());
+    };
+    match main.cluster_mode {
+        ClusterMode::SingleNode => {
+            network::destroy_local(
+                &launcher.pool,
+                &launcher.metrics,
+                &main.agent_id,
+                name,
+                launcher.spec.destroy_timeout,
+            )
+            .await?
+        }
+        ClusterMode::MultiNode => network::remove_overlay(&launcher.spec.overlay, name).await?,
+    }
+    launcher.store.clear_network(&main.id).await?;
+    Ok(())
 }

@@ -41,11 +41,19 @@ pub struct OverlaySpec {
 /// Seconds a call to the Swarm manager's engine may take.
 const ENGINE_TIMEOUT_SECS: u64 = 30;
 
-/// The network a session of `mode` gets: `bai-singlenode-<id>` / `bai-multinode-<id>`.
-pub fn network_name(mode: ClusterMode, session_id: &str) -> String {
-    match mode {
+/// The network a session of `mode` gets: `bai-singlenode-<id>` / `bai-multinode-<id>` (the
+/// names upstream's manager gives), with `-r<n>` after it for a generation a restart queued
+/// (`generation`: its main row's `restart_count`, 0 for the first): the old generation's
+/// network may outlive it on a lost agent's engine, or a Swarm with its containers still
+/// attached, and a new kernel must not join its namesakes there.
+pub fn network_name(mode: ClusterMode, session_id: &str, generation: i64) -> String {
+    let base = match mode {
         ClusterMode::SingleNode => format!("bai-singlenode-{session_id}"),
         ClusterMode::MultiNode => format!("bai-multinode-{session_id}"),
+    };
+    match generation {
+        0 => base,
+        n => format!("{base}-r{n}"),
     }
 }
 
