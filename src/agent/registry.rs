@@ -380,9 +380,12 @@ impl Handler<CreateKernels> for KernelRegistry {
                 }
             }
             if let Some(e) = first_error {
-                // All or nothing: the kernels that did come up go too.
+                // All or nothing: the kernels that did come up go too, with upstream's
+                // reason for a kernel that never came up (`failed-to-create`, as its
+                // `kernel_terminated` says): the manager's rollback ends the same rows with
+                // it, and whichever lands first, every kernel of the session has one reason.
                 let stop = || Terminate {
-                    reason: "session-creation-failed".into(),
+                    reason: "failed-to-create".into(),
                     exit_code: None,
                     suppress_events: false,
                     grace: Some(std::time::Duration::ZERO),

@@ -121,7 +121,8 @@ fn a_gang_whose_create_fails_is_requeued_once_by_its_restart_policy() {
             "image": TEST_IMAGE,
             "resource_slots": {"cpu": 0.1, "mem": "32m"},
             "cluster_size": 3,
-            "restart_policy": {"mode": "on-failure", "max_restarts": 1, "backoff": 0},
+            // A backoff the create's answer comes well within: it shows the queued session.
+            "restart_policy": {"mode": "on-failure", "max_restarts": 1, "backoff": 2},
             "_inject": {"kernels": {"sub2": {"fail_at": "container"}}},
         }),
     );
@@ -167,12 +168,20 @@ fn a_gang_whose_create_fails_is_requeued_once_by_its_restart_policy() {
         1.0
     );
     // Both attempts rolled back whole.
-    wait_for(LONG, "no container and no network left", || {
-        (containers_of(&sid).is_empty()
-            && !network_exists(&format!("bai-singlenode-{sid}"))
-            && !network_exists(&format!("bai-singlenode-{sid}-r1")))
-        .then_some(())
-    });
+    let left = || {
+        let mut left: Vec<String> = containers_of(&sid).into_iter().collect();
+        for n in [
+            format!("bai-singlenode-{sid}"),
+            format!("bai-singlenode-{sid}-r1"),
+        ] {
+            if network_exists(&n) {
+                left.push(n);
+            }
+        }
+        left
+    };
+    let gone = common::cluster::settle(LONG, left, Vec::is_empty);
+    assert!(gone.is_empty(), "left behind: {gone:?}");
     assert_eq!(c.concurrency_used(), 0);
     c.check_invariants();
     // The events tell it: the first attempt's kernels ended, the session queued again with

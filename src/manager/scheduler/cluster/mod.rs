@@ -125,9 +125,16 @@ impl Launcher {
                 // Its restart policy: requeued now when every kernel ended (else the sweep's
                 // `settle` decides once the last one has).
                 let rows = self.store.session_kernels(&g.placed.session_id).await?;
-                match restart::apply(self, &rows).await? {
-                    Some(row) => Ok(GangLaunch::Requeued(Box::new(row))),
-                    None => Err(e),
+                if let Some(row) = restart::apply(self, &rows).await? {
+                    return Ok(GangLaunch::Requeued(Box::new(row)));
+                }
+                // The leader's sweep may have requeued it first (it saw every kernel ended
+                // while the rollback removed the network): the session was queued all the
+                // same, and its new generation (perhaps placed already) answers.
+                let now = self.store.session_kernels(&g.placed.session_id).await?;
+                match now.into_iter().find(|k| k.is_main()) {
+                    Some(k) if k.id != g.placed.kernel_id => Ok(GangLaunch::Requeued(Box::new(k))),
+                    _ => Err(e),
                 }
             }
         }
@@ -361,10 +368,9 @@ pub(super) async fn remove_preempted_network(
         }
         ClusterMode::MultiNode => network::remove_overlay(&launcher.spec.overlay, name).await?,
     }
-    launcher
-        .store
-        .set_session_network(&main.session_id, None)
-        .await?;
+    // Cleared on that row by its id, not on the session's current main row: a restart may
+    // have queued the next generation meanwhile, whose own network that would forget.
+    launcher.store.clear_network(&main.id).await?;
     Ok(())
 }
 
@@ -402,7 +408,9 @@ async fn remove_network(launcher: &Launcher, main: &KernelRow) -> Result<(), Man
         }
         ClusterMode::MultiNode => network::remove_overlay(&launcher.spec.overlay, name).await?,
     }
-    store.set_session_network(&main.session_id, None).await?;
+    // By the row's id: a restart may have queued the next generation since `rows` were read
+    // (its network, recorded on its own main row, must stay known).
+    store.clear_network(&main.id).await?;
     Ok(())
 }
 
