@@ -19,13 +19,26 @@ pub fn run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
 }
 
-/// A free TCP port on loopback (bound and released).
+/// Where [`free_port`] picks from: below Linux's ephemeral range (32768–60999) and below the
+/// agents' host port ranges (18000 up, [`PORT_SHIFT`]).
+const FREE_PORTS: std::ops::Range<u16> = 10_000..18_000;
+
+/// A free TCP port on loopback (bound and released), outside the ephemeral range: a process
+/// restarted on it (an agent's RPC or metrics port, a manager's API) must find it free again,
+/// and a port from the ephemeral range may meanwhile be the local end of any outgoing
+/// connection on the host (an agent restarted in a test died of `Address already in use` on
+/// its metrics port so). Picked at random in [`FREE_PORTS`] so tests running side by side
+/// rarely try the same one, and checked by binding it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let span = FREE_PORTS.end - FREE_PORTS.start;
+    for _ in 0..1000 {
+        let b = uuid::Uuid::new_v4().into_bytes();
+        let port = FREE_PORTS.start + u16::from_le_bytes([b[0], b[1]]) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FREE_PORTS:?} after 1000 tries");
 }
 
 /// Starts a container of the test image labelled as agent `agent_id`'s kernel `kernel_id`

@@ -20,6 +20,7 @@
 //! it. Without it the test fails: CI runs `just setup` first. `KV_FUZZ_EXAMPLES` overrides the
 //! examples per operation and data generation method (default 50: about 2 minutes here).
 
+use crate::common::agent::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,14 +40,6 @@ impl Drop for Procs {
             let _ = c.wait();
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// schemathesis' `st` in the venv of `KV_PYTHON` (else `.venv/bin/python`).

@@ -3,7 +3,7 @@
 //! 127.0.0.1), and `kernelvisor ctl` talking to it with and without `--ca-cert`. No agent and no
 //! Docker: nothing here needs a kernel.
 
-use std::net::TcpListener;
+use crate::common::agent::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -11,15 +11,6 @@ use std::time::{Duration, Instant};
 use kernelvisor::config::ManagerConfig;
 
 use crate::common::pty;
-
-/// A loopback port free right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A self-signed certificate for `localhost` and 127.0.0.1, written as `cert.pem` and
 /// `key.pem` in `dir`.

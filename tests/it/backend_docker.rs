@@ -3,6 +3,7 @@
 //! unreachable. Every container carries `kernelvisor.test-run=<run id>` and is removed by a
 //! guard, also when a test fails.
 
+use crate::common::agent::free_port;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -77,14 +78,6 @@ impl Drop for Run {
         });
         let _ = cleanup.join();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn sh(script: &str) -> Vec<String> {
