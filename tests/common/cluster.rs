@@ -90,6 +90,17 @@ pub fn settle<T>(limit: Duration, mut probe: impl FnMut() -> T, done: impl Fn(&T
     }
 }
 
+/// A replica (or any manager) process killed when the test ends, failed or not: no manager
+/// outlives its test.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// An HTTP answer: status and JSON body (Null when not JSON), `Retry-After` if any.
 #[derive(Debug)]
 pub struct Answer {

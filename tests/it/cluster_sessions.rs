@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::agent::TEST_IMAGE;
-use common::cluster::{wait_for, Cluster, Db};
+use common::cluster::{wait_for, Cluster, Db, Reaped};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(90);
@@ -472,16 +472,6 @@ fn a_batch_cluster_session_ends_with_its_main_kernels_exit_code() {
             .then_some(())
     });
     c.check_invariants();
-}
-
-/// A replica process killed when the test ends, failed or not.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// On PostgreSQL with a replica: the leader killed, the replica takes over a running cluster

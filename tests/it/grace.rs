@@ -8,7 +8,8 @@
 //!   (`kernelvisor_agent_grace_kills_total`), its `TERMINATING` event carries the deadline; a long
 //!   grace answers 202 `TERMINATING` and `ctl session rm --now` cuts it; bad graces are 400s;
 //! - a drain with a deadline ends a session with its grace (its checkpoint written);
-//! - a manager killed and restarted during a grace: the end completes, once;
+//! - a manager killed and restarted during a grace, and a leader killed during one on PostgreSQL
+//!   (its replica takes over): the end completes, once;
 //! - `destroy_kernel` from Backend.AI 26.9.6's client gives a kernel it created the agent's
 //!   `[container] grace-period`.
 //!
@@ -21,7 +22,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::agent::TEST_IMAGE;
-use common::cluster::{wait_for, Cluster, Db};
+use common::cluster::{wait_for, Cluster, Db, Reaped};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -384,6 +385,75 @@ fn a_manager_restart_during_a_grace_ends_the_session_once() {
         })
     });
     assert_eq!(terminated, 1, "one kernel_terminated");
+    assert!(c.running_containers(0).is_empty());
+    c.check_invariants();
+}
+
+/// On PostgreSQL with a replica: the leader killed during a session's grace (its `DELETE`
+/// asked, the job ignoring `SIGTERM`); the replica takes over and the end completes at the
+/// deadline, once (one kill by the agent, one `kernel_terminated`, one `TERMINATED` event).
+#[test]
+fn a_failover_to_a_replica_during_a_grace_ends_the_session_once() {
+    let mut c = Cluster::new(Db::Postgres);
+    c.heartbeat_timeout = 8.0;
+    c.manager_extra = "leader-lease = 4\n".into();
+    c.scheduler_extra = "grace-period = 10\nmax-grace-period = 120\nsweep-interval = 1".into();
+    c.start_manager();
+    let (port, intake) = (common::agent::free_port(), common::agent::free_port());
+    let _replica = Reaped(c.spawn_replica("replica", port, intake));
+    let replica_api = format!("http://127.0.0.1:{port}");
+    c.agent_intakes = vec![c.intake_port, intake];
+    // A batch job without service ports: a few host ports are enough.
+    let a = c.add_agent_ports("grace-failover", 44088, 12);
+    let agent_id = c.agents[a].id().to_owned();
+    c.wait_agent_status(&agent_id, "ALIVE", LONG);
+    wait_for(LONG, "the replica sees the agent", || {
+        c.get_at(&replica_api, "/health")
+            .ok()
+            .filter(|h| h.body["agents_alive"] == 1)
+    });
+    let sid = create(
+        &c,
+        json!({"type": "batch", "command": IGNORING, "grace_period": 8}),
+    );
+    wait_ready(&c, &sid);
+    let (api, auth) = (c.api.clone(), c.auth());
+    let sid_ = sid.clone();
+    let asked = Instant::now();
+    // Its answer is lost with the leader.
+    let delete = std::thread::spawn(move || {
+        let _ = ureq::delete(&format!("{api}/v1/sessions/{sid_}"))
+            .set("Authorization", &auth)
+            .call();
+    });
+    wait_for(LONG, "TERMINATING", || {
+        (session(&c, &sid)["status"] == "TERMINATING").then_some(())
+    });
+    c.stop_manager("KILL");
+    c.api = replica_api;
+    wait_for(LONG, "the replica leads", || {
+        c.get("/health").ok().filter(|h| h.body["leader"] == true)
+    });
+    let s = wait_terminated(&c, &sid);
+    let took = asked.elapsed();
+    assert!(took >= Duration::from_millis(7900), "ended after {took:?}");
+    assert_eq!(s["status_reason"], "user-requested", "{s}");
+    delete.join().unwrap();
+    assert_eq!(grace_kills(&c), 1.0, "killed once, at the deadline");
+    let agent = agent_id.clone();
+    let terminated = c.store(move |s| {
+        Box::pin(async move {
+            s.processed_event_count(&agent, "kernel_terminated")
+                .await
+                .unwrap()
+        })
+    });
+    assert_eq!(terminated, 1, "one kernel_terminated");
+    let ended: Vec<Value> = status_events(&c, &sid)
+        .into_iter()
+        .filter(|e| e["status"] == "TERMINATED")
+        .collect();
+    assert_eq!(ended.len(), 1, "one TERMINATED event: {ended:?}");
     assert!(c.running_containers(0).is_empty());
     c.check_invariants();
 }

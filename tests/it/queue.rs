@@ -22,7 +22,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::agent::TEST_IMAGE;
-use common::cluster::{signal, wait_exit, wait_for, Cluster, Db};
+use common::cluster::{signal, wait_exit, wait_for, Cluster, Db, Reaped};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -420,16 +420,6 @@ fn a_replica_taking_over_admits_the_queue_in_order() {
     c.check_invariants();
     signal(replica.0.id(), "TERM");
     assert!(wait_exit(&mut replica.0, Duration::from_secs(20)));
-}
-
-/// A replica process killed when the test ends, failed or not (no manager outlives its test).
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `policy = "drf"`: two keys queue alternately, one big sessions (half the agent) and one
