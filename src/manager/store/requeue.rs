@@ -189,9 +189,14 @@ impl Store {
                 request: kept.as_deref(),
                 reason: PendingReason::new(
                     PendingCode::NoCapacity,
-                    format!(
-                        "{why}; restarting the session by its restart policy (restart {restarts})"
-                    ),
+                    match not_before.map(|t| t - now()).filter(|d| *d >= 0.5) {
+                        Some(d) => format!(
+                            "{why}; restarting the session by its restart policy (restart {restarts}, in {d:.0} s)"
+                        ),
+                        None => format!(
+                            "{why}; restarting the session by its restart policy (restart {restarts})"
+                        ),
+                    },
                 ),
                 status_reason: RESTART,
                 not_before,
