@@ -8,6 +8,8 @@ const SECRET = 'kernelvisor.secret';
 const LOG_CAP = 256 * 1024;
 /** Longest unfinished event frame the stream reader holds (characters). */
 const FRAME_CAP = 64 * 1024;
+/** A session's statuses once its container has started: its logs can be followed. */
+const HAS_LOGS = new Set(['RUNNING', 'RESTARTING', 'TERMINATING', 'PREEMPTED', 'TERMINATED']);
 /** A session's statuses once it has ended. */
 const ENDED = new Set(['TERMINATED', 'CANCELLED']);
 
@@ -470,9 +472,9 @@ function sessionPage(id) {
   const logs = el('pre', { id: 'logs', tabIndex: 0 });
   const logNote = el('p', { id: 'logs-note', class: 'note' });
   const actions = el('p');
-  main.replaceChildren(
-    el('h1', {}, 'Session ', el('span', { class: 'mono' }, id)),
-    head,
+  const details = el('div', { hidden: true });
+  main.replaceChildren(el('h1', {}, 'Session ', el('span', { class: 'mono' }, id)), head, details);
+  details.replaceChildren(
     actions,
     el('h2', {}, 'Kernels'),
     el(
@@ -586,8 +588,9 @@ function sessionPage(id) {
       });
       actions.append(stop);
     }
-    if (!['PENDING', 'SCHEDULED', 'CANCELLED'].includes(s.status)) followLogs();
-    else if (!follow) logNote.textContent = 'no logs while the session waits';
+    // Logs once its container has started (before, the agent has none to follow).
+    if (HAS_LOGS.has(s.status)) followLogs();
+    else if (!follow) logNote.textContent = `no logs yet: the session is ${s.status}`;
   };
 
   const load = async () => {
@@ -596,9 +599,12 @@ function sessionPage(id) {
       if (gone) return;
       session = s;
       render(s);
+      details.hidden = false;
     } catch (e) {
       if (gone) return;
+      // Refused (another key's session is a 404, as a missing one): the API's word only.
       head.replaceChildren(errorBox(e, 'session-error'));
+      details.hidden = true;
     }
   };
   const reload = debounced(load, 150);
