@@ -443,7 +443,7 @@ fn an_admin_sees_the_agent_queues_a_session_from_the_form_and_watches_it_run() {
     assert_eq!(b.count("#logs *"), 0, "the log holds text only");
     assert_eq!(b.js("return window.kvInjected === undefined"), json!(true));
     b.wait_text(
-        &format!("#kernels tr[data-kernel] td:nth-child(3)"),
+        "#kernels tr[data-kernel] td:nth-child(3)",
         "the kernel's agent",
         |t| t == agent,
     );

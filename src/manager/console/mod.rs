@@ -122,7 +122,8 @@ fn serve(a: &Asset) -> HttpResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use actix_web::test;
+    // Not `test`: that name would shadow the `#[test]` attribute.
+    use actix_web::test as web_test;
 
     fn app_config(cfg: &mut web::ServiceConfig) {
         configure(cfg);
@@ -131,7 +132,7 @@ mod tests {
     /// Every console answer, found or not, carries the security headers; the root redirects.
     #[actix_rt::test]
     async fn every_answer_carries_the_policy_and_the_root_redirects() {
-        let app = test::init_service(actix_web::App::new().configure(app_config)).await;
+        let app = web_test::init_service(actix_web::App::new().configure(app_config)).await;
         for (path, status) in [
             ("/", 302),
             ("/ui", 302),
@@ -143,7 +144,8 @@ mod tests {
             ("/ui/a/b", 404),
         ] {
             let resp =
-                test::call_service(&app, test::TestRequest::get().uri(path).to_request()).await;
+                web_test::call_service(&app, web_test::TestRequest::get().uri(path).to_request())
+                    .await;
             assert_eq!(resp.status().as_u16(), status, "{path}");
             for (name, value) in SECURITY_HEADERS {
                 assert_eq!(
