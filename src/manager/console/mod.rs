@@ -62,13 +62,12 @@ const ASSETS: [Asset; 3] = [
     },
 ];
 
-/// Whether a request is the console's, answered without a token: `GET` or `HEAD` of `/`,
-/// `/ui` or a path under [`PREFIX`]. The API's routes all start with `/v1/`, `/health` or
+/// Whether a request is the console's, answered without a token: `GET` of `/`, `/ui` or a
+/// path under [`PREFIX`]. The API's routes all start with `/v1/`, `/health` or
 /// `/metrics`, so none of them is reached this way (and a handler reached without a caller
 /// refuses anyway: `auth::Caller`).
 pub fn is_console_request(method: &Method, path: &str) -> bool {
-    (method == Method::GET || method == Method::HEAD)
-        && (path == "/" || path == "/ui" || path.starts_with(PREFIX))
+    method == Method::GET && (path == "/" || path == "/ui" || path.starts_with(PREFIX))
 }
 
 /// Registers the console's routes: `/` and `/ui` redirect to [`PREFIX`], which answers
@@ -194,7 +193,8 @@ mod tests {
     fn only_reads_of_the_console_paths_are_the_consoles() {
         assert!(is_console_request(&Method::GET, "/"));
         assert!(is_console_request(&Method::GET, "/ui/console.js"));
-        assert!(is_console_request(&Method::HEAD, "/ui"));
+        assert!(is_console_request(&Method::GET, "/ui"));
+        assert!(!is_console_request(&Method::HEAD, "/ui/"));
         assert!(!is_console_request(&Method::POST, "/ui/"));
         assert!(!is_console_request(&Method::GET, "/v1/sessions"));
         assert!(!is_console_request(&Method::GET, "/uix"));
