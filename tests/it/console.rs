@@ -9,8 +9,12 @@
 //!   page's state survives); its log line carrying `<script>` is shown as text and runs
 //!   nothing. The browser's console has no error but the API's refusals the test asked for;
 //!   every console answer carries the Content-Security-Policy.
-//! - A user key sees only its own sessions: another key's session by URL shows the API's 404,
-//!   the agents page the API's 403, and no admin control is there.
+//! - A user key (signed in with the keyboard) sees only its own sessions: another key's session
+//!   by URL shows the API's 404, the agents page the API's 403, and no admin control is there.
+//!   Its own batch job from the form shows its result, exit code and logs. The policy holds in
+//!   the browser (an inline script put into the page does not run, and the violation is a
+//!   console error the check would see); at a phone's width the page does not overflow
+//!   sideways; signing out forgets the secret.
 //!
 //! The pages' screenshots go to the cluster's directory; with `KV_WRITE_CONSOLE_SCREENSHOTS=1`
 //! also to `docs/console/*.png` (review and commit them).
@@ -246,10 +250,16 @@ impl Browser {
     }
 
     /// Signs in at the console's page with `secret`; waits until the role is shown.
-    fn sign_in(&self, secret: &str, role: &str) {
+    /// With `keyboard`, the form is sent with the Enter key rather than a click.
+    fn sign_in(&self, secret: &str, role: &str, keyboard: bool) {
         self.wait_text("h1", "the sign-in page", |t| t == "Sign in");
-        self.fill("#secret", secret);
-        self.click("#sign-in button[type=submit]");
+        if keyboard {
+            // WebDriver's Enter key.
+            self.fill("#secret", &format!("{secret}\u{e007}"));
+        } else {
+            self.fill("#secret", secret);
+            self.click("#sign-in button[type=submit]");
+        }
         self.wait_text("#role", "the signed-in role", |t| {
             t == format!("{role} key")
         });
@@ -332,7 +342,7 @@ fn an_admin_sees_the_agent_queues_a_session_from_the_form_and_watches_it_run() {
     b.wait_text("#sign-in-error", "the refusal of a wrong secret", |t| {
         t.contains("malformed bearer token") && t.contains("401")
     });
-    b.sign_in(&c.admin_token, "admin");
+    b.sign_in(&c.admin_token, "admin", false);
 
     // The agent with its slots, from GET /v1/agents.
     b.click("nav a[href='#/agents']");
@@ -482,7 +492,7 @@ fn a_user_key_sees_only_its_own_sessions_and_no_admin_controls() {
     let (_, other) = c.new_key(false);
     let mut b = Browser::start(c.dir.path());
     b.goto(&format!("{}/ui/", c.api));
-    b.sign_in(&other, "user");
+    b.sign_in(&other, "user", true);
     assert_eq!(
         b.js("return document.getElementById('nav-agents').hidden"),
         json!(true),
@@ -556,6 +566,31 @@ fn a_user_key_sees_only_its_own_sessions_and_no_admin_controls() {
             .unwrap_or("")
             .contains("Content Security Policy")),
         "{errors:#?}"
+    );
+
+    // At a phone's width the page does not overflow sideways (tables scroll in their box).
+    b.rt.block_on(b.client.set_window_size(390, 844)).unwrap();
+    b.click("nav a[href='#/sessions']");
+    b.js("document.getElementById('show-all').click(); return null");
+    b.wait_text(
+        &format!("#sessions tr[data-session='{job}'] .status"),
+        "the ended batch job listed",
+        |t| t == "TERMINATED",
+    );
+    assert_eq!(
+        b.js("return document.documentElement.scrollWidth <= window.innerWidth"),
+        json!(true),
+        "the page is wider than a phone: {}",
+        b.js("return [document.documentElement.scrollWidth, window.innerWidth]")
+    );
+    b.screenshot("sessions-phone");
+
+    // Signing out forgets the secret.
+    b.click("#sign-out");
+    b.wait_text("h1", "the sign-in page", |t| t == "Sign in");
+    assert_eq!(
+        b.js("return sessionStorage.getItem('kernelvisor.secret')"),
+        Value::Null
     );
 
     // The owner still has it, untouched.
