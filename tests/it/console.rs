@@ -7,7 +7,7 @@
 //!   refusal of a bad memory amount shown at the form first), sees it wait in the queue with
 //!   the reason, and, once the agent is uncordoned, sees it go `RUNNING` without a reload (the
 //!   page's state survives); its log line carrying `<script>` is shown as text and runs
-//!   nothing. The browser's console has no error but the API's refusals the test asked for;
+//!   nothing; a command run in its run box shows its output (as text) and exit code. The browser's console has no error but the API's refusals the test asked for;
 //!   every console answer carries the Content-Security-Policy.
 //! - A user key (signed in with the keyboard) sees only its own sessions: another key's session
 //!   by URL shows the API's 404, the agents page the API's 403, and no admin control is there.
@@ -457,7 +457,26 @@ fn an_admin_sees_the_agent_queues_a_session_from_the_form_and_watches_it_run() {
         "the kernel's agent",
         |t| t == agent,
     );
+
+    // The run box: a shell command line on this (process-path) kernel; its output is text.
+    b.wait_text("#repl-path", "the run box", |t| t.contains("shell command"));
+    b.fill(
+        "#repl-code",
+        "echo '<b>bold</b> from exec'; echo to stderr >&2; exit 4",
+    );
+    b.click("#repl-run");
+    b.wait_text("#repl-status", "the run's end", |t| {
+        t == "finished, exit code 4"
+    });
+    let out = b.text("#repl-output").unwrap_or_default();
+    assert!(
+        out.contains("<b>bold</b> from exec") && out.contains("to stderr"),
+        "{out}"
+    );
+    assert_eq!(b.count("#repl-output b"), 0, "output is text");
     b.screenshot("session");
+    b.js("document.getElementById('repl-status').scrollIntoView(); return null");
+    b.screenshot("session-run-and-logs");
 
     // The list shows it RUNNING.
     b.click("nav a[href='#/sessions']");
