@@ -22,7 +22,10 @@
 //! One test at a time (`.config/nextest.toml`, test group `browser`): each starts a chromedriver
 //! and a Chromium, the heaviest processes of the suite on the 2-core machine.
 //!
-//! Agent host ports: 44400–44499.
+//! - On a kernel Backend.AI's kernel runner serves, the run box is Python in its persistent
+//!   REPL: `x = 41`, then `print(x + 1)` reads 42; an `input()` is asked for and answered.
+//!
+//! Agent host ports: 44400–44499 (20 from 44400, 44450 and 44470).
 
 use crate::common;
 
@@ -615,4 +618,74 @@ fn a_user_key_sees_only_its_own_sessions_and_no_admin_controls() {
     // The owner still has it, untouched.
     let s = c.get(&format!("/v1/sessions/{sid}")).unwrap();
     assert_eq!(s.body["status"], "RUNNING", "{s:?}");
+}
+
+/// Backend.AI's kernel runner serves the session (`kernelvisor-test-py`, `[kernel-runner]` on
+/// the agent): the run box is Python in its persistent REPL, which keeps `x` from one run to
+/// the next and asks for a line when `input()` waits. Named `runner_kernel` so that it is in
+/// the `runner-kernels` test group (one runner boot at a time), not `browser`: a runner missing
+/// its 10 s boot is the failure that group prevents; a second browser beside it is only load.
+#[test]
+fn a_runner_kernel_keeps_python_state_in_the_run_box_and_asks_for_input() {
+    let Ok(dir) = std::env::var("KV_KRUNNER_DIR") else {
+        eprintln!("SKIPPED console runner: KV_KRUNNER_DIR is not set (`just test-all` sets it after `just krunner`)");
+        return;
+    };
+    let mut c = Cluster::new(Db::Sqlite);
+    c.start_manager();
+    let runner =
+        format!("\n[kernel-runner]\ndir = \"{dir}\"\nmode = \"auto\"\ninit-timeout = 60\n");
+    let a = c.add_agent_with("console-runner", 44470, "", &runner);
+    let agent = c.agents[a].id().to_owned();
+    c.wait_agent_status(&agent, "ALIVE", LONG);
+    wait_for(LONG, "the start-up grace over", || {
+        c.get("/v1/sessions").ok().filter(|a| a.status == 200)
+    });
+    let created = c.post(
+        "/v1/sessions",
+        &json!({"image": "kernelvisor-test-py:latest", "resource_slots": {"cpu": 1, "mem": "512m"}}),
+    );
+    assert_eq!(created.status, 201, "{created:?}");
+    let sid = created.body["session_id"].as_str().unwrap().to_owned();
+
+    let mut b = Browser::start(c.dir.path());
+    b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
+    b.sign_in(&c.token, "user", false);
+    b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
+    b.wait_text("#repl-path", "the runner's REPL", |t| {
+        t.starts_with("Python")
+    });
+
+    b.fill("#repl-code", "x = 41");
+    b.click("#repl-run");
+    b.wait_text("#repl-status", "the first run's end", |t| {
+        t.starts_with("finished")
+    });
+    b.fill("#repl-code", "print(x + 1)");
+    b.click("#repl-run");
+    b.wait_text("#repl-status", "the second run's end", |t| {
+        t.starts_with("finished")
+    });
+    assert_eq!(b.text("#repl-output").unwrap_or_default().trim(), "42");
+
+    // input(): the box asks, the line typed goes to the run.
+    b.fill("#repl-code", "name = input('who? ')\nprint('hello,', name)");
+    b.click("#repl-run");
+    b.wait_text("#repl-status", "the run waiting for input", |t| {
+        t == "waiting for input"
+    });
+    b.fill("#repl-line", "console\u{e007}");
+    b.wait_text("#repl-status", "the third run's end", |t| {
+        t.starts_with("finished")
+    });
+    let out = b.text("#repl-output").unwrap_or_default();
+    assert!(
+        out.contains("who?") && out.contains("hello, console"),
+        "{out}"
+    );
+    b.js("document.getElementById('repl-code').scrollIntoView(); return null");
+    b.screenshot("session-python");
+
+    let errors = b.console_errors();
+    assert!(errors.is_empty(), "the console's errors: {errors:#?}");
 }
