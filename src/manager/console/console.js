@@ -283,6 +283,18 @@ function reasonOf(s) {
   return s.status_reason ?? '';
 }
 
+/** `fn` made so that only its newest call's answer is used: `fn(stale)` is given `stale()`,
+ * true once a newer call has started. Without it, an older read answered late (a session's
+ * read waits up to 2 s for its agent's stages) would overwrite a newer one, and the page would
+ * show a status the session has left, with no event to come to correct it. */
+function newest(fn) {
+  let seq = 0;
+  return () => {
+    const mine = ++seq;
+    return fn(() => mine !== seq);
+  };
+}
+
 /** Calls `fn` once after `ms`, however often it is asked for meanwhile. */
 function debounced(fn, ms) {
   let timer = null;
@@ -356,10 +368,10 @@ function sessionsPage() {
     ),
   );
   let gone = false;
-  const load = async () => {
+  const load = newest(async (stale) => {
     try {
       const { sessions } = await api('GET', `/v1/sessions${all.checked ? '?all=true' : ''}`);
-      if (gone) return;
+      if (gone || stale()) return;
       status.replaceChildren();
       body.replaceChildren(
         ...sessions.map((s) =>
@@ -379,9 +391,9 @@ function sessionsPage() {
       );
       if (sessions.length === 0) body.append(el('tr', {}, el('td', { colSpan: 8, class: 'note' }, 'No sessions.')));
     } catch (e) {
-      if (!gone) status.replaceChildren(errorBox(e));
+      if (!gone && !stale()) status.replaceChildren(errorBox(e));
     }
-  };
+  });
   const reload = debounced(load, 250);
   all.addEventListener('change', load);
   load();
@@ -424,10 +436,10 @@ function queuePage() {
     ),
   );
   let gone = false;
-  const load = async () => {
+  const load = newest(async (stale) => {
     try {
       const { sessions } = await api('GET', '/v1/sessions');
-      if (gone) return;
+      if (gone || stale()) return;
       const queued = sessions
         .filter((s) => s.status === 'PENDING')
         .sort((a, b) => (a.queue_position ?? 1e9) - (b.queue_position ?? 1e9));
@@ -449,9 +461,9 @@ function queuePage() {
       );
       if (queued.length === 0) body.append(el('tr', {}, el('td', { colSpan: 7, class: 'note' }, 'Nothing waits.')));
     } catch (e) {
-      if (!gone) status.replaceChildren(errorBox(e));
+      if (!gone && !stale()) status.replaceChildren(errorBox(e));
     }
-  };
+  });
   const reload = debounced(load, 250);
   load();
   return {
@@ -598,20 +610,20 @@ function sessionPage(id) {
     else if (!follow) logNote.textContent = `no logs yet: the session is ${s.status}`;
   };
 
-  const load = async () => {
+  const load = newest(async (stale) => {
     try {
       const s = await api('GET', `/v1/sessions/${encodeURIComponent(id)}`);
-      if (gone) return;
+      if (gone || stale()) return;
       session = s;
       render(s);
       details.hidden = false;
     } catch (e) {
-      if (gone) return;
+      if (gone || stale()) return;
       // Refused (another key's session is a 404, as a missing one): the API's word only.
       head.replaceChildren(errorBox(e, 'session-error'));
       details.hidden = true;
     }
-  };
+  });
   const reload = debounced(load, 150);
   load();
   return {
@@ -820,10 +832,10 @@ function agentsPage() {
     }
     load();
   };
-  const load = async () => {
+  const load = newest(async (stale) => {
     try {
       const { agents } = await api('GET', '/v1/agents');
-      if (gone) return;
+      if (gone || stale()) return;
       status.replaceChildren();
       body.replaceChildren(
         ...agents.map((a) => {
@@ -857,9 +869,9 @@ function agentsPage() {
         }),
       );
     } catch (e) {
-      if (!gone) status.replaceChildren(errorBox(e, 'agents-error'));
+      if (!gone && !stale()) status.replaceChildren(errorBox(e, 'agents-error'));
     }
-  };
+  });
   const reload = debounced(load, 250);
   load();
   return {
