@@ -7,7 +7,8 @@
 //!   refusal of a bad memory amount shown at the form first), sees it wait in the queue with
 //!   the reason, and, once the agent is uncordoned, sees it go `RUNNING` without a reload (the
 //!   page's state survives); its log line carrying `<script>` is shown as text and runs
-//!   nothing; a command run in its run box shows its output (as text) and exit code. The browser's console has no error but the API's refusals the test asked for;
+//!   nothing; a command run in its run box shows its output (as text) and exit code; ended
+//!   through the API, it leaves the list of live sessions without a reload. The browser's console has no error but the API's refusals the test asked for;
 //!   every console answer carries the Content-Security-Policy.
 //! - A user key (signed in with the keyboard) sees only its own sessions: another key's session
 //!   by URL shows the API's 404, the agents page the API's 403, and no admin control is there.
@@ -489,6 +490,14 @@ fn an_admin_sees_the_agent_queues_a_session_from_the_form_and_watches_it_run() {
         |t| t == "RUNNING",
     );
     b.screenshot("sessions");
+
+    // Ended by someone else (the API): the list of live sessions follows without a reload
+    // (only an event makes the page read it again).
+    let d = c.delete_as(Some(&c.admin_token), &format!("/v1/sessions/{sid}"));
+    assert!(d.status == 200 || d.status == 202, "{d:?}");
+    wait_for(LONG, "the ended session gone from the live list", || {
+        (b.count(&format!("#sessions tr[data-session='{sid}']")) == 0).then_some(())
+    });
     assert_eq!(b.js("return window.kvSamePage"), json!("yes"), "no reload");
 
     let errors = b.console_errors();
@@ -501,8 +510,6 @@ fn an_admin_sees_the_agent_queues_a_session_from_the_form_and_watches_it_run() {
         "the browser's log has the refused sign-in: {:#?}",
         b.log
     );
-    let d = c.delete_as(Some(&c.admin_token), &format!("/v1/sessions/{sid}"));
-    assert!(d.status == 200 || d.status == 202, "{d:?}");
 }
 
 #[test]
