@@ -110,7 +110,7 @@ test-image-py-ssh: test-image-py
 # cargo-nextest (.config/nextest.toml: a process per test, its duration on its line, groups for
 # what must not run side by side, no retries); the ten slowest are listed at the end. The fuzz
 # tests run a short budget here; `just fuzz` runs their full one.
-test-all: setup docker test-image test-image-py test-image-py-ssh krunner postgres redis registry bai-env lint
+test-all: setup docker test-image test-image-py test-image-py-ssh krunner postgres redis registry chromium bai-env lint
     cargo test -p actors --doc
     cargo run --quiet -p actors --example two_level_tree > /dev/null
     {{test_env}} KV_FUZZ_EXAMPLES=10 KV_FUZZ_ITERS=300000 cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples --no-tests=fail
@@ -122,7 +122,7 @@ test_env := 'KV_PYTHON="' + venv + '/bin/python" KV_TEST_POSTGRES_URL="' + pg_ur
 
 # Some tests, by nextest filter (`just test kernels::`, `just test 'test(/^queue::/)'`): the same
 # environment as test-all, without lint. A plain word is a substring of the test's name.
-test *filter: setup docker test-image test-image-py test-image-py-ssh krunner postgres redis registry bai-env
+test *filter: setup docker test-image test-image-py test-image-py-ssh krunner postgres redis registry chromium bai-env
     {{test_env}} cargo nextest run --workspace --features kernelvisor/fault-injection --lib --bins --tests --examples {{filter}}
 
 # The fuzz tests with their full budgets (schemathesis' 50 examples per operation, 1.5 M
@@ -187,6 +187,23 @@ registry:
     $sudo_ apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     command -v docker-registry >/dev/null && command -v htpasswd >/dev/null
+
+# The web console's tests (tests/it/console.rs) drive a headless Chromium through WebDriver:
+# Debian's `chromium` and `chromium-driver` (/usr/bin/chromium, /usr/bin/chromedriver). Each test
+# starts its own chromedriver on a free loopback port; no service is used.
+# Install Chromium and chromedriver (Debian's packages) when missing, for the console's tests.
+chromium:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    need=()
+    command -v chromium >/dev/null || need+=(chromium)
+    command -v chromedriver >/dev/null || need+=(chromium-driver)
+    [ ${#need[@]} -eq 0 ] && exit 0
+    echo "chromium: installing ${need[*]}"
+    sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+    $sudo_ apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    command -v chromium >/dev/null && command -v chromedriver >/dev/null
 
 docker:
     #!/usr/bin/env bash

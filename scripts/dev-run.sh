@@ -210,6 +210,7 @@ short=${short:-ID}
 say "
 kernelvisor dev pair running (CURVE on both channels):
   manager  API $KERNELVISOR_API (metrics /metrics), event intake tcp://127.0.0.1:$event_port
+           web console $KERNELVISOR_API/ui/ (sign in with KERNELVISOR_TOKEN from $dev/env.sh)
            store var/dev/manager/manager.db   config $manager_toml   log $dev/logs/manager.log
   agent    RPC tcp://127.0.0.1:$rpc_port, metrics http://127.0.0.1:$metrics_port/metrics
            config $agent_toml   log $dev/logs/agent.log

@@ -31,6 +31,7 @@ pub mod api;
 pub mod bootstrap;
 pub mod calls;
 pub mod commits;
+pub mod console;
 pub mod credentials;
 pub mod error;
 pub mod event_hub;

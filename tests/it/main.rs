@@ -34,6 +34,7 @@ mod cluster_kernels;
 mod cluster_selector;
 mod cluster_sessions;
 mod config;
+mod console;
 mod cordon_drain;
 mod ctl_runner;
 mod dangling;

@@ -1,4 +1,4 @@
-//! Who is calling: every request but `GET /health` carries `Authorization: Bearer <secret
+//! Who is calling: every request but `GET /health` and the web console's page (`/ui/`) carries `Authorization: Bearer <secret
 //! key>`; [`authenticate`] (a middleware around the whole app) finds the access key whose
 //! secret it is, refuses the request with 401 `unauthorized` otherwise, and hands the handlers a
 //! [`Caller`]. It also writes the audit log: one line per mutating request (tracing target
@@ -72,9 +72,11 @@ impl FromRequest for Caller {
     }
 }
 
-/// Routes anyone may call without a token.
+/// Routes anyone may call without a token: `GET /health` and the web console's page and
+/// assets (`manager::console`; what it shows comes from the API, with the user's token).
 fn is_public(req: &ServiceRequest) -> bool {
-    req.path() == "/health" && req.method() == Method::GET
+    (req.path() == "/health" && req.method() == Method::GET)
+        || crate::manager::console::is_console_request(req.method(), req.path())
 }
 
 /// The access key of `Authorization: Bearer <secret>`.

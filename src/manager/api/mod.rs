@@ -1,6 +1,7 @@
 //! The HTTP API (actix-web, `[api] listen-addr`, :8081): sessions, vfolders, agents, access
 //! keys, `/health`, `/metrics`, and its OpenAPI document (`/v1/openapi.json`, [`openapi`]).
-//! Every route but `GET /health` needs a bearer token ([`auth`]). Contract:
+//! Every route but `GET /health` and the web console's page and assets (`/`, `/ui/…`,
+//! [`crate::manager::console`]) needs a bearer token ([`auth`]). Contract:
 //! `docs/manager-api.md`.
 
 pub mod auth;
@@ -455,7 +456,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     )
     .app_data(web::QueryConfig::default().error_handler(|e, _| invalid(e)))
     .app_data(web::PathConfig::default().error_handler(|e, _| invalid(e)))
-    .default_service(web::to(unrouted));
+    .default_service(web::to(unrouted))
+    // The web console (`/`, `/ui/…`): not API operations, so not in the OpenAPI document.
+    .configure(crate::manager::console::configure);
     routes(&mut utoipa_actix_web::service_config::ServiceConfig::new(
         cfg,
     ));

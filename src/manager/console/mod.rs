@@ -1,0 +1,202 @@
+//! The web console (issue 42): a page, one JavaScript module and a style sheet under `/ui/`,
+//! compiled into the binary (`include_str!`), served by the API server without a token. The
+//! page holds no data of its own: it asks for an access key's secret, keeps it in the tab's
+//! `sessionStorage`, and calls the same API as every client with `Authorization: Bearer …`, so
+//! there is no second permission model and no cookie a forged form could ride (CSRF).
+//!
+//! Every answer under `/ui/` (and the root's redirect to it) carries [`SECURITY_HEADERS`]: a
+//! Content-Security-Policy that allows this origin's script, style and connections only (no
+//! inline script, no third-party origin), `nosniff`, `no-referrer` and no framing. The script
+//! writes what the API answers with `textContent`, never as HTML, so a log line `<script>` is
+//! shown as text. Contract: `docs/manager-api.md`, "Web console".
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::{Method, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse};
+
+/// Where the console is served (the root `/` redirects here).
+pub const PREFIX: &str = "/ui/";
+
+/// The Content-Security-Policy of every console answer: this origin's script, style, images
+/// and connections (`fetch` of the API, WebSockets) only; no inline script (`'unsafe-inline'`
+/// is absent), no `eval`, no plug-ins, no `<base>`, no framing, forms posting nowhere else.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
+     base-uri 'none'; frame-ancestors 'none'; form-action 'self'";
+
+/// The headers every console answer carries, beside its `Content-Type`.
+pub const SECURITY_HEADERS: [(&str, &str); 5] = [
+    ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Frame-Options", "DENY"),
+    // The assets change with the binary: a browser asks again rather than keep an old script
+    // next to a new manager.
+    ("Cache-Control", "no-cache"),
+];
+
+/// One asset compiled into the binary: its name under [`PREFIX`], content type and bytes.
+struct Asset {
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static str,
+}
+
+/// The console's files. `index.html` is also the answer to `/ui/` (the pages are hash routes,
+/// `#/sessions`, `#/agents`, …, so the server has one page to serve).
+const ASSETS: [Asset; 3] = [
+    Asset {
+        name: "index.html",
+        content_type: "text/html; charset=utf-8",
+        body: include_str!("index.html"),
+    },
+    Asset {
+        name: "console.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("console.js"),
+    },
+    Asset {
+        name: "console.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_str!("console.css"),
+    },
+];
+
+/// Whether a request is the console's, answered without a token: `GET` of `/`, `/ui` or a
+/// path under [`PREFIX`]. The API's routes all start with `/v1/`, `/health` or
+/// `/metrics`, so none of them is reached this way (and a handler reached without a caller
+/// refuses anyway: `auth::Caller`).
+pub fn is_console_request(method: &Method, path: &str) -> bool {
+    method == Method::GET && (path == "/" || path == "/ui" || path.starts_with(PREFIX))
+}
+
+/// Registers the console's routes: `/` and `/ui` redirect to [`PREFIX`], which answers
+/// `index.html`; `/ui/{name}` answers the asset of that name, 404 for any other path under it.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/", web::get().to(to_console))
+        .route("/ui", web::get().to(to_console))
+        .route("/ui/", web::get().to(index))
+        .route("/ui/{name:.*}", web::get().to(asset));
+}
+
+/// A console answer with [`SECURITY_HEADERS`].
+fn secured(status: StatusCode) -> actix_web::HttpResponseBuilder {
+    let mut resp = HttpResponse::build(status);
+    for (name, value) in SECURITY_HEADERS {
+        resp.insert_header((name, value));
+    }
+    resp
+}
+
+/// `/` and `/ui`: 302 to [`PREFIX`].
+async fn to_console() -> HttpResponse {
+    secured(StatusCode::FOUND)
+        .insert_header((header::LOCATION, HeaderValue::from_static(PREFIX)))
+        .finish()
+}
+
+/// `/ui/`: the page.
+async fn index() -> HttpResponse {
+    serve(&ASSETS[0])
+}
+
+/// `/ui/{name}`: the asset, or 404 `not-found` (as plain text: the console's own answer, not
+/// the API's JSON).
+async fn asset(req: HttpRequest) -> HttpResponse {
+    let name = req.match_info().get("name").unwrap_or_default();
+    match ASSETS.iter().find(|a| a.name == name) {
+        Some(a) => serve(a),
+        None => secured(StatusCode::NOT_FOUND)
+            .content_type("text/plain; charset=utf-8")
+            .body("no such file in the console\n"),
+    }
+}
+
+fn serve(a: &Asset) -> HttpResponse {
+    secured(StatusCode::OK)
+        .content_type(a.content_type)
+        .body(a.body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    // Not `test`: that name would shadow the `#[test]` attribute.
+    use actix_web::test as web_test;
+
+    fn app_config(cfg: &mut web::ServiceConfig) {
+        configure(cfg);
+    }
+
+    /// Every console answer, found or not, carries the security headers; the root redirects.
+    #[actix_rt::test]
+    async fn every_answer_carries_the_policy_and_the_root_redirects() {
+        let app = web_test::init_service(actix_web::App::new().configure(app_config)).await;
+        for (path, status) in [
+            ("/", 302),
+            ("/ui", 302),
+            ("/ui/", 200),
+            ("/ui/console.js", 200),
+            ("/ui/console.css", 200),
+            ("/ui/index.html", 200),
+            ("/ui/nothing.js", 404),
+            ("/ui/a/b", 404),
+        ] {
+            let resp =
+                web_test::call_service(&app, web_test::TestRequest::get().uri(path).to_request())
+                    .await;
+            assert_eq!(resp.status().as_u16(), status, "{path}");
+            for (name, value) in SECURITY_HEADERS {
+                assert_eq!(
+                    resp.headers().get(name).and_then(|v| v.to_str().ok()),
+                    Some(value),
+                    "{path}: {name}"
+                );
+            }
+            if status == 302 {
+                assert_eq!(resp.headers().get("location").unwrap(), PREFIX);
+            }
+        }
+    }
+
+    /// The policy forbids inline script and other origins; the page loads its script from
+    /// this origin as a module and has no inline script or handler.
+    #[test]
+    fn the_policy_and_the_page_have_no_inline_script() {
+        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-inline"));
+        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-eval"));
+        assert!(!CONTENT_SECURITY_POLICY.contains("http"));
+        let page = ASSETS[0].body;
+        assert!(page.contains(r#"<script type="module" src="console.js"></script>"#));
+        assert_eq!(
+            page.matches("<script").count(),
+            1,
+            "one script tag, no inline one"
+        );
+        let handler = page
+            .split(|c: char| c.is_whitespace() || c == '<')
+            .find(|w| w.starts_with("on") && w.contains('='));
+        assert_eq!(handler, None, "no inline event handler attribute");
+        let js = ASSETS[1].body;
+        for sink in [
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "eval(",
+        ] {
+            assert!(!js.contains(sink), "console.js uses {sink}");
+        }
+    }
+
+    #[test]
+    fn only_reads_of_the_console_paths_are_the_consoles() {
+        assert!(is_console_request(&Method::GET, "/"));
+        assert!(is_console_request(&Method::GET, "/ui/console.js"));
+        assert!(is_console_request(&Method::GET, "/ui"));
+        assert!(!is_console_request(&Method::HEAD, "/ui/"));
+        assert!(!is_console_request(&Method::POST, "/ui/"));
+        assert!(!is_console_request(&Method::GET, "/v1/sessions"));
+        assert!(!is_console_request(&Method::GET, "/uix"));
+    }
+}
