@@ -72,9 +72,9 @@ pub(super) struct Unplaced<'a> {
 /// The candidates are read in two steps: the [`FIRST_CANDIDATES`] most evictable first
 /// (`Store::preemption_candidates_first`), and every one only when a choice over those is not
 /// settled ([`settled_by_prefix`]: a session that needs more than one victim, or that no
-/// victim among them makes fit). Reading and grouping every running preemptible session
-/// before choosing took most of a preemption's time at 10,000 agents (0.4 of 0.75 s in
-/// `just bench scheduler`), where the most evictable session was enough.
+/// victim among them makes fit). Reading every running preemptible session, grouping them
+/// and choosing over them took most of a preemption's time at 10,000 agents (0.42 s of a
+/// 0.75 s p50 in `just bench scheduler`), where the most evictable session was enough.
 ///
 /// Errors: the store could not be read or written (nothing evicted).
 pub(super) async fn preempt_for(
