@@ -6,7 +6,8 @@
 //! Rounds run on an arbiter of their own (`Scheduler::new`'s `rounds`), their outcome handed
 //! back to the scheduler's actor. A round starts every `[scheduler] admission-interval`, when
 //! this replica ends a kernel (`Store::released`), and when a session is queued here
-//! ([`Queued`]: unless the last round found no room less than an interval ago). One round runs
+//! ([`Queued`]: unless the last round found no room less than an interval ago and the session
+//! cannot preempt, see [`Queued`]). One round runs
 //! at a time; a request during a round runs one more after it. Only the leader admits (the
 //! queue is shared by every replica through the store), so a failover hands the queue over
 //! with its order.
@@ -48,10 +49,12 @@ impl Handler<AdmitNow> for Scheduler {
 impl Handler<Queued> for Scheduler {
     type Result = ();
 
-    fn handle(&mut self, _: Queued, ctx: &mut Context<Self>) {
-        let stuck = self.last_round.is_some_and(|(at, admitted)| {
-            admitted == 0 && at.elapsed() < self.spec.admission_interval
-        });
+    fn handle(&mut self, q: Queued, ctx: &mut Context<Self>) {
+        let may_preempt = self.spec.preemption.enabled && q.first_in_line;
+        let stuck = !may_preempt
+            && self.last_round.is_some_and(|(at, admitted)| {
+                admitted == 0 && at.elapsed() < self.spec.admission_interval
+            });
         if !stuck {
             self.start_round(ctx);
         }

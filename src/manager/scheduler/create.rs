@@ -175,12 +175,12 @@ impl Handler<CreateSession> for Scheduler {
                     Ok(kernels) => Ok((kernels, slots)),
                     Err(Unplaced::Error(e)) => return Err(e),
                     Err(Unplaced::Wait(_, e)) if !enqueue => return Err(e),
-                    Err(Unplaced::Wait(reason, _)) => Err((reason, slots)),
+                    Err(Unplaced::Wait(reason, _)) => Err((reason, slots, !ahead)),
                 }
             };
             let (kernels, slots) = match placed {
                 Ok(placed) => placed,
-                Err((reason, slots)) => {
+                Err((reason, slots, first_in_line)) => {
                     // A cluster session waits as its main kernel's row alone.
                     let new = new_kernel(&owner, &req, ids, "", &slots, priority, &main)?;
                     let mut row = match store.enqueue_kernel(&new, &reason).await {
@@ -194,7 +194,7 @@ impl Handler<CreateSession> for Scheduler {
                     store.set_reclaim_policy(&session_id, &reclaim).await?;
                     row.reclaim = crate::manager::store::ReclaimColumns::of_policy(&reclaim);
                     tracing::info!(session_id = %session_id, priority, reason = %reason.code, "session queued");
-                    me.do_send(super::Queued);
+                    me.do_send(super::Queued { first_in_line });
                     return Ok(row);
                 }
             };

@@ -21,15 +21,19 @@
 //! holds counts as destroyed, and `Store::finish_preempted` acts only while the end is due,
 //! and clears that in its transaction), so a preemption completes once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use futures::StreamExt;
 
 use super::launch::{destroy_on_agent, grace_left, Launcher};
-use super::preempt::{choose, take, victims, without_preempted, Choice, Room, Victim};
+use super::preempt::{
+    choose, settled_by_prefix, take, victims, without_preempted, Choice, Room, Victim,
+};
 use super::PreemptionSpec;
 use crate::manager::registry::AgentImageSets;
-use crate::manager::store::{now, AgentRow, KernelRow, QueuedSession, StoreError, PREEMPTED};
+use crate::manager::store::{
+    now, AgentRow, KernelRow, PreemptCandidate, QueuedSession, StoreError, Usage, PREEMPTED,
+};
 use crate::model::cluster::ClusterPlacement;
 use crate::model::event::{Event, EventType};
 use crate::workload::RestartMode;
@@ -65,6 +69,13 @@ pub(super) struct Unplaced<'a> {
 /// Chooses and starts the evictions for a round's unplaced sessions (the effects run in the
 /// background). Returns how many sessions were evicted.
 ///
+/// The candidates are read in two steps: the [`FIRST_CANDIDATES`] most evictable first
+/// (`Store::preemption_candidates_first`), and every one only when a choice over those is not
+/// settled ([`settled_by_prefix`]: a session that needs more than one victim, or that no
+/// victim among them makes fit). Reading every running preemptible session, grouping them
+/// and choosing over them took most of a preemption's time at 10,000 agents (0.42 s of a
+/// 0.75 s p50 in `just bench scheduler`), where the most evictable session was enough.
+///
 /// Errors: the store could not be read or written (nothing evicted).
 pub(super) async fn preempt_for(
     launcher: &Launcher,
@@ -74,8 +85,11 @@ pub(super) async fn preempt_for(
     let Some(top) = u.sessions.iter().map(|q| q.priority).max() else {
         return Ok(0);
     };
-    let candidates = launcher.store.preemption_candidates(top).await?;
-    if candidates.is_empty() {
+    let store = &launcher.store;
+    let (first, all) = store
+        .preemption_candidates_first(top, FIRST_CANDIDATES)
+        .await?;
+    if first.is_empty() {
         return Ok(0);
     }
     // The usage is read AFTER the candidates, not taken from the round: a victim whose end
@@ -84,10 +98,39 @@ pub(super) async fn preempt_for(
     // so its preemptor looked unplaceable still and a second victim was evicted for it (seen
     // in `tests/it/preemption.rs`). The ledger read now is as new as the candidates (it drops
     // an ended kernel right after its end commits); a round's own admissions are in it.
-    let usage = launcher.store.usage_by_agent().await?;
+    let usage = store.usage_by_agent().await?;
+    let evictions = match choose_all(&u, &first, usage, spec, !all) {
+        Some(e) => e,
+        None => {
+            let every = store.preemption_candidates(top).await?;
+            let usage = store.usage_by_agent().await?;
+            choose_all(&u, &every, usage, spec, false).unwrap_or_default()
+        }
+    };
+    let mut n = 0;
+    for (q, evicted) in evictions {
+        n += start(launcher, q, &evicted).await?;
+    }
+    Ok(n)
+}
+
+/// The most evictable candidate kernels a round reads first ([`preempt_for`]).
+const FIRST_CANDIDATES: usize = 256;
+
+/// The evictions for `u`'s first [`MAX_PREEMPTORS`] sessions, in order, over `candidates` and
+/// `usage` (read after them). With `prefix` (`candidates` holds only the most evictable of
+/// them), `None` as soon as one choice is not [`settled_by_prefix`]: the caller reads them
+/// all and chooses again.
+fn choose_all<'q>(
+    u: &Unplaced<'q>,
+    candidates: &[PreemptCandidate],
+    usage: HashMap<String, Usage>,
+    spec: PreemptionSpec,
+    prefix: bool,
+) -> Option<Vec<(&'q QueuedSession, Vec<Victim>)>> {
     let mut room = Room {
         candidates: u.candidates,
-        usage: without_preempted(usage, &candidates),
+        usage: without_preempted(usage, candidates),
         images: u.images,
         placement: u.placement,
     };
@@ -95,11 +138,15 @@ pub(super) async fn preempt_for(
     let mut taken: HashSet<String> = HashSet::new();
     let mut evictions: Vec<(&QueuedSession, Vec<Victim>)> = Vec::new();
     for q in u.sessions.iter().take(MAX_PREEMPTORS) {
-        let pool: Vec<Victim> = victims(&candidates, q.priority, at, spec.cooldown.as_secs_f64())
+        let pool: Vec<Victim> = victims(candidates, q.priority, at, spec.cooldown.as_secs_f64())
             .into_iter()
             .filter(|v| !taken.contains(&v.session_id))
             .collect();
-        match choose(q, &pool, &room) {
+        let c = choose(q, &pool, &room);
+        if prefix && !settled_by_prefix(q, &c) {
+            return None;
+        }
+        match c {
             Choice::Waits(agents) => take(&mut room.usage, q, &agents, &[]),
             Choice::Evict(evicted, agents) => {
                 take(&mut room.usage, q, &agents, &evicted);
@@ -109,11 +156,7 @@ pub(super) async fn preempt_for(
             Choice::Nothing => {}
         }
     }
-    let mut n = 0;
-    for (q, evicted) in evictions {
-        n += start(launcher, q, &evicted).await?;
-    }
-    Ok(n)
+    Some(evictions)
 }
 
 /// Evicts `evicted` for `q`: `PREEMPTED` in the store, the event and the metric, then each

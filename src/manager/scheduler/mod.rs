@@ -131,10 +131,18 @@ pub struct AdmitNow;
 /// now, unless the last round admitted nothing and started less than an `admission-interval`
 /// ago (no room then; the next tick looks again). A burst of creates that queue costs a round
 /// per interval, not one per create: with 10,000 agents and a long queue every round reads the
-/// whole fleet's usage.
+/// whole fleet's usage. With `[scheduler] preemption` on, a session queued ahead of every
+/// other (`first_in_line`) gets its round at once all the same: the last round found no room,
+/// but it never looked at this session, which may evict lower-priority ones to fit (waiting for
+/// the next tick cost issue 41's preemption up to an `admission-interval`). Only a session of
+/// a priority above all that wait is first in line, so a burst of queued creates still costs
+/// one round per interval.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct Queued;
+pub(crate) struct Queued {
+    /// No session of its priority or higher waited when it was queued.
+    pub(crate) first_in_line: bool,
+}
 
 /// The scheduler actor.
 pub struct Scheduler {

@@ -200,8 +200,7 @@ pub fn choose(q: &QueuedSession, pool: &[Victim], room: &Room<'_>) -> Choice {
     if pool.is_empty() || fits(q, room.candidates, &without(&room.usage, &all), room).is_none() {
         return Choice::Nothing;
     }
-    let one_agent = q.cluster_size <= 1 || q.cluster_mode == ClusterMode::SingleNode;
-    let best = if one_agent {
+    let best = if lands_on_one_agent(q) {
         per_agent(q, pool, room)
     } else {
         greedy(q, room.candidates, &all, &room.usage, room)
@@ -210,6 +209,31 @@ pub fn choose(q: &QueuedSession, pool: &[Victim], room: &Room<'_>) -> Choice {
         Some((set, agents)) => Choice::Evict(set.into_iter().cloned().collect(), agents),
         None => Choice::Nothing,
     }
+}
+
+/// Whether `choice`, made for `q` over a prefix of its victims (the first ones in
+/// [`victims`]'s order, each gang whole), is the choice the whole pool gives, so that the rest
+/// need not be read:
+/// - `Waits`: chosen before any victim is looked at.
+/// - `Evict` of one victim for a preemptor that lands on one agent: the first victim in
+///   order that frees enough on one of its agents ([`per_agent`]'s first pass); every victim
+///   before it is in the prefix too, and none of them was enough.
+/// - `Evict` for a `multi-node` gang: the most evictable in order until it fits, then pruned
+///   ([`greedy`]); over the whole pool it stops at the same victim.
+///
+/// Not a set of two or more for one agent (the exact search looks at each agent's most
+/// evictable, which may lie past the prefix), nor `Nothing`.
+pub fn settled_by_prefix(q: &QueuedSession, choice: &Choice) -> bool {
+    match choice {
+        Choice::Waits(_) => true,
+        Choice::Evict(set, _) => set.len() == 1 || !lands_on_one_agent(q),
+        Choice::Nothing => false,
+    }
+}
+
+/// A session of one kernel, or a `single-node` gang: placed whole on one agent.
+fn lands_on_one_agent(q: &QueuedSession) -> bool {
+    q.cluster_size <= 1 || q.cluster_mode == ClusterMode::SingleNode
 }
 
 /// The best set over every agent, each agent searched on its own (the preemptor lands on one).
@@ -585,5 +609,63 @@ mod tests {
         ];
         let ch = run(&pending(50, 1, 2, MultiNode), &agents, &c);
         assert_eq!(evicted(&ch).len(), 2, "{ch:?}");
+    }
+
+    /// A choice over the first victims only (what a round reads first), when settled, is the
+    /// one over all of them: every prefix of every pool below, for preemptors of one and of
+    /// several kernels, is checked against the whole.
+    #[test]
+    fn a_choice_settled_by_the_first_victims_is_the_choice_over_all() {
+        // Four agents of 4 cores; sessions of 1 to 3 cores, priorities 5 and 10, each agent
+        // full; a multi-node gang `g` over c and d.
+        let agents = [agent("a", 4), agent("b", 4), agent("c", 4), agent("d", 4)];
+        let mut g1 = running("g", "c", 1, 5, 2.5);
+        g1.cluster_size = 2;
+        let mut g2 = running("g", "d", 1, 5, 2.5);
+        g2.id = "g-d2".into();
+        g2.cluster_size = 2;
+        let c = vec![
+            running("a1", "a", 1, 10, 1.0),
+            running("a2", "a", 3, 10, 6.0),
+            running("b1", "b", 2, 10, 2.0),
+            running("b2", "b", 2, 5, 3.0),
+            g1,
+            running("c2", "c", 3, 10, 4.0),
+            g2,
+            running("d2", "d", 1, 10, 7.0),
+            running("d3", "d", 2, 10, 8.0),
+        ];
+        let images = AgentImageSets::new();
+        let room = Room {
+            candidates: &agents,
+            usage: without_preempted(usage_of(&c), &c),
+            images: &images,
+            placement: ClusterPlacement::Spread,
+        };
+        let mut settled = 0;
+        for q in [
+            pending(50, 1, 1, SingleNode),
+            pending(50, 2, 1, SingleNode),
+            pending(50, 3, 1, SingleNode),
+            pending(50, 4, 1, SingleNode),
+            pending(50, 2, 2, SingleNode),
+            pending(50, 1, 2, MultiNode),
+            pending(50, 2, 3, MultiNode),
+            pending(8, 2, 1, SingleNode),
+        ] {
+            let all = victims(&c, q.priority, 1000.0, 60.0);
+            let whole = choose(&q, &all, &room);
+            for n in 0..=all.len() {
+                let first = choose(&q, &all[..n], &room);
+                if settled_by_prefix(&q, &first) {
+                    settled += 1;
+                    assert_eq!(first, whole, "{n} first victims of {q:?}");
+                }
+            }
+        }
+        assert!(
+            settled > 10,
+            "the cases settle often enough to test: {settled}"
+        );
     }
 }
