@@ -509,6 +509,7 @@ function sessionPage(id) {
   let session = null;
   let follow = null; // the logs' AbortController while following
   let logLength = 0;
+  let failedFollows = 0; // follows retried after the session ended
 
   const appendLog = (text) => {
     const atEnd = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
@@ -541,12 +542,28 @@ function sessionPage(id) {
         if (done) break;
         appendLog(value);
       }
+      // A follow that attached as the kernel ended may close before its output came (a short
+      // batch job): the kept logs are read once more, a few times at most, until they show.
+      for (let tries = 0; logLength === 0 && tries < 5 && !gone; tries += 1) {
+        const kept = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs`, {
+          headers: authHeaders(),
+          signal: ctl.signal,
+          cache: 'no-store',
+        });
+        if (kept.ok) appendLog(await kept.text());
+        if (logLength === 0) await new Promise((done) => setTimeout(done, 1000));
+      }
       logNote.textContent = 'the kernel has ended: these are its last logs';
     } catch (e) {
       if (ctl.signal.aborted) return;
       logNote.textContent = String(e);
-      // Tried again on the session's next change (its logs may exist once it runs).
+      // Tried again on the session's next change (its logs may exist once it runs), and, for
+      // a session that has ended (no change is to come), a few times a second apart.
       follow = null;
+      if (session && ENDED.has(session.status) && failedFollows < 5) {
+        failedFollows += 1;
+        setTimeout(followLogs, 1000);
+      }
       return;
     }
   };
