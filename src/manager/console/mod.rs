@@ -44,7 +44,7 @@ struct Asset {
 
 /// The console's files. `index.html` is also the answer to `/ui/` (the pages are hash routes,
 /// `#/sessions`, `#/agents`, …, so the server has one page to serve).
-const ASSETS: [Asset; 3] = [
+const ASSETS: [Asset; 5] = [
     Asset {
         name: "index.html",
         content_type: "text/html; charset=utf-8",
@@ -59,6 +59,18 @@ const ASSETS: [Asset; 3] = [
         name: "console.css",
         content_type: "text/css; charset=utf-8",
         body: include_str!("console.css"),
+    },
+    // xterm.js 3.8.1 from Debian's `node-xterm`, bundled as one ES module (`just
+    // console-vendor`; vendor/README.md), for the terminal in the browser.
+    Asset {
+        name: "vendor/xterm.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("vendor/xterm.js"),
+    },
+    Asset {
+        name: "vendor/xterm.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_str!("vendor/xterm.css"),
     },
 ];
 
@@ -139,6 +151,9 @@ mod tests {
             ("/ui/console.js", 200),
             ("/ui/console.css", 200),
             ("/ui/index.html", 200),
+            ("/ui/vendor/xterm.js", 200),
+            ("/ui/vendor/xterm.css", 200),
+            ("/ui/vendor/LICENSE.xterm", 404),
             ("/ui/nothing.js", 404),
             ("/ui/a/b", 404),
         ] {
