@@ -221,7 +221,7 @@ console-vendor:
     fi
     out=src/manager/console/vendor
     tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-    printf 'export { Terminal } from "xterm";\n' > "$tmp/entry.js"
+    printf 'export { Terminal } from "xterm";\nexport { fit } from "xterm/lib/addons/fit/fit";\n' > "$tmp/entry.js"
     NODE_PATH=/usr/share/nodejs esbuild "$tmp/entry.js" --bundle --format=esm --minify --log-level=warning --outfile="$out/xterm.js"
     cp /usr/share/nodejs/xterm/lib/xterm.css "$out/xterm.css"
     cp /usr/share/doc/node-xterm/copyright "$out/LICENSE.xterm"

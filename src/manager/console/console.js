@@ -923,7 +923,10 @@ function terminalBox(id) {
   const section = el('section', { hidden: true }, el('h2', {}, 'Terminal'), el('p', {}, open, ' ', close, ' ', status), screen);
   let ws = null;
   let term = null;
+  let refit = null;
   const end = (text) => {
+    if (refit) window.removeEventListener('resize', refit);
+    refit = null;
     if (ws) {
       const w = ws;
       ws = null;
@@ -943,9 +946,14 @@ function terminalBox(id) {
   open.addEventListener('click', async () => {
     open.hidden = true;
     status.textContent = 'connecting…';
-    const { Terminal } = await import('./vendor/xterm.js');
+    const { Terminal, fit } = await import('./vendor/xterm.js');
     term = new Terminal({ rows: 24, cols: 80, rendererType: 'dom' });
     term.open(screen);
+    // The terminal fills its box (console.css), now and whenever the window changes; each
+    // change of size is sent as a resize (below).
+    fit(term);
+    refit = () => term && fit(term);
+    window.addEventListener('resize', refit);
     window.kvTerm = term;
     const url = new URL(`/v1/sessions/${encodeURIComponent(id)}/pty?rows=${term.rows}&cols=${term.cols}`, location.href);
     url.protocol = location.protocol === 'https:' ? 'wss:' : 'ws:';
