@@ -1,4 +1,5 @@
-//! The web console (issue 42): a page, one JavaScript module and a style sheet under `/ui/`,
+//! The web console (issue 42): a page, one JavaScript module and a style sheet under `/ui/`
+//! (and the vendored xterm.js for its terminal, `vendor/`),
 //! compiled into the binary (`include_str!`), served by the API server without a token. The
 //! page holds no data of its own: it asks for an access key's secret, keeps it in the tab's
 //! `sessionStorage`, and calls the same API as every client with `Authorization: Bearer …`, so
