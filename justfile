@@ -205,6 +205,28 @@ chromium:
     DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     command -v chromium >/dev/null && command -v chromedriver >/dev/null
 
+# Regenerates the web console's vendored xterm.js (src/manager/console/vendor/): Debian's
+# `node-xterm` (CommonJS) bundled into one ES module with Debian's `esbuild`, and its style
+# sheet. Not part of test-all: the committed bundle is what the binary serves.
+console-vendor:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    need=()
+    command -v esbuild >/dev/null || need+=(esbuild)
+    [ -f /usr/share/nodejs/xterm/package.json ] || need+=(node-xterm)
+    if [ ${#need[@]} -gt 0 ]; then
+        sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+        $sudo_ apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    fi
+    out=src/manager/console/vendor
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    printf 'export { Terminal } from "xterm";\nexport { fit } from "xterm/lib/addons/fit/fit";\n' > "$tmp/entry.js"
+    NODE_PATH=/usr/share/nodejs esbuild "$tmp/entry.js" --bundle --format=esm --minify --log-level=warning --outfile="$out/xterm.js"
+    cp /usr/share/nodejs/xterm/lib/xterm.css "$out/xterm.css"
+    cp /usr/share/doc/node-xterm/copyright "$out/LICENSE.xterm"
+    dpkg-query -W esbuild node-xterm
+
 docker:
     #!/usr/bin/env bash
     set -euo pipefail

@@ -653,6 +653,15 @@ impl Cluster {
         Self::answer(self.request("GET", path, token, 60).call())
     }
 
+    /// GET `path` with no Authorization header and the extra `headers` (name, value).
+    pub fn raw_get_with(&self, path: &str, headers: &[(&str, &str)]) -> Result<Answer, String> {
+        let mut r = self.request("GET", path, None, 60);
+        for (name, value) in headers {
+            r = r.set(name, value);
+        }
+        Self::answer(r.call())
+    }
+
     /// POST JSON as the cluster's user key.
     pub fn post(&self, path: &str, body: &Json) -> Answer {
         self.post_as(Some(&self.token), path, body)

@@ -26,7 +26,10 @@
 //! - On a kernel Backend.AI's kernel runner serves, the run box is Python in its persistent
 //!   REPL: `x = 41`, then `print(x + 1)` reads 42; an `input()` is asked for and answered.
 //!
-//! Agent host ports: 44400–44499 (20 from 44400, 44450 and 44470).
+//! - The terminal: xterm.js over the pty WebSocket (the secret as its bearer subprotocol):
+//!   `echo hi` typed reads `hi` back, a resize reaches the kernel (`stty size`).
+//!
+//! Agent host ports: 44400–44499 (20 from 44400, 44420, 44450 and 44470).
 
 use crate::common;
 
@@ -223,6 +226,19 @@ impl Browser {
             .unwrap_or_else(|e| panic!("fill {css}: {e}"));
     }
 
+    /// Types `keys` into the element `css` (WebDriver key events; `\u{e007}` is Enter).
+    fn type_keys(&self, css: &str, keys: &str) {
+        self.rt
+            .block_on(async {
+                self.client
+                    .find(Locator::Css(css))
+                    .await?
+                    .send_keys(keys)
+                    .await
+            })
+            .unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    }
+
     /// A PNG of the window as `<name>.png` in the cluster's directory, and in `docs/console/`
     /// with `KV_WRITE_CONSOLE_SCREENSHOTS=1`.
     fn screenshot(&self, name: &str) {
@@ -306,14 +322,24 @@ fn check_headers(api: &str) {
     let root = no_redirects.get(&format!("{api}/")).call().unwrap();
     assert_eq!(root.status(), 302);
     assert_eq!(root.header("Location"), Some("/ui/"));
-    for path in ["/ui/", "/ui/console.js", "/ui/console.css"] {
+    for path in [
+        "/ui/",
+        "/ui/console.js",
+        "/ui/console.css",
+        "/ui/vendor/xterm.js",
+    ] {
         let r = ureq::get(&format!("{api}{path}")).call().unwrap();
         assert_eq!(r.status(), 200, "{path}");
         let csp = r.header("Content-Security-Policy").unwrap_or_default();
+        // Script from this origin only; inline style is allowed (xterm.js's `<style>`s).
+        let script_src = csp
+            .split(';')
+            .map(str::trim)
+            .find(|d| d.starts_with("script-src"));
         assert!(
             csp.contains("default-src 'self'")
-                && csp.contains("script-src 'self'")
-                && !csp.contains("unsafe-inline"),
+                && script_src == Some("script-src 'self'")
+                && !csp.contains("unsafe-eval"),
             "{path}: {csp}"
         );
         assert_eq!(r.header("X-Content-Type-Options"), Some("nosniff"));
@@ -693,6 +719,57 @@ fn a_runner_kernel_keeps_python_state_in_the_run_box_and_asks_for_input() {
     b.js("document.getElementById('repl-code').scrollIntoView(); return null");
     b.screenshot("session-python");
 
+    let errors = b.console_errors();
+    assert!(errors.is_empty(), "the console's errors: {errors:#?}");
+}
+
+/// The terminal in the browser: xterm.js over the session's pty WebSocket, authenticated by the
+/// secret as a subprotocol (a browser's WebSocket sends no Authorization header). What is typed
+/// reaches the shell and its output is shown; a resize of the terminal reaches the kernel; the
+/// terminal closes cleanly.
+#[test]
+fn the_terminal_runs_what_is_typed_and_follows_a_resize() {
+    let (c, _agent) = cluster("console-term", 44420);
+    let created = c.post(
+        "/v1/sessions",
+        &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 1, "mem": "256m"}}),
+    );
+    assert_eq!(created.status, 201, "{created:?}");
+    let sid = created.body["session_id"].as_str().unwrap().to_owned();
+
+    let mut b = Browser::start(c.dir.path());
+    b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
+    b.sign_in(&c.token, "user", false);
+    b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
+    b.click("#term-open");
+    b.wait_text("#term-status", "the terminal connected", |t| {
+        t == "connected"
+    });
+    let keys = ".xterm-helper-textarea";
+    b.type_keys(keys, "echo h\"i\"\u{e007}");
+    // `echo h"i"` echoes as typed; only the shell's answer is a line that is just `hi`.
+    let rows = "#terminal .xterm-rows";
+    b.wait_text(rows, "the shell's answer", |t| {
+        t.lines().any(|l| l.trim() == "hi")
+    });
+
+    // The terminal is fitted to its box; a smaller box (the window changed) is a smaller
+    // terminal, and the kernel's pty follows.
+    let size = b.js("const e = document.getElementById('terminal'); \
+         e.style.height = '10em'; e.style.width = '500px'; \
+         window.dispatchEvent(new Event('resize')); \
+         return `${window.kvTerm.rows} ${window.kvTerm.cols}`");
+    let size = size.as_str().unwrap().to_owned();
+    assert_ne!(size, "24 80", "the terminal follows its box");
+    b.type_keys(keys, "stty size\u{e007}");
+    b.wait_text(rows, "the new size in the kernel", |t| {
+        t.lines().any(|l| l.trim() == size)
+    });
+    b.screenshot("terminal");
+
+    b.click("#term-close");
+    b.wait_text("#term-status", "the terminal closed", |t| t == "closed");
+    assert_eq!(b.count("#terminal .xterm"), 0, "the terminal is gone");
     let errors = b.console_errors();
     assert!(errors.is_empty(), "the console's errors: {errors:#?}");
 }

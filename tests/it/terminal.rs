@@ -410,6 +410,72 @@ fn pty_route_serves_and_refuses() {
         status(connect(ws_url(""), "wrong")),
         (401, "unauthorized".into())
     );
+    // A browser's way: the secret as a subprotocol next to `kernelvisor.pty`, no
+    // Authorization header; the answer names `kernelvisor.pty` (tungstenite, like a browser,
+    // fails a handshake that names none of the offered ones).
+    let connect_proto = |url: String, protocols: String| {
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", protocols.parse().unwrap());
+        tungstenite::connect(req)
+    };
+    let token_proto = |secret: &str| {
+        use base64::Engine;
+        format!(
+            "kernelvisor.bearer.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
+        )
+    };
+    let (mut ws, resp) = connect_proto(
+        ws_url("command=echo%20by-subprotocol"),
+        format!("{}, kernelvisor.pty", token_proto(&c.token)),
+    )
+    .unwrap();
+    assert_eq!(resp.status(), 101);
+    assert_eq!(
+        resp.headers()["sec-websocket-protocol"],
+        "kernelvisor.pty",
+        "the answer names the real subprotocol, not the token"
+    );
+    read_until(&mut ws, &|seen, _| seen.contains("by-subprotocol"));
+    // The same ownership rules; a malformed or unknown token is a 401.
+    let (_, other) = c.new_key(false);
+    assert_eq!(
+        status(connect_proto(
+            ws_url(""),
+            format!("{}, kernelvisor.pty", token_proto(&other))
+        )),
+        (404, "session-not-found".into())
+    );
+    assert_eq!(
+        status(connect_proto(
+            ws_url(""),
+            "kernelvisor.bearer.%%%, kernelvisor.pty".into()
+        )),
+        (401, "unauthorized".into())
+    );
+    assert_eq!(
+        status(connect_proto(
+            ws_url(""),
+            format!(
+                "{}, kernelvisor.pty",
+                token_proto(&other.replace("kvs_", "kvs_x"))
+            )
+        )),
+        (401, "unauthorized".into())
+    );
+    // The token protocol on a request that is not an upgrade is refused, even a good one.
+    let plain = c
+        .raw_get_with(
+            &format!("/v1/sessions/{sid}/pty"),
+            &[("Sec-WebSocket-Protocol", &token_proto(&c.token))],
+        )
+        .unwrap();
+    assert_eq!(
+        (plain.status, plain.code()),
+        (401, "unauthorized"),
+        "{plain:?}"
+    );
     // A plain GET (no upgrade) is a 400, not a terminal.
     let plain = c.get(&format!("/v1/sessions/{sid}/pty")).unwrap();
     assert_eq!(

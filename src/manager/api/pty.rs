@@ -5,6 +5,10 @@
 //! its process ends the last frame is `{"exit_code": N}` before the manager closes the socket.
 //! A client that goes away kills it (`pty_close`).
 //!
+//! A browser authenticates it with the `kernelvisor.bearer.…` subprotocol (`super::auth`); it
+//! must offer [`PTY_PROTOCOL`] with it, which the answer names (a browser fails a handshake
+//! whose answer names no subprotocol when it offered some).
+//!
 //! Memory is bounded per socket: one agent read (at most [`READ_MAX`] bytes) at a time, and
 //! the socket's outgoing queue (actix-ws: 32 frames) is waited on when full, so a slow client
 //! slows the reads, and the agent's bounded console then stops the process.
@@ -15,7 +19,7 @@ use actix_web::{get, web, HttpRequest};
 use actix_ws::{CloseCode, CloseReason, Message, MessageStream, Session};
 use futures::StreamExt;
 
-use super::auth::Caller;
+use super::auth::{offered_protocols, Caller, PTY_PROTOCOL};
 use super::{running_kernel, ApiState, Res, KERNEL_PARAM};
 use crate::manager::calls::{agent_error, call_method};
 use crate::manager::error::ManagerError;
@@ -80,9 +84,16 @@ pub(super) async fn open(
     }
     let k = running_kernel(&s, &caller, &id, q.kernel.as_deref()).await?;
     // The handshake is checked before anything starts on the agent.
-    let (response, session, frames) = actix_ws::handle(&req, body).map_err(|e| {
+    let (mut response, session, frames) = actix_ws::handle(&req, body).map_err(|e| {
         ManagerError::InvalidRequest(format!("not a WebSocket upgrade request: {e}"))
     })?;
+    // The one subprotocol this socket speaks, named when offered; never the token one.
+    if offered_protocols(req.headers()).any(|p| p == PTY_PROTOCOL) {
+        response.headers_mut().insert(
+            actix_web::http::header::SEC_WEBSOCKET_PROTOCOL,
+            actix_web::http::header::HeaderValue::from_static(PTY_PROTOCOL),
+        );
+    }
     let args = PtyStartArgs {
         kernel_id: k.id.clone(),
         run_id: None,

@@ -1,4 +1,5 @@
-//! The web console (issue 42): a page, one JavaScript module and a style sheet under `/ui/`,
+//! The web console (issue 42): a page, one JavaScript module and a style sheet under `/ui/`
+//! (and the vendored xterm.js for its terminal, `vendor/`),
 //! compiled into the binary (`include_str!`), served by the API server without a token. The
 //! page holds no data of its own: it asks for an access key's secret, keeps it in the tab's
 //! `sessionStorage`, and calls the same API as every client with `Authorization: Bearer …`, so
@@ -18,10 +19,13 @@ use actix_web::{web, HttpRequest, HttpResponse};
 pub const PREFIX: &str = "/ui/";
 
 /// The Content-Security-Policy of every console answer: this origin's script, style, images
-/// and connections (`fetch` of the API, WebSockets) only; no inline script (`'unsafe-inline'`
-/// is absent), no `eval`, no plug-ins, no `<base>`, no framing, forms posting nowhere else.
+/// and connections (`fetch` of the API, WebSockets) only; no inline script (`script-src` is
+/// `'self'` alone), no `eval`, no plug-ins, no `<base>`, no framing, forms posting nowhere else.
+/// Inline STYLE is allowed (`style-src 'unsafe-inline'`): xterm.js's DOM renderer writes its own
+/// `<style>` elements (cell sizes, colours); styles run no code, and the issue forbids inline
+/// script and other origins, not inline styles.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
-     style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
+     style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; frame-ancestors 'none'; form-action 'self'";
 
 /// The headers every console answer carries, beside its `Content-Type`.
@@ -44,7 +48,7 @@ struct Asset {
 
 /// The console's files. `index.html` is also the answer to `/ui/` (the pages are hash routes,
 /// `#/sessions`, `#/agents`, …, so the server has one page to serve).
-const ASSETS: [Asset; 3] = [
+const ASSETS: [Asset; 5] = [
     Asset {
         name: "index.html",
         content_type: "text/html; charset=utf-8",
@@ -59,6 +63,18 @@ const ASSETS: [Asset; 3] = [
         name: "console.css",
         content_type: "text/css; charset=utf-8",
         body: include_str!("console.css"),
+    },
+    // xterm.js 3.8.1 from Debian's `node-xterm`, bundled as one ES module (`just
+    // console-vendor`; vendor/README.md), for the terminal in the browser.
+    Asset {
+        name: "vendor/xterm.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("vendor/xterm.js"),
+    },
+    Asset {
+        name: "vendor/xterm.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_str!("vendor/xterm.css"),
     },
 ];
 
@@ -139,6 +155,9 @@ mod tests {
             ("/ui/console.js", 200),
             ("/ui/console.css", 200),
             ("/ui/index.html", 200),
+            ("/ui/vendor/xterm.js", 200),
+            ("/ui/vendor/xterm.css", 200),
+            ("/ui/vendor/LICENSE.xterm", 404),
             ("/ui/nothing.js", 404),
             ("/ui/a/b", 404),
         ] {
@@ -163,7 +182,8 @@ mod tests {
     /// this origin as a module and has no inline script or handler.
     #[test]
     fn the_policy_and_the_page_have_no_inline_script() {
-        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-inline"));
+        assert!(CONTENT_SECURITY_POLICY.contains("script-src 'self';"));
+        assert!(!CONTENT_SECURITY_POLICY.contains("script-src 'self' 'unsafe-inline'"));
         assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-eval"));
         assert!(!CONTENT_SECURITY_POLICY.contains("http"));
         let page = ASSETS[0].body;
