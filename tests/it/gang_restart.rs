@@ -18,10 +18,9 @@
 use crate::common;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::Duration;
 
-use common::agent::TEST_IMAGE;
+use common::agent::{docker, TEST_IMAGE};
 use common::cluster::{signal, wait_exit, wait_for, Cluster, Db};
 use serde_json::{json, Value};
 
@@ -29,11 +28,6 @@ const LONG: Duration = Duration::from_secs(90);
 
 fn session(c: &Cluster, id: &str) -> Value {
     c.get(&format!("/v1/sessions/{id}")).unwrap().body
-}
-
-fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker").args(args).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Containers of the session's kernels on the engine (any state), by kernel id.

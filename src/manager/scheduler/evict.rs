@@ -258,7 +258,7 @@ pub(super) async fn complete(launcher: &Launcher, rows: &[KernelRow]) {
     }
     let main = rows.iter().find(|k| k.is_main()).unwrap_or(first);
     if main.network.is_some() {
-        if let Err(e) = super::cluster::remove_preempted_network(launcher, main).await {
+        if let Err(e) = super::cluster::remove_network_of(launcher, main).await {
             tracing::info!(session_id = %main.session_id, error = %e, "preemption: a victim's network could not be removed now; the reconcile sweep completes it");
             return;
         }

@@ -343,12 +343,13 @@ pub(super) async fn end_gang(
     }
 }
 
-/// Removes the network of a cluster session whose kernels were evicted by preemption
-/// (`main`: its main kernel's `PREEMPTED` row, every kernel already ended on its agent), so
-/// that its requeued row makes it anew; nothing to do without one.
+/// Removes the network named on one main row (`main`: every kernel of its generation ended on
+/// its agents: a preempted session before its requeue, a generation a restart superseded, a
+/// session whose kernels all ended), then forgets it on that row; nothing to do without one.
 ///
-/// Errors: the store's, or the network's removal (`cluster-network-failed`).
-pub(super) async fn remove_preempted_network(
+/// Errors: the store's, or the network's removal (`cluster-network-failed`: its agent does not
+/// answer, a container still holds it).
+pub(super) async fn remove_network_of(
     launcher: &Launcher,
     main: &KernelRow,
 ) -> Result<(), ManagerError> {
@@ -395,23 +396,7 @@ async fn remove_network(launcher: &Launcher, main: &KernelRow) -> Result<(), Man
             live.status.as_str()
         )));
     }
-    match main.cluster_mode {
-        ClusterMode::SingleNode => {
-            network::destroy_local(
-                &launcher.pool,
-                &launcher.metrics,
-                &main.agent_id,
-                name,
-                launcher.spec.destroy_timeout,
-            )
-            .await?
-        }
-        ClusterMode::MultiNode => network::remove_overlay(&launcher.spec.overlay, name).await?,
-    }
-    // By the row's id: a restart may have queued the next generation since `rows` were read
-    // (its network, recorded on its own main row, must stay known).
-    store.clear_network(&main.id).await?;
-    Ok(())
+    remove_network_of(launcher, main).await
 }
 
 /// The reconcile sweep's pass over cluster sessions (the leader's): in each session that has
@@ -454,7 +439,7 @@ pub(super) async fn settle(launcher: &Launcher, limit: u32) -> Result<usize, Sto
     }
     // The networks of generations a restart superseded, once their agents answer again.
     for main in launcher.store.superseded_networks(limit).await? {
-        match remove_old_network(launcher, &main).await {
+        match remove_network_of(launcher, &main).await {
             Ok(()) => {
                 tracing::info!(session_id = %main.session_id, network = ?main.network, "cluster session: a restarted session's old network removed")
             }
@@ -464,30 +449,4 @@ pub(super) async fn settle(launcher: &Launcher, limit: u32) -> Result<usize, Sto
         }
     }
     Ok(n)
-}
-
-/// Removes the network of a superseded generation's main row (`main`: every kernel of that
-/// generation ended), then clears it on that row.
-///
-/// Errors: the network's removal (`cluster-network-failed`: its agent does not answer, a
-/// container of that generation still holds it), or the store's.
-async fn remove_old_network(launcher: &Launcher, main: &KernelRow) -> Result<(), ManagerError> {
-    let Some(name) = main.network.as_deref() else {
-        return Ok(());
-    };
-    match main.cluster_mode {
-        ClusterMode::SingleNode => {
-            network::destroy_local(
-                &launcher.pool,
-                &launcher.metrics,
-                &main.agent_id,
-                name,
-                launcher.spec.destroy_timeout,
-            )
-            .await?
-        }
-        ClusterMode::MultiNode => network::remove_overlay(&launcher.spec.overlay, name).await?,
-    }
-    launcher.store.clear_network(&main.id).await?;
-    Ok(())
 }
