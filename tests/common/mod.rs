@@ -185,6 +185,7 @@ pub fn interop_script(name: &str) -> PathBuf {
         .join(name)
 }
 pub mod agent;
+pub mod browser;
 pub mod bai;
 pub mod cluster;
 pub mod dev;

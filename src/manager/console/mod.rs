@@ -47,36 +47,45 @@ struct Asset {
 }
 
 /// The console's files. `index.html` is also the answer to `/ui/` (the pages are hash routes,
-/// `#/sessions`, `#/agents`, …, so the server has one page to serve).
-const ASSETS: [Asset; 5] = [
-    Asset {
-        name: "index.html",
-        content_type: "text/html; charset=utf-8",
-        body: include_str!("index.html"),
-    },
-    Asset {
-        name: "console.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("console.js"),
-    },
-    Asset {
-        name: "console.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_str!("console.css"),
-    },
+/// `#/sessions`, `#/agents`, …, so the server has one page to serve). The script is ES modules
+/// (`console.js` imports the rest), one concept each: `lib/` (the API, the event stream, the
+/// DOM helpers), `pages/` (one per route), `widgets/` (parts of a page).
+const ASSETS: [Asset; 16] = [
+    page("index.html", "text/html; charset=utf-8", include_str!("index.html")),
+    script("console.js", include_str!("console.js")),
+    style("console.css", include_str!("console.css")),
+    script("lib/api.js", include_str!("lib/api.js")),
+    script("lib/dom.js", include_str!("lib/dom.js")),
+    script("lib/events.js", include_str!("lib/events.js")),
+    script("lib/rows.js", include_str!("lib/rows.js")),
+    script("pages/agents.js", include_str!("pages/agents.js")),
+    script("pages/create.js", include_str!("pages/create.js")),
+    script("pages/queue.js", include_str!("pages/queue.js")),
+    script("pages/session.js", include_str!("pages/session.js")),
+    script("pages/sessions.js", include_str!("pages/sessions.js")),
+    script("widgets/run.js", include_str!("widgets/run.js")),
+    script("widgets/terminal.js", include_str!("widgets/terminal.js")),
     // xterm.js 3.8.1 from Debian's `node-xterm`, bundled as one ES module (`just
     // console-vendor`; vendor/README.md), for the terminal in the browser.
-    Asset {
-        name: "vendor/xterm.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("vendor/xterm.js"),
-    },
-    Asset {
-        name: "vendor/xterm.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_str!("vendor/xterm.css"),
-    },
+    script("vendor/xterm.js", include_str!("vendor/xterm.js")),
+    style("vendor/xterm.css", include_str!("vendor/xterm.css")),
 ];
+
+const fn page(name: &'static str, content_type: &'static str, body: &'static str) -> Asset {
+    Asset {
+        name,
+        content_type,
+        body,
+    }
+}
+
+const fn script(name: &'static str, body: &'static str) -> Asset {
+    page(name, "text/javascript; charset=utf-8", body)
+}
+
+const fn style(name: &'static str, body: &'static str) -> Asset {
+    page(name, "text/css; charset=utf-8", body)
+}
 
 /// Whether a request is the console's, answered without a token: `GET` of `/`, `/ui` or a
 /// path under [`PREFIX`]. The API's routes all start with `/v1/`, `/health` or
@@ -197,15 +206,19 @@ mod tests {
             .split(|c: char| c.is_whitespace() || c == '<')
             .find(|w| w.starts_with("on") && w.contains('='));
         assert_eq!(handler, None, "no inline event handler attribute");
-        let js = ASSETS[1].body;
-        for sink in [
+        for a in ASSETS.iter().filter(|a| {
+            a.content_type.starts_with("text/javascript") && !a.name.starts_with("vendor/")
+        }) {
+            let js = a.body;
+            for sink in [
             "innerHTML",
             "outerHTML",
             "insertAdjacentHTML",
             "document.write",
             "eval(",
         ] {
-            assert!(!js.contains(sink), "console.js uses {sink}");
+                assert!(!js.contains(sink), "{} uses {sink}", a.name);
+            }
         }
     }
 

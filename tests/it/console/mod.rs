@@ -33,274 +33,12 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::agent::{free_port, TEST_IMAGE};
+use common::browser::{Browser, LONG};
 use common::cluster::{wait_for, Cluster, Db};
-use fantoccini::wd::WebDriverCompatibleCommand;
-use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
-
-const LONG: Duration = Duration::from_secs(90);
-
-/// chromedriver's legacy command for the browser's console log (Selenium's `/se/log`): the
-/// entries since the last read, `[{"level", "message", "source", "timestamp"}]`.
-#[derive(Debug)]
-struct BrowserLog;
-
-impl WebDriverCompatibleCommand for BrowserLog {
-    fn endpoint(
-        &self,
-        base: &url::Url,
-        session_id: Option<&str>,
-    ) -> Result<url::Url, url::ParseError> {
-        base.join(&format!(
-            "session/{}/se/log",
-            session_id.unwrap_or_default()
-        ))
-    }
-
-    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
-        (http::Method::POST, Some(r#"{"type":"browser"}"#.to_owned()))
-    }
-}
-
-/// A headless Chromium behind its own chromedriver, with a blocking face for the tests.
-struct Browser {
-    rt: tokio::runtime::Runtime,
-    client: Client,
-    driver: Child,
-    /// Where screenshots and the driver's log go (the cluster's directory).
-    dir: PathBuf,
-    /// The console log entries read so far (each read drains chromedriver's buffer).
-    log: Vec<Value>,
-    _profile: tempfile::TempDir,
-}
-
-/// `chromedriver`'s path: the `chromium-driver` package's (`just chromium` installs it).
-fn chromedriver() -> PathBuf {
-    let path = PathBuf::from("/usr/bin/chromedriver");
-    assert!(
-        path.exists(),
-        "no {}: install Debian's chromium and chromium-driver (`just chromium`)",
-        path.display()
-    );
-    path
-}
-
-impl Browser {
-    /// Starts chromedriver on a free port and a headless Chromium session at 1280×800.
-    fn start(dir: &Path) -> Browser {
-        let port = free_port();
-        let log = std::fs::File::create(dir.join("chromedriver.log")).unwrap();
-        let driver = Command::new(chromedriver())
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("start chromedriver");
-        let base = format!("http://127.0.0.1:{port}");
-        wait_for(LONG, "chromedriver ready", || {
-            ureq::get(&format!("{base}/status"))
-                .timeout(Duration::from_secs(5))
-                .call()
-                .ok()
-                .and_then(|r| r.into_json::<Value>().ok())
-                .filter(|v| v["value"]["ready"] == true)
-        });
-        let profile = tempfile::Builder::new()
-            .prefix("kv-chromium-")
-            .tempdir()
-            .unwrap();
-        let caps = json!({
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": "/usr/bin/chromium",
-                // As root (CI) Chromium's sandbox cannot start; /dev/shm is small in containers.
-                "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                         "--disable-gpu", "--window-size=1280,800",
-                         format!("--user-data-dir={}", profile.path().display())],
-            },
-            "goog:loggingPrefs": {"browser": "ALL"},
-        });
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let Value::Object(caps) = caps else {
-            unreachable!()
-        };
-        let client = rt
-            .block_on(
-                ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                    .capabilities(caps)
-                    .connect(&base),
-            )
-            .expect("a Chromium session through chromedriver");
-        Browser {
-            rt,
-            client,
-            driver,
-            dir: dir.to_owned(),
-            log: Vec::new(),
-            _profile: profile,
-        }
-    }
-
-    fn goto(&self, url: &str) {
-        self.rt.block_on(self.client.goto(url)).unwrap();
-    }
-
-    fn url(&self) -> String {
-        self.rt
-            .block_on(self.client.current_url())
-            .unwrap()
-            .to_string()
-    }
-
-    /// Runs `script` in the page (WebDriver's execute, not subject to the page's CSP).
-    fn js(&self, script: &str) -> Value {
-        self.rt
-            .block_on(self.client.execute(script, Vec::new()))
-            .unwrap()
-    }
-
-    /// The text of the page's body (for failure messages).
-    fn page_text(&self) -> String {
-        self.js("return document.body ? document.body.innerText : ''")
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    }
-
-    /// The text of the first element `css` matches, `None` when none does.
-    fn text(&self, css: &str) -> Option<String> {
-        self.rt.block_on(async {
-            let e = self.client.find(Locator::Css(css)).await.ok()?;
-            e.text().await.ok()
-        })
-    }
-
-    /// How many elements `css` matches.
-    fn count(&self, css: &str) -> usize {
-        self.rt
-            .block_on(self.client.find_all(Locator::Css(css)))
-            .map(|v| v.len())
-            .unwrap_or(0)
-    }
-
-    /// Waits until the element `css` exists and its text satisfies `ok`; returns the text.
-    /// Panics naming `what`, with the page's text, after [`LONG`].
-    fn wait_text(&self, css: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        loop {
-            if let Some(t) = self.text(css).filter(|t| ok(t)) {
-                return t;
-            }
-            assert!(
-                start.elapsed() < LONG,
-                "timed out after {LONG:?} waiting for {what} ({css}: {:?}); the page reads:\n{}",
-                self.text(css),
-                self.page_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn click(&self, css: &str) {
-        self.rt
-            .block_on(async { self.client.find(Locator::Css(css)).await?.click().await })
-            .unwrap_or_else(|e| panic!("click {css}: {e}"));
-    }
-
-    /// Replaces the value of the input `css` with `value`, as typed.
-    fn fill(&self, css: &str, value: &str) {
-        self.rt
-            .block_on(async {
-                let e = self.client.find(Locator::Css(css)).await?;
-                e.clear().await?;
-                e.send_keys(value).await
-            })
-            .unwrap_or_else(|e| panic!("fill {css}: {e}"));
-    }
-
-    /// Types `keys` into the element `css` (WebDriver key events; `\u{e007}` is Enter).
-    fn type_keys(&self, css: &str, keys: &str) {
-        self.rt
-            .block_on(async {
-                self.client
-                    .find(Locator::Css(css))
-                    .await?
-                    .send_keys(keys)
-                    .await
-            })
-            .unwrap_or_else(|e| panic!("type into {css}: {e}"));
-    }
-
-    /// A PNG of the window as `<name>.png` in the cluster's directory, and in `docs/console/`
-    /// with `KV_WRITE_CONSOLE_SCREENSHOTS=1`.
-    fn screenshot(&self, name: &str) {
-        let png = self.rt.block_on(self.client.screenshot()).unwrap();
-        assert!(png.starts_with(b"\x89PNG"), "a PNG");
-        std::fs::write(self.dir.join(format!("{name}.png")), &png).unwrap();
-        if std::env::var_os("KV_WRITE_CONSOLE_SCREENSHOTS").is_some() {
-            let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console");
-            std::fs::create_dir_all(&docs).unwrap();
-            std::fs::write(docs.join(format!("{name}.png")), &png).unwrap();
-        }
-    }
-
-    /// The console's errors so far: `SEVERE` entries but the network's (a refused request is
-    /// logged by Chromium whatever the page does with it; the tests ask for some on purpose and
-    /// check that the page shows them). A script error, an unhandled rejection, a Content-
-    /// Security-Policy violation or a `console.error` is one.
-    fn console_errors(&mut self) -> Vec<Value> {
-        let got = self
-            .rt
-            .block_on(self.client.issue_cmd(BrowserLog))
-            .expect("the browser's console log (chromedriver's /se/log)");
-        self.log.extend(got.as_array().cloned().unwrap_or_default());
-        self.log
-            .iter()
-            .filter(|e| e["level"] == "SEVERE" && e["source"] != "network")
-            .cloned()
-            .collect()
-    }
-
-    /// Signs in at the console's page with `secret`; waits until the role is shown.
-    /// With `keyboard`, the form is sent with the Enter key rather than a click.
-    fn sign_in(&self, secret: &str, role: &str, keyboard: bool) {
-        self.wait_text("h1", "the sign-in page", |t| t == "Sign in");
-        if keyboard {
-            // WebDriver's Enter key.
-            self.fill("#secret", &format!("{secret}\u{e007}"));
-        } else {
-            self.fill("#secret", secret);
-            self.click("#sign-in button[type=submit]");
-        }
-        self.wait_text("#role", "the signed-in role", |t| {
-            t == format!("{role} key")
-        });
-        assert!(!self.url().contains(secret), "the secret is in no URL");
-        assert_eq!(
-            self.js("return sessionStorage.getItem('kernelvisor.secret')"),
-            json!(secret),
-            "the secret is kept in the tab's sessionStorage"
-        );
-        assert_eq!(self.js("return document.cookie"), json!(""), "no cookie");
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let client = self.client.clone();
-        let _ = self.rt.block_on(client.close());
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
-    }
-}
 
 /// A manager and one agent, `ALIVE` with its slots, past the start-up grace (the sessions
 /// list answers).
@@ -361,7 +99,7 @@ fn an_admin_sees_the_agent_queues_a_session_from_the_form_and_watches_it_run() {
         .as_str()
         .unwrap()
         .to_owned();
-    let mut b = Browser::start(c.dir.path());
+    let mut b = Browser::start(c.dir.path(), free_port());
 
     // The root leads to the sign-in page; a wrong secret is refused there with the API's word.
     b.goto(&format!("{}/", c.api));
@@ -545,7 +283,7 @@ fn a_user_key_sees_only_its_own_sessions_and_no_admin_controls() {
     let theirs = c.create_session();
     let sid = theirs["session_id"].as_str().unwrap().to_owned();
     let (_, other) = c.new_key(false);
-    let mut b = Browser::start(c.dir.path());
+    let mut b = Browser::start(c.dir.path(), free_port());
     b.goto(&format!("{}/ui/", c.api));
     b.sign_in(&other, "user", true);
     assert_eq!(
@@ -681,7 +419,7 @@ fn a_runner_kernel_keeps_python_state_in_the_run_box_and_asks_for_input() {
     assert_eq!(created.status, 201, "{created:?}");
     let sid = created.body["session_id"].as_str().unwrap().to_owned();
 
-    let mut b = Browser::start(c.dir.path());
+    let mut b = Browser::start(c.dir.path(), free_port());
     b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
     b.sign_in(&c.token, "user", false);
     b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
@@ -737,7 +475,7 @@ fn the_terminal_runs_what_is_typed_and_follows_a_resize() {
     assert_eq!(created.status, 201, "{created:?}");
     let sid = created.body["session_id"].as_str().unwrap().to_owned();
 
-    let mut b = Browser::start(c.dir.path());
+    let mut b = Browser::start(c.dir.path(), free_port());
     b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
     b.sign_in(&c.token, "user", false);
     b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
