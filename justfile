@@ -188,7 +188,7 @@ registry:
     DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     command -v docker-registry >/dev/null && command -v htpasswd >/dev/null
 
-# The web console's tests (tests/it/console.rs) drive a headless Chromium through WebDriver:
+# The web console's tests (tests/it/console/) drive a headless Chromium through WebDriver:
 # Debian's `chromium` and `chromium-driver` (/usr/bin/chromium, /usr/bin/chromedriver). Each test
 # starts its own chromedriver on a free loopback port; no service is used.
 # Install Chromium and chromedriver (Debian's packages) when missing, for the console's tests.
@@ -298,7 +298,8 @@ test-image:
 # `exec` also times Backend.AI's kernel runner (benches/exec/runner.rs), so it provisions the
 # runner and the Python image first and names the runner's directory as `KV_KRUNNER_DIR`;
 # `backend-ai` (benches/backend_ai.rs: kernelvisor's agent against upstream's on a real 26.9.6
-# halfstack, about 15 minutes) also builds the halfstack's root (`just bai-env`).
+# halfstack, about 15 minutes) also builds the halfstack's root (`just bai-env`); `console`
+# (benches/console.rs: the web console in a headless Chromium) installs Chromium (`just chromium`).
 # Run one benchmark (`just bench rpc`); prints a table and ends with one JSON line.
 bench name: setup docker test-image
     #!/usr/bin/env bash
@@ -308,6 +309,9 @@ bench name: setup docker test-image
     fi
     if [ "{{name}}" = backend-ai ]; then
       "{{just_executable()}}" --justfile "{{justfile()}}" bai-env
+    fi
+    if [ "{{name}}" = console ]; then
+      "{{just_executable()}}" --justfile "{{justfile()}}" chromium
     fi
     KV_KRUNNER_DIR="{{krunner_dir}}" KV_BAI_ROOT="{{bai_root}}" cargo bench --bench {{name}}
 

@@ -272,4 +272,3 @@ impl Drop for Browser {
         let _ = self.driver.wait();
     }
 }
-

@@ -51,7 +51,11 @@ struct Asset {
 /// (`console.js` imports the rest), one concept each: `lib/` (the API, the event stream, the
 /// DOM helpers), `pages/` (one per route), `widgets/` (parts of a page).
 const ASSETS: [Asset; 16] = [
-    page("index.html", "text/html; charset=utf-8", include_str!("index.html")),
+    page(
+        "index.html",
+        "text/html; charset=utf-8",
+        include_str!("index.html"),
+    ),
     script("console.js", include_str!("console.js")),
     style("console.css", include_str!("console.css")),
     script("lib/api.js", include_str!("lib/api.js")),
@@ -211,12 +215,12 @@ mod tests {
         }) {
             let js = a.body;
             for sink in [
-            "innerHTML",
-            "outerHTML",
-            "insertAdjacentHTML",
-            "document.write",
-            "eval(",
-        ] {
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+            ] {
                 assert!(!js.contains(sink), "{} uses {sink}", a.name);
             }
         }

@@ -33,6 +33,8 @@
 
 use crate::common;
 
+mod live_list;
+
 use std::time::Duration;
 
 use common::agent::{free_port, TEST_IMAGE};

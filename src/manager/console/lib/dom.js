@@ -1,5 +1,5 @@
 // DOM and formatting helpers of the console: elements built from text (never HTML), the
-// figures' formats, and the two call disciplines every page uses (`newest`, `debounced`).
+// figures' formats, and the call disciplines the pages use (`newest`, `debounced`, `throttled`).
 
 /** Longest text a log or output box keeps (characters); older text is dropped first. */
 export const LOG_CAP = 256 * 1024;
@@ -112,3 +112,23 @@ export function debounced(fn, ms) {
   return call;
 }
 
+
+/** Calls `fn` at most once per `ms`: at once when the last call is older than that, else once
+ * when `ms` has passed since it, however often it is asked for meanwhile. */
+export function throttled(fn, ms) {
+  let last = -Infinity;
+  let timer = null;
+  const call = () => {
+    if (timer !== null) return;
+    timer = setTimeout(() => {
+      timer = null;
+      last = performance.now();
+      fn();
+    }, Math.max(0, last + ms - performance.now()));
+  };
+  call.cancel = () => {
+    clearTimeout(timer);
+    timer = null;
+  };
+  return call;
+}

@@ -1,8 +1,24 @@
-// #/queue: the sessions waiting, in admission order.
-import { api } from '../lib/api.js';
-import { age, debounced, el, errorBox, newest, reasonOf, shortId, slotsText } from '../lib/dom.js';
+// #/queue: the sessions waiting, in admission order (priority, then time queued), with why.
+// Rows are kept by session (`lib/rows.js`); an event that touches the queue makes the list be
+// read again, at most once a second, so a busy queue costs one read a second, not one an event.
 
-/** #/queue: the sessions waiting, in admission order, with why. */
+import { api } from '../lib/api.js';
+import { age, el, errorBox, newest, reasonOf, shortId, slotsText, throttled } from '../lib/dom.js';
+import { keyedRows } from '../lib/rows.js';
+
+/** The least time between two reads of the queue (ms). */
+const REREAD_MS = 1000;
+
+const cells = (s) => [
+  { text: String(s.queue_position ?? '') },
+  { text: shortId(s.session_id), class: 'mono', href: `#/sessions/${encodeURIComponent(s.session_id)}` },
+  { text: s.access_key ?? '', class: 'mono' },
+  { text: String(s.priority ?? '') },
+  { text: reasonOf(s) },
+  { text: age(s.queued_at ?? s.created_at) },
+  { text: slotsText(s.resource_slots) },
+];
+
 export function queuePage(main) {
   const body = el('tbody', { id: 'queue' });
   const status = el('div');
@@ -21,44 +37,31 @@ export function queuePage(main) {
       ),
     ),
   );
+  const rows = keyedRows(body, { key: (s) => s.session_id, cells, rowData: 'session', empty: 'Nothing waits.' });
   let gone = false;
   const load = newest(async (stale) => {
     try {
       const { sessions } = await api('GET', '/v1/sessions');
       if (gone || stale()) return;
-      const queued = sessions
-        .filter((s) => s.status === 'PENDING')
-        .sort((a, b) => (a.queue_position ?? 1e9) - (b.queue_position ?? 1e9));
       status.replaceChildren();
-      body.replaceChildren(
-        ...queued.map((s) =>
-          el(
-            'tr',
-            { dataset: { session: s.session_id } },
-            el('td', {}, String(s.queue_position ?? '')),
-            el('td', { class: 'mono' }, el('a', { href: `#/sessions/${encodeURIComponent(s.session_id)}` }, shortId(s.session_id))),
-            el('td', { class: 'mono' }, s.access_key ?? ''),
-            el('td', {}, String(s.priority ?? '')),
-            el('td', {}, reasonOf(s)),
-            el('td', {}, age(s.queued_at ?? s.created_at)),
-            el('td', {}, slotsText(s.resource_slots)),
-          ),
-        ),
+      rows.set(
+        sessions
+          .filter((s) => s.status === 'PENDING')
+          .sort((a, b) => (a.queue_position ?? 1e9) - (b.queue_position ?? 1e9)),
       );
-      if (queued.length === 0) body.append(el('tr', {}, el('td', { colSpan: 7, class: 'note' }, 'Nothing waits.')));
     } catch (e) {
       if (!gone && !stale()) status.replaceChildren(errorBox(e));
     }
   });
-  const reload = debounced(load, 250);
+  const reread = throttled(load, REREAD_MS);
   load();
   return {
     onEvent(ev) {
-      if (ev.type === 'session_status' || ev.type === 'agent_status') reload();
+      if (ev.type === 'session_status' || ev.type === 'agent_status') reread();
     },
     leave() {
       gone = true;
-      reload.cancel();
+      reread.cancel();
     },
   };
 }

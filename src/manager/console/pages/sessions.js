@@ -7,7 +7,7 @@
 // once a second.
 
 import { api } from '../lib/api.js';
-import { age, el, ENDED, errorBox, newest, reasonOf, shortId, slotsText } from '../lib/dom.js';
+import { age, el, ENDED, errorBox, newest, reasonOf, shortId, slotsText, throttled } from '../lib/dom.js';
 import { keyedRows } from '../lib/rows.js';
 
 /** Figures of the live list, for the console's bench (`benches/console.rs`): when the first
@@ -68,9 +68,7 @@ export function sessionsPage(main, { role }) {
     count.textContent = `${shown.length} session${shown.length === 1 ? '' : 's'}`;
   };
 
-  let lastRead = 0;
   const load = newest(async (stale) => {
-    lastRead = performance.now();
     try {
       const { sessions } = await api('GET', `/v1/sessions${all.checked ? '?all=true' : ''}`);
       if (gone || stale()) return;
@@ -92,15 +90,7 @@ export function sessionsPage(main, { role }) {
   });
 
   // A read of the whole list, at most once per REREAD_MS.
-  let rereadTimer = null;
-  const reread = () => {
-    if (rereadTimer !== null || gone) return;
-    const wait = Math.max(0, lastRead + REREAD_MS - performance.now());
-    rereadTimer = setTimeout(() => {
-      rereadTimer = null;
-      load();
-    }, wait);
-  };
+  const reread = throttled(load, REREAD_MS);
 
   // Events wait for the next frame, newest per session.
   const queued = new Map();
@@ -119,8 +109,8 @@ export function sessionsPage(main, { role }) {
       }
       const wasQueued = s.status === 'PENDING';
       s.status = ev.status;
-      if (ev.status === 'PENDING') s.pending_reason = { code: ev.reason ?? '', message: '' };
-      else s.status_reason = ev.reason ?? null;
+      // A waiting session's reason and position are the list's (the event has the code only).
+      if (ev.status !== 'PENDING') s.status_reason = ev.reason ?? null;
       if (ev.exit_code !== undefined) s.exit_code = ev.exit_code;
       if (ENDED.has(ev.status) && !all.checked) {
         byId.delete(s.session_id);
@@ -128,8 +118,8 @@ export function sessionsPage(main, { role }) {
       } else {
         rows.patch(s.session_id, s);
       }
-      // Leaving the queue moves every position behind it.
-      if (wasQueued !== (ev.status === 'PENDING')) reread();
+      // Entering or leaving the queue moves every position behind it.
+      if (wasQueued || ev.status === 'PENDING') reread();
       stats.applied += 1;
       if (typeof ev.time === 'number') {
         stats.lags.push(now - ev.time * 1000);
@@ -153,7 +143,7 @@ export function sessionsPage(main, { role }) {
     },
     leave() {
       gone = true;
-      clearTimeout(rereadTimer);
+      reread.cancel();
       if (frame !== null) cancelAnimationFrame(frame);
     },
   };
