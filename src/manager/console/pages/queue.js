@@ -55,12 +55,15 @@ export function queuePage(main) {
   });
   const reread = throttled(load, REREAD_MS);
   load();
+  // Reasons change with each admission round without an event of their own.
+  const refresh = setInterval(reread, 5000);
   return {
     onEvent(ev) {
       if (ev.type === 'session_status' || ev.type === 'agent_status') reread();
     },
     leave() {
       gone = true;
+      clearInterval(refresh);
       reread.cancel();
     },
   };
