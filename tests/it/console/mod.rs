@@ -40,6 +40,8 @@ use common::browser::{Browser, LONG};
 use common::cluster::{wait_for, Cluster, Db};
 use serde_json::{json, Value};
 
+mod session_page;
+
 /// A manager and one agent, `ALIVE` with its slots, past the start-up grace (the sessions
 /// list answers).
 fn cluster(name: &str, ports_lo: u16) -> (Cluster, String) {

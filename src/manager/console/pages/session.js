@@ -1,18 +1,31 @@
 // #/sessions/<id>: one session.
 import { api, authHeaders, refusal } from '../lib/api.js';
 import { age, debounced, el, ENDED, errorBox, HAS_LOGS, LOG_CAP, newest, reasonOf, slotsText, statusCell } from '../lib/dom.js';
+import { filesBox } from '../widgets/files.js';
 import { runBox } from '../widgets/run.js';
+import { servicesBox } from '../widgets/services.js';
 import { terminalBox } from '../widgets/terminal.js';
+import { timelineBox } from '../widgets/timeline.js';
 
-/** #/sessions/<id>: one session, its kernels and its logs, live. */
+/** #/sessions/<id>: one session, its kernels, status timeline, services, files, run box,
+ * terminal and logs, live. A cluster session has a kernel selector: the run box, the terminal
+ * and the files act in the kernel it names (the API's `kernel` selector, its host name). */
 export function sessionPage(main, ctx, id) {
   const head = el('div', { id: 'session' });
   const kernels = el('tbody', { id: 'kernels' });
   const logs = el('pre', { id: 'logs', tabIndex: 0 });
   const logNote = el('p', { id: 'logs-note', class: 'note' });
   const actions = el('p');
-  const repl = runBox(id);
-  const term = terminalBox(id);
+  const pick = el('select', { id: 'kernel-select' });
+  const pickRow = el('p', { id: 'kernel-pick', hidden: true }, el('label', { htmlFor: 'kernel-select' }, 'Kernel for the run box, terminal and files '), pick);
+  // The selected kernel: null for a session of one kernel (the routes' default, its main one).
+  const kernel = () => (pickRow.hidden || !pick.value ? null : pick.value);
+  const repl = runBox(id, kernel);
+  const term = terminalBox(id, kernel);
+  const timeline = timelineBox();
+  const services = servicesBox(id);
+  const files = filesBox(id, kernel);
+  pick.addEventListener('change', () => files.kernelChanged());
   const details = el('div', { hidden: true });
   main.replaceChildren(el('h1', {}, 'Session ', el('span', { class: 'mono' }, id)), head, details);
   details.replaceChildren(
@@ -28,8 +41,12 @@ export function sessionPage(main, ctx, id) {
         kernels,
       ),
     ),
+    timeline.section,
+    pickRow,
     repl.section,
     term.section,
+    services.section,
+    files.section,
     el('h2', {}, 'Logs'),
     logNote,
     logs,
@@ -148,9 +165,24 @@ export function sessionPage(main, ctx, id) {
       });
       actions.append(stop);
     }
-    // Code runs in a RUNNING session only.
-    repl.section.hidden = s.status !== 'RUNNING';
-    term.section.hidden = s.status !== 'RUNNING';
+    // The kernel selector of a cluster session: its kernels by host name, the choice kept.
+    const hostsNow = (s.kernels ?? []).map((k) => k.cluster_hostname);
+    pickRow.hidden = (s.cluster_size ?? 1) <= 1 || hostsNow.length <= 1;
+    if ([...pick.options].map((o) => o.value).join(' ') !== hostsNow.join(' ')) {
+      const was = pick.value;
+      pick.replaceChildren(
+        ...(s.kernels ?? []).map((k) => el('option', { value: k.cluster_hostname }, `${k.cluster_hostname} (${k.cluster_role})`)),
+      );
+      if (hostsNow.includes(was)) pick.value = was;
+      else if (!pickRow.hidden) files.kernelChanged();
+    }
+    timeline.setSession(s);
+    // Code runs, services and files are read in a RUNNING session only.
+    const running = s.status === 'RUNNING';
+    repl.section.hidden = !running;
+    term.section.hidden = !running;
+    services.setRunning(running);
+    files.setRunning(running);
     repl.setPath(s.exec_path);
     // Logs once its container has started (before, the agent has none to follow).
     if (HAS_LOGS.has(s.status)) followLogs();
@@ -175,8 +207,11 @@ export function sessionPage(main, ctx, id) {
   load();
   return {
     onEvent(ev) {
-      // Before the first answer, any change may be this session's.
-      if (ev.type === 'session_status' && (!session || ev.session_id === session.session_id)) reload();
+      if (ev.type !== 'session_status') return;
+      // Before the first answer, any change may be this session's (the timeline's history,
+      // read after it, has those that were).
+      if (session && ev.session_id === session.session_id) timeline.add(ev);
+      if (!session || ev.session_id === session.session_id) reload();
     },
     leave() {
       gone = true;
@@ -184,6 +219,8 @@ export function sessionPage(main, ctx, id) {
       if (follow) follow.abort();
       repl.leave();
       term.leave();
+      services.leave();
+      files.leave();
     },
   };
 }
