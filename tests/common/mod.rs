@@ -185,8 +185,8 @@ pub fn interop_script(name: &str) -> PathBuf {
         .join(name)
 }
 pub mod agent;
-pub mod browser;
 pub mod bai;
+pub mod browser;
 pub mod cluster;
 pub mod dev;
 pub mod engines;

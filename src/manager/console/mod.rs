@@ -50,8 +50,12 @@ struct Asset {
 /// `#/sessions`, `#/agents`, …, so the server has one page to serve). The script is ES modules
 /// (`console.js` imports the rest), one concept each: `lib/` (the API, the event stream, the
 /// DOM helpers), `pages/` (one per route), `widgets/` (parts of a page).
-const ASSETS: [Asset; 20] = [
-    page("index.html", "text/html; charset=utf-8", include_str!("index.html")),
+const ASSETS: [Asset; 19] = [
+    page(
+        "index.html",
+        "text/html; charset=utf-8",
+        include_str!("index.html"),
+    ),
     script("console.js", include_str!("console.js")),
     style("console.css", include_str!("console.css")),
     script("lib/api.js", include_str!("lib/api.js")),
@@ -214,12 +218,12 @@ mod tests {
         }) {
             let js = a.body;
             for sink in [
-            "innerHTML",
-            "outerHTML",
-            "insertAdjacentHTML",
-            "document.write",
-            "eval(",
-        ] {
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+            ] {
                 assert!(!js.contains(sink), "{} uses {sink}", a.name);
             }
         }

@@ -24,7 +24,8 @@
 //! and a Chromium, the heaviest processes of the suite on the 2-core machine.
 //!
 //! - On a kernel Backend.AI's kernel runner serves, the run box is Python in its persistent
-//!   REPL: `x = 41`, then `print(x + 1)` reads 42; an `input()` is asked for and answered.
+//!   REPL: `x = 41`, then the expression `x + 1` reads 42 (its value, as the runner sends it);
+//!   an `input()` is asked for and answered.
 //!
 //! - The terminal: xterm.js over the pty WebSocket (the secret as its bearer subprotocol):
 //!   `echo hi` typed reads `hi` back, a resize reaches the kernel (`stty size`).
@@ -32,8 +33,6 @@
 //! Agent host ports: 44400–44499 (20 from 44400, 44420, 44450 and 44470).
 
 use crate::common;
-
-use std::time::Duration;
 
 use common::agent::{free_port, TEST_IMAGE};
 use common::browser::{Browser, LONG};
@@ -434,7 +433,9 @@ fn a_runner_kernel_keeps_python_state_in_the_run_box_and_asks_for_input() {
     b.wait_text("#repl-status", "the first run's end", |t| {
         t.starts_with("finished")
     });
-    b.fill("#repl-code", "print(x + 1)");
+    // An expression, not a print: its value is what the REPL shows (upstream's runner sends a
+    // `text/plain` value as stdout).
+    b.fill("#repl-code", "x + 1");
     b.click("#repl-run");
     b.wait_text("#repl-status", "the second run's end", |t| {
         t.starts_with("finished")

@@ -75,9 +75,7 @@ fn file_bytes(c: &Cluster, sid: &str, path: &str) -> (u16, Vec<u8>) {
 
 /// The names in a directory of the session's kernel, through the API.
 fn names(c: &Cluster, sid: &str, query: &str) -> Vec<String> {
-    let a = c
-        .get(&format!("/v1/sessions/{sid}/files?{query}"))
-        .unwrap();
+    let a = c.get(&format!("/v1/sessions/{sid}/files?{query}")).unwrap();
     assert_eq!(a.status, 200, "{a:?}");
     a.body["files"]
         .as_array()
@@ -193,15 +191,22 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
         .unwrap()
         .to_owned();
     let web = "#services tr[data-service='web']";
-    b.wait_text(&format!("{web} .service-status"), "web listed stopped", |t| {
-        t == "stopped"
-    });
+    b.wait_text(
+        &format!("{web} .service-status"),
+        "web listed stopped",
+        |t| t == "stopped",
+    );
     assert_eq!(
         b.js(&format!(
             "const a = document.querySelector(\"{web} a.service-link\"); \
              return [a.getAttribute('href'), a.target, a.rel, a.textContent]"
         )),
-        json!([format!("{web_url}/"), "_blank", "noopener noreferrer", web_url])
+        json!([
+            format!("{web_url}/"),
+            "_blank",
+            "noopener noreferrer",
+            web_url
+        ])
     );
     b.click(&format!("{web} button.service-start"));
     b.wait_text(&format!("{web} .service-status"), "web running", |t| {
@@ -290,9 +295,11 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
     b.screenshot("session-files");
 
     // Ended meanwhile (the API): the timeline adds the end live.
-    let d = c.delete(&format!("/v1/sessions/{sid}"));
+    let d = c.delete(&format!("/v1/sessions/{sid}?grace=0"));
     assert!(d.status == 200 || d.status == 202, "{d:?}");
-    b.wait_text("#session-status", "the session ended", |t| t == "TERMINATED");
+    b.wait_text("#session-status", "the session ended", |t| {
+        t == "TERMINATED"
+    });
     b.wait_text(
         "#timeline li[data-status='TERMINATED']",
         "the end in the timeline",
@@ -331,8 +338,10 @@ fn a_cluster_session_page_picks_the_kernel_and_a_refused_terminal_says_why() {
     });
 
     // sub1 selected: the run box runs there.
-    b.js("const s = document.getElementById('kernel-select'); s.value = 'sub1'; \
-          s.dispatchEvent(new Event('change')); return null");
+    b.js(
+        "const s = document.getElementById('kernel-select'); s.value = 'sub1'; \
+          s.dispatchEvent(new Event('change')); return null",
+    );
     b.fill("#repl-code", "echo $BACKENDAI_CLUSTER_HOST");
     b.click("#repl-run");
     b.wait_text("#repl-status", "the run's end", |t| {
@@ -361,21 +370,30 @@ fn a_cluster_session_page_picks_the_kernel_and_a_refused_terminal_says_why() {
         .send_bytes(b"in main1")
         .map(|r| r.status());
     assert!(matches!(put, Ok(201)), "{put:?}");
-    b.js("const s = document.getElementById('kernel-select'); s.value = 'main1'; \
-          s.dispatchEvent(new Event('change')); return null");
-    b.wait_text("#files tr[data-file='main1-only.txt']", "main1's listing", |t| {
-        !t.is_empty()
-    });
+    b.js(
+        "const s = document.getElementById('kernel-select'); s.value = 'main1'; \
+          s.dispatchEvent(new Event('change')); return null",
+    );
+    b.wait_text(
+        "#files tr[data-file='main1-only.txt']",
+        "main1's listing",
+        |t| !t.is_empty(),
+    );
     assert_eq!(b.count("#files tr[data-file='from-the-browser.txt']"), 0);
 
     // The terminal opens in the selected kernel.
-    b.js("const s = document.getElementById('kernel-select'); s.value = 'sub1'; \
-          s.dispatchEvent(new Event('change')); return null");
+    b.js(
+        "const s = document.getElementById('kernel-select'); s.value = 'sub1'; \
+          s.dispatchEvent(new Event('change')); return null",
+    );
     b.click("#term-open");
     b.wait_text("#term-status", "the terminal connected", |t| {
         t == "connected"
     });
-    b.type_keys(".xterm-helper-textarea", "echo host=$BACKENDAI_CLUSTER_HOST\u{e007}");
+    b.type_keys(
+        ".xterm-helper-textarea",
+        "echo host=$BACKENDAI_CLUSTER_HOST\u{e007}",
+    );
     b.wait_text("#terminal .xterm-rows", "sub1's answer", |t| {
         t.lines().any(|l| l.trim() == "host=sub1")
     });
@@ -383,15 +401,24 @@ fn a_cluster_session_page_picks_the_kernel_and_a_refused_terminal_says_why() {
     b.js("document.getElementById('kernel-pick').scrollIntoView(); return null");
     b.screenshot("session-cluster");
 
-    // Ended: a terminal asked for anyway (its button is hidden; a click reaches it) is
-    // refused, and the page says why.
-    let d = c.delete(&format!("/v1/sessions/{sid}"));
+    // Ended: a terminal asked for anyway (as by a click just before the page learned of the
+    // end: its hidden box is shown again for it) is refused, and the page says why.
+    let d = c.delete(&format!("/v1/sessions/{sid}?grace=0"));
     assert!(d.status == 200 || d.status == 202, "{d:?}");
-    b.wait_text("#session-status", "the session ended", |t| t == "TERMINATED");
-    b.js("document.getElementById('term-open').click(); return null");
-    b.wait_text("#term-status", "why the terminal was refused", |t| {
-        t.starts_with("refused:") && t.contains("TERMINATED")
+    b.wait_text("#session-status", "the session ended", |t| {
+        t == "TERMINATED"
     });
+    b.js(
+        "document.getElementById('terminal').closest('section').hidden = false; \
+          document.getElementById('term-open').click(); return null",
+    );
+    // (Read as textContent: a later render may hide the box again.)
+    let why = wait_for(LONG, "why the terminal was refused", || {
+        let t = b.js("return document.getElementById('term-status').textContent");
+        let t = t.as_str().unwrap_or_default().to_owned();
+        t.starts_with("refused:").then_some(t)
+    });
+    assert!(why.contains("TERMINATED"), "{why}");
     let errors: Vec<Value> = b
         .console_errors()
         .into_iter()

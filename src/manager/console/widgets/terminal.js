@@ -50,8 +50,9 @@ export function terminalBox(id, kernel = () => null) {
     term.open(screen);
     // The terminal fills its box (console.css), now and whenever the window changes; each
     // change of size is sent as a resize (below).
-    fit(term);
-    refit = () => term && fit(term);
+    // (Not while its box has no size, the page's section hidden: there is nothing to fit to.)
+    refit = () => term && screen.clientWidth > 0 && screen.clientHeight > 0 && fit(term);
+    refit();
     window.addEventListener('resize', refit);
     window.kvTerm = term;
     const q = new URLSearchParams({ rows: term.rows, cols: term.cols });
