@@ -107,7 +107,14 @@ fn downloaded(b: &Browser, i: usize) -> Vec<u8> {
 
 #[test]
 fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
-    let (c, _agent) = cluster("console-session", 44500);
+    let (c, agent) = cluster("console-session", 44500);
+    // The only agent cordoned: the session waits first, with its reason.
+    let cordon = c.post_as(
+        Some(&c.admin_token),
+        &format!("/v1/agents/{agent}/cordon"),
+        &json!({}),
+    );
+    assert_eq!(cordon.status, 200, "{cordon:?}");
     let command = "echo '<script>window.kvInjected = 1</script> in the log'; i=0; \
                    while :; do i=$((i+1)); echo \"line $i\"; sleep 0.5; done";
     let created = c.post(
@@ -121,8 +128,31 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
     let mut b = Browser::start(c.dir.path(), free_port());
     b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
     b.sign_in(&c.token, "user", false);
-    b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
+    b.wait_text("#session-status", "the session waiting", |t| t == "PENDING");
     b.js("window.kvSamePage = 'yes'; return null");
+    b.wait_text(
+        "#timeline li[data-status='PENDING']",
+        "its wait in the timeline, with the reason",
+        |t| t.contains("agents-cordoned"),
+    );
+    // Uncordoned: the timeline follows it to RUNNING live.
+    let uncordon = c.post_as(
+        Some(&c.admin_token),
+        &format!("/v1/agents/{agent}/uncordon"),
+        &json!({}),
+    );
+    assert_eq!(uncordon.status, 200, "{uncordon:?}");
+    b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
+    b.wait_text(
+        "#timeline li[data-status='RUNNING']",
+        "RUNNING in the timeline, live",
+        |t| t.contains("RUNNING"),
+    );
+    b.wait_text(
+        "#timeline li[data-status='SCHEDULED']",
+        "its admission in the timeline, with the reason",
+        |t| t.contains("admitted") || t.contains("placed"),
+    );
 
     // Logs follow while it prints: a line printed after the first one seen appears, the
     // session still RUNNING, the page not reloaded.
@@ -174,8 +204,9 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
         .iter()
         .map(|e| e["status"].as_str().unwrap().to_owned())
         .collect();
+    assert_eq!(statuses.first().map(String::as_str), Some("PENDING"));
     assert_eq!(statuses.last().map(String::as_str), Some("RUNNING"));
-    b.js("document.getElementById('timeline').scrollIntoView(); return null");
+    b.js("document.getElementById('timeline').closest('section').scrollIntoView(); return null");
     b.screenshot("session-timeline");
 
     // Services: listed with their URL as a link to a new tab, started and stopped here.
@@ -225,7 +256,7 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
     b.wait_text("#services-error", "the broken service's refusal", |t| {
         t.contains("service-failed") && t.contains("409")
     });
-    b.js("document.getElementById('services').scrollIntoView(); return null");
+    b.js("document.getElementById('services').closest('section').scrollIntoView(); return null");
     b.screenshot("session-services");
     b.click(&format!("{web} button.service-stop"));
     b.wait_text(&format!("{web} .service-status"), "web stopped", |t| {
@@ -291,7 +322,7 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
         t == format!("downloaded {name} (4 KiB)")
     });
     assert!(downloaded(&b, 0) == data, "the downloaded bytes");
-    b.js("document.getElementById('files-dir').scrollIntoView(); return null");
+    b.js("document.getElementById('files').closest('section').scrollIntoView(); return null");
     b.screenshot("session-files");
 
     // Ended meanwhile (the API): the timeline adds the end live.
@@ -397,9 +428,9 @@ fn a_cluster_session_page_picks_the_kernel_and_a_refused_terminal_says_why() {
     b.wait_text("#terminal .xterm-rows", "sub1's answer", |t| {
         t.lines().any(|l| l.trim() == "host=sub1")
     });
-    b.click("#term-close");
     b.js("document.getElementById('kernel-pick').scrollIntoView(); return null");
     b.screenshot("session-cluster");
+    b.click("#term-close");
 
     // Ended: a terminal asked for anyway (as by a click just before the page learned of the
     // end: its hidden box is shown again for it) is refused, and the page says why.
