@@ -10,9 +10,9 @@
 //!   a directory opened and left, a file uploaded from the browser (named `<script>…`, shown
 //!   as text) has the same bytes through the API, downloaded through the page has the same
 //!   bytes again, and a symlink out of /home/work shows the API's `invalid-path`;
-//! - a cluster session of two kernels: the kernel selector sends the run box, the terminal and
-//!   the files to `sub1`; the timeline names each kernel; a terminal refused (the session
-//!   ended) says why.
+//! - a cluster session of two kernels: the kernel selector sends the run box, the terminal, the
+//!   files and the logs to `sub1`; the timeline names each kernel; a terminal refused (the
+//!   session ended) says why.
 //!
 //! No console errors in either. Screenshots: `session-timeline`, `session-services`,
 //! `session-files`, `session-cluster`.
@@ -325,6 +325,16 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
     b.js("document.getElementById('files').closest('section').scrollIntoView(); return null");
     b.screenshot("session-files");
 
+    // At a phone's width the page does not overflow sideways (its tables scroll in their box).
+    b.rt.block_on(b.client.set_window_size(390, 844)).unwrap();
+    assert_eq!(
+        b.js("return document.documentElement.scrollWidth <= window.innerWidth"),
+        json!(true),
+        "the page is wider than a phone: {}",
+        b.js("return [document.documentElement.scrollWidth, window.innerWidth]")
+    );
+    b.rt.block_on(b.client.set_window_size(1280, 800)).unwrap();
+
     // Ended meanwhile (the API): the timeline adds the end live.
     let d = c.delete(&format!("/v1/sessions/{sid}?grace=0"));
     assert!(d.status == 200 || d.status == 202, "{d:?}");
@@ -347,7 +357,8 @@ fn a_cluster_session_page_picks_the_kernel_and_a_refused_terminal_says_why() {
     let created = c.post(
         "/v1/sessions",
         &json!({"image": TEST_IMAGE, "resource_slots": {"cpu": 0.25, "mem": "32m"},
-                "cluster_size": 2, "cluster_mode": "single-node"}),
+                "cluster_size": 2, "cluster_mode": "single-node",
+                "command": "echo \"log of $BACKENDAI_CLUSTER_HOST\"; exec sleep infinity"}),
     );
     assert_eq!(created.status, 201, "{created:?}");
     let sid = created.body["session_id"].as_str().unwrap().to_owned();
@@ -368,11 +379,16 @@ fn a_cluster_session_page_picks_the_kernel_and_a_refused_terminal_says_why() {
         (hosts == json!(["main1", "sub1"])).then_some(())
     });
 
-    // sub1 selected: the run box runs there.
+    // The logs: main1's first, then sub1's once it is chosen.
+    b.wait_text("#logs", "main1's log", |t| t.contains("log of main1"));
+    // sub1 selected: the run box runs there, and the logs are its own.
     b.js(
         "const s = document.getElementById('kernel-select'); s.value = 'sub1'; \
           s.dispatchEvent(new Event('change')); return null",
     );
+    b.wait_text("#logs", "sub1's log", |t| {
+        t.contains("log of sub1") && !t.contains("log of main1")
+    });
     b.fill("#repl-code", "echo $BACKENDAI_CLUSTER_HOST");
     b.click("#repl-run");
     b.wait_text("#repl-status", "the run's end", |t| {

@@ -8,8 +8,9 @@ import { terminalBox } from '../widgets/terminal.js';
 import { timelineBox } from '../widgets/timeline.js';
 
 /** #/sessions/<id>: one session, its kernels, status timeline, services, files, run box,
- * terminal and logs, live. A cluster session has a kernel selector: the run box, the terminal
- * and the files act in the kernel it names (the API's `kernel` selector, its host name). */
+ * terminal and logs, live. A cluster session has a kernel selector: the run box, the terminal,
+ * the files and the logs are those of the kernel it names (the API's `kernel` selector, its
+ * host name). */
 export function sessionPage(main, ctx, id) {
   const head = el('div', { id: 'session' });
   const kernels = el('tbody', { id: 'kernels' });
@@ -17,7 +18,7 @@ export function sessionPage(main, ctx, id) {
   const logNote = el('p', { id: 'logs-note', class: 'note' });
   const actions = el('p');
   const pick = el('select', { id: 'kernel-select' });
-  const pickRow = el('p', { id: 'kernel-pick', hidden: true }, el('label', { htmlFor: 'kernel-select' }, 'Kernel for the run box, terminal and files '), pick);
+  const pickRow = el('p', { id: 'kernel-pick', hidden: true }, el('label', { htmlFor: 'kernel-select' }, 'Kernel for the run box, terminal, files and logs '), pick);
   // The selected kernel: null for a session of one kernel (the routes' default, its main one).
   const kernel = () => (pickRow.hidden || !pick.value ? null : pick.value);
   const repl = runBox(id, kernel);
@@ -25,7 +26,14 @@ export function sessionPage(main, ctx, id) {
   const timeline = timelineBox();
   const services = servicesBox(id);
   const files = filesBox(id, kernel);
-  pick.addEventListener('change', () => files.kernelChanged());
+  pick.addEventListener('change', () => {
+    files.kernelChanged();
+    // The logs are the chosen kernel's: followed again from it.
+    if (follow) follow.abort();
+    follow = null;
+    failedFollows = 0;
+    if (session && HAS_LOGS.has(session.status)) followLogs();
+  });
   const details = el('div', { hidden: true });
   main.replaceChildren(el('h1', {}, 'Session ', el('span', { class: 'mono' }, id)), head, details);
   details.replaceChildren(
@@ -68,6 +76,13 @@ export function sessionPage(main, ctx, id) {
     if (atEnd) logs.scrollTop = logs.scrollHeight;
   };
 
+  // The logs' query: the chosen kernel's of a cluster session.
+  const logQuery = (extra = {}) => {
+    const q = new URLSearchParams(extra);
+    if (kernel()) q.set('kernel', kernel());
+    return q;
+  };
+
   const followLogs = async () => {
     if (follow || gone) return;
     const ctl = new AbortController();
@@ -76,7 +91,7 @@ export function sessionPage(main, ctx, id) {
     logLength = 0;
     logNote.textContent = 'following…';
     try {
-      const r = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs?follow=true`, {
+      const r = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs?${logQuery({ follow: 'true' })}`, {
         headers: authHeaders(),
         signal: ctl.signal,
         cache: 'no-store',
@@ -91,7 +106,7 @@ export function sessionPage(main, ctx, id) {
       // A follow that attached as the kernel ended may close before its output came (a short
       // batch job): the kept logs are read once more, a few times at most, until they show.
       for (let tries = 0; logLength === 0 && tries < 5 && !gone; tries += 1) {
-        const kept = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs`, {
+        const kept = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs?${logQuery()}`, {
           headers: authHeaders(),
           signal: ctl.signal,
           cache: 'no-store',
