@@ -50,7 +50,7 @@ struct Asset {
 /// `#/sessions`, `#/agents`, …, so the server has one page to serve). The script is ES modules
 /// (`console.js` imports the rest), one concept each: `lib/` (the API, the event stream, the
 /// DOM helpers), `pages/` (one per route), `widgets/` (parts of a page).
-const ASSETS: [Asset; 16] = [
+const ASSETS: [Asset; 19] = [
     page(
         "index.html",
         "text/html; charset=utf-8",
@@ -67,8 +67,11 @@ const ASSETS: [Asset; 16] = [
     script("pages/queue.js", include_str!("pages/queue.js")),
     script("pages/session.js", include_str!("pages/session.js")),
     script("pages/sessions.js", include_str!("pages/sessions.js")),
+    script("widgets/files.js", include_str!("widgets/files.js")),
     script("widgets/run.js", include_str!("widgets/run.js")),
+    script("widgets/services.js", include_str!("widgets/services.js")),
     script("widgets/terminal.js", include_str!("widgets/terminal.js")),
+    script("widgets/timeline.js", include_str!("widgets/timeline.js")),
     // xterm.js 3.8.1 from Debian's `node-xterm`, bundled as one ES module (`just
     // console-vendor`; vendor/README.md), for the terminal in the browser.
     script("vendor/xterm.js", include_str!("vendor/xterm.js")),

@@ -24,7 +24,8 @@
 //! and a Chromium, the heaviest processes of the suite on the 2-core machine.
 //!
 //! - On a kernel Backend.AI's kernel runner serves, the run box is Python in its persistent
-//!   REPL: `x = 41`, then `print(x + 1)` reads 42; an `input()` is asked for and answered.
+//!   REPL: `x = 41`, then the expression `x + 1` reads 42 (its value, as the runner sends it);
+//!   an HTML value reads as its text; an `input()` is asked for and answered.
 //!
 //! - The terminal: xterm.js over the pty WebSocket (the secret as its bearer subprotocol):
 //!   `echo hi` typed reads `hi` back, a resize reaches the kernel (`stty size`).
@@ -34,6 +35,7 @@
 use crate::common;
 
 mod live_list;
+mod session_page;
 
 use common::agent::{free_port, TEST_IMAGE};
 use common::browser::{Browser, LONG};
@@ -432,12 +434,30 @@ fn a_runner_kernel_keeps_python_state_in_the_run_box_and_asks_for_input() {
     b.wait_text("#repl-status", "the first run's end", |t| {
         t.starts_with("finished")
     });
-    b.fill("#repl-code", "print(x + 1)");
+    // An expression, not a print: its value is what the REPL shows (upstream's runner sends a
+    // `text/plain` value as stdout).
+    b.fill("#repl-code", "x + 1");
     b.click("#repl-run");
     b.wait_text("#repl-status", "the second run's end", |t| {
         t.starts_with("finished")
     });
     assert_eq!(b.text("#repl-output").unwrap_or_default().trim(), "42");
+
+    // A value that is HTML (upstream's runner sends it as a `media` item, the agent as `html`):
+    // shown by its text, no element made of it.
+    b.fill(
+        "#repl-code",
+        "from IPython.display import HTML\nHTML('<b>bold</b> <img src=x>value')",
+    );
+    b.click("#repl-run");
+    b.wait_text("#repl-status", "the HTML value's run end", |t| {
+        t.starts_with("finished")
+    });
+    assert_eq!(
+        b.text("#repl-output").unwrap_or_default().trim(),
+        "bold value"
+    );
+    assert_eq!(b.count("#repl-output b") + b.count("#repl-output img"), 0);
 
     // input(): the box asks, the line typed goes to the run.
     b.fill("#repl-code", "name = input('who? ')\nprint('hello,', name)");

@@ -36,7 +36,10 @@ export async function refusal(r) {
   const code = body?.error?.code ?? `http-${r.status}`;
   const message = body?.error?.message ?? (text.slice(0, 500) || r.statusText);
   if (r.status === 401) unauthorized(message);
-  return new ApiError(r.status, code, message);
+  const e = new ApiError(r.status, code, message);
+  // `service-failed` carries the service's last output.
+  if (typeof body?.error?.output === 'string') e.output = body.error.output;
+  return e;
 }
 
 /** A JSON call of the API; raises ApiError when refused. */

@@ -1,18 +1,39 @@
 // #/sessions/<id>: one session.
 import { api, authHeaders, refusal } from '../lib/api.js';
 import { age, debounced, el, ENDED, errorBox, HAS_LOGS, LOG_CAP, newest, reasonOf, slotsText, statusCell } from '../lib/dom.js';
+import { filesBox } from '../widgets/files.js';
 import { runBox } from '../widgets/run.js';
+import { servicesBox } from '../widgets/services.js';
 import { terminalBox } from '../widgets/terminal.js';
+import { timelineBox } from '../widgets/timeline.js';
 
-/** #/sessions/<id>: one session, its kernels and its logs, live. */
+/** #/sessions/<id>: one session, its kernels, status timeline, services, files, run box,
+ * terminal and logs, live. A cluster session has a kernel selector: the run box, the terminal,
+ * the files and the logs are those of the kernel it names (the API's `kernel` selector, its
+ * host name). */
 export function sessionPage(main, ctx, id) {
   const head = el('div', { id: 'session' });
   const kernels = el('tbody', { id: 'kernels' });
   const logs = el('pre', { id: 'logs', tabIndex: 0 });
   const logNote = el('p', { id: 'logs-note', class: 'note' });
   const actions = el('p');
-  const repl = runBox(id);
-  const term = terminalBox(id);
+  const pick = el('select', { id: 'kernel-select' });
+  const pickRow = el('p', { id: 'kernel-pick', hidden: true }, el('label', { htmlFor: 'kernel-select' }, 'Kernel for the run box, terminal, files and logs '), pick);
+  // The selected kernel: null for a session of one kernel (the routes' default, its main one).
+  const kernel = () => (pickRow.hidden || !pick.value ? null : pick.value);
+  const repl = runBox(id, kernel);
+  const term = terminalBox(id, kernel);
+  const timeline = timelineBox();
+  const services = servicesBox(id);
+  const files = filesBox(id, kernel);
+  pick.addEventListener('change', () => {
+    files.kernelChanged();
+    // The logs are the chosen kernel's: followed again from it.
+    if (follow) follow.abort();
+    follow = null;
+    failedFollows = 0;
+    if (session && HAS_LOGS.has(session.status)) followLogs();
+  });
   const details = el('div', { hidden: true });
   main.replaceChildren(el('h1', {}, 'Session ', el('span', { class: 'mono' }, id)), head, details);
   details.replaceChildren(
@@ -28,8 +49,12 @@ export function sessionPage(main, ctx, id) {
         kernels,
       ),
     ),
+    timeline.section,
+    pickRow,
     repl.section,
     term.section,
+    services.section,
+    files.section,
     el('h2', {}, 'Logs'),
     logNote,
     logs,
@@ -51,6 +76,13 @@ export function sessionPage(main, ctx, id) {
     if (atEnd) logs.scrollTop = logs.scrollHeight;
   };
 
+  // The logs' query: the chosen kernel's of a cluster session.
+  const logQuery = (extra = {}) => {
+    const q = new URLSearchParams(extra);
+    if (kernel()) q.set('kernel', kernel());
+    return q;
+  };
+
   const followLogs = async () => {
     if (follow || gone) return;
     const ctl = new AbortController();
@@ -59,7 +91,7 @@ export function sessionPage(main, ctx, id) {
     logLength = 0;
     logNote.textContent = 'following…';
     try {
-      const r = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs?follow=true`, {
+      const r = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs?${logQuery({ follow: 'true' })}`, {
         headers: authHeaders(),
         signal: ctl.signal,
         cache: 'no-store',
@@ -74,7 +106,7 @@ export function sessionPage(main, ctx, id) {
       // A follow that attached as the kernel ended may close before its output came (a short
       // batch job): the kept logs are read once more, a few times at most, until they show.
       for (let tries = 0; logLength === 0 && tries < 5 && !gone; tries += 1) {
-        const kept = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs`, {
+        const kept = await fetch(`/v1/sessions/${encodeURIComponent(id)}/logs?${logQuery()}`, {
           headers: authHeaders(),
           signal: ctl.signal,
           cache: 'no-store',
@@ -148,9 +180,24 @@ export function sessionPage(main, ctx, id) {
       });
       actions.append(stop);
     }
-    // Code runs in a RUNNING session only.
-    repl.section.hidden = s.status !== 'RUNNING';
-    term.section.hidden = s.status !== 'RUNNING';
+    // The kernel selector of a cluster session: its kernels by host name, the choice kept.
+    const hostsNow = (s.kernels ?? []).map((k) => k.cluster_hostname);
+    pickRow.hidden = (s.cluster_size ?? 1) <= 1 || hostsNow.length <= 1;
+    if ([...pick.options].map((o) => o.value).join(' ') !== hostsNow.join(' ')) {
+      const was = pick.value;
+      pick.replaceChildren(
+        ...(s.kernels ?? []).map((k) => el('option', { value: k.cluster_hostname }, `${k.cluster_hostname} (${k.cluster_role})`)),
+      );
+      if (hostsNow.includes(was)) pick.value = was;
+      else if (!pickRow.hidden) files.kernelChanged();
+    }
+    timeline.setSession(s);
+    // Code runs, services and files are read in a RUNNING session only.
+    const running = s.status === 'RUNNING';
+    repl.section.hidden = !running;
+    term.section.hidden = !running;
+    services.setRunning(running);
+    files.setRunning(running);
     repl.setPath(s.exec_path);
     // Logs once its container has started (before, the agent has none to follow).
     if (HAS_LOGS.has(s.status)) followLogs();
@@ -175,8 +222,11 @@ export function sessionPage(main, ctx, id) {
   load();
   return {
     onEvent(ev) {
-      // Before the first answer, any change may be this session's.
-      if (ev.type === 'session_status' && (!session || ev.session_id === session.session_id)) reload();
+      if (ev.type !== 'session_status') return;
+      // Before the first answer, any change may be this session's (the timeline's history,
+      // read after it, has those that were).
+      if (session && ev.session_id === session.session_id) timeline.add(ev);
+      if (!session || ev.session_id === session.session_id) reload();
     },
     leave() {
       gone = true;
@@ -184,6 +234,8 @@ export function sessionPage(main, ctx, id) {
       if (follow) follow.abort();
       repl.leave();
       term.leave();
+      services.leave();
+      files.leave();
     },
   };
 }

@@ -6,8 +6,12 @@ import { el, errorBox, LOG_CAP } from '../lib/dom.js';
  * continuation protocol): a query, then `continue` while the run goes on, an `input` when it
  * waits for a line (a runner kernel's `input()`), its output shown as it comes (as text), its
  * exit code at the end; Interrupt while it runs. On a runner kernel the code is Python in its
- * persistent REPL; elsewhere a shell command line in a process of its own. */
-export function runBox(id) {
+ * persistent REPL; elsewhere a shell command line in a process of its own. An expression's
+ * value comes as the runner sends it (upstream's Python runner: `text/plain` as `stdout`, HTML
+ * as an `html` item, an image as `media` `[mime, data]`); every item is shown as text (HTML by
+ * its text, an image by its type). `kernel()` is the cluster session's selected kernel (the
+ * body's `kernel`), or null for the main one. */
+export function runBox(id, kernel = () => null) {
   const code = el('textarea', { id: 'repl-code', rows: 3, spellcheck: false, 'aria-label': 'Code to run' });
   const run = el('button', { type: 'submit', id: 'repl-run' }, 'Run');
   const stop = el('button', { type: 'button', id: 'repl-interrupt', disabled: true }, 'Interrupt');
@@ -31,8 +35,14 @@ export function runBox(id) {
 
   const show = (items) => {
     for (const [kind, text] of items ?? []) {
-      const t = typeof text === 'string' ? text : JSON.stringify(text);
-      output.append(kind === 'stderr' ? el('span', { class: 'stderr' }, t) : document.createTextNode(t));
+      const t = itemText(kind, text);
+      output.append(
+        kind === 'stderr'
+          ? el('span', { class: 'stderr' }, t)
+          : kind === 'stdout'
+            ? document.createTextNode(t)
+            : el('span', { class: `item-${kind}`, dataset: { kind } }, t),
+      );
       length += t.length;
     }
     while (length > LOG_CAP && output.firstChild) {
@@ -41,7 +51,9 @@ export function runBox(id) {
     }
     output.scrollTop = output.scrollHeight;
   };
-  const call = (body) => api('POST', `/v1/sessions/${encodeURIComponent(id)}/execute`, body);
+  let runKernel = null; // the kernel the current run lives in: its continue and input name it
+  const call = (body) =>
+    api('POST', `/v1/sessions/${encodeURIComponent(id)}/execute`, runKernel ? { ...body, kernel: runKernel } : body);
 
   form.addEventListener('submit', async (ev) => {
     ev.preventDefault();
@@ -50,6 +62,7 @@ export function runBox(id) {
     output.replaceChildren();
     length = 0;
     status.textContent = 'running…';
+    runKernel = kernel();
     try {
       let res = await call({ mode: 'query', code: code.value, flush_timeout: 0.5 });
       while (!gone) {
@@ -109,4 +122,21 @@ export function runBox(id) {
       if (answerLine) answerLine(null);
     },
   };
+}
+
+/** A console item's text: stdout and stderr as they are, `html` by the text of its HTML
+ * (parsed inert: nothing in it runs or loads), `media` `[mime, data]` as its text when it is
+ * text, else a note of its type, any other as JSON. */
+function itemText(kind, data) {
+  if (typeof data === 'string' && (kind === 'stdout' || kind === 'stderr' || kind === 'log')) return data;
+  if (kind === 'html' && typeof data === 'string') {
+    return new DOMParser().parseFromString(data, 'text/html').body.textContent ?? '';
+  }
+  if (kind === 'media' && Array.isArray(data)) {
+    const [mime, body] = data;
+    if (typeof body === 'string' && /^text\/(plain|markdown|latex)/.test(String(mime))) return body;
+    if (mime === 'text/html' && typeof body === 'string') return itemText('html', body);
+    return `[${mime}]\n`;
+  }
+  return typeof data === 'string' ? data : JSON.stringify(data);
 }
