@@ -31,6 +31,8 @@
 //!
 //! Agent host ports: 44400–44499 (20 from 44400, 44420, 44450 and 44470).
 
+mod admin;
+
 use crate::common;
 
 mod live_list;
