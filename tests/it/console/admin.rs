@@ -29,13 +29,13 @@ use common::browser::{Browser, LONG};
 use common::cluster::{wait_for, Cluster, Db};
 use serde_json::{json, Value};
 
-/// A manager (with `scheduler` in its `[scheduler]`) and one agent, `ALIVE` with its slots, past
-/// the start-up grace.
-fn cluster(name: &str, ports_lo: u16, scheduler: &str) -> (Cluster, String) {
+/// A manager (with `scheduler` in its `[scheduler]`) and one agent (`tail` appended to its
+/// config), `ALIVE` with its slots, past the start-up grace.
+fn cluster(name: &str, ports_lo: u16, scheduler: &str, tail: &str) -> (Cluster, String) {
     let mut c = Cluster::new(Db::Sqlite);
     c.scheduler_extra = scheduler.into();
     c.start_manager();
-    let a = c.add_agent(name, ports_lo, "");
+    let a = c.add_agent_with(name, ports_lo, "", tail);
     let agent = c.agents[a].id().to_owned();
     c.wait_agent_status(&agent, "ALIVE", LONG);
     wait_for(LONG, "the start-up grace over", || {
@@ -75,7 +75,7 @@ fn session(c: &Cluster, sid: &str) -> Value {
 
 #[test]
 fn two_browsers_an_admin_cordons_and_the_users_session_waits_then_runs() {
-    let (c, agent) = cluster("console-adm-cordon", 44600, "");
+    let (c, agent) = cluster("console-adm-cordon", 44600, "", "");
     let (user_key, user) = c.new_key(false);
     let v = c.post_as(Some(&user), "/v1/vfolders", &json!({"name": "data"}));
     assert_eq!(v.status, 201, "{v:?}");
@@ -229,7 +229,10 @@ fn two_browsers_an_admin_cordons_and_the_users_session_waits_then_runs() {
 
 #[test]
 fn a_drain_with_a_deadline_from_the_agents_page_ends_the_session_agent_drained() {
-    let (c, agent) = cluster("console-adm-drain", 44620, "sweep-interval = 1");
+    // A mock accelerator beside the engine's CPU and memory: shown as the agent's GPUs.
+    let gpu = "\n[accelerator]\ncuda = false\n\n[[accelerator.mock.devices]]\nid = \"m0\"\n\
+               memory = \"1g\"\nslot = \"cuda.shares\"\n";
+    let (c, agent) = cluster("console-adm-drain", 44620, "sweep-interval = 1", gpu);
     let created = c.create_session();
     let sid = created["session_id"].as_str().unwrap().to_owned();
     wait_for(LONG, "the session RUNNING", || {
@@ -240,6 +243,20 @@ fn a_drain_with_a_deadline_from_the_agents_page_ends_the_session_agent_drained()
     a.click("nav a[href='#/agents']");
     let row = format!("tr[data-agent='{agent}']");
     a.wait_text(&format!("{row} .kernels"), "its kernel", |t| t == "1");
+    let total = c.agent_view(&agent).unwrap()["slots_total"]["cuda.shares"]
+        .as_str()
+        .expect("the mock device's cuda.shares")
+        .to_owned();
+    let shares = a.wait_text(
+        &format!("{row} .gpus .slot[data-slot='cuda.shares']"),
+        "the GPU slot",
+        |t| !t.is_empty(),
+    );
+    assert_eq!(shares.trim(), format!("cuda.shares 0 / {total}"));
+    assert_eq!(
+        a.count(&format!("{row} .slots .slot[data-slot='cuda.shares']")),
+        0
+    );
 
     // A deadline the API refuses (0): its 400 shown, the agent untouched.
     a.fill(&format!("{row} input.drain-after"), "0");
@@ -312,7 +329,7 @@ fn a_drain_with_a_deadline_from_the_agents_page_ends_the_session_agent_drained()
 
 #[test]
 fn the_keys_page_creates_a_key_whose_secret_signs_in_then_disables_and_deletes_it() {
-    let (c, _agent) = cluster("console-adm-keys", 44640, "");
+    let (c, _agent) = cluster("console-adm-keys", 44640, "", "");
     let mut a = signed_in(&c, &c.admin_token, "admin");
     a.click("nav a[href='#/keys']");
     let keys = c.get_as(Some(&c.admin_token), "/v1/access-keys").unwrap();
@@ -431,7 +448,7 @@ fn the_keys_page_creates_a_key_whose_secret_signs_in_then_disables_and_deletes_i
 
 #[test]
 fn the_events_page_shows_recent_events_then_live_ones_and_filters_them() {
-    let (c, agent) = cluster("console-adm-events", 44660, "");
+    let (c, agent) = cluster("console-adm-events", 44660, "", "");
     let first = c.create_session();
     let first = first["session_id"].as_str().unwrap().to_owned();
     wait_for(LONG, "the first session RUNNING", || {
