@@ -44,7 +44,7 @@ pub struct Browser {
     /// Where screenshots and the driver's log go (the cluster's directory).
     pub dir: PathBuf,
     /// The console log entries read so far (each read drains chromedriver's buffer).
-    log: Vec<Value>,
+    pub log: Vec<Value>,
     _profile: tempfile::TempDir,
 }
 
