@@ -80,7 +80,6 @@ export function agentsPage(main) {
     const seconds = el('input', {
       type: 'number',
       class: 'drain-after',
-      min: '1',
       step: 'any',
       value: '10',
       'aria-label': `drain deadline of ${id}`,
@@ -93,7 +92,8 @@ export function agentsPage(main) {
       el('option', { value: '0' }, 'no deadline'),
     );
     const drain = el('button', { type: 'submit', class: 'drain' }, 'Drain');
-    const drainForm = el('form', { class: 'drain-form' }, seconds, unit, drain);
+    // Not validated by the browser: the API judges the deadline, and its refusal is shown.
+    const drainForm = el('form', { class: 'drain-form', noValidate: true }, seconds, unit, drain);
     const tr = el(
       'tr',
       { dataset: { agent: id } },
@@ -207,10 +207,17 @@ export function agentsPage(main) {
       if (err) err.remove();
     } catch (e) {
       if (!gone && !stale()) status.replaceChildren(errorBox(e, 'agents-error'));
+      // Not an admin key: asking again would only be refused again.
+      if (e.status === 403) clearInterval(clock);
     }
   });
   const reload = debounced(load, 250);
+  // Each second the ages and countdowns move on; every 5 s the fleet is read again (a heartbeat
+  // is no event: without it the age shown would only grow).
+  let ticks = 0;
   const clock = setInterval(() => {
+    ticks += 1;
+    if (ticks % 5 === 0) load();
     const now = Date.now() / 1000;
     for (const row of rows.values()) tickRow(row, now);
   }, 1000);
