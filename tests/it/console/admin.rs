@@ -171,6 +171,7 @@ fn two_browsers_an_admin_cordons_and_the_users_session_waits_then_runs() {
         json!(true),
         "only the field the refusal names"
     );
+    u.js("window.scrollTo(0, 0); return null");
     u.screenshot("new-session");
 
     // Created from the form with the vfolder read-only: it waits, with the reason, live.
@@ -287,6 +288,7 @@ fn a_drain_with_a_deadline_from_the_agents_page_ends_the_session_agent_drained()
         "the deadline shown",
         |t| t.starts_with("deadline in ") || t.starts_with("deadline passed"),
     );
+    a.js("document.querySelector('.table-wrap').scrollLeft = 0; return null");
     a.screenshot("agents");
 
     // The session left on it ends agent-drained after the deadline; the page says the

@@ -89,7 +89,7 @@ export function agentsPage(main) {
       { class: 'drain-unit', 'aria-label': 'unit of the deadline' },
       el('option', { value: '1' }, 's'),
       el('option', { value: '60' }, 'min'),
-      el('option', { value: '0' }, 'no deadline'),
+      el('option', { value: '0' }, 'none'),
     );
     const drain = el('button', { type: 'submit', class: 'drain' }, 'Drain');
     // Not validated by the browser: the API judges the deadline, and its refusal is shown.
@@ -105,7 +105,7 @@ export function agentsPage(main) {
       cells.images,
       cells.slots,
       cells.gpus,
-      el('td', { class: 'actions' }, toggle, drainForm),
+      el('td', { class: 'actions' }, el('div', {}, toggle), drainForm),
     );
     const row = { tr, agent: null };
     toggle.addEventListener('click', () => {

@@ -39,7 +39,8 @@ export function eventsPage(main) {
   const session = el('input', {
     id: 'events-session',
     name: 'session',
-    placeholder: 'session or kernel id (or its start)',
+    placeholder: 'session or kernel id, or its start',
+    size: 36,
     spellcheck: false,
     autocomplete: 'off',
   });

@@ -185,6 +185,7 @@ export function keysPage(main) {
   form.addEventListener('submit', async (ev) => {
     ev.preventDefault();
     createError.replaceChildren();
+    status.replaceChildren();
     for (const i of [name, role, limit]) i.removeAttribute('aria-invalid');
     const payload = { role: role.value };
     if (name.value.trim() !== '') payload.name = name.value.trim();
