@@ -120,9 +120,9 @@ fn two_browsers_an_admin_cordons_and_the_users_session_waits_then_runs() {
     a.click("nav a[href='#/agents']");
     let row = format!("tr[data-agent='{agent}']");
     a.wait_text(&row, "the agent's row", |t| t.contains("ALIVE"));
-    let view = c.agent_view(&agent).unwrap();
+    let images = c.agent_view(&agent).unwrap()["image_count"].to_string();
     a.wait_text(&format!("{row} .images"), "its image count", |t| {
-        t == view["image_count"].to_string()
+        t == images
     });
     a.wait_text(&format!("{row} .heartbeat"), "its heartbeat's age", |t| {
         t.ends_with(" ago")
@@ -444,6 +444,24 @@ fn the_keys_page_creates_a_key_whose_secret_signs_in_then_disables_and_deletes_i
         .get_as(Some(&c.admin_token), &format!("/v1/access-keys/{key}"))
         .unwrap();
     assert_eq!(gone.status, 404, "{gone:?}");
+
+    // At a phone's width the admin pages do not overflow sideways (tables scroll in their box).
+    a.rt.block_on(a.client.set_window_size(390, 844)).unwrap();
+    for (link, ready) in [
+        ("#/keys", "#keys tr[data-key]"),
+        ("#/events", "#events tr[data-event]"),
+        ("#/agents", "#agents tr[data-agent]"),
+        ("#/new", "#mounts-list"),
+    ] {
+        a.click(&format!("nav a[href='{link}']"));
+        a.wait_text(ready, link, |t| !t.is_empty());
+        assert_eq!(
+            a.js("return document.documentElement.scrollWidth <= window.innerWidth"),
+            json!(true),
+            "{link} is wider than a phone: {}",
+            a.js("return [document.documentElement.scrollWidth, window.innerWidth]")
+        );
+    }
 
     no_console_errors(&mut a, "the admin");
 }

@@ -37,8 +37,6 @@ use crate::common;
 
 mod live_list;
 
-use std::time::Duration;
-
 use common::agent::{free_port, TEST_IMAGE};
 use common::browser::{Browser, LONG};
 use common::cluster::{wait_for, Cluster, Db};
