@@ -2,14 +2,16 @@
 // with the signed-in key's secret as `Authorization: Bearer …` (never in a URL, a cookie or a
 // log); what the API answers is written with `textContent` / text nodes only, never as HTML.
 // This module is the shell: sign-in, the event stream, the hash routes (#/sessions,
-// #/sessions/<id>, #/new, #/queue, #/agents, …) and the page shown; each page is a module of
-// `pages/` (a function of the main element and the context, answering `{onEvent, leave}`).
+// #/sessions/<id>, #/new, #/queue, #/events, #/agents, #/keys) and the page shown; each page is
+// a module of `pages/` (a function of the main element and the context, answering `{onEvent, leave}`).
 
 import { authHeaders, onUnauthorized, refusal, secret, setSecret } from './lib/api.js';
 import { el, errorBox } from './lib/dom.js';
 import { followEvents } from './lib/events.js';
 import { agentsPage } from './pages/agents.js';
 import { createPage } from './pages/create.js';
+import { eventsPage } from './pages/events.js';
+import { keysPage } from './pages/keys.js';
 import { queuePage } from './pages/queue.js';
 import { sessionPage } from './pages/session.js';
 import { sessionsPage } from './pages/sessions.js';
@@ -110,6 +112,8 @@ function route() {
   else if (hash === '#/new') page = createPage(main, ctx);
   else if (hash === '#/queue') page = queuePage(main, ctx);
   else if (hash === '#/agents') page = agentsPage(main, ctx);
+  else if (hash === '#/events') page = eventsPage(main, ctx);
+  else if (hash === '#/keys') page = keysPage(main, ctx);
   else page = sessionsPage(main, ctx);
   main.focus();
 }

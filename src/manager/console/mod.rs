@@ -50,7 +50,7 @@ struct Asset {
 /// `#/sessions`, `#/agents`, …, so the server has one page to serve). The script is ES modules
 /// (`console.js` imports the rest), one concept each: `lib/` (the API, the event stream, the
 /// DOM helpers), `pages/` (one per route), `widgets/` (parts of a page).
-const ASSETS: [Asset; 19] = [
+const ASSETS: [Asset; 21] = [
     page(
         "index.html",
         "text/html; charset=utf-8",
@@ -64,6 +64,8 @@ const ASSETS: [Asset; 19] = [
     script("lib/rows.js", include_str!("lib/rows.js")),
     script("pages/agents.js", include_str!("pages/agents.js")),
     script("pages/create.js", include_str!("pages/create.js")),
+    script("pages/events.js", include_str!("pages/events.js")),
+    script("pages/keys.js", include_str!("pages/keys.js")),
     script("pages/queue.js", include_str!("pages/queue.js")),
     script("pages/session.js", include_str!("pages/session.js")),
     script("pages/sessions.js", include_str!("pages/sessions.js")),

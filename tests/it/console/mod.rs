@@ -34,6 +34,7 @@
 
 use crate::common;
 
+mod admin;
 mod live_list;
 mod session_page;
 
