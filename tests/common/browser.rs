@@ -163,7 +163,8 @@ impl Browser {
     }
 
     /// Waits until the element `css` exists and its text satisfies `ok`; returns the text.
-    /// Panics naming `what`, with the page's text, after [`LONG`].
+    /// Panics naming `what`, with the page's text and the browser's console log, after
+    /// [`LONG`].
     pub fn wait_text(&self, css: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
@@ -172,9 +173,11 @@ impl Browser {
             }
             assert!(
                 start.elapsed() < LONG,
-                "timed out after {LONG:?} waiting for {what} ({css}: {:?}); the page reads:\n{}",
+                "timed out after {LONG:?} waiting for {what} ({css}: {:?}); the page reads:\n{}\n\
+                 the console log:\n{:#?}",
                 self.text(css),
-                self.page_text()
+                self.page_text(),
+                self.rt.block_on(self.client.issue_cmd(BrowserLog)).ok()
             );
             std::thread::sleep(Duration::from_millis(100));
         }

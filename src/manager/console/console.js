@@ -83,7 +83,8 @@ async function signedIn() {
   const r = await fetch('/v1/agents', { headers: authHeaders(), cache: 'no-store' });
   if (r.status === 403) role = 'user';
   else if (r.ok) role = 'admin';
-  else throw await refusal(r);
+  // A refused secret is the sign-in form's to show (once), not a sign-out.
+  else throw await refusal(r, false);
   document.getElementById('nav').hidden = false;
   for (const a of document.querySelectorAll('nav .admin')) a.hidden = role !== 'admin';
   document.getElementById('role').textContent = `${role} key`;

@@ -107,6 +107,8 @@ fn an_admin_sees_the_agent_queues_a_session_from_the_form_and_watches_it_run() {
     // The root leads to the sign-in page; a wrong secret is refused there with the API's word.
     b.goto(&format!("{}/", c.api));
     assert!(b.url().ends_with("/ui/"), "{}", b.url());
+    // The page is built by its script: the form is there once its heading is.
+    b.wait_text("h1", "the sign-in page", |t| t == "Sign in");
     b.screenshot("sign-in");
     b.fill("#secret", "not-a-secret");
     b.click("#sign-in button[type=submit]");

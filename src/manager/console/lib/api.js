@@ -24,8 +24,9 @@ export function authHeaders(extra = {}) {
   return { Authorization: `Bearer ${secret()}`, ...extra };
 }
 
-/** Raises the API's error of a refused answer `r`. */
-export async function refusal(r) {
+/** The API's error of a refused answer `r`; a 401 also signs out (the secret is no longer good)
+ * unless `signOutOn401` is false. */
+export async function refusal(r, signOutOn401 = true) {
   const text = await r.text();
   let body = null;
   try {
@@ -35,7 +36,7 @@ export async function refusal(r) {
   }
   const code = body?.error?.code ?? `http-${r.status}`;
   const message = body?.error?.message ?? (text.slice(0, 500) || r.statusText);
-  if (r.status === 401) unauthorized(message);
+  if (r.status === 401 && signOutOn401) unauthorized(message);
   const e = new ApiError(r.status, code, message);
   // `service-failed` carries the service's last output.
   if (typeof body?.error?.output === 'string') e.output = body.error.output;
