@@ -1077,9 +1077,20 @@ impl Drop for Cluster {
 }
 
 /// The last 40 lines of a log, without the API's audit lines (one per request: under a burst of
-/// requests they would be all a failed test shows).
+/// requests they would be all a failed test shows) and without the frames of a backtrace (a
+/// process that ended with an error under `RUST_BACKTRACE` prints dozens of them after the
+/// error, which would leave the error itself out of the tail).
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.contains(" audit: ")).collect();
+    let frame = |l: &str| {
+        let l = l.trim_start();
+        l.starts_with("at ")
+            || l.split_once(": ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains(" audit: ") && !frame(l))
+        .collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }

@@ -132,3 +132,13 @@ export function throttled(fn, ms) {
   };
   return call;
 }
+
+/** A table of `headers` (texts) over `body` (its `tbody`), in a box that scrolls sideways on a
+ * narrow screen rather than widening the page. */
+export function table(headers, body) {
+  return el(
+    'div',
+    { class: 'table-wrap' },
+    el('table', {}, el('thead', {}, el('tr', {}, headers.map((h) => el('th', {}, h)))), body),
+  );
+}

@@ -1,6 +1,6 @@
 // #/agents: the fleet, for admin keys.
 import { api } from '../lib/api.js';
-import { age, amount, debounced, el, errorBox, newest, statusCell } from '../lib/dom.js';
+import { age, amount, debounced, el, errorBox, newest, statusCell, table } from '../lib/dom.js';
 
 /** The built-in slots; every other slot an agent has is an accelerator's (`cuda.device`,
  * `cuda.shares`, …), shown in the GPUs column. */
@@ -47,7 +47,7 @@ export function agentsPage(main) {
   main.replaceChildren(
     el('h1', {}, 'Agents'),
     status,
-    el('div', { class: 'table-wrap' }, el('table', {}, el('thead', {}, el('tr', {}, heads.map((h) => el('th', {}, h)))), body)),
+    table(heads, body),
   );
   let gone = false;
   const rows = new Map(); // agent id -> row

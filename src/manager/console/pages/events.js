@@ -1,7 +1,7 @@
 // #/events: the manager's recent events (`GET /v1/events`, the history it keeps), then the live
 // ones as the shell's event stream brings them; filtered by type and session in the page.
 import { authHeaders, refusal } from '../lib/api.js';
-import { el, errorBox, shortId } from '../lib/dom.js';
+import { el, errorBox, shortId, table } from '../lib/dom.js';
 import { parseFrame } from '../lib/events.js';
 import { keyedRows } from '../lib/rows.js';
 
@@ -62,16 +62,7 @@ export function eventsPage(main) {
     el('p', { class: 'note' }, `What the manager changed, newest first: the recent events it keeps, then live. The page keeps the last ${EVENTS_CAP}.`),
     filters,
     status,
-    el(
-      'div',
-      { class: 'table-wrap' },
-      el(
-        'table',
-        {},
-        el('thead', {}, el('tr', {}, ['Time', 'Type', 'Session', 'Agent', 'Status', 'Detail'].map((h) => el('th', {}, h)))),
-        body,
-      ),
-    ),
+    table(['Time', 'Type', 'Session', 'Agent', 'Status', 'Detail'], body),
   );
   const rows = keyedRows(body, {
     key: (ev) => String(ev.id),

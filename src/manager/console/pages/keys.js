@@ -1,7 +1,7 @@
 // #/keys: the access keys, for admin keys: list, create (the secret shown once), enable /
 // disable, delete (confirmed in the page).
 import { api, ApiError } from '../lib/api.js';
-import { debounced, el, errorBox, newest } from '../lib/dom.js';
+import { debounced, el, errorBox, newest, table } from '../lib/dom.js';
 
 function created(t) {
   return t ? new Date(t * 1000).toLocaleString() : '';
@@ -36,7 +36,7 @@ export function keysPage(main) {
   main.replaceChildren(
     el('h1', {}, 'Access keys'),
     status,
-    el('div', { class: 'table-wrap' }, el('table', {}, el('thead', {}, el('tr', {}, heads.map((h) => el('th', {}, h)))), body)),
+    table(heads, body),
     formSection,
   );
 

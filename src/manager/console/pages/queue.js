@@ -3,7 +3,7 @@
 // read again, at most once a second, so a busy queue costs one read a second, not one an event.
 
 import { api } from '../lib/api.js';
-import { age, el, errorBox, newest, reasonOf, shortId, slotsText, throttled } from '../lib/dom.js';
+import { age, el, errorBox, newest, reasonOf, shortId, slotsText, table, throttled } from '../lib/dom.js';
 import { keyedRows } from '../lib/rows.js';
 
 /** The least time between two reads of the queue (ms). */
@@ -26,16 +26,7 @@ export function queuePage(main) {
     el('h1', {}, 'Queue'),
     el('p', { class: 'note' }, 'Sessions waiting for room, in the order they will be admitted (priority, then time queued).'),
     status,
-    el(
-      'div',
-      { class: 'table-wrap' },
-      el(
-        'table',
-        {},
-        el('thead', {}, el('tr', {}, ['#', 'Session', 'Key', 'Priority', 'Reason', 'Waiting', 'Slots'].map((h) => el('th', {}, h)))),
-        body,
-      ),
-    ),
+    table(['#', 'Session', 'Key', 'Priority', 'Reason', 'Waiting', 'Slots'], body),
   );
   const rows = keyedRows(body, { key: (s) => s.session_id, cells, rowData: 'session', empty: 'Nothing waits.' });
   let gone = false;

@@ -1,6 +1,6 @@
 // #/sessions/<id>: one session.
 import { api, authHeaders, refusal } from '../lib/api.js';
-import { age, debounced, el, ENDED, errorBox, HAS_LOGS, LOG_CAP, newest, reasonOf, slotsText, statusCell } from '../lib/dom.js';
+import { age, debounced, el, ENDED, errorBox, HAS_LOGS, LOG_CAP, newest, reasonOf, slotsText, statusCell, table } from '../lib/dom.js';
 import { filesBox } from '../widgets/files.js';
 import { runBox } from '../widgets/run.js';
 import { servicesBox } from '../widgets/services.js';
@@ -39,16 +39,7 @@ export function sessionPage(main, ctx, id) {
   details.replaceChildren(
     actions,
     el('h2', {}, 'Kernels'),
-    el(
-      'div',
-      { class: 'table-wrap' },
-      el(
-        'table',
-        {},
-        el('thead', {}, el('tr', {}, ['Host', 'Role', 'Agent', 'Status', 'Reason', 'Exit code'].map((h) => el('th', {}, h)))),
-        kernels,
-      ),
-    ),
+    table(['Host', 'Role', 'Agent', 'Status', 'Reason', 'Exit code'], kernels),
     timeline.section,
     pickRow,
     repl.section,

@@ -7,7 +7,7 @@
 // once a second; and it is read every 5 s anyway (ages, a waiting session's reason).
 
 import { api } from '../lib/api.js';
-import { age, el, ENDED, errorBox, newest, reasonOf, shortId, slotsText, throttled } from '../lib/dom.js';
+import { age, el, ENDED, errorBox, newest, reasonOf, shortId, slotsText, table, throttled } from '../lib/dom.js';
 import { keyedRows } from '../lib/rows.js';
 
 /** Figures of the live list, for the console's bench (`benches/console.rs`): when the first
@@ -42,24 +42,7 @@ export function sessionsPage(main, { role }) {
     el('h1', {}, role === 'admin' ? 'Sessions (every key)' : 'Your sessions'),
     el('p', {}, el('label', {}, all, ' include ended sessions'), ' ', count),
     status,
-    el(
-      'div',
-      { class: 'table-wrap' },
-      el(
-        'table',
-        {},
-        el(
-          'thead',
-          {},
-          el(
-            'tr',
-            {},
-            ['Session', 'Image', 'Type', 'Status', 'Queue / reason', 'Priority', 'Age', 'Slots'].map((h) => el('th', {}, h)),
-          ),
-        ),
-        body,
-      ),
-    ),
+    table(['Session', 'Image', 'Type', 'Status', 'Queue / reason', 'Priority', 'Age', 'Slots'], body),
   );
   const rows = keyedRows(body, { key: (s) => s.session_id, cells, rowData: 'session', empty: 'No sessions.' });
   let shown = []; // the sessions listed, in order

@@ -1,6 +1,6 @@
 // A session page's files.
 import { authHeaders, refusal } from '../lib/api.js';
-import { bytes, el, errorBox } from '../lib/dom.js';
+import { bytes, el, errorBox, table } from '../lib/dom.js';
 
 /** A path under /home/work as the files routes take it: each component URL-encoded. */
 function routePath(rel) {
@@ -42,16 +42,7 @@ export function filesBox(id, kernel) {
     el('p', {}, up, ' ', refresh, ' ', el('label', { htmlFor: 'files-upload' }, 'Upload to this directory '), input, ' ', progress),
     status,
     errors,
-    el(
-      'div',
-      { class: 'table-wrap' },
-      el(
-        'table',
-        {},
-        el('thead', {}, el('tr', {}, ['Name', 'Type', 'Size', 'Mode', 'Modified'].map((h) => el('th', {}, h)))),
-        rows,
-      ),
-    ),
+    table(['Name', 'Type', 'Size', 'Mode', 'Modified'], rows),
   );
   let dir = ''; // relative to /home/work
   let running = false;

@@ -1,6 +1,6 @@
 // A session page's services.
 import { api } from '../lib/api.js';
-import { el, errorBox } from '../lib/dom.js';
+import { el, errorBox, table } from '../lib/dom.js';
 
 /**
  * The session's services (`GET /v1/sessions/<id>/services`, its main kernel's service ports),
@@ -21,16 +21,7 @@ export function servicesBox(id) {
     el('p', {}, refresh),
     note,
     errors,
-    el(
-      'div',
-      { class: 'table-wrap' },
-      el(
-        'table',
-        {},
-        el('thead', {}, el('tr', {}, ['Name', 'Protocol', 'Status', 'Address', ''].map((h) => el('th', {}, h)))),
-        rows,
-      ),
-    ),
+    table(['Name', 'Protocol', 'Status', 'Address', ''], rows),
   );
   let running = false;
   let busy = false; // a start or stop is under way: the list is read again after it
