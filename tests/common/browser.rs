@@ -36,6 +36,28 @@ impl WebDriverCompatibleCommand for BrowserLog {
     }
 }
 
+/// chromedriver's command running one Chrome DevTools Protocol method (`goog/cdp/execute`):
+/// `{"cmd", "params"}`, answering the method's result.
+#[derive(Debug)]
+struct Cdp(Value);
+
+impl WebDriverCompatibleCommand for Cdp {
+    fn endpoint(
+        &self,
+        base: &url::Url,
+        session_id: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        base.join(&format!(
+            "session/{}/goog/cdp/execute",
+            session_id.unwrap_or_default()
+        ))
+    }
+
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        (http::Method::POST, Some(self.0.to_string()))
+    }
+}
+
 /// A headless Chromium behind its own chromedriver, with a blocking face for the tests.
 pub struct Browser {
     pub rt: tokio::runtime::Runtime,
@@ -136,6 +158,17 @@ impl Browser {
         self.rt
             .block_on(self.client.execute(script, Vec::new()))
             .unwrap()
+    }
+
+    /// Runs the DevTools Protocol method `cmd` with `params` (e.g. `Network.setBlockedURLs`);
+    /// its result.
+    pub fn cdp(&self, cmd: &str, params: Value) -> Value {
+        self.rt
+            .block_on(
+                self.client
+                    .issue_cmd(Cdp(json!({"cmd": cmd, "params": params}))),
+            )
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"))
     }
 
     /// The text of the page's body (for failure messages).

@@ -49,13 +49,16 @@ struct Asset {
 /// The console's files. `index.html` is also the answer to `/ui/` (the pages are hash routes,
 /// `#/sessions`, `#/agents`, …, so the server has one page to serve). The script is ES modules
 /// (`console.js` imports the rest), one concept each: `lib/` (the API, the event stream, the
-/// DOM helpers), `pages/` (one per route), `widgets/` (parts of a page).
-const ASSETS: [Asset; 21] = [
+/// DOM helpers), `pages/` (one per route), `widgets/` (parts of a page). `boot.js`, the page's
+/// one script tag, loads `console.js` and loads the page again when its module graph failed to
+/// load (a file cut off by a network change).
+const ASSETS: [Asset; 22] = [
     page(
         "index.html",
         "text/html; charset=utf-8",
         include_str!("index.html"),
     ),
+    script("boot.js", include_str!("boot.js")),
     script("console.js", include_str!("console.js")),
     style("console.css", include_str!("console.css")),
     script("lib/api.js", include_str!("lib/api.js")),
@@ -205,7 +208,7 @@ mod tests {
         assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-eval"));
         assert!(!CONTENT_SECURITY_POLICY.contains("http"));
         let page = ASSETS[0].body;
-        assert!(page.contains(r#"<script type="module" src="console.js"></script>"#));
+        assert!(page.contains(r#"<script src="boot.js"></script>"#));
         assert_eq!(
             page.matches("<script").count(),
             1,

@@ -534,3 +534,39 @@ fn the_terminal_runs_what_is_typed_and_follows_a_resize() {
     let errors = b.console_errors();
     assert!(errors.is_empty(), "the console's errors: {errors:#?}");
 }
+
+/// A module of the console that fails to load (here blocked in the browser; in life cut off by
+/// a network change, Chromium's `ERR_NETWORK_CHANGED` when an interface comes or goes, as each
+/// kernel's veth does) leaves the module graph failed for the page's life: `boot.js` loads the
+/// page again, and the console comes up once the file can be fetched.
+#[test]
+fn a_module_that_failed_to_load_makes_the_page_load_again() {
+    let mut c = Cluster::new(Db::Sqlite);
+    c.start_manager();
+    let b = Browser::start(c.dir.path(), free_port());
+    b.goto(&format!("{}/ui/", c.api));
+    b.wait_text("h1", "the sign-in page", |t| t == "Sign in");
+    b.cdp("Network.enable", json!({}));
+    b.cdp(
+        "Network.setBlockedURLs",
+        json!({"urls": ["*/ui/pages/keys.js*"]}),
+    );
+    b.js("location.reload(); return null");
+    // The graph failed: the page counts a reload and asks for it.
+    wait_for(LONG, "a reload counted after the failed load", || {
+        b.js("return sessionStorage.getItem('kernelvisor.boot-reloads')")
+            .as_str()
+            .filter(|n| *n != "0")
+            .map(str::to_owned)
+    });
+    b.cdp("Network.setBlockedURLs", json!({"urls": []}));
+    b.wait_text("h1", "the sign-in page after the reload", |t| {
+        t == "Sign in"
+    });
+    b.sign_in(&c.admin_token, "admin", false);
+    assert_eq!(
+        b.js("return sessionStorage.getItem('kernelvisor.boot-reloads')"),
+        Value::Null,
+        "the count is cleared once the modules ran"
+    );
+}

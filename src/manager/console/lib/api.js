@@ -46,12 +46,23 @@ export async function refusal(r, signOutOn401 = true) {
 /** A JSON call of the API; raises ApiError when refused. */
 export async function api(method, path, body) {
   const headers = authHeaders(body === undefined ? {} : { 'Content-Type': 'application/json' });
-  const r = await fetch(path, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-    cache: 'no-store',
-  });
+  const call = () =>
+    fetch(path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: 'no-store',
+    });
+  let r;
+  try {
+    r = await call();
+  } catch (e) {
+    // A read cut off without an answer (the browser's ERR_NETWORK_CHANGED when an interface
+    // comes or goes) is asked once more; a change is not (it may have been made).
+    if (method !== 'GET') throw e;
+    await new Promise((done) => setTimeout(done, 300));
+    r = await call();
+  }
   if (!r.ok) throw await refusal(r);
   return r.status === 204 ? null : r.json();
 }

@@ -45,7 +45,8 @@ export function terminalBox(id, kernel = () => null) {
   open.addEventListener('click', async () => {
     open.hidden = true;
     status.textContent = 'connecting…';
-    const { Terminal, fit } = await import('../vendor/xterm.js');
+    // A failed load of a module stays failed under its URL: a second try asks under another.
+    const { Terminal, fit } = await import('../vendor/xterm.js').catch(() => import('../vendor/xterm.js?again'));
     term = new Terminal({ rows: 24, cols: 80, rendererType: 'dom' });
     term.open(screen);
     // The terminal fills its box (console.css), now and whenever the window changes; each
