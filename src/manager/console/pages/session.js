@@ -1,5 +1,5 @@
 // #/sessions/<id>: one session.
-import { api, authHeaders, refusal } from '../lib/api.js';
+import { api, ApiError, authHeaders, refusal } from '../lib/api.js';
 import { age, debounced, el, ENDED, errorBox, HAS_LOGS, LOG_CAP, newest, reasonOf, slotsText, statusCell, table } from '../lib/dom.js';
 import { filesBox } from '../widgets/files.js';
 import { runBox } from '../widgets/run.js';
@@ -54,7 +54,7 @@ export function sessionPage(main, ctx, id) {
   let session = null;
   let follow = null; // the logs' AbortController while following
   let logLength = 0;
-  let failedFollows = 0; // follows retried after the session ended
+  let failedFollows = 0; // follows retried (after the session ended, or cut off)
 
   const appendLog = (text) => {
     const atEnd = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
@@ -110,9 +110,11 @@ export function sessionPage(main, ctx, id) {
       if (ctl.signal.aborted) return;
       logNote.textContent = String(e);
       // Tried again on the session's next change (its logs may exist once it runs), and, for
-      // a session that has ended (no change is to come), a few times a second apart.
+      // a session that has ended (no change is to come) or a follow cut off without an answer
+      // (a network change), a few times a second apart.
       follow = null;
-      if (session && ENDED.has(session.status) && failedFollows < 5) {
+      const cut = !(e instanceof ApiError);
+      if (session && (ENDED.has(session.status) || cut) && failedFollows < 5) {
         failedFollows += 1;
         setTimeout(followLogs, 1000);
       }
