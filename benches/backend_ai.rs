@@ -15,7 +15,9 @@
 //! its command): agent RSS idle; `KV_BENCH_BAI_SESSIONS` (16: upstream's agent on this 2-core VM
 //! left its 19th kernel in PREPARING for 3 minutes in a run of 20) interactive sessions created one
 //! after the other, create → RUNNING through the manager and the agent's part (`kernel_preparing`
-//! → `kernel_started` on the bus); `KV_BENCH_BAI_QUERIES` (200) query round trips through the
+//! → `kernel_started` on the bus, split at the engine's own `Created` and `StartedAt` of the
+//! container: the agent's work before the create, the engine's create → start, the runner's boot
+//! and the readiness check); `KV_BENCH_BAI_QUERIES` (200) query round trips through the
 //! manager's own agent client and 30 through its REST API; `KV_BENCH_BAI_FILE_MIB` (256) MiB
 //! up and down through the agent client against `docker cp`; a batch session of `true` end to
 //! end (3 runs); agent RSS and CPU over `KV_BENCH_BAI_CPU_SECS` (60) seconds with all sessions
@@ -290,6 +292,27 @@ fn report(up: &Value, kv: &Value, took: Duration) {
             unit: "s",
             upstream: pct(f(&up["create_agent_s"]), 1.0),
             kv: pct(f(&kv["create_agent_s"]), 1.0),
+            goal: None,
+        },
+        Row {
+            name: "— preparing → container created p50",
+            unit: "s",
+            upstream: pct(f(&up["create_prepare_s"]), 0.5),
+            kv: pct(f(&kv["create_prepare_s"]), 0.5),
+            goal: None,
+        },
+        Row {
+            name: "— container created → started p50",
+            unit: "s",
+            upstream: pct(f(&up["create_engine_s"]), 0.5),
+            kv: pct(f(&kv["create_engine_s"]), 0.5),
+            goal: None,
+        },
+        Row {
+            name: "— started → kernel_started p50",
+            unit: "s",
+            upstream: pct(f(&up["create_boot_s"]), 0.5),
+            kv: pct(f(&kv["create_boot_s"]), 0.5),
             goal: None,
         },
         Row {

@@ -11,7 +11,10 @@ manager's own agent client, as a Backend.AI deployment would drive the agent:
   `total` (the client's `get_or_create` until RUNNING, through the manager's scheduler) and
   `agent` (the agent's part: its first event of the kernel, `kernel_preparing`, to its
   `kernel_started`, both as received on the bus's broadcast channel `events_all`, where
-  upstream's agent and kernelvisor's both put them as soon as they happen).
+  upstream's agent and kernelvisor's both put them as soon as they happen), split by the
+  engine's own times of the container (`docker inspect`'s `Created`, `State.StartedAt`) into
+  `prepare` (`kernel_preparing` → created), `engine` (created → started) and `boot` (started →
+  `kernel_started`: the runner's boot and the agent's readiness check).
 - `query_rpc`: `--queries` executes of `pass` (query mode, continued until `finished`) on the
   first session through the manager's own `AgentClientPool` → `AgentClient` (callosum, CURVE),
   round trip each; `query_rest`: the same through the manager's REST API (`session.execute`).
@@ -30,6 +33,7 @@ Every session made is destroyed at the end. Prints one JSON line with the figure
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import statistics
 import subprocess
@@ -89,6 +93,8 @@ class BusWatch:
     def __init__(self, port: int) -> None:
         self.port = port
         self.seen: dict[tuple[str, str], float] = {}
+        # The same arrivals in Unix seconds, to set against the engine's container times.
+        self.wall: dict[tuple[str, str], float] = {}
         self.task: asyncio.Task | None = None
         self.ready = asyncio.Event()
 
@@ -102,7 +108,7 @@ class BusWatch:
         async for msg in ps.listen():
             if msg.get("type") != "message":
                 continue
-            now = time.monotonic()
+            now, wall = time.monotonic(), time.time()
             try:
                 outer = json.loads(msg["data"])
                 body = json.loads(outer["payload"]) if isinstance(outer.get("payload"), str) else {}
@@ -111,6 +117,7 @@ class BusWatch:
             kid = body.get("kernel_id")
             if kid:
                 self.seen.setdefault((outer.get("name", ""), str(kid)), now)
+                self.wall.setdefault((outer.get("name", ""), str(kid)), wall)
 
     async def start(self) -> None:
         self.task = asyncio.create_task(self.run())
@@ -130,6 +137,27 @@ def kernel_of(container_id: str) -> str:
     return subprocess.run(
         ["docker", "inspect", "-f", '{{index .Config.Labels "ai.backend.kernel-id"}}', container_id],
         capture_output=True, text=True, check=True).stdout.strip()
+
+
+def unix_time(rfc3339: str) -> float:
+    """Unix seconds of the engine's RFC 3339 time with nanoseconds (`…T06:10:00.123456789Z`)."""
+    head, _, frac = rfc3339.rstrip("Z").partition(".")
+    return datetime.datetime.fromisoformat(head).replace(
+        tzinfo=datetime.timezone.utc).timestamp() + float(f"0.{frac or 0}")
+
+
+def phases(watch: "BusWatch", kid: str, container_id: str) -> dict[str, float]:
+    """Where an agent's part of a create goes, from the bus's arrivals and the engine's own
+    times of the container: `prepare` (`kernel_preparing` → the container created: the agent's
+    work before it, image check, ports, scratch, the runner's files), `engine` (created →
+    started) and `boot` (started → `kernel_started`: the runner's boot inside the container and
+    the agent's readiness check), in seconds."""
+    created, started = subprocess.run(
+        ["docker", "inspect", "-f", "{{.Created}} {{.State.StartedAt}}", container_id],
+        capture_output=True, text=True, check=True).stdout.split()
+    c, s = unix_time(created), unix_time(started)
+    return {"prepare": c - watch.wall[("kernel_preparing", kid)], "engine": s - c,
+            "boot": watch.wall[("kernel_started", kid)] - s}
 
 
 def docker_cp(args: list[str]) -> float:
@@ -153,6 +181,7 @@ async def bench(state: dict, args: Any) -> None:
             # -- create → RUNNING ---------------------------------------------------------------
             totals: list[float] = []
             agent_parts: list[float] = []
+            split: list[dict[str, float]] = []
             for i in range(args.sessions):
                 t = time.monotonic()
                 sess = await api.ComputeSession.get_or_create(
@@ -167,11 +196,14 @@ async def bench(state: dict, args: Any) -> None:
                 started = await watch.wait_for("kernel_started", kid)
                 preparing = await watch.wait_for("kernel_preparing", kid)
                 infos.append({"session": str(sess.id), "kernel": kid, "container": info["containerId"]})
+                split.append(phases(watch, kid, info["containerId"]))
                 totals.append(total)
                 agent_parts.append(started - preparing)
                 log(f"{args.label}: session {i} RUNNING in {total:.2f} s (agent {started - preparing:.2f} s)")
             figures["create_total_s"] = totals
             figures["create_agent_s"] = agent_parts
+            for phase in ("prepare", "engine", "boot"):
+                figures[f"create_{phase}_s"] = [p[phase] for p in split]
 
             # -- queries --------------------------------------------------------------------------
             first = infos[0]
