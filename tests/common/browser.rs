@@ -14,47 +14,41 @@ use serde_json::{json, Value};
 /// How long a wait of [`Browser::wait_text`] (and the driver's start) may take.
 pub const LONG: Duration = Duration::from_secs(90);
 
-/// chromedriver's legacy command for the browser's console log (Selenium's `/se/log`): the
-/// entries since the last read, `[{"level", "message", "source", "timestamp"}]`.
+/// A chromedriver command of its own beyond WebDriver's: `POST session/<id>/<path>` with a
+/// JSON body. Used as `se/log` `{"type": "browser"}` (Selenium's legacy log: the browser's
+/// console entries since the last read, `[{"level", "message", "source", "timestamp"}]`) and
+/// `goog/cdp/execute` `{"cmd", "params"}` (one Chrome DevTools Protocol method, answering its
+/// result).
 #[derive(Debug)]
-struct BrowserLog;
+struct ChromeCommand {
+    path: &'static str,
+    body: Value,
+}
 
-impl WebDriverCompatibleCommand for BrowserLog {
-    fn endpoint(
-        &self,
-        base: &url::Url,
-        session_id: Option<&str>,
-    ) -> Result<url::Url, url::ParseError> {
-        base.join(&format!(
-            "session/{}/se/log",
-            session_id.unwrap_or_default()
-        ))
-    }
-
-    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
-        (http::Method::POST, Some(r#"{"type":"browser"}"#.to_owned()))
+impl ChromeCommand {
+    fn browser_log() -> ChromeCommand {
+        ChromeCommand {
+            path: "se/log",
+            body: json!({"type": "browser"}),
+        }
     }
 }
 
-/// chromedriver's command running one Chrome DevTools Protocol method (`goog/cdp/execute`):
-/// `{"cmd", "params"}`, answering the method's result.
-#[derive(Debug)]
-struct Cdp(Value);
-
-impl WebDriverCompatibleCommand for Cdp {
+impl WebDriverCompatibleCommand for ChromeCommand {
     fn endpoint(
         &self,
         base: &url::Url,
         session_id: Option<&str>,
     ) -> Result<url::Url, url::ParseError> {
         base.join(&format!(
-            "session/{}/goog/cdp/execute",
-            session_id.unwrap_or_default()
+            "session/{}/{}",
+            session_id.unwrap_or_default(),
+            self.path
         ))
     }
 
     fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
-        (http::Method::POST, Some(self.0.to_string()))
+        (http::Method::POST, Some(self.body.to_string()))
     }
 }
 
@@ -164,10 +158,10 @@ impl Browser {
     /// its result.
     pub fn cdp(&self, cmd: &str, params: Value) -> Value {
         self.rt
-            .block_on(
-                self.client
-                    .issue_cmd(Cdp(json!({"cmd": cmd, "params": params}))),
-            )
+            .block_on(self.client.issue_cmd(ChromeCommand {
+                path: "goog/cdp/execute",
+                body: json!({"cmd": cmd, "params": params}),
+            }))
             .unwrap_or_else(|e| panic!("{cmd}: {e}"))
     }
 
@@ -210,7 +204,9 @@ impl Browser {
                  the console log:\n{:#?}",
                 self.text(css),
                 self.page_text(),
-                self.rt.block_on(self.client.issue_cmd(BrowserLog)).ok()
+                self.rt
+                    .block_on(self.client.issue_cmd(ChromeCommand::browser_log()))
+                    .ok()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -266,7 +262,7 @@ impl Browser {
     pub fn console_errors(&mut self) -> Vec<Value> {
         let got = self
             .rt
-            .block_on(self.client.issue_cmd(BrowserLog))
+            .block_on(self.client.issue_cmd(ChromeCommand::browser_log()))
             .expect("the browser's console log (chromedriver's /se/log)");
         self.log.extend(got.as_array().cloned().unwrap_or_default());
         self.log

@@ -57,6 +57,14 @@ fn cluster(name: &str, ports_lo: u16) -> (Cluster, String) {
     (c, agent)
 }
 
+/// A browser on session `sid`'s page, signed in as the cluster's user key (its owner).
+fn session_page(c: &Cluster, sid: &str) -> Browser {
+    let b = Browser::start(c.dir.path(), free_port());
+    b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
+    b.sign_in(&c.token, "user", false);
+    b
+}
+
 /// The console's answers carry the security headers, with no token; `/` redirects to `/ui/`.
 fn check_headers(api: &str) {
     let no_redirects = ureq::AgentBuilder::new().redirects(0).build();
@@ -424,9 +432,7 @@ fn a_runner_kernel_keeps_python_state_in_the_run_box_and_asks_for_input() {
     assert_eq!(created.status, 201, "{created:?}");
     let sid = created.body["session_id"].as_str().unwrap().to_owned();
 
-    let mut b = Browser::start(c.dir.path(), free_port());
-    b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
-    b.sign_in(&c.token, "user", false);
+    let mut b = session_page(&c, &sid);
     b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
     b.wait_text("#repl-path", "the runner's REPL", |t| {
         t.starts_with("Python")
@@ -498,9 +504,7 @@ fn the_terminal_runs_what_is_typed_and_follows_a_resize() {
     assert_eq!(created.status, 201, "{created:?}");
     let sid = created.body["session_id"].as_str().unwrap().to_owned();
 
-    let mut b = Browser::start(c.dir.path(), free_port());
-    b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
-    b.sign_in(&c.token, "user", false);
+    let mut b = session_page(&c, &sid);
     b.wait_text("#session-status", "the session RUNNING", |t| t == "RUNNING");
     b.click("#term-open");
     b.wait_text("#term-status", "the terminal connected", |t| {

@@ -23,7 +23,7 @@ use crate::common;
 
 use std::io::Read;
 
-use common::agent::{free_port, TEST_IMAGE};
+use common::agent::TEST_IMAGE;
 use common::browser::{Browser, LONG};
 use common::cluster::{wait_for, Cluster};
 use serde_json::{json, Value};
@@ -125,9 +125,7 @@ fn the_session_page_follows_logs_and_shows_its_timeline_services_and_files() {
     assert_eq!(created.status, 201, "{created:?}");
     let sid = created.body["session_id"].as_str().unwrap().to_owned();
 
-    let mut b = Browser::start(c.dir.path(), free_port());
-    b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
-    b.sign_in(&c.token, "user", false);
+    let mut b = super::session_page(&c, &sid);
     b.wait_text("#session-status", "the session waiting", |t| t == "PENDING");
     b.js("window.kvSamePage = 'yes'; return null");
     b.wait_text(
@@ -363,9 +361,7 @@ fn a_cluster_session_page_picks_the_kernel_and_a_refused_terminal_says_why() {
     assert_eq!(created.status, 201, "{created:?}");
     let sid = created.body["session_id"].as_str().unwrap().to_owned();
 
-    let mut b = Browser::start(c.dir.path(), free_port());
-    b.goto(&format!("{}/ui/#/sessions/{sid}", c.api));
-    b.sign_in(&c.token, "user", false);
+    let mut b = super::session_page(&c, &sid);
     b.wait_text("#session-status", "the cluster RUNNING", |t| t == "RUNNING");
     b.wait_text("#kernel-select", "the kernel selector", |t| {
         t.contains("main1") && t.contains("sub1")
