@@ -10,6 +10,8 @@
 //!   runner at `KV_KRUNNER_DIR`, `[resource] cpu = 20` for the same twenty slots, ports
 //!   38100–38499; each kernel publishes about five host ports on either agent),
 //!
+//! both running their kernels as uid and gid 1000 ([`KERNEL_UID`]),
+//!
 //! `halfstack.py bench` (tests/bai_halfstack/bench.py, whose doc says how each figure is taken)
 //! measures, on the image `local/kernelvisor/test-py:bash` (`just test-image-py`; `/bin/bash` as
 //! its command): agent RSS idle; `KV_BENCH_BAI_SESSIONS` (16: upstream's agent on this 2-core VM
@@ -22,6 +24,7 @@
 //! up and down through the agent client against `docker cp`; a batch session of `true` end to
 //! end (3 runs); agent RSS and CPU over `KV_BENCH_BAI_CPU_SECS` (60) seconds with all sessions
 //! running. Everything is stopped by pid and every container of both agents removed.
+//! `KV_BENCH_BAI_AGENTS=kernelvisor` (or `upstream`) runs one agent alone, its column only.
 //!
 //! Prints a table (each figure on both agents, kernelvisor / upstream, the goal and whether it
 //! is met) and ends with one JSON line of the figures.
@@ -43,6 +46,10 @@ const RESERVED_PORTS: &str = "38000-38999";
 const KV_RPC_PORT: u16 = 38_100;
 const KV_CONTAINER_PORTS: (u16, u16) = (38_110, 38_499);
 const UPSTREAM_PORTS: &str = "38500-38999";
+/// The kernels' uid and gid on both agents (kernelvisor's default `kernel-uid`). Upstream's
+/// `-1` would be its own, root here, and its runner's entrypoint takes a shorter path for
+/// root (no user made, no `su-exec`): a different kernel, not a faster agent.
+const KERNEL_UID: u32 = 1000;
 
 /// The halfstack's `halfstack.sh ROOT WORK …`; `down` (stop by pid, remove both agents'
 /// containers) on drop.
@@ -149,7 +156,7 @@ fn start_kernelvisor(hs: &Halfstack, state: &Value, dir: &Path) -> anyhow::Resul
          [redis]\naddr = {{ host = \"127.0.0.1\", port = {valkey} }}\n\n\
          [kernel-runner]\ndir = \"{krunner}\"\n\n\
          [container]\nport-range = [{lo}, {hi}]\nbind-host = \"127.0.0.1\"\nscratch-root = \"{d}/scratches\"\n\
-         vfolder-root = \"{d}/vfolders\"\n\n\
+         vfolder-root = \"{d}/vfolders\"\nkernel-uid = {KERNEL_UID}\nkernel-gid = {KERNEL_UID}\n\n\
          [resource]\nreserved-cpu = 0\nreserved-mem = 0\ncpu = 20\n\n[logging]\nlevel = \"warn\"\n",
         d = dir.display(),
         mk = keys["manager.key"],
@@ -213,22 +220,40 @@ fn main() -> anyhow::Result<()> {
     let state: Value =
         serde_json::from_str(&std::fs::read_to_string(hs.work.join("halfstack.json"))?)?;
 
+    // `KV_BENCH_BAI_AGENTS` (`upstream,kernelvisor`): which agents run; one alone leaves the
+    // other's column empty (for looking into one side without the other's 5 minutes).
+    let agents =
+        std::env::var("KV_BENCH_BAI_AGENTS").unwrap_or_else(|_| "upstream,kernelvisor".into());
+    let runs = |name: &str| agents.split(',').any(|a| a.trim() == name);
+
     // Upstream's agent first.
-    let up_id = format!("bench-upstream-{}", std::process::id());
-    hs.agent_ids.push(up_id.clone());
-    hs.run(&[
-        "agent-up",
-        "--agent-id",
-        &up_id,
-        "--ports",
-        UPSTREAM_PORTS,
-        "--cpu-overcommit",
-        "10",
-    ])?;
-    let args = bench_args(&up_id, "upstream");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let upstream = last_figures(hs.run(&args)?)?;
-    hs.run(&["agent-down"])?;
+    let upstream = if runs("upstream") {
+        let up_id = format!("bench-upstream-{}", std::process::id());
+        hs.agent_ids.push(up_id.clone());
+        hs.run(&[
+            "agent-up",
+            "--agent-id",
+            &up_id,
+            "--ports",
+            UPSTREAM_PORTS,
+            "--cpu-overcommit",
+            "10",
+            "--kernel-uid",
+            &KERNEL_UID.to_string(),
+        ])?;
+        let args = bench_args(&up_id, "upstream");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let figures = last_figures(hs.run(&args)?)?;
+        hs.run(&["agent-down"])?;
+        figures
+    } else {
+        json!({})
+    };
+    if !runs("kernelvisor") {
+        drop(hs);
+        report(&upstream, &json!({}), started.elapsed());
+        return Ok(());
+    }
 
     // Then kernelvisor's.
     let (mut agent, kv_id) = start_kernelvisor(&hs, &state, dir.path())?;
@@ -330,6 +355,13 @@ fn report(up: &Value, kv: &Value, took: Duration) {
             goal: None,
         },
         Row {
+            name: "— `ping` through the same client p50",
+            unit: "ms",
+            upstream: pct(f(&up["ping_rpc_ms"]), 0.5),
+            kv: pct(f(&kv["ping_rpc_ms"]), 0.5),
+            goal: None,
+        },
+        Row {
             name: "query, REST API p50",
             unit: "ms",
             upstream: pct(f(&up["query_rest_ms"]), 0.5),
@@ -427,6 +459,14 @@ fn report(up: &Value, kv: &Value, took: Duration) {
             v["files"]["mib"], upl / cp_in, down / cp_out,
             v["files"]["download_error"].as_str().map(|e| format!("; download refused: {e}")).unwrap_or_default()
         );
+        // Where the upload's wall time went: the CPU each party spent on it.
+        println!(
+            "{label:<12} upload of {} MiB: {:.2} s, CPU of the agent {:.2} s, of the client (callosum, pyzmq, CURVE) {:.2} s",
+            v["files"]["mib"],
+            files(v, "upload_s"),
+            files(v, "upload_agent_cpu_s"),
+            files(v, "upload_client_cpu_s"),
+        );
     }
     let kv_files = (
         files(kv, "upload_mib_s") / files(kv, "docker_cp_in_mib_s"),
@@ -450,6 +490,7 @@ fn report(up: &Value, kv: &Value, took: Duration) {
             "create_agent_p50_s": round2(pct(f(&v["create_agent_s"]), 0.5)),
             "query_rpc_p50_ms": round2(pct(f(&v["query_rpc_ms"]), 0.5)),
             "query_rpc_p99_ms": round2(pct(f(&v["query_rpc_ms"]), 0.99)),
+            "ping_rpc_p50_ms": round2(pct(f(&v["ping_rpc_ms"]), 0.5)),
             "query_rest_p50_ms": round2(pct(f(&v["query_rest_ms"]), 0.5)),
             "batch_p50_s": round2(pct(f(&v["batch_s"]), 0.5)),
             "rss_idle_mib": v["rss_idle_mib"],

@@ -13,7 +13,17 @@
 //! - an established TCP connection to one of the kernel's service ports, read from its
 //!   container's network namespace (`/proc/<container pid>/net/tcp` and `tcp6`, state `01`
 //!   ESTABLISHED, local port one of the service ports' container ports) by the stats sampler at
-//!   each container round ([`service_connected`]).
+//!   each container round ([`Connections`]).
+//!
+//! Reading a namespace's `tcp` table is not cheap: the kernel walks the host's whole TCP hash
+//! table for it, every bucket of every namespace (262,144 here: ~7 ms of system time per table
+//! on this 2-core VM, the same through `sock_diag`). Read every 5 s for every kernel it cost the
+//! agent 2 % of a core with 8 idle kernels (`just bench backend-ai`, 2026-11-29). So a
+//! namespace's tables are walked only when its TCP socket counts (`/proc/<pid>/net/sockstat`
+//! and `sockstat6`, `inuse`: per-namespace counters, microseconds to read) changed since the
+//! last walk — a connection opened or closed — and at least every [`RECHECK`] (a close and an
+//! open within one round leave the counts as they were); a table whose count is 0 is not
+//! walked at all.
 //!
 //! Utilization is a mean per slot over the stats sampler's readings since the last heartbeat
 //! took them ([`Activity::take`]): `cpu` (% of the cores the kernel holds), `mem` (% of its
@@ -22,6 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// One kernel's facts.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -125,22 +136,114 @@ pub fn established_local_ports(text: &str) -> HashSet<u16> {
         .collect()
 }
 
-/// Whether the network namespace of process `pid` (a container's init) holds an ESTABLISHED
-/// TCP connection whose local port is one of `ports` (its service ports' container ports):
-/// someone is connected to a service. Tables that cannot be read (the process is gone) count
-/// as none.
-pub fn service_connected(pid: u32, ports: &[u16]) -> bool {
-    if ports.is_empty() {
-        return false;
-    }
-    ["tcp", "tcp6"].iter().any(|table| {
-        std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))
-            .map(|text| {
-                let open = established_local_ports(&text);
-                ports.iter().any(|p| open.contains(p))
-            })
-            .unwrap_or(false)
+/// Longest a namespace's answer is reused while its socket counts stay the same.
+pub const RECHECK: Duration = Duration::from_secs(60);
+
+/// `TCP: inuse N` of a `/proc/<pid>/net/sockstat` (or `TCP6: inuse N` of `sockstat6`): the
+/// namespace's TCP sockets in use (listening and connected; not `TIME_WAIT`).
+pub fn tcp_inuse(text: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line
+            .strip_prefix("TCP: ")
+            .or_else(|| line.strip_prefix("TCP6: "))?;
+        let mut words = rest.split_whitespace();
+        while let Some(w) = words.next() {
+            if w == "inuse" {
+                return words.next()?.parse().ok();
+            }
+        }
+        None
     })
+}
+
+/// The IPv4 and IPv6 TCP sockets in use in the network namespace of process `pid`; `None`
+/// when it cannot be read (the process is gone).
+fn sockets_in_use(pid: u32) -> Option<(u64, u64)> {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok();
+    let v4 = tcp_inuse(&read("sockstat")?)?;
+    // No IPv6 in the namespace: no sockstat6, and no tcp6 table to walk.
+    let v6 = read("sockstat6").and_then(|t| tcp_inuse(&t)).unwrap_or(0);
+    Some((v4, v6))
+}
+
+/// What a namespace's last walk found.
+struct Walked {
+    in_use: (u64, u64),
+    connected: bool,
+    at: Instant,
+}
+
+/// Whether someone is connected to a kernel's service ports, per container, walking its
+/// namespace's TCP tables only when its socket counts changed (the module's doc says why).
+#[derive(Default)]
+pub struct Connections {
+    walked: HashMap<String, Walked>,
+}
+
+impl Connections {
+    /// Whether the network namespace of container `container_id`'s init process `pid` holds
+    /// an ESTABLISHED TCP connection whose local port is one of `ports` (its service ports'
+    /// container ports). Tables that cannot be read (the process is gone) count as none.
+    pub fn connected(&mut self, container_id: &str, pid: u32, ports: &[u16]) -> bool {
+        if ports.is_empty() {
+            return false;
+        }
+        self.connected_by(container_id, sockets_in_use(pid), |tables| {
+            tables.iter().any(|table| {
+                std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))
+                    .map(|text| {
+                        let open = established_local_ports(&text);
+                        ports.iter().any(|p| open.contains(p))
+                    })
+                    .unwrap_or(false)
+            })
+        })
+    }
+
+    /// [`Connections::connected`] given the namespace's socket counts (`None`: unreadable) and
+    /// how to walk its tables (`walk(&["tcp", "tcp6"])`, only those with sockets in use).
+    fn connected_by(
+        &mut self,
+        container_id: &str,
+        in_use: Option<(u64, u64)>,
+        walk: impl FnOnce(&[&str]) -> bool,
+    ) -> bool {
+        let Some(in_use) = in_use else {
+            self.walked.remove(container_id);
+            return false;
+        };
+        if let Some(w) = self.walked.get(container_id) {
+            if w.in_use == in_use && w.at.elapsed() < RECHECK {
+                return w.connected;
+            }
+        }
+        let tables: Vec<&str> = [("tcp", in_use.0), ("tcp6", in_use.1)]
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, _)| *t)
+            .collect();
+        let connected = !tables.is_empty() && walk(&tables);
+        self.walked.insert(
+            container_id.to_owned(),
+            Walked {
+                in_use,
+                connected,
+                at: Instant::now(),
+            },
+        );
+        connected
+    }
+
+    /// Forgets every container but those `live` keeps.
+    pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
+        self.walked.retain(|id, _| live(id));
+    }
+
+    /// Walks made so far that are still remembered (for tests).
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.walked.len()
+    }
 }
 
 #[cfg(test)]
@@ -193,9 +296,84 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_tcp_sockets_in_use() {
+        let v4 =
+            "sockets: used 39\nTCP: inuse 26 orphan 0 tw 3 alloc 556 mem 228\nUDP: inuse 0 mem 0\n";
+        assert_eq!(tcp_inuse(v4), Some(26));
+        let v6 = "TCP6: inuse 2\nUDP6: inuse 0\n";
+        assert_eq!(tcp_inuse(v6), Some(2));
+        assert_eq!(tcp_inuse("UDP: inuse 4\n"), None);
+        assert_eq!(tcp_inuse(""), None);
+    }
+
+    #[test]
+    fn tables_are_walked_only_when_the_counts_change() {
+        let mut c = Connections::default();
+        let walks = std::cell::Cell::new(0);
+        let mut ask = |c: &mut Connections, in_use, answer: bool| {
+            c.connected_by("k", in_use, |tables: &[&str]| {
+                walks.set(walks.get() + 1);
+                assert!(!tables.is_empty());
+                answer
+            })
+        };
+        assert!(!ask(&mut c, Some((3, 0)), false));
+        assert_eq!(walks.get(), 1);
+        // The same counts: the last answer, no walk (even if a walk would say otherwise).
+        assert!(!ask(&mut c, Some((3, 0)), true));
+        assert_eq!(walks.get(), 1);
+        // A socket more: walked.
+        assert!(ask(&mut c, Some((4, 0)), true));
+        assert!(ask(&mut c, Some((4, 0)), false));
+        assert_eq!(walks.get(), 2);
+        // An IPv6 one: walked.
+        assert!(!ask(&mut c, Some((4, 1)), false));
+        assert_eq!(walks.get(), 3);
+        // No sockets at all: nothing to walk, not connected.
+        assert!(!ask(&mut c, Some((0, 0)), true));
+        assert_eq!(walks.get(), 3);
+        // Unreadable (the container is gone): forgotten.
+        assert!(!ask(&mut c, None, true));
+        assert_eq!(c.remembered(), 0);
+        // Past RECHECK the same counts are walked again.
+        assert!(!ask(&mut c, Some((5, 0)), false));
+        c.walked.get_mut("k").unwrap().at -= RECHECK;
+        assert!(ask(&mut c, Some((5, 0)), true));
+        assert_eq!(walks.get(), 5);
+        c.retain(|id| id != "k");
+        assert_eq!(c.remembered(), 0);
+    }
+
+    #[test]
+    fn a_connection_in_a_real_namespace_is_seen_and_its_close_too() {
+        // This process's own namespace (other processes may open and close sockets in it too:
+        // each change of the counts only makes another walk, so the answer comes in a round or
+        // two).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let me = std::process::id();
+        let mut c = Connections::default();
+        let until = |c: &mut Connections, want: bool| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.connected("k", me, &[port]) != want {
+                assert!(Instant::now() < deadline, "not {want} in 10 s");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        until(&mut c, false);
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        until(&mut c, true);
+        drop((client, served));
+        until(&mut c, false);
+    }
+
+    #[test]
     fn no_service_ports_is_no_connection() {
-        assert!(!service_connected(std::process::id(), &[]));
+        let mut c = Connections::default();
+        assert!(!c.connected("k", std::process::id(), &[]));
         // A process that does not exist has no tables.
-        assert!(!service_connected(u32::MAX, &[80]));
+        assert!(!c.connected("k", u32::MAX, &[80]));
+        assert_eq!(c.remembered(), 0);
     }
 }

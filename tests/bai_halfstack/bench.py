@@ -17,7 +17,8 @@ manager's own agent client, as a Backend.AI deployment would drive the agent:
   `kernel_started`: the runner's boot and the agent's readiness check).
 - `query_rpc`: `--queries` executes of `pass` (query mode, continued until `finished`) on the
   first session through the manager's own `AgentClientPool` → `AgentClient` (callosum, CURVE),
-  round trip each; `query_rest`: the same through the manager's REST API (`session.execute`).
+  round trip each; `ping_rpc`: the same client's `ping` (the agent answers it itself: the
+  client's, callosum's and CURVE's share of a query); `query_rest`: the same through the manager's REST API (`session.execute`).
 - `files`: a `--file-mib` MiB file through the manager's agent client as its registry relays
   one (`upload_file`, `download_single`; the REST API takes files under 1 MiB only), and the
   same bytes `docker cp`'d into and out of the same container, in MiB/s each way.
@@ -210,6 +211,7 @@ async def bench(state: dict, args: Any) -> None:
             addr = (await agent_status(api, args.agent_id))["addr"]
             pool = agent_pool(state, args.agent_id, addr)
             figures["query_rpc_ms"] = await rpc_queries(pool, args.agent_id, first, args.queries)
+            figures["ping_rpc_ms"] = await rpc_pings(pool, args.agent_id, args.queries)
             rest: list[float] = []
             for _ in range(args.rest_queries):
                 t = time.monotonic()
@@ -220,7 +222,7 @@ async def bench(state: dict, args: Any) -> None:
             figures["query_rest_ms"] = rest
 
             # -- files ----------------------------------------------------------------------------
-            figures["files"] = await files(pool, args.agent_id, first, args.file_mib)
+            figures["files"] = await files(pool, args.agent_id, first, args.file_mib, pid)
 
             # -- batch sessions -------------------------------------------------------------------
             batch: list[float] = []
@@ -290,20 +292,43 @@ async def rpc_queries(pool: Any, agent_id: str, first: dict, n: int) -> list[flo
     return out
 
 
-async def files(pool: Any, agent_id: str, first: dict, mib: int) -> dict[str, Any]:
+async def rpc_pings(pool: Any, agent_id: str, n: int) -> list[float]:
+    """The floor under a query's round trip: `ping` (answered by the agent itself, no kernel)
+    through the same client, `n` times after ten warm-ups; milliseconds each."""
+    from ai.backend.common.types import AgentId
+
+    out: list[float] = []
+    async with pool.acquire(AgentId(agent_id)) as client:
+        for i in range(n + 10):
+            t = time.monotonic()
+            await client.ping()
+            if i >= 10:
+                out.append((time.monotonic() - t) * 1000)
+    return out
+
+
+async def files(pool: Any, agent_id: str, first: dict, mib: int, pid: int) -> dict[str, Any]:
     """A `mib` MiB file through the manager's agent client, as the manager's registry relays
     it (`upload_file(kernel_id, name, bytes)`, `download_single(kernel_id, path)`), against
     `docker cp` of the same bytes into and out of the same container. A refusal is recorded
-    as the agent's error (upstream's agent refuses downloads over 1 MiB, docker/kernel.py)."""
+    as the agent's error (upstream's agent refuses downloads over 1 MiB, docker/kernel.py).
+    Where an upload's time goes: the CPU seconds the agent's process tree
+    (`upload_agent_cpu_s`) and this client's process (`upload_client_cpu_s`: callosum's
+    msgpack, pyzmq and libzmq's CURVE, all of its threads) spent on it, against its wall
+    time (`upload_s`)."""
     from ai.backend.common.types import AgentId, KernelId
 
     kid = KernelId(uuid.UUID(first["kernel"]))
     data = bytes(range(256)) * 4096 * mib
     out: dict[str, Any] = {"mib": mib}
     async with pool.acquire(AgentId(agent_id)) as client:
-        t = time.monotonic()
+        a0, c0, t = cpu_secs(pid), time.process_time(), time.monotonic()
         await client.upload_file(kid, "blob.bin", data)
-        out["upload_mib_s"] = round(mib / (time.monotonic() - t), 1)
+        wall = time.monotonic() - t
+        out["upload_mib_s"] = round(mib / wall, 1)
+        out["upload_s"] = round(wall, 3)
+        out["upload_agent_cpu_s"] = round(cpu_secs(pid) - a0, 3)
+        out["upload_client_cpu_s"] = round(time.process_time() - c0, 3)
         t = time.monotonic()
         try:
             got = await client.download_single(kid, "blob.bin")

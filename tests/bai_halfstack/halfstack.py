@@ -585,10 +585,12 @@ def remove_containers(agent_id: str) -> None:
 # Upstream's own agent
 
 
-def upstream_agent_toml(state: dict, agent_id: str, p: dict[str, int], d: Path) -> str:
+def upstream_agent_toml(state: dict, agent_id: str, p: dict[str, int], d: Path,
+                        kernel_uid: int = -1) -> str:
     """The shape of upstream's configs/agent/halfstack.toml: etcd, CURVE keys, the resource
     group, scratch directories and ports of this halfstack. Every path is one the Docker engine
-    sees at the same place (the work directory is mounted at its host path)."""
+    sees at the same place (the work directory is mounted at its host path). `kernel_uid` is
+    the kernels' uid and gid (-1: the agent's own, root here, as upstream's default)."""
     keys = state["keys"]
     lo, hi = p["container_lo"], p["container_hi"]
     return textwrap.dedent(f"""\
@@ -620,8 +622,8 @@ def upstream_agent_toml(state: dict, agent_id: str, p: dict[str, int], d: Path) 
 
         [container]
         port-range = [{lo}, {hi}]
-        kernel-uid = -1
-        kernel-gid = -1
+        kernel-uid = {kernel_uid}
+        kernel-gid = {kernel_uid}
         bind-host = "127.0.0.1"
         sandbox-type = "docker"
         scratch-type = "hostdir"
@@ -662,7 +664,7 @@ def cmd_agent_up(args: argparse.Namespace) -> None:
     d = work / "upstream-agent"
     for sub in ("ipc", "var", "commit", "vfroot", "scratches"):
         (d / sub).mkdir(parents=True, exist_ok=True)
-    (d / "agent.toml").write_text(upstream_agent_toml(state, args.agent_id, p, d))
+    (d / "agent.toml").write_text(upstream_agent_toml(state, args.agent_id, p, d, args.kernel_uid))
     t = time.monotonic()
     # `python -m` with this interpreter as halfstack.sh invoked it (ROOT/opt/bai/bin/python):
     # the agent's runner files then have their host paths (the `backend.ai` script's shebang
@@ -1221,6 +1223,8 @@ def main() -> None:
     au.add_argument("--work", default=os.environ.get("KV_HS_WORK"))
     au.add_argument("--agent-id", required=True)
     au.add_argument("--ports", default="37200-37299")
+    au.add_argument("--kernel-uid", type=int, default=-1,
+                    help="the kernels' uid and gid (-1: the agent's, root)")
     au.add_argument("--cpu-overcommit", type=int, default=1,
                     help="upstream's BACKEND_CPU_OVERCOMMIT_FACTOR (1-10)")
     ad = sub.add_parser("agent-down")

@@ -31,6 +31,7 @@ use super::gpu::GpuSampler;
 use super::live::{specs, Measurement};
 use super::node::{self, NodeSample};
 use crate::agent::accelerators::{DeviceMap, DeviceSample, DeviceShares};
+use crate::agent::activity::Connections;
 use crate::agent::context::AgentContext;
 use crate::agent::events::AgentEvent;
 use crate::agent::kernel::{KernelInfo, KernelStatus};
@@ -62,6 +63,8 @@ pub struct StatsSampler {
     node_previous: Option<NodeSample>,
     /// When the last node sample was read (the live `cpu_util`'s capacity is the interval).
     node_at: Option<Instant>,
+    /// Connections to the kernels' service ports (idle reclaim).
+    connections: Connections,
 }
 
 impl StatsSampler {
@@ -79,6 +82,7 @@ impl StatsSampler {
             previous: HashMap::new(),
             node_previous: None,
             node_at: None,
+            connections: Connections::default(),
         }
     }
 
@@ -134,7 +138,7 @@ impl StatsSampler {
     /// its container's network namespace, read through its init pid) is activity
     /// (`agent/activity.rs`). A container read through the engine's API (no pid) is not
     /// looked at.
-    fn note_service_connections(&self, kernel: &KernelInfo, container_id: &str) {
+    fn note_service_connections(&mut self, kernel: &KernelInfo, container_id: &str) {
         let Some(Source::Cgroup { pid, .. }) = self.sources.get(container_id) else {
             return;
         };
@@ -143,7 +147,8 @@ impl StatsSampler {
             .iter()
             .flat_map(|s| s.container_ports.iter().copied())
             .collect();
-        if crate::agent::activity::service_connected(*pid, &ports) {
+        let pid = *pid;
+        if self.connections.connected(container_id, pid, &ports) {
             self.ctx.activity.touch(&kernel.id);
         }
     }
@@ -252,6 +257,7 @@ impl StatsSampler {
         // Containers no longer running: their caches and series go.
         self.sources.retain(|id, _| live.contains(id));
         self.previous.retain(|id, _| live.contains(id));
+        self.connections.retain(|id| live.contains(id));
         let live_kernels: HashSet<&str> = running.iter().map(|k| k.id.as_str()).collect();
         for labels in self.metrics().kernels_with_series() {
             if !live_kernels.contains(labels.kernel_id.as_str()) {

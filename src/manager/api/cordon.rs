@@ -14,7 +14,7 @@ use super::responses;
 use super::system::agent_view;
 use super::{reply, ApiState, Res};
 use crate::manager::error::ManagerError;
-use crate::manager::registry::{AgentSnapshot, Scheduling, SetScheduling};
+use crate::manager::registry::{AgentSnapshot, FlushAgents, Scheduling, SetScheduling};
 use crate::manager::scheduler::AdmitNow;
 use crate::manager::store::{now, AgentRow};
 use crate::model::agent::{Agent, DrainRequest};
@@ -40,7 +40,10 @@ const MAX_DEADLINE: f64 = 365.0 * 24.0 * 3600.0;
 #[post("/v1/agents/{id}/cordon")]
 pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
-    let row = s.store.set_agent_schedulable(&id, false).await?;
+    let mut row = s.store.set_agent_schedulable(&id, false).await?;
+    if row.is_none() && written_behind(&s).await? {
+        row = s.store.set_agent_schedulable(&id, false).await?;
+    }
     let agent = answer(&s, &id, row).await?;
     tracing::info!(target: "audit", agent = %id, key = %caller.access_key, "agent cordoned");
     reply(HttpResponse::Ok(), &agent)
@@ -62,7 +65,10 @@ pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path
 #[post("/v1/agents/{id}/uncordon")]
 pub(super) async fn uncordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
-    let row = s.store.set_agent_schedulable(&id, true).await?;
+    let mut row = s.store.set_agent_schedulable(&id, true).await?;
+    if row.is_none() && written_behind(&s).await? {
+        row = s.store.set_agent_schedulable(&id, true).await?;
+    }
     let agent = answer(&s, &id, row).await?;
     // Only the leader admits; on a standby the leader's next round (at most
     // `admission-interval` later, after its registry re-read the row) places them.
@@ -98,10 +104,11 @@ pub(super) async fn drain(
 ) -> Res {
     caller.require_admin()?;
     let deadline = deadline_of(&body)?;
-    let row = s
-        .store
-        .drain_agent(&id, deadline.map(|secs| now() + secs))
-        .await?;
+    let at = deadline.map(|secs| now() + secs);
+    let mut row = s.store.drain_agent(&id, at).await?;
+    if row.is_none() && written_behind(&s).await? {
+        row = s.store.drain_agent(&id, at).await?;
+    }
     let agent = answer(&s, &id, row).await?;
     tracing::info!(target: "audit", agent = %id, key = %caller.access_key, deadline = ?deadline, "agent draining");
     reply(HttpResponse::Ok(), &agent)
@@ -126,6 +133,17 @@ fn deadline_of(body: &[u8]) -> Result<Option<f64>, ManagerError> {
             "`deadline` must be a number of seconds above 0 and at most {MAX_DEADLINE} (a year), not {d}"
         ))),
     }
+}
+
+/// Writes this replica's registry's changed agent rows now; `true` once written. An agent
+/// that registered less than a second ago is listed by `GET /v1/agents` (the registry) before
+/// its row is in the store (written behind, once a second): a cordon, uncordon or drain that
+/// finds no row tries again after this, rather than answer 404 for an agent the API lists.
+///
+/// Errors: the registry's mailbox.
+async fn written_behind(s: &ApiState) -> Result<bool, ManagerError> {
+    s.registry.send(FlushAgents).await?;
+    Ok(true)
 }
 
 /// Tells this replica's registry the flags the store now holds (`row`; `None`: no such

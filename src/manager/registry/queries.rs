@@ -140,7 +140,8 @@ impl Handler<GraceRemaining> for AgentRegistry {
     }
 }
 
-/// Writes every changed row now (on shutdown).
+/// Writes every changed row now (on shutdown, and for a cordon or drain of an agent whose
+/// row is not written yet).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct FlushAgents;
@@ -153,7 +154,7 @@ impl Handler<FlushAgents> for AgentRegistry {
         Box::pin(
             async move {
                 if let Err(e) = store.save_agents(&rows).await {
-                    tracing::error!(error = %e, "could not save agent rows at shutdown");
+                    tracing::error!(error = %e, "could not save agent rows");
                 }
             }
             .into_actor(self),

@@ -113,7 +113,14 @@ pub async fn wait_serving(
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match client.wait_ready(left.min(READY_RECONNECT)).await {
                 Ok(_) => break client,
-                Err(crate::agent::runner::RunnerError::NoReply { .. }) if !left.is_zero() => {
+                // Out of time: said with the whole limit, not the nothing that was left of it.
+                Err(crate::agent::runner::RunnerError::NoReply { op, .. }) if left.is_zero() => {
+                    return Err(crate::agent::runner::RunnerError::NoReply {
+                        op,
+                        secs: within.as_secs_f64(),
+                    });
+                }
+                Err(crate::agent::runner::RunnerError::NoReply { .. }) => {
                     tracing::debug!(kernel_id = %h.id, "kernel runner: no status yet; reconnecting");
                     ctx.runners.forget(&h.id);
                 }
