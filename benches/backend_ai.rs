@@ -29,7 +29,6 @@
 //! Prints a table (each figure on both agents, kernelvisor / upstream, the goal and whether it
 //! is met) and ends with one JSON line of the figures.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,7 +36,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
+use halfstack::Halfstack;
+
 mod common;
+#[path = "../tests/common/halfstack.rs"]
+mod halfstack;
 
 const IMAGE: &str = "local/kernelvisor/test-py:bash";
 const ENGINE_IMAGE: &str = "kernelvisor/test-py:bash";
@@ -51,63 +54,20 @@ const UPSTREAM_PORTS: &str = "38500-38999";
 /// root (no user made, no `su-exec`): a different kernel, not a faster agent.
 const KERNEL_UID: u32 = 1000;
 
-/// The halfstack's `halfstack.sh ROOT WORK …`; `down` (stop by pid, remove both agents'
-/// containers) on drop.
-struct Halfstack {
-    root: PathBuf,
-    work: PathBuf,
-    agent_ids: Vec<String>,
-}
-
-impl Halfstack {
-    fn command(&self, args: &[&str]) -> Command {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bai_halfstack/halfstack.sh");
-        let mut cmd = if unsafe { libc::geteuid() } == 0 {
-            Command::new(script)
-        } else {
-            let mut c = Command::new("sudo");
-            c.arg("-n").arg(script);
-            c
-        };
-        cmd.arg(&self.root).arg(&self.work).args(args);
-        cmd
-    }
-
-    /// Runs a subcommand: its stdout's JSON lines (progress on stderr passes through).
-    fn run(&self, args: &[&str]) -> anyhow::Result<Vec<Value>> {
-        let mut child = self
-            .command(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("run halfstack.sh")?;
-        let mut lines = Vec::new();
-        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-            let line = line?;
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                lines.push(v);
-            } else {
+/// Runs a subcommand of the halfstack: its stdout's JSON lines (its other lines and its stderr,
+/// the progress, pass through).
+fn run(hs: &Halfstack, args: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let (lines, status) = hs
+        .lines(args, Stdio::inherit(), |line, json| {
+            if !json {
                 eprintln!("{line}");
             }
-        }
-        let status = child.wait()?;
-        if !status.success() {
-            bail!("halfstack.sh {}: {status}", args.join(" "));
-        }
-        Ok(lines)
+        })
+        .context("run halfstack.sh")?;
+    if !status.success() {
+        bail!("halfstack.sh {}: {status}", args.join(" "));
     }
-}
-
-impl Drop for Halfstack {
-    fn drop(&mut self) {
-        let mut args = vec!["down".to_owned()];
-        for id in &self.agent_ids {
-            args.extend(["--agent-id".to_owned(), id.clone()]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let _ = self.command(&args).status();
-        let _ = std::fs::remove_dir(self.root.join(self.work.strip_prefix("/").unwrap()));
-        let _ = std::fs::remove_dir_all(&self.work);
-    }
+    Ok(lines)
 }
 
 /// The `bench` subcommand's arguments from the environment.
@@ -205,18 +165,20 @@ fn main() -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let dir = tempfile::tempdir()?;
-    let mut hs = Halfstack {
-        root,
-        work: std::env::temp_dir().join(format!("kv-bench-bai-{}", std::process::id())),
-        agent_ids: Vec::new(),
-    };
-    hs.run(&[
-        "up",
-        "--ports",
-        HALFSTACK_PORTS,
-        "--reserve",
-        RESERVED_PORTS,
-    ])?;
+    let mut hs = Halfstack::new(
+        &root,
+        std::env::temp_dir().join(format!("kv-bench-bai-{}", std::process::id())),
+    );
+    run(
+        &hs,
+        &[
+            "up",
+            "--ports",
+            HALFSTACK_PORTS,
+            "--reserve",
+            RESERVED_PORTS,
+        ],
+    )?;
     let state: Value =
         serde_json::from_str(&std::fs::read_to_string(hs.work.join("halfstack.json"))?)?;
 
@@ -230,21 +192,24 @@ fn main() -> anyhow::Result<()> {
     let upstream = if runs("upstream") {
         let up_id = format!("bench-upstream-{}", std::process::id());
         hs.agent_ids.push(up_id.clone());
-        hs.run(&[
-            "agent-up",
-            "--agent-id",
-            &up_id,
-            "--ports",
-            UPSTREAM_PORTS,
-            "--cpu-overcommit",
-            "10",
-            "--kernel-uid",
-            &KERNEL_UID.to_string(),
-        ])?;
+        run(
+            &hs,
+            &[
+                "agent-up",
+                "--agent-id",
+                &up_id,
+                "--ports",
+                UPSTREAM_PORTS,
+                "--cpu-overcommit",
+                "10",
+                "--kernel-uid",
+                &KERNEL_UID.to_string(),
+            ],
+        )?;
         let args = bench_args(&up_id, "upstream");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let figures = last_figures(hs.run(&args)?)?;
-        hs.run(&["agent-down"])?;
+        let figures = last_figures(run(&hs, &args)?)?;
+        run(&hs, &["agent-down"])?;
         figures
     } else {
         json!({})
@@ -259,12 +224,12 @@ fn main() -> anyhow::Result<()> {
     let (mut agent, kv_id) = start_kernelvisor(&hs, &state, dir.path())?;
     hs.agent_ids.push(kv_id.clone());
     let kv = (|| {
-        hs.run(&["wait-agent", "--agent-id", &kv_id, "--limit", "90"])?;
+        run(&hs, &["wait-agent", "--agent-id", &kv_id, "--limit", "90"])?;
         let pid = agent.id().to_string();
         let mut args = bench_args(&kv_id, "kernelvisor");
         args.extend(["--agent-pid".to_owned(), pid]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        last_figures(hs.run(&args)?)
+        last_figures(run(&hs, &args)?)
     })();
     // SIGTERM as an operator stops it, then its containers go with the halfstack's `down`.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };

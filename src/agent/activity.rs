@@ -310,7 +310,7 @@ mod tests {
     fn tables_are_walked_only_when_the_counts_change() {
         let mut c = Connections::default();
         let walks = std::cell::Cell::new(0);
-        let mut ask = |c: &mut Connections, in_use, answer: bool| {
+        let ask = |c: &mut Connections, in_use, answer: bool| {
             c.connected_by("k", in_use, |tables: &[&str]| {
                 walks.set(walks.get() + 1);
                 assert!(!tables.is_empty());

@@ -190,6 +190,7 @@ pub mod browser;
 pub mod cluster;
 pub mod dev;
 pub mod engines;
+pub mod halfstack;
 pub mod intake;
 pub mod pty;
 pub mod registry;

@@ -26,13 +26,13 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use common::agent::{docker, read, run_id, spawn_agent_process, AgentFixture};
-use common::bai::{is_root, tail, wait_for_port, KillOnDrop, RemoveOnDrop};
+use common::bai::{tail, wait_for_port, KillOnDrop};
+use common::halfstack::Halfstack;
 
 /// The image both agents run: `kernelvisor-test-py` with `/bin/bash` as its command
 /// (`just test-image-py`), as the halfstack's `local` registry of project `kernelvisor` names it.
@@ -61,96 +61,43 @@ const HALFSTACK_PORTS: &str = "37000-37099";
 const KV_AGENT_PORTS: (u16, u16) = (37_100, 37_199);
 const UPSTREAM_AGENT_PORTS: &str = "37200-37299";
 
-/// A running halfstack; `down` (stop by pid, remove both agents' containers) on drop.
-struct Halfstack {
-    root: PathBuf,
-    work: PathBuf,
-    agent_ids: Vec<String>,
-    _dir: RemoveOnDrop,
+/// Brings the halfstack up in a new work directory (removed with it); panics with its output
+/// when it does not come up. Its seconds to come up.
+fn up(root: &Path) -> (Halfstack, f64) {
+    let work = std::env::temp_dir().join(format!("kv-halfstack-{}", run_id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let hs = Halfstack::new(root, work);
+    let start = Instant::now();
+    let out = hs
+        .command(&["up", "--ports", HALFSTACK_PORTS])
+        .output()
+        .expect("run halfstack.sh");
+    let secs = start.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "halfstack up: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        tail(&String::from_utf8_lossy(&out.stderr), 60)
+    );
+    (hs, secs)
 }
 
-impl Halfstack {
-    /// `halfstack.sh ROOT WORK args…`, run as root (the namespace and chroot need it).
-    fn command(root: &Path, work: &Path, args: &[&str]) -> Command {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bai_halfstack/halfstack.sh");
-        let mut cmd = if is_root() {
-            Command::new(script)
-        } else {
-            let mut c = Command::new("sudo");
-            c.arg("-n").arg(script);
-            c
-        };
-        cmd.arg(root).arg(work).args(args);
-        cmd
-    }
-
-    /// Brings the halfstack up; panics with its output when it does not come up.
-    fn up(root: &Path) -> (Halfstack, f64) {
-        let work = std::env::temp_dir().join(format!("kv-halfstack-{}", run_id()));
-        std::fs::create_dir_all(&work).unwrap();
-        let hs = Halfstack {
-            root: root.to_owned(),
-            work: work.clone(),
-            agent_ids: Vec::new(),
-            _dir: RemoveOnDrop(work.clone()),
-        };
-        let start = Instant::now();
-        let out = Self::command(root, &work, &["up", "--ports", HALFSTACK_PORTS])
-            .output()
-            .expect("run halfstack.sh");
-        let secs = start.elapsed().as_secs_f64();
-        assert!(
-            out.status.success(),
-            "halfstack up: {}\nstdout:\n{}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            tail(&String::from_utf8_lossy(&out.stderr), 60)
-        );
-        (hs, secs)
-    }
-
-    /// Runs a subcommand; its stdout's JSON lines (each also echoed on stderr with `label`),
-    /// whether it succeeded, and its stderr's tail.
-    fn run(&self, label: &str, args: &[&str]) -> (Vec<serde_json::Value>, bool, String) {
-        let stderr_path = self.work.join(format!("{label}.stderr"));
-        let mut child = Self::command(&self.root, &self.work, args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&stderr_path).unwrap()))
-            .spawn()
-            .expect("run halfstack.sh");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = Vec::new();
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            eprintln!("{label}: {line}");
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                lines.push(v);
-            }
-        }
-        let ok = child.wait().map(|s| s.success()).unwrap_or(false);
-        (lines, ok, tail(&read(&stderr_path), 40))
-    }
-
-    fn log(&self, name: &str) -> String {
-        tail(
-            &read(&self.work.join("logs").join(format!("{name}.log"))),
-            40,
-        )
-    }
+/// Runs a subcommand; its stdout's JSON lines (each line also echoed on stderr with `label`),
+/// whether it succeeded, and its stderr's tail.
+fn run(hs: &Halfstack, label: &str, args: &[&str]) -> (Vec<serde_json::Value>, bool, String) {
+    let stderr_path = hs.work.join(format!("{label}.stderr"));
+    let stderr = Stdio::from(std::fs::File::create(&stderr_path).unwrap());
+    let (lines, ok) = match hs.lines(args, stderr, |line, _| eprintln!("{label}: {line}")) {
+        Ok((lines, status)) => (lines, status.success()),
+        Err(e) => panic!("halfstack.sh {}: {e}", args.join(" ")),
+    };
+    (lines, ok, tail(&read(&stderr_path), 40))
 }
 
-impl Drop for Halfstack {
-    fn drop(&mut self) {
-        let mut args = vec!["down".to_owned()];
-        for id in &self.agent_ids {
-            args.push("--agent-id".into());
-            args.push(id.clone());
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let _ = Self::command(&self.root, &self.work, &args).status();
-        // What halfstack.sh made inside the root for its mount points.
-        let _ = std::fs::remove_dir(self.root.join(self.work.strip_prefix("/").unwrap()));
-    }
+/// The last lines of the halfstack's log of `name` (`manager`, `upstream-agent`, …).
+fn log_tail(hs: &Halfstack, name: &str) -> String {
+    tail(&read(&hs.work.join("logs").join(format!("{name}.log"))), 40)
 }
 
 /// Every step: the scenario's, then the suite's specs as either run reported them.
@@ -217,7 +164,7 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
         "no image {ENGINE_IMAGE}: run `just test-image-py`"
     );
 
-    let (mut hs, up_secs) = Halfstack::up(&root);
+    let (mut hs, up_secs) = up(&root);
     let state: serde_json::Value =
         serde_json::from_str(&read(&hs.work.join("halfstack.json"))).unwrap();
     eprintln!("halfstack up in {up_secs:.1} s: {}", state["timings"]);
@@ -249,7 +196,8 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
     let log = fx.dir.path().join("agent.log");
     let mut agent = KillOnDrop(spawn_agent_process(&fx, &config));
     wait_for_port(fx.rpc_port, &mut agent.0, &log);
-    let (reg, reg_ok, reg_err) = hs.run(
+    let (reg, reg_ok, reg_err) = run(
+        &hs,
         "kv-register",
         &["wait-agent", "--agent-id", &fx.agent_id, "--limit", "90"],
     );
@@ -257,9 +205,10 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
         reg_ok,
         "the manager did not register kernelvisor's agent: {reg:?}\n{reg_err}\nagent log:\n{}\nmanager log:\n{}",
         tail(&read(&log), 40),
-        hs.log("manager")
+        log_tail(&hs, "manager")
     );
-    let (mut kv_lines, _, kv_err) = hs.run(
+    let (mut kv_lines, _, kv_err) = run(
+        &hs,
         "kernelvisor",
         &[
             "scenario",
@@ -273,7 +222,8 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
     );
     // Backend.AI's own suite (backend.ai-test 26.9.6), its session specs that need no storage
     // proxy or webserver.
-    let (suite, _, _) = hs.run(
+    let (suite, _, _) = run(
+        &hs,
         "kernelvisor-suite",
         &["suite", "--label", "kernelvisor", "--image", IMAGE],
     );
@@ -283,7 +233,8 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
         .args(["-TERM", &agent.0.id().to_string()])
         .status();
     let _ = agent.0.wait();
-    let (_, gone_ok, gone_err) = hs.run(
+    let (_, gone_ok, gone_err) = run(
+        &hs,
         "kv-terminated",
         &[
             "wait-agent",
@@ -303,7 +254,8 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
     // Upstream's own agent, the same scenario.
     let up_id = format!("upstream-{}", run_id());
     hs.agent_ids.push(up_id.clone());
-    let (up_start, up_start_ok, up_start_err) = hs.run(
+    let (up_start, up_start_ok, up_start_err) = run(
+        &hs,
         "upstream-up",
         &[
             "agent-up",
@@ -314,7 +266,8 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
         ],
     );
     let up_lines = if up_start_ok {
-        let (mut lines, _, _) = hs.run(
+        let (mut lines, _, _) = run(
+            &hs,
             "upstream",
             &[
                 "scenario",
@@ -326,12 +279,13 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
                 IMAGE,
             ],
         );
-        let (suite, _, _) = hs.run(
+        let (suite, _, _) = run(
+            &hs,
             "upstream-suite",
             &["suite", "--label", "upstream", "--image", IMAGE],
         );
         lines.extend(suite);
-        let _ = hs.run("upstream-down", &["agent-down"]);
+        let _ = run(&hs, "upstream-down", &["agent-down"]);
         lines
     } else {
         eprintln!("upstream's agent did not start: {up_start:?}\n{up_start_err}");
@@ -379,7 +333,7 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
         if !matches!(u, Some(Ok(_))) {
             problems.push(format!(
                 "{step} failed on upstream's agent ({u:?}): the comparison would prove nothing\n{}",
-                hs.log("upstream-agent")
+                log_tail(&hs, "upstream-agent")
             ));
         }
     }
@@ -389,7 +343,7 @@ fn a_real_backend_ai_halfstack_runs_sessions_on_kernelvisor_wherever_upstream_ru
         problems.len(),
         problems.join("\n  "),
         tail(&read(&log), 60),
-        hs.log("manager")
+        log_tail(&hs, "manager")
     );
     drop(fx);
 }
