@@ -344,19 +344,31 @@ async fn final_spec(
             cores: cpu.div_ceil(1000).max(1),
         },
     );
-    launch::write_scratch(
-        &r.scratch.config_dir(),
-        &r.scratch.work_dir(),
-        &spec,
-        || handle.ctx.runners.host_key(),
-        match &config.ssh_keypair {
-            Some(pair) => launch::UserKeys::Given(pair),
-            None => launch::UserKeys::MadeAhead(|| handle.ctx.runners.user_keypair()),
-        },
-        owner,
-        config.bootstrap_script.as_deref(),
-    )
-    .map_err(|e| KernelError::Engine(format!("kernel runner's scratch files: {e}")))?;
+    // On the blocking pool: a key the made-ahead pool does not have yet (the agent's first
+    // kernels) is made on the spot, an RSA keygen of 0.1–0.5 s on a quiet machine and seconds
+    // on a busy one, which on the agent's own thread held up its heartbeats past the manager's
+    // limit (seen in CI: the agent declared lost while it made its first runner kernel).
+    let (config_dir, work_dir) = (r.scratch.config_dir(), r.scratch.work_dir());
+    let (files_spec, ctx) = (spec.clone(), handle.ctx.clone());
+    let (keypair, bootstrap) = (config.ssh_keypair.clone(), config.bootstrap_script.clone());
+    let scratch_error = |e: String| KernelError::Engine(format!("kernel runner's scratch files: {e}"));
+    tokio::task::spawn_blocking(move || {
+        launch::write_scratch(
+            &config_dir,
+            &work_dir,
+            &files_spec,
+            || ctx.runners.host_key(),
+            match &keypair {
+                Some(pair) => launch::UserKeys::Given(pair),
+                None => launch::UserKeys::MadeAhead(|| ctx.runners.user_keypair()),
+            },
+            owner,
+            bootstrap.as_deref(),
+        )
+    })
+    .await
+    .map_err(|e| scratch_error(e.to_string()))?
+    .map_err(|e| scratch_error(e.to_string()))?;
     let on_host = config.cluster.as_ref().and_then(|c| {
         c.intrinsic_ports(
             config.cluster_hostname.as_deref(),
