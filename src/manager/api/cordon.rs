@@ -41,7 +41,8 @@ const MAX_DEADLINE: f64 = 365.0 * 24.0 * 3600.0;
 pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
     let mut row = s.store.set_agent_schedulable(&id, false).await?;
-    if row.is_none() && written_behind(&s).await? {
+    if row.is_none() {
+        write_behind_now(&s).await?;
         row = s.store.set_agent_schedulable(&id, false).await?;
     }
     let agent = answer(&s, &id, row).await?;
@@ -66,7 +67,8 @@ pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path
 pub(super) async fn uncordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
     let mut row = s.store.set_agent_schedulable(&id, true).await?;
-    if row.is_none() && written_behind(&s).await? {
+    if row.is_none() {
+        write_behind_now(&s).await?;
         row = s.store.set_agent_schedulable(&id, true).await?;
     }
     let agent = answer(&s, &id, row).await?;
@@ -106,7 +108,8 @@ pub(super) async fn drain(
     let deadline = deadline_of(&body)?;
     let at = deadline.map(|secs| now() + secs);
     let mut row = s.store.drain_agent(&id, at).await?;
-    if row.is_none() && written_behind(&s).await? {
+    if row.is_none() {
+        write_behind_now(&s).await?;
         row = s.store.drain_agent(&id, at).await?;
     }
     let agent = answer(&s, &id, row).await?;
@@ -135,15 +138,14 @@ fn deadline_of(body: &[u8]) -> Result<Option<f64>, ManagerError> {
     }
 }
 
-/// Writes this replica's registry's changed agent rows now; `true` once written. An agent
+/// Writes this replica's registry's changed agent rows now. An agent
 /// that registered less than a second ago is listed by `GET /v1/agents` (the registry) before
 /// its row is in the store (written behind, once a second): a cordon, uncordon or drain that
 /// finds no row tries again after this, rather than answer 404 for an agent the API lists.
 ///
 /// Errors: the registry's mailbox.
-async fn written_behind(s: &ApiState) -> Result<bool, ManagerError> {
-    s.registry.send(FlushAgents).await?;
-    Ok(true)
+async fn write_behind_now(s: &ApiState) -> Result<(), ManagerError> {
+    Ok(s.registry.send(FlushAgents).await?)
 }
 
 /// Tells this replica's registry the flags the store now holds (`row`; `None`: no such
