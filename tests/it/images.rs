@@ -191,13 +191,14 @@ fn a_slow_pull_outlasts_create_timeout_shows_progress_and_is_shared() {
     let rt = actix_rt::Runtime::new().unwrap();
     let registry = TestRegistry::start();
     let repo = format!("team/slow-{}", run_id());
-    rt.block_on(registry.push_unique(TEST_IMAGE, &repo, "1", 1_000_000));
-    // A layer of 1 MB (random: it does not compress) at 80 kB/s: a pull of ~12 s, longer than
-    // create-timeout (5 s). The timeout also bounds the five creates once the image is there,
-    // which took over 2 s (the earlier setting) with other tests beside this one on 2 cores.
+    rt.block_on(registry.push_unique(TEST_IMAGE, &repo, "1", 2_000_000));
+    // A layer of 2 MB (random: it does not compress) at 80 kB/s: a pull of ~25 s, longer than
+    // create-timeout (10 s). The timeout also bounds the five creates once the image is there,
+    // which took over 2 s with other tests beside this one on 2 cores, and over 5 s (the
+    // earlier setting, CI 2026-11-29) with runner kernels booting beside it.
     let proxy = SlowProxy::start(&registry.host, 80_000);
     let image = format!("{}/{repo}:1", proxy.host);
-    let c = cluster_with_registry(&proxy.host, PASSWORD, "create-timeout = 5", 34540);
+    let c = cluster_with_registry(&proxy.host, PASSWORD, "create-timeout = 10", 34540);
 
     let started = Instant::now();
     let ids: Vec<String> = std::thread::scope(|s| {
@@ -237,7 +238,7 @@ fn a_slow_pull_outlasts_create_timeout_shows_progress_and_is_shared() {
     let s = settled(&c, &ids[0], Duration::from_secs(60));
     assert_eq!(s["status"], "RUNNING", "{first} / {s}");
     assert!(
-        started.elapsed() > Duration::from_secs(5),
+        started.elapsed() > Duration::from_secs(10),
         "the pull outlasted create-timeout"
     );
     let p = &s["pull_progress"];
