@@ -77,6 +77,11 @@ impl AgentFixture {
     pub fn new(name: &str, lo: u16, range_len: u16) -> AgentFixture {
         assert!(lo >= 30_000, "test port ranges start at 30000 or above");
         let lo = lo - PORT_SHIFT;
+        assert!(
+            u32::from(lo) + u32::from(range_len) <= 32_768,
+            "test port ranges end below {} (shifted, below the ephemeral range)",
+            32_768 + PORT_SHIFT
+        );
         let dir = tempfile::Builder::new()
             .prefix(&format!("kv-{name}-"))
             .tempdir()

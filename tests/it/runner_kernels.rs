@@ -870,7 +870,7 @@ async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
     let Some(dir) = krunner_dir("runner_kernels") else {
         return;
     };
-    let fx = AgentFixture::new("runner-slow-repl", 44_800, 16);
+    let fx = AgentFixture::new("runner-slow-repl", 44_740, 16);
     let agent = start(&fx, &dir).await;
     let peer = client(agent.endpoint()).await;
     let vf = fx.vfolder_root().join("startup");
