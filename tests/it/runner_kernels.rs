@@ -44,15 +44,18 @@ async fn start(fx: &AgentFixture, dir: &str) -> Agent {
 
 /// A config for the Python image, run as uid/gid 1000.
 fn py_config() -> Value {
-    kernel_config(
-        "1",
-        512 * MIB,
-        vec![
-            ("image", image(PY_IMAGE)),
-            ("uid", 1000.into()),
-            ("main_gid", 1000.into()),
-        ],
-    )
+    py_config_with(Vec::new())
+}
+
+/// [`py_config`] with `extra` keys (`environ` merged, the others added or replaced).
+fn py_config_with(extra: Vec<(&str, Value)>) -> Value {
+    let mut pairs = vec![
+        ("image", image(PY_IMAGE)),
+        ("uid", 1000.into()),
+        ("main_gid", 1000.into()),
+    ];
+    pairs.extend(extra);
+    kernel_config("1", 512 * MIB, pairs)
 }
 
 /// `execute(session, kernel, 2, run_id, mode, code, opts, flush)`.
@@ -749,25 +752,16 @@ async fn a_users_own_ssh_keypair_lets_them_in_over_the_runners_sshd() {
     let agent = start(&fx, &dir).await;
     let peer = client(agent.endpoint()).await;
     let kid = uuid::Uuid::new_v4().to_string();
-    let config = kernel_config(
-        "1",
-        512 * MIB,
-        vec![
-            ("image", image(PY_IMAGE)),
-            ("uid", 1000.into()),
-            ("main_gid", 1000.into()),
-            (
-                "internal_data",
-                map(vec![(
-                    "ssh_keypair",
-                    map(vec![
-                        ("public_key", public.trim().into()),
-                        ("private_key", private.clone().into()),
-                    ]),
-                )]),
-            ),
-        ],
-    );
+    let config = py_config_with(vec![(
+        "internal_data",
+        map(vec![(
+            "ssh_keypair",
+            map(vec![
+                ("public_key", public.trim().into()),
+                ("private_key", private.clone().into()),
+            ]),
+        )]),
+    )]);
     let created = create_one(&peer, "s", &kid, config.clone())
         .await
         .expect("create on the Python image");
@@ -883,31 +877,24 @@ async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
          _slow_first_boot()\ndel _slow_first_boot\n",
     )
     .unwrap();
-    let config = kernel_config(
-        "1",
-        512 * MIB,
-        vec![
-            ("image", image(PY_IMAGE)),
-            ("uid", 1000.into()),
-            ("main_gid", 1000.into()),
-            (
-                "environ",
-                map(vec![(
-                    "PYTHONSTARTUP",
-                    "/data/startup/slow_first_boot.py".into(),
-                )]),
-            ),
-            (
-                "mounts",
-                Value::Array(vec![map(vec![
-                    ("name", "startup".into()),
-                    ("host_path", vf.display().to_string().into()),
-                    ("kernel_path", "/data/startup".into()),
-                    ("permission", "ro".into()),
-                ])]),
-            ),
-        ],
-    );
+    let config = py_config_with(vec![
+        (
+            "environ",
+            map(vec![(
+                "PYTHONSTARTUP",
+                "/data/startup/slow_first_boot.py".into(),
+            )]),
+        ),
+        (
+            "mounts",
+            Value::Array(vec![map(vec![
+                ("name", "startup".into()),
+                ("host_path", vf.display().to_string().into()),
+                ("kernel_path", "/data/startup".into()),
+                ("permission", "ro".into()),
+            ])]),
+        ),
+    ]);
     let kid = uuid::Uuid::new_v4().to_string();
     create_one(&peer, "s", &kid, config)
         .await
