@@ -74,9 +74,8 @@ const PORT_SHIFT: u16 = 12_000;
 impl AgentFixture {
     /// A fixture for agent `<name>-<run id>` with host ports `lo - PORT_SHIFT` and the
     /// `range_len - 1` after it (`lo` ≥ 30000, distinct per test as before). A range that ends
-    /// above 44768 reaches the ephemeral range once shifted (a test first given 44800 failed with
-    /// `address already in use`); the halfstack test does so on purpose, on ports its harness
-    /// reserves.
+    /// above 44768 reaches the ephemeral range once shifted (`address already in use`, seen
+    /// with 44800); the halfstack test does so on purpose, on ports its harness reserves.
     pub fn new(name: &str, lo: u16, range_len: u16) -> AgentFixture {
         assert!(lo >= 30_000, "test port ranges start at 30000 or above");
         let lo = lo - PORT_SHIFT;
