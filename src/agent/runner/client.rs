@@ -636,6 +636,26 @@ fn event_id(frame: &[u8]) -> u16 {
         .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
 }
 
+/// The monitor is switched off before the sockets close. libzmq sends a monitor event with a
+/// blocking send, from the thread that saw it (the context's I/O thread for a dropped
+/// connection), and a closed socket keeps its monitor until the reaper has finished it
+/// (`stop_monitor` in `~socket_base_t`, libzmq 4.3 `src/socket_base.cpp`): a connection that
+/// dropped in between, with the reading end already gone, blocked the I/O thread for good,
+/// and with it every runner connection of the agent (seen when three cluster kernels' containers
+/// restarted at once: no `status` answered for 60 s, no TCP connection to any runner). A
+/// monitor on an endpoint nobody reads, for no events, sends nothing.
+impl Drop for Repl {
+    fn drop(&mut self) {
+        let off = format!(
+            "inproc://kv-runner-monitor-off-{}",
+            uuid::Uuid::new_v4().simple()
+        );
+        if let Err(e) = self.pull.get_socket().monitor(&off, 0) {
+            tracing::warn!(error = %e, "kernel runner: cannot switch off a repl-out monitor");
+        }
+    }
+}
+
 impl Repl {
     fn open(zctx: &zmq::Context, port: u16) -> Result<Repl, RunnerError> {
         let err = |e: &dyn std::fmt::Display| RunnerError::Socket(e.to_string());
