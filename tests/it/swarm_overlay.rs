@@ -56,9 +56,6 @@ fn poll<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Result<T, Str
     }
 }
 
-/// Drops the Swarm and waits (10 s at most) until nothing of it is left; returns how long the
-/// drop took (the namespaces' own teardown, which the kernel finishes asynchronously, is
-/// not counted).
 /// Deletes session `sid` and waits until it is `TERMINATED` and neither engine has a container
 /// left. The delete answers 200 with the session ended, or 202 while it is still `TERMINATING`
 /// (its kernels' ends take longer on a loaded machine): both are the API's answers.
@@ -84,6 +81,9 @@ fn ended_and_engines_empty(c: &common::cluster::Cluster, swarm: &Swarm, sid: &st
     }
 }
 
+/// Drops the Swarm and waits (10 s at most) until nothing of it is left; returns how long the
+/// drop took (the namespaces' own teardown, which the kernel finishes asynchronously, is
+/// not counted).
 fn tear_down(swarm: Swarm) -> Duration {
     let trace = swarm.trace();
     let started = Instant::now();
