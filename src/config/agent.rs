@@ -68,7 +68,8 @@ pub struct KernelRunnerSection {
     pub mode: RunnerMode,
     /// Seconds a new kernel's runner may take to answer `status` and `get-apps` (its REPL
     /// started, `bootstrap.sh` run) before the create fails (default 60, upstream's
-    /// `init-timeout-sec`).
+    /// `init-timeout-sec`); each boot, where a `python` kernel whose REPL did not start is
+    /// booted once more (`agent::kernel::stages::runner::wait_serving`).
     pub init_timeout: Seconds,
 }
 

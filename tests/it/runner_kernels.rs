@@ -44,15 +44,18 @@ async fn start(fx: &AgentFixture, dir: &str) -> Agent {
 
 /// A config for the Python image, run as uid/gid 1000.
 fn py_config() -> Value {
-    kernel_config(
-        "1",
-        512 * MIB,
-        vec![
-            ("image", image(PY_IMAGE)),
-            ("uid", 1000.into()),
-            ("main_gid", 1000.into()),
-        ],
-    )
+    py_config_with(Vec::new())
+}
+
+/// [`py_config`] with `extra` keys (`environ` merged, the others added or replaced).
+fn py_config_with(extra: Vec<(&str, Value)>) -> Value {
+    let mut pairs = vec![
+        ("image", image(PY_IMAGE)),
+        ("uid", 1000.into()),
+        ("main_gid", 1000.into()),
+    ];
+    pairs.extend(extra);
+    kernel_config("1", 512 * MIB, pairs)
 }
 
 /// `execute(session, kernel, 2, run_id, mode, code, opts, flush)`.
@@ -749,25 +752,16 @@ async fn a_users_own_ssh_keypair_lets_them_in_over_the_runners_sshd() {
     let agent = start(&fx, &dir).await;
     let peer = client(agent.endpoint()).await;
     let kid = uuid::Uuid::new_v4().to_string();
-    let config = kernel_config(
-        "1",
-        512 * MIB,
-        vec![
-            ("image", image(PY_IMAGE)),
-            ("uid", 1000.into()),
-            ("main_gid", 1000.into()),
-            (
-                "internal_data",
-                map(vec![(
-                    "ssh_keypair",
-                    map(vec![
-                        ("public_key", public.trim().into()),
-                        ("private_key", private.clone().into()),
-                    ]),
-                )]),
-            ),
-        ],
-    );
+    let config = py_config_with(vec![(
+        "internal_data",
+        map(vec![(
+            "ssh_keypair",
+            map(vec![
+                ("public_key", public.trim().into()),
+                ("private_key", private.clone().into()),
+            ]),
+        )]),
+    )]);
     let created = create_one(&peer, "s", &kid, config.clone())
         .await
         .expect("create on the Python image");
@@ -852,6 +846,68 @@ async fn a_users_own_ssh_keypair_lets_them_in_over_the_runners_sshd() {
     let (_, out, _, code) = run(&peer, &kid, "print(6 * 7)").await;
     assert_eq!((out.as_str(), code), ("42\n", Some(0)));
 
+    call(&peer, "destroy_kernel", vec![kid.clone().into()])
+        .await
+        .expect("destroy");
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
+}
+
+/// Upstream's runner gives its Jupyter kernel 10 s to answer and otherwise turns query mode off
+/// for good (every run: exit code 127, no output). A REPL whose first boot misses that (here an
+/// IPython start-up file, `PYTHONSTARTUP`, sleeps 12 s on the first boot only; on a loaded node
+/// it is the imports) gets its container restarted once by the agent's readiness check: the
+/// kernel is created, its REPL answers, and it booted twice.
+#[actix_rt::test]
+async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let fx = AgentFixture::new("runner-slow-repl", 44_740, 16);
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
+    let vf = fx.vfolder_root().join("startup");
+    std::fs::create_dir_all(&vf).unwrap();
+    std::fs::write(
+        vf.join("slow_first_boot.py"),
+        "def _slow_first_boot():\n    import os, time\n    path = '/home/work/repl-boots'\n    \
+         first = not os.path.exists(path)\n    with open(path, 'a') as f:\n        \
+         f.write('boot\\n')\n    if first:\n        time.sleep(12)\n\n\
+         _slow_first_boot()\ndel _slow_first_boot\n",
+    )
+    .unwrap();
+    let config = py_config_with(vec![
+        (
+            "environ",
+            map(vec![(
+                "PYTHONSTARTUP",
+                "/data/startup/slow_first_boot.py".into(),
+            )]),
+        ),
+        (
+            "mounts",
+            Value::Array(vec![map(vec![
+                ("name", "startup".into()),
+                ("host_path", vf.display().to_string().into()),
+                ("kernel_path", "/data/startup".into()),
+                ("permission", "ro".into()),
+            ])]),
+        ),
+    ]);
+    let kid = uuid::Uuid::new_v4().to_string();
+    create_one(&peer, "s", &kid, config)
+        .await
+        .expect("create on the Python image");
+    let (_, out, err, code) = run(&peer, &kid, "print(6 * 7)").await;
+    assert_eq!((out.as_str(), code), ("42\n", Some(0)), "{err}");
+    let (_, out, err, code) = run(
+        &peer,
+        &kid,
+        "print(open('/home/work/repl-boots').read().count('boot'))",
+    )
+    .await;
+    assert_eq!((out.as_str(), code), ("2\n", Some(0)), "{err}");
     call(&peer, "destroy_kernel", vec![kid.clone().into()])
         .await
         .expect("destroy");

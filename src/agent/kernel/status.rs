@@ -86,6 +86,9 @@ pub struct KernelInfo {
     /// Its runner's host ports when Backend.AI's kernel runner serves it (`None`: the
     /// process path, `crate::agent::runner`).
     pub runner: Option<crate::agent::runner::RunnerPorts>,
+    /// Its runner's runtime type keeps a Python REPL (`ai.backend.runtime-type` `python`): the
+    /// runner's readiness then includes a query run (`crate::agent::kernel::stages::runner`).
+    pub runner_repl: bool,
     /// Why it ended (when `TERMINATED`).
     pub reason: Option<String>,
     /// Its container's exit code, if it exited by itself.
@@ -135,6 +138,7 @@ impl KernelInfo {
             gpus: Vec::new(),
             runtime_path: None,
             runner: None,
+            runner_repl: false,
             reason: None,
             exit_code: None,
             oom_event: false,

@@ -14,6 +14,7 @@ use futures::StreamExt;
 use super::{Found, KernelStage, Plan, CONTAINER, IMAGE, PORTS};
 use crate::agent::kernel::{KernelError, KernelHandle};
 use crate::agent::runner::launch::{REPL_IN, REPL_OUT, RUNNER_LABEL};
+use crate::agent::runner::protocol::ToRunner;
 use crate::agent::runner::{Gate, RunnerPorts};
 
 /// Connects to the kernel's runner and waits until it serves.
@@ -87,13 +88,67 @@ async fn log_tail(handle: &KernelHandle, id: &str) -> String {
 /// kernel's creation waits for it, and so does a kernel whose container was restarted or made
 /// anew, before it is `RUNNING` again.
 ///
+/// Where the runtime type keeps a Python REPL (`KernelInfo::runner_repl`), an empty query run
+/// checks it too. Upstream's runner gives its Jupyter kernel 10 s to answer
+/// (`_init_jupyter_kernel`, `src/ai/backend/kernel/base.py`) and otherwise turns query mode off
+/// for good: every run then ends at once with exit code 127 and no output (seen in CI with two
+/// runner kernels booting on a loaded 2-core machine). Such a container is restarted once (a
+/// second boot finds its files in the page cache); if its REPL is still off, the kernel runs
+/// without it (batch mode and the services work) and the agent says so in its log.
+///
 /// Errors: `KernelError::Engine` naming what the runner did not do in time, or the container's
-/// exit, with its log tail.
+/// exit, with its log tail; the restart's engine error.
 pub async fn wait_serving(
     h: &KernelHandle,
     container_id: &str,
     ports: RunnerPorts,
 ) -> Result<(), KernelError> {
+    if serve_once(h, container_id, ports).await? != Repl::Off {
+        return Ok(());
+    }
+    tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id,
+        "the kernel runner's Python REPL did not start (upstream's runner gives its Jupyter kernel 10 s, then turns query mode off): restarting its container once");
+    // Its exit during the restart is expected: the container's watcher skips it (as for
+    // `restart_kernel`, which may be the caller: the flag is put back as it was).
+    let was = h.info().manual_restart;
+    h.update(|i| i.manual_restart = true);
+    let restarted = h
+        .ctx
+        .backend
+        .restart_container(container_id, REPL_RESTART_GRACE)
+        .await;
+    let served = match restarted {
+        Ok(()) => serve_once(h, container_id, ports).await,
+        Err(e) => Err(KernelError::from(e)),
+    };
+    h.update(|i| i.manual_restart = was);
+    if served? == Repl::Off {
+        tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id,
+            "the kernel runner's Python REPL did not start after a restart either: the kernel runs without query mode (batch mode and services work); the node may be overloaded");
+    }
+    Ok(())
+}
+
+/// The grace of the restart that gives a runner a second boot (nothing in it is the user's yet).
+const REPL_RESTART_GRACE: Duration = Duration::from_secs(2);
+
+/// What the readiness check found of a runner's REPL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Repl {
+    /// It answered the empty query run.
+    Up,
+    /// The run ended with exit code 127: query mode is off.
+    Off,
+    /// Not checked: the runtime type has none.
+    Unchecked,
+}
+
+/// One wait for the runner to serve ([`wait_serving`]'s first part): what it found of the REPL.
+async fn serve_once(
+    h: &KernelHandle,
+    container_id: &str,
+    ports: RunnerPorts,
+) -> Result<Repl, KernelError> {
     let ctx = &h.ctx;
     let within = ctx.runners.config.init_timeout.0;
     // A container restarted or made anew: the old one's connection served a REPL that is gone.
@@ -128,13 +183,27 @@ pub async fn wait_serving(
             }
         };
         // `get-apps` answers `failed` while the runner is still starting: asked again.
-        loop {
+        let apps = loop {
             let apps = client.get_apps().await?;
             if apps.get("status").and_then(|s| s.as_str()) != Some("failed") {
-                return Ok::<_, crate::agent::runner::RunnerError>(apps);
+                break apps;
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        if !h.info().runner_repl {
+            return Ok::<_, crate::agent::runner::RunnerError>((apps, Repl::Unchecked));
         }
+        // The runner answers `status` only once its REPL's start is over, whichever way it
+        // went; an empty cell runs in no time and leaves nothing in the user's namespace.
+        let probe = format!("readiness-{}", uuid::Uuid::new_v4().simple());
+        client
+            .start(&probe, vec![ToRunner::Code(String::new())], None)
+            .await?;
+        let answer = client.answer(&probe, None).await?;
+        // 127 for an empty cell is the runner's "query mode is disabled" (its log line may
+        // come before or after, on stderr).
+        let off = answer.status == "finished" && answer.exit_code == Some(127);
+        Ok((apps, if off { Repl::Off } else { Repl::Up }))
     };
     let exited = async {
         loop {
@@ -158,10 +227,10 @@ pub async fn wait_serving(
         }
     };
     match outcome {
-        Ok(Ok(apps)) => {
-            tracing::debug!(kernel_id = %h.id, %apps, "kernel runner serves");
+        Ok(Ok((apps, repl))) => {
+            tracing::debug!(kernel_id = %h.id, %apps, ?repl, "kernel runner serves");
             h.update(|i| i.runner = Some(ports));
-            Ok(())
+            Ok(repl)
         }
         Ok(Err(e)) => {
             ctx.runners.forget(&h.id);
@@ -183,8 +252,9 @@ pub async fn wait_serving(
 }
 
 impl Provisioner for RunnerStage {
-    /// (container id, repl host ports) for a runner kernel.
-    type Spec = Option<(String, RunnerPorts)>;
+    /// (container id, repl host ports, whether its runtime type keeps a Python REPL) for a
+    /// runner kernel.
+    type Spec = Option<(String, RunnerPorts, bool)>;
     type Resource = Option<RunnerPorts>;
 
     fn name(&self) -> &'static str {
@@ -193,9 +263,10 @@ impl Provisioner for RunnerStage {
 
     /// Errors: what [`wait_serving`] says.
     async fn setup(&self, spec: Self::Spec) -> Result<Option<RunnerPorts>, BoxError> {
-        let Some((container_id, ports)) = spec else {
+        let Some((container_id, ports, repl)) = spec else {
             return Ok(None);
         };
+        self.0.update(|i| i.runner_repl = repl);
         wait_serving(&self.0, &container_id, ports).await?;
         Ok(Some(ports))
     }
@@ -211,9 +282,10 @@ impl KernelStage for RunnerStage {
         RunnerStage(handle)
     }
 
-    /// A runner kernel's container and the last two host ports (repl-in, repl-out).
+    /// A runner kernel's container, the last two host ports (repl-in, repl-out), and whether
+    /// its runtime type is `python` (the runner's class that keeps a Jupyter REPL).
     fn spec(plan: &Plan, r: &Resources<'_>) -> Result<Self::Spec, BoxError> {
-        let Gate::Runner { .. } = plan.gate(r.of(IMAGE)?) else {
+        let Gate::Runner { runtime_type, .. } = plan.gate(r.of(IMAGE)?) else {
             return Ok(None);
         };
         let ports = r.of(PORTS)?;
@@ -226,6 +298,7 @@ impl KernelStage for RunnerStage {
                 repl_in: *repl_in,
                 repl_out: *repl_out,
             },
+            runtime_type == "python",
         )))
     }
 
