@@ -106,10 +106,12 @@ echo $$ >"$dev/run.pid"
 # The manager's intake admits the public keys in agent-keys-dir (new files: no restart needed).
 cp "$dev/keys/agent-dev.key" "$dev/agent-keys/agent-dev.key"
 
-manager="" agent="" session="" stopping=""
+manager="" agent="" session="" stopping="" sleeper=""
 stop() {
   [ -n "$stopping" ] && return
   stopping=1
+  # The wait loop's `sleep` would outlive this script by up to a second.
+  [ -z "$sleeper" ] || kill "$sleeper" 2>/dev/null || true
   [ -n "$manager$agent" ] || return 0   # nothing was started
   # Stop to the end: a second Ctrl+C, or the SIGINT `just` forwards, must not cut it short.
   trap '' INT TERM HUP
@@ -224,10 +226,12 @@ Try, in another shell:
   kernelvisor ctl events -f                   # what happens, as it happens
 See README.md's tour for more. Ctrl+C stops both."
 # Until a signal (the trap stops the pair) or until one of the pair exits. `wait` returns at once
-# when a trapped signal comes, so Ctrl+C is handled without delay.
+# when a trapped signal comes, so Ctrl+C is handled without delay. The `sleep` holds none of our
+# output: were it to, a reader of it (`just run | tee`, a test's pipe) would wait for it.
 while alive "$agent" && alive "$manager"; do
-  sleep 1 &
-  wait $! 2>/dev/null
+  sleep 1 </dev/null >/dev/null 2>&1 &
+  sleeper=$!
+  wait "$sleeper" 2>/dev/null
 done
 alive "$agent" || failed_start agent "the agent exited"
 failed_start manager "the manager exited"

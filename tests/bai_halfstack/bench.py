@@ -232,6 +232,7 @@ async def bench(state: dict, args: Any) -> None:
 
             # -- the agent at `--sessions` kernels ------------------------------------------------
             figures["rss_loaded_mib"] = rss_mib(pid)
+            log(f"{args.label}: agent CPU with {len(sessions)} kernels, over {args.cpu_secs} s")
             c0, t0 = cpu_secs(pid), time.monotonic()
             await asyncio.sleep(args.cpu_secs)
             c1, t1 = cpu_secs(pid), time.monotonic()
