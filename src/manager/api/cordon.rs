@@ -16,7 +16,7 @@ use super::{reply, ApiState, Res};
 use crate::manager::error::ManagerError;
 use crate::manager::registry::{AgentSnapshot, FlushAgents, Scheduling, SetScheduling};
 use crate::manager::scheduler::AdmitNow;
-use crate::manager::store::{now, AgentRow};
+use crate::manager::store::{now, AgentRow, StoreError};
 use crate::model::agent::{Agent, DrainRequest};
 use crate::model::error::ErrorBody;
 use crate::model::object::Object;
@@ -40,11 +40,7 @@ const MAX_DEADLINE: f64 = 365.0 * 24.0 * 3600.0;
 #[post("/v1/agents/{id}/cordon")]
 pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
-    let mut row = s.store.set_agent_schedulable(&id, false).await?;
-    if row.is_none() {
-        write_behind_now(&s).await?;
-        row = s.store.set_agent_schedulable(&id, false).await?;
-    }
+    let row = on_stored_row(&s, || s.store.set_agent_schedulable(&id, false)).await?;
     let agent = answer(&s, &id, row).await?;
     tracing::info!(target: "audit", agent = %id, key = %caller.access_key, "agent cordoned");
     reply(HttpResponse::Ok(), &agent)
@@ -66,11 +62,7 @@ pub(super) async fn cordon(s: web::Data<ApiState>, caller: Caller, id: web::Path
 #[post("/v1/agents/{id}/uncordon")]
 pub(super) async fn uncordon(s: web::Data<ApiState>, caller: Caller, id: web::Path<String>) -> Res {
     caller.require_admin()?;
-    let mut row = s.store.set_agent_schedulable(&id, true).await?;
-    if row.is_none() {
-        write_behind_now(&s).await?;
-        row = s.store.set_agent_schedulable(&id, true).await?;
-    }
+    let row = on_stored_row(&s, || s.store.set_agent_schedulable(&id, true)).await?;
     let agent = answer(&s, &id, row).await?;
     // Only the leader admits; on a standby the leader's next round (at most
     // `admission-interval` later, after its registry re-read the row) places them.
@@ -107,11 +99,7 @@ pub(super) async fn drain(
     caller.require_admin()?;
     let deadline = deadline_of(&body)?;
     let at = deadline.map(|secs| now() + secs);
-    let mut row = s.store.drain_agent(&id, at).await?;
-    if row.is_none() {
-        write_behind_now(&s).await?;
-        row = s.store.drain_agent(&id, at).await?;
-    }
+    let row = on_stored_row(&s, || s.store.drain_agent(&id, at)).await?;
     let agent = answer(&s, &id, row).await?;
     tracing::info!(target: "audit", agent = %id, key = %caller.access_key, deadline = ?deadline, "agent draining");
     reply(HttpResponse::Ok(), &agent)
@@ -138,14 +126,23 @@ fn deadline_of(body: &[u8]) -> Result<Option<f64>, ManagerError> {
     }
 }
 
-/// Writes this replica's registry's changed agent rows now. An agent
-/// that registered less than a second ago is listed by `GET /v1/agents` (the registry) before
-/// its row is in the store (written behind, once a second): a cordon, uncordon or drain that
-/// finds no row tries again after this, rather than answer 404 for an agent the API lists.
+/// Runs `write`, one of the store's scheduling updates of an agent's row, and returns the row
+/// it wrote (`None`: no such agent). An agent that registered less than a second ago is listed
+/// by `GET /v1/agents` (the registry) before its row is in the store (written behind, once a
+/// second): when `write` finds no row, this replica's registry writes its changed rows now and
+/// `write` runs once more, rather than answer 404 for an agent the API lists.
 ///
-/// Errors: the registry's mailbox.
-async fn write_behind_now(s: &ApiState) -> Result<(), ManagerError> {
-    Ok(s.registry.send(FlushAgents).await?)
+/// Errors: the store's; the registry's mailbox.
+async fn on_stored_row<F, Fut>(s: &ApiState, write: F) -> Result<Option<AgentRow>, ManagerError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<AgentRow>, StoreError>>,
+{
+    if let Some(row) = write().await? {
+        return Ok(Some(row));
+    }
+    s.registry.send(FlushAgents).await?;
+    Ok(write().await?)
 }
 
 /// Tells this replica's registry the flags the store now holds (`row`; `None`: no such
