@@ -854,36 +854,28 @@ async fn a_users_own_ssh_keypair_lets_them_in_over_the_runners_sshd() {
         .await;
 }
 
-/// Upstream's runner gives its Jupyter kernel 10 s to answer and otherwise turns query mode off
-/// for good (every run: exit code 127, no output). A REPL whose first boot misses that (here an
-/// IPython start-up file, `PYTHONSTARTUP`, sleeps 12 s on the first boot only; on a loaded node
-/// it is the imports) gets its container restarted once by the agent's readiness check: the
-/// kernel is created, its REPL answers, and it booted twice.
-#[actix_rt::test]
-async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
-    let Some(dir) = krunner_dir("runner_kernels") else {
-        return;
-    };
-    let fx = AgentFixture::new("runner-slow-repl", 44_740, 16);
-    let agent = start(&fx, &dir).await;
-    let peer = client(agent.endpoint()).await;
+/// A config for the Python image whose IPython start-up file (`PYTHONSTARTUP`, from a
+/// read-only vfolder at `/data/startup`) sleeps 12 s, past the runner's 10 s for its REPL, on
+/// the first boot only or, with `every_boot`, on each; every boot adds a line to
+/// `/home/work/repl-boots`.
+fn slow_repl_config(fx: &AgentFixture, every_boot: bool) -> Value {
     let vf = fx.vfolder_root().join("startup");
     std::fs::create_dir_all(&vf).unwrap();
+    let sleeps = if every_boot { "True" } else { "first" };
     std::fs::write(
-        vf.join("slow_first_boot.py"),
-        "def _slow_first_boot():\n    import os, time\n    path = '/home/work/repl-boots'\n    \
-         first = not os.path.exists(path)\n    with open(path, 'a') as f:\n        \
-         f.write('boot\\n')\n    if first:\n        time.sleep(12)\n\n\
-         _slow_first_boot()\ndel _slow_first_boot\n",
+        vf.join("slow_boot.py"),
+        format!(
+            "def _slow_boot():\n    import os, time\n    path = '/home/work/repl-boots'\n    \
+             first = not os.path.exists(path)\n    with open(path, 'a') as f:\n        \
+             f.write('boot\\n')\n    if {sleeps}:\n        time.sleep(12)\n\n\
+             _slow_boot()\ndel _slow_boot\n"
+        ),
     )
     .unwrap();
-    let config = py_config_with(vec![
+    py_config_with(vec![
         (
             "environ",
-            map(vec![(
-                "PYTHONSTARTUP",
-                "/data/startup/slow_first_boot.py".into(),
-            )]),
+            map(vec![("PYTHONSTARTUP", "/data/startup/slow_boot.py".into())]),
         ),
         (
             "mounts",
@@ -894,9 +886,24 @@ async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
                 ("permission", "ro".into()),
             ])]),
         ),
-    ]);
+    ])
+}
+
+/// Upstream's runner gives its Jupyter kernel 10 s to answer and otherwise turns query mode off
+/// for good (every run: exit code 127, no output). A REPL whose first boot misses that (here
+/// [`slow_repl_config`]; on a loaded node it is the imports) gets its container restarted once
+/// by the agent's readiness check: the kernel is created, its REPL answers, and it booted
+/// twice.
+#[actix_rt::test]
+async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let fx = AgentFixture::new("runner-slow-repl", 44_740, 16);
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
     let kid = uuid::Uuid::new_v4().to_string();
-    create_one(&peer, "s", &kid, config)
+    create_one(&peer, "s", &kid, slow_repl_config(&fx, false))
         .await
         .expect("create on the Python image");
     let (_, out, err, code) = run(&peer, &kid, "print(6 * 7)").await;
@@ -908,6 +915,63 @@ async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
     )
     .await;
     assert_eq!((out.as_str(), code), ("2\n", Some(0)), "{err}");
+    call(&peer, "destroy_kernel", vec![kid.clone().into()])
+        .await
+        .expect("destroy");
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
+}
+
+/// A REPL that misses the runner's 10 s on both boots: the kernel runs without query mode
+/// (created, batch mode works), and each query, which upstream's runner ends with a bare exit
+/// code 127, says why on its stderr.
+#[actix_rt::test]
+async fn a_repl_that_never_starts_keeps_batch_mode_and_each_query_says_why() {
+    let Some(dir) = krunner_dir("runner_kernels") else {
+        return;
+    };
+    let fx = AgentFixture::new("runner-no-repl", 44_720, 16);
+    let agent = start(&fx, &dir).await;
+    let peer = client(agent.endpoint()).await;
+    let kid = uuid::Uuid::new_v4().to_string();
+    create_one(&peer, "s", &kid, slow_repl_config(&fx, true))
+        .await
+        .expect("created without its REPL");
+    for _ in 0..2 {
+        let (_, out, err, code) = run(&peer, &kid, "print(6 * 7)").await;
+        assert_eq!((out.as_str(), code), ("", Some(127)), "{err}");
+        assert!(
+            err.contains("query mode is off in this kernel") && err.contains("Batch mode"),
+            "{err}"
+        );
+    }
+    // Batch mode runs in the same kernel: both boots are on record.
+    let rid = "batch-without-repl";
+    let mut a = execute(
+        &peer,
+        &kid,
+        rid,
+        "batch",
+        "",
+        vec![
+            ("clean", "".into()),
+            ("build", "".into()),
+            ("exec", "grep -c boot /home/work/repl-boots".into()),
+        ],
+        5.0,
+    )
+    .await;
+    let mut out = console(&a, "stdout");
+    while status(&a) != "finished" {
+        a = execute(&peer, &kid, rid, "continue", "", vec![], 5.0).await;
+        out += &console(&a, "stdout");
+    }
+    assert_eq!(
+        (out.as_str(), field(&a, "exitCode").as_i64()),
+        ("2\n", Some(0)),
+        "{a}"
+    );
     call(&peer, "destroy_kernel", vec![kid.clone().into()])
         .await
         .expect("destroy");

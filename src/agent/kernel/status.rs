@@ -89,6 +89,10 @@ pub struct KernelInfo {
     /// Its runner's runtime type keeps a Python REPL (`ai.backend.runtime-type` `python`): the
     /// runner's readiness then includes a query run (`crate::agent::kernel::stages::runner`).
     pub runner_repl: bool,
+    /// Its runner's REPL did not start on either boot (the readiness check found query mode
+    /// off twice): a query's bare exit code 127 is then explained on its stderr
+    /// (`crate::agent::methods::runner`).
+    pub runner_repl_off: bool,
     /// Why it ended (when `TERMINATED`).
     pub reason: Option<String>,
     /// Its container's exit code, if it exited by itself.
@@ -139,6 +143,7 @@ impl KernelInfo {
             runtime_path: None,
             runner: None,
             runner_repl: false,
+            runner_repl_off: false,
             reason: None,
             exit_code: None,
             oom_event: false,

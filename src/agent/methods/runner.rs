@@ -122,8 +122,30 @@ pub async fn execute(
         .await
         .map_err(runner_err)?;
     emit_end(ctx, call.info, &answer);
-    Ok(result(answer))
+    let mut result = result(answer);
+    if call.info.runner_repl_off
+        && result.status == "finished"
+        && result.exit_code == Some(QUERY_MODE_OFF)
+        && result.console.is_empty()
+    {
+        result
+            .console
+            .push(("stderr".to_owned(), Value::from(QUERY_MODE_OFF_SAID)));
+    }
+    Ok(result)
 }
+
+/// The exit code of every query once upstream's runner turned query mode off (`query`,
+/// `src/ai/backend/kernel/base.py`), with no output: a user's `sys.exit(127)` prints a
+/// traceback, so an empty console tells the two apart.
+const QUERY_MODE_OFF: i64 = 127;
+
+/// What a query in a kernel whose REPL never started gets on its stderr, rather than a bare
+/// 127 (upstream's agent answers the bare 127).
+const QUERY_MODE_OFF_SAID: &str = "kernelvisor: query mode is off in this kernel: its Python REPL \
+did not start within the kernel runner's 10 s, on either of two boots (the node may be \
+overloaded; the agent's log says more). Batch mode, the terminal and ssh work; restart the \
+session to try again.\n";
 
 fn emit_end(ctx: &AgentContext, info: &KernelInfo, answer: &RunnerAnswer) {
     let (kernel_id, session_id, run_id) = (

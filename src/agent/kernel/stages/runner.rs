@@ -94,7 +94,8 @@ async fn log_tail(handle: &KernelHandle, id: &str) -> String {
 /// for good: every run then ends at once with exit code 127 and no output (seen in CI with two
 /// runner kernels booting on a loaded 2-core machine). Such a container is restarted once (a
 /// second boot finds its files in the page cache); if its REPL is still off, the kernel runs
-/// without it (batch mode and the services work) and the agent says so in its log.
+/// without it (batch mode and the services work), the agent says so in its log, and each query
+/// says so on its stderr (`KernelInfo::runner_repl_off`).
 ///
 /// Errors: `KernelError::Engine` naming what the runner did not do in time, or the container's
 /// exit, with its log tail; the restart's engine error.
@@ -104,6 +105,7 @@ pub async fn wait_serving(
     ports: RunnerPorts,
 ) -> Result<(), KernelError> {
     if serve_once(h, container_id, ports).await? != Repl::Off {
+        h.update(|i| i.runner_repl_off = false);
         return Ok(());
     }
     tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id,
@@ -122,7 +124,9 @@ pub async fn wait_serving(
         Err(e) => Err(KernelError::from(e)),
     };
     h.update(|i| i.manual_restart = was);
-    if served? == Repl::Off {
+    let off = served? == Repl::Off;
+    h.update(|i| i.runner_repl_off = off);
+    if off {
         tracing::warn!(agent_id = %h.ctx.agent_id, kernel_id = %h.id,
             "the kernel runner's Python REPL did not start after a restart either: the kernel runs without query mode (batch mode and services work); the node may be overloaded");
     }
