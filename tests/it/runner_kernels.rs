@@ -123,6 +123,33 @@ async fn run(peer: &Peer, kid: &str, code: &str) -> (Vec<String>, String, String
     }
 }
 
+/// Runs a batch (no clean step, `build`, then `exec`) as run `rid` and continues until
+/// `finished`: every answer, in order.
+async fn run_batch(peer: &Peer, kid: &str, rid: &str, build: &str, exec: &str) -> Vec<Value> {
+    let mut a = execute(
+        peer,
+        kid,
+        rid,
+        "batch",
+        "",
+        vec![
+            ("clean", "".into()),
+            ("build", build.into()),
+            ("exec", exec.into()),
+        ],
+        5.0,
+    )
+    .await;
+    let mut answers = Vec::new();
+    while status(&a) != "finished" {
+        let next = execute(peer, kid, rid, "continue", "", vec![], 5.0).await;
+        answers.push(std::mem::replace(&mut a, next));
+        assert!(answers.len() < 200, "no end after 200 answers");
+    }
+    answers.push(a);
+    answers
+}
+
 fn docker_inspect(container: &str, format: &str) -> String {
     docker(&["inspect", "-f", format, container])
 }
@@ -283,34 +310,24 @@ async fn a_python_kernel_keeps_its_repl_through_the_runner() {
     assert_eq!(out, "41\n");
 
     // Batch: clean, build, exec with their own statuses.
-    let rid = "batch-run";
-    let mut a = execute(
+    let answers = run_batch(
         &peer,
         &kid,
-        rid,
-        "batch",
-        "",
-        vec![
-            ("clean", "".into()),
-            ("build", "echo b".into()),
-            ("exec", "python3 -c 'print(6*7)'; exit 4".into()),
-        ],
-        5.0,
+        "batch-run",
+        "echo b",
+        "python3 -c 'print(6*7)'; exit 4",
     )
     .await;
-    let mut seen = vec![(
-        status(&a).to_owned(),
-        field(&a, "exitCode").as_i64(),
-        console(&a, "stdout"),
-    )];
-    while status(&a) != "finished" {
-        a = execute(&peer, &kid, rid, "continue", "", vec![], 5.0).await;
-        seen.push((
-            status(&a).to_owned(),
-            field(&a, "exitCode").as_i64(),
-            console(&a, "stdout"),
-        ));
-    }
+    let seen: Vec<(String, Option<i64>, String)> = answers
+        .iter()
+        .map(|a| {
+            (
+                status(a).to_owned(),
+                field(a, "exitCode").as_i64(),
+                console(a, "stdout"),
+            )
+        })
+        .collect();
     let ends: Vec<(String, Option<i64>)> = seen
         .iter()
         .filter(|(s, _, _)| s != "continued")
@@ -947,28 +964,18 @@ async fn a_repl_that_never_starts_keeps_batch_mode_and_each_query_says_why() {
         );
     }
     // Batch mode runs in the same kernel: both boots are on record.
-    let rid = "batch-without-repl";
-    let mut a = execute(
+    let answers = run_batch(
         &peer,
         &kid,
-        rid,
-        "batch",
+        "batch-without-repl",
         "",
-        vec![
-            ("clean", "".into()),
-            ("build", "".into()),
-            ("exec", "grep -c boot /home/work/repl-boots".into()),
-        ],
-        5.0,
+        "grep -c boot /home/work/repl-boots",
     )
     .await;
-    let mut out = console(&a, "stdout");
-    while status(&a) != "finished" {
-        a = execute(&peer, &kid, rid, "continue", "", vec![], 5.0).await;
-        out += &console(&a, "stdout");
-    }
+    let out: String = answers.iter().map(|a| console(a, "stdout")).collect();
+    let a = answers.last().expect("an answer");
     assert_eq!(
-        (out.as_str(), field(&a, "exitCode").as_i64()),
+        (out.as_str(), field(a, "exitCode").as_i64()),
         ("2\n", Some(0)),
         "{a}"
     );
