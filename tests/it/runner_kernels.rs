@@ -906,6 +906,34 @@ fn slow_repl_config(fx: &AgentFixture, every_boot: bool) -> Value {
     ])
 }
 
+/// An agent on a fixture `name` (host ports from `lo`) and one kernel created on
+/// [`slow_repl_config`]: (the fixture, the agent, its client, the kernel's id).
+async fn slow_repl_kernel(
+    dir: &str,
+    name: &str,
+    lo: u16,
+    every_boot: bool,
+) -> (AgentFixture, Agent, Peer, String) {
+    let fx = AgentFixture::new(name, lo, 16);
+    let agent = start(&fx, dir).await;
+    let peer = client(agent.endpoint()).await;
+    let kid = uuid::Uuid::new_v4().to_string();
+    create_one(&peer, "s", &kid, slow_repl_config(&fx, every_boot))
+        .await
+        .expect("create on the Python image");
+    (fx, agent, peer, kid)
+}
+
+/// Destroys kernel `kid` and stops `agent`, its containers with it.
+async fn destroy_and_stop(peer: &Peer, kid: &str, agent: Agent) {
+    call(peer, "destroy_kernel", vec![kid.into()])
+        .await
+        .expect("destroy");
+    agent
+        .shutdown(kernelvisor::config::OnShutdown::Terminate)
+        .await;
+}
+
 /// Upstream's runner gives its Jupyter kernel 10 s to answer and otherwise turns query mode off
 /// for good (every run: exit code 127, no output). A REPL whose first boot misses that (here
 /// [`slow_repl_config`]; on a loaded node it is the imports) gets its container restarted once
@@ -916,13 +944,7 @@ async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
     let Some(dir) = krunner_dir("runner_kernels") else {
         return;
     };
-    let fx = AgentFixture::new("runner-slow-repl", 44_740, 16);
-    let agent = start(&fx, &dir).await;
-    let peer = client(agent.endpoint()).await;
-    let kid = uuid::Uuid::new_v4().to_string();
-    create_one(&peer, "s", &kid, slow_repl_config(&fx, false))
-        .await
-        .expect("create on the Python image");
+    let (_fx, agent, peer, kid) = slow_repl_kernel(&dir, "runner-slow-repl", 44_740, false).await;
     let (_, out, err, code) = run(&peer, &kid, "print(6 * 7)").await;
     assert_eq!((out.as_str(), code), ("42\n", Some(0)), "{err}");
     let (_, out, err, code) = run(
@@ -932,12 +954,7 @@ async fn a_repl_that_misses_the_runners_10_s_gets_a_second_boot() {
     )
     .await;
     assert_eq!((out.as_str(), code), ("2\n", Some(0)), "{err}");
-    call(&peer, "destroy_kernel", vec![kid.clone().into()])
-        .await
-        .expect("destroy");
-    agent
-        .shutdown(kernelvisor::config::OnShutdown::Terminate)
-        .await;
+    destroy_and_stop(&peer, &kid, agent).await;
 }
 
 /// A REPL that misses the runner's 10 s on both boots: the kernel runs without query mode
@@ -948,13 +965,7 @@ async fn a_repl_that_never_starts_keeps_batch_mode_and_each_query_says_why() {
     let Some(dir) = krunner_dir("runner_kernels") else {
         return;
     };
-    let fx = AgentFixture::new("runner-no-repl", 44_720, 16);
-    let agent = start(&fx, &dir).await;
-    let peer = client(agent.endpoint()).await;
-    let kid = uuid::Uuid::new_v4().to_string();
-    create_one(&peer, "s", &kid, slow_repl_config(&fx, true))
-        .await
-        .expect("created without its REPL");
+    let (_fx, agent, peer, kid) = slow_repl_kernel(&dir, "runner-no-repl", 44_720, true).await;
     for _ in 0..2 {
         let (_, out, err, code) = run(&peer, &kid, "print(6 * 7)").await;
         assert_eq!((out.as_str(), code), ("", Some(127)), "{err}");
@@ -979,10 +990,5 @@ async fn a_repl_that_never_starts_keeps_batch_mode_and_each_query_says_why() {
         ("2\n", Some(0)),
         "{a}"
     );
-    call(&peer, "destroy_kernel", vec![kid.clone().into()])
-        .await
-        .expect("destroy");
-    agent
-        .shutdown(kernelvisor::config::OnShutdown::Terminate)
-        .await;
+    destroy_and_stop(&peer, &kid, agent).await;
 }
